@@ -1,0 +1,47 @@
+# Two commands on a fresh machine: `make run` and `make test`. Everything else is set up by them.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= $(CURDIR)/.data
+MESHNET := $(BIN)/meshnet --data-dir $(DATA_DIR)
+INSTALLED := $(VENV)/.installed
+MODEL_STAMP := $(DATA_DIR)/.provisioned
+PYTEST_ARGS ?=
+
+.PHONY: run test install provision lint proto bench clean
+
+run: $(MODEL_STAMP)
+	$(MESHNET) up
+
+test: $(MODEL_STAMP) lint
+	MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 MESHNET_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q $(PYTEST_ARGS)
+
+install: $(INSTALLED)
+
+# llama-cpp-python builds from source (about 5 minutes on 2 cores); pip's cache makes re-runs fast.
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --progress-bar on -e '.[dev]'
+	touch $@
+
+provision: $(MODEL_STAMP)
+
+$(MODEL_STAMP): $(INSTALLED)
+	$(MESHNET) provision
+	touch $@
+
+lint: $(INSTALLED)
+	$(BIN)/python scripts/gen_proto.py --check
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/mypy src
+	$(BIN)/lint-imports
+
+proto: $(INSTALLED)
+	$(BIN)/python scripts/gen_proto.py
+
+bench: $(MODEL_STAMP)
+	$(MESHNET) bench
+
+clean:
+	rm -rf $(VENV) $(DATA_DIR)

@@ -1,0 +1,1 @@
+"""Model artifacts: safe GGUF parsing, architecture-aware range slicing, provenance, provisioning."""

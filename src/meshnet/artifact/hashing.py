@@ -1,0 +1,36 @@
+"""Content hashes for artifacts: whole files and the tensor section of slices."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+CHUNK = 1 << 22
+
+
+def file_sha256(path: Path, progress: Callable[[int, int], None] | None = None) -> str:
+    """sha256 of a whole file, reporting ``(done_bytes, total_bytes)`` as it goes."""
+    digest = hashlib.sha256()
+    total = Path(path).stat().st_size
+    done = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+    return digest.hexdigest()
+
+
+def tensors_sha256(entries: Iterable[tuple[str, int, tuple[int, ...], memoryview | bytes]]) -> str:
+    """Hash of a slice's tensors: name, ggml type, shape and bytes of each, in file order.
+
+    Computed the same way when writing (from the source bytes) and when loading (from the slice's
+    own bytes), so any change to a tensor's identity or contents shows.
+    """
+    digest = hashlib.sha256()
+    for name, ggml_type, shape, payload in entries:
+        digest.update(f"{name}|{ggml_type}|{','.join(map(str, shape))}|{len(payload)}\n".encode())
+        digest.update(payload)
+    return digest.hexdigest()

@@ -1,0 +1,1 @@
+"""Vocabulary shared by every layer: ids, layer ranges, generation values, errors. Imports nothing of ours."""

@@ -1,0 +1,110 @@
+"""Typed errors. Each carries a stable machine-readable ``code`` and whether a retry can help.
+
+The classes follow the status contract in the reliability design: the protocol layer maps each
+one to exactly one gRPC status, the gateway to one HTTP status / SSE error code. Validation
+raises these; it never uses ``assert`` (stripped by ``python -O``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class MeshnetError(Exception):
+    """Base of every error meshnet raises on purpose."""
+
+    code: ClassVar[str] = "internal"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(MeshnetError):
+    """Malformed input: a bad request, frame, tensor bundle, range or option."""
+
+    code = "invalid_argument"
+
+
+class ArtifactError(InvalidArgument):
+    """A GGUF or slice file that is truncated, corrupt, or not what it claims to be."""
+
+    code = "invalid_artifact"
+
+
+class UnsupportedArchitecture(ArtifactError):
+    """The model's architecture has no certified adapter: we fail closed rather than guess."""
+
+    code = "unsupported_architecture"
+
+
+class ProvenanceMismatch(ArtifactError):
+    """A slice whose recorded source, range or hash does not match what it was loaded for."""
+
+    code = "provenance_mismatch"
+
+
+class IntegrityError(MeshnetError):
+    """A checksum did not match: bytes were damaged in transit or at rest."""
+
+    code = "integrity_error"
+
+
+class FailedPrecondition(MeshnetError):
+    """A well-formed request that does not fit the current state (stale epoch, position gap)."""
+
+    code = "failed_precondition"
+
+
+class RouteStale(FailedPrecondition):
+    code = "route_stale"
+    retryable = True
+
+
+class ResourceExhausted(MeshnetError):
+    """Admission refused: queue, KV or batch budget is full. Retry later, elsewhere."""
+
+    code = "overloaded"
+    retryable = True
+
+
+class CacheMiss(MeshnetError):
+    """The session is unknown here or its KV was evicted; state is never silently rebuilt."""
+
+    code = "cache_miss"
+    retryable = True
+
+
+class Unavailable(MeshnetError):
+    """A peer is gone or unreachable."""
+
+    code = "worker_lost"
+    retryable = True
+
+
+class NoRoute(Unavailable):
+    """No chain of healthy compatible shards covers every layer."""
+
+    code = "no_route"
+
+
+class DeadlineExceeded(MeshnetError):
+    code = "timeout"
+    retryable = True
+
+
+class Cancelled(MeshnetError):
+    code = "cancelled"
+
+
+class CertificationFailed(MeshnetError):
+    """The pinned llama.cpp no longer behaves as the split engine assumes: refuse to serve."""
+
+    code = "certification_failed"
+
+
+class EngineError(MeshnetError):
+    """llama.cpp returned an error for a batch."""
+
+    code = "engine_error"

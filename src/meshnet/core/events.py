@@ -1,0 +1,76 @@
+"""Generation events: what a route driver reports while it serves one request.
+
+The gateway turns these into SSE token deltas and Generation Telemetry; the CLI prints them. A
+failure is not an event: the driver raises a typed ``MeshnetError`` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshnet.core.generation import FinishReason
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
+
+
+@dataclass(frozen=True)
+class RouteHop:
+    node_id: NodeId
+    address: str
+    layers: LayerRange
+
+
+@dataclass(frozen=True)
+class RouteAccepted:
+    request_id: RequestId
+    session_id: SessionId
+    model: str
+    quantization: str
+    hops: tuple[RouteHop, ...]
+    epoch: int
+
+
+@dataclass(frozen=True)
+class PrefillStarted:
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class PrefillCompleted:
+    prompt_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DecodeStarted:
+    pass
+
+
+@dataclass(frozen=True)
+class TokenGenerated:
+    token_id: int
+    index: int
+    """0-based index among generated tokens."""
+    tokens_per_second: float
+    """Rolling decode rate over the recent window."""
+
+
+@dataclass(frozen=True)
+class RouteHealth:
+    """Route status changes: a retry, a failover onto a replacement shard, a degraded hop."""
+
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    billing_units: float
+
+
+GenerationEvent = (
+    RouteAccepted | PrefillStarted | PrefillCompleted | DecodeStarted | TokenGenerated | RouteHealth | Finished
+)

@@ -1,0 +1,55 @@
+"""Values that describe a generation request and its outcome, shared by client, gateway and engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from meshnet.core.errors import InvalidArgument
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+MAX_TOP_K = 1_000_000
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the tail picks each token. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability reaches top_p."""
+    seed: int = 0
+    """Seeds the sampler so a temperature > 0 run is reproducible."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidArgument(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise InvalidArgument(f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.seed < 2**63:
+            raise InvalidArgument(f"seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt, already tokenized, to be continued by up to ``max_tokens`` tokens."""
+
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_tokens: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens:
+            raise InvalidArgument("the prompt is empty: give at least one token")
+        if self.max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be at least 1, got {self.max_tokens}")

@@ -1,0 +1,36 @@
+"""Runtime recipe identity: what must match exactly for shards to form one route.
+
+Two shards may be chained only if every field that affects numerics or the boundary format is
+equal, so the fingerprint hashes all of them. The layer range is deliberately *not* part of it:
+shards of one recipe with different ranges are exactly what a route combines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+BOUNDARY_SCHEMA = "residual-f32-v1"
+"""The seam carries the unnormalized residual after the last owned layer, float32, row-major."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model_sha256: str
+    """sha256 of the whole source GGUF every slice was cut from."""
+    architecture: str
+    adapter_version: str
+    weight_quantization: str
+    activation_dtype: str
+    kv_dtype: str
+    backend: str
+    backend_version: str
+    """llama-cpp-python version (and so the bundled llama.cpp build)."""
+    n_layers: int
+    n_embd: int
+    boundary_schema: str = BOUNDARY_SCHEMA
+
+    def fingerprint(self) -> str:
+        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return "rcp-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]

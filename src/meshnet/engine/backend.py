@@ -1,0 +1,88 @@
+"""The Backend protocol: what the session loop asks of an engine that runs one layer range.
+
+A backend is driven by exactly one owner (the session loop); it is not thread-safe and does not
+need to be. Sessions appear here only as llama sequence ids (``slot``); mapping route sessions to
+slots, admission and eviction belong to ``meshnet.session``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from meshnet.core.layers import LayerRange
+
+ShardRole = Literal["full", "head", "middle", "tail"]
+
+
+@dataclass(frozen=True)
+class ShardShape:
+    """What a loaded shard is, read from the model, not from the operator's flags."""
+
+    layers: LayerRange
+    n_layers: int
+    """Layers of the whole model."""
+    n_embd: int
+    n_vocab: int
+    """Vocabulary size at the tail (logit width); 0 on head and middle shards."""
+    role: ShardRole
+    max_slots: int
+    """Sessions that can hold KV at once (llama sequences)."""
+    n_ctx_per_slot: int
+    """Positions each session may use."""
+    max_batch_tokens: int
+    """Tokens one ``run`` call may carry in total."""
+
+    @property
+    def takes_tokens(self) -> bool:
+        return self.role in ("full", "head")
+
+    @property
+    def emits_logits(self) -> bool:
+        return self.role in ("full", "tail")
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """One session's contribution to a batch: consecutive positions of one sequence."""
+
+    slot: int
+    position: int
+    """Absolute position of the first row (RoPE needs absolute positions on every shard)."""
+    tokens: np.ndarray | None = None
+    """int32 [n] token ids: head and full shards."""
+    hidden: np.ndarray | None = None
+    """float32 [n, n_embd] boundary residual from the previous shard: middle and tail shards."""
+    want_logits: Literal["none", "last", "all"] = "last"
+    """Tail only: which rows' logits to return ("none" for non-final prefill chunks)."""
+
+    @property
+    def n_tokens(self) -> int:
+        source = self.tokens if self.tokens is not None else self.hidden
+        return 0 if source is None else int(source.shape[0])
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    slot: int
+    hidden: np.ndarray | None = None
+    """float32 [n, n_embd]: the unnormalized residual after this shard's last layer (non-tail)."""
+    logits: np.ndarray | None = None
+    """float32 [rows, n_vocab] (tail): rows as asked by ``want_logits``."""
+
+
+class Backend(Protocol):
+    @property
+    def shape(self) -> ShardShape: ...
+
+    def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        """Run every input through this shard's layers, appending to each slot's KV."""
+        ...
+
+    def truncate(self, slot: int, position: int) -> None:
+        """Forget positions >= ``position`` of ``slot`` (0 forgets the whole sequence)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,286 @@
+"""The llama.cpp backend: one context over one range slice, driven by one owner.
+
+How a slice runs only its layers on stock llama.cpp (engine-notes.md):
+- input is token ids (full shard) or embeddings in ``llama_batch.embd``: looked up by the head
+  from the quantized table, or the previous shard's boundary residual; positions stay absolute;
+- the boundary output is the tensor ``l_out-{n-1}`` read in the eval callback; every row is
+  marked as an output on non-tail shards, or llama.cpp would prune the last layer to the output
+  rows before ``l_out`` is formed;
+- each session is one llama sequence id; one ``llama_decode`` carries several sessions' steps.
+The batch arrays are NumPy buffers allocated once, so a decode step costs no Python allocation
+beyond its outputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from meshnet.artifact.embedding import EmbeddingTable
+from meshnet.artifact.slicing import verify_slice
+from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
+from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
+from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_threads: int = 2
+    """CPU threads for decode and prefill."""
+    max_slots: int = 8
+    """Sessions with KV at once (llama sequences)."""
+    n_ctx_per_slot: int = 4096
+    """Positions per session."""
+    max_batch_tokens: int = 512
+    """Tokens per llama_decode call (n_batch = n_ubatch); longer inputs are cut into calls."""
+    flash_attn: bool = True
+    """Flash attention on CPU visits only the session's own KV cells, so batching sessions
+    together does not change a session's attention arithmetic."""
+
+
+class LlamaBackend:
+    """Runs one range slice. Not thread-safe: exactly one owner calls it."""
+
+    def __init__(self, slice_path: Path, config: LlamaConfig, *, embeddings: EmbeddingTable | None = None) -> None:
+        model_file, provenance = verify_slice(slice_path)
+        if provenance.role == "embedding":
+            raise InvalidArgument(f"{Path(slice_path).name} is an embedding table, not a layer slice")
+        role: ShardRole = provenance.role
+        n_embd = int(model_file.require(f"{model_file.architecture}.embedding_length"))
+        if role == "head" and embeddings is None:
+            raise InvalidArgument("a head shard needs the embedding table to look token rows up")
+        if embeddings is not None and embeddings.source_sha256 != provenance.source_sha256:
+            raise InvalidArgument("the embedding table was cut from a different source model")
+        self._embeddings = embeddings if role == "head" else None
+        self._config = config
+        self._target = f"l_out-{len(provenance.layers) - 1}".encode()
+        self._model, self._ctx = self._load(Path(slice_path), config)
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)) if role in ("full", "tail") else 0
+        self.provenance = provenance
+        self._shape = ShardShape(
+            provenance.layers, provenance.source_n_layers, n_embd, n_vocab, role,
+            config.max_slots, config.n_ctx_per_slot, config.max_batch_tokens,
+        )
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._allocate_batch(config.max_batch_tokens, n_embd)
+
+    @property
+    def shape(self) -> ShardShape:
+        return self._shape
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def _load(self, path: Path, config: LlamaConfig) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        llama_cpp.llama_backend_init()
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not model:
+            raise EngineError(f"llama.cpp could not load {path.name}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = config.n_ctx_per_slot * config.max_slots
+        params.n_batch = params.n_ubatch = config.max_batch_tokens
+        params.n_seq_max = config.max_slots
+        params.n_threads = params.n_threads_batch = config.n_threads
+        params.kv_unified = True
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.no_perf = True
+        # The callback object must outlive the context: keep it on self.
+        self._callback = EvalCallback(self._on_eval)
+        params.cb_eval = self._callback
+        params.cb_eval_user_data = None
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            raise EngineError(f"llama.cpp could not create a context for {path.name}")
+        return model, ctx
+
+    def _allocate_batch(self, capacity: int, n_embd: int) -> None:
+        self._tokens = np.zeros(capacity, np.int32)
+        self._embd = np.zeros((capacity, n_embd), np.float32)
+        self._pos = np.zeros(capacity, np.int32)
+        self._n_seq = np.ones(capacity, np.int32)
+        self._seq = np.zeros((capacity, 1), np.int32)
+        self._want = np.zeros(capacity, np.int8)
+        self._seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *[ctypes.cast(self._seq[i].ctypes.data, ctypes.POINTER(ctypes.c_int32)) for i in range(capacity)]
+        )
+        self._captured = np.zeros((capacity, n_embd), np.float32)
+        self._captured_rows = 0
+
+    def _pointer(self, array: np.ndarray, kind: type) -> ctypes._Pointer:  # type: ignore[type-arg]
+        return ctypes.cast(array.ctypes.data, ctypes.POINTER(kind))
+
+    # -- boundary capture ---------------------------------------------------------------
+
+    def _on_eval(self, tensor: int, ask: bool, _user: int) -> bool:
+        if ask:
+            return bool(ggml_get_name(tensor) == self._target)
+        if ggml_get_name(tensor) != self._target:
+            return True
+        nbytes = ggml_nbytes(tensor)
+        row_bytes = self._captured.shape[1] * 4
+        rows = nbytes // row_bytes
+        if self._captured_rows + rows > self._captured.shape[0]:
+            return False  # aborts the graph; reported as an engine error below
+        destination = self._captured.ctypes.data + self._captured_rows * row_bytes
+        ggml_backend_tensor_get(tensor, destination, 0, nbytes)
+        self._captured_rows += rows
+        return True
+
+    # -- execution ----------------------------------------------------------------------
+
+    def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        self._validate(batch)
+        # llama.cpp keeps rows of one sequence in order; sorting by slot also makes the
+        # captured boundary rows come back in our row order for every split strategy.
+        order = sorted(range(len(batch)), key=lambda i: batch[i].slot)
+        pieces: dict[int, list[StepOutput]] = {i: [] for i in order}
+        call: list[tuple[int, StepInput]] = []
+        used = 0
+        for index in order:
+            for piece in self._cut(batch[index]):
+                if used + piece.n_tokens > self._shape.max_batch_tokens:
+                    self._decode(call, pieces)
+                    call, used = [], 0
+                call.append((index, piece))
+                used += piece.n_tokens
+        if call:
+            self._decode(call, pieces)
+        return [self._join(batch[i].slot, pieces[i]) for i in range(len(batch))]
+
+    def _cut(self, step: StepInput) -> list[StepInput]:
+        """Cut an input longer than one call into consecutive pieces; only the last keeps its logits."""
+        limit, n = self._shape.max_batch_tokens, step.n_tokens
+        if n <= limit:
+            return [step]
+        parts = []
+        for start in range(0, n, limit):
+            stop = min(start + limit, n)
+            want = step.want_logits if stop == n else ("all" if step.want_logits == "all" else "none")
+            parts.append(StepInput(
+                step.slot, step.position + start,
+                None if step.tokens is None else step.tokens[start:stop],
+                None if step.hidden is None else step.hidden[start:stop], want,
+            ))
+        return parts
+
+    def _decode(self, call: list[tuple[int, StepInput]], pieces: dict[int, list[StepOutput]]) -> None:
+        row = 0
+        spans = []
+        for index, step in call:
+            n = step.n_tokens
+            self._pos[row : row + n] = np.arange(step.position, step.position + n, dtype=np.int32)
+            self._seq[row : row + n, 0] = step.slot
+            if self._shape.emits_logits:
+                self._want[row : row + n] = 1 if step.want_logits == "all" else 0
+                if step.want_logits == "last":
+                    self._want[row + n - 1] = 1
+            else:
+                self._want[row : row + n] = 1  # keep every row: no pruning before l_out
+            if step.tokens is not None and self._embeddings is None:
+                self._tokens[row : row + n] = step.tokens
+            else:
+                self._embd[row : row + n] = (
+                    self._embeddings.lookup(step.tokens) if step.tokens is not None else step.hidden  # type: ignore[union-attr]
+                )
+            spans.append((index, step, row))
+            row += n
+        uses_tokens = call[0][1].tokens is not None and self._embeddings is None
+        batch = llama_cpp.llama_batch(
+            n_tokens=row,
+            token=self._pointer(self._tokens, ctypes.c_int32) if uses_tokens else None,
+            embd=None if uses_tokens else self._pointer(self._embd, ctypes.c_float),
+            pos=self._pointer(self._pos, ctypes.c_int32),
+            n_seq_id=self._pointer(self._n_seq, ctypes.c_int32),
+            seq_id=self._seq_ptrs,
+            logits=self._pointer(self._want, ctypes.c_int8),
+        )
+        self._captured_rows = 0
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        if status == 1:
+            raise ResourceExhausted("no KV cache room left for this batch on this shard")
+        if status != 0:
+            raise EngineError(f"llama_decode failed with status {status}")
+        self._collect(spans, row, pieces)
+
+    def _collect(self, spans: list[tuple[int, StepInput, int]], rows: int, pieces: dict[int, list[StepOutput]]) -> None:
+        if not self._shape.emits_logits:
+            if self._captured_rows != rows:
+                raise EngineError(
+                    f"boundary capture saw {self._captured_rows} rows of {self._target.decode()} for {rows} "
+                    "tokens: the pinned llama.cpp no longer matches the split engine's assumptions"
+                )
+            for index, step, row in spans:
+                pieces[index].append(StepOutput(step.slot, hidden=self._captured[row : row + step.n_tokens].copy()))
+            return
+        n_vocab = self._shape.n_vocab
+        n_out = int(self._want[:rows].sum())
+        pointer = llama_cpp.llama_get_logits(self._ctx)
+        logits = np.ctypeslib.as_array(pointer, shape=(n_out, n_vocab)) if n_out else np.zeros((0, n_vocab), np.float32)
+        out_row = 0
+        for index, step, row in spans:
+            count = int(self._want[row : row + step.n_tokens].sum())
+            pieces[index].append(StepOutput(step.slot, logits=logits[out_row : out_row + count].copy()))
+            out_row += count
+
+    @staticmethod
+    def _join(slot: int, parts: list[StepOutput]) -> StepOutput:
+        if len(parts) == 1:
+            return parts[0]
+        if parts[0].hidden is not None:
+            return StepOutput(slot, hidden=np.concatenate([p.hidden for p in parts]))  # type: ignore[misc]
+        return StepOutput(slot, logits=np.concatenate([p.logits for p in parts]))  # type: ignore[misc]
+
+    def _validate(self, batch: list[StepInput]) -> None:
+        shape = self._shape
+        seen: set[int] = set()
+        for step in batch:
+            if not 0 <= step.slot < shape.max_slots or step.slot in seen:
+                raise InvalidArgument(f"slot {step.slot} is out of range or repeated in one batch")
+            seen.add(step.slot)
+            if (step.tokens is None) == (step.hidden is None):
+                raise InvalidArgument("give either token ids or a hidden state, not both or neither")
+            if shape.takes_tokens != (step.tokens is not None):
+                wanted = "token ids" if shape.takes_tokens else "a boundary hidden state"
+                raise InvalidArgument(f"this {shape.role} shard takes {wanted}")
+            if step.hidden is not None and (
+                step.hidden.dtype != np.float32 or step.hidden.ndim != 2 or step.hidden.shape[1] != shape.n_embd
+            ):
+                raise InvalidArgument(
+                    f"boundary hidden state must be float32 [n, {shape.n_embd}], got {step.hidden.dtype} {step.hidden.shape}"
+                )
+            if step.tokens is not None and (step.tokens.ndim != 1 or step.tokens.dtype != np.int32):
+                raise InvalidArgument("token ids must be int32 [n]")
+            if step.n_tokens == 0:
+                raise InvalidArgument("an input with no tokens")
+            if step.position < 0 or step.position + step.n_tokens > shape.n_ctx_per_slot:
+                raise ResourceExhausted(
+                    f"positions {step.position}..{step.position + step.n_tokens} exceed the "
+                    f"{shape.n_ctx_per_slot}-token context of a session"
+                )
+            expected = llama_cpp.llama_memory_seq_pos_max(self._memory, step.slot) + 1
+            if step.position != expected:
+                raise InvalidArgument(f"slot {step.slot} is at position {expected}, input starts at {step.position}")
+
+    def truncate(self, slot: int, position: int) -> None:
+        if not 0 <= slot < self._shape.max_slots or position < 0:
+            raise InvalidArgument(f"cannot truncate slot {slot} at {position}")
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, position, -1)
+
+    def slot_length(self, slot: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, slot)) + 1
+
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None  # type: ignore[assignment]
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None  # type: ignore[assignment]

@@ -1,0 +1,82 @@
+"""The gateway's one typed configuration: limits, deadlines, telemetry cadence, bind address."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshnet.core.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Every knob the HTTP gateway reads; built once in ``main`` and passed to ``create_app``."""
+
+    host: str = "127.0.0.1"
+    """Bind address. Loopback by default: exposing the gateway is an explicit decision."""
+    port: int = 8080
+    """TCP port; 0 asks the OS for a free one (tests)."""
+    default_max_tokens: int = 256
+    """Completion budget when the request gives no ``max_tokens`` (clamped to the context)."""
+    max_tokens_limit: int = 4096
+    """Largest ``max_tokens`` a request may ask for; more is a 400, not a silent clamp."""
+    max_stop_sequences: int = 4
+    """How many ``stop`` strings one request may give (OpenAI's limit)."""
+    max_body_bytes: int = 1 << 20
+    """Request bodies above this are refused with 413 before being parsed."""
+    max_in_flight: int = 8
+    """Requests admitted at once; the next one gets an immediate 503 + Retry-After (H3)."""
+    retry_after_seconds: int = 1
+    """Value of the Retry-After header on overload and retryable 503s."""
+    request_timeout_seconds: float = 300.0
+    """Deadline of one request, from admission to its last token: 504 or a streamed timeout."""
+    cancel_grace_seconds: float = 2.0
+    """How long closing a route session (on disconnect, stop sequence, deadline) may take."""
+    progress_every_tokens: int = 8
+    """A ``progress`` telemetry event is sent at least every this many tokens ..."""
+    progress_interval_seconds: float = 0.25
+    """... or when this much time passed since the last one, whichever comes first."""
+    telemetry_max_requests: int = 1024
+    """Requests whose telemetry is kept for polling; the oldest finished are evicted first."""
+    telemetry_max_events_per_request: int = 256
+    """Events kept per request; old ``progress`` events are dropped first, milestones kept."""
+    shutdown_grace_seconds: float = 10.0
+    """On shutdown, in-flight requests get this long to finish before connections are closed."""
+
+    def __post_init__(self) -> None:
+        positive_ints = {
+            "default_max_tokens": self.default_max_tokens,
+            "max_tokens_limit": self.max_tokens_limit,
+            "max_body_bytes": self.max_body_bytes,
+            "max_in_flight": self.max_in_flight,
+            "progress_every_tokens": self.progress_every_tokens,
+            "telemetry_max_events_per_request": self.telemetry_max_events_per_request,
+        }
+        for name, value in positive_ints.items():
+            if value < 1:
+                raise InvalidArgument(f"gateway config: {name} must be at least 1, got {value}")
+        positive_floats = {
+            "request_timeout_seconds": self.request_timeout_seconds,
+            "cancel_grace_seconds": self.cancel_grace_seconds,
+            "progress_interval_seconds": self.progress_interval_seconds,
+        }
+        for name, number in positive_floats.items():
+            if not number > 0:
+                raise InvalidArgument(f"gateway config: {name} must be positive, got {number}")
+        if self.max_stop_sequences < 0 or self.retry_after_seconds < 0:
+            raise InvalidArgument("gateway config: stop count and Retry-After cannot be negative")
+        if self.shutdown_grace_seconds < 0:
+            raise InvalidArgument("gateway config: shutdown_grace_seconds cannot be negative")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise InvalidArgument(
+                f"gateway config: default_max_tokens {self.default_max_tokens} exceeds "
+                f"max_tokens_limit {self.max_tokens_limit}"
+            )
+        # Every in-flight request keeps a telemetry log, so eviction can always find a finished
+        # one only if the hub holds more requests than can run at once.
+        if self.telemetry_max_requests <= self.max_in_flight:
+            raise InvalidArgument(
+                "gateway config: telemetry_max_requests must exceed max_in_flight, got "
+                f"{self.telemetry_max_requests} <= {self.max_in_flight}"
+            )
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"gateway config: port must be in [0, 65535], got {self.port}")

@@ -1,0 +1,77 @@
+"""What the gateway needs from the rest of meshnet, as structural ``Protocol``s.
+
+The gateway receives a route generator and one text codec per model by dependency injection;
+it never constructs either, so tests drive it with scripted doubles and the lead wires the real
+client and tokenizer in ``cli``. Nothing here imports FastAPI: these are plain domain ports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from meshnet.core.events import GenerationEvent
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import RequestId
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """One servable model as ``GET /v1/models`` lists it."""
+
+    id: str
+    """The name clients put in the ``model`` field."""
+    quantization: str
+    """Weight quantization of the GGUF the route serves (e.g. ``Q8_0``)."""
+    context_length: int
+    """Largest prompt + completion length, in tokens, the route accepts."""
+    owned_by: str = "meshnet"
+
+
+class IncrementalDecoder(Protocol):
+    """Turns a stream of token ids into text without splitting multi-byte characters."""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completed (may be empty mid-character)."""
+        ...
+
+    def flush(self) -> str:
+        """Return whatever text is still held back once generation ends."""
+        ...
+
+
+class TextCodec(Protocol):
+    """Tokenizer and chat template of one model."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def encode(self, text: str, *, add_special: bool) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+    def new_decoder(self) -> IncrementalDecoder: ...
+
+
+class RouteGenerator(Protocol):
+    """Drives one request along a route of shards and reports what happens.
+
+    ``generate`` yields ``RouteAccepted``, prefill/decode milestones, one ``TokenGenerated`` per
+    token, ``RouteHealth`` notes and finally ``Finished``; failures are raised as typed
+    ``MeshnetError``s, possibly after some tokens. The gateway closes the iterator early
+    (``aclose()`` or task cancellation) when the HTTP client goes away or a stop sequence
+    matches: that close is the only cancellation signal, so the implementation must free the
+    route session in its ``finally``.
+    """
+
+    def generate(
+        self, request: GenerationRequest, request_id: RequestId
+    ) -> AsyncIterator[GenerationEvent]: ...
+
+    def models(self) -> Sequence[ModelCard]: ...

@@ -1,0 +1,297 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHASE_UNSPECIFIED: _ClassVar[Phase]
+    PHASE_PREFILL: _ClassVar[Phase]
+    PHASE_DECODE: _ClassVar[Phase]
+
+class CacheExpectation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_EXPECTATION_UNSPECIFIED: _ClassVar[CacheExpectation]
+    CACHE_EXPECTATION_NEW: _ClassVar[CacheExpectation]
+    CACHE_EXPECTATION_CONTINUE: _ClassVar[CacheExpectation]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_UNSPECIFIED: _ClassVar[Compression]
+    COMPRESSION_NONE: _ClassVar[Compression]
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_BFLOAT16: _ClassVar[DType]
+    DTYPE_INT32: _ClassVar[DType]
+
+class ByteOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BYTE_ORDER_UNSPECIFIED: _ClassVar[ByteOrder]
+    BYTE_ORDER_LITTLE: _ClassVar[ByteOrder]
+    BYTE_ORDER_BIG: _ClassVar[ByteOrder]
+
+class ShardRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARD_ROLE_UNSPECIFIED: _ClassVar[ShardRole]
+    SHARD_ROLE_HEAD: _ClassVar[ShardRole]
+    SHARD_ROLE_MIDDLE: _ClassVar[ShardRole]
+    SHARD_ROLE_TAIL: _ClassVar[ShardRole]
+    SHARD_ROLE_FULL: _ClassVar[ShardRole]
+PHASE_UNSPECIFIED: Phase
+PHASE_PREFILL: Phase
+PHASE_DECODE: Phase
+CACHE_EXPECTATION_UNSPECIFIED: CacheExpectation
+CACHE_EXPECTATION_NEW: CacheExpectation
+CACHE_EXPECTATION_CONTINUE: CacheExpectation
+COMPRESSION_UNSPECIFIED: Compression
+COMPRESSION_NONE: Compression
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+DTYPE_FLOAT16: DType
+DTYPE_BFLOAT16: DType
+DTYPE_INT32: DType
+BYTE_ORDER_UNSPECIFIED: ByteOrder
+BYTE_ORDER_LITTLE: ByteOrder
+BYTE_ORDER_BIG: ByteOrder
+SHARD_ROLE_UNSPECIFIED: ShardRole
+SHARD_ROLE_HEAD: ShardRole
+SHARD_ROLE_MIDDLE: ShardRole
+SHARD_ROLE_TAIL: ShardRole
+SHARD_ROLE_FULL: ShardRole
+
+class LayerSpan(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
+
+class NamedTensor(_message.Message):
+    __slots__ = ("name", "shape", "dtype", "byte_order", "fragments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    BYTE_ORDER_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    byte_order: ByteOrder
+    fragments: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., byte_order: _Optional[_Union[ByteOrder, str]] = ..., fragments: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class TensorBundle(_message.Message):
+    __slots__ = ("bundle_version", "tensors")
+    BUNDLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    bundle_version: int
+    tensors: _containers.RepeatedCompositeFieldContainer[NamedTensor]
+    def __init__(self, bundle_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FrameHeader(_message.Message):
+    __slots__ = ("schema_version", "request_id", "session_id", "route_epoch", "fingerprint", "layers", "phase", "position", "step", "cache", "compression", "checksum", "deadline_ms")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    request_id: str
+    session_id: str
+    route_epoch: int
+    fingerprint: str
+    layers: LayerSpan
+    phase: Phase
+    position: int
+    step: int
+    cache: CacheExpectation
+    compression: Compression
+    checksum: int
+    deadline_ms: int
+    def __init__(self, schema_version: _Optional[int] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., phase: _Optional[_Union[Phase, str]] = ..., position: _Optional[int] = ..., step: _Optional[int] = ..., cache: _Optional[_Union[CacheExpectation, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., checksum: _Optional[int] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class Hop(_message.Message):
+    __slots__ = ("address", "layers", "fingerprint")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    layers: LayerSpan
+    fingerprint: str
+    def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class SamplingSpec(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    DOWNSTREAM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    FINAL_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: FrameHeader
+    tokens: TokenIds
+    hidden: TensorBundle
+    downstream: _containers.RepeatedCompositeFieldContainer[Hop]
+    sampling: SamplingSpec
+    final_chunk: bool
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ...) -> None: ...
+
+class SampledToken(_message.Message):
+    __slots__ = ("token_id",)
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    def __init__(self, token_id: _Optional[int] = ...) -> None: ...
+
+class ChunkAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HopTiming(_message.Message):
+    __slots__ = ("address", "layers", "queue_us", "compute_us")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    layers: LayerSpan
+    queue_us: int
+    compute_us: int
+    def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ...) -> None: ...
+
+class StepResponse(_message.Message):
+    __slots__ = ("session_id", "step", "next_position", "token", "ack", "timings")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NEXT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    step: int
+    next_position: int
+    token: SampledToken
+    ack: ChunkAck
+    timings: _containers.RepeatedCompositeFieldContainer[HopTiming]
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., next_position: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., ack: _Optional[_Union[ChunkAck, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ...) -> None: ...
+
+class CapabilityRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Capability(_message.Message):
+    __slots__ = ("node_id", "fingerprint", "layers", "n_layers", "n_embd", "vocab_size", "role", "schema_versions", "backend", "backend_version", "max_sessions", "free_sessions", "active_sessions", "n_ctx_per_session", "max_frame_bytes", "certified", "max_tokens_per_frame")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    N_EMBD_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    N_CTX_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_PER_FRAME_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    fingerprint: str
+    layers: LayerSpan
+    n_layers: int
+    n_embd: int
+    vocab_size: int
+    role: ShardRole
+    schema_versions: _containers.RepeatedScalarFieldContainer[int]
+    backend: str
+    backend_version: str
+    max_sessions: int
+    free_sessions: int
+    active_sessions: int
+    n_ctx_per_session: int
+    max_frame_bytes: int
+    certified: bool
+    max_tokens_per_frame: int
+    def __init__(self, node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., role: _Optional[_Union[ShardRole, str]] = ..., schema_versions: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., max_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ..., n_ctx_per_session: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., certified: _Optional[bool] = ..., max_tokens_per_frame: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session_id", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: bool
+    def __init__(self, freed: _Optional[bool] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("session_id", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("freed",)
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    freed: bool
+    def __init__(self, freed: _Optional[bool] = ...) -> None: ...
+
+class MetricsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MetricsSnapshot(_message.Message):
+    __slots__ = ("values",)
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
