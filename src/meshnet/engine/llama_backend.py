@@ -137,22 +137,25 @@ class LlamaBackend:
     # -- execution ----------------------------------------------------------------------
 
     def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        """Run every input, appending to each slot's KV; outputs come back in input order.
+
+        Single-token steps of all sessions share one llama_decode call. Each multi-token input
+        (a prefill chunk) runs in calls of its own: the CPU matmul kernels pick their path by
+        row count, so mixing sessions' prefill rows would change a session's arithmetic,
+        whereas batched one-token steps are bit-identical to solo steps (measured).
+        """
         self._validate(batch)
         # llama.cpp keeps rows of one sequence in order; sorting by slot also makes the
         # captured boundary rows come back in our row order for every split strategy.
         order = sorted(range(len(batch)), key=lambda i: batch[i].slot)
         pieces: dict[int, list[StepOutput]] = {i: [] for i in order}
-        call: list[tuple[int, StepInput]] = []
-        used = 0
+        singles = [(i, batch[i]) for i in order if batch[i].n_tokens == 1]
+        for start in range(0, len(singles), self._shape.max_batch_tokens):
+            self._decode(singles[start : start + self._shape.max_batch_tokens], pieces)
         for index in order:
-            for piece in self._cut(batch[index]):
-                if used + piece.n_tokens > self._shape.max_batch_tokens:
-                    self._decode(call, pieces)
-                    call, used = [], 0
-                call.append((index, piece))
-                used += piece.n_tokens
-        if call:
-            self._decode(call, pieces)
+            if batch[index].n_tokens > 1:
+                for piece in self._cut(batch[index]):
+                    self._decode([(index, piece)], pieces)
         return [self._join(batch[i].slot, pieces[i]) for i in range(len(batch))]
 
     def _cut(self, step: StepInput) -> list[StepInput]:
@@ -256,8 +259,14 @@ class LlamaBackend:
                 raise InvalidArgument(
                     f"boundary hidden state must be float32 [n, {shape.n_embd}], got {step.hidden.dtype} {step.hidden.shape}"
                 )
-            if step.tokens is not None and (step.tokens.ndim != 1 or step.tokens.dtype != np.int32):
-                raise InvalidArgument("token ids must be int32 [n]")
+            if step.tokens is not None:
+                if step.tokens.ndim != 1 or step.tokens.dtype != np.int32:
+                    raise InvalidArgument("token ids must be int32 [n]")
+                vocab = self._embeddings.n_vocab if self._embeddings is not None else shape.n_vocab
+                if step.tokens.size and (int(step.tokens.min()) < 0 or int(step.tokens.max()) >= vocab):
+                    raise InvalidArgument(f"token ids must lie in [0, {vocab})")
+            if step.hidden is not None and not np.isfinite(step.hidden).all():
+                raise InvalidArgument("boundary hidden state holds NaN or infinity")
             if step.n_tokens == 0:
                 raise InvalidArgument("an input with no tokens")
             if step.position < 0 or step.position + step.n_tokens > shape.n_ctx_per_slot:

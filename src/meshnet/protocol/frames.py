@@ -1,4 +1,4 @@
-"""Typed frozen values for the shard wire protocol: what the worker and client use instead of protobuf.
+"""Typed frozen values of the shard wire protocol: what worker and client use instead of protobuf.
 
 Every value checks its own structural invariants on construction (so a frame built locally is as
 trustworthy as one decoded from the wire); limits that depend on the receiving shard (its n_embd,
@@ -82,7 +82,7 @@ def choose_schema_version(peer_versions: Iterable[int]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class FrameLimits:
-    """What a receiving shard accepts; sizes are checked against these before anything is allocated."""
+    """What a receiving shard accepts; every size is checked against it before allocating."""
 
     n_embd: int
     """Width of the hidden state the shard's model uses."""
@@ -175,7 +175,7 @@ class StepFrame:
     tokens: np.ndarray | None = None
     """Into the head (layers start at 0): int32 ``[n_tokens]``."""
     hidden: np.ndarray | None = None
-    """Into every other shard: float32 ``[n_tokens, n_embd]``, the residual after the previous range."""
+    """Into any other shard: float32 ``[n_tokens, n_embd]``, the residual after the range before."""
     downstream: tuple[HopSpec, ...] = ()
     """Opening frame only: the hops after the receiver, in route order."""
     sampling: SamplingParams | None = None
@@ -206,7 +206,7 @@ class StepFrame:
             tokens = self.tokens
             if not is_head:
                 raise InvalidArgument(
-                    f"layers {self.meta.layers} do not start at 0, so the input must be a hidden state"
+                    f"layers {self.meta.layers} do not start at 0: the input must be a hidden state"
                 )
             if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
                 raise InvalidArgument("tokens must be a 1-D int32 array")
@@ -217,7 +217,9 @@ class StepFrame:
             return int(tokens.shape[0])
         hidden = self.hidden
         if is_head:
-            raise InvalidArgument(f"layers {self.meta.layers} start at 0, so the input must be token ids")
+            raise InvalidArgument(
+                f"layers {self.meta.layers} start at 0: the input must be token ids"
+            )
         if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2:
             raise InvalidArgument("the hidden state must be a 2-D float32 array [n_tokens, n_embd]")
         if hidden.shape[0] == 0 or hidden.shape[1] == 0:

@@ -1,4 +1,4 @@
-"""Payload codec: token ids and hidden-state tensor bundles to and from protobuf, with crc32 checksums.
+"""Payload codec: token ids and hidden-state bundles to and from protobuf, with crc32 checksums.
 
 Used only by ``convert`` (the single conversion module). Decoding treats every message as hostile:
 each size is checked against ``FrameLimits`` before any array is built, the checksum is verified
@@ -31,7 +31,7 @@ _LITTLE_INT32 = np.dtype("<i4")
 _LITTLE_FLOAT32 = np.dtype("<f4")
 
 
-def checksum(data: bytes | memoryview | np.ndarray) -> int:
+def checksum(data: bytes | memoryview) -> int:
     """crc32 (zlib) of a payload's bytes: what FrameHeader.checksum carries."""
     return zlib.crc32(data)
 
@@ -40,7 +40,7 @@ def encode_tokens(tokens: np.ndarray) -> tuple[pb.TokenIds, int]:
     """Token ids -> (TokenIds, crc32 of their little-endian int32 bytes)."""
     # tokens: [n_tokens] int32
     little = np.ascontiguousarray(tokens, dtype=_LITTLE_INT32)
-    return pb.TokenIds(ids=little.tolist()), zlib.crc32(little)
+    return pb.TokenIds(ids=little.tolist()), zlib.crc32(little.data)
 
 
 def decode_tokens(message: pb.TokenIds, limits: FrameLimits, expected_crc: int) -> np.ndarray:
@@ -55,7 +55,7 @@ def decode_tokens(message: pb.TokenIds, limits: FrameLimits, expected_crc: int) 
             "per frame (split the prefill into chunks)"
         )
     tokens = np.array(ids, dtype=_LITTLE_INT32)
-    actual = zlib.crc32(tokens)
+    actual = zlib.crc32(tokens.data)
     if actual != expected_crc:
         raise IntegrityError(f"token checksum mismatch: header says {expected_crc:#010x}, "
                              f"payload is {actual:#010x}")
@@ -69,7 +69,7 @@ def decode_tokens(message: pb.TokenIds, limits: FrameLimits, expected_crc: int) 
 
 
 def encode_hidden(hidden: np.ndarray) -> tuple[pb.TensorBundle, int]:
-    """float32 ``[n_tokens, n_embd]`` -> (one-tensor bundle, crc32 of its bytes). One copy, into bytes."""
+    """float32 ``[n_tokens, n_embd]`` -> (one-tensor bundle, crc32 of its bytes); one copy."""
     little = np.ascontiguousarray(hidden, dtype=_LITTLE_FLOAT32)
     data = little.tobytes()
     tensor = pb.NamedTensor(

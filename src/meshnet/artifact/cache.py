@@ -1,0 +1,72 @@
+"""A local, content-addressed cache of slices cut from source models.
+
+Slices are keyed by the source's sha256 and the range, so two workers on one machine share
+files and a changed source can never be served from a stale slice. The source hash itself is
+remembered per (path, size, mtime) because hashing a large model takes minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshnet.artifact.hashing import file_sha256
+from meshnet.artifact.slicing import slice_role, verify_slice, write_embedding_table, write_slice
+from meshnet.core.errors import MeshnetError
+from meshnet.core.layers import LayerRange
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    slice: Path
+    embeddings: Path | None
+    """The quantized token table, for head shards only."""
+    source_sha256: str
+
+
+class SliceCache:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def source_sha256(self, source: Path) -> str:
+        stat = Path(source).stat()
+        key = f"{Path(source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        index_path = self.root / "source-hashes.json"
+        index: dict[str, str] = {}
+        if index_path.exists():
+            try:
+                index = json.loads(index_path.read_text())
+            except (OSError, ValueError):
+                index = {}  # a damaged index only costs a re-hash
+        if key not in index:
+            index[key] = file_sha256(source)
+            self.root.mkdir(parents=True, exist_ok=True)
+            partial = index_path.with_name(index_path.name + ".partial")
+            partial.write_text(json.dumps(index, indent=1))
+            os.replace(partial, index_path)
+        return index[key]
+
+    def shard_files(self, source: Path, layers: LayerRange, n_layers: int) -> ShardFiles:
+        """Slice (and for a head, embedding table) for ``layers`` of ``source``, cut if missing."""
+        digest = self.source_sha256(source)
+        folder = self.root / "slices" / digest[:16]
+        folder.mkdir(parents=True, exist_ok=True)
+        slice_path = folder / f"layers-{layers.start}-{layers.stop}.gguf"
+        self._ensure(slice_path, lambda: write_slice(source, layers, slice_path, source_sha256=digest), layers, digest)
+        embeddings = None
+        if slice_role(layers, n_layers) == "head":
+            embeddings = folder / "token-embeddings.gguf"
+            self._ensure(embeddings, lambda: write_embedding_table(source, embeddings, source_sha256=digest), None, digest)
+        return ShardFiles(slice_path, embeddings, digest)
+
+    @staticmethod
+    def _ensure(path: Path, make: object, layers: LayerRange | None, digest: str) -> None:
+        if path.exists():
+            try:
+                verify_slice(path, layers=layers, source_sha256=digest)
+                return
+            except MeshnetError:
+                path.unlink()  # damaged or foreign: cut it again
+        make()  # type: ignore[operator]

@@ -1,0 +1,181 @@
+"""The ``meshnet`` command: subcommands build their component's config and hand over.
+
+This is the one place that prints for humans; everything below logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from meshnet.core.errors import MeshnetError
+from meshnet.core.layers import LayerRange
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "meshnet"
+
+
+def _progress_printer() -> Callable[[str, int, int], None]:
+    last = [0.0]
+
+    def show(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] > 0.2:
+            last[0] = now
+            percent = 100.0 * done / max(total, 1)
+            end = "\n" if done == total else ""
+            print(f"\r{stage:8s} {done / 1e6:8.1f} / {total / 1e6:.1f} MB  {percent:5.1f}%", end=end, flush=True)
+
+    return show
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    from meshnet.artifact.provision import DEFAULT_MODEL, provision_model
+
+    path = provision_model(args.data_dir / "models", progress=_progress_printer())
+    print(f"{DEFAULT_MODEL.name}: {path} (sha256 {DEFAULT_MODEL.sha256[:16]}… verified)")
+    return 0
+
+
+def resolve_model(args: argparse.Namespace) -> Path:
+    from meshnet.artifact.provision import model_path
+
+    if args.model is not None:
+        return Path(args.model)
+    path = model_path(args.data_dir / "models")
+    if not path.exists():
+        raise MeshnetError(f"the default model is not provisioned at {path}: run `meshnet provision`")
+    return path
+
+
+def cmd_slice(args: argparse.Namespace) -> int:
+    from meshnet.artifact.gguf_file import parse_gguf
+    from meshnet.artifact.hashing import file_sha256
+    from meshnet.artifact.slicing import model_dimensions, slice_role, write_embedding_table, write_slice
+
+    layers = LayerRange.parse(args.layers)
+    source_hash = file_sha256(args.source)
+    provenance = write_slice(args.source, layers, args.output, source_sha256=source_hash)
+    print(f"{args.output}: {provenance.role} slice of layers {layers}, {args.output.stat().st_size / 1e6:.1f} MB")
+    n_layers = model_dimensions(parse_gguf(args.source))[1]
+    if slice_role(layers, n_layers) == "head":
+        table = args.output.with_name(args.output.stem + ".embeddings.gguf")
+        write_embedding_table(args.source, table, source_sha256=source_hash)
+        print(f"{table}: quantized token table for the head's lookups, {table.stat().st_size / 1e6:.1f} MB")
+    return 0
+
+
+def _llama_config(args: argparse.Namespace) -> object:
+    from meshnet.engine.llama_backend import LlamaConfig
+
+    return LlamaConfig(n_threads=args.threads, max_slots=args.max_sessions, n_ctx_per_slot=args.context)
+
+
+def cmd_certify(args: argparse.Namespace) -> int:
+    from meshnet.engine.certification import certify_llama_engine
+
+    report = certify_llama_engine()
+    print(f"llama-cpp-python {report.backend_version}: certified")
+    for check in report.checks:
+        print(f"  ok  {check}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from meshnet.artifact.cache import SliceCache
+    from meshnet.core.generation import GenerationRequest, SamplingParams
+    from meshnet.engine.certification import certify_llama_engine
+    from meshnet.engine.shards import open_local_route
+    from meshnet.engine.tokenizer import Tokenizer
+
+    certify_llama_engine()
+    source = resolve_model(args)
+    tokenizer = Tokenizer(source)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    tokens = tokenizer.encode(prompt, add_special=False)
+    route = open_local_route(source, args.shards, SliceCache(args.data_dir / "cache"), _llama_config(args))  # type: ignore[arg-type]
+    ranges = ", ".join(str(b.shape.layers) for b in route.backends)
+    print(f"[{args.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
+    request = GenerationRequest(
+        tuple(tokens), args.max_tokens,
+        SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
+        tokenizer.eos_token_ids,
+    )
+    decoder = tokenizer.new_decoder()
+    started, count = time.perf_counter(), 0
+    for token in route.generate(request):
+        count += 1
+        if token not in tokenizer.eos_token_ids:
+            print(decoder.push(token), end="", flush=True)
+    print(decoder.flush())
+    elapsed = time.perf_counter() - started
+    print(f"[{count} tokens in {elapsed:.2f} s, {count / elapsed:.1f} tok/s]", file=sys.stderr)
+    route.close()
+    return 0
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads per shard")
+    parser.add_argument("--max-sessions", type=int, default=8, help="sessions with KV at once per shard")
+    parser.add_argument("--context", type=int, default=4096, help="positions per session")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshnet", description="Serve one GGUF model across several machines.")
+    parser.add_argument("--data-dir", type=Path, default=default_data_dir(), help="models, slice cache, databases")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    commands.add_parser("provision", help="fetch and verify the default model (SmolLM2-135M-Instruct Q4_1)")
+
+    slicer = commands.add_parser("slice", help="write the GGUF slice for a layer range")
+    slicer.add_argument("source", type=Path)
+    slicer.add_argument("--layers", required=True, help="A:B, half-open (B exclusive)")
+    slicer.add_argument("-o", "--output", type=Path, required=True)
+
+    commands.add_parser("certify", help="check this llama.cpp build runs split models bit-identically")
+
+    generate = commands.add_parser("generate", help="run a prompt through an in-process N-shard route")
+    generate.add_argument("prompt")
+    generate.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
+    generate.add_argument("--shards", type=int, default=3)
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--seed", type=int, default=0)
+    _engine_arguments(generate)
+    return parser
+
+
+HANDLERS: dict[str, Handler] = {
+    "provision": cmd_provision,
+    "slice": cmd_slice,
+    "certify": cmd_certify,
+    "generate": cmd_generate,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return HANDLERS[args.command](args)
+    except MeshnetError as error:
+        print(f"meshnet {args.command}: error [{error.code}]: {error.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

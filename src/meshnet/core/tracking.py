@@ -1,0 +1,222 @@
+"""Values the tracker and its callers exchange: registrations, load reports, routes, work records.
+
+They live in core because both sides need them and neither may import the other: the tracker
+plans and stores them, workers register with them, the gateway routes and bills with them.
+Every constructor validates its input and raises ``InvalidArgument``, so a value that exists is
+a value that can be trusted; bounds are generous but finite, because these arrive off the wire.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.events import RouteHop
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.recipe import Recipe
+
+MAX_TEXT = 256
+"""Longest address, model name, quantization or id we accept."""
+MAX_SESSIONS = 1_000_000
+MAX_LAYERS = 100_000
+MAX_TOKENS = 2**53
+"""Token counts stay exact in a float64 (JSON, SQLite REAL) below this."""
+MAX_ATTRIBUTION = 1024
+
+WorkStatus = Literal["completed", "cancelled", "failed"]
+WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed")
+
+
+def check_text(name: str, value: str, *, allow_empty: bool = False) -> None:
+    """Raise unless ``value`` is a bounded, printable one-line string."""
+    if not value and not allow_empty:
+        raise InvalidArgument(f"{name} is empty")
+    if len(value) > MAX_TEXT or not value.isprintable():
+        raise InvalidArgument(f"{name} must be printable and at most {MAX_TEXT} characters")
+
+
+def check_count(name: str, value: int, limit: int) -> None:
+    if not 0 <= value <= limit:
+        raise InvalidArgument(f"{name} must be in [0, {limit}], got {value}")
+
+
+def check_finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidArgument(f"{name} must be a finite number in [{low}, {high}], got {value}")
+
+
+@dataclass(frozen=True)
+class HardwareSummary:
+    cpu_count: int
+    memory_bytes: int
+
+    def __post_init__(self) -> None:
+        check_count("cpu_count", self.cpu_count, 1 << 16)
+        check_count("memory_bytes", self.memory_bytes, 1 << 60)
+
+
+@dataclass(frozen=True)
+class NodeRegistration:
+    """What a worker tells the tracker about itself when it joins."""
+
+    address: str
+    """host:port the shard serves on."""
+    recipe: Recipe
+    fingerprint: str
+    """``recipe.fingerprint()``; checked on construction so a worker and tracker never disagree."""
+    model: str
+    quantization: str
+    layers: LayerRange
+    hardware: HardwareSummary
+    max_sessions: int
+    prefill_tokens_per_s: float
+    """Measured over this node's own layer range; 0 means not measured."""
+    decode_tokens_per_s: float
+    """Measured over this node's own layer range, one sequence; 0 means not measured."""
+    certified: bool
+    """Passed the start-up whole-vs-split self-check; only certified nodes are routed to."""
+
+    def __post_init__(self) -> None:
+        check_text("address", self.address)
+        check_text("model", self.model)
+        check_text("quantization", self.quantization, allow_empty=True)
+        check_count("n_layers", self.recipe.n_layers, MAX_LAYERS)
+        if self.fingerprint != self.recipe.fingerprint():
+            raise InvalidArgument(
+                f"fingerprint {self.fingerprint!r} does not match the recipe's "
+                f"{self.recipe.fingerprint()!r}: the worker and tracker disagree on the recipe"
+            )
+        self.layers.check_within(self.recipe.n_layers)
+        if not 1 <= self.max_sessions <= MAX_SESSIONS:
+            raise InvalidArgument(
+                f"max_sessions must be in [1, {MAX_SESSIONS}], got {self.max_sessions}"
+            )
+        check_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
+        check_finite("decode_tokens_per_s", self.decode_tokens_per_s)
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """A worker's load, reported with every heartbeat."""
+
+    active_sessions: int = 0
+    free_sessions: int = 0
+    """Sessions the node can still admit: its free KV room, counted in sessions."""
+    queue_depth: int = 0
+    kv_used_fraction: float = 0.0
+    load: float = 0.0
+    """CPU busy fraction, 0..1."""
+
+    def __post_init__(self) -> None:
+        check_count("active_sessions", self.active_sessions, MAX_SESSIONS)
+        check_count("free_sessions", self.free_sessions, MAX_SESSIONS)
+        check_count("queue_depth", self.queue_depth, MAX_SESSIONS)
+        check_finite("kv_used_fraction", self.kv_used_fraction, high=1.0)
+        check_finite("load", self.load, high=1.0)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A chain of shards of one recipe whose half-open ranges meet end to start.
+
+    A full route starts at layer 0; a failover route (``require_start_layer``) starts later.
+    """
+
+    hops: tuple[RouteHop, ...]
+    epoch: int
+    """Epoch the route was issued at; a changed route for a session always has a larger one."""
+    model: str
+    quantization: str
+    fingerprint: str
+    n_layers: int
+    ms_per_token: float
+    """The planner's estimate, for telemetry; not a promise."""
+
+    def __post_init__(self) -> None:
+        if not self.hops:
+            raise InvalidArgument("a route needs at least one hop")
+        for before, after in zip(self.hops, self.hops[1:], strict=False):
+            if before.layers.stop != after.layers.start:
+                raise InvalidArgument(
+                    f"route hops {before.layers} and {after.layers} do not meet: "
+                    "a route must be contiguous"
+                )
+        self.layers.check_within(self.n_layers)
+        if self.hops[-1].layers.stop != self.n_layers:
+            raise InvalidArgument(
+                f"route ends at layer {self.hops[-1].layers.stop}, not {self.n_layers}"
+            )
+        if self.epoch < 0:
+            raise InvalidArgument(f"route epoch must be >= 0, got {self.epoch}")
+
+    @property
+    def layers(self) -> LayerRange:
+        return LayerRange(self.hops[0].layers.start, self.hops[-1].layers.stop)
+
+    @property
+    def node_ids(self) -> tuple[NodeId, ...]:
+        return tuple(hop.node_id for hop in self.hops)
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """One node's share of a request: the basis for paying contributors."""
+
+    node_id: NodeId
+    layers: LayerRange
+    tokens: int
+
+    def __post_init__(self) -> None:
+        check_text("node_id", self.node_id)
+        check_count("tokens", self.tokens, MAX_TOKENS)
+
+
+@dataclass(frozen=True)
+class WorkRecord:
+    """What one request cost and who did it. ``request_id`` is the idempotency key."""
+
+    request_id: RequestId
+    model: str
+    status: WorkStatus
+    tokens_in: int
+    tokens_out: int
+    attribution: tuple[NodeWork, ...]
+    billing_units: float
+    started_at: float
+    """Unix seconds, by the reporter's clock."""
+    finished_at: float
+    session_id: SessionId | None = None
+
+    def __post_init__(self) -> None:
+        check_text("request_id", self.request_id)
+        check_text("model", self.model)
+        if self.session_id is not None:
+            check_text("session_id", self.session_id)
+        if self.status not in WORK_STATUSES:
+            raise InvalidArgument(f"status must be one of {WORK_STATUSES}, got {self.status!r}")
+        check_count("tokens_in", self.tokens_in, MAX_TOKENS)
+        check_count("tokens_out", self.tokens_out, MAX_TOKENS)
+        if len(self.attribution) > MAX_ATTRIBUTION:
+            raise InvalidArgument(
+                f"at most {MAX_ATTRIBUTION} attribution entries, got {len(self.attribution)}"
+            )
+        check_finite("billing_units", self.billing_units)
+        check_finite("started_at", self.started_at)
+        check_finite("finished_at", self.finished_at, low=self.started_at)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """One recipe the swarm serves, as listed to users."""
+
+    name: str
+    fingerprint: str
+    quantization: str
+    n_layers: int
+    nodes: int
+    """Live certified nodes of this recipe."""
+    routable: bool
+    """Their ranges chain over every layer, so a request can be served now."""

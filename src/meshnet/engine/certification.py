@@ -1,0 +1,91 @@
+"""Start-up certification: prove the pinned llama.cpp still behaves as the split engine assumes.
+
+The tensor name ``l_out-N``, embedding input, vocab-less loading, last-layer row pruning and
+the eval-callback protocol are llama.cpp internals. Before a backend serves, a tiny synthetic
+model is run whole and split (head with NumPy embedding lookup, middle, tail), prefill and
+greedy decode, solo and batched; unless every logit is bit-identical we refuse to serve.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.synthetic import write_synthetic_model
+from meshnet.core.errors import CertificationFailed, MeshnetError
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import StepInput
+from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
+from meshnet.engine.local_route import LocalRoute
+from meshnet.engine.shards import open_llama_shard
+
+PROMPTS = ((1, 270, 281, 289, 262, 280, 7, 9), (1, 5, 266, 266, 271))
+DECODE_STEPS = 6
+
+
+@dataclass(frozen=True)
+class CertificationReport:
+    backend_version: str
+    checks: tuple[str, ...]
+
+
+def certify_llama_engine(config: LlamaConfig | None = None) -> CertificationReport:
+    """Raise ``CertificationFailed`` unless split execution is bit-identical on this build."""
+    config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1)
+    with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as raw:
+        folder = Path(raw)
+        source = write_synthetic_model(folder / "tiny.gguf")
+        cache = SliceCache(folder / "cache")
+        try:
+            whole = LocalRoute([open_llama_shard(source, LayerRange(0, 4), cache, config)])
+            split = LocalRoute([open_llama_shard(source, r, cache, config) for r in
+                                (LayerRange(0, 2), LayerRange(2, 3), LayerRange(3, 4))])
+        except MeshnetError as error:
+            raise CertificationFailed(f"slices of a tiny model do not load on this build: {error}") from error
+        try:
+            checks = _compare(whole, split)
+        finally:
+            whole.close()
+            split.close()
+    return CertificationReport(LLAMA_CPP_PYTHON_VERSION, checks)
+
+
+def _compare(whole: LocalRoute, split: LocalRoute) -> tuple[str, ...]:
+    checks = []
+    for slot, prompt in enumerate(PROMPTS):
+        tokens = np.array(prompt, np.int32)
+        expected = whole.forward(slot, 0, tokens, "all")
+        _require(expected, split.forward(slot, 0, tokens, "all"), f"prefill logits, prompt {slot}")
+        for step in range(DECODE_STEPS):
+            next_token = np.array([int(np.argmax(expected[-1]))], np.int32)
+            expected = whole.forward(slot, len(prompt) + step, next_token)
+            _require(expected, split.forward(slot, len(prompt) + step, next_token), f"decode step {step}")
+        checks.append(f"prompt {slot}: prefill and {DECODE_STEPS} greedy steps bit-identical")
+    # Both sessions now sit in the KV; one batched step must equal each session's solo step.
+    head, tail = split.backends[0], split.backends[-1]
+    positions = [len(p) + DECODE_STEPS for p in PROMPTS]
+    solo = [whole.forward(s, positions[s], np.array([7], np.int32)) for s in range(len(PROMPTS))]
+    hidden = head.run([StepInput(s, positions[s], tokens=np.array([7], np.int32)) for s in range(len(PROMPTS))])
+    for backend in split.backends[1:-1]:
+        hidden = backend.run([StepInput(o.slot, positions[o.slot], hidden=o.hidden) for o in hidden])
+    batched = tail.run([StepInput(o.slot, positions[o.slot], hidden=o.hidden) for o in hidden])
+    for output in batched:
+        _require(solo[output.slot], output.logits, f"batched step of session {output.slot}")
+    checks.append("batched decode of 2 sessions bit-identical to solo")
+    return tuple(checks)
+
+
+def _require(expected: np.ndarray | None, actual: np.ndarray | None, what: str) -> None:
+    if expected is None or actual is None or expected.shape != actual.shape:
+        raise CertificationFailed(f"{what}: split output has the wrong shape")
+    difference = float(np.abs(expected - actual).max())
+    if difference != 0.0:
+        raise CertificationFailed(
+            f"{what}: split output differs from the whole model by {difference:g}; this llama.cpp build "
+            "breaks the split engine's assumptions, refusing to serve"
+        )

@@ -1,0 +1,71 @@
+"""An in-process chain of shard backends: the reference route for tests, `generate` and benches.
+
+It moves the same boundary tensors a distributed route moves, only without the network, so it
+isolates what splitting costs from what the transport costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.generation import GenerationRequest
+from meshnet.engine.backend import Backend, StepInput
+from meshnet.engine.sampling import sample_token
+
+
+class LocalRoute:
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        if not backends:
+            raise InvalidArgument("a route needs at least one shard")
+        stops = [b.shape.layers.start for b in backends[1:]]
+        if backends[0].shape.layers.start != 0 or [b.shape.layers.stop for b in backends[:-1]] != stops:
+            raise InvalidArgument("shards must be contiguous and start at layer 0")
+        if backends[-1].shape.layers.stop != backends[-1].shape.n_layers:
+            raise InvalidArgument("the last shard must end at the model's last layer")
+        self.backends = list(backends)
+
+    def forward(self, slot: int, position: int, tokens: np.ndarray, want_logits: str = "last") -> np.ndarray:
+        """Run ``tokens`` at ``position`` through every shard; returns the tail's logits."""
+        hidden: np.ndarray | None = None
+        for backend in self.backends[:-1]:
+            step = StepInput(slot, position, tokens=tokens) if hidden is None else StepInput(slot, position, hidden=hidden)
+            hidden = backend.run([step])[0].hidden
+        tail = self.backends[-1]
+        last = (
+            StepInput(slot, position, tokens=tokens, want_logits=want_logits)  # type: ignore[arg-type]
+            if hidden is None
+            else StepInput(slot, position, hidden=hidden, want_logits=want_logits)  # type: ignore[arg-type]
+        )
+        logits = tail.run([last])[0].logits
+        return logits  # type: ignore[return-value]
+
+    def release(self, slot: int) -> None:
+        for backend in self.backends:
+            backend.truncate(slot, 0)
+
+    def generate(
+        self, request: GenerationRequest, slot: int = 0, on_logits: Callable[[np.ndarray], None] | None = None
+    ) -> Iterator[int]:
+        """Yield sampled tokens until a stop token or ``max_tokens``; frees the slot at the end."""
+        try:
+            prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
+            logits = self.forward(slot, 0, prompt)[-1]
+            position = len(prompt)
+            for index in range(request.max_tokens):
+                if on_logits is not None:
+                    on_logits(logits)
+                token = sample_token(logits, request.sampling, index)
+                yield token
+                if token in request.stop_tokens or index + 1 == request.max_tokens:
+                    return
+                logits = self.forward(slot, position, np.array([token], np.int32))[-1]
+                position += 1
+        finally:
+            self.release(slot)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()

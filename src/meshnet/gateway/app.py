@@ -1,0 +1,187 @@
+"""The OpenAI-compatible HTTP app: routes, body parsing, request ids, telemetry endpoints.
+
+``create_app`` builds everything a gateway holds -- telemetry hub, admission counter, service --
+so two apps in one process share nothing. Endpoints stay thin: read a bounded body, validate it
+strictly, prepare it for the model, and hand it to the ``CompletionService``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from starlette.responses import StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from meshnet.core.ids import RequestId, new_request_id
+from meshnet.gateway.admission import Admission
+from meshnet.gateway.config import GatewayConfig
+from meshnet.gateway.errors import (
+    HttpError,
+    error_response,
+    install_error_handlers,
+    internal_error,
+    validation_error,
+)
+from meshnet.gateway.ports import RouteGenerator, TextCodec
+from meshnet.gateway.prepare import prepare_chat, prepare_text
+from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
+from meshnet.gateway.service import CompletionService
+from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
+from meshnet.gateway.telemetry_hub import TelemetryHub
+
+logger = logging.getLogger(__name__)
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+class RequestIdMiddleware:
+    """Give every HTTP request a fresh id (``request.state.request_id``) and echo it as a header.
+
+    A plain ASGI middleware rather than ``BaseHTTPMiddleware``, which would buffer streams and
+    break disconnect detection. Client-supplied ids are ignored: the id keys the telemetry
+    endpoints, so it must be unguessable and unique.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error serving %s", request_id)
+            if started:
+                raise  # mid-response: nothing valid can be sent any more
+            await error_response(internal_error())(scope, receive, send_with_id)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes before buffering them."""
+    too_large = HttpError(413, "request_too_large", f"the request body exceeds {limit} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as err:
+        raise validation_error(err) from None
+
+
+def create_app(
+    generator: RouteGenerator,
+    codecs: Mapping[str, TextCodec],
+    config: GatewayConfig,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+) -> FastAPI:
+    """Build the gateway app over a route generator and one text codec per model id."""
+    hub = TelemetryHub(
+        max_requests=config.telemetry_max_requests,
+        max_events_per_request=config.telemetry_max_events_per_request,
+        clock=clock,
+    )
+    admission = Admission(config.max_in_flight)
+    service = CompletionService(
+        generator, codecs, config, hub=hub, admission=admission, clock=clock, wall_clock=wall_clock
+    )
+    app = FastAPI(title="meshnet gateway", version="1", docs_url=None, redoc_url=None)
+    app.state.hub = hub
+    app.state.admission = admission
+    install_error_handlers(app, retry_after_seconds=config.retry_after_seconds)
+    app.add_middleware(RequestIdMiddleware)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "in_flight": admission.in_flight, "capacity": admission.capacity}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        cards = [card for card in generator.models() if card.id in codecs]
+        data = [
+            {
+                "id": card.id,
+                "object": "model",
+                "created": 0,
+                "owned_by": card.owned_by,
+                "quantization": card.quantization,
+                "context_length": card.context_length,
+            }
+            for card in cards
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
+        codec, limits = service.resolve(body.model)
+        prepared = prepare_chat(body, codec, limits, config)
+        return await service.respond(request, prepared, codec)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = parse_body(CompletionBody, await read_body(request, config.max_body_bytes))
+        codec, limits = service.resolve(body.model)
+        prepared = prepare_text(body, codec, limits, config)
+        return await service.respond(request, prepared, codec)
+
+    @app.get("/v1/telemetry/{request_id}")
+    async def telemetry_snapshot(request_id: str) -> JSONResponse:
+        snapshot = hub.snapshot(RequestId(request_id))
+        if snapshot is None:
+            raise _telemetry_not_found(request_id)
+        return JSONResponse(snapshot.as_json())
+
+    @app.get("/v1/telemetry/{request_id}/events")
+    async def telemetry_events(request_id: str) -> StreamingResponse:
+        if RequestId(request_id) not in hub:
+            raise _telemetry_not_found(request_id)
+
+        async def frames() -> AsyncIterator[bytes]:
+            async for event in hub.follow(RequestId(request_id)):
+                yield telemetry_event_frame(event)
+
+        return StreamingResponse(frames(), media_type=MEDIA_TYPE, headers=HEADERS)
+
+    return app
+
+
+def _telemetry_not_found(request_id: str) -> HttpError:
+    return HttpError(
+        404,
+        "telemetry_not_found",
+        f"no telemetry is kept for request {request_id!r} (unknown, or evicted as old)",
+        param="request_id",
+    )

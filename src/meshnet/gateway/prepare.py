@@ -1,0 +1,241 @@
+"""Pure translation of a validated request body into what the driver runs.
+
+Checks everything that depends on the model or the configuration (known model, context cap,
+``max_tokens`` limit, stop sequences, unsupported values), tokenizes the prompt and builds the
+core ``GenerationRequest``. Raises ``HttpError`` (4xx) for anything the client must change.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.generation import GenerationRequest, SamplingParams
+from meshnet.gateway.config import GatewayConfig
+from meshnet.gateway.errors import HttpError, bad_request
+from meshnet.gateway.ports import ModelCard, TextCodec
+from meshnet.gateway.schemas import (
+    ChatCompletionBody,
+    ChatMessage,
+    CompletionBody,
+    unsupported_parameters,
+)
+
+EndpointKind = Literal["chat", "text"]
+TOKEN_ID_LIMIT = 2**31
+"""Token ids given directly in a prompt must fit the int32 the engine and wire use."""
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request the driver can run: tokens, budget, sampling, stop strings, stream shape."""
+
+    kind: EndpointKind
+    model: str
+    generation: GenerationRequest
+    stop_sequences: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What bounds a request for one model: the smaller of the codec's and the route's caps."""
+
+    context_length: int
+
+
+def model_limits(model: str, codec: TextCodec, cards: Sequence[ModelCard]) -> ModelLimits:
+    card_caps = [card.context_length for card in cards if card.id == model]
+    return ModelLimits(context_length=min([codec.context_length, *card_caps]))
+
+
+def prepare_chat(
+    body: ChatCompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig
+) -> PreparedRequest:
+    _reject_unsupported(body)
+    messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
+    text = codec.apply_chat_template(messages, add_generation_prompt=True)
+    # The template already spells out BOS and role markers; adding specials again would double them.
+    tokens = codec.encode(text, add_special=False)
+    requested = body.max_completion_tokens or body.max_tokens
+    return _prepare(body, "chat", tokens, requested, codec, limits, config)
+
+
+def prepare_text(
+    body: CompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig
+) -> PreparedRequest:
+    _reject_unsupported(body)
+    tokens = _prompt_tokens(body, codec)
+    return _prepare(body, "text", tokens, body.max_tokens, codec, limits, config)
+
+
+def _prepare(
+    body: ChatCompletionBody | CompletionBody,
+    kind: EndpointKind,
+    tokens: Sequence[int],
+    requested_max: int | None,
+    codec: TextCodec,
+    limits: ModelLimits,
+    config: GatewayConfig,
+) -> PreparedRequest:
+    if not tokens:
+        raise bad_request("empty_prompt", "the prompt encodes to no tokens", "prompt")
+    max_tokens = _completion_budget(len(tokens), requested_max, limits, config)
+    try:
+        generation = GenerationRequest(
+            prompt_tokens=tuple(tokens),
+            max_tokens=max_tokens,
+            sampling=_sampling(body),
+            stop_tokens=codec.eos_token_ids,
+        )
+    except InvalidArgument as err:  # the core re-checks ranges; report its words as a 400
+        raise bad_request(err.code, err.message) from None
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return PreparedRequest(
+        kind=kind,
+        model=body.model,
+        generation=generation,
+        stop_sequences=_stop_sequences(body.stop, config),
+        stream=body.stream,
+        include_usage=include_usage,
+    )
+
+
+def _completion_budget(
+    prompt_tokens: int, requested: int | None, limits: ModelLimits, config: GatewayConfig
+) -> int:
+    context = limits.context_length
+    if prompt_tokens >= context:
+        raise bad_request(
+            "context_length_exceeded",
+            f"the prompt is {prompt_tokens} tokens; this model's context holds {context}, "
+            "leaving no room to generate. Shorten the prompt.",
+            "messages",
+        )
+    room = context - prompt_tokens
+    if requested is None:
+        return min(config.default_max_tokens, room)
+    if requested > config.max_tokens_limit:
+        raise bad_request(
+            "invalid_parameter",
+            f"max_tokens is {requested}; this gateway allows at most {config.max_tokens_limit}",
+            "max_tokens",
+        )
+    if requested > room:
+        raise bad_request(
+            "context_length_exceeded",
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({requested}) exceeds this model's "
+            f"context of {context} tokens; lower max_tokens to at most {room}",
+            "max_tokens",
+        )
+    return requested
+
+
+def _sampling(body: ChatCompletionBody | CompletionBody) -> SamplingParams:
+    temperature = 1.0 if body.temperature is None else body.temperature
+    # Without a seed a sampled answer should differ between calls, as OpenAI's does; the seed is
+    # drawn per request, never from shared state.
+    if body.seed is None:
+        seed = 0 if temperature == 0.0 else secrets.randbits(63)
+    else:
+        seed = body.seed % 2**63
+    return SamplingParams(
+        temperature=temperature,
+        top_k=body.top_k or 0,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=seed,
+    )
+
+
+def _stop_sequences(stop: str | list[str] | None, config: GatewayConfig) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    sequences = [stop] if isinstance(stop, str) else list(stop)
+    if len(sequences) > config.max_stop_sequences:
+        raise bad_request(
+            "invalid_parameter",
+            f"stop gives {len(sequences)} sequences; at most {config.max_stop_sequences} allowed",
+            "stop",
+        )
+    if any(not sequence for sequence in sequences):
+        raise bad_request("invalid_parameter", "stop sequences must not be empty", "stop")
+    return tuple(dict.fromkeys(sequences))
+
+
+def _reject_unsupported(body: ChatCompletionBody | CompletionBody) -> None:
+    names = unsupported_parameters(body)
+    if names:
+        raise bad_request(
+            "unsupported_parameter",
+            f"{names[0]} is not supported by this server with the value given "
+            "(meshnet generates one text choice without logprobs, tools or penalties)",
+            names[0],
+        )
+
+
+def _plain_message(index: int, message: ChatMessage) -> Mapping[str, str]:
+    param = f"messages.{index}"
+    if message.role in ("tool", "function"):
+        raise bad_request(
+            "unsupported_parameter", f"role {message.role!r} needs tools, which are unsupported",
+            f"{param}.role",
+        )
+    # Chat templates of open models know "system"; OpenAI's newer "developer" means the same.
+    role = "system" if message.role == "developer" else message.role
+    content = message.content
+    if content is None:
+        if message.role != "assistant":
+            raise bad_request("invalid_parameter", "content is required", f"{param}.content")
+        return {"role": role, "content": ""}
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    texts: list[str] = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise bad_request(
+                "unsupported_parameter",
+                f"content part of type {part.type!r} is unsupported; only text parts are",
+                f"{param}.content",
+            )
+        texts.append(part.text)
+    return {"role": role, "content": "".join(texts)}
+
+
+def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return codec.encode(prompt, add_special=True)
+    if not prompt:
+        raise bad_request("empty_prompt", "the prompt is empty", "prompt")
+    if all(isinstance(item, int) for item in prompt):
+        return _checked_ids([item for item in prompt if isinstance(item, int)])
+    if len(prompt) != 1:
+        raise bad_request(
+            "unsupported_parameter", "batched prompts are unsupported: send one prompt", "prompt"
+        )
+    only = prompt[0]
+    if isinstance(only, str):
+        return codec.encode(only, add_special=True)
+    if isinstance(only, list):
+        return _checked_ids(only)
+    raise bad_request("invalid_parameter", "prompt has an unexpected shape", "prompt")
+
+
+def _checked_ids(ids: list[int]) -> list[int]:
+    if any(not 0 <= token < TOKEN_ID_LIMIT for token in ids):
+        raise bad_request("invalid_parameter", "prompt token ids must be in [0, 2**31)", "prompt")
+    return ids
+
+
+def unknown_model(model: str, known: Sequence[str]) -> HttpError:
+    listing = ", ".join(sorted(known)) or "none"
+    return HttpError(
+        404,
+        "model_not_found",
+        f"the model {model!r} does not exist on this gateway; available: {listing}",
+        param="model",
+    )

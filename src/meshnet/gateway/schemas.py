@@ -1,0 +1,128 @@
+"""Request bodies of the OpenAI-compatible endpoints, as strict pydantic v2 models.
+
+Unknown fields are handled deliberately, in three groups:
+- modelled and honoured (``max_tokens``, ``temperature``, ``stop``, ``top_k`` extension ...);
+- known OpenAI parameters we cannot honour (``UNSUPPORTED``): accepted only with their neutral
+  value (``n: 1``, ``logprobs: false``, ``tools: []`` ...), any other value is a 400
+  ``unsupported_parameter`` rather than a silently different answer;
+- everything else (``user``, ``metadata``, ``store``, ``service_tier``, future fields) is
+  harmless to ignore, so ``extra="ignore"`` keeps newer clients working.
+Parsing is strict (no ``"0.5"`` for a float, no ``true`` for an int), as OpenAI's API is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from meshnet.core.generation import MAX_TOP_K
+
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+    """Send a last chunk with ``usage`` and no choices before ``[DONE]``."""
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class _CompletionBody(_Body):
+    """Fields shared by chat and text completions."""
+
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
+    """Extension (llama.cpp, vLLM): keep only the k most likely tokens; 0 keeps all."""
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Known-unsupported parameters: typed loosely on purpose so a wrong value is reported as
+    # "unsupported" (what the user needs to know) rather than as a type error.
+    n: JsonValue = None
+    logprobs: JsonValue = None
+    top_logprobs: JsonValue = None
+    logit_bias: JsonValue = None
+    frequency_penalty: JsonValue = None
+    presence_penalty: JsonValue = None
+
+
+class ChatCompletionBody(_CompletionBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: JsonValue = None
+    tool_choice: JsonValue = None
+    functions: JsonValue = None
+    function_call: JsonValue = None
+    response_format: JsonValue = None
+    audio: JsonValue = None
+    modalities: JsonValue = None
+    prediction: JsonValue = None
+
+
+class CompletionBody(_CompletionBody):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: JsonValue = None
+    suffix: JsonValue = None
+    best_of: JsonValue = None
+
+
+def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
+    # Compare by type and value: ``False == 0`` must not make ``logprobs: 0`` look neutral.
+    return lambda value: value is None or any(
+        type(value) is type(candidate) and value == candidate for candidate in neutral
+    )
+
+
+UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
+    {
+        "n": _is_none_or(1),
+        "best_of": _is_none_or(1),
+        "logprobs": _is_none_or(False),
+        "top_logprobs": _is_none_or(0),
+        "logit_bias": _is_none_or({}),
+        "frequency_penalty": _is_none_or(0, 0.0),
+        "presence_penalty": _is_none_or(0, 0.0),
+        "echo": _is_none_or(False),
+        "suffix": _is_none_or(""),
+        "tools": _is_none_or([]),
+        "tool_choice": _is_none_or("none"),
+        "functions": _is_none_or([]),
+        "function_call": _is_none_or("none"),
+        "response_format": _is_none_or({"type": "text"}),
+        "audio": _is_none_or(),
+        "modalities": _is_none_or(["text"]),
+        "prediction": _is_none_or(),
+    }
+)
+"""Known OpenAI parameters we do not implement, each with a test for its neutral value."""
+
+
+def unsupported_parameters(body: BaseModel) -> list[str]:
+    """Names of the known-unsupported parameters the body sets to a non-neutral value."""
+    fields = type(body).model_fields
+    return [
+        name
+        for name, is_neutral in UNSUPPORTED.items()
+        if name in fields and not is_neutral(getattr(body, name))
+    ]

@@ -1,0 +1,97 @@
+"""Running the gateway app under uvicorn, programmatically, with graceful shutdown.
+
+``GatewayServer`` binds its own socket so port 0 works and the bound port is known (tests,
+ephemeral deployments); ``serve_gateway`` runs until SIGINT/SIGTERM or task cancellation and
+lets in-flight requests finish within the grace period before closing connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import uvicorn
+from fastapi import FastAPI
+
+from meshnet.core.errors import Unavailable
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+class GatewayServer:
+    """One uvicorn server for one app, started and stopped explicitly."""
+
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        *,
+        shutdown_grace_seconds: float = 10.0,
+    ) -> None:
+        self._config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=max(1, round(shutdown_grace_seconds)),
+        )
+        self._server = uvicorn.Server(self._config)
+        self._task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+
+    @property
+    def port(self) -> int:
+        if self._socket is None:
+            raise Unavailable("the gateway server is not started")
+        return int(self._socket.getsockname()[1])
+
+    async def start(self) -> int:
+        """Bind, start serving, and return the bound port once the server accepts connections."""
+        family = socket.AF_INET6 if ":" in self._config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._config.host, self._config.port))
+        self._socket = sock
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # re-raises the startup error
+                raise Unavailable("the gateway server exited during startup")
+            await asyncio.sleep(0.005)
+        return self.port
+
+    async def wait(self) -> None:
+        """Return when the server stops by itself (e.g. after SIGTERM)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish within the grace period, then close."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if self._socket is not None:
+            self._socket.close()
+
+
+async def serve_gateway(
+    app: FastAPI,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    shutdown_grace_seconds: float = 10.0,
+) -> None:
+    """Serve ``app`` until a signal or cancellation, then shut down gracefully."""
+    server = GatewayServer(app, host, port, shutdown_grace_seconds=shutdown_grace_seconds)
+    await server.start()
+    try:
+        await server.wait()
+    finally:
+        await asyncio.shield(server.stop())

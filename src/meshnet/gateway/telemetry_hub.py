@@ -1,0 +1,222 @@
+"""Bounded in-memory log of Generation Telemetry, per request, for polling and following.
+
+The driver publishes each telemetry event here as it happens; ``GET /v1/telemetry/{id}`` reads
+the folded snapshot and ``GET /v1/telemetry/{id}/events`` follows the log (replay, then live).
+Both the number of requests kept and the events per request are bounded, so a busy gateway
+cannot grow without limit: the oldest *finished* request is evicted first, and within a request
+old ``progress`` events are dropped before milestones. One hub per app, owned by one event
+loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from meshnet.core.ids import RequestId
+
+TelemetryKind = Literal[
+    "accepted",
+    "prefill_started",
+    "prefill_completed",
+    "decode_started",
+    "progress",
+    "route_health",
+    "completed",
+    "failed",
+]
+TERMINAL_KINDS: frozenset[str] = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True)
+class TelemetryEvent:
+    """One Generation Telemetry event; ``seq`` counts from 0 within its request."""
+
+    request_id: RequestId
+    seq: int
+    kind: TelemetryKind
+    at: float
+    """Seconds since the request was admitted."""
+    data: Mapping[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "at": round(self.at, 6),
+            **self.data,
+        }
+
+
+@dataclass(frozen=True)
+class TelemetrySnapshot:
+    """The latest known state of one request, as the polling endpoint returns it."""
+
+    request_id: RequestId
+    model: str
+    state: str = "admitted"
+    """Kind of the last milestone (``progress`` only updates counters)."""
+    route: Mapping[str, Any] | None = None
+    prompt_tokens: int | None = None
+    generated_tokens: int = 0
+    tokens_per_second: float = 0.0
+    health: tuple[Mapping[str, Any], ...] = ()
+    usage: Mapping[str, Any] | None = None
+    finish_reason: str | None = None
+    error: Mapping[str, Any] | None = None
+    finished: bool = False
+    last_seq: int = -1
+    updated_at: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "health": [dict(note) for note in self.health],
+        }
+
+
+def fold_event(snapshot: TelemetrySnapshot, event: TelemetryEvent) -> TelemetrySnapshot:
+    """Return the snapshot after ``event``: a pure reduction, so polling never races the log."""
+    data = event.data
+    changes: dict[str, Any] = {"last_seq": event.seq, "updated_at": event.at}
+    if event.kind != "progress":
+        changes["state"] = event.kind
+    if event.kind == "accepted":
+        changes["route"] = dict(data)
+    elif event.kind in ("prefill_started", "prefill_completed"):
+        changes["prompt_tokens"] = data.get("prompt_tokens")
+    elif event.kind == "progress":
+        changes["generated_tokens"] = data.get("generated_tokens", snapshot.generated_tokens)
+        changes["tokens_per_second"] = data.get("tokens_per_second", snapshot.tokens_per_second)
+    elif event.kind == "route_health":
+        changes["health"] = (*snapshot.health, dict(data))
+    elif event.kind == "completed":
+        usage = data.get("usage") or {}
+        changes.update(
+            finished=True,
+            usage=dict(usage),
+            finish_reason=data.get("finish_reason"),
+            generated_tokens=usage.get("completion_tokens", snapshot.generated_tokens),
+        )
+    elif event.kind == "failed":
+        changes.update(finished=True, error=dict(data))
+    return dataclasses.replace(snapshot, **changes)
+
+
+class _RequestLog:
+    """Events and snapshot of one request; followers wait on ``changed``."""
+
+    def __init__(self, request_id: RequestId, model: str, started_at: float) -> None:
+        self.events: list[TelemetryEvent] = []
+        self.snapshot = TelemetrySnapshot(request_id=request_id, model=model)
+        self.started_at = started_at
+        self.next_seq = 0
+        self.finished = False
+        # Created lazily by a follower so the hub never binds an event loop at construction.
+        self.changed: asyncio.Event | None = None
+
+    def wake_followers(self) -> None:
+        if self.changed is not None:
+            self.changed.set()
+            self.changed = None
+
+
+class TelemetryHub:
+    """Per-request telemetry logs, bounded in requests and in events per request."""
+
+    def __init__(
+        self,
+        *,
+        max_requests: int,
+        max_events_per_request: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._max_requests = max_requests
+        self._max_events = max_events_per_request
+        self._clock = clock
+        self._logs: dict[RequestId, _RequestLog] = {}
+        self._finished_order: OrderedDict[RequestId, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._logs
+
+    def open(self, request_id: RequestId, model: str) -> None:
+        """Start the log of a newly admitted request, evicting to stay within the bound."""
+        while len(self._logs) >= self._max_requests:
+            self._evict_one()
+        self._logs[request_id] = _RequestLog(request_id, model, self._clock())
+
+    def publish(
+        self, request_id: RequestId, kind: TelemetryKind, data: Mapping[str, Any]
+    ) -> TelemetryEvent | None:
+        """Append an event; returns it (with its ``seq``), or None if the request is not kept."""
+        log = self._logs.get(request_id)
+        if log is None or log.finished:
+            return None
+        event = TelemetryEvent(
+            request_id=request_id,
+            seq=log.next_seq,
+            kind=kind,
+            at=self._clock() - log.started_at,
+            data=dict(data),
+        )
+        log.next_seq += 1
+        self._append_bounded(log, event)
+        log.snapshot = fold_event(log.snapshot, event)
+        if kind in TERMINAL_KINDS:
+            log.finished = True
+            self._finished_order[request_id] = None
+        log.wake_followers()
+        return event
+
+    def snapshot(self, request_id: RequestId) -> TelemetrySnapshot | None:
+        log = self._logs.get(request_id)
+        return None if log is None else log.snapshot
+
+    async def follow(self, request_id: RequestId) -> AsyncIterator[TelemetryEvent]:
+        """Yield the request's kept events, then new ones live, until its terminal event."""
+        log = self._logs.get(request_id)
+        if log is None:
+            return
+        cursor = 0
+        while True:
+            pending = [event for event in log.events if event.seq >= cursor]
+            for event in pending:
+                cursor = event.seq + 1
+                yield event
+            if pending:
+                continue  # more may have arrived while the consumer held the last event
+            if log.finished:
+                return
+            if log.changed is None:
+                log.changed = asyncio.Event()
+            await log.changed.wait()
+
+    def _append_bounded(self, log: _RequestLog, event: TelemetryEvent) -> None:
+        if len(log.events) >= self._max_events:
+            # Milestones are few and each tells something; progress events are many and each
+            # only refines a counter the snapshot already holds, so they go first.
+            victim = next(
+                (i for i, kept in enumerate(log.events) if kept.kind == "progress"), 0
+            )
+            del log.events[victim]
+        log.events.append(event)
+
+    def _evict_one(self) -> None:
+        if self._finished_order:
+            victim, _ = self._finished_order.popitem(last=False)
+        else:
+            # Only reachable if the bound is below the admission cap; the config forbids that,
+            # but dropping the oldest live log still keeps memory bounded.
+            victim = next(iter(self._logs))
+        log = self._logs.pop(victim)
+        log.finished = True
+        log.wake_followers()

@@ -1,0 +1,336 @@
+"""The single conversion module between protobuf messages and meshnet's typed frozen values.
+
+Nothing else in meshnet reads or builds shard protobuf messages field by field. Decoding never
+trusts the sender: unknown schema versions and enum values, malformed sizes, bad checksums and
+out-of-range numbers all raise typed ``MeshnetError``s (never ``assert``, never a bare exception),
+and every size is bounded before anything is allocated. Encoding computes the payload checksum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from meshnet.core.errors import InvalidArgument, ResourceExhausted
+from meshnet.core.generation import SamplingParams
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.protocol.frames import (
+    FRAME_OVERHEAD_BYTES,
+    MAX_ID_CHARS,
+    CacheExpectation,
+    CapabilityInfo,
+    FrameLimits,
+    FrameMeta,
+    HopSpec,
+    HopTiming,
+    Phase,
+    ShardRole,
+    StepFrame,
+    StepResult,
+    check_schema_version,
+)
+from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.payload import decode_hidden, decode_tokens, encode_hidden, encode_tokens
+
+_PHASE_TO_PROTO: dict[Phase, int] = {"prefill": pb.PHASE_PREFILL, "decode": pb.PHASE_DECODE}
+_PHASE_FROM_PROTO: dict[int, Phase] = {v: k for k, v in _PHASE_TO_PROTO.items()}
+_CACHE_TO_PROTO: dict[CacheExpectation, int] = {
+    "new": pb.CACHE_EXPECTATION_NEW,
+    "continue": pb.CACHE_EXPECTATION_CONTINUE,
+}
+_CACHE_FROM_PROTO: dict[int, CacheExpectation] = {v: k for k, v in _CACHE_TO_PROTO.items()}
+_ROLE_TO_PROTO: dict[ShardRole, int] = {
+    "head": pb.SHARD_ROLE_HEAD,
+    "middle": pb.SHARD_ROLE_MIDDLE,
+    "tail": pb.SHARD_ROLE_TAIL,
+    "full": pb.SHARD_ROLE_FULL,
+}
+_MAX_TOKEN_VARINT_BYTES = 5
+"""A non-negative int32 takes at most 5 bytes as a protobuf varint."""
+MAX_METRICS = 4096
+
+
+# --- step frames --------------------------------------------------------------------------------
+
+
+def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
+    """A frame -> StepRequest, with the payload checksum computed here."""
+    meta = frame.meta
+    if frame.tokens is not None:
+        tokens, crc = encode_tokens(frame.tokens)
+        message = pb.StepRequest(tokens=tokens, final_chunk=frame.final_chunk)
+    else:
+        # StepFrame guarantees exactly one input, so hidden is set here.
+        hidden, crc = encode_hidden(np.asarray(frame.hidden))
+        message = pb.StepRequest(hidden=hidden, final_chunk=frame.final_chunk)
+    header = message.header
+    header.schema_version = meta.schema_version
+    header.request_id = meta.request_id
+    header.session_id = meta.session_id
+    header.route_epoch = meta.route_epoch
+    header.fingerprint = meta.fingerprint
+    header.layers.start = meta.layers.start
+    header.layers.stop = meta.layers.stop
+    header.phase = _PHASE_TO_PROTO[meta.phase]  # type: ignore[assignment]
+    header.position = meta.position
+    header.step = meta.step
+    header.cache = _CACHE_TO_PROTO[meta.cache]  # type: ignore[assignment]
+    header.compression = pb.COMPRESSION_NONE
+    header.checksum = crc
+    header.deadline_ms = meta.deadline_ms or 0
+    for hop in frame.downstream:
+        message.downstream.add(address=hop.address, layers=_span(hop.layers),
+                               fingerprint=hop.fingerprint)
+    if frame.sampling is not None:
+        s = frame.sampling
+        message.sampling.CopyFrom(
+            pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+        )
+    return message
+
+
+def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
+    """A received StepRequest -> a validated frame, or InvalidArgument / IntegrityError / ..."""
+    if not message.HasField("header"):
+        raise InvalidArgument("the frame has no header")
+    header = message.header
+    meta = _meta_from_proto(header)
+    which = message.WhichOneof("input")
+    tokens = hidden = None
+    if which == "tokens":
+        tokens = decode_tokens(message.tokens, limits, header.checksum)
+    elif which == "hidden":
+        hidden = decode_hidden(message.hidden, limits, header.checksum)
+    else:
+        raise InvalidArgument("the frame carries no input: set tokens or hidden")
+    if len(message.downstream) > limits.max_hops:
+        raise InvalidArgument(
+            f"the frame lists {len(message.downstream)} downstream hops; at most "
+            f"{limits.max_hops} are allowed"
+        )
+    downstream = tuple(
+        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint)
+        for hop in message.downstream
+    )
+    sampling = None
+    if message.HasField("sampling"):
+        s = message.sampling
+        sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                  seed=s.seed)
+    return StepFrame(meta=meta, tokens=tokens, hidden=hidden, downstream=downstream,
+                     sampling=sampling, final_chunk=message.final_chunk)
+
+
+def parse_step_request(raw: bytes, limits: FrameLimits) -> StepFrame:
+    """Serialized StepRequest bytes -> a validated frame; unparsable bytes are InvalidArgument."""
+    if len(raw) > limits.max_frame_bytes:
+        raise ResourceExhausted(
+            f"the frame is {len(raw)} bytes; this shard accepts at most {limits.max_frame_bytes}"
+        )
+    try:
+        message = pb.StepRequest.FromString(raw)
+    except DecodeError as error:
+        raise InvalidArgument(f"the frame is not a valid StepRequest: {error}") from None
+    return frame_from_proto(message, limits)
+
+
+def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:
+    # The version first: a newer peer must learn which versions we read, not trip over a field.
+    check_schema_version(header.schema_version)
+    phase = _PHASE_FROM_PROTO.get(header.phase)
+    if phase is None:
+        raise InvalidArgument(f"unknown or unspecified phase value {header.phase}")
+    cache = _CACHE_FROM_PROTO.get(header.cache)
+    if cache is None:
+        raise InvalidArgument(f"unknown or unspecified cache expectation value {header.cache}")
+    if header.compression != pb.COMPRESSION_NONE:
+        raise InvalidArgument(
+            f"unknown or unsupported compression value {header.compression}; only NONE is read"
+        )
+    if not header.HasField("layers"):
+        raise InvalidArgument("the frame header has no layer range")
+    return FrameMeta(
+        request_id=RequestId(header.request_id),
+        session_id=SessionId(header.session_id),
+        route_epoch=header.route_epoch,
+        fingerprint=header.fingerprint,
+        layers=_range(header.layers, "frame"),
+        phase=phase,
+        position=header.position,
+        step=header.step,
+        cache=cache,
+        deadline_ms=header.deadline_ms or None,
+        schema_version=header.schema_version,
+    )
+
+
+def _span(layers: LayerRange) -> pb.LayerSpan:
+    return pb.LayerSpan(start=layers.start, stop=layers.stop)
+
+
+def _range(span: pb.LayerSpan, what: str) -> LayerRange:
+    try:
+        return LayerRange(span.start, span.stop)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{what}: {error.message}") from None
+
+
+# --- prefill chunking ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PrefillChunk:
+    """One frame's worth of a prefill: a view into the caller's array, no copy."""
+
+    position: int
+    payload: np.ndarray
+    """Token ids ``[n]`` or hidden ``[n, n_embd]``."""
+    final_chunk: bool
+
+
+def split_prefill(
+    payload: np.ndarray, start_position: int, max_frame_bytes: int, *, max_tokens: int | None = None
+) -> list[PrefillChunk]:
+    """Cut a prefill into chunks whose frames fit ``max_frame_bytes`` (and ``max_tokens``).
+
+    Each frame keeps ``FRAME_OVERHEAD_BYTES`` for header, hops and sampling; the rest is payload.
+    """
+    if payload.ndim == 1:
+        bytes_per_token = _MAX_TOKEN_VARINT_BYTES
+    elif payload.ndim == 2:
+        bytes_per_token = int(payload.shape[1]) * 4
+    else:
+        raise InvalidArgument(
+            f"a prefill is token ids [n] or hidden [n, n_embd], got shape {payload.shape}"
+        )
+    n_total = int(payload.shape[0])
+    if n_total == 0:
+        raise InvalidArgument("the prefill is empty")
+    per_chunk = (max_frame_bytes - FRAME_OVERHEAD_BYTES) // max(bytes_per_token, 1)
+    if max_tokens is not None:
+        per_chunk = min(per_chunk, max_tokens)
+    if per_chunk < 1:
+        raise InvalidArgument(
+            f"one token ({bytes_per_token} bytes) does not fit a frame of {max_frame_bytes} bytes "
+            f"with {FRAME_OVERHEAD_BYTES} bytes kept for the header"
+        )
+    return [
+        PrefillChunk(
+            position=start_position + offset,
+            payload=payload[offset : offset + per_chunk],
+            final_chunk=offset + per_chunk >= n_total,
+        )
+        for offset in range(0, n_total, per_chunk)
+    ]
+
+
+# --- step results -------------------------------------------------------------------------------
+
+
+def result_to_proto(result: StepResult) -> pb.StepResponse:
+    message = pb.StepResponse(session_id=result.session_id, step=result.step,
+                              next_position=result.next_position)
+    if result.token_id is None:
+        message.ack.SetInParent()
+    else:
+        message.token.token_id = result.token_id
+    for timing in result.timings:
+        message.timings.add(address=timing.address, layers=_span(timing.layers),
+                            queue_us=timing.queue_us, compute_us=timing.compute_us)
+    return message
+
+
+def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepResult:
+    which = message.WhichOneof("result")
+    if which is None:
+        raise InvalidArgument("the step response carries neither a token nor a chunk ack")
+    if len(message.timings) > max_hops + 1:
+        raise InvalidArgument(f"the step response lists {len(message.timings)} hop timings")
+    timings = tuple(
+        HopTiming(t.address, _range(t.layers, "hop timing"), t.queue_us, t.compute_us)
+        for t in message.timings
+    )
+    return StepResult(
+        session_id=SessionId(message.session_id),
+        step=message.step,
+        next_position=message.next_position,
+        token_id=message.token.token_id if which == "token" else None,
+        timings=timings,
+    )
+
+
+# --- capability, session end, metrics -----------------------------------------------------------
+
+
+def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
+    return pb.Capability(
+        node_id=info.node_id, fingerprint=info.fingerprint, layers=_span(info.layers),
+        n_layers=info.n_layers, n_embd=info.n_embd, vocab_size=info.vocab_size,
+        role=_ROLE_TO_PROTO[info.role],  # type: ignore[arg-type]
+        schema_versions=info.schema_versions, backend=info.backend,
+        backend_version=info.backend_version, max_sessions=info.max_sessions,
+        free_sessions=info.free_sessions, active_sessions=info.active_sessions,
+        n_ctx_per_session=info.n_ctx_per_session, max_frame_bytes=info.max_frame_bytes,
+        max_tokens_per_frame=info.max_tokens_per_frame, certified=info.certified,
+    )
+
+
+def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
+    if len(message.schema_versions) > 64:
+        raise InvalidArgument(f"capability lists {len(message.schema_versions)} schema versions")
+    info = CapabilityInfo(
+        node_id=NodeId(message.node_id), fingerprint=message.fingerprint,
+        layers=_range(message.layers, "capability"), n_layers=message.n_layers,
+        n_embd=message.n_embd, vocab_size=message.vocab_size,
+        schema_versions=tuple(message.schema_versions), backend=message.backend,
+        backend_version=message.backend_version, max_sessions=message.max_sessions,
+        free_sessions=message.free_sessions, active_sessions=message.active_sessions,
+        n_ctx_per_session=message.n_ctx_per_session, max_frame_bytes=message.max_frame_bytes,
+        max_tokens_per_frame=message.max_tokens_per_frame, certified=message.certified,
+    )
+    if message.role != _ROLE_TO_PROTO[info.role]:
+        raise InvalidArgument(
+            f"capability role value {message.role} contradicts layers {info.layers} of "
+            f"{info.n_layers} (a {info.role})"
+        )
+    return info
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    """A Release or Cancel request: which session to free, and why (for logs)."""
+
+    session_id: SessionId
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.session_id or len(self.session_id) > MAX_ID_CHARS:
+            raise InvalidArgument(f"session_id must be 1..{MAX_ID_CHARS} characters")
+        if len(self.reason) > 1024:
+            raise InvalidArgument("the reason is longer than 1024 characters")
+
+
+def release_to_proto(end: SessionEnd) -> pb.ReleaseRequest:
+    return pb.ReleaseRequest(session_id=end.session_id, reason=end.reason)
+
+
+def cancel_to_proto(end: SessionEnd) -> pb.CancelRequest:
+    return pb.CancelRequest(session_id=end.session_id, reason=end.reason)
+
+
+def session_end_from_proto(message: pb.ReleaseRequest | pb.CancelRequest) -> SessionEnd:
+    return SessionEnd(SessionId(message.session_id), message.reason)
+
+
+def metrics_to_proto(values: Mapping[str, float]) -> pb.MetricsSnapshot:
+    return pb.MetricsSnapshot(values={name: float(value) for name, value in values.items()})
+
+
+def metrics_from_proto(message: pb.MetricsSnapshot) -> dict[str, float]:
+    if len(message.values) > MAX_METRICS:
+        raise InvalidArgument(f"the metrics snapshot holds {len(message.values)} values")
+    return dict(message.values)

@@ -1,0 +1,244 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NodeRegistration(_message.Message):
+    __slots__ = ("address", "recipe", "fingerprint", "model", "quantization", "layer_start", "layer_stop", "hardware", "max_sessions", "measured", "certified", "node_id_hint")
+    class Recipe(_message.Message):
+        __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema")
+        MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+        ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+        ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+        WEIGHT_QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+        ACTIVATION_DTYPE_FIELD_NUMBER: _ClassVar[int]
+        KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+        BACKEND_FIELD_NUMBER: _ClassVar[int]
+        BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
+        N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+        N_EMBD_FIELD_NUMBER: _ClassVar[int]
+        BOUNDARY_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+        model_sha256: str
+        architecture: str
+        adapter_version: str
+        weight_quantization: str
+        activation_dtype: str
+        kv_dtype: str
+        backend: str
+        backend_version: str
+        n_layers: int
+        n_embd: int
+        boundary_schema: str
+        def __init__(self, model_sha256: _Optional[str] = ..., architecture: _Optional[str] = ..., adapter_version: _Optional[str] = ..., weight_quantization: _Optional[str] = ..., activation_dtype: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., boundary_schema: _Optional[str] = ...) -> None: ...
+    class Hardware(_message.Message):
+        __slots__ = ("cpu_count", "memory_bytes")
+        CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+        MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+        cpu_count: int
+        memory_bytes: int
+        def __init__(self, cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    class Measured(_message.Message):
+        __slots__ = ("prefill_tokens_per_s", "decode_tokens_per_s")
+        PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+        DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+        prefill_tokens_per_s: float
+        decode_tokens_per_s: float
+        def __init__(self, prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ...) -> None: ...
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_HINT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    recipe: NodeRegistration.Recipe
+    fingerprint: str
+    model: str
+    quantization: str
+    layer_start: int
+    layer_stop: int
+    hardware: NodeRegistration.Hardware
+    max_sessions: int
+    measured: NodeRegistration.Measured
+    certified: bool
+    node_id_hint: str
+    def __init__(self, address: _Optional[str] = ..., recipe: _Optional[_Union[NodeRegistration.Recipe, _Mapping]] = ..., fingerprint: _Optional[str] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., hardware: _Optional[_Union[NodeRegistration.Hardware, _Mapping]] = ..., max_sessions: _Optional[int] = ..., measured: _Optional[_Union[NodeRegistration.Measured, _Mapping]] = ..., certified: _Optional[bool] = ..., node_id_hint: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    heartbeat_interval_ms: int
+    epoch: int
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class NodeHeartbeat(_message.Message):
+    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "load")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    KV_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    active_sessions: int
+    free_sessions: int
+    queue_depth: int
+    kv_used_fraction: float
+    load: float
+    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., load: _Optional[float] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("known", "epoch")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    epoch: int
+    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RouteRequest(_message.Message):
+    __slots__ = ("model", "session_id", "exclude_node_ids", "require_start_layer")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_START_LAYER_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    session_id: str
+    exclude_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    require_start_layer: int
+    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., require_start_layer: _Optional[int] = ...) -> None: ...
+
+class RouteReply(_message.Message):
+    __slots__ = ("hops", "epoch", "model", "quantization", "n_layers", "estimated_ms_per_token")
+    class Hop(_message.Message):
+        __slots__ = ("node_id", "address", "layer_start", "layer_stop", "fingerprint")
+        NODE_ID_FIELD_NUMBER: _ClassVar[int]
+        ADDRESS_FIELD_NUMBER: _ClassVar[int]
+        LAYER_START_FIELD_NUMBER: _ClassVar[int]
+        LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
+        FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+        node_id: str
+        address: str
+        layer_start: int
+        layer_stop: int
+        fingerprint: str
+        def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_MS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    hops: _containers.RepeatedCompositeFieldContainer[RouteReply.Hop]
+    epoch: int
+    model: str
+    quantization: str
+    n_layers: int
+    estimated_ms_per_token: float
+    def __init__(self, hops: _Optional[_Iterable[_Union[RouteReply.Hop, _Mapping]]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., n_layers: _Optional[int] = ..., estimated_ms_per_token: _Optional[float] = ...) -> None: ...
+
+class WorkRecord(_message.Message):
+    __slots__ = ("request_id", "session_id", "model", "status", "tokens_in", "tokens_out", "attribution", "billing_units", "started_at_unix_s", "finished_at_unix_s")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATUS_UNSPECIFIED: _ClassVar[WorkRecord.Status]
+        STATUS_COMPLETED: _ClassVar[WorkRecord.Status]
+        STATUS_CANCELLED: _ClassVar[WorkRecord.Status]
+        STATUS_FAILED: _ClassVar[WorkRecord.Status]
+    STATUS_UNSPECIFIED: WorkRecord.Status
+    STATUS_COMPLETED: WorkRecord.Status
+    STATUS_CANCELLED: WorkRecord.Status
+    STATUS_FAILED: WorkRecord.Status
+    class NodeShare(_message.Message):
+        __slots__ = ("node_id", "layer_start", "layer_stop", "tokens")
+        NODE_ID_FIELD_NUMBER: _ClassVar[int]
+        LAYER_START_FIELD_NUMBER: _ClassVar[int]
+        LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
+        TOKENS_FIELD_NUMBER: _ClassVar[int]
+        node_id: str
+        layer_start: int
+        layer_stop: int
+        tokens: int
+        def __init__(self, node_id: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_IN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_OUT_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    BILLING_UNITS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    session_id: str
+    model: str
+    status: WorkRecord.Status
+    tokens_in: int
+    tokens_out: int
+    attribution: _containers.RepeatedCompositeFieldContainer[WorkRecord.NodeShare]
+    billing_units: float
+    started_at_unix_s: float
+    finished_at_unix_s: float
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[WorkRecord.Status, str]] = ..., tokens_in: _Optional[int] = ..., tokens_out: _Optional[int] = ..., attribution: _Optional[_Iterable[_Union[WorkRecord.NodeShare, _Mapping]]] = ..., billing_units: _Optional[float] = ..., started_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ...) -> None: ...
+
+class WorkAck(_message.Message):
+    __slots__ = ("request_id", "duplicate")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    duplicate: bool
+    def __init__(self, request_id: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelList(_message.Message):
+    __slots__ = ("models", "epoch")
+    class Model(_message.Message):
+        __slots__ = ("name", "fingerprint", "quantization", "n_layers", "nodes", "routable")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+        QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+        N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+        NODES_FIELD_NUMBER: _ClassVar[int]
+        ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        fingerprint: str
+        quantization: str
+        n_layers: int
+        nodes: int
+        routable: bool
+        def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., quantization: _Optional[str] = ..., n_layers: _Optional[int] = ..., nodes: _Optional[int] = ..., routable: _Optional[bool] = ...) -> None: ...
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelList.Model]
+    epoch: int
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelList.Model, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class DeregisterRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterReply(_message.Message):
+    __slots__ = ("known", "epoch")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    epoch: int
+    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,110 @@
+"""The one mapping between meshnet's typed errors and gRPC status codes, both ways.
+
+A servicer aborts with the status of the reliability design's status contract and carries the
+error's machine-readable ``code`` and ``retryable`` in trailing metadata; a caller rebuilds the
+same typed error from a ``grpc.RpcError``. gRPC's own DEADLINE_EXCEEDED / UNAVAILABLE / CANCELLED
+(raised by the library, so without our metadata) become DeadlineExceeded / Unavailable / Cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+
+from meshnet.core.errors import (
+    CacheMiss,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    IntegrityError,
+    InvalidArgument,
+    MeshnetError,
+    ResourceExhausted,
+    Unavailable,
+)
+
+ERROR_CODE_KEY = "meshnet-error-code"
+RETRYABLE_KEY = "meshnet-retryable"
+
+# Order matters only between a class and its subclasses; these bases are disjoint, and
+# ArtifactError, RouteStale and NoRoute follow their bases.
+_STATUS_BY_TYPE: tuple[tuple[type[MeshnetError], grpc.StatusCode], ...] = (
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (IntegrityError, grpc.StatusCode.DATA_LOSS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (CacheMiss, grpc.StatusCode.NOT_FOUND),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (Cancelled, grpc.StatusCode.CANCELLED),
+)
+# Without our metadata (the library itself, a proxy, a peer of another version) the status alone
+# decides; the library's RESOURCE_EXHAUSTED is a message over the size limit, which fits too.
+_TYPE_BY_STATUS: dict[grpc.StatusCode, type[MeshnetError]] = {
+    status: error_type for error_type, status in _STATUS_BY_TYPE
+}
+
+
+def status_for(error: MeshnetError) -> grpc.StatusCode:
+    """The gRPC status a servicer answers ``error`` with; INTERNAL for anything unmapped."""
+    for error_type, status in _STATUS_BY_TYPE:
+        if isinstance(error, error_type):
+            return status
+    return grpc.StatusCode.INTERNAL
+
+
+def error_metadata(error: MeshnetError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata that lets any client recover the precise error, not just the status."""
+    return ((ERROR_CODE_KEY, error.code), (RETRYABLE_KEY, "true" if error.retryable else "false"))
+
+
+async def abort_with(context: grpc.aio.ServicerContext, error: MeshnetError) -> NoReturn:
+    """End the RPC with ``error``'s status, message and metadata (for async servicers)."""
+    await context.abort(status_for(error), error.message, trailing_metadata=error_metadata(error))
+    # context.abort always raises; re-raising keeps the NoReturn promise for any stand-in context.
+    raise error
+
+
+def error_from_rpc(err: grpc.RpcError) -> MeshnetError:
+    """Rebuild the typed error a peer (or the gRPC library) ended a call with."""
+    status = _call(err, "code")
+    details = _call(err, "details") or ""
+    code = _metadata_value(_call(err, "trailing_metadata"), ERROR_CODE_KEY)
+    error_type = _type_for_code(code) if code else None
+    if error_type is None:
+        error_type = _TYPE_BY_STATUS.get(status, MeshnetError) if status else MeshnetError
+    message = details or f"the peer ended the call with {getattr(status, 'name', 'no status')}"
+    try:
+        return error_type(message)
+    except TypeError:
+        # A subclass with a richer constructor: keep the category rather than fail here.
+        fallback = _TYPE_BY_STATUS.get(status, MeshnetError) if status else MeshnetError
+        return fallback(message)
+
+
+def _call(err: grpc.RpcError, method: str) -> Any:
+    # A bare grpc.RpcError has none of these; grpc.Call / AioRpcError have all of them.
+    accessor = getattr(err, method, None)
+    return accessor() if callable(accessor) else None
+
+
+def _metadata_value(metadata: Iterable[Any] | None, key: str) -> str | None:
+    for item in metadata or ():
+        if item[0] == key:
+            value = item[1]
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return None
+
+
+def _type_for_code(code: str) -> type[MeshnetError] | None:
+    """The error class whose ``code`` is ``code``, nearest the root first (breadth-first)."""
+    pending: list[type[MeshnetError]] = [MeshnetError]
+    while pending:
+        error_type = pending.pop(0)
+        if error_type.code == code:
+            return error_type
+        pending.extend(error_type.__subclasses__())
+    return None

@@ -1,0 +1,333 @@
+"""The live node table: registrations, heartbeats, expiry, the route epoch, sticky session routes.
+
+This is the tracker's only mutable state, owned by one event loop (no locks). Route choice
+is delegated to the pure planner in ``routing``; time comes from an injected clock, so expiry
+is tested with a fake one.
+
+The epoch is a counter that never goes down. It increments when a node leaves routes (missed
+heartbeats, deregistration, or being replaced by a new registration at the same address or id)
+and when a session's route changes, so a changed route always carries a larger epoch than the
+one it replaces and shards can refuse frames of the old route. A join does not increment it:
+it invalidates no route.
+
+Stickiness: a session keeps its route while every node on it is alive, not excluded by the
+caller and unchanged, even if the epoch moved for another reason, because moving a live session
+throws away its KV cache and costs a full replay.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from meshnet.core.errors import InvalidArgument, NoRoute
+from meshnet.core.events import RouteHop
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route
+from meshnet.tracker.routing import (
+    DEFAULT_COSTS,
+    NO_LATENCIES,
+    LatencyTable,
+    NodeView,
+    RoutePlan,
+    RoutingCosts,
+    choose_model_route,
+    choose_route,
+)
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic scale; ``time.monotonic`` in production, a fake in tests."""
+
+
+def random_node_id() -> NodeId:
+    return NodeId("n-" + secrets.token_hex(6))
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    node_id: NodeId
+    registration: NodeRegistration
+    registered_at: float
+    last_seen: float
+    load: NodeLoad | None = None
+    routed_since_heartbeat: int = 0
+    """Sessions routed here since its last heartbeat. They are subtracted from the node's last
+    reported free sessions, so a burst between two heartbeats does not all land on the fastest
+    node; the next heartbeat's report already counts them."""
+
+    def view(self) -> NodeView:
+        registration = self.registration
+        reported_free = self.load.free_sessions if self.load else registration.max_sessions
+        return NodeView(
+            node_id=self.node_id,
+            address=registration.address,
+            model=registration.model,
+            quantization=registration.quantization,
+            fingerprint=registration.fingerprint,
+            n_layers=registration.recipe.n_layers,
+            layers=registration.layers,
+            certified=registration.certified,
+            decode_tokens_per_s=registration.decode_tokens_per_s,
+            free_sessions=reported_free - self.routed_since_heartbeat,
+            queue_depth=self.load.queue_depth if self.load else 0,
+        )
+
+
+@dataclass(frozen=True)
+class RouteQuery:
+    model: str
+    """Model name or recipe fingerprint."""
+    session_id: SessionId | None = None
+    exclude: frozenset[NodeId] = frozenset()
+    start_layer: int | None = None
+    """Failover of a sub-span: plan only from this layer on; the hops before it are kept."""
+
+
+@dataclass(frozen=True)
+class _StickyRoute:
+    route: Route
+    last_used: float
+
+
+class NodeRegistry:
+    """Live nodes and sessions' routes. Call from one event loop only."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        heartbeat_interval_s: float,
+        missed_heartbeats: int = 3,
+        epoch: int = 0,
+        session_ttl_s: float = 600.0,
+        max_sticky_sessions: int = 100_000,
+        new_node_id: Callable[[], NodeId] = random_node_id,
+        costs: RoutingCosts = DEFAULT_COSTS,
+    ) -> None:
+        if heartbeat_interval_s <= 0 or missed_heartbeats < 1 or epoch < 0:
+            raise InvalidArgument(
+                "heartbeat interval must be > 0, missed heartbeats >= 1, epoch >= 0"
+            )
+        self._clock = clock
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._expire_after_s = heartbeat_interval_s * missed_heartbeats
+        self._epoch = epoch
+        self._session_ttl_s = session_ttl_s
+        self._max_sticky = max_sticky_sessions
+        self._new_node_id = new_node_id
+        self._costs = costs
+        self._nodes: dict[NodeId, NodeEntry] = {}
+        self._sticky: OrderedDict[SessionId, _StickyRoute] = OrderedDict()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def get(self, node_id: NodeId) -> NodeEntry | None:
+        return self._nodes.get(node_id)
+
+    def node_views(self) -> tuple[NodeView, ...]:
+        return tuple(entry.view() for entry in self._nodes.values())
+
+    def register(
+        self, registration: NodeRegistration, node_id_hint: NodeId | None = None
+    ) -> NodeId:
+        """Add a node and return its id: the hint when it is free or already this address's."""
+        self.sweep()
+        held = self._nodes.get(node_id_hint) if node_id_hint else None
+        if node_id_hint and (held is None or held.registration.address == registration.address):
+            node_id = node_id_hint
+        else:
+            node_id = self._fresh_node_id()
+        # One address is one live node: a worker that re-registers has restarted or changed, and
+        # either way the sessions routed to its old entry are gone, so that entry leaves routes.
+        stale = [
+            entry.node_id
+            for entry in self._nodes.values()
+            if entry.node_id == node_id or entry.registration.address == registration.address
+        ]
+        self._remove(stale, "re-registered")
+        now = self._clock()
+        self._nodes[node_id] = NodeEntry(node_id, registration, registered_at=now, last_seen=now)
+        return node_id
+
+    def heartbeat(self, node_id: NodeId, load: NodeLoad) -> bool:
+        """Record a heartbeat; False means the node is unknown (expired or never registered)."""
+        self.sweep()
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            return False
+        self._nodes[node_id] = replace(
+            entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0
+        )
+        return True
+
+    def deregister(self, node_id: NodeId) -> bool:
+        self.sweep()
+        if node_id not in self._nodes:
+            return False
+        self._remove([node_id], "deregistered")
+        return True
+
+    def sweep(self) -> tuple[NodeId, ...]:
+        """Drop nodes that missed their heartbeats and sessions idle past their TTL."""
+        now = self._clock()
+        expired = tuple(
+            node_id
+            for node_id, entry in self._nodes.items()
+            if now - entry.last_seen >= self._expire_after_s
+        )
+        self._remove(expired, "missed heartbeats")
+        idle = [
+            sid
+            for sid, sticky in self._sticky.items()
+            if now - sticky.last_used >= self._session_ttl_s
+        ]
+        for session_id in idle:
+            del self._sticky[session_id]
+        return expired
+
+    def choose_route(self, query: RouteQuery, latency_ms: LatencyTable = NO_LATENCIES) -> Route:
+        """The session's current route if it still holds, else a newly planned one."""
+        self.sweep()
+        start = query.start_layer or 0
+        sticky = self._sticky.get(query.session_id) if query.session_id else None
+        if sticky is not None and not _serves(sticky.route, query.model):
+            sticky = None  # the session asks for another model now: a fresh session in effect
+        if (
+            sticky is not None
+            and self._holds(sticky.route, query.exclude)
+            and _has_boundary(sticky.route, start)
+        ):
+            self._touch(query.session_id, sticky.route)
+            return _suffix(sticky.route, start)
+        # A sub-span must match the recipe of the hops the caller keeps.
+        model = sticky.route.fingerprint if sticky is not None and start > 0 else query.model
+        plan = choose_model_route(
+            self.node_views(),
+            model,
+            latency_ms=latency_ms,
+            exclude=query.exclude,
+            start_layer=start,
+            costs=self._costs,
+        )
+        if sticky is not None:
+            self._epoch += 1  # the session's route changed: frames of its old route are now stale
+        route = _route_of(plan, plan.hops, self._epoch)
+        self._count_routed(plan)
+        if query.session_id is not None:
+            kept = _prefix(sticky.route, start) if sticky is not None and start > 0 else ()
+            meets = start == 0 or (bool(kept) and kept[-1].layers.stop == start)
+            if meets and self._all_alive(kept, query.exclude):
+                self._touch(query.session_id, _route_of(plan, kept + plan.hops, self._epoch))
+            else:
+                self._sticky.pop(query.session_id, None)  # no whole route to remember
+        return route
+
+    def list_models(self) -> tuple[ModelSummary, ...]:
+        self.sweep()
+        views = self.node_views()
+        summaries = []
+        for fingerprint in sorted({view.fingerprint for view in views}):
+            recipe_nodes = sorted(
+                (v for v in views if v.fingerprint == fingerprint), key=lambda v: v.node_id
+            )
+            first = recipe_nodes[0]
+            try:
+                choose_route(recipe_nodes, first.n_layers, fingerprint, costs=self._costs)
+                routable = True
+            except NoRoute:
+                routable = False
+            summaries.append(
+                ModelSummary(
+                    name=first.model,
+                    fingerprint=fingerprint,
+                    quantization=first.quantization,
+                    n_layers=first.n_layers,
+                    nodes=sum(1 for view in recipe_nodes if view.certified),
+                    routable=routable,
+                )
+            )
+        return tuple(sorted(summaries, key=lambda summary: (summary.name, summary.fingerprint)))
+
+    def _remove(self, node_ids: Iterable[NodeId], reason: str) -> None:
+        gone = {node_id for node_id in node_ids if node_id in self._nodes}
+        if not gone:
+            return
+        for node_id in gone:
+            del self._nodes[node_id]
+        broken = [
+            sid for sid, sticky in self._sticky.items() if gone.intersection(sticky.route.node_ids)
+        ]
+        for session_id in broken:
+            del self._sticky[session_id]
+        self._epoch += 1
+        logger.info(
+            "nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch
+        )
+
+    def _holds(self, route: Route, exclude: frozenset[NodeId]) -> bool:
+        return self._all_alive(route.hops, exclude)
+
+    def _all_alive(self, hops: Iterable[RouteHop], exclude: frozenset[NodeId]) -> bool:
+        for hop in hops:
+            entry = self._nodes.get(hop.node_id)
+            if entry is None or entry.node_id in exclude or not entry.registration.certified:
+                return False
+        return True
+
+    def _touch(self, session_id: SessionId | None, route: Route) -> None:
+        if session_id is None:
+            return
+        self._sticky[session_id] = _StickyRoute(route, last_used=self._clock())
+        self._sticky.move_to_end(session_id)
+        while len(self._sticky) > self._max_sticky:
+            self._sticky.popitem(last=False)
+
+    def _count_routed(self, plan: RoutePlan) -> None:
+        for hop in plan.hops:
+            entry = self._nodes[hop.node_id]
+            self._nodes[hop.node_id] = replace(
+                entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1
+            )
+
+    def _fresh_node_id(self) -> NodeId:
+        while True:
+            node_id = self._new_node_id()
+            if node_id not in self._nodes:
+                return node_id
+
+
+def _serves(route: Route, model: str) -> bool:
+    return model in (route.model, route.fingerprint)
+
+
+def _has_boundary(route: Route, layer: int) -> bool:
+    return any(hop.layers.start == layer for hop in route.hops)
+
+
+def _prefix(route: Route, layer: int) -> tuple[RouteHop, ...]:
+    return tuple(hop for hop in route.hops if hop.layers.stop <= layer)
+
+
+def _suffix(route: Route, layer: int) -> Route:
+    if layer == 0:
+        return route
+    return replace(route, hops=tuple(hop for hop in route.hops if hop.layers.start >= layer))
+
+
+def _route_of(plan: RoutePlan, hops: tuple[RouteHop, ...], epoch: int) -> Route:
+    return Route(
+        hops=hops,
+        epoch=epoch,
+        model=plan.model,
+        quantization=plan.quantization,
+        fingerprint=plan.fingerprint,
+        n_layers=plan.n_layers,
+        ms_per_token=plan.ms_per_token,
+    )

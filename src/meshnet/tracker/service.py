@@ -1,0 +1,160 @@
+"""The gRPC servicer: decode, call the registry or the store, persist the epoch, encode.
+
+It holds no logic of its own (route choice is ``routing``, liveness is ``registry``,
+durability is ``store``). Typed errors leave through ``meshnet.protocol.status``, which adds
+the error's ``code`` as trailing metadata: that is how a client tells "no route" (UNAVAILABLE
+from us, code ``no_route``) from "tracker unreachable" (UNAVAILABLE from the transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+
+from meshnet.core.errors import MeshnetError
+from meshnet.protocol.generated import tracker_pb2 as pb
+from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.protocol.status import abort_with
+from meshnet.tracker import wire
+from meshnet.tracker.registry import Clock, NodeRegistry
+from meshnet.tracker.store import TrackerStore
+
+logger = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
+Request = TypeVar("Request")
+Reply = TypeVar("Reply")
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Reply]]
+
+
+def maps_errors(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
+    """Turn a typed error raised by ``handler`` into its one gRPC status (protocol.status)."""
+
+    @functools.wraps(handler)
+    async def guarded(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
+        try:
+            return await handler(self, request, context)
+        except MeshnetError as error:
+            await abort_with(context, error)
+
+    return guarded
+
+
+class StoreRunner:
+    """Runs blocking store calls on one dedicated thread, in the order they were submitted.
+
+    One thread keeps the event loop free while SQLite fsyncs, and keeps the order of epoch
+    writes equal to the order the registry produced them.
+    """
+
+    def __init__(self, store: TrackerStore) -> None:
+        self.store = store
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracker-store")
+
+    async def call(self, function: Callable[..., Result], *args: Any) -> Result:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.store.close()
+
+
+class TrackerServicer(pb_grpc.TrackerServicer):
+    def __init__(self, registry: NodeRegistry, store: StoreRunner, wall_clock: Clock) -> None:
+        self._registry = registry
+        self._store = store
+        self._wall_clock = wall_clock
+        self._saved_epoch = registry.epoch
+        self._epoch_write: asyncio.Future[None] | None = None
+
+    async def persist_epoch(self) -> None:
+        """Make the registry's epoch durable before any reply that carries it goes out."""
+        epoch = self._registry.epoch
+        if epoch > self._saved_epoch:
+            self._saved_epoch = epoch
+            self._epoch_write = asyncio.ensure_future(
+                self._store.call(self._store.store.save_epoch, epoch)
+            )
+        if self._epoch_write is not None:
+            # The latest write covers every smaller epoch (writes run in order); shield it so a
+            # cancelled caller does not cancel a write another reply is waiting for.
+            await asyncio.shield(self._epoch_write)
+
+    @maps_errors
+    async def Register(
+        self, request: pb.NodeRegistration, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterReply:
+        registration, hint = wire.registration_from_wire(request)
+        node_id = self._registry.register(registration, hint)
+        await self._store.call(
+            self._store.store.record_node, node_id, registration, self._wall_clock()
+        )
+        await self.persist_epoch()
+        logger.info(
+            "node %s registered: %s layers %s of %s",
+            node_id,
+            registration.address,
+            registration.layers,
+            registration.fingerprint,
+        )
+        return pb.RegisterReply(
+            node_id=node_id,
+            heartbeat_interval_ms=round(self._registry.heartbeat_interval_s * 1000),
+            epoch=self._registry.epoch,
+        )
+
+    @maps_errors
+    async def Heartbeat(
+        self, request: pb.NodeHeartbeat, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatReply:
+        node_id, load = wire.heartbeat_from_wire(request)
+        known = self._registry.heartbeat(node_id, load)
+        await self.persist_epoch()
+        return pb.HeartbeatReply(known=known, epoch=self._registry.epoch)
+
+    @maps_errors
+    async def ChooseRoute(
+        self, request: pb.RouteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RouteReply:
+        route = self._registry.choose_route(wire.route_query_from_wire(request))
+        await self.persist_epoch()
+        return wire.route_to_wire(route)
+
+    @maps_errors
+    async def ReportWork(
+        self, request: pb.WorkRecord, context: grpc.aio.ServicerContext
+    ) -> pb.WorkAck:
+        record = wire.work_from_wire(request)
+        stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
+        return pb.WorkAck(request_id=record.request_id, duplicate=not stored)
+
+    @maps_errors
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelList:
+        models = self._registry.list_models()
+        await self.persist_epoch()
+        return wire.models_to_wire(models, self._registry.epoch)
+
+    @maps_errors
+    async def Deregister(
+        self, request: pb.DeregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeregisterReply:
+        node_id = wire.node_id_from_wire(request.node_id)
+        known = self._registry.deregister(node_id)
+        await self.persist_epoch()
+        return pb.DeregisterReply(known=known, epoch=self._registry.epoch)
+
+    async def sweep_forever(self, period_s: float) -> None:
+        """Expire silent nodes even when no call arrives, so the epoch moves on time (K4)."""
+        while True:
+            await asyncio.sleep(period_s)
+            self._registry.sweep()
+            await self.persist_epoch()

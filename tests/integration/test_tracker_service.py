@@ -1,0 +1,218 @@
+"""The tracker over real gRPC on loopback: every call, typed errors, health, expiry, rejoining."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from meshnet.client.tracker_client import Registered, TrackerClient, heartbeat_loop
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, Unavailable
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.recipe import Recipe
+from meshnet.core.tracking import (
+    HardwareSummary,
+    NodeLoad,
+    NodeRegistration,
+    NodeWork,
+    WorkRecord,
+)
+from meshnet.protocol.generated import tracker_pb2 as pb
+from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
+
+pytestmark = pytest.mark.timeout(60)
+
+RECIPE = Recipe(
+    model_sha256="11" * 32,
+    architecture="llama",
+    adapter_version="1",
+    weight_quantization="Q4_1",
+    activation_dtype="f32",
+    kv_dtype="f16",
+    backend="llama-cpp-python",
+    backend_version="0.3.36",
+    n_layers=8,
+    n_embd=16,
+)
+
+
+def registration(start: int, stop: int, address: str) -> NodeRegistration:
+    return NodeRegistration(
+        address=address,
+        recipe=RECIPE,
+        fingerprint=RECIPE.fingerprint(),
+        model="tiny",
+        quantization="Q4_1",
+        layers=LayerRange(start, stop),
+        hardware=HardwareSummary(2, 1 << 30),
+        max_sessions=4,
+        prefill_tokens_per_s=500.0,
+        decode_tokens_per_s=100.0,
+        certified=True,
+    )
+
+
+def record(request_id: str) -> WorkRecord:
+    return WorkRecord(
+        request_id=RequestId(request_id),
+        model="tiny",
+        status="completed",
+        tokens_in=3,
+        tokens_out=5,
+        attribution=(NodeWork(NodeId("n-1"), LayerRange(0, 8), 8),),
+        billing_units=0.01,
+        started_at=1.0,
+        finished_at=2.0,
+    )
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> TrackerConfig:
+    return TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.2)
+
+
+@pytest.fixture
+async def tracker(config: TrackerConfig) -> AsyncIterator[RunningTracker]:
+    running = await start_tracker(config)
+    yield running
+    await running.stop(grace_s=0)
+
+
+@pytest.fixture
+async def client(tracker: RunningTracker) -> AsyncIterator[TrackerClient]:
+    async with TrackerClient(tracker.address, timeout_s=2.0) as tracker_client:
+        yield tracker_client
+
+
+async def test_register_route_report_list_deregister(client: TrackerClient) -> None:
+    head = await client.register(registration(0, 4, "127.0.0.1:9001"))
+    tail = await client.register(registration(4, 8, "127.0.0.1:9002"))
+    assert head.heartbeat_interval_s == pytest.approx(0.2)
+    assert (await client.heartbeat(head.node_id, NodeLoad(free_sessions=4))).known
+    route = await client.choose_route("tiny", session_id=SessionId("s-1"))
+    assert route.node_ids == (head.node_id, tail.node_id)
+    assert route.fingerprint == RECIPE.fingerprint() and route.epoch == head.epoch
+    assert await client.choose_route(RECIPE.fingerprint(), session_id=SessionId("s-1")) == route
+    (model,) = await client.list_models()
+    assert (model.name, model.nodes, model.routable) == ("tiny", 2, True)
+    ack = await client.report_work(record("req-1"))
+    assert (ack.request_id, ack.duplicate) == ("req-1", False)
+    assert (await client.report_work(record("req-1"))).duplicate
+    assert await client.deregister(tail.node_id)
+    assert not (await client.heartbeat(tail.node_id, NodeLoad())).known
+
+
+async def test_errors_arrive_typed(client: TrackerClient) -> None:
+    await client.register(registration(0, 4, "127.0.0.1:9001"))
+    with pytest.raises(NoRoute, match="4:8"):
+        await client.choose_route("tiny")
+    with pytest.raises(NoRoute, match="no live shard serves model 'other'"):
+        await client.choose_route("other")
+    bad = replace(record("req-2"), tokens_out=6)
+    await client.report_work(record("req-2"))
+    with pytest.raises(FailedPrecondition):
+        await client.report_work(bad)
+
+
+async def test_malformed_registration_is_invalid_argument(tracker: RunningTracker) -> None:
+    async with grpc.aio.insecure_channel(tracker.address) as channel:
+        stub = pb_grpc.TrackerStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Register(pb.NodeRegistration(address="x:1", model="tiny"), timeout=2)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_health_reports_serving(tracker: RunningTracker) -> None:
+    async with grpc.aio.insecure_channel(tracker.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "meshnet.v1.Tracker"):
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_an_unreachable_tracker_is_unavailable_quickly() -> None:
+    async with TrackerClient("127.0.0.1:1", timeout_s=2.0) as client:
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as caught:
+            await client.choose_route("tiny")
+    assert not isinstance(caught.value, NoRoute)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_a_silent_node_leaves_routes_within_three_intervals(
+    tracker: RunningTracker, client: TrackerClient
+) -> None:
+    # K4 in-process: no calls arrive, the sweeper alone must expire the node and move the epoch.
+    registered = await client.register(registration(0, 8, "127.0.0.1:9001"))
+    await asyncio.sleep(0.2 * 3 + 0.1)
+    # Read the persisted epoch straight from the file: every RPC would sweep by itself.
+    stored = sqlite3.connect(tracker.config.db_path).execute(
+        "SELECT value FROM meta WHERE key = 'epoch'"
+    )
+    assert stored.fetchone() == (registered.epoch + 1,)
+    assert await client.list_models() == ()
+    status = await client.heartbeat(registered.node_id, NodeLoad())
+    assert not status.known and status.epoch == registered.epoch + 1
+
+
+async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(
+    config: TrackerConfig,
+) -> None:
+    first = await start_tracker(config)
+    port = first.port
+    fixed = replace(config, port=port)
+    joined: list[Registered] = []
+    epochs: list[int] = []
+    loads = 0
+
+    def load() -> NodeLoad:
+        nonlocal loads
+        loads += 1
+        return NodeLoad(free_sessions=4)
+
+    stop = asyncio.Event()
+    async with TrackerClient(first.address, timeout_s=1.0) as client:
+        loop_task = asyncio.create_task(
+            heartbeat_loop(
+                client,
+                registration(0, 8, "127.0.0.1:9001"),
+                load,
+                stop,
+                on_registered=joined.append,
+                on_epoch=epochs.append,
+            )
+        )
+        await _eventually(lambda: loads >= 2)
+        await first.stop(grace_s=0)
+        second = await start_tracker(fixed)
+        try:
+            await _eventually(lambda: len(joined) == 2, timeout_s=5.0)
+            assert joined[1].node_id == joined[0].node_id
+            assert joined[1].epoch > joined[0].epoch and epochs[-1] == joined[1].epoch
+            route = await client.choose_route("tiny")
+            assert route.node_ids == (joined[0].node_id,)
+            stop.set()
+            await asyncio.wait_for(loop_task, timeout=2.0)
+            # The loop deregistered on the way out.
+            with pytest.raises(NoRoute):
+                await client.choose_route("tiny")
+        finally:
+            stop.set()
+            await second.stop(grace_s=0)
+
+
+async def _eventually(condition: object, timeout_s: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,105 @@
+"""Request lifecycle on a real uvicorn server: a client that disconnects cancels its route
+session (the double sees its iterator closed), admission admits exactly the cap under a burst
+and answers the rest 503 + Retry-After at once (H3), and every slot comes back afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 200}
+
+
+async def test_disconnect_mid_stream_closes_the_route_iterator() -> None:
+    generator = ScriptedGenerator(Script(text="z" * 200, token_delay=0.01))
+    app = make_app(generator)
+    async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
+        url, body = f"{base}/v1/chat/completions", {**BODY, "stream": True}
+        async with http.stream("POST", url, json=body) as response:
+            request_id = response.headers["x-request-id"]
+            received = 0
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"content":"z"' in line:
+                    received += 1
+                if received == 5:
+                    break
+        # Leaving the block closes the connection with the body unread: a client disconnect.
+        closed_at = time.monotonic()
+        await wait_until(lambda: request_id in generator.endings)
+        latency = time.monotonic() - closed_at
+        health = (await http.get(f"{base}/health")).json()
+        snapshot = (await http.get(f"{base}/v1/telemetry/{request_id}")).json()
+    assert generator.endings[request_id] in ("aclose", "cancelled")
+    assert generator.tokens_sent[request_id] < 50  # stopped well before the 200 it would send
+    assert latency < 0.5  # W5: freed within 500 ms
+    assert health["in_flight"] == 0
+    assert snapshot["state"] == "failed" and snapshot["error"]["code"] == "cancelled"
+
+
+async def test_disconnect_during_non_streaming_request_cancels_it() -> None:
+    generator = ScriptedGenerator(Script(text="z" * 200, token_delay=0.01))
+    async with live_server(make_app(generator)) as base:
+        async with httpx.AsyncClient(timeout=10) as http:
+            task = asyncio.create_task(http.post(f"{base}/v1/chat/completions", json=BODY))
+            await wait_until(lambda: sum(generator.tokens_sent.values()) >= 3)
+            task.cancel()  # the client gives up: its connection is dropped
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await wait_until(lambda: len(generator.endings) == 1)
+        async with httpx.AsyncClient() as http:
+            health = (await http.get(f"{base}/health")).json()
+    assert list(generator.endings.values()) == ["cancelled"]
+    assert max(generator.tokens_sent.values()) < 50
+    assert health["in_flight"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_burst_of_cap_plus_five_admits_exactly_cap(stream: bool) -> None:
+    cap = 4
+    gate = asyncio.Event()
+    generator = ScriptedGenerator(Script(gate=gate))
+    app = make_app(generator, max_in_flight=cap, retry_after_seconds=2)
+    limits = httpx.Limits(max_connections=cap + 10)
+    async with live_server(app) as base, httpx.AsyncClient(timeout=10, limits=limits) as http:
+
+        async def one() -> httpx.Response:
+            return await http.post(f"{base}/v1/chat/completions", json={**BODY, "stream": stream})
+
+        tasks = [asyncio.create_task(one()) for _ in range(cap + 5)]
+        # The admitted ones hold their slots at the gate; the rest must come back by themselves.
+        await wait_until(lambda: sum(task.done() for task in tasks) == 5)
+        rejected = [task.result() for task in tasks if task.done()]
+        assert len(generator.requests) == cap
+        gate.set()
+        responses = await asyncio.gather(*tasks)
+        health = (await http.get(f"{base}/health")).json()
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [200] * cap + [503] * 5
+    for response in rejected:
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "2"
+        assert response.json()["error"]["code"] == "overloaded"
+    assert health["in_flight"] == 0
+    assert set(generator.endings.values()) == {"finished"}
+
+
+async def test_slots_return_after_mixed_outcomes() -> None:
+    from meshnet.core.errors import Unavailable
+
+    generator = ScriptedGenerator()
+    app = make_app(generator, max_in_flight=1)
+    async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
+        url = f"{base}/v1/chat/completions"
+        for script in (Script(), Script(fail_before=Unavailable("gone")),
+                       Script(fail_after_tokens=2, failure=Unavailable("gone")), Script()):
+            generator.script = script
+            for stream in (False, True):
+                response = await http.post(url, json={**BODY, "stream": stream})
+                assert response.status_code != 503 or "gone" in response.text
+        assert (await http.get(f"{base}/health")).json()["in_flight"] == 0

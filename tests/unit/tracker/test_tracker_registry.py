@@ -1,0 +1,213 @@
+"""The node table with a fake clock: expiry and the epoch, sticky routes, failover, re-registration."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, registration
+
+from meshnet.core.errors import InvalidArgument, NoRoute
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.tracking import NodeLoad
+from meshnet.tracker.registry import NodeRegistry, RouteQuery
+
+INTERVAL = 2.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def registry(clock: FakeClock) -> NodeRegistry:
+    counter = itertools.count()
+    return NodeRegistry(
+        clock=clock,
+        heartbeat_interval_s=INTERVAL,
+        epoch=7,
+        session_ttl_s=60.0,
+        new_node_id=lambda: NodeId(f"n{next(counter)}"),
+    )
+
+
+def route_for(registry: NodeRegistry, session: str | None = None, **query: object) -> list[str]:
+    sid = SessionId(session) if session else None
+    route = registry.choose_route(RouteQuery(model=MODEL, session_id=sid, **query))  # type: ignore[arg-type]
+    return list(route.node_ids)
+
+
+def test_a_node_missing_three_heartbeats_leaves_routes_and_the_epoch_increments(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    quiet = registry.register(registration(0, 20, address="q:1", decode_tokens_per_s=500))
+    steady = registry.register(registration(0, 20, address="s:1", decode_tokens_per_s=50))
+    for _ in range(3):  # 1.5 s steps are exact in binary, so "3 intervals" is exact below
+        clock.advance(1.5)
+        assert registry.heartbeat(steady, NodeLoad(free_sessions=8))
+    assert route_for(registry) == [quiet] and registry.epoch == 7
+    clock.advance(1.5)  # exactly 3 intervals since the quiet node was last heard
+    assert registry.sweep() == (quiet,)
+    assert registry.epoch == 8
+    assert route_for(registry) == [steady]
+    assert registry.heartbeat(quiet, NodeLoad()) is False
+
+
+def test_heartbeats_keep_a_node_alive_and_expiry_is_not_early(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    node = registry.register(registration(0, 20))
+    clock.advance(INTERVAL * 3 - 0.001)
+    assert registry.sweep() == ()
+    assert registry.heartbeat(node, NodeLoad(free_sessions=1))
+    clock.advance(INTERVAL * 3 - 0.001)
+    assert route_for(registry) == [node]
+    clock.advance(0.001)
+    with pytest.raises(NoRoute):
+        route_for(registry)
+    assert registry.epoch == 8
+
+
+def test_same_session_keeps_its_route_and_a_join_does_not_move_it(registry: NodeRegistry) -> None:
+    slow = registry.register(registration(0, 20, address="slow:1", decode_tokens_per_s=20))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    fast = registry.register(registration(0, 20, address="fast:1", decode_tokens_per_s=500))
+    again = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert again == first and again.node_ids == (slow,)
+    assert route_for(registry, "s2") == [fast]
+    assert registry.epoch == 7  # joins and new sessions change no existing route
+
+
+def test_a_route_change_bumps_the_epoch(registry: NodeRegistry) -> None:
+    a = registry.register(registration(0, 20, address="a:1", decode_tokens_per_s=500))
+    b = registry.register(registration(0, 20, address="b:1", decode_tokens_per_s=50))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert first.node_ids == (a,) and first.epoch == 7
+    moved = registry.choose_route(RouteQuery(MODEL, SessionId("s1"), exclude=frozenset({a})))
+    assert moved.node_ids == (b,) and moved.epoch == 8 == registry.epoch
+    # The new route is now the sticky one, even without the exclusion.
+    assert registry.choose_route(RouteQuery(MODEL, SessionId("s1"))) == moved
+
+
+def test_a_dead_node_invalidates_sticky_routes_with_a_larger_epoch(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    a = registry.register(registration(0, 20, address="a:1", decode_tokens_per_s=500))
+    b = registry.register(registration(0, 20, address="b:1", decode_tokens_per_s=50))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    clock.advance(INTERVAL * 2)
+    registry.heartbeat(b, NodeLoad(free_sessions=8))
+    clock.advance(INTERVAL * 1.5)  # a: 3.5 intervals silent; b: 1.5
+    second = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert first.node_ids == (a,) and second.node_ids == (b,)
+    assert second.epoch > first.epoch
+
+
+def test_failover_of_a_sub_span_keeps_the_head_and_bumps_the_epoch(registry: NodeRegistry) -> None:
+    head = registry.register(registration(0, 10, address="h:1"))
+    tail = registry.register(registration(10, 20, address="t:1", decode_tokens_per_s=500))
+    spare = registry.register(registration(10, 20, address="s:1", decode_tokens_per_s=50))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert first.node_ids == (head, tail)
+    sub = registry.choose_route(
+        RouteQuery(FINGERPRINT, SessionId("s1"), exclude=frozenset({tail}), start_layer=10)
+    )
+    assert sub.node_ids == (spare,) and sub.epoch == first.epoch + 1
+    assert str(sub.layers) == "10:20"
+    whole = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert whole.node_ids == (head, spare) and whole.epoch == sub.epoch
+
+
+def test_a_sub_span_request_on_a_healthy_route_returns_its_tail_unchanged(
+    registry: NodeRegistry,
+) -> None:
+    registry.register(registration(0, 10, address="h:1"))
+    tail = registry.register(registration(10, 20, address="t:1"))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    sub = registry.choose_route(RouteQuery(MODEL, SessionId("s1"), start_layer=10))
+    assert sub.node_ids == (tail,) and sub.epoch == first.epoch
+
+
+def test_sessions_routed_between_heartbeats_count_against_free_room(
+    registry: NodeRegistry,
+) -> None:
+    fast = registry.register(registration(0, 20, address="f:1", decode_tokens_per_s=500))
+    slow = registry.register(registration(0, 20, address="s:1", decode_tokens_per_s=50))
+    registry.heartbeat(fast, NodeLoad(free_sessions=1))
+    registry.heartbeat(slow, NodeLoad(free_sessions=5))
+    assert route_for(registry, "s1") == [fast]
+    assert route_for(registry, "s2") == [slow]  # fast has no room left until it reports again
+    registry.heartbeat(fast, NodeLoad(active_sessions=1, free_sessions=1))
+    assert route_for(registry, "s3") == [fast]
+
+
+def test_reregistering_keeps_the_hinted_id_and_replaces_the_old_entry(
+    registry: NodeRegistry,
+) -> None:
+    node = registry.register(registration(0, 20, address="a:1"))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert registry.register(registration(0, 20, address="a:1"), node_id_hint=node) == node
+    # The old entry's sessions are gone with it: epoch bump, no sticky route survives.
+    assert registry.epoch == 8
+    assert registry.choose_route(RouteQuery(MODEL, SessionId("s1"))).epoch == 8 > first.epoch
+
+
+def test_a_hint_held_by_another_address_is_not_stolen(registry: NodeRegistry) -> None:
+    node = registry.register(registration(0, 20, address="a:1"))
+    other = registry.register(registration(0, 20, address="b:1"), node_id_hint=node)
+    assert other != node and registry.get(node) is not None
+
+
+def test_a_restarted_worker_without_its_id_replaces_its_old_entry(registry: NodeRegistry) -> None:
+    old = registry.register(registration(0, 20, address="a:1"))
+    new = registry.register(registration(0, 10, address="a:1"))
+    assert new != old and registry.get(old) is None and registry.epoch == 8
+
+
+def test_an_unknown_hint_is_honoured_after_a_tracker_restart(registry: NodeRegistry) -> None:
+    assert registry.register(registration(0, 20), node_id_hint=NodeId("n-kept")) == "n-kept"
+    assert registry.epoch == 7
+
+
+def test_deregistering_leaves_routes_and_bumps_the_epoch(registry: NodeRegistry) -> None:
+    node = registry.register(registration(0, 20))
+    assert registry.deregister(node) and registry.epoch == 8
+    assert not registry.deregister(node) and registry.epoch == 8
+
+
+def test_list_models_reports_routability(registry: NodeRegistry) -> None:
+    registry.register(registration(0, 10, address="a:1"))
+    (model,) = registry.list_models()
+    assert (model.name, model.nodes, model.routable, model.n_layers) == (MODEL, 1, False, N_LAYERS)
+    registry.register(registration(10, 20, address="b:1"))
+    registry.register(registration(10, 20, address="c:1", certified=False))
+    (model,) = registry.list_models()
+    assert (model.nodes, model.routable) == (2, True)
+
+
+def test_idle_sessions_forget_their_route(registry: NodeRegistry, clock: FakeClock) -> None:
+    slow = registry.register(registration(0, 20, address="slow:1", decode_tokens_per_s=20))
+    assert route_for(registry, "s1") == [slow]
+    fast = registry.register(registration(0, 20, address="fast:1", decode_tokens_per_s=500))
+    for _ in range(31):  # 62 s: past the 60 s TTL, both nodes kept alive
+        clock.advance(INTERVAL)
+        registry.heartbeat(slow, NodeLoad(free_sessions=8))
+        registry.heartbeat(fast, NodeLoad(free_sessions=8))
+    assert route_for(registry, "s1") == [fast]
+
+
+def test_registry_rejects_nonsense_settings(clock: FakeClock) -> None:
+    with pytest.raises(InvalidArgument):
+        NodeRegistry(clock=clock, heartbeat_interval_s=0)

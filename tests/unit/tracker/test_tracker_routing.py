@@ -1,0 +1,190 @@
+"""Route planning as pure functions: speed, compatibility, KV room, certification, explanations."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, OTHER_FINGERPRINT, view
+
+from meshnet.core.errors import NoRoute
+from meshnet.core.ids import NodeId
+from meshnet.core.layers import LayerRange
+from meshnet.tracker.routing import (
+    NodeView,
+    RoutingCosts,
+    choose_model_route,
+    choose_route,
+    node_cost_ms,
+    uncovered_layers,
+)
+
+
+def ids(plan_hops: tuple) -> list[str]:  # type: ignore[type-arg]
+    return [hop.node_id for hop in plan_hops]
+
+
+def test_picks_the_faster_of_two_compatible_paths() -> None:
+    # Two fast halves (10 + 10 ms + one seam) beat one slow whole (25 ms)...
+    nodes = [view("a", 0, 10, rate=100), view("b", 10, 20, rate=100), view("w", 0, 20, rate=40)]
+    plan = choose_route(nodes, N_LAYERS, FINGERPRINT)
+    assert ids(plan.hops) == ["a", "b"]
+    assert plan.ms_per_token == pytest.approx(10 + 10 + 1.0 + 0.5)
+    # ...and lose when the whole is faster than the halves plus their seam.
+    nodes[2] = view("w", 0, 20, rate=50)
+    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT).hops) == ["w"]
+
+
+def test_measured_seam_latency_changes_the_choice() -> None:
+    nodes = [view("a", 0, 10, rate=100), view("b", 10, 20, rate=100), view("w", 0, 20, rate=40)]
+    slow_seam = {(NodeId("a"), NodeId("b")): 30.0}
+    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT, latency_ms=slow_seam).hops) == ["w"]
+
+
+def test_never_mixes_fingerprints() -> None:
+    nodes = [view("a", 0, 10), view("b", 10, 20, fingerprint=OTHER_FINGERPRINT)]
+    with pytest.raises(NoRoute, match="10:20"):
+        choose_route(nodes, N_LAYERS, FINGERPRINT)
+    with pytest.raises(NoRoute):
+        choose_model_route(nodes, MODEL)
+
+
+def test_model_name_picks_the_fastest_complete_recipe_without_mixing() -> None:
+    # OTHER is faster per node but only covers half; it must not lend its half to FINGERPRINT.
+    nodes = [
+        view("a", 0, 10, rate=50),
+        view("b", 10, 20, rate=50),
+        view("x", 0, 10, rate=500, fingerprint=OTHER_FINGERPRINT),
+    ]
+    plan = choose_model_route(nodes, MODEL)
+    assert plan.fingerprint == FINGERPRINT and ids(plan.hops) == ["a", "b"]
+    nodes.append(view("y", 10, 20, rate=500, fingerprint=OTHER_FINGERPRINT))
+    plan = choose_model_route(nodes, MODEL)
+    assert plan.fingerprint == OTHER_FINGERPRINT and ids(plan.hops) == ["x", "y"]
+    assert choose_model_route(nodes, FINGERPRINT).fingerprint == FINGERPRINT
+
+
+def test_avoids_shards_without_kv_room() -> None:
+    nodes = [view("fast", 0, 20, rate=200, free_sessions=0), view("slow", 0, 20, rate=20)]
+    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT).hops) == ["slow"]
+
+
+def test_a_full_shard_is_still_chosen_when_it_is_the_only_cover() -> None:
+    # Penalized, not excluded: the node's own fast RESOURCE_EXHAUSTED is the truthful answer.
+    nodes = [view("a", 0, 10), view("full", 10, 20, free_sessions=0)]
+    plan = choose_route(nodes, N_LAYERS, FINGERPRINT)
+    assert ids(plan.hops) == ["a", "full"]
+    assert plan.ms_per_token >= RoutingCosts().full_node_penalty_ms
+
+
+def test_queue_depth_is_penalized() -> None:
+    nodes = [view("busy", 0, 20, rate=100, queue_depth=3), view("idle", 0, 20, rate=40)]
+    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT).hops) == ["idle"]
+
+
+def test_unmeasured_nodes_are_charged_pessimistically() -> None:
+    unmeasured = view("u", 0, 20, rate=0)
+    assert node_cost_ms(unmeasured) == pytest.approx(20 * RoutingCosts().unmeasured_layer_ms)
+    nodes = [unmeasured, view("m", 0, 20, rate=20)]
+    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT).hops) == ["m"]
+
+
+def test_names_uncovered_layers() -> None:
+    nodes = [view("a", 0, 10), view("b", 15, 18)]
+    with pytest.raises(NoRoute) as caught:
+        choose_route(nodes, N_LAYERS, FINGERPRINT)
+    assert "layers 10:15, 18:20 have no live certified shard" in caught.value.message
+    assert uncovered_layers(nodes, 0, N_LAYERS) == (LayerRange(10, 15), LayerRange(18, 20))
+
+
+def test_ranges_that_overlap_without_meeting_are_explained() -> None:
+    nodes = [view("a", 0, 10), view("b", 5, 20)]
+    with pytest.raises(NoRoute, match="no shard starts at layer 10"):
+        choose_route(nodes, N_LAYERS, FINGERPRINT)
+
+
+def test_ignores_uncertified_nodes() -> None:
+    nodes = [view("rogue", 0, 20, rate=1000, certified=False), view("ok", 0, 20, rate=10)]
+    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT).hops) == ["ok"]
+    with pytest.raises(NoRoute, match="1 uncertified"):
+        choose_route(nodes[:1], N_LAYERS, FINGERPRINT)
+
+
+def test_excluded_nodes_are_not_used() -> None:
+    nodes = [view("a", 0, 20, rate=100), view("b", 0, 20, rate=10)]
+    plan = choose_route(nodes, N_LAYERS, FINGERPRINT, exclude={NodeId("a")})
+    assert ids(plan.hops) == ["b"]
+    with pytest.raises(NoRoute, match="2 excluded"):
+        choose_route(nodes, N_LAYERS, FINGERPRINT, exclude={NodeId("a"), NodeId("b")})
+
+
+def test_start_layer_plans_only_the_tail_and_never_enters_mid_range() -> None:
+    nodes = [view("a", 0, 10), view("whole", 0, 20, rate=1000), view("b", 10, 20)]
+    plan = choose_route(nodes, N_LAYERS, FINGERPRINT, start_layer=10)
+    assert ids(plan.hops) == ["b"]
+
+
+def test_ties_break_on_fewer_hops_then_node_id() -> None:
+    # Exactly equal cost with free seams: 10 + 10 ms in two hops, 20 ms in one.
+    free_seams = RoutingCosts(default_latency_ms=0.0, seam_overhead_ms=0.0)
+    nodes = [view("h", 0, 10, rate=100), view("t", 10, 20, rate=100), view("z", 0, 20, rate=50)]
+    plan = choose_route(nodes, N_LAYERS, FINGERPRINT, costs=free_seams)
+    assert plan.ms_per_token == 20.0 and ids(plan.hops) == ["z"]
+    twins = [view("b", 0, 20), view("a", 0, 20)]
+    assert ids(choose_route(twins, N_LAYERS, FINGERPRINT).hops) == ["a"]
+
+
+def test_unknown_model_is_named() -> None:
+    with pytest.raises(NoRoute, match="no live shard serves model 'nope'"):
+        choose_model_route([view("a", 0, 20)], "nope")
+
+
+@st.composite
+def swarms(draw: st.DrawFn) -> list[NodeView]:
+    n = draw(st.integers(min_value=0, max_value=8))
+    nodes = []
+    for index in range(n):
+        start = draw(st.integers(min_value=0, max_value=7))
+        stop = draw(st.integers(min_value=start + 1, max_value=8))
+        nodes.append(
+            view(
+                f"n{index}",
+                start,
+                stop,
+                n_layers=8,
+                rate=draw(st.sampled_from([0.0, 10.0, 100.0])),
+                fingerprint=draw(st.sampled_from([FINGERPRINT, OTHER_FINGERPRINT])),
+                certified=draw(st.booleans()),
+                free_sessions=draw(st.integers(min_value=0, max_value=2)),
+            )
+        )
+    return nodes
+
+
+def _chain_exists(nodes: list[NodeView]) -> bool:
+    usable = [n for n in nodes if n.fingerprint == FINGERPRINT and n.certified]
+    reachable, changed = {0}, True
+    while changed:
+        changed = False
+        for node in usable:
+            if node.layers.start in reachable and node.layers.stop not in reachable:
+                reachable.add(node.layers.stop)
+                changed = True
+    return 8 in reachable
+
+
+@settings(max_examples=300, deadline=None)
+@given(swarms())
+def test_any_route_is_a_contiguous_certified_single_recipe_cover(nodes: list[NodeView]) -> None:
+    by_id = {node.node_id: node for node in nodes}
+    try:
+        plan = choose_route(nodes, 8, FINGERPRINT)
+    except NoRoute:
+        assert not _chain_exists(nodes)
+        return
+    assert _chain_exists(nodes)
+    assert plan.hops[0].layers.start == 0 and plan.hops[-1].layers.stop == 8
+    for before, after in zip(plan.hops, plan.hops[1:], strict=False):
+        assert before.layers.stop == after.layers.start
+    for hop in plan.hops:
+        assert by_id[hop.node_id].fingerprint == FINGERPRINT and by_id[hop.node_id].certified
