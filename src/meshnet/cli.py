@@ -77,7 +77,10 @@ def cmd_slice(args: argparse.Namespace) -> int:
 def _llama_config(args: argparse.Namespace) -> object:
     from meshnet.engine.llama_backend import LlamaConfig
 
-    return LlamaConfig(n_threads=args.threads, max_slots=args.max_sessions, n_ctx_per_slot=args.context)
+    return LlamaConfig(
+        n_threads=args.threads, max_slots=args.max_sessions, n_ctx_per_slot=args.context,
+        max_batch_tokens=args.prefill_chunk,
+    )
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
@@ -123,10 +126,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from meshnet.worker.config import WorkerConfig
+    from meshnet.worker.server import WorkerReady, serve_worker
+
+    config = WorkerConfig(
+        model=resolve_model(args), layers=LayerRange.parse(args.layers), data_dir=args.data_dir,
+        model_name=args.model_name, host=args.host, port=args.port, advertise=args.advertise, tracker=args.tracker,
+        threads=args.threads, max_sessions=args.max_sessions, n_ctx_per_session=args.context,
+        prefill_chunk=args.prefill_chunk, drain_grace=args.drain_grace,
+    )
+
+    def ready(info: WorkerReady) -> None:
+        # Tests and `meshnet up` read this line to learn the bound address.
+        print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}", flush=True)
+
+    asyncio.run(serve_worker(config, on_ready=ready))
+    return 0
+
+
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads per shard")
     parser.add_argument("--max-sessions", type=int, default=8, help="sessions with KV at once per shard")
-    parser.add_argument("--context", type=int, default=4096, help="positions per session")
+    parser.add_argument("--context", type=int, default=2048, help="positions per session")
+    parser.add_argument("--prefill-chunk", type=int, default=256, help="tokens per prefill call (part of the recipe)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=0)
     generate.add_argument("--seed", type=int, default=0)
     _engine_arguments(generate)
+
+    worker = commands.add_parser("worker", help="serve one layer range of a model over gRPC")
+    worker.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
+    worker.add_argument("--model-name", default=None, help="name served to clients (default: from the GGUF)")
+    worker.add_argument("--layers", required=True, help="A:B, half-open (B exclusive)")
+    worker.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
+    worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    worker.add_argument("--advertise", default=None, help="address peers use (default host:port)")
+    worker.add_argument("--tracker", default=None, help="tracker address to register with")
+    worker.add_argument("--drain-grace", type=float, default=20.0, help="seconds in-flight sessions get on SIGTERM")
+    _engine_arguments(worker)
     return parser
 
 
@@ -162,12 +198,14 @@ HANDLERS: dict[str, Handler] = {
     "slice": cmd_slice,
     "certify": cmd_certify,
     "generate": cmd_generate,
+    "worker": cmd_worker,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("gguf").setLevel(logging.WARNING)
     try:
         return HANDLERS[args.command](args)
     except MeshnetError as error:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.client.tracker_client import TrackerClient
+from meshnet.client.tracker_client import HeartbeatStatus, TrackerClient
 from meshnet.core.errors import DeadlineExceeded, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
@@ -101,6 +101,17 @@ async def start_tracker_process(
     return process, int(line.rsplit(b":", 1)[1])
 
 
+async def serving_again(client: TrackerClient, node_id: NodeId, deadline: float) -> HeartbeatStatus:
+    """The first heartbeat the restarted tracker answers, or fail once ``deadline`` passes."""
+    while True:
+        try:
+            return await client.heartbeat(node_id, NodeLoad(free_sessions=4), timeout_s=0.5)
+        except (Unavailable, DeadlineExceeded):
+            if time.monotonic() > deadline:
+                raise AssertionError("the tracker was not serving again within 2 s") from None
+            await asyncio.sleep(0.02)
+
+
 class Writers:
     """Report unique records as fast as acknowledgements come back; retry each until acked."""
 
@@ -109,19 +120,27 @@ class Writers:
         self.acked: dict[str, WorkRecord] = {}
         self.acked_as_duplicate: list[str] = []
         self.failures = 0
+        self.crossed_the_crash = 0
+        """Records first sent before the kill and acknowledged after it."""
+        self.killed_at = float("inf")
         self.stop = asyncio.Event()
 
     async def run(self, writer: int) -> None:
-        index = 0
+        index, retrying, first_sent_at = 0, False, 0.0
         while not self.stop.is_set():
             sent = record(f"req-{writer}-{index}")
+            first_sent_at = first_sent_at if retrying else time.monotonic()
             try:
                 ack = await self.client.report_work(sent, timeout_s=0.5)
             except (Unavailable, DeadlineExceeded):
                 # Unknown outcome: retry the *same* record; idempotency makes that safe.
                 self.failures += 1
+                retrying = True
                 await asyncio.sleep(0.02)
                 continue
+            retrying = False
+            if first_sent_at < self.killed_at < time.monotonic():
+                self.crossed_the_crash += 1
             self.acked[sent.request_id] = sent
             if ack.duplicate:
                 self.acked_as_duplicate.append(sent.request_id)
@@ -146,14 +165,16 @@ async def test_kill_9_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> 
             tasks = [asyncio.create_task(writers.run(index)) for index in range(WRITERS)]
             await writers.until(60)
 
-            first.send_signal(signal.SIGKILL)  # mid-write: four reports are in flight
+            writers.killed_at = time.monotonic()
+            first.send_signal(
+                signal.SIGKILL
+            )  # mid-write: the writers always have reports in flight
             await first.wait()
             acked_before_restart = len(writers.acked)
             restarted_at = time.monotonic()
             second, _ = await start_tracker_process(db, port, log)
             processes.append(second)
-            heartbeat = await client.heartbeat(registered.node_id, NodeLoad(free_sessions=4))
-            assert time.monotonic() - restarted_at <= 2.0, "not serving again within 2 s"
+            heartbeat = await serving_again(client, registered.node_id, restarted_at + 2.0)
 
             await writers.until(acked_before_restart + 60)
             writers.stop.set()
@@ -180,7 +201,9 @@ async def test_kill_9_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> 
 
     # Only a report cut off by the kill may have been committed before its reply was lost.
     assert len(writers.acked_as_duplicate) <= WRITERS
-    assert writers.failures >= 1, "the kill should have interrupted at least one report"
+    # Reports cut off by the kill were retried (by gRPC's retry policy or by the writer) and
+    # acknowledged by the restarted tracker: the crash really happened mid-write.
+    assert writers.crossed_the_crash >= 1
     stored = SqliteTrackerStore(db).list_work()
     stored_ids = [item.request_id for item in stored]
     assert len(stored_ids) == len(set(stored_ids)), "a record was stored twice"

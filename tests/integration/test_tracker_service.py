@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshnet.client.tracker_client import Registered, TrackerClient, heartbeat_loop
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, Unavailable
+from meshnet.core.errors import FailedPrecondition, NoRoute, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
@@ -137,6 +137,21 @@ async def test_health_reports_serving(tracker: RunningTracker) -> None:
         for service in ("", "meshnet.v1.Tracker"):
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_health_turns_not_serving_as_soon_as_draining_starts(config: TrackerConfig) -> None:
+    # G9: watchers learn NOT_SERVING before in-flight calls are refused.
+    running = await start_tracker(config)
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service="meshnet.v1.Tracker")
+        )
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        stopping = asyncio.create_task(running.stop(grace_s=1.0))
+        update = await asyncio.wait_for(watch.read(), timeout=1.0)
+        assert update.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+        await stopping
 
 
 async def test_an_unreachable_tracker_is_unavailable_quickly() -> None:

@@ -242,10 +242,12 @@ def _parse(buffer: Any, path: Path, size: int) -> GGUFFile:
         if name in tensors:
             raise ArtifactError(f"{path.name}: duplicate tensor {name!r}")
         nbytes = tensor_nbytes(name, ggml_type, shape)
-        if offset % alignment or data_offset + offset + nbytes > size:
+        if offset % alignment:
+            raise ArtifactError(f"{path.name}: tensor {name!r} data offset {offset} is misaligned (alignment {alignment})")
+        if data_offset + offset + nbytes > size:
             raise ArtifactError(
                 f"{path.name}: tensor {name!r} data ({nbytes} bytes at offset {offset}) "
-                f"lies outside the file ({size} bytes) or is misaligned"
+                f"lies outside the file ({size} bytes)"
             )
         tensors[name] = TensorInfo(name, shape, ggml_type, offset, nbytes)
     return GGUFFile(path, version, metadata, tensors, data_offset, size)

@@ -94,8 +94,10 @@ def _plan_tensors(
     if role in ("full", "tail"):
         for name in (adapter.output_norm, adapter.output, adapter.token_embedding):
             info = model.tensors.get(name)
-            tied_head = name == adapter.token_embedding and adapter.output not in model.tensors
-            if info is not None and (name != adapter.token_embedding or role == "full" or tied_head):
+            # token_embd goes in even when the model has a separate output.weight: llama.cpp
+            # refuses to load a llama model without it. The tail never reads it (its input is
+            # the boundary state), so its mmapped pages stay on disk.
+            if info is not None:
                 planned.append(_PlannedTensor(name, info.ggml_type, info.shape, info))
         if adapter.output_norm not in model.tensors:
             raise ArtifactError(f"{model.path.name}: the tail needs {adapter.output_norm!r}, which is missing")

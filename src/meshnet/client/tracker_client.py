@@ -41,6 +41,8 @@ from meshnet.protocol.status import error_from_rpc
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
+RECONNECT_BACKOFF_MS = (100, 1000)
+"""First and longest wait between attempts to reconnect to the tracker."""
 
 # gRPC retries a call transparently only under this policy. Only idempotent calls get one:
 # ReportWork is keyed by request id, so a retry after a lost reply is stored once. UNAVAILABLE
@@ -105,7 +107,15 @@ class TrackerClient:
     ) -> None:
         self.address = address
         self._timeout_s = timeout_s
-        options = [("grpc.service_config", _SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+        options = [
+            ("grpc.service_config", _SERVICE_CONFIG),
+            ("grpc.enable_retries", 1),
+            # gRPC's default reconnect backoff grows toward 120 s; after a tracker restart every
+            # worker must be back within a heartbeat or two, so retry the connection briskly.
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+        ]
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(address, options=options)
         else:

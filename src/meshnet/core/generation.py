@@ -47,8 +47,14 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_tokens: frozenset[int] = frozenset()
+    model: str = ""
+    """Model name (or recipe fingerprint) to route to; empty means the only model served."""
+    timeout_s: float | None = None
+    """Whole-request budget; every hop gets what is left of it."""
 
     def __post_init__(self) -> None:
+        if self.timeout_s is not None and not 0 < self.timeout_s <= 86_400:
+            raise InvalidArgument(f"timeout must be in (0, 86400] seconds, got {self.timeout_s}")
         if not self.prompt_tokens:
             raise InvalidArgument("the prompt is empty: give at least one token")
         if self.max_tokens < 1:

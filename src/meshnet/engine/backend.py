@@ -73,6 +73,27 @@ class StepOutput:
     """float32 [rows, n_vocab] (tail): rows as asked by ``want_logits``."""
 
 
+def chunk_bounds(position: int, n_tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """Offsets ``(start, stop)`` cutting ``n_tokens`` rows at ``position`` into prefill chunks.
+
+    Cuts fall on absolute positions that are multiples of ``chunk``. Chunk boundaries fix the
+    row counts the kernels see, so they must not depend on how a prompt reached a shard (one
+    frame or several, whole model or split): aligned cuts make every route chunk a prompt alike.
+    """
+    first_cut = -(-(position + 1) // chunk) * chunk
+    cuts = [0, *(p - position for p in range(first_cut, position + n_tokens, chunk)), n_tokens]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def slice_input(step: StepInput, start: int, stop: int, want_logits: str) -> StepInput:
+    return StepInput(
+        step.slot, step.position + start,
+        None if step.tokens is None else step.tokens[start:stop],
+        None if step.hidden is None else step.hidden[start:stop],
+        want_logits,  # type: ignore[arg-type]
+    )
+
+
 class Backend(Protocol):
     @property
     def shape(self) -> ShardShape: ...

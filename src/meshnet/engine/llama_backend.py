@@ -23,7 +23,7 @@ import numpy as np
 from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
-from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
+from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, chunk_bounds, slice_input
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 
 
@@ -159,20 +159,14 @@ class LlamaBackend:
         return [self._join(batch[i].slot, pieces[i]) for i in range(len(batch))]
 
     def _cut(self, step: StepInput) -> list[StepInput]:
-        """Cut an input longer than one call into consecutive pieces; only the last keeps its logits."""
-        limit, n = self._shape.max_batch_tokens, step.n_tokens
-        if n <= limit:
+        bounds = chunk_bounds(step.position, step.n_tokens, self._shape.max_batch_tokens)
+        if len(bounds) == 1:
             return [step]
-        parts = []
-        for start in range(0, n, limit):
-            stop = min(start + limit, n)
-            want = step.want_logits if stop == n else ("all" if step.want_logits == "all" else "none")
-            parts.append(StepInput(
-                step.slot, step.position + start,
-                None if step.tokens is None else step.tokens[start:stop],
-                None if step.hidden is None else step.hidden[start:stop], want,
-            ))
-        return parts
+        keep_rows = "all" if step.want_logits == "all" else "none"
+        return [
+            slice_input(step, start, stop, step.want_logits if stop == step.n_tokens else keep_rows)
+            for start, stop in bounds
+        ]
 
     def _decode(self, call: list[tuple[int, StepInput]], pieces: dict[int, list[StepOutput]]) -> None:
         row = 0

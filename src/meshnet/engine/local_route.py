@@ -57,7 +57,8 @@ class LocalRoute:
             for index in range(request.max_tokens):
                 if on_logits is not None:
                     on_logits(logits)
-                token = sample_token(logits, request.sampling, index)
+                # Seeded by the position the token will take, as the distributed tail does.
+                token = sample_token(logits, request.sampling, position)
                 yield token
                 if token in request.stop_tokens or index + 1 == request.max_tokens:
                     return

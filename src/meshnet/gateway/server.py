@@ -57,11 +57,16 @@ class GatewayServer:
         sock.bind((self._config.host, self._config.port))
         self._socket = sock
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()  # re-raises the startup error
-                raise Unavailable("the gateway server exited during startup")
-            await asyncio.sleep(0.005)
+        try:
+            while not self._server.started:
+                if self._task.done():
+                    self._task.result()  # re-raises the startup error
+                    raise Unavailable("the gateway server exited during startup")
+                await asyncio.sleep(0.005)
+        except BaseException:
+            # Cancelled or failed mid-startup: the socket may already be serving, so stop it.
+            await asyncio.shield(self.stop())
+            raise
         return self.port
 
     async def wait(self) -> None:
@@ -75,10 +80,12 @@ class GatewayServer:
         if task is None:
             return
         self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if self._socket is not None:
-            self._socket.close()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            if self._socket is not None:
+                self._socket.close()
 
 
 async def serve_gateway(
@@ -90,8 +97,8 @@ async def serve_gateway(
 ) -> None:
     """Serve ``app`` until a signal or cancellation, then shut down gracefully."""
     server = GatewayServer(app, host, port, shutdown_grace_seconds=shutdown_grace_seconds)
-    await server.start()
     try:
+        await server.start()
         await server.wait()
     finally:
         await asyncio.shield(server.stop())

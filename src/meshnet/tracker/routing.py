@@ -17,6 +17,10 @@ The edge cost estimates milliseconds per decoded token, which is what a user wai
 * queueing: requests waiting on the node, each taken to cost about one more step of the node;
 * no KV room: a large *penalty*, not exclusion (see ``RoutingCosts.full_node_penalty_ms``).
 
+Placement is out of scope: Petals' server/block_selection.py moves servers toward the blocks
+with the least total throughput, but our shards load a fixed slice file, so the tracker only
+routes over the ranges that exist (and ``ListModels`` says whether they chain).
+
 Everything here is a function of its arguments: no clock, no registry, no I/O.
 """
 

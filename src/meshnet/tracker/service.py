@@ -157,4 +157,11 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         while True:
             await asyncio.sleep(period_s)
             self._registry.sweep()
-            await self.persist_epoch()
+            try:
+                await self.persist_epoch()
+            except Exception:
+                # A failed write (disk full, I/O error) must not stop expiry; the next sweep or
+                # reply retries it, and replies wait for it, so nothing unsaved is handed out.
+                self._saved_epoch = min(self._saved_epoch, self._registry.epoch - 1)
+                self._epoch_write = None
+                logger.exception("could not persist epoch %d", self._registry.epoch)

@@ -5,11 +5,14 @@ and answers the rest 503 + Retry-After at once (H3), and every slot comes back a
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import httpx
 import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, wait_until
+
+from meshnet.gateway.server import GatewayServer, serve_gateway
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -103,3 +106,41 @@ async def test_slots_return_after_mixed_outcomes() -> None:
                 response = await http.post(url, json={**BODY, "stream": stream})
                 assert response.status_code != 503 or "gone" in response.text
         assert (await http.get(f"{base}/health")).json()["in_flight"] == 0
+
+
+async def test_graceful_stop_lets_an_in_flight_stream_finish() -> None:
+    generator = ScriptedGenerator(Script(text="y" * 20, token_delay=0.01))
+    server = GatewayServer(make_app(generator), "127.0.0.1", 0, shutdown_grace_seconds=5)
+    port = await server.start()
+    async with httpx.AsyncClient(timeout=10) as http:
+        url, body = f"http://127.0.0.1:{port}/v1/chat/completions", {**BODY, "stream": True}
+        async with http.stream("POST", url, json=body) as response:
+            await wait_until(lambda: sum(generator.tokens_sent.values()) >= 2)
+            stopping = asyncio.create_task(server.stop())
+            text = (await response.aread()).decode()
+        await stopping
+    assert text.rstrip().endswith("data: [DONE]")
+    assert list(generator.endings.values()) == ["finished"]
+
+
+async def test_serve_gateway_stops_when_cancelled() -> None:
+    with socket.socket() as probe:  # find a free loopback port for the fixed-port API
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    task = asyncio.create_task(
+        serve_gateway(make_app(ScriptedGenerator()), "127.0.0.1", port, shutdown_grace_seconds=1)
+    )
+    async with httpx.AsyncClient(timeout=5) as http:
+        for _ in range(200):
+            try:
+                health = await http.get(f"http://127.0.0.1:{port}/health")
+                break
+            except httpx.ConnectError:
+                await asyncio.sleep(0.01)
+    assert health.json()["status"] == "ok"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=5)
+    async with httpx.AsyncClient(timeout=5) as http:
+        with pytest.raises(httpx.ConnectError):  # no longer listening
+            await http.get(f"http://127.0.0.1:{port}/health")

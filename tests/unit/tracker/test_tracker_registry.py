@@ -1,4 +1,4 @@
-"""The node table with a fake clock: expiry and the epoch, sticky routes, failover, re-registration."""
+"""The node table with a fake clock: expiry, the epoch, sticky routes, failover, rejoining."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, OTHER_FINGERPRINT, view
 
 from meshnet.core.errors import NoRoute
+from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.tracker.routing import (
@@ -20,7 +21,7 @@ from meshnet.tracker.routing import (
 )
 
 
-def ids(plan_hops: tuple) -> list[str]:  # type: ignore[type-arg]
+def ids(plan_hops: tuple[RouteHop, ...]) -> list[str]:
     return [hop.node_id for hop in plan_hops]
 
 

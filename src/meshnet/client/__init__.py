@@ -1,0 +1,1 @@
+"""Clients of shards and the tracker: session streams, the route driver, failover."""

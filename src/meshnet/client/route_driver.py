@@ -1,0 +1,143 @@
+"""Drive one generation along a route of shards: chunked prefill, then one decode step per token.
+
+The driver talks only to the head; each shard forwards its boundary to the next, the tail
+samples, and the token travels back. Every frame carries the remaining budget, so the route
+never works past the request's deadline. Closing the iterator (or cancelling its task) cancels
+the head stream, which frees the session's KV on every shard down the route.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshnet.client.shard_admin import fetch_capability
+from meshnet.client.shard_stream import ChannelPool, ShardStream
+from meshnet.core.errors import DeadlineExceeded, InvalidArgument
+from meshnet.core.events import (
+    DecodeStarted,
+    GenerationEvent,
+    PrefillCompleted,
+    PrefillStarted,
+    RouteHop,
+    TokenGenerated,
+)
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import RequestId, SessionId
+from meshnet.protocol.convert import split_prefill
+from meshnet.protocol.frames import CapabilityInfo, FrameMeta, HopSpec, StepFrame, StepResult
+
+RATE_WINDOW = 16
+"""Tokens over which the rolling tokens/s is measured."""
+
+
+@dataclass(frozen=True)
+class RouteSession:
+    """Where one generation runs: the hops and the identity every frame must carry."""
+
+    request_id: RequestId
+    session_id: SessionId
+    hops: tuple[RouteHop, ...]
+    fingerprint: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the driver knows after each token: for failover replay and billing."""
+
+    generated: tuple[int, ...]
+    next_position: int
+
+
+class RouteDriver:
+    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int) -> None:
+        self._pool = pool
+        self._max_frame_bytes = max_frame_bytes
+        self._capabilities: dict[str, CapabilityInfo] = {}
+
+    async def capability(self, address: str) -> CapabilityInfo:
+        cached = self._capabilities.get(address)
+        if cached is None:
+            cached = await fetch_capability(self._pool, address)
+            self._capabilities[address] = cached
+        return cached
+
+    async def run(
+        self, route: RouteSession, request: GenerationRequest, *, history: Sequence[int] = (),
+    ) -> AsyncIterator[GenerationEvent]:
+        """Yield prefill/decode events and one TokenGenerated per new token.
+
+        ``history`` holds tokens already generated on an earlier route: they are replayed with
+        the prompt, so a failover continues exactly where the lost route stopped.
+        """
+        if not route.hops:
+            raise InvalidArgument("a route needs at least one hop")
+        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
+        head = route.hops[0]
+        head_capability = await self.capability(head.address)
+        stream = ShardStream(self._pool, head.address, _remaining(deadline))
+        try:
+            async for event in self._generate(route, request, history, deadline, stream, head_capability):
+                yield event
+        finally:
+            stream.cancel()
+
+    async def _generate(
+        self, route: RouteSession, request: GenerationRequest, history: Sequence[int],
+        deadline: float | None, stream: ShardStream, head: CapabilityInfo,
+    ) -> AsyncIterator[GenerationEvent]:
+        prompt = np.asarray([*request.prompt_tokens, *history], dtype=np.int32)
+        n_embd = head.n_embd
+        # Hidden frames between shards carry as many rows as this token frame, so size the
+        # chunks for the boundary tensor, not for the token ids.
+        rows_per_frame = max(1, (self._max_frame_bytes - 65536) // (4 * n_embd))
+        chunks = split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame))
+        downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
+        yield PrefillStarted(len(prompt))
+        started = time.perf_counter()
+        result: StepResult | None = None
+        for step, chunk in enumerate(chunks):
+            meta = self._meta(route, step, chunk.position, "prefill", deadline)
+            frame = StepFrame(
+                meta=meta, tokens=np.ascontiguousarray(chunk.payload),
+                downstream=downstream if step == 0 else (), sampling=request.sampling if step == 0 else None,
+                final_chunk=chunk.final_chunk,
+            )
+            result = await stream.exchange(frame)
+        yield PrefillCompleted(len(prompt), time.perf_counter() - started)
+        yield DecodeStarted()
+        step = len(chunks)
+        produced = len(history)
+        stamps: list[float] = []
+        while result is not None and result.token_id is not None:
+            token = result.token_id
+            stamps.append(time.perf_counter())
+            stamps = stamps[-RATE_WINDOW:]
+            rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+            yield TokenGenerated(token, produced, rate)
+            produced += 1
+            if token in request.stop_tokens or produced >= request.max_tokens:
+                return
+            meta = self._meta(route, step, result.next_position, "decode", deadline)
+            result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
+            step += 1
+
+    @staticmethod
+    def _meta(route: RouteSession, step: int, position: int, phase: str, deadline: float | None) -> FrameMeta:
+        remaining = _remaining(deadline)
+        if remaining is not None and remaining <= 0:
+            raise DeadlineExceeded("the request's deadline passed")
+        return FrameMeta(
+            request_id=route.request_id, session_id=route.session_id, route_epoch=route.epoch,
+            fingerprint=route.fingerprint, layers=route.hops[0].layers, phase=phase,  # type: ignore[arg-type]
+            position=position, step=step, cache="new" if step == 0 else "continue",
+            deadline_ms=None if remaining is None else max(int(remaining * 1000), 1),
+        )
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()

@@ -1,0 +1,83 @@
+"""A route session's stream to one shard, and the channels those streams share.
+
+One long-lived bidirectional stream per route session per seam: the sender (the route driver,
+or a shard forwarding its boundary) writes a frame per step and reads the shard's answer.
+Closing or cancelling the stream is what tells the shard to free that session's KV, and the
+shard then closes its own stream to the next hop, and so on down the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from meshnet.core.errors import Unavailable
+from meshnet.protocol.convert import frame_to_proto, result_from_proto
+from meshnet.protocol.frames import StepFrame, StepResult
+from meshnet.protocol.generated import shard_pb2_grpc
+from meshnet.protocol.status import error_from_rpc
+
+
+def channel_options(max_frame_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", max_frame_bytes),
+        ("grpc.max_receive_message_length", max_frame_bytes),
+        # Find a silently dead peer (black-holed traffic) in seconds, not at the TCP timeout.
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+class ChannelPool:
+    """One channel per peer address, reused by every session stream to that peer."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._options = channel_options(max_frame_bytes)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def stub(self, address: str) -> shard_pb2_grpc.ShardStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[address] = channel
+        return shard_pb2_grpc.ShardStub(channel)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
+
+
+class ShardStream:
+    def __init__(self, pool: ChannelPool, address: str, timeout: float | None) -> None:
+        self.address = address
+        self._call = pool.stub(address).Session(timeout=timeout)
+
+    async def exchange(self, frame: StepFrame) -> StepResult:
+        """Send one frame and wait for the next shard's answer to it."""
+        try:
+            await self._call.write(frame_to_proto(frame))
+            response = await self._call.read()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        if response is grpc.aio.EOF:
+            status = await self._call.code()
+            raise Unavailable(f"next shard {self.address} closed the session stream ({status})")
+        return result_from_proto(response)
+
+    async def close(self) -> None:
+        """End the stream: the next shard releases the session and closes its own link."""
+        try:
+            await self._call.done_writing()
+            # Wait briefly for the next shard to finish releasing, then stop waiting regardless.
+            await asyncio.wait_for(self._call.read(), timeout=1.0)
+        except (grpc.RpcError, asyncio.InvalidStateError, RuntimeError, TimeoutError):
+            pass
+        self._call.cancel()
+
+    def cancel(self) -> None:
+        self._call.cancel()

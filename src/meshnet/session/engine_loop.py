@@ -1,0 +1,226 @@
+"""The one loop that owns a backend: a thread fed by a queue, never a lock around a context.
+
+Asyncio handlers submit steps and await futures; the loop thread drains its inbox, asks the
+pure scheduler what to run, runs one batch through the backend and resolves the futures.
+llama.cpp calls release the GIL, so the event loop keeps serving the network meanwhile.
+A prefill longer than one chunk advances one chunk per tick, interleaved with decode batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, MeshnetError
+from meshnet.engine.backend import Backend, StepInput, StepOutput, chunk_bounds, slice_input
+from meshnet.session.scheduler import PendingWork, plan_tick
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Work:
+    ticket: int
+    step: StepInput
+    deadline: float | None
+    enqueued_at: float
+    future: asyncio.Future[StepOutput]
+    bounds: list[tuple[int, int]]
+    done_chunks: int = 0
+    outputs: list[StepOutput] = field(default_factory=list)
+
+    def next_chunk(self) -> StepInput:
+        start, stop = self.bounds[self.done_chunks]
+        if len(self.bounds) == 1:
+            return self.step
+        keep_rows = "all" if self.step.want_logits == "all" else "none"
+        return slice_input(self.step, start, stop, self.step.want_logits if stop == self.step.n_tokens else keep_rows)
+
+
+@dataclass
+class _Truncate:
+    slot: int
+    position: int
+    future: asyncio.Future[None]
+
+
+@dataclass
+class LoopStats:
+    """Counters read by metrics; written only by the loop thread (ints are atomic enough)."""
+
+    ticks: int = 0
+    decode_steps: int = 0
+    decode_batches: int = 0
+    prefill_tokens: int = 0
+    busy_seconds: float = 0.0
+    expired: int = 0
+    queue_depth: int = 0
+    last_batch_size: int = 0
+
+
+class EngineLoop:
+    def __init__(self, backend: Backend, *, max_decode_batch: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend
+        self._max_decode_batch = max_decode_batch
+        self._clock = clock
+        self._inbox: queue.SimpleQueue[_Work | _Truncate | None] = queue.SimpleQueue()
+        self._pending: list[_Work] = []
+        self._tickets = 0
+        self._thread: threading.Thread | None = None
+        self.stats = LoopStats()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="meshnet-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    @property
+    def queue_depth(self) -> int:
+        return self.stats.queue_depth + self._inbox.qsize()
+
+    # -- asyncio side -------------------------------------------------------------------
+
+    async def run_step(self, step: StepInput, *, deadline: float | None = None) -> StepOutput:
+        """Run one session's input (any length); resolves when every chunk has run."""
+        future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
+        self._tickets += 1
+        chunk = self.backend.shape.max_batch_tokens
+        work = _Work(self._tickets, step, deadline, self._clock(), future, chunk_bounds(step.position, step.n_tokens, chunk))
+        self._inbox.put(work)
+        return await future
+
+    async def truncate(self, slot: int, position: int = 0) -> None:
+        """Drop ``slot``'s KV from ``position`` on; queued work of that slot fails as Cancelled."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.put(_Truncate(slot, position, future))
+        await future
+
+    # -- loop thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            if not self._drain(block=not self._pending):
+                break
+            if self._pending:
+                self._tick()
+        for work in self._pending:
+            _resolve(work.future, error=Cancelled("the shard is shutting down"))
+
+    def _drain(self, *, block: bool) -> bool:
+        """Move inbox items to pending (truncates run at once); False when told to stop."""
+        try:
+            item = self._inbox.get(block=block, timeout=0.5 if block else None)
+        except queue.Empty:
+            return True
+        while True:
+            if item is None:
+                return False
+            if isinstance(item, _Truncate):
+                self._apply_truncate(item)
+            else:
+                self._pending.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply_truncate(self, item: _Truncate) -> None:
+        for work in [w for w in self._pending if w.step.slot == item.slot]:
+            self._pending.remove(work)
+            _resolve(work.future, error=Cancelled("the session was released"))
+        try:
+            self.backend.truncate(item.slot, item.position)
+            _resolve(item.future, value=None)
+        except MeshnetError as error:
+            _resolve(item.future, error=error)
+
+    def _tick(self) -> None:
+        now = self._clock()
+        by_ticket = {w.ticket: w for w in self._pending}
+        plan = plan_tick(
+            [PendingWork(w.ticket, w.bounds[w.done_chunks][1] - w.bounds[w.done_chunks][0], w.enqueued_at, w.deadline)
+             for w in self._pending],
+            now=now, max_decode_batch=self._max_decode_batch,
+        )
+        for ticket in plan.expired:
+            work = by_ticket[ticket]
+            self._pending.remove(work)
+            self.stats.expired += 1
+            _resolve(work.future, error=DeadlineExceeded("the step's deadline passed before it could run"))
+        running = [by_ticket[t] for t in plan.run]
+        self.stats.queue_depth = len(self._pending) - len(running)
+        if not running:
+            return
+        chunks = [w.next_chunk() for w in running]
+        started = time.perf_counter()
+        try:
+            outputs = self.backend.run(chunks)
+        except MeshnetError as error:
+            self._fail(running, error)
+            return
+        except Exception as error:  # a bug in the engine must not kill the loop or hang callers
+            log.exception("engine batch failed")
+            self._fail(running, EngineError(f"engine failure: {error}"))
+            return
+        self._account(chunks, time.perf_counter() - started)
+        for work, output in zip(running, outputs, strict=True):
+            work.outputs.append(output)
+            work.done_chunks += 1
+            if work.done_chunks == len(work.bounds):
+                self._pending.remove(work)
+                _resolve(work.future, value=_join(work.outputs))
+
+    def _fail(self, running: list[_Work], error: MeshnetError) -> None:
+        for work in running:
+            self._pending.remove(work)
+            _resolve(work.future, error=error)
+
+    def _account(self, chunks: list[StepInput], seconds: float) -> None:
+        stats = self.stats
+        stats.ticks += 1
+        stats.busy_seconds += seconds
+        decode = sum(1 for c in chunks if c.n_tokens == 1)
+        if decode:
+            stats.decode_batches += 1
+            stats.decode_steps += decode
+        stats.last_batch_size = decode
+        stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)
+
+
+def _join(outputs: list[StepOutput]) -> StepOutput:
+    if len(outputs) == 1:
+        return outputs[0]
+    slot = outputs[0].slot
+    hidden = [o.hidden for o in outputs if o.hidden is not None]
+    if hidden:
+        return StepOutput(slot, hidden=np.concatenate(hidden))
+    logits = [o.logits for o in outputs if o.logits is not None]
+    return StepOutput(slot, logits=np.concatenate(logits) if logits else None)
+
+
+def _resolve(future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
+    def settle() -> None:
+        if future.done():
+            return  # the awaiting task was cancelled; nobody wants the result
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass  # the event loop is closed: the process is shutting down

@@ -1,0 +1,1 @@
+"""The shard worker process: gRPC servicer (thin), shard runtime, server lifecycle, registration."""

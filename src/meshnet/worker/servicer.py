@@ -1,0 +1,85 @@
+"""The gRPC Shard servicer: wire adaptation only; decisions live in ``ShardRuntime``.
+
+A session lives exactly as long as its stream: when the upstream closes, cancels, or a frame
+fails, the session's KV is freed here and the downstream stream is closed, which frees it on
+every later shard in turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+
+from meshnet.core.errors import InvalidArgument, MeshnetError
+from meshnet.core.ids import SessionId
+from meshnet.protocol.convert import (
+    capability_to_proto,
+    frame_from_proto,
+    metrics_to_proto,
+    result_to_proto,
+    session_end_from_proto,
+)
+from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.generated import shard_pb2_grpc
+from meshnet.protocol.status import abort_with
+from meshnet.worker.runtime import ShardRuntime
+
+log = logging.getLogger(__name__)
+
+
+class ShardServicer(shard_pb2_grpc.ShardServicer):
+    def __init__(self, runtime: ShardRuntime) -> None:
+        self.runtime = runtime
+
+    async def GetCapability(self, request: pb.CapabilityRequest, context: grpc.aio.ServicerContext) -> pb.Capability:
+        return capability_to_proto(self.runtime.capability())
+
+    async def GetMetrics(self, request: pb.MetricsRequest, context: grpc.aio.ServicerContext) -> pb.MetricsSnapshot:
+        return metrics_to_proto(self.runtime.metrics())
+
+    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
+        end = await self._session_end(request, context)
+        return pb.ReleaseResponse(freed=await self.runtime.end(end.session_id, end.reason or "released"))
+
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
+        end = await self._session_end(request, context)
+        return pb.CancelResponse(freed=await self.runtime.end(end.session_id, end.reason or "cancelled"))
+
+    async def _session_end(self, request: pb.ReleaseRequest | pb.CancelRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+        try:
+            return session_end_from_proto(request)
+        except MeshnetError as error:
+            await abort_with(context, error)
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StepResponse]:
+        remaining = context.time_remaining()
+        stream_deadline = None if remaining is None else time.monotonic() + remaining
+        session_id: SessionId | None = None
+        """Set once a frame of this stream succeeded: only then does the session belong to it."""
+        failure: MeshnetError | None = None
+        try:
+            async for message in request_iterator:
+                frame = frame_from_proto(message, self.runtime.limits)
+                if session_id is not None and frame.meta.session_id != session_id:
+                    raise InvalidArgument("one stream carries one session; open a new stream for another")
+                result = await self.runtime.handle(frame, stream_deadline)
+                session_id = frame.meta.session_id
+                yield result_to_proto(result)
+        except MeshnetError as error:
+            failure = error
+        finally:
+            if session_id is not None:
+                reason = "stream ended" if failure is None else f"stream failed: {failure.code}"
+                try:
+                    await self.runtime.end(session_id, reason)
+                except MeshnetError:
+                    log.exception("releasing session %s failed", session_id)
+        if failure is not None:
+            log.info("session %s failed: [%s] %s", session_id, failure.code, failure.message)
+            await abort_with(context, failure)
