@@ -129,11 +129,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
-    from meshnet.worker.config import WorkerConfig
+    from meshnet.worker.config import FakeModel, WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
 
+    fake = None
+    if args.fake_layers is not None:
+        fake = FakeModel(n_layers=args.fake_layers, step_delay=args.fake_step_delay)
     config = WorkerConfig(
-        model=resolve_model(args), layers=LayerRange.parse(args.layers), data_dir=args.data_dir,
+        model=None if fake else resolve_model(args), layers=LayerRange.parse(args.layers), data_dir=args.data_dir,
+        fake=fake,
         model_name=args.model_name, host=args.host, port=args.port, advertise=args.advertise, tracker=args.tracker,
         threads=args.threads, max_sessions=args.max_sessions, n_ctx_per_session=args.context,
         prefill_chunk=args.prefill_chunk, drain_grace=args.drain_grace,
@@ -189,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--advertise", default=None, help="address peers use (default host:port)")
     worker.add_argument("--tracker", default=None, help="tracker address to register with")
     worker.add_argument("--drain-grace", type=float, default=20.0, help="seconds in-flight sessions get on SIGTERM")
+    worker.add_argument("--fake-layers", type=int, default=None, help="serve a fake model of N layers (tests)")
+    worker.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds each fake batch sleeps (tests)")
     _engine_arguments(worker)
     return parser
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,11 @@ def _write(
         try:
             _emit(model, adapter, planned, metadata, provenance, partial, view)
             os.replace(partial, out)
+        except BaseException as error:
+            # The failed frames still hold views of the source mmap; drop them, or closing the
+            # map raises BufferError and hides the real error (e.g. a full disk).
+            traceback.clear_frames(error.__traceback__)
+            raise
         finally:
             partial.unlink(missing_ok=True)
     return provenance

@@ -25,6 +25,24 @@ from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, chunk_bounds, slice_input
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
+from meshnet.engine.native_capture import CaptureState, load_native_capture
+
+
+class _NativeCapture:
+    """Builds/loads the C callback once per process, on first use."""
+
+    def __init__(self) -> None:
+        self._loaded = False
+        self._library: ctypes.CDLL | None = None
+
+    def get(self) -> ctypes.CDLL | None:
+        if not self._loaded:
+            self._library = load_native_capture()
+            self._loaded = True
+        return self._library
+
+
+_NATIVE = _NativeCapture()
 
 
 @dataclass(frozen=True)
@@ -91,15 +109,27 @@ class LlamaBackend:
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         params.no_perf = True
-        # The callback object must outlive the context: keep it on self.
-        self._callback = EvalCallback(self._on_eval)
-        params.cb_eval = self._callback
-        params.cb_eval_user_data = None
+        self._install_capture(params)
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             llama_cpp.llama_model_free(model)
             raise EngineError(f"llama.cpp could not create a context for {path.name}")
         return model, ctx
+
+    def _install_capture(self, params: llama_cpp.llama_context_params) -> None:
+        """Point the eval callback at the boundary tensor: in C when possible (see native_capture)."""
+        native = _NATIVE.get()
+        if native is not None:
+            self._capture_state = CaptureState(target=self._target)
+            self._callback = ctypes.cast(native.meshnet_capture_eval, EvalCallback)
+            params.cb_eval = self._callback
+            params.cb_eval_user_data = ctypes.cast(ctypes.pointer(self._capture_state), ctypes.c_void_p)
+        else:
+            self._capture_state = None
+            # The callback object must outlive the context: keep it on self.
+            self._callback = EvalCallback(self._on_eval)
+            params.cb_eval = self._callback
+            params.cb_eval_user_data = None
 
     def _allocate_batch(self, capacity: int, n_embd: int) -> None:
         self._tokens = np.zeros(capacity, np.int32)
@@ -113,6 +143,9 @@ class LlamaBackend:
         )
         self._captured = np.zeros((capacity, n_embd), np.float32)
         self._captured_rows = 0
+        if self._capture_state is not None:
+            self._capture_state.buffer = self._captured.ctypes.data
+            self._capture_state.capacity = self._captured.nbytes
 
     def _pointer(self, array: np.ndarray, kind: type) -> ctypes._Pointer:  # type: ignore[type-arg]
         return ctypes.cast(array.ctypes.data, ctypes.POINTER(kind))
@@ -200,7 +233,11 @@ class LlamaBackend:
             logits=self._pointer(self._want, ctypes.c_int8),
         )
         self._captured_rows = 0
+        if self._capture_state is not None:
+            self._capture_state.used = 0
         status = llama_cpp.llama_decode(self._ctx, batch)
+        if self._capture_state is not None:
+            self._captured_rows = self._capture_state.used // (4 * self._shape.n_embd)
         if status == 1:
             raise ResourceExhausted("no KV cache room left for this batch on this shard")
         if status != 0:

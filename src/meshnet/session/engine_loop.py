@@ -4,11 +4,16 @@ Asyncio handlers submit steps and await futures; the loop thread drains its inbo
 pure scheduler what to run, runs one batch through the backend and resolves the futures.
 llama.cpp calls release the GIL, so the event loop keeps serving the network meanwhile.
 A prefill longer than one chunk advances one chunk per tick, interleaved with decode batches.
+
+The backend is created, used and closed on the loop's own thread and nowhere else: llama.cpp's
+OpenMP thread teams belong to the thread that calls it, and driving one context from several
+threads measured 1.4x slower decode (a second team competing for the cores).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -53,6 +58,12 @@ class _Truncate:
 
 
 @dataclass
+class _Call:
+    function: Callable[[Backend], Any]
+    future: asyncio.Future[Any]
+
+
+@dataclass
 class LoopStats:
     """Counters read by metrics; written only by the loop thread (ints are atomic enough)."""
 
@@ -67,21 +78,36 @@ class LoopStats:
 
 
 class EngineLoop:
-    def __init__(self, backend: Backend, *, max_decode_batch: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
-        self.backend = backend
+    def __init__(
+        self, open_backend: Callable[[], Backend], *, max_decode_batch: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._open_backend = open_backend
         self._max_decode_batch = max_decode_batch
         self._clock = clock
-        self._inbox: queue.SimpleQueue[_Work | _Truncate | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Work | _Truncate | _Call | None] = queue.SimpleQueue()
         self._pending: list[_Work] = []
         self._tickets = 0
         self._thread: threading.Thread | None = None
+        self._backend: Backend | None = None
         self.stats = LoopStats()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="meshnet-engine", daemon=True)
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise EngineError("the engine loop has not started")
+        return self._backend
+
+    def start(self) -> Backend:
+        """Start the thread, open the backend on it and return it (blocking; raises its error)."""
+        opened: concurrent.futures.Future[Backend] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(opened,), name="meshnet-engine", daemon=True)
         self._thread.start()
+        self._backend = opened.result()
+        return self._backend
 
     def stop(self) -> None:
+        """Stop the thread; it fails queued work and closes the backend on its way out."""
         if self._thread is not None:
             self._inbox.put(None)
             self._thread.join(timeout=30)
@@ -102,6 +128,12 @@ class EngineLoop:
         self._inbox.put(work)
         return await future
 
+    async def call(self, function: Callable[[Backend], Any]) -> Any:
+        """Run ``function(backend)`` on the loop thread between ticks."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._inbox.put(_Call(function, future))
+        return await future
+
     async def truncate(self, slot: int, position: int = 0) -> None:
         """Drop ``slot``'s KV from ``position`` on; queued work of that slot fails as Cancelled."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -110,14 +142,24 @@ class EngineLoop:
 
     # -- loop thread --------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            if not self._drain(block=not self._pending):
-                break
-            if self._pending:
-                self._tick()
-        for work in self._pending:
-            _resolve(work.future, error=Cancelled("the shard is shutting down"))
+    def _run(self, opened: concurrent.futures.Future[Backend]) -> None:
+        try:
+            backend = self._open_backend()
+        except BaseException as error:
+            opened.set_exception(error)
+            return
+        self._backend = backend
+        opened.set_result(backend)
+        try:
+            while True:
+                if not self._drain(block=not self._pending):
+                    break
+                if self._pending:
+                    self._tick()
+        finally:
+            for work in self._pending:
+                _resolve(work.future, error=Cancelled("the shard is shutting down"))
+            backend.close()
 
     def _drain(self, *, block: bool) -> bool:
         """Move inbox items to pending (truncates run at once); False when told to stop."""
@@ -130,6 +172,8 @@ class EngineLoop:
                 return False
             if isinstance(item, _Truncate):
                 self._apply_truncate(item)
+            elif isinstance(item, _Call):
+                self._apply_call(item)
             else:
                 self._pending.append(item)
             try:
@@ -145,6 +189,12 @@ class EngineLoop:
             self.backend.truncate(item.slot, item.position)
             _resolve(item.future, value=None)
         except MeshnetError as error:
+            _resolve(item.future, error=error)
+
+    def _apply_call(self, item: _Call) -> None:
+        try:
+            _resolve(item.future, value=item.function(self.backend))
+        except Exception as error:
             _resolve(item.future, error=error)
 
     def _tick(self) -> None:

@@ -9,8 +9,19 @@ from meshnet.core.layers import LayerRange
 
 
 @dataclass(frozen=True)
+class FakeModel:
+    """Serve deterministic arithmetic instead of a model (protocol and integration tests)."""
+
+    n_layers: int = 6
+    n_embd: int = 16
+    n_vocab: int = 64
+    step_delay: float = 0.0
+    """Seconds each engine batch sleeps, to make timing-dependent tests observable."""
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
-    model: Path
+    model: Path | None
     """Source GGUF; the worker cuts (or reuses) the slice for its layers from it."""
     layers: LayerRange
     data_dir: Path
@@ -35,5 +46,7 @@ class WorkerConfig:
     max_queue: int = 64
     evict_idle_after: float = 30.0
     session_ttl: float = 600.0
+    fake: FakeModel | None = None
+    """When set, no model is loaded (``model`` is ignored)."""
     drain_grace: float = 20.0
     """Seconds in-flight sessions get to finish after SIGTERM before they are released."""

@@ -27,10 +27,13 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.client.shard_stream import channel_options
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import HardwareSummary, NodeLoad, NodeRegistration
+from meshnet.engine.backend import Backend
 from meshnet.engine.certification import certify_llama_engine
+from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
@@ -39,7 +42,7 @@ from meshnet.session.admission import AdmissionPolicy
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import SessionTable
 from meshnet.worker.calibrate import ShardSpeed, measure_speed
-from meshnet.worker.config import WorkerConfig
+from meshnet.worker.config import FakeModel, WorkerConfig
 from meshnet.worker.runtime import ShardIdentity, ShardRuntime
 from meshnet.worker.servicer import ShardServicer
 
@@ -59,8 +62,16 @@ def backend_label(config: WorkerConfig) -> str:
     return f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk})"
 
 
+def fake_recipe(fake: FakeModel) -> Recipe:
+    return Recipe(
+        model_sha256="fake", architecture="fake", adapter_version="1", weight_quantization="none",
+        activation_dtype="f32", kv_dtype="none", backend="fake", backend_version="1",
+        n_layers=fake.n_layers, n_embd=fake.n_embd,
+    )
+
+
 def build_recipe(config: WorkerConfig, source_sha256: str) -> tuple[Recipe, str, str]:
-    description = describe_model(config.model)
+    description = describe_model(config.model)  # type: ignore[arg-type]
     recipe = Recipe(
         model_sha256=source_sha256, architecture=description.architecture,
         adapter_version=description.adapter_version, weight_quantization=description.quantization,
@@ -73,18 +84,32 @@ def build_recipe(config: WorkerConfig, source_sha256: str) -> tuple[Recipe, str,
 async def serve_worker(
     config: WorkerConfig, *, on_ready: Callable[[WorkerReady], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
-    # Fail closed: CertificationFailed propagates and the worker never listens.
-    await asyncio.to_thread(certify_llama_engine)
-    certified = True
     engine_config = LlamaConfig(
         n_threads=config.threads, max_slots=config.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
         max_batch_tokens=config.prefill_chunk, flash_attn=config.flash_attn,
     )
     cache = SliceCache(config.data_dir / "cache")
-    backend = await asyncio.to_thread(open_llama_shard, config.model, config.layers, cache, engine_config)
-    speed = await asyncio.to_thread(measure_speed, backend)
-    recipe, model_name, quantization = build_recipe(config, cache.source_sha256(config.model))
-    loop = EngineLoop(backend)
+
+    def open_backend() -> Backend:
+        if config.fake is not None:
+            fake = config.fake
+            return FakeBackend(config.layers, fake.n_layers, n_embd=fake.n_embd, n_vocab=fake.n_vocab,
+                               max_slots=config.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
+                               max_batch_tokens=config.prefill_chunk, step_delay=fake.step_delay)
+        # Fail closed: CertificationFailed propagates and the worker never listens.
+        certify_llama_engine()
+        if config.model is None:
+            raise InvalidArgument("a worker needs --model (or a fake model)")
+        return open_llama_shard(config.model, config.layers, cache, engine_config)
+
+    loop = EngineLoop(open_backend)
+    await asyncio.to_thread(loop.start)
+    certified = True
+    speed = await loop.call(measure_speed)
+    if config.fake is not None:
+        recipe, model_name, quantization = fake_recipe(config.fake), config.model_name or "fake", "none"
+    else:
+        recipe, model_name, quantization = build_recipe(config, cache.source_sha256(config.model))  # type: ignore[arg-type]
     table = SessionTable(AdmissionPolicy(config.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl))
     server = grpc.aio.server(options=channel_options(config.max_frame_bytes))
     port = server.add_insecure_port(f"{config.host}:{config.port}")
@@ -96,7 +121,6 @@ async def serve_worker(
     health = HealthServicer()
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(runtime), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    loop.start()
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await health.set("meshnet.v1.Shard", health_pb2.HealthCheckResponse.SERVING)
@@ -121,8 +145,7 @@ async def serve_worker(
                 await asyncio.wait_for(task, timeout=3.0)
         await runtime.close()
         await server.stop(grace=1.0)
-        loop.stop()
-        backend.close()
+        await asyncio.to_thread(loop.stop)
 
 
 def _registration(

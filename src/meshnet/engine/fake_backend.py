@@ -1,0 +1,82 @@
+"""A backend that needs no model: deterministic arithmetic with the shape of a real shard.
+
+It keeps real per-slot KV bookkeeping (positions must continue, truncation forgets), and its
+output depends on every earlier token of the session, so protocol, batching, isolation and
+failover tests catch cross-talk and lost state in seconds, without llama.cpp.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from meshnet.core.errors import InvalidArgument, ResourceExhausted
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
+
+
+class FakeBackend:
+    def __init__(
+        self, layers: LayerRange, n_layers: int, *, n_embd: int = 16, n_vocab: int = 64, max_slots: int = 8,
+        n_ctx_per_slot: int = 512, max_batch_tokens: int = 64, step_delay: float = 0.0,
+    ) -> None:
+        layers.check_within(n_layers)
+        head, tail = layers.is_head(), layers.is_tail(n_layers)
+        role: ShardRole = "full" if head and tail else "head" if head else "tail" if tail else "middle"
+        self._shape = ShardShape(layers, n_layers, n_embd, n_vocab if tail else 0, role, max_slots,
+                                 n_ctx_per_slot, max_batch_tokens)
+        self._vocab = n_vocab
+        self._step_delay = step_delay
+        # state[slot]: a running summary of everything the slot has seen (its "KV").
+        self._state = np.zeros((max_slots, n_embd), np.float64)
+        self._length = np.zeros(max_slots, np.int64)
+        self._mix = np.random.default_rng(layers.start * 1000 + layers.stop).standard_normal((n_embd, n_embd)) / n_embd
+        self.calls: list[int] = []
+        """Sizes of each ``run`` batch, for tests of batching."""
+
+    @property
+    def shape(self) -> ShardShape:
+        return self._shape
+
+    def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        if self._step_delay:
+            time.sleep(self._step_delay)
+        self.calls.append(len(batch))
+        return [self._one(step) for step in batch]
+
+    def _one(self, step: StepInput) -> StepOutput:
+        shape = self._shape
+        if step.position != self._length[step.slot]:
+            raise InvalidArgument(f"slot {step.slot} is at position {self._length[step.slot]}, input starts at {step.position}")
+        if step.position + step.n_tokens > shape.n_ctx_per_slot:
+            raise ResourceExhausted("positions exceed the session context")
+        if step.tokens is not None:
+            rows = np.stack([np.sin(np.arange(shape.n_embd) * (t + 1) * 0.37) for t in step.tokens.tolist()])
+        elif step.hidden is not None:
+            rows = step.hidden.astype(np.float64)
+        else:
+            raise InvalidArgument("no input")
+        outputs = []
+        for index, row in enumerate(rows):
+            position = step.position + index
+            self._state[step.slot] = 0.9 * self._state[step.slot] + 0.1 * row
+            outputs.append(row + np.tanh(self._mix @ self._state[step.slot]) + 0.01 * np.cos(position))
+        self._length[step.slot] += step.n_tokens
+        hidden = np.asarray(outputs, np.float32)
+        if not shape.emits_logits:
+            return StepOutput(step.slot, hidden=hidden)
+        rows_wanted = {"none": hidden[:0], "last": hidden[-1:], "all": hidden}[step.want_logits]
+        logits = np.zeros((len(rows_wanted), self._vocab), np.float32)
+        for index, row in enumerate(rows_wanted):
+            # The peak moves with the row's content, so tokens differ from step to step.
+            logits[index] = 10.0 * np.cos(np.arange(self._vocab) * 0.61 + float(row.sum()) * 7.3)
+        return StepOutput(step.slot, logits=logits.astype(np.float32))
+
+    def truncate(self, slot: int, position: int) -> None:
+        if position == 0:
+            self._state[slot] = 0.0
+        self._length[slot] = min(self._length[slot], position)
+
+    def close(self) -> None:
+        pass

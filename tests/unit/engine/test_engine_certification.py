@@ -1,0 +1,51 @@
+"""Start-up certification passes on this llama.cpp build, and refuses when split output differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshnet import cli
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.core.errors import CertificationFailed, MeshnetError
+from meshnet.core.layers import LayerRange
+from meshnet.engine import certification
+from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+
+
+def test_certification_passes_on_the_pinned_build() -> None:
+    report = certification.certify_llama_engine()
+    assert report.backend_version
+    assert len(report.checks) == len(certification.PROMPTS) + 1
+    assert any("batched" in check for check in report.checks)
+
+
+def test_certify_command_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["certify"]) == 0
+    assert "certified" in capsys.readouterr().out
+
+
+def test_certification_refuses_a_split_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Shards cut from a model with other weights stand in for a build that computes splits wrongly.
+    genuine = certification.open_llama_shard
+
+    def open_shard(source: Path, layers: LayerRange, cache: SliceCache, config: LlamaConfig) -> LlamaBackend:
+        if layers == LayerRange(0, 4):
+            return genuine(source, layers, cache, config)
+        other = write_synthetic_model(source.with_name("other.gguf"), SyntheticSpec(seed=1))
+        return genuine(other, layers, cache, config)
+
+    monkeypatch.setattr(certification, "open_llama_shard", open_shard)
+    with pytest.raises(CertificationFailed, match="prefill logits, prompt 0: split output differs from the whole model"):
+        certification.certify_llama_engine()
+
+
+def test_certification_refuses_when_slices_do_not_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> LlamaBackend:
+        raise MeshnetError("simulated load failure")
+
+    monkeypatch.setattr(certification, "open_llama_shard", broken)
+    with pytest.raises(CertificationFailed, match="do not load on this build: simulated load failure"):
+        certification.certify_llama_engine()
