@@ -151,6 +151,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tracker(args: argparse.Namespace) -> int:
+    from meshnet.tracker.server import run_tracker
+
+    return run_tracker(args)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from meshnet.gateway.config import GatewayConfig
+    from meshnet.gateway.main import GatewayProcessConfig, run_gateway
+
+    config = GatewayProcessConfig(
+        tracker=args.tracker, model=resolve_model(args), model_name=args.model_name,
+        http=GatewayConfig(host=args.host, port=args.port, max_in_flight=args.max_in_flight),
+    )
+
+    def ready(address: str, model: str) -> None:
+        print(f"meshnet gateway ready http://{address} model={model}", flush=True)
+
+    asyncio.run(run_gateway(config, on_ready=ready))
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from meshnet.local_swarm import LocalSwarmConfig, run_local_swarm
+
+    from meshnet.artifact.provision import DEFAULT_MODEL
+
+    config = LocalSwarmConfig(
+        data_dir=args.data_dir, model=resolve_model(args), model_name=None if args.model else DEFAULT_MODEL.name, shards=args.shards, gateway_port=args.port,
+        prompt=args.prompt, max_tokens=args.max_tokens, demo_only=args.demo_only, threads=args.threads,
+    )
+    return run_local_swarm(config)
+
+
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads per shard")
     parser.add_argument("--max-sessions", type=int, default=8, help="sessions with KV at once per shard")
@@ -196,6 +232,28 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--fake-layers", type=int, default=None, help="serve a fake model of N layers (tests)")
     worker.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds each fake batch sleeps (tests)")
     _engine_arguments(worker)
+
+    from meshnet.tracker.server import add_tracker_arguments
+
+    tracker = commands.add_parser("tracker", help="register shards, choose routes, keep work records")
+    add_tracker_arguments(tracker)
+
+    gateway = commands.add_parser("gateway", help="OpenAI-compatible HTTP API over the swarm")
+    gateway.add_argument("--tracker", required=True, help="tracker address")
+    gateway.add_argument("--model", type=Path, default=None, help="GGUF to read the tokenizer from")
+    gateway.add_argument("--model-name", default=None)
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    gateway.add_argument("--max-in-flight", type=int, default=8, help="requests served at once; more get 503")
+
+    up = commands.add_parser("up", help="start tracker, workers and gateway on this machine and stream a demo")
+    up.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
+    up.add_argument("--shards", type=int, default=3)
+    up.add_argument("--port", type=int, default=8080, help="gateway port")
+    up.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
+    up.add_argument("--prompt", default="Write a haiku about machines that share their work.")
+    up.add_argument("--max-tokens", type=int, default=64)
+    up.add_argument("--demo-only", action="store_true", help="stop after the demo answer instead of serving")
     return parser
 
 
@@ -205,13 +263,17 @@ HANDLERS: dict[str, Handler] = {
     "certify": cmd_certify,
     "generate": cmd_generate,
     "worker": cmd_worker,
+    "tracker": cmd_tracker,
+    "gateway": cmd_gateway,
+    "up": cmd_up,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("gguf").setLevel(logging.WARNING)
+    for noisy in ("gguf", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return HANDLERS[args.command](args)
     except MeshnetError as error:

@@ -243,7 +243,9 @@ def _parse(buffer: Any, path: Path, size: int) -> GGUFFile:
             raise ArtifactError(f"{path.name}: duplicate tensor {name!r}")
         nbytes = tensor_nbytes(name, ggml_type, shape)
         if offset % alignment:
-            raise ArtifactError(f"{path.name}: tensor {name!r} data offset {offset} is misaligned (alignment {alignment})")
+            raise ArtifactError(
+                f"{path.name}: tensor {name!r} data offset {offset} is misaligned (alignment {alignment})"
+            )
         if data_offset + offset + nbytes > size:
             raise ArtifactError(
                 f"{path.name}: tensor {name!r} data ({nbytes} bytes at offset {offset}) "

@@ -94,12 +94,12 @@ def _plan_tensors(
         raise ArtifactError(f"{model.path.name}: no tensors for layers {missing}")
     if role in ("full", "tail"):
         for name in (adapter.output_norm, adapter.output, adapter.token_embedding):
-            info = model.tensors.get(name)
+            kept = model.tensors.get(name)
             # token_embd goes in even when the model has a separate output.weight: llama.cpp
             # refuses to load a llama model without it. The tail never reads it (its input is
             # the boundary state), so its mmapped pages stay on disk.
-            if info is not None:
-                planned.append(_PlannedTensor(name, info.ggml_type, info.shape, info))
+            if kept is not None:
+                planned.append(_PlannedTensor(name, kept.ggml_type, kept.shape, kept))
         if adapter.output_norm not in model.tensors:
             raise ArtifactError(f"{model.path.name}: the tail needs {adapter.output_norm!r}, which is missing")
     else:

@@ -16,7 +16,7 @@ import numpy as np
 
 from meshnet.client.shard_admin import fetch_capability
 from meshnet.client.shard_stream import ChannelPool, ShardStream
-from meshnet.core.errors import DeadlineExceeded, InvalidArgument
+from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
@@ -71,7 +71,7 @@ class RouteDriver:
     ) -> AsyncIterator[GenerationEvent]:
         """Yield prefill/decode events and one TokenGenerated per new token.
 
-        ``history`` holds tokens already generated on an earlier route: they are replayed with
+        ``history`` holds tokens already generated on an earlier route: they are replayed after
         the prompt, so a failover continues exactly where the lost route stopped.
         """
         if not route.hops:
@@ -90,14 +90,13 @@ class RouteDriver:
         self, route: RouteSession, request: GenerationRequest, history: Sequence[int],
         deadline: float | None, stream: ShardStream, head: CapabilityInfo,
     ) -> AsyncIterator[GenerationEvent]:
-        prompt = np.asarray([*request.prompt_tokens, *history], dtype=np.int32)
-        n_embd = head.n_embd
+        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         # Hidden frames between shards carry as many rows as this token frame, so size the
         # chunks for the boundary tensor, not for the token ids.
-        rows_per_frame = max(1, (self._max_frame_bytes - 65536) // (4 * n_embd))
+        rows_per_frame = max(1, (self._max_frame_bytes - 65536) // (4 * head.n_embd))
         chunks = split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame))
         downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
-        yield PrefillStarted(len(prompt))
+        yield PrefillStarted(len(prompt) + len(history))
         started = time.perf_counter()
         result: StepResult | None = None
         for step, chunk in enumerate(chunks):
@@ -108,9 +107,21 @@ class RouteDriver:
                 final_chunk=chunk.final_chunk,
             )
             result = await stream.exchange(frame)
-        yield PrefillCompleted(len(prompt), time.perf_counter() - started)
-        yield DecodeStarted()
         step = len(chunks)
+        # Replay: feed each earlier token as the one-token decode step it was, so every shard
+        # computes exactly what the lost route computed (a prefill of them would take other
+        # kernel paths). The tail re-samples each; a mismatch means the routes differ.
+        for token in history:
+            if result is None or result.token_id != token:
+                raise IntegrityError(
+                    f"replay diverged at position {None if result is None else result.next_position}: the new route "
+                    f"sampled {None if result is None else result.token_id}, the lost route had {token}"
+                )
+            meta = self._meta(route, step, result.next_position, "decode", deadline)
+            result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
+            step += 1
+        yield PrefillCompleted(len(prompt) + len(history), time.perf_counter() - started)
+        yield DecodeStarted()
         produced = len(history)
         stamps: list[float] = []
         while result is not None and result.token_id is not None:

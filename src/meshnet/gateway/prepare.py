@@ -91,6 +91,8 @@ def _prepare(
             max_tokens=max_tokens,
             sampling=_sampling(body),
             stop_tokens=codec.eos_token_ids,
+            model=body.model,
+            timeout_s=config.request_timeout_seconds,
         )
     except InvalidArgument as err:  # the core re-checks ranges; report its words as a 400
         raise bad_request(err.code, err.message) from None

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from meshnet.core.errors import InvalidArgument, MeshnetError
 from meshnet.core.ids import SessionId
@@ -73,6 +74,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 yield result_to_proto(result)
         except MeshnetError as error:
             failure = error
+        except DecodeError as error:
+            # The generated deserializer runs inside the request iterator: an unparsable frame is
+            # the sender's malformed input (INVALID_ARGUMENT), not a server fault (UNKNOWN).
+            failure = InvalidArgument(f"the frame is not a valid StepRequest: {error}")
         finally:
             if session_id is not None:
                 reason = "stream ended" if failure is None else f"stream failed: {failure.code}"

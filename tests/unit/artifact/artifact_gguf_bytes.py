@@ -15,8 +15,17 @@ from dataclasses import dataclass, field
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
 GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
 _FORMATS = {
-    UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
-    BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d",
+    UINT8: "<B",
+    INT8: "<b",
+    UINT16: "<H",
+    INT16: "<h",
+    UINT32: "<I",
+    INT32: "<i",
+    FLOAT32: "<f",
+    BOOL: "<?",
+    UINT64: "<Q",
+    INT64: "<q",
+    FLOAT64: "<d",
 }
 
 
@@ -55,7 +64,9 @@ class RawTensor:
     def encode(self) -> bytes:
         n_dims = len(self.shape) if self.n_dims is None else self.n_dims
         dims = b"".join(struct.pack("<Q", d) for d in self.shape)
-        return gguf_string(self.name) + struct.pack("<I", n_dims) + dims + struct.pack("<IQ", self.ggml_type, self.offset)
+        return (
+            gguf_string(self.name) + struct.pack("<I", n_dims) + dims + struct.pack("<IQ", self.ggml_type, self.offset)
+        )
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.gguf_file import GGUFFile
+from meshnet.artifact.slicing import SliceRole
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.layers import LayerRange
 
@@ -21,11 +22,22 @@ SPECS: dict[str, SyntheticSpec] = {
     ),
 }
 
-RANGES: dict[int, list[tuple[LayerRange, str]]] = {
-    4: [(LayerRange(0, 1), "head"), (LayerRange(0, 3), "head"), (LayerRange(1, 3), "middle"),
-        (LayerRange(2, 4), "tail"), (LayerRange(3, 4), "tail"), (LayerRange(0, 4), "full")],
-    6: [(LayerRange(0, 2), "head"), (LayerRange(2, 4), "middle"), (LayerRange(1, 5), "middle"),
-        (LayerRange(4, 6), "tail"), (LayerRange(0, 6), "full")],
+RANGES: dict[int, list[tuple[LayerRange, SliceRole]]] = {
+    4: [
+        (LayerRange(0, 1), "head"),
+        (LayerRange(0, 3), "head"),
+        (LayerRange(1, 3), "middle"),
+        (LayerRange(2, 4), "tail"),
+        (LayerRange(3, 4), "tail"),
+        (LayerRange(0, 4), "full"),
+    ],
+    6: [
+        (LayerRange(0, 2), "head"),
+        (LayerRange(2, 4), "middle"),
+        (LayerRange(1, 5), "middle"),
+        (LayerRange(4, 6), "tail"),
+        (LayerRange(0, 6), "full"),
+    ],
 }
 
 CASES = [(name, layers, role) for name, spec in SPECS.items() for layers, role in RANGES[spec.n_layers]]

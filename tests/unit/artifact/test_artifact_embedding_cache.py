@@ -50,7 +50,12 @@ def test_embedding_table_rows_equal_the_dequantized_source(
         assert rows.dtype == np.float32 and rows.shape == (len(ids), n_embd)
         assert np.array_equal(rows, reference[ids])
         assert not np.array_equal(rows[3], rows[4])  # distinct tokens, distinct rows
-        for bad in (np.array([n_vocab], np.int32), np.array([-1], np.int32), np.array([], np.int32), np.zeros((1, 1), np.int32)):
+        for bad in (
+            np.array([n_vocab], np.int32),
+            np.array([-1], np.int32),
+            np.array([], np.int32),
+            np.zeros((1, 1), np.int32),
+        ):
             with pytest.raises(InvalidArgument):
                 table.lookup(bad)
     finally:

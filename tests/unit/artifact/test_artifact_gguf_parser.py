@@ -60,10 +60,16 @@ def test_small_file_parses_to_exactly_what_was_written(tmp_path: Path) -> None:
     assert model.architecture == "llama"
     assert model.get("general.name") == "tiny ✓"
     expected_scalars = {
-        "t.u8": (ValueType.UINT8, 200), "t.i8": (ValueType.INT8, -5), "t.u16": (ValueType.UINT16, 60000),
-        "t.i16": (ValueType.INT16, -30000), "t.i32": (ValueType.INT32, -7), "t.f32": (ValueType.FLOAT32, 0.5),
-        "t.bool": (ValueType.BOOL, True), "t.u64": (ValueType.UINT64, 1 << 40),
-        "t.i64": (ValueType.INT64, -(1 << 40)), "t.f64": (ValueType.FLOAT64, 0.25),
+        "t.u8": (ValueType.UINT8, 200),
+        "t.i8": (ValueType.INT8, -5),
+        "t.u16": (ValueType.UINT16, 60000),
+        "t.i16": (ValueType.INT16, -30000),
+        "t.i32": (ValueType.INT32, -7),
+        "t.f32": (ValueType.FLOAT32, 0.5),
+        "t.bool": (ValueType.BOOL, True),
+        "t.u64": (ValueType.UINT64, 1 << 40),
+        "t.i64": (ValueType.INT64, -(1 << 40)),
+        "t.f64": (ValueType.FLOAT64, 0.25),
     }
     for key, (value_type, value) in expected_scalars.items():
         assert model.metadata[key].type == value_type, key
@@ -72,7 +78,9 @@ def test_small_file_parses_to_exactly_what_was_written(tmp_path: Path) -> None:
     assert model.metadata["t.strings"].item_type == ValueType.STRING
     assert model.metadata["t.ints"].value == [1, -2, 3]
     assert [(t.name, t.shape, t.ggml_type, t.offset, t.nbytes) for t in model.tensors.values()] == [
-        ("a", (8,), 0, 0, 32), ("b", (32, 2), 8, 32, 68), ("c", (4, 4), 1, 128, 32)
+        ("a", (8,), 0, 0, 32),
+        ("b", (32, 2), 8, 32, 68),
+        ("c", (4, 4), 1, 128, 32),
     ]
     assert model.data_offset % 32 == 0
     assert model.data_offset + 160 == model.file_size == len(SMALL)
@@ -122,10 +130,13 @@ CORRUPTIONS: dict[str, tuple[bytes, str]] = {
     "huge tensor count": (small_gguf(n_tensors=1 << 62).encode(), r"implausible counts: \d+ tensors"),
     "huge kv count": (small_gguf(n_kv=1 << 40).encode(), r"implausible counts: .*\d+ metadata keys"),
     "huge key length": (
-        small_gguf(kvs=[gguf_string("k", length=1 << 62), *_KVS]).encode(), r"string length \d+ exceeds"
+        small_gguf(kvs=[gguf_string("k", length=1 << 62), *_KVS]).encode(),
+        r"string length \d+ exceeds",
     ),
     "huge string value length": (
-        small_gguf(kvs=[*_KVS, gguf_string("s") + struct.pack("<I", STRING) + gguf_string("v", length=1 << 60)]).encode(),
+        small_gguf(
+            kvs=[*_KVS, gguf_string("s") + struct.pack("<I", STRING) + gguf_string("v", length=1 << 60)]
+        ).encode(),
         r"string length \d+ exceeds",
     ),
     "string value longer than the file": (
@@ -133,16 +144,21 @@ CORRUPTIONS: dict[str, tuple[bytes, str]] = {
         r"truncated",
     ),
     "tensor name longer than GGML_MAX_NAME": (
-        _with_tensor(0, RawTensor("n" * 64, (8,), GGML_F32, 0)), r"string length 64 exceeds the limit 63"
+        _with_tensor(0, RawTensor("n" * 64, (8,), GGML_F32, 0)),
+        r"string length 64 exceeds the limit 63",
     ),
     "invalid utf-8 key": (
         small_gguf(kvs=[*_KVS, gguf_string(b"\xff\xfe") + struct.pack("<I", UINT32) + b"\0" * 4]).encode(),
         r"not valid UTF-8",
     ),
     "invalid utf-8 string value": (small_gguf(kvs=[*_KVS, string_kv("t.s", b"\xc3\x28")]).encode(), r"not valid UTF-8"),
-    "huge array count": (small_gguf(kvs=[*_KVS, array_kv("t.big", INT32, [1], count=1 << 60)]).encode(), r"array of \d+ items"),
+    "huge array count": (
+        small_gguf(kvs=[*_KVS, array_kv("t.big", INT32, [1], count=1 << 60)]).encode(),
+        r"array of \d+ items",
+    ),
     "array count beyond the file": (
-        small_gguf(kvs=[*_KVS, array_kv("t.big", INT32, [1], count=100_000)]).encode(), r"array of 100000 items cannot fit"
+        small_gguf(kvs=[*_KVS, array_kv("t.big", INT32, [1], count=100_000)]).encode(),
+        r"array of 100000 items cannot fit",
     ),
     "unknown value type": (
         small_gguf(kvs=[*_KVS, gguf_string("t.x") + struct.pack("<I", 13) + b"\0" * 8]).encode(),
@@ -158,35 +174,46 @@ CORRUPTIONS: dict[str, tuple[bytes, str]] = {
     ),
     "duplicate key": (small_gguf(kvs=[*_KVS, scalar_kv("t.u8", UINT32, 1)]).encode(), r"duplicate metadata key 't.u8'"),
     "alignment not a power of two": (
-        small_gguf(kvs=[*_KVS, scalar_kv("general.alignment", UINT32, 24)]).encode(), r"alignment 24 is not a power of two"
+        small_gguf(kvs=[*_KVS, scalar_kv("general.alignment", UINT32, 24)]).encode(),
+        r"alignment 24 is not a power of two",
     ),
     "alignment zero": (
-        small_gguf(kvs=[*_KVS, scalar_kv("general.alignment", UINT32, 0)]).encode(), r"alignment 0 is not a power of two"
+        small_gguf(kvs=[*_KVS, scalar_kv("general.alignment", UINT32, 0)]).encode(),
+        r"alignment 0 is not a power of two",
     ),
     "alignment of the wrong type": (
-        small_gguf(kvs=[*_KVS, scalar_kv("general.alignment", FLOAT32, 32.0)]).encode(), r"alignment .* not a power of two"
+        small_gguf(kvs=[*_KVS, scalar_kv("general.alignment", FLOAT32, 32.0)]).encode(),
+        r"alignment .* not a power of two",
     ),
     "unknown ggml type": (_with_tensor(0, RawTensor("a", (8,), 99, 0)), r"unknown ggml type id 99"),
-    "tensor data beyond the end": (_with_tensor(2, RawTensor("c", (4, 4), 1, 160)), r"'c' data .* lies outside the file"),
+    "tensor data beyond the end": (
+        _with_tensor(2, RawTensor("c", (4, 4), 1, 160)),
+        r"'c' data .* lies outside the file",
+    ),
     "tensor offset near 2**64": (
-        _with_tensor(2, RawTensor("c", (4, 4), 1, (1 << 64) - 32)), r"'c' data .* lies outside the file"
+        _with_tensor(2, RawTensor("c", (4, 4), 1, (1 << 64) - 32)),
+        r"'c' data .* lies outside the file",
     ),
     "tensor larger than the file": (
-        _with_tensor(2, RawTensor("c", (4096, 4096), 1, 128)), r"'c' data .* lies outside the file"
+        _with_tensor(2, RawTensor("c", (4096, 4096), 1, 128)),
+        r"'c' data .* lies outside the file",
     ),
     "misaligned offset": (_with_tensor(2, RawTensor("c", (4, 4), 1, 130)), r"'c' data offset 130 is misaligned"),
     "duplicate tensor": (_with_tensor(2, RawTensor("b", (4, 4), 1, 128)), r"duplicate tensor 'b'"),
     "zero dimensions": (_with_tensor(0, RawTensor("a", (), GGML_F32, 0)), r"'a' has 0 dimensions"),
     "five dimensions": (_with_tensor(0, RawTensor("a", (8, 1, 1, 1, 1), GGML_F32, 0)), r"'a' has 5 dimensions"),
     "dimension count past the limit": (
-        _with_tensor(0, RawTensor("a", (8,), GGML_F32, 0, n_dims=1 << 31)), r"'a' has \d+ dimensions"
+        _with_tensor(0, RawTensor("a", (8,), GGML_F32, 0, n_dims=1 << 31)),
+        r"'a' has \d+ dimensions",
     ),
     "empty dimension": (_with_tensor(1, RawTensor("b", (32, 0), GGML_Q8_0, 32)), r"'b' has an empty dimension"),
     "implausible element count": (
-        _with_tensor(0, RawTensor("a", (1 << 32, 1 << 32), GGML_F32, 0)), r"'a' has an implausible \d+ elements"
+        _with_tensor(0, RawTensor("a", (1 << 32, 1 << 32), GGML_F32, 0)),
+        r"'a' has an implausible \d+ elements",
     ),
     "row not a whole number of blocks": (
-        _with_tensor(1, RawTensor("b", (16, 2), GGML_Q8_0, 32)), r"'b': row length 16 is not a multiple of the block size 32"
+        _with_tensor(1, RawTensor("b", (16, 2), GGML_Q8_0, 32)),
+        r"'b': row length 16 is not a multiple of the block size 32",
     ),
     "truncated tensor table": (small_gguf(n_tensors=4).encode(), r"truncated|dimensions|unknown ggml type"),
     "empty file": (b"", r"empty"),
@@ -201,8 +228,17 @@ def test_corruption_is_an_artifact_error_naming_the_problem(tmp_path: Path, case
     assert type(raised.value) is ArtifactError
 
 
-@pytest.mark.parametrize("case", ["huge tensor count", "huge kv count", "huge key length", "huge array count",
-                                  "tensor larger than the file", "implausible element count"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "huge tensor count",
+        "huge kv count",
+        "huge key length",
+        "huge array count",
+        "tensor larger than the file",
+        "implausible element count",
+    ],
+)
 def test_huge_claims_allocate_nothing_large(tmp_path: Path, case: str) -> None:
     path = _write(tmp_path, CORRUPTIONS[case][0])
     tracemalloc.start()
@@ -261,10 +297,15 @@ def test_truncation_of_a_synthetic_model_at_header_offsets(
     # vocabulary arrays between them (hundreds of look-alike strings) and the data section at
     # prime strides; every offset of the last 64 bytes (the last tensor's end is the tightest
     # bound). The small hand-built file above covers every single offset.
-    offsets = sorted({
-        *range(1024), *range(data_offset - 1024, data_offset + 1), *range(1024, data_offset, 13),
-        *range(data_offset, len(blob), 1009), *range(len(blob) - 64, len(blob)),
-    })
+    offsets = sorted(
+        {
+            *range(1024),
+            *range(data_offset - 1024, data_offset + 1),
+            *range(1024, data_offset, 13),
+            *range(data_offset, len(blob), 1009),
+            *range(len(blob) - 64, len(blob)),
+        }
+    )
     _assert_every_prefix_rejected(tmp_path, blob, offsets)
 
 
@@ -273,9 +314,13 @@ def test_truncation_of_a_synthetic_model_at_header_offsets(
 _flips = st.lists(st.tuples(st.integers(0, len(SMALL) - 160 - 1), st.integers(0, 255)), min_size=1, max_size=8)
 
 
-@settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=600, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(flips=_flips)
-def test_random_header_damage_is_rejected_or_parsed_never_anything_else(tmp_path: Path, flips: list[tuple[int, int]]) -> None:
+def test_random_header_damage_is_rejected_or_parsed_never_anything_else(
+    tmp_path: Path, flips: list[tuple[int, int]]
+) -> None:
     blob = bytearray(SMALL)
     for position, value in flips:
         blob[position] = value
@@ -285,7 +330,9 @@ def test_random_header_damage_is_rejected_or_parsed_never_anything_else(tmp_path
         assert type(error) is ArtifactError
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_random_damage_in_a_synthetic_model_header(tmp_path: Path, tiny_model: Path, data: st.DataObject) -> None:
     blob = bytearray(tiny_model.read_bytes())
@@ -302,8 +349,12 @@ def test_random_damage_in_a_synthetic_model_header(tmp_path: Path, tiny_model: P
         assert all(model.data_offset + t.offset + t.nbytes <= model.file_size for t in model.tensors.values())
 
 
-def test_bool_and_int_types_used_by_damage_cases_are_distinct() -> None:
+def test_builder_type_ids_are_the_parsers() -> None:
     # The value type ids the builder uses must be the parser's own, or the cases test nothing.
     assert (BOOL, STRING, ARRAY, INT32, UINT32) == (
-        ValueType.BOOL, ValueType.STRING, ValueType.ARRAY, ValueType.INT32, ValueType.UINT32
+        ValueType.BOOL,
+        ValueType.STRING,
+        ValueType.ARRAY,
+        ValueType.INT32,
+        ValueType.UINT32,
     )

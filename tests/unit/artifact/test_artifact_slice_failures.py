@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gguf import GGUFWriter
 
@@ -85,7 +86,7 @@ def test_failure_while_writing_leaves_no_partial_and_keeps_the_old_file(
     before = out.read_bytes()
     calls = []
 
-    def fail_midway(self: GGUFWriter, tensor: object) -> None:
+    def fail_midway(self: GGUFWriter, tensor: np.ndarray) -> None:
         calls.append(1)
         if len(calls) % 3 == 0:
             raise OSError(28, "No space left on device")
@@ -107,7 +108,9 @@ def test_failure_while_writing_leaves_no_partial_and_keeps_the_old_file(
 
 
 def _slice_cli(source: Path, layers: str, out: Path) -> int:
-    return cli.main(["--data-dir", str(source.parent / "data"), "slice", str(source), "--layers", layers, "-o", str(out)])
+    return cli.main(
+        ["--data-dir", str(source.parent / "data"), "slice", str(source), "--layers", layers, "-o", str(out)]
+    )
 
 
 def test_cli_slices_a_head_with_its_embedding_table(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,8 +133,13 @@ def test_cli_slices_a_tail_without_an_embedding_table(source: Path) -> None:
 
 @pytest.mark.parametrize(
     ("layers", "message"),
-    [("3:3", "empty or negative"), ("2:9", "out of bounds"), ("4:5", "out of bounds"), ("a:b", "two integers"),
-     ("1-3", "must look like A:B")],
+    [
+        ("3:3", "empty or negative"),
+        ("2:9", "out of bounds"),
+        ("4:5", "out of bounds"),
+        ("a:b", "two integers"),
+        ("1-3", "must look like A:B"),
+    ],
 )
 def test_cli_refuses_bad_ranges_with_exit_2_and_no_file(
     source: Path, capsys: pytest.CaptureFixture[str], layers: str, message: str

@@ -13,12 +13,13 @@ from artifact_slice_samples import CASES, SPECS, flip_byte, tensor_bytes
 
 from meshnet.artifact.gguf_file import GGUFFile, parse_gguf
 from meshnet.artifact.hashing import file_sha256
-from meshnet.artifact.slicing import SLICER_VERSION, Provenance, read_provenance, verify_slice, write_slice
+from meshnet.artifact.slicing import SLICER_VERSION, Provenance, SliceRole, read_provenance, verify_slice, write_slice
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.errors import ProvenanceMismatch
 from meshnet.core.layers import LayerRange
 
 SliceResult = tuple[GGUFFile, GGUFFile, Provenance]
+Case = tuple[str, LayerRange, SliceRole]
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +41,12 @@ def cut(
     return make
 
 
-def _case_id(case: tuple[str, LayerRange, str]) -> str:
+def _case_id(case: Case) -> str:
     return f"{case[0]}-{case[1]}-{case[2]}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_slice_holds_exactly_its_blocks_renumbered(cut: Callable[[str, LayerRange], SliceResult], case: tuple) -> None:  # type: ignore[type-arg]
+def test_slice_holds_exactly_its_blocks_renumbered(cut: Callable[[str, LayerRange], SliceResult], case: Case) -> None:
     name, layers, role = case
     source, sliced, provenance = cut(name, layers)
     assert provenance.role == role
@@ -67,7 +68,9 @@ def test_slice_holds_exactly_its_blocks_renumbered(cut: Callable[[str, LayerRang
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[2] in ("head", "middle")], ids=_case_id)
-def test_head_and_middle_hold_no_vocabulary_sized_tensor(cut: Callable[[str, LayerRange], SliceResult], case: tuple) -> None:  # type: ignore[type-arg]
+def test_head_and_middle_hold_no_vocabulary_sized_tensor(
+    cut: Callable[[str, LayerRange], SliceResult], case: Case
+) -> None:
     name, layers, _ = case
     source, sliced, _ = cut(name, layers)
     n_vocab = len(source.get("tokenizer.ggml.tokens"))
@@ -86,7 +89,9 @@ def test_head_and_middle_hold_no_vocabulary_sized_tensor(cut: Callable[[str, Lay
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[2] in ("tail", "full")], ids=_case_id)
-def test_tail_keeps_output_norm_lm_head_and_tokenizer(cut: Callable[[str, LayerRange], SliceResult], case: tuple) -> None:  # type: ignore[type-arg]
+def test_tail_keeps_output_norm_lm_head_and_tokenizer(
+    cut: Callable[[str, LayerRange], SliceResult], case: Case
+) -> None:
     name, layers, _ = case
     source, sliced, _ = cut(name, layers)
     lm_head = "token_embd.weight" if SPECS[name].tied_embeddings else "output.weight"
@@ -94,7 +99,12 @@ def test_tail_keeps_output_norm_lm_head_and_tokenizer(cut: Callable[[str, LayerR
         assert tensor_bytes(sliced, tensor) == tensor_bytes(source, tensor), tensor
         assert sliced.tensors[tensor].shape == source.tensors[tensor].shape
     assert ("output.weight" in sliced.tensors) == (not SPECS[name].tied_embeddings)
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.chat_template"):
+    for key in (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.token_type",
+        "tokenizer.chat_template",
+    ):
         assert sliced.get(key) == source.get(key), key
 
 
@@ -111,7 +121,7 @@ def test_full_slice_is_a_copy_of_the_source(cut: Callable[[str, LayerRange], Sli
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_provenance_is_recorded_and_verifies(cut: Callable[[str, LayerRange], SliceResult], case: tuple) -> None:  # type: ignore[type-arg]
+def test_provenance_is_recorded_and_verifies(cut: Callable[[str, LayerRange], SliceResult], case: Case) -> None:
     name, layers, role = case
     source, sliced, provenance = cut(name, layers)
     assert read_provenance(sliced) == provenance
@@ -124,7 +134,9 @@ def test_provenance_is_recorded_and_verifies(cut: Callable[[str, LayerRange], Sl
     assert verified == provenance
 
 
-def test_slices_of_different_ranges_have_different_content_hashes(cut: Callable[[str, LayerRange], SliceResult]) -> None:
+def test_slices_of_different_ranges_have_different_content_hashes(
+    cut: Callable[[str, LayerRange], SliceResult],
+) -> None:
     hashes = {cut("6L-tied-f16", r)[2].content_sha256 for r in (LayerRange(0, 2), LayerRange(2, 4), LayerRange(4, 6))}
     assert len(hashes) == 3
 
@@ -134,7 +146,9 @@ def _copy(sliced: GGUFFile, folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("which", ["first", "middle", "last"])
-def test_tampered_tensor_bytes_fail_verification(cut: Callable[[str, LayerRange], SliceResult], tmp_path: Path, which: str) -> None:
+def test_tampered_tensor_bytes_fail_verification(
+    cut: Callable[[str, LayerRange], SliceResult], tmp_path: Path, which: str
+) -> None:
     _, sliced, _ = cut("6L-untied-q8_0", LayerRange(2, 4))
     copy = _copy(sliced, tmp_path)
     verify_slice(copy)  # intact copy verifies
@@ -145,7 +159,9 @@ def test_tampered_tensor_bytes_fail_verification(cut: Callable[[str, LayerRange]
         verify_slice(copy)
 
 
-def test_renamed_tensor_in_the_header_fails_verification(cut: Callable[[str, LayerRange], SliceResult], tmp_path: Path) -> None:
+def test_renamed_tensor_in_the_header_fails_verification(
+    cut: Callable[[str, LayerRange], SliceResult], tmp_path: Path
+) -> None:
     _, sliced, _ = cut("4L-tied-q4_1", LayerRange(2, 4))
     copy = _copy(sliced, tmp_path)
     blob = bytearray(copy.read_bytes())

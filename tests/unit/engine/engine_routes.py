@@ -3,7 +3,7 @@ push batched steps through a route's shards by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ def prompt(length: int, seed: int) -> np.ndarray:
 
 @contextmanager
 def open_routes(
-    source: Path, cache: SliceCache, config: LlamaConfig, layouts: dict[str, Sequence[LayerRange]]
+    source: Path, cache: SliceCache, config: LlamaConfig, layouts: Mapping[str, Sequence[LayerRange]]
 ) -> Iterator[dict[str, LocalRoute]]:
     """One independent route (own llama contexts) per named layout; closed on exit."""
     routes: dict[str, LocalRoute] = {}
@@ -63,7 +63,9 @@ def greedy(route: LocalRoute, tokens: np.ndarray, steps: int, slot: int = 0) -> 
     return GreedyRun(out, np.stack(seen))
 
 
-def batched_step(route: LocalRoute, steps: Sequence[tuple[int, int, np.ndarray]], want: str = "last") -> dict[int, np.ndarray]:
+def batched_step(
+    route: LocalRoute, steps: Sequence[tuple[int, int, np.ndarray]], want: str = "last"
+) -> dict[int, np.ndarray]:
     """Run ``(slot, position, tokens)`` inputs as ONE batch on every shard; logits per slot."""
     backends = route.backends
     inputs = [StepInput(slot, position, tokens=tokens, want_logits=want) for slot, position, tokens in steps]  # type: ignore[arg-type]

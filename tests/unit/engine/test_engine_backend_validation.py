@@ -29,7 +29,9 @@ def split(
     tiny_model: Path, small_llama_config: LlamaConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalRoute]:
     layouts = {"split": [LayerRange(0, 2), LayerRange(2, 3), LayerRange(3, 4)]}
-    with open_routes(tiny_model, SliceCache(tmp_path_factory.mktemp("validation")), small_llama_config, layouts) as opened:
+    with open_routes(
+        tiny_model, SliceCache(tmp_path_factory.mktemp("validation")), small_llama_config, layouts
+    ) as opened:
         yield opened["split"]
 
 
@@ -70,19 +72,27 @@ MALFORMED: dict[str, tuple[int, Callable[[], list[StepInput]], str]] = {
     "hidden to a head shard": (0, lambda: [StepInput(0, 0, hidden=_hidden())], "takes token ids"),
     "both tokens and hidden": (1, lambda: [StepInput(0, 0, tokens=TOKENS, hidden=_hidden())], "not both or neither"),
     "neither tokens nor hidden": (2, lambda: [StepInput(0, 0)], "not both or neither"),
-    "token id past the vocabulary": (0, lambda: [StepInput(0, 0, tokens=np.array([1, N_VOCAB], np.int32))], "token ids must lie"),
+    "token id past the vocabulary": (
+        0,
+        lambda: [StepInput(0, 0, tokens=np.array([1, N_VOCAB], np.int32))],
+        "token ids must lie",
+    ),
     "negative token id": (0, lambda: [StepInput(0, 0, tokens=np.array([-1], np.int32))], "token ids must lie"),
     "int64 token ids": (0, lambda: [StepInput(0, 0, tokens=TOKENS.astype(np.int64))], "int32"),
     "no tokens": (0, lambda: [StepInput(0, 0, tokens=np.zeros(0, np.int32))], "no tokens"),
     "slot out of range": (0, lambda: [StepInput(4, 0, tokens=TOKENS)], "slot 4 is out of range"),
     "negative slot": (1, lambda: [StepInput(-1, 0, hidden=_hidden())], "slot -1 is out of range"),
     "slot repeated in a batch": (
-        0, lambda: [StepInput(0, 0, tokens=TOKENS), StepInput(0, 6, tokens=TOKENS)], "repeated in one batch"
+        0,
+        lambda: [StepInput(0, 0, tokens=TOKENS), StepInput(0, 6, tokens=TOKENS)],
+        "repeated in one batch",
     ),
     "position gap": (0, lambda: [StepInput(0, 3, tokens=TOKENS)], "slot 0 is at position 0, input starts at 3"),
     "gap on a middle shard": (1, lambda: [StepInput(0, 1, hidden=_hidden())], "at position 0, input starts at 1"),
     "one bad input spoils the batch": (
-        2, lambda: [StepInput(1, 0, hidden=_hidden()), StepInput(2, 0, hidden=_nan_hidden())], "NaN"
+        2,
+        lambda: [StepInput(1, 0, hidden=_hidden()), StepInput(2, 0, hidden=_nan_hidden())],
+        "NaN",
     ),
 }
 
@@ -146,7 +156,10 @@ def test_route_shape_must_chain(split: LocalRoute) -> None:
 
 
 def test_loading_refuses_mismatched_files(
-    tiny_model: Path, synthetic_model_factory: Callable[[SyntheticSpec], Path], small_llama_config: LlamaConfig, tmp_path: Path
+    tiny_model: Path,
+    synthetic_model_factory: Callable[[SyntheticSpec], Path],
+    small_llama_config: LlamaConfig,
+    tmp_path: Path,
 ) -> None:
     head = tmp_path / "head.gguf"
     write_slice(tiny_model, LayerRange(0, 2), head)

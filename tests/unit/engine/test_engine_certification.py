@@ -38,7 +38,9 @@ def test_certification_refuses_a_split_that_differs(monkeypatch: pytest.MonkeyPa
         return genuine(other, layers, cache, config)
 
     monkeypatch.setattr(certification, "open_llama_shard", open_shard)
-    with pytest.raises(CertificationFailed, match="prefill logits, prompt 0: split output differs from the whole model"):
+    with pytest.raises(
+        CertificationFailed, match="prefill logits, prompt 0: split output differs from the whole model"
+    ):
         certification.certify_llama_engine()
 
 

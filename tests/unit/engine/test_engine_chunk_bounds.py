@@ -3,6 +3,8 @@ split, one frame or several aligned ones) shows the kernels the same row counts.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +17,7 @@ def test_chunks_cover_the_input_and_cut_on_absolute_multiples(position: int, n_t
     bounds = chunk_bounds(position, n_tokens, chunk)
     assert bounds[0][0] == 0 and bounds[-1][1] == n_tokens
     assert all(start < stop for start, stop in bounds)
-    assert all(previous[1] == following[0] for previous, following in zip(bounds, bounds[1:], strict=False))
+    assert all(previous[1] == following[0] for previous, following in itertools.pairwise(bounds))
     assert all(stop - start <= chunk for start, stop in bounds)
     assert all((position + start) % chunk == 0 for start, _ in bounds[1:])
 

@@ -106,10 +106,18 @@ def test_large_logits_do_not_overflow() -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"temperature": -0.1}, {"temperature": 100.5}, {"temperature": math.nan}, {"temperature": math.inf},
-        {"top_k": -1}, {"top_k": 1_000_001},
-        {"top_p": 0.0}, {"top_p": -0.5}, {"top_p": 1.01}, {"top_p": math.nan},
-        {"seed": -1}, {"seed": 2**63},
+        {"temperature": -0.1},
+        {"temperature": 100.5},
+        {"temperature": math.nan},
+        {"temperature": math.inf},
+        {"top_k": -1},
+        {"top_k": 1_000_001},
+        {"top_p": 0.0},
+        {"top_p": -0.5},
+        {"top_p": 1.01},
+        {"top_p": math.nan},
+        {"seed": -1},
+        {"seed": 2**63},
     ],
     ids=str,
 )

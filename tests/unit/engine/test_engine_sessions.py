@@ -24,7 +24,9 @@ def routes(
     tiny_model: Path, small_llama_config: LlamaConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, LocalRoute]]:
     layouts = {"whole": [LayerRange(0, 4)], "split": [LayerRange(0, 2), LayerRange(2, 3), LayerRange(3, 4)]}
-    with open_routes(tiny_model, SliceCache(tmp_path_factory.mktemp("sessions")), small_llama_config, layouts) as opened:
+    with open_routes(
+        tiny_model, SliceCache(tmp_path_factory.mktemp("sessions")), small_llama_config, layouts
+    ) as opened:
         yield opened
 
 

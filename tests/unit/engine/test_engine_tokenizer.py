@@ -66,7 +66,9 @@ def test_incremental_decoder_flushes_an_unfinished_character_as_replacement(toke
 def test_chat_template_renders(tokenizer: Tokenizer) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert tokenizer.apply_chat_template(messages) == "<|system|>be brief</s><|user|>hi</s><|assistant|>"
-    assert tokenizer.apply_chat_template(messages, add_generation_prompt=False) == "<|system|>be brief</s><|user|>hi</s>"
+    assert (
+        tokenizer.apply_chat_template(messages, add_generation_prompt=False) == "<|system|>be brief</s><|user|>hi</s>"
+    )
 
 
 def test_a_head_slice_has_no_tokenizer(tiny_model: Path, tmp_path: Path) -> None:

@@ -1,0 +1,134 @@
+"""Serve one request on the swarm: route through the tracker, drive it, fail over, bill it.
+
+Failover (the Petals design, with its position bookkeeping made explicit): when a shard is lost
+mid-generation, the dead hops are found by probing, the tracker plans a route without them,
+and the prompt plus every token generated so far is replayed onto it. Sampling is seeded by
+position, so the continuation is exactly what the lost route would have produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from meshnet.client.route_driver import RouteDriver, RouteSession
+from meshnet.client.shard_admin import fetch_capability
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.client.tracker_client import TrackerClient
+from meshnet.core.errors import CacheMiss, MeshnetError, Unavailable
+from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
+from meshnet.core.generation import FinishReason, GenerationRequest
+from meshnet.core.ids import NodeId, RequestId, new_session_id
+from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
+
+log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 0.5
+PREFILL_WEIGHT = 0.25
+"""Billing: a prompt token costs a quarter of a generated one (prefill is batched, decode is not)."""
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    max_failovers: int = 2
+    """Replacement routes tried after a shard is lost, before the request fails."""
+    report_timeout_s: float = 5.0
+
+
+def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
+    return PREFILL_WEIGHT * prompt_tokens + completion_tokens
+
+
+class SwarmClient:
+    def __init__(self, tracker: TrackerClient, pool: ChannelPool, driver: RouteDriver, config: SwarmConfig) -> None:
+        self.tracker = tracker
+        self._pool = pool
+        self._driver = driver
+        self._config = config
+        self._reports: set[asyncio.Task[None]] = set()
+
+    async def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
+        session_id = new_session_id()
+        route = await self.tracker.choose_route(request.model, session_id=session_id)
+        started = time.time()
+        history: list[int] = []
+        status: WorkStatus = "failed"
+        nodes: dict[NodeId, NodeWork] = {}
+        try:
+            yield _accepted(request_id, session_id, route)
+            failovers = 0
+            while True:
+                _attribute(nodes, route, len(request.prompt_tokens) + len(history))
+                session = RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch)
+                try:
+                    async for event in self._driver.run(session, request, history=tuple(history)):
+                        if isinstance(event, TokenGenerated):
+                            history.append(event.token_id)
+                            _attribute(nodes, route, 1)
+                        yield event
+                    break
+                except (Unavailable, CacheMiss) as error:
+                    failovers += 1
+                    if failovers > self._config.max_failovers:
+                        raise
+                    route = await self._replace(request, session_id, route, error)
+                    yield RouteHealth("failover", f"{error.message}; replaying {len(history)} token(s) onto a new route")
+                    yield _accepted(request_id, session_id, route)
+            reason: FinishReason = "stop" if history and history[-1] in request.stop_tokens else "length"
+            status = "completed"
+            yield Finished(reason, len(request.prompt_tokens), len(history),
+                           billing_units(len(request.prompt_tokens), len(history)))
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "cancelled"
+            raise
+        finally:
+            record = WorkRecord(
+                request_id=request_id, model=route.model, status=status, tokens_in=len(request.prompt_tokens),
+                tokens_out=len(history), attribution=tuple(nodes.values()),
+                billing_units=billing_units(len(request.prompt_tokens), len(history)),
+                started_at=started, finished_at=time.time(), session_id=session_id,
+            )
+            # Reporting must not be lost to the caller's cancellation, nor hold it up for long.
+            task = asyncio.get_running_loop().create_task(self._report(record))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    async def _replace(self, request: GenerationRequest, session_id: str, route: Route, error: MeshnetError) -> Route:
+        # With no hop found dead the failure was transient or the session was evicted: the
+        # tracker may then plan the same shards again, which is what a retry should do.
+        dead = await self._probe_dead(route)
+        log.warning("route %s lost (%s); excluding %s", [h.address for h in route.hops], error.message, sorted(dead))
+        return await self.tracker.choose_route(request.model, session_id=session_id, exclude=dead)
+
+    async def _probe_dead(self, route: Route) -> set[NodeId]:
+        async def alive(address: str) -> bool:
+            try:
+                await fetch_capability(self._pool, address, timeout_s=PROBE_TIMEOUT_S)
+                return True
+            except MeshnetError:
+                return False
+
+        answers = await asyncio.gather(*(alive(h.address) for h in route.hops))
+        return {hop.node_id for hop, ok in zip(route.hops, answers, strict=True) if not ok}
+
+    async def drain_reports(self) -> None:
+        """Wait for work records still being reported (at shutdown)."""
+        if self._reports:
+            await asyncio.gather(*self._reports, return_exceptions=True)
+
+    async def _report(self, record: WorkRecord) -> None:
+        with contextlib.suppress(MeshnetError, asyncio.CancelledError):
+            await self.tracker.report_work(record, timeout_s=self._config.report_timeout_s)
+
+
+def _accepted(request_id: RequestId, session_id: str, route: Route) -> RouteAccepted:
+    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch)  # type: ignore[arg-type]
+
+
+def _attribute(nodes: dict[NodeId, NodeWork], route: Route, tokens: int) -> None:
+    for hop in route.hops:
+        previous = nodes.get(hop.node_id)
+        nodes[hop.node_id] = NodeWork(hop.node_id, hop.layers, tokens + (previous.tokens if previous else 0))

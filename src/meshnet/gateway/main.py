@@ -1,0 +1,54 @@
+"""Run the gateway process: load the model's codec, connect to the tracker, serve HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshnet.artifact.describe import describe_model
+from meshnet.client.route_driver import RouteDriver
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.client.swarm import SwarmClient, SwarmConfig
+from meshnet.client.tracker_client import TrackerClient
+from meshnet.engine.tokenizer import Tokenizer
+from meshnet.gateway.app import create_app
+from meshnet.gateway.config import GatewayConfig
+from meshnet.gateway.server import GatewayServer
+from meshnet.gateway.swarm_adapter import SwarmGenerator
+
+log = logging.getLogger(__name__)
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatewayProcessConfig:
+    tracker: str
+    model: Path
+    """Source GGUF the tokenizer and chat template are read from (no tensors are loaded)."""
+    model_name: str | None
+    http: GatewayConfig
+
+
+async def run_gateway(config: GatewayProcessConfig, *, on_ready: object = None) -> None:
+    description = describe_model(config.model)
+    name = config.model_name or description.name
+    tokenizer = await asyncio.to_thread(Tokenizer, config.model)
+    tracker = TrackerClient(config.tracker)
+    pool = ChannelPool(MAX_FRAME_BYTES)
+    swarm = SwarmClient(tracker, pool, RouteDriver(pool, max_frame_bytes=MAX_FRAME_BYTES), SwarmConfig())
+    generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description.quantization})
+    app = create_app(generator, {name: tokenizer}, config.http)
+    server = GatewayServer(app, config.http.host, config.http.port, shutdown_grace_seconds=config.http.shutdown_grace_seconds)
+    port = await server.start()
+    log.info("gateway serving %s on http://%s:%d", name, config.http.host, port)
+    if callable(on_ready):
+        on_ready(f"{config.http.host}:{port}", name)
+    try:
+        await server.wait()
+    finally:
+        await server.stop()
+        await swarm.drain_reports()
+        await tracker.close()
+        await pool.close()

@@ -1,0 +1,28 @@
+"""Wire the swarm client to the gateway's ports: models come from the tracker, text from codecs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from meshnet.client.swarm import SwarmClient
+from meshnet.core.events import GenerationEvent
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import RequestId
+from meshnet.gateway.ports import ModelCard, TextCodec
+
+
+class SwarmGenerator:
+    """A ``RouteGenerator`` over the live swarm, serving the models we hold a codec for."""
+
+    def __init__(self, client: SwarmClient, codecs: Mapping[str, TextCodec], quantizations: Mapping[str, str]) -> None:
+        self._client = client
+        self._cards = tuple(
+            ModelCard(id=name, quantization=quantizations.get(name, "unknown"), context_length=codec.context_length)
+            for name, codec in codecs.items()
+        )
+
+    def models(self) -> Sequence[ModelCard]:
+        return self._cards
+
+    def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
+        return self._client.generate(request, request_id)

@@ -1,0 +1,185 @@
+"""A route of fake shard worker processes over real gRPC: exact output, idempotency, refusals.
+
+The fake model is not split-invariant (each range mixes with its own matrix), so a distributed
+run is compared with the same ranges chained in process (``LocalRoute``), and with itself.
+Protocol refusals (W7, W8): a repeated step is answered again without touching the KV; a gap,
+a stale epoch, a foreign recipe or the wrong layers is FAILED_PRECONDITION; a session the shard
+never opened is NOT_FOUND. A refused frame ends its stream, and the session is freed everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from worker_harness import (
+    RunningWorker,
+    WorkerCluster,
+    decode_frame,
+    fake_reference,
+    fake_specs,
+    generate,
+    greedy_request,
+    metrics,
+    new_driver,
+    opening_frame,
+    wait_idle,
+)
+
+from meshnet.client.shard_stream import ChannelPool, ShardStream
+from meshnet.core.errors import CacheMiss, FailedPrecondition, RouteStale
+from meshnet.core.layers import LayerRange
+from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+
+pytestmark = pytest.mark.timeout(60)
+
+PROMPTS = {
+    "short": [1, 2, 3],
+    "single token": [7],
+    "varied": [5, 9, 13, 2, 63, 0, 31, 17, 44],
+    # Longer than the worker's prefill chunk (256): the engine runs it in several aligned chunks.
+    "long": [(index * 7 + 3) % 64 for index in range(600)],
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerCluster]:
+    with WorkerCluster(tmp_path_factory.mktemp("route-workers")) as running:
+        running.start(*fake_specs([(0, 2), (2, 4), (4, 6), (0, 6)]))
+        yield running
+
+
+@pytest.fixture(scope="module")
+def three(cluster: WorkerCluster) -> list[RunningWorker]:
+    return cluster.workers[:3]
+
+
+@pytest.fixture(scope="module")
+def whole(cluster: WorkerCluster) -> list[RunningWorker]:
+    return cluster.workers[3:]
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[ChannelPool]:
+    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
+    yield opened
+    await opened.close()
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+async def test_three_worker_route_equals_the_in_process_chain(
+    pool: ChannelPool, three: list[RunningWorker], whole: list[RunningWorker], name: str
+) -> None:
+    request = greedy_request(PROMPTS[name], 24)
+    driver = new_driver(pool)
+    split = await generate(driver, three, request)
+    again = await generate(driver, three, request)
+    single = await generate(driver, whole, request)
+    assert len(split) == 24
+    assert split == again, "the same route gave two different answers"
+    assert split == fake_reference([w.layers for w in three], request)
+    assert single == fake_reference([LayerRange(0, 6)], request)
+    await wait_idle(pool, [*three, *whole])
+
+
+def test_the_reference_tells_routes_apart() -> None:
+    # The comparison above can fail: a different split of the fake model gives other tokens.
+    request = greedy_request(PROMPTS["varied"], 24)
+    assert fake_reference([LayerRange(0, 2), LayerRange(2, 4), LayerRange(4, 6)], request) != fake_reference(
+        [LayerRange(0, 6)], request
+    )
+
+
+async def _open_and_step(pool: ChannelPool, workers: list[RunningWorker], session: str, **meta: object):  # type: ignore[no-untyped-def]
+    """Open a session on a raw head stream and run decode step 1; returns stream, frames, results."""
+    stream = ShardStream(pool, workers[0].address, 5.0)
+    opening = opening_frame(workers, session, PROMPTS["varied"], **meta)
+    first = await stream.exchange(opening)
+    step_one = decode_frame(opening, step=1, position=first.next_position, token=first.token_id)  # type: ignore[arg-type]
+    second = await stream.exchange(step_one)
+    return stream, opening, step_one, (first, second)
+
+
+async def test_duplicate_step_is_answered_again_without_touching_the_kv(
+    pool: ChannelPool, three: list[RunningWorker]
+) -> None:
+    stream, opening, step_one, (first, second) = await _open_and_step(pool, three, "dup-session")
+    try:
+        before = await metrics(pool, three)
+        repeated = await stream.exchange(step_one)
+        after = await metrics(pool, three)
+        assert (repeated.step, repeated.next_position, repeated.token_id) == (
+            second.step, second.next_position, second.token_id
+        )
+        for old, new in zip(before, after, strict=True):
+            assert new["decode_steps_total"] == old["decode_steps_total"], "the duplicate ran again"
+            assert new["active_sessions"] == 1
+        # The KV still ends where step 1 left it: step 2 continues exactly as the reference does.
+        third = await stream.exchange(
+            decode_frame(opening, step=2, position=second.next_position, token=second.token_id)  # type: ignore[arg-type]
+        )
+        expected = fake_reference([w.layers for w in three], greedy_request(PROMPTS["varied"], 3))
+        assert [first.token_id, second.token_id, third.token_id] == expected
+        assert third.next_position == len(PROMPTS["varied"]) + 2
+    finally:
+        await stream.close()
+    await wait_idle(pool, three)
+
+
+BAD_CONTINUATIONS = {
+    "gap in positions": ({"position_offset": 1}, FailedPrecondition),
+    "skipped step": ({"step": 3}, FailedPrecondition),
+    "older epoch": ({"route_epoch": 4}, RouteStale),
+    "newer epoch": ({"route_epoch": 6}, RouteStale),
+    "foreign recipe": ({"fingerprint": "rcp-0000000000000000"}, FailedPrecondition),
+    "wrong layers": ({"layers": LayerRange(0, 3)}, FailedPrecondition),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONTINUATIONS))
+async def test_bad_continuation_is_refused_and_frees_the_session(
+    pool: ChannelPool, three: list[RunningWorker], case: str
+) -> None:
+    changes, error_type = BAD_CONTINUATIONS[case]
+    stream, opening, _, (_, second) = await _open_and_step(pool, three, f"bad-{case.replace(' ', '-')}", route_epoch=5)
+    changes = dict(changes)
+    position = second.next_position + int(changes.pop("position_offset", 0))  # type: ignore[call-overload]
+    step = int(changes.pop("step", 2))  # type: ignore[call-overload]
+    before = await metrics(pool, three)
+    try:
+        with pytest.raises(error_type) as raised:
+            await stream.exchange(decode_frame(opening, step=step, position=position, token=1, **changes))
+    finally:
+        await stream.close()
+    assert type(raised.value) is error_type, f"{case}: {raised.value!r}"
+    await wait_idle(pool, three)
+    after = await metrics(pool, three)
+    for old, new in zip(before, after, strict=True):
+        assert new["decode_steps_total"] == old["decode_steps_total"], f"{case}: the refused frame ran"
+
+
+@pytest.mark.parametrize(
+    "case", ["foreign recipe", "wrong layers"],
+)
+async def test_opening_frame_for_another_shard_allocates_nothing(
+    pool: ChannelPool, three: list[RunningWorker], case: str
+) -> None:
+    meta = {"fingerprint": "rcp-0000000000000000"} if case == "foreign recipe" else {"layers": LayerRange(0, 4)}
+    stream = ShardStream(pool, three[0].address, 5.0)
+    try:
+        with pytest.raises(FailedPrecondition):
+            await stream.exchange(opening_frame(three, "misrouted", [1, 2, 3], **meta))
+    finally:
+        await stream.close()
+    assert [m["active_sessions"] for m in await metrics(pool, three)] == [0, 0, 0]
+
+
+async def test_continuing_a_session_never_opened_is_a_cache_miss(pool: ChannelPool, three: list[RunningWorker]) -> None:
+    opening = opening_frame(three, "never-opened", [1, 2, 3])
+    stream = ShardStream(pool, three[0].address, 5.0)
+    try:
+        with pytest.raises(CacheMiss):
+            await stream.exchange(decode_frame(opening, step=1, position=3, token=5))
+    finally:
+        await stream.close()
+    await wait_idle(pool, three)

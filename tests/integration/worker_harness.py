@@ -1,0 +1,345 @@
+"""Shard worker processes for integration tests: start them on port 0, always stop them.
+
+A ``WorkerCluster`` starts ``meshnet worker`` subprocesses (fake model by default), reads each
+one's ``meshnet worker ready HOST:PORT ...`` line with a bounded wait, and on close sends
+SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never leaks a process.
+Each worker's stderr goes to a log file beside its data dir; a start-up failure quotes it.
+
+The async helpers drive routes over real gRPC (the route driver, raw shard streams, metrics
+polls) and build the in-process reference a distributed run must equal: the same fake
+backends chained by ``LocalRoute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from meshnet.client.route_driver import RouteDriver, RouteSession
+from meshnet.client.shard_admin import fetch_metrics
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.core.events import RouteHop, TokenGenerated
+from meshnet.core.generation import GenerationRequest, SamplingParams
+from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_session_id
+from meshnet.core.layers import LayerRange
+from meshnet.engine.fake_backend import FakeBackend
+from meshnet.engine.local_route import LocalRoute
+from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
+from meshnet.worker.config import FakeModel
+
+READY_PREFIX = "meshnet worker ready "
+START_TIMEOUT_S = 20.0
+"""A fake worker is ready in well under a second; a real one loads and certifies llama.cpp."""
+STOP_TIMEOUT_S = 5.0
+FAKE = FakeModel()
+"""The fake model ``--fake-layers`` serves: only n_layers and the step delay come from flags."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    layers: LayerRange
+    fake_layers: int | None = FAKE.n_layers
+    """None serves a real model (``model`` must be set)."""
+    model: Path | None = None
+    step_delay: float = 0.0
+    max_sessions: int | None = None
+    context: int | None = None
+    threads: int | None = None
+    drain_grace: float | None = None
+    extra: tuple[str, ...] = ()
+
+    def arguments(self, data_dir: Path) -> list[str]:
+        """The command line; ``data_dir`` is this worker's own (slice caches are not shared)."""
+        args = [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), "worker",
+                "--layers", f"{self.layers.start}:{self.layers.stop}", "--port", "0"]
+        if self.fake_layers is not None:
+            args += ["--fake-layers", str(self.fake_layers), "--fake-step-delay", str(self.step_delay)]
+        if self.model is not None:
+            args += ["--model", str(self.model)]
+        for flag, value in (("--max-sessions", self.max_sessions), ("--context", self.context),
+                            ("--threads", self.threads), ("--drain-grace", self.drain_grace)):
+            if value is not None:
+                args += [flag, str(value)]
+        return [*args, *self.extra]
+
+
+@dataclass
+class RunningWorker:
+    spec: WorkerSpec
+    process: subprocess.Popen[str]
+    log_path: Path
+    address: str = ""
+    node_id: str = ""
+    fingerprint: str = ""
+    _lines: queue.SimpleQueue[str | None] = field(default_factory=queue.SimpleQueue)
+
+    @property
+    def layers(self) -> LayerRange:
+        return self.spec.layers
+
+    def hop(self) -> RouteHop:
+        return RouteHop(NodeId(self.node_id), self.address, self.layers)
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+    def send_signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        """SIGTERM, a bounded wait, then SIGKILL: never leaves the process behind."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            if self.wait_exit(STOP_TIMEOUT_S) is None:
+                self.process.kill()
+                self.wait_exit(STOP_TIMEOUT_S)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def _pump(self) -> None:
+        # Drains stdout for the life of the process so a chatty worker never blocks on a full pipe.
+        stdout = self.process.stdout
+        if stdout is None:
+            return
+        with contextlib.suppress(ValueError, OSError):
+            for line in stdout:
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def _await_ready(self, deadline: float) -> None:
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise RuntimeError(f"worker {self.layers} not ready in time; log:\n{self.log_tail()}") from None
+            if line is None:
+                raise RuntimeError(f"worker {self.layers} exited ({self.process.poll()}); log:\n{self.log_tail()}")
+            if line.startswith(READY_PREFIX):
+                fields = line[len(READY_PREFIX):].split()
+                self.address = fields[0]
+                values = dict(item.split("=", 1) for item in fields[1:])
+                self.node_id, self.fingerprint = values["node"], values["recipe"]
+                return
+
+
+class WorkerCluster:
+    """Every worker a test module starts; ``close`` stops them all (use it as a context manager)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.workers: list[RunningWorker] = []
+        self._count = 0
+
+    def __enter__(self) -> WorkerCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, *specs: WorkerSpec, timeout_s: float = START_TIMEOUT_S) -> list[RunningWorker]:
+        """Start every spec at once and wait until all are serving (in spec order)."""
+        started = []
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for spec in specs:
+            self._count += 1
+            name = f"worker-{self._count}-{spec.layers.start}-{spec.layers.stop}"
+            data_dir = self.data_dir / name
+            data_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.data_dir / f"{name}.log"
+            with log_path.open("w") as log:
+                process = subprocess.Popen(
+                    spec.arguments(data_dir), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                    text=True, env=environment,
+                )
+            worker = RunningWorker(spec, process, log_path)
+            self.workers.append(worker)
+            threading.Thread(target=worker._pump, daemon=True).start()
+            started.append(worker)
+        deadline = time.monotonic() + timeout_s
+        for worker in started:
+            worker._await_ready(deadline)
+        return started
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+
+
+def fake_specs(ranges: Iterable[tuple[int, int]], **options: object) -> list[WorkerSpec]:
+    return [WorkerSpec(LayerRange(start, stop), **options) for start, stop in ranges]  # type: ignore[arg-type]
+
+
+# -- driving routes ------------------------------------------------------------------------------
+
+
+def route_session(workers: Sequence[RunningWorker], *, epoch: int = 0, session_id: str | None = None) -> RouteSession:
+    return RouteSession(
+        request_id=new_request_id(), session_id=SessionId(session_id) if session_id else new_session_id(),
+        hops=tuple(worker.hop() for worker in workers), fingerprint=workers[0].fingerprint, epoch=epoch,
+    )
+
+
+def greedy_request(prompt: Sequence[int], max_tokens: int, **options: object) -> GenerationRequest:
+    return GenerationRequest(tuple(prompt), max_tokens, SamplingParams(), **options)  # type: ignore[arg-type]
+
+
+async def generate(
+    driver: RouteDriver, workers: Sequence[RunningWorker], request: GenerationRequest
+) -> list[int]:
+    """Run ``request`` over ``workers`` and return its tokens."""
+    tokens = []
+    async for event in driver.run(route_session(workers), request):
+        if isinstance(event, TokenGenerated):
+            tokens.append(event.token_id)
+    return tokens
+
+
+def new_driver(pool: ChannelPool) -> RouteDriver:
+    return RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
+
+
+async def metrics(pool: ChannelPool, workers: Sequence[RunningWorker]) -> list[dict[str, float]]:
+    return list(await asyncio.gather(*(fetch_metrics(pool, worker.address) for worker in workers)))
+
+
+async def wait_idle(pool: ChannelPool, workers: Sequence[RunningWorker], within_s: float = 1.0) -> float:
+    """Seconds until every worker reports 0 active sessions; AssertionError after ``within_s``."""
+    started = time.monotonic()
+    while True:
+        snapshot = await metrics(pool, workers)
+        active = [int(values["active_sessions"]) for values in snapshot]
+        elapsed = time.monotonic() - started
+        if not any(active):
+            return elapsed
+        if elapsed > within_s:
+            raise AssertionError(f"sessions still open after {within_s} s: {active} on "
+                                 f"{[w.address for w in workers]}")
+        await asyncio.sleep(0.01)
+
+
+# -- the in-process reference --------------------------------------------------------------------
+
+
+def fake_reference(
+    ranges: Sequence[LayerRange], request: GenerationRequest, *, n_layers: int = FAKE.n_layers
+) -> list[int]:
+    """The tokens the same fake shards give when chained in process: what the wire must match."""
+    backends = [FakeBackend(layers, n_layers, n_embd=FAKE.n_embd, n_vocab=FAKE.n_vocab, max_slots=1,
+                            n_ctx_per_slot=2048) for layers in ranges]
+    route = LocalRoute(backends)
+    try:
+        return list(route.generate(request))
+    finally:
+        route.close()
+
+
+# -- raw frames ----------------------------------------------------------------------------------
+
+
+def opening_frame(
+    workers: Sequence[RunningWorker], session_id: str, tokens: Sequence[int], **meta: object
+) -> StepFrame:
+    """Step 0 of a session at the head of ``workers``: a prefill that carries hops and sampling."""
+    head = workers[0]
+    fields: dict[str, object] = {
+        "request_id": RequestId("req-" + session_id), "session_id": SessionId(session_id), "route_epoch": 0,
+        "fingerprint": head.fingerprint, "layers": head.layers, "phase": "prefill", "position": 0, "step": 0,
+        "cache": "new",
+    }
+    fields.update(meta)
+    # The hops follow whatever layers and recipe the header claims, so a misrouted frame is still
+    # well formed and reaches the shard's own checks.
+    layers, fingerprint = fields["layers"], str(fields["fingerprint"])
+    downstream = tuple(
+        HopSpec(w.address, w.layers, fingerprint) for w in workers[1:] if w.layers.start >= layers.stop  # type: ignore[attr-defined]
+    )
+    return StepFrame(FrameMeta(**fields), tokens=np.asarray(tokens, np.int32),  # type: ignore[arg-type]
+                     downstream=downstream, sampling=SamplingParams())
+
+
+def decode_frame(opening: StepFrame, *, step: int, position: int, token: int, **meta: object) -> StepFrame:
+    fields: dict[str, object] = {
+        "request_id": opening.meta.request_id, "session_id": opening.meta.session_id,
+        "route_epoch": opening.meta.route_epoch, "fingerprint": opening.meta.fingerprint,
+        "layers": opening.meta.layers, "phase": "decode", "position": position, "step": step, "cache": "continue",
+    }
+    fields.update(meta)
+    return StepFrame(FrameMeta(**fields), tokens=np.array([token], np.int32))  # type: ignore[arg-type]
+
+
+# -- raw bytes on the wire -----------------------------------------------------------------------
+
+SESSION_METHOD = "/meshnet.v1.Shard/Session"
+RAW_MAX_BYTES = 64 * 1024 * 1024
+"""A raw channel sends more than any worker accepts, so the worker's own limit is what is tested."""
+
+
+@dataclass(frozen=True)
+class RawOutcome:
+    code: grpc.StatusCode
+    details: str
+    seconds: float
+    """From the first write to the final status."""
+    responses: tuple[bytes, ...]
+
+
+def raw_channel(address: str) -> grpc.aio.Channel:
+    options = [("grpc.max_send_message_length", RAW_MAX_BYTES), ("grpc.max_receive_message_length", RAW_MAX_BYTES)]
+    return grpc.aio.insecure_channel(address, options=options)
+
+
+async def raw_session(channel: grpc.aio.Channel, messages: Sequence[bytes], timeout_s: float = 2.0) -> RawOutcome:
+    """Send serialized frames on a fresh Session stream, one answer read per frame, then close.
+
+    Identity serializers: the bytes go out exactly as given, however malformed.
+    """
+    call = channel.stream_stream(SESSION_METHOD)(timeout=timeout_s)
+    responses: list[bytes] = []
+    started = time.monotonic()
+    try:
+        for message in messages:
+            await call.write(message)
+            answer = await call.read()
+            if answer is grpc.aio.EOF:
+                break
+            responses.append(answer)
+        else:
+            await call.done_writing()
+            await call.read()
+    except (grpc.RpcError, asyncio.InvalidStateError):
+        pass  # the status below says why
+    code = await call.code()
+    details = await call.details()
+    return RawOutcome(code, details or "", time.monotonic() - started, tuple(responses))
+
+
+async def health_status(channel: grpc.aio.Channel, service: str = "") -> int:
+    reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+    return int(reply.status)
