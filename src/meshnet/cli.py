@@ -279,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MeshnetError as error:
         print(f"meshnet {args.command}: error [{error.code}]: {error.message}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"meshnet {args.command}: error: {error.strerror or error}: {error.filename or ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -101,7 +101,17 @@ def _meshnet(data_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends `up` like Ctrl-C does, so the processes it started are stopped too."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_local_swarm(config: LocalSwarmConfig) -> int:
+    _stop_on_sigterm()
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []

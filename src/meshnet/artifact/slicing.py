@@ -15,11 +15,12 @@ Every slice records its provenance under ``meshnet.slice.*`` and is written atom
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +37,7 @@ SLICER_VERSION = "1"
 SliceRole = Literal["full", "head", "middle", "tail", "embedding"]
 _PROVENANCE = "meshnet.slice."
 _SKIPPED_KEYS = ("general.architecture", "general.alignment")
+_UNHASHED_KEYS = ("general.alignment", _PROVENANCE + "content_sha256")
 
 
 @dataclass(frozen=True)
@@ -180,10 +182,14 @@ def _write(
     out = Path(out)
     source_hash = source_sha256 or file_sha256(model.path)
     with open(model.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        content = tensors_sha256(
+        tensors = tensors_sha256(
             (t.name, t.ggml_type, t.shape, payload) for t, payload in zip(planned, _payloads(model, planned, view), strict=True)
         )
-        provenance = Provenance(source_hash, n_layers, layers, role, f"{adapter.name}:{adapter.version}", SLICER_VERSION, content)
+        claimed = Provenance(source_hash, n_layers, layers, role, f"{adapter.name}:{adapter.version}", SLICER_VERSION, "")
+        written = {**metadata, "general.architecture": MetadataValue(ValueType.STRING, adapter.name),
+                   **{_PROVENANCE + k: MetadataValue(ValueType(int(t)), v)
+                      for k, (t, v) in _provenance_metadata(claimed).items() if k != "content_sha256"}}
+        provenance = replace(claimed, content_sha256=_content_hash(tensors, written))
         partial = out.with_name(out.name + ".partial")
         try:
             _emit(model, adapter, planned, metadata, provenance, partial, view)
@@ -245,6 +251,18 @@ def _provenance_metadata(p: Provenance) -> dict[str, tuple[GGUFValueType, object
     }
 
 
+def _content_hash(tensors_digest: str, metadata: dict[str, MetadataValue]) -> str:
+    """One hash over the tensors and every metadata value, so a damaged hyperparameter or a
+    rewritten range shows as surely as a damaged weight."""
+    digest = hashlib.sha256(tensors_digest.encode())
+    for key in sorted(metadata):
+        if key in _UNHASHED_KEYS:
+            continue
+        entry = metadata[key]
+        digest.update(f"{key}|{int(entry.type)}|{entry.item_type}|{entry.value!r}\n".encode())
+    return digest.hexdigest()
+
+
 def read_provenance(model: GGUFFile) -> Provenance:
     """The provenance a slice claims (not yet verified)."""
     try:
@@ -282,8 +300,8 @@ def verify_slice(
                 (t.name, t.ggml_type, t.shape, memoryview(view)[model.data_offset + t.offset : model.data_offset + t.offset + t.nbytes])
                 for t in model.tensors.values()
             )
-        if actual != provenance.content_sha256:
-            problems.append("its tensor bytes do not match the recorded content hash (corrupt or edited)")
+        if _content_hash(actual, model.metadata) != provenance.content_sha256:
+            problems.append("its tensors or metadata do not match the recorded content hash (corrupt or edited)")
     if problems:
         raise ProvenanceMismatch(f"slice {Path(path).name} failed verification: " + "; ".join(problems))
     return model, provenance

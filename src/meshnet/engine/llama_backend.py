@@ -300,7 +300,9 @@ class LlamaBackend:
                 raise InvalidArgument("boundary hidden state holds NaN or infinity")
             if step.n_tokens == 0:
                 raise InvalidArgument("an input with no tokens")
-            if step.position < 0 or step.position + step.n_tokens > shape.n_ctx_per_slot:
+            if step.position < 0:
+                raise InvalidArgument(f"position {step.position} is negative")
+            if step.position + step.n_tokens > shape.n_ctx_per_slot:
                 raise ResourceExhausted(
                     f"positions {step.position}..{step.position + step.n_tokens} exceed the "
                     f"{shape.n_ctx_per_slot}-token context of a session"
