@@ -90,7 +90,9 @@ def valid_frames(targets: dict[str, RunningWorker]) -> dict[str, pb.StepRequest]
                           "new")
     return {
         "full": frame_to_proto(opening_frame([full], "fuzz", [1, 2, 3, 4, 5])),
-        "tail": frame_to_proto(StepFrame(tail_meta, hidden=np.ones((3, N_EMBD), np.float32), sampling=SamplingParams())),
+        "tail": frame_to_proto(
+            StepFrame(tail_meta, hidden=np.ones((3, N_EMBD), np.float32), sampling=SamplingParams())
+        ),
     }
 
 
