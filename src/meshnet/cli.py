@@ -140,12 +140,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         fake=fake,
         model_name=args.model_name, host=args.host, port=args.port, advertise=args.advertise, tracker=args.tracker,
         threads=args.threads, max_sessions=args.max_sessions, n_ctx_per_session=args.context,
-        prefill_chunk=args.prefill_chunk, drain_grace=args.drain_grace,
+        prefill_chunk=args.prefill_chunk, drain_grace=args.drain_grace, metrics_port=args.metrics_port,
     )
 
     def ready(info: WorkerReady) -> None:
         # Tests and `meshnet up` read this line to learn the bound address.
-        print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}", flush=True)
+        metrics = f" metrics=http://{info.metrics_address}/metrics" if info.metrics_address else ""
+        print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
 
     asyncio.run(serve_worker(config, on_ready=ready))
     return 0
@@ -229,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--advertise", default=None, help="address peers use (default host:port)")
     worker.add_argument("--tracker", default=None, help="tracker address to register with")
     worker.add_argument("--drain-grace", type=float, default=20.0, help="seconds in-flight sessions get on SIGTERM")
+    worker.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 picks)")
     worker.add_argument("--fake-layers", type=int, default=None, help="serve a fake model of N layers (tests)")
     worker.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds each fake batch sleeps (tests)")
     _engine_arguments(worker)

@@ -125,11 +125,13 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         for layers in ranges:
             worker = Child(f"worker {layers}", _meshnet(
                 config.data_dir, "worker", "--model", str(config.model), "--layers", str(layers), "--port", "0",
-                "--tracker", tracker_address, "--threads", str(config.threads),
+                "--tracker", tracker_address, "--threads", str(config.threads), "--metrics-port", "0",
                 *(["--model-name", config.model_name] if config.model_name else []),
             ), "meshnet worker ready", logs / f"worker-{layers.start}-{layers.stop}.log")
             children.append(worker)
-            print(f"worker    {worker.ready_line.split()[3]}  layers {layers}")
+            fields = worker.ready_line.split()
+            metrics = next((f.split("=", 1)[1] for f in fields if f.startswith("metrics=")), "")
+            print(f"worker    {fields[3]}  layers {layers}  {metrics}")
         gateway = Child("gateway", _meshnet(
             config.data_dir, "gateway", "--tracker", tracker_address, "--model", str(config.model),
             "--port", str(config.gateway_port), *(["--model-name", config.model_name] if config.model_name else []),
@@ -137,7 +139,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         children.append(gateway)
         base_url = gateway.ready_line.split()[3]
         model = gateway.ready_line.split("model=", 1)[1]
-        print(f"gateway   {base_url}/v1  (model {model!r}; logs in {logs})")
+        print(f"gateway   {base_url}/v1  (model {model!r}; metrics {base_url}/metrics; logs in {logs})")
         _wait_routable(base_url, model)
         _demo(base_url, model, config)
         if config.demo_only:

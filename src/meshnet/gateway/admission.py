@@ -27,6 +27,8 @@ class Admission:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._in_flight = 0
+        self.admitted = 0
+        self.rejected = 0
 
     @property
     def in_flight(self) -> int:
@@ -35,8 +37,10 @@ class Admission:
     def try_acquire(self) -> Lease | None:
         """A lease if a slot is free, else None (the caller answers 503)."""
         if self._in_flight >= self.capacity:
+            self.rejected += 1
             return None
         self._in_flight += 1
+        self.admitted += 1
         return Lease(self)
 
     def _return_slot(self) -> None:

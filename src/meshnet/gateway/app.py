@@ -19,6 +19,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshnet.core.ids import RequestId, new_request_id
+from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 from meshnet.gateway.admission import Admission
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import (
@@ -126,6 +127,19 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "in_flight": admission.in_flight, "capacity": admission.capacity}
+
+    def figures() -> dict[str, float]:
+        return {
+            "in_flight": float(admission.in_flight), "capacity": float(admission.capacity),
+            "admitted_total": float(admission.admitted), "rejected_total": float(admission.rejected),
+            **hub.totals,
+        }
+
+    metrics_registry = build_registry("meshnet_gateway", figures)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(metrics_registry), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:

@@ -136,6 +136,8 @@ class TelemetryHub:
         max_events_per_request: int,
         clock: Callable[[], float],
     ) -> None:
+        self.totals: dict[str, float] = {}
+        """Counters over finished requests, for /metrics."""
         self._max_requests = max_requests
         self._max_events = max_events_per_request
         self._clock = clock
@@ -174,6 +176,13 @@ class TelemetryHub:
         if kind in TERMINAL_KINDS:
             log.finished = True
             self._finished_order[request_id] = None
+            self.totals[f"requests_{kind}_total"] = self.totals.get(f"requests_{kind}_total", 0.0) + 1
+            usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else None
+            if usage is not None:
+                for key in ("prompt_tokens", "completion_tokens", "billing_units"):
+                    value = usage.get(key)
+                    if isinstance(value, int | float):
+                        self.totals[f"{key}_total"] = self.totals.get(f"{key}_total", 0.0) + float(value)
         log.wake_followers()
         return event
 

@@ -46,6 +46,8 @@ class WorkerConfig:
     max_queue: int = 64
     evict_idle_after: float = 30.0
     session_ttl: float = 600.0
+    metrics_port: int | None = None
+    """Serve Prometheus ``/metrics`` on this port (0 picks one); None serves none."""
     fake: FakeModel | None = None
     """When set, no model is loaded (``model`` is ignored)."""
     drain_grace: float = 20.0

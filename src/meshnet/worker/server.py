@@ -41,6 +41,7 @@ from meshnet.protocol.generated import shard_pb2_grpc
 from meshnet.session.admission import AdmissionPolicy
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import SessionTable
+from meshnet.telemetry.prometheus import build_registry, serve_metrics
 from meshnet.worker.calibrate import ShardSpeed, measure_speed
 from meshnet.worker.config import FakeModel, WorkerConfig
 from meshnet.worker.runtime import ShardIdentity, ShardRuntime
@@ -55,6 +56,7 @@ class WorkerReady:
     address: str
     node_id: NodeId
     fingerprint: str
+    metrics_address: str | None = None
 
 
 def backend_label(config: WorkerConfig) -> str:
@@ -133,9 +135,14 @@ async def serve_worker(
         background.append(asyncio.create_task(
             heartbeat_loop(tracker, registration, lambda: _load(runtime), stop, on_epoch=_epoch_setter(table))
         ))
+    metrics_server, metrics_address = None, None
+    if config.metrics_port is not None:
+        registry = build_registry("meshnet_worker", runtime.metrics, {"layers": str(config.layers)})
+        metrics_server, metrics_port = serve_metrics(registry, config.host, config.metrics_port)
+        metrics_address = f"{config.host}:{metrics_port}"
     log.info("shard %s serving layers %s on %s (recipe %s)", node_id, config.layers, address, identity.fingerprint)
     if on_ready is not None:
-        on_ready(WorkerReady(address, node_id, identity.fingerprint))
+        on_ready(WorkerReady(address, node_id, identity.fingerprint, metrics_address))
     try:
         await stop.wait()
     finally:
@@ -145,6 +152,8 @@ async def serve_worker(
                 await asyncio.wait_for(task, timeout=3.0)
         await runtime.close()
         await server.stop(grace=1.0)
+        if metrics_server is not None:
+            metrics_server.shutdown()
         await asyncio.to_thread(loop.stop)
 
 

@@ -1,0 +1,1 @@
+"""Metrics exposition (Prometheus) and timing helpers shared by workers and the gateway."""

@@ -1,0 +1,51 @@
+"""Prometheus exposition of a component's metrics, without the library's global registry.
+
+A component hands over a function returning its current figures as a flat mapping; names
+ending in ``_total`` are exposed as counters, the rest as gauges. Each component builds its own
+registry, so two components in one process (tests) never share or double-count metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Source = Callable[[], Mapping[str, float]]
+
+
+class _SourceCollector(Collector):
+    def __init__(self, prefix: str, source: Source, labels: Mapping[str, str]) -> None:
+        self._prefix = prefix
+        self._source = source
+        self._labels = dict(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        names, values = list(self._labels), list(self._labels.values())
+        for name, value in sorted(self._source().items()):
+            if name.endswith("_total"):
+                family: Metric = CounterMetricFamily(f"{self._prefix}_{name[:-6]}", name.replace("_", " "), labels=names)
+            else:
+                family = GaugeMetricFamily(f"{self._prefix}_{name}", name.replace("_", " "), labels=names)
+            family.add_metric(values, float(value))  # type: ignore[attr-defined]
+            yield family
+
+
+def build_registry(prefix: str, source: Source, labels: Mapping[str, str] | None = None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SourceCollector(prefix, source, labels or {}))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:
+    """Serve ``/metrics`` over HTTP on a daemon thread; returns (server, bound port)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, int(server.server_port)
