@@ -202,8 +202,10 @@ def _describe(event: dict[str, object]) -> str:
     """One short line per telemetry event for the terminal; the full JSON is on the API."""
     kind = str(event.get("kind"))
     if kind == "accepted":
-        hops = event.get("hops") or []
-        route = " -> ".join(f"{h.get('address')}[{h.get('layers')}]" for h in hops if isinstance(h, dict))  # type: ignore[union-attr]
+        hops = event.get("hops")
+        route = " -> ".join(
+            f"{h.get('address')}[{h.get('layers')}]" for h in (hops if isinstance(hops, list) else []) if isinstance(h, dict)
+        )
         return f"accepted: {event.get('model')} {event.get('quantization')}, route {route}"
     if kind == "prefill_completed":
         return f"prefill done: {event.get('prompt_tokens')} tokens in {float(event.get('seconds') or 0):.2f} s"  # type: ignore[arg-type]

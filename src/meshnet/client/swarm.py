@@ -22,7 +22,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import CacheMiss, MeshnetError, Unavailable
 from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
 from meshnet.core.generation import FinishReason, GenerationRequest
-from meshnet.core.ids import NodeId, RequestId, new_session_id
+from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,9 @@ class SwarmClient:
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
 
-    async def _replace(self, request: GenerationRequest, session_id: str, route: Route, error: MeshnetError) -> Route:
+    async def _replace(
+        self, request: GenerationRequest, session_id: SessionId, route: Route, error: MeshnetError
+    ) -> Route:
         # With no hop found dead the failure was transient or the session was evicted: the
         # tracker may then plan the same shards again, which is what a retry should do.
         dead = await self._probe_dead(route)
@@ -124,8 +126,8 @@ class SwarmClient:
             await self.tracker.report_work(record, timeout_s=self._config.report_timeout_s)
 
 
-def _accepted(request_id: RequestId, session_id: str, route: Route) -> RouteAccepted:
-    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch)  # type: ignore[arg-type]
+def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:
+    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch)
 
 
 def _attribute(nodes: dict[NodeId, NodeWork], route: Route, tokens: int) -> None:

@@ -119,17 +119,17 @@ class LlamaBackend:
     def _install_capture(self, params: llama_cpp.llama_context_params) -> None:
         """Point the eval callback at the boundary tensor: in C when possible (see native_capture)."""
         native = _NATIVE.get()
+        self._capture_state: CaptureState | None = None
         if native is not None:
             self._capture_state = CaptureState(target=self._target)
             self._callback = ctypes.cast(native.meshnet_capture_eval, EvalCallback)
             params.cb_eval = self._callback
             params.cb_eval_user_data = ctypes.cast(ctypes.pointer(self._capture_state), ctypes.c_void_p)
         else:
-            self._capture_state = None
             # The callback object must outlive the context: keep it on self.
             self._callback = EvalCallback(self._on_eval)
             params.cb_eval = self._callback
-            params.cb_eval_user_data = None
+            params.cb_eval_user_data = ctypes.c_void_p()
 
     def _allocate_batch(self, capacity: int, n_embd: int) -> None:
         self._tokens = np.zeros(capacity, np.int32)
@@ -147,7 +147,7 @@ class LlamaBackend:
             self._capture_state.buffer = self._captured.ctypes.data
             self._capture_state.capacity = self._captured.nbytes
 
-    def _pointer(self, array: np.ndarray, kind: type) -> ctypes._Pointer:  # type: ignore[type-arg]
+    def _pointer(self, array: np.ndarray, kind: type) -> ctypes._Pointer:
         return ctypes.cast(array.ctypes.data, ctypes.POINTER(kind))
 
     # -- boundary capture ---------------------------------------------------------------
@@ -269,8 +269,8 @@ class LlamaBackend:
         if len(parts) == 1:
             return parts[0]
         if parts[0].hidden is not None:
-            return StepOutput(slot, hidden=np.concatenate([p.hidden for p in parts]))  # type: ignore[misc]
-        return StepOutput(slot, logits=np.concatenate([p.logits for p in parts]))  # type: ignore[misc]
+            return StepOutput(slot, hidden=np.concatenate([p.hidden for p in parts if p.hidden is not None]))
+        return StepOutput(slot, logits=np.concatenate([p.logits for p in parts if p.logits is not None]))
 
     def _validate(self, batch: list[StepInput]) -> None:
         shape = self._shape

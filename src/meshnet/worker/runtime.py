@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Literal
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -130,7 +131,7 @@ class ShardRuntime:
         return session
 
     def _input(self, session: Session, frame: StepFrame) -> StepInput:
-        want = "last" if frame.final_chunk else "none"
+        want: Literal["last", "none"] = "last" if frame.final_chunk else "none"
         if frame.tokens is not None:
             return StepInput(session.slot, frame.meta.position, tokens=frame.tokens, want_logits=want)
         return StepInput(session.slot, frame.meta.position, hidden=frame.hidden, want_logits=want)

@@ -1,0 +1,423 @@
+"""A whole swarm for end-to-end tests: tracker, real llama.cpp workers and gateway as processes.
+
+``Swarm`` starts ``meshnet tracker``, ``meshnet worker`` and ``meshnet gateway`` exactly as
+``meshnet up`` does (each in its own process group, on port 0, reading the ready line each
+prints) with bounded waits, and ``close`` always stops every process it started: SIGTERM to the
+group, a short grace, then SIGKILL to the group. Start-up failures quote the component's log.
+
+The model is a tiny synthetic GGUF that llama.cpp loads in about a second. Its greedy output
+varies from token to token (unlike the default synthetic spec, whose greedy output repeats one
+token), so "identical output" comparisons in these tests can actually fail.
+
+``Reference`` is what the swarm must equal: the same model as one in-process llama.cpp shard.
+``read_sse`` turns a raw gateway stream into timed items (telemetry comments, data chunks,
+error events, ``[DONE]``) and lets the caller act on each as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from gguf import GGMLQuantizationType
+
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.client.shard_admin import fetch_metrics
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.client.tracker_client import TrackerClient
+from meshnet.core.generation import GenerationRequest, SamplingParams
+from meshnet.core.layers import LayerRange
+from meshnet.core.tracking import ModelSummary
+
+MODEL_NAME = "tiny"
+TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tied_embeddings=False, seed=0)
+"""Six layers, untied Q8_0: greedy decoding of PROMPT gives 200 tokens of ~50 distinct ones."""
+PROMPT = "the cat is in the house"
+"""A chat prompt whose greedy answer runs 200 tokens without EOS on TINY_SPEC."""
+SAMPLED_SEED = 4
+"""With temperature 0.8, this seed also runs 200 tokens on PROMPT without EOS."""
+CONTEXT = 512
+HEARTBEAT_S = 0.5
+MISSED_HEARTBEATS = 3
+START_TIMEOUT_S = 30.0
+STOP_GRACE_S = 3.0
+TRACKER_READY = "meshnet tracker listening on "
+WORKER_READY = "meshnet worker ready "
+GATEWAY_READY = "meshnet gateway ready "
+
+
+def write_tiny_model(folder: Path) -> Path:
+    return write_synthetic_model(folder / "tiny.gguf", TINY_SPEC)
+
+
+def meshnet_command(data_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
+
+
+class Component:
+    """One started process, its own process group, and the ready line it printed."""
+
+    def __init__(self, name: str, command: Sequence[str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.ready_line = ""
+        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        with log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                list(command), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            )
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def await_ready(self, prefix: str, deadline: float) -> str:
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise RuntimeError(f"{self.name} not ready in time; log:\n{self.log_tail()}") from None
+            if line is None:
+                raise RuntimeError(f"{self.name} exited ({self.process.poll()}); log:\n{self.log_tail()}")
+            if line.startswith(prefix):
+                self.ready_line = line
+                return line
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole group: a component never outlives the test through a child."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        if self.alive:
+            self.kill(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the group (the process, or a child it started) goes now.
+        self.kill(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=grace_s)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+    def _pump(self) -> None:
+        # Drains stdout for the life of the process so it never blocks on a full pipe.
+        stdout = self.process.stdout
+        if stdout is not None:
+            with contextlib.suppress(ValueError, OSError):
+                for line in stdout:
+                    self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+
+@dataclass
+class Worker:
+    component: Component
+    layers: LayerRange
+    address: str = ""
+    node_id: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.component.alive
+
+
+@dataclass
+class Swarm:
+    """Every process one test module starts; ``close`` stops them all (a context manager)."""
+
+    root: Path
+    model: Path
+    heartbeat_s: float = HEARTBEAT_S
+    tracker: Component | None = None
+    tracker_address: str = ""
+    workers: list[Worker] = field(default_factory=list)
+    gateways: list[Component] = field(default_factory=list)
+    _count: int = 0
+
+    def __enter__(self) -> Swarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "tracker.sqlite3"
+
+    def start_tracker(self, port: int = 0) -> str:
+        """Start (or restart, on the same port and database) the tracker; returns its address."""
+        component = Component("tracker", meshnet_command(
+            self.root, "tracker", "--port", str(port), "--db", str(self.db_path),
+            "--heartbeat-interval", str(self.heartbeat_s), "--missed-heartbeats", str(MISSED_HEARTBEATS),
+            "--shutdown-grace", "0.5",
+        ), self._log("tracker"))
+        self.tracker = component
+        line = component.await_ready(TRACKER_READY, time.monotonic() + START_TIMEOUT_S)
+        self.tracker_address = line[len(TRACKER_READY):].strip()
+        return self.tracker_address
+
+    @property
+    def tracker_port(self) -> int:
+        return int(self.tracker_address.rsplit(":", 1)[1])
+
+    def start_workers(self, *ranges: str) -> list[Worker]:
+        """Start one worker per ``A:B`` range at once; return them once each printed ready."""
+        started = []
+        for text in ranges:
+            layers = LayerRange.parse(text)
+            name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
+            data_dir = self.root / name
+            data_dir.mkdir(parents=True, exist_ok=True)
+            component = Component(name, meshnet_command(
+                data_dir, "worker", "--model", str(self.model), "--model-name", MODEL_NAME, "--layers", text,
+                "--tracker", self.tracker_address, "--port", "0", "--threads", "1", "--context", str(CONTEXT),
+                "--drain-grace", "1",
+            ), self._log(name))
+            worker = Worker(component, layers)
+            self.workers.append(worker)
+            started.append(worker)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for worker in started:
+            fields = worker.component.await_ready(WORKER_READY, deadline)[len(WORKER_READY):].split()
+            worker.address = fields[0]
+            worker.node_id = dict(item.split("=", 1) for item in fields[1:])["node"]
+        return started
+
+    def start_gateway(self, *extra: str) -> str:
+        """Start a gateway; returns its base URL (``http://host:port``)."""
+        name = f"gateway-{self._next()}"
+        component = Component(name, meshnet_command(
+            self.root, "gateway", "--tracker", self.tracker_address, "--model", str(self.model),
+            "--model-name", MODEL_NAME, "--port", "0", *extra,
+        ), self._log(name))
+        self.gateways.append(component)
+        return component.await_ready(GATEWAY_READY, time.monotonic() + START_TIMEOUT_S).split()[3]
+
+    def live_workers(self, layers: str | None = None) -> list[Worker]:
+        wanted = None if layers is None else LayerRange.parse(layers)
+        return [w for w in self.workers if w.alive and (wanted is None or w.layers == wanted)]
+
+    def worker_at(self, address: str) -> Worker:
+        return next(w for w in self.workers if w.address == address)
+
+    def wait_routable(self, nodes: int, timeout_s: float = 15.0) -> ModelSummary:
+        """Wait until the tracker lists MODEL_NAME as routable over exactly ``nodes`` live nodes."""
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                models = asyncio.run(list_models(self.tracker_address))
+                last = models
+                summary = next((m for m in models if m.name == MODEL_NAME), None)
+                if summary is not None and summary.routable and summary.nodes == nodes:
+                    return summary
+            except Exception as error:  # the tracker may be restarting; the deadline bounds this
+                last = error
+            time.sleep(0.1)
+        raise AssertionError(f"tracker never listed {MODEL_NAME} routable over {nodes} nodes: {last!r}")
+
+    def close(self) -> None:
+        for component in [*self.gateways, *(w.component for w in self.workers)]:
+            if component.alive:
+                component.kill(signal.SIGTERM)
+        for component in [*self.gateways, *(w.component for w in self.workers)]:
+            component.stop()
+        if self.tracker is not None:
+            self.tracker.stop()
+
+    def _next(self) -> int:
+        self._count += 1
+        return self._count
+
+    def _log(self, name: str) -> Path:
+        return self.root / f"{name}.log"
+
+
+async def list_models(tracker_address: str) -> tuple[ModelSummary, ...]:
+    async with TrackerClient(tracker_address, timeout_s=1.0) as client:
+        return await client.list_models()
+
+
+async def _active_sessions(addresses: Sequence[str]) -> list[int]:
+    pool = ChannelPool(4 * 1024 * 1024)
+    try:
+        answers = await asyncio.gather(*(fetch_metrics(pool, address, timeout_s=1.0) for address in addresses))
+        return [int(values["active_sessions"]) for values in answers]
+    finally:
+        await pool.close()
+
+
+def active_sessions(addresses: Sequence[str]) -> list[int]:
+    return asyncio.run(_active_sessions(addresses))
+
+
+def wait_sessions_freed(addresses: Sequence[str], within_s: float) -> float:
+    """Seconds until every worker reports 0 active sessions; AssertionError after ``within_s``."""
+    started = time.monotonic()
+    while True:
+        active = active_sessions(addresses)
+        elapsed = time.monotonic() - started
+        if not any(active):
+            return elapsed
+        if elapsed > within_s:
+            raise AssertionError(f"sessions still open after {within_s} s: {active} on {list(addresses)}")
+        time.sleep(0.02)
+
+
+def completed_work(db_path: Path) -> list[tuple[str, str, int]]:
+    """(request_id, status, tokens_out) of every stored work record, read from the SQLite file."""
+    connection = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return connection.execute("SELECT request_id, status, tokens_out FROM work_records ORDER BY rowid").fetchall()
+    finally:
+        connection.close()
+
+
+# -- the in-process reference --------------------------------------------------------------------
+
+
+class Reference:
+    """The whole model in one in-process llama.cpp shard, with the gateway's own tokenizer."""
+
+    def __init__(self, model: Path, cache_dir: Path) -> None:
+        from meshnet.artifact.cache import SliceCache
+        from meshnet.engine.llama_backend import LlamaConfig
+        from meshnet.engine.shards import open_local_route
+        from meshnet.engine.tokenizer import Tokenizer
+
+        self.tokenizer = Tokenizer(model)
+        config = LlamaConfig(max_batch_tokens=256, n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT)
+        self.route = open_local_route(model, 1, SliceCache(cache_dir), config)
+
+    def chat_tokens(self, content: str) -> tuple[int, ...]:
+        """What the gateway's chat endpoint sends the route for one user message."""
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}])
+        return tuple(self.tokenizer.encode(text, add_special=False))
+
+    def text_tokens(self, prompt: str) -> tuple[int, ...]:
+        """What the completions endpoint sends for a string prompt."""
+        return tuple(self.tokenizer.encode(prompt, add_special=True))
+
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams()) -> list[int]:
+        request = GenerationRequest(tuple(prompt), max_tokens, sampling, self.tokenizer.eos_token_ids)
+        return list(self.route.generate(request))
+
+    def text(self, tokens: Sequence[int]) -> str:
+        """The client-visible text: EOS is not text, and generation ends there."""
+        kept = []
+        for token in tokens:
+            if token in self.tokenizer.eos_token_ids:
+                break
+            kept.append(token)
+        return self.tokenizer.decode(kept)
+
+    def close(self) -> None:
+        self.route.close()
+        self.tokenizer.close()
+
+
+# -- reading the gateway's raw SSE ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SseItem:
+    at: float
+    """time.monotonic() when the line was read."""
+    kind: str
+    """``telemetry``, ``chunk``, ``error`` or ``done``."""
+    payload: Any = None
+
+    @property
+    def text(self) -> str:
+        if self.kind != "chunk":
+            return ""
+        choice = (self.payload.get("choices") or [{}])[0]
+        if "delta" in choice:
+            return str(choice["delta"].get("content") or "")
+        return str(choice.get("text") or "")
+
+
+@dataclass
+class SseResult:
+    status: int
+    headers: httpx.Headers
+    items: list[SseItem]
+
+    def telemetry(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [i.payload for i in self.items if i.kind == "telemetry" and (kind is None or i.payload["kind"] == kind)]
+
+    @property
+    def text(self) -> str:
+        return "".join(item.text for item in self.items)
+
+    @property
+    def request_id(self) -> str:
+        return str(self.headers.get("x-request-id"))
+
+
+def parse_sse_line(line: str, at: float) -> SseItem | None:
+    if line.startswith(": telemetry "):
+        return SseItem(at, "telemetry", json.loads(line[len(": telemetry "):]))
+    if line == "data: [DONE]":
+        return SseItem(at, "done")
+    if line.startswith("data: "):
+        payload = json.loads(line[len("data: "):])
+        return SseItem(at, "error" if "error" in payload else "chunk", payload)
+    return None
+
+
+def read_sse(
+    base_url: str, path: str, body: dict[str, Any], *, on_item: Callable[[SseItem, list[SseItem]], None] | None = None,
+    timeout_s: float = 60.0,
+) -> SseResult:
+    """POST ``body`` and read the SSE reply to its end, calling ``on_item(item, so_far)`` per item."""
+    items: list[SseItem] = []
+    with httpx.stream("POST", base_url + path, json=body, timeout=timeout_s) as response:
+        if response.status_code != 200:
+            response.read()
+            return SseResult(response.status_code, response.headers, [SseItem(time.monotonic(), "http", response.json())])
+        for line in response.iter_lines():
+            item = parse_sse_line(line, time.monotonic())
+            if item is None:
+                continue
+            items.append(item)
+            if on_item is not None:
+                on_item(item, items)
+        return SseResult(response.status_code, response.headers, items)
+
+
+def chat_body(max_tokens: int, *, temperature: float = 0.0, seed: int | None = None, stream: bool = True,
+              content: str = PROMPT) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL_NAME, "messages": [{"role": "user", "content": content}],
+                            "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+def iter_chunks(items: Sequence[SseItem]) -> Iterator[SseItem]:
+    return (item for item in items if item.kind == "chunk" and item.text)
