@@ -188,6 +188,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_local_swarm(config)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    from meshnet.bench.command import bench_command
+
+    return bench_command(
+        model=resolve_model(args), data_dir=args.data_dir, out=args.out, report_dir=args.report, quick=args.quick,
+        threads=args.threads, lanes=args.lanes, budget_s=args.budget, command=shlex.join(["meshnet", *sys.argv[1:]]),
+        say=print, note=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from meshnet.bench.command import gate_command
+
+    return gate_command(args.results, args.contract, say=print, note=lambda line: print(line, file=sys.stderr))
+
+
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads per shard")
     parser.add_argument("--max-sessions", type=int, default=8, help="sessions with KV at once per shard")
@@ -256,6 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--prompt", default="Write a haiku about machines that share their work.")
     up.add_argument("--max-tokens", type=int, default=64)
     up.add_argument("--demo-only", action="store_true", help="stop after the demo answer instead of serving")
+
+    bench = commands.add_parser("bench", help="measure whole-model, split, meshnet and recompute lanes; write results")
+    bench.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
+    bench.add_argument("--out", type=Path, default=Path("bench/results/bench.json"), help="results JSON")
+    bench.add_argument("--report", type=Path, default=Path("bench/report"), help="folder for report.md and plots")
+    bench.add_argument("--quick", action="store_true", help="fewer rounds, shorter outputs, concurrency 1 and 4")
+    bench.add_argument("--threads", type=int, default=1, help="llama.cpp threads per context, every lane alike")
+    bench.add_argument("--lanes", default=None, help="comma-separated lanes (default: all)")
+    bench.add_argument("--budget", type=float, default=None, help="seconds the run may take (default 840; quick 300)")
+
+    gate = commands.add_parser("gate", help="judge bench results against the performance contract (exit 0/1/2)")
+    gate.add_argument("results", type=Path)
+    gate.add_argument("--contract", type=Path, default=None, help="contract JSON (default: the packaged v1)")
     return parser
 
 
@@ -268,6 +299,8 @@ HANDLERS: dict[str, Handler] = {
     "tracker": cmd_tracker,
     "gateway": cmd_gateway,
     "up": cmd_up,
+    "bench": cmd_bench,
+    "gate": cmd_gate,
 }
 
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,10 +107,8 @@ class Component:
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         if self.alive:
             self.kill(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         # Whatever is left of the group (the process, or a child it started) goes now.
         self.kill(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -151,6 +149,7 @@ class Swarm:
 
     root: Path
     model: Path
+    model_name: str = MODEL_NAME
     heartbeat_s: float = HEARTBEAT_S
     tracker: Component | None = None
     tracker_address: str = ""
@@ -193,7 +192,7 @@ class Swarm:
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
             component = Component(name, meshnet_command(
-                data_dir, "worker", "--model", str(self.model), "--model-name", MODEL_NAME, "--layers", text,
+                data_dir, "worker", "--model", str(self.model), "--model-name", self.model_name, "--layers", text,
                 "--tracker", self.tracker_address, "--port", "0", "--threads", "1", "--context", str(CONTEXT),
                 "--drain-grace", "1",
             ), self._log(name))
@@ -212,7 +211,7 @@ class Swarm:
         name = f"gateway-{self._next()}"
         component = Component(name, meshnet_command(
             self.root, "gateway", "--tracker", self.tracker_address, "--model", str(self.model),
-            "--model-name", MODEL_NAME, "--port", "0", *extra,
+            "--model-name", self.model_name, "--port", "0", *extra,
         ), self._log(name))
         self.gateways.append(component)
         return component.await_ready(GATEWAY_READY, time.monotonic() + START_TIMEOUT_S).split()[3]
@@ -225,20 +224,20 @@ class Swarm:
         return next(w for w in self.workers if w.address == address)
 
     def wait_routable(self, nodes: int, timeout_s: float = 15.0) -> ModelSummary:
-        """Wait until the tracker lists MODEL_NAME as routable over exactly ``nodes`` live nodes."""
+        """Wait until the tracker lists the model as routable over exactly ``nodes`` live nodes."""
         deadline = time.monotonic() + timeout_s
         last: object = None
         while time.monotonic() < deadline:
             try:
                 models = asyncio.run(list_models(self.tracker_address))
                 last = models
-                summary = next((m for m in models if m.name == MODEL_NAME), None)
+                summary = next((m for m in models if m.name == self.model_name), None)
                 if summary is not None and summary.routable and summary.nodes == nodes:
                     return summary
             except Exception as error:  # the tracker may be restarting; the deadline bounds this
                 last = error
             time.sleep(0.1)
-        raise AssertionError(f"tracker never listed {MODEL_NAME} routable over {nodes} nodes: {last!r}")
+        raise AssertionError(f"tracker never listed {self.model_name} routable over {nodes} nodes: {last!r}")
 
     def close(self) -> None:
         for component in [*self.gateways, *(w.component for w in self.workers)]:
@@ -288,11 +287,11 @@ def wait_sessions_freed(addresses: Sequence[str], within_s: float) -> float:
         time.sleep(0.02)
 
 
-def completed_work(db_path: Path) -> list[tuple[str, str, int]]:
-    """(request_id, status, tokens_out) of every stored work record, read from the SQLite file."""
+def query_db(db_path: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` read straight from the tracker's SQLite file (read-only, beside the tracker)."""
     connection = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)
     try:
-        return connection.execute("SELECT request_id, status, tokens_out FROM work_records ORDER BY rowid").fetchall()
+        return connection.execute(sql).fetchall()
     finally:
         connection.close()
 
@@ -322,8 +321,9 @@ class Reference:
         """What the completions endpoint sends for a string prompt."""
         return tuple(self.tokenizer.encode(prompt, add_special=True))
 
-    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams = SamplingParams()) -> list[int]:
-        request = GenerationRequest(tuple(prompt), max_tokens, sampling, self.tokenizer.eos_token_ids)
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None) -> list[int]:
+        eos = self.tokenizer.eos_token_ids
+        request = GenerationRequest(tuple(prompt), max_tokens, sampling or SamplingParams(), eos)
         return list(self.route.generate(request))
 
     def text(self, tokens: Sequence[int]) -> str:
@@ -399,7 +399,8 @@ def read_sse(
     with httpx.stream("POST", base_url + path, json=body, timeout=timeout_s) as response:
         if response.status_code != 200:
             response.read()
-            return SseResult(response.status_code, response.headers, [SseItem(time.monotonic(), "http", response.json())])
+            failure = SseItem(time.monotonic(), "http", response.json())
+            return SseResult(response.status_code, response.headers, [failure])
         for line in response.iter_lines():
             item = parse_sse_line(line, time.monotonic())
             if item is None:
@@ -418,6 +419,3 @@ def chat_body(max_tokens: int, *, temperature: float = 0.0, seed: int | None = N
         body["seed"] = seed
     return body
 
-
-def iter_chunks(items: Sequence[SseItem]) -> Iterator[SseItem]:
-    return (item for item in items if item.kind == "chunk" and item.text)

@@ -36,10 +36,16 @@ CANCELLED = (2, 5)
 CANCEL_AFTER = 10
 
 
+STEP_DELAY = 0.01
+
+
 @pytest.fixture(scope="module")
-def route(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWorker]]:
+def routes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[RunningWorker], list[RunningWorker]]]:
+    """A slowed route the concurrent run shares, and an unslowed twin (same ranges) for solo runs."""
     with WorkerCluster(tmp_path_factory.mktemp("batching-workers")) as cluster:
-        yield cluster.start(*fake_specs([(0, 2), (2, 4), (4, 6)], step_delay=0.005))
+        ranges = [(0, 2), (2, 4), (4, 6)]
+        workers = cluster.start(*fake_specs(ranges, step_delay=STEP_DELAY), *fake_specs(ranges))
+        yield workers[:3], workers[3:]
 
 
 @pytest.fixture
@@ -52,14 +58,15 @@ async def pool() -> AsyncIterator[ChannelPool]:
 def request(index: int) -> GenerationRequest:
     # Different prompts and lengths, so sessions join and leave the batch at different steps.
     prompt = [(index * 13 + offset * 7 + 1) % 64 for offset in range(2 + 5 * index)]
-    return greedy_request(prompt, 30 + 5 * index)
+    return greedy_request(prompt, 20 + 3 * index)
 
 
 async def test_eight_concurrent_sessions_equal_their_solo_runs_and_cancel_cleanly(
-    pool: ChannelPool, route: list[RunningWorker]
+    pool: ChannelPool, routes: tuple[list[RunningWorker], list[RunningWorker]]
 ) -> None:
+    route, twin = routes
     driver = new_driver(pool)
-    solo = [await generate(driver, route, request(i)) for i in range(SESSIONS)]
+    solo = [await generate(driver, twin, request(i)) for i in range(SESSIONS)]
     assert solo == [fake_reference([w.layers for w in route], request(i)) for i in range(SESSIONS)]
     assert len({tuple(tokens) for tokens in solo}) == SESSIONS, "sessions must differ to detect cross-talk"
 
@@ -95,12 +102,21 @@ async def test_eight_concurrent_sessions_equal_their_solo_runs_and_cancel_cleanl
             assert results[index] is None, results[index]
             assert produced[index] == solo[index], f"session {index} differs from its solo run"
     assert all(m["active_sessions"] >= SESSIONS - len(CANCELLED) for m in during)
-    occupancy = [
-        (a["decode_steps_total"] - b["decode_steps_total"]) / max(a["decode_batches_total"] - b["decode_batches_total"], 1)
-        for a, b in zip(after, before, strict=True)
-    ]
-    print(f"\ndecode steps per engine batch while 8 ran: {[f'{o:.2f}' for o in occupancy]}; "
+    # While all 8 decode (up to the cancellations) the engines batch about 2 steps per call: the
+    # eager scheduler runs whatever is queued, and sessions spread over the 3 pipeline stages.
+    while_eight = _steps_per_batch(before, during)
+    overall = _steps_per_batch(before, after)
+    print(f"\ndecode steps per engine batch: {while_eight} while 8 ran, {overall} over the whole run; "
           f"lifetime batch_occupancy {[round(m['batch_occupancy'], 2) for m in after]}")
-    assert all(o > 1.5 for o in occupancy), occupancy
+    assert all(o > 1.5 for o in while_eight), while_eight
+    assert all(o > 1.0 for o in overall), overall
     assert all(m["batch_occupancy"] > 1.0 for m in after)
     await wait_idle(pool, route)
+
+
+def _steps_per_batch(before: list[dict[str, float]], after: list[dict[str, float]]) -> list[float]:
+    return [
+        round((a["decode_steps_total"] - b["decode_steps_total"])
+              / max(a["decode_batches_total"] - b["decode_batches_total"], 1), 2)
+        for a, b in zip(after, before, strict=True)
+    ]

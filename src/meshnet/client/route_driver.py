@@ -28,7 +28,7 @@ from meshnet.core.events import (
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.protocol.convert import split_prefill
-from meshnet.protocol.frames import CapabilityInfo, FrameMeta, HopSpec, StepFrame, StepResult
+from meshnet.protocol.frames import CapabilityInfo, Continuation, FrameMeta, HopSpec, StepFrame, StepResult
 
 RATE_WINDOW = 16
 """Tokens over which the rolling tokens/s is measured."""
@@ -54,8 +54,9 @@ class Progress:
 
 
 class RouteDriver:
-    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int) -> None:
+    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int, head_driven: bool = True) -> None:
         self._pool = pool
+        self._head_driven = head_driven
         self._max_frame_bytes = max_frame_bytes
         self._capabilities: dict[str, CapabilityInfo] = {}
 
@@ -98,27 +99,33 @@ class RouteDriver:
         downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
         yield PrefillStarted(len(prompt) + len(history))
         started = time.perf_counter()
+        # The last frame we send asks the head to decode on by itself (head-driven decode), so
+        # from then on we only read: our round trip leaves the per-token critical path.
+        budget = request.max_tokens - len(history) - 1
+        plan = Continuation(budget, request.stop_tokens) if self._head_driven and budget > 0 else None
         result: StepResult | None = None
         for step, chunk in enumerate(chunks):
             meta = self._meta(route, step, chunk.position, "prefill", deadline)
             frame = StepFrame(
                 meta=meta, tokens=np.ascontiguousarray(chunk.payload),
                 downstream=downstream if step == 0 else (), sampling=request.sampling if step == 0 else None,
-                final_chunk=chunk.final_chunk,
+                final_chunk=chunk.final_chunk, continuation=plan if chunk.final_chunk and not history else None,
             )
             result = await stream.exchange(frame)
         step = len(chunks)
         # Replay: feed each earlier token as the one-token decode step it was, so every shard
         # computes exactly what the lost route computed (a prefill of them would take other
         # kernel paths). The tail re-samples each; a mismatch means the routes differ.
-        for token in history:
+        for index, token in enumerate(history):
             if result is None or result.token_id != token:
                 raise IntegrityError(
                     f"replay diverged at position {None if result is None else result.next_position}: the new route "
                     f"sampled {None if result is None else result.token_id}, the lost route had {token}"
                 )
             meta = self._meta(route, step, result.next_position, "decode", deadline)
-            result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
+            last = index == len(history) - 1
+            frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), continuation=plan if last else None)
+            result = await stream.exchange(frame)
             step += 1
         yield PrefillCompleted(len(prompt) + len(history), time.perf_counter() - started)
         yield DecodeStarted()
@@ -133,8 +140,11 @@ class RouteDriver:
             produced += 1
             if token in request.stop_tokens or produced >= request.max_tokens:
                 return
-            meta = self._meta(route, step, result.next_position, "decode", deadline)
-            result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
+            if plan is not None:
+                result = await stream.read()
+            else:
+                meta = self._meta(route, step, result.next_position, "decode", deadline)
+                result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
             step += 1
 
     @staticmethod

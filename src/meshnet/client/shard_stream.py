@@ -30,6 +30,11 @@ def channel_options(max_frame_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # Worker servers take these options too: they must accept the pings above, or after ~30 s
+        # without data (a long step, an idle session) they answer GOAWAY too_many_pings and kill
+        # every stream on the connection.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
     ]
 
 
@@ -61,12 +66,19 @@ class ShardStream:
         """Send one frame and wait for the next shard's answer to it."""
         try:
             await self._call.write(frame_to_proto(frame))
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        return await self.read()
+
+    async def read(self) -> StepResult:
+        """The next answer on the stream (after a frame that asked the head to decode on, one per step)."""
+        try:
             response = await self._call.read()
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         if response is grpc.aio.EOF:
             status = await self._call.code()
-            raise Unavailable(f"next shard {self.address} closed the session stream ({status})")
+            raise Unavailable(f"shard {self.address} closed the session stream ({status})")
         return result_from_proto(response)
 
     async def close(self) -> None:

@@ -9,7 +9,6 @@ position, so the continuation is exactly what the lost route would have produced
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ from meshnet.client.route_driver import RouteDriver, RouteSession
 from meshnet.client.shard_admin import fetch_capability
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.tracker_client import TrackerClient
-from meshnet.core.errors import CacheMiss, MeshnetError, Unavailable
+from meshnet.core.errors import CacheMiss, DeadlineExceeded, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
 from meshnet.core.generation import FinishReason, GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
@@ -36,6 +35,18 @@ class SwarmConfig:
     max_failovers: int = 2
     """Replacement routes tried after a shard is lost, before the request fails."""
     report_timeout_s: float = 5.0
+    """Budget of one attempt to file a work record."""
+    report_retry_for_s: float = 600.0
+    """How long a record is retried while the tracker is unreachable (it restarts, or is moved)
+    before it is logged as lost. Records are idempotent by request id, so retrying is safe."""
+    report_backoff_s: tuple[float, float] = (0.25, 5.0)
+    """First and longest wait between attempts to file a record."""
+
+
+class ContextLengthExceeded(InvalidArgument):
+    """Prompt plus max_tokens do not fit the per-session context of a shard on the route."""
+
+    code = "context_length_exceeded"
 
 
 def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
@@ -53,6 +64,9 @@ class SwarmClient:
     async def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         session_id = new_session_id()
         route = await self.tracker.choose_route(request.model, session_id=session_id)
+        # Before anything is streamed: a request that cannot fit would otherwise run until the
+        # first shard runs out of positions and fail as a retryable overload.
+        await self._check_context(route, request)
         started = time.time()
         history: list[int] = []
         status: WorkStatus = "failed"
@@ -75,7 +89,8 @@ class SwarmClient:
                     if failovers > self._config.max_failovers:
                         raise
                     route = await self._replace(request, session_id, route, error)
-                    yield RouteHealth("failover", f"{error.message}; replaying {len(history)} token(s) onto a new route")
+                    replay = f"{error.message}; replaying {len(history)} token(s) onto a new route"
+                    yield RouteHealth("failover", replay)
                     yield _accepted(request_id, session_id, route)
             reason: FinishReason = "stop" if history and history[-1] in request.stop_tokens else "length"
             status = "completed"
@@ -95,6 +110,27 @@ class SwarmClient:
             task = asyncio.get_running_loop().create_task(self._report(record))
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
+
+    async def _check_context(self, route: Route, request: GenerationRequest) -> None:
+        answers = await asyncio.gather(
+            *(self._driver.capability(hop.address) for hop in route.hops), return_exceptions=True,
+        )
+        known = []
+        for answer in answers:
+            if isinstance(answer, MeshnetError):
+                continue  # a hop that cannot be asked is left to the driver, which fails over
+            if isinstance(answer, BaseException):
+                raise answer
+            known.append(answer.n_ctx_per_session)
+        context = min(known, default=None)
+        prompt = len(request.prompt_tokens)
+        if context is not None and prompt + request.max_tokens > context:
+            advice = (f"lower max_tokens to at most {context - prompt}" if prompt < context
+                      else "shorten the prompt")
+            raise ContextLengthExceeded(
+                f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) exceeds the {context}-token "
+                f"context each session has on this swarm's shards; {advice}"
+            )
 
     async def _replace(
         self, request: GenerationRequest, session_id: SessionId, route: Route, error: MeshnetError
@@ -116,14 +152,37 @@ class SwarmClient:
         answers = await asyncio.gather(*(alive(h.address) for h in route.hops))
         return {hop.node_id for hop, ok in zip(route.hops, answers, strict=True) if not ok}
 
-    async def drain_reports(self) -> None:
-        """Wait for work records still being reported (at shutdown)."""
-        if self._reports:
-            await asyncio.gather(*self._reports, return_exceptions=True)
+    async def drain_reports(self, timeout_s: float = 10.0) -> None:
+        """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""
+        if not self._reports:
+            return
+        _, pending = await asyncio.wait(set(self._reports), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.error("shutting down with %d work record(s) not acknowledged by the tracker", len(pending))
 
     async def _report(self, record: WorkRecord) -> None:
-        with contextlib.suppress(MeshnetError, asyncio.CancelledError):
-            await self.tracker.report_work(record, timeout_s=self._config.report_timeout_s)
+        # One attempt's budget is short, but a tracker restart can take longer: keep the record
+        # and retry until it is acknowledged, or it would be lost to its contributors.
+        deadline = time.monotonic() + self._config.report_retry_for_s
+        delay, longest = self._config.report_backoff_s
+        while True:
+            try:
+                await self.tracker.report_work(record, timeout_s=self._config.report_timeout_s)
+                return
+            except (Unavailable, DeadlineExceeded) as error:
+                if time.monotonic() + delay > deadline:
+                    log.error("work record %s lost: the tracker was unreachable for %.0f s (%s): %s",
+                              record.request_id, self._config.report_retry_for_s, error.message, record)
+                    return
+                log.warning("work record %s not filed yet (%s); retrying in %.2f s",
+                            record.request_id, error.message, delay)
+            except MeshnetError as error:
+                log.error("work record %s refused by the tracker: %s", record.request_id, error.message)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
 
 
 def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:

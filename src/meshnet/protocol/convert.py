@@ -23,6 +23,7 @@ from meshnet.protocol.frames import (
     MAX_ID_CHARS,
     CacheExpectation,
     CapabilityInfo,
+    Continuation,
     FrameLimits,
     FrameMeta,
     HopSpec,
@@ -52,6 +53,7 @@ _ROLE_TO_PROTO: dict[ShardRole, int] = {
 _MAX_TOKEN_VARINT_BYTES = 5
 """A non-negative int32 takes at most 5 bytes as a protobuf varint."""
 MAX_METRICS = 4096
+MAX_STOP_TOKENS = 1024
 
 
 # --- step frames --------------------------------------------------------------------------------
@@ -90,6 +92,9 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         message.sampling.CopyFrom(
             pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
         )
+    if frame.continuation is not None:
+        message.continuation.max_steps = frame.continuation.max_steps
+        message.continuation.stop_token_ids.extend(sorted(frame.continuation.stop_token_ids))
     return message
 
 
@@ -121,8 +126,14 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         s = message.sampling
         sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                   seed=s.seed)
+    continuation = None
+    if message.HasField("continuation"):
+        stops = message.continuation.stop_token_ids
+        if len(stops) > MAX_STOP_TOKENS:
+            raise InvalidArgument(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(stops)}")
+        continuation = Continuation(message.continuation.max_steps, frozenset(stops))
     return StepFrame(meta=meta, tokens=tokens, hidden=hidden, downstream=downstream,
-                     sampling=sampling, final_chunk=message.final_chunk)
+                     sampling=sampling, final_chunk=message.final_chunk, continuation=continuation)
 
 
 def parse_step_request(raw: bytes, limits: FrameLimits) -> StepFrame:

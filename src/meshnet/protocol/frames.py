@@ -164,6 +164,21 @@ class HopSpec:
         _check_text("hop fingerprint", self.fingerprint, MAX_ID_CHARS)
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """Head-driven decode: the head keeps feeding each sampled token back in by itself."""
+
+    max_steps: int
+    """Further decode steps after the frame that carries this."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """The head stops after a result carrying one of these."""
+
+    def __post_init__(self) -> None:
+        _check_int("continuation max_steps", self.max_steps, 0, MAX_POSITION)
+        for token in self.stop_token_ids:
+            _check_int("stop token id", token, 0, MAX_TOKEN_ID)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class StepFrame:
     """One step (or prefill chunk) for one shard. Exactly one of ``tokens`` / ``hidden`` is set.
@@ -182,6 +197,8 @@ class StepFrame:
     """Opening frame only."""
     final_chunk: bool = True
     """True for decode and for the last prefill chunk of a step: the tail samples only then."""
+    continuation: Continuation | None = None
+    """Head only, final frames only: decode on without the sender (see ``Continuation``)."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -199,6 +216,8 @@ class StepFrame:
                 f"final_chunk={self.final_chunk}"
             )
         self._check_downstream()
+        if self.continuation is not None and (self.tokens is None or not self.final_chunk):
+            raise InvalidArgument("only a final frame into the head (token input) may ask the head to decode on")
 
     def _check_payload(self) -> int:
         is_head = self.meta.layers.start == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from typing import Literal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -103,6 +104,32 @@ class ShardRuntime:
         self.table.record(session, step=meta.step, next_position=next_position, result=result)
         return result
 
+    async def continue_decoding(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None
+    ) -> AsyncIterator[StepResult]:
+        """Head-driven decode after ``frame``: feed each sampled token back in, yield each result.
+
+        Each step is a decode frame like one the sender would have sent (same checks, same
+        idempotency bookkeeping), so a sender can switch between driving and reading freely.
+        """
+        plan = frame.continuation
+        if plan is None:
+            return
+        stops = plan.stop_token_ids
+        for offset in range(1, plan.max_steps + 1):
+            if result.token_id is None or result.token_id in stops:
+                return
+            remaining_ms = None if stream_deadline is None else int((stream_deadline - time.monotonic()) * 1000)
+            if remaining_ms is not None and remaining_ms <= 0:
+                raise DeadlineExceeded("the session's deadline passed while decoding")
+            meta = replace(
+                frame.meta, phase="decode", position=result.next_position, step=frame.meta.step + offset,
+                cache="continue", deadline_ms=remaining_ms,
+            )
+            step = StepFrame(meta=meta, tokens=np.array([result.token_id], np.int32))
+            result = await self._run(self.table.get(meta.session_id), step)
+            yield result
+
     def _check_identity(self, frame: StepFrame) -> None:
         meta = frame.meta
         if meta.fingerprint != self.identity.fingerprint:
@@ -113,6 +140,8 @@ class ShardRuntime:
             raise FailedPrecondition(f"frame asks for layers {meta.layers}; this shard runs {self.shape.layers}")
         if not self.shape.emits_logits and not frame.downstream and meta.cache == "new":
             raise InvalidArgument("a non-tail shard needs the downstream hops in the opening frame")
+        if frame.continuation is not None and not self.shape.takes_tokens:
+            raise InvalidArgument("only the head can decode on by itself (continuation)")
 
     async def _open(self, frame: StepFrame, stream_deadline: float | None) -> Session:
         if self.draining:

@@ -72,6 +72,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 result = await self.runtime.handle(frame, stream_deadline)
                 session_id = frame.meta.session_id
                 yield result_to_proto(result)
+                async for continued in self.runtime.continue_decoding(frame, result, stream_deadline):
+                    yield result_to_proto(continued)
         except MeshnetError as error:
             failure = error
         except DecodeError as error:

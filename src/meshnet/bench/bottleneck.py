@@ -1,0 +1,144 @@
+"""Name the measured bottleneck behind a failed check: which component of the lane dominates.
+
+Reads only the results document. For a meshnet route a decode step splits into the shards' own
+compute (reported by each shard) and per-hop latency (everything else: serialization, gRPC,
+loopback, event loops); for a split, into whole-model compute and the cost of splitting; for
+concurrency, into how many sessions each engine batch actually carried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _get(document: Any, path: str) -> Any:
+    node = document
+    for segment in path.split("/"):
+        if not isinstance(node, dict) or segment not in node:
+            return None
+        node = node[segment]
+    return node
+
+
+def _first_path(expression: dict[str, Any]) -> str:
+    if "path" in expression:
+        return str(expression["path"])
+    if "ratio" in expression:
+        return str(expression["ratio"][0])
+    if "linear" in expression:
+        return str(expression["linear"]["path"])
+    return ""
+
+
+def diagnose(expression: dict[str, Any], results: dict[str, Any], *, measured: bool) -> str:
+    path = _first_path(expression)
+    segments = path.split("/")
+    if segments[0] == "context_scaling":
+        return _context(results, segments, measured)
+    if segments[0] != "lanes" or len(segments) < 2:
+        return f"{path}: not measured" if not measured else f"{path} is off target"
+    if not measured:
+        return _why_missing(results, segments)
+    lane = segments[1]
+    if segments[2:3] == ["failures"] or "*" in lane:
+        return _failures_or_drift(results, segments)
+    if segments[2:3] == ["drift"]:
+        return _failures_or_drift(results, segments)
+    if segments[2:3] == ["wire"]:
+        return _wire(results, lane)
+    concurrency = segments[3] if len(segments) > 3 and segments[2] == "concurrency" else "1"
+    if lane.startswith("meshnet-"):
+        return _route(results, lane, concurrency)
+    if lane.startswith("split-"):
+        return _split(results, lane)
+    return f"{lane} at concurrency {concurrency} is off target"
+
+
+def _why_missing(results: dict[str, Any], segments: list[str]) -> str:
+    lane = segments[1]
+    entry = _get(results, f"lanes/{lane}")
+    if entry is None:
+        return f"lane {lane} was not part of this run (lanes: {', '.join(sorted(results.get('lanes', {})))})"
+    if entry.get("status") != "ok":
+        return f"lane {lane} {entry.get('status')}: {entry.get('reason')}"
+    if len(segments) > 3 and segments[2] == "concurrency" and segments[3] not in entry.get("concurrency", {}):
+        measured = ", ".join(sorted(entry.get("concurrency", {}), key=int))
+        return f"lane {lane} was not measured at concurrency {segments[3]} (measured: {measured}); run without --quick"
+    return f"{'/'.join(segments)} is absent or null in the results"
+
+
+def _ms(rate: Any) -> float | None:
+    return 1000.0 / rate if isinstance(rate, int | float) and rate > 0 else None
+
+
+def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
+    hops = _get(results, f"lanes/{lane}/hop_timing") or {}
+    whole = _ms(_get(results, "lanes/llama-whole/concurrency/1/decode_tok_s"))
+    own = _ms(_get(results, f"lanes/{lane}/concurrency/1/decode_tok_s"))
+    parts = []
+    compute, link, links = hops.get("compute_ms_per_token_p50"), hops.get("link_ms_p50"), hops.get("links")
+    if isinstance(compute, int | float) and isinstance(link, int | float) and isinstance(links, int):
+        transport = link * links
+        head = ("per-hop latency dominates" if transport > compute else "shard compute dominates")
+        parts.append(
+            f"{head}: {transport:.2f} ms/token across {links} link(s) (p50 {link:.2f} ms, "
+            f"p95 {hops.get('link_ms_p95') or 0:.2f} ms per link) vs {compute:.2f} ms/token of shard compute"
+        )
+    if own is not None and whole is not None:
+        parts.append(f"route {own:.2f} ms/token vs whole-model {whole:.2f} ms/token")
+    if concurrency != "1":
+        occupancy = _get(results, f"lanes/{lane}/concurrency/{concurrency}/batch_occupancy")
+        if isinstance(occupancy, int | float):
+            verdict = "batching is the bottleneck" if occupancy < 0.75 * int(concurrency) else "batches were full"
+            parts.append(f"engine batches carried {occupancy:.2f} of {concurrency} sessions ({verdict})")
+    return "; ".join(parts) or f"{lane} has no hop timing to attribute the time to"
+
+
+def _split(results: dict[str, Any], lane: str) -> str:
+    whole = _ms(_get(results, "lanes/llama-whole/concurrency/1/decode_tok_s"))
+    own = _ms(_get(results, f"lanes/{lane}/concurrency/1/decode_tok_s"))
+    if whole is None or own is None:
+        return f"{lane}: decode rates missing"
+    extra = own - whole
+    share = 100 * extra / whole
+    return (f"splitting costs {extra:+.2f} ms/token over whole-model {whole:.2f} ms/token ({share:+.0f}%): "
+            "per-shard graph launches and boundary copies, no network involved")
+
+
+def _wire(results: dict[str, Any], lane: str) -> str:
+    wire = _get(results, f"lanes/{lane}/wire") or {}
+    payload = wire.get("hidden_payload_bytes")
+    total = wire.get("bytes_per_token_per_hop")
+    if not isinstance(payload, int) or not isinstance(total, int | float):
+        return f"{lane}: no wire measurement"
+    return (f"{total:.0f} bytes per hop per token, of which {payload} are the float32 hidden row: "
+            f"{total - payload:.0f} bytes of headers, answer and framing")
+
+
+def _failures_or_drift(results: dict[str, Any], segments: list[str]) -> str:
+    notes = []
+    for name, entry in sorted((results.get("lanes") or {}).items()):
+        drift = entry.get("drift") or {}
+        if entry.get("failures"):
+            errors = {e for run in entry.get("concurrency", {}).values() for e in run.get("errors", [])}
+            notes.append(f"{name}: {entry['failures']} failed request(s) {sorted(errors)[:2]}")
+        agreement = drift.get("token_agreement")
+        if segments[2:3] == ["drift"] and isinstance(agreement, int | float) and agreement < 1.0:
+            notes.append(f"{name}: token agreement {agreement:.3f}, first divergence at generated token "
+                         f"{drift.get('first_divergence')}, max logit diff {drift.get('max_logit_diff')}")
+    return "; ".join(notes) or "no lane reports the problem in detail"
+
+
+def _context(results: dict[str, Any], segments: list[str], measured: bool) -> str:
+    points = _get(results, "context_scaling/points") or {}
+    if not measured:
+        return (f"context {segments[2] if len(segments) > 2 else '?'} was not measured "
+                f"(measured: {', '.join(sorted(points, key=int)) or 'none'})")
+    lane = _get(results, "context_scaling/fast_lane")
+    described = []
+    for key in sorted(points, key=int):
+        point = points[key]
+        if segments[2] in (key, "*") and point.get("fast_ms_per_token") is not None:
+            described.append(f"context {key}: {lane} {point['fast_ms_per_token']:.2f} ms/token vs recompute "
+                             f"{point.get('slow_ms_per_token') or 0:.1f} ms/token")
+    return "; ".join(described) or "no context point to attribute"

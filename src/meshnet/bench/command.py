@@ -1,0 +1,58 @@
+"""What ``meshnet bench`` and ``meshnet gate`` do, so the CLI's handlers stay a few lines each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from meshnet.bench.config import DEFAULT_LANES, BenchConfig, quick_config
+from meshnet.core.errors import MeshnetError
+
+Printer = Callable[[str], None]
+GATE_UNREADABLE_EXIT = 3
+"""Exit code when the results or the contract cannot be read: distinct from optimize/stop."""
+
+
+def bench_command(
+    *, model: Path, data_dir: Path, out: Path, report_dir: Path | None, quick: bool, threads: int,
+    lanes: str | None, budget_s: float | None, command: str, say: Printer, note: Printer,
+) -> int:
+    """Run the bench, write results (and the report); 0, or 1 when the results break the schema."""
+    from meshnet.bench.report import headline_table, write_report
+    from meshnet.bench.results_file import write_results
+    from meshnet.bench.suite import run_bench
+
+    config = BenchConfig(
+        model=model, data_dir=data_dir, threads=threads, command=command,
+        lanes=tuple(lane.strip() for lane in lanes.split(",") if lane.strip()) if lanes else DEFAULT_LANES,
+    )
+    if quick:
+        config = quick_config(config)
+    if budget_s is not None:
+        config = replace(config, time_budget_s=budget_s)
+    results = run_bench(config, progress=note)
+    problems = write_results(results, out)
+    say(headline_table(results))
+    say(f"results: {out}")
+    if report_dir is not None:
+        say(f"report:  {write_report(results, report_dir)}")
+    for problem in problems:
+        note(f"schema: {problem}")
+    return 1 if problems else 0
+
+
+def gate_command(results_path: Path, contract_path: Path | None, say: Printer, note: Printer) -> int:
+    """Print the verdict; exit 0 promote, 1 optimize, 2 stop, 3 when an input cannot be read."""
+    from meshnet.bench.gate import evaluate, load_contract, render
+    from meshnet.bench.results_file import read_results
+
+    try:
+        results = read_results(results_path)
+        verdict = evaluate(results, load_contract(contract_path))
+    except MeshnetError as error:
+        note(f"meshnet gate: {error.message}")
+        return GATE_UNREADABLE_EXIT
+    for line in render(verdict):
+        say(line)
+    return verdict.exit_code

@@ -1,0 +1,109 @@
+"""The bench's one typed configuration, its full and quick presets, and lane names.
+
+A lane is named ``kind`` or ``kind-N`` (N = shards): ``llama-whole``, ``split-2``, ``meshnet-3``,
+``recompute``, ``transformers``. Every lane runs the same workload: the same prompts, output
+length, greedy sampling, thread count and KV geometry, so their numbers compare directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from meshnet.core.errors import InvalidArgument
+
+LaneKind = Literal["llama-whole", "split", "meshnet", "recompute", "transformers"]
+REFERENCE_LANE = "llama-whole"
+"""Every drift and ratio is measured against this lane: whole-model llama.cpp, the speed anchor."""
+DEFAULT_LANES = (
+    "llama-whole", "split-2", "split-3", "recompute", "meshnet-1", "meshnet-2", "meshnet-3", "transformers",
+)
+
+
+@dataclass(frozen=True)
+class LaneName:
+    kind: LaneKind
+    shards: int
+
+    def __str__(self) -> str:
+        return self.kind if self.kind in ("llama-whole", "recompute", "transformers") else f"{self.kind}-{self.shards}"
+
+
+def parse_lane(text: str, recompute_shards: int = 3) -> LaneName:
+    """``"split-3"`` -> LaneName("split", 3); fails loudly on anything it does not know."""
+    if text == "llama-whole":
+        return LaneName("llama-whole", 1)
+    if text == "recompute":
+        return LaneName("recompute", recompute_shards)
+    if text == "transformers":
+        return LaneName("transformers", 1)
+    kind, _, count = text.partition("-")
+    if kind in ("split", "meshnet") and count.isdigit() and int(count) >= 1:
+        return LaneName(kind, int(count))  # type: ignore[arg-type]
+    raise InvalidArgument(
+        f"unknown lane {text!r}: use llama-whole, split-N, meshnet-N, recompute or transformers"
+    )
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: Path
+    """Source GGUF every lane runs."""
+    data_dir: Path
+    """Slice cache (shared with the workers), worker logs."""
+    lanes: tuple[str, ...] = DEFAULT_LANES
+    threads: int = 1
+    """llama.cpp threads per context, the same in every lane and every worker. One by default:
+    on a shared 2-core machine a 2-thread team collapses (measured 5-20x slower) whenever
+    anything else wants a core, which would drown the ratios this bench exists for."""
+    prompt_tokens: int = 128
+    output_tokens: int = 64
+    recompute_output_tokens: int = 16
+    """Recompute re-runs the whole sequence per token; fewer tokens keep its lane bounded."""
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    repetitions: int = 3
+    """Interleaved rounds (every lane once per round); medians are taken across rounds."""
+    max_slots: int = 8
+    n_ctx_per_slot: int = 2048
+    prefill_chunk: int = 256
+    """Tokens per prefill llama_decode call: the same in process and in workers (fixes numerics)."""
+    contexts: tuple[int, ...] = (128, 512, 2048, 8000)
+    """Context lengths for decode-latency scaling (clamped to the model's context)."""
+    context_lane: str = "meshnet-3"
+    """The KV-cached lane compared with recompute at each context (meshnet-N or split-N)."""
+    context_decode_tokens: int = 8
+    recompute_shards: int = 3
+    time_budget_s: float = 840.0
+    """New rounds stop starting once 60% of this is spent; the context phase bounds itself."""
+    request_timeout_s: float = 300.0
+    worker_start_timeout_s: float = 120.0
+    command: str = ""
+    """The exact command line, recorded in the results."""
+    quick: bool = False
+    extra_notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for lane in self.lanes:
+            parse_lane(lane, self.recompute_shards)
+        if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > self.max_slots:
+            raise InvalidArgument(f"concurrency must lie in 1..{self.max_slots} (the KV slots), got {self.concurrency}")
+        if self.threads < 1 or self.repetitions < 1 or self.output_tokens < 2 or self.prompt_tokens < 1:
+            raise InvalidArgument("threads and repetitions must be >= 1, output_tokens >= 2, prompt_tokens >= 1")
+        if self.prompt_tokens + self.output_tokens > self.n_ctx_per_slot:
+            raise InvalidArgument("prompt_tokens + output_tokens must fit n_ctx_per_slot")
+        if self.contexts:
+            kind = parse_lane(self.context_lane, self.recompute_shards).kind
+            if kind not in ("meshnet", "split"):
+                raise InvalidArgument(f"context_lane must be meshnet-N or split-N, got {self.context_lane}")
+
+    def lane_names(self) -> list[LaneName]:
+        return [parse_lane(lane, self.recompute_shards) for lane in self.lanes]
+
+
+def quick_config(config: BenchConfig) -> BenchConfig:
+    """The ``--quick`` preset: every lane, fewer rounds, shorter outputs, two concurrencies."""
+    return replace(
+        config, quick=True, prompt_tokens=64, output_tokens=24, recompute_output_tokens=4, concurrency=(1, 4),
+        repetitions=2, contexts=(128, 512), context_decode_tokens=4, time_budget_s=300.0,
+    )

@@ -1,0 +1,129 @@
+"""Per-hop timing and wire bytes of a route, from a probe session driven frame by frame.
+
+The route driver hides each step's ``StepResult.timings``; this probe speaks the same frames
+through the same ``ShardStream`` so it can keep them. Each decode step's round trip splits into
+the shards' own time (``compute_us``: engine queue + llama.cpp, as each shard reports it) and
+the rest: serialization, gRPC, loopback, event loops, spread over the route's N links
+(client->head, head->next, ...; each is crossed once out and once back per token).
+
+Wire bytes per decode token are serialized sizes of the exact frames a decode step sends:
+the 1-token frame into the head, the [1, n_embd] float32 hidden frame across each seam, and
+the answers coming back, each plus 14 bytes of transport framing (5-byte gRPC message prefix,
+9-byte HTTP/2 DATA frame header).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from meshnet.bench.stats import percentile
+from meshnet.client.route_driver import RouteSession
+from meshnet.client.shard_stream import ChannelPool, ShardStream
+from meshnet.core.errors import IntegrityError
+from meshnet.core.generation import SamplingParams
+from meshnet.protocol.convert import frame_to_proto, result_to_proto, split_prefill
+from meshnet.protocol.frames import FrameMeta, HopSpec, StepFrame, StepResult
+
+TRANSPORT_FRAMING_BYTES = 5 + 9
+PROBE_TIMEOUT_S = 300.0
+
+
+def _meta(route: RouteSession, step: int, position: int, phase: str) -> FrameMeta:
+    return FrameMeta(
+        request_id=route.request_id, session_id=route.session_id, route_epoch=route.epoch,
+        fingerprint=route.fingerprint, layers=route.hops[0].layers, phase=phase,  # type: ignore[arg-type]
+        position=position, step=step, cache="new" if step == 0 else "continue",
+    )
+
+
+async def probe_hops(
+    pool: ChannelPool, route: RouteSession, prompt: np.ndarray, n_tokens: int, *, max_frame_bytes: int, n_embd: int
+) -> dict[str, object]:
+    """Prefill ``prompt``, decode ``n_tokens`` one by one, and report timings and wire bytes."""
+    stream = ShardStream(pool, route.hops[0].address, PROBE_TIMEOUT_S)
+    downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
+    rows = max(1, (max_frame_bytes - 65536) // (4 * n_embd))
+    try:
+        result: StepResult | None = None
+        chunks = split_prefill(prompt, 0, max_frame_bytes, max_tokens=rows)
+        for step, chunk in enumerate(chunks):
+            frame = StepFrame(
+                meta=_meta(route, step, chunk.position, "prefill"), tokens=np.ascontiguousarray(chunk.payload),
+                downstream=downstream if step == 0 else (), sampling=SamplingParams() if step == 0 else None,
+                final_chunk=chunk.final_chunk,
+            )
+            result = await stream.exchange(frame)
+        step = len(chunks)
+        round_trips: list[float] = []
+        timings: list[StepResult] = []
+        decode: StepFrame | None = None
+        for _ in range(n_tokens):
+            if result is None or result.token_id is None:
+                raise IntegrityError("the route answered a final chunk without a token")
+            decode = StepFrame(meta=_meta(route, step, result.next_position, "decode"),
+                               tokens=np.array([result.token_id], np.int32))
+            begun = time.perf_counter()
+            result = await stream.exchange(decode)
+            round_trips.append(time.perf_counter() - begun)
+            timings.append(result)
+            step += 1
+    finally:
+        stream.cancel()  # frees the session's KV on every shard down the route
+    return {
+        **_timing_summary(route, round_trips, timings),
+        "wire": wire_bytes(route, decode, timings[-1], n_embd) if decode is not None and timings else None,
+    }
+
+
+def _timing_summary(route: RouteSession, round_trips: list[float], results: list[StepResult]) -> dict[str, object]:
+    n_links = len(route.hops)
+    hops = []
+    for index, hop in enumerate(route.hops):
+        compute = [r.timings[index].compute_us / 1000.0 for r in results if len(r.timings) > index]
+        hops.append({
+            "address": hop.address, "layers": f"{hop.layers.start}:{hop.layers.stop}",
+            "compute_ms_p50": percentile(compute, 50.0), "compute_ms_p95": percentile(compute, 95.0),
+        })
+    totals = [sum(t.compute_us for t in r.timings) / 1000.0 for r in results]
+    rtt = [s * 1000.0 for s in round_trips]
+    # What the shards did not account for, shared out over the links of the route.
+    link = [max(total - shards, 0.0) / n_links for total, shards in zip(rtt, totals, strict=True)]
+    return {
+        "probe_tokens": len(results),
+        "step_ms_p50": percentile(rtt, 50.0), "step_ms_p95": percentile(rtt, 95.0),
+        "compute_ms_per_token_p50": percentile(totals, 50.0),
+        "link_ms_p50": percentile(link, 50.0), "link_ms_p95": percentile(link, 95.0),
+        "links": n_links,
+        "hops": hops,
+    }
+
+
+def wire_bytes(route: RouteSession, decode_frame: StepFrame, answer: StepResult, n_embd: int) -> dict[str, object]:
+    """Serialized bytes each link carries per decode token, out and back."""
+    links: list[dict[str, Any]] = []
+    head_bytes = frame_to_proto(decode_frame).ByteSize() + TRANSPORT_FRAMING_BYTES
+    back = result_to_proto(answer).ByteSize() + TRANSPORT_FRAMING_BYTES
+    links.append({"link": f"client->{route.hops[0].address}", "forward_bytes": head_bytes, "backward_bytes": back})
+    hidden = np.zeros((1, n_embd), np.float32)  # hidden: [1, n_embd], as each seam sends per token
+    for index, hop in enumerate(route.hops[1:], start=1):
+        # The frame a shard forwards: the step's header re-addressed to the next range.
+        forwarded = StepFrame(meta=replace(decode_frame.meta, layers=hop.layers, deadline_ms=None), hidden=hidden)
+        reply = replace(answer, timings=answer.timings[index:])
+        links.append({
+            "link": f"{route.hops[index - 1].address}->{hop.address}",
+            "forward_bytes": frame_to_proto(forwarded).ByteSize() + TRANSPORT_FRAMING_BYTES,
+            "backward_bytes": result_to_proto(reply).ByteSize() + TRANSPORT_FRAMING_BYTES,
+        })
+    seams = links[1:] or links
+    per_hop = max(link["forward_bytes"] + link["backward_bytes"] for link in seams)
+    return {
+        "links": links,
+        "bytes_per_token_per_hop": per_hop,
+        "hidden_payload_bytes": 4 * n_embd,
+        "framing_bytes_per_message": TRANSPORT_FRAMING_BYTES,
+        "bytes_per_token_total": sum(x["forward_bytes"] + x["backward_bytes"] for x in links),
+    }

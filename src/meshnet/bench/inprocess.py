@@ -1,0 +1,150 @@
+"""In-process lanes: whole-model llama.cpp, an N-shard split, and the naive recompute flow.
+
+``llama-whole`` and ``split-N`` share one driver: prefill each session on its own (as every
+engine here does), then decode all sessions in lock-step, one ``backend.run`` per shard per
+step carrying every session's one-token input. At concurrency 1 that is plain single-stream
+decode; at k it is llama.cpp batching k sequences in one context, the throughput anchor.
+
+``recompute`` is what meshnet replaces: no KV cache, so every output token re-runs the whole
+growing sequence through every shard and the full [seq, n_embd] float32 activation crosses
+every seam.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshnet.bench.stats import RequestTrace, RunRecord
+from meshnet.core.errors import MeshnetError
+from meshnet.core.generation import SamplingParams
+from meshnet.engine.backend import StepInput
+from meshnet.engine.local_route import LocalRoute
+from meshnet.engine.sampling import sample_token
+
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class InProcessRun:
+    record: RunRecord
+    logits: tuple[np.ndarray, ...] = ()
+    """Slot 0's logits for each generated token, when asked for (drift checks)."""
+    seam_bytes_per_token: float = 0.0
+    """Bytes crossing one seam per generated token (float32 boundary rows)."""
+
+
+def _decode_all(route: LocalRoute, slots: list[int], positions: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """One decode step of every session: one run per shard carrying all sessions."""
+    batch = [StepInput(s, p, tokens=np.array([t], np.int32)) for s, p, t in zip(slots, positions, tokens, strict=True)]
+    outputs = route.backends[0].run(batch)
+    for backend in route.backends[1:]:
+        # hidden: [1, n_embd] per session, straight from the previous shard
+        batch = [StepInput(i.slot, i.position, hidden=o.hidden) for i, o in zip(batch, outputs, strict=True)]
+        outputs = backend.run(batch)
+    return [o.logits[-1] for o in outputs]  # type: ignore[index]
+
+
+class CachedLane:
+    """``llama-whole`` (one full shard) or ``split-N``: KV-cached, batched decode."""
+
+    def __init__(self, name: str, route: LocalRoute) -> None:
+        self.name = name
+        self.route = route
+        self.n_embd = route.backends[0].shape.n_embd
+
+    @property
+    def seams(self) -> int:
+        return len(self.route.backends) - 1
+
+    def run(
+        self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int, *, keep_logits: bool = False
+    ) -> InProcessRun:
+        slots = list(range(len(prompts)))
+        started = time.perf_counter()
+        times: list[list[float]] = [[] for _ in slots]
+        tokens: list[list[int]] = [[] for _ in slots]
+        logits_log: list[np.ndarray] = []
+        error: str | None = None
+        try:
+            positions, current = [], []
+            for slot, prompt in zip(slots, prompts, strict=True):
+                logits = self.route.forward(slot, 0, np.asarray(prompt, np.int32))[-1]
+                positions.append(len(prompt))
+                current.append(sample_token(logits, GREEDY, len(prompt)))
+                times[slot].append(time.perf_counter())
+                tokens[slot].append(current[-1])
+                if keep_logits and slot == 0:
+                    logits_log.append(logits.copy())
+            for _ in range(max_tokens - 1):
+                rows = _decode_all(self.route, slots, positions, current)
+                stamp = time.perf_counter()
+                for slot, logits in zip(slots, rows, strict=True):
+                    positions[slot] += 1
+                    current[slot] = sample_token(logits, GREEDY, positions[slot])
+                    times[slot].append(stamp)
+                    tokens[slot].append(current[slot])
+                if keep_logits:
+                    logits_log.append(rows[0].copy())
+        except MeshnetError as failure:
+            error = f"{failure.code}: {failure.message}"
+        finally:
+            for slot in slots:
+                self.route.release(slot)
+        finished = time.perf_counter()
+        traces = tuple(
+            RequestTrace(index, len(prompt), started, tuple(times[s]), tuple(tokens[s]),
+                         times[s][-1] if times[s] else finished, error)
+            for s, index, prompt in zip(slots, indices, prompts, strict=True)
+        )
+        record = RunRecord(self.name, len(prompts), started, finished, traces,
+                           batch_occupancy=float(len(prompts)) if error is None else None)
+        return InProcessRun(record, tuple(logits_log), float(4 * self.n_embd))
+
+
+class RecomputeLane:
+    """No KV cache: each token re-runs the whole sequence from position 0 through every shard."""
+
+    def __init__(self, route: LocalRoute) -> None:
+        self.name = "recompute"
+        self.route = route
+        self.n_embd = route.backends[0].shape.n_embd
+
+    @property
+    def seams(self) -> int:
+        return len(self.route.backends) - 1
+
+    def step(self, sequence: Sequence[int], slot: int = 0) -> int:
+        """Recompute ``sequence`` from scratch and pick its next token (KV is dropped afterwards)."""
+        self.route.release(slot)
+        try:
+            logits = self.route.forward(slot, 0, np.asarray(sequence, np.int32))[-1]
+        finally:
+            self.route.release(slot)
+        return sample_token(logits, GREEDY, len(sequence))
+
+    def run(self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int) -> InProcessRun:
+        """Streams run one after another: without a KV cache there is nothing to batch."""
+        started = time.perf_counter()
+        traces, seam_rows, generated = [], 0, 0
+        for index, prompt in zip(indices, prompts, strict=True):
+            begun = time.perf_counter()
+            sequence, times, error = list(prompt), [], None
+            try:
+                for _ in range(max_tokens):
+                    seam_rows += len(sequence)
+                    sequence.append(self.step(sequence))
+                    times.append(time.perf_counter())
+                    generated += 1
+            except MeshnetError as failure:
+                error = f"{failure.code}: {failure.message}"
+            out = tuple(sequence[len(prompt):])
+            traces.append(RequestTrace(index, len(prompt), begun, tuple(times), out,
+                                       times[-1] if times else time.perf_counter(), error))
+        finished = time.perf_counter()
+        # Every generated token moved its whole sequence's rows across each seam.
+        per_token = 4.0 * self.n_embd * seam_rows / max(generated, 1)
+        return InProcessRun(RunRecord(self.name, len(prompts), started, finished, tuple(traces)), (), per_token)

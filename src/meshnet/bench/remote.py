@@ -1,0 +1,91 @@
+"""The ``meshnet-N`` lane: N worker processes over loopback gRPC, driven by the route driver.
+
+No tracker is involved: the route is built from the workers' ready lines. Concurrency k is k
+drivers running at once on one event loop (as a gateway would run k requests); the workers'
+``batch_occupancy`` counters, read before and after, say how many sessions each engine batch
+actually carried during the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from meshnet.bench.stats import RequestTrace, RunRecord
+from meshnet.bench.workers import WorkerSet
+from meshnet.client.route_driver import RouteDriver, RouteSession
+from meshnet.client.shard_admin import fetch_metrics
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.core.errors import MeshnetError
+from meshnet.core.events import TokenGenerated
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import new_request_id, new_session_id
+
+IDLE_WAIT_S = 3.0
+
+
+class MeshnetLane:
+    def __init__(
+        self, name: str, workers: WorkerSet, pool: ChannelPool, driver: RouteDriver, *, timeout_s: float
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.pool = pool
+        self.driver = driver
+        self.timeout_s = timeout_s
+
+    def session(self) -> RouteSession:
+        return RouteSession(new_request_id(), new_session_id(), self.workers.hops, self.workers.fingerprint, 0)
+
+    async def metrics(self) -> list[dict[str, float]]:
+        return list(await asyncio.gather(*(fetch_metrics(self.pool, hop.address) for hop in self.workers.hops)))
+
+    async def run(self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int) -> RunRecord:
+        before = await self.metrics()
+        started = time.perf_counter()
+        traces = await asyncio.gather(
+            *(self._one(prompt, index, max_tokens, started) for prompt, index in zip(prompts, indices, strict=True))
+        )
+        finished = time.perf_counter()
+        after = await self.metrics()
+        await self.wait_idle()
+        return RunRecord(self.name, len(prompts), started, finished, tuple(traces), occupancy(before, after))
+
+    async def _one(self, prompt: tuple[int, ...], index: int, max_tokens: int, started: float) -> RequestTrace:
+        times: list[float] = []
+        tokens: list[int] = []
+        error = None
+        # No stop tokens: every lane generates exactly max_tokens, so outputs compare one to one.
+        request = GenerationRequest(prompt, max_tokens)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for event in self.driver.run(self.session(), request):
+                    if isinstance(event, TokenGenerated):
+                        times.append(time.perf_counter())
+                        tokens.append(event.token_id)
+        except MeshnetError as failure:
+            error = f"{failure.code}: {failure.message}"
+        except TimeoutError:
+            error = f"timeout: no answer within {self.timeout_s:.0f} s"
+        finished = times[-1] if times and error is None else time.perf_counter()
+        return RequestTrace(index, len(prompt), started, tuple(times), tuple(tokens), finished, error)
+
+    async def wait_idle(self) -> None:
+        """Let the workers free the finished sessions before the next run starts."""
+        deadline = time.monotonic() + IDLE_WAIT_S
+        while time.monotonic() < deadline:
+            if not any(m.get("active_sessions", 0.0) for m in await self.metrics()):
+                return
+            await asyncio.sleep(0.02)
+
+
+def occupancy(before: list[dict[str, float]], after: list[dict[str, float]]) -> float | None:
+    """Mean over workers of decode steps per engine batch between two metric snapshots."""
+    values = []
+    for old, new in zip(before, after, strict=True):
+        steps = new.get("decode_steps_total", 0.0) - old.get("decode_steps_total", 0.0)
+        batches = new.get("decode_batches_total", 0.0) - old.get("decode_batches_total", 0.0)
+        if batches > 0:
+            values.append(steps / batches)
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,264 @@
+"""Run every lane on one workload, interleaved round by round, and assemble the results.
+
+Order of a run: open the in-process lanes and start the workers (every lane stays loaded, so a
+round can visit them all); warm every lane up; take the reference tokens (and slot-0 logits) from
+``llama-whole``; then rounds. A round visits every concurrency and, at each, every lane, in an
+order rotated from round to round: on a shared machine the lanes see the same weather, and
+per-round ratios against the reference cancel slow drifts. After the rounds: per-hop probes of
+the meshnet routes, memory, then the context-scaling phase on fresh, long-context engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName
+from meshnet.bench.environment import CpuMeter, rss_bytes
+from meshnet.bench.inprocess import CachedLane, RecomputeLane
+from meshnet.bench.remote import MeshnetLane
+from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
+from meshnet.bench.transformers_lane import TransformersLane, transformers_unavailable
+from meshnet.bench.workers import WorkerOptions, WorkerSet
+from meshnet.client.route_driver import RouteDriver
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.core.errors import MeshnetError
+from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.shards import open_local_route
+from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+ROUNDS_SHARE_OF_BUDGET = 0.6
+"""Rounds stop starting once this share of the budget is spent, leaving room for the rest."""
+WARMUP_TOKENS = 4
+
+
+@dataclass
+class LaneState:
+    """A lane while the bench runs: its engine, what it measured, and what went wrong."""
+
+    name: LaneName
+    engine: CachedLane | RecomputeLane | MeshnetLane | TransformersLane | None = None
+    workers: WorkerSet | None = None
+    status: str = "ok"
+    reason: str | None = None
+    artifact_bytes: int | None = None
+    rss: list[int] = field(default_factory=list)
+    rss_note: str = ""
+    seam_bytes_per_token: float | None = None
+    runs: dict[int, list[RunRecord | None]] = field(default_factory=dict)
+    logits: tuple[np.ndarray, ...] = ()
+    hop_timing: dict[str, object] | None = None
+
+    @property
+    def label(self) -> str:
+        return str(self.name)
+
+    def fail(self, reason: str) -> None:
+        self.status, self.reason, self.engine = "failed", reason, None
+
+
+class LaneSet:
+    """Opens, runs and closes every lane of a bench; owns the pool, the routes and the workers."""
+
+    def __init__(self, config: BenchConfig, cache: SliceCache, n_layers: int, progress: Progress) -> None:
+        self.config = config
+        self.cache = cache
+        self.n_layers = n_layers
+        self.progress = progress
+        self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
+        self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
+        self.llama = LlamaConfig(n_threads=config.threads, max_slots=config.max_slots,
+                                 n_ctx_per_slot=config.n_ctx_per_slot, max_batch_tokens=config.prefill_chunk)
+        self.lanes = [LaneState(name) for name in config.lane_names()]
+
+    def ranges(self, shards: int) -> list[LayerRange]:
+        return split_evenly(self.n_layers, shards)
+
+    def artifact_bytes(self, shards: int) -> int:
+        """Bytes of the files a route of ``shards`` loads: its slices and the head's token table."""
+        total = 0
+        for layers in self.ranges(shards):
+            files = self.cache.shard_files(self.config.model, layers, self.n_layers)
+            total += files.slice.stat().st_size + (files.embeddings.stat().st_size if files.embeddings else 0)
+        return total
+
+    def open(self) -> None:
+        for lane in self.lanes:
+            try:
+                self._open_lane(lane)
+            except MeshnetError as error:
+                lane.fail(f"could not start: {error.code}: {error.message}")
+                self.progress(f"{lane.label}: {lane.reason}")
+
+    def _open_lane(self, lane: LaneState) -> None:
+        kind, shards = lane.name.kind, lane.name.shards
+        if kind == "transformers":
+            missing = transformers_unavailable()
+            if missing:
+                lane.status, lane.reason = "skipped", missing
+                return
+            before = rss_bytes()
+            try:
+                lane.engine = TransformersLane(self.config.model, self.config.threads)
+            except Exception as error:  # an optional third-party stack: record the failure, do not crash
+                lane.fail(f"transformers could not load the model: {error}")
+            lane.rss = [max(rss_bytes() - before, 0)]
+            return
+        lane.artifact_bytes = self.artifact_bytes(shards)
+        if kind == "meshnet":
+            options = WorkerOptions(self.config.model, self.config.data_dir, self.config.threads,
+                                    self.config.max_slots, self.config.n_ctx_per_slot, self.config.prefill_chunk)
+            lane.workers = WorkerSet(lane.label, self.ranges(shards), options, self.config.worker_start_timeout_s)
+            lane.engine = MeshnetLane(lane.label, lane.workers, self.pool, self.driver,
+                                      timeout_s=self.config.request_timeout_s)
+            lane.rss_note = "resident memory of each worker process"
+            self.progress(f"{lane.label}: {shards} worker(s) at {', '.join(h.address for h in lane.workers.hops)}")
+            return
+        before = rss_bytes()
+        route = open_local_route(self.config.model, shards, self.cache, self.llama, self.ranges(shards))
+        lane.rss = [max(rss_bytes() - before, 0)]
+        lane.rss_note = "growth of the bench process's resident memory when the lane's engines were opened"
+        lane.engine = RecomputeLane(route) if kind == "recompute" else CachedLane(lane.label, route)
+        self.progress(f"{lane.label}: {shards} in-process shard(s) loaded")
+
+    def measurable(self) -> list[LaneState]:
+        return [lane for lane in self.lanes if lane.engine is not None]
+
+    def worker_pids(self) -> list[int]:
+        return [pid for lane in self.lanes if lane.workers for pid in lane.workers.pids]
+
+    async def run(
+        self, lane: LaneState, prompts: tuple[tuple[int, ...], ...], max_tokens: int, *,
+        indices: list[int] | None = None, keep_logits: bool = False,
+    ) -> RunRecord:
+        indices = list(range(len(prompts))) if indices is None else indices
+        engine = lane.engine
+        if isinstance(engine, MeshnetLane):
+            return await engine.run(prompts, indices, max_tokens)
+        if isinstance(engine, TransformersLane):
+            lane.seam_bytes_per_token = 0.0
+            return engine.run(prompts, indices, max_tokens)
+        if isinstance(engine, RecomputeLane):
+            outcome = engine.run(prompts, indices, min(max_tokens, self.config.recompute_output_tokens))
+        elif isinstance(engine, CachedLane):
+            outcome = engine.run(prompts, indices, max_tokens, keep_logits=keep_logits)
+            lane.logits = outcome.logits or lane.logits
+        else:
+            raise MeshnetError(f"lane {lane.label} has no engine")
+        lane.seam_bytes_per_token = outcome.seam_bytes_per_token if engine.seams else 0.0
+        return outcome.record
+
+    async def close(self) -> None:
+        for lane in self.lanes:
+            engine = lane.engine
+            if isinstance(engine, CachedLane | RecomputeLane):
+                engine.route.close()
+            if lane.workers is not None:
+                lane.workers.stop()
+            lane.engine = None
+        await self.pool.close()
+
+
+async def run_rounds(
+    lanes: LaneSet, prompts: tuple[tuple[int, ...], ...], started: float
+) -> tuple[int, list[dict[str, float]]]:
+    """Interleaved rounds; returns the rounds completed and each round's CPU noise record."""
+    config = lanes.config
+    noise = []
+    completed = 0
+    for round_index in range(config.repetitions):
+        if round_index and time.monotonic() - started > ROUNDS_SHARE_OF_BUDGET * config.time_budget_s:
+            lanes.progress(f"time budget: stopping after {round_index} round(s)")
+            break
+        meter = CpuMeter(lanes.worker_pids())
+        # A lane that failed mid-bench keeps a None per round, so rounds stay paired by index.
+        taking_part = [lane for lane in lanes.lanes if lane.engine is not None or lane.runs]
+        shift = round_index % max(len(taking_part), 1)
+        order = taking_part[shift:] + taking_part[:shift]
+        for k in config.concurrency:
+            for lane in order:
+                if lane.name.kind in ("recompute", "transformers") and k != 1:
+                    continue  # solo lanes: recompute has no KV to batch; transformers runs one stream
+                lane.runs.setdefault(k, []).append(await _measured(lanes, lane, prompts[:k]))
+        noise.append(meter.read())
+        completed += 1
+        lanes.progress(f"round {round_index + 1}/{config.repetitions} done "
+                       f"({time.monotonic() - started:.0f} s, other load {noise[-1]['foreign_cores']:.2f} cores)")
+    return completed, noise
+
+
+async def _measured(lanes: LaneSet, lane: LaneState, prompts: tuple[tuple[int, ...], ...]) -> RunRecord | None:
+    if lane.engine is None:
+        return None
+    try:
+        return await lanes.run(lane, prompts, lanes.config.output_tokens)
+    except MeshnetError as error:
+        lane.fail(f"failed mid-bench: {error.code}: {error.message}")
+        lanes.progress(f"{lane.label}: {lane.reason}")
+        return None
+
+
+def lane_result(
+    lane: LaneState, reference: LaneState | None, reference_tokens: dict[int, tuple[int, ...]]
+) -> dict[str, object]:
+    concurrency = {}
+    for k, records in sorted(lane.runs.items()):
+        if any(records):
+            paired = reference.runs.get(k, []) if reference is not None else []
+            concurrency[str(k)] = summarize(records, paired)
+    all_runs = [r for records in lane.runs.values() for r in records if r is not None]
+    agreement = token_agreement(all_runs, reference_tokens)
+    max_diff = None
+    if lane.logits and reference is not None and reference.logits:
+        limit = len(lane.logits) if agreement.first_divergence is None else agreement.first_divergence + 1
+        pairs = list(zip(lane.logits, reference.logits, strict=False))[:limit]
+        diffs = [float(np.max(np.abs(a - b))) for a, b in pairs]
+        max_diff = max(diffs) if diffs else None
+    kind = lane.name.kind
+    return {
+        "kind": kind, "shards": lane.name.shards, "status": lane.status, "reason": lane.reason,
+        "placement": "workers" if kind == "meshnet" else "none" if kind == "transformers" else "in-process",
+        "artifact_bytes": lane.artifact_bytes, "rss_bytes": sum(lane.rss) if lane.rss else None,
+        "rss_bytes_per_process": lane.rss, "rss_note": lane.rss_note,
+        "seams": max(lane.name.shards - 1, 0) if kind != "transformers" else 0,
+        "seam_bytes_per_token": _seam_bytes(lane),
+        "failures": sum(1 for r in all_runs for t in r.requests if t.error is not None),
+        "concurrency": concurrency,
+        "drift": {
+            "token_agreement": agreement.token_agreement, "compared_tokens": agreement.compared_tokens,
+            "first_divergence": agreement.first_divergence, "max_logit_diff": max_diff,
+            "note": _drift_note(kind),
+        },
+        "hop_timing": {k: v for k, v in lane.hop_timing.items() if k != "wire"} if lane.hop_timing else None,
+        "wire": lane.hop_timing.get("wire") if lane.hop_timing else None,
+    }
+
+
+def _seam_bytes(lane: LaneState) -> float | None:
+    if lane.name.kind == "meshnet" and lane.hop_timing and isinstance(lane.hop_timing.get("wire"), dict):
+        return float(lane.hop_timing["wire"]["bytes_per_token_per_hop"])  # type: ignore[index]
+    return lane.seam_bytes_per_token
+
+
+def _drift_note(kind: str) -> str:
+    if kind == "meshnet":
+        return "tokens vs llama-whole at concurrency 1; logits do not leave the tail, so no logit diff"
+    if kind == "recompute":
+        return "recompute runs every token as a prefill (other kernel paths than decode): drift here is expected"
+    return "tokens vs llama-whole at concurrency 1; max logit diff over slot 0's steps up to the first divergence"
+
+
+def median_foreign(noise: list[dict[str, float]]) -> float | None:
+    return median([n["foreign_cores"] for n in noise])
+
+
+def reference_lane(lanes: LaneSet) -> LaneState | None:
+    return next((lane for lane in lanes.lanes if lane.label == REFERENCE_LANE), None)

@@ -1,0 +1,96 @@
+"""SmolLM2-135M-Instruct (Q4_1) served end to end: ``meshnet up`` and a 3-worker swarm behind the gateway.
+
+``meshnet up --demo-only`` must start tracker, workers and gateway, stream its demo and exit 0.
+Then the official ``openai`` client streams a greedy chat answer through tracker + 3 workers
+(layers 0:10, 10:20, 20:30) + gateway, and its text must equal the whole model run in process.
+
+Needs MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 and the provisioned model under
+$MESHNET_DATA_DIR/models (default .data/models).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The swarm harness lives with the integration tests; this directory is not a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+
+from swarm_harness import Reference, Swarm, meshnet_command
+
+from meshnet.artifact.provision import DEFAULT_MODEL, model_path
+
+DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
+MODEL = model_path(DATA_DIR / "models")
+ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
+    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+]
+
+CHAT = "What is the capital of France? Answer in one sentence."
+MAX_TOKENS = 32
+UP_TIMEOUT_S = 120
+
+
+def test_meshnet_up_demo_only_exits_0(tmp_path: Path) -> None:
+    # A data dir of its own (logs, slice cache), with the provisioned model linked in, so `up`
+    # finds the default model exactly as a user's would.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / MODEL.name).symlink_to(MODEL.resolve())
+    done = subprocess.run(
+        meshnet_command(tmp_path, "up", "--demo-only", "--port", "0", "--max-tokens", "24"),
+        capture_output=True, text=True, timeout=UP_TIMEOUT_S, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+    out = done.stdout
+    assert out.count("\nworker    ") + out.startswith("worker    ") == 3, out
+    assert "tracker   127.0.0.1:" in out and "gateway   http://127.0.0.1:" in out, out
+    assert f"model {DEFAULT_MODEL.name!r}" in out, out
+    assert "> Write a haiku" in out, out
+    demo = out.split("> Write a haiku", 1)[1]
+    assert "[accepted: " in demo and "[completed: " in demo, out
+    answer = demo.split("[decode_started", 1)[1].split("\n", 1)[1].split("  [completed: ", 1)[0]
+    assert len(answer.strip()) > 10, f"the demo printed no answer: {out}"
+    completion = re.search(r'"completion_tokens":(\d+)', demo)
+    assert completion is not None and 0 < int(completion.group(1)) <= 24, out  # EOS may end it early
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
+    with Swarm(tmp_path_factory.mktemp("swarm"), MODEL, model_name=DEFAULT_MODEL.name) as running:
+        running.start_tracker()
+        running.start_workers("0:10", "10:20", "20:30")
+        running.start_gateway()
+        running.wait_routable(nodes=3, timeout_s=60)
+        yield running
+
+
+def test_openai_stream_through_three_workers_equals_whole_model(swarm: Swarm, tmp_path: Path) -> None:
+    import openai
+
+    reference = Reference(MODEL, tmp_path / "cache")
+    try:
+        tokens = reference.generate(reference.chat_tokens(CHAT), MAX_TOKENS)
+        expected = reference.text(tokens)
+    finally:
+        reference.close()
+    assert "Paris" in expected, expected
+
+    base_url = swarm.gateways[0].ready_line.split()[3]
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        stream = client.chat.completions.create(
+            model=DEFAULT_MODEL.name, messages=[{"role": "user", "content": CHAT}], max_tokens=MAX_TOKENS,
+            temperature=0, stream=True,
+        )
+        text = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
+    assert text == expected
