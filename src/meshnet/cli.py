@@ -141,6 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         model_name=args.model_name, host=args.host, port=args.port, advertise=args.advertise, tracker=args.tracker,
         threads=args.threads, max_sessions=args.max_sessions, n_ctx_per_session=args.context,
         prefill_chunk=args.prefill_chunk, drain_grace=args.drain_grace, metrics_port=args.metrics_port,
+        memory_budget_mb=args.memory_budget_mb,
     )
 
     def ready(info: WorkerReady) -> None:
@@ -248,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--advertise", default=None, help="address peers use (default host:port)")
     worker.add_argument("--tracker", default=None, help="tracker address to register with")
     worker.add_argument("--drain-grace", type=float, default=20.0, help="seconds in-flight sessions get on SIGTERM")
+    worker.add_argument("--memory-budget-mb", type=float, default=None,
+                        help="cap weights + KV + scratch; --max-sessions is cut to fit")
     worker.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 picks)")
     worker.add_argument("--fake-layers", type=int, default=None, help="serve a fake model of N layers (tests)")
     worker.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds each fake batch sleeps (tests)")

@@ -223,8 +223,13 @@ class Swarm:
     def worker_at(self, address: str) -> Worker:
         return next(w for w in self.workers if w.address == address)
 
-    def wait_routable(self, nodes: int, timeout_s: float = 15.0) -> ModelSummary:
-        """Wait until the tracker lists the model as routable over exactly ``nodes`` live nodes."""
+    def wait_routable(self, nodes: int, timeout_s: float = 15.0, *, routable: bool = True) -> ModelSummary:
+        """Wait until the tracker lists the model (routable, unless told) over exactly ``nodes`` nodes.
+
+        The tracker counts a killed worker until it misses enough heartbeats, so a count alone
+        can be met by a dead node standing in for a live one still registering: wait for the
+        dead to leave first (``settle``).
+        """
         deadline = time.monotonic() + timeout_s
         last: object = None
         while time.monotonic() < deadline:
@@ -232,12 +237,16 @@ class Swarm:
                 models = asyncio.run(list_models(self.tracker_address))
                 last = models
                 summary = next((m for m in models if m.name == self.model_name), None)
-                if summary is not None and summary.routable and summary.nodes == nodes:
+                if summary is not None and (summary.routable or not routable) and summary.nodes == nodes:
                     return summary
             except Exception as error:  # the tracker may be restarting; the deadline bounds this
                 last = error
             time.sleep(0.1)
         raise AssertionError(f"tracker never listed {self.model_name} routable over {nodes} nodes: {last!r}")
+
+    def settle(self, timeout_s: float = 15.0) -> None:
+        """Wait until the tracker counts exactly the live workers: the killed ones have expired."""
+        self.wait_routable(len(self.live_workers()), timeout_s, routable=False)
 
     def close(self) -> None:
         for component in [*self.gateways, *(w.component for w in self.workers)]:

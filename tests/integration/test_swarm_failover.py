@@ -78,6 +78,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator
 
 def with_middle_workers(swarm: Swarm, count: int) -> None:
     """Exactly ``count`` live workers on 2:4, and the tracker routing over just the live ones."""
+    swarm.settle()
     middles = swarm.live_workers("2:4")
     if len(middles) < count:
         swarm.start_workers(*["2:4"] * (count - len(middles)))

@@ -20,6 +20,8 @@ class ModelDescription:
     n_embd: int
     context_length: int
     quantization: str
+    n_head: int
+    n_head_kv: int
 
 
 def describe_model(path: Path) -> ModelDescription:
@@ -31,7 +33,9 @@ def describe_model(path: Path) -> ModelDescription:
     except ValueError:
         quantization = f"file_type_{file_type}"
     name = str(model.get("general.name") or Path(path).stem)
+    n_head = model.get(f"{adapter.name}.attention.head_count", 1)
     return ModelDescription(
         name=name, architecture=adapter.name, adapter_version=adapter.version, n_layers=n_layers,
         n_embd=n_embd, context_length=int(model.get(f"{adapter.name}.context_length", 2048)), quantization=quantization,
+        n_head=int(n_head), n_head_kv=int(model.get(f"{adapter.name}.attention.head_count_kv", n_head)),
     )

@@ -59,9 +59,13 @@ class BenchConfig:
     anything else wants a core, which would drown the ratios this bench exists for."""
     prompt_tokens: int = 128
     output_tokens: int = 64
-    recompute_output_tokens: int = 16
+    recompute_output_tokens: int = 8
     """Recompute re-runs the whole sequence per token; fewer tokens keep its lane bounded."""
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    """The concurrency sweep, for ``sweep_lanes``."""
+    sweep_lanes: tuple[str, ...] = ("llama-whole", "split-3", "meshnet-3")
+    """Lanes measured at every concurrency; the others at ``lane_concurrency`` only (time budget)."""
+    lane_concurrency: tuple[int, ...] = (1, 4)
     repetitions: int = 3
     """Interleaved rounds (every lane once per round); medians are taken across rounds."""
     max_slots: int = 8
@@ -73,6 +77,10 @@ class BenchConfig:
     context_lane: str = "meshnet-3"
     """The KV-cached lane compared with recompute at each context (meshnet-N or split-N)."""
     context_decode_tokens: int = 8
+    recompute_max_step_s: float = 45.0
+    """Above this estimated cost per step, in-process recompute is not run at a context: one
+    recompute step is a prefill of the whole context, so the cached route's own prefill time
+    (TTFT) stands in for it, and the results say so."""
     recompute_shards: int = 3
     time_budget_s: float = 840.0
     """New rounds stop starting once 60% of this is spent; the context phase bounds itself."""
@@ -99,6 +107,12 @@ class BenchConfig:
 
     def lane_names(self) -> list[LaneName]:
         return [parse_lane(lane, self.recompute_shards) for lane in self.lanes]
+
+    def measures(self, lane: LaneName, concurrency: int) -> bool:
+        """Whether ``lane`` is run at ``concurrency`` in each round."""
+        if lane.kind in ("recompute", "transformers"):
+            return concurrency == 1  # recompute has no KV to batch; transformers runs one stream
+        return str(lane) in self.sweep_lanes or concurrency in self.lane_concurrency
 
 
 def quick_config(config: BenchConfig) -> BenchConfig:

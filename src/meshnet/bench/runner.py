@@ -185,8 +185,8 @@ async def run_rounds(
         order = taking_part[shift:] + taking_part[:shift]
         for k in config.concurrency:
             for lane in order:
-                if lane.name.kind in ("recompute", "transformers") and k != 1:
-                    continue  # solo lanes: recompute has no KV to batch; transformers runs one stream
+                if not config.measures(lane.name, k):
+                    continue
                 lane.runs.setdefault(k, []).append(await _measured(lanes, lane, prompts[:k]))
         noise.append(meter.read())
         completed += 1

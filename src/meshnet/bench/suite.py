@@ -175,6 +175,7 @@ async def context_phase(
         prompts = {c: tokens_of_length(tokenizer, "Read this long document and continue it.", c) for c in contexts}
     finally:
         tokenizer.close()
+    deadline = started + CONTEXT_SHARE_OF_BUDGET * config.time_budget_s
     recompute = RecomputeLane(open_local_route(config.model, config.recompute_shards, cache, llama))
     pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
     workers: WorkerSet | None = None
@@ -186,7 +187,9 @@ async def context_phase(
             workers = WorkerSet(f"context-{fast}", split_evenly(n_layers, fast.shards), options,
                                 config.worker_start_timeout_s)
             driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
-            remote = MeshnetLane(str(fast), workers, pool, driver, timeout_s=config.request_timeout_s)
+            # A long context's prefill may take minutes: the phase's deadline bounds it, not a request timeout.
+            timeout = max(config.request_timeout_s, deadline - time.monotonic())
+            remote = MeshnetLane(str(fast), workers, pool, driver, timeout_s=timeout)
 
             async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
                 return await remote.run((prompt,), [0], n)
@@ -197,9 +200,9 @@ async def context_phase(
                 return engine.run((prompt,), [0], n).record
 
         progress(f"context scaling: {fast} vs recompute at {contexts}")
-        deadline = started + CONTEXT_SHARE_OF_BUDGET * config.time_budget_s
         result = await measure_context_scaling(prompts, cached, recompute, fast_lane=str(fast),
-                                               decode_tokens=config.context_decode_tokens, deadline=deadline)
+                                               decode_tokens=config.context_decode_tokens, deadline=deadline,
+                                               max_recompute_step_s=config.recompute_max_step_s)
         result["note"] = (f"one session per engine with {room} positions; recompute = {config.recompute_shards} "
                           "in-process shards re-running the whole context for each token")
         return result

@@ -74,6 +74,7 @@ class SwarmClient:
         try:
             yield _accepted(request_id, session_id, route)
             failovers = 0
+            excluded: frozenset[NodeId] = frozenset()
             while True:
                 _attribute(nodes, route, len(request.prompt_tokens) + len(history))
                 session = RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch)
@@ -88,7 +89,7 @@ class SwarmClient:
                     failovers += 1
                     if failovers > self._config.max_failovers:
                         raise
-                    route = await self._replace(request, session_id, route, error)
+                    route, excluded = await self._replace(request, session_id, route, error, excluded)
                     replay = f"{error.message}; replaying {len(history)} token(s) onto a new route"
                     yield RouteHealth("failover", replay)
                     yield _accepted(request_id, session_id, route)
@@ -133,13 +134,18 @@ class SwarmClient:
             )
 
     async def _replace(
-        self, request: GenerationRequest, session_id: SessionId, route: Route, error: MeshnetError
-    ) -> Route:
-        # With no hop found dead the failure was transient or the session was evicted: the
-        # tracker may then plan the same shards again, which is what a retry should do.
-        dead = await self._probe_dead(route)
-        log.warning("route %s lost (%s); excluding %s", [h.address for h in route.hops], error.message, sorted(dead))
-        return await self.tracker.choose_route(request.model, session_id=session_id, exclude=dead)
+        self, request: GenerationRequest, session_id: SessionId, route: Route, error: MeshnetError,
+        excluded: frozenset[NodeId],
+    ) -> tuple[Route, frozenset[NodeId]]:
+        """A new route and the hops now known dead. With no hop found dead the failure was
+        transient or the session was evicted: the tracker may then plan the same shards again,
+        which is what a retry should do."""
+        # A hop found dead stays excluded for the rest of the request: the tracker lists it until
+        # it misses enough heartbeats, and routing onto it again would waste a failover.
+        excluded = excluded | await self._probe_dead(route)
+        hops = [hop.address for hop in route.hops]
+        log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
+        return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded), excluded
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:
         async def alive(address: str) -> bool:

@@ -38,6 +38,8 @@ class WorkerConfig:
     """Tracker address to register and heartbeat with; none runs the worker standalone."""
     threads: int = 2
     max_sessions: int = 8
+    memory_budget_mb: float | None = None
+    """Memory this shard may use for weights, KV and scratch; max_sessions is cut to fit it."""
     n_ctx_per_session: int = 2048
     prefill_chunk: int = 256
     """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics."""

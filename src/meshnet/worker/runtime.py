@@ -33,6 +33,7 @@ from meshnet.protocol.frames import (
     StepFrame,
     StepResult,
 )
+from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import Session, SessionTable
 
@@ -51,8 +52,9 @@ class ShardIdentity:
 
 
 class ShardRuntime:
-    def __init__(self, identity: ShardIdentity, loop: EngineLoop, table: SessionTable) -> None:
+    def __init__(self, identity: ShardIdentity, loop: EngineLoop, table: SessionTable, capacity: CapacityPlan) -> None:
         self.identity = identity
+        self.capacity = capacity
         self.loop = loop
         self.table = table
         self.shape = loop.backend.shape
@@ -243,5 +245,8 @@ class ShardRuntime:
             "evictions_total": float(table.evictions),
             "expired_steps_total": float(stats.expired),
             "draining": float(self.draining),
+            "kv_bytes_per_session": float(self.capacity.kv_bytes_per_session),
+            "kv_bytes_in_use": float(self.capacity.kv_bytes_per_session * len(table)),
+            "weight_bytes": float(self.capacity.weight_bytes),
         }
 

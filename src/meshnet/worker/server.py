@@ -38,7 +38,7 @@ from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
 from meshnet.protocol.generated import shard_pb2_grpc
-from meshnet.session.admission import AdmissionPolicy
+from meshnet.session.admission import AdmissionPolicy, CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import SessionTable
 from meshnet.telemetry.prometheus import build_registry, serve_metrics
@@ -86,17 +86,18 @@ def build_recipe(config: WorkerConfig, source_sha256: str) -> tuple[Recipe, str,
 async def serve_worker(
     config: WorkerConfig, *, on_ready: Callable[[WorkerReady], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
+    cache = SliceCache(config.data_dir / "cache")
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache)
     engine_config = LlamaConfig(
-        n_threads=config.threads, max_slots=config.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
+        n_threads=config.threads, max_slots=capacity.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
         max_batch_tokens=config.prefill_chunk, flash_attn=config.flash_attn,
     )
-    cache = SliceCache(config.data_dir / "cache")
 
     def open_backend() -> Backend:
         if config.fake is not None:
             fake = config.fake
             return FakeBackend(config.layers, fake.n_layers, n_embd=fake.n_embd, n_vocab=fake.n_vocab,
-                               max_slots=config.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
+                               max_slots=capacity.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
                                max_batch_tokens=config.prefill_chunk, step_delay=fake.step_delay)
         # Fail closed: CertificationFailed propagates and the worker never listens.
         certify_llama_engine()
@@ -112,14 +113,14 @@ async def serve_worker(
         recipe, model_name, quantization = fake_recipe(config.fake), config.model_name or "fake", "none"
     else:
         recipe, model_name, quantization = build_recipe(config, cache.source_sha256(config.model))  # type: ignore[arg-type]
-    table = SessionTable(AdmissionPolicy(config.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl))
+    table = SessionTable(AdmissionPolicy(capacity.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl))
     server = grpc.aio.server(options=channel_options(config.max_frame_bytes))
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     address = config.advertise or f"{config.host}:{port}"
     node_id = NodeId(f"shard-{config.layers.start}-{config.layers.stop}-{port}")
     identity = ShardIdentity(node_id, address, recipe.fingerprint(), recipe.backend, recipe.backend_version,
                              certified, config.max_frame_bytes)
-    runtime = ShardRuntime(identity, loop, table)
+    runtime = ShardRuntime(identity, loop, table, capacity)
     health = HealthServicer()
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(runtime), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -130,7 +131,9 @@ async def serve_worker(
     _install_signal_handlers(stop)
     background = [asyncio.create_task(_sweep(runtime, stop))]
     if config.tracker:
-        registration = _registration(config, address, recipe, model_name, quantization, speed, certified)
+        registration = _registration(
+            config, address, recipe, model_name, quantization, speed, certified, capacity.max_sessions
+        )
         tracker = TrackerClient(config.tracker)
         background.append(asyncio.create_task(
             heartbeat_loop(tracker, registration, lambda: _load(runtime), stop, on_epoch=_epoch_setter(table))
@@ -157,15 +160,37 @@ async def serve_worker(
         await asyncio.to_thread(loop.stop)
 
 
+SCRATCH_BASE_BYTES = 64 * 2**20
+"""llama.cpp's compute buffers for one batch, measured well under this for the default chunk;
+the tail adds its logits buffer (see plan_worker_capacity)."""
+
+
+def plan_worker_capacity(config: WorkerConfig, cache: SliceCache) -> CapacityPlan:
+    """Sessions this worker can hold: the configured number, cut to its memory budget."""
+    if config.fake is not None or config.model is None:
+        return CapacityPlan(config.max_sessions, 0, 0, 0, None)
+    description = describe_model(config.model)
+    files = cache.shard_files(config.model, config.layers, description.n_layers)
+    weights = files.slice.stat().st_size
+    scratch = SCRATCH_BASE_BYTES
+    if config.layers.is_tail(description.n_layers):
+        scratch += 4 * config.prefill_chunk * 65536  # logits rows, generous for vocabularies to 64K
+    kv = kv_bytes_per_session(config.n_ctx_per_session, len(config.layers), description.n_embd,
+                              description.n_head, description.n_head_kv)
+    budget = None if config.memory_budget_mb is None else int(config.memory_budget_mb * 2**20)
+    return plan_capacity(requested_sessions=config.max_sessions, weight_bytes=weights, kv_per_session=kv,
+                         scratch_bytes=scratch, budget_bytes=budget)
+
+
 def _registration(
     config: WorkerConfig, address: str, recipe: Recipe, model_name: str, quantization: str,
-    speed: ShardSpeed, certified: bool,
+    speed: ShardSpeed, certified: bool, max_sessions: int,
 ) -> NodeRegistration:
     return NodeRegistration(
         address=address, recipe=recipe, fingerprint=recipe.fingerprint(), model=model_name,
         quantization=quantization, layers=config.layers,
         hardware=HardwareSummary(os.cpu_count() or 1, psutil.virtual_memory().total),
-        max_sessions=config.max_sessions, prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        max_sessions=max_sessions, prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_tokens_per_s=speed.decode_tokens_per_s, certified=certified,
     )
 
