@@ -221,7 +221,8 @@ class Swarm:
         return [w for w in self.workers if w.alive and (wanted is None or w.layers == wanted)]
 
     def worker_at(self, address: str) -> Worker:
-        return next(w for w in self.workers if w.address == address)
+        """The live worker at ``address`` (a dead one's port may have been handed out again)."""
+        return next(w for w in self.workers if w.address == address and w.alive)
 
     def wait_routable(self, nodes: int, timeout_s: float = 15.0, *, routable: bool = True) -> ModelSummary:
         """Wait until the tracker lists the model (routable, unless told) over exactly ``nodes`` nodes.

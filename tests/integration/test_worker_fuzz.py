@@ -117,7 +117,7 @@ def _header(draw: st.DrawFn, m: pb.StepRequest) -> None:
     elif field in ("phase", "cache"):
         setattr(header, field, draw(I32.filter(lambda v: v not in (1, 2))))
     elif field == "compression":
-        header.compression = draw(I32.filter(lambda v: v != 1))
+        header.compression = draw(I32.filter(lambda v: v != 1))  # type: ignore[assignment]
     elif field in ("position", "step"):
         setattr(header, field, draw(st.integers(1, 2**64 - 1)))
     elif field == "checksum":

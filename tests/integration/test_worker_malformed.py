@@ -42,7 +42,7 @@ from meshnet.protocol.generated import shard_pb2 as pb
 pytestmark = pytest.mark.timeout(60)
 
 HEALTHY_PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
-HEALTHY_TOKENS = 40
+HEALTHY_TOKENS = 24
 N_EMBD = 16
 
 

@@ -10,6 +10,8 @@ never opened is NOT_FOUND. A refused frame ends its stream, and the session is f
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from worker_harness import (
@@ -26,10 +28,10 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.shard_stream import ChannelPool, ShardStream
+from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
 from meshnet.core.errors import CacheMiss, FailedPrecondition, RouteStale
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, StepFrame, StepResult
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,20 +92,38 @@ def test_the_reference_tells_routes_apart() -> None:
     )
 
 
-async def _open_and_step(pool: ChannelPool, workers: list[RunningWorker], session: str, **meta: object):  # type: ignore[no-untyped-def]
-    """Open a session on a raw head stream and run decode step 1; returns stream, frames, results."""
+@dataclass(frozen=True)
+class OpenSession:
+    """A session opened on a raw head stream, with decode step 1 done."""
+
+    stream: ShardStream
+    opening: StepFrame
+    step_one: StepFrame
+    first: StepResult
+    second: StepResult
+
+
+async def _open_and_step(pool: ChannelPool, workers: list[RunningWorker], session: str, **meta: object) -> OpenSession:
     stream = ShardStream(pool, workers[0].address, 5.0)
     opening = opening_frame(workers, session, PROMPTS["varied"], **meta)
     first = await stream.exchange(opening)
-    step_one = decode_frame(opening, step=1, position=first.next_position, token=first.token_id)  # type: ignore[arg-type]
-    second = await stream.exchange(step_one)
-    return stream, opening, step_one, (first, second)
+    step_one = decode_frame(opening, step=1, position=first.next_position, token=_token(first))
+    return OpenSession(stream, opening, step_one, first, await stream.exchange(step_one))
+
+
+def _token(result: StepResult) -> int:
+    if result.token_id is None:
+        raise AssertionError(f"step {result.step} sampled nothing")
+    return result.token_id
 
 
 async def test_duplicate_step_is_answered_again_without_touching_the_kv(
     pool: ChannelPool, three: list[RunningWorker]
 ) -> None:
-    stream, opening, step_one, (first, second) = await _open_and_step(pool, three, "dup-session")
+    opened = await _open_and_step(pool, three, "dup-session")
+    stream, opening, step_one, first, second = (
+        opened.stream, opened.opening, opened.step_one, opened.first, opened.second
+    )
     try:
         before = await metrics(pool, three)
         repeated = await stream.exchange(step_one)
@@ -116,7 +136,7 @@ async def test_duplicate_step_is_answered_again_without_touching_the_kv(
             assert new["active_sessions"] == 1
         # The KV still ends where step 1 left it: step 2 continues exactly as the reference does.
         third = await stream.exchange(
-            decode_frame(opening, step=2, position=second.next_position, token=second.token_id)  # type: ignore[arg-type]
+            decode_frame(opening, step=2, position=second.next_position, token=_token(second))
         )
         expected = fake_reference([w.layers for w in three], greedy_request(PROMPTS["varied"], 3))
         assert [first.token_id, second.token_id, third.token_id] == expected
@@ -126,7 +146,7 @@ async def test_duplicate_step_is_answered_again_without_touching_the_kv(
     await wait_idle(pool, three)
 
 
-BAD_CONTINUATIONS = {
+BAD_CONTINUATIONS: dict[str, tuple[dict[str, Any], type[FailedPrecondition]]] = {
     "gap in positions": ({"position_offset": 1}, FailedPrecondition),
     "skipped step": ({"step": 3}, FailedPrecondition),
     "older epoch": ({"route_epoch": 4}, RouteStale),
@@ -141,10 +161,11 @@ async def test_bad_continuation_is_refused_and_frees_the_session(
     pool: ChannelPool, three: list[RunningWorker], case: str
 ) -> None:
     changes, error_type = BAD_CONTINUATIONS[case]
-    stream, opening, _, (_, second) = await _open_and_step(pool, three, f"bad-{case.replace(' ', '-')}", route_epoch=5)
+    opened = await _open_and_step(pool, three, f"bad-{case.replace(' ', '-')}", route_epoch=5)
+    stream, opening = opened.stream, opened.opening
     changes = dict(changes)
-    position = second.next_position + int(changes.pop("position_offset", 0))  # type: ignore[call-overload]
-    step = int(changes.pop("step", 2))  # type: ignore[call-overload]
+    position = opened.second.next_position + int(changes.pop("position_offset", 0))
+    step = int(changes.pop("step", 2))
     before = await metrics(pool, three)
     try:
         with pytest.raises(error_type) as raised:
@@ -183,3 +204,13 @@ async def test_continuing_a_session_never_opened_is_a_cache_miss(pool: ChannelPo
     finally:
         await stream.close()
     await wait_idle(pool, three)
+
+
+def test_workers_accept_the_keepalive_pings_their_peers_send() -> None:
+    # Shard servers and their clients share these options. A server that allows fewer pings than
+    # clients send answers GOAWAY too_many_pings after ~30 s without data and kills every stream
+    # on the connection (seen live: an idle session stream died at 30 s; a 45 s idle check is too
+    # slow for this suite, so the invariant is checked on the options themselves).
+    options = dict(channel_options(DEFAULT_MAX_FRAME_BYTES))
+    assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] <= options["grpc.keepalive_time_ms"]
+    assert options["grpc.http2.max_ping_strikes"] == 0

@@ -2,8 +2,9 @@
 
 A ``WorkerCluster`` starts ``meshnet worker`` subprocesses (fake model by default), reads each
 one's ``meshnet worker ready HOST:PORT ...`` line with a bounded wait, and on close sends
-SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never leaks a process.
-Each worker's stderr goes to a log file beside its data dir; a start-up failure quotes it.
+SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never leaks a process
+(and each worker asks the kernel to kill it should the test process die first). Each worker's
+stderr goes to a log file beside its data dir; a start-up failure quotes it.
 
 The async helpers drive routes over real gRPC (the route driver, raw shard streams, metrics
 polls) and build the in-process reference a distributed run must equal: the same fake
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import queue
 import signal
@@ -64,7 +66,8 @@ class WorkerSpec:
     extra: tuple[str, ...] = ()
 
     def arguments(self, data_dir: Path) -> list[str]:
-        """The command line; ``data_dir`` is this worker's own (slice caches are not shared)."""
+        """The command line. ``data_dir`` is this worker's own: workers starting at once in one
+        data dir race on the slice cache's source-hash index (a shared ``.partial`` file)."""
         args = [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), "worker",
                 "--layers", f"{self.layers.start}:{self.layers.stop}", "--port", "0"]
         if self.fake_layers is not None:
@@ -146,6 +149,16 @@ class RunningWorker:
                 return
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the test process dies without its teardown (SIGKILL, a
+    hard timeout), the kernel kills the worker too, so no worker outlives its test run."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class WorkerCluster:
     """Every worker a test module starts; ``close`` stops them all (use it as a context manager)."""
 
@@ -173,7 +186,7 @@ class WorkerCluster:
             with log_path.open("w") as log:
                 process = subprocess.Popen(
                     spec.arguments(data_dir), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                    text=True, env=environment,
+                    text=True, env=environment, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             worker = RunningWorker(spec, process, log_path)
             self.workers.append(worker)

@@ -60,7 +60,8 @@ GREEDY_TOKENS = 64
 WORKER_THREADS = 1
 """Three workers share 2 cores: with 2 threads each, llama.cpp's spinning thread barriers fight
 over the cores whenever the stages compute at once (8 concurrent sessions ran ~3x slower than one
-after another). Thread count does not change the arithmetic (the reference uses 2)."""
+after another). Thread count does not change the arithmetic (checked: 1-thread workers match a
+2-thread reference); the in-process reference uses 1 too, which is fastest on a busy machine."""
 
 PASSAGE = (
     "The old railway line ran along the river for forty miles, and the villages it served grew up "
@@ -106,7 +107,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from meshnet.engine.llama_backend import LlamaConfig
     from meshnet.engine.shards import open_local_route
 
-    config = LlamaConfig(max_slots=MAX_SESSIONS, n_ctx_per_slot=CONTEXT, max_batch_tokens=PREFILL_CHUNK)
+    config = LlamaConfig(n_threads=WORKER_THREADS, max_slots=MAX_SESSIONS, n_ctx_per_slot=CONTEXT,
+                         max_batch_tokens=PREFILL_CHUNK)
     route = open_local_route(MODEL, 1, SliceCache(tmp_path_factory.mktemp("reference-slices")), config)
     yield route
     route.close()

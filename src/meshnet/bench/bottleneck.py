@@ -124,7 +124,9 @@ def _failures_or_drift(results: dict[str, Any], segments: list[str]) -> str:
             notes.append(f"{name}: {entry['failures']} failed request(s) {sorted(errors)[:2]}")
         agreement = drift.get("token_agreement")
         if segments[2:3] == ["drift"] and isinstance(agreement, int | float) and agreement < 1.0:
-            notes.append(f"{name}: token agreement {agreement:.3f}, first divergence at generated token "
+            by_k = ", ".join(f"k={k}: {run['token_agreement']:.3f}" for k, run in entry.get("concurrency", {}).items()
+                             if isinstance(run.get("token_agreement"), int | float))
+            notes.append(f"{name}: token agreement {agreement:.3f} ({by_k}), first divergence at generated token "
                          f"{drift.get('first_divergence')}, max logit diff {drift.get('max_logit_diff')}")
     return "; ".join(notes) or "no lane reports the problem in detail"
 

@@ -213,7 +213,11 @@ def lane_result(
     for k, records in sorted(lane.runs.items()):
         if any(records):
             paired = reference.runs.get(k, []) if reference is not None else []
-            concurrency[str(k)] = summarize(records, paired)
+            summary = summarize(records, paired)
+            agreement = token_agreement([r for r in records if r is not None], reference_tokens)
+            summary["token_agreement"] = agreement.token_agreement
+            summary["first_divergence"] = agreement.first_divergence
+            concurrency[str(k)] = summary
     all_runs = [r for records in lane.runs.values() for r in records if r is not None]
     agreement = token_agreement(all_runs, reference_tokens)
     max_diff = None

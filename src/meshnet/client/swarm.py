@@ -85,11 +85,15 @@ class SwarmClient:
                             _attribute(nodes, route, 1)
                         yield event
                     break
-                except (Unavailable, CacheMiss) as error:
-                    failovers += 1
-                    if failovers > self._config.max_failovers:
+                except MeshnetError as error:
+                    lost = None if failovers >= self._config.max_failovers else await self._lost_hops(error, route)
+                    if lost is None:
                         raise
-                    route, excluded = await self._replace(request, session_id, route, error, excluded)
+                    failovers += 1
+                    # A hop found dead stays excluded for the rest of the request: the tracker lists
+                    # it until it misses enough heartbeats, and routing onto it again wastes a failover.
+                    excluded |= lost
+                    route = await self._replace(request, session_id, route, error, excluded)
                     replay = f"{error.message}; replaying {len(history)} token(s) onto a new route"
                     yield RouteHealth("failover", replay)
                     yield _accepted(request_id, session_id, route)
@@ -133,19 +137,28 @@ class SwarmClient:
                 f"context each session has on this swarm's shards; {advice}"
             )
 
+    async def _lost_hops(self, error: MeshnetError, route: Route) -> frozenset[NodeId] | None:
+        """The hops to avoid if ``error`` is recovered by replay onto a new route; None if not.
+
+        Lost state -- a dead or restarted shard, an evicted session -- is recovered by replay, and
+        with no hop found dead the tracker may plan the same shards again, which is what a retry
+        should do. An untyped error counts too when a hop probes dead: a shard relaying the death
+        of the next one does not always know it was a death (gRPC fails a send on a broken
+        transport with INTERNAL), and the probe, not the relayed code, tells a lost hop.
+        """
+        untyped = type(error) is MeshnetError
+        if not (untyped or isinstance(error, Unavailable | CacheMiss)):
+            return None
+        dead = frozenset(await self._probe_dead(route))
+        return None if untyped and not dead else dead
+
     async def _replace(
         self, request: GenerationRequest, session_id: SessionId, route: Route, error: MeshnetError,
         excluded: frozenset[NodeId],
-    ) -> tuple[Route, frozenset[NodeId]]:
-        """A new route and the hops now known dead. With no hop found dead the failure was
-        transient or the session was evicted: the tracker may then plan the same shards again,
-        which is what a retry should do."""
-        # A hop found dead stays excluded for the rest of the request: the tracker lists it until
-        # it misses enough heartbeats, and routing onto it again would waste a failover.
-        excluded = excluded | await self._probe_dead(route)
+    ) -> Route:
         hops = [hop.address for hop in route.hops]
         log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
-        return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded), excluded
+        return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:
         async def alive(address: str) -> bool:

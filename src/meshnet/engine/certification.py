@@ -77,7 +77,33 @@ def _compare(whole: LocalRoute, split: LocalRoute) -> tuple[str, ...]:
     for output in batched:
         _require(solo[output.slot], output.logits, f"batched step of session {output.slot}")
     checks.append("batched decode of 2 sessions bit-identical to solo")
+    checks.append(_check_isolation(whole, split))
     return tuple(checks)
+
+
+def _check_isolation(whole: LocalRoute, split: LocalRoute) -> str:
+    """A session's numerics must not depend on what other sessions did to the KV around it.
+
+    Session 0 decodes alone on ``whole``; on ``split`` a second session is prefilled, released,
+    and replaced by a third (its cells freed and reused) while session 0 decodes.
+    """
+    prompt = np.array(PROMPTS[0], np.int32)
+    for route in (whole, split):
+        route.release(0)
+        route.release(1)
+    expected = [whole.forward(0, 0, prompt)[-1]]
+    actual = [split.forward(0, 0, prompt)[-1]]
+    split.forward(1, 0, np.array(PROMPTS[1] * 3, np.int32))
+    for step in range(DECODE_STEPS):
+        token = np.array([int(np.argmax(expected[-1]))], np.int32)
+        if step == 2:
+            split.release(1)
+            split.forward(1, 0, np.array(PROMPTS[1], np.int32))
+        expected.append(whole.forward(0, len(prompt) + step, token)[-1])
+        actual.append(split.forward(0, len(prompt) + step, token)[-1])
+    for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
+        _require(want, got, f"isolation step {index}")
+    return "a session's output unchanged by other sessions freeing and reusing KV"
 
 
 def _require(expected: np.ndarray | None, actual: np.ndarray | None, what: str) -> None:

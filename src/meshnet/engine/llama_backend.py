@@ -104,7 +104,9 @@ class LlamaBackend:
         params.n_batch = params.n_ubatch = config.max_batch_tokens
         params.n_seq_max = config.max_slots
         params.n_threads = params.n_threads_batch = config.n_threads
-        params.kv_unified = True
+        # One KV stream per session: a unified cache reuses cells freed by other sessions, which
+        # reorders a session's cells and so its attention sums (measured: logits moved by 0.6).
+        params.kv_unified = False
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )

@@ -8,6 +8,7 @@ a silent recompute on wrong state.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -51,7 +52,9 @@ class SessionTable:
         self.policy = policy
         self._clock = clock
         self._sessions: dict[SessionId, Session] = {}
-        self._free = list(range(policy.max_sessions - 1, -1, -1))
+        # Lowest free slot first: llama.cpp batches only runs of consecutive sequence ids into
+        # one graph evaluation, so keeping live slots packed keeps decode batches whole.
+        self._free = list(range(policy.max_sessions))
         self._gone: OrderedDict[SessionId, str] = OrderedDict()
         self.evictions = 0
         self.rejections = 0
@@ -84,7 +87,7 @@ class SessionTable:
         if decision.evict is not None:
             evicted = self.close(SessionId(decision.evict), reason="evicted to make room (least recently used)")
             self.evictions += 1
-        session = Session(key, request_id, self._free.pop(), epoch, now)
+        session = Session(key, request_id, heapq.heappop(self._free), epoch, now)
         self._sessions[key] = session
         self._gone.pop(key, None)
         return session, evicted
@@ -119,7 +122,7 @@ class SessionTable:
     def close(self, key: SessionId, *, reason: str = "released") -> Session | None:
         session = self._sessions.pop(key, None)
         if session is not None:
-            self._free.append(session.slot)
+            heapq.heappush(self._free, session.slot)
             self._gone[key] = reason
             while len(self._gone) > MAX_TOMBSTONES:
                 self._gone.popitem(last=False)

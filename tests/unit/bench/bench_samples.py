@@ -67,7 +67,8 @@ def sample_results(figures: Figures = Figures()) -> dict[str, Any]:
     meshnet["hop_timing"] = {
         "probe_tokens": 32, "step_ms_p50": f.compute_ms + 3 * f.link_ms, "step_ms_p95": 20.0,
         "compute_ms_per_token_p50": f.compute_ms, "link_ms_p50": f.link_ms, "link_ms_p95": 2 * f.link_ms,
-        "links": 3, "hops": [{"address": "127.0.0.1:1", "layers": "0:10", "compute_ms_p50": 3.0, "compute_ms_p95": 4.0}],
+        "links": 3,
+        "hops": [{"address": "127.0.0.1:1", "layers": "0:10", "compute_ms_p50": 3.0, "compute_ms_p95": 4.0}],
     }
     meshnet["wire"] = {"links": [], "bytes_per_token_per_hop": f.wire_bytes, "hidden_payload_bytes": 4 * N_EMBD,
                        "framing_bytes_per_message": 14, "bytes_per_token_total": 3 * f.wire_bytes}

@@ -1,0 +1,86 @@
+"""A whole ``meshnet bench --quick`` on the tiny synthetic model: in-process lanes, two worker
+processes on loopback, the context phase, the results file, the report and the gate.
+
+It runs in seconds and exists so a harness that rots (a renamed field, a lane that no longer
+starts, a schema slip) fails ``make test`` instead of the next real benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshnet.bench.schema_check import load_schema, validate
+from meshnet.cli import main
+
+LANES = "llama-whole,split-2,recompute,meshnet-2,transformers"
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, int]:
+    folder = tmp_path_factory.mktemp("bench")
+    out, report = folder / "results.json", folder / "report"
+    code = main([
+        "--data-dir", str(folder / "data"), "bench", "--model", str(tiny_model), "--quick", "--lanes", LANES,
+        "--out", str(out), "--report", str(report), "--budget", "120",
+    ])
+    return json.loads(out.read_text()), report, code
+
+
+def test_results_validate_against_the_schema(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    results, _, code = bench_run
+    assert code == 0
+    assert validate(results, load_schema()) == []
+    assert results["run"]["quick"] and results["run"]["rounds_completed"] == 2
+    assert results["model"]["n_embd"] == 64 and len(results["model"]["sha256"]) == 64
+
+
+def test_every_lane_measured_or_skipped_with_a_reason(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    lanes = bench_run[0]["lanes"]
+    assert set(lanes) == set(LANES.split(","))
+    assert lanes["transformers"]["status"] == "skipped" and "not installed" in lanes["transformers"]["reason"]
+    for name in ("llama-whole", "split-2", "recompute", "meshnet-2"):
+        lane = lanes[name]
+        assert lane["status"] == "ok" and lane["failures"] == 0, lane
+        assert lane["concurrency"]["1"]["decode_tok_s"] > 0
+        assert lane["artifact_bytes"] > 0
+    assert set(lanes["meshnet-2"]["concurrency"]) == {"1", "4"}
+    assert set(lanes["recompute"]["concurrency"]) == {"1"}
+    assert len(lanes["meshnet-2"]["rss_bytes_per_process"]) == 2
+
+
+def test_split_and_route_reproduce_the_whole_model_exactly(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    lanes = bench_run[0]["lanes"]
+    for name in ("split-2", "meshnet-2"):
+        assert lanes[name]["drift"]["token_agreement"] == 1.0
+        assert lanes[name]["drift"]["compared_tokens"] > 0
+    assert lanes["split-2"]["drift"]["max_logit_diff"] == 0.0
+
+
+def test_seam_bytes_and_hop_timing(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    lanes = bench_run[0]["lanes"]
+    assert lanes["llama-whole"]["seam_bytes_per_token"] == 0.0
+    assert lanes["split-2"]["seam_bytes_per_token"] == 4 * 64
+    # Recompute moves the whole sequence across the seam for every token.
+    assert lanes["recompute"]["seam_bytes_per_token"] >= 64 * 4 * 64
+    wire, hops = lanes["meshnet-2"]["wire"], lanes["meshnet-2"]["hop_timing"]
+    assert wire["hidden_payload_bytes"] == 256 and 256 < wire["bytes_per_token_per_hop"] < 256 + 512
+    assert hops["links"] == 2 and len(hops["hops"]) == 2 and hops["step_ms_p50"] > 0
+
+
+def test_context_scaling_points(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    scaling = bench_run[0]["context_scaling"]
+    assert scaling["fast_lane"] == "meshnet-3"
+    for point in scaling["points"].values():
+        assert point["speedup"] > 0 and point["first_token_agrees"] is True
+
+
+def test_report_and_plots_are_written(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    _, report, _ = bench_run
+    text = (report / "report.md").read_text()
+    assert "## Headline" in text and "| meshnet-2 |" in text and "## Gate: optimize" in text
+    for plot in ("concurrency.png", "context.png", "lanes.png"):
+        assert (report / plot).read_bytes()[:4] == b"\x89PNG"
