@@ -163,7 +163,9 @@ def test_w2_failover_to_spare_continues_identically(
 IDLE_AFTER_KILL_S = 0.5
 
 
-async def _drive_with_pause(swarm: Swarm, request: GenerationRequest, kill_after: int) -> tuple[list[int], list[object]]:
+async def _drive_with_pause(
+    swarm: Swarm, request: GenerationRequest, kill_after: int
+) -> tuple[list[int], list[object]]:
     """Drive ``request`` with the swarm client itself; after ``kill_after`` tokens stop pulling,
     SIGKILL the middle hop and wait, so the route sees the death while idle between two steps."""
     frame_bytes = 4 * 1024 * 1024

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshnet.artifact.hashing import file_sha256
+from meshnet.artifact.hashing import file_sha256, partial_path
 from meshnet.artifact.slicing import slice_role, verify_slice, write_embedding_table, write_slice
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
@@ -43,7 +43,7 @@ class SliceCache:
         if key not in index:
             index[key] = file_sha256(source)
             self.root.mkdir(parents=True, exist_ok=True)
-            partial = index_path.with_name(index_path.name + ".partial")
+            partial = partial_path(index_path)
             partial.write_text(json.dumps(index, indent=1))
             os.replace(partial, index_path)
         return index[key]
@@ -68,5 +68,5 @@ class SliceCache:
                 verify_slice(path, layers=layers, source_sha256=digest)
                 return
             except MeshnetError:
-                path.unlink()  # damaged or foreign: cut it again
+                path.unlink(missing_ok=True)  # damaged or foreign: cut it again
         make()  # type: ignore[operator]

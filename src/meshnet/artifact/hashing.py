@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,3 +36,13 @@ def tensors_sha256(entries: Iterable[tuple[str, int, tuple[int, ...], memoryview
         digest.update(f"{name}|{ggml_type}|{','.join(map(str, shape))}|{len(payload)}\n".encode())
         digest.update(payload)
     return digest.hexdigest()
+
+
+def partial_path(target: Path) -> Path:
+    """A private temporary name next to ``target`` for an atomic write-then-rename.
+
+    Unique per writer, so two processes cutting the same file at once (two workers started
+    together on one machine) never write into each other's half-finished file.
+    """
+    target = Path(target)
+    return target.with_name(f"{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")

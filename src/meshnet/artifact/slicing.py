@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from meshnet.artifact.architectures import ArchitectureAdapter, adapter_for
 from meshnet.artifact.gguf_file import GGUFFile, MetadataValue, TensorInfo, ValueType, parse_gguf
-from meshnet.artifact.hashing import file_sha256, tensors_sha256
+from meshnet.artifact.hashing import file_sha256, partial_path, tensors_sha256
 from meshnet.core.errors import ArtifactError, ProvenanceMismatch
 from meshnet.core.layers import LayerRange
 
@@ -190,7 +190,7 @@ def _write(
                    **{_PROVENANCE + k: MetadataValue(ValueType(int(t)), v)
                       for k, (t, v) in _provenance_metadata(claimed).items() if k != "content_sha256"}}
         provenance = replace(claimed, content_sha256=_content_hash(tensors, written))
-        partial = out.with_name(out.name + ".partial")
+        partial = partial_path(out)
         try:
             _emit(model, adapter, planned, metadata, provenance, partial, view)
             os.replace(partial, out)

@@ -16,6 +16,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
+from meshnet.artifact.hashing import partial_path
+
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -105,7 +107,7 @@ def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> 
         add("output.weight", (n_vocab, spec.n_embd), spec.weight_type)
 
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     try:
         writer.write_header_to_file(path=partial)
         writer.write_kv_data_to_file()

@@ -64,6 +64,9 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._sessions
+
     @property
     def free_slots(self) -> int:
         return len(self._free)

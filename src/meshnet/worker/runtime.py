@@ -72,7 +72,7 @@ class ShardRuntime:
         """Run one frame of a session; the caller owns the stream the session lives on."""
         meta = frame.meta
         self._check_identity(frame)
-        if meta.cache == "new" and meta.step == 0:
+        if meta.cache == "new" and meta.step == 0 and meta.session_id not in self.table:
             session = await self._open(frame, stream_deadline)
             try:
                 return await self._run(session, frame)
@@ -140,7 +140,15 @@ class ShardRuntime:
             )
         if meta.layers != self.shape.layers:
             raise FailedPrecondition(f"frame asks for layers {meta.layers}; this shard runs {self.shape.layers}")
-        if not self.shape.emits_logits and not frame.downstream and meta.cache == "new":
+        if frame.downstream:
+            # Only where the route continues, and only to its end: a frame must not be able to
+            # make a shard open channels to arbitrary addresses.
+            if self.shape.emits_logits or meta.cache != "new":
+                raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
+            if frame.downstream[-1].layers.stop != self.shape.n_layers:
+                raise InvalidArgument(f"the route's hops end at layer {frame.downstream[-1].layers.stop}, "
+                                      f"not at the model's {self.shape.n_layers}")
+        elif not self.shape.emits_logits and meta.cache == "new":
             raise InvalidArgument("a non-tail shard needs the downstream hops in the opening frame")
         if frame.continuation is not None and not self.shape.takes_tokens:
             raise InvalidArgument("only the head can decode on by itself (continuation)")
