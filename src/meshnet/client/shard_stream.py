@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from meshnet.core.errors import Unavailable
+from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol.convert import frame_to_proto, result_from_proto
 from meshnet.protocol.frames import StepFrame, StepResult
 from meshnet.protocol.generated import shard_pb2_grpc
@@ -57,6 +57,23 @@ class ChannelPool:
         await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
 
 
+class _EndedCall(grpc.RpcError):
+    """A finished call's status in the shape ``error_from_rpc`` reads."""
+
+    def __init__(self, code: grpc.StatusCode, details: str | None, metadata: Any) -> None:
+        super().__init__()
+        self._code, self._details, self._metadata = code, details, metadata
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str | None:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._metadata
+
+
 class ShardStream:
     def __init__(self, pool: ChannelPool, address: str, timeout: float | None) -> None:
         self.address = address
@@ -66,9 +83,23 @@ class ShardStream:
         """Send one frame and wait for the next shard's answer to it."""
         try:
             await self._call.write(frame_to_proto(frame))
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            # The call already ended (the shard died or aborted since the last step): report
+            # how it ended, not the write's own complaint about a finished call.
+            raise await self._ended() from None
         return await self.read()
+
+    async def _ended(self) -> MeshnetError:
+        try:
+            code = await asyncio.wait_for(self._call.code(), timeout=1.0)
+            details = await self._call.details()
+            metadata = await self._call.trailing_metadata()
+        except (TimeoutError, grpc.RpcError, asyncio.CancelledError):
+            return Unavailable(f"shard {self.address} is unreachable")
+        error = error_from_rpc(_EndedCall(code, details, metadata))
+        if type(error) is MeshnetError or code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            return Unavailable(f"shard {self.address} ended the session stream: {error.message}")
+        return error
 
     async def read(self) -> StepResult:
         """The next answer on the stream (after a frame that asked the head to decode on, one per step)."""

@@ -18,7 +18,7 @@ from meshnet.client.route_driver import RouteDriver, RouteSession
 from meshnet.client.shard_admin import fetch_capability
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.tracker_client import TrackerClient
-from meshnet.core.errors import CacheMiss, DeadlineExceeded, InvalidArgument, MeshnetError, Unavailable
+from meshnet.core.errors import CacheMiss, DeadlineExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
 from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
 from meshnet.core.generation import FinishReason, GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
@@ -158,7 +158,11 @@ class SwarmClient:
     ) -> Route:
         hops = [hop.address for hop in route.hops]
         log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
-        return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
+        try:
+            return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
+        except NoRoute as no_route:
+            # The client-visible fact is the lost worker; the missing replacement is why it stays lost.
+            raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:
         async def alive(address: str) -> bool:
