@@ -31,12 +31,21 @@ def generate(out: Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / "meshnet" / "v1").glob("*.proto"))
     include = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as raw:
-        args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", f"--python_out={raw}",
-                f"--pyi_out={raw}", f"--grpc_python_out={raw}", *protos]
+        args = [
+            "protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{include}",
+            f"--python_out={raw}",
+            f"--pyi_out={raw}",
+            f"--grpc_python_out={raw}",
+            *protos,
+        ]
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "__init__.py").write_text('"""Generated from proto/meshnet/v1 by scripts/gen_proto.py. Do not edit."""\n')
+        (out / "__init__.py").write_text(
+            '"""Generated from proto/meshnet/v1 by scripts/gen_proto.py. Do not edit."""\n'
+        )
         for path in sorted((Path(raw) / "meshnet" / "v1").iterdir()):
             text = re.sub(r"\bfrom meshnet\.v1 import\b", f"from {PACKAGE} import", path.read_text())
             text = re.sub(r"^import meshnet\.v1\.(\w+) as", rf"from {PACKAGE} import \1 as", text, flags=re.M)

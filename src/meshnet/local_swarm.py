@@ -53,7 +53,12 @@ class Child:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            list(command), stdout=subprocess.PIPE, stderr=self._log, text=True, env=_child_env(), start_new_session=True,
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=_child_env(),
+            start_new_session=True,
         )
         threading.Thread(target=self._pump, daemon=True).start()
         self.ready_line = self._await(ready_prefix, log_path)
@@ -116,26 +121,59 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     children: list[Child] = []
     try:
-        tracker = Child("tracker", _meshnet(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1"),
-                        "meshnet tracker listening on", logs / "tracker.log")
+        tracker = Child(
+            "tracker",
+            _meshnet(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1"),
+            "meshnet tracker listening on",
+            logs / "tracker.log",
+        )
         children.append(tracker)
         tracker_address = tracker.ready_line.rsplit(" ", 1)[-1]
         print(f"tracker   {tracker_address}")
         ranges = split_evenly(model_layer_count(config.model), config.shards)
         for layers in ranges:
-            worker = Child(f"worker {layers}", _meshnet(
-                config.data_dir, "worker", "--model", str(config.model), "--layers", str(layers), "--port", "0",
-                "--tracker", tracker_address, "--threads", str(config.threads), "--metrics-port", "0",
-                *(["--model-name", config.model_name] if config.model_name else []),
-            ), "meshnet worker ready", logs / f"worker-{layers.start}-{layers.stop}.log")
+            worker = Child(
+                f"worker {layers}",
+                _meshnet(
+                    config.data_dir,
+                    "worker",
+                    "--model",
+                    str(config.model),
+                    "--layers",
+                    str(layers),
+                    "--port",
+                    "0",
+                    "--tracker",
+                    tracker_address,
+                    "--threads",
+                    str(config.threads),
+                    "--metrics-port",
+                    "0",
+                    *(["--model-name", config.model_name] if config.model_name else []),
+                ),
+                "meshnet worker ready",
+                logs / f"worker-{layers.start}-{layers.stop}.log",
+            )
             children.append(worker)
             fields = worker.ready_line.split()
             metrics = next((f.split("=", 1)[1] for f in fields if f.startswith("metrics=")), "")
             print(f"worker    {fields[3]}  layers {layers}  {metrics}")
-        gateway = Child("gateway", _meshnet(
-            config.data_dir, "gateway", "--tracker", tracker_address, "--model", str(config.model),
-            "--port", str(config.gateway_port), *(["--model-name", config.model_name] if config.model_name else []),
-        ), "meshnet gateway ready", logs / "gateway.log")
+        gateway = Child(
+            "gateway",
+            _meshnet(
+                config.data_dir,
+                "gateway",
+                "--tracker",
+                tracker_address,
+                "--model",
+                str(config.model),
+                "--port",
+                str(config.gateway_port),
+                *(["--model-name", config.model_name] if config.model_name else []),
+            ),
+            "meshnet gateway ready",
+            logs / "gateway.log",
+        )
         children.append(gateway)
         base_url = gateway.ready_line.split()[3]
         model = gateway.ready_line.split("model=", 1)[1]
@@ -177,14 +215,19 @@ def _wait_routable(base_url: str, model: str) -> None:
 
 def _demo(base_url: str, model: str, config: LocalSwarmConfig) -> None:
     print(f"\n> {config.prompt}\n")
-    body = {"model": model, "messages": [{"role": "user", "content": config.prompt}],
-            "max_tokens": config.max_tokens, "temperature": 0, "stream": True}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": config.prompt}],
+        "max_tokens": config.max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     telemetry: list[str] = []
     mid_line = False
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith(": telemetry "):
-                event = json.loads(line[len(": telemetry "):])
+                event = json.loads(line[len(": telemetry ") :])
                 telemetry.append(_describe(event))
                 if event.get("kind") != "progress":
                     print(f"{chr(10) if mid_line else ''}  [{telemetry[-1]}]")
@@ -204,7 +247,9 @@ def _describe(event: dict[str, object]) -> str:
     if kind == "accepted":
         hops = event.get("hops")
         route = " -> ".join(
-            f"{h.get('address')}[{h.get('layers')}]" for h in (hops if isinstance(hops, list) else []) if isinstance(h, dict)
+            f"{h.get('address')}[{h.get('layers')}]"
+            for h in (hops if isinstance(hops, list) else [])
+            if isinstance(h, dict)
         )
         return f"accepted: {event.get('model')} {event.get('quantization')}, route {route}"
     if kind == "prefill_completed":

@@ -78,8 +78,13 @@ class Component:
         self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         with log_path.open("w") as log:
             self.process = subprocess.Popen(
-                list(command), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                list(command),
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
             )
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -169,14 +174,27 @@ class Swarm:
 
     def start_tracker(self, port: int = 0) -> str:
         """Start (or restart, on the same port and database) the tracker; returns its address."""
-        component = Component("tracker", meshnet_command(
-            self.root, "tracker", "--port", str(port), "--db", str(self.db_path),
-            "--heartbeat-interval", str(self.heartbeat_s), "--missed-heartbeats", str(MISSED_HEARTBEATS),
-            "--shutdown-grace", "0.5",
-        ), self._log("tracker"))
+        component = Component(
+            "tracker",
+            meshnet_command(
+                self.root,
+                "tracker",
+                "--port",
+                str(port),
+                "--db",
+                str(self.db_path),
+                "--heartbeat-interval",
+                str(self.heartbeat_s),
+                "--missed-heartbeats",
+                str(MISSED_HEARTBEATS),
+                "--shutdown-grace",
+                "0.5",
+            ),
+            self._log("tracker"),
+        )
         self.tracker = component
         line = component.await_ready(TRACKER_READY, time.monotonic() + START_TIMEOUT_S)
-        self.tracker_address = line[len(TRACKER_READY):].strip()
+        self.tracker_address = line[len(TRACKER_READY) :].strip()
         return self.tracker_address
 
     @property
@@ -191,17 +209,36 @@ class Swarm:
             name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            component = Component(name, meshnet_command(
-                data_dir, "worker", "--model", str(self.model), "--model-name", self.model_name, "--layers", text,
-                "--tracker", self.tracker_address, "--port", "0", "--threads", "1", "--context", str(CONTEXT),
-                "--drain-grace", "1",
-            ), self._log(name))
+            component = Component(
+                name,
+                meshnet_command(
+                    data_dir,
+                    "worker",
+                    "--model",
+                    str(self.model),
+                    "--model-name",
+                    self.model_name,
+                    "--layers",
+                    text,
+                    "--tracker",
+                    self.tracker_address,
+                    "--port",
+                    "0",
+                    "--threads",
+                    "1",
+                    "--context",
+                    str(CONTEXT),
+                    "--drain-grace",
+                    "1",
+                ),
+                self._log(name),
+            )
             worker = Worker(component, layers)
             self.workers.append(worker)
             started.append(worker)
         deadline = time.monotonic() + START_TIMEOUT_S
         for worker in started:
-            fields = worker.component.await_ready(WORKER_READY, deadline)[len(WORKER_READY):].split()
+            fields = worker.component.await_ready(WORKER_READY, deadline)[len(WORKER_READY) :].split()
             worker.address = fields[0]
             worker.node_id = dict(item.split("=", 1) for item in fields[1:])["node"]
         return started
@@ -209,10 +246,23 @@ class Swarm:
     def start_gateway(self, *extra: str) -> str:
         """Start a gateway; returns its base URL (``http://host:port``)."""
         name = f"gateway-{self._next()}"
-        component = Component(name, meshnet_command(
-            self.root, "gateway", "--tracker", self.tracker_address, "--model", str(self.model),
-            "--model-name", self.model_name, "--port", "0", *extra,
-        ), self._log(name))
+        component = Component(
+            name,
+            meshnet_command(
+                self.root,
+                "gateway",
+                "--tracker",
+                self.tracker_address,
+                "--model",
+                str(self.model),
+                "--model-name",
+                self.model_name,
+                "--port",
+                "0",
+                *extra,
+            ),
+            self._log(name),
+        )
         self.gateways.append(component)
         return component.await_ready(GATEWAY_READY, time.monotonic() + START_TIMEOUT_S).split()[3]
 
@@ -391,17 +441,21 @@ class SseResult:
 
 def parse_sse_line(line: str, at: float) -> SseItem | None:
     if line.startswith(": telemetry "):
-        return SseItem(at, "telemetry", json.loads(line[len(": telemetry "):]))
+        return SseItem(at, "telemetry", json.loads(line[len(": telemetry ") :]))
     if line == "data: [DONE]":
         return SseItem(at, "done")
     if line.startswith("data: "):
-        payload = json.loads(line[len("data: "):])
+        payload = json.loads(line[len("data: ") :])
         return SseItem(at, "error" if "error" in payload else "chunk", payload)
     return None
 
 
 def read_sse(
-    base_url: str, path: str, body: dict[str, Any], *, on_item: Callable[[SseItem, list[SseItem]], None] | None = None,
+    base_url: str,
+    path: str,
+    body: dict[str, Any],
+    *,
+    on_item: Callable[[SseItem, list[SseItem]], None] | None = None,
     timeout_s: float = 60.0,
 ) -> SseResult:
     """POST ``body`` and read the SSE reply to its end, calling ``on_item(item, so_far)`` per item."""
@@ -421,11 +475,16 @@ def read_sse(
         return SseResult(response.status_code, response.headers, items)
 
 
-def chat_body(max_tokens: int, *, temperature: float = 0.0, seed: int | None = None, stream: bool = True,
-              content: str = PROMPT) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": MODEL_NAME, "messages": [{"role": "user", "content": content}],
-                            "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+def chat_body(
+    max_tokens: int, *, temperature: float = 0.0, seed: int | None = None, stream: bool = True, content: str = PROMPT
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": stream,
+    }
     if seed is not None:
         body["seed"] = seed
     return body
-

@@ -106,8 +106,10 @@ async def test_eight_concurrent_sessions_equal_their_solo_runs_and_cancel_cleanl
     # eager scheduler runs whatever is queued, and sessions spread over the 3 pipeline stages.
     while_eight = _steps_per_batch(before, during)
     overall = _steps_per_batch(before, after)
-    print(f"\ndecode steps per engine batch: {while_eight} while 8 ran, {overall} over the whole run; "
-          f"lifetime batch_occupancy {[round(m['batch_occupancy'], 2) for m in after]}")
+    print(
+        f"\ndecode steps per engine batch: {while_eight} while 8 ran, {overall} over the whole run; "
+        f"lifetime batch_occupancy {[round(m['batch_occupancy'], 2) for m in after]}"
+    )
     assert all(o > 1.5 for o in while_eight), while_eight
     assert all(o > 1.0 for o in overall), overall
     assert all(m["batch_occupancy"] > 1.0 for m in after)
@@ -116,7 +118,10 @@ async def test_eight_concurrent_sessions_equal_their_solo_runs_and_cancel_cleanl
 
 def _steps_per_batch(before: list[dict[str, float]], after: list[dict[str, float]]) -> list[float]:
     return [
-        round((a["decode_steps_total"] - b["decode_steps_total"])
-              / max(a["decode_batches_total"] - b["decode_batches_total"], 1), 2)
+        round(
+            (a["decode_steps_total"] - b["decode_steps_total"])
+            / max(a["decode_batches_total"] - b["decode_batches_total"], 1),
+            2,
+        )
         for a, b in zip(after, before, strict=True)
     ]

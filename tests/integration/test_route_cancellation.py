@@ -113,10 +113,15 @@ asyncio.run(main())
 async def test_client_process_killed_frees_every_shard(pool: ChannelPool, route: list[RunningWorker]) -> None:
     spec = {
         "hops": [[w.node_id, w.address, w.layers.start, w.layers.stop] for w in route],
-        "fingerprint": route[0].fingerprint, "prompt": PROMPT,
+        "fingerprint": route[0].fingerprint,
+        "prompt": PROMPT,
     }
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, json.dumps(spec)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert client.stdout is not None
         stdout = client.stdout
@@ -135,9 +140,7 @@ async def test_client_process_killed_frees_every_shard(pool: ChannelPool, route:
     assert freed <= FREED_WITHIN_S
 
 
-async def test_deadline_stops_the_request_promptly_and_leaves_no_kv(
-    tmp_path: Path, pool: ChannelPool
-) -> None:
+async def test_deadline_stops_the_request_promptly_and_leaves_no_kv(tmp_path: Path, pool: ChannelPool) -> None:
     # Each engine batch takes 50 ms here, so a 200 ms budget runs out during decode.
     with WorkerCluster(tmp_path) as cluster:
         slow = cluster.start(*fake_specs([(0, 3), (3, 6)], step_delay=0.05))
@@ -152,8 +155,10 @@ async def test_deadline_stops_the_request_promptly_and_leaves_no_kv(
         raised_after = time.monotonic() - started
         freed = await wait_idle(pool, slow, within_s=FREED_WITHIN_S)
         after = await metrics(pool, slow)
-        print(f"\ndeadline {budget * 1000:.0f} ms: DeadlineExceeded after {raised_after * 1000:.0f} ms, "
-              f"{produced} token(s); KV freed {freed * 1000:.0f} ms later")
+        print(
+            f"\ndeadline {budget * 1000:.0f} ms: DeadlineExceeded after {raised_after * 1000:.0f} ms, "
+            f"{produced} token(s); KV freed {freed * 1000:.0f} ms later"
+        )
         # G1: the caller hears within the deadline + 100 ms (+ one 50 ms batch of slack).
         assert raised_after < budget + 0.15
         assert produced < 5

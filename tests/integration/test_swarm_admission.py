@@ -66,8 +66,9 @@ def test_wrong_types_are_400(base_url: str) -> None:
     body = {**chat_body(4, stream=False), "max_tokens": "ten"}
     error = _assert_openai_error(_post(base_url, "/v1/chat/completions", json=body), 400, "invalid_parameter")
     assert error["param"] == "max_tokens"
-    _assert_openai_error(_post(base_url, "/v1/chat/completions", json={"model": MODEL_NAME}), 400,
-                         "missing_required_parameter")
+    _assert_openai_error(
+        _post(base_url, "/v1/chat/completions", json={"model": MODEL_NAME}), 400, "missing_required_parameter"
+    )
 
 
 def test_unknown_model_is_404(base_url: str) -> None:
@@ -92,8 +93,13 @@ def test_prompt_beyond_the_workers_context_is_400_before_any_work(swarm: Swarm, 
     response = _post(base_url, "/v1/completions", json=too_long)
     _assert_openai_error(response, 400, "context_length_exceeded")
     # Fits the prompt, but not prompt + max_tokens: refused up front, not cut off mid-stream.
-    no_room = {"model": MODEL_NAME, "prompt": "a " * (CONTEXT // 2), "max_tokens": CONTEXT // 2 + 10,
-               "stream": stream, "temperature": 0}
+    no_room = {
+        "model": MODEL_NAME,
+        "prompt": "a " * (CONTEXT // 2),
+        "max_tokens": CONTEXT // 2 + 10,
+        "stream": stream,
+        "temperature": 0,
+    }
     _assert_openai_error(_post(base_url, "/v1/completions", json=no_room), 400, "context_length_exceeded")
     assert time.monotonic() - started < 2.0
     assert active_sessions(addresses) == [0] * len(addresses)
@@ -111,8 +117,9 @@ def test_burst_admits_exactly_max_in_flight(swarm: Swarm, base_url: str) -> None
     def one_request(stack: ExitStack) -> None:
         client = stack.enter_context(httpx.Client(timeout=30))
         go.wait()
-        response = stack.enter_context(client.stream("POST", base_url + "/v1/chat/completions",
-                                                     json=chat_body(SLOW_MAX_TOKENS)))
+        response = stack.enter_context(
+            client.stream("POST", base_url + "/v1/chat/completions", json=chat_body(SLOW_MAX_TOKENS))
+        )
         if response.status_code == 200:
             # Keep the line iterator alive: collecting it would close the connection early.
             lines = response.iter_lines()

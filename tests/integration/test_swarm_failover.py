@@ -139,10 +139,12 @@ def test_w2_failover_to_spare_continues_identically(
     after = killer.after_kill(result)
     assert after, "nothing arrived after the kill"
     failover = next(i for i in after if i.kind == "telemetry" and i.payload["kind"] == "route_health")
-    resumed = next(i for i in after[after.index(failover):] if i.text)
+    resumed = next(i for i in after[after.index(failover) :] if i.text)
     gaps = [(item.at - killer.killed_at) * 1000 for item in (after[0], failover, resumed)]  # type: ignore[operator]
-    print(f"\nW2 {'greedy' if temperature == 0 else 'seeded'} (kill after {killer.after} tokens): next event "
-          f"{gaps[0]:.0f} ms, route_health {gaps[1]:.0f} ms, first replacement token {gaps[2]:.0f} ms after the kill")
+    print(
+        f"\nW2 {'greedy' if temperature == 0 else 'seeded'} (kill after {killer.after} tokens): next event "
+        f"{gaps[0]:.0f} ms, route_health {gaps[1]:.0f} ms, first replacement token {gaps[2]:.0f} ms after the kill"
+    )
     assert max(gaps) <= NEXT_EVENT_WITHIN_S * 1000
 
     health = result.telemetry("route_health")
@@ -194,8 +196,13 @@ async def _drive_with_pause(
 def test_w2_middle_dies_while_the_route_is_idle(swarm: Swarm, reference: Reference) -> None:
     """The head learns of the death before its next write, not while awaiting an answer."""
     with_middle_workers(swarm, 2)
-    request = GenerationRequest(reference.chat_tokens(PROMPT), MAX_TOKENS, SamplingParams(),
-                                reference.tokenizer.eos_token_ids, model=swarm.model_name)
+    request = GenerationRequest(
+        reference.chat_tokens(PROMPT),
+        MAX_TOKENS,
+        SamplingParams(),
+        reference.tokenizer.eos_token_ids,
+        model=swarm.model_name,
+    )
     expected = reference.generate(request.prompt_tokens, MAX_TOKENS)
     tokens, notes = asyncio.run(_drive_with_pause(swarm, request, kill_after=60))
     assert [type(note).__name__ for note in notes] == ["RouteAccepted", "RouteHealth", "RouteAccepted", "Finished"]
@@ -217,8 +224,10 @@ def test_w3_no_spare_ends_with_worker_lost_and_frees_sessions(swarm: Swarm, base
     assert after[-1] is result.items[-1]
     survivors = [hop["address"] for hop in killer.hops if hop["address"] != killer.killed_address]
     freed = wait_sessions_freed(survivors, FREED_WITHIN_S)
-    print(f"\nW3: error {error['code']!r} and [DONE] {to_done * 1000:.0f} ms after the kill; "
-          f"survivors idle {freed * 1000:.0f} ms after [DONE]")
+    print(
+        f"\nW3: error {error['code']!r} and [DONE] {to_done * 1000:.0f} ms after the kill; "
+        f"survivors idle {freed * 1000:.0f} ms after [DONE]"
+    )
     assert to_done <= ERROR_WITHIN_S
     failed = result.telemetry()[-1]
     assert failed["kind"] == "failed" and failed["code"] == error["code"]

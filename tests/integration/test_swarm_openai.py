@@ -78,8 +78,12 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
 
 def test_streamed_chat_equals_whole_model_reference(client: openai.OpenAI, chat_reference: str) -> None:
     stream = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS, temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     pieces: list[str] = []
     finish: list[str] = []
@@ -98,7 +102,10 @@ def test_streamed_chat_equals_whole_model_reference(client: openai.OpenAI, chat_
 
 def test_chat_equals_whole_model_reference(client: openai.OpenAI, reference: Reference, chat_reference: str) -> None:
     reply = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS, temperature=0,
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
     )
     assert reply.choices[0].message.content == chat_reference
     assert reply.choices[0].finish_reason == "length"
@@ -110,7 +117,11 @@ def test_chat_equals_whole_model_reference(client: openai.OpenAI, reference: Ref
 def test_completions_equal_whole_model_reference(client: openai.OpenAI, reference: Reference) -> None:
     expected = reference.text(reference.generate(reference.text_tokens(TEXT_PROMPT), MAX_TOKENS))
     streamed = client.completions.create(
-        model=MODEL_NAME, prompt=TEXT_PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        model=MODEL_NAME,
+        prompt=TEXT_PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
     )
     assert "".join(choice.text for chunk in streamed for choice in chunk.choices) == expected
     whole = client.completions.create(model=MODEL_NAME, prompt=TEXT_PROMPT, max_tokens=MAX_TOKENS, temperature=0)
@@ -179,8 +190,12 @@ def test_telemetry_of_a_live_request(swarm: Swarm, base_url: str) -> None:
     assert inline[-1]["usage"]["completion_tokens"] == 96
     # decode_started goes out before the first token's text.
     first_chunk = next(i for i, item in enumerate(result.items) if item.kind == "chunk" and item.text)
-    assert result.items.index(next(i for i in result.items if i.kind == "telemetry" and
-                                   i.payload["kind"] == "decode_started")) < first_chunk
+    assert (
+        result.items.index(
+            next(i for i in result.items if i.kind == "telemetry" and i.payload["kind"] == "decode_started")
+        )
+        < first_chunk
+    )
 
     snapshot = httpx.get(f"{base_url}/v1/telemetry/{result.request_id}", timeout=5).json()
     assert snapshot["state"] == "completed" and snapshot["finished"] is True

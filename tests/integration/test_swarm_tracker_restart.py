@@ -93,8 +93,10 @@ def test_tracker_kill9_loses_and_duplicates_no_work_records(swarm: Swarm) -> Non
     refused = [o for o in outcomes if o.status != 200]
     # Requests that finished while the tracker was dead are the ones whose records are at risk.
     during_outage = [o for o in completed if killed_at <= o.finished <= ready_at]
-    print(f"\nK1: {len(completed)} completed ({len(during_outage)} while the tracker was down), "
-          f"{len(refused)} refused; down {ready_at - killed_at:.2f} s; routable {serving_after:.2f} s after restart")
+    print(
+        f"\nK1: {len(completed)} completed ({len(during_outage)} while the tracker was down), "
+        f"{len(refused)} refused; down {ready_at - killed_at:.2f} s; routable {serving_after:.2f} s after restart"
+    )
     assert serving_after <= SERVING_WITHIN_S
     assert during_outage, "no request finished during the outage: the test did not exercise it"
     assert {o.status for o in refused} <= {503}, refused

@@ -54,9 +54,7 @@ REGISTRATION = NodeRegistration(
 
 
 def record(request_id: str) -> WorkRecord:
-    tokens = len(
-        request_id
-    )  # content varies with the id, so a mixed-up row would not compare equal
+    tokens = len(request_id)  # content varies with the id, so a mixed-up row would not compare equal
     return WorkRecord(
         request_id=RequestId(request_id),
         model="tiny",
@@ -73,9 +71,7 @@ def record(request_id: str) -> WorkRecord:
     )
 
 
-async def start_tracker_process(
-    db: Path, port: int, log: Path
-) -> tuple[asyncio.subprocess.Process, int]:
+async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio.subprocess.Process, int]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -166,9 +162,7 @@ async def test_kill_9_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> 
             await writers.until(60)
 
             writers.killed_at = time.monotonic()
-            first.send_signal(
-                signal.SIGKILL
-            )  # mid-write: the writers always have reports in flight
+            first.send_signal(signal.SIGKILL)  # mid-write: the writers always have reports in flight
             await first.wait()
             acked_before_restart = len(writers.acked)
             restarted_at = time.monotonic()

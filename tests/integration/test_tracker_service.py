@@ -143,9 +143,7 @@ async def test_health_turns_not_serving_as_soon_as_draining_starts(config: Track
     # G9: watchers learn NOT_SERVING before in-flight calls are refused.
     running = await start_tracker(config)
     async with grpc.aio.insecure_channel(running.address) as channel:
-        watch = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service="meshnet.v1.Tracker")
-        )
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="meshnet.v1.Tracker"))
         assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
         stopping = asyncio.create_task(running.stop(grace_s=1.0))
         update = await asyncio.wait_for(watch.read(), timeout=1.0)
@@ -170,9 +168,7 @@ async def test_a_silent_node_leaves_routes_within_three_intervals(
     registered = await client.register(registration(0, 8, "127.0.0.1:9001"))
     await asyncio.sleep(0.2 * 3 + 0.1)
     # Read the persisted epoch straight from the file: every RPC would sweep by itself.
-    stored = sqlite3.connect(tracker.config.db_path).execute(
-        "SELECT value FROM meta WHERE key = 'epoch'"
-    )
+    stored = sqlite3.connect(tracker.config.db_path).execute("SELECT value FROM meta WHERE key = 'epoch'")
     assert stored.fetchone() == (registered.epoch + 1,)
     assert await client.list_models() == ()
     status = await client.heartbeat(registered.node_id, NodeLoad())

@@ -82,8 +82,10 @@ async def test_six_sessions_on_four_slots_two_refused_fast_four_exact(
 
     await asyncio.gather(*(session(i) for i in range(REQUESTED)))
     after = (await metrics(pool, worker))[0]
-    print(f"\nrefused {sorted(refused)} after {[f'{s * 1000:.1f} ms' for s in refused.values()]} "
-          f"(driver start to error, target {REJECT_TARGET_S * 1000:.0f} ms)")
+    print(
+        f"\nrefused {sorted(refused)} after {[f'{s * 1000:.1f} ms' for s in refused.values()]} "
+        f"(driver start to error, target {REJECT_TARGET_S * 1000:.0f} ms)"
+    )
     assert len(refused) == REQUESTED - CAPACITY
     assert after["rejected_admissions_total"] - before["rejected_admissions_total"] == REQUESTED - CAPACITY
     for index, tokens in outputs.items():
@@ -122,8 +124,10 @@ async def test_refusal_latency_while_the_engine_is_busy(pool: ChannelPool, worke
         for stream in held:
             stream.cancel()
     median, worst = statistics.median(latencies), max(latencies)
-    print(f"\nRESOURCE_EXHAUSTED after the opening frame: median {median * 1000:.1f} ms, max {worst * 1000:.1f} ms "
-          f"(target {REJECT_TARGET_S * 1000:.0f} ms)")
+    print(
+        f"\nRESOURCE_EXHAUSTED after the opening frame: median {median * 1000:.1f} ms, max {worst * 1000:.1f} ms "
+        f"(target {REJECT_TARGET_S * 1000:.0f} ms)"
+    )
     assert still_decoding
     assert median < REJECT_TARGET_S
     assert worst < REJECT_LIMIT_S

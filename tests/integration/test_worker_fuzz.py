@@ -51,8 +51,11 @@ CALL_BUDGET_S = 2.0
 HANG_S = 1.0
 N_EMBD = 16
 BAD_INPUT = {
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DATA_LOSS, grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,
 }
 U64 = st.integers(0, 2**64 - 1)
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -86,8 +89,9 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runn
 
 def valid_frames(targets: dict[str, RunningWorker]) -> dict[str, pb.StepRequest]:
     full, tail = targets["full"], targets["tail"]
-    tail_meta = FrameMeta(RequestId("req-fuzz"), SessionId("fuzz"), 0, tail.fingerprint, tail.layers, "prefill", 0, 0,
-                          "new")
+    tail_meta = FrameMeta(
+        RequestId("req-fuzz"), SessionId("fuzz"), 0, tail.fingerprint, tail.layers, "prefill", 0, 0, "new"
+    )
     return {
         "full": frame_to_proto(opening_frame([full], "fuzz", [1, 2, 3, 4, 5])),
         "tail": frame_to_proto(
@@ -110,8 +114,24 @@ def reseal(message: pb.StepRequest) -> None:
 
 def _header(draw: st.DrawFn, m: pb.StepRequest) -> None:
     header = m.header
-    field = draw(st.sampled_from(["schema_version", "phase", "cache", "compression", "position", "step", "checksum",
-                                  "layers", "fingerprint", "session_id", "request_id", "no header"]))
+    field = draw(
+        st.sampled_from(
+            [
+                "schema_version",
+                "phase",
+                "cache",
+                "compression",
+                "position",
+                "step",
+                "checksum",
+                "layers",
+                "fingerprint",
+                "session_id",
+                "request_id",
+                "no header",
+            ]
+        )
+    )
     if field == "schema_version":
         header.schema_version = draw(st.integers(0, 2**32 - 1).filter(lambda v: v != 1))
     elif field in ("phase", "cache"):
@@ -137,19 +157,22 @@ def _header(draw: st.DrawFn, m: pb.StepRequest) -> None:
 def _tokens(draw: st.DrawFn, m: pb.StepRequest) -> None:
     good = st.integers(0, 63)
     bad = st.one_of(st.integers(-(2**31), -1), st.integers(64, 2**31 - 1))
-    ids = draw(st.one_of(
-        st.just([]),
-        st.lists(good, max_size=8).flatmap(lambda head: bad.map(lambda b: [*head, b])),
-        st.integers(2049, 2100).map(lambda n: [1] * n),  # more than a frame may carry
-    ))
+    ids = draw(
+        st.one_of(
+            st.just([]),
+            st.lists(good, max_size=8).flatmap(lambda head: bad.map(lambda b: [*head, b])),
+            st.integers(2049, 2100).map(lambda n: [1] * n),  # more than a frame may carry
+        )
+    )
     m.tokens.ids[:] = ids
     reseal(m)
 
 
 def _hidden(draw: st.DrawFn, m: pb.StepRequest) -> None:
     tensor = m.hidden.tensors[0]
-    field = draw(st.sampled_from(["shape", "dtype", "byte_order", "data", "nan", "name", "version", "count",
-                                  "fragments"]))
+    field = draw(
+        st.sampled_from(["shape", "dtype", "byte_order", "data", "nan", "name", "version", "count", "fragments"])
+    )
     if field == "shape":
         tensor.shape[:] = draw(st.lists(U64, max_size=4).filter(lambda s: s != [3, N_EMBD]))
     elif field == "dtype":
@@ -178,8 +201,9 @@ def _hidden(draw: st.DrawFn, m: pb.StepRequest) -> None:
 def _sampling(draw: st.DrawFn, m: pb.StepRequest) -> None:
     field = draw(st.sampled_from(["temperature", "top_p", "top_k", "missing"]))
     if field == "temperature":
-        m.sampling.temperature = draw(st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=100.001),
-                                                st.just(math.nan)))
+        m.sampling.temperature = draw(
+            st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=100.001), st.just(math.nan))
+        )
     elif field == "top_p":
         m.sampling.top_p = draw(st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0001), st.just(math.nan)))
     elif field == "top_k":
@@ -205,14 +229,19 @@ def _swap_input(draw: st.DrawFn, m: pb.StepRequest) -> None:
 
 
 def valid_hidden_bundle() -> pb.TensorBundle:
-    frame = StepFrame(FrameMeta(RequestId("r"), SessionId("s"), 0, "f", _TAIL_LAYERS, "prefill", 0, 0, "new"),
-                      hidden=np.ones((3, N_EMBD), np.float32))
+    frame = StepFrame(
+        FrameMeta(RequestId("r"), SessionId("s"), 0, "f", _TAIL_LAYERS, "prefill", 0, 0, "new"),
+        hidden=np.ones((3, N_EMBD), np.float32),
+    )
     return frame_to_proto(frame).hidden
 
 
 _TAIL_LAYERS = LayerRange(4, 6)
 STRUCTURED: dict[str, Callable[[st.DrawFn, pb.StepRequest], None]] = {
-    "header": _header, "sampling": _sampling, "downstream": _downstream, "swap input": _swap_input,
+    "header": _header,
+    "sampling": _sampling,
+    "downstream": _downstream,
+    "swap input": _swap_input,
 }
 
 
@@ -226,8 +255,9 @@ def malformed_cases(bases: dict[str, pb.StepRequest]) -> st.SearchStrategy[Case]
             return Case(target, kind, raw[: draw(st.integers(0, len(raw) - 1))], False)
         if kind == "flip":
             damaged = bytearray(raw)
-            for index, mask in draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(1, 255)),
-                                             min_size=1, max_size=4)):
+            for index, mask in draw(
+                st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(1, 255)), min_size=1, max_size=4)
+            ):
                 damaged[index] ^= mask
             return Case(target, kind, bytes(damaged), False)
         if kind == "random bytes":
@@ -243,8 +273,13 @@ def malformed_cases(bases: dict[str, pb.StepRequest]) -> st.SearchStrategy[Case]
     return build()
 
 
-async def _send(case: Case, channels: dict[str, grpc.aio.Channel], pool: ChannelPool,
-                workers: dict[str, RunningWorker], before: float) -> tuple[Outcome, float]:
+async def _send(
+    case: Case,
+    channels: dict[str, grpc.aio.Channel],
+    pool: ChannelPool,
+    workers: dict[str, RunningWorker],
+    before: float,
+) -> tuple[Outcome, float]:
     outcome = await raw_session(channels[case.target], [case.payload], timeout_s=CALL_BUDGET_S)
     values = await fetch_metrics(pool, workers[case.target].address)
     work = values["prefill_tokens_total"] + values["decode_steps_total"]
@@ -270,13 +305,12 @@ def _fuzz(loop: asyncio.AbstractEventLoop, targets: dict[str, RunningWorker]) ->
         work[name] = values["prefill_tokens_total"] + values["decode_steps_total"]
     outcomes: list[Outcome] = []
 
-    @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(case=malformed_cases(valid_frames(targets)))
     def send_one(case: Case) -> None:
-        outcome, work[case.target] = loop.run_until_complete(
-            _send(case, channels, pool, targets, work[case.target])
-        )
+        outcome, work[case.target] = loop.run_until_complete(_send(case, channels, pool, targets, work[case.target]))
         outcomes.append(outcome)
         assert outcome.code in BAD_INPUT | {grpc.StatusCode.OK}, f"{case.kind}: {outcome.code.name}"
         assert outcome.seconds < HANG_S, f"{case.kind}: answered after {outcome.seconds:.2f} s"
@@ -288,6 +322,7 @@ def _fuzz(loop: asyncio.AbstractEventLoop, targets: dict[str, RunningWorker]) ->
 
     try:
         send_one()
+
         # The same workers still serve: capability, a valid session with exact tokens.
         async def afterwards() -> tuple[list[int], int]:
             for worker in targets.values():
@@ -306,8 +341,10 @@ def _fuzz(loop: asyncio.AbstractEventLoop, targets: dict[str, RunningWorker]) ->
     refused = [o for o in outcomes if o.code != grpc.StatusCode.OK]
     codes = Counter(o.code.name for o in outcomes)
     kinds = Counter(o.case.kind for o in refused)
-    print(f"\n{len(outcomes)} frames, {len(refused)} refused; slowest answer "
-          f"{max(o.seconds for o in outcomes) * 1000:.1f} ms; statuses {dict(codes)}; refused by kind {dict(kinds)}")
+    print(
+        f"\n{len(outcomes)} frames, {len(refused)} refused; slowest answer "
+        f"{max(o.seconds for o in outcomes) * 1000:.1f} ms; statuses {dict(codes)}; refused by kind {dict(kinds)}"
+    )
     assert len(refused) >= REQUIRED_MALFORMED
     assert all(w.process.poll() is None for w in targets.values()), "a worker died"
     assert tokens == fake_reference([LayerRange(0, 6)], greedy_request([1, 2, 3, 4, 5], 12))

@@ -62,8 +62,9 @@ async def pool() -> AsyncIterator[ChannelPool]:
 
 def hidden_opening(worker: RunningWorker, session: str, hidden: np.ndarray) -> pb.StepRequest:
     """A valid opening frame for a tail shard (hidden input); tests damage a copy of it."""
-    meta = FrameMeta(RequestId("req-" + session), SessionId(session), 0, worker.fingerprint, worker.layers,
-                     "prefill", 0, 0, "new")
+    meta = FrameMeta(
+        RequestId("req-" + session), SessionId(session), 0, worker.fingerprint, worker.layers, "prefill", 0, 0, "new"
+    )
     return frame_to_proto(StepFrame(meta, hidden=hidden, sampling=SamplingParams()))
 
 
@@ -152,14 +153,26 @@ def damaged_frames(route: list[RunningWorker]) -> dict[str, tuple[list[bytes], g
     follow = frame_to_proto(decode_frame(opening, step=1, position=len(HEALTHY_PROMPT), token=1))
     follow.header.checksum ^= 1
     cases["damaged continuation"] = (
-        [frame_to_proto(opening).SerializeToString(), follow.SerializeToString()], grpc.StatusCode.DATA_LOSS, head
+        [frame_to_proto(opening).SerializeToString(), follow.SerializeToString()],
+        grpc.StatusCode.DATA_LOSS,
+        head,
     )
     return cases
 
 
 CASES = [
-    "wrong shape", "wrong rank", "wrong dtype", "byte length not matching shape", "bad checksum", "NaN in hidden",
-    "huge dims", "token checksum", "garbage protobuf", "truncated protobuf", "oversized frame", "damaged continuation",
+    "wrong shape",
+    "wrong rank",
+    "wrong dtype",
+    "byte length not matching shape",
+    "bad checksum",
+    "NaN in hidden",
+    "huge dims",
+    "token checksum",
+    "garbage protobuf",
+    "truncated protobuf",
+    "oversized frame",
+    "damaged continuation",
 ]
 
 
@@ -178,8 +191,17 @@ async def test_healthy_session_alone_matches_the_reference(
 
 
 def tail_step(worker: RunningWorker, session: str, step: int, rows: int) -> bytes:
-    meta = FrameMeta(RequestId("req-" + session), SessionId(session), 0, worker.fingerprint, worker.layers,
-                     "decode", 3, step, "continue")
+    meta = FrameMeta(
+        RequestId("req-" + session),
+        SessionId(session),
+        0,
+        worker.fingerprint,
+        worker.layers,
+        "decode",
+        3,
+        step,
+        "continue",
+    )
     return frame_to_proto(StepFrame(meta, hidden=np.full((rows, N_EMBD), 0.5, np.float32))).SerializeToString()
 
 

@@ -122,14 +122,20 @@ async def test_duplicate_step_is_answered_again_without_touching_the_kv(
 ) -> None:
     opened = await _open_and_step(pool, three, "dup-session")
     stream, opening, step_one, first, second = (
-        opened.stream, opened.opening, opened.step_one, opened.first, opened.second
+        opened.stream,
+        opened.opening,
+        opened.step_one,
+        opened.first,
+        opened.second,
     )
     try:
         before = await metrics(pool, three)
         repeated = await stream.exchange(step_one)
         after = await metrics(pool, three)
         assert (repeated.step, repeated.next_position, repeated.token_id) == (
-            second.step, second.next_position, second.token_id
+            second.step,
+            second.next_position,
+            second.token_id,
         )
         for old, new in zip(before, after, strict=True):
             assert new["decode_steps_total"] == old["decode_steps_total"], "the duplicate ran again"
@@ -180,7 +186,8 @@ async def test_bad_continuation_is_refused_and_frees_the_session(
 
 
 @pytest.mark.parametrize(
-    "case", ["foreign recipe", "wrong layers"],
+    "case",
+    ["foreign recipe", "wrong layers"],
 )
 async def test_opening_frame_for_another_shard_allocates_nothing(
     pool: ChannelPool, three: list[RunningWorker], case: str

@@ -99,8 +99,10 @@ async def test_sigterm_drains_in_flight_sessions_and_refuses_new_ones(tmp_path: 
             for task in tasks:
                 task.cancel()
             await health_channel.close()
-        print(f"\nSIGTERM: NOT_SERVING after {not_serving_after * 1000:.0f} ms; {in_flight} in-flight session(s) "
-              f"finished {finished_after:.2f} s after it; exit {exit_code} after {exited_after:.2f} s")
+        print(
+            f"\nSIGTERM: NOT_SERVING after {not_serving_after * 1000:.0f} ms; {in_flight} in-flight session(s) "
+            f"finished {finished_after:.2f} s after it; exit {exit_code} after {exited_after:.2f} s"
+        )
         assert not_serving_after <= 1.0
         assert direct.code == grpc.StatusCode.UNAVAILABLE, direct.details
         assert capability.free_sessions == 0
@@ -122,8 +124,9 @@ async def _not_serving(channel: grpc.aio.Channel, since: float) -> float:
 
 
 def _middle_opening(middle: RunningWorker, tail: RunningWorker) -> bytes:
-    meta = FrameMeta(RequestId("req-late"), SessionId("s-late"), 0, middle.fingerprint, middle.layers, "prefill", 0, 0,
-                     "new")
+    meta = FrameMeta(
+        RequestId("req-late"), SessionId("s-late"), 0, middle.fingerprint, middle.layers, "prefill", 0, 0, "new"
+    )
     hops = (HopSpec(tail.address, tail.layers, tail.fingerprint),)
     frame = StepFrame(meta, hidden=np.ones((2, 16), np.float32), downstream=hops, sampling=SamplingParams())
     return frame_to_proto(frame).SerializeToString()

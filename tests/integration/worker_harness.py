@@ -68,14 +68,28 @@ class WorkerSpec:
     def arguments(self, data_dir: Path) -> list[str]:
         """The command line. ``data_dir`` is this worker's own: workers starting at once in one
         data dir race on the slice cache's source-hash index (a shared ``.partial`` file)."""
-        args = [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), "worker",
-                "--layers", f"{self.layers.start}:{self.layers.stop}", "--port", "0"]
+        args = [
+            sys.executable,
+            "-m",
+            "meshnet.cli",
+            "--data-dir",
+            str(data_dir),
+            "worker",
+            "--layers",
+            f"{self.layers.start}:{self.layers.stop}",
+            "--port",
+            "0",
+        ]
         if self.fake_layers is not None:
             args += ["--fake-layers", str(self.fake_layers), "--fake-step-delay", str(self.step_delay)]
         if self.model is not None:
             args += ["--model", str(self.model)]
-        for flag, value in (("--max-sessions", self.max_sessions), ("--context", self.context),
-                            ("--threads", self.threads), ("--drain-grace", self.drain_grace)):
+        for flag, value in (
+            ("--max-sessions", self.max_sessions),
+            ("--context", self.context),
+            ("--threads", self.threads),
+            ("--drain-grace", self.drain_grace),
+        ):
             if value is not None:
                 args += [flag, str(value)]
         return [*args, *self.extra]
@@ -142,7 +156,7 @@ class RunningWorker:
             if line is None:
                 raise RuntimeError(f"worker {self.layers} exited ({self.process.poll()}); log:\n{self.log_tail()}")
             if line.startswith(READY_PREFIX):
-                fields = line[len(READY_PREFIX):].split()
+                fields = line[len(READY_PREFIX) :].split()
                 self.address = fields[0]
                 values = dict(item.split("=", 1) for item in fields[1:])
                 self.node_id, self.fingerprint = values["node"], values["recipe"]
@@ -185,8 +199,13 @@ class WorkerCluster:
             log_path = self.data_dir / f"{name}.log"
             with log_path.open("w") as log:
                 process = subprocess.Popen(
-                    spec.arguments(data_dir), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                    text=True, env=environment, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                    spec.arguments(data_dir),
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                    env=environment,
+                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             worker = RunningWorker(spec, process, log_path)
             self.workers.append(worker)
@@ -214,8 +233,11 @@ def fake_specs(ranges: Iterable[tuple[int, int]], **options: object) -> list[Wor
 
 def route_session(workers: Sequence[RunningWorker], *, epoch: int = 0, session_id: str | None = None) -> RouteSession:
     return RouteSession(
-        request_id=new_request_id(), session_id=SessionId(session_id) if session_id else new_session_id(),
-        hops=tuple(worker.hop() for worker in workers), fingerprint=workers[0].fingerprint, epoch=epoch,
+        request_id=new_request_id(),
+        session_id=SessionId(session_id) if session_id else new_session_id(),
+        hops=tuple(worker.hop() for worker in workers),
+        fingerprint=workers[0].fingerprint,
+        epoch=epoch,
     )
 
 
@@ -223,9 +245,7 @@ def greedy_request(prompt: Sequence[int], max_tokens: int, **options: object) ->
     return GenerationRequest(tuple(prompt), max_tokens, SamplingParams(), **options)  # type: ignore[arg-type]
 
 
-async def generate(
-    driver: RouteDriver, workers: Sequence[RunningWorker], request: GenerationRequest
-) -> list[int]:
+async def generate(driver: RouteDriver, workers: Sequence[RunningWorker], request: GenerationRequest) -> list[int]:
     """Run ``request`` over ``workers`` and return its tokens."""
     tokens = []
     async for event in driver.run(route_session(workers), request):
@@ -252,8 +272,7 @@ async def wait_idle(pool: ChannelPool, workers: Sequence[RunningWorker], within_
         if not any(active):
             return elapsed
         if elapsed > within_s:
-            raise AssertionError(f"sessions still open after {within_s} s: {active} on "
-                                 f"{[w.address for w in workers]}")
+            raise AssertionError(f"sessions still open after {within_s} s: {active} on {[w.address for w in workers]}")
         await asyncio.sleep(0.01)
 
 
@@ -264,8 +283,10 @@ def fake_reference(
     ranges: Sequence[LayerRange], request: GenerationRequest, *, n_layers: int = FAKE.n_layers
 ) -> list[int]:
     """The tokens the same fake shards give when chained in process: what the wire must match."""
-    backends = [FakeBackend(layers, n_layers, n_embd=FAKE.n_embd, n_vocab=FAKE.n_vocab, max_slots=1,
-                            n_ctx_per_slot=2048) for layers in ranges]
+    backends = [
+        FakeBackend(layers, n_layers, n_embd=FAKE.n_embd, n_vocab=FAKE.n_vocab, max_slots=1, n_ctx_per_slot=2048)
+        for layers in ranges
+    ]
     route = LocalRoute(backends)
     try:
         return list(route.generate(request))
@@ -282,8 +303,14 @@ def opening_frame(
     """Step 0 of a session at the head of ``workers``: a prefill that carries hops and sampling."""
     head = workers[0]
     fields: dict[str, object] = {
-        "request_id": RequestId("req-" + session_id), "session_id": SessionId(session_id), "route_epoch": 0,
-        "fingerprint": head.fingerprint, "layers": head.layers, "phase": "prefill", "position": 0, "step": 0,
+        "request_id": RequestId("req-" + session_id),
+        "session_id": SessionId(session_id),
+        "route_epoch": 0,
+        "fingerprint": head.fingerprint,
+        "layers": head.layers,
+        "phase": "prefill",
+        "position": 0,
+        "step": 0,
         "cache": "new",
     }
     fields.update(meta)
@@ -291,17 +318,29 @@ def opening_frame(
     # well formed and reaches the shard's own checks.
     layers, fingerprint = fields["layers"], str(fields["fingerprint"])
     downstream = tuple(
-        HopSpec(w.address, w.layers, fingerprint) for w in workers[1:] if w.layers.start >= layers.stop  # type: ignore[attr-defined]
+        HopSpec(w.address, w.layers, fingerprint)
+        for w in workers[1:]
+        if w.layers.start >= layers.stop  # type: ignore[attr-defined]
     )
-    return StepFrame(FrameMeta(**fields), tokens=np.asarray(tokens, np.int32),  # type: ignore[arg-type]
-                     downstream=downstream, sampling=SamplingParams())
+    return StepFrame(
+        FrameMeta(**fields),
+        tokens=np.asarray(tokens, np.int32),  # type: ignore[arg-type]
+        downstream=downstream,
+        sampling=SamplingParams(),
+    )
 
 
 def decode_frame(opening: StepFrame, *, step: int, position: int, token: int, **meta: object) -> StepFrame:
     fields: dict[str, object] = {
-        "request_id": opening.meta.request_id, "session_id": opening.meta.session_id,
-        "route_epoch": opening.meta.route_epoch, "fingerprint": opening.meta.fingerprint,
-        "layers": opening.meta.layers, "phase": "decode", "position": position, "step": step, "cache": "continue",
+        "request_id": opening.meta.request_id,
+        "session_id": opening.meta.session_id,
+        "route_epoch": opening.meta.route_epoch,
+        "fingerprint": opening.meta.fingerprint,
+        "layers": opening.meta.layers,
+        "phase": "decode",
+        "position": position,
+        "step": step,
+        "cache": "continue",
     }
     fields.update(meta)
     return StepFrame(FrameMeta(**fields), tokens=np.array([token], np.int32))  # type: ignore[arg-type]

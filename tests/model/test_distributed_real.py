@@ -107,8 +107,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from meshnet.engine.llama_backend import LlamaConfig
     from meshnet.engine.shards import open_local_route
 
-    config = LlamaConfig(n_threads=WORKER_THREADS, max_slots=MAX_SESSIONS, n_ctx_per_slot=CONTEXT,
-                         max_batch_tokens=PREFILL_CHUNK)
+    config = LlamaConfig(
+        n_threads=WORKER_THREADS, max_slots=MAX_SESSIONS, n_ctx_per_slot=CONTEXT, max_batch_tokens=PREFILL_CHUNK
+    )
     route = open_local_route(MODEL, 1, SliceCache(tmp_path_factory.mktemp("reference-slices")), config)
     yield route
     route.close()
@@ -118,8 +119,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWorker]]:
     started = time.monotonic()
     with WorkerCluster(tmp_path_factory.mktemp("real-workers")) as cluster:
-        specs = [WorkerSpec(LayerRange(start, stop), fake_layers=None, model=MODEL, context=CONTEXT,
-                            max_sessions=MAX_SESSIONS, threads=WORKER_THREADS) for start, stop in RANGES]
+        specs = [
+            WorkerSpec(
+                LayerRange(start, stop),
+                fake_layers=None,
+                model=MODEL,
+                context=CONTEXT,
+                max_sessions=MAX_SESSIONS,
+                threads=WORKER_THREADS,
+            )
+            for start, stop in RANGES
+        ]
         running = cluster.start(*specs, timeout_s=120)
         print(f"\n3 real workers ready in {time.monotonic() - started:.1f} s")
         yield running
@@ -149,8 +159,10 @@ async def test_three_real_workers_give_the_whole_models_greedy_tokens(
     started = time.monotonic()
     distributed = await generate(new_driver(pool), workers, greedy_request(prompt, GREEDY_TOKENS))
     remote_s = time.monotonic() - started
-    print(f"\n{name}: {len(prompt)} prompt tokens; {GREEDY_TOKENS} greedy tokens in process {local_s:.1f} s, "
-          f"over 3 workers {remote_s:.1f} s: {tokenizer.decode(distributed)[:60]!r}")  # type: ignore[attr-defined]
+    print(
+        f"\n{name}: {len(prompt)} prompt tokens; {GREEDY_TOKENS} greedy tokens in process {local_s:.1f} s, "
+        f"over 3 workers {remote_s:.1f} s: {tokenizer.decode(distributed)[:60]!r}"
+    )  # type: ignore[attr-defined]
     assert len(distributed) == GREEDY_TOKENS
     assert distributed == expected
     await wait_idle(pool, workers)
@@ -175,12 +187,17 @@ async def test_eight_concurrent_real_sessions_equal_their_solo_runs(
     together_s = time.monotonic() - started
     after = await metrics(pool, workers)
     occupancy = [
-        round((a["decode_steps_total"] - b["decode_steps_total"])
-              / max(a["decode_batches_total"] - b["decode_batches_total"], 1), 2)
+        round(
+            (a["decode_steps_total"] - b["decode_steps_total"])
+            / max(a["decode_batches_total"] - b["decode_batches_total"], 1),
+            2,
+        )
         for a, b in zip(after, before, strict=True)
     ]
-    print(f"\n8 sessions: solo one after another ({GREEDY_TOKENS} tokens each) {solo_s:.1f} s, together "
-          f"({lengths[0]}..{lengths[-1]} tokens) {together_s:.1f} s; decode steps per batch {occupancy}")
+    print(
+        f"\n8 sessions: solo one after another ({GREEDY_TOKENS} tokens each) {solo_s:.1f} s, together "
+        f"({lengths[0]}..{lengths[-1]} tokens) {together_s:.1f} s; decode steps per batch {occupancy}"
+    )
     assert len({tuple(tokens) for tokens in solo}) == len(prompts), "prompts must give different answers"
     for index, tokens in enumerate(together):
         # Greedy: a shorter run is a prefix of the longer solo run.

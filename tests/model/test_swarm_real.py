@@ -49,7 +49,11 @@ def test_meshnet_up_demo_only_exits_0(tmp_path: Path) -> None:
     (tmp_path / "models" / MODEL.name).symlink_to(MODEL.resolve())
     done = subprocess.run(
         meshnet_command(tmp_path, "up", "--demo-only", "--port", "0", "--max-tokens", "24"),
-        capture_output=True, text=True, timeout=UP_TIMEOUT_S, stdin=subprocess.DEVNULL, start_new_session=True,
+        capture_output=True,
+        text=True,
+        timeout=UP_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
     out = done.stdout
@@ -89,8 +93,11 @@ def test_openai_stream_through_three_workers_equals_whole_model(swarm: Swarm, tm
     base_url = swarm.gateways[0].ready_line.split()[3]
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
         stream = client.chat.completions.create(
-            model=DEFAULT_MODEL.name, messages=[{"role": "user", "content": CHAT}], max_tokens=MAX_TOKENS,
-            temperature=0, stream=True,
+            model=DEFAULT_MODEL.name,
+            messages=[{"role": "user", "content": CHAT}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
         )
         text = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
     assert text == expected

@@ -126,7 +126,10 @@ async def test_untyped_error_with_a_dead_hop_fails_over(monkeypatch: pytest.Monk
     driver = FakeDriver({NodeId("a"): MeshnetError("Internal error from Core")})
     events = await collect(client(tracker, driver, monkeypatch, dead={"a"}))
     assert [type(e).__name__ for e in events if isinstance(e, RouteHealth | RouteAccepted)] == [
-        "RouteAccepted", "RouteHealth", "RouteAccepted"]
+        "RouteAccepted",
+        "RouteHealth",
+        "RouteAccepted",
+    ]
     assert tokens(events) == [100 + i for i in range(6)]
 
 

@@ -58,7 +58,9 @@ class SliceCache:
         embeddings = None
         if slice_role(layers, n_layers) == "head":
             embeddings = folder / "token-embeddings.gguf"
-            self._ensure(embeddings, lambda: write_embedding_table(source, embeddings, source_sha256=digest), None, digest)
+            self._ensure(
+                embeddings, lambda: write_embedding_table(source, embeddings, source_sha256=digest), None, digest
+            )
         return ShardFiles(slice_path, embeddings, digest)
 
     @staticmethod

@@ -29,13 +29,21 @@ def describe_model(path: Path) -> ModelDescription:
     adapter, n_layers, n_embd = model_dimensions(model)
     file_type = model.get("general.file_type")
     try:
-        quantization = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
+        quantization = (
+            LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
+        )
     except ValueError:
         quantization = f"file_type_{file_type}"
     name = str(model.get("general.name") or Path(path).stem)
     n_head = model.get(f"{adapter.name}.attention.head_count", 1)
     return ModelDescription(
-        name=name, architecture=adapter.name, adapter_version=adapter.version, n_layers=n_layers,
-        n_embd=n_embd, context_length=int(model.get(f"{adapter.name}.context_length", 2048)), quantization=quantization,
-        n_head=int(n_head), n_head_kv=int(model.get(f"{adapter.name}.attention.head_count_kv", n_head)),
+        name=name,
+        architecture=adapter.name,
+        adapter_version=adapter.version,
+        n_layers=n_layers,
+        n_embd=n_embd,
+        context_length=int(model.get(f"{adapter.name}.context_length", 2048)),
+        quantization=quantization,
+        n_head=int(n_head),
+        n_head_kv=int(model.get(f"{adapter.name}.attention.head_count_kv", n_head)),
     )

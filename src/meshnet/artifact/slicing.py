@@ -107,7 +107,9 @@ def _plan_tensors(
     else:
         # Placeholders llama.cpp requires but never reads for embedding input: a 1-row table and a
         # ones norm. F32 so they take a few KB, not a vocabulary's worth.
-        planned.append(_PlannedTensor(adapter.token_embedding, 0, (n_embd, 1), synthetic=np.zeros((1, n_embd), np.float32)))
+        planned.append(
+            _PlannedTensor(adapter.token_embedding, 0, (n_embd, 1), synthetic=np.zeros((1, n_embd), np.float32))
+        )
         planned.append(_PlannedTensor(adapter.output_norm, 0, (n_embd,), synthetic=np.ones(n_embd, np.float32)))
     return planned
 
@@ -183,12 +185,21 @@ def _write(
     source_hash = source_sha256 or file_sha256(model.path)
     with open(model.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
         tensors = tensors_sha256(
-            (t.name, t.ggml_type, t.shape, payload) for t, payload in zip(planned, _payloads(model, planned, view), strict=True)
+            (t.name, t.ggml_type, t.shape, payload)
+            for t, payload in zip(planned, _payloads(model, planned, view), strict=True)
         )
-        claimed = Provenance(source_hash, n_layers, layers, role, f"{adapter.name}:{adapter.version}", SLICER_VERSION, "")
-        written = {**metadata, "general.architecture": MetadataValue(ValueType.STRING, adapter.name),
-                   **{_PROVENANCE + k: MetadataValue(ValueType(int(t)), v)
-                      for k, (t, v) in _provenance_metadata(claimed).items() if k != "content_sha256"}}
+        claimed = Provenance(
+            source_hash, n_layers, layers, role, f"{adapter.name}:{adapter.version}", SLICER_VERSION, ""
+        )
+        written = {
+            **metadata,
+            "general.architecture": MetadataValue(ValueType.STRING, adapter.name),
+            **{
+                _PROVENANCE + k: MetadataValue(ValueType(int(t)), v)
+                for k, (t, v) in _provenance_metadata(claimed).items()
+                if k != "content_sha256"
+            },
+        }
         provenance = replace(claimed, content_sha256=_content_hash(tensors, written))
         partial = partial_path(out)
         try:
@@ -223,7 +234,10 @@ def _emit(
         nbytes = tensor.source.nbytes if tensor.source is not None else tensor.synthetic.nbytes  # type: ignore[union-attr]
         # GGUFWriter takes numpy order (outermost first) and reverses it into ggml order.
         writer.add_tensor_info(
-            tensor.name, tuple(reversed(tensor.shape)), np.dtype(np.float32), nbytes,
+            tensor.name,
+            tuple(reversed(tensor.shape)),
+            np.dtype(np.float32),
+            nbytes,
             raw_dtype=GGMLQuantizationType(tensor.ggml_type),
         )
     writer.write_header_to_file(path=path)
@@ -269,7 +283,9 @@ def read_provenance(model: GGUFFile) -> Provenance:
         return Provenance(
             source_sha256=str(model.require(_PROVENANCE + "source_sha256")),
             source_n_layers=int(model.require(_PROVENANCE + "source_n_layers")),
-            layers=LayerRange(int(model.require(_PROVENANCE + "layer_start")), int(model.require(_PROVENANCE + "layer_stop"))),
+            layers=LayerRange(
+                int(model.require(_PROVENANCE + "layer_start")), int(model.require(_PROVENANCE + "layer_stop"))
+            ),
             role=model.require(_PROVENANCE + "role"),
             adapter=str(model.require(_PROVENANCE + "adapter")),
             slicer_version=str(model.require(_PROVENANCE + "slicer_version")),
@@ -297,7 +313,12 @@ def verify_slice(
     if not problems:
         with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
             actual = tensors_sha256(
-                (t.name, t.ggml_type, t.shape, memoryview(view)[model.data_offset + t.offset : model.data_offset + t.offset + t.nbytes])
+                (
+                    t.name,
+                    t.ggml_type,
+                    t.shape,
+                    memoryview(view)[model.data_offset + t.offset : model.data_offset + t.offset + t.nbytes],
+                )
                 for t in model.tensors.values()
             )
         if _content_hash(actual, model.metadata) != provenance.content_sha256:

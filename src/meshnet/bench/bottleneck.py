@@ -79,11 +79,16 @@ def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
     compute, link, links = hops.get("compute_ms_per_token_p50"), hops.get("link_ms_p50"), hops.get("links")
     if isinstance(compute, int | float) and isinstance(link, int | float) and isinstance(links, int):
         transport = link * links
-        head = ("per-hop latency dominates" if transport > compute else "shard compute dominates")
+        head = "per-hop latency dominates" if transport > compute else "time inside the shards dominates"
         parts.append(
-            f"{head}: {transport:.2f} ms/token across {links} link(s) (p50 {link:.2f} ms, "
-            f"p95 {hops.get('link_ms_p95') or 0:.2f} ms per link) vs {compute:.2f} ms/token of shard compute"
+            f"{head}: {compute:.2f} ms/token inside the shards (engine queue + llama.cpp, as each shard reports it) "
+            f"vs {transport:.2f} ms/token of per-hop latency across {links} link(s) (p50 {link:.2f} ms, "
+            f"p95 {hops.get('link_ms_p95') or 0:.2f} ms per link)"
         )
+        split = _ms(_get(results, f"lanes/split-{lane.removeprefix('meshnet-')}/concurrency/1/decode_tok_s"))
+        if split is not None:
+            parts.append(f"the same split in process takes {split:.2f} ms/token, so the worker processes add "
+                         f"{compute - split:+.2f} ms/token inside the shards")
     if own is not None and whole is not None:
         parts.append(f"route {own:.2f} ms/token vs whole-model {whole:.2f} ms/token")
     if concurrency != "1":

@@ -145,15 +145,16 @@ def _route_tables(results: dict[str, Any]) -> list[str]:
 def _context_table(results: dict[str, Any]) -> list[str]:
     scaling = results.get("context_scaling") or {}
     lines = [f"Cached lane: `{scaling.get('fast_lane')}`; {scaling.get('note', '')}", "",
-             "| Context | Cached ms/token | Recompute ms/token (tokens) | Speedup | First token agrees |",
-             "|---|---|---|---|---|"]
+             "| Context | Cached ms/token | Recompute ms/token | Recompute measured by | Speedup "
+             "| First token agrees |",
+             "|---|---|---|---|---|---|"]
     for key, point in sorted(scaling.get("points", {}).items(), key=lambda i: int(i[0])):
         if "skipped" in point:
-            lines.append(f"| {key} | skipped: {point['skipped']} | | | |")
+            lines.append(f"| {key} | skipped: {point['skipped']} | | | | |")
             continue
         lines.append(f"| {key} | {_fmt(point.get('fast_ms_per_token'), 2)} | {_fmt(point.get('slow_ms_per_token'), 1)} "
-                     f"({point.get('slow_tokens_measured')}) | {_fmt(point.get('speedup'), 0, 'x')} "
-                     f"| {point.get('first_token_agrees')} |")
+                     f"| {point.get('slow_source', NONE)} | {_fmt(point.get('speedup'), 0, 'x')} "
+                     f"| {_fmt(point.get('first_token_agrees'))} |")
     return lines
 
 
@@ -206,11 +207,14 @@ def write_plots(results: dict[str, Any], folder: Path) -> list[Path]:
     pyplot: Any = importlib.import_module("matplotlib.pyplot")
     written = []
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    sweep = len(results.get("workload", {}).get("concurrency", []))
     for name, lane in results.get("lanes", {}).items():
         points = sorted((int(k), run.get("aggregate_decode_tok_s")) for k, run in lane.get("concurrency", {}).items())
         points = [(k, v) for k, v in points if v is not None]
         if len(points) > 1:
-            axes.plot([k for k, _ in points], [v for _, v in points], marker="o", label=name)
+            # Lanes with the whole sweep are the comparison; the rest are drawn faint.
+            style = {"linewidth": 2.0} if len(points) == sweep else {"linestyle": ":", "alpha": 0.6}
+            axes.plot([k for k, _ in points], [v for _, v in points], marker="o", label=name, **style)
     axes.set(xlabel="concurrent streams", ylabel="aggregate decode tok/s", title="Decode throughput vs concurrency")
     axes.grid(alpha=0.3)
     axes.legend()
@@ -225,6 +229,8 @@ def write_plots(results: dict[str, Any], folder: Path) -> list[Path]:
                   label="recompute")
         axes.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per generated token",
                  title="Per-token decode latency vs context")
+        axes.xaxis.set_minor_locator(pyplot.NullLocator())
+        axes.set_xticks([k for k, _ in measured], labels=[str(k) for k, _ in measured])
         axes.grid(alpha=0.3, which="both")
         axes.legend()
         written.append(_save(pyplot, figure, folder / "context.png"))

@@ -68,7 +68,11 @@ class RouteDriver:
         return cached
 
     async def run(
-        self, route: RouteSession, request: GenerationRequest, *, history: Sequence[int] = (),
+        self,
+        route: RouteSession,
+        request: GenerationRequest,
+        *,
+        history: Sequence[int] = (),
     ) -> AsyncIterator[GenerationEvent]:
         """Yield prefill/decode events and one TokenGenerated per new token.
 
@@ -88,14 +92,21 @@ class RouteDriver:
             stream.cancel()
 
     async def _generate(
-        self, route: RouteSession, request: GenerationRequest, history: Sequence[int],
-        deadline: float | None, stream: ShardStream, head: CapabilityInfo,
+        self,
+        route: RouteSession,
+        request: GenerationRequest,
+        history: Sequence[int],
+        deadline: float | None,
+        stream: ShardStream,
+        head: CapabilityInfo,
     ) -> AsyncIterator[GenerationEvent]:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         # Hidden frames between shards carry as many rows as this token frame, so size the
         # chunks for the boundary tensor, not for the token ids.
         rows_per_frame = max(1, (self._max_frame_bytes - 65536) // (4 * head.n_embd))
-        chunks = split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame))
+        chunks = split_prefill(
+            prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame)
+        )
         downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
         yield PrefillStarted(len(prompt) + len(history))
         started = time.perf_counter()
@@ -107,9 +118,12 @@ class RouteDriver:
         for step, chunk in enumerate(chunks):
             meta = self._meta(route, step, chunk.position, "prefill", deadline)
             frame = StepFrame(
-                meta=meta, tokens=np.ascontiguousarray(chunk.payload),
-                downstream=downstream if step == 0 else (), sampling=request.sampling if step == 0 else None,
-                final_chunk=chunk.final_chunk, continuation=plan if chunk.final_chunk and not history else None,
+                meta=meta,
+                tokens=np.ascontiguousarray(chunk.payload),
+                downstream=downstream if step == 0 else (),
+                sampling=request.sampling if step == 0 else None,
+                final_chunk=chunk.final_chunk,
+                continuation=plan if chunk.final_chunk and not history else None,
             )
             result = await stream.exchange(frame)
         step = len(chunks)
@@ -153,9 +167,15 @@ class RouteDriver:
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded("the request's deadline passed")
         return FrameMeta(
-            request_id=route.request_id, session_id=route.session_id, route_epoch=route.epoch,
-            fingerprint=route.fingerprint, layers=route.hops[0].layers, phase=phase,  # type: ignore[arg-type]
-            position=position, step=step, cache="new" if step == 0 else "continue",
+            request_id=route.request_id,
+            session_id=route.session_id,
+            route_epoch=route.epoch,
+            fingerprint=route.fingerprint,
+            layers=route.hops[0].layers,
+            phase=phase,  # type: ignore[arg-type]
+            position=position,
+            step=step,
+            cache="new" if step == 0 else "continue",
             deadline_ms=None if remaining is None else max(int(remaining * 1000), 1),
         )
 

@@ -37,7 +37,9 @@ async def fetch_metrics(pool: ChannelPool, address: str, timeout_s: float = ADMI
 
 async def cancel_session(pool: ChannelPool, address: str, session_id: SessionId, reason: str) -> bool:
     try:
-        reply = await pool.stub(address).Cancel(cancel_to_proto(SessionEnd(session_id, reason)), timeout=ADMIN_TIMEOUT_S)
+        reply = await pool.stub(address).Cancel(
+            cancel_to_proto(SessionEnd(session_id, reason)), timeout=ADMIN_TIMEOUT_S
+        )
     except grpc.RpcError as error:
         raise error_from_rpc(error) from None
     return bool(reply.freed)

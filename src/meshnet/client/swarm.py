@@ -99,17 +99,27 @@ class SwarmClient:
                     yield _accepted(request_id, session_id, route)
             reason: FinishReason = "stop" if history and history[-1] in request.stop_tokens else "length"
             status = "completed"
-            yield Finished(reason, len(request.prompt_tokens), len(history),
-                           billing_units(len(request.prompt_tokens), len(history)))
+            yield Finished(
+                reason,
+                len(request.prompt_tokens),
+                len(history),
+                billing_units(len(request.prompt_tokens), len(history)),
+            )
         except (asyncio.CancelledError, GeneratorExit):
             status = "cancelled"
             raise
         finally:
             record = WorkRecord(
-                request_id=request_id, model=route.model, status=status, tokens_in=len(request.prompt_tokens),
-                tokens_out=len(history), attribution=tuple(nodes.values()),
+                request_id=request_id,
+                model=route.model,
+                status=status,
+                tokens_in=len(request.prompt_tokens),
+                tokens_out=len(history),
+                attribution=tuple(nodes.values()),
                 billing_units=billing_units(len(request.prompt_tokens), len(history)),
-                started_at=started, finished_at=time.time(), session_id=session_id,
+                started_at=started,
+                finished_at=time.time(),
+                session_id=session_id,
             )
             # Reporting must not be lost to the caller's cancellation, nor hold it up for long.
             task = asyncio.get_running_loop().create_task(self._report(record))
@@ -118,7 +128,8 @@ class SwarmClient:
 
     async def _check_context(self, route: Route, request: GenerationRequest) -> None:
         answers = await asyncio.gather(
-            *(self._driver.capability(hop.address) for hop in route.hops), return_exceptions=True,
+            *(self._driver.capability(hop.address) for hop in route.hops),
+            return_exceptions=True,
         )
         known = []
         for answer in answers:
@@ -130,8 +141,7 @@ class SwarmClient:
         context = min(known, default=None)
         prompt = len(request.prompt_tokens)
         if context is not None and prompt + request.max_tokens > context:
-            advice = (f"lower max_tokens to at most {context - prompt}" if prompt < context
-                      else "shorten the prompt")
+            advice = f"lower max_tokens to at most {context - prompt}" if prompt < context else "shorten the prompt"
             raise ContextLengthExceeded(
                 f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) exceeds the {context}-token "
                 f"context each session has on this swarm's shards; {advice}"
@@ -153,7 +163,11 @@ class SwarmClient:
         return None if untyped and not dead else dead
 
     async def _replace(
-        self, request: GenerationRequest, session_id: SessionId, route: Route, error: MeshnetError,
+        self,
+        request: GenerationRequest,
+        session_id: SessionId,
+        route: Route,
+        error: MeshnetError,
         excluded: frozenset[NodeId],
     ) -> Route:
         hops = [hop.address for hop in route.hops]
@@ -196,11 +210,17 @@ class SwarmClient:
                 return
             except (Unavailable, DeadlineExceeded) as error:
                 if time.monotonic() + delay > deadline:
-                    log.error("work record %s lost: the tracker was unreachable for %.0f s (%s): %s",
-                              record.request_id, self._config.report_retry_for_s, error.message, record)
+                    log.error(
+                        "work record %s lost: the tracker was unreachable for %.0f s (%s): %s",
+                        record.request_id,
+                        self._config.report_retry_for_s,
+                        error.message,
+                        record,
+                    )
                     return
-                log.warning("work record %s not filed yet (%s); retrying in %.2f s",
-                            record.request_id, error.message, delay)
+                log.warning(
+                    "work record %s not filed yet (%s); retrying in %.2f s", record.request_id, error.message, delay
+                )
             except MeshnetError as error:
                 log.error("work record %s refused by the tracker: %s", record.request_id, error.message)
                 return

@@ -142,9 +142,7 @@ class TrackerClient:
         reply = await self._call(self._stub.Register, request, timeout_s)
         return Registered(NodeId(reply.node_id), reply.heartbeat_interval_ms / 1000, reply.epoch)
 
-    async def heartbeat(
-        self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None
-    ) -> HeartbeatStatus:
+    async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
         request = pb.NodeHeartbeat(
             node_id=node_id,
             active_sessions=load.active_sessions,
@@ -167,9 +165,7 @@ class TrackerClient:
     ) -> Route:
         """A route for ``model`` (name or fingerprint). With ``start_layer`` (failover of a
         sub-span), pass the current route's fingerprint as ``model`` and keep its earlier hops."""
-        request = pb.RouteRequest(
-            model=model, session_id=session_id or "", exclude_node_ids=sorted(exclude)
-        )
+        request = pb.RouteRequest(model=model, session_id=session_id or "", exclude_node_ids=sorted(exclude))
         if start_layer is not None:
             request.require_start_layer = start_layer
         reply = await self._call(self._stub.ChooseRoute, request, timeout_s)
@@ -183,8 +179,7 @@ class TrackerClient:
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._stub.ListModels, pb.ListModelsRequest(), timeout_s)
         return tuple(
-            ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable)
-            for m in reply.models
+            ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable) for m in reply.models
         )
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
@@ -192,9 +187,7 @@ class TrackerClient:
         reply = await self._call(self._stub.Deregister, request, timeout_s)
         return bool(reply.known)
 
-    async def _call(
-        self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None
-    ) -> Any:
+    async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
         try:
             return await method(request, timeout=timeout_s or self._timeout_s)
         except grpc.RpcError as rpc_error:
@@ -202,9 +195,7 @@ class TrackerClient:
             raise _with_context(error, f"tracker {self.address}: {error.message}") from rpc_error
 
 
-def registration_to_wire(
-    registration: NodeRegistration, node_id_hint: NodeId | None = None
-) -> pb.NodeRegistration:
+def registration_to_wire(registration: NodeRegistration, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
     recipe = registration.recipe
     return pb.NodeRegistration(
         address=registration.address,
@@ -244,15 +235,11 @@ def route_from_wire(reply: pb.RouteReply) -> Route:
     """Decode and check a route; a malformed one is the tracker's fault, so it is Unavailable."""
     fingerprints = {hop.fingerprint for hop in reply.hops}
     if len(fingerprints) != 1:
-        raise Unavailable(
-            f"the tracker sent a route with recipes {sorted(fingerprints)}; refusing it"
-        )
+        raise Unavailable(f"the tracker sent a route with recipes {sorted(fingerprints)}; refusing it")
     try:
         return Route(
             hops=tuple(
-                RouteHop(
-                    NodeId(hop.node_id), hop.address, LayerRange(hop.layer_start, hop.layer_stop)
-                )
+                RouteHop(NodeId(hop.node_id), hop.address, LayerRange(hop.layer_start, hop.layer_stop))
                 for hop in reply.hops
             ),
             epoch=reply.epoch,

@@ -21,8 +21,7 @@ class LayerRange:
     def __post_init__(self) -> None:
         if self.start < 0 or self.stop <= self.start:
             raise InvalidArgument(
-                f"layer range {self.start}:{self.stop} is empty or negative; "
-                "write A:B with 0 <= A < B (B is exclusive)"
+                f"layer range {self.start}:{self.stop} is empty or negative; write A:B with 0 <= A < B (B is exclusive)"
             )
 
     @classmethod

@@ -91,9 +91,7 @@ class NodeRegistration:
             )
         self.layers.check_within(self.recipe.n_layers)
         if not 1 <= self.max_sessions <= MAX_SESSIONS:
-            raise InvalidArgument(
-                f"max_sessions must be in [1, {MAX_SESSIONS}], got {self.max_sessions}"
-            )
+            raise InvalidArgument(f"max_sessions must be in [1, {MAX_SESSIONS}], got {self.max_sessions}")
         check_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
         check_finite("decode_tokens_per_s", self.decode_tokens_per_s)
 
@@ -141,14 +139,11 @@ class Route:
         for before, after in zip(self.hops, self.hops[1:], strict=False):
             if before.layers.stop != after.layers.start:
                 raise InvalidArgument(
-                    f"route hops {before.layers} and {after.layers} do not meet: "
-                    "a route must be contiguous"
+                    f"route hops {before.layers} and {after.layers} do not meet: a route must be contiguous"
                 )
         self.layers.check_within(self.n_layers)
         if self.hops[-1].layers.stop != self.n_layers:
-            raise InvalidArgument(
-                f"route ends at layer {self.hops[-1].layers.stop}, not {self.n_layers}"
-            )
+            raise InvalidArgument(f"route ends at layer {self.hops[-1].layers.stop}, not {self.n_layers}")
         if self.epoch < 0:
             raise InvalidArgument(f"route epoch must be >= 0, got {self.epoch}")
 
@@ -200,9 +195,7 @@ class WorkRecord:
         check_count("tokens_in", self.tokens_in, MAX_TOKENS)
         check_count("tokens_out", self.tokens_out, MAX_TOKENS)
         if len(self.attribution) > MAX_ATTRIBUTION:
-            raise InvalidArgument(
-                f"at most {MAX_ATTRIBUTION} attribution entries, got {len(self.attribution)}"
-            )
+            raise InvalidArgument(f"at most {MAX_ATTRIBUTION} attribution entries, got {len(self.attribution)}")
         check_finite("billing_units", self.billing_units)
         check_finite("started_at", self.started_at)
         check_finite("finished_at", self.finished_at, low=self.started_at)

@@ -7,6 +7,7 @@ slots, admission and eviction belong to ``meshnet.session``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -82,12 +83,13 @@ def chunk_bounds(position: int, n_tokens: int, chunk: int) -> list[tuple[int, in
     """
     first_cut = -(-(position + 1) // chunk) * chunk
     cuts = [0, *(p - position for p in range(first_cut, position + n_tokens, chunk)), n_tokens]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
+    return list(itertools.pairwise(cuts))
 
 
 def slice_input(step: StepInput, start: int, stop: int, want_logits: str) -> StepInput:
     return StepInput(
-        step.slot, step.position + start,
+        step.slot,
+        step.position + start,
         None if step.tokens is None else step.tokens[start:stop],
         None if step.hidden is None else step.hidden[start:stop],
         want_logits,  # type: ignore[arg-type]

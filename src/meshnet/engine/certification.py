@@ -43,8 +43,12 @@ def certify_llama_engine(config: LlamaConfig | None = None) -> CertificationRepo
         cache = SliceCache(folder / "cache")
         try:
             whole = LocalRoute([open_llama_shard(source, LayerRange(0, 4), cache, config)])
-            split = LocalRoute([open_llama_shard(source, r, cache, config) for r in
-                                (LayerRange(0, 2), LayerRange(2, 3), LayerRange(3, 4))])
+            split = LocalRoute(
+                [
+                    open_llama_shard(source, r, cache, config)
+                    for r in (LayerRange(0, 2), LayerRange(2, 3), LayerRange(3, 4))
+                ]
+            )
         except MeshnetError as error:
             raise CertificationFailed(f"slices of a tiny model do not load on this build: {error}") from error
         try:

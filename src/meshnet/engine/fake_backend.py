@@ -18,14 +18,23 @@ from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
 
 class FakeBackend:
     def __init__(
-        self, layers: LayerRange, n_layers: int, *, n_embd: int = 16, n_vocab: int = 64, max_slots: int = 8,
-        n_ctx_per_slot: int = 512, max_batch_tokens: int = 64, step_delay: float = 0.0,
+        self,
+        layers: LayerRange,
+        n_layers: int,
+        *,
+        n_embd: int = 16,
+        n_vocab: int = 64,
+        max_slots: int = 8,
+        n_ctx_per_slot: int = 512,
+        max_batch_tokens: int = 64,
+        step_delay: float = 0.0,
     ) -> None:
         layers.check_within(n_layers)
         head, tail = layers.is_head(), layers.is_tail(n_layers)
         role: ShardRole = "full" if head and tail else "head" if head else "tail" if tail else "middle"
-        self._shape = ShardShape(layers, n_layers, n_embd, n_vocab if tail else 0, role, max_slots,
-                                 n_ctx_per_slot, max_batch_tokens)
+        self._shape = ShardShape(
+            layers, n_layers, n_embd, n_vocab if tail else 0, role, max_slots, n_ctx_per_slot, max_batch_tokens
+        )
         self._vocab = n_vocab
         self._step_delay = step_delay
         # state[slot]: a running summary of everything the slot has seen (its "KV").
@@ -48,7 +57,9 @@ class FakeBackend:
     def _one(self, step: StepInput) -> StepOutput:
         shape = self._shape
         if step.position != self._length[step.slot]:
-            raise InvalidArgument(f"slot {step.slot} is at position {self._length[step.slot]}, input starts at {step.position}")
+            raise InvalidArgument(
+                f"slot {step.slot} is at position {self._length[step.slot]}, input starts at {step.position}"
+            )
         if step.position + step.n_tokens > shape.n_ctx_per_slot:
             raise ResourceExhausted("positions exceed the session context")
         if step.tokens is not None:

@@ -77,11 +77,21 @@ class LlamaBackend:
         self._config = config
         self._target = f"l_out-{len(provenance.layers) - 1}".encode()
         self._model, self._ctx = self._load(Path(slice_path), config)
-        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)) if role in ("full", "tail") else 0
+        n_vocab = (
+            llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model))
+            if role in ("full", "tail")
+            else 0
+        )
         self.provenance = provenance
         self._shape = ShardShape(
-            provenance.layers, provenance.source_n_layers, n_embd, n_vocab, role,
-            config.max_slots, config.n_ctx_per_slot, config.max_batch_tokens,
+            provenance.layers,
+            provenance.source_n_layers,
+            n_embd,
+            n_vocab,
+            role,
+            config.max_slots,
+            config.n_ctx_per_slot,
+            config.max_batch_tokens,
         )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._allocate_batch(config.max_batch_tokens, n_embd)
@@ -289,9 +299,8 @@ class LlamaBackend:
             if step.hidden is not None and (
                 step.hidden.dtype != np.float32 or step.hidden.ndim != 2 or step.hidden.shape[1] != shape.n_embd
             ):
-                raise InvalidArgument(
-                    f"boundary hidden state must be float32 [n, {shape.n_embd}], got {step.hidden.dtype} {step.hidden.shape}"
-                )
+                got = f"{step.hidden.dtype} {step.hidden.shape}"
+                raise InvalidArgument(f"boundary hidden state must be float32 [n, {shape.n_embd}], got {got}")
             if step.tokens is not None:
                 if step.tokens.ndim != 1 or step.tokens.dtype != np.int32:
                     raise InvalidArgument("token ids must be int32 [n]")

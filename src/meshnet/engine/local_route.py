@@ -31,7 +31,9 @@ class LocalRoute:
         """Run ``tokens`` at ``position`` through every shard; returns the tail's logits."""
         hidden: np.ndarray | None = None
         for backend in self.backends[:-1]:
-            step = StepInput(slot, position, tokens=tokens) if hidden is None else StepInput(slot, position, hidden=hidden)
+            step = (
+                StepInput(slot, position, tokens=tokens) if hidden is None else StepInput(slot, position, hidden=hidden)
+            )
             hidden = backend.run([step])[0].hidden
         tail = self.backends[-1]
         last = (

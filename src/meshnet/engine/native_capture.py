@@ -89,11 +89,23 @@ def load_native_capture() -> ctypes.CDLL | None:
             source = Path(work) / "capture.c"
             source.write_text(SOURCE)
             built = Path(work) / "capture.so"
-            command = [compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(built),
-                       f"-L{_lib_dir()}", "-lggml-base", f"-Wl,-rpath,{_lib_dir()}"]
+            command = [
+                compiler,
+                "-O2",
+                "-shared",
+                "-fPIC",
+                str(source),
+                "-o",
+                str(built),
+                f"-L{_lib_dir()}",
+                "-lggml-base",
+                f"-Wl,-rpath,{_lib_dir()}",
+            ]
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode != 0:
-                log.warning("could not build the native boundary callback (%s); using Python", result.stderr.strip()[:200])
+                log.warning(
+                    "could not build the native boundary callback (%s); using Python", result.stderr.strip()[:200]
+                )
                 return None
             os.replace(built, target)
     try:

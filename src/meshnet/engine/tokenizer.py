@@ -99,8 +99,10 @@ class Tokenizer:
             return turns + ("assistant: " if add_generation_prompt else "")
         try:
             return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos_text, eos_token=self._eos_text,
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos_text,
+                eos_token=self._eos_text,
             )
         except jinja2.TemplateError as error:
             raise InvalidArgument(f"the model's chat template rejected these messages: {error}") from None

@@ -19,7 +19,6 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshnet.core.ids import RequestId, new_request_id
-from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 from meshnet.gateway.admission import Admission
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import (
@@ -35,6 +34,7 @@ from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
 from meshnet.gateway.telemetry_hub import TelemetryHub
+from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
 logger = logging.getLogger(__name__)
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -130,8 +130,10 @@ def create_app(
 
     def figures() -> dict[str, float]:
         return {
-            "in_flight": float(admission.in_flight), "capacity": float(admission.capacity),
-            "admitted_total": float(admission.admitted), "rejected_total": float(admission.rejected),
+            "in_flight": float(admission.in_flight),
+            "capacity": float(admission.capacity),
+            "admitted_total": float(admission.admitted),
+            "rejected_total": float(admission.rejected),
             **hub.totals,
         }
 

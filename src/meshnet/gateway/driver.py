@@ -71,16 +71,11 @@ class Outcome:
 DriverItem = TextDelta | TelemetryEvent | Outcome
 
 
-def progress_due(
-    tokens: int, last_tokens: int, now: float, last_at: float, config: GatewayConfig
-) -> bool:
+def progress_due(tokens: int, last_tokens: int, now: float, last_at: float, config: GatewayConfig) -> bool:
     """Throttle for ``progress`` telemetry: every N tokens or every interval, whichever first."""
     if tokens <= last_tokens:
         return False
-    return (
-        tokens - last_tokens >= config.progress_every_tokens
-        or now - last_at >= config.progress_interval_seconds
-    )
+    return tokens - last_tokens >= config.progress_every_tokens or now - last_at >= config.progress_interval_seconds
 
 
 def accepted_payload(event: RouteAccepted) -> dict[str, Any]:
@@ -89,10 +84,7 @@ def accepted_payload(event: RouteAccepted) -> dict[str, Any]:
         "model": event.model,
         "quantization": event.quantization,
         "epoch": event.epoch,
-        "hops": [
-            {"node_id": hop.node_id, "address": hop.address, "layers": str(hop.layers)}
-            for hop in event.hops
-        ],
+        "hops": [{"node_id": hop.node_id, "address": hop.address, "layers": str(hop.layers)} for hop in event.hops],
     }
 
 
@@ -244,9 +236,7 @@ async def _next_event(
     except StopAsyncIteration:
         raise MeshnetError("the route ended without reporting how it finished") from None
     except TimeoutError:
-        raise DeadlineExceeded(
-            f"the request exceeded its deadline of {config.request_timeout_seconds:g} s"
-        ) from None
+        raise DeadlineExceeded(f"the request exceeded its deadline of {config.request_timeout_seconds:g} s") from None
 
 
 async def _let_route_end(events: AsyncIterator[GenerationEvent], grace_seconds: float) -> None:

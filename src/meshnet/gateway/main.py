@@ -40,7 +40,9 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: object = None) 
     swarm = SwarmClient(tracker, pool, RouteDriver(pool, max_frame_bytes=MAX_FRAME_BYTES), SwarmConfig())
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description.quantization})
     app = create_app(generator, {name: tokenizer}, config.http)
-    server = GatewayServer(app, config.http.host, config.http.port, shutdown_grace_seconds=config.http.shutdown_grace_seconds)
+    server = GatewayServer(
+        app, config.http.host, config.http.port, shutdown_grace_seconds=config.http.shutdown_grace_seconds
+    )
     port = await server.start()
     log.info("gateway serving %s on http://%s:%d", name, config.http.host, port)
     if callable(on_ready):

@@ -70,8 +70,6 @@ class RouteGenerator(Protocol):
     route session in its ``finally``.
     """
 
-    def generate(
-        self, request: GenerationRequest, request_id: RequestId
-    ) -> AsyncIterator[GenerationEvent]: ...
+    def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]: ...
 
     def models(self) -> Sequence[ModelCard]: ...

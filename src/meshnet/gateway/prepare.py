@@ -65,9 +65,7 @@ def prepare_chat(
     return _prepare(body, "chat", tokens, requested, codec, limits, config)
 
 
-def prepare_text(
-    body: CompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig
-) -> PreparedRequest:
+def prepare_text(body: CompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig) -> PreparedRequest:
     _reject_unsupported(body)
     tokens = _prompt_tokens(body, codec)
     return _prepare(body, "text", tokens, body.max_tokens, codec, limits, config)
@@ -107,9 +105,7 @@ def _prepare(
     )
 
 
-def _completion_budget(
-    prompt_tokens: int, requested: int | None, limits: ModelLimits, config: GatewayConfig
-) -> int:
+def _completion_budget(prompt_tokens: int, requested: int | None, limits: ModelLimits, config: GatewayConfig) -> int:
     context = limits.context_length
     if prompt_tokens >= context:
         raise bad_request(
@@ -141,10 +137,8 @@ def _sampling(body: ChatCompletionBody | CompletionBody) -> SamplingParams:
     temperature = 1.0 if body.temperature is None else body.temperature
     # Without a seed a sampled answer should differ between calls, as OpenAI's does; the seed is
     # drawn per request, never from shared state.
-    if body.seed is None:
-        seed = 0 if temperature == 0.0 else secrets.randbits(63)
-    else:
-        seed = body.seed % 2**63
+    drawn = 0 if temperature == 0.0 else secrets.randbits(63)
+    seed = drawn if body.seed is None else body.seed % 2**63
     return SamplingParams(
         temperature=temperature,
         top_k=body.top_k or 0,
@@ -183,7 +177,8 @@ def _plain_message(index: int, message: ChatMessage) -> Mapping[str, str]:
     param = f"messages.{index}"
     if message.role in ("tool", "function"):
         raise bad_request(
-            "unsupported_parameter", f"role {message.role!r} needs tools, which are unsupported",
+            "unsupported_parameter",
+            f"role {message.role!r} needs tools, which are unsupported",
             f"{param}.role",
         )
     # Chat templates of open models know "system"; OpenAI's newer "developer" means the same.
@@ -216,9 +211,7 @@ def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
     if all(isinstance(item, int) for item in prompt):
         return _checked_ids([item for item in prompt if isinstance(item, int)])
     if len(prompt) != 1:
-        raise bad_request(
-            "unsupported_parameter", "batched prompts are unsupported: send one prompt", "prompt"
-        )
+        raise bad_request("unsupported_parameter", "batched prompts are unsupported: send one prompt", "prompt")
     only = prompt[0]
     if isinstance(only, str):
         return codec.encode(only, add_special=True)

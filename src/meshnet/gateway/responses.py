@@ -65,9 +65,7 @@ class ChunkWriter:
             **extra,
         }
 
-    def _choice(
-        self, text: str | None, finish_reason: str | None, *, role: bool = False
-    ) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:

@@ -89,8 +89,8 @@ class CompletionBody(_CompletionBody):
 
 def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
     # Compare by type and value: ``False == 0`` must not make ``logprobs: 0`` look neutral.
-    return lambda value: value is None or any(
-        type(value) is type(candidate) and value == candidate for candidate in neutral
+    return lambda value: (
+        value is None or any(type(value) is type(candidate) and value == candidate for candidate in neutral)
     )
 
 
@@ -121,8 +121,4 @@ UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
 def unsupported_parameters(body: BaseModel) -> list[str]:
     """Names of the known-unsupported parameters the body sets to a non-neutral value."""
     fields = type(body).model_fields
-    return [
-        name
-        for name, is_neutral in UNSUPPORTED.items()
-        if name in fields and not is_neutral(getattr(body, name))
-    ]
+    return [name for name, is_neutral in UNSUPPORTED.items() if name in fields and not is_neutral(getattr(body, name))]

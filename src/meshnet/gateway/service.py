@@ -69,17 +69,14 @@ class CompletionService:
             raise unknown_model(model, list(self.codecs))
         return codec, model_limits(model, codec, self.generator.models())
 
-    async def respond(
-        self, request: Request, prepared: PreparedRequest, codec: TextCodec
-    ) -> Response:
+    async def respond(self, request: Request, prepared: PreparedRequest, codec: TextCodec) -> Response:
         request_id: RequestId = request.state.request_id
         lease = self.admission.try_acquire()
         if lease is None:
             raise HttpError(
                 503,
                 "overloaded",
-                f"the gateway is at its limit of {self.admission.capacity} requests in flight; "
-                "retry shortly",
+                f"the gateway is at its limit of {self.admission.capacity} requests in flight; retry shortly",
                 retry_after=self.config.retry_after_seconds,
             )
         self.hub.open(request_id, prepared.model)
@@ -107,16 +104,12 @@ class CompletionService:
                 # Wait for the route's first event before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
                 first = await _first_item(driver)
-                response = ManagedStreamingResponse(
-                    self._sse(prepared, request_id, first, driver), on_close=close
-                )
+                response = ManagedStreamingResponse(self._sse(prepared, request_id, first, driver), on_close=close)
                 handed_off = True
                 return response
             collected = await _unless_disconnected(request, _collect(driver))
             created = int(self.wall_clock())
-            body = completion_object(
-                prepared.kind, request_id, prepared.model, created, *collected.as_tuple()
-            )
+            body = completion_object(prepared.kind, request_id, prepared.model, created, *collected.as_tuple())
             return JSONResponse(body)
         finally:
             if not handed_off:

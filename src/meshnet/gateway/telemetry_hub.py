@@ -156,9 +156,7 @@ class TelemetryHub:
             self._evict_one()
         self._logs[request_id] = _RequestLog(request_id, model, self._clock())
 
-    def publish(
-        self, request_id: RequestId, kind: TelemetryKind, data: Mapping[str, Any]
-    ) -> TelemetryEvent | None:
+    def publish(self, request_id: RequestId, kind: TelemetryKind, data: Mapping[str, Any]) -> TelemetryEvent | None:
         """Append an event; returns it (with its ``seq``), or None if the request is not kept."""
         log = self._logs.get(request_id)
         if log is None or log.finished:
@@ -213,9 +211,7 @@ class TelemetryHub:
         if len(log.events) >= self._max_events:
             # Milestones are few and each tells something; progress events are many and each
             # only refines a counter the snapshot already holds, so they go first.
-            victim = next(
-                (i for i, kept in enumerate(log.events) if kept.kind == "progress"), 0
-            )
+            victim = next((i for i, kept in enumerate(log.events) if kept.kind == "progress"), 0)
             del log.events[victim]
         log.events.append(event)
 

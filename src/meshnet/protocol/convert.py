@@ -85,13 +85,10 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     header.checksum = crc
     header.deadline_ms = meta.deadline_ms or 0
     for hop in frame.downstream:
-        message.downstream.add(address=hop.address, layers=_span(hop.layers),
-                               fingerprint=hop.fingerprint)
+        message.downstream.add(address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint)
     if frame.sampling is not None:
         s = frame.sampling
-        message.sampling.CopyFrom(
-            pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
-        )
+        message.sampling.CopyFrom(pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed))
     if frame.continuation is not None:
         message.continuation.max_steps = frame.continuation.max_steps
         message.continuation.stop_token_ids.extend(sorted(frame.continuation.stop_token_ids))
@@ -114,34 +111,36 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         raise InvalidArgument("the frame carries no input: set tokens or hidden")
     if len(message.downstream) > limits.max_hops:
         raise InvalidArgument(
-            f"the frame lists {len(message.downstream)} downstream hops; at most "
-            f"{limits.max_hops} are allowed"
+            f"the frame lists {len(message.downstream)} downstream hops; at most {limits.max_hops} are allowed"
         )
     downstream = tuple(
-        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint)
-        for hop in message.downstream
+        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint) for hop in message.downstream
     )
     sampling = None
     if message.HasField("sampling"):
         s = message.sampling
-        sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                  seed=s.seed)
+        sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
     continuation = None
     if message.HasField("continuation"):
         stops = message.continuation.stop_token_ids
         if len(stops) > MAX_STOP_TOKENS:
             raise InvalidArgument(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(stops)}")
         continuation = Continuation(message.continuation.max_steps, frozenset(stops))
-    return StepFrame(meta=meta, tokens=tokens, hidden=hidden, downstream=downstream,
-                     sampling=sampling, final_chunk=message.final_chunk, continuation=continuation)
+    return StepFrame(
+        meta=meta,
+        tokens=tokens,
+        hidden=hidden,
+        downstream=downstream,
+        sampling=sampling,
+        final_chunk=message.final_chunk,
+        continuation=continuation,
+    )
 
 
 def parse_step_request(raw: bytes, limits: FrameLimits) -> StepFrame:
     """Serialized StepRequest bytes -> a validated frame; unparsable bytes are InvalidArgument."""
     if len(raw) > limits.max_frame_bytes:
-        raise ResourceExhausted(
-            f"the frame is {len(raw)} bytes; this shard accepts at most {limits.max_frame_bytes}"
-        )
+        raise ResourceExhausted(f"the frame is {len(raw)} bytes; this shard accepts at most {limits.max_frame_bytes}")
     try:
         message = pb.StepRequest.FromString(raw)
     except DecodeError as error:
@@ -159,9 +158,7 @@ def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:
     if cache is None:
         raise InvalidArgument(f"unknown or unspecified cache expectation value {header.cache}")
     if header.compression != pb.COMPRESSION_NONE:
-        raise InvalidArgument(
-            f"unknown or unsupported compression value {header.compression}; only NONE is read"
-        )
+        raise InvalidArgument(f"unknown or unsupported compression value {header.compression}; only NONE is read")
     if not header.HasField("layers"):
         raise InvalidArgument("the frame header has no layer range")
     return FrameMeta(
@@ -215,9 +212,7 @@ def split_prefill(
     elif payload.ndim == 2:
         bytes_per_token = int(payload.shape[1]) * 4
     else:
-        raise InvalidArgument(
-            f"a prefill is token ids [n] or hidden [n, n_embd], got shape {payload.shape}"
-        )
+        raise InvalidArgument(f"a prefill is token ids [n] or hidden [n, n_embd], got shape {payload.shape}")
     n_total = int(payload.shape[0])
     if n_total == 0:
         raise InvalidArgument("the prefill is empty")
@@ -243,15 +238,15 @@ def split_prefill(
 
 
 def result_to_proto(result: StepResult) -> pb.StepResponse:
-    message = pb.StepResponse(session_id=result.session_id, step=result.step,
-                              next_position=result.next_position)
+    message = pb.StepResponse(session_id=result.session_id, step=result.step, next_position=result.next_position)
     if result.token_id is None:
         message.ack.SetInParent()
     else:
         message.token.token_id = result.token_id
     for timing in result.timings:
-        message.timings.add(address=timing.address, layers=_span(timing.layers),
-                            queue_us=timing.queue_us, compute_us=timing.compute_us)
+        message.timings.add(
+            address=timing.address, layers=_span(timing.layers), queue_us=timing.queue_us, compute_us=timing.compute_us
+        )
     return message
 
 
@@ -262,8 +257,7 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
     if len(message.timings) > max_hops + 1:
         raise InvalidArgument(f"the step response lists {len(message.timings)} hop timings")
     timings = tuple(
-        HopTiming(t.address, _range(t.layers, "hop timing"), t.queue_us, t.compute_us)
-        for t in message.timings
+        HopTiming(t.address, _range(t.layers, "hop timing"), t.queue_us, t.compute_us) for t in message.timings
     )
     return StepResult(
         session_id=SessionId(message.session_id),
@@ -279,14 +273,23 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
 
 def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
     return pb.Capability(
-        node_id=info.node_id, fingerprint=info.fingerprint, layers=_span(info.layers),
-        n_layers=info.n_layers, n_embd=info.n_embd, vocab_size=info.vocab_size,
+        node_id=info.node_id,
+        fingerprint=info.fingerprint,
+        layers=_span(info.layers),
+        n_layers=info.n_layers,
+        n_embd=info.n_embd,
+        vocab_size=info.vocab_size,
         role=_ROLE_TO_PROTO[info.role],  # type: ignore[arg-type]
-        schema_versions=info.schema_versions, backend=info.backend,
-        backend_version=info.backend_version, max_sessions=info.max_sessions,
-        free_sessions=info.free_sessions, active_sessions=info.active_sessions,
-        n_ctx_per_session=info.n_ctx_per_session, max_frame_bytes=info.max_frame_bytes,
-        max_tokens_per_frame=info.max_tokens_per_frame, certified=info.certified,
+        schema_versions=info.schema_versions,
+        backend=info.backend,
+        backend_version=info.backend_version,
+        max_sessions=info.max_sessions,
+        free_sessions=info.free_sessions,
+        active_sessions=info.active_sessions,
+        n_ctx_per_session=info.n_ctx_per_session,
+        max_frame_bytes=info.max_frame_bytes,
+        max_tokens_per_frame=info.max_tokens_per_frame,
+        certified=info.certified,
     )
 
 
@@ -294,19 +297,26 @@ def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
     if len(message.schema_versions) > 64:
         raise InvalidArgument(f"capability lists {len(message.schema_versions)} schema versions")
     info = CapabilityInfo(
-        node_id=NodeId(message.node_id), fingerprint=message.fingerprint,
-        layers=_range(message.layers, "capability"), n_layers=message.n_layers,
-        n_embd=message.n_embd, vocab_size=message.vocab_size,
-        schema_versions=tuple(message.schema_versions), backend=message.backend,
-        backend_version=message.backend_version, max_sessions=message.max_sessions,
-        free_sessions=message.free_sessions, active_sessions=message.active_sessions,
-        n_ctx_per_session=message.n_ctx_per_session, max_frame_bytes=message.max_frame_bytes,
-        max_tokens_per_frame=message.max_tokens_per_frame, certified=message.certified,
+        node_id=NodeId(message.node_id),
+        fingerprint=message.fingerprint,
+        layers=_range(message.layers, "capability"),
+        n_layers=message.n_layers,
+        n_embd=message.n_embd,
+        vocab_size=message.vocab_size,
+        schema_versions=tuple(message.schema_versions),
+        backend=message.backend,
+        backend_version=message.backend_version,
+        max_sessions=message.max_sessions,
+        free_sessions=message.free_sessions,
+        active_sessions=message.active_sessions,
+        n_ctx_per_session=message.n_ctx_per_session,
+        max_frame_bytes=message.max_frame_bytes,
+        max_tokens_per_frame=message.max_tokens_per_frame,
+        certified=message.certified,
     )
     if message.role != _ROLE_TO_PROTO[info.role]:
         raise InvalidArgument(
-            f"capability role value {message.role} contradicts layers {info.layers} of "
-            f"{info.n_layers} (a {info.role})"
+            f"capability role value {message.role} contradicts layers {info.layers} of {info.n_layers} (a {info.role})"
         )
     return info
 

@@ -52,8 +52,10 @@ _CACHE_EXPECTATIONS = ("new", "continue")
 
 def _check_text(what: str, value: str, limit: int, *, allow_empty: bool = False) -> None:
     if not isinstance(value, str) or (not value and not allow_empty) or len(value) > limit:
-        raise InvalidArgument(f"{what} must be a {'' if allow_empty else 'non-empty '}string of at "
-                              f"most {limit} characters, got {str(value)[:40]!r}")
+        raise InvalidArgument(
+            f"{what} must be a {'' if allow_empty else 'non-empty '}string of at "
+            f"most {limit} characters, got {str(value)[:40]!r}"
+        )
 
 
 def _check_int(what: str, value: int, low: int, high: int) -> None:
@@ -144,9 +146,7 @@ class FrameMeta:
             raise InvalidArgument(f"compression {self.compression!r} is not supported; use 'none'")
         if self.cache == "new" and (self.position != 0 or self.phase != "prefill"):
             # A fresh KV can only be filled from its first position, by a prefill.
-            raise InvalidArgument(
-                f"cache 'new' needs a prefill at position 0, got {self.phase} at {self.position}"
-            )
+            raise InvalidArgument(f"cache 'new' needs a prefill at position 0, got {self.phase} at {self.position}")
         if self.deadline_ms is not None:
             _check_int("deadline_ms", self.deadline_ms, 1, MAX_DEADLINE_MS)
 
@@ -207,8 +207,7 @@ class StepFrame:
         meta = self.meta
         if meta.position + n_tokens - 1 > MAX_POSITION:
             raise InvalidArgument(
-                f"tokens at {meta.position}..{meta.position + n_tokens - 1} overflow the "
-                f"position limit {MAX_POSITION}"
+                f"tokens at {meta.position}..{meta.position + n_tokens - 1} overflow the position limit {MAX_POSITION}"
             )
         if meta.phase == "decode" and (n_tokens != 1 or not self.final_chunk):
             raise InvalidArgument(
@@ -224,9 +223,7 @@ class StepFrame:
         if self.tokens is not None:
             tokens = self.tokens
             if not is_head:
-                raise InvalidArgument(
-                    f"layers {self.meta.layers} do not start at 0: the input must be a hidden state"
-                )
+                raise InvalidArgument(f"layers {self.meta.layers} do not start at 0: the input must be a hidden state")
             if not isinstance(tokens, np.ndarray) or tokens.dtype != np.int32 or tokens.ndim != 1:
                 raise InvalidArgument("tokens must be a 1-D int32 array")
             if tokens.size == 0:
@@ -236,9 +233,7 @@ class StepFrame:
             return int(tokens.shape[0])
         hidden = self.hidden
         if is_head:
-            raise InvalidArgument(
-                f"layers {self.meta.layers} start at 0: the input must be token ids"
-            )
+            raise InvalidArgument(f"layers {self.meta.layers} start at 0: the input must be token ids")
         if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2:
             raise InvalidArgument("the hidden state must be a 2-D float32 array [n_tokens, n_embd]")
         if hidden.shape[0] == 0 or hidden.shape[1] == 0:
@@ -255,8 +250,7 @@ class StepFrame:
                 )
             if hop.fingerprint != self.meta.fingerprint:
                 raise InvalidArgument(
-                    f"downstream hop {hop.address} serves recipe {hop.fingerprint}, "
-                    f"not {self.meta.fingerprint}"
+                    f"downstream hop {hop.address} serves recipe {hop.fingerprint}, not {self.meta.fingerprint}"
                 )
             expected_start = hop.layers.stop
 

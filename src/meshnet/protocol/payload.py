@@ -57,8 +57,7 @@ def decode_tokens(message: pb.TokenIds, limits: FrameLimits, expected_crc: int) 
     tokens = np.array(ids, dtype=_LITTLE_INT32)
     actual = zlib.crc32(tokens.data)
     if actual != expected_crc:
-        raise IntegrityError(f"token checksum mismatch: header says {expected_crc:#010x}, "
-                             f"payload is {actual:#010x}")
+        raise IntegrityError(f"token checksum mismatch: header says {expected_crc:#010x}, payload is {actual:#010x}")
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0:
         raise InvalidArgument(f"token id {low} is negative")
@@ -86,13 +85,10 @@ def decode_hidden(bundle: pb.TensorBundle, limits: FrameLimits, expected_crc: in
     """A hidden-state bundle -> read-only float32 ``[n_tokens, n_embd]`` over the received bytes."""
     if bundle.bundle_version != BUNDLE_VERSION:
         raise InvalidArgument(
-            f"tensor bundle version {bundle.bundle_version} is not supported; this node reads "
-            f"version {BUNDLE_VERSION}"
+            f"tensor bundle version {bundle.bundle_version} is not supported; this node reads version {BUNDLE_VERSION}"
         )
     if len(bundle.tensors) != 1:
-        raise InvalidArgument(
-            f"a hidden-state bundle holds exactly one tensor, got {len(bundle.tensors)}"
-        )
+        raise InvalidArgument(f"a hidden-state bundle holds exactly one tensor, got {len(bundle.tensors)}")
     tensor = bundle.tensors[0]
     if tensor.name != HIDDEN_TENSOR:
         raise InvalidArgument(f"expected tensor {HIDDEN_TENSOR!r}, got {tensor.name[:40]!r}")
@@ -125,14 +121,10 @@ def _hidden_element_type(tensor: pb.NamedTensor) -> np.dtype:
 
 def _hidden_shape(shape: Sequence[int], limits: FrameLimits) -> tuple[int, int]:
     if len(shape) != 2:
-        raise InvalidArgument(
-            f"the hidden state must have shape [n_tokens, n_embd], got rank {len(shape)}"
-        )
+        raise InvalidArgument(f"the hidden state must have shape [n_tokens, n_embd], got rank {len(shape)}")
     n_tokens, n_embd = int(shape[0]), int(shape[1])
     if n_embd != limits.n_embd:
-        raise InvalidArgument(
-            f"hidden width {n_embd} does not match this model's n_embd {limits.n_embd}"
-        )
+        raise InvalidArgument(f"hidden width {n_embd} does not match this model's n_embd {limits.n_embd}")
     if n_tokens == 0:
         raise InvalidArgument("the hidden state holds no tokens")
     if n_tokens > limits.max_tokens_per_frame:
@@ -143,30 +135,24 @@ def _hidden_shape(shape: Sequence[int], limits: FrameLimits) -> tuple[int, int]:
     return n_tokens, n_embd
 
 
-def _join_checked(
-    fragments: list[bytes], expected_bytes: int, limits: FrameLimits, expected_crc: int
-) -> bytes:
+def _join_checked(fragments: list[bytes], expected_bytes: int, limits: FrameLimits, expected_crc: int) -> bytes:
     """Check count, total size and checksum of the fragments, then join them (no copy for one)."""
     if not fragments:
         raise InvalidArgument("the tensor has no data fragments")
     if len(fragments) > MAX_FRAGMENTS:
-        raise InvalidArgument(f"the tensor is split into {len(fragments)} fragments; "
-                              f"at most {MAX_FRAGMENTS} are allowed")
+        raise InvalidArgument(
+            f"the tensor is split into {len(fragments)} fragments; at most {MAX_FRAGMENTS} are allowed"
+        )
     total = sum(len(fragment) for fragment in fragments)
     if total > limits.max_payload_bytes:
         raise ResourceExhausted(
-            f"the tensor payload is {total} bytes; a frame may carry at most "
-            f"{limits.max_payload_bytes}"
+            f"the tensor payload is {total} bytes; a frame may carry at most {limits.max_payload_bytes}"
         )
     if total != expected_bytes:
-        raise InvalidArgument(
-            f"the tensor data is {total} bytes but its shape and dtype need {expected_bytes}"
-        )
+        raise InvalidArgument(f"the tensor data is {total} bytes but its shape and dtype need {expected_bytes}")
     crc = 0
     for fragment in fragments:
         crc = zlib.crc32(fragment, crc)
     if crc != expected_crc:
-        raise IntegrityError(
-            f"tensor checksum mismatch: header says {expected_crc:#010x}, payload is {crc:#010x}"
-        )
+        raise IntegrityError(f"tensor checksum mismatch: header says {expected_crc:#010x}, payload is {crc:#010x}")
     return fragments[0] if len(fragments) == 1 else b"".join(fragments)

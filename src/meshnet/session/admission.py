@@ -91,7 +91,8 @@ def plan_capacity(
         sessions = min(sessions, room // kv_per_session if kv_per_session > 0 else sessions)
         if sessions < 1:
             raise ResourceExhausted(
-                f"memory budget {budget_bytes / 2**20:.0f} MiB cannot hold the weights ({weight_bytes / 2**20:.0f} MiB), "
-                f"scratch ({scratch_bytes / 2**20:.0f} MiB) and one session's KV ({kv_per_session / 2**20:.1f} MiB)"
+                f"memory budget {budget_bytes / 2**20:.0f} MiB cannot hold the weights "
+                f"({weight_bytes / 2**20:.0f} MiB), scratch ({scratch_bytes / 2**20:.0f} MiB) "
+                f"and one session's KV ({kv_per_session / 2**20:.1f} MiB)"
             )
     return CapacityPlan(sessions, weight_bytes, kv_per_session, scratch_bytes, budget_bytes)

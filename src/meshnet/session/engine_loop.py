@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -79,7 +80,10 @@ class LoopStats:
 
 class EngineLoop:
     def __init__(
-        self, open_backend: Callable[[], Backend], *, max_decode_batch: int = 64,
+        self,
+        open_backend: Callable[[], Backend],
+        *,
+        max_decode_batch: int = 64,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open_backend = open_backend
@@ -124,7 +128,9 @@ class EngineLoop:
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
-        work = _Work(self._tickets, step, deadline, self._clock(), future, chunk_bounds(step.position, step.n_tokens, chunk))
+        work = _Work(
+            self._tickets, step, deadline, self._clock(), future, chunk_bounds(step.position, step.n_tokens, chunk)
+        )
         self._inbox.put(work)
         return await future
 
@@ -201,9 +207,14 @@ class EngineLoop:
         now = self._clock()
         by_ticket = {w.ticket: w for w in self._pending}
         plan = plan_tick(
-            [PendingWork(w.ticket, w.bounds[w.done_chunks][1] - w.bounds[w.done_chunks][0], w.enqueued_at, w.deadline)
-             for w in self._pending],
-            now=now, max_decode_batch=self._max_decode_batch,
+            [
+                PendingWork(
+                    w.ticket, w.bounds[w.done_chunks][1] - w.bounds[w.done_chunks][0], w.enqueued_at, w.deadline
+                )
+                for w in self._pending
+            ],
+            now=now,
+            max_decode_batch=self._max_decode_batch,
         )
         for ticket in plan.expired:
             work = by_ticket[ticket]
@@ -270,7 +281,6 @@ def _resolve(future: asyncio.Future[Any], *, value: Any = None, error: BaseExcep
         else:
             future.set_result(value)
 
-    try:
+    # A closed event loop means the process is shutting down: nobody is waiting any more.
+    with contextlib.suppress(RuntimeError):
         future.get_loop().call_soon_threadsafe(settle)
-    except RuntimeError:
-        pass  # the event loop is closed: the process is shutting down

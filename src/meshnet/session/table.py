@@ -74,7 +74,9 @@ class SessionTable:
     def sessions(self) -> list[Session]:
         return list(self._sessions.values())
 
-    def open(self, key: SessionId, request_id: RequestId, epoch: int, queue_depth: int) -> tuple[Session, Session | None]:
+    def open(
+        self, key: SessionId, request_id: RequestId, epoch: int, queue_depth: int
+    ) -> tuple[Session, Session | None]:
         """Admit a new session; returns it and the session evicted to make room (if any)."""
         if key in self._sessions:
             raise FailedPrecondition(f"session {key} already exists on this shard; continue it or release it first")

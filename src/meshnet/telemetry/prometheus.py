@@ -28,7 +28,9 @@ class _SourceCollector(Collector):
         names, values = list(self._labels), list(self._labels.values())
         for name, value in sorted(self._source().items()):
             if name.endswith("_total"):
-                family: Metric = CounterMetricFamily(f"{self._prefix}_{name[:-6]}", name.replace("_", " "), labels=names)
+                family: Metric = CounterMetricFamily(
+                    f"{self._prefix}_{name[:-6]}", name.replace("_", " "), labels=names
+                )
             else:
                 family = GaugeMetricFamily(f"{self._prefix}_{name}", name.replace("_", " "), labels=names)
             family.add_metric(values, float(value))  # type: ignore[attr-defined]

@@ -110,9 +110,7 @@ class NodeRegistry:
         costs: RoutingCosts = DEFAULT_COSTS,
     ) -> None:
         if heartbeat_interval_s <= 0 or missed_heartbeats < 1 or epoch < 0:
-            raise InvalidArgument(
-                "heartbeat interval must be > 0, missed heartbeats >= 1, epoch >= 0"
-            )
+            raise InvalidArgument("heartbeat interval must be > 0, missed heartbeats >= 1, epoch >= 0")
         self._clock = clock
         self.heartbeat_interval_s = heartbeat_interval_s
         self._expire_after_s = heartbeat_interval_s * missed_heartbeats
@@ -134,9 +132,7 @@ class NodeRegistry:
     def node_views(self) -> tuple[NodeView, ...]:
         return tuple(entry.view() for entry in self._nodes.values())
 
-    def register(
-        self, registration: NodeRegistration, node_id_hint: NodeId | None = None
-    ) -> NodeId:
+    def register(self, registration: NodeRegistration, node_id_hint: NodeId | None = None) -> NodeId:
         """Add a node and return its id: the hint when it is free or already this address's."""
         self.sweep()
         held = self._nodes.get(node_id_hint) if node_id_hint else None
@@ -162,9 +158,7 @@ class NodeRegistry:
         entry = self._nodes.get(node_id)
         if entry is None:
             return False
-        self._nodes[node_id] = replace(
-            entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0
-        )
+        self._nodes[node_id] = replace(entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0)
         return True
 
     def deregister(self, node_id: NodeId) -> bool:
@@ -178,16 +172,10 @@ class NodeRegistry:
         """Drop nodes that missed their heartbeats and sessions idle past their TTL."""
         now = self._clock()
         expired = tuple(
-            node_id
-            for node_id, entry in self._nodes.items()
-            if now - entry.last_seen >= self._expire_after_s
+            node_id for node_id, entry in self._nodes.items() if now - entry.last_seen >= self._expire_after_s
         )
         self._remove(expired, "missed heartbeats")
-        idle = [
-            sid
-            for sid, sticky in self._sticky.items()
-            if now - sticky.last_used >= self._session_ttl_s
-        ]
+        idle = [sid for sid, sticky in self._sticky.items() if now - sticky.last_used >= self._session_ttl_s]
         for session_id in idle:
             del self._sticky[session_id]
         return expired
@@ -199,11 +187,7 @@ class NodeRegistry:
         sticky = self._sticky.get(query.session_id) if query.session_id else None
         if sticky is not None and not _serves(sticky.route, query.model):
             sticky = None  # the session asks for another model now: a fresh session in effect
-        if (
-            sticky is not None
-            and self._holds(sticky.route, query.exclude)
-            and _has_boundary(sticky.route, start)
-        ):
+        if sticky is not None and self._holds(sticky.route, query.exclude) and _has_boundary(sticky.route, start):
             self._touch(query.session_id, sticky.route)
             return _suffix(sticky.route, start)
         # A sub-span must match the recipe of the hops the caller keeps.
@@ -234,9 +218,7 @@ class NodeRegistry:
         views = self.node_views()
         summaries = []
         for fingerprint in sorted({view.fingerprint for view in views}):
-            recipe_nodes = sorted(
-                (v for v in views if v.fingerprint == fingerprint), key=lambda v: v.node_id
-            )
+            recipe_nodes = sorted((v for v in views if v.fingerprint == fingerprint), key=lambda v: v.node_id)
             first = recipe_nodes[0]
             try:
                 choose_route(recipe_nodes, first.n_layers, fingerprint, costs=self._costs)
@@ -261,15 +243,11 @@ class NodeRegistry:
             return
         for node_id in gone:
             del self._nodes[node_id]
-        broken = [
-            sid for sid, sticky in self._sticky.items() if gone.intersection(sticky.route.node_ids)
-        ]
+        broken = [sid for sid, sticky in self._sticky.items() if gone.intersection(sticky.route.node_ids)]
         for session_id in broken:
             del self._sticky[session_id]
         self._epoch += 1
-        logger.info(
-            "nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch
-        )
+        logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
 
     def _holds(self, route: Route, exclude: frozenset[NodeId]) -> bool:
         return self._all_alive(route.hops, exclude)
@@ -292,9 +270,7 @@ class NodeRegistry:
     def _count_routed(self, plan: RoutePlan) -> None:
         for hop in plan.hops:
             entry = self._nodes[hop.node_id]
-            self._nodes[hop.node_id] = replace(
-                entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1
-            )
+            self._nodes[hop.node_id] = replace(entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1)
 
     def _fresh_node_id(self) -> NodeId:
         while True:

@@ -110,9 +110,7 @@ def node_cost_ms(node: NodeView, costs: RoutingCosts = DEFAULT_COSTS) -> float:
     return cost
 
 
-def seam_cost_ms(
-    before: NodeId, after: NodeId, latency_ms: LatencyTable, costs: RoutingCosts = DEFAULT_COSTS
-) -> float:
+def seam_cost_ms(before: NodeId, after: NodeId, latency_ms: LatencyTable, costs: RoutingCosts = DEFAULT_COSTS) -> float:
     return latency_ms.get((before, after), costs.default_latency_ms) + costs.seam_overhead_ms
 
 
@@ -173,9 +171,7 @@ def choose_model_route(
     its own, since chaining shards of different recipes corrupts the hidden state, and the
     fastest complete one wins.
     """
-    fingerprints = sorted(
-        {node.fingerprint for node in nodes if model in (node.model, node.fingerprint)}
-    )
+    fingerprints = sorted({node.fingerprint for node in nodes if model in (node.model, node.fingerprint)})
     if not fingerprints:
         raise NoRoute(f"no live shard serves model {model!r}")
     plans: list[RoutePlan] = []
@@ -201,9 +197,7 @@ def choose_model_route(
     return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint))
 
 
-def uncovered_layers(
-    nodes: Iterable[NodeView], start_layer: int, n_layers: int
-) -> tuple[LayerRange, ...]:
+def uncovered_layers(nodes: Iterable[NodeView], start_layer: int, n_layers: int) -> tuple[LayerRange, ...]:
     """Maximal runs of layers in ``[start_layer, n_layers)`` that no node in ``nodes`` holds."""
     covered = [False] * n_layers
     for node in nodes:
@@ -283,9 +277,7 @@ def _explain_no_route(
         "uncertified": sum(1 for node in same_recipe if not node.certified),
         "excluded": sum(1 for node in same_recipe if node.node_id in exclude),
         "outside the requested span": sum(
-            1
-            for node in same_recipe
-            if node.layers.start < start_layer or node.layers.stop > n_layers
+            1 for node in same_recipe if node.layers.start < start_layer or node.layers.stop > n_layers
         ),
     }
     notes = ", ".join(f"{count} {reason}" for reason, count in skipped.items() if count)

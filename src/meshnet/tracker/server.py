@@ -148,9 +148,7 @@ async def start_tracker(
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(servicer.sweep_forever(config.heartbeat_interval_s / 4))
-    logger.info(
-        "tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path
-    )
+    logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
     return RunningTracker(config, server, port, health_servicer, runner, sweeper)
 
 
@@ -182,18 +180,13 @@ async def serve_tracker(
 def add_tracker_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags for every ``TrackerConfig`` field (``--db`` defaults under ``--data-dir`` if given)."""
     defaults = TrackerConfig()
-    parser.add_argument(
-        "--host", default=defaults.host, help="interface to listen on (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=defaults.port, help="TCP port, 0 = any (default: %(default)s)"
-    )
+    parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=defaults.port, help="TCP port, 0 = any (default: %(default)s)")
     parser.add_argument(
         "--db",
         type=Path,
         default=None,
-        help="SQLite file (default: DATA_DIR/tracker.sqlite3 with --data-dir, "
-        f"else ./{defaults.db_path})",
+        help=f"SQLite file (default: DATA_DIR/tracker.sqlite3 with --data-dir, else ./{defaults.db_path})",
     )
     parser.add_argument(
         "--heartbeat-interval",
@@ -253,9 +246,7 @@ def tracker_main(argv: Sequence[str] | None = None) -> int:
     add_tracker_arguments(parser)
     parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_tracker(args)
 
 

@@ -79,23 +79,17 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         epoch = self._registry.epoch
         if epoch > self._saved_epoch:
             self._saved_epoch = epoch
-            self._epoch_write = asyncio.ensure_future(
-                self._store.call(self._store.store.save_epoch, epoch)
-            )
+            self._epoch_write = asyncio.ensure_future(self._store.call(self._store.store.save_epoch, epoch))
         if self._epoch_write is not None:
             # The latest write covers every smaller epoch (writes run in order); shield it so a
             # cancelled caller does not cancel a write another reply is waiting for.
             await asyncio.shield(self._epoch_write)
 
     @maps_errors
-    async def Register(
-        self, request: pb.NodeRegistration, context: grpc.aio.ServicerContext
-    ) -> pb.RegisterReply:
+    async def Register(self, request: pb.NodeRegistration, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
         registration, hint = wire.registration_from_wire(request)
         node_id = self._registry.register(registration, hint)
-        await self._store.call(
-            self._store.store.record_node, node_id, registration, self._wall_clock()
-        )
+        await self._store.call(self._store.store.record_node, node_id, registration, self._wall_clock())
         await self.persist_epoch()
         logger.info(
             "node %s registered: %s layers %s of %s",
@@ -111,42 +105,32 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         )
 
     @maps_errors
-    async def Heartbeat(
-        self, request: pb.NodeHeartbeat, context: grpc.aio.ServicerContext
-    ) -> pb.HeartbeatReply:
+    async def Heartbeat(self, request: pb.NodeHeartbeat, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         node_id, load = wire.heartbeat_from_wire(request)
         known = self._registry.heartbeat(node_id, load)
         await self.persist_epoch()
         return pb.HeartbeatReply(known=known, epoch=self._registry.epoch)
 
     @maps_errors
-    async def ChooseRoute(
-        self, request: pb.RouteRequest, context: grpc.aio.ServicerContext
-    ) -> pb.RouteReply:
+    async def ChooseRoute(self, request: pb.RouteRequest, context: grpc.aio.ServicerContext) -> pb.RouteReply:
         route = self._registry.choose_route(wire.route_query_from_wire(request))
         await self.persist_epoch()
         return wire.route_to_wire(route)
 
     @maps_errors
-    async def ReportWork(
-        self, request: pb.WorkRecord, context: grpc.aio.ServicerContext
-    ) -> pb.WorkAck:
+    async def ReportWork(self, request: pb.WorkRecord, context: grpc.aio.ServicerContext) -> pb.WorkAck:
         record = wire.work_from_wire(request)
         stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
         return pb.WorkAck(request_id=record.request_id, duplicate=not stored)
 
     @maps_errors
-    async def ListModels(
-        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelList:
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
         models = self._registry.list_models()
         await self.persist_epoch()
         return wire.models_to_wire(models, self._registry.epoch)
 
     @maps_errors
-    async def Deregister(
-        self, request: pb.DeregisterRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DeregisterReply:
+    async def Deregister(self, request: pb.DeregisterRequest, context: grpc.aio.ServicerContext) -> pb.DeregisterReply:
         node_id = wire.node_id_from_wire(request.node_id)
         known = self._registry.deregister(node_id)
         await self.persist_epoch()

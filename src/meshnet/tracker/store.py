@@ -79,9 +79,7 @@ class TrackerStore(Protocol):
         """Record ``epoch`` unless a larger one is stored already: the epoch never goes down."""
         ...
 
-    def record_node(
-        self, node_id: NodeId, registration: NodeRegistration, seen_at: float
-    ) -> None: ...
+    def record_node(self, node_id: NodeId, registration: NodeRegistration, seen_at: float) -> None: ...
 
     def record_work(self, record: WorkRecord, recorded_at: float) -> bool:
         """Store ``record`` durably; False if this exact record was stored before.
@@ -131,9 +129,7 @@ class SqliteTrackerStore:
 
     def save_epoch(self, epoch: int) -> None:
         with self._lock:
-            self._connection.execute(
-                "UPDATE meta SET value = max(value, ?) WHERE key = 'epoch'", (epoch,)
-            )
+            self._connection.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'epoch'", (epoch,))
 
     def record_node(self, node_id: NodeId, registration: NodeRegistration, seen_at: float) -> None:
         with self._lock:
@@ -197,9 +193,7 @@ class SqliteTrackerStore:
 
     def list_work(self) -> list[WorkRecord]:
         with self._lock:
-            rows = self._connection.execute(
-                f"SELECT {_WORK_COLUMNS} FROM work_records ORDER BY rowid"
-            ).fetchall()
+            rows = self._connection.execute(f"SELECT {_WORK_COLUMNS} FROM work_records ORDER BY rowid").fetchall()
             return [self._work_from_row(row) for row in rows]
 
     def close(self) -> None:
@@ -241,12 +235,9 @@ class SqliteTrackerStore:
         )
 
     def _work_from_row(self, row: tuple[Any, ...]) -> WorkRecord:
-        request_id, session_id, model, status, tokens_in, tokens_out, billing, started, finished = (
-            row
-        )
+        request_id, session_id, model, status, tokens_in, tokens_out, billing, started, finished = row
         shares = self._connection.execute(
-            "SELECT node_id, layer_start, layer_stop, tokens FROM work_shares "
-            "WHERE request_id = ? ORDER BY position",
+            "SELECT node_id, layer_start, layer_stop, tokens FROM work_shares WHERE request_id = ? ORDER BY position",
             (request_id,),
         ).fetchall()
         return WorkRecord(
@@ -257,8 +248,7 @@ class SqliteTrackerStore:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             attribution=tuple(
-                NodeWork(NodeId(node), LayerRange(start, stop), tokens)
-                for node, start, stop, tokens in shares
+                NodeWork(NodeId(node), LayerRange(start, stop), tokens) for node, start, stop, tokens in shares
             ),
             billing_units=billing,
             started_at=started,
@@ -266,7 +256,4 @@ class SqliteTrackerStore:
         )
 
 
-_WORK_COLUMNS = (
-    "request_id, session_id, model, status, tokens_in, tokens_out, billing_units, "
-    "started_at, finished_at"
-)
+_WORK_COLUMNS = "request_id, session_id, model, status, tokens_in, tokens_out, billing_units, started_at, finished_at"

@@ -57,9 +57,7 @@ def recipe_from_wire(message: pb.NodeRegistration.Recipe) -> Recipe:
     for name, value in texts.items():
         check_text(f"recipe.{name}", value)
     if not 1 <= message.n_layers <= MAX_LAYERS:
-        raise InvalidArgument(
-            f"recipe.n_layers must be in [1, {MAX_LAYERS}], got {message.n_layers}"
-        )
+        raise InvalidArgument(f"recipe.n_layers must be in [1, {MAX_LAYERS}], got {message.n_layers}")
     check_count("recipe.n_embd", message.n_embd, 1 << 20)
     return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, **texts)
 
@@ -99,18 +97,14 @@ def heartbeat_from_wire(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
 def route_query_from_wire(message: pb.RouteRequest) -> RouteQuery:
     check_text("model", message.model)
     if len(message.exclude_node_ids) > MAX_EXCLUDED:
-        raise InvalidArgument(
-            f"at most {MAX_EXCLUDED} excluded nodes, got {len(message.exclude_node_ids)}"
-        )
+        raise InvalidArgument(f"at most {MAX_EXCLUDED} excluded nodes, got {len(message.exclude_node_ids)}")
     if message.session_id:
         check_text("session_id", message.session_id)
     return RouteQuery(
         model=message.model,
         session_id=SessionId(message.session_id) if message.session_id else None,
         exclude=frozenset(node_id_from_wire(node_id) for node_id in message.exclude_node_ids),
-        start_layer=message.require_start_layer
-        if message.HasField("require_start_layer")
-        else None,
+        start_layer=message.require_start_layer if message.HasField("require_start_layer") else None,
     )
 
 
@@ -137,9 +131,7 @@ def route_to_wire(route: Route) -> pb.RouteReply:
 def work_from_wire(message: pb.WorkRecord) -> WorkRecord:
     status = _STATUS_FROM_WIRE.get(message.status)
     if status is None:
-        raise InvalidArgument(
-            f"work record status {message.status} is not completed, cancelled or failed"
-        )
+        raise InvalidArgument(f"work record status {message.status} is not completed, cancelled or failed")
     check_text("request_id", message.request_id)
     return WorkRecord(
         request_id=RequestId(message.request_id),

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Literal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 
@@ -61,7 +61,8 @@ class ShardRuntime:
         self.draining = False
         self._pool = ChannelPool(identity.max_frame_bytes)
         self.limits = FrameLimits(
-            n_embd=self.shape.n_embd, max_frame_bytes=identity.max_frame_bytes,
+            n_embd=self.shape.n_embd,
+            max_frame_bytes=identity.max_frame_bytes,
             max_tokens_per_frame=self.shape.n_ctx_per_slot,
             vocab_size=self.shape.n_vocab or None,
         )
@@ -83,7 +84,10 @@ class ShardRuntime:
 
     async def _run(self, session: Session, frame: StepFrame) -> StepResult:
         meta = frame.meta
-        if self.table.check_step(session, step=meta.step, position=meta.position, epoch=meta.route_epoch) == "duplicate":
+        if (
+            self.table.check_step(session, step=meta.step, position=meta.position, epoch=meta.route_epoch)
+            == "duplicate"
+        ):
             return session.last_result  # idempotent: answered again, nothing appended
         received = time.perf_counter()
         deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
@@ -125,8 +129,12 @@ class ShardRuntime:
             if remaining_ms is not None and remaining_ms <= 0:
                 raise DeadlineExceeded("the session's deadline passed while decoding")
             meta = replace(
-                frame.meta, phase="decode", position=result.next_position, step=frame.meta.step + offset,
-                cache="continue", deadline_ms=remaining_ms,
+                frame.meta,
+                phase="decode",
+                position=result.next_position,
+                step=frame.meta.step + offset,
+                cache="continue",
+                deadline_ms=remaining_ms,
             )
             step = StepFrame(meta=meta, tokens=np.array([result.token_id], np.int32))
             result = await self._run(self.table.get(meta.session_id), step)
@@ -146,8 +154,10 @@ class ShardRuntime:
             if self.shape.emits_logits or meta.cache != "new":
                 raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
             if frame.downstream[-1].layers.stop != self.shape.n_layers:
-                raise InvalidArgument(f"the route's hops end at layer {frame.downstream[-1].layers.stop}, "
-                                      f"not at the model's {self.shape.n_layers}")
+                raise InvalidArgument(
+                    f"the route's hops end at layer {frame.downstream[-1].layers.stop}, "
+                    f"not at the model's {self.shape.n_layers}"
+                )
         elif not self.shape.emits_logits and meta.cache == "new":
             raise InvalidArgument("a non-tail shard needs the downstream hops in the opening frame")
         if frame.continuation is not None and not self.shape.takes_tokens:
@@ -228,13 +238,22 @@ class ShardRuntime:
     def capability(self) -> CapabilityInfo:
         shape = self.shape
         return CapabilityInfo(
-            node_id=self.identity.node_id, fingerprint=self.identity.fingerprint, layers=shape.layers,
-            n_layers=shape.n_layers, n_embd=shape.n_embd, vocab_size=max(shape.n_vocab, 1),
-            schema_versions=SUPPORTED_SCHEMA_VERSIONS, backend=self.identity.backend,
-            backend_version=self.identity.backend_version, max_sessions=shape.max_slots,
-            free_sessions=0 if self.draining else self.table.free_slots, active_sessions=len(self.table),
-            n_ctx_per_session=shape.n_ctx_per_slot, max_frame_bytes=self.identity.max_frame_bytes,
-            max_tokens_per_frame=self.limits.max_tokens_per_frame, certified=self.identity.certified,
+            node_id=self.identity.node_id,
+            fingerprint=self.identity.fingerprint,
+            layers=shape.layers,
+            n_layers=shape.n_layers,
+            n_embd=shape.n_embd,
+            vocab_size=max(shape.n_vocab, 1),
+            schema_versions=SUPPORTED_SCHEMA_VERSIONS,
+            backend=self.identity.backend,
+            backend_version=self.identity.backend_version,
+            max_sessions=shape.max_slots,
+            free_sessions=0 if self.draining else self.table.free_slots,
+            active_sessions=len(self.table),
+            n_ctx_per_session=shape.n_ctx_per_slot,
+            max_frame_bytes=self.identity.max_frame_bytes,
+            max_tokens_per_frame=self.limits.max_tokens_per_frame,
+            certified=self.identity.certified,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -257,4 +276,3 @@ class ShardRuntime:
             "kv_bytes_in_use": float(self.capacity.kv_bytes_per_session * len(table)),
             "weight_bytes": float(self.capacity.weight_bytes),
         }
-

@@ -66,19 +66,32 @@ def backend_label(config: WorkerConfig) -> str:
 
 def fake_recipe(fake: FakeModel) -> Recipe:
     return Recipe(
-        model_sha256="fake", architecture="fake", adapter_version="1", weight_quantization="none",
-        activation_dtype="f32", kv_dtype="none", backend="fake", backend_version="1",
-        n_layers=fake.n_layers, n_embd=fake.n_embd,
+        model_sha256="fake",
+        architecture="fake",
+        adapter_version="1",
+        weight_quantization="none",
+        activation_dtype="f32",
+        kv_dtype="none",
+        backend="fake",
+        backend_version="1",
+        n_layers=fake.n_layers,
+        n_embd=fake.n_embd,
     )
 
 
 def build_recipe(config: WorkerConfig, source_sha256: str) -> tuple[Recipe, str, str]:
     description = describe_model(config.model)  # type: ignore[arg-type]
     recipe = Recipe(
-        model_sha256=source_sha256, architecture=description.architecture,
-        adapter_version=description.adapter_version, weight_quantization=description.quantization,
-        activation_dtype="f32", kv_dtype="f16", backend=backend_label(config),
-        backend_version=LLAMA_CPP_PYTHON_VERSION, n_layers=description.n_layers, n_embd=description.n_embd,
+        model_sha256=source_sha256,
+        architecture=description.architecture,
+        adapter_version=description.adapter_version,
+        weight_quantization=description.quantization,
+        activation_dtype="f32",
+        kv_dtype="f16",
+        backend=backend_label(config),
+        backend_version=LLAMA_CPP_PYTHON_VERSION,
+        n_layers=description.n_layers,
+        n_embd=description.n_embd,
     )
     return recipe, config.model_name or description.name, description.quantization
 
@@ -89,16 +102,26 @@ async def serve_worker(
     cache = SliceCache(config.data_dir / "cache")
     capacity = await asyncio.to_thread(plan_worker_capacity, config, cache)
     engine_config = LlamaConfig(
-        n_threads=config.threads, max_slots=capacity.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
-        max_batch_tokens=config.prefill_chunk, flash_attn=config.flash_attn,
+        n_threads=config.threads,
+        max_slots=capacity.max_sessions,
+        n_ctx_per_slot=config.n_ctx_per_session,
+        max_batch_tokens=config.prefill_chunk,
+        flash_attn=config.flash_attn,
     )
 
     def open_backend() -> Backend:
         if config.fake is not None:
             fake = config.fake
-            return FakeBackend(config.layers, fake.n_layers, n_embd=fake.n_embd, n_vocab=fake.n_vocab,
-                               max_slots=capacity.max_sessions, n_ctx_per_slot=config.n_ctx_per_session,
-                               max_batch_tokens=config.prefill_chunk, step_delay=fake.step_delay)
+            return FakeBackend(
+                config.layers,
+                fake.n_layers,
+                n_embd=fake.n_embd,
+                n_vocab=fake.n_vocab,
+                max_slots=capacity.max_sessions,
+                n_ctx_per_slot=config.n_ctx_per_session,
+                max_batch_tokens=config.prefill_chunk,
+                step_delay=fake.step_delay,
+            )
         # Fail closed: CertificationFailed propagates and the worker never listens.
         certify_llama_engine()
         if config.model is None:
@@ -113,13 +136,22 @@ async def serve_worker(
         recipe, model_name, quantization = fake_recipe(config.fake), config.model_name or "fake", "none"
     else:
         recipe, model_name, quantization = build_recipe(config, cache.source_sha256(config.model))  # type: ignore[arg-type]
-    table = SessionTable(AdmissionPolicy(capacity.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl))
+    table = SessionTable(
+        AdmissionPolicy(capacity.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl)
+    )
     server = grpc.aio.server(options=channel_options(config.max_frame_bytes))
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     address = config.advertise or f"{config.host}:{port}"
     node_id = NodeId(f"shard-{config.layers.start}-{config.layers.stop}-{port}")
-    identity = ShardIdentity(node_id, address, recipe.fingerprint(), recipe.backend, recipe.backend_version,
-                             certified, config.max_frame_bytes)
+    identity = ShardIdentity(
+        node_id,
+        address,
+        recipe.fingerprint(),
+        recipe.backend,
+        recipe.backend_version,
+        certified,
+        config.max_frame_bytes,
+    )
     runtime = ShardRuntime(identity, loop, table, capacity)
     health = HealthServicer()
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(runtime), server)
@@ -135,9 +167,11 @@ async def serve_worker(
             config, address, recipe, model_name, quantization, speed, certified, capacity.max_sessions
         )
         tracker = TrackerClient(config.tracker)
-        background.append(asyncio.create_task(
-            heartbeat_loop(tracker, registration, lambda: _load(runtime), stop, on_epoch=_epoch_setter(table))
-        ))
+        background.append(
+            asyncio.create_task(
+                heartbeat_loop(tracker, registration, lambda: _load(runtime), stop, on_epoch=_epoch_setter(table))
+            )
+        )
     metrics_server, metrics_address = None, None
     if config.metrics_port is not None:
         registry = build_registry("meshnet_worker", runtime.metrics, {"layers": str(config.layers)})
@@ -175,31 +209,51 @@ def plan_worker_capacity(config: WorkerConfig, cache: SliceCache) -> CapacityPla
     scratch = SCRATCH_BASE_BYTES
     if config.layers.is_tail(description.n_layers):
         scratch += 4 * config.prefill_chunk * 65536  # logits rows, generous for vocabularies to 64K
-    kv = kv_bytes_per_session(config.n_ctx_per_session, len(config.layers), description.n_embd,
-                              description.n_head, description.n_head_kv)
+    kv = kv_bytes_per_session(
+        config.n_ctx_per_session, len(config.layers), description.n_embd, description.n_head, description.n_head_kv
+    )
     budget = None if config.memory_budget_mb is None else int(config.memory_budget_mb * 2**20)
-    return plan_capacity(requested_sessions=config.max_sessions, weight_bytes=weights, kv_per_session=kv,
-                         scratch_bytes=scratch, budget_bytes=budget)
+    return plan_capacity(
+        requested_sessions=config.max_sessions,
+        weight_bytes=weights,
+        kv_per_session=kv,
+        scratch_bytes=scratch,
+        budget_bytes=budget,
+    )
 
 
 def _registration(
-    config: WorkerConfig, address: str, recipe: Recipe, model_name: str, quantization: str,
-    speed: ShardSpeed, certified: bool, max_sessions: int,
+    config: WorkerConfig,
+    address: str,
+    recipe: Recipe,
+    model_name: str,
+    quantization: str,
+    speed: ShardSpeed,
+    certified: bool,
+    max_sessions: int,
 ) -> NodeRegistration:
     return NodeRegistration(
-        address=address, recipe=recipe, fingerprint=recipe.fingerprint(), model=model_name,
-        quantization=quantization, layers=config.layers,
+        address=address,
+        recipe=recipe,
+        fingerprint=recipe.fingerprint(),
+        model=model_name,
+        quantization=quantization,
+        layers=config.layers,
         hardware=HardwareSummary(os.cpu_count() or 1, psutil.virtual_memory().total),
-        max_sessions=max_sessions, prefill_tokens_per_s=speed.prefill_tokens_per_s,
-        decode_tokens_per_s=speed.decode_tokens_per_s, certified=certified,
+        max_sessions=max_sessions,
+        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        decode_tokens_per_s=speed.decode_tokens_per_s,
+        certified=certified,
     )
 
 
 def _load(runtime: ShardRuntime) -> NodeLoad:
     metrics = runtime.metrics()
     return NodeLoad(
-        active_sessions=int(metrics["active_sessions"]), free_sessions=int(metrics["free_sessions"]),
-        queue_depth=int(metrics["queue_depth"]), kv_used_fraction=metrics["kv_used_fraction"],
+        active_sessions=int(metrics["active_sessions"]),
+        free_sessions=int(metrics["free_sessions"]),
+        queue_depth=int(metrics["queue_depth"]),
+        kv_used_fraction=metrics["kv_used_fraction"],
         load=min(metrics["queue_depth"] / 8.0, 1.0),
     )
 

@@ -32,7 +32,8 @@ def test_slow_route_dominated_by_compute_is_optimize_naming_compute() -> None:
     failing = checks["meshnet3-decode-vs-whole"]
     assert verdict == "optimize"
     assert failing.outcome == "fail"  # type: ignore[attr-defined]
-    assert "shard compute dominates" in failing.bottleneck  # type: ignore[attr-defined]
+    assert "time inside the shards dominates" in failing.bottleneck  # type: ignore[attr-defined]
+    assert "the same split in process takes" in failing.bottleneck  # type: ignore[attr-defined]
 
 
 def test_slow_route_dominated_by_hops_is_optimize_naming_per_hop_latency() -> None:

@@ -60,9 +60,7 @@ class ByteCodec:
     def encode(self, text: str, *, add_special: bool) -> list[int]:
         return [BOS] * add_special + [byte + OFFSET for byte in text.encode()]
 
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
-    ) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         body = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return body + ("<assistant>" if add_generation_prompt else "")
 
@@ -100,15 +98,11 @@ class ScriptedGenerator:
     def models(self) -> Sequence[ModelCard]:
         return self.cards
 
-    def generate(
-        self, request: GenerationRequest, request_id: RequestId
-    ) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         self.requests.append((request, request_id))
         return self._run(request, request_id)
 
-    async def _run(
-        self, request: GenerationRequest, request_id: RequestId
-    ) -> AsyncIterator[GenerationEvent]:
+    async def _run(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         script = self.script
         ending = "raised"
         try:

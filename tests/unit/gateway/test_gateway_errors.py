@@ -68,8 +68,7 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "huge max_tokens": (chat(max_tokens=10**12), 400, "invalid_parameter"),
     "zero max_tokens": (chat(max_tokens=0), 400, "invalid_parameter"),
     "negative max_tokens": (chat(max_tokens=-5), 400, "invalid_parameter"),
-    "prompt over cap": (chat(messages=[{"role": "user", "content": "x" * 80}]), 400,
-                        "context_length_exceeded"),
+    "prompt over cap": (chat(messages=[{"role": "user", "content": "x" * 80}]), 400, "context_length_exceeded"),
     "prompt + max_tokens over cap": (chat(max_tokens=60), 400, "context_length_exceeded"),
     "temperature below 0": (chat(temperature=-0.1), 400, "invalid_parameter"),
     "temperature above 2": (chat(temperature=2.5), 400, "invalid_parameter"),
@@ -80,14 +79,16 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "n=2": (chat(n=2), 400, "unsupported_parameter"),
     "logprobs": (chat(logprobs=True), 400, "unsupported_parameter"),
     "top_logprobs": (chat(top_logprobs=3), 400, "unsupported_parameter"),
-    "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400,
-              "unsupported_parameter"),
+    "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
     "json mode": (chat(response_format={"type": "json_object"}), 400, "unsupported_parameter"),
     "penalty": (chat(frequency_penalty=0.5), 400, "unsupported_parameter"),
     "logit_bias": (chat(logit_bias={"5": 10}), 400, "unsupported_parameter"),
     "tool role": (chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported_parameter"),
-    "image part": (chat(messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), 400, "unsupported_parameter"),
+    "image part": (
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
+        400,
+        "unsupported_parameter",
+    ),
     "too many stops": (chat(stop=["a", "b", "c", "d", "e"]), 400, "invalid_parameter"),
     "empty stop": (chat(stop=""), 400, "invalid_parameter"),
 }
@@ -156,11 +157,25 @@ def test_unknown_route_and_method_are_openai_errors(client: TestClient) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        chat(user="alice", metadata={"k": "v"}, store=False, n=1, logprobs=False,
-             response_format={"type": "text"}, frequency_penalty=0, tools=[], some_future_field=1),
-        chat(messages=[{"role": "developer", "content": "x"},
-                       {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                       {"role": "assistant", "content": None}], max_completion_tokens=3),
+        chat(
+            user="alice",
+            metadata={"k": "v"},
+            store=False,
+            n=1,
+            logprobs=False,
+            response_format={"type": "text"},
+            frequency_penalty=0,
+            tools=[],
+            some_future_field=1,
+        ),
+        chat(
+            messages=[
+                {"role": "developer", "content": "x"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": None},
+            ],
+            max_completion_tokens=3,
+        ),
     ],
 )
 def test_harmless_openai_fields_are_accepted(client: TestClient, body: dict[str, Any]) -> None:
@@ -190,9 +205,7 @@ FAILURES: list[tuple[BaseException, int, str]] = [
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(("failure", "status", "code"), FAILURES, ids=lambda v: str(v)[:20])
-def test_failure_before_first_byte_maps_to_status(
-    failure: BaseException, status: int, code: str, stream: bool
-) -> None:
+def test_failure_before_first_byte_maps_to_status(failure: BaseException, status: int, code: str, stream: bool) -> None:
     generator = ScriptedGenerator(Script(fail_before=failure))
     with TestClient(make_app(generator), raise_server_exceptions=False) as test_client:
         response = test_client.post(CHAT, json=chat(stream=stream))
@@ -205,9 +218,7 @@ def test_failure_before_first_byte_maps_to_status(
 
 
 @pytest.mark.parametrize(("failure", "status", "code"), FAILURES, ids=lambda v: str(v)[:20])
-def test_failure_after_first_byte_is_a_streamed_error_then_done(
-    failure: BaseException, status: int, code: str
-) -> None:
+def test_failure_after_first_byte_is_a_streamed_error_then_done(failure: BaseException, status: int, code: str) -> None:
     generator = ScriptedGenerator(Script(fail_after_tokens=4, failure=failure))
     with TestClient(make_app(generator), raise_server_exceptions=False) as test_client:
         response = test_client.post(CHAT, json=chat(stream=True))
@@ -242,13 +253,29 @@ def test_deadline_gives_504_or_a_streamed_timeout() -> None:
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children,
-                                                                       max_size=4),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
 FIELD_NAMES = st.sampled_from(
-    ["model", "messages", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-     "stream", "n", "logprobs", "tools", "response_format", "stream_options", "user", "echo"]
+    [
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stream",
+        "n",
+        "logprobs",
+        "tools",
+        "response_format",
+        "stream_options",
+        "user",
+        "echo",
+    ]
 )
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]), "content": JSON_VALUES}

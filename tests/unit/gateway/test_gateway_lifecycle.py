@@ -99,8 +99,12 @@ async def test_slots_return_after_mixed_outcomes() -> None:
     app = make_app(generator, max_in_flight=1)
     async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
         url = f"{base}/v1/chat/completions"
-        for script in (Script(), Script(fail_before=Unavailable("gone")),
-                       Script(fail_after_tokens=2, failure=Unavailable("gone")), Script()):
+        for script in (
+            Script(),
+            Script(fail_before=Unavailable("gone")),
+            Script(fail_after_tokens=2, failure=Unavailable("gone")),
+            Script(),
+        ):
             generator.script = script
             for stream in (False, True):
                 response = await http.post(url, json={**BODY, "stream": stream})

@@ -72,7 +72,12 @@ async def test_max_tokens_gives_length_and_reaches_the_route() -> None:
     generator = ScriptedGenerator()
     async with live_server(make_app(generator)) as base:
         reply = await client_for(base).chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0.7, top_p=0.9, seed=42,
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=5,
+            temperature=0.7,
+            top_p=0.9,
+            seed=42,
             extra_body={"top_k": 40},
         )
     assert reply.choices[0].message.content == "Hello"
@@ -133,9 +138,7 @@ async def test_error_after_first_token_raises_in_the_stream() -> None:
     failure = Unavailable("node-b lost and no spare")
     generator = ScriptedGenerator(Script(fail_after_tokens=3, failure=failure))
     async with live_server(make_app(generator)) as base:
-        stream = await client_for(base).chat.completions.create(
-            model=MODEL, messages=MESSAGES, stream=True
-        )
+        stream = await client_for(base).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
         seen: list[str] = []
         with pytest.raises(openai.APIError) as raised:
             async for chunk in stream:

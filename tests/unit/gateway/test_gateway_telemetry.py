@@ -60,7 +60,9 @@ async def test_stream_interleaves_telemetry_in_order_with_rising_counts() -> Non
     assert rates == sorted(rates) and rates[0] > 0
     accepted = raw.telemetry[0]
     assert (accepted["model"], accepted["quantization"], accepted["session_id"]) == (
-        MODEL, "Q8_0", "s-test",
+        MODEL,
+        "Q8_0",
+        "s-test",
     )
     assert [hop["layers"] for hop in accepted["hops"]] == ["0:12", "12:24"]  # type: ignore[index]
     completed = raw.telemetry[-1]
@@ -96,9 +98,7 @@ async def test_separate_events_stream_follows_a_live_request() -> None:
         generator.script.gate, generator.script.gate_after_tokens = gate, 5
         async with http.stream("POST", f"{base}/v1/chat/completions", json=chat_body()) as stream:
             request_id = stream.headers["x-request-id"]
-            follow = asyncio.create_task(
-                http.get(f"{base}/v1/telemetry/{request_id}/events")
-            )
+            follow = asyncio.create_task(http.get(f"{base}/v1/telemetry/{request_id}/events"))
             await wait_until(lambda: generator.tokens_sent.get(request_id) == 5)
             polled = (await http.get(f"{base}/v1/telemetry/{request_id}")).json()
             gate.set()
@@ -108,9 +108,7 @@ async def test_separate_events_stream_follows_a_live_request() -> None:
     assert polled["generated_tokens"] == 4  # the last progress event, not a guess
     assert events_response.headers["content-type"].startswith("text/event-stream")
     followed = [
-        json.loads(line[len("data: ") :])
-        for line in events_response.text.splitlines()
-        if line.startswith("data: ")
+        json.loads(line[len("data: ") :]) for line in events_response.text.splitlines() if line.startswith("data: ")
     ]
     assert [event["kind"] for event in followed] == EXPECTED_KINDS
     assert "event: telemetry" in events_response.text
@@ -134,9 +132,7 @@ async def test_failed_request_ends_its_telemetry_with_the_error() -> None:
 
 
 def _hub(max_requests: int = 3, max_events: int = 5) -> TelemetryHub:
-    return TelemetryHub(
-        max_requests=max_requests, max_events_per_request=max_events, clock=lambda: 0.0
-    )
+    return TelemetryHub(max_requests=max_requests, max_events_per_request=max_events, clock=lambda: 0.0)
 
 
 def test_hub_evicts_oldest_finished_first() -> None:

@@ -65,9 +65,7 @@ def downstream_after(layers: LayerRange) -> tuple[HopSpec, ...]:
     return tuple(hops)
 
 
-def token_frame(
-    ids: tuple[int, ...] = (1, 2, 3), *, opening: bool = True, **meta: object
-) -> StepFrame:
+def token_frame(ids: tuple[int, ...] = (1, 2, 3), *, opening: bool = True, **meta: object) -> StepFrame:
     m = make_meta(**meta)  # type: ignore[arg-type]
     return StepFrame(
         meta=m,
@@ -78,9 +76,7 @@ def token_frame(
     )
 
 
-def hidden_frame(
-    rows: int = 3, seed: int = 0, *, opening: bool = True, **meta: object
-) -> StepFrame:
+def hidden_frame(rows: int = 3, seed: int = 0, *, opening: bool = True, **meta: object) -> StepFrame:
     meta.setdefault("layers", LayerRange(4, 8))
     m = make_meta(**meta)  # type: ignore[arg-type]
     hidden = np.random.default_rng(seed).standard_normal((rows, N_EMBD), dtype=np.float32)

@@ -79,8 +79,7 @@ def bad_schema_version(data: st.DataObject, m: pb.StepRequest) -> Outcome:
 
 
 def unknown_enum(data: st.DataObject, m: pb.StepRequest) -> Outcome:
-    field, known = data.draw(st.sampled_from([("phase", {1, 2}), ("cache", {1, 2}),
-                                              ("compression", {1})]))
+    field, known = data.draw(st.sampled_from([("phase", {1, 2}), ("cache", {1, 2}), ("compression", {1})]))
     setattr(m.header, field, data.draw(I32.filter(lambda v: v not in known)))
     return invalid(m)
 
@@ -279,10 +278,20 @@ def bad_bundle(data: st.DataObject, m: pb.StepRequest) -> Outcome:
 
 def bad_sampling(data: st.DataObject, m: pb.StepRequest) -> Outcome:
     spec = pb.SamplingSpec(temperature=0.5, top_k=10, top_p=0.9, seed=1)
-    field, value = data.draw(st.sampled_from([
-        ("top_p", 0.0), ("top_p", 1.5), ("top_p", math.nan), ("temperature", math.nan),
-        ("temperature", -1.0), ("temperature", math.inf), ("seed", 2**63), ("top_k", 2**31),
-    ]))
+    field, value = data.draw(
+        st.sampled_from(
+            [
+                ("top_p", 0.0),
+                ("top_p", 1.5),
+                ("top_p", math.nan),
+                ("temperature", math.nan),
+                ("temperature", -1.0),
+                ("temperature", math.inf),
+                ("seed", 2**63),
+                ("top_k", 2**31),
+            ]
+        )
+    )
     setattr(spec, field, value)
     m.sampling.CopyFrom(spec)
     return invalid(m)
@@ -294,18 +303,26 @@ def bad_downstream(data: st.DataObject, m: pb.StepRequest) -> Outcome:
     del m.downstream[:]
     if kind == "gap":
         hop_start = data.draw(st.integers(0, 2**20).filter(lambda v: v != start))
-        m.downstream.add(address="127.0.0.1:1", fingerprint=FINGERPRINT,
-                         layers=pb.LayerSpan(start=hop_start, stop=hop_start + 2))
+        m.downstream.add(
+            address="127.0.0.1:1", fingerprint=FINGERPRINT, layers=pb.LayerSpan(start=hop_start, stop=hop_start + 2)
+        )
     elif kind == "recipe":
-        m.downstream.add(address="127.0.0.1:1", fingerprint="rcp-other",
-                         layers=pb.LayerSpan(start=start, stop=start + 2))
+        m.downstream.add(
+            address="127.0.0.1:1", fingerprint="rcp-other", layers=pb.LayerSpan(start=start, stop=start + 2)
+        )
     elif kind == "address":
-        m.downstream.add(address=data.draw(st.sampled_from(["", "a" * 300])),
-                         fingerprint=FINGERPRINT, layers=pb.LayerSpan(start=start, stop=start + 2))
+        m.downstream.add(
+            address=data.draw(st.sampled_from(["", "a" * 300])),
+            fingerprint=FINGERPRINT,
+            layers=pb.LayerSpan(start=start, stop=start + 2),
+        )
     else:
         for index in range(LIMITS.max_hops + 1):
-            m.downstream.add(address="127.0.0.1:1", fingerprint=FINGERPRINT,
-                             layers=pb.LayerSpan(start=start + index, stop=start + index + 1))
+            m.downstream.add(
+                address="127.0.0.1:1",
+                fingerprint=FINGERPRINT,
+                layers=pb.LayerSpan(start=start + index, stop=start + index + 1),
+            )
     return invalid(m)
 
 
@@ -328,10 +345,26 @@ def truncated(data: st.DataObject, m: pb.StepRequest) -> Outcome:
 
 
 MUTATIONS: list[Mutation] = [
-    bad_schema_version, unknown_enum, missing_parts, bad_layer_range, bad_text, number_overflow,
-    phase_contradictions, wrong_input_for_layers, bad_checksum, damaged_payload, bad_tokens,
-    bad_shape, bad_element_type, wrong_byte_length, oversized, non_finite, bad_bundle,
-    bad_sampling, bad_downstream, truncated,
+    bad_schema_version,
+    unknown_enum,
+    missing_parts,
+    bad_layer_range,
+    bad_text,
+    number_overflow,
+    phase_contradictions,
+    wrong_input_for_layers,
+    bad_checksum,
+    damaged_payload,
+    bad_tokens,
+    bad_shape,
+    bad_element_type,
+    wrong_byte_length,
+    oversized,
+    non_finite,
+    bad_bundle,
+    bad_sampling,
+    bad_downstream,
+    truncated,
 ]
 
 
@@ -351,9 +384,7 @@ def decode_expecting(raw: bytes, expected: type[MeshnetError]) -> MeshnetError:
 
 @FUZZ_SETTINGS
 @given(data=st.data(), base=valid_messages(), mutation=st.sampled_from(MUTATIONS))
-def test_malformed_frames_raise_typed_errors(
-    data: st.DataObject, base: pb.StepRequest, mutation: Mutation
-) -> None:
+def test_malformed_frames_raise_typed_errors(data: st.DataObject, base: pb.StepRequest, mutation: Mutation) -> None:
     raw, expected = mutation(data, base)
     error = decode_expecting(raw, expected)
     event(f"{mutation.__name__} -> {type(error).__name__}")

@@ -81,8 +81,7 @@ def test_hidden_frame_roundtrip_is_bit_exact_and_zero_copy() -> None:
 
 
 def test_decode_continuation_frame_roundtrip() -> None:
-    frame = hidden_frame(rows=1, opening=False, phase="decode", cache="continue", position=41,
-                         step=9, deadline_ms=None)
+    frame = hidden_frame(rows=1, opening=False, phase="decode", cache="continue", position=41, step=9, deadline_ms=None)
     back = roundtrip(frame)
     assert_same_frame(frame, back)
     assert back.downstream == () and back.sampling is None
@@ -110,18 +109,29 @@ def test_step_result_roundtrip_token_and_ack() -> None:
         HopTiming("127.0.0.1:5002", LayerRange(4, 12), queue_us=0, compute_us=9100),
     )
     for token_id in (0, 31337, None):
-        result = StepResult(SessionId("s-1"), step=4, next_position=20, token_id=token_id,
-                            timings=timings)
+        result = StepResult(SessionId("s-1"), step=4, next_position=20, token_id=token_id, timings=timings)
         raw = result_to_proto(result).SerializeToString()
         assert result_from_proto(pb.StepResponse.FromString(raw)) == result
 
 
 def sample_capability(layers: LayerRange = MIDDLE_LAYERS) -> CapabilityInfo:
     return CapabilityInfo(
-        node_id=NodeId("node-a"), fingerprint="rcp-x", layers=layers, n_layers=12, n_embd=N_EMBD,
-        vocab_size=1000, schema_versions=SUPPORTED_SCHEMA_VERSIONS, backend="llama.cpp",
-        backend_version="0.3.36", max_sessions=8, free_sessions=6, active_sessions=2,
-        n_ctx_per_session=2048, max_frame_bytes=4 << 20, max_tokens_per_frame=512, certified=True,
+        node_id=NodeId("node-a"),
+        fingerprint="rcp-x",
+        layers=layers,
+        n_layers=12,
+        n_embd=N_EMBD,
+        vocab_size=1000,
+        schema_versions=SUPPORTED_SCHEMA_VERSIONS,
+        backend="llama.cpp",
+        backend_version="0.3.36",
+        max_sessions=8,
+        free_sessions=6,
+        active_sessions=2,
+        n_ctx_per_session=2048,
+        max_frame_bytes=4 << 20,
+        max_tokens_per_frame=512,
+        certified=True,
     )
 
 
@@ -186,10 +196,16 @@ def test_split_prefill_hidden_frames_fit_the_frame_limit() -> None:
     assert [c.payload.shape[0] for c in chunks] == [10, 10, 10, 7]
     rebuilt: list[np.ndarray] = []
     for index, chunk in enumerate(chunks):
-        frame = hidden_frame(rows=1, layers=LayerRange(4, 8), position=chunk.position,
-                             cache="new" if index == 0 else "continue", step=0)
-        frame = StepFrame(meta=frame.meta, hidden=chunk.payload, downstream=frame.downstream,
-                          sampling=frame.sampling, final_chunk=chunk.final_chunk)
+        frame = hidden_frame(
+            rows=1, layers=LayerRange(4, 8), position=chunk.position, cache="new" if index == 0 else "continue", step=0
+        )
+        frame = StepFrame(
+            meta=frame.meta,
+            hidden=chunk.payload,
+            downstream=frame.downstream,
+            sampling=frame.sampling,
+            final_chunk=chunk.final_chunk,
+        )
         raw = frame_to_proto(frame).SerializeToString()
         assert len(raw) <= max_frame
         decoded = parse_step_request(raw, limits).hidden

@@ -82,14 +82,11 @@ class FakeRpcError(grpc.RpcError):
 
 
 @pytest.mark.parametrize(("error_type", "status"), CONTRACT)
-def test_status_contract_and_round_trip(
-    error_type: type[MeshnetError], status: grpc.StatusCode
-) -> None:
+def test_status_contract_and_round_trip(error_type: type[MeshnetError], status: grpc.StatusCode) -> None:
     error = error_type("what went wrong")
     assert status_for(error) == status
     metadata = error_metadata(error)
-    assert dict(metadata) == {ERROR_CODE_KEY: error.code,
-                              RETRYABLE_KEY: "true" if error.retryable else "false"}
+    assert dict(metadata) == {ERROR_CODE_KEY: error.code, RETRYABLE_KEY: "true" if error.retryable else "false"}
     rebuilt = error_from_rpc(FakeRpcError(status, "what went wrong", metadata))
     assert type(rebuilt) is error_type
     assert rebuilt.message == "what went wrong"
@@ -108,9 +105,7 @@ def test_status_contract_and_round_trip(
         (S.UNIMPLEMENTED, MeshnetError),
     ],
 )
-def test_library_statuses_without_metadata(
-    status: grpc.StatusCode, error_type: type[MeshnetError]
-) -> None:
+def test_library_statuses_without_metadata(status: grpc.StatusCode, error_type: type[MeshnetError]) -> None:
     rebuilt = error_from_rpc(FakeRpcError(status, ""))
     assert type(rebuilt) is error_type
     assert status.name in rebuilt.message
@@ -139,8 +134,9 @@ async def test_abort_with_sends_status_message_and_metadata() -> None:
     context = RecordingContext()
     with pytest.raises(grpc.aio.AbortError):
         await abort_with(context, RouteStale("epoch 3 < 4"))
-    assert context.calls == [(S.FAILED_PRECONDITION, "epoch 3 < 4",
-                              ((ERROR_CODE_KEY, "route_stale"), (RETRYABLE_KEY, "true")))]
+    assert context.calls == [
+        (S.FAILED_PRECONDITION, "epoch 3 < 4", ((ERROR_CODE_KEY, "route_stale"), (RETRYABLE_KEY, "true")))
+    ]
 
 
 # --- over a real loopback server ------------------------------------------------------------------
@@ -158,18 +154,15 @@ class EchoShard(pb_grpc.ShardServicer):
             except MeshnetError as error:
                 await abort_with(context, error)
             token = int(frame.tokens[-1]) if frame.tokens is not None else 7
-            yield result_to_proto(StepResult(frame.meta.session_id, frame.meta.step,
-                                             frame.meta.position + frame.n_tokens, token))
+            yield result_to_proto(
+                StepResult(frame.meta.session_id, frame.meta.step, frame.meta.position + frame.n_tokens, token)
+            )
 
-    async def Release(
-        self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ReleaseResponse:
+    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         await asyncio.sleep(1.0)  # slow on purpose: the caller's deadline must fire first
         return pb.ReleaseResponse(freed=True)
 
-    async def Cancel(
-        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
-    ) -> pb.CancelResponse:
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         await abort_with(context, CacheMiss(f"no session {request.session_id}"))
 
 

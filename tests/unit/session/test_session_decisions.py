@@ -7,8 +7,8 @@ import pytest
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.session.admission import (
-    Admit,
     AdmissionPolicy,
+    Admit,
     Reject,
     SlotUse,
     decide_admission,
@@ -66,11 +66,16 @@ def test_expiry_spares_busy_sessions() -> None:
 def test_capacity_follows_the_memory_budget() -> None:
     kv = kv_bytes_per_session(n_ctx=2048, n_layers=10, n_embd=576, n_head=9, n_head_kv=3)
     assert kv == 2 * 2048 * 10 * 192 * 2
-    plan = plan_capacity(requested_sessions=8, weight_bytes=100, kv_per_session=kv, scratch_bytes=50,
-                         budget_bytes=150 + 3 * kv + 1)
+    plan = plan_capacity(
+        requested_sessions=8, weight_bytes=100, kv_per_session=kv, scratch_bytes=50, budget_bytes=150 + 3 * kv + 1
+    )
     assert plan.max_sessions == 3
-    assert plan_capacity(requested_sessions=8, weight_bytes=1, kv_per_session=kv, scratch_bytes=1,
-                         budget_bytes=None).max_sessions == 8
+    assert (
+        plan_capacity(
+            requested_sessions=8, weight_bytes=1, kv_per_session=kv, scratch_bytes=1, budget_bytes=None
+        ).max_sessions
+        == 8
+    )
     with pytest.raises(ResourceExhausted, match="one session"):
         plan_capacity(requested_sessions=8, weight_bytes=100, kv_per_session=kv, scratch_bytes=50, budget_bytes=200)
 

@@ -65,9 +65,7 @@ def test_a_node_missing_three_heartbeats_leaves_routes_and_the_epoch_increments(
     assert registry.heartbeat(quiet, NodeLoad()) is False
 
 
-def test_heartbeats_keep_a_node_alive_and_expiry_is_not_early(
-    registry: NodeRegistry, clock: FakeClock
-) -> None:
+def test_heartbeats_keep_a_node_alive_and_expiry_is_not_early(registry: NodeRegistry, clock: FakeClock) -> None:
     node = registry.register(registration(0, 20))
     clock.advance(INTERVAL * 3 - 0.001)
     assert registry.sweep() == ()
@@ -101,9 +99,7 @@ def test_a_route_change_bumps_the_epoch(registry: NodeRegistry) -> None:
     assert registry.choose_route(RouteQuery(MODEL, SessionId("s1"))) == moved
 
 
-def test_a_dead_node_invalidates_sticky_routes_with_a_larger_epoch(
-    registry: NodeRegistry, clock: FakeClock
-) -> None:
+def test_a_dead_node_invalidates_sticky_routes_with_a_larger_epoch(registry: NodeRegistry, clock: FakeClock) -> None:
     a = registry.register(registration(0, 20, address="a:1", decode_tokens_per_s=500))
     b = registry.register(registration(0, 20, address="b:1", decode_tokens_per_s=50))
     first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
@@ -121,9 +117,7 @@ def test_failover_of_a_sub_span_keeps_the_head_and_bumps_the_epoch(registry: Nod
     spare = registry.register(registration(10, 20, address="s:1", decode_tokens_per_s=50))
     first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
     assert first.node_ids == (head, tail)
-    sub = registry.choose_route(
-        RouteQuery(FINGERPRINT, SessionId("s1"), exclude=frozenset({tail}), start_layer=10)
-    )
+    sub = registry.choose_route(RouteQuery(FINGERPRINT, SessionId("s1"), exclude=frozenset({tail}), start_layer=10))
     assert sub.node_ids == (spare,) and sub.epoch == first.epoch + 1
     assert str(sub.layers) == "10:20"
     whole = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))

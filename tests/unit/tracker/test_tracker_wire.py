@@ -49,9 +49,7 @@ def test_route_query_decodes_the_optional_start_layer() -> None:
     plain = wire.route_query_from_wire(pb.RouteRequest(model=MODEL))
     assert plain.start_layer is None and plain.session_id is None
     failover = wire.route_query_from_wire(
-        pb.RouteRequest(
-            model=MODEL, session_id="s-1", exclude_node_ids=["x"], require_start_layer=0
-        )
+        pb.RouteRequest(model=MODEL, session_id="s-1", exclude_node_ids=["x"], require_start_layer=0)
     )
     assert failover.start_layer == 0 and failover.session_id == SessionId("s-1")
     assert failover.exclude == {"x"}
@@ -122,9 +120,7 @@ def test_heartbeat_load_is_bounded() -> None:
 def test_the_client_refuses_a_route_that_mixes_recipes() -> None:
     reply = pb.RouteReply(
         hops=[
-            pb.RouteReply.Hop(
-                node_id="a", address="a:1", layer_start=0, layer_stop=10, fingerprint=FINGERPRINT
-            ),
+            pb.RouteReply.Hop(node_id="a", address="a:1", layer_start=0, layer_stop=10, fingerprint=FINGERPRINT),
             pb.RouteReply.Hop(
                 node_id="b",
                 address="b:1",
