@@ -78,7 +78,9 @@ def _llama_config(args: argparse.Namespace) -> object:
     from meshnet.engine.llama_backend import LlamaConfig
 
     return LlamaConfig(
-        n_threads=args.threads, max_slots=args.max_sessions, n_ctx_per_slot=args.context,
+        n_threads=args.threads,
+        max_slots=args.max_sessions,
+        n_ctx_per_slot=args.context,
         max_batch_tokens=args.prefill_chunk,
     )
 
@@ -109,7 +111,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
     print(f"[{args.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
     request = GenerationRequest(
-        tuple(tokens), args.max_tokens,
+        tuple(tokens),
+        args.max_tokens,
         SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
         tokenizer.eos_token_ids,
     )
@@ -136,11 +139,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.fake_layers is not None:
         fake = FakeModel(n_layers=args.fake_layers, step_delay=args.fake_step_delay)
     config = WorkerConfig(
-        model=None if fake else resolve_model(args), layers=LayerRange.parse(args.layers), data_dir=args.data_dir,
+        model=None if fake else resolve_model(args),
+        layers=LayerRange.parse(args.layers),
+        data_dir=args.data_dir,
         fake=fake,
-        model_name=args.model_name, host=args.host, port=args.port, advertise=args.advertise, tracker=args.tracker,
-        threads=args.threads, max_sessions=args.max_sessions, n_ctx_per_session=args.context,
-        prefill_chunk=args.prefill_chunk, drain_grace=args.drain_grace, metrics_port=args.metrics_port,
+        model_name=args.model_name,
+        host=args.host,
+        port=args.port,
+        advertise=args.advertise,
+        tracker=args.tracker,
+        threads=args.threads,
+        max_sessions=args.max_sessions,
+        n_ctx_per_session=args.context,
+        prefill_chunk=args.prefill_chunk,
+        drain_grace=args.drain_grace,
+        metrics_port=args.metrics_port,
         memory_budget_mb=args.memory_budget_mb,
     )
 
@@ -166,7 +179,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from meshnet.gateway.main import GatewayProcessConfig, run_gateway
 
     config = GatewayProcessConfig(
-        tracker=args.tracker, model=resolve_model(args), model_name=args.model_name,
+        tracker=args.tracker,
+        model=resolve_model(args),
+        model_name=args.model_name,
         http=GatewayConfig(host=args.host, port=args.port, max_in_flight=args.max_in_flight),
     )
 
@@ -178,13 +193,19 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from meshnet.artifact.provision import DEFAULT_MODEL
     from meshnet.local_swarm import LocalSwarmConfig, run_local_swarm
 
-    from meshnet.artifact.provision import DEFAULT_MODEL
-
     config = LocalSwarmConfig(
-        data_dir=args.data_dir, model=resolve_model(args), model_name=None if args.model else DEFAULT_MODEL.name, shards=args.shards, gateway_port=args.port,
-        prompt=args.prompt, max_tokens=args.max_tokens, demo_only=args.demo_only, threads=args.threads,
+        data_dir=args.data_dir,
+        model=resolve_model(args),
+        model_name=None if args.model else DEFAULT_MODEL.name,
+        shards=args.shards,
+        gateway_port=args.port,
+        prompt=args.prompt,
+        max_tokens=args.max_tokens,
+        demo_only=args.demo_only,
+        threads=args.threads,
     )
     return run_local_swarm(config)
 
@@ -195,9 +216,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from meshnet.bench.command import bench_command
 
     return bench_command(
-        model=resolve_model(args), data_dir=args.data_dir, out=args.out, report_dir=args.report, quick=args.quick,
-        threads=args.threads, lanes=args.lanes, budget_s=args.budget, command=shlex.join(["meshnet", *sys.argv[1:]]),
-        say=print, note=lambda line: print(line, file=sys.stderr, flush=True),
+        model=resolve_model(args),
+        data_dir=args.data_dir,
+        out=args.out,
+        report_dir=args.report,
+        quick=args.quick,
+        threads=args.threads,
+        lanes=args.lanes,
+        budget_s=args.budget,
+        command=shlex.join(["meshnet", *sys.argv[1:]]),
+        say=print,
+        note=lambda line: print(line, file=sys.stderr, flush=True),
     )
 
 
@@ -249,8 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--advertise", default=None, help="address peers use (default host:port)")
     worker.add_argument("--tracker", default=None, help="tracker address to register with")
     worker.add_argument("--drain-grace", type=float, default=20.0, help="seconds in-flight sessions get on SIGTERM")
-    worker.add_argument("--memory-budget-mb", type=float, default=None,
-                        help="cap weights + KV + scratch; --max-sessions is cut to fit")
+    worker.add_argument(
+        "--memory-budget-mb", type=float, default=None, help="cap weights + KV + scratch; --max-sessions is cut to fit"
+    )
     worker.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 picks)")
     worker.add_argument("--fake-layers", type=int, default=None, help="serve a fake model of N layers (tests)")
     worker.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds each fake batch sleeps (tests)")
@@ -309,7 +339,9 @@ HANDLERS: dict[str, Handler] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
     for noisy in ("gguf", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:

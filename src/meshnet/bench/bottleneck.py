@@ -87,8 +87,10 @@ def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
         )
         split = _ms(_get(results, f"lanes/split-{lane.removeprefix('meshnet-')}/concurrency/1/decode_tok_s"))
         if split is not None:
-            parts.append(f"the same split in process takes {split:.2f} ms/token, so the worker processes add "
-                         f"{compute - split:+.2f} ms/token inside the shards")
+            parts.append(
+                f"the same split in process takes {split:.2f} ms/token, so the worker processes add "
+                f"{compute - split:+.2f} ms/token inside the shards"
+            )
     if own is not None and whole is not None:
         parts.append(f"route {own:.2f} ms/token vs whole-model {whole:.2f} ms/token")
     if concurrency != "1":
@@ -106,8 +108,10 @@ def _split(results: dict[str, Any], lane: str) -> str:
         return f"{lane}: decode rates missing"
     extra = own - whole
     share = 100 * extra / whole
-    return (f"splitting costs {extra:+.2f} ms/token over whole-model {whole:.2f} ms/token ({share:+.0f}%): "
-            "per-shard graph launches and boundary copies, no network involved")
+    return (
+        f"splitting costs {extra:+.2f} ms/token over whole-model {whole:.2f} ms/token ({share:+.0f}%): "
+        "per-shard graph launches and boundary copies, no network involved"
+    )
 
 
 def _wire(results: dict[str, Any], lane: str) -> str:
@@ -116,8 +120,10 @@ def _wire(results: dict[str, Any], lane: str) -> str:
     total = wire.get("bytes_per_token_per_hop")
     if not isinstance(payload, int) or not isinstance(total, int | float):
         return f"{lane}: no wire measurement"
-    return (f"{total:.0f} bytes per hop per token, of which {payload} are the float32 hidden row: "
-            f"{total - payload:.0f} bytes of headers, answer and framing")
+    return (
+        f"{total:.0f} bytes per hop per token, of which {payload} are the float32 hidden row: "
+        f"{total - payload:.0f} bytes of headers, answer and framing"
+    )
 
 
 def _failures_or_drift(results: dict[str, Any], segments: list[str]) -> str:
@@ -129,23 +135,32 @@ def _failures_or_drift(results: dict[str, Any], segments: list[str]) -> str:
             notes.append(f"{name}: {entry['failures']} failed request(s) {sorted(errors)[:2]}")
         agreement = drift.get("token_agreement")
         if segments[2:3] == ["drift"] and isinstance(agreement, int | float) and agreement < 1.0:
-            by_k = ", ".join(f"k={k}: {run['token_agreement']:.3f}" for k, run in entry.get("concurrency", {}).items()
-                             if isinstance(run.get("token_agreement"), int | float))
-            notes.append(f"{name}: token agreement {agreement:.3f} ({by_k}), first divergence at generated token "
-                         f"{drift.get('first_divergence')}, max logit diff {drift.get('max_logit_diff')}")
+            by_k = ", ".join(
+                f"k={k}: {run['token_agreement']:.3f}"
+                for k, run in entry.get("concurrency", {}).items()
+                if isinstance(run.get("token_agreement"), int | float)
+            )
+            notes.append(
+                f"{name}: token agreement {agreement:.3f} ({by_k}), first divergence at generated token "
+                f"{drift.get('first_divergence')}, max logit diff {drift.get('max_logit_diff')}"
+            )
     return "; ".join(notes) or "no lane reports the problem in detail"
 
 
 def _context(results: dict[str, Any], segments: list[str], measured: bool) -> str:
     points = _get(results, "context_scaling/points") or {}
     if not measured:
-        return (f"context {segments[2] if len(segments) > 2 else '?'} was not measured "
-                f"(measured: {', '.join(sorted(points, key=int)) or 'none'})")
+        return (
+            f"context {segments[2] if len(segments) > 2 else '?'} was not measured "
+            f"(measured: {', '.join(sorted(points, key=int)) or 'none'})"
+        )
     lane = _get(results, "context_scaling/fast_lane")
     described = []
     for key in sorted(points, key=int):
         point = points[key]
         if segments[2] in (key, "*") and point.get("fast_ms_per_token") is not None:
-            described.append(f"context {key}: {lane} {point['fast_ms_per_token']:.2f} ms/token vs recompute "
-                             f"{point.get('slow_ms_per_token') or 0:.1f} ms/token")
+            described.append(
+                f"context {key}: {lane} {point['fast_ms_per_token']:.2f} ms/token vs recompute "
+                f"{point.get('slow_ms_per_token') or 0:.1f} ms/token"
+            )
     return "; ".join(described) or "no context point to attribute"

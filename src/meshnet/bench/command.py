@@ -15,8 +15,18 @@ GATE_UNREADABLE_EXIT = 3
 
 
 def bench_command(
-    *, model: Path, data_dir: Path, out: Path, report_dir: Path | None, quick: bool, threads: int,
-    lanes: str | None, budget_s: float | None, command: str, say: Printer, note: Printer,
+    *,
+    model: Path,
+    data_dir: Path,
+    out: Path,
+    report_dir: Path | None,
+    quick: bool,
+    threads: int,
+    lanes: str | None,
+    budget_s: float | None,
+    command: str,
+    say: Printer,
+    note: Printer,
 ) -> int:
     """Run the bench, write results (and the report); 0, or 1 when the results break the schema."""
     from meshnet.bench.report import headline_table, write_report
@@ -24,7 +34,10 @@ def bench_command(
     from meshnet.bench.suite import run_bench
 
     config = BenchConfig(
-        model=model, data_dir=data_dir, threads=threads, command=command,
+        model=model,
+        data_dir=data_dir,
+        threads=threads,
+        command=command,
         lanes=tuple(lane.strip() for lane in lanes.split(",") if lane.strip()) if lanes else DEFAULT_LANES,
     )
     if quick:

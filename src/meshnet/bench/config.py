@@ -17,7 +17,14 @@ LaneKind = Literal["llama-whole", "split", "meshnet", "recompute", "transformers
 REFERENCE_LANE = "llama-whole"
 """Every drift and ratio is measured against this lane: whole-model llama.cpp, the speed anchor."""
 DEFAULT_LANES = (
-    "llama-whole", "split-2", "split-3", "recompute", "meshnet-1", "meshnet-2", "meshnet-3", "transformers",
+    "llama-whole",
+    "split-2",
+    "split-3",
+    "recompute",
+    "meshnet-1",
+    "meshnet-2",
+    "meshnet-3",
+    "transformers",
 )
 
 
@@ -41,9 +48,7 @@ def parse_lane(text: str, recompute_shards: int = 3) -> LaneName:
     kind, _, count = text.partition("-")
     if kind in ("split", "meshnet") and count.isdigit() and int(count) >= 1:
         return LaneName(kind, int(count))  # type: ignore[arg-type]
-    raise InvalidArgument(
-        f"unknown lane {text!r}: use llama-whole, split-N, meshnet-N, recompute or transformers"
-    )
+    raise InvalidArgument(f"unknown lane {text!r}: use llama-whole, split-N, meshnet-N, recompute or transformers")
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,14 @@ class BenchConfig:
 def quick_config(config: BenchConfig) -> BenchConfig:
     """The ``--quick`` preset: every lane, fewer rounds, shorter outputs, two concurrencies."""
     return replace(
-        config, quick=True, prompt_tokens=64, output_tokens=24, recompute_output_tokens=4, concurrency=(1, 4),
-        repetitions=2, contexts=(128, 512), context_decode_tokens=4, time_budget_s=300.0,
+        config,
+        quick=True,
+        prompt_tokens=64,
+        output_tokens=24,
+        recompute_output_tokens=4,
+        concurrency=(1, 4),
+        repetitions=2,
+        contexts=(128, 512),
+        context_decode_tokens=4,
+        time_budget_s=300.0,
     )

@@ -47,8 +47,14 @@ def estimate_seconds(previous: tuple[int, float] | None, context: int) -> float:
 
 
 async def measure_context_scaling(
-    prompts: dict[int, tuple[int, ...]], cached: CachedRunner, recompute: RecomputeLane, *,
-    fast_lane: str, decode_tokens: int, deadline: float, max_recompute_step_s: float,
+    prompts: dict[int, tuple[int, ...]],
+    cached: CachedRunner,
+    recompute: RecomputeLane,
+    *,
+    fast_lane: str,
+    decode_tokens: int,
+    deadline: float,
+    max_recompute_step_s: float,
 ) -> dict[str, object]:
     """Contexts in ascending order; each is skipped when its estimated cost would pass ``deadline``."""
     points: dict[str, object] = {}
@@ -56,8 +62,10 @@ async def measure_context_scaling(
     for context, prompt in sorted(prompts.items()):
         expected = estimate_seconds(previous, context)
         if time.monotonic() + expected > deadline:
-            points[str(context)] = {"context": context,
-                                    "skipped": f"the time budget has no room (about {expected:.0f} s of prefill)"}
+            points[str(context)] = {
+                "context": context,
+                "skipped": f"the time budget has no room (about {expected:.0f} s of prefill)",
+            }
             continue
         record = await cached(prompt, decode_tokens + 1)
         trace = record.requests[0]
@@ -89,7 +97,11 @@ async def measure_context_scaling(
 
 
 def _recompute(
-    lane: RecomputeLane, prompt: tuple[int, ...], context: int, step_estimate_s: float | None, deadline: float,
+    lane: RecomputeLane,
+    prompt: tuple[int, ...],
+    context: int,
+    step_estimate_s: float | None,
+    deadline: float,
     max_step_s: float,
 ) -> tuple[list[float], int | None]:
     """Per-token milliseconds of in-process recompute at this context, within the bounds."""

@@ -28,7 +28,10 @@ Verdict = Literal["promote", "optimize", "stop"]
 Outcome = Literal["pass", "fail", "missing", "triggered", "clear"]
 EXIT_CODES: dict[Verdict, int] = {"promote": 0, "optimize": 1, "stop": 2}
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
 }
 DEFAULT_CONTRACT = "contract_v1.json"
 

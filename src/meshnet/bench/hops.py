@@ -34,9 +34,15 @@ PROBE_TIMEOUT_S = 300.0
 
 def _meta(route: RouteSession, step: int, position: int, phase: str) -> FrameMeta:
     return FrameMeta(
-        request_id=route.request_id, session_id=route.session_id, route_epoch=route.epoch,
-        fingerprint=route.fingerprint, layers=route.hops[0].layers, phase=phase,  # type: ignore[arg-type]
-        position=position, step=step, cache="new" if step == 0 else "continue",
+        request_id=route.request_id,
+        session_id=route.session_id,
+        route_epoch=route.epoch,
+        fingerprint=route.fingerprint,
+        layers=route.hops[0].layers,
+        phase=phase,  # type: ignore[arg-type]
+        position=position,
+        step=step,
+        cache="new" if step == 0 else "continue",
     )
 
 
@@ -52,8 +58,10 @@ async def probe_hops(
         chunks = split_prefill(prompt, 0, max_frame_bytes, max_tokens=rows)
         for step, chunk in enumerate(chunks):
             frame = StepFrame(
-                meta=_meta(route, step, chunk.position, "prefill"), tokens=np.ascontiguousarray(chunk.payload),
-                downstream=downstream if step == 0 else (), sampling=SamplingParams() if step == 0 else None,
+                meta=_meta(route, step, chunk.position, "prefill"),
+                tokens=np.ascontiguousarray(chunk.payload),
+                downstream=downstream if step == 0 else (),
+                sampling=SamplingParams() if step == 0 else None,
                 final_chunk=chunk.final_chunk,
             )
             result = await stream.exchange(frame)
@@ -64,8 +72,9 @@ async def probe_hops(
         for _ in range(n_tokens):
             if result is None or result.token_id is None:
                 raise IntegrityError("the route answered a final chunk without a token")
-            decode = StepFrame(meta=_meta(route, step, result.next_position, "decode"),
-                               tokens=np.array([result.token_id], np.int32))
+            decode = StepFrame(
+                meta=_meta(route, step, result.next_position, "decode"), tokens=np.array([result.token_id], np.int32)
+            )
             begun = time.perf_counter()
             result = await stream.exchange(decode)
             round_trips.append(time.perf_counter() - begun)
@@ -84,19 +93,25 @@ def _timing_summary(route: RouteSession, round_trips: list[float], results: list
     hops = []
     for index, hop in enumerate(route.hops):
         compute = [r.timings[index].compute_us / 1000.0 for r in results if len(r.timings) > index]
-        hops.append({
-            "address": hop.address, "layers": f"{hop.layers.start}:{hop.layers.stop}",
-            "compute_ms_p50": percentile(compute, 50.0), "compute_ms_p95": percentile(compute, 95.0),
-        })
+        hops.append(
+            {
+                "address": hop.address,
+                "layers": f"{hop.layers.start}:{hop.layers.stop}",
+                "compute_ms_p50": percentile(compute, 50.0),
+                "compute_ms_p95": percentile(compute, 95.0),
+            }
+        )
     totals = [sum(t.compute_us for t in r.timings) / 1000.0 for r in results]
     rtt = [s * 1000.0 for s in round_trips]
     # What the shards did not account for, shared out over the links of the route.
     link = [max(total - shards, 0.0) / n_links for total, shards in zip(rtt, totals, strict=True)]
     return {
         "probe_tokens": len(results),
-        "step_ms_p50": percentile(rtt, 50.0), "step_ms_p95": percentile(rtt, 95.0),
+        "step_ms_p50": percentile(rtt, 50.0),
+        "step_ms_p95": percentile(rtt, 95.0),
         "compute_ms_per_token_p50": percentile(totals, 50.0),
-        "link_ms_p50": percentile(link, 50.0), "link_ms_p95": percentile(link, 95.0),
+        "link_ms_p50": percentile(link, 50.0),
+        "link_ms_p95": percentile(link, 95.0),
         "links": n_links,
         "hops": hops,
     }
@@ -113,11 +128,13 @@ def wire_bytes(route: RouteSession, decode_frame: StepFrame, answer: StepResult,
         # The frame a shard forwards: the step's header re-addressed to the next range.
         forwarded = StepFrame(meta=replace(decode_frame.meta, layers=hop.layers, deadline_ms=None), hidden=hidden)
         reply = replace(answer, timings=answer.timings[index:])
-        links.append({
-            "link": f"{route.hops[index - 1].address}->{hop.address}",
-            "forward_bytes": frame_to_proto(forwarded).ByteSize() + TRANSPORT_FRAMING_BYTES,
-            "backward_bytes": result_to_proto(reply).ByteSize() + TRANSPORT_FRAMING_BYTES,
-        })
+        links.append(
+            {
+                "link": f"{route.hops[index - 1].address}->{hop.address}",
+                "forward_bytes": frame_to_proto(forwarded).ByteSize() + TRANSPORT_FRAMING_BYTES,
+                "backward_bytes": result_to_proto(reply).ByteSize() + TRANSPORT_FRAMING_BYTES,
+            }
+        )
     seams = links[1:] or links
     per_hop = max(link["forward_bytes"] + link["backward_bytes"] for link in seams)
     return {

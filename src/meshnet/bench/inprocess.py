@@ -96,12 +96,25 @@ class CachedLane:
                 self.route.release(slot)
         finished = time.perf_counter()
         traces = tuple(
-            RequestTrace(index, len(prompt), started, tuple(times[s]), tuple(tokens[s]),
-                         times[s][-1] if times[s] else finished, error)
+            RequestTrace(
+                index,
+                len(prompt),
+                started,
+                tuple(times[s]),
+                tuple(tokens[s]),
+                times[s][-1] if times[s] else finished,
+                error,
+            )
             for s, index, prompt in zip(slots, indices, prompts, strict=True)
         )
-        record = RunRecord(self.name, len(prompts), started, finished, traces,
-                           batch_occupancy=float(len(prompts)) if error is None else None)
+        record = RunRecord(
+            self.name,
+            len(prompts),
+            started,
+            finished,
+            traces,
+            batch_occupancy=float(len(prompts)) if error is None else None,
+        )
         return InProcessRun(record, tuple(logits_log), float(4 * self.n_embd))
 
 
@@ -141,9 +154,12 @@ class RecomputeLane:
                     generated += 1
             except MeshnetError as failure:
                 error = f"{failure.code}: {failure.message}"
-            out = tuple(sequence[len(prompt):])
-            traces.append(RequestTrace(index, len(prompt), begun, tuple(times), out,
-                                       times[-1] if times else time.perf_counter(), error))
+            out = tuple(sequence[len(prompt) :])
+            traces.append(
+                RequestTrace(
+                    index, len(prompt), begun, tuple(times), out, times[-1] if times else time.perf_counter(), error
+                )
+            )
         finished = time.perf_counter()
         # Every generated token moved its whole sequence's rows across each seam.
         per_token = 4.0 * self.n_embd * seam_rows / max(generated, 1)

@@ -75,8 +75,12 @@ class LaneSet:
         self.progress = progress
         self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
-        self.llama = LlamaConfig(n_threads=config.threads, max_slots=config.max_slots,
-                                 n_ctx_per_slot=config.n_ctx_per_slot, max_batch_tokens=config.prefill_chunk)
+        self.llama = LlamaConfig(
+            n_threads=config.threads,
+            max_slots=config.max_slots,
+            n_ctx_per_slot=config.n_ctx_per_slot,
+            max_batch_tokens=config.prefill_chunk,
+        )
         self.lanes = [LaneState(name) for name in config.lane_names()]
 
     def ranges(self, shards: int) -> list[LayerRange]:
@@ -114,11 +118,18 @@ class LaneSet:
             return
         lane.artifact_bytes = self.artifact_bytes(shards)
         if kind == "meshnet":
-            options = WorkerOptions(self.config.model, self.config.data_dir, self.config.threads,
-                                    self.config.max_slots, self.config.n_ctx_per_slot, self.config.prefill_chunk)
+            options = WorkerOptions(
+                self.config.model,
+                self.config.data_dir,
+                self.config.threads,
+                self.config.max_slots,
+                self.config.n_ctx_per_slot,
+                self.config.prefill_chunk,
+            )
             lane.workers = WorkerSet(lane.label, self.ranges(shards), options, self.config.worker_start_timeout_s)
-            lane.engine = MeshnetLane(lane.label, lane.workers, self.pool, self.driver,
-                                      timeout_s=self.config.request_timeout_s)
+            lane.engine = MeshnetLane(
+                lane.label, lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s
+            )
             lane.rss_note = "resident memory of each worker process"
             self.progress(f"{lane.label}: {shards} worker(s) at {', '.join(h.address for h in lane.workers.hops)}")
             return
@@ -136,8 +147,13 @@ class LaneSet:
         return [pid for lane in self.lanes if lane.workers for pid in lane.workers.pids]
 
     async def run(
-        self, lane: LaneState, prompts: tuple[tuple[int, ...], ...], max_tokens: int, *,
-        indices: list[int] | None = None, keep_logits: bool = False,
+        self,
+        lane: LaneState,
+        prompts: tuple[tuple[int, ...], ...],
+        max_tokens: int,
+        *,
+        indices: list[int] | None = None,
+        keep_logits: bool = False,
     ) -> RunRecord:
         indices = list(range(len(prompts))) if indices is None else indices
         engine = lane.engine
@@ -190,8 +206,10 @@ async def run_rounds(
                 lane.runs.setdefault(k, []).append(await _measured(lanes, lane, prompts[:k]))
         noise.append(meter.read())
         completed += 1
-        lanes.progress(f"round {round_index + 1}/{config.repetitions} done "
-                       f"({time.monotonic() - started:.0f} s, other load {noise[-1]['foreign_cores']:.2f} cores)")
+        lanes.progress(
+            f"round {round_index + 1}/{config.repetitions} done "
+            f"({time.monotonic() - started:.0f} s, other load {noise[-1]['foreign_cores']:.2f} cores)"
+        )
     return completed, noise
 
 
@@ -228,17 +246,24 @@ def lane_result(
         max_diff = max(diffs) if diffs else None
     kind = lane.name.kind
     return {
-        "kind": kind, "shards": lane.name.shards, "status": lane.status, "reason": lane.reason,
+        "kind": kind,
+        "shards": lane.name.shards,
+        "status": lane.status,
+        "reason": lane.reason,
         "placement": "workers" if kind == "meshnet" else "none" if kind == "transformers" else "in-process",
-        "artifact_bytes": lane.artifact_bytes, "rss_bytes": sum(lane.rss) if lane.rss else None,
-        "rss_bytes_per_process": lane.rss, "rss_note": lane.rss_note,
+        "artifact_bytes": lane.artifact_bytes,
+        "rss_bytes": sum(lane.rss) if lane.rss else None,
+        "rss_bytes_per_process": lane.rss,
+        "rss_note": lane.rss_note,
         "seams": max(lane.name.shards - 1, 0) if kind != "transformers" else 0,
         "seam_bytes_per_token": _seam_bytes(lane),
         "failures": sum(1 for r in all_runs for t in r.requests if t.error is not None),
         "concurrency": concurrency,
         "drift": {
-            "token_agreement": agreement.token_agreement, "compared_tokens": agreement.compared_tokens,
-            "first_divergence": agreement.first_divergence, "max_logit_diff": max_diff,
+            "token_agreement": agreement.token_agreement,
+            "compared_tokens": agreement.compared_tokens,
+            "first_divergence": agreement.first_divergence,
+            "max_logit_diff": max_diff,
             "note": _drift_note(kind),
         },
         "hop_timing": {k: v for k, v in lane.hop_timing.items() if k != "wire"} if lane.hop_timing else None,

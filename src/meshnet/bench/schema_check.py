@@ -16,12 +16,32 @@ from typing import Any
 from meshnet.core.errors import InvalidArgument
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-    "integer": (int,), "number": (int, float), "null": (type(None),),
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+    "null": (type(None),),
 }
 _KNOWN = {
-    "type", "required", "properties", "additionalProperties", "patternProperties", "items", "enum", "const",
-    "minimum", "maximum", "minItems", "$ref", "$defs", "$schema", "$id", "title", "description",
+    "type",
+    "required",
+    "properties",
+    "additionalProperties",
+    "patternProperties",
+    "items",
+    "enum",
+    "const",
+    "minimum",
+    "maximum",
+    "minItems",
+    "$ref",
+    "$defs",
+    "$schema",
+    "$id",
+    "title",
+    "description",
 }
 
 
@@ -55,7 +75,7 @@ def _check(value: object, schema: dict[str, Any], root: dict[str, Any], path: st
         ref = schema["$ref"]
         if not ref.startswith("#/$defs/"):
             raise InvalidArgument(f"schema at {path}: only #/$defs/ references are supported, got {ref}")
-        _check(value, root["$defs"][ref[len("#/$defs/"):]], root, path, errors)
+        _check(value, root["$defs"][ref[len("#/$defs/") :]], root, path, errors)
         return
     if "type" in schema:
         names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]

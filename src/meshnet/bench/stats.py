@@ -107,8 +107,11 @@ def round_values(run: RunRecord) -> RoundValues:
     rates = [r for r in (stream_decode_rate(t) for t in traces) if r is not None]
     ttft = median(ttfts)
     return RoundValues(
-        ttft_ms=None if ttft is None else ttft * 1000.0, prefill_tok_s=median(prefill), decode_tok_s=median(rates),
-        aggregate_tok_s=aggregate_rate(run), aggregate_decode_tok_s=steady_state_rate(run),
+        ttft_ms=None if ttft is None else ttft * 1000.0,
+        prefill_tok_s=median(prefill),
+        decode_tok_s=median(rates),
+        aggregate_tok_s=aggregate_rate(run),
+        aggregate_decode_tok_s=steady_state_rate(run),
     )
 
 

@@ -57,8 +57,9 @@ def run_bench(config: BenchConfig, progress: Progress = log.info) -> dict[str, o
 async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
     started = time.monotonic()
     cache = SliceCache(config.data_dir / "cache")
-    model_info = describe_model(config.model, cache)
-    n_layers = int(model_info["n_layers"])  # type: ignore[call-overload]
+    n_layers = model_dimensions(parse_gguf(config.model))[1]
+    model_context = context_length(config.model)
+    model_info = describe_model(config.model, cache, model_context)
     prompts = build_prompts(config.model, max(config.concurrency), config.prompt_tokens)
     lanes = LaneSet(config, cache, n_layers, progress)
     notes = list(config.extra_notes)
@@ -77,24 +78,41 @@ async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
         await lanes.close()
     context = None
     if config.contexts:
-        context = await context_phase(config, cache, int(model_info["context_length"]), started, progress)  # type: ignore[call-overload]
+        context = await context_phase(config, cache, model_context, started, progress)
     if rounds < config.repetitions:
         notes.append(f"time budget: {rounds} of {config.repetitions} rounds completed")
     return {
-        "schema": "meshnet-bench-results", "schema_version": 1,
+        "schema": "meshnet-bench-results",
+        "schema_version": 1,
         "run": {
             "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": config.command, "quick": config.quick, "duration_s": time.monotonic() - started,
-            "time_budget_s": config.time_budget_s, "rounds_completed": rounds, "notes": notes,
+            "command": config.command,
+            "quick": config.quick,
+            "duration_s": time.monotonic() - started,
+            "time_budget_s": config.time_budget_s,
+            "rounds_completed": rounds,
+            "notes": notes,
         },
         "model": model_info,
         "environment": {"runtime": runtime_versions(), "hardware": hardware()},
         "workload": {
-            "lanes": list(config.lanes), "prompts": len(prompts), "prompt_tokens": config.prompt_tokens,
-            "output_tokens": config.output_tokens, "recompute_output_tokens": config.recompute_output_tokens,
-            "sampling": "greedy", "threads": config.threads, "concurrency": list(config.concurrency),
-            "repetitions": config.repetitions, "max_slots": config.max_slots,
-            "n_ctx_per_slot": config.n_ctx_per_slot, "prefill_chunk": config.prefill_chunk, "interleaved": True,
+            "lanes": list(config.lanes),
+            "prompts": len(prompts),
+            "prompt_tokens": config.prompt_tokens,
+            "output_tokens": config.output_tokens,
+            "recompute_output_tokens": config.recompute_output_tokens,
+            "sampling": "greedy",
+            "threads": config.threads,
+            "concurrency": list(config.concurrency),
+            "repetitions": config.repetitions,
+            "max_slots": config.max_slots,
+            "n_ctx_per_slot": config.n_ctx_per_slot,
+            "prefill_chunk": config.prefill_chunk,
+            "interleaved": True,
+            "sweep_lanes": list(config.sweep_lanes),
+            "lane_concurrency": list(config.lane_concurrency),
+            "contexts": list(config.contexts),
+            "context_lane": config.context_lane,
         },
         "lanes": lane_results,
         "context_scaling": context,
@@ -102,13 +120,17 @@ async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
     }
 
 
-def describe_model(model: Path, cache: SliceCache) -> dict[str, object]:
+def describe_model(model: Path, cache: SliceCache, model_context: int) -> dict[str, object]:
     info = parse_gguf(model)
     _, n_layers, n_embd = model_dimensions(info)
     return {
-        "path": str(model), "name": str(info.get("general.name", model.stem)), "sha256": cache.source_sha256(model),
-        "bytes": model.stat().st_size, "n_layers": int(n_layers), "n_embd": int(n_embd),
-        "context_length": context_length(model),
+        "path": str(model),
+        "name": str(info.get("general.name", model.stem)),
+        "sha256": cache.source_sha256(model),
+        "bytes": model.stat().st_size,
+        "n_layers": n_layers,
+        "n_embd": n_embd,
+        "context_length": model_context,
     }
 
 
@@ -151,8 +173,12 @@ async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
         capability = await engine.driver.capability(engine.workers.hops[0].address)
         try:
             lane.hop_timing = await probe_hops(
-                lanes.pool, engine.session(), np.asarray(prompt, np.int32), PROBE_TOKENS,
-                max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, n_embd=capability.n_embd,
+                lanes.pool,
+                engine.session(),
+                np.asarray(prompt, np.int32),
+                PROBE_TOKENS,
+                max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
+                n_embd=capability.n_embd,
             )
         except MeshnetError as error:
             lanes.progress(f"{lane.label}: hop probe failed: {error.code}: {error.message}")
@@ -184,8 +210,9 @@ async def context_phase(
         if fast.kind == "meshnet":
             n_layers = model_dimensions(parse_gguf(config.model))[1]
             options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
-            workers = WorkerSet(f"context-{fast}", split_evenly(n_layers, fast.shards), options,
-                                config.worker_start_timeout_s)
+            workers = WorkerSet(
+                f"context-{fast}", split_evenly(n_layers, fast.shards), options, config.worker_start_timeout_s
+            )
             driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
             # A long context's prefill may take minutes: the phase's deadline bounds it, not a request timeout.
             timeout = max(config.request_timeout_s, deadline - time.monotonic())
@@ -200,11 +227,19 @@ async def context_phase(
                 return engine.run((prompt,), [0], n).record
 
         progress(f"context scaling: {fast} vs recompute at {contexts}")
-        result = await measure_context_scaling(prompts, cached, recompute, fast_lane=str(fast),
-                                               decode_tokens=config.context_decode_tokens, deadline=deadline,
-                                               max_recompute_step_s=config.recompute_max_step_s)
-        result["note"] = (f"one session per engine with {room} positions; recompute = {config.recompute_shards} "
-                          "in-process shards re-running the whole context for each token")
+        result = await measure_context_scaling(
+            prompts,
+            cached,
+            recompute,
+            fast_lane=str(fast),
+            decode_tokens=config.context_decode_tokens,
+            deadline=deadline,
+            max_recompute_step_s=config.recompute_max_step_s,
+        )
+        result["note"] = (
+            f"one session per engine with {room} positions; recompute = {config.recompute_shards} "
+            "in-process shards re-running the whole context for each token"
+        )
         return result
     finally:
         recompute.route.close()

@@ -53,16 +53,37 @@ class WorkerProcess:
         self.log_path = log_path
         self.address = self.node_id = self.fingerprint = ""
         command = [
-            sys.executable, "-m", "meshnet.cli", "--data-dir", str(options.data_dir), "worker",
-            "--model", str(options.model), "--layers", f"{layers.start}:{layers.stop}", "--port", "0",
-            "--threads", str(options.threads), "--max-sessions", str(options.max_sessions),
-            "--context", str(options.context), "--prefill-chunk", str(options.prefill_chunk),
+            sys.executable,
+            "-m",
+            "meshnet.cli",
+            "--data-dir",
+            str(options.data_dir),
+            "worker",
+            "--model",
+            str(options.model),
+            "--layers",
+            f"{layers.start}:{layers.stop}",
+            "--port",
+            "0",
+            "--threads",
+            str(options.threads),
+            "--max-sessions",
+            str(options.max_sessions),
+            "--context",
+            str(options.context),
+            "--prefill-chunk",
+            str(options.prefill_chunk),
         ]
         self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         with log_path.open("w") as log:
             self.process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-                env=child_environment(), start_new_session=True,
+                command,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=child_environment(),
+                start_new_session=True,
             )
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -87,7 +108,7 @@ class WorkerProcess:
                 code = self.process.poll()
                 raise Unavailable(f"worker {self.layers} exited ({code}) during start-up; see {self.log_path}")
             if line.startswith(READY_PREFIX):
-                fields = line[len(READY_PREFIX):].split()
+                fields = line[len(READY_PREFIX) :].split()
                 values = dict(item.split("=", 1) for item in fields[1:] if "=" in item)
                 self.address, self.node_id, self.fingerprint = fields[0], values["node"], values["recipe"]
                 return

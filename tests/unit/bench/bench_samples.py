@@ -28,31 +28,71 @@ class Figures:
     link_ms: float = 0.5
 
 
-def _summary(k: int, decode: float, aggregate: float, ratio: float, aggregate_ratio: float | None = None,
-             occupancy: float | None = None) -> dict[str, Any]:
+def _summary(
+    k: int,
+    decode: float,
+    aggregate: float,
+    ratio: float,
+    aggregate_ratio: float | None = None,
+    occupancy: float | None = None,
+) -> dict[str, Any]:
     return {
-        "concurrency": k, "rounds": 3, "requests": 3 * k, "failures": 0, "errors": [],
-        "ttft_ms": 50.0, "prefill_tok_s": 2500.0, "decode_tok_s": decode,
-        "token_latency_ms_p50": 1000.0 / decode, "token_latency_ms_p95": 1200.0 / decode,
-        "request_latency_ms_p50": 700.0, "request_latency_ms_p95": 800.0,
-        "aggregate_tok_s": aggregate * 0.8, "aggregate_decode_tok_s": aggregate,
+        "concurrency": k,
+        "rounds": 3,
+        "requests": 3 * k,
+        "failures": 0,
+        "errors": [],
+        "ttft_ms": 50.0,
+        "prefill_tok_s": 2500.0,
+        "decode_tok_s": decode,
+        "token_latency_ms_p50": 1000.0 / decode,
+        "token_latency_ms_p95": 1200.0 / decode,
+        "request_latency_ms_p50": 700.0,
+        "request_latency_ms_p95": 800.0,
+        "aggregate_tok_s": aggregate * 0.8,
+        "aggregate_decode_tok_s": aggregate,
         "aggregate_decode_tok_s_rounds": [aggregate, aggregate, aggregate],
         "batch_occupancy": occupancy if occupancy is not None else float(k),
-        "vs_reference": {"decode_tok_s": ratio, "prefill_tok_s": 1.0, "aggregate_tok_s": 1.0,
-                         "aggregate_decode_tok_s": aggregate_ratio if aggregate_ratio is not None else ratio},
+        "vs_reference": {
+            "decode_tok_s": ratio,
+            "prefill_tok_s": 1.0,
+            "aggregate_tok_s": 1.0,
+            "aggregate_decode_tok_s": aggregate_ratio if aggregate_ratio is not None else ratio,
+        },
     }
 
 
-def _lane(kind: str, shards: int, runs: dict[str, Any], *, agreement: float = 1.0, failures: int = 0,
-          placement: str = "in-process") -> dict[str, Any]:
+def _lane(
+    kind: str,
+    shards: int,
+    runs: dict[str, Any],
+    *,
+    agreement: float = 1.0,
+    failures: int = 0,
+    placement: str = "in-process",
+) -> dict[str, Any]:
     return {
-        "kind": kind, "shards": shards, "status": "ok", "reason": None, "placement": placement,
-        "artifact_bytes": 100_000_000, "rss_bytes": 300_000_000, "rss_bytes_per_process": [300_000_000],
-        "rss_note": "test", "seams": shards - 1, "seam_bytes_per_token": 4.0 * N_EMBD, "failures": failures,
+        "kind": kind,
+        "shards": shards,
+        "status": "ok",
+        "reason": None,
+        "placement": placement,
+        "artifact_bytes": 100_000_000,
+        "rss_bytes": 300_000_000,
+        "rss_bytes_per_process": [300_000_000],
+        "rss_note": "test",
+        "seams": shards - 1,
+        "seam_bytes_per_token": 4.0 * N_EMBD,
+        "failures": failures,
         "concurrency": runs,
-        "drift": {"token_agreement": agreement, "compared_tokens": 512,
-                  "first_divergence": None if agreement == 1.0 else 7, "max_logit_diff": 0.0},
-        "hop_timing": None, "wire": None,
+        "drift": {
+            "token_agreement": agreement,
+            "compared_tokens": 512,
+            "first_divergence": None if agreement == 1.0 else 7,
+            "max_logit_diff": 0.0,
+        },
+        "hop_timing": None,
+        "wire": None,
     }
 
 
@@ -60,51 +100,117 @@ def sample_results(figures: Figures = Figures()) -> dict[str, Any]:
     f = figures
     whole_c8 = f.meshnet3_c8_aggregate / f.batched8_ratio
     meshnet_c1 = f.whole_decode * f.meshnet3_ratio
-    meshnet = _lane("meshnet", 3, {
-        "1": _summary(1, meshnet_c1, meshnet_c1, f.meshnet3_ratio),
-        "8": _summary(8, meshnet_c1 / 2, f.meshnet3_c8_aggregate, 0.5, f.batched8_ratio, occupancy=2.0),
-    }, agreement=f.meshnet_agreement, failures=f.failures, placement="workers")
+    meshnet = _lane(
+        "meshnet",
+        3,
+        {
+            "1": _summary(1, meshnet_c1, meshnet_c1, f.meshnet3_ratio),
+            "8": _summary(8, meshnet_c1 / 2, f.meshnet3_c8_aggregate, 0.5, f.batched8_ratio, occupancy=2.0),
+        },
+        agreement=f.meshnet_agreement,
+        failures=f.failures,
+        placement="workers",
+    )
     meshnet["hop_timing"] = {
-        "probe_tokens": 32, "step_ms_p50": f.compute_ms + 3 * f.link_ms, "step_ms_p95": 20.0,
-        "compute_ms_per_token_p50": f.compute_ms, "link_ms_p50": f.link_ms, "link_ms_p95": 2 * f.link_ms,
+        "probe_tokens": 32,
+        "step_ms_p50": f.compute_ms + 3 * f.link_ms,
+        "step_ms_p95": 20.0,
+        "compute_ms_per_token_p50": f.compute_ms,
+        "link_ms_p50": f.link_ms,
+        "link_ms_p95": 2 * f.link_ms,
         "links": 3,
         "hops": [{"address": "127.0.0.1:1", "layers": "0:10", "compute_ms_p50": 3.0, "compute_ms_p95": 4.0}],
     }
-    meshnet["wire"] = {"links": [], "bytes_per_token_per_hop": f.wire_bytes, "hidden_payload_bytes": 4 * N_EMBD,
-                       "framing_bytes_per_message": 14, "bytes_per_token_total": 3 * f.wire_bytes}
+    meshnet["wire"] = {
+        "links": [],
+        "bytes_per_token_per_hop": f.wire_bytes,
+        "hidden_payload_bytes": 4 * N_EMBD,
+        "framing_bytes_per_message": 14,
+        "bytes_per_token_total": 3 * f.wire_bytes,
+    }
     return {
-        "schema": "meshnet-bench-results", "schema_version": 1,
-        "run": {"timestamp": "2026-01-01T00:00:00+00:00", "command": "meshnet bench", "quick": False,
-                "duration_s": 600.0, "time_budget_s": 840.0, "rounds_completed": 3, "notes": []},
-        "model": {"path": "/m/model.gguf", "name": "Test", "sha256": "ab" * 32, "bytes": 98_000_000,
-                  "n_layers": 30, "n_embd": N_EMBD, "context_length": 8192},
+        "schema": "meshnet-bench-results",
+        "schema_version": 1,
+        "run": {
+            "timestamp": "2026-01-01T00:00:00+00:00",
+            "command": "meshnet bench",
+            "quick": False,
+            "duration_s": 600.0,
+            "time_budget_s": 840.0,
+            "rounds_completed": 3,
+            "notes": [],
+        },
+        "model": {
+            "path": "/m/model.gguf",
+            "name": "Test",
+            "sha256": "ab" * 32,
+            "bytes": 98_000_000,
+            "n_layers": 30,
+            "n_embd": N_EMBD,
+            "context_length": 8192,
+        },
         "environment": {
             "runtime": {"python": "3.11.9", "llama-cpp-python": "0.3.36", "numpy": "2.4.6", "grpcio": "1.85.1"},
             "hardware": {"cpu_count": 2, "cpu_model": "Test CPU", "memory_bytes": 8 * 2**30},
         },
-        "workload": {"lanes": ["llama-whole", "split-3", "recompute", "meshnet-3"], "prompts": 8, "prompt_tokens": 128,
-                     "output_tokens": 64, "recompute_output_tokens": 8, "sampling": "greedy", "threads": 1,
-                     "concurrency": [1, 8], "repetitions": 3, "max_slots": 8, "n_ctx_per_slot": 2048,
-                     "prefill_chunk": 256, "interleaved": True},
+        "workload": {
+            "lanes": ["llama-whole", "split-3", "recompute", "meshnet-3"],
+            "prompts": 8,
+            "prompt_tokens": 128,
+            "output_tokens": 64,
+            "recompute_output_tokens": 8,
+            "sampling": "greedy",
+            "threads": 1,
+            "concurrency": [1, 8],
+            "repetitions": 3,
+            "max_slots": 8,
+            "n_ctx_per_slot": 2048,
+            "prefill_chunk": 256,
+            "interleaved": True,
+        },
         "lanes": {
-            "llama-whole": _lane("llama-whole", 1, {
-                "1": _summary(1, f.whole_decode, f.whole_decode, 1.0),
-                "8": _summary(8, whole_c8 / 8, whole_c8, 1.0),
-            }),
-            "split-3": _lane("split", 3, {"1": _summary(1, f.whole_decode * f.split3_ratio, 1.0, f.split3_ratio)},
-                             agreement=f.split_agreement),
-            "recompute": _lane("recompute", 3, {"1": _summary(1, f.recompute_decode, f.recompute_decode, 0.03)},
-                               agreement=0.9),
+            "llama-whole": _lane(
+                "llama-whole",
+                1,
+                {
+                    "1": _summary(1, f.whole_decode, f.whole_decode, 1.0),
+                    "8": _summary(8, whole_c8 / 8, whole_c8, 1.0),
+                },
+            ),
+            "split-3": _lane(
+                "split",
+                3,
+                {"1": _summary(1, f.whole_decode * f.split3_ratio, 1.0, f.split3_ratio)},
+                agreement=f.split_agreement,
+            ),
+            "recompute": _lane(
+                "recompute", 3, {"1": _summary(1, f.recompute_decode, f.recompute_decode, 0.03)}, agreement=0.9
+            ),
             "meshnet-3": meshnet,
         },
-        "context_scaling": {"fast_lane": "meshnet-3", "slow_lane": "recompute", "note": "test", "points": {
-            "2048": {"context": 2048, "fast_ms_per_token": 12.0, "fast_ttft_ms": 12.0 * f.context2048_speedup,
-                     "fast_tokens_measured": 8, "slow_ms_per_token": 12.0 * f.context2048_speedup,
-                     "slow_tokens_measured": 2, "slow_source": "in-process recompute, 2 token(s)",
-                     "speedup": f.context2048_speedup, "first_token_agrees": True, "error": None},
-        }},
-        "noise": {"rounds": [{"wall_s": 10.0, "machine_busy_cores": 1.0, "own_cores": 1.0, "foreign_cores": 0.0}],
-                  "foreign_cores_median": 0.0},
+        "context_scaling": {
+            "fast_lane": "meshnet-3",
+            "slow_lane": "recompute",
+            "note": "test",
+            "points": {
+                "2048": {
+                    "context": 2048,
+                    "fast_ms_per_token": 12.0,
+                    "fast_ttft_ms": 12.0 * f.context2048_speedup,
+                    "fast_tokens_measured": 8,
+                    "slow_ms_per_token": 12.0 * f.context2048_speedup,
+                    "slow_tokens_measured": 2,
+                    "slow_source": "in-process recompute, 2 token(s)",
+                    "speedup": f.context2048_speedup,
+                    "first_token_agrees": True,
+                    "error": None,
+                },
+            },
+        },
+        "noise": {
+            "rounds": [{"wall_s": 10.0, "machine_busy_cores": 1.0, "own_cores": 1.0, "foreign_cores": 0.0}],
+            "foreign_cores_median": 0.0,
+        },
     }
 
 

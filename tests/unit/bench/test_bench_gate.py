@@ -95,8 +95,9 @@ def test_a_missing_lane_is_optimize_and_says_why() -> None:
 
 
 def test_a_quick_run_without_concurrency_8_is_optimize_pointing_at_the_full_run() -> None:
-    results = without(without(sample_results(), "lanes", "meshnet-3", "concurrency", "8"),
-                      "lanes", "llama-whole", "concurrency", "8")
+    results = without(
+        without(sample_results(), "lanes", "meshnet-3", "concurrency", "8"), "lanes", "llama-whole", "concurrency", "8"
+    )
     verdict = evaluate(results, CONTRACT)
     check = next(c for c in verdict.checks if c.id == "meshnet3-batched8-vs-whole8")
     assert verdict.verdict == "optimize" and check.outcome == "missing"
@@ -124,11 +125,16 @@ def test_paths_resolve_globs_and_skip_nulls() -> None:
 def test_the_v1_contract_thresholds_are_frozen() -> None:
     # Editing a threshold after seeing results is not allowed: write contract_v2.json instead.
     pinned = {
-        "split3-decode-vs-whole": (">=", 0.9), "meshnet3-decode-vs-whole": (">=", 0.85),
-        "meshnet3-batched8-vs-whole8": (">=", 0.8), "meshnet3-concurrency-scaling": (">=", 1.5),
-        "context2048-vs-recompute": (">=", 50), "no-failed-requests": ("<=", 0),
-        "route-slower-than-recompute": ("<", 1.0), "long-context-slower-than-recompute": ("<", 1.0),
-        "greedy-drift-meshnet": ("<", 1.0), "greedy-drift-split": ("<", 1.0),
+        "split3-decode-vs-whole": (">=", 0.9),
+        "meshnet3-decode-vs-whole": (">=", 0.85),
+        "meshnet3-batched8-vs-whole8": (">=", 0.8),
+        "meshnet3-concurrency-scaling": (">=", 1.5),
+        "context2048-vs-recompute": (">=", 50),
+        "no-failed-requests": ("<=", 0),
+        "route-slower-than-recompute": ("<", 1.0),
+        "long-context-slower-than-recompute": ("<", 1.0),
+        "greedy-drift-meshnet": ("<", 1.0),
+        "greedy-drift-split": ("<", 1.0),
     }
     entries = CONTRACT["requirements"] + CONTRACT["stop_conditions"]
     assert CONTRACT["version"] == 1

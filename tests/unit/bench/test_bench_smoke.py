@@ -23,10 +23,24 @@ LANES = "llama-whole,split-2,recompute,meshnet-2,transformers"
 def bench_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, int]:
     folder = tmp_path_factory.mktemp("bench")
     out, report = folder / "results.json", folder / "report"
-    code = main([
-        "--data-dir", str(folder / "data"), "bench", "--model", str(tiny_model), "--quick", "--lanes", LANES,
-        "--out", str(out), "--report", str(report), "--budget", "120",
-    ])
+    code = main(
+        [
+            "--data-dir",
+            str(folder / "data"),
+            "bench",
+            "--model",
+            str(tiny_model),
+            "--quick",
+            "--lanes",
+            LANES,
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+            "--budget",
+            "120",
+        ]
+    )
     return json.loads(out.read_text()), report, code
 
 
@@ -81,6 +95,9 @@ def test_context_scaling_points(bench_run: tuple[dict[str, Any], Path, int]) -> 
 def test_report_and_plots_are_written(bench_run: tuple[dict[str, Any], Path, int]) -> None:
     _, report, _ = bench_run
     text = (report / "report.md").read_text()
-    assert "## Headline" in text and "| meshnet-2 |" in text and "## Gate: optimize" in text
+    assert "## Headline" in text and "| meshnet-2 |" in text
+    # On a toy model the verdict is not the point (its route can lose to recompute on tiny
+    # contexts); that the gate ran on the fresh results is.
+    assert "## Gate: optimize" in text or "## Gate: stop" in text
     for plot in ("concurrency.png", "context.png", "lanes.png"):
         assert (report / plot).read_bytes()[:4] == b"\x89PNG"

@@ -32,7 +32,7 @@ def test_single_stream_metrics() -> None:
 
 def test_steady_state_window_counts_only_while_every_stream_decodes() -> None:
     # Stream b starts decoding at 1.0 and a stops at 2.0: only (1.0, 2.0] is steady state.
-    a = trace(0, 0.0, 0.1, 0.1, 20)   # tokens at 0.1 .. 2.0
+    a = trace(0, 0.0, 0.1, 0.1, 20)  # tokens at 0.1 .. 2.0
     b = trace(1, 0.0, 1.0, 0.05, 40)  # tokens at 1.0 .. 2.95
     rate = steady_state_rate(run(a, b))
     assert rate == pytest.approx((10 + 20) / 1.0, rel=0.05)
