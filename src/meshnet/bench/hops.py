@@ -21,29 +21,15 @@ from typing import Any
 import numpy as np
 
 from meshnet.bench.stats import percentile
-from meshnet.client.route_driver import RouteSession
+from meshnet.client.route_driver import RouteSession, route_frame_meta
 from meshnet.client.shard_stream import ChannelPool, ShardStream
 from meshnet.core.errors import IntegrityError
 from meshnet.core.generation import SamplingParams
 from meshnet.protocol.convert import frame_to_proto, result_to_proto, split_prefill
-from meshnet.protocol.frames import FrameMeta, HopSpec, StepFrame, StepResult
+from meshnet.protocol.frames import HopSpec, StepFrame, StepResult
 
 TRANSPORT_FRAMING_BYTES = 5 + 9
 PROBE_TIMEOUT_S = 300.0
-
-
-def _meta(route: RouteSession, step: int, position: int, phase: str) -> FrameMeta:
-    return FrameMeta(
-        request_id=route.request_id,
-        session_id=route.session_id,
-        route_epoch=route.epoch,
-        fingerprint=route.fingerprint,
-        layers=route.hops[0].layers,
-        phase=phase,  # type: ignore[arg-type]
-        position=position,
-        step=step,
-        cache="new" if step == 0 else "continue",
-    )
 
 
 async def probe_hops(
@@ -58,7 +44,7 @@ async def probe_hops(
         chunks = split_prefill(prompt, 0, max_frame_bytes, max_tokens=rows)
         for step, chunk in enumerate(chunks):
             frame = StepFrame(
-                meta=_meta(route, step, chunk.position, "prefill"),
+                meta=route_frame_meta(route, step, chunk.position, "prefill"),
                 tokens=np.ascontiguousarray(chunk.payload),
                 downstream=downstream if step == 0 else (),
                 sampling=SamplingParams() if step == 0 else None,
@@ -73,7 +59,8 @@ async def probe_hops(
             if result is None or result.token_id is None:
                 raise IntegrityError("the route answered a final chunk without a token")
             decode = StepFrame(
-                meta=_meta(route, step, result.next_position, "decode"), tokens=np.array([result.token_id], np.int32)
+                meta=route_frame_meta(route, step, result.next_position, "decode"),
+                tokens=np.array([result.token_id], np.int32),
             )
             begun = time.perf_counter()
             result = await stream.exchange(decode)

@@ -116,7 +116,7 @@ class RouteDriver:
         plan = Continuation(budget, request.stop_tokens) if self._head_driven and budget > 0 else None
         result: StepResult | None = None
         for step, chunk in enumerate(chunks):
-            meta = self._meta(route, step, chunk.position, "prefill", deadline)
+            meta = route_frame_meta(route, step, chunk.position, "prefill", deadline)
             frame = StepFrame(
                 meta=meta,
                 tokens=np.ascontiguousarray(chunk.payload),
@@ -136,7 +136,7 @@ class RouteDriver:
                     f"replay diverged at position {None if result is None else result.next_position}: the new route "
                     f"sampled {None if result is None else result.token_id}, the lost route had {token}"
                 )
-            meta = self._meta(route, step, result.next_position, "decode", deadline)
+            meta = route_frame_meta(route, step, result.next_position, "decode", deadline)
             last = index == len(history) - 1
             frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), continuation=plan if last else None)
             result = await stream.exchange(frame)
@@ -157,27 +157,30 @@ class RouteDriver:
             if plan is not None:
                 result = await stream.read()
             else:
-                meta = self._meta(route, step, result.next_position, "decode", deadline)
+                meta = route_frame_meta(route, step, result.next_position, "decode", deadline)
                 result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
             step += 1
 
-    @staticmethod
-    def _meta(route: RouteSession, step: int, position: int, phase: str, deadline: float | None) -> FrameMeta:
-        remaining = _remaining(deadline)
-        if remaining is not None and remaining <= 0:
-            raise DeadlineExceeded("the request's deadline passed")
-        return FrameMeta(
-            request_id=route.request_id,
-            session_id=route.session_id,
-            route_epoch=route.epoch,
-            fingerprint=route.fingerprint,
-            layers=route.hops[0].layers,
-            phase=phase,  # type: ignore[arg-type]
-            position=position,
-            step=step,
-            cache="new" if step == 0 else "continue",
-            deadline_ms=None if remaining is None else max(int(remaining * 1000), 1),
-        )
+
+def route_frame_meta(
+    route: RouteSession, step: int, position: int, phase: str, deadline: float | None = None
+) -> FrameMeta:
+    """The header of step ``step`` of ``route``'s session, as the head receives it."""
+    remaining = _remaining(deadline)
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded("the request's deadline passed")
+    return FrameMeta(
+        request_id=route.request_id,
+        session_id=route.session_id,
+        route_epoch=route.epoch,
+        fingerprint=route.fingerprint,
+        layers=route.hops[0].layers,
+        phase=phase,  # type: ignore[arg-type]
+        position=position,
+        step=step,
+        cache="new" if step == 0 else "continue",
+        deadline_ms=None if remaining is None else max(int(remaining * 1000), 1),
+    )
 
 
 def _remaining(deadline: float | None) -> float | None:
