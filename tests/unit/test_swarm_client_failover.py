@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from meshnet.client import swarm as swarm_module
-from meshnet.client.swarm import ContextLengthExceeded, SwarmClient, SwarmConfig
-from meshnet.core.errors import InvalidArgument, MeshnetError, NoRoute, Unavailable
+from meshnet.client.swarm import SwarmClient, SwarmConfig
+from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
 from meshnet.core.events import Finished, RouteAccepted, RouteHealth, RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId

@@ -18,7 +18,14 @@ from meshnet.client.route_driver import RouteDriver, RouteSession
 from meshnet.client.shard_admin import fetch_capability
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.tracker_client import TrackerClient
-from meshnet.core.errors import CacheMiss, DeadlineExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
+from meshnet.core.errors import (
+    CacheMiss,
+    ContextLengthExceeded,
+    DeadlineExceeded,
+    MeshnetError,
+    NoRoute,
+    Unavailable,
+)
 from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
 from meshnet.core.generation import FinishReason, GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
@@ -41,12 +48,6 @@ class SwarmConfig:
     before it is logged as lost. Records are idempotent by request id, so retrying is safe."""
     report_backoff_s: tuple[float, float] = (0.25, 5.0)
     """First and longest wait between attempts to file a record."""
-
-
-class ContextLengthExceeded(InvalidArgument):
-    """Prompt plus max_tokens do not fit the per-session context of a shard on the route."""
-
-    code = "context_length_exceeded"
 
 
 def billing_units(prompt_tokens: int, completion_tokens: int) -> float:

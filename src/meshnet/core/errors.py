@@ -45,6 +45,12 @@ class ProvenanceMismatch(ArtifactError):
     code = "provenance_mismatch"
 
 
+class ContextLengthExceeded(InvalidArgument):
+    """Prompt plus max_tokens do not fit the per-session context of the shards on the route."""
+
+    code = "context_length_exceeded"
+
+
 class IntegrityError(MeshnetError):
     """A checksum did not match: bytes were damaged in transit or at rest."""
 
