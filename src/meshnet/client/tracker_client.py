@@ -28,6 +28,7 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import (
+    MAX_PEERS,
     ModelSummary,
     NodeLoad,
     NodeRegistration,
@@ -86,6 +87,8 @@ class HeartbeatStatus:
     known: bool
     """False: the tracker forgot this node (it expired or the tracker restarted); register again."""
     epoch: int
+    probe: tuple[str, ...] = ()
+    """Candidate next hops whose round trip this node should measure and report."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +153,10 @@ class TrackerClient:
             queue_depth=load.queue_depth,
             kv_used_fraction=load.kv_used_fraction,
             load=load.load,
+            peers=[pb.PeerLatency(address=address, rtt_ms=rtt) for address, rtt in load.peer_rtt_ms],
         )
         reply = await self._call(self._stub.Heartbeat, request, timeout_s)
-        return HeartbeatStatus(reply.known, reply.epoch)
+        return HeartbeatStatus(reply.known, reply.epoch, tuple(reply.probe[:MAX_PEERS]))
 
     async def choose_route(
         self,
@@ -284,6 +288,7 @@ async def heartbeat_loop(
     *,
     on_registered: Callable[[Registered], None] | None = None,
     on_epoch: Callable[[int], None] | None = None,
+    on_probe: Callable[[tuple[str, ...]], None] | None = None,
 ) -> None:
     """Keep ``registration`` routable until ``stop_event`` is set, then deregister.
 
@@ -311,6 +316,8 @@ async def heartbeat_loop(
                 # A reply later than one interval is worth nothing: the next beat is due.
                 status = await client.heartbeat(registered.node_id, load_fn(), timeout_s=interval_s)
                 epoch = status.epoch
+                if on_probe is not None and status.known:
+                    on_probe(status.probe)
                 if not status.known:
                     logger.warning(
                         "tracker %s forgot %s; registering again",

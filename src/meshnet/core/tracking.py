@@ -29,6 +29,9 @@ MAX_ATTRIBUTION = 1024
 WorkStatus = Literal["completed", "cancelled", "failed"]
 WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed")
 
+MAX_PEERS = 64
+"""Peer latencies one heartbeat may carry."""
+
 
 def check_text(name: str, value: str, *, allow_empty: bool = False) -> None:
     """Raise unless ``value`` is a bounded, printable one-line string."""
@@ -107,8 +110,15 @@ class NodeLoad:
     kv_used_fraction: float = 0.0
     load: float = 0.0
     """CPU busy fraction, 0..1."""
+    peer_rtt_ms: tuple[tuple[str, float], ...] = ()
+    """Measured round trips to candidate next hops, by address: the tracker's latency table."""
 
     def __post_init__(self) -> None:
+        if len(self.peer_rtt_ms) > MAX_PEERS:
+            raise InvalidArgument(f"at most {MAX_PEERS} peer latencies, got {len(self.peer_rtt_ms)}")
+        for address, rtt in self.peer_rtt_ms:
+            check_text("peer address", address)
+            check_finite("peer rtt_ms", rtt, high=600_000.0)
         check_count("active_sessions", self.active_sessions, MAX_SESSIONS)
         check_count("free_sessions", self.free_sessions, MAX_SESSIONS)
         check_count("queue_depth", self.queue_depth, MAX_SESSIONS)

@@ -29,7 +29,6 @@ from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
-    NO_LATENCIES,
     LatencyTable,
     NodeView,
     RoutePlan,
@@ -180,9 +179,40 @@ class NodeRegistry:
             del self._sticky[session_id]
         return expired
 
-    def choose_route(self, query: RouteQuery, latency_ms: LatencyTable = NO_LATENCIES) -> Route:
-        """The session's current route if it still holds, else a newly planned one."""
+    def latency_table(self) -> LatencyTable:
+        """One-way latency between live nodes, from the round trips they measured (RTT / 2)."""
+        by_address = {entry.registration.address: node_id for node_id, entry in self._nodes.items()}
+        table: dict[tuple[NodeId, NodeId], float] = {}
+        for node_id, entry in self._nodes.items():
+            for address, rtt_ms in entry.load.peer_rtt_ms if entry.load else ():
+                peer = by_address.get(address)
+                if peer is not None:
+                    table[(node_id, peer)] = rtt_ms / 2.0
+        return table
+
+    def probe_targets(self, node_id: NodeId, limit: int = 16) -> tuple[str, ...]:
+        """Addresses a node should measure: live nodes of its recipe that could follow it in a route."""
+        entry = self._nodes.get(node_id)
+        if entry is None:
+            return ()
+        mine = entry.registration
+        followers = sorted(
+            other.registration.address
+            for other in self._nodes.values()
+            if other.node_id != node_id
+            and other.registration.fingerprint == mine.fingerprint
+            and other.registration.layers.start == mine.layers.stop
+        )
+        return tuple(followers[:limit])
+
+    def choose_route(self, query: RouteQuery, latency_ms: LatencyTable | None = None) -> Route:
+        """The session's current route if it still holds, else a newly planned one.
+
+        Seams are costed by the latencies the nodes measured (``latency_table``) unless given.
+        """
         self.sweep()
+        if latency_ms is None:
+            latency_ms = self.latency_table()
         start = query.start_layer or 0
         sticky = self._sticky.get(query.session_id) if query.session_id else None
         if sticky is not None and not _serves(sticky.route, query.model):

@@ -81,6 +81,7 @@ class RunningTracker:
         sweeper: asyncio.Task[None],
     ) -> None:
         self.config = config
+        self.registry: NodeRegistry | None = None
         self.port = port
         self._server = server
         self._health = health_servicer
@@ -149,7 +150,9 @@ async def start_tracker(
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(servicer.sweep_forever(config.heartbeat_interval_s / 4))
     logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
-    return RunningTracker(config, server, port, health_servicer, runner, sweeper)
+    running = RunningTracker(config, server, port, health_servicer, runner, sweeper)
+    running.registry = registry  # read-only use: inspection in tests and diagnostics
+    return running
 
 
 async def serve_tracker(

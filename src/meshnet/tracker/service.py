@@ -109,7 +109,8 @@ class TrackerServicer(pb_grpc.TrackerServicer):
         node_id, load = wire.heartbeat_from_wire(request)
         known = self._registry.heartbeat(node_id, load)
         await self.persist_epoch()
-        return pb.HeartbeatReply(known=known, epoch=self._registry.epoch)
+        probe = self._registry.probe_targets(node_id) if known else ()
+        return pb.HeartbeatReply(known=known, epoch=self._registry.epoch, probe=probe)
 
     @maps_errors
     async def ChooseRoute(self, request: pb.RouteRequest, context: grpc.aio.ServicerContext) -> pb.RouteReply:

@@ -14,6 +14,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import (
     MAX_LAYERS,
+    MAX_PEERS,
     HardwareSummary,
     ModelSummary,
     NodeLoad,
@@ -90,6 +91,7 @@ def heartbeat_from_wire(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
         queue_depth=message.queue_depth,
         kv_used_fraction=message.kv_used_fraction,
         load=message.load,
+        peer_rtt_ms=tuple((peer.address, peer.rtt_ms) for peer in message.peers[: MAX_PEERS + 1]),
     )
     return node_id_from_wire(message.node_id), load
 

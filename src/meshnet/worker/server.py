@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import grpc.aio
@@ -25,7 +25,7 @@ from grpc_health.v1._async import HealthServicer
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
-from meshnet.client.shard_stream import channel_options
+from meshnet.client.shard_stream import ChannelPool, channel_options
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId
@@ -44,6 +44,7 @@ from meshnet.session.table import SessionTable
 from meshnet.telemetry.prometheus import build_registry, serve_metrics
 from meshnet.worker.calibrate import ShardSpeed, measure_speed
 from meshnet.worker.config import FakeModel, WorkerConfig
+from meshnet.worker.peers import PeerProber
 from meshnet.worker.runtime import ShardIdentity, ShardRuntime
 from meshnet.worker.servicer import ShardServicer
 
@@ -162,14 +163,24 @@ async def serve_worker(
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
     background = [asyncio.create_task(_sweep(runtime, stop))]
+    probe_pool = ChannelPool(config.max_frame_bytes)
     if config.tracker:
         registration = _registration(
             config, address, recipe, model_name, quantization, speed, certified, capacity.max_sessions
         )
         tracker = TrackerClient(config.tracker)
+        prober = PeerProber(probe_pool)
+        background.append(asyncio.create_task(prober.run(stop)))
         background.append(
             asyncio.create_task(
-                heartbeat_loop(tracker, registration, lambda: _load(runtime), stop, on_epoch=_epoch_setter(table))
+                heartbeat_loop(
+                    tracker,
+                    registration,
+                    lambda: replace(_load(runtime), peer_rtt_ms=prober.latest()),
+                    stop,
+                    on_epoch=_epoch_setter(table),
+                    on_probe=prober.set_targets,
+                )
             )
         )
     metrics_server, metrics_address = None, None
@@ -188,6 +199,7 @@ async def serve_worker(
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, timeout=3.0)
         await runtime.close()
+        await probe_pool.close()
         await server.stop(grace=1.0)
         if metrics_server is not None:
             metrics_server.shutdown()

@@ -205,3 +205,25 @@ def test_idle_sessions_forget_their_route(registry: NodeRegistry, clock: FakeClo
 def test_registry_rejects_nonsense_settings(clock: FakeClock) -> None:
     with pytest.raises(InvalidArgument):
         NodeRegistry(clock=clock, heartbeat_interval_s=0)
+
+
+def test_measured_latencies_steer_routes_and_probes_name_candidate_next_hops(registry: NodeRegistry) -> None:
+    head = registry.register(registration(0, 10, address="h:1"))
+    near = registry.register(registration(10, 20, address="near:1"))
+    far = registry.register(registration(10, 20, address="far:1", decode_tokens_per_s=120.0))
+    assert set(registry.probe_targets(head)) == {"near:1", "far:1"}
+    assert registry.probe_targets(near) == ()
+    # Unmeasured, the faster node wins; measured, a 200 ms round trip outweighs its speed.
+    assert route_for(registry) == [head, far]
+    registry.heartbeat(head, NodeLoad(free_sessions=8, peer_rtt_ms=(("near:1", 1.0), ("far:1", 200.0))))
+    for node in (near, far):
+        registry.heartbeat(node, NodeLoad(free_sessions=8))
+    assert registry.latency_table() == {(head, near): 0.5, (head, far): 100.0}
+    assert route_for(registry) == [head, near]
+
+
+def test_peer_latencies_are_bounded_values() -> None:
+    with pytest.raises(InvalidArgument):
+        NodeLoad(peer_rtt_ms=(("a:1", -1.0),))
+    with pytest.raises(InvalidArgument):
+        NodeLoad(peer_rtt_ms=tuple((f"a:{i}", 1.0) for i in range(65)))

@@ -85,28 +85,40 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
-    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "load")
+    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "load", "peers")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     KV_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     active_sessions: int
     free_sessions: int
     queue_depth: int
     kv_used_fraction: float
     load: float
-    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., load: _Optional[float] = ...) -> None: ...
+    peers: _containers.RepeatedCompositeFieldContainer[PeerLatency]
+    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., load: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ...) -> None: ...
+
+class PeerLatency(_message.Message):
+    __slots__ = ("address", "rtt_ms")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    rtt_ms: float
+    def __init__(self, address: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "epoch")
+    __slots__ = ("known", "epoch", "probe")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     known: bool
     epoch: int
-    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    probe: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ("model", "session_id", "exclude_node_ids", "require_start_layer")
