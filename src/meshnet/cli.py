@@ -12,9 +12,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
+
+if TYPE_CHECKING:
+    from meshnet.engine.llama_backend import LlamaConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -74,7 +78,7 @@ def cmd_slice(args: argparse.Namespace) -> int:
     return 0
 
 
-def _llama_config(args: argparse.Namespace) -> object:
+def _llama_config(args: argparse.Namespace) -> LlamaConfig:
     from meshnet.engine.llama_backend import LlamaConfig
 
     return LlamaConfig(
@@ -107,7 +111,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer(source)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
     tokens = tokenizer.encode(prompt, add_special=False)
-    route = open_local_route(source, args.shards, SliceCache(args.data_dir / "cache"), _llama_config(args))  # type: ignore[arg-type]
+    route = open_local_route(source, args.shards, SliceCache(args.data_dir / "cache"), _llama_config(args))
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
     print(f"[{args.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
     request = GenerationRequest(

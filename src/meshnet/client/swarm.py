@@ -71,19 +71,19 @@ class SwarmClient:
         started = time.time()
         history: list[int] = []
         status: WorkStatus = "failed"
-        nodes: dict[NodeId, NodeWork] = {}
+        attempts: list[tuple[Route, int]] = []
+        """Each route tried, with how many tokens had been generated when it started."""
         try:
             yield _accepted(request_id, session_id, route)
             failovers = 0
             excluded: frozenset[NodeId] = frozenset()
             while True:
-                _attribute(nodes, route, len(request.prompt_tokens) + len(history))
+                attempts.append((route, len(history)))
                 session = RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch)
                 try:
                     async for event in self._driver.run(session, request, history=tuple(history)):
                         if isinstance(event, TokenGenerated):
                             history.append(event.token_id)
-                            _attribute(nodes, route, 1)
                         yield event
                     break
                 except MeshnetError as error:
@@ -116,7 +116,7 @@ class SwarmClient:
                 status=status,
                 tokens_in=len(request.prompt_tokens),
                 tokens_out=len(history),
-                attribution=tuple(nodes.values()),
+                attribution=_attribution(attempts, len(request.prompt_tokens), len(history)),
                 billing_units=billing_units(len(request.prompt_tokens), len(history)),
                 started_at=started,
                 finished_at=time.time(),
@@ -233,7 +233,13 @@ def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> Rou
     return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch)
 
 
-def _attribute(nodes: dict[NodeId, NodeWork], route: Route, tokens: int) -> None:
-    for hop in route.hops:
-        previous = nodes.get(hop.node_id)
-        nodes[hop.node_id] = NodeWork(hop.node_id, hop.layers, tokens + (previous.tokens if previous else 0))
+def _attribution(attempts: list[tuple[Route, int]], prompt: int, generated: int) -> tuple[NodeWork, ...]:
+    """Tokens each node processed: every route ran the prompt, the tokens replayed onto it and
+    the ones generated on it, that is the prompt plus all tokens up to where the next began."""
+    totals: dict[NodeId, NodeWork] = {}
+    ends = [start for _, start in attempts[1:]] + [generated]
+    for (route, _), end in zip(attempts, ends, strict=True):
+        for hop in route.hops:
+            before = totals[hop.node_id].tokens if hop.node_id in totals else 0
+            totals[hop.node_id] = NodeWork(hop.node_id, hop.layers, before + prompt + end)
+    return tuple(totals.values())

@@ -86,14 +86,23 @@ def chunk_bounds(position: int, n_tokens: int, chunk: int) -> list[tuple[int, in
     return list(itertools.pairwise(cuts))
 
 
-def slice_input(step: StepInput, start: int, stop: int, want_logits: str) -> StepInput:
-    return StepInput(
-        step.slot,
-        step.position + start,
-        None if step.tokens is None else step.tokens[start:stop],
-        None if step.hidden is None else step.hidden[start:stop],
-        want_logits,  # type: ignore[arg-type]
-    )
+def prefill_pieces(step: StepInput, chunk: int) -> list[StepInput]:
+    """``step`` cut at ``chunk_bounds``; only the last piece keeps the logits the step asked for
+    (every piece keeps its rows' logits when all rows were asked for)."""
+    bounds = chunk_bounds(step.position, step.n_tokens, chunk)
+    if len(bounds) == 1:
+        return [step]
+    keep_rows: Literal["all", "none"] = "all" if step.want_logits == "all" else "none"
+    return [
+        StepInput(
+            step.slot,
+            step.position + start,
+            None if step.tokens is None else step.tokens[start:stop],
+            None if step.hidden is None else step.hidden[start:stop],
+            step.want_logits if stop == step.n_tokens else keep_rows,
+        )
+        for start, stop in bounds
+    ]
 
 
 class Backend(Protocol):

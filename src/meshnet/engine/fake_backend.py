@@ -85,6 +85,8 @@ class FakeBackend:
         return StepOutput(step.slot, logits=logits.astype(np.float32))
 
     def truncate(self, slot: int, position: int) -> None:
+        # The running summary cannot be rewound, so only truncation to 0 (a release, the one
+        # truncation the session loop performs) restores a state the fake can continue from.
         if position == 0:
             self._state[slot] = 0.0
         self._length[slot] = min(self._length[slot], position)

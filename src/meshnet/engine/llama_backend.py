@@ -23,7 +23,7 @@ import numpy as np
 from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
-from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, chunk_bounds, slice_input
+from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
 
@@ -199,19 +199,9 @@ class LlamaBackend:
             self._decode(singles[start : start + self._shape.max_batch_tokens], pieces)
         for index in order:
             if batch[index].n_tokens > 1:
-                for piece in self._cut(batch[index]):
+                for piece in prefill_pieces(batch[index], self._shape.max_batch_tokens):
                     self._decode([(index, piece)], pieces)
         return [self._join(batch[i].slot, pieces[i]) for i in range(len(batch))]
-
-    def _cut(self, step: StepInput) -> list[StepInput]:
-        bounds = chunk_bounds(step.position, step.n_tokens, self._shape.max_batch_tokens)
-        if len(bounds) == 1:
-            return [step]
-        keep_rows = "all" if step.want_logits == "all" else "none"
-        return [
-            slice_input(step, start, stop, step.want_logits if stop == step.n_tokens else keep_rows)
-            for start, stop in bounds
-        ]
 
     def _decode(self, call: list[tuple[int, StepInput]], pieces: dict[int, list[StepOutput]]) -> None:
         row = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ class GatewayProcessConfig:
     http: GatewayConfig
 
 
-async def run_gateway(config: GatewayProcessConfig, *, on_ready: object = None) -> None:
+async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, str], None] | None = None) -> None:
     description = describe_model(config.model)
     name = config.model_name or description.name
     tokenizer = await asyncio.to_thread(Tokenizer, config.model)
@@ -45,7 +46,7 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: object = None) 
     )
     port = await server.start()
     log.info("gateway serving %s on http://%s:%d", name, config.http.host, port)
-    if callable(on_ready):
+    if on_ready is not None:
         on_ready(f"{config.http.host}:{port}", name)
     try:
         await server.wait()

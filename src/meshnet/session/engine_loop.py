@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, MeshnetError
-from meshnet.engine.backend import Backend, StepInput, StepOutput, chunk_bounds, slice_input
+from meshnet.engine.backend import Backend, StepInput, StepOutput, prefill_pieces
 from meshnet.session.scheduler import PendingWork, plan_tick
 
 log = logging.getLogger(__name__)
@@ -39,16 +39,14 @@ class _Work:
     deadline: float | None
     enqueued_at: float
     future: asyncio.Future[StepOutput]
-    bounds: list[tuple[int, int]]
-    done_chunks: int = 0
+    pieces: list[StepInput]
+    """The step cut into prefill chunks (one piece for a decode step); one runs per tick."""
     outputs: list[StepOutput] = field(default_factory=list)
+    """One per piece run so far."""
 
-    def next_chunk(self) -> StepInput:
-        start, stop = self.bounds[self.done_chunks]
-        if len(self.bounds) == 1:
-            return self.step
-        keep_rows = "all" if self.step.want_logits == "all" else "none"
-        return slice_input(self.step, start, stop, self.step.want_logits if stop == self.step.n_tokens else keep_rows)
+    @property
+    def next_piece(self) -> StepInput:
+        return self.pieces[len(self.outputs)]
 
 
 @dataclass
@@ -128,9 +126,7 @@ class EngineLoop:
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
-        work = _Work(
-            self._tickets, step, deadline, self._clock(), future, chunk_bounds(step.position, step.n_tokens, chunk)
-        )
+        work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk))
         self._inbox.put(work)
         return await future
 
@@ -207,12 +203,7 @@ class EngineLoop:
         now = self._clock()
         by_ticket = {w.ticket: w for w in self._pending}
         plan = plan_tick(
-            [
-                PendingWork(
-                    w.ticket, w.bounds[w.done_chunks][1] - w.bounds[w.done_chunks][0], w.enqueued_at, w.deadline
-                )
-                for w in self._pending
-            ],
+            [PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline) for w in self._pending],
             now=now,
             max_decode_batch=self._max_decode_batch,
         )
@@ -225,7 +216,7 @@ class EngineLoop:
         self.stats.queue_depth = len(self._pending) - len(running)
         if not running:
             return
-        chunks = [w.next_chunk() for w in running]
+        chunks = [w.next_piece for w in running]
         started = time.perf_counter()
         try:
             outputs = self.backend.run(chunks)
@@ -239,8 +230,7 @@ class EngineLoop:
         self._account(chunks, time.perf_counter() - started)
         for work, output in zip(running, outputs, strict=True):
             work.outputs.append(output)
-            work.done_chunks += 1
-            if work.done_chunks == len(work.bounds):
+            if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
                 _resolve(work.future, value=_join(work.outputs))
 

@@ -130,8 +130,8 @@ async def serve_worker(
         return open_llama_shard(config.model, config.layers, cache, engine_config)
 
     loop = EngineLoop(open_backend)
+    # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
-    certified = True
     speed = await loop.call(measure_speed)
     if config.fake is not None:
         recipe, model_name, quantization = fake_recipe(config.fake), config.model_name or "fake", "none"
@@ -150,8 +150,8 @@ async def serve_worker(
         recipe.fingerprint(),
         recipe.backend,
         recipe.backend_version,
-        certified,
-        config.max_frame_bytes,
+        certified=True,
+        max_frame_bytes=config.max_frame_bytes,
     )
     runtime = ShardRuntime(identity, loop, table, capacity)
     health = HealthServicer()
@@ -165,9 +165,7 @@ async def serve_worker(
     background = [asyncio.create_task(_sweep(runtime, stop))]
     probe_pool = ChannelPool(config.max_frame_bytes)
     if config.tracker:
-        registration = _registration(
-            config, address, recipe, model_name, quantization, speed, certified, capacity.max_sessions
-        )
+        registration = _registration(config, address, recipe, model_name, quantization, speed, capacity.max_sessions)
         tracker = TrackerClient(config.tracker)
         prober = PeerProber(probe_pool)
         background.append(asyncio.create_task(prober.run(stop)))
@@ -241,7 +239,6 @@ def _registration(
     model_name: str,
     quantization: str,
     speed: ShardSpeed,
-    certified: bool,
     max_sessions: int,
 ) -> NodeRegistration:
     return NodeRegistration(
@@ -255,7 +252,7 @@ def _registration(
         max_sessions=max_sessions,
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_tokens_per_s=speed.decode_tokens_per_s,
-        certified=certified,
+        certified=True,  # see serve_worker: an uncertified engine never gets this far
     )
 
 
