@@ -11,7 +11,7 @@ from meshnet.core.errors import MeshnetError
 
 Printer = Callable[[str], None]
 GATE_UNREADABLE_EXIT = 3
-"""Exit code when the results or the contract cannot be read: distinct from optimize/stop."""
+"""Exit code when the results or the contract cannot be read or are invalid: distinct from optimize/stop."""
 
 
 def bench_command(
@@ -56,13 +56,14 @@ def bench_command(
 
 
 def gate_command(results_path: Path, contract_path: Path | None, say: Printer, note: Printer) -> int:
-    """Print the verdict; exit 0 promote, 1 optimize, 2 stop, 3 when an input cannot be read."""
+    """Print the verdict; exit 0 promote, 1 optimize, 2 stop, 3 when an input cannot be read or
+    the results break their schema."""
     from meshnet.bench.gate import evaluate, load_contract, render
-    from meshnet.bench.results_file import read_results
+    from meshnet.bench.results_file import read_document
 
     try:
-        results = read_results(results_path)
-        verdict = evaluate(results, load_contract(contract_path))
+        document = read_document(results_path)
+        verdict = evaluate(document, load_contract(contract_path))
     except MeshnetError as error:
         note(f"meshnet gate: {error.message}")
         return GATE_UNREADABLE_EXIT

@@ -1,19 +1,19 @@
 """The bench's one typed configuration, its full and quick presets, and lane names.
 
 A lane is named ``kind`` or ``kind-N`` (N = shards): ``llama-whole``, ``split-2``, ``meshnet-3``,
-``recompute``, ``transformers``. Every lane runs the same workload: the same prompts, output
+``recompute``. Every lane runs the same workload: the same prompts, output
 length, greedy sampling, thread count and KV geometry, so their numbers compare directly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from meshnet.core.errors import InvalidArgument
 
-LaneKind = Literal["llama-whole", "split", "meshnet", "recompute", "transformers"]
+LaneKind = Literal["llama-whole", "split", "meshnet", "recompute"]
 REFERENCE_LANE = "llama-whole"
 """Every drift and ratio is measured against this lane: whole-model llama.cpp, the speed anchor."""
 DEFAULT_LANES = (
@@ -24,7 +24,6 @@ DEFAULT_LANES = (
     "meshnet-1",
     "meshnet-2",
     "meshnet-3",
-    "transformers",
 )
 
 
@@ -34,7 +33,7 @@ class LaneName:
     shards: int
 
     def __str__(self) -> str:
-        return self.kind if self.kind in ("llama-whole", "recompute", "transformers") else f"{self.kind}-{self.shards}"
+        return self.kind if self.kind in ("llama-whole", "recompute") else f"{self.kind}-{self.shards}"
 
 
 def parse_lane(text: str, recompute_shards: int = 3) -> LaneName:
@@ -43,12 +42,10 @@ def parse_lane(text: str, recompute_shards: int = 3) -> LaneName:
         return LaneName("llama-whole", 1)
     if text == "recompute":
         return LaneName("recompute", recompute_shards)
-    if text == "transformers":
-        return LaneName("transformers", 1)
     kind, _, count = text.partition("-")
     if kind in ("split", "meshnet") and count.isdigit() and int(count) >= 1:
         return LaneName(kind, int(count))  # type: ignore[arg-type]
-    raise InvalidArgument(f"unknown lane {text!r}: use llama-whole, split-N, meshnet-N, recompute or transformers")
+    raise InvalidArgument(f"unknown lane {text!r}: use llama-whole, split-N, meshnet-N or recompute")
 
 
 @dataclass(frozen=True)
@@ -94,7 +91,6 @@ class BenchConfig:
     command: str = ""
     """The exact command line, recorded in the results."""
     quick: bool = False
-    extra_notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for lane in self.lanes:
@@ -115,8 +111,8 @@ class BenchConfig:
 
     def measures(self, lane: LaneName, concurrency: int) -> bool:
         """Whether ``lane`` is run at ``concurrency`` in each round."""
-        if lane.kind in ("recompute", "transformers"):
-            return concurrency == 1  # recompute has no KV to batch; transformers runs one stream
+        if lane.kind == "recompute":
+            return concurrency == 1  # no KV cache, so nothing to batch
         return str(lane) in self.sweep_lanes or concurrency in self.lane_concurrency
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from meshnet.bench.inprocess import RecomputeLane
+from meshnet.bench.results import ContextPoint, ContextScaling, SkippedContext
 from meshnet.bench.stats import RunRecord, median, token_gaps
 
 CachedRunner = Callable[[tuple[int, ...], int], Awaitable[RunRecord]]
@@ -55,17 +56,16 @@ async def measure_context_scaling(
     decode_tokens: int,
     deadline: float,
     max_recompute_step_s: float,
-) -> dict[str, object]:
+) -> ContextScaling:
     """Contexts in ascending order; each is skipped when its estimated cost would pass ``deadline``."""
-    points: dict[str, object] = {}
+    points: dict[int, SkippedContext | ContextPoint] = {}
     previous: tuple[int, float] | None = None
     for context, prompt in sorted(prompts.items()):
         expected = estimate_seconds(previous, context)
         if time.monotonic() + expected > deadline:
-            points[str(context)] = {
-                "context": context,
-                "skipped": f"the time budget has no room (about {expected:.0f} s of prefill)",
-            }
+            points[context] = SkippedContext(
+                context, f"the time budget has no room (about {expected:.0f} s of prefill)"
+            )
             continue
         record = await cached(prompt, decode_tokens + 1)
         trace = record.requests[0]
@@ -81,19 +81,19 @@ async def measure_context_scaling(
             # One recompute step is a prefill of the whole context through every shard: the
             # route's own time to first token is that step, measured over the network.
             slow_ms, source = (None if prefill_s is None else prefill_s * 1000.0), f"{fast_lane} prefill of the context"
-        points[str(context)] = {
-            "context": context,
-            "fast_ms_per_token": fast_ms,
-            "fast_ttft_ms": None if prefill_s is None else prefill_s * 1000.0,
-            "fast_tokens_measured": len(gaps),
-            "slow_ms_per_token": slow_ms,
-            "slow_tokens_measured": len(slow),
-            "slow_source": source,
-            "speedup": slow_ms / fast_ms if slow_ms and fast_ms else None,
-            "first_token_agrees": None if first_slow is None else bool(trace.tokens) and trace.tokens[0] == first_slow,
-            "error": trace.error,
-        }
-    return {"fast_lane": fast_lane, "slow_lane": "recompute", "points": points}
+        points[context] = ContextPoint(
+            context=context,
+            fast_ms_per_token=fast_ms,
+            fast_ttft_ms=None if prefill_s is None else prefill_s * 1000.0,
+            fast_tokens_measured=len(gaps),
+            slow_ms_per_token=slow_ms,
+            slow_tokens_measured=len(slow),
+            slow_source=source,
+            speedup=slow_ms / fast_ms if slow_ms and fast_ms else None,
+            first_token_agrees=None if first_slow is None else bool(trace.tokens) and trace.tokens[0] == first_slow,
+            error=trace.error,
+        )
+    return ContextScaling(fast_lane, points)
 
 
 def _recompute(

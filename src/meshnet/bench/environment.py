@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from meshnet.bench.results import CpuSample, Environment, Hardware
+
 RUNTIME_PACKAGES = ("llama-cpp-python", "numpy", "grpcio", "protobuf", "psutil")
 
 
@@ -38,15 +40,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def hardware() -> dict[str, object]:
-    return {
-        "cpu_count": os.cpu_count() or 0,
-        "cpu_model": cpu_model(),
-        "memory_bytes": int(psutil.virtual_memory().total),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python_executable": sys.executable,
-    }
+def hardware() -> Hardware:
+    return Hardware(
+        cpu_count=os.cpu_count() or 0,
+        cpu_model=cpu_model(),
+        memory_bytes=int(psutil.virtual_memory().total),
+        platform=platform.platform(),
+        machine=platform.machine(),
+        python_executable=sys.executable,
+    )
+
+
+def environment() -> Environment:
+    return Environment(runtime_versions(), hardware())
 
 
 def rss_bytes(pid: int | None = None) -> int:
@@ -79,16 +85,16 @@ class CpuMeter:
                 continue
         return total
 
-    def read(self) -> dict[str, float]:
+    def read(self) -> CpuSample:
         now = psutil.cpu_times()
         wall = max(time.monotonic() - self._wall, 1e-9)
         busy = (sum(now) - now.idle - getattr(now, "iowait", 0.0)) - (
             sum(self._system) - self._system.idle - getattr(self._system, "iowait", 0.0)
         )
         ours = self._own_seconds() - self._ours
-        return {
-            "wall_s": wall,
-            "machine_busy_cores": busy / wall,
-            "own_cores": ours / wall,
-            "foreign_cores": max(busy - ours, 0.0) / wall,
-        }
+        return CpuSample(
+            wall_s=wall,
+            machine_busy_cores=busy / wall,
+            own_cores=ours / wall,
+            foreign_cores=max(busy - ours, 0.0) / wall,
+        )

@@ -15,11 +15,11 @@ the answers coming back, each plus 14 bytes of transport framing (5-byte gRPC me
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from meshnet.bench.results import HopCompute, HopTiming, LinkBytes, WireBytes
 from meshnet.bench.stats import percentile
 from meshnet.client.route_driver import RouteSession, route_frame_meta
 from meshnet.client.shard_stream import ChannelPool, ShardStream
@@ -32,9 +32,15 @@ TRANSPORT_FRAMING_BYTES = 5 + 9
 PROBE_TIMEOUT_S = 300.0
 
 
+@dataclass(frozen=True)
+class RouteProbe:
+    timing: HopTiming
+    wire: WireBytes | None
+
+
 async def probe_hops(
     pool: ChannelPool, route: RouteSession, prompt: np.ndarray, n_tokens: int, *, max_frame_bytes: int, n_embd: int
-) -> dict[str, object]:
+) -> RouteProbe:
     """Prefill ``prompt``, decode ``n_tokens`` one by one, and report timings and wire bytes."""
     stream = ShardStream(pool, route.hops[0].address, PROBE_TIMEOUT_S)
     downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
@@ -69,65 +75,64 @@ async def probe_hops(
             step += 1
     finally:
         stream.cancel()  # frees the session's KV on every shard down the route
-    return {
-        **_timing_summary(route, round_trips, timings),
-        "wire": wire_bytes(route, decode, timings[-1], n_embd) if decode is not None and timings else None,
-    }
+    wire = wire_bytes(route, decode, timings[-1], n_embd) if decode is not None and timings else None
+    return RouteProbe(_timing_summary(route, round_trips, timings), wire)
 
 
-def _timing_summary(route: RouteSession, round_trips: list[float], results: list[StepResult]) -> dict[str, object]:
+def _timing_summary(route: RouteSession, round_trips: list[float], results: list[StepResult]) -> HopTiming:
     n_links = len(route.hops)
     hops = []
     for index, hop in enumerate(route.hops):
         compute = [r.timings[index].compute_us / 1000.0 for r in results if len(r.timings) > index]
-        hops.append(
-            {
-                "address": hop.address,
-                "layers": f"{hop.layers.start}:{hop.layers.stop}",
-                "compute_ms_p50": percentile(compute, 50.0),
-                "compute_ms_p95": percentile(compute, 95.0),
-            }
-        )
+        layers = f"{hop.layers.start}:{hop.layers.stop}"
+        hops.append(HopCompute(hop.address, layers, percentile(compute, 50.0), percentile(compute, 95.0)))
     totals = [sum(t.compute_us for t in r.timings) / 1000.0 for r in results]
     rtt = [s * 1000.0 for s in round_trips]
     # What the shards did not account for, shared out over the links of the route.
     link = [max(total - shards, 0.0) / n_links for total, shards in zip(rtt, totals, strict=True)]
-    return {
-        "probe_tokens": len(results),
-        "step_ms_p50": percentile(rtt, 50.0),
-        "step_ms_p95": percentile(rtt, 95.0),
-        "compute_ms_per_token_p50": percentile(totals, 50.0),
-        "link_ms_p50": percentile(link, 50.0),
-        "link_ms_p95": percentile(link, 95.0),
-        "links": n_links,
-        "hops": hops,
-    }
+    return HopTiming(
+        probe_tokens=len(results),
+        step_ms_p50=percentile(rtt, 50.0),
+        step_ms_p95=percentile(rtt, 95.0),
+        compute_ms_per_token_p50=percentile(totals, 50.0),
+        link_ms_p50=percentile(link, 50.0),
+        link_ms_p95=percentile(link, 95.0),
+        links=n_links,
+        hops=tuple(hops),
+    )
 
 
-def wire_bytes(route: RouteSession, decode_frame: StepFrame, answer: StepResult, n_embd: int) -> dict[str, object]:
+def _framed(size: int) -> int:
+    return size + TRANSPORT_FRAMING_BYTES
+
+
+def wire_bytes(route: RouteSession, decode_frame: StepFrame, answer: StepResult, n_embd: int) -> WireBytes:
     """Serialized bytes each link carries per decode token, out and back."""
-    links: list[dict[str, Any]] = []
-    head_bytes = frame_to_proto(decode_frame).ByteSize() + TRANSPORT_FRAMING_BYTES
-    back = result_to_proto(answer).ByteSize() + TRANSPORT_FRAMING_BYTES
-    links.append({"link": f"client->{route.hops[0].address}", "forward_bytes": head_bytes, "backward_bytes": back})
+    head = route.hops[0].address
+    links = [
+        LinkBytes(
+            f"client->{head}",
+            _framed(frame_to_proto(decode_frame).ByteSize()),
+            _framed(result_to_proto(answer).ByteSize()),
+        )
+    ]
     hidden = np.zeros((1, n_embd), np.float32)  # hidden: [1, n_embd], as each seam sends per token
     for index, hop in enumerate(route.hops[1:], start=1):
         # The frame a shard forwards: the step's header re-addressed to the next range.
         forwarded = StepFrame(meta=replace(decode_frame.meta, layers=hop.layers, deadline_ms=None), hidden=hidden)
         reply = replace(answer, timings=answer.timings[index:])
         links.append(
-            {
-                "link": f"{route.hops[index - 1].address}->{hop.address}",
-                "forward_bytes": frame_to_proto(forwarded).ByteSize() + TRANSPORT_FRAMING_BYTES,
-                "backward_bytes": result_to_proto(reply).ByteSize() + TRANSPORT_FRAMING_BYTES,
-            }
+            LinkBytes(
+                f"{route.hops[index - 1].address}->{hop.address}",
+                _framed(frame_to_proto(forwarded).ByteSize()),
+                _framed(result_to_proto(reply).ByteSize()),
+            )
         )
     seams = links[1:] or links
-    per_hop = max(link["forward_bytes"] + link["backward_bytes"] for link in seams)
-    return {
-        "links": links,
-        "bytes_per_token_per_hop": per_hop,
-        "hidden_payload_bytes": 4 * n_embd,
-        "framing_bytes_per_message": TRANSPORT_FRAMING_BYTES,
-        "bytes_per_token_total": sum(x["forward_bytes"] + x["backward_bytes"] for x in links),
-    }
+    return WireBytes(
+        links=tuple(links),
+        bytes_per_token_per_hop=max(link.forward_bytes + link.backward_bytes for link in seams),
+        hidden_payload_bytes=4 * n_embd,
+        framing_bytes_per_message=TRANSPORT_FRAMING_BYTES,
+        bytes_per_token_total=sum(link.forward_bytes + link.backward_bytes for link in links),
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,8 +51,7 @@ def _decode_all(route: LocalRoute, slots: list[int], positions: list[int], token
 class CachedLane:
     """``llama-whole`` (one full shard) or ``split-N``: KV-cached, batched decode."""
 
-    def __init__(self, name: str, route: LocalRoute) -> None:
-        self.name = name
+    def __init__(self, route: LocalRoute) -> None:
         self.route = route
         self.n_embd = route.backends[0].shape.n_embd
 
@@ -63,36 +62,16 @@ class CachedLane:
     def run(
         self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int, *, keep_logits: bool = False
     ) -> InProcessRun:
-        slots = list(range(len(prompts)))
+        streams = [_Stream() for _ in prompts]
+        logits_log: list[np.ndarray] | None = [] if keep_logits else None
         started = time.perf_counter()
-        times: list[list[float]] = [[] for _ in slots]
-        tokens: list[list[int]] = [[] for _ in slots]
-        logits_log: list[np.ndarray] = []
         error: str | None = None
         try:
-            positions, current = [], []
-            for slot, prompt in zip(slots, prompts, strict=True):
-                logits = self.route.forward(slot, 0, np.asarray(prompt, np.int32))[-1]
-                positions.append(len(prompt))
-                current.append(sample_token(logits, GREEDY, len(prompt)))
-                times[slot].append(time.perf_counter())
-                tokens[slot].append(current[-1])
-                if keep_logits and slot == 0:
-                    logits_log.append(logits.copy())
-            for _ in range(max_tokens - 1):
-                rows = _decode_all(self.route, slots, positions, current)
-                stamp = time.perf_counter()
-                for slot, logits in zip(slots, rows, strict=True):
-                    positions[slot] += 1
-                    current[slot] = sample_token(logits, GREEDY, positions[slot])
-                    times[slot].append(stamp)
-                    tokens[slot].append(current[slot])
-                if keep_logits:
-                    logits_log.append(rows[0].copy())
+            self._generate(prompts, streams, max_tokens, logits_log)
         except MeshnetError as failure:
             error = f"{failure.code}: {failure.message}"
         finally:
-            for slot in slots:
+            for slot in range(len(prompts)):
                 self.route.release(slot)
         finished = time.perf_counter()
         traces = tuple(
@@ -100,29 +79,61 @@ class CachedLane:
                 index,
                 len(prompt),
                 started,
-                tuple(times[s]),
-                tuple(tokens[s]),
-                times[s][-1] if times[s] else finished,
+                tuple(stream.times),
+                tuple(stream.tokens),
+                stream.times[-1] if stream.times else finished,
                 error,
             )
-            for s, index, prompt in zip(slots, indices, prompts, strict=True)
+            for stream, index, prompt in zip(streams, indices, prompts, strict=True)
         )
-        record = RunRecord(
-            self.name,
-            len(prompts),
-            started,
-            finished,
-            traces,
-            batch_occupancy=float(len(prompts)) if error is None else None,
-        )
-        return InProcessRun(record, tuple(logits_log), float(4 * self.n_embd))
+        occupancy = float(len(prompts)) if error is None else None
+        record = RunRecord(len(prompts), started, finished, traces, batch_occupancy=occupancy)
+        return InProcessRun(record, tuple(logits_log or ()), float(4 * self.n_embd))
+
+    def _generate(
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        streams: list[_Stream],
+        max_tokens: int,
+        logits_log: list[np.ndarray] | None,
+    ) -> None:
+        """Prefill each session in its own slot, then decode every session in lock-step."""
+        slots = list(range(len(prompts)))
+        positions, current = [], []
+        for slot, prompt in zip(slots, prompts, strict=True):
+            logits = self.route.forward(slot, 0, np.asarray(prompt, np.int32))[-1]
+            positions.append(len(prompt))
+            current.append(sample_token(logits, GREEDY, len(prompt)))
+            streams[slot].add(current[-1], time.perf_counter())
+            if logits_log is not None and slot == 0:
+                logits_log.append(logits.copy())
+        for _ in range(max_tokens - 1):
+            rows = _decode_all(self.route, slots, positions, current)
+            stamp = time.perf_counter()
+            for slot, logits in zip(slots, rows, strict=True):
+                positions[slot] += 1
+                current[slot] = sample_token(logits, GREEDY, positions[slot])
+                streams[slot].add(current[slot], stamp)
+            if logits_log is not None:
+                logits_log.append(rows[0].copy())
+
+
+@dataclass
+class _Stream:
+    """One session's tokens and the moments they were sampled, while a run is under way."""
+
+    tokens: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def add(self, token: int, stamp: float) -> None:
+        self.tokens.append(token)
+        self.times.append(stamp)
 
 
 class RecomputeLane:
     """No KV cache: each token re-runs the whole sequence from position 0 through every shard."""
 
     def __init__(self, route: LocalRoute) -> None:
-        self.name = "recompute"
         self.route = route
         self.n_embd = route.backends[0].shape.n_embd
 
@@ -163,4 +174,4 @@ class RecomputeLane:
         finished = time.perf_counter()
         # Every generated token moved its whole sequence's rows across each seam.
         per_token = 4.0 * self.n_embd * seam_rows / max(generated, 1)
-        return InProcessRun(RunRecord(self.name, len(prompts), started, finished, tuple(traces)), (), per_token)
+        return InProcessRun(RunRecord(len(prompts), started, finished, tuple(traces)), (), per_token)

@@ -26,10 +26,7 @@ IDLE_WAIT_S = 3.0
 
 
 class MeshnetLane:
-    def __init__(
-        self, name: str, workers: WorkerSet, pool: ChannelPool, driver: RouteDriver, *, timeout_s: float
-    ) -> None:
-        self.name = name
+    def __init__(self, workers: WorkerSet, pool: ChannelPool, driver: RouteDriver, *, timeout_s: float) -> None:
         self.workers = workers
         self.pool = pool
         self.driver = driver
@@ -50,7 +47,7 @@ class MeshnetLane:
         finished = time.perf_counter()
         after = await self.metrics()
         await self.wait_idle()
-        return RunRecord(self.name, len(prompts), started, finished, tuple(traces), occupancy(before, after))
+        return RunRecord(len(prompts), started, finished, tuple(traces), occupancy(before, after))
 
     async def _one(self, prompt: tuple[int, ...], index: int, max_tokens: int, started: float) -> RequestTrace:
         times: list[float] = []

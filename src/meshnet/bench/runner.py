@@ -13,17 +13,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName
 from meshnet.bench.environment import CpuMeter, rss_bytes
+from meshnet.bench.hops import RouteProbe
 from meshnet.bench.inprocess import CachedLane, RecomputeLane
 from meshnet.bench.remote import MeshnetLane
+from meshnet.bench.results import CpuSample, Drift, LaneResult, Measures
 from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
-from meshnet.bench.transformers_lane import TransformersLane, transformers_unavailable
 from meshnet.bench.workers import WorkerOptions, WorkerSet
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
@@ -45,9 +47,9 @@ class LaneState:
     """A lane while the bench runs: its engine, what it measured, and what went wrong."""
 
     name: LaneName
-    engine: CachedLane | RecomputeLane | MeshnetLane | TransformersLane | None = None
+    engine: CachedLane | RecomputeLane | MeshnetLane | None = None
     workers: WorkerSet | None = None
-    status: str = "ok"
+    status: Literal["ok", "failed"] = "ok"
     reason: str | None = None
     artifact_bytes: int | None = None
     rss: list[int] = field(default_factory=list)
@@ -55,7 +57,7 @@ class LaneState:
     seam_bytes_per_token: float | None = None
     runs: dict[int, list[RunRecord | None]] = field(default_factory=dict)
     logits: tuple[np.ndarray, ...] = ()
-    hop_timing: dict[str, object] | None = None
+    probe: RouteProbe | None = None
 
     @property
     def label(self) -> str:
@@ -104,18 +106,6 @@ class LaneSet:
 
     def _open_lane(self, lane: LaneState) -> None:
         kind, shards = lane.name.kind, lane.name.shards
-        if kind == "transformers":
-            missing = transformers_unavailable()
-            if missing:
-                lane.status, lane.reason = "skipped", missing
-                return
-            before = rss_bytes()
-            try:
-                lane.engine = TransformersLane(self.config.model, self.config.threads)
-            except Exception as error:  # an optional third-party stack: record the failure, do not crash
-                lane.fail(f"transformers could not load the model: {error}")
-            lane.rss = [max(rss_bytes() - before, 0)]
-            return
         lane.artifact_bytes = self.artifact_bytes(shards)
         if kind == "meshnet":
             options = WorkerOptions(
@@ -127,9 +117,7 @@ class LaneSet:
                 self.config.prefill_chunk,
             )
             lane.workers = WorkerSet(lane.label, self.ranges(shards), options, self.config.worker_start_timeout_s)
-            lane.engine = MeshnetLane(
-                lane.label, lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s
-            )
+            lane.engine = MeshnetLane(lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s)
             lane.rss_note = "resident memory of each worker process"
             self.progress(f"{lane.label}: {shards} worker(s) at {', '.join(h.address for h in lane.workers.hops)}")
             return
@@ -137,7 +125,7 @@ class LaneSet:
         route = open_local_route(self.config.model, shards, self.cache, self.llama, self.ranges(shards))
         lane.rss = [max(rss_bytes() - before, 0)]
         lane.rss_note = "growth of the bench process's resident memory when the lane's engines were opened"
-        lane.engine = RecomputeLane(route) if kind == "recompute" else CachedLane(lane.label, route)
+        lane.engine = RecomputeLane(route) if kind == "recompute" else CachedLane(route)
         self.progress(f"{lane.label}: {shards} in-process shard(s) loaded")
 
     def measurable(self) -> list[LaneState]:
@@ -159,9 +147,6 @@ class LaneSet:
         engine = lane.engine
         if isinstance(engine, MeshnetLane):
             return await engine.run(prompts, indices, max_tokens)
-        if isinstance(engine, TransformersLane):
-            lane.seam_bytes_per_token = 0.0
-            return engine.run(prompts, indices, max_tokens)
         if isinstance(engine, RecomputeLane):
             outcome = engine.run(prompts, indices, min(max_tokens, self.config.recompute_output_tokens))
         elif isinstance(engine, CachedLane):
@@ -185,7 +170,7 @@ class LaneSet:
 
 async def run_rounds(
     lanes: LaneSet, prompts: tuple[tuple[int, ...], ...], started: float
-) -> tuple[int, list[dict[str, float]]]:
+) -> tuple[int, list[CpuSample]]:
     """Interleaved rounds; returns the rounds completed and each round's CPU noise record."""
     config = lanes.config
     noise = []
@@ -208,7 +193,7 @@ async def run_rounds(
         completed += 1
         lanes.progress(
             f"round {round_index + 1}/{config.repetitions} done "
-            f"({time.monotonic() - started:.0f} s, other load {noise[-1]['foreign_cores']:.2f} cores)"
+            f"({time.monotonic() - started:.0f} s, other load {noise[-1].foreign_cores:.2f} cores)"
         )
     return completed, noise
 
@@ -226,54 +211,60 @@ async def _measured(lanes: LaneSet, lane: LaneState, prompts: tuple[tuple[int, .
 
 def lane_result(
     lane: LaneState, reference: LaneState | None, reference_tokens: dict[int, tuple[int, ...]]
-) -> dict[str, object]:
-    concurrency = {}
+) -> LaneResult:
+    """What the results file records of a lane, its drift measured against the reference's tokens."""
+    concurrency: dict[int, Measures] = {}
     for k, records in sorted(lane.runs.items()):
         if any(records):
             paired = reference.runs.get(k, []) if reference is not None else []
-            summary = summarize(records, paired)
             agreement = token_agreement([r for r in records if r is not None], reference_tokens)
-            summary["token_agreement"] = agreement.token_agreement
-            summary["first_divergence"] = agreement.first_divergence
-            concurrency[str(k)] = summary
+            concurrency[k] = replace(
+                summarize(records, paired),
+                token_agreement=agreement.token_agreement,
+                first_divergence=agreement.first_divergence,
+            )
     all_runs = [r for records in lane.runs.values() for r in records if r is not None]
     agreement = token_agreement(all_runs, reference_tokens)
-    max_diff = None
-    if lane.logits and reference is not None and reference.logits:
-        limit = len(lane.logits) if agreement.first_divergence is None else agreement.first_divergence + 1
-        pairs = list(zip(lane.logits, reference.logits, strict=False))[:limit]
-        diffs = [float(np.max(np.abs(a - b))) for a, b in pairs]
-        max_diff = max(diffs) if diffs else None
     kind = lane.name.kind
-    return {
-        "kind": kind,
-        "shards": lane.name.shards,
-        "status": lane.status,
-        "reason": lane.reason,
-        "placement": "workers" if kind == "meshnet" else "none" if kind == "transformers" else "in-process",
-        "artifact_bytes": lane.artifact_bytes,
-        "rss_bytes": sum(lane.rss) if lane.rss else None,
-        "rss_bytes_per_process": lane.rss,
-        "rss_note": lane.rss_note,
-        "seams": max(lane.name.shards - 1, 0) if kind != "transformers" else 0,
-        "seam_bytes_per_token": _seam_bytes(lane),
-        "failures": sum(1 for r in all_runs for t in r.requests if t.error is not None),
-        "concurrency": concurrency,
-        "drift": {
-            "token_agreement": agreement.token_agreement,
-            "compared_tokens": agreement.compared_tokens,
-            "first_divergence": agreement.first_divergence,
-            "max_logit_diff": max_diff,
-            "note": _drift_note(kind),
-        },
-        "hop_timing": {k: v for k, v in lane.hop_timing.items() if k != "wire"} if lane.hop_timing else None,
-        "wire": lane.hop_timing.get("wire") if lane.hop_timing else None,
-    }
+    return LaneResult(
+        kind=kind,
+        shards=lane.name.shards,
+        status=lane.status,
+        reason=lane.reason,
+        placement="workers" if kind == "meshnet" else "in-process",
+        artifact_bytes=lane.artifact_bytes,
+        rss_bytes=sum(lane.rss) if lane.rss else None,
+        rss_bytes_per_process=tuple(lane.rss),
+        rss_note=lane.rss_note,
+        seams=lane.name.shards - 1,
+        seam_bytes_per_token=_seam_bytes(lane),
+        failures=sum(1 for r in all_runs for t in r.requests if t.error is not None),
+        concurrency=concurrency,
+        drift=Drift(
+            token_agreement=agreement.token_agreement,
+            compared_tokens=agreement.compared_tokens,
+            first_divergence=agreement.first_divergence,
+            max_logit_diff=_max_logit_diff(lane, reference, agreement.first_divergence),
+            note=_drift_note(kind),
+        ),
+        hop_timing=lane.probe.timing if lane.probe else None,
+        wire=lane.probe.wire if lane.probe else None,
+    )
+
+
+def _max_logit_diff(lane: LaneState, reference: LaneState | None, first_divergence: int | None) -> float | None:
+    """Largest logit difference from the reference over slot 0's steps, up to the first divergence."""
+    if not lane.logits or reference is None or not reference.logits:
+        return None
+    limit = len(lane.logits) if first_divergence is None else first_divergence + 1
+    pairs = list(zip(lane.logits, reference.logits, strict=False))[:limit]
+    diffs = [float(np.max(np.abs(a - b))) for a, b in pairs]
+    return max(diffs) if diffs else None
 
 
 def _seam_bytes(lane: LaneState) -> float | None:
-    if lane.name.kind == "meshnet" and lane.hop_timing and isinstance(lane.hop_timing.get("wire"), dict):
-        return float(lane.hop_timing["wire"]["bytes_per_token_per_hop"])  # type: ignore[index]
+    if lane.name.kind == "meshnet" and lane.probe and lane.probe.wire:
+        return float(lane.probe.wire.bytes_per_token_per_hop)
     return lane.seam_bytes_per_token
 
 
@@ -285,8 +276,8 @@ def _drift_note(kind: str) -> str:
     return "tokens vs llama-whole at concurrency 1; max logit diff over slot 0's steps up to the first divergence"
 
 
-def median_foreign(noise: list[dict[str, float]]) -> float | None:
-    return median([n["foreign_cores"] for n in noise])
+def median_foreign(noise: list[CpuSample]) -> float | None:
+    return median([n.foreign_cores for n in noise])
 
 
 def reference_lane(lanes: LaneSet) -> LaneState | None:

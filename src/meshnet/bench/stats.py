@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshnet.bench.results import Measures
+
 
 @dataclass(frozen=True)
 class RequestTrace:
@@ -34,7 +36,6 @@ class RequestTrace:
 class RunRecord:
     """One lane at one concurrency, once: ``len(requests)`` streams started together."""
 
-    lane: str
     concurrency: int
     started: float
     finished: float
@@ -118,7 +119,7 @@ def round_values(run: RunRecord) -> RoundValues:
 PAIRED_METRICS = ("decode_tok_s", "prefill_tok_s", "aggregate_tok_s", "aggregate_decode_tok_s")
 
 
-def summarize(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord | None] = ()) -> dict[str, object]:
+def summarize(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord | None] = ()) -> Measures:
     """Metrics of one lane at one concurrency over its rounds (None: the lane missed that round).
 
     ``reference`` holds the reference lane's run of the same round, index for index: the
@@ -129,26 +130,30 @@ def summarize(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord 
     per_round = [round_values(run) for run in runs]
     gaps = [g * 1000.0 for run in runs for t in _ok(run) for g in token_gaps(t)]
     latencies = [(t.finished - t.started) * 1000.0 for run in runs for t in _ok(run)]
-    summary: dict[str, object] = {
-        "concurrency": runs[0].concurrency if runs else 1,
-        "rounds": len(runs),
-        "requests": sum(len(run.requests) for run in runs),
-        "failures": sum(1 for run in runs for r in run.requests if r.error is not None),
-        "errors": sorted({r.error for run in runs for r in run.requests if r.error is not None})[:5],
-        "token_latency_ms_p50": percentile(gaps, 50.0),
-        "token_latency_ms_p95": percentile(gaps, 95.0),
-        "request_latency_ms_p50": percentile(latencies, 50.0),
-        "request_latency_ms_p95": percentile(latencies, 95.0),
-    }
-    for name in ("ttft_ms", *PAIRED_METRICS):
-        values = [v for v in (getattr(r, name) for r in per_round) if v is not None]
-        summary[name] = median(values)
-        if name == "aggregate_decode_tok_s":
-            summary["aggregate_decode_tok_s_rounds"] = values
-    occupancy = [run.batch_occupancy for run in runs if run.batch_occupancy is not None]
-    summary["batch_occupancy"] = median(occupancy)
-    summary["vs_reference"] = paired_ratios(rounds, reference)
-    return summary
+    errors = [r.error for run in runs for r in run.requests if r.error is not None]
+
+    def rounds_of(name: str) -> list[float]:
+        return [v for v in (getattr(r, name) for r in per_round) if v is not None]
+
+    return Measures(
+        concurrency=runs[0].concurrency if runs else 1,
+        rounds=len(runs),
+        requests=sum(len(run.requests) for run in runs),
+        failures=len(errors),
+        errors=tuple(sorted(set(errors))[:5]),
+        ttft_ms=median(rounds_of("ttft_ms")),
+        prefill_tok_s=median(rounds_of("prefill_tok_s")),
+        decode_tok_s=median(rounds_of("decode_tok_s")),
+        token_latency_ms_p50=percentile(gaps, 50.0),
+        token_latency_ms_p95=percentile(gaps, 95.0),
+        request_latency_ms_p50=percentile(latencies, 50.0),
+        request_latency_ms_p95=percentile(latencies, 95.0),
+        aggregate_tok_s=median(rounds_of("aggregate_tok_s")),
+        aggregate_decode_tok_s=median(rounds_of("aggregate_decode_tok_s")),
+        aggregate_decode_tok_s_rounds=tuple(rounds_of("aggregate_decode_tok_s")),
+        batch_occupancy=median([run.batch_occupancy for run in runs if run.batch_occupancy is not None]),
+        vs_reference=paired_ratios(rounds, reference),
+    )
 
 
 def paired_ratios(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord | None]) -> dict[str, float | None]:

@@ -1,7 +1,7 @@
-"""``meshnet bench`` end to end: lanes, reference, rounds, probes, context scaling, results file.
+"""``meshnet bench`` end to end: lanes, reference, rounds, probes, context scaling, results.
 
-Returns the results as a plain dict (the shape ``results.schema.json`` describes) and writes it;
-the report and the gate read only that file, never the objects of a run.
+Returns the results as typed values (``results``); the report and the gate read only the file
+they are written to, never the objects of a run.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import asyncio
 import datetime
 import logging
 import time
+from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +19,22 @@ import numpy as np
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.artifact.slicing import model_dimensions
-from meshnet.bench.config import REFERENCE_LANE, BenchConfig, parse_lane
-from meshnet.bench.context import clamp_contexts, measure_context_scaling
-from meshnet.bench.environment import hardware, runtime_versions
+from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName, parse_lane
+from meshnet.bench.context import CachedRunner, clamp_contexts, measure_context_scaling
+from meshnet.bench.environment import environment
 from meshnet.bench.hops import probe_hops
 from meshnet.bench.inprocess import CachedLane, RecomputeLane
 from meshnet.bench.remote import MeshnetLane
+from meshnet.bench.results import (
+    BenchResults,
+    ContextScaling,
+    CpuSample,
+    LaneResult,
+    ModelInfo,
+    Noise,
+    RunInfo,
+    Workload,
+)
 from meshnet.bench.runner import (
     WARMUP_TOKENS,
     LaneSet,
@@ -41,6 +53,7 @@ from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import split_evenly
 from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
@@ -50,19 +63,42 @@ PROBE_TOKENS = 32
 CONTEXT_SHARE_OF_BUDGET = 0.95
 
 
-def run_bench(config: BenchConfig, progress: Progress = log.info) -> dict[str, object]:
+def run_bench(config: BenchConfig, progress: Progress = log.info) -> BenchResults:
     return asyncio.run(_run(config, progress))
 
 
-async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
+async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     started = time.monotonic()
     cache = SliceCache(config.data_dir / "cache")
-    n_layers = model_dimensions(parse_gguf(config.model))[1]
-    model_context = context_length(config.model)
-    model_info = describe_model(config.model, cache, model_context)
+    model = describe_model(config.model, cache, context_length(config.model))
     prompts = build_prompts(config.model, max(config.concurrency), config.prompt_tokens)
-    lanes = LaneSet(config, cache, n_layers, progress)
-    notes = list(config.extra_notes)
+    lanes, rounds, noise = await measure_lanes(LaneSet(config, cache, model.n_layers, progress), prompts, started)
+    context = await context_phase(config, cache, model, started, progress) if config.contexts else None
+    notes = [] if rounds >= config.repetitions else [f"time budget: {rounds} of {config.repetitions} rounds completed"]
+    run = RunInfo(
+        timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        command=config.command,
+        quick=config.quick,
+        duration_s=time.monotonic() - started,
+        time_budget_s=config.time_budget_s,
+        rounds_completed=rounds,
+        notes=tuple(notes),
+    )
+    return BenchResults(
+        run=run,
+        model=model,
+        environment=environment(),
+        workload=workload_of(config, len(prompts)),
+        lanes=lanes,
+        context_scaling=context,
+        noise=Noise(tuple(noise), median_foreign(noise)),
+    )
+
+
+async def measure_lanes(
+    lanes: LaneSet, prompts: tuple[tuple[int, ...], ...], started: float
+) -> tuple[dict[str, LaneResult], int, list[CpuSample]]:
+    """Every lane: warm-up, reference tokens, interleaved rounds, hop probes, worker memory."""
     try:
         lanes.open()
         await warm_up(lanes, prompts)
@@ -73,65 +109,43 @@ async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
         for lane in lanes.lanes:
             if lane.workers is not None:
                 lane.rss = lane.workers.rss()
-        lane_results = {lane.label: lane_result(lane, reference, tokens) for lane in lanes.lanes}
+        return {lane.label: lane_result(lane, reference, tokens) for lane in lanes.lanes}, rounds, noise
     finally:
         await lanes.close()
-    context = None
-    if config.contexts:
-        context = await context_phase(config, cache, model_context, started, progress)
-    if rounds < config.repetitions:
-        notes.append(f"time budget: {rounds} of {config.repetitions} rounds completed")
-    return {
-        "schema": "meshnet-bench-results",
-        "schema_version": 1,
-        "run": {
-            "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": config.command,
-            "quick": config.quick,
-            "duration_s": time.monotonic() - started,
-            "time_budget_s": config.time_budget_s,
-            "rounds_completed": rounds,
-            "notes": notes,
-        },
-        "model": model_info,
-        "environment": {"runtime": runtime_versions(), "hardware": hardware()},
-        "workload": {
-            "lanes": list(config.lanes),
-            "prompts": len(prompts),
-            "prompt_tokens": config.prompt_tokens,
-            "output_tokens": config.output_tokens,
-            "recompute_output_tokens": config.recompute_output_tokens,
-            "sampling": "greedy",
-            "threads": config.threads,
-            "concurrency": list(config.concurrency),
-            "repetitions": config.repetitions,
-            "max_slots": config.max_slots,
-            "n_ctx_per_slot": config.n_ctx_per_slot,
-            "prefill_chunk": config.prefill_chunk,
-            "interleaved": True,
-            "sweep_lanes": list(config.sweep_lanes),
-            "lane_concurrency": list(config.lane_concurrency),
-            "contexts": list(config.contexts),
-            "context_lane": config.context_lane,
-        },
-        "lanes": lane_results,
-        "context_scaling": context,
-        "noise": {"rounds": noise, "foreign_cores_median": median_foreign(noise)},
-    }
 
 
-def describe_model(model: Path, cache: SliceCache, model_context: int) -> dict[str, object]:
+def workload_of(config: BenchConfig, prompts: int) -> Workload:
+    return Workload(
+        lanes=config.lanes,
+        prompts=prompts,
+        prompt_tokens=config.prompt_tokens,
+        output_tokens=config.output_tokens,
+        recompute_output_tokens=config.recompute_output_tokens,
+        threads=config.threads,
+        concurrency=config.concurrency,
+        repetitions=config.repetitions,
+        max_slots=config.max_slots,
+        n_ctx_per_slot=config.n_ctx_per_slot,
+        prefill_chunk=config.prefill_chunk,
+        sweep_lanes=config.sweep_lanes,
+        lane_concurrency=config.lane_concurrency,
+        contexts=config.contexts,
+        context_lane=config.context_lane,
+    )
+
+
+def describe_model(model: Path, cache: SliceCache, model_context: int) -> ModelInfo:
     info = parse_gguf(model)
     _, n_layers, n_embd = model_dimensions(info)
-    return {
-        "path": str(model),
-        "name": str(info.get("general.name", model.stem)),
-        "sha256": cache.source_sha256(model),
-        "bytes": model.stat().st_size,
-        "n_layers": n_layers,
-        "n_embd": n_embd,
-        "context_length": model_context,
-    }
+    return ModelInfo(
+        path=str(model),
+        name=str(info.get("general.name", model.stem)),
+        sha256=cache.source_sha256(model),
+        bytes=model.stat().st_size,
+        n_layers=n_layers,
+        n_embd=n_embd,
+        context_length=model_context,
+    )
 
 
 async def warm_up(lanes: LaneSet, prompts: tuple[tuple[int, ...], ...]) -> None:
@@ -172,7 +186,7 @@ async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
             continue
         capability = await engine.driver.capability(engine.workers.hops[0].address)
         try:
-            lane.hop_timing = await probe_hops(
+            lane.probe = await probe_hops(
                 lanes.pool,
                 engine.session(),
                 np.asarray(prompt, np.int32),
@@ -186,12 +200,13 @@ async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
 
 
 async def context_phase(
-    config: BenchConfig, cache: SliceCache, model_context: int, started: float, progress: Progress
-) -> dict[str, object]:
+    config: BenchConfig, cache: SliceCache, model: ModelInfo, started: float, progress: Progress
+) -> ContextScaling:
     """Fresh one-session engines with room for the longest context: cached lane vs recompute."""
     fast = parse_lane(config.context_lane, config.recompute_shards)
     longest = max(config.contexts) + config.context_decode_tokens + 2
-    room = min(model_context if longest > config.n_ctx_per_slot else config.n_ctx_per_slot, model_context)
+    limit = model.context_length
+    room = min(limit if longest > config.n_ctx_per_slot else config.n_ctx_per_slot, limit)
     contexts = clamp_contexts(config.contexts, room, config.context_decode_tokens)
     llama = LlamaConfig(
         n_threads=config.threads, max_slots=1, n_ctx_per_slot=room, max_batch_tokens=config.prefill_chunk
@@ -202,30 +217,15 @@ async def context_phase(
     finally:
         tokenizer.close()
     deadline = started + CONTEXT_SHARE_OF_BUDGET * config.time_budget_s
-    recompute = RecomputeLane(open_local_route(config.model, config.recompute_shards, cache, llama))
-    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    workers: WorkerSet | None = None
-    local: CachedLane | None = None
-    try:
+    async with AsyncExitStack() as stack:
+        recompute = RecomputeLane(open_local_route(config.model, config.recompute_shards, cache, llama))
+        stack.callback(recompute.route.close)
         if fast.kind == "meshnet":
-            n_layers = model_dimensions(parse_gguf(config.model))[1]
-            options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
-            workers = WorkerSet(
-                f"context-{fast}", split_evenly(n_layers, fast.shards), options, config.worker_start_timeout_s
-            )
-            driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
             # A long context's prefill may take minutes: the phase's deadline bounds it, not a request timeout.
             timeout = max(config.request_timeout_s, deadline - time.monotonic())
-            remote = MeshnetLane(str(fast), workers, pool, driver, timeout_s=timeout)
-
-            async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
-                return await remote.run((prompt,), [0], n)
+            cached = await _context_route(stack, config, fast, model.n_layers, room, timeout)
         else:
-            engine = local = CachedLane(str(fast), open_local_route(config.model, fast.shards, cache, llama))
-
-            async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
-                return engine.run((prompt,), [0], n).record
-
+            cached = _context_split(stack, open_local_route(config.model, fast.shards, cache, llama))
         progress(f"context scaling: {fast} vs recompute at {contexts}")
         result = await measure_context_scaling(
             prompts,
@@ -236,15 +236,36 @@ async def context_phase(
             deadline=deadline,
             max_recompute_step_s=config.recompute_max_step_s,
         )
-        result["note"] = (
-            f"one session per engine with {room} positions; recompute = {config.recompute_shards} "
-            "in-process shards re-running the whole context for each token"
-        )
-        return result
-    finally:
-        recompute.route.close()
-        if local is not None:
-            local.route.close()
-        if workers is not None:
-            workers.stop()
-        await pool.close()
+    note = (
+        f"one session per engine with {room} positions; recompute = {config.recompute_shards} "
+        "in-process shards re-running the whole context for each token"
+    )
+    return replace(result, note=note)
+
+
+async def _context_route(
+    stack: AsyncExitStack, config: BenchConfig, lane: LaneName, n_layers: int, room: int, timeout_s: float
+) -> CachedRunner:
+    """The context phase's cached lane as worker processes: one session each, ``room`` positions."""
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
+    stack.push_async_callback(pool.close)
+    options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
+    workers = WorkerSet(f"context-{lane}", split_evenly(n_layers, lane.shards), options, config.worker_start_timeout_s)
+    stack.callback(workers.stop)
+    remote = MeshnetLane(workers, pool, RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), timeout_s=timeout_s)
+
+    async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
+        return await remote.run((prompt,), [0], n)
+
+    return cached
+
+
+def _context_split(stack: AsyncExitStack, route: LocalRoute) -> CachedRunner:
+    """The context phase's cached lane as an in-process split."""
+    stack.callback(route.close)
+    engine = CachedLane(route)
+
+    async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
+        return engine.run((prompt,), [0], n).record
+
+    return cached

@@ -59,6 +59,8 @@ def _summary(
             "aggregate_tok_s": 1.0,
             "aggregate_decode_tok_s": aggregate_ratio if aggregate_ratio is not None else ratio,
         },
+        "token_agreement": 1.0,
+        "first_divergence": None,
     }
 
 
@@ -90,6 +92,7 @@ def _lane(
             "compared_tokens": 512,
             "first_divergence": None if agreement == 1.0 else 7,
             "max_logit_diff": 0.0,
+            "note": "test",
         },
         "hop_timing": None,
         "wire": None,
@@ -151,7 +154,14 @@ def sample_results(figures: Figures = Figures()) -> dict[str, Any]:
         },
         "environment": {
             "runtime": {"python": "3.11.9", "llama-cpp-python": "0.3.36", "numpy": "2.4.6", "grpcio": "1.85.1"},
-            "hardware": {"cpu_count": 2, "cpu_model": "Test CPU", "memory_bytes": 8 * 2**30},
+            "hardware": {
+                "cpu_count": 2,
+                "cpu_model": "Test CPU",
+                "memory_bytes": 8 * 2**30,
+                "platform": "Linux",
+                "machine": "x86_64",
+                "python_executable": "/usr/bin/python3",
+            },
         },
         "workload": {
             "lanes": ["llama-whole", "split-3", "recompute", "meshnet-3"],
@@ -167,6 +177,10 @@ def sample_results(figures: Figures = Figures()) -> dict[str, Any]:
             "n_ctx_per_slot": 2048,
             "prefill_chunk": 256,
             "interleaved": True,
+            "sweep_lanes": ["llama-whole", "meshnet-3"],
+            "lane_concurrency": [1],
+            "contexts": [2048],
+            "context_lane": "meshnet-3",
         },
         "lanes": {
             "llama-whole": _lane(

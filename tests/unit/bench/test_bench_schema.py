@@ -1,26 +1,30 @@
-"""The results schema and its small validator: valid results pass, each kind of damage is caught."""
+"""The results file: jsonschema refuses each kind of damage, typed values round-trip the JSON shape."""
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from bench_samples import sample_results, without
 
-from meshnet.bench.schema_check import load_schema, validate
+from meshnet.bench.results import BenchResults, ContextPoint, SkippedContext, from_json, to_json
+from meshnet.bench.results_file import read_document, read_results, schema_problems, write_results
+from meshnet.cli import main
 from meshnet.core.errors import InvalidArgument
 
-SCHEMA = load_schema()
+COMMITTED = Path(__file__).parents[3] / "bench" / "results" / "smollm2.json"
 
 
 def test_sample_results_are_valid() -> None:
-    assert validate(sample_results(), SCHEMA) == []
+    assert schema_problems(sample_results()) == []
 
 
 def test_missing_required_property_is_reported() -> None:
-    errors = validate(without(sample_results(), "model", "sha256"), SCHEMA)
-    assert errors == ["$.model: missing required property 'sha256'"]
+    problems = schema_problems(without(sample_results(), "model", "sha256"))
+    assert problems == ["$.model: 'sha256' is a required property"]
 
 
 def test_wrong_types_enums_and_ranges_are_reported() -> None:
@@ -29,28 +33,71 @@ def test_wrong_types_enums_and_ranges_are_reported() -> None:
     results["lanes"]["split-3"]["status"] = "fine"
     results["lanes"]["split-3"]["drift"]["token_agreement"] = 1.5
     results["lanes"]["meshnet-3"]["concurrency"]["1"]["decode_tok_s"] = True  # a bool is not a number
-    errors = validate(results, SCHEMA)
-    assert "$.workload.threads: expected integer, got str" in errors
-    assert "$.lanes.split-3.status: 'fine' is not one of ['ok', 'skipped', 'failed']" in errors
-    assert "$.lanes.split-3.drift.token_agreement: 1.5 is above the maximum 1" in errors
-    assert "$.lanes.meshnet-3.concurrency.1.decode_tok_s: expected number or null, got bool" in errors
-    assert len(errors) == 4
+    problems = schema_problems(results)
+    assert "$.workload.threads: 'two' is not of type 'integer'" in problems
+    assert "$.lanes['split-3'].status: 'fine' is not one of ['ok', 'skipped', 'failed']" in problems
+    assert "$.lanes['split-3'].drift.token_agreement: 1.5 is greater than the maximum of 1" in problems
+    assert "$.lanes['meshnet-3'].concurrency['1'].decode_tok_s: True is not of type 'number', 'null'" in problems
+    assert len(problems) == 4
 
 
 def test_unknown_lanes_and_properties_are_refused() -> None:
     results: dict[str, Any] = copy.deepcopy(sample_results())
     results["lanes"]["mystery"] = results["lanes"]["split-3"]
     results["run"]["surprise"] = 1
-    errors = validate(results, SCHEMA)
-    assert "$.lanes: unexpected property 'mystery'" in errors
-    assert "$.run: unexpected property 'surprise'" in errors
+    problems = schema_problems(results)
+    assert any(p.startswith("$.lanes: ") and "'mystery'" in p for p in problems)
+    assert any(p.startswith("$.run: ") and "'surprise'" in p for p in problems)
 
 
 def test_schema_version_is_pinned() -> None:
-    results = dict(sample_results(), schema_version=2)
-    assert validate(results, SCHEMA) == ["$.schema_version: expected 1, got 2"]
+    assert schema_problems(dict(sample_results(), schema_version=2)) == ["$.schema_version: 1 was expected"]
 
 
-def test_unsupported_schema_keywords_fail_loudly() -> None:
-    with pytest.raises(InvalidArgument, match="unsupported keywords"):
-        validate({}, {"type": "object", "oneOf": []})
+def test_typed_results_round_trip_the_json_shape() -> None:
+    document = sample_results()
+    results = from_json(BenchResults, document)
+    assert results.lanes["meshnet-3"].concurrency[8].batch_occupancy == 2.0
+    assert results.lanes["meshnet-3"].hop_timing is not None and results.lanes["meshnet-3"].hop_timing.links == 3
+    assert isinstance(results.context_scaling and results.context_scaling.points[2048], ContextPoint)
+    assert to_json(results) == document
+
+
+def test_skipped_context_points_keep_their_own_shape() -> None:
+    document = sample_results()
+    document["context_scaling"]["points"]["8000"] = {"context": 8000, "skipped": "the time budget has no room"}
+    results = from_json(BenchResults, document)
+    assert results.context_scaling is not None
+    assert results.context_scaling.points[8000] == SkippedContext(8000, "the time budget has no room")
+    assert to_json(results) == document and schema_problems(document) == []
+
+
+def test_the_committed_results_file_reads_and_round_trips() -> None:
+    document = json.loads(COMMITTED.read_text())
+    results = read_results(COMMITTED)
+    assert results.schema_version == 1 and results.lanes["meshnet-3"].wire is not None
+    assert to_json(results) == document
+
+
+def test_written_results_are_read_back(tmp_path: Path) -> None:
+    results = from_json(BenchResults, sample_results())
+    path = tmp_path / "out" / "results.json"
+    assert write_results(results, path) == []
+    assert read_results(path) == results
+
+
+def test_a_broken_results_file_is_refused_with_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(without(sample_results(), "lanes", "meshnet-3", "drift")))
+    with pytest.raises(InvalidArgument, match=r"\$\.lanes\['meshnet-3'\]: 'drift' is a required property"):
+        read_document(path)
+
+
+def test_gate_refuses_a_results_file_that_breaks_the_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = copy.deepcopy(sample_results())
+    broken["lanes"]["meshnet-3"]["concurrency"]["1"]["decode_tok_s"] = "fast"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(broken))
+    assert main(["gate", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert "is not a valid bench results file" in err and "decode_tok_s: 'fast' is not of type" in err

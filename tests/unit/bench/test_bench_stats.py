@@ -17,17 +17,17 @@ def trace(
     return RequestTrace(index, 100, started, times, tokens or tuple(range(count)), times[-1])
 
 
-def run(*traces: RequestTrace, lane: str = "x") -> RunRecord:
-    return RunRecord(lane, len(traces), min(t.started for t in traces), max(t.finished for t in traces), traces)
+def run(*traces: RequestTrace) -> RunRecord:
+    return RunRecord(len(traces), min(t.started for t in traces), max(t.finished for t in traces), traces)
 
 
 def test_single_stream_metrics() -> None:
     summary = summarize([run(trace(0, 0.0, 0.5, 0.01, 11))])
-    assert summary["ttft_ms"] == pytest.approx(500.0)
-    assert summary["prefill_tok_s"] == pytest.approx(200.0)
-    assert summary["decode_tok_s"] == pytest.approx(100.0)
-    assert summary["token_latency_ms_p50"] == pytest.approx(10.0)
-    assert summary["aggregate_tok_s"] == pytest.approx(11 / 0.6)
+    assert summary.ttft_ms == pytest.approx(500.0)
+    assert summary.prefill_tok_s == pytest.approx(200.0)
+    assert summary.decode_tok_s == pytest.approx(100.0)
+    assert summary.token_latency_ms_p50 == pytest.approx(10.0)
+    assert summary.aggregate_tok_s == pytest.approx(11 / 0.6)
 
 
 def test_steady_state_window_counts_only_while_every_stream_decodes() -> None:
@@ -42,15 +42,15 @@ def test_paired_ratios_are_medians_of_per_round_ratios() -> None:
     lane = [run(trace(0, 0.0, 0.1, 0.02, 11)), None, run(trace(0, 0.0, 0.1, 0.01, 11))]
     reference = [run(trace(0, 0.0, 0.1, 0.01, 11)) for _ in range(3)]
     summary = summarize(lane, reference)
-    assert summary["rounds"] == 2
-    assert summary["vs_reference"]["decode_tok_s"] == pytest.approx(0.75)  # type: ignore[index]
+    assert summary.rounds == 2
+    assert summary.vs_reference["decode_tok_s"] == pytest.approx(0.75)
 
 
 def test_failed_requests_are_counted_not_measured() -> None:
     broken = RequestTrace(0, 100, 0.0, (), (), 1.0, "unavailable: gone")
     summary = summarize([run(trace(1, 0.0, 0.1, 0.01, 5), broken)])
-    assert summary["failures"] == 1 and summary["errors"] == ["unavailable: gone"]
-    assert summary["decode_tok_s"] == pytest.approx(100.0)
+    assert summary.failures == 1 and summary.errors == ("unavailable: gone",)
+    assert summary.decode_tok_s == pytest.approx(100.0)
 
 
 def test_token_agreement_finds_the_first_divergence() -> None:

@@ -1,0 +1,301 @@
+"""Every value of a bench results file, as frozen dataclasses, and their JSON form.
+
+One file holds every type the results document is made of, so the runner that fills it, the
+report that reads it and ``results.schema.json`` that describes it can be checked against one
+place. Field names are the JSON keys; integer-keyed maps (concurrency, context) are written with
+string keys, as JSON requires. ``to_json`` and ``from_json`` are the only conversions: the
+schema is checked on the JSON side (``results_file``), so ``from_json`` may trust the shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+SCHEMA_NAME = "meshnet-bench-results"
+SCHEMA_VERSION = 1
+LaneStatus = Literal["ok", "skipped", "failed"]
+Placement = Literal["in-process", "workers", "none"]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    timestamp: str
+    command: str
+    quick: bool
+    duration_s: float
+    time_budget_s: float
+    rounds_completed: int
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    sha256: str
+    bytes: int
+    n_layers: int
+    n_embd: int
+    context_length: int
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu_count: int
+    cpu_model: str
+    memory_bytes: int
+    platform: str = ""
+    machine: str = ""
+    python_executable: str = ""
+
+
+@dataclass(frozen=True)
+class Environment:
+    runtime: dict[str, str]
+    """Package name -> version, ``python`` first."""
+    hardware: Hardware
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every lane ran: the same prompts, lengths, sampling, threads and KV geometry."""
+
+    lanes: tuple[str, ...]
+    prompts: int
+    prompt_tokens: int
+    output_tokens: int
+    recompute_output_tokens: int
+    threads: int
+    concurrency: tuple[int, ...]
+    repetitions: int
+    max_slots: int
+    n_ctx_per_slot: int
+    prefill_chunk: int
+    sweep_lanes: tuple[str, ...] = ()
+    lane_concurrency: tuple[int, ...] = ()
+    contexts: tuple[int, ...] = ()
+    context_lane: str = ""
+    sampling: Literal["greedy"] = "greedy"
+    interleaved: bool = True
+
+
+@dataclass(frozen=True)
+class Measures:
+    """One lane at one concurrency over its rounds (definitions in ``stats``)."""
+
+    concurrency: int
+    rounds: int
+    requests: int
+    failures: int
+    ttft_ms: float | None
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    token_latency_ms_p50: float | None
+    token_latency_ms_p95: float | None
+    request_latency_ms_p50: float | None
+    request_latency_ms_p95: float | None
+    aggregate_tok_s: float | None
+    aggregate_decode_tok_s: float | None
+    batch_occupancy: float | None
+    vs_reference: dict[str, float | None]
+    """Median of per-round ratios against the reference lane, per rate."""
+    errors: tuple[str, ...] = ()
+    aggregate_decode_tok_s_rounds: tuple[float, ...] = ()
+    token_agreement: float | None = None
+    first_divergence: int | None = None
+
+
+@dataclass(frozen=True)
+class Drift:
+    token_agreement: float | None
+    compared_tokens: int
+    first_divergence: int | None
+    max_logit_diff: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class HopCompute:
+    address: str
+    layers: str
+    compute_ms_p50: float | None
+    compute_ms_p95: float | None
+
+
+@dataclass(frozen=True)
+class HopTiming:
+    """A probe session's decode steps split into the shards' compute and per-link latency."""
+
+    probe_tokens: int
+    step_ms_p50: float | None
+    step_ms_p95: float | None
+    compute_ms_per_token_p50: float | None
+    link_ms_p50: float | None
+    link_ms_p95: float | None
+    links: int
+    hops: tuple[HopCompute, ...]
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    link: str
+    forward_bytes: int
+    backward_bytes: int
+
+
+@dataclass(frozen=True)
+class WireBytes:
+    links: tuple[LinkBytes, ...]
+    bytes_per_token_per_hop: int
+    hidden_payload_bytes: int
+    framing_bytes_per_message: int
+    bytes_per_token_total: int
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    kind: str
+    shards: int
+    status: LaneStatus
+    reason: str | None
+    placement: Placement
+    artifact_bytes: int | None
+    rss_bytes: int | None
+    rss_bytes_per_process: tuple[int, ...]
+    seams: int
+    seam_bytes_per_token: float | None
+    failures: int
+    concurrency: dict[int, Measures]
+    drift: Drift
+    hop_timing: HopTiming | None
+    wire: WireBytes | None
+    rss_note: str = ""
+
+    def at(self, concurrency: int) -> Measures | None:
+        return self.concurrency.get(concurrency)
+
+
+@dataclass(frozen=True)
+class SkippedContext:
+    context: int
+    skipped: str
+    """Why the context was not measured (the time budget)."""
+
+
+@dataclass(frozen=True)
+class ContextPoint:
+    context: int
+    fast_ms_per_token: float | None
+    fast_ttft_ms: float | None
+    fast_tokens_measured: int
+    slow_ms_per_token: float | None
+    slow_tokens_measured: int
+    slow_source: str
+    speedup: float | None
+    first_token_agrees: bool | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ContextScaling:
+    fast_lane: str
+    points: dict[int, SkippedContext | ContextPoint]
+    note: str = ""
+    slow_lane: str = "recompute"
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """How busy the machine was during one round, and how much of that was the bench."""
+
+    wall_s: float
+    machine_busy_cores: float
+    own_cores: float
+    foreign_cores: float
+
+
+@dataclass(frozen=True)
+class Noise:
+    rounds: tuple[CpuSample, ...]
+    foreign_cores_median: float | None
+
+
+@dataclass(frozen=True)
+class BenchResults:
+    run: RunInfo
+    model: ModelInfo
+    environment: Environment
+    workload: Workload
+    lanes: dict[str, LaneResult]
+    context_scaling: ContextScaling | None
+    noise: Noise
+    schema: str = SCHEMA_NAME
+    schema_version: int = SCHEMA_VERSION
+
+    def lane(self, name: str) -> LaneResult | None:
+        return self.lanes.get(name)
+
+    def measures(self, lane: str, concurrency: int = 1) -> Measures | None:
+        entry = self.lanes.get(lane)
+        return entry.at(concurrency) if entry is not None else None
+
+
+def to_json(value: object) -> Any:
+    """The JSON form of a results value: dataclasses become objects keyed by field name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(key): to_json(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [to_json(item) for item in value]
+    return value
+
+
+T = TypeVar("T")
+
+
+def from_json(cls: type[T], data: Any) -> T:
+    """A results value from its (schema-checked) JSON form; keys the type does not name are ignored."""
+    return typing.cast(T, _convert(cls, data))
+
+
+def _convert(kind: Any, data: Any) -> Any:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        known = {f.name for f in dataclasses.fields(kind) if f.init}
+        return kind(**{name: _convert(hints[name], value) for name, value in data.items() if name in known})
+    if origin in (types.UnionType, typing.Union):
+        if data is None:
+            return None
+        return _convert(_member_for(args, data), data)
+    if origin is tuple:
+        return tuple(_convert(args[0], item) for item in data)
+    if origin is dict:
+        return {_convert(args[0], key): _convert(args[1], item) for key, item in data.items()}
+    if kind is float and data is not None:
+        return float(data)
+    if kind is int:
+        return int(data)
+    return data  # str, bool, Literal: JSON already holds them as they are
+
+
+def _member_for(members: tuple[Any, ...], data: Any) -> Any:
+    """The member of a union that ``data`` is: the first dataclass whose required fields it has."""
+    present = [m for m in members if m is not type(None)]
+    for member in present:
+        if isinstance(member, type) and dataclasses.is_dataclass(member):
+            required = {
+                f.name
+                for f in dataclasses.fields(member)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            }
+            if isinstance(data, dict) and required <= set(data):
+                return member
+        elif len(present) == 1:
+            return member
+    return present[0]
