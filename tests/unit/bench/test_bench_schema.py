@@ -50,6 +50,20 @@ def test_unknown_lanes_and_properties_are_refused() -> None:
     assert any(p.startswith("$.run: ") and "'surprise'" in p for p in problems)
 
 
+def test_probe_sections_are_checked_too() -> None:
+    results: dict[str, Any] = copy.deepcopy(sample_results())
+    del results["lanes"]["meshnet-3"]["hop_timing"]["links"]
+    results["lanes"]["meshnet-3"]["wire"]["bytes_per_token_per_hop"] = "many"
+    problems = schema_problems(results)
+    assert problems == [
+        "$.lanes['meshnet-3'].hop_timing: 'links' is a required property",
+        "$.lanes['meshnet-3'].wire.bytes_per_token_per_hop: 'many' is not of type 'integer'",
+    ]
+    results["lanes"]["meshnet-3"]["wire"] = None
+    results["lanes"]["meshnet-3"]["hop_timing"] = None
+    assert schema_problems(results) == []
+
+
 def test_schema_version_is_pinned() -> None:
     assert schema_problems(dict(sample_results(), schema_version=2)) == ["$.schema_version: 1 was expected"]
 
