@@ -3,17 +3,17 @@
 One file holds every type the results document is made of, so the runner that fills it, the
 report that reads it and ``results.schema.json`` that describes it can be checked against one
 place. Field names are the JSON keys; integer-keyed maps (concurrency, context) are written with
-string keys, as JSON requires. ``to_json`` and ``from_json`` are the only conversions: the
-schema is checked on the JSON side (``results_file``), so ``from_json`` may trust the shape.
+string keys, as JSON requires. ``to_json`` and ``from_json`` are the only conversions (pydantic
+reads the dataclasses' annotations); the schema itself is checked on the JSON side
+(``results_file``), where its violations can be reported by path.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
+
+from pydantic import TypeAdapter
 
 SCHEMA_NAME = "meshnet-bench-results"
 SCHEMA_VERSION = 1
@@ -244,58 +244,12 @@ class BenchResults:
         return entry.at(concurrency) if entry is not None else None
 
 
-def to_json(value: object) -> Any:
-    """The JSON form of a results value: dataclasses become objects keyed by field name."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(key): to_json(item) for key, item in value.items()}
-    if isinstance(value, tuple | list):
-        return [to_json(item) for item in value]
-    return value
+def to_json(results: BenchResults) -> dict[str, Any]:
+    """The JSON document of a run: dataclasses become objects keyed by field name."""
+    document: dict[str, Any] = TypeAdapter(BenchResults).dump_python(results, mode="json")
+    return document
 
 
-T = TypeVar("T")
-
-
-def from_json(cls: type[T], data: Any) -> T:
-    """A results value from its (schema-checked) JSON form; keys the type does not name are ignored."""
-    return typing.cast(T, _convert(cls, data))
-
-
-def _convert(kind: Any, data: Any) -> Any:
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-        hints = typing.get_type_hints(kind)
-        known = {f.name for f in dataclasses.fields(kind) if f.init}
-        return kind(**{name: _convert(hints[name], value) for name, value in data.items() if name in known})
-    if origin in (types.UnionType, typing.Union):
-        if data is None:
-            return None
-        return _convert(_member_for(args, data), data)
-    if origin is tuple:
-        return tuple(_convert(args[0], item) for item in data)
-    if origin is dict:
-        return {_convert(args[0], key): _convert(args[1], item) for key, item in data.items()}
-    if kind is float and data is not None:
-        return float(data)
-    if kind is int:
-        return int(data)
-    return data  # str, bool, Literal: JSON already holds them as they are
-
-
-def _member_for(members: tuple[Any, ...], data: Any) -> Any:
-    """The member of a union that ``data`` is: the first dataclass whose required fields it has."""
-    present = [m for m in members if m is not type(None)]
-    for member in present:
-        if isinstance(member, type) and dataclasses.is_dataclass(member):
-            required = {
-                f.name
-                for f in dataclasses.fields(member)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            }
-            if isinstance(data, dict) and required <= set(data):
-                return member
-        elif len(present) == 1:
-            return member
-    return present[0]
+def from_json(document: dict[str, Any]) -> BenchResults:
+    """Typed results from a (schema-checked) document; keys the types do not name are ignored."""
+    return TypeAdapter(BenchResults).validate_python(document)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import jsonschema
+from pydantic import ValidationError
 
 from meshnet.bench.results import BenchResults, from_json, to_json
 from meshnet.core.errors import InvalidArgument
@@ -59,4 +60,8 @@ def read_document(path: Path) -> dict[str, Any]:
 
 
 def read_results(path: Path) -> BenchResults:
-    return from_json(BenchResults, read_document(path))
+    document = read_document(path)
+    try:
+        return from_json(document)
+    except ValidationError as error:  # a value the schema leaves open but the types do not
+        raise InvalidArgument(f"{path} is not a valid bench results file: {error}") from None
