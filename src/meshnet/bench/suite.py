@@ -10,7 +10,7 @@ import asyncio
 import datetime
 import logging
 import time
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, closing
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from meshnet.bench.runner import (
 )
 from meshnet.bench.stats import RunRecord
 from meshnet.bench.workers import WorkerOptions, WorkerSet
-from meshnet.bench.workload import build_prompts, context_length, tokens_of_length
+from meshnet.bench.workload import build_prompts, context_prompts
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
@@ -70,8 +70,9 @@ def run_bench(config: BenchConfig, progress: Progress = log.info) -> BenchResult
 async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     started = time.monotonic()
     cache = SliceCache(config.data_dir / "cache")
-    model = describe_model(config.model, cache, context_length(config.model))
-    prompts = build_prompts(config.model, max(config.concurrency), config.prompt_tokens)
+    with closing(Tokenizer(config.model)) as tokenizer:
+        model = describe_model(config.model, cache, tokenizer.context_length)
+        prompts = build_prompts(tokenizer, max(config.concurrency), config.prompt_tokens)
     lanes, rounds, noise = await measure_lanes(LaneSet(config, cache, model.n_layers, progress), prompts, started)
     context = await context_phase(config, cache, model, started, progress) if config.contexts else None
     notes = [] if rounds >= config.repetitions else [f"time budget: {rounds} of {config.repetitions} rounds completed"]
@@ -211,11 +212,8 @@ async def context_phase(
     llama = LlamaConfig(
         n_threads=config.threads, max_slots=1, n_ctx_per_slot=room, max_batch_tokens=config.prefill_chunk
     )
-    tokenizer = Tokenizer(config.model)
-    try:
-        prompts = {c: tokens_of_length(tokenizer, "Read this long document and continue it.", c) for c in contexts}
-    finally:
-        tokenizer.close()
+    with closing(Tokenizer(config.model)) as tokenizer:
+        prompts = context_prompts(tokenizer, contexts)
     deadline = started + CONTEXT_SHARE_OF_BUDGET * config.time_budget_s
     async with AsyncExitStack() as stack:
         recompute = RecomputeLane(open_local_route(config.model, config.recompute_shards, cache, llama))

@@ -6,8 +6,6 @@ different sequences (a batch of identical prompts would hide per-session work).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from meshnet.core.errors import InvalidArgument
 from meshnet.engine.tokenizer import Tokenizer
 
@@ -21,6 +19,7 @@ OPENINGS = (
     "Give advice to someone starting to learn the violin as an adult.",
     "Why do leaves change colour in autumn? Answer step by step.",
 )
+CONTEXT_TEXT = "Read this long document and continue it."
 FILLER = (
     " The quick brown fox jumps over the lazy dog while the committee discusses the budget,"
     " the weather report promises rain by evening, and a small boat drifts along the river"
@@ -41,17 +40,11 @@ def tokens_of_length(tokenizer: Tokenizer, text: str, length: int) -> tuple[int,
     return tuple(tokens[:length])
 
 
-def build_prompts(model: Path, count: int, length: int) -> tuple[tuple[int, ...], ...]:
-    tokenizer = Tokenizer(model)
-    try:
-        return tuple(tokens_of_length(tokenizer, OPENINGS[i % len(OPENINGS)], length) for i in range(count))
-    finally:
-        tokenizer.close()
+def build_prompts(tokenizer: Tokenizer, count: int, length: int) -> tuple[tuple[int, ...], ...]:
+    """``count`` prompts of exactly ``length`` tokens, each opening with a different request."""
+    return tuple(tokens_of_length(tokenizer, OPENINGS[i % len(OPENINGS)], length) for i in range(count))
 
 
-def context_length(model: Path) -> int:
-    tokenizer = Tokenizer(model)
-    try:
-        return tokenizer.context_length
-    finally:
-        tokenizer.close()
+def context_prompts(tokenizer: Tokenizer, contexts: list[int]) -> dict[int, tuple[int, ...]]:
+    """One long prompt per context length, for the context-scaling phase."""
+    return {c: tokens_of_length(tokenizer, CONTEXT_TEXT, c) for c in contexts}
