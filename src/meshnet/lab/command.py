@@ -1,0 +1,50 @@
+"""`meshnet lab up|down`: build a lab, run a swarm in it, serve until SIGTERM, remove it all."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from meshnet.core.errors import MeshnetError
+from meshnet.lab.lab import Lab, LabConfig, remove_lab, wait_forever
+from meshnet.lab.swarm import start_swarm
+
+
+def _raise_on_sigterm() -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def lab_up(config: LabConfig, n_layers: int) -> int:
+    _raise_on_sigterm()
+    lab = Lab(config)
+    try:
+        plan = lab.build()
+        print(f"lab       {plan.subnet} on bridge {plan.bridge} ({len(plan.nodes)} nodes)", flush=True)
+        swarm = start_swarm(lab, n_layers)
+        for node in plan.nodes:
+            role = "spare" if node.spare else "node"
+            cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
+            print(
+                f"{role:9s} {node.namespace} {node.address} cpu {node.cpu} {cap} "
+                f"layers {swarm.ranges[node.index]} via {swarm.advertised[node.index]}",
+                flush=True,
+            )
+        print(f"gateway   {swarm.gateway_url}/v1", flush=True)
+        wait_forever(lab)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except MeshnetError as error:
+        print(f"meshnet lab: [{error.code}] {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        lab.close()
+
+
+def lab_down(tag: str | None) -> int:
+    removed = remove_lab(tag)
+    print(f"removed {len(removed)} lab object(s)" + "".join(f"\n  {item}" for item in removed))
+    return 0

@@ -1,0 +1,229 @@
+"""`meshnet lab`: a home network on one machine.
+
+N (+K spare) nodes, each a network namespace on a private bridge with its own address, a shaped
+link (``tbf`` for bandwidth, a userspace relay for delay), a memory cap and a pinned core. Node 0
+runs the tracker and the gateway; every node runs one worker bound to its own address. Layers are
+chosen for each node's memory. Everything made is removed on exit, and whatever a SIGKILLed lab
+left behind is removed by the next ``lab up`` or ``lab down``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.layers import LayerRange
+from meshnet.lab import cgroups, system
+from meshnet.lab.plan import LabNode, LabPlan, LinkShape, plan_lab
+
+log = logging.getLogger(__name__)
+
+TRACKER_PORT = 7100
+WORKER_PORT = 7000
+RELAY_PORT = 7001
+GATEWAY_PORT = 8080
+READY_TIMEOUT_S = 180.0
+STOP_GRACE_S = 10.0
+RUNTIME_OVERHEAD_MB = 110
+"""Resident memory of a worker process before its model: Python, NumPy, gRPC, llama.cpp
+(measured: a fake-model worker). The rest of a node's cap is the worker's --memory-budget-mb."""
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    model: Path
+    data_dir: Path
+    nodes: int = 3
+    spares: int = 0
+    delay_ms: float = 0.0
+    """One-way delay added to every node's inbound link (a userspace relay; no netem here)."""
+    bandwidth_mbit: float | None = None
+    """Rate cap per direction of every node's link (tbf); None leaves links unshaped."""
+    memory_mb: int | None = None
+    """Memory cap per node (cgroup); None leaves nodes uncapped."""
+    context: int = 2048
+    threads: int = 1
+    model_name: str | None = None
+    """Name served to clients; defaults to the GGUF's general.name."""
+    tag: str = "lab"
+    ranges: tuple[LayerRange, ...] = ()
+    """Layers for each serving node; empty chooses them for each node's memory."""
+
+
+@dataclass
+class Component:
+    """One started process inside a node, with the ready line it printed."""
+
+    name: str
+    process: subprocess.Popen[str]
+    log_path: Path
+    ready_line: str = ""
+    _lines: list[str] = field(default_factory=list)
+
+
+def _enter_node(plan: LabPlan, node: LabNode, groups: cgroups.NodeGroups, argv: Sequence[str]) -> list[str]:
+    """A command that joins the node's cgroups and namespace, then execs ``argv``.
+
+    The shell writes its own pid into the cgroups before exec, so the supervisor forks and
+    execs with no Python in between (fork-safe under gRPC threads).
+    """
+    joins = " && ".join(f'echo $$ > "{path}"' for path in groups.procs_files())
+    script = f'{joins} && exec "$0" "$@"'
+    return ["sh", "-c", script, "ip", "netns", "exec", node.namespace, *argv]
+
+
+def _meshnet(data_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
+
+
+class Lab:
+    """Builds the lab's network and groups, starts its components, and removes everything."""
+
+    def __init__(self, config: LabConfig) -> None:
+        self.config = config
+        self.plan: LabPlan | None = None
+        self.groups: dict[tuple[int, str], cgroups.NodeGroups] = {}
+        self.components: list[Component] = []
+        self.logs = config.data_dir / "lab" / config.tag / "logs"
+
+    # -- build and remove -------------------------------------------------------------------
+
+    def build(self) -> LabPlan:
+        system.check_privileges()
+        remove_lab(self.config.tag)
+        config = self.config
+        self.plan = plan_lab(
+            config.tag,
+            config.nodes,
+            config.spares,
+            system.host_networks(),
+            link=LinkShape(config.delay_ms, config.bandwidth_mbit),
+            memory_mb=config.memory_mb,
+            cpus=len(os.sched_getaffinity(0)),
+        )
+        system.build_network(self.plan)
+        for node in self.plan.nodes:
+            self.groups[node.index, "worker"] = cgroups.make_node_groups(self.plan, node)
+        head = self.plan.nodes[0]
+        self.groups[head.index, "control"] = cgroups.make_node_groups(self.plan, head, role="control")
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return self.plan
+
+    def close(self) -> None:
+        for component in reversed(self.components):
+            _stop(component)
+        self.components.clear()
+        remove_lab(self.config.tag)
+
+    # -- components ---------------------------------------------------------------------------
+
+    def start(
+        self, node: LabNode, name: str, argv: Sequence[str], ready_prefix: str, role: str = "worker"
+    ) -> Component:
+        if self.plan is None:
+            raise Unavailable("the lab's network is not built")
+        log_path = self.logs / f"{name}.log"
+        with open(log_path, "w") as log_file:
+            process = subprocess.Popen(
+                _enter_node(self.plan, node, self.groups[node.index, role], argv),
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                text=True,
+            )
+        component = Component(name, process, log_path)
+        self.components.append(component)
+        component.ready_line = _await_ready(component, ready_prefix)
+        return component
+
+    def node_data_dir(self, node: LabNode) -> Path:
+        # Each node keeps its own slice cache and logs, as a separate machine would.
+        return self.config.data_dir / "lab" / self.config.tag / f"n{node.index}"
+
+    def start_relay(self, node: LabNode) -> str:
+        """The address peers use for the node's worker: through the delay line when there is one."""
+        if self.config.delay_ms <= 0:
+            return f"{node.address}:{WORKER_PORT}"
+        self.start(
+            node,
+            f"relay-n{node.index}",
+            [
+                sys.executable,
+                "-m",
+                "meshnet.lab.relay",
+                f"{node.address}:{RELAY_PORT}",
+                f"{node.address}:{WORKER_PORT}",
+                f"{self.config.delay_ms:g}",
+            ],
+            "meshnet relay ready",
+        )
+        return f"{node.address}:{RELAY_PORT}"
+
+    def worker_memory(self) -> dict[int, tuple[int, int]]:
+        """Node index -> (peak bytes, OOM kills) of its worker's group."""
+        return {
+            index: (cgroups.peak_memory_bytes(groups), cgroups.oom_kills(groups))
+            for (index, role), groups in self.groups.items()
+            if role == "worker"
+        }
+
+
+def remove_lab(tag: str | None = None) -> list[str]:
+    """Remove every namespace, link and cgroup of lab ``tag`` (or of every lab)."""
+    return system.remove_leftovers(tag) + cgroups.remove_groups(tag)
+
+
+def _await_ready(component: Component, prefix: str) -> str:
+    found: list[str] = []
+    done = threading.Event()
+
+    def pump() -> None:
+        stream = component.process.stdout
+        if stream is not None:
+            for line in stream:
+                if not found and line.startswith(prefix):
+                    found.append(line.strip())
+                    done.set()
+        done.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not done.wait(READY_TIMEOUT_S) or not found:
+        try:
+            code: int | None = component.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None
+        state = f"exited with code {code}" if code is not None else f"was not ready in {READY_TIMEOUT_S:.0f} s"
+        raise Unavailable(f"lab {component.name} {state}; see {component.log_path}")
+    return found[0]
+
+
+def _stop(component: Component) -> None:
+    process = component.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def lab_error_exit(error: MeshnetError) -> int:
+    print(f"meshnet lab: {error.message}", file=sys.stderr)
+    return 2
+
+
+def wait_forever(lab: Lab) -> None:
+    """Serve until SIGTERM/SIGINT or until a component dies."""
+    while all(component.process.poll() is None for component in lab.components):
+        time.sleep(0.5)
+    dead = [component.name for component in lab.components if component.process.poll() is not None]
+    raise Unavailable(f"lab component(s) exited: {', '.join(dead)}")

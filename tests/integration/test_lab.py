@@ -1,0 +1,120 @@
+"""The multi-host lab for real: namespaces, a bridge, shaped veth links, delay relays and
+memory-capped cgroups, with a real swarm of the tiny model inside. Skips (saying why) where the
+machine does not allow namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+from swarm_harness import MODEL_NAME, PROMPT, Reference, write_tiny_model
+
+from meshnet.lab.lab import remove_lab
+from meshnet.lab.system import LabUnavailable, check_privileges, run
+
+TAG = "t9"
+
+
+def _lab_allowed() -> str | None:
+    try:
+        check_privileges()
+    except LabUnavailable as error:
+        return error.message
+    return None
+
+
+pytestmark = pytest.mark.skipif(_lab_allowed() is not None, reason=f"no lab here: {_lab_allowed()}")
+
+LAB_SCRIPT = """
+import sys
+from pathlib import Path
+from meshnet.lab.command import lab_up
+from meshnet.lab.lab import LabConfig
+model, data, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+config = LabConfig(model=Path(model), data_dir=Path(data), nodes=3, spares=0, delay_ms=delay,
+                   bandwidth_mbit=100, memory_mb=400, context=512, model_name="tiny", tag="t9")
+sys.exit(lab_up(config, 6))
+"""
+
+
+def _lab_objects() -> list[str]:
+    names = run(["ip", "netns", "list"], check=False).stdout
+    links = json.loads(run(["ip", "-j", "link"], check=False).stdout or "[]")
+    found = [line.split()[0] for line in names.splitlines() if line.startswith(f"mnlab-{TAG}-")]
+    found += [entry["ifname"] for entry in links if entry["ifname"].startswith(f"mnlab{TAG}")]
+    found += [str(p) for p in Path("/sys/fs/cgroup/memory").glob(f"mnlab-{TAG}*")]
+    return found
+
+
+def _start_lab(tmp_path: Path, model: Path, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", LAB_SCRIPT, str(model), str(tmp_path / "data"), str(delay_ms)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline and process.stdout is not None:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("gateway "):
+            return process, line.split()[1]
+    process.kill()
+    raise AssertionError(f"lab never served: {''.join(lines)} {process.stderr.read() if process.stderr else ''}")
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_tiny_model(tmp_path)
+
+
+def test_lab_serves_across_namespaces_and_removes_everything(tmp_path: Path, model: Path) -> None:
+    reference = Reference(model, tmp_path / "ref")
+    expected = reference.text(reference.generate(reference.chat_tokens(PROMPT), 24))
+    process, base_url = _start_lab(tmp_path, model, delay_ms=2)
+    try:
+        # The gateway lives on node 0's own address inside its namespace, not on loopback.
+        assert base_url.startswith("http://10.") and ":8080/v1" in base_url
+        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+        answer = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0
+        )
+        assert answer.choices[0].message.content == expected
+        # Every worker is bound to its node's address and sits in a capped cgroup of its own.
+        for index in range(3):
+            listening = run(["ip", "netns", "exec", f"mnlab-{TAG}-n{index}", "ss", "-ltn"]).stdout
+            assert "10." in listening and ":7000" in listening and "127.0.0.1:7000" not in listening
+            limit = Path(f"/sys/fs/cgroup/memory/mnlab-{TAG}/n{index}-worker/memory.limit_in_bytes")
+            assert int(limit.read_text()) == 400 * 1024 * 1024
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    assert _lab_objects() == []
+
+
+def test_a_sigkilled_lab_is_removed_by_the_next_down(tmp_path: Path, model: Path) -> None:
+    process, _ = _start_lab(tmp_path, model, delay_ms=0)
+    process.kill()
+    process.wait()
+    assert _lab_objects() != []
+    removed = remove_lab(TAG)
+    assert removed and _lab_objects() == []
+    alive = [pid for pid in os.listdir("/proc") if pid.isdigit() and f"mnlab-{TAG}" in _cmdline(pid)]
+    assert alive == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
