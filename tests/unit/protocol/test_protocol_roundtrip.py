@@ -114,6 +114,30 @@ def test_step_result_roundtrip_token_and_ack() -> None:
         assert result_from_proto(pb.StepResponse.FromString(raw)) == result
 
 
+timings = st.builds(
+    HopTiming,
+    address=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=30),
+    layers=st.integers(0, 100).flatmap(
+        lambda start: st.builds(LayerRange, st.just(start), st.integers(start + 1, 200))
+    ),
+    queue_us=st.integers(0, 2**63 - 1),
+    compute_us=st.integers(0, 2**63 - 1),
+)
+
+
+@given(
+    step=st.integers(0, 2**63 - 1),
+    next_position=st.integers(0, 2**31),
+    token_id=st.none() | st.integers(0, 2**31 - 1),
+    hop_timings=st.lists(timings, max_size=8).map(tuple),
+)
+def test_any_step_result_roundtrips(
+    step: int, next_position: int, token_id: int | None, hop_timings: tuple[HopTiming, ...]
+) -> None:
+    result = StepResult(SessionId("s-1"), step, next_position, token_id, hop_timings)
+    assert result_from_proto(pb.StepResponse.FromString(result_to_proto(result).SerializeToString())) == result
+
+
 def sample_capability(layers: LayerRange = MIDDLE_LAYERS) -> CapabilityInfo:
     return CapabilityInfo(
         node_id=NodeId("node-a"),

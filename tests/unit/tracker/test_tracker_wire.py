@@ -111,9 +111,7 @@ def test_register_reply_round_trips(node_id: str, interval_ms: int, epoch: int) 
     assert wire.registered_from_proto(over_the_wire(wire.registered_to_proto(registered))) == registered
 
 
-peer_latencies = st.lists(
-    st.tuples(ids, st.floats(0.0, 600_000.0, allow_nan=False)), max_size=MAX_PEERS
-).map(tuple)
+peer_latencies = st.lists(st.tuples(ids, st.floats(0.0, 600_000.0, allow_nan=False)), max_size=MAX_PEERS).map(tuple)
 
 
 @given(
