@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.client.tracker_client import HeartbeatStatus, TrackerClient
+from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import DeadlineExceeded, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
-from meshnet.core.tracking import HardwareSummary, NodeLoad, NodeRegistration, NodeWork, WorkRecord
+from meshnet.core.tracking import HardwareSummary, HeartbeatStatus, NodeLoad, NodeRegistration, NodeWork, WorkRecord
 from meshnet.tracker.store import SqliteTrackerStore
 
 pytestmark = pytest.mark.timeout(60)

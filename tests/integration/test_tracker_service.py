@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshnet.client.tracker_client import Registered, TrackerClient, heartbeat_loop
+from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.errors import FailedPrecondition, NoRoute, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -23,6 +23,7 @@ from meshnet.core.tracking import (
     NodeLoad,
     NodeRegistration,
     NodeWork,
+    Registered,
     WorkRecord,
 )
 from meshnet.protocol.generated import tracker_pb2 as pb

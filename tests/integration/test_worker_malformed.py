@@ -35,9 +35,9 @@ from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.protocol.convert import frame_to_proto
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, StepFrame
 from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.shard_wire import frame_to_proto
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -38,8 +38,8 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.protocol.convert import frame_to_proto
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
+from meshnet.protocol.shard_wire import frame_to_proto
 
 pytestmark = pytest.mark.timeout(60)
 

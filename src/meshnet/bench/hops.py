@@ -25,8 +25,9 @@ from meshnet.client.route_driver import RouteSession, route_frame_meta
 from meshnet.client.shard_stream import ChannelPool, ShardStream
 from meshnet.core.errors import IntegrityError
 from meshnet.core.generation import SamplingParams
-from meshnet.protocol.convert import frame_to_proto, result_to_proto, split_prefill
 from meshnet.protocol.frames import HopSpec, StepFrame, StepResult
+from meshnet.protocol.prefill import split_prefill
+from meshnet.protocol.shard_wire import frame_to_proto, result_to_proto
 
 TRANSPORT_FRAMING_BYTES = 5 + 9
 PROBE_TIMEOUT_S = 300.0

@@ -27,8 +27,17 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.protocol.convert import split_prefill
-from meshnet.protocol.frames import CapabilityInfo, Continuation, FrameMeta, HopSpec, StepFrame, StepResult
+from meshnet.protocol.frames import (
+    FRAME_OVERHEAD_BYTES,
+    CapabilityInfo,
+    Continuation,
+    FrameMeta,
+    HopSpec,
+    Phase,
+    StepFrame,
+    StepResult,
+)
+from meshnet.protocol.prefill import PrefillChunk, split_prefill
 
 RATE_WINDOW = 16
 """Tokens over which the rolling tokens/s is measured."""
@@ -100,70 +109,111 @@ class RouteDriver:
         stream: ShardStream,
         head: CapabilityInfo,
     ) -> AsyncIterator[GenerationEvent]:
-        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
-        # Hidden frames between shards carry as many rows as this token frame, so size the
-        # chunks for the boundary tensor, not for the token ids.
-        rows_per_frame = max(1, (self._max_frame_bytes - 65536) // (4 * head.n_embd))
-        chunks = split_prefill(
-            prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame)
-        )
-        downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
-        yield PrefillStarted(len(prompt) + len(history))
-        started = time.perf_counter()
         # The last frame we send asks the head to decode on by itself (head-driven decode), so
         # from then on we only read: our round trip leaves the per-token critical path.
         budget = request.max_tokens - len(history) - 1
         plan = Continuation(budget, request.stop_tokens) if self._head_driven and budget > 0 else None
-        result: StepResult | None = None
-        for step, chunk in enumerate(chunks):
-            meta = route_frame_meta(route, step, chunk.position, "prefill", deadline)
-            frame = StepFrame(
-                meta=meta,
-                tokens=np.ascontiguousarray(chunk.payload),
-                downstream=downstream if step == 0 else (),
-                sampling=request.sampling if step == 0 else None,
-                final_chunk=chunk.final_chunk,
-                continuation=plan if chunk.final_chunk and not history else None,
-            )
-            result = await stream.exchange(frame)
-        step = len(chunks)
-        # Replay: feed each earlier token as the one-token decode step it was, so every shard
-        # computes exactly what the lost route computed (a prefill of them would take other
-        # kernel paths). The tail re-samples each; a mismatch means the routes differ.
-        for index, token in enumerate(history):
-            if result is None or result.token_id != token:
-                raise IntegrityError(
-                    f"replay diverged at position {None if result is None else result.next_position}: the new route "
-                    f"sampled {None if result is None else result.token_id}, the lost route had {token}"
-                )
-            meta = route_frame_meta(route, step, result.next_position, "decode", deadline)
-            last = index == len(history) - 1
-            frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), continuation=plan if last else None)
-            result = await stream.exchange(frame)
-            step += 1
-        yield PrefillCompleted(len(prompt) + len(history), time.perf_counter() - started)
+        run = _Run(route, request, deadline, stream, plan)
+        chunks = self._prefill_chunks(request, head)
+        n_prefill = len(request.prompt_tokens) + len(history)
+        yield PrefillStarted(n_prefill)
+        started = time.perf_counter()
+        result = await _prefill(run, chunks, last_continues=not history)
+        result, step = await _replay(run, history, result, len(chunks))
+        yield PrefillCompleted(n_prefill, time.perf_counter() - started)
         yield DecodeStarted()
-        produced = len(history)
-        stamps: list[float] = []
-        while result is not None and result.token_id is not None:
-            token = result.token_id
-            stamps.append(time.perf_counter())
-            stamps = stamps[-RATE_WINDOW:]
-            rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-            yield TokenGenerated(token, produced, rate)
-            produced += 1
-            if token in request.stop_tokens or produced >= request.max_tokens:
-                return
-            if plan is not None:
-                result = await stream.read()
-            else:
-                meta = route_frame_meta(route, step, result.next_position, "decode", deadline)
-                result = await stream.exchange(StepFrame(meta=meta, tokens=np.array([token], np.int32)))
-            step += 1
+        async for event in _decode(run, result, step, produced=len(history)):
+            yield event
+
+    def _prefill_chunks(self, request: GenerationRequest, head: CapabilityInfo) -> list[PrefillChunk]:
+        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
+        # Hidden frames between shards carry as many rows as this token frame, so size the
+        # chunks for the boundary tensor, not for the token ids.
+        rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
+        return split_prefill(
+            prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame)
+        )
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One generation's fixed context: where its frames go and what each of them carries."""
+
+    route: RouteSession
+    request: GenerationRequest
+    deadline: float | None
+    stream: ShardStream
+    plan: Continuation | None
+    """Head-driven decode: set on the last frame we send; None when we send every decode step."""
+
+    def meta(self, step: int, position: int, phase: Phase) -> FrameMeta:
+        return route_frame_meta(self.route, step, position, phase, self.deadline)
+
+
+async def _prefill(run: _Run, chunks: Sequence[PrefillChunk], *, last_continues: bool) -> StepResult | None:
+    """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
+    downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint) for h in run.route.hops[1:])
+    result: StepResult | None = None
+    for step, chunk in enumerate(chunks):
+        frame = StepFrame(
+            meta=run.meta(step, chunk.position, "prefill"),
+            tokens=np.ascontiguousarray(chunk.payload),
+            downstream=downstream if step == 0 else (),
+            sampling=run.request.sampling if step == 0 else None,
+            final_chunk=chunk.final_chunk,
+            continuation=run.plan if chunk.final_chunk and last_continues else None,
+        )
+        result = await run.stream.exchange(frame)
+    return result
+
+
+async def _replay(
+    run: _Run, history: Sequence[int], result: StepResult | None, step: int
+) -> tuple[StepResult | None, int]:
+    """Feed each token of a lost route as the one-token decode step it was.
+
+    Every shard then computes exactly what the lost route computed (a prefill of them would take
+    other kernel paths). The tail re-samples each; a mismatch means the routes differ.
+    """
+    for index, token in enumerate(history):
+        if result is None or result.token_id != token:
+            raise IntegrityError(
+                f"replay diverged at position {None if result is None else result.next_position}: the new route "
+                f"sampled {None if result is None else result.token_id}, the lost route had {token}"
+            )
+        last = index == len(history) - 1
+        frame = StepFrame(
+            meta=run.meta(step, result.next_position, "decode"),
+            tokens=np.array([token], np.int32),
+            continuation=run.plan if last else None,
+        )
+        result = await run.stream.exchange(frame)
+        step += 1
+    return result, step
+
+
+async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: int) -> AsyncIterator[GenerationEvent]:
+    """One TokenGenerated per sampled token until a stop token or the budget ends the request."""
+    stamps: list[float] = []
+    while result is not None and result.token_id is not None:
+        token = result.token_id
+        stamps.append(time.perf_counter())
+        stamps = stamps[-RATE_WINDOW:]
+        rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+        yield TokenGenerated(token, produced, rate)
+        produced += 1
+        if token in run.request.stop_tokens or produced >= run.request.max_tokens:
+            return
+        if run.plan is not None:
+            result = await run.stream.read()
+        else:
+            frame = StepFrame(meta=run.meta(step, result.next_position, "decode"), tokens=np.array([token], np.int32))
+            result = await run.stream.exchange(frame)
+        step += 1
 
 
 def route_frame_meta(
-    route: RouteSession, step: int, position: int, phase: str, deadline: float | None = None
+    route: RouteSession, step: int, position: int, phase: Phase, deadline: float | None = None
 ) -> FrameMeta:
     """The header of step ``step`` of ``route``'s session, as the head receives it."""
     remaining = _remaining(deadline)
@@ -175,7 +225,7 @@ def route_frame_meta(
         route_epoch=route.epoch,
         fingerprint=route.fingerprint,
         layers=route.hops[0].layers,
-        phase=phase,  # type: ignore[arg-type]
+        phase=phase,
         position=position,
         step=step,
         cache="new" if step == 0 else "continue",

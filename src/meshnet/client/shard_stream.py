@@ -15,9 +15,9 @@ import grpc
 import grpc.aio
 
 from meshnet.core.errors import MeshnetError, Unavailable
-from meshnet.protocol.convert import frame_to_proto, result_from_proto
+from meshnet.protocol import services
 from meshnet.protocol.frames import StepFrame, StepResult
-from meshnet.protocol.generated import shard_pb2_grpc
+from meshnet.protocol.shard_wire import frame_to_proto, result_from_proto
 from meshnet.protocol.status import error_from_rpc
 
 
@@ -45,12 +45,12 @@ class ChannelPool:
         self._options = channel_options(max_frame_bytes)
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def stub(self, address: str) -> shard_pb2_grpc.ShardStub:
+    def stub(self, address: str) -> services.ShardStub:
         channel = self._channels.get(address)
         if channel is None:
             channel = grpc.aio.insecure_channel(address, options=self._options)
             self._channels[address] = channel
-        return shard_pb2_grpc.ShardStub(channel)
+        return services.ShardStub(channel)
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

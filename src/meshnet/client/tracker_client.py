@@ -5,9 +5,8 @@ files ``report_work``. Every call carries a deadline, and every failure arrives 
 error (``meshnet.protocol.status``): ``NoRoute`` when the swarm cannot serve the model,
 ``Unavailable`` when the tracker cannot be reached, ``DeadlineExceeded`` when it is too slow.
 
-The message conversions here mirror ``meshnet.tracker.wire``: this side encodes requests and
-decodes replies. The client and tracker are independent layers, so neither imports the other;
-they share the values in ``meshnet.core.tracking`` and the schema in tracker.proto.
+Messages are built and read by ``meshnet.protocol.tracker_wire``, the module the tracker uses
+for the other side of each call; the values exchanged are those of ``meshnet.core.tracking``.
 """
 
 from __future__ import annotations
@@ -17,26 +16,26 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
-from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
-from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import (
-    MAX_PEERS,
+    HeartbeatStatus,
     ModelSummary,
     NodeLoad,
     NodeRegistration,
+    Registered,
     Route,
+    RouteQuery,
+    WorkAck,
     WorkRecord,
 )
-from meshnet.protocol.generated import tracker_pb2 as pb
-from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.protocol import services
+from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
 
 logger = logging.getLogger(__name__)
@@ -53,8 +52,8 @@ _SERVICE_CONFIG = json.dumps(
         "methodConfig": [
             {
                 "name": [
-                    {"service": "meshnet.v1.Tracker", "method": "ReportWork"},
-                    {"service": "meshnet.v1.Tracker", "method": "ListModels"},
+                    {"service": services.TRACKER_SERVICE, "method": "ReportWork"},
+                    {"service": services.TRACKER_SERVICE, "method": "ListModels"},
                 ],
                 "retryPolicy": {
                     "maxAttempts": 5,
@@ -67,35 +66,6 @@ _SERVICE_CONFIG = json.dumps(
         ]
     }
 )
-
-_STATUS_TO_WIRE = {
-    "completed": pb.WorkRecord.STATUS_COMPLETED,
-    "cancelled": pb.WorkRecord.STATUS_CANCELLED,
-    "failed": pb.WorkRecord.STATUS_FAILED,
-}
-
-
-@dataclass(frozen=True)
-class Registered:
-    node_id: NodeId
-    heartbeat_interval_s: float
-    epoch: int
-
-
-@dataclass(frozen=True)
-class HeartbeatStatus:
-    known: bool
-    """False: the tracker forgot this node (it expired or the tracker restarted); register again."""
-    epoch: int
-    probe: tuple[str, ...] = ()
-    """Candidate next hops whose round trip this node should measure and report."""
-
-
-@dataclass(frozen=True)
-class WorkAck:
-    request_id: str
-    duplicate: bool
-    """True: the tracker had stored this exact record already."""
 
 
 class TrackerClient:
@@ -123,7 +93,7 @@ class TrackerClient:
             self._channel = grpc.aio.insecure_channel(address, options=options)
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
-        self._stub = pb_grpc.TrackerStub(self._channel)
+        self._stub = services.TrackerStub(self._channel)
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -141,22 +111,12 @@ class TrackerClient:
         node_id_hint: NodeId | None = None,
         timeout_s: float | None = None,
     ) -> Registered:
-        request = registration_to_wire(registration, node_id_hint)
-        reply = await self._call(self._stub.Register, request, timeout_s)
-        return Registered(NodeId(reply.node_id), reply.heartbeat_interval_ms / 1000, reply.epoch)
+        request = wire.registration_to_proto(registration, node_id_hint)
+        return wire.registered_from_proto(await self._call(self._stub.Register, request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
-        request = pb.NodeHeartbeat(
-            node_id=node_id,
-            active_sessions=load.active_sessions,
-            free_sessions=load.free_sessions,
-            queue_depth=load.queue_depth,
-            kv_used_fraction=load.kv_used_fraction,
-            load=load.load,
-            peers=[pb.PeerLatency(address=address, rtt_ms=rtt) for address, rtt in load.peer_rtt_ms],
-        )
-        reply = await self._call(self._stub.Heartbeat, request, timeout_s)
-        return HeartbeatStatus(reply.known, reply.epoch, tuple(reply.probe[:MAX_PEERS]))
+        request = wire.heartbeat_to_proto(node_id, load)
+        return wire.heartbeat_status_from_proto(await self._call(self._stub.Heartbeat, request, timeout_s))
 
     async def choose_route(
         self,
@@ -169,27 +129,22 @@ class TrackerClient:
     ) -> Route:
         """A route for ``model`` (name or fingerprint). With ``start_layer`` (failover of a
         sub-span), pass the current route's fingerprint as ``model`` and keep its earlier hops."""
-        request = pb.RouteRequest(model=model, session_id=session_id or "", exclude_node_ids=sorted(exclude))
-        if start_layer is not None:
-            request.require_start_layer = start_layer
-        reply = await self._call(self._stub.ChooseRoute, request, timeout_s)
-        return route_from_wire(reply)
+        request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude), start_layer))
+        return wire.route_from_proto(await self._call(self._stub.ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
-        reply = await self._call(self._stub.ReportWork, work_to_wire(record), timeout_s)
-        return WorkAck(reply.request_id, reply.duplicate)
+        reply = await self._call(self._stub.ReportWork, wire.work_to_proto(record), timeout_s)
+        return wire.work_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
-        reply = await self._call(self._stub.ListModels, pb.ListModelsRequest(), timeout_s)
-        return tuple(
-            ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable) for m in reply.models
-        )
+        reply = await self._call(self._stub.ListModels, wire.list_models_request_to_proto(), timeout_s)
+        models, _epoch = wire.models_from_proto(reply)
+        return models
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
-        request = pb.DeregisterRequest(node_id=node_id)
-        reply = await self._call(self._stub.Deregister, request, timeout_s)
-        return bool(reply.known)
+        reply = await self._call(self._stub.Deregister, wire.deregister_to_proto(node_id), timeout_s)
+        return wire.deregistered_from_proto(reply).known
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
         try:
@@ -197,87 +152,6 @@ class TrackerClient:
         except grpc.RpcError as rpc_error:
             error = error_from_rpc(rpc_error)
             raise _with_context(error, f"tracker {self.address}: {error.message}") from rpc_error
-
-
-def registration_to_wire(registration: NodeRegistration, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
-    recipe = registration.recipe
-    return pb.NodeRegistration(
-        address=registration.address,
-        recipe=pb.NodeRegistration.Recipe(
-            model_sha256=recipe.model_sha256,
-            architecture=recipe.architecture,
-            adapter_version=recipe.adapter_version,
-            weight_quantization=recipe.weight_quantization,
-            activation_dtype=recipe.activation_dtype,
-            kv_dtype=recipe.kv_dtype,
-            backend=recipe.backend,
-            backend_version=recipe.backend_version,
-            n_layers=recipe.n_layers,
-            n_embd=recipe.n_embd,
-            boundary_schema=recipe.boundary_schema,
-        ),
-        fingerprint=registration.fingerprint,
-        model=registration.model,
-        quantization=registration.quantization,
-        layer_start=registration.layers.start,
-        layer_stop=registration.layers.stop,
-        hardware=pb.NodeRegistration.Hardware(
-            cpu_count=registration.hardware.cpu_count,
-            memory_bytes=registration.hardware.memory_bytes,
-        ),
-        max_sessions=registration.max_sessions,
-        measured=pb.NodeRegistration.Measured(
-            prefill_tokens_per_s=registration.prefill_tokens_per_s,
-            decode_tokens_per_s=registration.decode_tokens_per_s,
-        ),
-        certified=registration.certified,
-        node_id_hint=node_id_hint or "",
-    )
-
-
-def route_from_wire(reply: pb.RouteReply) -> Route:
-    """Decode and check a route; a malformed one is the tracker's fault, so it is Unavailable."""
-    fingerprints = {hop.fingerprint for hop in reply.hops}
-    if len(fingerprints) != 1:
-        raise Unavailable(f"the tracker sent a route with recipes {sorted(fingerprints)}; refusing it")
-    try:
-        return Route(
-            hops=tuple(
-                RouteHop(NodeId(hop.node_id), hop.address, LayerRange(hop.layer_start, hop.layer_stop))
-                for hop in reply.hops
-            ),
-            epoch=reply.epoch,
-            model=reply.model,
-            quantization=reply.quantization,
-            fingerprint=fingerprints.pop(),
-            n_layers=reply.n_layers,
-            ms_per_token=reply.estimated_ms_per_token,
-        )
-    except MeshnetError as error:
-        raise Unavailable(f"the tracker sent a malformed route: {error.message}") from error
-
-
-def work_to_wire(record: WorkRecord) -> pb.WorkRecord:
-    return pb.WorkRecord(
-        request_id=record.request_id,
-        session_id=record.session_id or "",
-        model=record.model,
-        status=_STATUS_TO_WIRE[record.status],
-        tokens_in=record.tokens_in,
-        tokens_out=record.tokens_out,
-        attribution=[
-            pb.WorkRecord.NodeShare(
-                node_id=share.node_id,
-                layer_start=share.layers.start,
-                layer_stop=share.layers.stop,
-                tokens=share.tokens,
-            )
-            for share in record.attribution
-        ],
-        billing_units=record.billing_units,
-        started_at_unix_s=record.started_at,
-        finished_at_unix_s=record.finished_at,
-    )
 
 
 async def heartbeat_loop(
@@ -296,46 +170,71 @@ async def heartbeat_loop(
     the node id) whenever the tracker says it forgot us, which is how a worker rejoins after
     a tracker restart. An unreachable tracker is logged and retried; it never stops the worker.
     """
-    registered: Registered | None = None
-    node_id_hint: NodeId | None = None
-    interval_s = 1.0
+    membership = _Membership(client, registration, load_fn, on_registered, on_probe)
     last_epoch: int | None = None
     while not stop_event.is_set():
         try:
-            if registered is None:
-                registered = await client.register(registration, node_id_hint=node_id_hint)
-                node_id_hint, interval_s, epoch = (
-                    registered.node_id,
-                    registered.heartbeat_interval_s,
-                    registered.epoch,
-                )
-                logger.info("registered with tracker %s as %s", client.address, registered.node_id)
-                if on_registered is not None:
-                    on_registered(registered)
-            else:
-                # A reply later than one interval is worth nothing: the next beat is due.
-                status = await client.heartbeat(registered.node_id, load_fn(), timeout_s=interval_s)
-                epoch = status.epoch
-                if on_probe is not None and status.known:
-                    on_probe(status.probe)
-                if not status.known:
-                    logger.warning(
-                        "tracker %s forgot %s; registering again",
-                        client.address,
-                        registered.node_id,
-                    )
-                    registered = None
-                    continue
+            epoch = await membership.step()
+            if epoch is None:
+                continue  # forgotten: register again at once
             if on_epoch is not None and epoch != last_epoch:
                 on_epoch(epoch)
             last_epoch = epoch
         except (Unavailable, DeadlineExceeded) as error:
             logger.warning("tracker %s unreachable: %s", client.address, error.message)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop_event.wait(), timeout=interval_s)
-    if registered is not None:
-        with contextlib.suppress(MeshnetError):
-            await client.deregister(registered.node_id, timeout_s=min(interval_s, 1.0))
+            await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s)
+    await membership.leave()
+
+
+class _Membership:
+    """One worker's standing with one tracker: registered or not, under which id, how often to beat."""
+
+    def __init__(
+        self,
+        client: TrackerClient,
+        registration: NodeRegistration,
+        load_fn: Callable[[], NodeLoad],
+        on_registered: Callable[[Registered], None] | None,
+        on_probe: Callable[[tuple[str, ...]], None] | None,
+    ) -> None:
+        self._client = client
+        self._registration = registration
+        self._load_fn = load_fn
+        self._on_registered = on_registered
+        self._on_probe = on_probe
+        self._registered: Registered | None = None
+        self._node_id_hint: NodeId | None = None
+        """The id to ask for when registering again, so a rejoining worker keeps its identity."""
+        self.interval_s = 1.0
+
+    async def step(self) -> int | None:
+        """Register or heartbeat once: the tracker's epoch, or None when it forgot this node."""
+        if self._registered is None:
+            return await self._register()
+        # A reply later than one interval is worth nothing: the next beat is due.
+        status = await self._client.heartbeat(self._registered.node_id, self._load_fn(), timeout_s=self.interval_s)
+        if not status.known:
+            logger.warning("tracker %s forgot %s; registering again", self._client.address, self._registered.node_id)
+            self._registered = None
+            return None
+        if self._on_probe is not None:
+            self._on_probe(status.probe)
+        return status.epoch
+
+    async def _register(self) -> int:
+        registered = await self._client.register(self._registration, node_id_hint=self._node_id_hint)
+        self._registered = registered
+        self._node_id_hint, self.interval_s = registered.node_id, registered.heartbeat_interval_s
+        logger.info("registered with tracker %s as %s", self._client.address, registered.node_id)
+        if self._on_registered is not None:
+            self._on_registered(registered)
+        return registered.epoch
+
+    async def leave(self) -> None:
+        if self._registered is not None:
+            with contextlib.suppress(MeshnetError):
+                await self._client.deregister(self._registered.node_id, timeout_s=min(self.interval_s, 1.0))
 
 
 def _with_context(error: MeshnetError, message: str) -> MeshnetError:

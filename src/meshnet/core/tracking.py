@@ -1,4 +1,5 @@
-"""Values the tracker and its callers exchange: registrations, load reports, routes, work records.
+"""Values the tracker and its callers exchange: registrations, load reports, routes, work records,
+and the tracker's replies.
 
 They live in core because both sides need them and neither may import the other: the tracker
 plans and stores them, workers register with them, the gateway routes and bills with them.
@@ -108,8 +109,6 @@ class NodeLoad:
     """Sessions the node can still admit: its free KV room, counted in sessions."""
     queue_depth: int = 0
     kv_used_fraction: float = 0.0
-    load: float = 0.0
-    """CPU busy fraction, 0..1."""
     peer_rtt_ms: tuple[tuple[str, float], ...] = ()
     """Measured round trips to candidate next hops, by address: the tracker's latency table."""
 
@@ -123,7 +122,6 @@ class NodeLoad:
         check_count("free_sessions", self.free_sessions, MAX_SESSIONS)
         check_count("queue_depth", self.queue_depth, MAX_SESSIONS)
         check_finite("kv_used_fraction", self.kv_used_fraction, high=1.0)
-        check_finite("load", self.load, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -223,3 +221,53 @@ class ModelSummary:
     """Live certified nodes of this recipe."""
     routable: bool
     """Their ranges chain over every layer, so a request can be served now."""
+
+
+@dataclass(frozen=True)
+class RouteQuery:
+    """What a caller asks ``ChooseRoute`` for."""
+
+    model: str
+    """Model name or recipe fingerprint."""
+    session_id: SessionId | None = None
+    exclude: frozenset[NodeId] = frozenset()
+    start_layer: int | None = None
+    """Failover of a sub-span: plan only from this layer on; the hops before it are kept."""
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The tracker's answer to a registration."""
+
+    node_id: NodeId
+    heartbeat_interval_s: float
+    epoch: int
+
+
+@dataclass(frozen=True)
+class HeartbeatStatus:
+    """The tracker's answer to a heartbeat."""
+
+    known: bool
+    """False: the tracker forgot this node (it expired or the tracker restarted); register again."""
+    epoch: int
+    probe: tuple[str, ...] = ()
+    """Candidate next hops whose round trip this node should measure and report."""
+
+
+@dataclass(frozen=True)
+class WorkAck:
+    """The tracker's answer to a work report."""
+
+    request_id: RequestId
+    duplicate: bool
+    """True: the tracker had stored this exact record already."""
+
+
+@dataclass(frozen=True)
+class Deregistered:
+    """The tracker's answer to a deregistration."""
+
+    known: bool
+    """False: the tracker did not know the node (already expired or never registered)."""
+    epoch: int

@@ -2,19 +2,18 @@
 
 Every value checks its own structural invariants on construction (so a frame built locally is as
 trustworthy as one decoded from the wire); limits that depend on the receiving shard (its n_embd,
-its frame budget) live in ``FrameLimits`` and are checked by ``convert.frame_from_proto``.
+its frame budget) live in ``FrameLimits`` and are checked by ``shard_wire.frame_from_proto``.
 Nothing here imports grpc or the generated code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -71,17 +70,6 @@ def check_schema_version(version: int) -> None:
         )
 
 
-def choose_schema_version(peer_versions: Iterable[int]) -> int:
-    """The newest frame schema both sides read, or FailedPrecondition when they share none."""
-    common = set(peer_versions) & set(SUPPORTED_SCHEMA_VERSIONS)
-    if not common:
-        raise FailedPrecondition(
-            f"no common frame schema: peer reads {sorted(set(peer_versions))}, "
-            f"this node reads {list(SUPPORTED_SCHEMA_VERSIONS)}"
-        )
-    return max(common)
-
-
 @dataclass(frozen=True, slots=True)
 class FrameLimits:
     """What a receiving shard accepts; every size is checked against it before allocating."""
@@ -110,7 +98,7 @@ class FrameLimits:
 
 @dataclass(frozen=True, slots=True)
 class FrameMeta:
-    """The header of one step frame (the checksum is not here: convert computes and verifies it)."""
+    """The header of one step frame (the checksum is not here: shard_wire computes and verifies it)."""
 
     request_id: RequestId
     session_id: SessionId
@@ -346,3 +334,15 @@ class CapabilityInfo:
             max_tokens_per_frame=self.max_tokens_per_frame,
             vocab_size=self.vocab_size if self.layers.is_head() else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    """A Release or Cancel request: which session to free, and why (for logs)."""
+
+    session_id: SessionId
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        _check_text("session_id", self.session_id, MAX_ID_CHARS)
+        _check_text("reason", self.reason, 1024, allow_empty=True)

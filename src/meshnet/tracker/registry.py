@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from meshnet.core.errors import InvalidArgument, NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
-from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route
+from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route, RouteQuery
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     LatencyTable,
@@ -75,16 +75,6 @@ class NodeEntry:
             free_sessions=reported_free - self.routed_since_heartbeat,
             queue_depth=self.load.queue_depth if self.load else 0,
         )
-
-
-@dataclass(frozen=True)
-class RouteQuery:
-    model: str
-    """Model name or recipe fingerprint."""
-    session_id: SessionId | None = None
-    exclude: frozenset[NodeId] = frozenset()
-    start_layer: int | None = None
-    """Failover of a sub-span: plan only from this layer on; the hops before it are kept."""
 
 
 @dataclass(frozen=True)

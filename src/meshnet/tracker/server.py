@@ -25,14 +25,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
-from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.protocol import services
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.store import SqliteTrackerStore
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAME = "meshnet.v1.Tracker"
 MAX_MESSAGE_BYTES = 1 << 20
 """Tracker messages are small; refusing big ones early bounds what a bad peer can make us parse."""
 
@@ -136,7 +135,7 @@ async def start_tracker(
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb_grpc.add_TrackerServicer_to_server(servicer, server)
+    services.add_tracker_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     target = f"{config.host}:{config.port}"
@@ -146,7 +145,7 @@ async def start_tracker(
         runner.close()
         raise Unavailable(f"the tracker cannot listen on {target}: {error}") from error
     await server.start()
-    for service in ("", SERVICE_NAME):
+    for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(servicer.sweep_forever(config.heartbeat_interval_s / 4))
     logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)

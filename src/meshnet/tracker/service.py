@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import grpc
 
 from meshnet.core.errors import MeshnetError
-from meshnet.protocol.generated import tracker_pb2 as pb
-from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.core.tracking import Deregistered, HeartbeatStatus, Registered, WorkAck
+from meshnet.protocol import services
+from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import abort_with
-from meshnet.tracker import wire
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.store import TrackerStore
 
@@ -66,7 +66,7 @@ class StoreRunner:
         self.store.close()
 
 
-class TrackerServicer(pb_grpc.TrackerServicer):
+class TrackerServicer(services.TrackerServicer):
     def __init__(self, registry: NodeRegistry, store: StoreRunner, wall_clock: Clock) -> None:
         self._registry = registry
         self._store = store
@@ -86,8 +86,10 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             await asyncio.shield(self._epoch_write)
 
     @maps_errors
-    async def Register(self, request: pb.NodeRegistration, context: grpc.aio.ServicerContext) -> pb.RegisterReply:
-        registration, hint = wire.registration_from_wire(request)
+    async def Register(
+        self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
+    ) -> services.RegisterReply:
+        registration, hint = wire.registration_from_proto(request)
         node_id = self._registry.register(registration, hint)
         await self._store.call(self._store.store.record_node, node_id, registration, self._wall_clock())
         await self.persist_epoch()
@@ -98,44 +100,48 @@ class TrackerServicer(pb_grpc.TrackerServicer):
             registration.layers,
             registration.fingerprint,
         )
-        return pb.RegisterReply(
-            node_id=node_id,
-            heartbeat_interval_ms=round(self._registry.heartbeat_interval_s * 1000),
-            epoch=self._registry.epoch,
-        )
+        return wire.registered_to_proto(Registered(node_id, self._registry.heartbeat_interval_s, self._registry.epoch))
 
     @maps_errors
-    async def Heartbeat(self, request: pb.NodeHeartbeat, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
-        node_id, load = wire.heartbeat_from_wire(request)
+    async def Heartbeat(
+        self, request: services.NodeHeartbeat, context: grpc.aio.ServicerContext
+    ) -> services.HeartbeatReply:
+        node_id, load = wire.heartbeat_from_proto(request)
         known = self._registry.heartbeat(node_id, load)
         await self.persist_epoch()
         probe = self._registry.probe_targets(node_id) if known else ()
-        return pb.HeartbeatReply(known=known, epoch=self._registry.epoch, probe=probe)
+        return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe))
 
     @maps_errors
-    async def ChooseRoute(self, request: pb.RouteRequest, context: grpc.aio.ServicerContext) -> pb.RouteReply:
-        route = self._registry.choose_route(wire.route_query_from_wire(request))
+    async def ChooseRoute(
+        self, request: services.RouteRequest, context: grpc.aio.ServicerContext
+    ) -> services.RouteReply:
+        route = self._registry.choose_route(wire.route_query_from_proto(request))
         await self.persist_epoch()
-        return wire.route_to_wire(route)
+        return wire.route_to_proto(route)
 
     @maps_errors
-    async def ReportWork(self, request: pb.WorkRecord, context: grpc.aio.ServicerContext) -> pb.WorkAck:
-        record = wire.work_from_wire(request)
+    async def ReportWork(self, request: services.WorkRecord, context: grpc.aio.ServicerContext) -> services.WorkAck:
+        record = wire.work_from_proto(request)
         stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
-        return pb.WorkAck(request_id=record.request_id, duplicate=not stored)
+        return wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
 
     @maps_errors
-    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
+    async def ListModels(
+        self, request: services.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> services.ModelList:
         models = self._registry.list_models()
         await self.persist_epoch()
-        return wire.models_to_wire(models, self._registry.epoch)
+        return wire.models_to_proto(models, self._registry.epoch)
 
     @maps_errors
-    async def Deregister(self, request: pb.DeregisterRequest, context: grpc.aio.ServicerContext) -> pb.DeregisterReply:
-        node_id = wire.node_id_from_wire(request.node_id)
+    async def Deregister(
+        self, request: services.DeregisterRequest, context: grpc.aio.ServicerContext
+    ) -> services.DeregisterReply:
+        node_id = wire.deregister_from_proto(request)
         known = self._registry.deregister(node_id)
         await self.persist_epoch()
-        return pb.DeregisterReply(known=known, epoch=self._registry.epoch)
+        return wire.deregistered_to_proto(Deregistered(known, self._registry.epoch))
 
     async def sweep_forever(self, period_s: float) -> None:
         """Expire silent nodes even when no call arrives, so the epoch moves on time (K4)."""

@@ -37,7 +37,7 @@ from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
-from meshnet.protocol.generated import shard_pb2_grpc
+from meshnet.protocol import services
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import SessionTable
@@ -155,11 +155,11 @@ async def serve_worker(
     )
     runtime = ShardRuntime(identity, loop, table, capacity)
     health = HealthServicer()
-    shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(runtime), server)
+    services.add_shard_servicer(ShardServicer(runtime), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health.set("meshnet.v1.Shard", health_pb2.HealthCheckResponse.SERVING)
+    await health.set(services.SHARD_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     stop = stop or asyncio.Event()
     _install_signal_handlers(stop)
     background = [asyncio.create_task(_sweep(runtime, stop))]
@@ -263,7 +263,6 @@ def _load(runtime: ShardRuntime) -> NodeLoad:
         free_sessions=int(metrics["free_sessions"]),
         queue_depth=int(metrics["queue_depth"]),
         kv_used_fraction=metrics["kv_used_fraction"],
-        load=min(metrics["queue_depth"] / 8.0, 1.0),
     )
 
 

@@ -17,22 +17,23 @@ from google.protobuf.message import DecodeError
 
 from meshnet.core.errors import InvalidArgument, MeshnetError
 from meshnet.core.ids import SessionId
-from meshnet.protocol.convert import (
+from meshnet.protocol import services as pb
+from meshnet.protocol.shard_wire import (
+    cancel_reply_to_proto,
     capability_to_proto,
     frame_from_proto,
     metrics_to_proto,
+    release_reply_to_proto,
     result_to_proto,
     session_end_from_proto,
 )
-from meshnet.protocol.generated import shard_pb2 as pb
-from meshnet.protocol.generated import shard_pb2_grpc
 from meshnet.protocol.status import abort_with
 from meshnet.worker.runtime import ShardRuntime
 
 log = logging.getLogger(__name__)
 
 
-class ShardServicer(shard_pb2_grpc.ShardServicer):
+class ShardServicer(pb.ShardServicer):
     def __init__(self, runtime: ShardRuntime) -> None:
         self.runtime = runtime
 
@@ -44,11 +45,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         end = await self._session_end(request, context)
-        return pb.ReleaseResponse(freed=await self.runtime.end(end.session_id, end.reason or "released"))
+        return release_reply_to_proto(await self.runtime.end(end.session_id, end.reason or "released"))
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
         end = await self._session_end(request, context)
-        return pb.CancelResponse(freed=await self.runtime.end(end.session_id, end.reason or "cancelled"))
+        return cancel_reply_to_proto(await self.runtime.end(end.session_id, end.reason or "cancelled"))
 
     async def _session_end(self, request: pb.ReleaseRequest | pb.CancelRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         try:

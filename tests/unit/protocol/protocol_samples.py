@@ -5,7 +5,9 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
+from meshnet.core.errors import InvalidArgument, ResourceExhausted
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -19,6 +21,7 @@ from meshnet.protocol.frames import (
     StepFrame,
 )
 from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.shard_wire import frame_from_proto
 
 N_EMBD = 8
 N_LAYERS = 12
@@ -98,3 +101,19 @@ def rechecksum(message: pb.StepRequest) -> None:
     else:
         data = b""
     message.header.checksum = zlib.crc32(data)
+
+
+def decode_bytes(raw: bytes, limits: FrameLimits = LIMITS) -> StepFrame:
+    """Serialized StepRequest bytes -> a frame, the way a worker receives them.
+
+    The worker's transport refuses a message over ``max_frame_bytes`` (RESOURCE_EXHAUSTED) and
+    parses the rest; ``ShardServicer`` turns a parse error into INVALID_ARGUMENT; then
+    ``frame_from_proto`` validates. This does the same in-process.
+    """
+    if len(raw) > limits.max_frame_bytes:
+        raise ResourceExhausted(f"the frame is {len(raw)} bytes; this shard accepts at most {limits.max_frame_bytes}")
+    try:
+        message = pb.StepRequest.FromString(raw)
+    except DecodeError as error:
+        raise InvalidArgument(f"the frame is not a valid StepRequest: {error}") from None
+    return frame_from_proto(message, limits)

@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from protocol_samples import LIMITS, hidden_frame, token_frame
+from protocol_samples import LIMITS, decode_bytes, hidden_frame, token_frame
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.protocol.convert import frame_to_proto, parse_step_request, result_from_proto
 from meshnet.protocol.frames import SUPPORTED_SCHEMA_VERSIONS
 from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.shard_wire import frame_to_proto, result_from_proto
 
 
 @pytest.mark.parametrize("version", [0, 2, 99, 2**32 - 1])
@@ -20,7 +20,7 @@ def test_unknown_schema_version_is_refused_naming_supported_versions(version: in
     message = frame_to_proto(token_frame())
     message.header.schema_version = version
     with pytest.raises(InvalidArgument) as caught:
-        parse_step_request(message.SerializeToString(), LIMITS)
+        decode_bytes(message.SerializeToString(), LIMITS)
     text = str(caught.value)
     assert f"version {version} is not supported" in text
     assert all(str(v) in text for v in SUPPORTED_SCHEMA_VERSIONS)
@@ -33,7 +33,7 @@ def test_schema_version_is_checked_before_anything_else() -> None:
     message.header.phase = 77  # type: ignore[assignment]
     message.header.checksum ^= 1
     with pytest.raises(InvalidArgument, match="schema version 2"):
-        parse_step_request(message.SerializeToString(), LIMITS)
+        decode_bytes(message.SerializeToString(), LIMITS)
 
 
 def newer_schema_classes() -> tuple[Any, Any]:
@@ -63,7 +63,7 @@ def test_newer_message_with_extra_fields_still_decodes() -> None:
     newer.priority = 3
     raw = newer.SerializeToString()
     assert len(raw) > len(frame_to_proto(frame).SerializeToString())
-    back = parse_step_request(raw, LIMITS)
+    back = decode_bytes(raw, LIMITS)
     assert back.meta == frame.meta
     assert back.hidden is not None and frame.hidden is not None
     np.testing.assert_array_equal(back.hidden, frame.hidden)

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from protocol_samples import FINGERPRINT, LIMITS, N_EMBD, hidden_frame, rechecksum, token_frame
+from protocol_samples import FINGERPRINT, LIMITS, N_EMBD, decode_bytes, hidden_frame, rechecksum, token_frame
 
 from meshnet.core.errors import IntegrityError, InvalidArgument, MeshnetError, ResourceExhausted
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.convert import frame_from_proto, frame_to_proto, parse_step_request
 from meshnet.protocol.frames import MAX_POSITION, SUPPORTED_SCHEMA_VERSIONS, StepFrame
 from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.shard_wire import frame_from_proto, frame_to_proto
 
 FUZZ_EXAMPLES = 10_000
 """The W9 figure of the reliability design; about 13 s on 2 cores."""
@@ -371,7 +371,7 @@ MUTATIONS: list[Mutation] = [
 def decode_expecting(raw: bytes, expected: type[MeshnetError]) -> MeshnetError:
     started = time.perf_counter()
     try:
-        frame = parse_step_request(raw, LIMITS)
+        frame = decode_bytes(raw, LIMITS)
     except MeshnetError as error:
         elapsed = time.perf_counter() - started
         if elapsed >= 1.0:
@@ -394,7 +394,7 @@ def test_malformed_frames_raise_typed_errors(data: st.DataObject, base: pb.StepR
 @given(base=valid_messages())
 def test_generated_valid_frames_decode(base: pb.StepRequest) -> None:
     """The control for the test above: unmutated frames are accepted, so refusals mean something."""
-    frame = parse_step_request(base.SerializeToString(), LIMITS)
+    frame = decode_bytes(base.SerializeToString(), LIMITS)
     assert frame.n_tokens >= 1
 
 
@@ -402,14 +402,14 @@ def test_generated_valid_frames_decode(base: pb.StepRequest) -> None:
 @given(raw=st.binary(max_size=4096))
 def test_arbitrary_bytes_never_raise_anything_but_meshnet_errors(raw: bytes) -> None:
     with contextlib.suppress(MeshnetError):
-        parse_step_request(raw, LIMITS)
+        decode_bytes(raw, LIMITS)
 
 
 def test_decoder_serves_the_next_valid_frame_after_garbage() -> None:
     for raw in (b"\xff" * 64, b"\x0a\x05abc", bytes(range(256))):
         with pytest.raises(InvalidArgument):
-            parse_step_request(raw, LIMITS)
-    frame = parse_step_request(frame_to_proto(token_frame()).SerializeToString(), LIMITS)
+            decode_bytes(raw, LIMITS)
+    frame = decode_bytes(frame_to_proto(token_frame()).SerializeToString(), LIMITS)
     assert frame.tokens is not None
 
 
@@ -444,7 +444,7 @@ def test_n_embd_mismatch_names_both_widths() -> None:
 
 def test_oversized_raw_frame_is_resource_exhausted() -> None:
     with pytest.raises(ResourceExhausted):
-        parse_step_request(bytes(LIMITS.max_frame_bytes + 1), LIMITS)
+        decode_bytes(bytes(LIMITS.max_frame_bytes + 1), LIMITS)
 
 
 def test_local_frames_validate_too() -> None:

@@ -7,43 +7,43 @@ import zlib
 
 import numpy as np
 import pytest
-from protocol_samples import LIMITS, N_EMBD, hidden_frame, token_frame
+from hypothesis import given
+from hypothesis import strategies as st
+from protocol_samples import LIMITS, N_EMBD, decode_bytes, hidden_frame, token_frame
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.convert import (
-    SessionEnd,
-    cancel_to_proto,
-    capability_from_proto,
-    capability_to_proto,
-    frame_to_proto,
-    metrics_from_proto,
-    metrics_to_proto,
-    parse_step_request,
-    release_to_proto,
-    result_from_proto,
-    result_to_proto,
-    session_end_from_proto,
-    split_prefill,
-)
 from meshnet.protocol.frames import (
     FRAME_OVERHEAD_BYTES,
     SUPPORTED_SCHEMA_VERSIONS,
     CapabilityInfo,
     FrameLimits,
     HopTiming,
+    SessionEnd,
     StepFrame,
     StepResult,
-    choose_schema_version,
 )
 from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.prefill import split_prefill
+from meshnet.protocol.shard_wire import (
+    cancel_reply_to_proto,
+    capability_from_proto,
+    capability_to_proto,
+    frame_to_proto,
+    metrics_from_proto,
+    metrics_to_proto,
+    release_reply_to_proto,
+    result_from_proto,
+    result_to_proto,
+    session_end_from_proto,
+)
 
 MIDDLE_LAYERS = LayerRange(4, 8)
 
 
 def roundtrip(frame: StepFrame, limits: FrameLimits = LIMITS) -> StepFrame:
-    return parse_step_request(frame_to_proto(frame).SerializeToString(), limits)
+    return decode_bytes(frame_to_proto(frame).SerializeToString(), limits)
 
 
 def assert_same_frame(a: StepFrame, b: StepFrame) -> None:
@@ -71,7 +71,7 @@ def test_token_frame_roundtrip_keeps_every_field() -> None:
 def test_hidden_frame_roundtrip_is_bit_exact_and_zero_copy() -> None:
     frame = hidden_frame(rows=5, seed=3)
     message = pb.StepRequest.FromString(frame_to_proto(frame).SerializeToString())
-    back = parse_step_request(message.SerializeToString(), LIMITS)
+    back = decode_bytes(message.SerializeToString(), LIMITS)
     assert_same_frame(frame, back)
     assert back.hidden is not None
     assert back.hidden.shape == (5, N_EMBD)
@@ -98,7 +98,7 @@ def test_big_endian_hidden_is_read_correctly() -> None:
     del tensor.fragments[:]
     tensor.fragments.extend([data[:7], data[7:]])  # fragments need not align to elements
     message.header.checksum = zlib.crc32(data)
-    back = parse_step_request(message.SerializeToString(), LIMITS)
+    back = decode_bytes(message.SerializeToString(), LIMITS)
     assert back.hidden is not None and back.hidden.dtype == np.float32
     np.testing.assert_array_equal(back.hidden, frame.hidden)
 
@@ -112,6 +112,30 @@ def test_step_result_roundtrip_token_and_ack() -> None:
         result = StepResult(SessionId("s-1"), step=4, next_position=20, token_id=token_id, timings=timings)
         raw = result_to_proto(result).SerializeToString()
         assert result_from_proto(pb.StepResponse.FromString(raw)) == result
+
+
+timings = st.builds(
+    HopTiming,
+    address=st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=30),
+    layers=st.integers(0, 100).flatmap(
+        lambda start: st.builds(LayerRange, st.just(start), st.integers(start + 1, 200))
+    ),
+    queue_us=st.integers(0, 2**63 - 1),
+    compute_us=st.integers(0, 2**63 - 1),
+)
+
+
+@given(
+    step=st.integers(0, 2**63 - 1),
+    next_position=st.integers(0, 2**31),
+    token_id=st.none() | st.integers(0, 2**31 - 1),
+    hop_timings=st.lists(timings, max_size=8).map(tuple),
+)
+def test_any_step_result_roundtrips(
+    step: int, next_position: int, token_id: int | None, hop_timings: tuple[HopTiming, ...]
+) -> None:
+    result = StepResult(SessionId("s-1"), step, next_position, token_id, hop_timings)
+    assert result_from_proto(pb.StepResponse.FromString(result_to_proto(result).SerializeToString())) == result
 
 
 def sample_capability(layers: LayerRange = MIDDLE_LAYERS) -> CapabilityInfo:
@@ -161,22 +185,30 @@ def test_capability_with_contradicting_role_is_refused() -> None:
         capability_from_proto(message)
 
 
-def test_release_cancel_and_metrics_roundtrip() -> None:
-    end = SessionEnd(SessionId("s-9"), "client disconnected")
-    for message in (release_to_proto(end), cancel_to_proto(end)):
-        parsed = type(message).FromString(message.SerializeToString())
-        assert session_end_from_proto(parsed) == end
+def test_release_and_cancel_requests_decode_and_replies_encode() -> None:
+    """Only the server side exists (meshnet's client ends sessions by closing the stream)."""
+    for message in (pb.ReleaseRequest, pb.CancelRequest):
+        raw = message(session_id="s-9", reason="client disconnected").SerializeToString()
+        assert session_end_from_proto(message.FromString(raw)) == SessionEnd(SessionId("s-9"), "client disconnected")
     with pytest.raises(InvalidArgument):
         session_end_from_proto(pb.ReleaseRequest())
-    values = {"kv_used_bytes": 1.5e6, "sessions_active": 3.0}
+    with pytest.raises(InvalidArgument):
+        session_end_from_proto(pb.CancelRequest(session_id="s-9", reason="x" * 1025))
+    for freed in (True, False):
+        assert pb.ReleaseResponse.FromString(release_reply_to_proto(freed).SerializeToString()).freed is freed
+        assert pb.CancelResponse.FromString(cancel_reply_to_proto(freed).SerializeToString()).freed is freed
+
+
+@given(
+    values=st.dictionaries(
+        st.text(min_size=1, max_size=40),
+        st.floats(allow_nan=False, width=64),
+        max_size=50,
+    )
+)
+def test_metrics_roundtrip(values: dict[str, float]) -> None:
     raw = metrics_to_proto(values).SerializeToString()
     assert metrics_from_proto(pb.MetricsSnapshot.FromString(raw)) == values
-
-
-def test_choose_schema_version() -> None:
-    assert choose_schema_version([1, 2, 3]) == 1
-    with pytest.raises(FailedPrecondition, match="no common frame schema"):
-        choose_schema_version([2, 3])
 
 
 def test_split_prefill_tokens_respects_token_and_byte_limits() -> None:
@@ -208,7 +240,7 @@ def test_split_prefill_hidden_frames_fit_the_frame_limit() -> None:
         )
         raw = frame_to_proto(frame).SerializeToString()
         assert len(raw) <= max_frame
-        decoded = parse_step_request(raw, limits).hidden
+        decoded = decode_bytes(raw, limits).hidden
         assert decoded is not None
         rebuilt.append(decoded)
     np.testing.assert_array_equal(np.concatenate(rebuilt), hidden)
@@ -226,10 +258,10 @@ def test_one_token_decode_frame_is_cheap() -> None:
     limits = FrameLimits(n_embd=576, vocab_size=49152)
     frame = token_frame((42,), opening=False, phase="decode", cache="continue", position=9, step=3)
     for _ in range(200):
-        parse_step_request(frame_to_proto(frame).SerializeToString(), limits)
+        decode_bytes(frame_to_proto(frame).SerializeToString(), limits)
     count = 2000
     started = time.perf_counter()
     for _ in range(count):
-        parse_step_request(frame_to_proto(frame).SerializeToString(), limits)
+        decode_bytes(frame_to_proto(frame).SerializeToString(), limits)
     per_frame = (time.perf_counter() - started) / count
     assert per_frame < 1e-3, f"{per_frame * 1e6:.0f} us per 1-token frame"

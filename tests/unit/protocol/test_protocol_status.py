@@ -29,15 +29,15 @@ from meshnet.core.errors import (
     UnsupportedArchitecture,
 )
 from meshnet.core.ids import SessionId
-from meshnet.protocol.convert import (
+from meshnet.protocol.frames import StepResult
+from meshnet.protocol.generated import shard_pb2 as pb
+from meshnet.protocol.generated import shard_pb2_grpc as pb_grpc
+from meshnet.protocol.shard_wire import (
     frame_from_proto,
     frame_to_proto,
     result_from_proto,
     result_to_proto,
 )
-from meshnet.protocol.frames import StepResult
-from meshnet.protocol.generated import shard_pb2 as pb
-from meshnet.protocol.generated import shard_pb2_grpc as pb_grpc
 from meshnet.protocol.status import (
     ERROR_CODE_KEY,
     RETRYABLE_KEY,

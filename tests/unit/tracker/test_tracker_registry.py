@@ -9,8 +9,8 @@ from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, registration
 
 from meshnet.core.errors import InvalidArgument, NoRoute
 from meshnet.core.ids import NodeId, SessionId
-from meshnet.core.tracking import NodeLoad
-from meshnet.tracker.registry import NodeRegistry, RouteQuery
+from meshnet.core.tracking import NodeLoad, RouteQuery
+from meshnet.tracker.registry import NodeRegistry
 
 INTERVAL = 2.0
 

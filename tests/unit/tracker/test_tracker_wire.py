@@ -1,27 +1,53 @@
-"""Both ends of tracker.proto agree: what the client encodes the tracker decodes, and back."""
+"""Both ends of tracker.proto agree: every message survives encode -> bytes -> decode unchanged,
+and what arrives malformed is refused with a typed error."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import pytest
+from google.protobuf.message import Message
+from hypothesis import given
+from hypothesis import strategies as st
 from tracker_samples import FINGERPRINT, MODEL, OTHER_FINGERPRINT, registration, work_record
 
-from meshnet.client.tracker_client import registration_to_wire, route_from_wire, work_to_wire
 from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.events import RouteHop
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import Route
+from meshnet.core.tracking import (
+    MAX_PEERS,
+    Deregistered,
+    HeartbeatStatus,
+    ModelSummary,
+    NodeLoad,
+    Registered,
+    Route,
+    RouteQuery,
+    WorkAck,
+)
+from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.generated import tracker_pb2 as pb
-from meshnet.tracker import wire
+
+M = TypeVar("M", bound=Message)
+
+ids = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=32)
+counts = st.integers(0, 10_000)
+epochs = st.integers(0, 2**63 - 1)
+
+
+def over_the_wire(message: M) -> M:
+    """The message as the other end parses it."""
+    return type(message).FromString(message.SerializeToString())
 
 
 def test_registration_round_trips_with_its_hint() -> None:
     sent = registration(3, 17, address="10.0.0.2:7000")
-    decoded, hint = wire.registration_from_wire(registration_to_wire(sent, NodeId("n-9")))
+    decoded, hint = wire.registration_from_proto(over_the_wire(wire.registration_to_proto(sent, NodeId("n-9"))))
     assert decoded == sent and hint == "n-9"
-    assert wire.registration_from_wire(registration_to_wire(sent))[1] is None
+    assert wire.registration_from_proto(wire.registration_to_proto(sent))[1] is None
 
 
 def test_route_round_trips() -> None:
@@ -37,26 +63,115 @@ def test_route_round_trips() -> None:
         n_layers=20,
         ms_per_token=3.25,
     )
-    assert route_from_wire(wire.route_to_wire(route)) == route
+    assert wire.route_from_proto(over_the_wire(wire.route_to_proto(route))) == route
 
 
 def test_work_record_round_trips() -> None:
     record = work_record("req-7")
-    assert wire.work_from_wire(work_to_wire(record)) == record
+    assert wire.work_from_proto(over_the_wire(wire.work_to_proto(record))) == record
+    anonymous = replace(work_record("req-8", tokens_out=0), session_id=None, status="cancelled")
+    assert wire.work_from_proto(over_the_wire(wire.work_to_proto(anonymous))) == anonymous
 
 
 def test_route_query_decodes_the_optional_start_layer() -> None:
-    plain = wire.route_query_from_wire(pb.RouteRequest(model=MODEL))
+    plain = wire.route_query_from_proto(pb.RouteRequest(model=MODEL))
     assert plain.start_layer is None and plain.session_id is None
-    failover = wire.route_query_from_wire(
+    failover = wire.route_query_from_proto(
         pb.RouteRequest(model=MODEL, session_id="s-1", exclude_node_ids=["x"], require_start_layer=0)
     )
     assert failover.start_layer == 0 and failover.session_id == SessionId("s-1")
     assert failover.exclude == {"x"}
 
 
+@given(
+    model=ids,
+    session_id=st.none() | ids,
+    exclude=st.frozensets(ids, max_size=8),
+    start_layer=st.none() | st.integers(0, 1000),
+)
+def test_route_query_round_trips(
+    model: str, session_id: str | None, exclude: frozenset[str], start_layer: int | None
+) -> None:
+    query = RouteQuery(
+        model,
+        None if session_id is None else SessionId(session_id),
+        frozenset(NodeId(node_id) for node_id in exclude),
+        start_layer,
+    )
+    assert wire.route_query_from_proto(over_the_wire(wire.route_query_to_proto(query))) == query
+
+
+@given(
+    node_id=ids,
+    interval_ms=st.integers(1, 2**32 - 1),
+    epoch=epochs,
+)
+def test_register_reply_round_trips(node_id: str, interval_ms: int, epoch: int) -> None:
+    registered = Registered(NodeId(node_id), interval_ms / 1000, epoch)
+    assert wire.registered_from_proto(over_the_wire(wire.registered_to_proto(registered))) == registered
+
+
+peer_latencies = st.lists(st.tuples(ids, st.floats(0.0, 600_000.0, allow_nan=False)), max_size=MAX_PEERS).map(tuple)
+
+
+@given(
+    node_id=ids,
+    active=counts,
+    free=counts,
+    queue=counts,
+    kv_used=st.floats(0.0, 1.0),
+    peers=peer_latencies,
+)
+def test_heartbeat_round_trips(
+    node_id: str, active: int, free: int, queue: int, kv_used: float, peers: tuple[tuple[str, float], ...]
+) -> None:
+    load = NodeLoad(active, free, queue, kv_used, peers)
+    message = over_the_wire(wire.heartbeat_to_proto(NodeId(node_id), load))
+    assert wire.heartbeat_from_proto(message) == (node_id, load)
+
+
+@given(known=st.booleans(), epoch=epochs, probe=st.lists(ids, max_size=MAX_PEERS).map(tuple))
+def test_heartbeat_reply_round_trips(known: bool, epoch: int, probe: tuple[str, ...]) -> None:
+    status = HeartbeatStatus(known, epoch, probe)
+    assert wire.heartbeat_status_from_proto(over_the_wire(wire.heartbeat_status_to_proto(status))) == status
+
+
+@given(request_id=ids, duplicate=st.booleans())
+def test_work_ack_round_trips(request_id: str, duplicate: bool) -> None:
+    ack = WorkAck(RequestId(request_id), duplicate)
+    assert wire.work_ack_from_proto(over_the_wire(wire.work_ack_to_proto(ack))) == ack
+
+
+model_summaries = st.builds(
+    ModelSummary,
+    name=ids,
+    fingerprint=ids,
+    quantization=st.text(max_size=8),
+    n_layers=st.integers(1, 1000),
+    nodes=counts,
+    routable=st.booleans(),
+)
+
+
+@given(models=st.lists(model_summaries, max_size=5).map(tuple), epoch=epochs)
+def test_model_list_round_trips(models: tuple[ModelSummary, ...], epoch: int) -> None:
+    assert wire.models_from_proto(over_the_wire(wire.models_to_proto(models, epoch))) == (models, epoch)
+
+
+@given(node_id=ids, known=st.booleans(), epoch=epochs)
+def test_deregister_round_trips(node_id: str, known: bool, epoch: int) -> None:
+    assert wire.deregister_from_proto(over_the_wire(wire.deregister_to_proto(NodeId(node_id)))) == node_id
+    reply = Deregistered(known, epoch)
+    assert wire.deregistered_from_proto(over_the_wire(wire.deregistered_to_proto(reply))) == reply
+
+
+def test_a_deregistration_without_node_id_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="node_id"):
+        wire.deregister_from_proto(pb.DeregisterRequest())
+
+
 def _tampered(**fields: object) -> pb.NodeRegistration:
-    message = registration_to_wire(registration(0, 10))
+    message = wire.registration_to_proto(registration(0, 10))
     for name, value in fields.items():
         target = message
         *path, leaf = name.split("__")
@@ -85,14 +200,14 @@ def _tampered(**fields: object) -> pb.NodeRegistration:
 )
 def test_malformed_registrations_are_invalid_arguments(fields: dict[str, object]) -> None:
     with pytest.raises(InvalidArgument):
-        wire.registration_from_wire(_tampered(**fields))
+        wire.registration_from_proto(_tampered(**fields))
 
 
 def test_a_registration_without_recipe_is_refused() -> None:
-    message = registration_to_wire(registration(0, 10))
+    message = wire.registration_to_proto(registration(0, 10))
     message.ClearField("recipe")
     with pytest.raises(InvalidArgument, match="no recipe"):
-        wire.registration_from_wire(message)
+        wire.registration_from_proto(message)
 
 
 @pytest.mark.parametrize(
@@ -105,16 +220,26 @@ def test_a_registration_without_recipe_is_refused() -> None:
     ],
 )
 def test_malformed_work_records_are_invalid_arguments(fields: dict[str, object]) -> None:
-    message = work_to_wire(work_record())
+    message = wire.work_to_proto(work_record())
     for name, value in fields.items():
         setattr(message, name, value)
     with pytest.raises(InvalidArgument):
-        wire.work_from_wire(message)
+        wire.work_from_proto(message)
 
 
-def test_heartbeat_load_is_bounded() -> None:
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"node_id": ""},
+        {"kv_used_fraction": 1.5},
+        {"kv_used_fraction": math.nan},
+        {"peers": [pb.PeerLatency(address="a:1", rtt_ms=-1.0)]},
+        {"peers": [pb.PeerLatency(address="a:1", rtt_ms=1.0)] * (MAX_PEERS + 1)},
+    ],
+)
+def test_malformed_heartbeats_are_invalid_arguments(fields: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgument):
-        wire.heartbeat_from_wire(pb.NodeHeartbeat(node_id="n-1", kv_used_fraction=1.5))
+        wire.heartbeat_from_proto(pb.NodeHeartbeat(**{"node_id": "n-1", **fields}))
 
 
 def test_the_client_refuses_a_route_that_mixes_recipes() -> None:
@@ -132,7 +257,7 @@ def test_the_client_refuses_a_route_that_mixes_recipes() -> None:
         n_layers=20,
     )
     with pytest.raises(Unavailable, match="recipes"):
-        route_from_wire(reply)
+        wire.route_from_proto(reply)
     del reply.hops[1]
     with pytest.raises(Unavailable, match="malformed"):
-        route_from_wire(reply)  # ends at 10 of 20 layers
+        wire.route_from_proto(reply)  # ends at 10 of 20 layers

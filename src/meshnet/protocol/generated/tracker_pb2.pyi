@@ -85,22 +85,20 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
-    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "load", "peers")
+    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "peers")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     KV_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
-    LOAD_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     active_sessions: int
     free_sessions: int
     queue_depth: int
     kv_used_fraction: float
-    load: float
     peers: _containers.RepeatedCompositeFieldContainer[PeerLatency]
-    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., load: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ...) -> None: ...
 
 class PeerLatency(_message.Message):
     __slots__ = ("address", "rtt_ms")

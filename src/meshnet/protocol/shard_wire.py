@@ -1,26 +1,27 @@
-"""The single conversion module between protobuf messages and meshnet's typed frozen values.
+"""shard.proto messages <-> meshnet's typed frozen values (``protocol.frames``), one message at a time.
 
-Nothing else in meshnet reads or builds shard protobuf messages field by field. Decoding never
-trusts the sender: unknown schema versions and enum values, malformed sizes, bad checksums and
-out-of-range numbers all raise typed ``MeshnetError``s (never ``assert``, never a bare exception),
-and every size is bounded before anything is allocated. Encoding computes the payload checksum.
+Nothing outside ``meshnet.protocol`` reads or builds shard protobuf messages field by field; the
+tracker's messages have their twin module in ``tracker_wire``. Each message's encoder and decoder
+sit side by side. Decoding never trusts the sender: unknown schema versions and enum values,
+malformed sizes, bad checksums and out-of-range numbers all raise typed ``MeshnetError``s (never
+``assert``, never a bare exception), and every size is bounded before anything is allocated.
+Encoding computes the payload checksum.
+
+Release and Cancel are served for operators and other clients; meshnet's own client ends a
+session by closing its stream, so only their server side (request in, reply out) is here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
-from meshnet.core.errors import InvalidArgument, ResourceExhausted
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.protocol.frames import (
-    FRAME_OVERHEAD_BYTES,
-    MAX_ID_CHARS,
     CacheExpectation,
     CapabilityInfo,
     Continuation,
@@ -29,6 +30,7 @@ from meshnet.protocol.frames import (
     HopSpec,
     HopTiming,
     Phase,
+    SessionEnd,
     ShardRole,
     StepFrame,
     StepResult,
@@ -50,8 +52,6 @@ _ROLE_TO_PROTO: dict[ShardRole, int] = {
     "tail": pb.SHARD_ROLE_TAIL,
     "full": pb.SHARD_ROLE_FULL,
 }
-_MAX_TOKEN_VARINT_BYTES = 5
-"""A non-negative int32 takes at most 5 bytes as a protobuf varint."""
 MAX_METRICS = 4096
 MAX_STOP_TOKENS = 1024
 
@@ -137,17 +137,6 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
     )
 
 
-def parse_step_request(raw: bytes, limits: FrameLimits) -> StepFrame:
-    """Serialized StepRequest bytes -> a validated frame; unparsable bytes are InvalidArgument."""
-    if len(raw) > limits.max_frame_bytes:
-        raise ResourceExhausted(f"the frame is {len(raw)} bytes; this shard accepts at most {limits.max_frame_bytes}")
-    try:
-        message = pb.StepRequest.FromString(raw)
-    except DecodeError as error:
-        raise InvalidArgument(f"the frame is not a valid StepRequest: {error}") from None
-    return frame_from_proto(message, limits)
-
-
 def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:
     # The version first: a newer peer must learn which versions we read, not trip over a field.
     check_schema_version(header.schema_version)
@@ -187,53 +176,6 @@ def _range(span: pb.LayerSpan, what: str) -> LayerRange:
         raise InvalidArgument(f"{what}: {error.message}") from None
 
 
-# --- prefill chunking ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PrefillChunk:
-    """One frame's worth of a prefill: a view into the caller's array, no copy."""
-
-    position: int
-    payload: np.ndarray
-    """Token ids ``[n]`` or hidden ``[n, n_embd]``."""
-    final_chunk: bool
-
-
-def split_prefill(
-    payload: np.ndarray, start_position: int, max_frame_bytes: int, *, max_tokens: int | None = None
-) -> list[PrefillChunk]:
-    """Cut a prefill into chunks whose frames fit ``max_frame_bytes`` (and ``max_tokens``).
-
-    Each frame keeps ``FRAME_OVERHEAD_BYTES`` for header, hops and sampling; the rest is payload.
-    """
-    if payload.ndim == 1:
-        bytes_per_token = _MAX_TOKEN_VARINT_BYTES
-    elif payload.ndim == 2:
-        bytes_per_token = int(payload.shape[1]) * 4
-    else:
-        raise InvalidArgument(f"a prefill is token ids [n] or hidden [n, n_embd], got shape {payload.shape}")
-    n_total = int(payload.shape[0])
-    if n_total == 0:
-        raise InvalidArgument("the prefill is empty")
-    per_chunk = (max_frame_bytes - FRAME_OVERHEAD_BYTES) // max(bytes_per_token, 1)
-    if max_tokens is not None:
-        per_chunk = min(per_chunk, max_tokens)
-    if per_chunk < 1:
-        raise InvalidArgument(
-            f"one token ({bytes_per_token} bytes) does not fit a frame of {max_frame_bytes} bytes "
-            f"with {FRAME_OVERHEAD_BYTES} bytes kept for the header"
-        )
-    return [
-        PrefillChunk(
-            position=start_position + offset,
-            payload=payload[offset : offset + per_chunk],
-            final_chunk=offset + per_chunk >= n_total,
-        )
-        for offset in range(0, n_total, per_chunk)
-    ]
-
-
 # --- step results -------------------------------------------------------------------------------
 
 
@@ -269,6 +211,10 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
 
 
 # --- capability, session end, metrics -----------------------------------------------------------
+
+
+def capability_request_to_proto() -> pb.CapabilityRequest:
+    return pb.CapabilityRequest()
 
 
 def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
@@ -321,30 +267,21 @@ def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
     return info
 
 
-@dataclass(frozen=True, slots=True)
-class SessionEnd:
-    """A Release or Cancel request: which session to free, and why (for logs)."""
-
-    session_id: SessionId
-    reason: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.session_id or len(self.session_id) > MAX_ID_CHARS:
-            raise InvalidArgument(f"session_id must be 1..{MAX_ID_CHARS} characters")
-        if len(self.reason) > 1024:
-            raise InvalidArgument("the reason is longer than 1024 characters")
-
-
-def release_to_proto(end: SessionEnd) -> pb.ReleaseRequest:
-    return pb.ReleaseRequest(session_id=end.session_id, reason=end.reason)
-
-
-def cancel_to_proto(end: SessionEnd) -> pb.CancelRequest:
-    return pb.CancelRequest(session_id=end.session_id, reason=end.reason)
-
-
 def session_end_from_proto(message: pb.ReleaseRequest | pb.CancelRequest) -> SessionEnd:
+    """A Release or Cancel request -> which session to free, and why."""
     return SessionEnd(SessionId(message.session_id), message.reason)
+
+
+def release_reply_to_proto(freed: bool) -> pb.ReleaseResponse:
+    return pb.ReleaseResponse(freed=freed)
+
+
+def cancel_reply_to_proto(freed: bool) -> pb.CancelResponse:
+    return pb.CancelResponse(freed=freed)
+
+
+def metrics_request_to_proto() -> pb.MetricsRequest:
+    return pb.MetricsRequest()
 
 
 def metrics_to_proto(values: Mapping[str, float]) -> pb.MetricsSnapshot:
