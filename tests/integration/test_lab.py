@@ -37,10 +37,12 @@ import sys
 from pathlib import Path
 from meshnet.lab.command import lab_up
 from meshnet.lab.lab import LabConfig
+from meshnet.core.layers import LayerRange
 model, data, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
 config = LabConfig(model=Path(model), data_dir=Path(data), nodes=3, spares=0, delay_ms=delay,
-                   bandwidth_mbit=100, memory_mb=400, context=512, model_name="tiny", tag="t9")
-sys.exit(lab_up(config, 6))
+                   bandwidth_mbit=100, memory_mb=400, context=512, sessions=2, model_name="tiny", tag="t9",
+                   ranges=(LayerRange(0, 2), LayerRange(2, 4), LayerRange(4, 6)))
+sys.exit(lab_up(config))
 """
 
 

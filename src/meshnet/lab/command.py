@@ -17,13 +17,13 @@ def _raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def lab_up(config: LabConfig, n_layers: int) -> int:
+def lab_up(config: LabConfig) -> int:
     _raise_on_sigterm()
     lab = Lab(config)
     try:
         plan = lab.build()
         print(f"lab       {plan.subnet} on bridge {plan.bridge} ({len(plan.nodes)} nodes)", flush=True)
-        swarm = start_swarm(lab, n_layers)
+        swarm = start_swarm(lab)
         for node in plan.nodes:
             role = "spare" if node.spare else "node"
             cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"

@@ -7,7 +7,10 @@ byte between nodes crosses a shaped link with its delay.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from meshnet.artifact.describe import describe_model
+from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.lab.lab import (
     GATEWAY_PORT,
@@ -15,9 +18,12 @@ from meshnet.lab.lab import (
     TRACKER_PORT,
     WORKER_PORT,
     Lab,
+    LabConfig,
     _meshnet,
 )
 from meshnet.lab.plan import LabNode
+from meshnet.session.admission import kv_bytes_per_session
+from meshnet.tracker.placement import LayerCosts, plan_ranges
 
 
 @dataclass(frozen=True)
@@ -29,14 +35,45 @@ class LabSwarm:
     advertised: dict[int, str]
 
 
-def choose_ranges(n_layers: int, serving: int, spares: int, given: tuple[LayerRange, ...]) -> list[LayerRange]:
-    """Layers per node: the given ranges, or an even split; spare j covers serving node (1+j) mod N,
-    so the first spare stands in for the middle of a 3-node route."""
-    ranges = list(given) if given else split_evenly(n_layers, serving)
-    return ranges + [ranges[(1 + j) % serving] for j in range(spares)]
+def choose_ranges(serving: list[LayerRange], spares: int) -> list[LayerRange]:
+    """Spare j covers serving node (1+j) mod N, so the first spare stands in for the middle of a
+    3-node route."""
+    return serving + [serving[(1 + j) % len(serving)] for j in range(spares)]
 
 
-def start_swarm(lab: Lab, n_layers: int) -> LabSwarm:
+def layer_costs(model: Path, sessions: int, context: int) -> LayerCosts:
+    """What each layer, the head and the tail of ``model`` need resident, from its GGUF header."""
+    gguf = parse_gguf(model)
+    description = describe_model(model)
+    blocks = [0] * description.n_layers
+    tail = 0
+    for tensor in gguf.tensors.values():
+        if tensor.name.startswith("blk."):
+            blocks[int(tensor.name.split(".")[1])] += tensor.nbytes
+        elif tensor.name.startswith("output") or (
+            tensor.name == "token_embd.weight" and "output.weight" not in gguf.tensors
+        ):
+            tail += tensor.nbytes  # output norm and LM head (the token table when they are tied)
+    kv = kv_bytes_per_session(context, 1, description.n_embd, description.n_head, description.n_head_kv)
+    return LayerCosts(
+        block_bytes=tuple(blocks),
+        kv_bytes_per_layer=kv * sessions,
+        tail_bytes=tail,
+        fixed_bytes=RUNTIME_OVERHEAD_MB * 2**20,
+    )
+
+
+def serving_ranges(config: LabConfig, n_nodes: int) -> list[LayerRange]:
+    """The configured ranges, else a split chosen for the nodes' memory, else an even split."""
+    if config.ranges:
+        return list(config.ranges)
+    if config.memory_mb is None:
+        return split_evenly(describe_model(config.model).n_layers, n_nodes)
+    costs = layer_costs(config.model, config.sessions, config.context)
+    return plan_ranges(costs, [config.memory_mb * 2**20] * n_nodes)
+
+
+def start_swarm(lab: Lab) -> LabSwarm:
     plan = lab.plan
     if plan is None:
         raise RuntimeError("build the lab before starting a swarm")
@@ -58,7 +95,7 @@ def start_swarm(lab: Lab, n_layers: int) -> LabSwarm:
         "meshnet tracker listening on",
         role="control",
     )
-    ranges = choose_ranges(n_layers, len(plan.serving()), len(plan.spares()), lab.config.ranges)
+    ranges = choose_ranges(serving_ranges(lab.config, len(plan.serving())), len(plan.spares()))
     advertised = {}
     for node, layers in zip(plan.nodes, ranges, strict=True):
         advertised[node.index] = _start_worker(lab, node, layers, tracker)
@@ -91,7 +128,6 @@ def start_swarm(lab: Lab, n_layers: int) -> LabSwarm:
 
 def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> str:
     address = lab.start_relay(node)
-    budget = [] if node.memory_mb is None else ["--memory-budget-mb", str(node.memory_mb - RUNTIME_OVERHEAD_MB)]
     lab.start(
         node,
         f"worker-n{node.index}",
@@ -114,7 +150,8 @@ def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> 
             str(lab.config.threads),
             "--context",
             str(lab.config.context),
-            *budget,
+            "--max-sessions",
+            str(lab.config.sessions),
             *_name(lab),
         ),
         "meshnet worker ready",

@@ -46,5 +46,5 @@ def test_tbf_burst_holds_a_timer_tick() -> None:
 
 
 def test_the_first_spare_covers_the_middle() -> None:
-    ranges = choose_ranges(30, 3, 2, ())
+    ranges = choose_ranges([LayerRange(0, 10), LayerRange(10, 20), LayerRange(20, 30)], 2)
     assert ranges[3] == LayerRange(10, 20) and ranges[4] == LayerRange(20, 30)
