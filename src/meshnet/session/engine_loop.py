@@ -66,14 +66,12 @@ class _Call:
 class LoopStats:
     """Counters read by metrics; written only by the loop thread (ints are atomic enough)."""
 
-    ticks: int = 0
     decode_steps: int = 0
     decode_batches: int = 0
     prefill_tokens: int = 0
     busy_seconds: float = 0.0
     expired: int = 0
     queue_depth: int = 0
-    last_batch_size: int = 0
 
 
 class EngineLoop:
@@ -241,13 +239,11 @@ class EngineLoop:
 
     def _account(self, chunks: list[StepInput], seconds: float) -> None:
         stats = self.stats
-        stats.ticks += 1
         stats.busy_seconds += seconds
         decode = sum(1 for c in chunks if c.n_tokens == 1)
         if decode:
             stats.decode_batches += 1
             stats.decode_steps += decode
-        stats.last_batch_size = decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)
 
 
