@@ -112,7 +112,6 @@ class Shard(Generic[S]):
         if meta.layers != self.shape.layers:
             raise FailedPrecondition(f"frame asks for layers {meta.layers}; this shard runs {self.shape.layers}")
         self._output.check(frame)
-        self._continuation.check(frame)
 
     async def _open(self, frame: StepFrame, stream_deadline: float | None) -> Session[S]:
         if self._draining:

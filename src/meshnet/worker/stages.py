@@ -8,8 +8,10 @@ written four times (full, head, middle, tail) or branching on its role at every 
   answers with what comes back (``ForwardStage``). Each fixes what a session keeps from its
   opening frame: the sampling parameters, or the rest of the route and the stream to its next
   hop (``Downstream``).
-- its **continuation**: only a shard that takes token ids (head, full) may be asked to feed each
-  sampled token back in by itself (``HeadDecodeLoop``); any other refuses (``NoContinuation``).
+- its **continuation**: only a shard that takes token ids (head, full) feeds each sampled token
+  back in by itself (``HeadDecodeLoop``); any other runs only the steps it is sent
+  (``NoContinuation``: a frame into a shard after layer 0 cannot even carry the request, as
+  ``StepFrame`` allows a continuation only with token input).
 
 The input side needs no stage: a frame's own checks already fix that a shard starting at layer 0
 receives token ids and any other a hidden state, so the engine input is whichever the frame holds.
@@ -174,9 +176,6 @@ class ForwardStage:
 
 
 class Continuation(Protocol):
-    def check(self, frame: StepFrame) -> None:
-        """Refuse a frame asking for a continuation this shard cannot give."""
-
     def steps(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
     ) -> AsyncIterator[StepResult]:
@@ -186,10 +185,6 @@ class Continuation(Protocol):
 
 class NoContinuation:
     """Shards after the head: every step comes from upstream."""
-
-    def check(self, frame: StepFrame) -> None:
-        if frame.continuation is not None:
-            raise InvalidArgument("only the head can decode on by itself (continuation)")
 
     async def steps(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
@@ -204,9 +199,6 @@ class HeadDecodeLoop:
     Each step is a decode frame like one the sender would have sent (same checks, same
     idempotency bookkeeping), so a sender can switch between driving and reading freely.
     """
-
-    def check(self, frame: StepFrame) -> None:
-        return None  # the frame's own checks keep continuations to final token frames
 
     async def steps(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep

@@ -103,7 +103,7 @@ async def test_a_tail_prefill_returns_only_the_last_rows_logits() -> None:
         output = await engine.run_step(StepInput(0, 0, hidden=hidden, want_logits="last"))
         assert output.logits is not None and output.logits.shape == (1, 64)
         whole = tail_backend().run([StepInput(0, 0, hidden=hidden, want_logits="last")])[0]
-        np.testing.assert_array_equal(output.logits, whole.logits)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(output.logits, whole.logits)
     finally:
         await asyncio.to_thread(engine.stop)
 
