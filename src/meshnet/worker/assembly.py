@@ -22,7 +22,7 @@ from grpc_health.v1._async import HealthServicer
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
-from meshnet.core.errors import InvalidArgument, Unavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import HardwareSummary, NodeRegistration
@@ -126,7 +126,8 @@ def _bind(config: WorkerConfig) -> tuple[grpc.aio.Server, int]:
     try:
         return server, server.add_insecure_port(target)
     except RuntimeError as error:
-        raise Unavailable(f"the worker cannot listen on {target} (is the port in use?): {error}") from error
+        # Not Unavailable: that code says a peer was lost, and nothing was lost, the port is taken.
+        raise FailedPrecondition(f"the worker cannot listen on {target} (is the port in use?): {error}") from error
 
 
 def open_backend(config: WorkerConfig, cache: SliceCache, max_sessions: int) -> Backend:
