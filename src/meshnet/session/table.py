@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
-from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.ids import SessionId
 from meshnet.protocol.frames import StepResult
 from meshnet.session.admission import (
     AdmissionPolicy,
@@ -45,7 +45,6 @@ class Answered:
 @dataclass
 class Session(Generic[S]):
     key: SessionId
-    request_id: RequestId
     slot: int
     epoch: int
     state: S
@@ -88,7 +87,7 @@ class SessionTable(Generic[S]):
         return list(self._sessions.values())
 
     def open(
-        self, key: SessionId, request_id: RequestId, epoch: int, queue_depth: int, state: Callable[[], S]
+        self, key: SessionId, epoch: int, queue_depth: int, state: Callable[[], S]
     ) -> tuple[Session[S], Session[S] | None]:
         """Admit a new session; returns it and the session evicted to make room (if any).
 
@@ -109,7 +108,7 @@ class SessionTable(Generic[S]):
         if decision.evict is not None:
             evicted = self.close(SessionId(decision.evict), reason="evicted to make room (least recently used)")
             self.evictions += 1
-        session = Session(key, request_id, heapq.heappop(self._free), epoch, owned, now)
+        session = Session(key, heapq.heappop(self._free), epoch, owned, now)
         self._sessions[key] = session
         self._gone.pop(key, None)
         return session, evicted

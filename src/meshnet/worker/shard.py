@@ -120,7 +120,6 @@ class Shard(Generic[S]):
         meta = frame.meta
         session, evicted = self._table.open(
             meta.session_id,
-            meta.request_id,
             meta.route_epoch,
             self._loop.queue_depth,
             lambda: self._output.open_state(frame, stream_deadline),

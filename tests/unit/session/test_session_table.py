@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
-from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.ids import SessionId
 from meshnet.protocol.frames import StepResult
 from meshnet.session.admission import AdmissionPolicy
 from meshnet.session.table import Session, SessionTable
@@ -26,7 +26,7 @@ def result(session: str, step: int, next_position: int, token: int | None = None
 def open_session(
     table: SessionTable[str], key: str, state: str = "state", epoch: int = 0
 ) -> tuple[Session[str], Session[str] | None]:
-    return table.open(SessionId(key), RequestId("r"), epoch, 0, lambda: state)
+    return table.open(SessionId(key), epoch, 0, lambda: state)
 
 
 def test_table_checks_steps_positions_and_epochs() -> None:
@@ -95,7 +95,7 @@ def test_state_is_made_only_for_an_admitted_session_and_a_failure_changes_nothin
 
     open_session(table, "a")
     with pytest.raises(ResourceExhausted):
-        table.open(SessionId("b"), RequestId("r"), 0, 0, make)
+        table.open(SessionId("b"), 0, 0, make)
     assert made == []  # refused before any state (a downstream connection) was made
 
     def fail() -> str:
@@ -103,7 +103,7 @@ def test_state_is_made_only_for_an_admitted_session_and_a_failure_changes_nothin
 
     clock.now = 10.0  # "a" may now be evicted, but a failing state must not evict it
     with pytest.raises(ConnectionError):
-        table.open(SessionId("b"), RequestId("r"), 0, 0, fail)
+        table.open(SessionId("b"), 0, 0, fail)
     assert SessionId("a") in table and SessionId("b") not in table
     assert table.evictions == 0 and table.free_slots == 0
 
