@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from meshnet.engine.backend import Backend, StepInput, StepOutput, prefill_piece
 from meshnet.session.scheduler import PendingWork, plan_tick
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -128,9 +129,9 @@ class EngineLoop:
         self._inbox.put(work)
         return await future
 
-    async def call(self, function: Callable[[Backend], Any]) -> Any:
+    async def call(self, function: Callable[[Backend], T]) -> T:
         """Run ``function(backend)`` on the loop thread between ticks."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._inbox.put(_Call(function, future))
         return await future
 

@@ -15,7 +15,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from grpc_health.v1 import health_pb2
 
@@ -49,7 +49,8 @@ async def serve_worker(
     stop = stop or asyncio.Event()
     identity = worker.shard.identity
     probes = ChannelPool(config.max_frame_bytes)
-    metrics_server, metrics_address = None, None
+    metrics_server: WSGIServer | None = None
+    metrics_address: str | None = None
     background: list[asyncio.Task[None]] = []
     try:
         await worker.server.start()
@@ -77,7 +78,7 @@ async def serve_worker(
         await _release(worker, probes, metrics_server)
 
 
-async def _release(worker: AssembledWorker, probes: ChannelPool, metrics_server: Any) -> None:
+async def _release(worker: AssembledWorker, probes: ChannelPool, metrics_server: WSGIServer | None) -> None:
     """Free every session's KV, close every channel and listener, stop the engine."""
     await worker.shard.close()
     await worker.links.close()
@@ -108,7 +109,7 @@ def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asynci
     return tasks
 
 
-def _serve_metrics(shard: AnyShard, config: WorkerConfig) -> tuple[Any, str]:
+def _serve_metrics(shard: AnyShard, config: WorkerConfig) -> tuple[WSGIServer, str]:
     """Prometheus ``/metrics`` over the same figures GetMetrics and the heartbeat report."""
     registry = build_registry("meshnet_worker", lambda: shard.metrics().values(), {"layers": str(config.layers)})
     server, port = serve_metrics(registry, config.host, config.metrics_port or 0)

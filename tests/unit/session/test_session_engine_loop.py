@@ -59,7 +59,7 @@ class Held:
         self._engine = engine
         self._entered = threading.Event()
         self._release = threading.Event()
-        self._call: asyncio.Future[object] | None = None
+        self._call: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> Held:
         def hold(backend: Backend) -> None:
