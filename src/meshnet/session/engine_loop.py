@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from meshnet.engine.backend import Backend, StepInput, StepOutput, prefill_piece
 from meshnet.session.scheduler import PendingWork, plan_tick
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,14 +67,12 @@ class _Call:
 class LoopStats:
     """Counters read by metrics; written only by the loop thread (ints are atomic enough)."""
 
-    ticks: int = 0
     decode_steps: int = 0
     decode_batches: int = 0
     prefill_tokens: int = 0
     busy_seconds: float = 0.0
     expired: int = 0
     queue_depth: int = 0
-    last_batch_size: int = 0
 
 
 class EngineLoop:
@@ -130,9 +129,9 @@ class EngineLoop:
         self._inbox.put(work)
         return await future
 
-    async def call(self, function: Callable[[Backend], Any]) -> Any:
+    async def call(self, function: Callable[[Backend], T]) -> T:
         """Run ``function(backend)`` on the loop thread between ticks."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._inbox.put(_Call(function, future))
         return await future
 
@@ -241,13 +240,11 @@ class EngineLoop:
 
     def _account(self, chunks: list[StepInput], seconds: float) -> None:
         stats = self.stats
-        stats.ticks += 1
         stats.busy_seconds += seconds
         decode = sum(1 for c in chunks if c.n_tokens == 1)
         if decode:
             stats.decode_batches += 1
             stats.decode_steps += decode
-        stats.last_batch_size = decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)
 
 

@@ -8,7 +8,7 @@ registry, so two components in one process (tests) never share or double-count m
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -47,7 +47,7 @@ def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, int]:
     """Serve ``/metrics`` over HTTP on a daemon thread; returns (server, bound port)."""
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server, int(server.server_port)

@@ -1,4 +1,4 @@
-"""The gRPC Shard servicer: wire adaptation only; decisions live in ``ShardRuntime``.
+"""The gRPC Shard servicer: wire adaptation only; decisions live in ``Shard``.
 
 A session lives exactly as long as its stream: when the upstream closes, cancels, or a frame
 fails, the session's KV is freed here and the downstream stream is closed, which frees it on
@@ -28,34 +28,35 @@ from meshnet.protocol.shard_wire import (
     session_end_from_proto,
 )
 from meshnet.protocol.status import abort_with
-from meshnet.worker.runtime import ShardRuntime
+from meshnet.worker.shard import AnyShard
 
 log = logging.getLogger(__name__)
 
 
 class ShardServicer(pb.ShardServicer):
-    def __init__(self, runtime: ShardRuntime) -> None:
-        self.runtime = runtime
+    def __init__(self, shard: AnyShard) -> None:
+        self.shard = shard
 
     async def GetCapability(self, request: pb.CapabilityRequest, context: grpc.aio.ServicerContext) -> pb.Capability:
-        return capability_to_proto(self.runtime.capability())
+        return capability_to_proto(self.shard.capability())
 
     async def GetMetrics(self, request: pb.MetricsRequest, context: grpc.aio.ServicerContext) -> pb.MetricsSnapshot:
-        return metrics_to_proto(self.runtime.metrics())
+        return metrics_to_proto(self.shard.metrics().values())
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
-        end = await self._session_end(request, context)
-        return release_reply_to_proto(await self.runtime.end(end.session_id, end.reason or "released"))
+        return release_reply_to_proto(await self._end(request, context, "released"))
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
-        end = await self._session_end(request, context)
-        return cancel_reply_to_proto(await self.runtime.end(end.session_id, end.reason or "cancelled"))
+        return cancel_reply_to_proto(await self._end(request, context, "cancelled"))
 
-    async def _session_end(self, request: pb.ReleaseRequest | pb.CancelRequest, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+    async def _end(
+        self, request: pb.ReleaseRequest | pb.CancelRequest, context: grpc.aio.ServicerContext, default_reason: str
+    ) -> bool:
         try:
-            return session_end_from_proto(request)
+            end = session_end_from_proto(request)
         except MeshnetError as error:
             await abort_with(context, error)
+        return await self.shard.end(end.session_id, end.reason or default_reason)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
@@ -67,13 +68,13 @@ class ShardServicer(pb.ShardServicer):
         failure: MeshnetError | None = None
         try:
             async for message in request_iterator:
-                frame = frame_from_proto(message, self.runtime.limits)
+                frame = frame_from_proto(message, self.shard.limits)
                 if session_id is not None and frame.meta.session_id != session_id:
                     raise InvalidArgument("one stream carries one session; open a new stream for another")
-                result = await self.runtime.handle(frame, stream_deadline)
+                result = await self.shard.handle(frame, stream_deadline)
                 session_id = frame.meta.session_id
                 yield result_to_proto(result)
-                async for continued in self.runtime.continue_decoding(frame, result, stream_deadline):
+                async for continued in self.shard.continue_decoding(frame, result, stream_deadline):
                     yield result_to_proto(continued)
         except MeshnetError as error:
             failure = error
@@ -85,7 +86,7 @@ class ShardServicer(pb.ShardServicer):
             if session_id is not None:
                 reason = "stream ended" if failure is None else f"stream failed: {failure.code}"
                 try:
-                    await self.runtime.end(session_id, reason)
+                    await self.shard.end(session_id, reason)
                 except MeshnetError:
                     log.exception("releasing session %s failed", session_id)
         if failure is not None:

@@ -1,11 +1,10 @@
-"""Pure scheduling, admission and capacity decisions, and the session table's frame checks."""
+"""Pure scheduling, admission and capacity decisions."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
-from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.errors import ResourceExhausted
 from meshnet.session.admission import (
     AdmissionPolicy,
     Admit,
@@ -17,7 +16,6 @@ from meshnet.session.admission import (
     plan_capacity,
 )
 from meshnet.session.scheduler import PendingWork, plan_tick
-from meshnet.session.table import SessionTable
 
 
 def work(ticket: int, n: int, at: float = 0.0, deadline: float | None = None) -> PendingWork:
@@ -78,50 +76,3 @@ def test_capacity_follows_the_memory_budget() -> None:
     )
     with pytest.raises(ResourceExhausted, match="one session"):
         plan_capacity(requested_sessions=8, weight_bytes=100, kv_per_session=kv, scratch_bytes=50, budget_bytes=200)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_table_checks_steps_positions_and_epochs() -> None:
-    clock = Clock()
-    table = SessionTable(AdmissionPolicy(max_sessions=2), clock=clock)
-    session, evicted = table.open(SessionId("s1"), RequestId("r1"), epoch=3, queue_depth=0)
-    assert evicted is None
-    assert table.check_step(session, step=0, position=0, epoch=3) == "next"
-    table.record(session, step=0, next_position=10, result="first")
-    assert table.check_step(session, step=0, position=0, epoch=3) == "duplicate"
-    with pytest.raises(FailedPrecondition, match="position"):
-        table.check_step(session, step=1, position=11, epoch=3)
-    with pytest.raises(FailedPrecondition, match="out of order"):
-        table.check_step(session, step=5, position=10, epoch=3)
-    with pytest.raises(RouteStale):
-        table.check_step(session, step=1, position=10, epoch=2)
-    with pytest.raises(FailedPrecondition, match="already exists"):
-        table.open(SessionId("s1"), RequestId("r1"), epoch=3, queue_depth=0)
-
-
-def test_table_reuses_slots_and_answers_cache_miss_for_evicted_sessions() -> None:
-    clock = Clock()
-    table = SessionTable(AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
-    first, _ = table.open(SessionId("a"), RequestId("r"), epoch=0, queue_depth=0)
-    with pytest.raises(ResourceExhausted):
-        table.open(SessionId("b"), RequestId("r"), epoch=0, queue_depth=0)
-    clock.now = 10.0
-    second, evicted = table.open(SessionId("b"), RequestId("r"), epoch=0, queue_depth=0)
-    assert evicted is first and second.slot == first.slot
-    with pytest.raises(CacheMiss, match="evicted"):
-        table.get(SessionId("a"))
-    assert table.evictions == 1 and table.rejections == 1
-
-
-def test_table_refuses_new_sessions_from_an_older_route_epoch() -> None:
-    table = SessionTable(AdmissionPolicy(max_sessions=2))
-    table.min_epoch = 5
-    with pytest.raises(RouteStale):
-        table.open(SessionId("s"), RequestId("r"), epoch=4, queue_depth=0)

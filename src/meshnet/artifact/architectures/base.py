@@ -38,6 +38,3 @@ class ArchitectureAdapter:
 
     def embedding_length_key(self) -> str:
         return f"{self.name}.embedding_length"
-
-    def owns_tail(self, tensor_name: str) -> bool:
-        return tensor_name in (self.output_norm, self.output)

@@ -1,0 +1,223 @@
+"""Build one worker from its config, once: capacity, engine, recipe, listening socket, shard.
+
+Order, and why: plan capacity (refuse at once if not one session fits the memory budget),
+start the engine loop (a real engine is certified there first: an uncertified llama.cpp never
+serves), measure speed, bind the port (exclusively), then build the shard for the role the
+loaded backend has. Nothing is started that serves requests: ``server.serve_worker`` does that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from functools import partial
+
+import grpc
+import grpc.aio
+import psutil
+from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
+from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
+from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.ids import NodeId
+from meshnet.core.recipe import Recipe
+from meshnet.core.tracking import HardwareSummary, NodeRegistration
+from meshnet.engine.backend import Backend
+from meshnet.engine.certification import certify_llama_engine
+from meshnet.engine.fake_backend import FakeBackend
+from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
+from meshnet.engine.shards import open_llama_shard
+from meshnet.protocol import services
+from meshnet.session.admission import AdmissionPolicy, CapacityPlan, kv_bytes_per_session, plan_capacity
+from meshnet.session.engine_loop import EngineLoop
+from meshnet.worker.calibrate import ShardSpeed, measure_speed
+from meshnet.worker.config import FakeModel, WorkerConfig
+from meshnet.worker.servicer import ShardServicer
+from meshnet.worker.shard import AnyShard, ShardIdentity, build_shard
+
+SCRATCH_BASE_BYTES = 64 * 2**20
+"""llama.cpp's compute buffers for one batch, measured well under this for the default chunk;
+the tail adds its logits buffer (see plan_worker_capacity)."""
+
+
+@dataclass(frozen=True)
+class AssembledWorker:
+    """Everything ``serve_worker`` starts, serves with and stops."""
+
+    config: WorkerConfig
+    loop: EngineLoop
+    shard: AnyShard
+    server: grpc.aio.Server
+    health: HealthServicer
+    links: ChannelPool
+    """Channels of the sessions' downstream streams."""
+    registration: NodeRegistration
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    recipe: Recipe
+    model_name: str
+    quantization: str
+
+
+async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
+    """The worker ``config`` describes, its engine running and its port bound, not yet serving."""
+    cache = SliceCache(config.data_dir / "cache")
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache)
+    loop = EngineLoop(partial(open_backend, config, cache, capacity.max_sessions))
+    # Starting the loop certified the engine or raised: a worker that serves is certified.
+    await asyncio.to_thread(loop.start)
+    try:
+        speed = await loop.call(measure_speed)
+        model = model_identity(config, cache)
+        server, port = _bind(config)
+        address = config.advertise or f"{config.host}:{port}"
+        recipe = model.recipe
+        identity = ShardIdentity(
+            NodeId(f"shard-{config.layers.start}-{config.layers.stop}-{port}"),
+            address,
+            recipe.fingerprint(),
+            recipe.backend,
+            recipe.backend_version,
+            config.max_frame_bytes,
+        )
+        links = ChannelPool(config.max_frame_bytes)
+        policy = AdmissionPolicy(capacity.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl)
+        shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links))
+    except BaseException:
+        await asyncio.to_thread(loop.stop)
+        raise
+    health = HealthServicer()
+    services.add_shard_servicer(ShardServicer(shard), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    registration = _registration(config, identity, model, capacity.max_sessions, speed)
+    return AssembledWorker(config, loop, shard, server, health, links, registration)
+
+
+def _registration(
+    config: WorkerConfig, identity: ShardIdentity, model: ModelIdentity, max_sessions: int, speed: ShardSpeed
+) -> NodeRegistration:
+    return NodeRegistration(
+        address=identity.address,
+        recipe=model.recipe,
+        fingerprint=identity.fingerprint,
+        model=model.model_name,
+        quantization=model.quantization,
+        layers=config.layers,
+        hardware=HardwareSummary(os.cpu_count() or 1, psutil.virtual_memory().total),
+        max_sessions=max_sessions,
+        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        decode_tokens_per_s=speed.decode_tokens_per_s,
+        certified=True,  # see assemble_worker: an uncertified engine never gets this far
+    )
+
+
+def _bind(config: WorkerConfig) -> tuple[grpc.aio.Server, int]:
+    # gRPC sets SO_REUSEPORT by default: a second worker on a busy port would then bind beside
+    # the first, print ready and get half of its traffic. Exclusive ports make it fail here.
+    server = grpc.aio.server(options=[*channel_options(config.max_frame_bytes), ("grpc.so_reuseport", 0)])
+    target = f"{config.host}:{config.port}"
+    try:
+        return server, server.add_insecure_port(target)
+    except RuntimeError as error:
+        # Not Unavailable: that code says a peer was lost, and nothing was lost, the port is taken.
+        raise FailedPrecondition(f"the worker cannot listen on {target} (is the port in use?): {error}") from error
+
+
+def open_backend(config: WorkerConfig, cache: SliceCache, max_sessions: int) -> Backend:
+    """The engine for ``config``'s layers; runs on the engine loop's own thread."""
+    if config.fake is not None:
+        fake = config.fake
+        return FakeBackend(
+            config.layers,
+            fake.n_layers,
+            n_embd=fake.n_embd,
+            n_vocab=fake.n_vocab,
+            max_slots=max_sessions,
+            n_ctx_per_slot=config.n_ctx_per_session,
+            max_batch_tokens=config.prefill_chunk,
+            step_delay=fake.step_delay,
+        )
+    # Fail closed: CertificationFailed propagates and the worker never listens.
+    certify_llama_engine()
+    if config.model is None:
+        raise InvalidArgument("a worker needs --model (or a fake model)")
+    engine_config = LlamaConfig(
+        n_threads=config.threads,
+        max_slots=max_sessions,
+        n_ctx_per_slot=config.n_ctx_per_session,
+        max_batch_tokens=config.prefill_chunk,
+        flash_attn=config.flash_attn,
+    )
+    return open_llama_shard(config.model, config.layers, cache, engine_config)
+
+
+def backend_label(config: WorkerConfig) -> str:
+    # Settings that change llama.cpp's arithmetic are part of the recipe identity.
+    return f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk})"
+
+
+def model_identity(config: WorkerConfig, cache: SliceCache) -> ModelIdentity:
+    """The recipe this worker serves and the names it registers under."""
+    if config.fake is not None:
+        return ModelIdentity(fake_recipe(config.fake), config.model_name or "fake", "none")
+    if config.model is None:
+        raise InvalidArgument("a worker needs --model (or a fake model)")
+    description = describe_model(config.model)
+    recipe = Recipe(
+        model_sha256=cache.source_sha256(config.model),
+        architecture=description.architecture,
+        adapter_version=description.adapter_version,
+        weight_quantization=description.quantization,
+        activation_dtype="f32",
+        kv_dtype="f16",
+        backend=backend_label(config),
+        backend_version=LLAMA_CPP_PYTHON_VERSION,
+        n_layers=description.n_layers,
+        n_embd=description.n_embd,
+    )
+    return ModelIdentity(recipe, config.model_name or description.name, description.quantization)
+
+
+def fake_recipe(fake: FakeModel) -> Recipe:
+    return Recipe(
+        model_sha256="fake",
+        architecture="fake",
+        adapter_version="1",
+        weight_quantization="none",
+        activation_dtype="f32",
+        kv_dtype="none",
+        backend="fake",
+        backend_version="1",
+        n_layers=fake.n_layers,
+        n_embd=fake.n_embd,
+    )
+
+
+def plan_worker_capacity(config: WorkerConfig, cache: SliceCache) -> CapacityPlan:
+    """Sessions this worker can hold: the configured number, cut to its memory budget."""
+    if config.fake is not None or config.model is None:
+        return CapacityPlan(config.max_sessions, 0, 0, 0, None)
+    description = describe_model(config.model)
+    files = cache.shard_files(config.model, config.layers, description.n_layers)
+    weights = files.slice.stat().st_size
+    scratch = SCRATCH_BASE_BYTES
+    if config.layers.is_tail(description.n_layers):
+        scratch += 4 * config.prefill_chunk * 65536  # logits rows, generous for vocabularies to 64K
+    kv = kv_bytes_per_session(
+        config.n_ctx_per_session, len(config.layers), description.n_embd, description.n_head, description.n_head_kv
+    )
+    budget = None if config.memory_budget_mb is None else int(config.memory_budget_mb * 2**20)
+    return plan_capacity(
+        requested_sessions=config.max_sessions,
+        weight_bytes=weights,
+        kv_per_session=kv,
+        scratch_bytes=scratch,
+        budget_bytes=budget,
+    )

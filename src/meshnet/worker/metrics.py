@@ -1,0 +1,73 @@
+"""One shard's figures at one moment: the single value behind GetMetrics, Prometheus and the
+tracker heartbeat, so the three can never disagree or drift apart by a misspelt key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshnet.core.tracking import NodeLoad
+
+
+@dataclass(frozen=True)
+class ShardMetrics:
+    active_sessions: int
+    free_sessions: int
+    max_sessions: int
+    queue_depth: int
+    """Engine steps waiting to run (queued, not yet in a batch)."""
+    decode_steps: int
+    decode_batches: int
+    """Engine calls that ran at least one decode step: steps / batches is the batch occupancy."""
+    prefill_tokens: int
+    engine_busy_seconds: float
+    """Time the engine spent inside the backend, summed since start."""
+    rejected_admissions: int
+    evictions: int
+    expired_steps: int
+    """Steps failed because their deadline passed before they could run."""
+    draining: bool
+    kv_bytes_per_session: int
+    weight_bytes: int
+
+    @property
+    def kv_used_fraction(self) -> float:
+        return self.active_sessions / max(self.max_sessions, 1)
+
+    @property
+    def batch_occupancy(self) -> float:
+        return self.decode_steps / max(self.decode_batches, 1)
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return self.kv_bytes_per_session * self.active_sessions
+
+    def values(self) -> dict[str, float]:
+        """The figures by their exposed names (GetMetrics, Prometheus): counters end in ``_total``."""
+        return {
+            "active_sessions": float(self.active_sessions),
+            "free_sessions": float(self.free_sessions),
+            "kv_used_fraction": self.kv_used_fraction,
+            "queue_depth": float(self.queue_depth),
+            "decode_steps_total": float(self.decode_steps),
+            "decode_batches_total": float(self.decode_batches),
+            "batch_occupancy": self.batch_occupancy,
+            "prefill_tokens_total": float(self.prefill_tokens),
+            "engine_busy_seconds_total": self.engine_busy_seconds,
+            "rejected_admissions_total": float(self.rejected_admissions),
+            "evictions_total": float(self.evictions),
+            "expired_steps_total": float(self.expired_steps),
+            "draining": float(self.draining),
+            "kv_bytes_per_session": float(self.kv_bytes_per_session),
+            "kv_bytes_in_use": float(self.kv_bytes_in_use),
+            "weight_bytes": float(self.weight_bytes),
+        }
+
+    def node_load(self, peer_rtt_ms: tuple[tuple[str, float], ...] = ()) -> NodeLoad:
+        """The heartbeat's view of these figures."""
+        return NodeLoad(
+            active_sessions=self.active_sessions,
+            free_sessions=self.free_sessions,
+            queue_depth=self.queue_depth,
+            kv_used_fraction=self.kv_used_fraction,
+            peer_rtt_ms=peer_rtt_ms,
+        )

@@ -1,0 +1,221 @@
+"""The role-specific parts of a shard, chosen once from its role when the shard is assembled.
+
+A role is two independent choices, so a shard is assembled from two stages instead of being
+written four times (full, head, middle, tail) or branching on its role at every frame:
+
+- its **output stage**: a shard that ends the model (tail, full) samples the next token from its
+  logits (``SampleStage``); any other forwards its boundary hidden state to the next hop and
+  answers with what comes back (``ForwardStage``). Each fixes what a session keeps from its
+  opening frame: the sampling parameters, or the rest of the route and the stream to its next
+  hop (``Downstream``).
+- its **continuation**: only a shard that takes token ids (head, full) feeds each sampled token
+  back in by itself (``HeadDecodeLoop``); any other runs only the steps it is sent
+  (``NoContinuation``: a frame into a shard after layer 0 cannot even carry the request, as
+  ``StepFrame`` allows a continuation only with token input).
+
+The input side needs no stage: a frame's own checks already fix that a shard starting at layer 0
+receives token ids and any other a hidden state, so the engine input is whichever the frame holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument
+from meshnet.core.generation import SamplingParams
+from meshnet.engine.backend import StepOutput
+from meshnet.engine.sampling import sample_token
+from meshnet.protocol.frames import HopSpec, HopTiming, StepFrame, StepResult
+
+S = TypeVar("S")
+RunStep = Callable[[StepFrame], Awaitable[StepResult]]
+
+
+def remaining_ms(deadline: float | None, passed: str) -> int | None:
+    """Milliseconds left until ``deadline`` (monotonic) for the next frame, None without one;
+    DeadlineExceeded(``passed``) when none are left."""
+    if deadline is None:
+        return None
+    left = int((deadline - time.monotonic()) * 1000)
+    if left <= 0:
+        raise DeadlineExceeded(passed)
+    return left
+
+
+class OutputStage(Protocol[S]):
+    """What a shard does with its engine output, and what a session keeps for it."""
+
+    def check(self, frame: StepFrame) -> None:
+        """Refuse a frame whose route fields do not fit this stage (every frame)."""
+
+    def check_opening(self, frame: StepFrame) -> None:
+        """Refuse an opening frame that lacks what this stage needs (before admission)."""
+
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> S:
+        """What the session keeps, made from its opening frame once it is admitted."""
+        ...
+
+    async def emit(
+        self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+    ) -> StepResult:
+        """The answer to ``frame`` once this shard's layers have run it."""
+        ...
+
+    async def release(self, state: S) -> None:
+        """The session ended here: let go of what it kept."""
+
+
+class SampleStage:
+    """The model's last layers: sample the token that follows a final chunk."""
+
+    def check(self, frame: StepFrame) -> None:
+        if frame.downstream:
+            raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
+
+    def check_opening(self, frame: StepFrame) -> None:
+        if frame.sampling is None:
+            raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
+
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> SamplingParams:
+        if frame.sampling is None:
+            raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
+        return frame.sampling
+
+    async def emit(
+        self, state: SamplingParams, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+    ) -> StepResult:
+        meta = frame.meta
+        next_position = meta.position + frame.n_tokens
+        token = None
+        if frame.final_chunk:
+            # logits: [1, n_vocab], the row of the frame's last token (want_logits "last").
+            if output.logits is None or len(output.logits) == 0:
+                raise EngineError("the engine returned no logits for a final chunk at the tail")
+            # Seeded by the position it fills, so a replay samples the same token again.
+            token = sample_token(output.logits[-1], state, next_position)
+        return StepResult(meta.session_id, meta.step, next_position, token, (timing,))
+
+    async def release(self, state: SamplingParams) -> None:
+        return None
+
+
+class DownstreamLink(Protocol):
+    """The open session stream to the next hop (``client.shard_stream.ShardStream`` on the wire)."""
+
+    async def exchange(self, frame: StepFrame) -> StepResult: ...
+
+    async def close(self) -> None: ...
+
+
+Connect = Callable[[str, float | None], DownstreamLink]
+"""Open a session stream to an address with a whole-stream timeout in seconds (None: none)."""
+
+
+@dataclass(frozen=True)
+class Downstream:
+    """What a session keeps on a shard that forwards: the rest of its route and the stream on."""
+
+    hops: tuple[HopSpec, ...]
+    """The hops after this shard, in route order; the first is where ``link`` leads."""
+    link: DownstreamLink
+
+
+class ForwardStage:
+    """Any shard before the model's last layer: pass the boundary hidden state to the next hop."""
+
+    def __init__(self, n_layers: int, connect: Connect) -> None:
+        self._n_layers = n_layers
+        self._connect = connect
+
+    def check(self, frame: StepFrame) -> None:
+        if frame.downstream:
+            # Only where the route continues, and only to its end: a frame must not be able to
+            # make a shard open channels to arbitrary addresses.
+            if frame.meta.cache != "new":
+                raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
+            if frame.downstream[-1].layers.stop != self._n_layers:
+                raise InvalidArgument(
+                    f"the route's hops end at layer {frame.downstream[-1].layers.stop}, "
+                    f"not at the model's {self._n_layers}"
+                )
+        elif frame.meta.cache == "new":
+            raise InvalidArgument("a non-tail shard needs the downstream hops in the opening frame")
+
+    def check_opening(self, frame: StepFrame) -> None:
+        return None  # ``check`` already insists on the hops in every opening frame
+
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> Downstream:
+        timeout = None if stream_deadline is None else max(stream_deadline - time.monotonic(), 0.001)
+        return Downstream(frame.downstream, self._connect(frame.downstream[0].address, timeout))
+
+    async def emit(
+        self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+    ) -> StepResult:
+        if output.hidden is None:
+            raise EngineError("the engine returned no hidden state on a shard that forwards")
+        opening = frame.meta.cache == "new" and frame.meta.step == 0
+        left_ms = remaining_ms(deadline, "the step's deadline passed on this shard")
+        outgoing = StepFrame(
+            meta=replace(frame.meta, layers=state.hops[0].layers, deadline_ms=left_ms),
+            hidden=output.hidden,
+            downstream=state.hops[1:] if opening else (),
+            sampling=frame.sampling if opening else None,
+            final_chunk=frame.final_chunk,
+        )
+        answer = await state.link.exchange(outgoing)
+        return replace(answer, timings=(timing, *answer.timings))
+
+    async def release(self, state: Downstream) -> None:
+        # Ending the stream makes the next shard release the session and close its own link.
+        await state.link.close()
+
+
+class Continuation(Protocol):
+    def steps(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
+    ) -> AsyncIterator[StepResult]:
+        """The results of the decode steps after ``frame`` that this shard runs by itself."""
+        ...
+
+
+class NoContinuation:
+    """Shards after the head: every step comes from upstream."""
+
+    async def steps(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
+    ) -> AsyncIterator[StepResult]:
+        return
+        yield  # an async generator that yields nothing
+
+
+class HeadDecodeLoop:
+    """Head-driven decode: feed each sampled token back in as the next decode step.
+
+    Each step is a decode frame like one the sender would have sent (same checks, same
+    idempotency bookkeeping), so a sender can switch between driving and reading freely.
+    """
+
+    async def steps(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
+    ) -> AsyncIterator[StepResult]:
+        plan = frame.continuation
+        if plan is None:
+            return
+        for offset in range(1, plan.max_steps + 1):
+            if result.token_id is None or result.token_id in plan.stop_token_ids:
+                return
+            meta = replace(
+                frame.meta,
+                phase="decode",
+                position=result.next_position,
+                step=frame.meta.step + offset,
+                cache="continue",
+                deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
+            )
+            result = await run(StepFrame(meta=meta, tokens=np.array([result.token_id], np.int32)))
+            yield result

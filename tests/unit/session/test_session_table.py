@@ -1,0 +1,143 @@
+"""The session table: frame checks, idempotency, slots, eviction, expiry and typed session state."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
+from meshnet.core.ids import SessionId
+from meshnet.protocol.frames import StepResult
+from meshnet.session.admission import AdmissionPolicy
+from meshnet.session.table import Session, SessionTable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def result(session: str, step: int, next_position: int, token: int | None = None) -> StepResult:
+    return StepResult(SessionId(session), step, next_position, token)
+
+
+def open_session(
+    table: SessionTable[str], key: str, state: str = "state", epoch: int = 0
+) -> tuple[Session[str], Session[str] | None]:
+    return table.open(SessionId(key), epoch, 0, lambda: state)
+
+
+def test_table_checks_steps_positions_and_epochs() -> None:
+    table = SessionTable[str](AdmissionPolicy(max_sessions=2), clock=Clock())
+    session, evicted = open_session(table, "s1", epoch=3)
+    assert evicted is None
+    assert table.check_step(session, step=0, position=0, epoch=3) is None
+    first = result("s1", 0, 10, token=7)
+    table.record(session, step=0, next_position=10, result=first)
+    assert session.next_position == 10
+    assert table.check_step(session, step=0, position=0, epoch=3) is first  # a repeat: the same answer
+    assert table.check_step(session, step=1, position=10, epoch=3) is None
+    with pytest.raises(FailedPrecondition, match="position 11 does not continue"):
+        table.check_step(session, step=1, position=11, epoch=3)
+    with pytest.raises(FailedPrecondition, match="step 5 out of order: expected 1"):
+        table.check_step(session, step=5, position=10, epoch=3)
+    with pytest.raises(RouteStale):
+        table.check_step(session, step=1, position=10, epoch=2)
+    with pytest.raises(FailedPrecondition, match="already exists"):
+        open_session(table, "s1", epoch=3)
+
+
+def test_the_first_step_must_be_zero_at_position_zero() -> None:
+    table = SessionTable[str](AdmissionPolicy(max_sessions=1))
+    session, _ = open_session(table, "s")
+    with pytest.raises(FailedPrecondition, match="expected 0"):
+        table.check_step(session, step=1, position=0, epoch=0)
+    with pytest.raises(FailedPrecondition, match="position 3"):
+        table.check_step(session, step=0, position=3, epoch=0)
+
+
+def test_table_reuses_slots_and_answers_cache_miss_for_evicted_sessions() -> None:
+    clock = Clock()
+    table = SessionTable[str](AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
+    first, _ = open_session(table, "a", state="kept by a")
+    with pytest.raises(ResourceExhausted):
+        open_session(table, "b")
+    clock.now = 10.0
+    second, evicted = open_session(table, "b", state="kept by b")
+    assert evicted is first and evicted.state == "kept by a"  # the owner can release what a kept
+    assert second.slot == first.slot and second.state == "kept by b"
+    with pytest.raises(CacheMiss, match="evicted"):
+        table.get(SessionId("a"))
+    assert table.evictions == 1 and table.rejections == 1
+
+
+def test_a_busy_session_is_never_evicted() -> None:
+    clock = Clock()
+    table = SessionTable[str](AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
+    first, _ = open_session(table, "a")
+    first.busy = True
+    clock.now = 100.0
+    with pytest.raises(ResourceExhausted, match="KV slots hold active sessions"):
+        open_session(table, "b")
+    assert table.get(SessionId("a")) is first
+
+
+def test_state_is_made_only_for_an_admitted_session_and_a_failure_changes_nothing() -> None:
+    clock = Clock()
+    table = SessionTable[str](AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
+    made: list[str] = []
+
+    def make() -> str:
+        made.append("x")
+        return "x"
+
+    open_session(table, "a")
+    with pytest.raises(ResourceExhausted):
+        table.open(SessionId("b"), 0, 0, make)
+    assert made == []  # refused before any state (a downstream connection) was made
+
+    def fail() -> str:
+        raise ConnectionError("no route to the next hop")
+
+    clock.now = 10.0  # "a" may now be evicted, but a failing state must not evict it
+    with pytest.raises(ConnectionError):
+        table.open(SessionId("b"), 0, 0, fail)
+    assert SessionId("a") in table and SessionId("b") not in table
+    assert table.evictions == 0 and table.free_slots == 0
+
+
+def test_lowest_free_slot_first_and_closed_sessions_leave_a_reason() -> None:
+    table = SessionTable[str](AdmissionPolicy(max_sessions=3))
+    slots = [open_session(table, key)[0].slot for key in ("a", "b", "c")]
+    assert slots == [0, 1, 2]
+    assert table.close(SessionId("b"), reason="stream ended") is not None
+    assert table.close(SessionId("b")) is None
+    assert open_session(table, "d")[0].slot == 1
+    with pytest.raises(CacheMiss, match="stream ended"):
+        table.get(SessionId("b"))
+    with pytest.raises(CacheMiss, match="unknown"):
+        table.get(SessionId("never"))
+
+
+def test_table_refuses_new_sessions_from_an_older_route_epoch() -> None:
+    table = SessionTable[str](AdmissionPolicy(max_sessions=2))
+    table.min_epoch = 5
+    with pytest.raises(RouteStale):
+        open_session(table, "s", epoch=4)
+    assert open_session(table, "s", epoch=5)[0].epoch == 5
+
+
+def test_expiry_names_idle_sessions_past_their_ttl_but_not_busy_ones() -> None:
+    clock = Clock()
+    table = SessionTable[str](AdmissionPolicy(max_sessions=3, ttl=60.0), clock=clock)
+    idle, _ = open_session(table, "idle")
+    busy, _ = open_session(table, "busy")
+    busy.busy = True
+    clock.now = 50.0
+    open_session(table, "recent")
+    clock.now = 61.0
+    assert table.expired() == [SessionId("idle")]
+    table.record(idle, step=0, next_position=1, result=result("idle", 0, 1))  # a step renews it
+    assert table.expired() == []
