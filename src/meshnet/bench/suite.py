@@ -10,13 +10,11 @@ import asyncio
 import datetime
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.gguf_file import parse_gguf
-from meshnet.artifact.slicing import model_dimensions
+from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, parse_lane
 from meshnet.bench.context import clamp_contexts, measure_context_scaling
 from meshnet.bench.environment import hardware, runtime_versions
@@ -35,12 +33,11 @@ from meshnet.bench.runner import (
 )
 from meshnet.bench.stats import RunRecord
 from meshnet.bench.workers import WorkerOptions, WorkerSet
-from meshnet.bench.workload import build_prompts, context_length, tokens_of_length
+from meshnet.bench.workload import build_prompts, tokens_of_length
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import split_evenly
-from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.shards import open_local_route
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
@@ -57,11 +54,10 @@ def run_bench(config: BenchConfig, progress: Progress = log.info) -> dict[str, o
 async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
     started = time.monotonic()
     cache = SliceCache(config.data_dir / "cache")
-    n_layers = model_dimensions(parse_gguf(config.model))[1]
-    model_context = context_length(config.model)
-    model_info = describe_model(config.model, cache, model_context)
-    prompts = build_prompts(config.model, max(config.concurrency), config.prompt_tokens)
-    lanes = LaneSet(config, cache, n_layers, progress)
+    model = describe_model(config.model)
+    model_info = model_record(model, cache)
+    prompts = build_prompts(model, max(config.concurrency), config.prompt_tokens)
+    lanes = LaneSet(config, cache, model, progress)
     notes = list(config.extra_notes)
     try:
         lanes.open()
@@ -78,7 +74,7 @@ async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
         await lanes.close()
     context = None
     if config.contexts:
-        context = await context_phase(config, cache, model_context, started, progress)
+        context = await context_phase(config, cache, model, started, progress)
     if rounds < config.repetitions:
         notes.append(f"time budget: {rounds} of {config.repetitions} rounds completed")
     return {
@@ -120,17 +116,15 @@ async def _run(config: BenchConfig, progress: Progress) -> dict[str, object]:
     }
 
 
-def describe_model(model: Path, cache: SliceCache, model_context: int) -> dict[str, object]:
-    info = parse_gguf(model)
-    _, n_layers, n_embd = model_dimensions(info)
+def model_record(model: ModelDescription, cache: SliceCache) -> dict[str, object]:
     return {
-        "path": str(model),
-        "name": str(info.get("general.name", model.stem)),
-        "sha256": cache.source_sha256(model),
-        "bytes": model.stat().st_size,
-        "n_layers": n_layers,
-        "n_embd": n_embd,
-        "context_length": model_context,
+        "path": str(model.path),
+        "name": model.name,
+        "sha256": cache.source_sha256(model.path),
+        "bytes": model.path.stat().st_size,
+        "n_layers": model.n_layers,
+        "n_embd": model.n_embd,
+        "context_length": model.context_length,
     }
 
 
@@ -186,29 +180,28 @@ async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
 
 
 async def context_phase(
-    config: BenchConfig, cache: SliceCache, model_context: int, started: float, progress: Progress
+    config: BenchConfig, cache: SliceCache, model: ModelDescription, started: float, progress: Progress
 ) -> dict[str, object]:
     """Fresh one-session engines with room for the longest context: cached lane vs recompute."""
     fast = parse_lane(config.context_lane, config.recompute_shards)
     longest = max(config.contexts) + config.context_decode_tokens + 2
+    model_context = model.context_length
     room = min(model_context if longest > config.n_ctx_per_slot else config.n_ctx_per_slot, model_context)
     contexts = clamp_contexts(config.contexts, room, config.context_decode_tokens)
-    llama = LlamaConfig(
-        n_threads=config.threads, max_slots=1, n_ctx_per_slot=room, max_batch_tokens=config.prefill_chunk
-    )
-    tokenizer = Tokenizer(config.model)
+    llama = config.llama_config(max_slots=1, n_ctx_per_slot=room)
+    tokenizer = Tokenizer(model)
     try:
         prompts = {c: tokens_of_length(tokenizer, "Read this long document and continue it.", c) for c in contexts}
     finally:
         tokenizer.close()
     deadline = started + CONTEXT_SHARE_OF_BUDGET * config.time_budget_s
-    recompute = RecomputeLane(open_local_route(config.model, config.recompute_shards, cache, llama))
+    recompute = RecomputeLane(open_local_route(model, config.recompute_shards, cache, llama))
     pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
     workers: WorkerSet | None = None
     local: CachedLane | None = None
     try:
         if fast.kind == "meshnet":
-            n_layers = model_dimensions(parse_gguf(config.model))[1]
+            n_layers = model.n_layers
             options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
             workers = WorkerSet(
                 f"context-{fast}", split_evenly(n_layers, fast.shards), options, config.worker_start_timeout_s
@@ -221,7 +214,7 @@ async def context_phase(
             async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
                 return await remote.run((prompt,), [0], n)
         else:
-            engine = local = CachedLane(str(fast), open_local_route(config.model, fast.shards, cache, llama))
+            engine = local = CachedLane(str(fast), open_local_route(model, fast.shards, cache, llama))
 
             async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
                 return engine.run((prompt,), [0], n).record

@@ -6,8 +6,7 @@ different sequences (a batch of identical prompts would hide per-session work).
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from meshnet.artifact.describe import ModelDescription
 from meshnet.core.errors import InvalidArgument
 from meshnet.engine.tokenizer import Tokenizer
 
@@ -41,17 +40,9 @@ def tokens_of_length(tokenizer: Tokenizer, text: str, length: int) -> tuple[int,
     return tuple(tokens[:length])
 
 
-def build_prompts(model: Path, count: int, length: int) -> tuple[tuple[int, ...], ...]:
+def build_prompts(model: ModelDescription, count: int, length: int) -> tuple[tuple[int, ...], ...]:
     tokenizer = Tokenizer(model)
     try:
         return tuple(tokens_of_length(tokenizer, OPENINGS[i % len(OPENINGS)], length) for i in range(count))
-    finally:
-        tokenizer.close()
-
-
-def context_length(model: Path) -> int:
-    tokenizer = Tokenizer(model)
-    try:
-        return tokenizer.context_length
     finally:
         tokenizer.close()

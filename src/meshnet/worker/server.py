@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.describe import describe_model
+from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.client.shard_stream import ChannelPool, channel_options
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.errors import InvalidArgument
@@ -34,11 +34,10 @@ from meshnet.core.tracking import HardwareSummary, NodeLoad, NodeRegistration
 from meshnet.engine.backend import Backend
 from meshnet.engine.certification import certify_llama_engine
 from meshnet.engine.fake_backend import FakeBackend
-from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
 from meshnet.protocol.generated import shard_pb2_grpc
-from meshnet.session.admission import AdmissionPolicy, CapacityPlan, kv_bytes_per_session, plan_capacity
+from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import SessionTable
 from meshnet.telemetry.prometheus import build_registry, serve_metrics
@@ -80,8 +79,7 @@ def fake_recipe(fake: FakeModel) -> Recipe:
     )
 
 
-def build_recipe(config: WorkerConfig, source_sha256: str) -> tuple[Recipe, str, str]:
-    description = describe_model(config.model)  # type: ignore[arg-type]
+def build_recipe(config: WorkerConfig, description: ModelDescription, source_sha256: str) -> tuple[Recipe, str, str]:
     recipe = Recipe(
         model_sha256=source_sha256,
         architecture=description.architecture,
@@ -101,14 +99,9 @@ async def serve_worker(
     config: WorkerConfig, *, on_ready: Callable[[WorkerReady], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
     cache = SliceCache(config.data_dir / "cache")
-    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache)
-    engine_config = LlamaConfig(
-        n_threads=config.threads,
-        max_slots=capacity.max_sessions,
-        n_ctx_per_slot=config.n_ctx_per_session,
-        max_batch_tokens=config.prefill_chunk,
-        flash_attn=config.flash_attn,
-    )
+    description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
+    engine_config = config.llama_config(capacity.max_sessions)
 
     def open_backend() -> Backend:
         if config.fake is not None:
@@ -125,21 +118,19 @@ async def serve_worker(
             )
         # Fail closed: CertificationFailed propagates and the worker never listens.
         certify_llama_engine()
-        if config.model is None:
+        if description is None:
             raise InvalidArgument("a worker needs --model (or a fake model)")
-        return open_llama_shard(config.model, config.layers, cache, engine_config)
+        return open_llama_shard(description, config.layers, cache, engine_config)
 
     loop = EngineLoop(open_backend)
     # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
     speed = await loop.call(measure_speed)
-    if config.fake is not None:
-        recipe, model_name, quantization = fake_recipe(config.fake), config.model_name or "fake", "none"
+    if description is None:
+        recipe, model_name, quantization = fake_recipe(config.fake or FakeModel()), config.model_name or "fake", "none"
     else:
-        recipe, model_name, quantization = build_recipe(config, cache.source_sha256(config.model))  # type: ignore[arg-type]
-    table = SessionTable(
-        AdmissionPolicy(capacity.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl)
-    )
+        recipe, model_name, quantization = build_recipe(config, description, cache.source_sha256(description.path))
+    table = SessionTable(config.admission_policy(capacity.max_sessions))
     server = grpc.aio.server(options=channel_options(config.max_frame_bytes))
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     address = config.advertise or f"{config.host}:{port}"
@@ -209,12 +200,11 @@ SCRATCH_BASE_BYTES = 64 * 2**20
 the tail adds its logits buffer (see plan_worker_capacity)."""
 
 
-def plan_worker_capacity(config: WorkerConfig, cache: SliceCache) -> CapacityPlan:
+def plan_worker_capacity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> CapacityPlan:
     """Sessions this worker can hold: the configured number, cut to its memory budget."""
-    if config.fake is not None or config.model is None:
+    if description is None:
         return CapacityPlan(config.max_sessions, 0, 0, 0, None)
-    description = describe_model(config.model)
-    files = cache.shard_files(config.model, config.layers, description.n_layers)
+    files = cache.shard_files(description.path, config.layers, description.n_layers)
     weights = files.slice.stat().st_size
     scratch = SCRATCH_BASE_BYTES
     if config.layers.is_tail(description.n_layers):
