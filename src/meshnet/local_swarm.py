@@ -22,7 +22,6 @@ from pathlib import Path
 
 import httpx
 
-from meshnet.artifact.describe import describe_model
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import split_evenly
@@ -127,6 +126,9 @@ def _stop_on_sigterm() -> None:
 
 
 def run_local_swarm(config: LocalSwarmConfig) -> int:
+    # Here, not at the top: building `meshnet`'s parser imports this module for its config only.
+    from meshnet.artifact.describe import describe_model
+
     _stop_on_sigterm()
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
