@@ -58,15 +58,23 @@ def cli(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Flag:
+class Flag:
+    """One generated flag: the field it sets and how it is shown."""
+
     path: tuple[str, ...]
-    """Field names from the top config down to this field; joined by dots it is the dest."""
+    """Field names from the top config down to this field (the namespace dest is built from it)."""
     kind: Any
+    """The field's type hint, optional or not."""
     default: Any
+    """The field's default, or ``dataclasses.MISSING``."""
     doc: str
+    """The field's docstring on one line: the flag's help."""
     spec: FlagSpec
+    """The field's ``cli(...)`` metadata."""
     prefix: str
+    """Prefix of an optional nested config's flags (``fake-``), empty otherwise."""
     optional_group: bool
+    """Whether the flag belongs to an optional nested config (built only when one is given)."""
 
     @property
     def dest(self) -> str:
@@ -126,11 +134,11 @@ def _default_of(field: dataclasses.Field[Any]) -> Any:
     return dataclasses.MISSING
 
 
-def config_flags(cls: type, *, skip: Collection[str] = (), path: tuple[str, ...] = (), prefix: str = "") -> list[_Flag]:
+def config_flags(cls: type, *, skip: Collection[str] = (), path: tuple[str, ...] = (), prefix: str = "") -> list[Flag]:
     """Every flag ``cls`` generates, nested configs expanded; ``skip`` names top-level fields left out."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
-    flags: list[_Flag] = []
+    flags: list[Flag] = []
     for field in dataclasses.fields(cls):
         if field.name in skip or not field.init:
             continue
@@ -144,7 +152,7 @@ def config_flags(cls: type, *, skip: Collection[str] = (), path: tuple[str, ...]
         doc = docs.get(field.name)
         if doc is None:
             raise InvalidArgument(f"{cls.__name__}.{field.name} has no docstring to show as its --help")
-        flags.append(_Flag((*path, field.name), hints[field.name], _default_of(field), doc, spec, prefix, False))
+        flags.append(Flag((*path, field.name), hints[field.name], _default_of(field), doc, spec, prefix, False))
     return flags
 
 
@@ -158,7 +166,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _help(flag: _Flag) -> str:
+def _help(flag: Flag) -> str:
     if flag.spec.shown_default is not None:
         tail = f"(default: {flag.spec.shown_default})"
     elif flag.default is dataclasses.MISSING:
@@ -202,7 +210,7 @@ def _tuple_parser(item: Any) -> Callable[[str], tuple[Any, ...]]:
     return convert
 
 
-def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: _Flag) -> None:
+def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Flag) -> None:
     kind, _ = _unwrap_optional(flag.kind)
     options: dict[str, Any] = {"help": _help(flag), "default": argparse.SUPPRESS}
     required = flag.default is dataclasses.MISSING and flag.spec.shown_default is None
