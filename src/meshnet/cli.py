@@ -1,6 +1,8 @@
 """The ``meshnet`` command: subcommands build their component's config and hand over.
 
-This is the one place that prints for humans; everything below logs.
+Every subcommand's flags are generated from its config dataclass (``core.config_flags``), so a
+knob and its default are written once, in the config. This is the one place that prints for
+humans; everything below logs.
 """
 
 from __future__ import annotations
@@ -11,14 +13,22 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NoReturn
 
-from meshnet.core.errors import MeshnetError
+from meshnet import __version__
+from meshnet.core.config_flags import (
+    PROVISIONED_MODEL,
+    add_config_arguments,
+    cli,
+    config_from_arguments,
+    given_arguments,
+)
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.core.generation import SamplingParams
 from meshnet.core.layers import LayerRange
-
-if TYPE_CHECKING:
-    from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -26,6 +36,59 @@ Handler = Callable[[argparse.Namespace], int]
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "meshnet"
+
+
+@dataclass(frozen=True)
+class SliceArguments:
+    source: Path = field(metadata=cli(positional=True))
+    """Source GGUF to cut the slice from."""
+    layers: LayerRange
+    """Layers of the slice, A:B half-open (B exclusive)."""
+    output: Path = field(metadata=cli(short="o"))
+    """Where the slice is written (a head slice also writes OUTPUT's .embeddings.gguf)."""
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """``meshnet generate``: one prompt through an in-process route of N llama.cpp shards."""
+
+    prompt: str = field(metadata=cli(positional=True))
+    """The user message, sent through the model's chat template."""
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF."""
+    shards: int = 3
+    """Shards the model's layers are split evenly into."""
+    max_tokens: int = 128
+    """Tokens to generate at most."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """How each token is picked."""
+    threads: int = 2
+    """llama.cpp threads per shard."""
+    max_sessions: int = 8
+    """Sessions with KV at once per shard."""
+    context: int = 2048
+    """Positions (prompt plus output) per session."""
+    prefill_chunk: int = 256
+    """Tokens per prefill llama_decode call (part of the recipe: chunking fixes numerics)."""
+
+    def llama_config(self) -> LlamaConfig:
+        return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk)
+
+
+@dataclass(frozen=True)
+class BenchOutputs:
+    out: Path = Path("bench/results/bench.json")
+    """Results JSON."""
+    report: Path = Path("bench/report")
+    """Folder for report.md and the plots."""
+
+
+@dataclass(frozen=True)
+class GateArguments:
+    results: Path = field(metadata=cli(positional=True))
+    """Bench results JSON to judge."""
+    contract: Path | None = None
+    """Performance contract JSON; none uses the packaged v1."""
 
 
 def _progress_printer() -> Callable[[str, int, int], None]:
@@ -50,43 +113,31 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return 0
 
 
-def resolve_model(args: argparse.Namespace) -> Path:
+def provisioned_model(data_dir: Path) -> Path:
+    """The default model under ``data_dir``, or a clear error when it is not there yet."""
     from meshnet.artifact.provision import model_path
 
-    if args.model is not None:
-        return Path(args.model)
-    path = model_path(args.data_dir / "models")
+    path = model_path(data_dir / "models")
     if not path.exists():
-        raise MeshnetError(f"the default model is not provisioned at {path}: run `meshnet provision`")
+        raise FailedPrecondition(f"the default model is not provisioned at {path}: run `meshnet provision`")
     return path
 
 
 def cmd_slice(args: argparse.Namespace) -> int:
-    from meshnet.artifact.gguf_file import parse_gguf
+    from meshnet.artifact.describe import describe_model
     from meshnet.artifact.hashing import file_sha256
-    from meshnet.artifact.slicing import model_dimensions, slice_role, write_embedding_table, write_slice
+    from meshnet.artifact.slicing import slice_role, write_embedding_table, write_slice
 
-    layers = LayerRange.parse(args.layers)
-    source_hash = file_sha256(args.source)
-    provenance = write_slice(args.source, layers, args.output, source_sha256=source_hash)
-    print(f"{args.output}: {provenance.role} slice of layers {layers}, {args.output.stat().st_size / 1e6:.1f} MB")
-    n_layers = model_dimensions(parse_gguf(args.source))[1]
-    if slice_role(layers, n_layers) == "head":
-        table = args.output.with_name(args.output.stem + ".embeddings.gguf")
-        write_embedding_table(args.source, table, source_sha256=source_hash)
+    command = config_from_arguments(SliceArguments, args)
+    source, layers, output = command.source, command.layers, command.output
+    source_hash = file_sha256(source)
+    provenance = write_slice(source, layers, output, source_sha256=source_hash)
+    print(f"{output}: {provenance.role} slice of layers {layers}, {output.stat().st_size / 1e6:.1f} MB")
+    if slice_role(layers, describe_model(source).n_layers) == "head":
+        table = output.with_name(output.stem + ".embeddings.gguf")
+        write_embedding_table(source, table, source_sha256=source_hash)
         print(f"{table}: quantized token table for the head's lookups, {table.stat().st_size / 1e6:.1f} MB")
     return 0
-
-
-def _llama_config(args: argparse.Namespace) -> LlamaConfig:
-    from meshnet.engine.llama_backend import LlamaConfig
-
-    return LlamaConfig(
-        n_threads=args.threads,
-        max_slots=args.max_sessions,
-        n_ctx_per_slot=args.context,
-        max_batch_tokens=args.prefill_chunk,
-    )
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
@@ -101,25 +152,22 @@ def cmd_certify(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from meshnet.artifact.cache import SliceCache
-    from meshnet.core.generation import GenerationRequest, SamplingParams
+    from meshnet.artifact.describe import describe_model
+    from meshnet.core.generation import GenerationRequest
     from meshnet.engine.certification import certify_llama_engine
     from meshnet.engine.shards import open_local_route
     from meshnet.engine.tokenizer import Tokenizer
 
+    config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
     certify_llama_engine()
-    source = resolve_model(args)
+    source = describe_model(config.model)
     tokenizer = Tokenizer(source)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": config.prompt}])
     tokens = tokenizer.encode(prompt, add_special=False)
-    route = open_local_route(source, args.shards, SliceCache(args.data_dir / "cache"), _llama_config(args))
+    route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
-    print(f"[{args.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
-    request = GenerationRequest(
-        tuple(tokens),
-        args.max_tokens,
-        SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
-        tokenizer.eos_token_ids,
-    )
+    print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
+    request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()
     started, count = time.perf_counter(), 0
     for token in route.generate(request):
@@ -136,30 +184,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
-    from meshnet.worker.config import FakeModel, WorkerConfig
+    from meshnet.worker.config import WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
 
-    fake = None
-    if args.fake_layers is not None:
-        fake = FakeModel(n_layers=args.fake_layers, step_delay=args.fake_step_delay)
-    config = WorkerConfig(
-        model=None if fake else resolve_model(args),
-        layers=LayerRange.parse(args.layers),
-        data_dir=args.data_dir,
-        fake=fake,
-        model_name=args.model_name,
-        host=args.host,
-        port=args.port,
-        advertise=args.advertise,
-        tracker=args.tracker,
-        threads=args.threads,
-        max_sessions=args.max_sessions,
-        n_ctx_per_session=args.context,
-        prefill_chunk=args.prefill_chunk,
-        drain_grace=args.drain_grace,
-        metrics_port=args.metrics_port,
-        memory_budget_mb=args.memory_budget_mb,
-    )
+    given = given_arguments(WorkerConfig, args)
+    if "model" not in given:
+        given["model"] = None if "fake" in given else provisioned_model(args.data_dir)
+    config = WorkerConfig(**given, data_dir=args.data_dir)
 
     def ready(info: WorkerReady) -> None:
         # Tests and `meshnet up` read this line to learn the bound address.
@@ -179,15 +210,11 @@ def cmd_tracker(args: argparse.Namespace) -> int:
 def cmd_gateway(args: argparse.Namespace) -> int:
     import asyncio
 
-    from meshnet.gateway.config import GatewayConfig
-    from meshnet.gateway.main import GatewayProcessConfig, run_gateway
+    from meshnet.gateway.config import GatewayProcessConfig
+    from meshnet.gateway.main import run_gateway
 
-    config = GatewayProcessConfig(
-        tracker=args.tracker,
-        model=resolve_model(args),
-        model_name=args.model_name,
-        http=GatewayConfig(host=args.host, port=args.port, max_in_flight=args.max_in_flight),
-    )
+    computed = {"model": lambda: provisioned_model(args.data_dir)}
+    config = config_from_arguments(GatewayProcessConfig, args, computed=computed)
 
     def ready(address: str, model: str) -> None:
         print(f"meshnet gateway ready http://{address} model={model}", flush=True)
@@ -200,35 +227,33 @@ def cmd_up(args: argparse.Namespace) -> int:
     from meshnet.artifact.provision import DEFAULT_MODEL
     from meshnet.local_swarm import LocalSwarmConfig, run_local_swarm
 
-    config = LocalSwarmConfig(
-        data_dir=args.data_dir,
-        model=resolve_model(args),
-        model_name=None if args.model else DEFAULT_MODEL.name,
-        shards=args.shards,
-        gateway_port=args.port,
-        prompt=args.prompt,
-        max_tokens=args.max_tokens,
-        demo_only=args.demo_only,
-        threads=args.threads,
-    )
-    return run_local_swarm(config)
+    given = given_arguments(LocalSwarmConfig, args)
+    if "model" not in given:
+        # The provisioned model is served under its catalogue name by every component alike.
+        given["model"] = provisioned_model(args.data_dir)
+        given.setdefault("model_name", DEFAULT_MODEL.name)
+    return run_local_swarm(LocalSwarmConfig(**given, data_dir=args.data_dir))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import shlex
 
     from meshnet.bench.command import bench_command
+    from meshnet.bench.config import BenchConfig, quick_config
 
-    return bench_command(
-        model=resolve_model(args),
+    given = given_arguments(BenchConfig, args)
+    config = BenchConfig(
+        model=given.pop("model", None) or provisioned_model(args.data_dir),
         data_dir=args.data_dir,
-        out=args.out,
-        report_dir=args.report,
-        quick=args.quick,
-        threads=args.threads,
-        lanes=args.lanes,
-        budget_s=args.budget,
         command=shlex.join(["meshnet", *sys.argv[1:]]),
+    )
+    if given.get("quick"):
+        config = quick_config(config)
+    outputs = config_from_arguments(BenchOutputs, args)
+    return bench_command(
+        replace(config, **given),
+        out=outputs.out,
+        report_dir=outputs.report,
         say=print,
         note=lambda line: print(line, file=sys.stderr, flush=True),
     )
@@ -237,119 +262,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_gate(args: argparse.Namespace) -> int:
     from meshnet.bench.command import gate_command
 
-    return gate_command(args.results, args.contract, say=print, note=lambda line: print(line, file=sys.stderr))
+    gate = config_from_arguments(GateArguments, args)
+    return gate_command(gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr))
 
 
-def _engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads per shard")
-    parser.add_argument("--max-sessions", type=int, default=8, help="sessions with KV at once per shard")
-    parser.add_argument("--context", type=int, default=2048, help="positions per session")
-    parser.add_argument("--prefill-chunk", type=int, default=256, help="tokens per prefill call (part of the recipe)")
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: what it runs, its one-line help, and the configs its flags come from."""
+
+    run: Handler
+    help: str
+    configs: tuple[type, ...] = ()
+    skip: tuple[str, ...] = ("data_dir",)
+    """Config fields with no flag of their own: ``data_dir`` is the global ``--data-dir``."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meshnet", description="Serve one GGUF model across several machines.")
-    parser.add_argument("--data-dir", type=Path, default=default_data_dir(), help="models, slice cache, databases")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _commands() -> dict[str, Command]:
+    # Imported here: building the parser must not import llama.cpp or grpc for every command.
+    from meshnet.bench.config import BenchConfig
+    from meshnet.gateway.config import GatewayProcessConfig
+    from meshnet.local_swarm import LocalSwarmConfig
+    from meshnet.tracker.config import TrackerConfig
+    from meshnet.worker.config import WorkerConfig
 
-    commands.add_parser("provision", help="fetch and verify the default model (SmolLM2-135M-Instruct Q4_1)")
+    return {
+        "provision": Command(cmd_provision, "fetch and verify the default model (SmolLM2-135M-Instruct Q4_1)"),
+        "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
+        "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
+        "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
+        "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),
+        "tracker": Command(cmd_tracker, "register shards, choose routes, keep work records", (TrackerConfig,)),
+        "gateway": Command(cmd_gateway, "OpenAI-compatible HTTP API over the swarm", (GatewayProcessConfig,)),
+        "up": Command(cmd_up, "start tracker, workers and gateway here and stream a demo", (LocalSwarmConfig,)),
+        "bench": Command(
+            cmd_bench,
+            "measure whole-model, split, meshnet and recompute lanes; write results",
+            (BenchConfig, BenchOutputs),
+            skip=("data_dir", "command"),
+        ),
+        "gate": Command(
+            cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
+        ),
+    }
 
-    slicer = commands.add_parser("slice", help="write the GGUF slice for a layer range")
-    slicer.add_argument("source", type=Path)
-    slicer.add_argument("--layers", required=True, help="A:B, half-open (B exclusive)")
-    slicer.add_argument("-o", "--output", type=Path, required=True)
 
-    commands.add_parser("certify", help="check this llama.cpp build runs split models bit-identically")
-
-    generate = commands.add_parser("generate", help="run a prompt through an in-process N-shard route")
-    generate.add_argument("prompt")
-    generate.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
-    generate.add_argument("--shards", type=int, default=3)
-    generate.add_argument("--max-tokens", type=int, default=128)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--top-k", type=int, default=0)
-    generate.add_argument("--seed", type=int, default=0)
-    _engine_arguments(generate)
-
-    worker = commands.add_parser("worker", help="serve one layer range of a model over gRPC")
-    worker.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
-    worker.add_argument("--model-name", default=None, help="name served to clients (default: from the GGUF)")
-    worker.add_argument("--layers", required=True, help="A:B, half-open (B exclusive)")
-    worker.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless told otherwise)")
-    worker.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    worker.add_argument("--advertise", default=None, help="address peers use (default host:port)")
-    worker.add_argument("--tracker", default=None, help="tracker address to register with")
-    worker.add_argument("--drain-grace", type=float, default=20.0, help="seconds in-flight sessions get on SIGTERM")
-    worker.add_argument(
-        "--memory-budget-mb", type=float, default=None, help="cap weights + KV + scratch; --max-sessions is cut to fit"
+def _global_arguments(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """``--data-dir`` and ``-v``, accepted before and after the subcommand alike."""
+    data_dir = default_data_dir()
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=data_dir if defaults else argparse.SUPPRESS,  # a subcommand's must not undo the main one's
+        help=f"models, slice cache, databases, logs (default: {data_dir})",
     )
-    worker.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 picks)")
-    worker.add_argument("--fake-layers", type=int, default=None, help="serve a fake model of N layers (tests)")
-    worker.add_argument("--fake-step-delay", type=float, default=0.0, help="seconds each fake batch sleeps (tests)")
-    _engine_arguments(worker)
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="log at debug level (default: off)",
+    )
 
-    from meshnet.tracker.server import add_tracker_arguments
 
-    tracker = commands.add_parser("tracker", help="register shards, choose routes, keep work records")
-    add_tracker_arguments(tracker)
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad flag like every other error: one line with its code, then exit status 2."""
 
-    gateway = commands.add_parser("gateway", help="OpenAI-compatible HTTP API over the swarm")
-    gateway.add_argument("--tracker", required=True, help="tracker address")
-    gateway.add_argument("--model", type=Path, default=None, help="GGUF to read the tokenizer from")
-    gateway.add_argument("--model-name", default=None)
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    gateway.add_argument("--max-in-flight", type=int, default=8, help="requests served at once; more get 503")
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error [{InvalidArgument.code}]: {message}\n")
 
-    up = commands.add_parser("up", help="start tracker, workers and gateway on this machine and stream a demo")
-    up.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
-    up.add_argument("--shards", type=int, default=3)
-    up.add_argument("--port", type=int, default=8080, help="gateway port")
-    up.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
-    up.add_argument("--prompt", default="Write a haiku about machines that share their work.")
-    up.add_argument("--max-tokens", type=int, default=64)
-    up.add_argument("--demo-only", action="store_true", help="stop after the demo answer instead of serving")
 
-    bench = commands.add_parser("bench", help="measure whole-model, split, meshnet and recompute lanes; write results")
-    bench.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
-    bench.add_argument("--out", type=Path, default=Path("bench/results/bench.json"), help="results JSON")
-    bench.add_argument("--report", type=Path, default=Path("bench/report"), help="folder for report.md and plots")
-    bench.add_argument("--quick", action="store_true", help="fewer rounds, shorter outputs, concurrency 1 and 4")
-    bench.add_argument("--threads", type=int, default=1, help="llama.cpp threads per context, every lane alike")
-    bench.add_argument("--lanes", default=None, help="comma-separated lanes (default: all)")
-    bench.add_argument("--budget", type=float, default=None, help="seconds the run may take (default 840; quick 300)")
-
-    gate = commands.add_parser("gate", help="judge bench results against the performance contract (exit 0/1/2)")
-    gate.add_argument("results", type=Path)
-    gate.add_argument("--contract", type=Path, default=None, help="contract JSON (default: the packaged v1)")
+def build_parser(commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="meshnet", description="Serve one GGUF model across several machines.")
+    parser.add_argument("--version", action="version", version=f"meshnet {__version__}")
+    _global_arguments(parser, defaults=True)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, command in (commands or _commands()).items():
+        subparser = subparsers.add_parser(name, help=command.help, description=command.help)
+        _global_arguments(subparser, defaults=False)
+        for config in command.configs:
+            add_config_arguments(subparser, config, skip=command.skip)
     return parser
 
 
-HANDLERS: dict[str, Handler] = {
-    "provision": cmd_provision,
-    "slice": cmd_slice,
-    "certify": cmd_certify,
-    "generate": cmd_generate,
-    "worker": cmd_worker,
-    "tracker": cmd_tracker,
-    "gateway": cmd_gateway,
-    "up": cmd_up,
-    "bench": cmd_bench,
-    "gate": cmd_gate,
-}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    commands = _commands()
+    try:
+        args = build_parser(commands).parse_args(argv)
+    except SystemExit as stop:  # usage errors, --help, --version: main returns every exit status
+        return stop.code if isinstance(stop.code, int) else 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
     for noisy in ("gguf", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        return HANDLERS[args.command](args)
+        return commands[args.command].run(args)
     except MeshnetError as error:
         print(f"meshnet {args.command}: error [{error.code}]: {error.message}", file=sys.stderr)
         return 2

@@ -17,14 +17,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import split_evenly
-from meshnet.engine.shards import model_layer_count
 
 READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
@@ -32,14 +32,24 @@ STOP_GRACE_S = 10.0
 
 @dataclass(frozen=True)
 class LocalSwarmConfig:
+    """``meshnet up``'s configuration; its flags are generated from these fields."""
+
     data_dir: Path
-    model: Path
+    """Slice cache, tracker database and the components' logs."""
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF every worker cuts its slice from."""
     shards: int = 3
-    gateway_port: int = 8080
+    """Workers to start; the model's layers are split evenly between them."""
+    gateway_port: int = field(default=8080, metadata=cli("port"))
+    """Port of the OpenAI-compatible gateway."""
     prompt: str = "Write a haiku about machines that share their work."
+    """The demo prompt streamed once the swarm is routable."""
     max_tokens: int = 64
+    """Tokens the demo answer may take."""
     demo_only: bool = False
+    """Stop after the demo answer instead of serving."""
     model_name: str | None = None
+    """Name the workers and gateway serve the model under; none uses the GGUF's general.name."""
     threads: int = 1
     """llama.cpp threads per worker. Workers share this machine's cores, so one each keeps
     three pipelined shards from competing for two cores."""
@@ -116,6 +126,9 @@ def _stop_on_sigterm() -> None:
 
 
 def run_local_swarm(config: LocalSwarmConfig) -> int:
+    # Here, not at the top: building `meshnet`'s parser imports this module for its config only.
+    from meshnet.artifact.describe import describe_model
+
     _stop_on_sigterm()
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -130,7 +143,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         children.append(tracker)
         tracker_address = tracker.ready_line.rsplit(" ", 1)[-1]
         print(f"tracker   {tracker_address}")
-        ranges = split_evenly(model_layer_count(config.model), config.shards)
+        ranges = split_evenly(describe_model(config.model).n_layers, config.shards)
         for layers in ranges:
             worker = Child(
                 f"worker {layers}",

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 from gguf import GGMLQuantizationType
 
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.client.shard_admin import fetch_metrics
 from meshnet.client.shard_stream import ChannelPool
@@ -368,9 +369,10 @@ class Reference:
         from meshnet.engine.shards import open_local_route
         from meshnet.engine.tokenizer import Tokenizer
 
-        self.tokenizer = Tokenizer(model)
+        description = describe_model(model)
+        self.tokenizer = Tokenizer(description)
         config = LlamaConfig(max_batch_tokens=256, n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT)
-        self.route = open_local_route(model, 1, SliceCache(cache_dir), config)
+        self.route = open_local_route(description, 1, SliceCache(cache_dir), config)
 
     def chat_tokens(self, content: str) -> tuple[int, ...]:
         """What the gateway's chat endpoint sends the route for one user message."""

@@ -35,6 +35,7 @@ from worker_harness import (
 )
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
@@ -91,7 +92,7 @@ CONCURRENT = [
 def tokenizer() -> Iterator[object]:
     from meshnet.engine.tokenizer import Tokenizer
 
-    loaded = Tokenizer(MODEL)
+    loaded = Tokenizer(describe_model(MODEL))
     yield loaded
     loaded.close()
 
@@ -110,7 +111,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     config = LlamaConfig(
         n_threads=WORKER_THREADS, max_slots=MAX_SESSIONS, n_ctx_per_slot=CONTEXT, max_batch_tokens=PREFILL_CHUNK
     )
-    route = open_local_route(MODEL, 1, SliceCache(tmp_path_factory.mktemp("reference-slices")), config)
+    route = open_local_route(describe_model(MODEL), 1, SliceCache(tmp_path_factory.mktemp("reference-slices")), config)
     yield route
     route.close()
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.artifact.provision import model_path
 from meshnet.core.generation import GenerationRequest
@@ -65,7 +66,7 @@ CHATS = {
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Iterator[Tokenizer]:
-    loaded = Tokenizer(MODEL)
+    loaded = Tokenizer(describe_model(MODEL))
     yield loaded
     loaded.close()
 
@@ -80,7 +81,7 @@ def routes(slice_cache: SliceCache) -> Iterator[dict[str, LocalRoute]]:
     opened: dict[str, LocalRoute] = {}
     try:
         for name, ranges in LAYOUTS.items():
-            opened[name] = LocalRoute([open_llama_shard(MODEL, r, slice_cache, CONFIG) for r in ranges])
+            opened[name] = LocalRoute([open_llama_shard(describe_model(MODEL), r, slice_cache, CONFIG) for r in ranges])
         yield opened
     finally:
         for route in opened.values():

@@ -1,4 +1,8 @@
-"""What a source model is: name, architecture, size, quantization, read from its GGUF header."""
+"""What a model file is, read once from its GGUF header into one typed description.
+
+Shards, the tokenizer, capacity planning, the gateway and the bench all take this value instead
+of parsing the header again, so they cannot disagree about a model's shape or name.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +14,40 @@ from gguf import LlamaFileType
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.artifact.slicing import model_dimensions
 
+DEFAULT_CONTEXT_LENGTH = 2048
+"""Assumed when a GGUF does not state its training context."""
+
 
 @dataclass(frozen=True)
 class ModelDescription:
+    path: Path
+    """The GGUF file described."""
     name: str
+    """``general.name``, or the file's stem when the header has none."""
     architecture: str
+    """Adapter name (``llama``, ...): the certified family the file belongs to."""
     adapter_version: str
+    """Version of that adapter, part of the recipe."""
     n_layers: int
+    """Transformer blocks in this file (the whole model for a source, its range for a slice)."""
     n_embd: int
+    """Width of the hidden state that crosses every seam."""
     context_length: int
+    """Positions the model was trained for."""
     quantization: str
+    """Weight quantization (``Q4_1``, ...), from ``general.file_type``."""
     n_head: int
+    """Attention heads."""
     n_head_kv: int
+    """Key/value heads (fewer than ``n_head`` under grouped-query attention)."""
+    has_tokenizer: bool
+    """Whether the file carries a vocabulary (head and middle slices carry none)."""
+    chat_template: str | None
+    """The Jinja chat template stored in the file, if any."""
 
 
 def describe_model(path: Path) -> ModelDescription:
+    """Parse the header of ``path`` (no tensor data is read)."""
     model = parse_gguf(path)
     adapter, n_layers, n_embd = model_dimensions(model)
     file_type = model.get("general.file_type")
@@ -34,16 +57,19 @@ def describe_model(path: Path) -> ModelDescription:
         )
     except ValueError:
         quantization = f"file_type_{file_type}"
-    name = str(model.get("general.name") or Path(path).stem)
     n_head = model.get(f"{adapter.name}.attention.head_count", 1)
+    template = model.get("tokenizer.chat_template")
     return ModelDescription(
-        name=name,
+        path=Path(path),
+        name=str(model.get("general.name") or Path(path).stem),
         architecture=adapter.name,
         adapter_version=adapter.version,
         n_layers=n_layers,
         n_embd=n_embd,
-        context_length=int(model.get(f"{adapter.name}.context_length", 2048)),
+        context_length=int(model.get(f"{adapter.name}.context_length", DEFAULT_CONTEXT_LENGTH)),
         quantization=quantization,
         n_head=int(n_head),
         n_head_kv=int(model.get(f"{adapter.name}.attention.head_count_kv", n_head)),
+        has_tokenizer=model.get("tokenizer.ggml.model") not in (None, "none"),
+        chat_template=template if isinstance(template, str) else None,
     )

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
-from meshnet.bench.config import DEFAULT_LANES, BenchConfig, quick_config
+from meshnet.bench.config import BenchConfig
 from meshnet.core.errors import MeshnetError
 
 Printer = Callable[[str], None]
@@ -14,36 +13,12 @@ GATE_UNREADABLE_EXIT = 3
 """Exit code when the results or the contract cannot be read or are invalid: distinct from optimize/stop."""
 
 
-def bench_command(
-    *,
-    model: Path,
-    data_dir: Path,
-    out: Path,
-    report_dir: Path | None,
-    quick: bool,
-    threads: int,
-    lanes: str | None,
-    budget_s: float | None,
-    command: str,
-    say: Printer,
-    note: Printer,
-) -> int:
+def bench_command(config: BenchConfig, *, out: Path, report_dir: Path | None, say: Printer, note: Printer) -> int:
     """Run the bench, write results (and the report); 0, or 1 when the results break the schema."""
     from meshnet.bench.report import headline_table, write_report
     from meshnet.bench.results_file import write_results
     from meshnet.bench.suite import run_bench
 
-    config = BenchConfig(
-        model=model,
-        data_dir=data_dir,
-        threads=threads,
-        command=command,
-        lanes=tuple(lane.strip() for lane in lanes.split(",") if lane.strip()) if lanes else DEFAULT_LANES,
-    )
-    if quick:
-        config = quick_config(config)
-    if budget_s is not None:
-        config = replace(config, time_budget_s=budget_s)
     results = run_bench(config, progress=note)
     problems = write_results(results, out)
     say(headline_table(results))

@@ -7,11 +7,13 @@ length, greedy sampling, thread count and KV geometry, so their numbers compare 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
+from meshnet.engine.llama_config import LlamaConfig
 
 LaneKind = Literal["llama-whole", "split", "meshnet", "recompute"]
 REFERENCE_LANE = "llama-whole"
@@ -50,17 +52,20 @@ def parse_lane(text: str, recompute_shards: int = 3) -> LaneName:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    model: Path
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
     """Source GGUF every lane runs."""
     data_dir: Path
     """Slice cache (shared with the workers), worker logs."""
     lanes: tuple[str, ...] = DEFAULT_LANES
+    """Lanes to measure: llama-whole, split-N, meshnet-N, recompute, transformers."""
     threads: int = 1
     """llama.cpp threads per context, the same in every lane and every worker. One by default:
     on a shared 2-core machine a 2-thread team collapses (measured 5-20x slower) whenever
     anything else wants a core, which would drown the ratios this bench exists for."""
     prompt_tokens: int = 128
+    """Tokens of every prompt."""
     output_tokens: int = 64
+    """Tokens generated per request (greedy)."""
     recompute_output_tokens: int = 8
     """Recompute re-runs the whole sequence per token; fewer tokens keep its lane bounded."""
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
@@ -68,10 +73,13 @@ class BenchConfig:
     sweep_lanes: tuple[str, ...] = ("llama-whole", "split-3", "meshnet-3")
     """Lanes measured at every concurrency; the others at ``lane_concurrency`` only (time budget)."""
     lane_concurrency: tuple[int, ...] = (1, 4)
+    """Concurrencies the lanes outside ``sweep_lanes`` are measured at."""
     repetitions: int = 3
     """Interleaved rounds (every lane once per round); medians are taken across rounds."""
     max_slots: int = 8
-    n_ctx_per_slot: int = 2048
+    """KV slots per context (and per worker): the largest concurrency the bench may ask for."""
+    n_ctx_per_slot: int = field(default=2048, metadata=cli("context"))
+    """Positions per session in every lane."""
     prefill_chunk: int = 256
     """Tokens per prefill llama_decode call: the same in process and in workers (fixes numerics)."""
     contexts: tuple[int, ...] = (128, 512, 2048, 8000)
@@ -79,18 +87,24 @@ class BenchConfig:
     context_lane: str = "meshnet-3"
     """The KV-cached lane compared with recompute at each context (meshnet-N or split-N)."""
     context_decode_tokens: int = 8
-    recompute_max_step_s: float = 45.0
+    """Tokens decoded at each context length."""
+    recompute_max_step_s: float = field(default=45.0, metadata=cli("recompute-max-step"))
     """Above this estimated cost per step, in-process recompute is not run at a context: one
     recompute step is a prefill of the whole context, so the cached route's own prefill time
     (TTFT) stands in for it, and the results say so."""
     recompute_shards: int = 3
-    time_budget_s: float = 840.0
-    """New rounds stop starting once 60% of this is spent; the context phase bounds itself."""
-    request_timeout_s: float = 300.0
-    worker_start_timeout_s: float = 120.0
+    """Shards of the recompute lane's route."""
+    time_budget_s: float = field(default=840.0, metadata=cli("budget"))
+    """Seconds the run may take: new rounds stop starting once 60% of this is spent; the context
+    phase bounds itself. --quick makes it 300."""
+    request_timeout_s: float = field(default=300.0, metadata=cli("request-timeout"))
+    """Seconds one request through a worker route may take."""
+    worker_start_timeout_s: float = field(default=120.0, metadata=cli("worker-start-timeout"))
+    """Seconds the bench waits for its workers to print their ready line."""
     command: str = ""
     """The exact command line, recorded in the results."""
     quick: bool = False
+    """Preset: fewer rounds, shorter outputs, concurrency 1 and 4; flags given with it still apply."""
 
     def __post_init__(self) -> None:
         for lane in self.lanes:
@@ -105,6 +119,15 @@ class BenchConfig:
             kind = parse_lane(self.context_lane, self.recompute_shards).kind
             if kind not in ("meshnet", "split"):
                 raise InvalidArgument(f"context_lane must be meshnet-N or split-N, got {self.context_lane}")
+
+    def llama_config(self, *, max_slots: int | None = None, n_ctx_per_slot: int | None = None) -> LlamaConfig:
+        """The in-process lanes' engine settings (the context phase asks for one larger slot)."""
+        return LlamaConfig(
+            n_threads=self.threads,
+            max_slots=self.max_slots if max_slots is None else max_slots,
+            n_ctx_per_slot=self.n_ctx_per_slot if n_ctx_per_slot is None else n_ctx_per_slot,
+            max_batch_tokens=self.prefill_chunk,
+        )
 
     def lane_names(self) -> list[LaneName]:
         return [parse_lane(lane, self.recompute_shards) for lane in self.lanes]

@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import ModelDescription
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName
 from meshnet.bench.environment import CpuMeter, rss_bytes
 from meshnet.bench.hops import RouteProbe
@@ -31,7 +32,6 @@ from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange, split_evenly
-from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.shards import open_local_route
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
@@ -70,19 +70,15 @@ class LaneState:
 class LaneSet:
     """Opens, runs and closes every lane of a bench; owns the pool, the routes and the workers."""
 
-    def __init__(self, config: BenchConfig, cache: SliceCache, n_layers: int, progress: Progress) -> None:
+    def __init__(self, config: BenchConfig, cache: SliceCache, model: ModelDescription, progress: Progress) -> None:
         self.config = config
         self.cache = cache
-        self.n_layers = n_layers
+        self.model = model
+        self.n_layers = model.n_layers
         self.progress = progress
         self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
-        self.llama = LlamaConfig(
-            n_threads=config.threads,
-            max_slots=config.max_slots,
-            n_ctx_per_slot=config.n_ctx_per_slot,
-            max_batch_tokens=config.prefill_chunk,
-        )
+        self.llama = config.llama_config()
         self.lanes = [LaneState(name) for name in config.lane_names()]
 
     def ranges(self, shards: int) -> list[LayerRange]:
@@ -122,7 +118,7 @@ class LaneSet:
             self.progress(f"{lane.label}: {shards} worker(s) at {', '.join(h.address for h in lane.workers.hops)}")
             return
         before = rss_bytes()
-        route = open_local_route(self.config.model, shards, self.cache, self.llama, self.ranges(shards))
+        route = open_local_route(self.model, shards, self.cache, self.llama, self.ranges(shards))
         lane.rss = [max(rss_bytes() - before, 0)]
         lane.rss_note = "growth of the bench process's resident memory when the lane's engines were opened"
         lane.engine = RecomputeLane(route) if kind == "recompute" else CachedLane(route)

@@ -12,13 +12,11 @@ import logging
 import time
 from contextlib import AsyncExitStack, closing
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.gguf_file import parse_gguf
-from meshnet.artifact.slicing import model_dimensions
+from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName, parse_lane
 from meshnet.bench.context import CachedRunner, clamp_contexts, measure_context_scaling
 from meshnet.bench.environment import environment
@@ -52,7 +50,6 @@ from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import split_evenly
-from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
 from meshnet.engine.tokenizer import Tokenizer
@@ -70,11 +67,13 @@ def run_bench(config: BenchConfig, progress: Progress = log.info) -> BenchResult
 async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     started = time.monotonic()
     cache = SliceCache(config.data_dir / "cache")
-    with closing(Tokenizer(config.model)) as tokenizer:
-        model = describe_model(config.model, cache, tokenizer.context_length)
+    # The GGUF header is parsed once; the tokenizer, the lanes and the record all read it.
+    description = describe_model(config.model)
+    with closing(Tokenizer(description)) as tokenizer:
+        model = model_info(description, cache, tokenizer.context_length)
         prompts = build_prompts(tokenizer, max(config.concurrency), config.prompt_tokens)
-    lanes, rounds, noise = await measure_lanes(LaneSet(config, cache, model.n_layers, progress), prompts, started)
-    context = await context_phase(config, cache, model, started, progress) if config.contexts else None
+    lanes, rounds, noise = await measure_lanes(LaneSet(config, cache, description, progress), prompts, started)
+    context = await context_phase(config, cache, description, model, started, progress) if config.contexts else None
     notes = [] if rounds >= config.repetitions else [f"time budget: {rounds} of {config.repetitions} rounds completed"]
     run = RunInfo(
         timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -135,16 +134,14 @@ def workload_of(config: BenchConfig, prompts: int) -> Workload:
     )
 
 
-def describe_model(model: Path, cache: SliceCache, model_context: int) -> ModelInfo:
-    info = parse_gguf(model)
-    _, n_layers, n_embd = model_dimensions(info)
+def model_info(description: ModelDescription, cache: SliceCache, model_context: int) -> ModelInfo:
     return ModelInfo(
-        path=str(model),
-        name=str(info.get("general.name", model.stem)),
-        sha256=cache.source_sha256(model),
-        bytes=model.stat().st_size,
-        n_layers=n_layers,
-        n_embd=n_embd,
+        path=str(description.path),
+        name=description.name,
+        sha256=cache.source_sha256(description.path),
+        bytes=description.path.stat().st_size,
+        n_layers=description.n_layers,
+        n_embd=description.n_embd,
         context_length=model_context,
     )
 
@@ -201,7 +198,12 @@ async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
 
 
 async def context_phase(
-    config: BenchConfig, cache: SliceCache, model: ModelInfo, started: float, progress: Progress
+    config: BenchConfig,
+    cache: SliceCache,
+    description: ModelDescription,
+    model: ModelInfo,
+    started: float,
+    progress: Progress,
 ) -> ContextScaling:
     """Fresh one-session engines with room for the longest context: cached lane vs recompute."""
     fast = parse_lane(config.context_lane, config.recompute_shards)
@@ -209,21 +211,19 @@ async def context_phase(
     limit = model.context_length
     room = min(limit if longest > config.n_ctx_per_slot else config.n_ctx_per_slot, limit)
     contexts = clamp_contexts(config.contexts, room, config.context_decode_tokens)
-    llama = LlamaConfig(
-        n_threads=config.threads, max_slots=1, n_ctx_per_slot=room, max_batch_tokens=config.prefill_chunk
-    )
-    with closing(Tokenizer(config.model)) as tokenizer:
+    llama = config.llama_config(max_slots=1, n_ctx_per_slot=room)
+    with closing(Tokenizer(description)) as tokenizer:
         prompts = context_prompts(tokenizer, contexts)
     deadline = started + CONTEXT_SHARE_OF_BUDGET * config.time_budget_s
     async with AsyncExitStack() as stack:
-        recompute = RecomputeLane(open_local_route(config.model, config.recompute_shards, cache, llama))
+        recompute = RecomputeLane(open_local_route(description, config.recompute_shards, cache, llama))
         stack.callback(recompute.route.close)
         if fast.kind == "meshnet":
             # A long context's prefill may take minutes: the phase's deadline bounds it, not a request timeout.
             timeout = max(config.request_timeout_s, deadline - time.monotonic())
             cached = await _context_route(stack, config, fast, model.n_layers, room, timeout)
         else:
-            cached = _context_split(stack, open_local_route(config.model, fast.shards, cache, llama))
+            cached = _context_split(stack, open_local_route(description, fast.shards, cache, llama))
         progress(f"context scaling: {fast} vs recompute at {contexts}")
         result = await measure_context_scaling(
             prompts,

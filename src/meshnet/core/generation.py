@@ -17,6 +17,7 @@ class SamplingParams:
     """How the tail picks each token. ``temperature == 0`` means greedy (argmax)."""
 
     temperature: float = 0.0
+    """Softmax temperature; 0 picks the most likely token (greedy)."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 keeps all."""
     top_p: float = 1.0

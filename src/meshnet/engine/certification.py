@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import write_synthetic_model
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange
@@ -39,7 +40,7 @@ def certify_llama_engine(config: LlamaConfig | None = None) -> CertificationRepo
     config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1)
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as raw:
         folder = Path(raw)
-        source = write_synthetic_model(folder / "tiny.gguf")
+        source = describe_model(write_synthetic_model(folder / "tiny.gguf"))
         cache = SliceCache(folder / "cache")
         try:
             whole = LocalRoute([open_llama_shard(source, LayerRange(0, 4), cache, config)])

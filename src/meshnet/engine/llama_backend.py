@@ -14,7 +14,6 @@ beyond its outputs.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
@@ -24,6 +23,7 @@ from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
 
@@ -43,21 +43,6 @@ class _NativeCapture:
 
 
 _NATIVE = _NativeCapture()
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    n_threads: int = 2
-    """CPU threads for decode and prefill."""
-    max_slots: int = 8
-    """Sessions with KV at once (llama sequences)."""
-    n_ctx_per_slot: int = 4096
-    """Positions per session."""
-    max_batch_tokens: int = 512
-    """Tokens per llama_decode call (n_batch = n_ubatch); longer inputs are cut into calls."""
-    flash_attn: bool = True
-    """Flash attention on CPU visits only the session's own KV cells, so batching sessions
-    together does not change a session's attention arithmetic."""
 
 
 class LlamaBackend:

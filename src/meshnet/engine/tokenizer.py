@@ -16,7 +16,7 @@ import jinja2
 import llama_cpp
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from meshnet.artifact.gguf_file import parse_gguf
+from meshnet.artifact.describe import ModelDescription
 from meshnet.core.errors import ArtifactError, InvalidArgument
 from meshnet.engine import llama_ffi  # noqa: F401 - quiets llama.cpp logging before the load
 
@@ -36,12 +36,11 @@ class IncrementalDecoder:
 
 
 class Tokenizer:
-    def __init__(self, model_path: Path) -> None:
-        info = parse_gguf(model_path)
-        arch = info.architecture
-        self.context_length = int(info.get(f"{arch}.context_length", 2048))
-        template = info.get("tokenizer.chat_template")
-        if info.get("tokenizer.ggml.model") in (None, "none"):
+    def __init__(self, model: ModelDescription) -> None:
+        model_path = model.path
+        self.context_length = model.context_length
+        template = model.chat_template
+        if not model.has_tokenizer:
             raise ArtifactError(f"{Path(model_path).name} carries no tokenizer")
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()

@@ -1,10 +1,14 @@
-"""The gateway's one typed configuration: limits, deadlines, telemetry cadence, bind address."""
+"""The gateway's one typed configuration: limits, deadlines, telemetry cadence, bind address;
+the process's (tracker, model) around it. ``meshnet gateway``'s flags are generated from them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.limits import MAX_FRAME_BYTES
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,19 @@ class GatewayConfig:
             )
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"gateway config: port must be in [0, 65535], got {self.port}")
+
+
+@dataclass(frozen=True)
+class GatewayProcessConfig:
+    """``meshnet gateway``'s configuration; its flags are generated from these fields."""
+
+    tracker: str
+    """Tracker address (host:port) that routes requests to workers."""
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF the tokenizer and chat template are read from (no tensors are loaded)."""
+    http: GatewayConfig
+    """The HTTP app's limits, deadlines and bind address."""
+    model_name: str | None = None
+    """Name the model is served under; none uses the GGUF's general.name."""
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    """Largest gRPC message sent to or accepted from a shard."""

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
 from meshnet.client.route_driver import RouteDriver
@@ -15,30 +13,20 @@ from meshnet.client.swarm import SwarmClient, SwarmConfig
 from meshnet.client.tracker_client import TrackerClient
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.gateway.app import create_app
-from meshnet.gateway.config import GatewayConfig
+from meshnet.gateway.config import GatewayProcessConfig
 from meshnet.gateway.server import GatewayServer
 from meshnet.gateway.swarm_adapter import SwarmGenerator
 
 log = logging.getLogger(__name__)
-MAX_FRAME_BYTES = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class GatewayProcessConfig:
-    tracker: str
-    model: Path
-    """Source GGUF the tokenizer and chat template are read from (no tensors are loaded)."""
-    model_name: str | None
-    http: GatewayConfig
 
 
 async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, str], None] | None = None) -> None:
     description = describe_model(config.model)
     name = config.model_name or description.name
-    tokenizer = await asyncio.to_thread(Tokenizer, config.model)
+    tokenizer = await asyncio.to_thread(Tokenizer, description)
     tracker = TrackerClient(config.tracker)
-    pool = ChannelPool(MAX_FRAME_BYTES)
-    swarm = SwarmClient(tracker, pool, RouteDriver(pool, max_frame_bytes=MAX_FRAME_BYTES), SwarmConfig())
+    pool = ChannelPool(config.max_frame_bytes)
+    swarm = SwarmClient(tracker, pool, RouteDriver(pool, max_frame_bytes=config.max_frame_bytes), SwarmConfig())
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description.quantization})
     app = create_app(generator, {name: tokenizer}, config.http)
     server = GatewayServer(

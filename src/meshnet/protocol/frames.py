@@ -17,6 +17,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.limits import MAX_FRAME_BYTES
 
 SCHEMA_VERSION = 1
 """The frame schema this code writes."""
@@ -34,7 +35,8 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_DEADLINE_MS = 2**32 - 1
 MAX_ID_CHARS = 128
 MAX_ADDRESS_CHARS = 256
-DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_FRAME_BYTES = MAX_FRAME_BYTES
+"""The one limit defined in ``core.limits``, under the name protocol users already import."""
 FRAME_OVERHEAD_BYTES = 64 * 1024
 """Room kept in every frame for everything but the payload (header, up to ``max_hops`` hops,
 sampling): the payload budget is ``max_frame_bytes - FRAME_OVERHEAD_BYTES``."""

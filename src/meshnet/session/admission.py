@@ -23,12 +23,15 @@ class SlotUse:
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
+    """Built from the worker's config (``WorkerConfig.admission_policy``), so no defaults here."""
+
     max_sessions: int
-    max_queue: int = 64
+    """Sessions that may hold KV at once (the capacity plan's count)."""
+    max_queue: int
     """Queued steps across all sessions beyond which new sessions are refused."""
-    evict_idle_after: float = 30.0
+    evict_idle_after: float
     """Seconds without a step after which a session may be evicted for a newcomer."""
-    ttl: float = 600.0
+    ttl: float
     """Seconds without a step after which a session is expired even without pressure."""
 
 

@@ -13,19 +13,19 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
+from meshnet.core.config_flags import add_config_arguments, given_arguments
+from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol import services
+from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.store import SqliteTrackerStore
@@ -34,37 +34,6 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Tracker messages are small; refusing big ones early bounds what a bad peer can make us parse."""
-
-
-@dataclass(frozen=True)
-class TrackerConfig:
-    host: str = "127.0.0.1"
-    """Interface to listen on. Loopback by default, so a tracker started without configuration
-    is unreachable from the network (S5); use 0.0.0.0 deliberately."""
-    port: int = 7070
-    """TCP port; 0 lets the OS pick one (see ``RunningTracker.port``)."""
-    db_path: Path = Path("tracker.sqlite3")
-    """SQLite file holding the epoch, nodes seen and work records; created if missing."""
-    heartbeat_interval_s: float = 2.0
-    """How often workers are told to heartbeat."""
-    missed_heartbeats: int = 3
-    """A node silent for this many intervals leaves routes and the epoch increments."""
-    session_ttl_s: float = 600.0
-    """A session's sticky route is forgotten after this long without a route request."""
-    shutdown_grace_s: float = 5.0
-    """How long in-flight calls may finish after shutdown starts."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise InvalidArgument(f"port must be in [0, 65535], got {self.port}")
-        for name in ("heartbeat_interval_s", "session_ttl_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise InvalidArgument(f"{name} must be a positive number of seconds, got {value}")
-        if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
-            raise InvalidArgument(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
-        if self.missed_heartbeats < 1:
-            raise InvalidArgument(f"missed_heartbeats must be >= 1, got {self.missed_heartbeats}")
 
 
 class RunningTracker:
@@ -180,56 +149,15 @@ async def serve_tracker(
 
 
 def add_tracker_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags for every ``TrackerConfig`` field (``--db`` defaults under ``--data-dir`` if given)."""
-    defaults = TrackerConfig()
-    parser.add_argument("--host", default=defaults.host, help="interface to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=defaults.port, help="TCP port, 0 = any (default: %(default)s)")
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=None,
-        help=f"SQLite file (default: DATA_DIR/tracker.sqlite3 with --data-dir, else ./{defaults.db_path})",
-    )
-    parser.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=defaults.heartbeat_interval_s,
-        help="seconds between worker heartbeats (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--missed-heartbeats",
-        type=int,
-        default=defaults.missed_heartbeats,
-        help="heartbeats a node may miss before it leaves routes (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--session-ttl",
-        type=float,
-        default=defaults.session_ttl_s,
-        help="seconds an idle session keeps its sticky route (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=defaults.shutdown_grace_s,
-        help="seconds in-flight calls may finish on shutdown (default: %(default)s)",
-    )
+    """One flag per ``TrackerConfig`` field; ``--db`` defaults to ``DATA_DIR/tracker.sqlite3``."""
+    add_config_arguments(parser, TrackerConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> TrackerConfig:
-    db_path = args.db
-    if db_path is None:
-        data_dir = getattr(args, "data_dir", None)
-        db_path = Path(data_dir) / "tracker.sqlite3" if data_dir else TrackerConfig().db_path
-    return TrackerConfig(
-        host=args.host,
-        port=args.port,
-        db_path=db_path,
-        heartbeat_interval_s=args.heartbeat_interval,
-        missed_heartbeats=args.missed_heartbeats,
-        session_ttl_s=args.session_ttl,
-        shutdown_grace_s=args.shutdown_grace,
-    )
+    given = given_arguments(TrackerConfig, args)
+    if "db_path" not in given:
+        given["db_path"] = Path(getattr(args, "data_dir", ".")) / DEFAULT_DB_NAME
+    return TrackerConfig(**given)
 
 
 def run_tracker(args: argparse.Namespace) -> int:
@@ -245,6 +173,7 @@ def run_tracker(args: argparse.Namespace) -> int:
 
 def tracker_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshnet tracker", description="Run the meshnet tracker.")
+    parser.add_argument("--data-dir", type=Path, default=Path("."), help="folder of the database (default: .)")
     add_tracker_arguments(parser)
     parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.describe import describe_model
+from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId
@@ -29,11 +29,10 @@ from meshnet.core.tracking import HardwareSummary, NodeRegistration
 from meshnet.engine.backend import Backend
 from meshnet.engine.certification import certify_llama_engine
 from meshnet.engine.fake_backend import FakeBackend
-from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
 from meshnet.protocol import services
-from meshnet.session.admission import AdmissionPolicy, CapacityPlan, kv_bytes_per_session, plan_capacity
+from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.worker.calibrate import ShardSpeed, measure_speed
 from meshnet.worker.config import FakeModel, WorkerConfig
@@ -69,13 +68,15 @@ class ModelIdentity:
 async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
     """The worker ``config`` describes, its engine running and its port bound, not yet serving."""
     cache = SliceCache(config.data_dir / "cache")
-    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache)
-    loop = EngineLoop(partial(open_backend, config, cache, capacity.max_sessions))
+    # Parsed once: capacity planning, the engine and the recipe all read this one description.
+    description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
+    loop = EngineLoop(partial(open_backend, config, cache, description, capacity.max_sessions))
     # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
     try:
         speed = await loop.call(measure_speed)
-        model = model_identity(config, cache)
+        model = model_identity(config, cache, description)
         server, port = _bind(config)
         address = config.advertise or f"{config.host}:{port}"
         recipe = model.recipe
@@ -88,7 +89,7 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
             config.max_frame_bytes,
         )
         links = ChannelPool(config.max_frame_bytes)
-        policy = AdmissionPolicy(capacity.max_sessions, config.max_queue, config.evict_idle_after, config.session_ttl)
+        policy = config.admission_policy(capacity.max_sessions)
         shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links))
     except BaseException:
         await asyncio.to_thread(loop.stop)
@@ -130,7 +131,9 @@ def _bind(config: WorkerConfig) -> tuple[grpc.aio.Server, int]:
         raise FailedPrecondition(f"the worker cannot listen on {target} (is the port in use?): {error}") from error
 
 
-def open_backend(config: WorkerConfig, cache: SliceCache, max_sessions: int) -> Backend:
+def open_backend(
+    config: WorkerConfig, cache: SliceCache, description: ModelDescription | None, max_sessions: int
+) -> Backend:
     """The engine for ``config``'s layers; runs on the engine loop's own thread."""
     if config.fake is not None:
         fake = config.fake
@@ -146,16 +149,9 @@ def open_backend(config: WorkerConfig, cache: SliceCache, max_sessions: int) -> 
         )
     # Fail closed: CertificationFailed propagates and the worker never listens.
     certify_llama_engine()
-    if config.model is None:
+    if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
-    engine_config = LlamaConfig(
-        n_threads=config.threads,
-        max_slots=max_sessions,
-        n_ctx_per_slot=config.n_ctx_per_session,
-        max_batch_tokens=config.prefill_chunk,
-        flash_attn=config.flash_attn,
-    )
-    return open_llama_shard(config.model, config.layers, cache, engine_config)
+    return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
 
 
 def backend_label(config: WorkerConfig) -> str:
@@ -163,15 +159,12 @@ def backend_label(config: WorkerConfig) -> str:
     return f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk})"
 
 
-def model_identity(config: WorkerConfig, cache: SliceCache) -> ModelIdentity:
+def model_identity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> ModelIdentity:
     """The recipe this worker serves and the names it registers under."""
-    if config.fake is not None:
-        return ModelIdentity(fake_recipe(config.fake), config.model_name or "fake", "none")
-    if config.model is None:
-        raise InvalidArgument("a worker needs --model (or a fake model)")
-    description = describe_model(config.model)
+    if description is None:
+        return ModelIdentity(fake_recipe(config.fake or FakeModel()), config.model_name or "fake", "none")
     recipe = Recipe(
-        model_sha256=cache.source_sha256(config.model),
+        model_sha256=cache.source_sha256(description.path),
         architecture=description.architecture,
         adapter_version=description.adapter_version,
         weight_quantization=description.quantization,
@@ -200,12 +193,11 @@ def fake_recipe(fake: FakeModel) -> Recipe:
     )
 
 
-def plan_worker_capacity(config: WorkerConfig, cache: SliceCache) -> CapacityPlan:
+def plan_worker_capacity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> CapacityPlan:
     """Sessions this worker can hold: the configured number, cut to its memory budget."""
-    if config.fake is not None or config.model is None:
+    if description is None:
         return CapacityPlan(config.max_sessions, 0, 0, 0, None)
-    description = describe_model(config.model)
-    files = cache.shard_files(config.model, config.layers, description.n_layers)
+    files = cache.shard_files(description.path, config.layers, description.n_layers)
     weights = files.slice.stat().st_size
     scratch = SCRATCH_BASE_BYTES
     if config.layers.is_tail(description.n_layers):

@@ -1,56 +1,100 @@
-"""The worker's one typed configuration; CLI flags are generated from it."""
+"""The worker's one typed configuration; ``meshnet worker``'s flags are generated from it.
+
+The engine's ``LlamaConfig`` and the session table's ``AdmissionPolicy`` are derived from it
+(``llama_config``, ``admission_policy``), never declared again with defaults of their own.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshnet.core.addresses import check_advertise_address
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
+from meshnet.core.limits import MAX_FRAME_BYTES
+from meshnet.engine.llama_config import LlamaConfig
+from meshnet.session.admission import AdmissionPolicy
 
 
 @dataclass(frozen=True)
 class FakeModel:
     """Serve deterministic arithmetic instead of a model (protocol and integration tests)."""
 
-    n_layers: int = 6
+    n_layers: int = field(default=6, metadata=cli("layers"))
+    """Serve a fake model of this many layers instead of a GGUF (tests)."""
     n_embd: int = 16
+    """Width of the fake hidden state."""
     n_vocab: int = 64
+    """Vocabulary size of the fake model's logits."""
     step_delay: float = 0.0
     """Seconds each engine batch sleeps, to make timing-dependent tests observable."""
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    model: Path | None
+    model: Path | None = field(metadata=cli(shown_default=PROVISIONED_MODEL))
     """Source GGUF; the worker cuts (or reuses) the slice for its layers from it."""
     layers: LayerRange
+    """Layers this worker serves, A:B half-open (B exclusive)."""
     data_dir: Path
     """Holds the slice cache."""
     model_name: str | None = None
-    """Name served to clients; defaults to the GGUF's general.name."""
+    """Name served to clients; none uses the GGUF's general.name."""
     host: str = "127.0.0.1"
     """Bind address: loopback unless told otherwise, so a bare worker is never exposed."""
     port: int = 0
-    """0 picks a free port (printed on start)."""
+    """Port to listen on; 0 picks a free port (printed on start)."""
     advertise: str | None = None
-    """Address other shards and clients use; defaults to host:port."""
+    """Address (host:port) other shards and clients use; none uses host:port as bound."""
     tracker: str | None = None
     """Tracker address to register and heartbeat with; none runs the worker standalone."""
     threads: int = 2
+    """llama.cpp threads for this shard's decode and prefill."""
     max_sessions: int = 8
+    """Sessions holding KV at once (llama sequences); cut to fit memory_budget_mb."""
     memory_budget_mb: float | None = None
     """Memory this shard may use for weights, KV and scratch; max_sessions is cut to fit it."""
-    n_ctx_per_session: int = 2048
+    n_ctx_per_session: int = field(default=2048, metadata=cli("context"))
+    """Positions (prompt plus output) each session may hold."""
     prefill_chunk: int = 256
     """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics."""
     flash_attn: bool = True
-    max_frame_bytes: int = 4 * 1024 * 1024
+    """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    """Largest gRPC message this worker sends or accepts."""
     max_queue: int = 64
+    """Queued steps across all sessions beyond which new sessions are refused."""
     evict_idle_after: float = 30.0
+    """Seconds without a step after which a session may be evicted for a newcomer."""
     session_ttl: float = 600.0
+    """Seconds without a step after which a session is expired even without pressure."""
     metrics_port: int | None = None
-    """Serve Prometheus ``/metrics`` on this port (0 picks one); None serves none."""
+    """Serve Prometheus /metrics on this port (0 picks one); none serves none."""
     fake: FakeModel | None = None
     """When set, no model is loaded (``model`` is ignored)."""
     drain_grace: float = 20.0
     """Seconds in-flight sessions get to finish after SIGTERM before they are released."""
+
+    def __post_init__(self) -> None:
+        if self.advertise is not None:
+            check_advertise_address(self.advertise, flag="--advertise")
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"worker config: port must be in [0, 65535], got {self.port}")
+        if self.model is None and self.fake is None:
+            raise InvalidArgument("a worker needs --model (or a fake model)")
+
+    def llama_config(self, max_sessions: int) -> LlamaConfig:
+        """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""
+        return LlamaConfig(
+            n_threads=self.threads,
+            max_slots=max_sessions,
+            n_ctx_per_slot=self.n_ctx_per_session,
+            max_batch_tokens=self.prefill_chunk,
+            flash_attn=self.flash_attn,
+        )
+
+    def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
+        """Admission for the session table, with the capacity plan's session count."""
+        return AdmissionPolicy(max_sessions, self.max_queue, self.evict_idle_after, self.session_ttl)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
@@ -33,9 +34,10 @@ def open_routes(
 ) -> Iterator[dict[str, LocalRoute]]:
     """One independent route (own llama contexts) per named layout; closed on exit."""
     routes: dict[str, LocalRoute] = {}
+    description = describe_model(source)
     try:
         for name, ranges in layouts.items():
-            routes[name] = LocalRoute([open_llama_shard(source, r, cache, config) for r in ranges])
+            routes[name] = LocalRoute([open_llama_shard(description, r, cache, config) for r in ranges])
         yield routes
     finally:
         for route in routes.values():

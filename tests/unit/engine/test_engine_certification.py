@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from meshnet import cli
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange
@@ -31,11 +30,13 @@ def test_certification_refuses_a_split_that_differs(monkeypatch: pytest.MonkeyPa
     # Shards cut from a model with other weights stand in for a build that computes splits wrongly.
     genuine = certification.open_llama_shard
 
-    def open_shard(source: Path, layers: LayerRange, cache: SliceCache, config: LlamaConfig) -> LlamaBackend:
+    def open_shard(
+        source: ModelDescription, layers: LayerRange, cache: SliceCache, config: LlamaConfig
+    ) -> LlamaBackend:
         if layers == LayerRange(0, 4):
             return genuine(source, layers, cache, config)
-        other = write_synthetic_model(source.with_name("other.gguf"), SyntheticSpec(seed=1))
-        return genuine(other, layers, cache, config)
+        other = write_synthetic_model(source.path.with_name("other.gguf"), SyntheticSpec(seed=1))
+        return genuine(describe_model(other), layers, cache, config)
 
     monkeypatch.setattr(certification, "open_llama_shard", open_shard)
     with pytest.raises(

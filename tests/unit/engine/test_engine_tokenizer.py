@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshnet.artifact import synthetic
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.slicing import write_slice
 from meshnet.core.errors import ArtifactError, InvalidArgument
 from meshnet.core.layers import LayerRange
@@ -19,7 +20,7 @@ EURO = [BYTE_BASE + b for b in "€".encode()]  # <0xE2> <0x82> <0xAC>
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model: Path) -> Iterator[Tokenizer]:
-    loaded = Tokenizer(tiny_model)
+    loaded = Tokenizer(describe_model(tiny_model))
     yield loaded
     loaded.close()
 
@@ -75,7 +76,7 @@ def test_a_head_slice_has_no_tokenizer(tiny_model: Path, tmp_path: Path) -> None
     head = tmp_path / "head.gguf"
     write_slice(tiny_model, LayerRange(0, 2), head)
     with pytest.raises(ArtifactError, match="carries no tokenizer"):
-        Tokenizer(head)
+        Tokenizer(describe_model(head))
 
 
 def _model_with_template(template: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -85,7 +86,7 @@ def _model_with_template(template: str, folder: Path, monkeypatch: pytest.Monkey
 
 def test_template_code_runs_sandboxed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     escape = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-    loaded = Tokenizer(_model_with_template(escape, tmp_path, monkeypatch))
+    loaded = Tokenizer(describe_model(_model_with_template(escape, tmp_path, monkeypatch)))
     try:
         with pytest.raises(InvalidArgument, match="chat template rejected"):
             loaded.apply_chat_template([{"role": "user", "content": "x"}])
@@ -95,7 +96,7 @@ def test_template_code_runs_sandboxed(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_template_raise_exception_is_invalid_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}ok"
-    loaded = Tokenizer(_model_with_template(template, tmp_path, monkeypatch))
+    loaded = Tokenizer(describe_model(_model_with_template(template, tmp_path, monkeypatch)))
     try:
         assert loaded.apply_chat_template([{"role": "user", "content": "x"}]) == "ok"
         with pytest.raises(InvalidArgument, match="user first"):

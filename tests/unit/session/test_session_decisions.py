@@ -18,6 +18,12 @@ from meshnet.session.admission import (
 from meshnet.session.scheduler import PendingWork, plan_tick
 
 
+def _policy(
+    max_sessions: int, *, max_queue: int = 64, evict_idle_after: float = 30.0, ttl: float = 600.0
+) -> AdmissionPolicy:
+    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl)
+
+
 def work(ticket: int, n: int, at: float = 0.0, deadline: float | None = None) -> PendingWork:
     return PendingWork(ticket, n, at, deadline)
 
@@ -43,7 +49,7 @@ def test_prefill_never_starves_a_waiting_chunk_runs_in_every_tick() -> None:
 
 
 def test_admission_admits_until_full_then_evicts_only_long_idle_sessions() -> None:
-    policy = AdmissionPolicy(max_sessions=2, max_queue=10, evict_idle_after=30.0)
+    policy = _policy(2, max_queue=10)
     assert decide_admission([SlotUse("a", 0.0, False)], 0, policy, now=1.0) == Admit()
     busy_or_recent = [SlotUse("a", 0.0, True), SlotUse("b", 95.0, False)]
     assert isinstance(decide_admission(busy_or_recent, 0, policy, now=100.0), Reject)
@@ -52,13 +58,13 @@ def test_admission_admits_until_full_then_evicts_only_long_idle_sessions() -> No
 
 
 def test_admission_rejects_when_the_queue_is_full() -> None:
-    decision = decide_admission([], 10, AdmissionPolicy(max_sessions=4, max_queue=10), now=0.0)
+    decision = decide_admission([], 10, _policy(4, max_queue=10), now=0.0)
     assert isinstance(decision, Reject) and "queue" in decision.reason
 
 
 def test_expiry_spares_busy_sessions() -> None:
     uses = [SlotUse("old", 0.0, False), SlotUse("busy", 0.0, True), SlotUse("new", 590.0, False)]
-    assert expired_sessions(uses, AdmissionPolicy(max_sessions=4, ttl=600.0), now=700.0) == ["old"]
+    assert expired_sessions(uses, _policy(4, ttl=600.0), now=700.0) == ["old"]
 
 
 def test_capacity_follows_the_memory_budget() -> None:

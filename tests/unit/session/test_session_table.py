@@ -30,7 +30,9 @@ def open_session(
 
 
 def test_table_checks_steps_positions_and_epochs() -> None:
-    table = SessionTable[str](AdmissionPolicy(max_sessions=2), clock=Clock())
+    table = SessionTable[str](
+        AdmissionPolicy(max_sessions=2, max_queue=64, evict_idle_after=30.0, ttl=600.0), clock=Clock()
+    )
     session, evicted = open_session(table, "s1", epoch=3)
     assert evicted is None
     assert table.check_step(session, step=0, position=0, epoch=3) is None
@@ -50,7 +52,7 @@ def test_table_checks_steps_positions_and_epochs() -> None:
 
 
 def test_the_first_step_must_be_zero_at_position_zero() -> None:
-    table = SessionTable[str](AdmissionPolicy(max_sessions=1))
+    table = SessionTable[str](AdmissionPolicy(max_sessions=1, max_queue=64, evict_idle_after=30.0, ttl=600.0))
     session, _ = open_session(table, "s")
     with pytest.raises(FailedPrecondition, match="expected 0"):
         table.check_step(session, step=1, position=0, epoch=0)
@@ -122,7 +124,7 @@ def test_lowest_free_slot_first_and_closed_sessions_leave_a_reason() -> None:
 
 
 def test_table_refuses_new_sessions_from_an_older_route_epoch() -> None:
-    table = SessionTable[str](AdmissionPolicy(max_sessions=2))
+    table = SessionTable[str](AdmissionPolicy(max_sessions=2, max_queue=64, evict_idle_after=30.0, ttl=600.0))
     table.min_epoch = 5
     with pytest.raises(RouteStale):
         open_session(table, "s", epoch=4)

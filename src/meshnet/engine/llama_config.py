@@ -1,0 +1,24 @@
+"""The settings of one llama.cpp context, in a module of its own so configs can name them without
+loading llama.cpp (the tracker and ``meshnet --help`` never should)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """One context's settings, derived from a component's config (``WorkerConfig.llama_config``,
+    the bench's, ``meshnet generate``'s): no defaults here, so none can disagree with those."""
+
+    n_threads: int
+    """CPU threads for decode and prefill."""
+    max_slots: int
+    """Sessions with KV at once (llama sequences)."""
+    n_ctx_per_slot: int
+    """Positions per session."""
+    max_batch_tokens: int
+    """Tokens per llama_decode call (n_batch = n_ubatch); longer inputs are cut into calls."""
+    flash_attn: bool = True
+    """Flash attention on CPU visits only the session's own KV cells, so batching sessions
+    together does not change a session's attention arithmetic."""

@@ -1,0 +1,46 @@
+"""The tracker's one typed configuration; ``meshnet tracker``'s flags are generated from it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshnet.core.config_flags import cli
+from meshnet.core.errors import InvalidArgument
+
+DEFAULT_DB_NAME = "tracker.sqlite3"
+"""The database's file name inside ``--data-dir`` when ``--db`` is not given."""
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    host: str = "127.0.0.1"
+    """Interface to listen on. Loopback by default, so a tracker started without configuration
+    is unreachable from the network (S5); use 0.0.0.0 deliberately."""
+    port: int = 7070
+    """TCP port; 0 lets the OS pick one (see ``RunningTracker.port``)."""
+    db_path: Path = field(
+        default=Path(DEFAULT_DB_NAME), metadata=cli("db", shown_default="DATA_DIR/" + DEFAULT_DB_NAME)
+    )
+    """SQLite file holding the epoch, nodes seen and work records; created if missing."""
+    heartbeat_interval_s: float = field(default=2.0, metadata=cli("heartbeat-interval"))
+    """Seconds between the heartbeats workers are told to send."""
+    missed_heartbeats: int = 3
+    """A node silent for this many intervals leaves routes and the epoch increments."""
+    session_ttl_s: float = field(default=600.0, metadata=cli("session-ttl"))
+    """Seconds after which a session's sticky route is forgotten without a route request."""
+    shutdown_grace_s: float = field(default=5.0, metadata=cli("shutdown-grace"))
+    """Seconds in-flight calls may take to finish after shutdown starts."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"port must be in [0, 65535], got {self.port}")
+        for name in ("heartbeat_interval_s", "session_ttl_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InvalidArgument(f"{name} must be a positive number of seconds, got {value}")
+        if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
+            raise InvalidArgument(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        if self.missed_heartbeats < 1:
+            raise InvalidArgument(f"missed_heartbeats must be >= 1, got {self.missed_heartbeats}")
