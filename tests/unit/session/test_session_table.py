@@ -11,6 +11,13 @@ from meshnet.session.admission import AdmissionPolicy
 from meshnet.session.table import Session, SessionTable
 
 
+def admission_policy(
+    max_sessions: int, *, max_queue: int = 64, evict_idle_after: float = 30.0, ttl: float = 600.0
+) -> AdmissionPolicy:
+    """An admission policy with the worker's usual limits unless a test says otherwise."""
+    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -30,9 +37,7 @@ def open_session(
 
 
 def test_table_checks_steps_positions_and_epochs() -> None:
-    table = SessionTable[str](
-        AdmissionPolicy(max_sessions=2, max_queue=64, evict_idle_after=30.0, ttl=600.0), clock=Clock()
-    )
+    table = SessionTable[str](admission_policy(2), clock=Clock())
     session, evicted = open_session(table, "s1", epoch=3)
     assert evicted is None
     assert table.check_step(session, step=0, position=0, epoch=3) is None
@@ -52,7 +57,7 @@ def test_table_checks_steps_positions_and_epochs() -> None:
 
 
 def test_the_first_step_must_be_zero_at_position_zero() -> None:
-    table = SessionTable[str](AdmissionPolicy(max_sessions=1, max_queue=64, evict_idle_after=30.0, ttl=600.0))
+    table = SessionTable[str](admission_policy(1, max_queue=64, evict_idle_after=30.0, ttl=600.0))
     session, _ = open_session(table, "s")
     with pytest.raises(FailedPrecondition, match="expected 0"):
         table.check_step(session, step=1, position=0, epoch=0)
@@ -62,7 +67,7 @@ def test_the_first_step_must_be_zero_at_position_zero() -> None:
 
 def test_table_reuses_slots_and_answers_cache_miss_for_evicted_sessions() -> None:
     clock = Clock()
-    table = SessionTable[str](AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
+    table = SessionTable[str](admission_policy(1, evict_idle_after=5.0), clock=clock)
     first, _ = open_session(table, "a", state="kept by a")
     with pytest.raises(ResourceExhausted):
         open_session(table, "b")
@@ -77,7 +82,7 @@ def test_table_reuses_slots_and_answers_cache_miss_for_evicted_sessions() -> Non
 
 def test_a_busy_session_is_never_evicted() -> None:
     clock = Clock()
-    table = SessionTable[str](AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
+    table = SessionTable[str](admission_policy(1, evict_idle_after=5.0), clock=clock)
     first, _ = open_session(table, "a")
     first.busy = True
     clock.now = 100.0
@@ -88,7 +93,7 @@ def test_a_busy_session_is_never_evicted() -> None:
 
 def test_state_is_made_only_for_an_admitted_session_and_a_failure_changes_nothing() -> None:
     clock = Clock()
-    table = SessionTable[str](AdmissionPolicy(max_sessions=1, evict_idle_after=5.0), clock=clock)
+    table = SessionTable[str](admission_policy(1, evict_idle_after=5.0), clock=clock)
     made: list[str] = []
 
     def make() -> str:
@@ -111,7 +116,7 @@ def test_state_is_made_only_for_an_admitted_session_and_a_failure_changes_nothin
 
 
 def test_lowest_free_slot_first_and_closed_sessions_leave_a_reason() -> None:
-    table = SessionTable[str](AdmissionPolicy(max_sessions=3))
+    table = SessionTable[str](admission_policy(3))
     slots = [open_session(table, key)[0].slot for key in ("a", "b", "c")]
     assert slots == [0, 1, 2]
     assert table.close(SessionId("b"), reason="stream ended") is not None
@@ -124,7 +129,7 @@ def test_lowest_free_slot_first_and_closed_sessions_leave_a_reason() -> None:
 
 
 def test_table_refuses_new_sessions_from_an_older_route_epoch() -> None:
-    table = SessionTable[str](AdmissionPolicy(max_sessions=2, max_queue=64, evict_idle_after=30.0, ttl=600.0))
+    table = SessionTable[str](admission_policy(2))
     table.min_epoch = 5
     with pytest.raises(RouteStale):
         open_session(table, "s", epoch=4)
@@ -133,7 +138,7 @@ def test_table_refuses_new_sessions_from_an_older_route_epoch() -> None:
 
 def test_expiry_names_idle_sessions_past_their_ttl_but_not_busy_ones() -> None:
     clock = Clock()
-    table = SessionTable[str](AdmissionPolicy(max_sessions=3, ttl=60.0), clock=clock)
+    table = SessionTable[str](admission_policy(3, ttl=60.0), clock=clock)
     idle, _ = open_session(table, "idle")
     busy, _ = open_session(table, "busy")
     busy.busy = True

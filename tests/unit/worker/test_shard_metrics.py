@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from worker_shards import CAPACITY, Route, decode, opening, start_route
+from worker_shards import CAPACITY, Route, admission_policy, decode, opening, start_route
 
 from meshnet.core.errors import ResourceExhausted
 from meshnet.core.ids import SessionId
-from meshnet.session.admission import AdmissionPolicy
 from meshnet.telemetry.prometheus import build_registry, render
 from meshnet.worker.metrics import ShardMetrics
 
@@ -20,7 +19,7 @@ PROMPT = (5, 4, 3, 2, 1, 2, 3, 4)  # 8 tokens: two prefill chunks of 4
 
 @pytest.fixture
 async def route() -> AsyncIterator[Route]:
-    started = await start_route(TWO, policy=AdmissionPolicy(max_sessions=2, evict_idle_after=600.0))
+    started = await start_route(TWO, policy=admission_policy(2, evict_idle_after=600.0))
     yield started
     await started.close()
 

@@ -12,6 +12,7 @@ from worker_shards import (
     FINGERPRINT,
     Clock,
     Route,
+    admission_policy,
     decode,
     opening,
     reference_tokens,
@@ -31,7 +32,6 @@ from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.protocol.frames import Continuation, FrameMeta, HopSpec, StepFrame, StepResult
-from meshnet.session.admission import AdmissionPolicy
 
 THREE = ((0, 2), (2, 4), (4, 6))
 GREEDY = SamplingParams()
@@ -203,7 +203,7 @@ async def test_ending_a_session_at_the_head_frees_it_on_every_shard(route: Route
 
 
 async def test_a_failed_opening_frame_leaves_no_session_behind() -> None:
-    route = await start_route(THREE, policy=AdmissionPolicy(max_sessions=1, evict_idle_after=600.0))
+    route = await start_route(THREE, policy=admission_policy(1, evict_idle_after=600.0))
     try:
         await route.shards[2].handle(tail_opening("other"), None)  # the tail is now full
         # Head and middle admit "b", the tail refuses it: head and middle must let it go again.
@@ -230,7 +230,7 @@ async def test_a_draining_shard_refuses_new_sessions_but_serves_open_ones(route:
 
 async def test_idle_sessions_expire_after_their_ttl() -> None:
     clock = Clock()
-    route = await start_route(((0, 6),), policy=AdmissionPolicy(max_sessions=2, ttl=60.0), clock=clock)
+    route = await start_route(((0, 6),), policy=admission_policy(2, ttl=60.0), clock=clock)
     try:
         await route.head.handle(opening(route, "old", PROMPT), None)
         clock.now = 30.0

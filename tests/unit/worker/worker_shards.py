@@ -26,6 +26,14 @@ from meshnet.session.engine_loop import EngineLoop
 from meshnet.worker.shard import AnyShard, ShardIdentity, build_shard
 from meshnet.worker.stages import DownstreamLink
 
+
+def admission_policy(
+    max_sessions: int, *, max_queue: int = 64, evict_idle_after: float = 30.0, ttl: float = 600.0
+) -> AdmissionPolicy:
+    """An admission policy with the worker's usual limits unless a test says otherwise."""
+    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl)
+
+
 N_LAYERS = 6
 FINGERPRINT = "fake-recipe"
 CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, scratch_bytes=0, budget_bytes=None)
@@ -108,7 +116,7 @@ async def start_route(
         await asyncio.to_thread(loop.start)
         address = f"shard-{index}"
         identity = ShardIdentity(NodeId(address), address, FINGERPRINT, "fake", "1", 4 * 1024 * 1024)
-        shard = build_shard(identity, loop, policy or AdmissionPolicy(max_sessions=2), CAPACITY, connect, clock=clock)
+        shard = build_shard(identity, loop, policy or admission_policy(2), CAPACITY, connect, clock=clock)
         by_address[address] = shard
         route.shards.append(shard)
         route.loops.append(loop)
