@@ -72,6 +72,7 @@ _STATUS_TO_WIRE = {
     "completed": pb.WorkRecord.STATUS_COMPLETED,
     "cancelled": pb.WorkRecord.STATUS_CANCELLED,
     "failed": pb.WorkRecord.STATUS_FAILED,
+    "unverified": pb.WorkRecord.STATUS_UNVERIFIED,
 }
 
 
@@ -183,7 +184,8 @@ class TrackerClient:
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._stub.ListModels, pb.ListModelsRequest(), timeout_s)
         return tuple(
-            ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable) for m in reply.models
+            ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable, m.head_sessions)
+            for m in reply.models
         )
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:

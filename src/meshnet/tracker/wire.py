@@ -35,6 +35,7 @@ _STATUS_FROM_WIRE: dict[int, WorkStatus] = {
     pb.WorkRecord.STATUS_COMPLETED: "completed",
     pb.WorkRecord.STATUS_CANCELLED: "cancelled",
     pb.WorkRecord.STATUS_FAILED: "failed",
+    pb.WorkRecord.STATUS_UNVERIFIED: "unverified",
 }
 
 
@@ -133,7 +134,7 @@ def route_to_wire(route: Route) -> pb.RouteReply:
 def work_from_wire(message: pb.WorkRecord) -> WorkRecord:
     status = _STATUS_FROM_WIRE.get(message.status)
     if status is None:
-        raise InvalidArgument(f"work record status {message.status} is not completed, cancelled or failed")
+        raise InvalidArgument(f"work record status {message.status} is not completed, cancelled, failed or unverified")
     check_text("request_id", message.request_id)
     return WorkRecord(
         request_id=RequestId(message.request_id),
@@ -166,6 +167,7 @@ def models_to_wire(models: tuple[ModelSummary, ...], epoch: int) -> pb.ModelList
                 n_layers=model.n_layers,
                 nodes=model.nodes,
                 routable=model.routable,
+                head_sessions=model.head_sessions,
             )
             for model in models
         ],
