@@ -17,6 +17,7 @@ import pytest
 
 from meshnet.client import swarm as swarm_module
 from meshnet.client.swarm import SwarmClient, SwarmConfig
+from meshnet.client.work_reports import ReportPolicy
 from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
 from meshnet.core.events import Finished, RouteAccepted, RouteHealth, RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
@@ -92,7 +93,7 @@ def client(tracker: FakeTracker, driver: FakeDriver, monkeypatch: pytest.MonkeyP
         return Capability()
 
     monkeypatch.setattr(swarm_module, "fetch_capability", probe)
-    config = SwarmConfig(report_backoff_s=(0.001, 0.001))
+    config = SwarmConfig(reports=ReportPolicy(backoff_s=(0.001, 0.001)))
     return SwarmClient(tracker, object(), driver, config)  # type: ignore[arg-type]
 
 
