@@ -109,8 +109,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     certify_llama_engine()
     source = resolve_model(args)
     tokenizer = Tokenizer(source)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    tokens = tokenizer.encode(prompt, add_special=False)
+    tokens = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     route = open_local_route(source, args.shards, SliceCache(args.data_dir / "cache"), _llama_config(args))
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
     print(f"[{args.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
@@ -186,7 +185,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         tracker=args.tracker,
         model=resolve_model(args),
         model_name=args.model_name,
-        http=GatewayConfig(host=args.host, port=args.port, max_in_flight=args.max_in_flight),
+        http=GatewayConfig(
+            host=args.host,
+            port=args.port,
+            max_in_flight=args.max_in_flight,
+            max_queue=args.max_queue,
+            queue_timeout_seconds=args.queue_timeout,
+        ),
+        data_dir=args.data_dir,
     )
 
     def ready(address: str, model: str) -> None:
@@ -301,7 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--model-name", default=None)
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    gateway.add_argument("--max-in-flight", type=int, default=8, help="requests served at once; more get 503")
+    gateway.add_argument(
+        "--max-in-flight", type=int, default=None, help="requests served at once (default: the swarm's session slots)"
+    )
+    gateway.add_argument(
+        "--max-queue", type=int, default=None, help="requests waiting for a slot; more get 503 (default: 8 per slot)"
+    )
+    gateway.add_argument("--queue-timeout", type=float, default=60.0, help="longest wait in the queue, seconds")
 
     up = commands.add_parser("up", help="start tracker, workers and gateway on this machine and stream a demo")
     up.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")

@@ -83,30 +83,6 @@ CREATE INDEX IF NOT EXISTS work_shares_by_node ON work_shares(node_id);
 class TrackerStore(Protocol):
     """What the tracker persists. Calls block; the server runs them off its event loop."""
 
-    def _migrate(self) -> None:
-        """Bring a version-1 file to this schema: SQLite cannot alter a CHECK, so the table of
-        work records is rebuilt (the documented 12-step way), keeping rows and their order."""
-        connection = self._connection
-        (version,) = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if version >= SCHEMA_VERSION:
-            return
-        connection.execute("PRAGMA foreign_keys=OFF")  # only takes effect outside a transaction
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            connection.execute(_work_records_table("work_records_next"))
-            connection.execute(
-                "INSERT INTO work_records_next SELECT * FROM work_records ORDER BY rowid"
-            )
-            connection.execute("DROP TABLE work_records")
-            connection.execute("ALTER TABLE work_records_next RENAME TO work_records")
-            connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
-            connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        finally:
-            connection.execute("PRAGMA foreign_keys=ON")
-
     def load_epoch(self) -> int: ...
 
     def save_epoch(self, epoch: int) -> None:
@@ -168,9 +144,7 @@ class SqliteTrackerStore:
         connection.execute("BEGIN IMMEDIATE")
         try:
             connection.execute(_work_records_table("work_records_next"))
-            connection.execute(
-                "INSERT INTO work_records_next SELECT * FROM work_records ORDER BY rowid"
-            )
+            connection.execute("INSERT INTO work_records_next SELECT * FROM work_records ORDER BY rowid")
             connection.execute("DROP TABLE work_records")
             connection.execute("ALTER TABLE work_records_next RENAME TO work_records")
             connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
