@@ -64,13 +64,17 @@ def _streams_started(base_url: str, count: int) -> tuple[list[SseResult], list[t
     return results, threads
 
 
+def _start(swarm: Swarm, gateway_home: Path) -> str:
+    swarm.start_tracker()
+    swarm.start_workers("0:2", "2:4", "4:6")
+    base_url = swarm.start_gateway(data_dir=gateway_home)
+    swarm.wait_routable(nodes=3)
+    return base_url
+
+
 def test_sigterm_with_reports_queued_and_the_tracker_down_loses_nothing(tmp_path: Path) -> None:
     with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
-        swarm.start_tracker()
-        swarm.start_workers("0:2", "2:4", "4:6")
-        home = tmp_path / "gateway-home"
-        base_url = swarm.start_gateway(data_dir=home)
-        swarm.wait_routable(nodes=3)
+        base_url = _start(swarm, home := tmp_path / "gateway-home")
         results, threads = _streams_started(base_url, CLIENTS)
         assert swarm.tracker is not None
         swarm.tracker.kill(signal.SIGKILL)
@@ -100,11 +104,7 @@ def test_sigterm_with_reports_queued_and_the_tracker_down_loses_nothing(tmp_path
 
 def test_sigkill_mid_request_leaves_an_unverified_record(tmp_path: Path) -> None:
     with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
-        swarm.start_tracker()
-        swarm.start_workers("0:2", "2:4", "4:6")
-        home = tmp_path / "gateway-home"
-        base_url = swarm.start_gateway(data_dir=home)
-        swarm.wait_routable(nodes=3)
+        base_url = _start(swarm, home := tmp_path / "gateway-home")
         with httpx.stream(
             "POST", base_url + "/v1/chat/completions", json=chat_body(MAX_TOKENS), timeout=30
         ) as response:
