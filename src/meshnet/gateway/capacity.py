@@ -1,8 +1,10 @@
 """Keeping admission limits at the swarm's size when the configuration leaves them unset.
 
 The swarm's session slots change as workers join and leave, so unset limits are re-read from
-the tracker at most every ``capacity_refresh_seconds``, by whichever request finds them stale.
-An unreachable tracker keeps the last limits: admission must not fail because of it.
+the tracker at most every ``capacity_refresh_seconds``, by whichever request finds them stale:
+the first ever is awaited (the limits are unknown until then), later ones run in the
+background so no request waits on the tracker. An unreachable tracker keeps the last limits:
+admission must not fail because of it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class SwarmCapacity:
         self._config = config
         self._clock = clock
         self._due = float("-inf")
+        self._background: asyncio.Task[None] | None = None
         self.slots: int | None = None
         """The swarm's slots as last reported; None until the tracker has answered."""
 
@@ -43,6 +46,12 @@ class SwarmCapacity:
             return
         # Set before asking, so a burst of requests asks once; the others use the current limits.
         self._due = self._clock() + self._config.capacity_refresh_seconds
+        if self.slots is None:
+            await self._refresh()
+        elif self._background is None or self._background.done():
+            self._background = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
         try:
             async with asyncio.timeout(ASK_TIMEOUT_S):
                 slots = await self._generator.session_slots()

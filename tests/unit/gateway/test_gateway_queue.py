@@ -110,13 +110,22 @@ async def test_queued_requests_stream_after_the_busy_one_with_wait_in_telemetry(
     assert all(wait > 0 for wait in waits)
 
 
-async def test_unset_limits_are_read_from_the_swarm() -> None:
+async def test_unset_limits_are_read_from_the_swarm_and_follow_it() -> None:
     generator = ScriptedGenerator(slots=3)
-    app = make_app(generator, max_in_flight=None, max_queue=None, telemetry_max_requests=64)
+    app = make_app(
+        generator, max_in_flight=None, max_queue=None, telemetry_max_requests=64, capacity_refresh_seconds=0.01
+    )
+    admission = app.state.admission
     async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
-        assert (await http.post(f"{base}/v1/chat/completions", json={**BODY, "stream": False})).status_code == 200
+        url, body = f"{base}/v1/chat/completions", {**BODY, "stream": False}
+        assert (await http.post(url, json=body)).status_code == 200
         health = (await http.get(f"{base}/health")).json()
-    assert (health["capacity"], health["queue_limit"]) == (3, 24)
+        assert (health["capacity"], health["queue_limit"]) == (3, 24)
+        generator.slots = 5  # a worker joined
+        await asyncio.sleep(0.02)
+        assert (await http.post(url, json=body)).status_code == 200
+        await wait_until(lambda: admission.capacity == 5)
+    assert admission.queue_limit == 40
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
