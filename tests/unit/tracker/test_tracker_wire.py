@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from tracker_samples import FINGERPRINT, MODEL, OTHER_FINGERPRINT, registration, work_record
@@ -12,7 +13,7 @@ from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import Route
+from meshnet.core.tracking import WORK_STATUSES, ModelSummary, Route, WorkStatus
 from meshnet.protocol.generated import tracker_pb2 as pb
 from meshnet.tracker import wire
 
@@ -43,6 +44,18 @@ def test_route_round_trips() -> None:
 def test_work_record_round_trips() -> None:
     record = work_record("req-7")
     assert wire.work_from_wire(work_to_wire(record)) == record
+
+
+@pytest.mark.parametrize("status", WORK_STATUSES)
+def test_every_work_status_round_trips(status: WorkStatus) -> None:
+    record = replace(work_record("req-8"), status=status)
+    assert wire.work_from_wire(work_to_wire(record)) == record
+
+
+def test_model_list_carries_the_head_session_slots() -> None:
+    summary = ModelSummary(MODEL, FINGERPRINT, "Q8_0", 20, 3, True, head_sessions=12)
+    (sent,) = wire.models_to_wire((summary,), epoch=1).models
+    assert sent.head_sessions == 12
 
 
 def test_route_query_decodes_the_optional_start_layer() -> None:
