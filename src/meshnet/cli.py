@@ -162,8 +162,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     certify_llama_engine()
     source = describe_model(config.model)
     tokenizer = Tokenizer(source)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": config.prompt}])
-    tokens = tokenizer.encode(prompt, add_special=False)
+    tokens = tokenizer.encode_chat([{"role": "user", "content": config.prompt}])
     route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
     print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
@@ -214,7 +213,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from meshnet.gateway.main import run_gateway
 
     computed = {"model": lambda: provisioned_model(args.data_dir)}
-    config = config_from_arguments(GatewayProcessConfig, args, computed=computed)
+    config = config_from_arguments(GatewayProcessConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
 
     def ready(address: str, model: str) -> None:
         print(f"meshnet gateway ready http://{address} model={model}", flush=True)
@@ -292,7 +291,9 @@ def _commands() -> dict[str, Command]:
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),
         "tracker": Command(cmd_tracker, "register shards, choose routes, keep work records", (TrackerConfig,)),
-        "gateway": Command(cmd_gateway, "OpenAI-compatible HTTP API over the swarm", (GatewayProcessConfig,)),
+        "gateway": Command(
+            cmd_gateway, "OpenAI-compatible HTTP API over the swarm", (GatewayProcessConfig,), skip=("data_dir",)
+        ),
         "up": Command(cmd_up, "start tracker, workers and gateway here and stream a demo", (LocalSwarmConfig,)),
         "bench": Command(
             cmd_bench,

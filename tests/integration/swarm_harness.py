@@ -244,13 +244,19 @@ class Swarm:
             worker.node_id = dict(item.split("=", 1) for item in fields[1:])["node"]
         return started
 
-    def start_gateway(self, *extra: str) -> str:
-        """Start a gateway; returns its base URL (``http://host:port``)."""
+    def start_gateway(self, *extra: str, data_dir: Path | None = None) -> str:
+        """Start a gateway; returns its base URL (``http://host:port``).
+
+        Each gateway gets its own data directory (its outbox of work records is exclusive)
+        unless ``data_dir`` names one, e.g. to restart a gateway over the outbox it left.
+        """
         name = f"gateway-{self._next()}"
+        home = data_dir or self.root / name
+        home.mkdir(parents=True, exist_ok=True)
         component = Component(
             name,
             meshnet_command(
-                self.root,
+                home,
                 "gateway",
                 "--tracker",
                 self.tracker_address,
@@ -376,8 +382,7 @@ class Reference:
 
     def chat_tokens(self, content: str) -> tuple[int, ...]:
         """What the gateway's chat endpoint sends the route for one user message."""
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}])
-        return tuple(self.tokenizer.encode(text, add_special=False))
+        return tuple(self.tokenizer.encode_chat([{"role": "user", "content": content}]))
 
     def text_tokens(self, prompt: str) -> tuple[int, ...]:
         """What the completions endpoint sends for a string prompt."""

@@ -1,8 +1,9 @@
 """H2 and H3 against a live gateway over real workers (the unit tests cover the full matrix).
 
 H2: malformed input is a 4xx OpenAI-style error, never a 500, and never reaches a worker.
-H3: a burst of max_in_flight + 5 slow requests admits exactly max_in_flight; the rest get an
-immediate 503 with Retry-After, and the admitted ones keep streaming.
+H3: with no queue (--max-queue 0), a burst of max_in_flight + 5 slow requests admits exactly
+max_in_flight; the rest get an immediate 503 with Retry-After, and the admitted ones keep streaming.
+(test_gateway_queue_load.py covers the queue itself.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     with Swarm(root, write_tiny_model(root)) as running:
         running.start_tracker()
         running.start_workers("0:2", "2:4", "4:6")
-        running.start_gateway("--max-in-flight", str(MAX_IN_FLIGHT))
+        running.start_gateway("--max-in-flight", str(MAX_IN_FLIGHT), "--max-queue", "0")
         running.wait_routable(nodes=3)
         yield running
 
@@ -149,7 +150,7 @@ def test_burst_admits_exactly_max_in_flight(swarm: Swarm, base_url: str) -> None
             if status == 200:
                 assert body.startswith(b'data: {"id":'), body  # admitted and streaming
             else:
-                assert headers.get("retry-after") == "1"
+                assert headers.get("retry-after") in ("1", "2")  # the 1 s floor, jittered
                 assert httpx.Response(503, content=body).json()["error"]["code"] == "overloaded"
     # Closing the admitted streams cancels their routes: slots and worker sessions come back.
     wait_sessions_freed([w.address for w in swarm.live_workers()], within_s=2.0)

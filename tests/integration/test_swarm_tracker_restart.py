@@ -27,7 +27,7 @@ MAX_TOKENS = 24
 TRAFFIC_BEFORE_KILL_S = 1.0
 OUTAGE_S = 6.0
 """Extra time the tracker stays dead, on top of the restarted process's own start-up: longer
-than one report attempt's budget (SwarmConfig.report_timeout_s, 5 s) plus gRPC's own retries."""
+than one report attempt's budget (ReportPolicy.timeout_s, 5 s) plus gRPC's own retries."""
 TRAFFIC_AFTER_RESTART_S = 1.0
 SERVING_WITHIN_S = 2.0
 DRAIN_WITHIN_S = 30.0

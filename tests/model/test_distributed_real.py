@@ -98,8 +98,7 @@ def tokenizer() -> Iterator[object]:
 
 
 def encode_chat(tokenizer: object, text: str) -> list[int]:
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}])  # type: ignore[attr-defined]
-    return [int(t) for t in tokenizer.encode(chat, add_special=False)]  # type: ignore[attr-defined]
+    return [int(t) for t in tokenizer.encode_chat([{"role": "user", "content": text}])]  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="module")

@@ -92,8 +92,7 @@ def routes(slice_cache: SliceCache) -> Iterator[dict[str, LocalRoute]]:
 def prompts(tokenizer: Tokenizer) -> dict[str, np.ndarray]:
     encoded = {}
     for name, text in CHATS.items():
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}])
-        encoded[name] = np.array(tokenizer.encode(chat, add_special=False), np.int32)
+        encoded[name] = np.array(tokenizer.encode_chat([{"role": "user", "content": text}]), np.int32)
     assert len(encoded["long document"]) > 1000, len(encoded["long document"])
     return encoded
 

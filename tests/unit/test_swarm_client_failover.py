@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from meshnet.client import swarm as swarm_module
+from meshnet.client.outbox import WorkOutbox
 from meshnet.client.swarm import SwarmClient, SwarmConfig
+from meshnet.client.work_reports import ReportPolicy, WorkReporter
 from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
 from meshnet.core.events import Finished, RouteAccepted, RouteHealth, RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
@@ -92,7 +95,7 @@ def client(tracker: FakeTracker, driver: FakeDriver, monkeypatch: pytest.MonkeyP
         return Capability()
 
     monkeypatch.setattr(swarm_module, "fetch_capability", probe)
-    config = SwarmConfig(report_backoff_s=(0.001, 0.001))
+    config = SwarmConfig(reports=ReportPolicy(backoff_s=(0.001, 0.001)))
     return SwarmClient(tracker, object(), driver, config)  # type: ignore[arg-type]
 
 
@@ -174,3 +177,23 @@ async def test_prompt_beyond_the_shards_context_is_refused_before_any_event(monk
         await anext(stream)
     await asyncio.sleep(0)
     assert tracker.reports == []
+
+
+async def test_the_record_is_written_ahead_and_its_outcome_replaces_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    tracker = FakeTracker()
+    swarm = client(tracker, FakeDriver({}), monkeypatch, dead=set())
+    outbox = WorkOutbox(tmp_path / "outbox.sqlite3")
+    swarm.reports = WorkReporter(tracker, swarm._config.reports, outbox)
+    events = swarm.generate(REQUEST, RequestId("req-1"))
+    assert isinstance(await anext(events), RouteAccepted)
+    # Mid-request, a crash would leave this: the request, labelled unverified.
+    [ahead] = outbox.pending()
+    assert (ahead.request_id, ahead.status, ahead.tokens_out) == ("req-1", "unverified", 0)
+    rest = [event async for event in events]
+    await swarm.drain_reports(timeout_s=5)
+    assert isinstance(rest[-1], Finished)
+    assert [(r.status, r.tokens_out) for r in tracker.reports] == [("completed", 6)]
+    assert outbox.pending() == []
+    outbox.close()

@@ -9,19 +9,21 @@ position, so the continuation is exactly what the lost route would have produced
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 
+from meshnet.client.outbox import WorkOutbox
 from meshnet.client.route_driver import RouteDriver, RouteSession
 from meshnet.client.shard_admin import fetch_capability
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.tracker_client import TrackerClient
+from meshnet.client.work_reports import ReportPolicy, WorkReporter
 from meshnet.core.errors import (
     CacheMiss,
     ContextLengthExceeded,
-    DeadlineExceeded,
     MeshnetError,
     NoRoute,
     Unavailable,
@@ -41,26 +43,65 @@ PREFILL_WEIGHT = 0.25
 class SwarmConfig:
     max_failovers: int = 2
     """Replacement routes tried after a shard is lost, before the request fails."""
-    report_timeout_s: float = 5.0
-    """Budget of one attempt to file a work record."""
-    report_retry_for_s: float = 600.0
-    """How long a record is retried while the tracker is unreachable (it restarts, or is moved)
-    before it is logged as lost. Records are idempotent by request id, so retrying is safe."""
-    report_backoff_s: tuple[float, float] = (0.25, 5.0)
-    """First and longest wait between attempts to file a record."""
+    reports: ReportPolicy = field(default_factory=ReportPolicy)
+    """How work records are filed with the tracker."""
 
 
 def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
     return PREFILL_WEIGHT * prompt_tokens + completion_tokens
 
 
+class _Run:
+    """One request's bookkeeping across failovers: the route now, tokens so far, routes tried."""
+
+    def __init__(self, request: GenerationRequest, request_id: RequestId, session_id: SessionId, route: Route) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.session_id = session_id
+        self.route = route
+        self.started = time.time()
+        self.history: list[int] = []
+        self.attempts: list[tuple[Route, int]] = []
+        """Each route tried, with how many tokens had been generated when it started."""
+        self.status: WorkStatus = "failed"
+
+    def finished(self) -> Finished:
+        prompt, generated = len(self.request.prompt_tokens), len(self.history)
+        reason: FinishReason = "stop" if self.history and self.history[-1] in self.request.stop_tokens else "length"
+        return Finished(reason, prompt, generated, billing_units(prompt, generated))
+
+    def record(self, status: WorkStatus, finished_at: float) -> WorkRecord:
+        prompt, generated = len(self.request.prompt_tokens), len(self.history)
+        attempts = self.attempts or [(self.route, 0)]
+        return WorkRecord(
+            request_id=self.request_id,
+            model=self.route.model,
+            status=status,
+            tokens_in=prompt,
+            tokens_out=generated,
+            attribution=_attribution(attempts, prompt, generated),
+            billing_units=billing_units(prompt, generated),
+            started_at=self.started,
+            finished_at=finished_at,
+            session_id=self.session_id,
+        )
+
+
 class SwarmClient:
-    def __init__(self, tracker: TrackerClient, pool: ChannelPool, driver: RouteDriver, config: SwarmConfig) -> None:
+    def __init__(
+        self,
+        tracker: TrackerClient,
+        pool: ChannelPool,
+        driver: RouteDriver,
+        config: SwarmConfig,
+        *,
+        outbox: WorkOutbox | None = None,
+    ) -> None:
         self.tracker = tracker
         self._pool = pool
         self._driver = driver
         self._config = config
-        self._reports: set[asyncio.Task[None]] = set()
+        self.reports = WorkReporter(tracker, config.reports, outbox)
 
     async def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         session_id = new_session_id()
@@ -68,64 +109,52 @@ class SwarmClient:
         # Before anything is streamed: a request that cannot fit would otherwise run until the
         # first shard runs out of positions and fail as a retryable overload.
         await self._check_context(route, request)
-        started = time.time()
-        history: list[int] = []
-        status: WorkStatus = "failed"
-        attempts: list[tuple[Route, int]] = []
-        """Each route tried, with how many tokens had been generated when it started."""
+        run = _Run(request, request_id, session_id, route)
         try:
+            # Written ahead: if this process dies mid-request, the record still exists (unverified).
+            await self.reports.write_ahead(run.record("unverified", run.started))
             yield _accepted(request_id, session_id, route)
-            failovers = 0
-            excluded: frozenset[NodeId] = frozenset()
-            while True:
-                attempts.append((route, len(history)))
-                session = RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch)
-                try:
-                    async for event in self._driver.run(session, request, history=tuple(history)):
-                        if isinstance(event, TokenGenerated):
-                            history.append(event.token_id)
-                        yield event
-                    break
-                except MeshnetError as error:
-                    lost = None if failovers >= self._config.max_failovers else await self._lost_hops(error, route)
-                    if lost is None:
-                        raise
-                    failovers += 1
-                    # A hop found dead stays excluded for the rest of the request: the tracker lists
-                    # it until it misses enough heartbeats, and routing onto it again wastes a failover.
-                    excluded |= lost
-                    route = await self._replace(request, session_id, route, error, excluded)
-                    replay = f"{error.message}; replaying {len(history)} token(s) onto a new route"
-                    yield RouteHealth("failover", replay)
-                    yield _accepted(request_id, session_id, route)
-            reason: FinishReason = "stop" if history and history[-1] in request.stop_tokens else "length"
-            status = "completed"
-            yield Finished(
-                reason,
-                len(request.prompt_tokens),
-                len(history),
-                billing_units(len(request.prompt_tokens), len(history)),
-            )
+            async with contextlib.aclosing(self._follow(run)) as events:
+                async for event in events:
+                    yield event
+            run.status = "completed"
+            yield run.finished()
         except (asyncio.CancelledError, GeneratorExit):
-            status = "cancelled"
+            run.status = "cancelled"
             raise
         finally:
-            record = WorkRecord(
-                request_id=request_id,
-                model=route.model,
-                status=status,
-                tokens_in=len(request.prompt_tokens),
-                tokens_out=len(history),
-                attribution=_attribution(attempts, len(request.prompt_tokens), len(history)),
-                billing_units=billing_units(len(request.prompt_tokens), len(history)),
-                started_at=started,
-                finished_at=time.time(),
-                session_id=session_id,
-            )
-            # Reporting must not be lost to the caller's cancellation, nor hold it up for long.
-            task = asyncio.get_running_loop().create_task(self._report(record))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
+            self.reports.file(run.record(run.status, time.time()))
+
+    async def _follow(self, run: _Run) -> AsyncGenerator[GenerationEvent, None]:
+        """Drive ``run`` to its end, replaying it onto a new route when a shard is lost."""
+        failovers = 0
+        excluded: frozenset[NodeId] = frozenset()
+        while True:
+            run.attempts.append((run.route, len(run.history)))
+            route = run.route
+            session = RouteSession(run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch)
+            try:
+                async for event in self._driver.run(session, run.request, history=tuple(run.history)):
+                    if isinstance(event, TokenGenerated):
+                        run.history.append(event.token_id)
+                    yield event
+                return
+            except MeshnetError as error:
+                lost = None if failovers >= self._config.max_failovers else await self._lost_hops(error, route)
+                if lost is None:
+                    raise
+                failovers += 1
+                # A hop found dead stays excluded for the rest of the request: the tracker lists
+                # it until it misses enough heartbeats, and routing onto it again wastes a failover.
+                excluded |= lost
+                run.route = await self._replace(run.request, run.session_id, route, error, excluded)
+                replay = f"{error.message}; replaying {len(run.history)} token(s) onto a new route"
+                yield RouteHealth("failover", replay)
+                yield _accepted(run.request_id, run.session_id, run.route)
+
+    async def drain_reports(self, timeout_s: float | None = None) -> None:
+        """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""
+        await self.reports.drain(timeout_s)
 
     async def _check_context(self, route: Route, request: GenerationRequest) -> None:
         answers = await asyncio.gather(
@@ -189,44 +218,6 @@ class SwarmClient:
 
         answers = await asyncio.gather(*(alive(h.address) for h in route.hops))
         return {hop.node_id for hop, ok in zip(route.hops, answers, strict=True) if not ok}
-
-    async def drain_reports(self, timeout_s: float = 10.0) -> None:
-        """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""
-        if not self._reports:
-            return
-        _, pending = await asyncio.wait(set(self._reports), timeout=timeout_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            log.error("shutting down with %d work record(s) not acknowledged by the tracker", len(pending))
-
-    async def _report(self, record: WorkRecord) -> None:
-        # One attempt's budget is short, but a tracker restart can take longer: keep the record
-        # and retry until it is acknowledged, or it would be lost to its contributors.
-        deadline = time.monotonic() + self._config.report_retry_for_s
-        delay, longest = self._config.report_backoff_s
-        while True:
-            try:
-                await self.tracker.report_work(record, timeout_s=self._config.report_timeout_s)
-                return
-            except (Unavailable, DeadlineExceeded) as error:
-                if time.monotonic() + delay > deadline:
-                    log.error(
-                        "work record %s lost: the tracker was unreachable for %.0f s (%s): %s",
-                        record.request_id,
-                        self._config.report_retry_for_s,
-                        error.message,
-                        record,
-                    )
-                    return
-                log.warning(
-                    "work record %s not filed yet (%s); retrying in %.2f s", record.request_id, error.message, delay
-                )
-            except MeshnetError as error:
-                log.error("work record %s refused by the tracker: %s", record.request_id, error.message)
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, longest)
 
 
 def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:

@@ -27,8 +27,10 @@ MAX_TOKENS = 2**53
 """Token counts stay exact in a float64 (JSON, SQLite REAL) below this."""
 MAX_ATTRIBUTION = 1024
 
-WorkStatus = Literal["completed", "cancelled", "failed"]
-WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed")
+WorkStatus = Literal["completed", "cancelled", "failed", "unverified"]
+"""``unverified``: the reporter stopped mid-request (a gateway crash), so nobody can vouch for the
+outcome; its counts are what was known when the request was accepted, lower bounds (DGR-013)."""
+WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed", "unverified")
 
 MAX_PEERS = 64
 """Peer latencies one heartbeat may carry."""
@@ -221,6 +223,8 @@ class ModelSummary:
     """Live certified nodes of this recipe."""
     routable: bool
     """Their ranges chain over every layer, so a request can be served now."""
+    head_sessions: int = 0
+    """Sessions the certified nodes starting at layer 0 admit at once, summed: the swarm's slots."""
 
 
 @dataclass(frozen=True)

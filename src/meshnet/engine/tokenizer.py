@@ -1,24 +1,29 @@
 """Text <-> tokens for one model, with llama.cpp's own tokenizer and the GGUF's chat template.
 
 The tokenizer is loaded ``vocab_only`` (no tensors), so a gateway can hold it for a model it
-does not run. The chat template is the Jinja template stored in the GGUF, rendered in a
-sandbox: it is data from a file, never trusted code.
+does not run. Text is always tokenized as text: a control marker such as ``<|im_start|>``
+written in a prompt or a message stays characters. Only ``encode_chat`` produces control
+tokens, for the markers the chat template itself writes (chat_template.py tells them apart).
+
+``encode_chat`` reproduces what llama.cpp does with ``parse_special``: cut the text at control
+markers, tokenize each stretch between them on its own, and put the markers' ids between.
+The difference is only which markers count: the template's, never the content's.
 """
 
 from __future__ import annotations
 
 import codecs
 import ctypes
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import jinja2
 import llama_cpp
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from meshnet.artifact.describe import ModelDescription
 from meshnet.core.errors import ArtifactError, InvalidArgument
 from meshnet.engine import llama_ffi  # noqa: F401 - quiets llama.cpp logging before the load
+from meshnet.engine.chat_template import ChatPiece, ChatTemplate
 
 
 class IncrementalDecoder:
@@ -52,26 +57,85 @@ class Tokenizer:
         self._pieces: dict[int, bytes] = {}
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.eos_token_ids = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
-        self._bos_text = self._piece_text(llama_cpp.llama_vocab_bos(self._vocab))
-        self._eos_text = self._piece_text(llama_cpp.llama_vocab_eos(self._vocab))
-        self._template = None
-        if isinstance(template, str):
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-            env.globals["raise_exception"] = _raise_template_error
-            self._template = env.from_string(template)
+        self._markers = self._control_markers()
+        self._marker_pattern = re.compile("|".join(re.escape(text) for text in sorted(self._markers, key=len)[::-1]))
+        self._template = ChatTemplate(
+            template if isinstance(template, str) else None,
+            bos_text=self._piece_text(llama_cpp.llama_vocab_bos(self._vocab)),
+            eos_text=self._piece_text(llama_cpp.llama_vocab_eos(self._vocab)),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.n_vocab
+
+    @property
+    def control_ids(self) -> frozenset[int]:
+        """Ids that only the chat template's markers (and BOS/EOS added on request) produce."""
+        return frozenset(token for token, _, _ in self._markers.values())
+
+    def _control_markers(self) -> dict[str, tuple[int, bool, bool]]:
+        """Text of every token llama.cpp reads as a marker under ``parse_special``, with its id
+        and whether it eats the whitespace before (lstrip) and after (rstrip) it."""
+        markers: dict[str, tuple[int, bool, bool]] = {}
+        wanted = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        for token in range(self.n_vocab):
+            attr = int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+            text = llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+            if attr & wanted and text:
+                lstrip = bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP)
+                markers.setdefault(text, (token, lstrip, bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)))
+        return markers
 
     def _piece_text(self, token: int) -> str:
         return self.token_bytes(token).decode("utf-8", errors="replace") if token >= 0 else ""
 
     def encode(self, text: str, *, add_special: bool) -> list[int]:
+        """Tokens of ``text`` as text (markers in it stay characters); BOS/EOS if ``add_special``."""
         raw = text.encode("utf-8")
         capacity = len(raw) + 16
         while True:
             buffer = (llama_cpp.llama_token * capacity)()
-            count = llama_cpp.llama_tokenize(self._vocab, raw, len(raw), buffer, capacity, add_special, True)
+            count = llama_cpp.llama_tokenize(self._vocab, raw, len(raw), buffer, capacity, add_special, False)
             if count >= 0:
                 return list(buffer[:count])
             capacity = -count
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+        """Tokens of the chat as the template renders it, markers only where the template wrote them."""
+        pieces = self._template.pieces(messages, add_generation_prompt=add_generation_prompt)
+        if pieces is None:
+            # A template that rewrites content: unsplittable, so safe only if no content has a marker.
+            marked = next((m["content"] for m in messages if self._marker_pattern.search(m["content"])), None)
+            if self._markers and marked is not None:
+                found = self._marker_pattern.search(marked)
+                raise InvalidArgument(
+                    f"a message contains the control marker {found.group(0) if found else ''!r}, which this "
+                    "model's chat template cannot keep as text; remove it from the message"
+                )
+            pieces = [ChatPiece(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), False)]
+        return self._tokenize_pieces(pieces)
+
+    def _tokenize_pieces(self, pieces: Sequence[ChatPiece]) -> list[int]:
+        tokens: list[int] = []
+        run = ""
+        strip_next = False
+        for piece in pieces:
+            cursor = 0
+            found_all = [] if piece.content or not self._markers else list(self._marker_pattern.finditer(piece.text))
+            for found in found_all:
+                token, lstrip, rstrip = self._markers[found.group(0)]
+                run += piece.text[cursor : found.start()]
+                tokens += self._stretch(run.rstrip() if lstrip else run, strip_next)
+                tokens.append(token)
+                run, strip_next, cursor = "", rstrip, found.end()
+            run += piece.text[cursor:]
+        return tokens + self._stretch(run, strip_next)
+
+    def _stretch(self, text: str, strip_leading: bool) -> list[int]:
+        """One stretch between markers, tokenized on its own as llama.cpp's partition does."""
+        text = text.lstrip() if strip_leading else text
+        return self.encode(text, add_special=False) if text else []
 
     def token_bytes(self, token_id: int) -> bytes:
         cached = self._pieces.get(token_id)
@@ -92,25 +156,10 @@ class Tokenizer:
         return IncrementalDecoder(self)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
-        if self._template is None:
-            # No template in the file: plain role-prefixed turns, so chat still works.
-            turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-            return turns + ("assistant: " if add_generation_prompt else "")
-        try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos_text,
-                eos_token=self._eos_text,
-            )
-        except jinja2.TemplateError as error:
-            raise InvalidArgument(f"the model's chat template rejected these messages: {error}") from None
+        """The chat as text, for display; tokenize it with ``encode_chat``, never ``encode``."""
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def close(self) -> None:
         if self._model:
             llama_cpp.llama_model_free(self._model)
             self._model = None
-
-
-def _raise_template_error(message: str) -> None:
-    raise jinja2.TemplateError(message)

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP app: routes, body parsing, request ids, telemetry endpoints.
 
-``create_app`` builds everything a gateway holds -- telemetry hub, admission counter, service --
+``create_app`` builds everything a gateway holds -- telemetry hub, admission queue, service --
 so two apps in one process share nothing. Endpoints stay thin: read a bounded body, validate it
 strictly, prepare it for the model, and hand it to the ``CompletionService``.
 """
@@ -8,6 +8,7 @@ strictly, prepare it for the model, and hand it to the ``CompletionService``.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
@@ -20,7 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshnet.core.ids import RequestId, new_request_id
 from meshnet.gateway.admission import Admission
-from meshnet.gateway.config import GatewayConfig
+from meshnet.gateway.capacity import SwarmCapacity
+from meshnet.gateway.config import GatewayConfig, admission_limits
 from meshnet.gateway.errors import (
     HttpError,
     error_response,
@@ -28,7 +30,7 @@ from meshnet.gateway.errors import (
     internal_error,
     validation_error,
 )
-from meshnet.gateway.ports import RouteGenerator, TextCodec
+from meshnet.gateway.ports import ModelCard, RouteGenerator, TextCodec
 from meshnet.gateway.prepare import prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
@@ -107,33 +109,65 @@ def create_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    rng: random.Random | None = None,
 ) -> FastAPI:
-    """Build the gateway app over a route generator and one text codec per model id."""
+    """Build the gateway app over a route generator and one text codec per model id.
+
+    ``rng`` draws the jitter of overload Retry-After values (seed it for repeatable tests).
+    """
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
         max_events_per_request=config.telemetry_max_events_per_request,
         clock=clock,
     )
-    admission = Admission(config.max_in_flight)
+    in_flight, queue = admission_limits(config, None)
+    admission = Admission(
+        in_flight, queue, clock=clock, rng=rng or random.Random(), retry_after_floor=config.retry_after_seconds
+    )
+    capacity = SwarmCapacity(generator, admission, config, clock)
     service = CompletionService(
-        generator, codecs, config, hub=hub, admission=admission, clock=clock, wall_clock=wall_clock
+        generator,
+        codecs,
+        config,
+        hub=hub,
+        admission=admission,
+        capacity=capacity,
+        clock=clock,
+        wall_clock=wall_clock,
     )
     app = FastAPI(title="meshnet gateway", version="1", docs_url=None, redoc_url=None)
     app.state.hub = hub
     app.state.admission = admission
     install_error_handlers(app, retry_after_seconds=config.retry_after_seconds)
     app.add_middleware(RequestIdMiddleware)
+    _add_status_routes(app, admission, hub)
+    _add_completion_routes(app, service, generator, codecs)
+    _add_telemetry_routes(app, hub)
+    return app
 
+
+def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "in_flight": admission.in_flight, "capacity": admission.capacity}
+        return {
+            "status": "ok",
+            "in_flight": admission.in_flight,
+            "capacity": admission.capacity,
+            "queued": admission.queued,
+            "queue_limit": admission.queue_limit,
+        }
 
     def figures() -> dict[str, float]:
         return {
             "in_flight": float(admission.in_flight),
             "capacity": float(admission.capacity),
+            "queued": float(admission.queued),
+            "queue_limit": float(admission.queue_limit),
             "admitted_total": float(admission.admitted),
             "rejected_total": float(admission.rejected),
+            "queue_timeouts_total": float(admission.timed_out),
+            "queued_requests_total": float(admission.queued_total),
+            "queue_wait_seconds_total": admission.waited_seconds_total,
             **hub.totals,
         }
 
@@ -143,21 +177,16 @@ def create_app(
     async def metrics() -> Response:
         return Response(render(metrics_registry), media_type=CONTENT_TYPE)
 
+
+def _add_completion_routes(
+    app: FastAPI, service: CompletionService, generator: RouteGenerator, codecs: Mapping[str, TextCodec]
+) -> None:
+    config = service.config
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         cards = [card for card in generator.models() if card.id in codecs]
-        data = [
-            {
-                "id": card.id,
-                "object": "model",
-                "created": 0,
-                "owned_by": card.owned_by,
-                "quantization": card.quantization,
-                "context_length": card.context_length,
-            }
-            for card in cards
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [_model_object(card) for card in cards]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -173,6 +202,19 @@ def create_app(
         prepared = prepare_text(body, codec, limits, config)
         return await service.respond(request, prepared, codec)
 
+
+def _model_object(card: ModelCard) -> dict[str, Any]:
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": card.owned_by,
+        "quantization": card.quantization,
+        "context_length": card.context_length,
+    }
+
+
+def _add_telemetry_routes(app: FastAPI, hub: TelemetryHub) -> None:
     @app.get("/v1/telemetry/{request_id}")
     async def telemetry_snapshot(request_id: str) -> JSONResponse:
         snapshot = hub.snapshot(RequestId(request_id))
@@ -190,8 +232,6 @@ def create_app(
                 yield telemetry_event_frame(event)
 
         return StreamingResponse(frames(), media_type=MEDIA_TYPE, headers=HEADERS)
-
-    return app
 
 
 def _telemetry_not_found(request_id: str) -> HttpError:

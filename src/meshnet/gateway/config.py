@@ -27,10 +27,18 @@ class GatewayConfig:
     """How many ``stop`` strings one request may give (OpenAI's limit)."""
     max_body_bytes: int = 1 << 20
     """Request bodies above this are refused with 413 before being parsed."""
-    max_in_flight: int = 8
-    """Requests admitted at once; the next one gets an immediate 503 + Retry-After (H3)."""
+    max_in_flight: int | None = None
+    """Requests admitted at once; unset: the swarm's session slots (the ``max_sessions`` of the
+    shards serving layer 0, summed, as the tracker reports them; 8 until it has answered)."""
+    max_queue: int | None = None
+    """Requests that wait in line for a slot; beyond them an immediate 503 + Retry-After.
+    Unset: 8 per slot in flight. 0 refuses at once whatever finds every slot taken."""
+    queue_timeout_seconds: float = field(default=60.0, metadata=cli("queue-timeout"))
+    """Longest one request waits in the queue; then it gets a 503 + Retry-After."""
+    capacity_refresh_seconds: float = 10.0
+    """How often unset limits are re-read from the tracker, as workers join and leave."""
     retry_after_seconds: int = 1
-    """Value of the Retry-After header on overload and retryable 503s."""
+    """Retry-After on retryable 503s; the least one on overload, which adds the expected wait."""
     request_timeout_seconds: float = 300.0
     """Deadline of one request, from admission to its last token: 504 or a streamed timeout."""
     cancel_grace_seconds: float = 2.0
@@ -51,7 +59,6 @@ class GatewayConfig:
             "default_max_tokens": self.default_max_tokens,
             "max_tokens_limit": self.max_tokens_limit,
             "max_body_bytes": self.max_body_bytes,
-            "max_in_flight": self.max_in_flight,
             "progress_every_tokens": self.progress_every_tokens,
             "telemetry_max_events_per_request": self.telemetry_max_events_per_request,
         }
@@ -62,6 +69,8 @@ class GatewayConfig:
             "request_timeout_seconds": self.request_timeout_seconds,
             "cancel_grace_seconds": self.cancel_grace_seconds,
             "progress_interval_seconds": self.progress_interval_seconds,
+            "queue_timeout_seconds": self.queue_timeout_seconds,
+            "capacity_refresh_seconds": self.capacity_refresh_seconds,
         }
         for name, number in positive_floats.items():
             if not number > 0:
@@ -75,13 +84,19 @@ class GatewayConfig:
                 f"gateway config: default_max_tokens {self.default_max_tokens} exceeds "
                 f"max_tokens_limit {self.max_tokens_limit}"
             )
-        # Every in-flight request keeps a telemetry log, so eviction can always find a finished
-        # one only if the hub holds more requests than can run at once.
-        if self.telemetry_max_requests <= self.max_in_flight:
-            raise InvalidArgument(
-                "gateway config: telemetry_max_requests must exceed max_in_flight, got "
-                f"{self.telemetry_max_requests} <= {self.max_in_flight}"
-            )
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise InvalidArgument(f"gateway config: max_in_flight must be at least 1, got {self.max_in_flight}")
+        if self.max_queue is not None and self.max_queue < 0:
+            raise InvalidArgument(f"gateway config: max_queue cannot be negative, got {self.max_queue}")
+        # Every admitted or waiting request keeps a telemetry log, so eviction can always find a
+        # finished one only if the hub holds more requests than can be admitted and wait at once.
+        if self.max_in_flight is not None and self.max_queue is not None:
+            held = self.max_in_flight + self.max_queue
+            if self.telemetry_max_requests <= held:
+                raise InvalidArgument(
+                    "gateway config: telemetry_max_requests must exceed max_in_flight + max_queue, got "
+                    f"{self.telemetry_max_requests} <= {held}"
+                )
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"gateway config: port must be in [0, 65535], got {self.port}")
 
@@ -96,7 +111,32 @@ class GatewayProcessConfig:
     """Source GGUF the tokenizer and chat template are read from (no tensors are loaded)."""
     http: GatewayConfig
     """The HTTP app's limits, deadlines and bind address."""
+    data_dir: Path
+    """Holds the outbox of work records (``gateway/outbox.sqlite3``); one gateway per directory.
+    Set from the global --data-dir."""
     model_name: str | None = None
     """Name the model is served under; none uses the GGUF's general.name."""
     max_frame_bytes: int = MAX_FRAME_BYTES
     """Largest gRPC message sent to or accepted from a shard."""
+
+
+DEFAULT_SLOTS = 8
+"""Slots assumed while the tracker has not said how many the swarm has."""
+QUEUE_PER_SLOT = 8
+"""Default queue places per slot in flight (TGI waits up to 128 requests; we scale with slots)."""
+
+
+def admission_limits(config: GatewayConfig, swarm_slots: int | None) -> tuple[int, int]:
+    """Slots in flight and queue places: the configured ones, else derived from the swarm's slots.
+
+    Derived limits are capped so the telemetry hub can always hold every admitted and waiting
+    request (see ``GatewayConfig``); configured ones were checked against it already.
+    """
+    room = config.telemetry_max_requests - 1
+    in_flight = config.max_in_flight
+    if in_flight is None:
+        in_flight = min(max(swarm_slots or DEFAULT_SLOTS, 1), room)
+    queue = config.max_queue
+    if queue is None:
+        queue = max(0, min(QUEUE_PER_SLOT * in_flight, room - in_flight))
+    return in_flight, queue

@@ -78,8 +78,9 @@ def progress_due(tokens: int, last_tokens: int, now: float, last_at: float, conf
     return tokens - last_tokens >= config.progress_every_tokens or now - last_at >= config.progress_interval_seconds
 
 
-def accepted_payload(event: RouteAccepted) -> dict[str, Any]:
+def accepted_payload(event: RouteAccepted, queue_seconds: float = 0.0) -> dict[str, Any]:
     return {
+        "queue_seconds": queue_seconds,
         "session_id": event.session_id,
         "model": event.model,
         "quantization": event.quantization,
@@ -99,7 +100,9 @@ class _Run:
         hub: TelemetryHub,
         config: GatewayConfig,
         clock: Callable[[], float],
+        queue_seconds: float,
     ) -> None:
+        self.queue_seconds = queue_seconds
         self.prepared = prepared
         self.request_id = request_id
         self.hub = hub
@@ -132,7 +135,7 @@ class _Run:
             self.route_finished = True
             return self._finish(reason, usage), True
         if isinstance(event, RouteAccepted):
-            return self.telemetry("accepted", accepted_payload(event)), False
+            return self.telemetry("accepted", accepted_payload(event, self.queue_seconds)), False
         if isinstance(event, PrefillStarted):
             return self.telemetry("prefill_started", {"prompt_tokens": event.prompt_tokens}), False
         if isinstance(event, PrefillCompleted):
@@ -193,12 +196,14 @@ async def drive(
     config: GatewayConfig,
     clock: Callable[[], float],
     deadline: float,
+    queue_seconds: float = 0.0,
 ) -> AsyncGenerator[DriverItem, None]:
     """Yield the request's items until its ``Outcome``; raise a ``MeshnetError`` on failure.
 
-    ``deadline`` is on the running loop's clock (``loop.time()``).
+    ``deadline`` is on the running loop's clock (``loop.time()``); ``queue_seconds`` is the time
+    the request waited for admission, reported on ``accepted``.
     """
-    run = _Run(prepared, codec, request_id, hub, config, clock)
+    run = _Run(prepared, codec, request_id, hub, config, clock, queue_seconds)
     events = generator.generate(prepared.generation, request_id)
     try:
         done = False

@@ -58,9 +58,11 @@ def prepare_chat(
 ) -> PreparedRequest:
     _reject_unsupported(body)
     messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
-    text = codec.apply_chat_template(messages, add_generation_prompt=True)
-    # The template already spells out BOS and role markers; adding specials again would double them.
-    tokens = codec.encode(text, add_special=False)
+    # Only the template's own markers become control tokens: text a user sends stays text.
+    try:
+        tokens = codec.encode_chat(messages, add_generation_prompt=True)
+    except InvalidArgument as err:  # the template refused these messages
+        raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
     return _prepare(body, "chat", tokens, requested, codec, limits, config)
 
@@ -209,20 +211,25 @@ def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
     if not prompt:
         raise bad_request("empty_prompt", "the prompt is empty", "prompt")
     if all(isinstance(item, int) for item in prompt):
-        return _checked_ids([item for item in prompt if isinstance(item, int)])
+        return _checked_ids([item for item in prompt if isinstance(item, int)], codec.vocab_size)
     if len(prompt) != 1:
         raise bad_request("unsupported_parameter", "batched prompts are unsupported: send one prompt", "prompt")
     only = prompt[0]
     if isinstance(only, str):
         return codec.encode(only, add_special=True)
     if isinstance(only, list):
-        return _checked_ids(only)
+        return _checked_ids(only, codec.vocab_size)
     raise bad_request("invalid_parameter", "prompt has an unexpected shape", "prompt")
 
 
-def _checked_ids(ids: list[int]) -> list[int]:
-    if any(not 0 <= token < TOKEN_ID_LIMIT for token in ids):
-        raise bad_request("invalid_parameter", "prompt token ids must be in [0, 2**31)", "prompt")
+def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+    # Checked here, not by the head shard: a stream must not answer 200 and then fail on input.
+    limit = min(vocab_size, TOKEN_ID_LIMIT)
+    bad = next((token for token in ids if not 0 <= token < limit), None)
+    if bad is not None:
+        raise bad_request(
+            "invalid_parameter", f"prompt token id {bad} is outside this model's vocabulary [0, {limit})", "prompt"
+        )
     return ids
 
 

@@ -3,13 +3,19 @@
 ``GatewayServer`` binds its own socket so port 0 works and the bound port is known (tests,
 ephemeral deployments); ``serve_gateway`` runs until SIGINT/SIGTERM or task cancellation and
 lets in-flight requests finish within the grace period before closing connections.
+
+Signals are ours, not uvicorn's: uvicorn re-raises a captured SIGTERM once ``serve()`` returns,
+which kills the process before the caller's shutdown path (flushing work records) can run.
+With ``handle_signals`` the server only stops on a signal, and ``wait`` returns normally.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
+from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -18,6 +24,17 @@ from meshnet.core.errors import Unavailable
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal capture (see the module docstring)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class GatewayServer:
@@ -30,7 +47,9 @@ class GatewayServer:
         port: int = DEFAULT_PORT,
         *,
         shutdown_grace_seconds: float = 10.0,
+        handle_signals: bool = False,
     ) -> None:
+        self._handle_signals = handle_signals
         self._config = uvicorn.Config(
             app,
             host=host,
@@ -39,7 +58,7 @@ class GatewayServer:
             lifespan="off",
             timeout_graceful_shutdown=max(1, round(shutdown_grace_seconds)),
         )
-        self._server = uvicorn.Server(self._config)
+        self._server = _Server(self._config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
 
@@ -56,6 +75,10 @@ class GatewayServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._config.host, self._config.port))
         self._socket = sock
+        if self._handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self._on_signal)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         try:
             while not self._server.started:
@@ -68,6 +91,12 @@ class GatewayServer:
             await asyncio.shield(self.stop())
             raise
         return self.port
+
+    def _on_signal(self) -> None:
+        # A second signal while stopping skips the grace period, as uvicorn's own handler does.
+        if self._server.should_exit:
+            self._server.force_exit = True
+        self._server.should_exit = True
 
     async def wait(self) -> None:
         """Return when the server stops by itself (e.g. after SIGTERM)."""
@@ -86,6 +115,9 @@ class GatewayServer:
         finally:
             if self._socket is not None:
                 self._socket.close()
+            if self._handle_signals:
+                for sig in STOP_SIGNALS:
+                    asyncio.get_running_loop().remove_signal_handler(sig)
 
 
 async def serve_gateway(
@@ -96,7 +128,7 @@ async def serve_gateway(
     shutdown_grace_seconds: float = 10.0,
 ) -> None:
     """Serve ``app`` until a signal or cancellation, then shut down gracefully."""
-    server = GatewayServer(app, host, port, shutdown_grace_seconds=shutdown_grace_seconds)
+    server = GatewayServer(app, host, port, shutdown_grace_seconds=shutdown_grace_seconds, handle_signals=True)
     try:
         await server.start()
         await server.wait()

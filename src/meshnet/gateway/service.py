@@ -1,6 +1,7 @@
 """Serving one completion request: admission, deadline, and the streaming or whole response.
 
-The endpoints in app.py parse and prepare; this module admits the request, runs the driver and
+The endpoints in app.py parse and prepare; this module admits the request (at once, or after
+waiting in the admission queue), runs the driver and
 shapes its items into SSE chunks or one OpenAI object. It guarantees that whatever happens --
 success, typed failure, deadline, client disconnect before or during the stream -- the route
 iterator is closed and the admission slot returned exactly once.
@@ -19,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 
 from meshnet.core.errors import Cancelled, MeshnetError
 from meshnet.core.ids import RequestId
-from meshnet.gateway.admission import Admission
+from meshnet.gateway.admission import Admission, Lease, Refused
+from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.driver import DriverItem, Outcome, TextDelta, drive
 from meshnet.gateway.errors import HttpError, streamed_error
@@ -52,9 +54,11 @@ class CompletionService:
         *,
         hub: TelemetryHub,
         admission: Admission,
+        capacity: SwarmCapacity,
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
     ) -> None:
+        self.capacity = capacity
         self.generator = generator
         self.codecs = dict(codecs)
         self.config = config
@@ -71,15 +75,8 @@ class CompletionService:
 
     async def respond(self, request: Request, prepared: PreparedRequest, codec: TextCodec) -> Response:
         request_id: RequestId = request.state.request_id
-        lease = self.admission.try_acquire()
-        if lease is None:
-            raise HttpError(
-                503,
-                "overloaded",
-                f"the gateway is at its limit of {self.admission.capacity} requests in flight; retry shortly",
-                retry_after=self.config.retry_after_seconds,
-            )
-        self.hub.open(request_id, prepared.model)
+        await self.capacity.refresh_if_stale()
+        lease, preamble = await self._admit(request, request_id, prepared.model)
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_seconds
         driver = drive(
             self.generator,
@@ -90,6 +87,7 @@ class CompletionService:
             config=self.config,
             clock=self.clock,
             deadline=deadline,
+            queue_seconds=lease.waited_s,
         )
 
         async def close() -> None:
@@ -104,7 +102,8 @@ class CompletionService:
                 # Wait for the route's first event before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
                 first = await _first_item(driver)
-                response = ManagedStreamingResponse(self._sse(prepared, request_id, first, driver), on_close=close)
+                frames = self._sse(prepared, request_id, [*preamble, first], driver)
+                response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
             collected = await _unless_disconnected(request, _collect(driver))
@@ -116,18 +115,53 @@ class CompletionService:
                 with anyio.CancelScope(shield=True):
                     await close()
 
+    async def _admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[DriverItem]]:
+        """A slot, after waiting in the queue if need be; the ``queued`` event, if it waited.
+
+        A request refused at once gets no telemetry log: under overload those would evict the
+        logs of the requests being served.
+        """
+        preamble: list[DriverItem] = []
+
+        def on_queued(position: int) -> None:
+            self.hub.open(request_id, model)
+            place = {"position": position, "in_flight": self.admission.in_flight, "capacity": self.admission.capacity}
+            event = self.hub.publish(request_id, "queued", place)
+            preamble.extend([] if event is None else [event])
+
+        wait = self.admission.acquire(self.config.queue_timeout_seconds, on_queued)
+        try:
+            lease = await _unless_disconnected(request, wait)
+        except Refused as refused:
+            error = HttpError(503, "overloaded", refused.message, retry_after=refused.retry_after)
+            self._fail_waiting(request_id, error.code, error.message)
+            raise error from None
+        except BaseException as gone:  # client gone while waiting: its log must still end
+            self._fail_waiting(request_id, "cancelled", f"left the queue: {gone!r}")
+            raise
+        if request_id not in self.hub:
+            self.hub.open(request_id, model)
+        return lease, preamble
+
+    def _fail_waiting(self, request_id: RequestId, code: str, message: str) -> None:
+        error = {"code": code, "message": message, "retryable": True, "request_id": request_id}
+        self.hub.publish(request_id, "failed", error)
+
     async def _sse(
         self,
         prepared: PreparedRequest,
         request_id: RequestId,
-        first: DriverItem,
+        opening_items: list[DriverItem],
         driver: AsyncIterator[DriverItem],
     ) -> AsyncIterator[bytes]:
         writer = ChunkWriter(prepared.kind, request_id, prepared.model, int(self.wall_clock()))
         opening = writer.opening()
         if opening is not None:
             yield data_frame(opening)
-        item: DriverItem | None = first
+        for early in opening_items[:-1]:
+            for frame in _frames(writer, early, prepared.include_usage):
+                yield frame
+        item: DriverItem | None = opening_items[-1]
         try:
             while item is not None:
                 for frame in _frames(writer, item, prepared.include_usage):

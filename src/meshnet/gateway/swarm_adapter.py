@@ -10,6 +10,8 @@ from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.gateway.ports import ModelCard, TextCodec
 
+SLOTS_TIMEOUT_S = 2.0
+
 
 class SwarmGenerator:
     """A ``RouteGenerator`` over the live swarm, serving the models we hold a codec for."""
@@ -23,6 +25,12 @@ class SwarmGenerator:
 
     def models(self) -> Sequence[ModelCard]:
         return self._cards
+
+    async def session_slots(self) -> int | None:
+        names = {card.id for card in self._cards}
+        models = await self._client.tracker.list_models(timeout_s=SLOTS_TIMEOUT_S)
+        slots = sum(model.head_sessions for model in models if model.name in names)
+        return slots or None
 
     def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         return self._client.generate(request, request_id)

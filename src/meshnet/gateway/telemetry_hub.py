@@ -20,6 +20,7 @@ from typing import Any, Literal
 from meshnet.core.ids import RequestId
 
 TelemetryKind = Literal[
+    "queued",
     "accepted",
     "prefill_started",
     "prefill_completed",
@@ -62,6 +63,10 @@ class TelemetrySnapshot:
     state: str = "admitted"
     """Kind of the last milestone (``progress`` only updates counters)."""
     route: Mapping[str, Any] | None = None
+    queue_position: int | None = None
+    """Place in the admission queue when the request had to wait (1: next in line)."""
+    queue_seconds: float | None = None
+    """Time spent in the admission queue, known once the route accepted the request."""
     prompt_tokens: int | None = None
     generated_tokens: int = 0
     tokens_per_second: float = 0.0
@@ -86,8 +91,11 @@ def fold_event(snapshot: TelemetrySnapshot, event: TelemetryEvent) -> TelemetryS
     changes: dict[str, Any] = {"last_seq": event.seq, "updated_at": event.at}
     if event.kind != "progress":
         changes["state"] = event.kind
-    if event.kind == "accepted":
+    if event.kind == "queued":
+        changes["queue_position"] = data.get("position")
+    elif event.kind == "accepted":
         changes["route"] = dict(data)
+        changes["queue_seconds"] = data.get("queue_seconds", snapshot.queue_seconds)
     elif event.kind in ("prefill_started", "prefill_completed"):
         changes["prompt_tokens"] = data.get("prompt_tokens")
     elif event.kind == "progress":

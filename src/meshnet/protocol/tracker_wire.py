@@ -44,6 +44,7 @@ _STATUS_TO_PROTO: dict[WorkStatus, pb.WorkRecord.Status] = {
     "completed": pb.WorkRecord.STATUS_COMPLETED,
     "cancelled": pb.WorkRecord.STATUS_CANCELLED,
     "failed": pb.WorkRecord.STATUS_FAILED,
+    "unverified": pb.WorkRecord.STATUS_UNVERIFIED,
 }
 _STATUS_FROM_PROTO: dict[int, WorkStatus] = {value: name for name, value in _STATUS_TO_PROTO.items()}
 
@@ -279,7 +280,7 @@ def work_to_proto(record: WorkRecord) -> pb.WorkRecord:
 def work_from_proto(message: pb.WorkRecord) -> WorkRecord:
     status = _STATUS_FROM_PROTO.get(message.status)
     if status is None:
-        raise InvalidArgument(f"work record status {message.status} is not completed, cancelled or failed")
+        raise InvalidArgument(f"work record status {message.status} is not completed, cancelled, failed or unverified")
     check_text("request_id", message.request_id)
     return WorkRecord(
         request_id=RequestId(message.request_id),
@@ -327,6 +328,7 @@ def models_to_proto(models: tuple[ModelSummary, ...], epoch: int) -> pb.ModelLis
                 n_layers=model.n_layers,
                 nodes=model.nodes,
                 routable=model.routable,
+                head_sessions=model.head_sessions,
             )
             for model in models
         ],
@@ -337,7 +339,8 @@ def models_to_proto(models: tuple[ModelSummary, ...], epoch: int) -> pb.ModelLis
 def models_from_proto(message: pb.ModelList) -> tuple[tuple[ModelSummary, ...], int]:
     """The models the swarm serves, and the epoch they were listed at."""
     models = tuple(
-        ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable) for m in message.models
+        ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable, m.head_sessions)
+        for m in message.models
     )
     return models, message.epoch
 

@@ -253,6 +253,13 @@ class NodeRegistry:
                     n_layers=first.n_layers,
                     nodes=sum(1 for view in recipe_nodes if view.certified),
                     routable=routable,
+                    head_sessions=sum(
+                        entry.registration.max_sessions
+                        for entry in self._nodes.values()
+                        if entry.registration.fingerprint == fingerprint
+                        and entry.registration.certified
+                        and entry.registration.layers.start == 0
+                    ),
                 )
             )
         return tuple(sorted(summaries, key=lambda summary: (summary.name, summary.fingerprint)))

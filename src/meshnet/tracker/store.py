@@ -26,9 +26,31 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeRegistration, NodeWork, WorkRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: work records may be ``unverified`` (DGR-013); a version-1 file is migrated on open."""
 
-_SCHEMA = """
+
+def _work_records_table(name: str) -> str:
+    return f"""
+CREATE TABLE IF NOT EXISTS {name} (
+    request_id TEXT PRIMARY KEY,
+    session_id TEXT,
+    model TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('completed', 'cancelled', 'failed', 'unverified')),
+    tokens_in INTEGER NOT NULL,
+    tokens_out INTEGER NOT NULL,
+    billing_units REAL NOT NULL,
+    started_at REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    recorded_at REAL NOT NULL,
+    content_sha256 TEXT NOT NULL
+);
+"""
+
+
+_SCHEMA = (
+    _work_records_table("work_records")
+    + """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -44,19 +66,6 @@ CREATE TABLE IF NOT EXISTS nodes (
     first_seen REAL NOT NULL,
     last_registered REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS work_records (
-    request_id TEXT PRIMARY KEY,
-    session_id TEXT,
-    model TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('completed', 'cancelled', 'failed')),
-    tokens_in INTEGER NOT NULL,
-    tokens_out INTEGER NOT NULL,
-    billing_units REAL NOT NULL,
-    started_at REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    recorded_at REAL NOT NULL,
-    content_sha256 TEXT NOT NULL
-);
 CREATE TABLE IF NOT EXISTS work_shares (
     request_id TEXT NOT NULL REFERENCES work_records(request_id),
     position INTEGER NOT NULL,
@@ -68,6 +77,7 @@ CREATE TABLE IF NOT EXISTS work_shares (
 );
 CREATE INDEX IF NOT EXISTS work_shares_by_node ON work_shares(node_id);
 """
+)
 
 
 class TrackerStore(Protocol):
@@ -121,6 +131,29 @@ class SqliteTrackerStore:
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?), ('epoch', 0)",
                 (SCHEMA_VERSION,),
             )
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a version-1 file to this schema: SQLite cannot alter a CHECK, so the table of
+        work records is rebuilt (the documented 12-step way), keeping rows and their order."""
+        connection = self._connection
+        (version,) = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if version >= SCHEMA_VERSION:
+            return
+        connection.execute("PRAGMA foreign_keys=OFF")  # only takes effect outside a transaction
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            connection.execute(_work_records_table("work_records_next"))
+            connection.execute("INSERT INTO work_records_next SELECT * FROM work_records ORDER BY rowid")
+            connection.execute("DROP TABLE work_records")
+            connection.execute("ALTER TABLE work_records_next RENAME TO work_records")
+            connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        finally:
+            connection.execute("PRAGMA foreign_keys=ON")
 
     def load_epoch(self) -> int:
         with self._lock:

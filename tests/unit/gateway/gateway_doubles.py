@@ -56,6 +56,7 @@ class ByteCodec:
 
     context_length: int = 256
     eos_token_ids: frozenset[int] = frozenset({EOS})
+    vocab_size: int = 256 + OFFSET
 
     def encode(self, text: str, *, add_special: bool) -> list[int]:
         return [BOS] * add_special + [byte + OFFSET for byte in text.encode()]
@@ -63,6 +64,11 @@ class ByteCodec:
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         body = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return body + ("<assistant>" if add_generation_prompt else "")
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_special=False
+        )
 
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()
@@ -94,9 +100,14 @@ class ScriptedGenerator:
     endings: dict[RequestId, str] = field(default_factory=dict)
     """How each iterator ended: "finished", "aclose", "cancelled" or "raised"."""
     tokens_sent: dict[RequestId, int] = field(default_factory=dict)
+    slots: int | None = None
+    """What ``session_slots`` reports: the swarm's size, for limits left unset."""
 
     def models(self) -> Sequence[ModelCard]:
         return self.cards
+
+    async def session_slots(self) -> int | None:
+        return self.slots
 
     def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         self.requests.append((request, request_id))
@@ -162,6 +173,7 @@ def test_config(**overrides: object) -> GatewayConfig:
         "progress_every_tokens": 4,
         "progress_interval_seconds": 1e6,  # token-count throttle only: deterministic
         "max_in_flight": 4,
+        "max_queue": 0,
         "telemetry_max_requests": 16,
         "request_timeout_seconds": 5.0,
         "shutdown_grace_seconds": 1.0,

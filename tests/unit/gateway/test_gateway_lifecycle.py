@@ -86,7 +86,7 @@ async def test_burst_of_cap_plus_five_admits_exactly_cap(stream: bool) -> None:
     assert statuses == [200] * cap + [503] * 5
     for response in rejected:
         assert response.status_code == 503
-        assert response.headers["retry-after"] == "2"
+        assert 2 <= int(response.headers["retry-after"]) <= 4  # the floor, jittered up to twice it
         assert response.json()["error"]["code"] == "overloaded"
     assert health["in_flight"] == 0
     assert set(generator.endings.values()) == {"finished"}

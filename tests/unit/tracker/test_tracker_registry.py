@@ -191,6 +191,15 @@ def test_list_models_reports_routability(registry: NodeRegistry) -> None:
     assert (model.nodes, model.routable) == (2, True)
 
 
+def test_list_models_counts_the_session_slots_of_certified_heads(registry: NodeRegistry) -> None:
+    registry.register(registration(0, 10, address="a:1", max_sessions=8))
+    registry.register(registration(0, 10, address="b:1", max_sessions=4))
+    registry.register(registration(0, 10, address="c:1", max_sessions=16, certified=False))
+    registry.register(registration(10, 20, address="d:1", max_sessions=32))
+    (model,) = registry.list_models()
+    assert model.head_sessions == 12  # the gateway's default admission: what the heads can hold
+
+
 def test_idle_sessions_forget_their_route(registry: NodeRegistry, clock: FakeClock) -> None:
     slow = registry.register(registration(0, 20, address="slow:1", decode_tokens_per_s=20))
     assert route_for(registry, "s1") == [slow]

@@ -12,7 +12,8 @@ from tracker_samples import registration, work_record
 
 from meshnet.core.errors import FailedPrecondition
 from meshnet.core.ids import NodeId, RequestId
-from meshnet.tracker.store import SqliteTrackerStore
+from meshnet.core.tracking import WORK_STATUSES
+from meshnet.tracker.store import SCHEMA_VERSION, SqliteTrackerStore
 
 
 @pytest.fixture
@@ -97,3 +98,31 @@ def test_nodes_seen_are_upserted(db_path: Path) -> None:
         .fetchall()
     )
     assert rows == [("n-1", 20, 1.0, 2.0)]
+
+
+def test_every_status_is_stored_and_a_version_1_file_is_migrated(db_path: Path) -> None:
+    store = SqliteTrackerStore(db_path)
+    store.record_work(work_record("old-1"), recorded_at=1.0)
+    store.close()
+    # Turn the file into what schema version 1 wrote: its CHECK knew only three statuses.
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("PRAGMA foreign_keys=OFF")
+    raw.execute("PRAGMA legacy_alter_table=ON")  # keep work_shares pointing at work_records
+    raw.execute("ALTER TABLE work_records RENAME TO current")
+    raw.execute(
+        "CREATE TABLE work_records (request_id TEXT PRIMARY KEY, session_id TEXT, model TEXT NOT NULL, "
+        "status TEXT NOT NULL CHECK (status IN ('completed', 'cancelled', 'failed')), tokens_in INTEGER NOT NULL, "
+        "tokens_out INTEGER NOT NULL, billing_units REAL NOT NULL, started_at REAL NOT NULL, "
+        "finished_at REAL NOT NULL, recorded_at REAL NOT NULL, content_sha256 TEXT NOT NULL)"
+    )
+    raw.execute("INSERT INTO work_records SELECT * FROM current")
+    raw.execute("DROP TABLE current")
+    raw.execute("UPDATE meta SET value = 1 WHERE key = 'schema_version'")
+    raw.close()
+    migrated = SqliteTrackerStore(db_path)
+    records = [replace(work_record(f"req-{status}"), status=status) for status in WORK_STATUSES]
+    for record in records:
+        assert migrated.record_work(record, recorded_at=2.0) is True
+    assert migrated.list_work() == [work_record("old-1"), *records]
+    version = sqlite3.connect(db_path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert version == (SCHEMA_VERSION,)

@@ -19,6 +19,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import (
     MAX_PEERS,
+    WORK_STATUSES,
     Deregistered,
     HeartbeatStatus,
     ModelSummary,
@@ -27,6 +28,7 @@ from meshnet.core.tracking import (
     Route,
     RouteQuery,
     WorkAck,
+    WorkStatus,
 )
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.generated import tracker_pb2 as pb
@@ -64,6 +66,19 @@ def test_route_round_trips() -> None:
         ms_per_token=3.25,
     )
     assert wire.route_from_proto(over_the_wire(wire.route_to_proto(route))) == route
+
+
+@pytest.mark.parametrize("status", WORK_STATUSES)
+def test_every_work_status_round_trips(status: WorkStatus) -> None:
+    record = replace(work_record("req-8"), status=status)
+    assert wire.work_from_proto(over_the_wire(wire.work_to_proto(record))) == record
+
+
+def test_model_list_carries_the_head_session_slots() -> None:
+    summary = ModelSummary(MODEL, FINGERPRINT, "Q8_0", 20, 3, True, head_sessions=12)
+    (sent,) = wire.models_to_proto((summary,), epoch=1).models
+    assert sent.head_sessions == 12
+    assert wire.models_from_proto(over_the_wire(wire.models_to_proto((summary,), epoch=1)))[0] == (summary,)
 
 
 def test_work_record_round_trips() -> None:

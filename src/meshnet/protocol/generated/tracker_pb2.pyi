@@ -167,10 +167,12 @@ class WorkRecord(_message.Message):
         STATUS_COMPLETED: _ClassVar[WorkRecord.Status]
         STATUS_CANCELLED: _ClassVar[WorkRecord.Status]
         STATUS_FAILED: _ClassVar[WorkRecord.Status]
+        STATUS_UNVERIFIED: _ClassVar[WorkRecord.Status]
     STATUS_UNSPECIFIED: WorkRecord.Status
     STATUS_COMPLETED: WorkRecord.Status
     STATUS_CANCELLED: WorkRecord.Status
     STATUS_FAILED: WorkRecord.Status
+    STATUS_UNVERIFIED: WorkRecord.Status
     class NodeShare(_message.Message):
         __slots__ = ("node_id", "layer_start", "layer_stop", "tokens")
         NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -219,20 +221,22 @@ class ListModelsRequest(_message.Message):
 class ModelList(_message.Message):
     __slots__ = ("models", "epoch")
     class Model(_message.Message):
-        __slots__ = ("name", "fingerprint", "quantization", "n_layers", "nodes", "routable")
+        __slots__ = ("name", "fingerprint", "quantization", "n_layers", "nodes", "routable", "head_sessions")
         NAME_FIELD_NUMBER: _ClassVar[int]
         FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
         QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
         N_LAYERS_FIELD_NUMBER: _ClassVar[int]
         NODES_FIELD_NUMBER: _ClassVar[int]
         ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+        HEAD_SESSIONS_FIELD_NUMBER: _ClassVar[int]
         name: str
         fingerprint: str
         quantization: str
         n_layers: int
         nodes: int
         routable: bool
-        def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., quantization: _Optional[str] = ..., n_layers: _Optional[int] = ..., nodes: _Optional[int] = ..., routable: _Optional[bool] = ...) -> None: ...
+        head_sessions: int
+        def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., quantization: _Optional[str] = ..., n_layers: _Optional[int] = ..., nodes: _Optional[int] = ..., routable: _Optional[bool] = ..., head_sessions: _Optional[int] = ...) -> None: ...
     MODELS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelList.Model]
