@@ -15,6 +15,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from meshnet.artifact.describe import describe_model
 from meshnet.core.errors import InvalidArgument
 from meshnet.engine.chat_template import ChatTemplate
 from meshnet.engine.tokenizer import Tokenizer
@@ -51,7 +52,7 @@ def parse_special_tokens(tokenizer: Tokenizer, text: str) -> list[int]:
 def tokenizer(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[Tokenizer]:
     if request.param == "smollm2" and not REAL:
         pytest.skip("set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 (and MESHNET_DATA_DIR) for SmolLM2")
-    loaded = Tokenizer(tiny_model if request.param == "synthetic" else SMOLLM2)
+    loaded = Tokenizer(describe_model(tiny_model if request.param == "synthetic" else SMOLLM2))
     yield loaded
     loaded.close()
 
@@ -97,7 +98,7 @@ def test_a_trimming_template_is_split_exactly() -> None:
 
 
 def test_a_template_that_rewrites_content_refuses_markers_in_it(tiny_model: Path) -> None:
-    tokenizer = Tokenizer(tiny_model)
+    tokenizer = Tokenizer(describe_model(tiny_model))
     try:
         tokenizer._template = ChatTemplate(
             "{% for m in messages %}{{ m['content'] | upper }}</s>{% endfor %}", bos_text="", eos_text=""
