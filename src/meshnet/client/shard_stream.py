@@ -36,7 +36,7 @@ def channel_options(max_frame_bytes: int) -> list[tuple[str, Any]]:
         # Worker servers take these options too: they must accept the pings above, or after ~30 s
         # without data (a long step, an idle session) they answer GOAWAY too_many_pings and kill
         # every stream on the connection.
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
         ("grpc.http2.max_ping_strikes", 0),
     ]
 
