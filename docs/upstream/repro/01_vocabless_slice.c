@@ -11,11 +11,7 @@
 #include "repro.h"
 
 int main(int argc, char ** argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s <source.gguf> <middle-slice.gguf> <n_slice_layers>\n", argv[0]);
-        return 2;
-    }
-    repro_init();
+    repro_start(argc, argv, 3, "<source.gguf> <middle-slice.gguf> <n_slice_layers>");
     struct llama_model * source = load_model(argv[1]);
     struct llama_model * slice  = load_model(argv[2]);
     const int n_slice_layers    = atoi(argv[3]);

@@ -36,11 +36,7 @@ static float * logits_in_two_calls(struct llama_model * model, const float * emb
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s <source.gguf>\n", argv[0]);
-        return 2;
-    }
-    repro_init();
+    repro_start(argc, argv, 1, "<source.gguf>");
     struct llama_model * model   = load_model(argv[1]);
     const int            n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     const int            n_embd  = llama_model_n_embd(model);

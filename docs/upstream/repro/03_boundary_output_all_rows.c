@@ -12,11 +12,7 @@
 #include "repro.h"
 
 int main(int argc, char ** argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s <source.gguf> <head-slice.gguf> <tail-slice.gguf>\n", argv[0]);
-        return 2;
-    }
-    repro_init();
+    repro_start(argc, argv, 3, "<source.gguf> <head-slice.gguf> <tail-slice.gguf>");
     struct llama_model * whole   = load_model(argv[1]);
     struct llama_model * head    = load_model(argv[2]);
     struct llama_model * tail    = load_model(argv[3]);

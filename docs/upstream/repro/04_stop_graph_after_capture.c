@@ -35,11 +35,7 @@ static void run(run_t * r, struct llama_model * head, const float * embd, const 
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s <source.gguf> <head-slice.gguf>\n", argv[0]);
-        return 2;
-    }
-    repro_init();
+    repro_start(argc, argv, 2, "<source.gguf> <head-slice.gguf>");
     struct llama_model * whole  = load_model(argv[1]);
     struct llama_model * head   = load_model(argv[2]);
     const int            n_embd = llama_model_n_embd(head);

@@ -63,11 +63,7 @@ static float * session_zero(struct llama_model * model, bool kv_unified, bool ne
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s <source.gguf>\n", argv[0]);
-        return 2;
-    }
-    repro_init();
+    repro_start(argc, argv, 1, "<source.gguf>");
     struct llama_model * model   = load_model(argv[1]);
     const int            n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     const size_t         n       = (size_t) (STEPS + 1) * n_vocab;

@@ -46,11 +46,7 @@ static moe_run_t moe_run(struct llama_model * model, const float * rows, const f
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s <moe-slice.gguf>\n", argv[0]);
-        return 2;
-    }
-    repro_init();
+    repro_start(argc, argv, 1, "<moe-slice.gguf>");
     struct llama_model * model  = load_model(argv[1]);
     const int            n_embd = llama_model_n_embd(model);
     float *              rows   = pseudo_random_rows(N_ROWS, n_embd, 11);

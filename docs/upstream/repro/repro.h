@@ -46,6 +46,15 @@ static inline void repro_init(void) {
     llama_backend_init();
 }
 
+/* Checks the argument count (printing the usage otherwise) and initialises the backend. */
+static inline void repro_start(int argc, char ** argv, int n_args, const char * usage) {
+    if (argc != n_args + 1) {
+        fprintf(stderr, "usage: %s %s\n", argv[0], usage);
+        exit(2);
+    }
+    repro_init();
+}
+
 static inline struct llama_model * load_model(const char * path) {
     struct llama_model_params params = llama_model_default_params();
     params.n_gpu_layers = 0;
