@@ -26,6 +26,7 @@ from meshnet.core.errors import (
     ContextLengthExceeded,
     MeshnetError,
     NoRoute,
+    RouteStale,
     Unavailable,
 )
 from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
@@ -184,10 +185,12 @@ class SwarmClient:
         with no hop found dead the tracker may plan the same shards again, which is what a retry
         should do. An untyped error counts too when a hop probes dead: a shard relaying the death
         of the next one does not always know it was a death (gRPC fails a send on a broken
-        transport with INTERNAL), and the probe, not the relayed code, tells a lost hop.
+        transport with INTERNAL), and the probe, not the relayed code, tells a lost hop. A stale
+        route epoch is recovered the same way: the tracker moved the epoch on because a node
+        left (a link down shows up here first), so the route is planned again and replayed.
         """
         untyped = type(error) is MeshnetError
-        if not (untyped or isinstance(error, Unavailable | CacheMiss)):
+        if not (untyped or isinstance(error, Unavailable | CacheMiss | RouteStale)):
             return None
         dead = frozenset(await self._probe_dead(route))
         return None if untyped and not dead else dead
