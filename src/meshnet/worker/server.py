@@ -124,9 +124,9 @@ async def serve_worker(
                 step_delay=fake.step_delay,
             )
         # Fail closed: CertificationFailed propagates and the worker never listens.
-        certify_llama_engine()
         if config.model is None:
             raise InvalidArgument("a worker needs --model (or a fake model)")
+        certify_llama_engine(model=config.model)  # the family and weight types it will serve
         return open_llama_shard(config.model, config.layers, cache, engine_config)
 
     loop = EngineLoop(open_backend)
