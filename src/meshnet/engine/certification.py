@@ -47,10 +47,12 @@ def certify_llama_engine(config: LlamaConfig | None = None, *, model: Path | Non
     one whose family or types cannot be certified); without, the default llama model.
     """
     config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1)
-    try:
-        specs = certification_specs(model) if model is not None else [DEFAULT_SPEC]
-    except MeshnetError as error:
-        raise CertificationFailed(f"cannot certify {Path(model).name} on this build: {error}") from error
+    specs = [DEFAULT_SPEC]
+    if model is not None:
+        try:
+            specs = certification_specs(model)
+        except MeshnetError as error:
+            raise CertificationFailed(f"cannot certify {Path(model).name} on this build: {error}") from error
     checks: list[str] = []
     for spec in specs:
         checks += [f"{spec.architecture} {spec.weight_type.name}: {check}" for check in _certify_spec(spec, config)]
