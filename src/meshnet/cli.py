@@ -107,11 +107,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from meshnet.engine.shards import open_local_route
     from meshnet.engine.tokenizer import Tokenizer
 
-    certify_llama_engine()
     source = resolve_model(args)
+    certify_llama_engine(model=source)  # its family and weight types, not just the default model's
     tokenizer = Tokenizer(source)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
-    tokens = tokenizer.encode(prompt, add_special=False)
+    if args.raw:  # a plain completion: base models and synthetic models have no (useful) template
+        tokens = tokenizer.encode(args.prompt, add_special=True)
+    else:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+        tokens = tokenizer.encode(prompt, add_special=False)
     route = open_local_route(source, args.shards, SliceCache(args.data_dir / "cache"), _llama_config(args))
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
     print(f"[{args.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
@@ -266,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="run a prompt through an in-process N-shard route")
     generate.add_argument("prompt")
+    generate.add_argument("--raw", action="store_true", help="complete the text as is, without a chat template")
     generate.add_argument("--model", type=Path, default=None, help="source GGUF (default: the provisioned model)")
     generate.add_argument("--shards", type=int, default=3)
     generate.add_argument("--max-tokens", type=int, default=128)
