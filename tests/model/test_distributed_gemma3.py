@@ -6,7 +6,6 @@ The cuts 7 and 13 fall off the 6-layer window period. Same needs as ``test_model
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,26 +15,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
+from gemma3_model import MARKS, MODEL, open_tokenizer
 from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, greedy_request, new_driver
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.provision import GEMMA3_270M, model_path
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models", GEMMA3_270M)
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
-
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(
-        ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision gemma3-270m)"
-    ),
-]
+pytestmark = [*MARKS, pytest.mark.timeout(600)]
 
 RANGES = [(0, 7), (7, 13), (13, 18)]
 CONTEXT = 1024
@@ -49,13 +37,7 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Iterator[object]:
-    from meshnet.engine.tokenizer import Tokenizer
-
-    loaded = Tokenizer(MODEL)
-    yield loaded
-    loaded.close()
+tokenizer = pytest.fixture(scope="module")(open_tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,13 @@ $MESHNET_DATA_DIR/models (default .data/models); ``make test`` does both.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
+from gemma3_model import MARKS, MODEL, open_tokenizer
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.provision import GEMMA3_270M, model_path
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_backend import LlamaConfig
@@ -27,17 +25,7 @@ from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.engine.tokenizer import Tokenizer
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models", GEMMA3_270M)
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
-
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(
-        ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision gemma3-270m)"
-    ),
-]
+pytestmark = MARKS
 
 LAYOUTS = {
     "whole": [LayerRange(0, 18)],
@@ -60,11 +48,7 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Iterator[Tokenizer]:
-    loaded = Tokenizer(MODEL)
-    yield loaded
-    loaded.close()
+tokenizer = pytest.fixture(scope="module")(open_tokenizer)
 
 
 @pytest.fixture(scope="module")
