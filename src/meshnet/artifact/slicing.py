@@ -33,7 +33,7 @@ from meshnet.artifact.hashing import file_sha256, partial_path, tensors_sha256
 from meshnet.core.errors import ArtifactError, ProvenanceMismatch
 from meshnet.core.layers import LayerRange
 
-SLICER_VERSION = "1"
+SLICER_VERSION = "2"
 SliceRole = Literal["full", "head", "middle", "tail", "embedding"]
 _PROVENANCE = "meshnet.slice."
 _SKIPPED_KEYS = ("general.architecture", "general.alignment")
@@ -75,6 +75,11 @@ def model_dimensions(model: GGUFFile) -> tuple[ArchitectureAdapter, int, int]:
     n_embd = model.require(adapter.embedding_length_key())
     if not isinstance(n_layers, int) or not isinstance(n_embd, int) or n_layers < 1 or n_embd < 1:
         raise ArtifactError(f"{model.path.name}: block_count/embedding_length are not positive integers")
+    # Fail closed before llama.cpp sees the file: unknown tensors, per-layer arrays that do not
+    # match the block count, and variants the adapter refuses.
+    adapter.check_tensors(list(model.tensors), model.path.name)
+    adapter.check_layer_metadata(model.metadata, n_layers, model.path.name)
+    adapter.refuse_source(model.metadata, n_layers, model.path.name)
     return adapter, n_layers, n_embd
 
 
@@ -95,7 +100,7 @@ def _plan_tensors(
     if missing:
         raise ArtifactError(f"{model.path.name}: no tensors for layers {missing}")
     if role in ("full", "tail"):
-        for name in (adapter.output_norm, adapter.output, adapter.token_embedding):
+        for name in (adapter.output_norm, *adapter.tail_tensors, adapter.token_embedding):
             kept = model.tensors.get(name)
             # token_embd goes in even when the model has a separate output.weight: llama.cpp
             # refuses to load a llama model without it. The tail never reads it (its input is
@@ -115,14 +120,11 @@ def _plan_tensors(
 
 
 def _plan_metadata(
-    model: GGUFFile, adapter: ArchitectureAdapter, layers: LayerRange, role: SliceRole
+    model: GGUFFile, adapter: ArchitectureAdapter, layers: LayerRange, role: SliceRole, n_layers: int
 ) -> dict[str, MetadataValue]:
     metadata = {k: v for k, v in model.metadata.items() if k not in _SKIPPED_KEYS and not k.startswith(_PROVENANCE)}
+    metadata = adapter.rewrite_slice_metadata(metadata, layers, n_layers)
     metadata[adapter.block_count_key()] = MetadataValue(ValueType.UINT32, len(layers))
-    for key in adapter.index_dependent_keys:
-        entry = metadata.get(key)
-        if entry is not None and entry.type == ValueType.ARRAY:
-            metadata[key] = MetadataValue(entry.type, entry.value[layers.start : layers.stop], entry.item_type)
     if role in ("head", "middle"):
         metadata = {k: v for k, v in metadata.items() if not k.startswith("tokenizer.")}
         metadata["tokenizer.ggml.model"] = MetadataValue(ValueType.STRING, "none")
@@ -145,9 +147,10 @@ def write_slice(source: Path, layers: LayerRange, out: Path, *, source_sha256: s
     adapter, n_layers, n_embd = model_dimensions(model)
     _refuse_slice_of_slice(model)
     layers.check_within(n_layers)
+    adapter.refuse_slice(layers, n_layers)
     role = slice_role(layers, n_layers)
     planned = _plan_tensors(model, adapter, layers, role, n_embd)
-    metadata = _plan_metadata(model, adapter, layers, role)
+    metadata = _plan_metadata(model, adapter, layers, role, n_layers)
     return _write(model, adapter, planned, metadata, layers, role, n_layers, out, source_sha256)
 
 
@@ -188,9 +191,7 @@ def _write(
             (t.name, t.ggml_type, t.shape, payload)
             for t, payload in zip(planned, _payloads(model, planned, view), strict=True)
         )
-        claimed = Provenance(
-            source_hash, n_layers, layers, role, f"{adapter.name}:{adapter.version}", SLICER_VERSION, ""
-        )
+        claimed = Provenance(source_hash, n_layers, layers, role, adapter.label, SLICER_VERSION, "")
         written = {
             **metadata,
             "general.architecture": MetadataValue(ValueType.STRING, adapter.name),
@@ -325,4 +326,5 @@ def verify_slice(
             problems.append("its tensors or metadata do not match the recorded content hash (corrupt or edited)")
     if problems:
         raise ProvenanceMismatch(f"slice {Path(path).name} failed verification: " + "; ".join(problems))
+    model_dimensions(model)  # an intact slice must still satisfy its adapter (e.g. per-layer arrays)
     return model, provenance

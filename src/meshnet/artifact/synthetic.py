@@ -1,22 +1,32 @@
-"""Tiny random GGUF models written with ``gguf.GGUFWriter``.
+"""Tiny random GGUF models of every certified family, written with ``gguf.GGUFWriter``.
 
-They carry the default test suite and the engine's start-up certification: small enough to
-write and run in milliseconds, real enough that llama.cpp loads them through the same code
-paths as a downloaded model (quantized blocks, a real SentencePiece-style vocabulary, a chat
-template). Weights are drawn from a seeded generator, so a given spec always writes the same bytes.
+They carry the default test suite and the engine's start-up certification (the way mlx-lm tests
+every architecture with tiny random models): small enough to write and run in milliseconds,
+real enough that llama.cpp loads them through the same code paths as a downloaded model
+(quantized blocks, a SentencePiece vocabulary of the kind the family ships, a chat template).
+Per family, the features whose handling a split could break:
+- llama: dense blocks; qwen2: Q/K/V biases; qwen3: per-head Q/K norms;
+- qwen3moe: router, stacked experts, top-k with normalized weights, optional per-layer arrays;
+- gemma3: pre/post norms, sliding-window layers (period or per-layer array), Gemma's vocabulary.
+Weights are drawn from a seeded generator, so a given spec always writes the same bytes.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
-from gguf.quants import quantize
 
 from meshnet.artifact.hashing import partial_path
+from meshnet.artifact.synthetic_quants import random_payload
+
+Family = Literal["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"]
+FAMILIES: tuple[Family, ...] = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
@@ -27,6 +37,8 @@ TINY_CHAT_TEMPLATE = (
 @dataclass(frozen=True)
 class SyntheticSpec:
     architecture: str = "llama"
+    """One of ``FAMILIES``; any other name writes llama-shaped blocks under that name (to test
+    that an architecture outside the registry is refused)."""
     n_layers: int = 4
     n_embd: int = 64
     n_head: int = 4
@@ -37,75 +49,163 @@ class SyntheticSpec:
     embedding_type: GGMLQuantizationType = GGMLQuantizationType.Q8_0
     tied_embeddings: bool = True
     seed: int = 0
+    head_dim: int | None = None
+    """Per-head width; None means ``n_embd // n_head`` (Gemma 3 and Qwen3 decouple the two)."""
+    per_layer_arrays: bool = False
+    """Store head counts, feed-forward and expert counts as per-layer arrays, as some converters do."""
+    n_expert: int = 4
+    n_expert_used: int = 2
+    n_ff_expert: int = 64
+    sliding_window: int = 8
+    window_pattern: int | tuple[bool, ...] | None = None
+    """gemma3: a period, a per-layer array, or None for llama.cpp's default period (6)."""
+
+    @property
+    def n_embd_head(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
 
 
-def _vocabulary() -> tuple[list[str], list[float], list[int]]:
-    tokens = ["<unk>", "<s>", "</s>"]
-    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+def _spm_vocabulary(specials: list[tuple[str, TokenType]]) -> tuple[list[str], list[float], list[int]]:
+    tokens = [name for name, _ in specials]
+    types = [kind for _, kind in specials]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [TokenType.BYTE] * 256
     pieces = ["▁", "▁the", "▁a", "▁is", "▁of", "▁and", "▁to", "▁in", "e", "t", "a", "o", "n", "s", "h", "r"]
     pieces += [chr(c) for c in range(ord("b"), ord("z") + 1) if chr(c) not in pieces]
     tokens += pieces
     types += [TokenType.NORMAL] * len(pieces)
-    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
+    scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))]
     return tokens, scores, [int(t) for t in types]
 
 
-def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
-    """Write a tiny model to ``path`` (atomically) and return the path."""
-    rng = np.random.default_rng(spec.seed)
-    tokens, scores, types = _vocabulary()
-    n_vocab = len(tokens)
-    writer = GGUFWriter(path=None, arch=spec.architecture)
-    writer.add_name(f"meshnet-synthetic-{spec.architecture}-{spec.n_layers}L")
-    writer.add_context_length(spec.n_ctx_train)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layers)
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(n_vocab)
+def _write_vocabulary(writer: GGUFWriter, spec: SyntheticSpec) -> int:
+    """A SentencePiece ("llama") vocabulary; Gemma's special-token layout for gemma3. Returns its size."""
+    control, unknown = TokenType.CONTROL, TokenType.UNKNOWN
+    if spec.architecture == "gemma3":
+        specials = [("<pad>", control), ("<eos>", control), ("<bos>", control), ("<unk>", unknown)]
+        specials += [("<start_of_turn>", control), ("<end_of_turn>", control)]
+        bos, eos = 2, 1
+    else:
+        specials, bos, eos = [("<unk>", unknown), ("<s>", control), ("</s>", control)], 1, 2
+    tokens, scores, types = _spm_vocabulary(specials)
+    writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
     writer.add_add_bos_token(True)
+    if spec.architecture == "gemma3":
+        writer.add_pad_token_id(0)
+        writer.add_unk_token_id(3)
+        writer.add_add_space_prefix(False)
     writer.add_chat_template(TINY_CHAT_TEMPLATE)
+    return len(tokens)
 
-    def add(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType, scale: float = 0.08) -> None:
-        # shape is numpy order: (rows, row_length)
-        values = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if qtype == GGMLQuantizationType.F32:
-            writer.add_tensor(name, values)
+
+def _write_hyperparameters(writer: GGUFWriter, spec: SyntheticSpec) -> None:
+    def per_layer(key: str, value: int) -> None:
+        writer.add_array(key.format(arch=spec.architecture), [value] * spec.n_layers)
+
+    writer.add_name(f"meshnet-synthetic-{spec.architecture}-{spec.n_layers}L")
+    writer.add_context_length(spec.n_ctx_train)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(spec.n_layers)
+    if spec.per_layer_arrays:
+        per_layer("{arch}.feed_forward_length", spec.n_ff)
+        per_layer("{arch}.attention.head_count", spec.n_head)
+        per_layer("{arch}.attention.head_count_kv", spec.n_head_kv)
+    else:
+        writer.add_feed_forward_length(spec.n_ff)
+        writer.add_head_count(spec.n_head)
+        writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_rope_dimension_count(spec.n_embd_head)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    if spec.head_dim is not None:
+        writer.add_key_length(spec.head_dim)
+        writer.add_value_length(spec.head_dim)
+    if spec.architecture == "qwen3moe":
+        writer.add_expert_count(spec.n_expert)
+        if spec.per_layer_arrays:
+            per_layer("{arch}.expert_used_count", spec.n_expert_used)
+            per_layer("{arch}.expert_feed_forward_length", spec.n_ff_expert)
         else:
-            writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
+            writer.add_expert_used_count(spec.n_expert_used)
+            writer.add_expert_feed_forward_length(spec.n_ff_expert)
+        writer.add_expert_weights_norm(True)  # the qwen3moe graph normalizes the top-k itself
+    if spec.architecture == "gemma3":
+        writer.add_sliding_window(spec.sliding_window)
+        if spec.window_pattern is not None:
+            pattern = spec.window_pattern
+            writer.add_sliding_window_pattern(pattern if isinstance(pattern, int) else list(pattern))
 
-    def add_norm(name: str) -> None:
-        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(spec.n_embd)).astype(np.float32))
 
-    head_dim = spec.n_embd // spec.n_head
+Add = Callable[..., None]
+
+
+def _attention(add: Add, add_norm: Add, spec: SyntheticSpec, prefix: str) -> None:
+    q_width, kv_width = spec.n_head * spec.n_embd_head, spec.n_head_kv * spec.n_embd_head
+    add(prefix + "attn_q.weight", (q_width, spec.n_embd))
+    add(prefix + "attn_k.weight", (kv_width, spec.n_embd))
+    add(prefix + "attn_v.weight", (kv_width, spec.n_embd))
+    add(prefix + "attn_output.weight", (spec.n_embd, q_width))
+    if spec.architecture == "qwen2":
+        add(prefix + "attn_q.bias", (q_width,), GGMLQuantizationType.F32)
+        add(prefix + "attn_k.bias", (kv_width,), GGMLQuantizationType.F32)
+        add(prefix + "attn_v.bias", (kv_width,), GGMLQuantizationType.F32)
+    if spec.architecture in ("qwen3", "qwen3moe", "gemma3"):
+        add_norm(prefix + "attn_q_norm.weight", spec.n_embd_head)
+        add_norm(prefix + "attn_k_norm.weight", spec.n_embd_head)
+
+
+def _feed_forward(add: Add, spec: SyntheticSpec, prefix: str) -> None:
+    if spec.architecture == "qwen3moe":
+        # The router stays F32 (llama-quantize keeps ffn_gate_inp unquantized); experts are stacked.
+        add(prefix + "ffn_gate_inp.weight", (spec.n_expert, spec.n_embd), GGMLQuantizationType.F32, scale=0.5)
+        add(prefix + "ffn_gate_exps.weight", (spec.n_expert, spec.n_ff_expert, spec.n_embd))
+        add(prefix + "ffn_up_exps.weight", (spec.n_expert, spec.n_ff_expert, spec.n_embd))
+        add(prefix + "ffn_down_exps.weight", (spec.n_expert, spec.n_embd, spec.n_ff_expert))
+        return
+    add(prefix + "ffn_gate.weight", (spec.n_ff, spec.n_embd))
+    add(prefix + "ffn_up.weight", (spec.n_ff, spec.n_embd))
+    add(prefix + "ffn_down.weight", (spec.n_embd, spec.n_ff))
+
+
+def _write_tensors(writer: GGUFWriter, spec: SyntheticSpec, n_vocab: int) -> None:
+    rng = np.random.default_rng(spec.seed)
+
+    def add(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType | None = None, scale: float = 0.08) -> None:
+        # shape is numpy order: (rows, row_length)
+        payload, used = random_payload(rng, shape, spec.weight_type if qtype is None else qtype, scale)
+        writer.add_tensor(name, payload, raw_dtype=None if used == GGMLQuantizationType.F32 else used)
+
+    def add_norm(name: str, width: int | None = None) -> None:
+        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(width or spec.n_embd)).astype(np.float32))
+
     add("token_embd.weight", (n_vocab, spec.n_embd), spec.embedding_type, scale=0.5)
     for layer in range(spec.n_layers):
         prefix = f"blk.{layer}."
         add_norm(prefix + "attn_norm.weight")
-        add(prefix + "attn_q.weight", (spec.n_embd, spec.n_embd), spec.weight_type)
-        add(prefix + "attn_k.weight", (spec.n_head_kv * head_dim, spec.n_embd), spec.weight_type)
-        add(prefix + "attn_v.weight", (spec.n_head_kv * head_dim, spec.n_embd), spec.weight_type)
-        add(prefix + "attn_output.weight", (spec.n_embd, spec.n_embd), spec.weight_type)
+        _attention(add, add_norm, spec, prefix)
+        if spec.architecture == "gemma3":
+            add_norm(prefix + "post_attention_norm.weight")
         add_norm(prefix + "ffn_norm.weight")
-        add(prefix + "ffn_gate.weight", (spec.n_ff, spec.n_embd), spec.weight_type)
-        add(prefix + "ffn_up.weight", (spec.n_ff, spec.n_embd), spec.weight_type)
-        add(prefix + "ffn_down.weight", (spec.n_embd, spec.n_ff), spec.weight_type)
+        _feed_forward(add, spec, prefix)
+        if spec.architecture == "gemma3":
+            add_norm(prefix + "post_ffw_norm.weight")
     add_norm("output_norm.weight")
     if not spec.tied_embeddings:
-        add("output.weight", (n_vocab, spec.n_embd), spec.weight_type)
+        add("output.weight", (n_vocab, spec.n_embd))
 
+
+def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
+    """Write a tiny model to ``path`` (atomically) and return the path."""
+    writer = GGUFWriter(path=None, arch=spec.architecture)
+    _write_hyperparameters(writer, spec)
+    n_vocab = _write_vocabulary(writer, spec)
+    _write_tensors(writer, spec, n_vocab)
     path = Path(path)
     partial = partial_path(path)
     try:

@@ -39,6 +39,20 @@ class UnsupportedArchitecture(ArtifactError):
     code = "unsupported_architecture"
 
 
+class UnsupportedModelVariant(UnsupportedArchitecture):
+    """A certified family, but a variant or cut its adapter refuses (e.g. Gemma 3 27B, whose
+    attention scale llama.cpp infers from the layer count, so any slice of it computes otherwise)."""
+
+    code = "unsupported_model_variant"
+
+
+class LayerMetadataMismatch(ArtifactError):
+    """A per-layer metadata array whose length is not the file's block count: llama.cpp would
+    refuse it, or (for arrays it does not length-check) read the wrong layer's value."""
+
+    code = "layer_metadata_mismatch"
+
+
 class ProvenanceMismatch(ArtifactError):
     """A slice whose recorded source, range or hash does not match what it was loaded for."""
 

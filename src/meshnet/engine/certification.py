@@ -4,6 +4,8 @@ The tensor name ``l_out-N``, embedding input, vocab-less loading, last-layer row
 the eval-callback protocol are llama.cpp internals. Before a backend serves, a tiny synthetic
 model is run whole and split (head with NumPy embedding lookup, middle, tail), prefill and
 greedy decode, solo and batched; unless every logit is bit-identical we refuse to serve.
+Given the model it is about to serve, a worker certifies that model's family and each weight
+type it uses (``artifact.certification_models``), so a recipe no check covered is never served.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.certification_models import DEFAULT_SPEC, certification_cut, certification_specs
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.synthetic import write_synthetic_model
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
@@ -33,31 +36,51 @@ DECODE_STEPS = 6
 class CertificationReport:
     backend_version: str
     checks: tuple[str, ...]
+    architecture: str = DEFAULT_SPEC.architecture
+    weight_types: tuple[str, ...] = (DEFAULT_SPEC.weight_type.name,)
+    embedding_type: str = DEFAULT_SPEC.embedding_type.name
 
 
-def certify_llama_engine(config: LlamaConfig | None = None) -> CertificationReport:
-    """Raise ``CertificationFailed`` unless split execution is bit-identical on this build."""
+def certify_llama_engine(config: LlamaConfig | None = None, *, model: Path | None = None) -> CertificationReport:
+    """Raise ``CertificationFailed`` unless split execution is bit-identical on this build.
+
+    With ``model``, certify that model's architecture and every weight type it uses (and refuse
+    one whose family or types cannot be certified); without, the default llama model.
+    """
     config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1)
+    specs = [DEFAULT_SPEC]
+    if model is not None:
+        try:
+            specs = certification_specs(model)
+        except MeshnetError as error:
+            raise CertificationFailed(f"cannot certify {Path(model).name} on this build: {error}") from error
+    checks: list[str] = []
+    for spec in specs:
+        checks += [f"{spec.architecture} {spec.weight_type.name}: {check}" for check in _certify_spec(spec, config)]
+    return CertificationReport(
+        LLAMA_CPP_PYTHON_VERSION,
+        tuple(checks),
+        specs[0].architecture,
+        tuple(spec.weight_type.name for spec in specs),
+        specs[0].embedding_type.name,
+    )
+
+
+def _certify_spec(spec: SyntheticSpec, config: LlamaConfig) -> tuple[str, ...]:
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as raw:
         folder = Path(raw)
-        source = describe_model(write_synthetic_model(folder / "tiny.gguf"))
+        source = describe_model(write_synthetic_model(folder / "tiny.gguf", spec))
         cache = SliceCache(folder / "cache")
         try:
-            whole = LocalRoute([open_llama_shard(source, LayerRange(0, 4), cache, config)])
-            split = LocalRoute(
-                [
-                    open_llama_shard(source, r, cache, config)
-                    for r in (LayerRange(0, 2), LayerRange(2, 3), LayerRange(3, 4))
-                ]
-            )
+            whole = LocalRoute([open_llama_shard(source, LayerRange(0, spec.n_layers), cache, config)])
+            split = LocalRoute([open_llama_shard(source, r, cache, config) for r in certification_cut(spec)])
         except MeshnetError as error:
             raise CertificationFailed(f"slices of a tiny model do not load on this build: {error}") from error
         try:
-            checks = _compare(whole, split)
+            return _compare(whole, split)
         finally:
             whole.close()
             split.close()
-    return CertificationReport(LLAMA_CPP_PYTHON_VERSION, checks)
 
 
 def _compare(whole: LocalRoute, split: LocalRoute) -> tuple[str, ...]:

@@ -148,9 +148,9 @@ def open_backend(
             step_delay=fake.step_delay,
         )
     # Fail closed: CertificationFailed propagates and the worker never listens.
-    certify_llama_engine()
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
+    certify_llama_engine(model=description.path)  # the family and weight types it will serve
     return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
 
 

@@ -30,9 +30,9 @@ def source(tiny_model: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gemma(synthetic_model_factory: Callable[[SyntheticSpec], Path], tmp_path: Path) -> Path:
-    path = synthetic_model_factory(SyntheticSpec(architecture="gemma3"))
-    return Path(shutil.copyfile(path, tmp_path / "gemma.gguf"))
+def foreign(synthetic_model_factory: Callable[[SyntheticSpec], Path], tmp_path: Path) -> Path:
+    path = synthetic_model_factory(SyntheticSpec(architecture="phi3"))
+    return Path(shutil.copyfile(path, tmp_path / "phi3.gguf"))
 
 
 @pytest.mark.parametrize("layers", [LayerRange(2, 5), LayerRange(4, 5), LayerRange(0, 9)])
@@ -48,13 +48,14 @@ def test_empty_or_negative_range_is_invalid(start: int, stop: int) -> None:
         LayerRange(start, stop)
 
 
-def test_unknown_architecture_is_refused_by_name(gemma: Path) -> None:
-    assert parse_gguf(gemma).architecture == "gemma3"
-    with pytest.raises(UnsupportedArchitecture, match="'gemma3' has no certified meshnet adapter"):
-        write_slice(gemma, LayerRange(0, 2), gemma.with_name("out.gguf"))
-    with pytest.raises(UnsupportedArchitecture, match="gemma3"):
-        write_embedding_table(gemma, gemma.with_name("emb.gguf"))
-    assert _leftovers(gemma.parent) == ["gemma.gguf"]
+def test_unknown_architecture_is_refused_by_name(foreign: Path) -> None:
+    assert parse_gguf(foreign).architecture == "phi3"
+    with pytest.raises(UnsupportedArchitecture, match="'phi3' has no certified meshnet adapter") as raised:
+        write_slice(foreign, LayerRange(0, 2), foreign.with_name("out.gguf"))
+    assert type(raised.value) is UnsupportedArchitecture
+    with pytest.raises(UnsupportedArchitecture, match="phi3"):
+        write_embedding_table(foreign, foreign.with_name("emb.gguf"))
+    assert _leftovers(foreign.parent) == ["phi3.gguf"]
 
 
 def test_slicing_a_slice_is_refused(source: Path) -> None:
@@ -150,10 +151,10 @@ def test_cli_refuses_bad_ranges_with_exit_2_and_no_file(
     assert _leftovers(source.parent) == ["model.gguf"]
 
 
-def test_cli_refuses_an_unknown_architecture(gemma: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _slice_cli(gemma, "0:2", gemma.with_name("out.gguf")) == 2
+def test_cli_refuses_an_unknown_architecture(foreign: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _slice_cli(foreign, "0:2", foreign.with_name("out.gguf")) == 2
     assert "[unsupported_architecture]" in capsys.readouterr().err
-    assert _leftovers(gemma.parent) == ["gemma.gguf"]
+    assert _leftovers(foreign.parent) == ["phi3.gguf"]
 
 
 def test_cli_refuses_a_slice_as_source(source: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -128,7 +128,7 @@ def test_provenance_is_recorded_and_verifies(cut: Callable[[str, LayerRange], Sl
     assert provenance.source_sha256 == file_sha256(source.path)
     assert provenance.source_n_layers == SPECS[name].n_layers
     assert provenance.layers == layers
-    assert provenance.adapter == "llama:1"
+    assert provenance.adapter == "llama:2"
     assert provenance.slicer_version == SLICER_VERSION
     _, verified = verify_slice(sliced.path, layers=layers, source_sha256=provenance.source_sha256, role=role)
     assert verified == provenance

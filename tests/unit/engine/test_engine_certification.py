@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from meshnet import cli
@@ -52,3 +54,33 @@ def test_certification_refuses_when_slices_do_not_load(monkeypatch: pytest.Monke
     monkeypatch.setattr(certification, "open_llama_shard", broken)
     with pytest.raises(CertificationFailed, match="do not load on this build: simulated load failure"):
         certification.certify_llama_engine()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3moe", "gemma3"])
+def test_certification_covers_the_served_family_and_weight_types(family: str, tmp_path: Path) -> None:
+    from gguf import GGMLQuantizationType as Quant
+
+    served = write_synthetic_model(
+        tmp_path / "served.gguf",
+        SyntheticSpec(architecture=family, weight_type=Quant.Q4_K, embedding_type=Quant.Q8_0, n_embd=256, n_ff=256),
+    )
+    from meshnet.artifact.certification_models import served_types
+
+    report = certification.certify_llama_engine(model=served)
+    _, weights, _ = served_types(served)
+    assert "Q4_K" in report.weight_types  # (qwen3moe adds its F32 router and Q8_0 fallback rows)
+    assert (report.architecture, report.weight_types, report.embedding_type) == (
+        family,
+        tuple(t.name for t in weights),
+        "Q8_0",
+    )
+    for weight in report.weight_types:
+        assert any(check.startswith(f"{family} {weight}: ") for check in report.checks)
+
+
+def test_certification_refuses_a_model_it_cannot_cover(tmp_path: Path) -> None:
+    foreign = write_synthetic_model(tmp_path / "phi3.gguf", SyntheticSpec(architecture="phi3"))
+    with pytest.raises(
+        CertificationFailed, match=r"cannot certify phi3\.gguf.*'phi3' has no certified meshnet adapter"
+    ):
+        certification.certify_llama_engine(model=foreign)
