@@ -24,8 +24,9 @@ MARKS = [
 
 def open_tokenizer() -> Iterator[object]:
     """Body of a module-scoped ``tokenizer`` fixture (llama_cpp is imported only when it runs)."""
+    from meshnet.artifact.describe import describe_model
     from meshnet.engine.tokenizer import Tokenizer
 
-    loaded = Tokenizer(MODEL)
+    loaded = Tokenizer(describe_model(MODEL))
     yield loaded
     loaded.close()

@@ -19,6 +19,7 @@ from gemma3_model import MARKS, MODEL, open_tokenizer
 from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, greedy_request, new_driver
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
@@ -46,7 +47,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from meshnet.engine.shards import open_local_route
 
     config = LlamaConfig(n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT, max_batch_tokens=PREFILL_CHUNK)
-    route = open_local_route(MODEL, 1, SliceCache(tmp_path_factory.mktemp("gemma3-reference")), config)
+    route = open_local_route(describe_model(MODEL), 1, SliceCache(tmp_path_factory.mktemp("gemma3-reference")), config)
     yield route
     route.close()
 

@@ -18,6 +18,7 @@ import pytest
 from gemma3_model import MARKS, MODEL, open_tokenizer
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_backend import LlamaConfig
@@ -57,7 +58,7 @@ def routes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Local
     opened: dict[str, LocalRoute] = {}
     try:
         for name, ranges in LAYOUTS.items():
-            opened[name] = LocalRoute([open_llama_shard(MODEL, r, cache, CONFIG) for r in ranges])
+            opened[name] = LocalRoute([open_llama_shard(describe_model(MODEL), r, cache, CONFIG) for r in ranges])
         yield opened
     finally:
         for route in opened.values():

@@ -40,6 +40,7 @@ import json, sys
 from pathlib import Path
 import numpy as np, psutil
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
@@ -52,7 +53,7 @@ files = cache.shard_files(source, layers, 8)  # cut first: only loading and runn
 owned = sum(t.nbytes for t in parse_gguf(files.slice).tensors.values())
 before = psutil.Process().memory_info().rss
 config = LlamaConfig(n_threads=1, max_slots=1, n_ctx_per_slot=256, max_batch_tokens=64)
-backend = open_llama_shard(source, layers, cache, config)
+backend = open_llama_shard(describe_model(source), layers, cache, config)
 if backend.shape.takes_tokens:
     step = StepInput(0, 0, tokens=np.arange(10, 74, dtype=np.int32))
 else:

@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import FAMILIES, SyntheticSpec
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_backend import LlamaConfig
@@ -109,7 +110,9 @@ class FamilyRoutes:
         return self._open
 
     def _route(self, source: Path, cache: SliceCache, cut: Sequence[tuple[int, int]]) -> LocalRoute:
-        return LocalRoute([open_llama_shard(source, LayerRange(a, b), cache, self._config) for a, b in cut])
+        return LocalRoute(
+            [open_llama_shard(describe_model(source), LayerRange(a, b), cache, self._config) for a, b in cut]
+        )
 
     def release(self, slots: int) -> None:
         if self._open is not None:

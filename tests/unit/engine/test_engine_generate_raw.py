@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from meshnet import cli
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.engine.tokenizer import Tokenizer
 
@@ -20,7 +21,7 @@ def test_generate_raw_completes_text_on_a_certified_family(
     argv += ["--shards", "2", "--max-tokens", "5", "--threads", "1", "--max-sessions", "1", "--context", "64"]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
-    tokenizer = Tokenizer(model)
+    tokenizer = Tokenizer(describe_model(model))
     expected = len(tokenizer.encode("the a is", add_special=True))  # the text as is: no chat template
     tokenizer.close()
     assert f"[2 in-process shard(s): 0:2, 2:4; prompt {expected} tokens]" in err
