@@ -35,6 +35,10 @@ class ShardShape:
     """Positions each session may use."""
     max_batch_tokens: int
     """Tokens one ``run`` call may carry in total."""
+    max_decode_rows: int
+    """One-token decode steps one ``run`` call may carry and stay bit-identical to each run
+    alone (see ``engine/batching.py``): ``max_slots``, or 1 where the kernels would round a
+    batched row differently."""
 
     @property
     def takes_tokens(self) -> bool:

@@ -33,7 +33,15 @@ class FakeBackend:
         head, tail = layers.is_head(), layers.is_tail(n_layers)
         role: ShardRole = "full" if head and tail else "head" if head else "tail" if tail else "middle"
         self._shape = ShardShape(
-            layers, n_layers, n_embd, n_vocab if tail else 0, role, max_slots, n_ctx_per_slot, max_batch_tokens
+            layers,
+            n_layers,
+            n_embd,
+            n_vocab if tail else 0,
+            role,
+            max_slots,
+            n_ctx_per_slot,
+            max_batch_tokens,
+            max_slots,
         )
         self._vocab = n_vocab
         self._step_delay = step_delay

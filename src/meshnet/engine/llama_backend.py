@@ -23,6 +23,7 @@ from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
+from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
@@ -77,6 +78,11 @@ class LlamaBackend:
             config.max_slots,
             config.n_ctx_per_slot,
             config.max_batch_tokens,
+            decode_rows_per_call(
+                (MatrixWeight(t.name, t.ggml_type, len(t.shape)) for t in model_file.tensors.values()),
+                emits_logits=role in ("full", "tail"),
+                max_slots=config.max_slots,
+            ),
         )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._allocate_batch(config.max_batch_tokens, n_embd)
@@ -169,10 +175,11 @@ class LlamaBackend:
     def run(self, batch: list[StepInput]) -> list[StepOutput]:
         """Run every input, appending to each slot's KV; outputs come back in input order.
 
-        Single-token steps of all sessions share one llama_decode call. Each multi-token input
-        (a prefill chunk) runs in calls of its own: the CPU matmul kernels pick their path by
-        row count, so mixing sessions' prefill rows would change a session's arithmetic,
-        whereas batched one-token steps are bit-identical to solo steps (measured).
+        Single-token steps of all sessions share one llama_decode call where that is exact for
+        this shard's weight types (``engine/batching.py``), else each runs alone. Each
+        multi-token input (a prefill chunk) runs in calls of its own: the CPU matmul kernels
+        pick their path by row count, so mixing sessions' prefill rows would change a session's
+        arithmetic.
         """
         self._validate(batch)
         # llama.cpp keeps rows of one sequence in order; sorting by slot also makes the
@@ -180,8 +187,9 @@ class LlamaBackend:
         order = sorted(range(len(batch)), key=lambda i: batch[i].slot)
         pieces: dict[int, list[StepOutput]] = {i: [] for i in order}
         singles = [(i, batch[i]) for i in order if batch[i].n_tokens == 1]
-        for start in range(0, len(singles), self._shape.max_batch_tokens):
-            self._decode(singles[start : start + self._shape.max_batch_tokens], pieces)
+        rows = min(self._shape.max_batch_tokens, self._shape.max_decode_rows)
+        for start in range(0, len(singles), rows):
+            self._decode(singles[start : start + rows], pieces)
         for index in order:
             if batch[index].n_tokens > 1:
                 for piece in prefill_pieces(batch[index], self._shape.max_batch_tokens):
