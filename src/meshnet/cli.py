@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from meshnet import __version__
 from meshnet.core.config_flags import (
@@ -246,6 +246,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_local_swarm(LocalSwarmConfig(**given, data_dir=args.data_dir))
 
 
+@dataclass(frozen=True)
+class LabArguments:
+    action: Literal["up", "down"] = field(metadata=cli(positional=True))
+    """up: build the lab and serve until SIGTERM (then remove it); down: remove what any lab left."""
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from meshnet.artifact.provision import DEFAULT_MODEL
+    from meshnet.lab.command import lab_down, lab_up
+    from meshnet.lab.lab import LabConfig
+
+    given = given_arguments(LabConfig, args)
+    if config_from_arguments(LabArguments, args).action == "down":
+        return lab_down(given.get("tag"))
+    if "model" not in given:
+        given["model"] = provisioned_model(args.data_dir)
+        given.setdefault("model_name", DEFAULT_MODEL.name)
+    return lab_up(LabConfig(**given, data_dir=args.data_dir))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import shlex
 
@@ -292,6 +312,7 @@ def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
     from meshnet.gateway.config import GatewayProcessConfig
+    from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
     from meshnet.tracker.config import TrackerConfig
     from meshnet.worker.config import WorkerConfig
@@ -309,6 +330,9 @@ def _commands() -> dict[str, Command]:
         "tracker": Command(cmd_tracker, "register shards, choose routes, keep work records", (TrackerConfig,)),
         "gateway": Command(
             cmd_gateway, "OpenAI-compatible HTTP API over the swarm", (GatewayProcessConfig,), skip=("data_dir",)
+        ),
+        "lab": Command(
+            cmd_lab, "a multi-host lab on this machine: namespaced, capped, shaped nodes", (LabArguments, LabConfig)
         ),
         "up": Command(cmd_up, "start tracker, workers and gateway here and stream a demo", (LocalSwarmConfig,)),
         "bench": Command(

@@ -8,15 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
-from swarm_harness import MODEL_NAME, PROMPT, Reference, write_tiny_model
+from swarm_harness import MODEL_NAME, PROMPT, Reference, meshnet_command, write_tiny_model
 
-from meshnet.lab.lab import remove_lab
 from meshnet.lab.system import LabUnavailable, check_privileges, run
 
 TAG = "t9"
@@ -32,19 +30,6 @@ def _lab_allowed() -> str | None:
 
 pytestmark = pytest.mark.skipif(_lab_allowed() is not None, reason=f"no lab here: {_lab_allowed()}")
 
-LAB_SCRIPT = """
-import sys
-from pathlib import Path
-from meshnet.lab.command import lab_up
-from meshnet.lab.lab import LabConfig
-from meshnet.core.layers import LayerRange
-model, data, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
-config = LabConfig(model=Path(model), data_dir=Path(data), nodes=3, spares=0, delay_ms=delay,
-                   bandwidth_mbit=100, memory_mb=400, context=512, sessions=2, model_name="tiny", tag="t9",
-                   ranges=(LayerRange(0, 2), LayerRange(2, 4), LayerRange(4, 6)))
-sys.exit(lab_up(config))
-"""
-
 
 def _lab_objects() -> list[str]:
     names = run(["ip", "netns", "list"], check=False).stdout
@@ -56,8 +41,14 @@ def _lab_objects() -> list[str]:
 
 
 def _start_lab(tmp_path: Path, model: Path, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+    command = meshnet_command(
+        tmp_path / "data",
+        *("lab", "up", "--model", str(model), "--nodes", "3", "--delay-ms", str(delay_ms)),
+        *("--bandwidth-mbit", "100", "--memory-mb", "400", "--context", "512", "--sessions", "2"),
+        *("--model-name", MODEL_NAME, "--tag", TAG, "--ranges", "0:2,2:4,4:6"),
+    )
     process = subprocess.Popen(
-        [sys.executable, "-c", LAB_SCRIPT, str(model), str(tmp_path / "data"), str(delay_ms)],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -109,8 +100,11 @@ def test_a_sigkilled_lab_is_removed_by_the_next_down(tmp_path: Path, model: Path
     process.kill()
     process.wait()
     assert _lab_objects() != []
-    removed = remove_lab(TAG)
-    assert removed and _lab_objects() == []
+    down = subprocess.run(
+        meshnet_command(tmp_path / "data", "lab", "down", "--tag", TAG), capture_output=True, text=True
+    )
+    assert down.returncode == 0 and "removed" in down.stdout and "namespace mnlab-t9-n0" in down.stdout
+    assert _lab_objects() == []
     alive = [pid for pid in os.listdir("/proc") if pid.isdigit() and f"mnlab-{TAG}" in _cmdline(pid)]
     assert alive == []
 

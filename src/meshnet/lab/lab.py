@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.lab import cgroups, system
@@ -41,10 +42,16 @@ sessions = 22 MiB weights + 31 MiB KV + this)."""
 
 @dataclass(frozen=True)
 class LabConfig:
-    model: Path
+    """``meshnet lab``: the nodes to make, their links and caps, and the swarm they run."""
+
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF every node's worker cuts its layers from."""
     data_dir: Path
+    """Holds each node's own data dir and the lab's logs (the global --data-dir)."""
     nodes: int = 3
+    """Serving nodes, one worker each; node 0 also runs the tracker and the gateway."""
     spares: int = 0
+    """Extra nodes whose workers repeat a serving node's layers (the first covers the middle)."""
     delay_ms: float = 0.0
     """One-way delay added to every node's inbound link (a userspace relay; no netem here)."""
     bandwidth_mbit: float | None = None
@@ -56,9 +63,11 @@ class LabConfig:
     sessions: int = 1
     """Sessions with KV each worker holds at once; the gateway queues the rest."""
     threads: int = 1
+    """llama.cpp threads per worker (each node is pinned to one core)."""
     model_name: str | None = None
     """Name served to clients; defaults to the GGUF's general.name."""
     tag: str = "lab"
+    """Names this lab's namespaces, links and cgroups (1-6 letters or digits), so labs can coexist."""
     ranges: tuple[LayerRange, ...] = ()
     """Layers for each serving node; empty chooses them for each node's memory."""
 

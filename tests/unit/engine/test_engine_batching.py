@@ -22,7 +22,7 @@ def test_k_quants_and_f32_matrices_run_each_step_alone() -> None:
 
 
 def test_experts_run_each_step_alone_whatever_their_type() -> None:
-    experts = block(Q8_0) + [MatrixWeight("blk.0.ffn_gate_exps.weight", Q8_0, 3)]
+    experts = [*block(Q8_0), MatrixWeight("blk.0.ffn_gate_exps.weight", Q8_0, 3)]
     assert decode_rows_per_call(experts, emits_logits=False, max_slots=8) == 1
 
 
