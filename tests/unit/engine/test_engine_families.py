@@ -78,7 +78,7 @@ def test_32_greedy_tokens_are_identical(model: OpenModel, cell: tuple[str, str, 
 
 @pytest.mark.parametrize("cell", GRID, ids=IDS)
 def test_8_batched_sessions_match_the_whole_model(model: OpenModel, cell: tuple[str, str, str]) -> None:
-    family, quant, cut = cell
+    family, _quant, cut = cell
     split, whole = model.splits[cut], model.whole
     n_vocab = n_vocab_of(whole)
     prompts = [prompt_for(family, n_vocab, 3 + 2 * slot, 10 + slot) for slot in range(SLOTS)]
