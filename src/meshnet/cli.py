@@ -13,22 +13,25 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import NoReturn
 
 from meshnet import __version__
+from meshnet.cli_arguments import (
+    BenchOutputs,
+    GateArguments,
+    GenerateConfig,
+    LabArguments,
+    ProvisionArguments,
+    SliceArguments,
+)
 from meshnet.core.config_flags import (
-    PROVISIONED_MODEL,
     add_config_arguments,
-    cli,
     config_from_arguments,
     given_arguments,
 )
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
-from meshnet.core.generation import SamplingParams
-from meshnet.core.layers import LayerRange
-from meshnet.engine.llama_config import LlamaConfig
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -36,67 +39,6 @@ Handler = Callable[[argparse.Namespace], int]
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "meshnet"
-
-
-@dataclass(frozen=True)
-class ProvisionArguments:
-    name: str = field(default="smollm2", metadata=cli(positional=True))
-    """Which model: smollm2 or gemma3-270m."""
-
-
-@dataclass(frozen=True)
-class SliceArguments:
-    source: Path = field(metadata=cli(positional=True))
-    """Source GGUF to cut the slice from."""
-    layers: LayerRange
-    """Layers of the slice, A:B half-open (B exclusive)."""
-    output: Path = field(metadata=cli(short="o"))
-    """Where the slice is written (a head slice also writes OUTPUT's .embeddings.gguf)."""
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    """``meshnet generate``: one prompt through an in-process route of N llama.cpp shards."""
-
-    prompt: str = field(metadata=cli(positional=True))
-    """The user message, sent through the model's chat template (or as is, with --raw)."""
-    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
-    """Source GGUF."""
-    raw: bool = False
-    """Complete the prompt as plain text, without a chat template (base and synthetic models)."""
-    shards: int = 3
-    """Shards the model's layers are split evenly into."""
-    max_tokens: int = 128
-    """Tokens to generate at most."""
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    """How each token is picked."""
-    threads: int = 2
-    """llama.cpp threads per shard."""
-    max_sessions: int = 8
-    """Sessions with KV at once per shard."""
-    context: int = 2048
-    """Positions (prompt plus output) per session."""
-    prefill_chunk: int = 256
-    """Tokens per prefill llama_decode call (part of the recipe: chunking fixes numerics)."""
-
-    def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk)
-
-
-@dataclass(frozen=True)
-class BenchOutputs:
-    out: Path = Path("bench/results/bench.json")
-    """Results JSON."""
-    report: Path = Path("bench/report")
-    """Folder for report.md and the plots."""
-
-
-@dataclass(frozen=True)
-class GateArguments:
-    results: Path = field(metadata=cli(positional=True))
-    """Bench results JSON to judge."""
-    contract: Path | None = None
-    """Performance contract JSON; none uses the packaged v1."""
 
 
 def _progress_printer() -> Callable[[str, int, int], None]:
@@ -244,12 +186,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         given["model"] = provisioned_model(args.data_dir)
         given.setdefault("model_name", DEFAULT_MODEL.name)
     return run_local_swarm(LocalSwarmConfig(**given, data_dir=args.data_dir))
-
-
-@dataclass(frozen=True)
-class LabArguments:
-    action: Literal["up", "down"] = field(metadata=cli(positional=True))
-    """up: build the lab and serve until SIGTERM (then remove it); down: remove what any lab left."""
 
 
 def cmd_lab(args: argparse.Namespace) -> int:

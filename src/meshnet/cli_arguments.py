@@ -1,0 +1,82 @@
+"""The arguments of the subcommands that have no component config of their own.
+
+Their flags are generated from these fields like every other config's (``core.config_flags``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.generation import SamplingParams
+from meshnet.core.layers import LayerRange
+from meshnet.engine.llama_config import LlamaConfig
+
+
+@dataclass(frozen=True)
+class ProvisionArguments:
+    name: str = field(default="smollm2", metadata=cli(positional=True))
+    """Which model: smollm2 or gemma3-270m."""
+
+
+@dataclass(frozen=True)
+class SliceArguments:
+    source: Path = field(metadata=cli(positional=True))
+    """Source GGUF to cut the slice from."""
+    layers: LayerRange
+    """Layers of the slice, A:B half-open (B exclusive)."""
+    output: Path = field(metadata=cli(short="o"))
+    """Where the slice is written (a head slice also writes OUTPUT's .embeddings.gguf)."""
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """``meshnet generate``: one prompt through an in-process route of N llama.cpp shards."""
+
+    prompt: str = field(metadata=cli(positional=True))
+    """The user message, sent through the model's chat template (or as is, with --raw)."""
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF."""
+    raw: bool = False
+    """Complete the prompt as plain text, without a chat template (base and synthetic models)."""
+    shards: int = 3
+    """Shards the model's layers are split evenly into."""
+    max_tokens: int = 128
+    """Tokens to generate at most."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """How each token is picked."""
+    threads: int = 2
+    """llama.cpp threads per shard."""
+    max_sessions: int = 8
+    """Sessions with KV at once per shard."""
+    context: int = 2048
+    """Positions (prompt plus output) per session."""
+    prefill_chunk: int = 256
+    """Tokens per prefill llama_decode call (part of the recipe: chunking fixes numerics)."""
+
+    def llama_config(self) -> LlamaConfig:
+        return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk)
+
+
+@dataclass(frozen=True)
+class BenchOutputs:
+    out: Path = Path("bench/results/bench.json")
+    """Results JSON."""
+    report: Path = Path("bench/report")
+    """Folder for report.md and the plots."""
+
+
+@dataclass(frozen=True)
+class GateArguments:
+    results: Path = field(metadata=cli(positional=True))
+    """Bench results JSON to judge."""
+    contract: Path | None = None
+    """Performance contract JSON; none uses the packaged v1."""
+
+
+@dataclass(frozen=True)
+class LabArguments:
+    action: Literal["up", "down"] = field(metadata=cli(positional=True))
+    """up: build the lab and serve until SIGTERM (then remove it); down: remove what any lab left."""
