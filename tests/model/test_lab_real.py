@@ -106,7 +106,9 @@ def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[st
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith(": telemetry "):
-                events.append(json.loads(line[len(": telemetry ") :]))
+                event = json.loads(line[len(": telemetry ") :])
+                event["received"] = time.monotonic()
+                events.append(event)
             elif line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
@@ -160,7 +162,9 @@ def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: 
     assert down_at, "the stream ended before the link went down"
     failover = [e for e in events if e["kind"] == "route_health"]
     if error is None:
-        assert text == expected and failover  # failed over to the spare
+        assert text == expected and failover  # failed over to the spare, with identical output
+        waited = float(failover[0]["received"]) - down_at[0]  # type: ignore[arg-type]
+        assert waited <= 5.0, f"the failover came {waited:.1f} s after the cut"
     else:
         assert ended - down_at[0] <= 5.0, f"structured error {error} came {ended - down_at[0]:.1f} s after the cut"
 
