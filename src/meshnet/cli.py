@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
+from meshnet.process.lifeline import watch_lifeline
 
 if TYPE_CHECKING:
     from meshnet.engine.llama_backend import LlamaConfig
@@ -342,6 +343,8 @@ HANDLERS: dict[str, Handler] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A child of `meshnet up`, the bench or a test harness ends when its supervisor does.
+    watch_lifeline(os.environ)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
