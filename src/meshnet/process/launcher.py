@@ -2,9 +2,9 @@
 
 A child is a command (usually ``python -m meshnet.cli ...``) that prints one ready line on
 stdout once it serves (``meshnet worker ready 127.0.0.1:40123 node=...``). Its stderr goes to
-a log file, quoted when start-up fails. It runs in its own session (a Ctrl-C in the terminal
-reaches only the supervisor, which stops children in order) and holds a lifeline, so it dies
-with the supervisor however that dies.
+a log file, quoted when start-up fails. It runs in its own process group (a Ctrl-C in the
+terminal reaches only the supervisor, which stops children in order) and holds a lifeline, so
+it dies with the supervisor however that dies.
 
 Spawning never runs Python between fork and exec (no ``preexec_fn``): CPython then spawns with
 vfork+exec, which is safe in a process that runs gRPC threads; a real fork() there is not.
@@ -101,7 +101,10 @@ class ChildProcess:
                     text=True,
                     env=child_environment({**spec.environment, **self._lifeline.child_environment()}),
                     pass_fds=(self._lifeline.read_fd,),
-                    start_new_session=True,
+                    # Its own process group, not its own session: a Ctrl-C in the terminal
+                    # reaches only the supervisor, and the child stays in the supervisor's
+                    # scheduling autogroup (so `nice` on the supervisor still covers it).
+                    process_group=0,
                 )
         except BaseException:
             self._lifeline.cut()
