@@ -143,7 +143,7 @@ def _describe_start(component: Supervised) -> str:
     if component.name == "tracker":
         return f"tracker   {ready.first}"
     if component.name == "gateway":
-        return f"gateway   {ready.first}/v1  (model {ready.values.get('model')!r}; metrics {ready.first}/metrics)"
+        return f"gateway   {ready.first}/v1  (model {ready.value_to_end('model')!r}; metrics {ready.first}/metrics)"
     layers = component.name.removeprefix("worker ")
     return f"worker    {ready.first}  layers {layers}  {ready.values.get('metrics', '')}"
 
@@ -168,7 +168,7 @@ def _start_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -
     address = tracker.ready.first
     gateway = _gateway(config, logs, address)
     supervisor.start([*(_worker(config, logs, address, layers) for layers in ranges), gateway])
-    return gateway.ready.first, gateway.ready.values["model"]
+    return gateway.ready.first, gateway.ready.value_to_end("model")
 
 
 def run_local_swarm(config: LocalSwarmConfig) -> int:

@@ -77,6 +77,12 @@ class ReadyLine:
     def values(self) -> dict[str, str]:
         return dict(word.split("=", 1) for word in self.words if "=" in word)
 
+    def value_to_end(self, key: str) -> str:
+        """The value of ``key=`` read to the end of the line: a last field that may hold spaces
+        (a model's name from its GGUF: ``model=Smollm2 135M 8k ...``)."""
+        marker = f" {key}="
+        return self.text.split(marker, 1)[1] if marker in self.text else ""
+
 
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
