@@ -32,6 +32,7 @@ from meshnet.core.config_flags import (
     given_arguments,
 )
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.process.lifeline import watch_lifeline
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -323,6 +324,8 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A child of `meshnet up`, the bench or a test harness ends when its supervisor does.
+    watch_lifeline(os.environ)
     commands = _commands()
     try:
         args = build_parser(commands).parse_args(argv)

@@ -1,33 +1,43 @@
 """`meshnet up`: a whole swarm on this machine — tracker, N workers, gateway — and a demo.
 
 Each component runs as its own process, exactly as it would on separate machines, talking over
-loopback. We wait until every process is ready and the tracker can route the model, stream one
-answer with its live telemetry to the terminal, then serve until Ctrl-C and stop everything we
-started (SIGTERM, then SIGKILL after a grace period).
+loopback. The gateway's port is checked before anything starts; then the tracker starts, then
+the workers and the gateway together (each needs only the tracker). Once the tracker can route
+the model, one answer streams with its live telemetry to the terminal, and `up` serves until
+Ctrl-C or SIGTERM, then stops everything it started (SIGTERM, then SIGKILL after a grace).
+
+`up` supervises: a component that crashes is restarted with the same data dir and address (the
+tracker keeps its port and database, the gateway its port), each restart printed and counted
+in ``DATA_DIR/logs/up-status.json``. Every child holds a lifeline to `up`, so none outlives it,
+however `up` ends (SIGKILL included).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
+from meshnet.artifact.cache import SliceCache
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
-from meshnet.core.layers import split_evenly
+from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.process.launcher import LaunchSpec, ReadyLine
+from meshnet.process.ports import ensure_port_free
+from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
 
 READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
+LOOPBACK = "127.0.0.1"
+TRACKER_READY = "meshnet tracker listening on "
+WORKER_READY = "meshnet worker ready "
+GATEWAY_READY = "meshnet gateway ready "
 
 
 @dataclass(frozen=True)
@@ -53,67 +63,105 @@ class LocalSwarmConfig:
     threads: int = 1
     """llama.cpp threads per worker. Workers share this machine's cores, so one each keeps
     three pipelined shards from competing for two cores."""
-
-
-class Child:
-    """A started component and the ready line it printed."""
-
-    def __init__(self, name: str, command: Sequence[str], ready_prefix: str, log_path: Path) -> None:
-        self.name = name
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            env=_child_env(),
-            start_new_session=True,
-        )
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.ready_line = self._await(ready_prefix, log_path)
-
-    def _pump(self) -> None:
-        if self.process.stdout is not None:
-            for line in self.process.stdout:
-                self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
-
-    def _await(self, prefix: str, log_path: Path) -> str:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                line = self._lines.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise Unavailable(f"{self.name} exited during start-up (code {self.process.wait()}); see {log_path}")
-            if line.startswith(prefix):
-                return line
-        raise Unavailable(f"{self.name} did not become ready in {READY_TIMEOUT_S:.0f} s; see {log_path}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
+    max_in_flight: int | None = None
+    """Requests the gateway serves at once; unset: the swarm's session slots."""
+    max_queue: int | None = None
+    """Requests the gateway queues for a slot (beyond: 503 + Retry-After); unset: 8 per slot."""
 
 
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
     # Several llama.cpp processes share these cores: OpenMP threads that spin-wait between
     # graph ops would steal the core the next shard needs. A short spin keeps the op-to-op
     # hand-off fast without burning a core between decode steps (measured).
-    env.setdefault("GOMP_SPINCOUNT", "10000")
-    return env
+    return {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "10000")}
 
 
-def _meshnet(data_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
+def _meshnet(data_dir: Path, *args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args)
+
+
+def _pin_port(spec: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
+    """Restart on the port the first start bound: workers and clients know that address."""
+    command = list(spec.command)
+    port = ready.first.split("://")[-1].rsplit(":", 1)[1]
+    command[command.index("--port") + 1] = port
+    return replace(spec, command=tuple(command))
+
+
+def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
+    command = _meshnet(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1")
+    spec = LaunchSpec("tracker", command, logs / "tracker.log", TRACKER_READY, _child_env())
+    return Supervised(spec, pin=_pin_port)
+
+
+def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRange) -> Supervised:
+    command = _meshnet(
+        config.data_dir,
+        "worker",
+        *("--model", str(config.model), "--layers", str(layers), "--port", "0", "--tracker", tracker),
+        *("--threads", str(config.threads), "--metrics-port", "0"),
+        *(["--model-name", config.model_name] if config.model_name else []),
+    )
+    log = logs / f"worker-{layers.start}-{layers.stop}.log"
+    return Supervised(LaunchSpec(f"worker {layers}", command, log, WORKER_READY, _child_env()))
+
+
+def _gateway(config: LocalSwarmConfig, logs: Path, tracker: str) -> Supervised:
+    command = _meshnet(
+        config.data_dir,
+        "gateway",
+        *("--tracker", tracker, "--model", str(config.model), "--port", str(config.gateway_port)),
+        *(["--model-name", config.model_name] if config.model_name else []),
+        *(["--max-in-flight", str(config.max_in_flight)] if config.max_in_flight is not None else []),
+        *(["--max-queue", str(config.max_queue)] if config.max_queue is not None else []),
+    )
+    return Supervised(LaunchSpec("gateway", command, logs / "gateway.log", GATEWAY_READY, _child_env()), pin=_pin_port)
+
+
+class _Reporter:
+    """Prints each start and restart, and keeps ``logs/up-status.json`` current."""
+
+    def __init__(self, status_path: Path) -> None:
+        self.status_path = status_path
+        self.supervisor: Supervisor | None = None
+
+    def __call__(self, component: Supervised, event: Event) -> None:
+        if event == "exited":
+            print(f"{component.name} exited (code {component.last_exit}); restarting", file=sys.stderr)
+        elif event == "restarted":
+            print(f"{component.name} restarted at {component.ready.first} (restart {component.restarts})")
+        else:
+            print(_describe_start(component))
+        self._write_status()
+
+    def _write_status(self) -> None:
+        components = self.supervisor.components if self.supervisor is not None else []
+        status = {
+            "updated_at": time.time(),
+            "components": [
+                {
+                    "name": c.name,
+                    "pid": c.child.pid if c.child is not None else None,
+                    "address": c.child.ready.first if c.child is not None and c.child.ready else None,
+                    "restarts": c.restarts,
+                    "last_exit": c.last_exit,
+                }
+                for c in components
+            ],
+        }
+        partial = self.status_path.with_name(f"{self.status_path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(status, indent=1))
+        os.replace(partial, self.status_path)
+
+
+def _describe_start(component: Supervised) -> str:
+    ready = component.ready
+    if component.name == "tracker":
+        return f"tracker   {ready.first}"
+    if component.name == "gateway":
+        return f"gateway   {ready.first}/v1  (model {ready.value_to_end('model')!r}; metrics {ready.first}/metrics)"
+    layers = component.name.removeprefix("worker ")
+    return f"worker    {ready.first}  layers {layers}  {ready.values.get('metrics', '')}"
 
 
 def _stop_on_sigterm() -> None:
@@ -125,82 +173,38 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def run_local_swarm(config: LocalSwarmConfig) -> int:
-    # Here, not at the top: building `meshnet`'s parser imports this module for its config only.
-    from meshnet.artifact.describe import describe_model
+def _start_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -> tuple[str, str]:
+    """Start tracker, then workers and gateway at once; returns (gateway base URL, model name)."""
+    ensure_port_free(LOOPBACK, config.gateway_port, "gateway")
+    from meshnet.artifact.describe import describe_model  # parsing the GGUF header: only when `up` runs
 
+    ranges = split_evenly(describe_model(config.model).n_layers, config.shards)
+    # Hash the source once here rather than in every worker at once (each would hash it).
+    SliceCache(config.data_dir / "cache").source_sha256(config.model)
+    tracker = _tracker(config, logs)
+    supervisor.start([tracker])
+    address = tracker.ready.first
+    gateway = _gateway(config, logs, address)
+    supervisor.start([*(_worker(config, logs, address, layers) for layers in ranges), gateway])
+    return gateway.ready.first, gateway.ready.value_to_end("model")
+
+
+def run_local_swarm(config: LocalSwarmConfig) -> int:
     _stop_on_sigterm()
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    children: list[Child] = []
+    reporter = _Reporter(logs / "up-status.json")
+    supervisor = Supervisor(READY_TIMEOUT_S, RestartPolicy(), reporter)
+    reporter.supervisor = supervisor
     try:
-        tracker = Child(
-            "tracker",
-            _meshnet(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1"),
-            "meshnet tracker listening on",
-            logs / "tracker.log",
-        )
-        children.append(tracker)
-        tracker_address = tracker.ready_line.rsplit(" ", 1)[-1]
-        print(f"tracker   {tracker_address}")
-        ranges = split_evenly(describe_model(config.model).n_layers, config.shards)
-        for layers in ranges:
-            worker = Child(
-                f"worker {layers}",
-                _meshnet(
-                    config.data_dir,
-                    "worker",
-                    "--model",
-                    str(config.model),
-                    "--layers",
-                    str(layers),
-                    "--port",
-                    "0",
-                    "--tracker",
-                    tracker_address,
-                    "--threads",
-                    str(config.threads),
-                    "--metrics-port",
-                    "0",
-                    *(["--model-name", config.model_name] if config.model_name else []),
-                ),
-                "meshnet worker ready",
-                logs / f"worker-{layers.start}-{layers.stop}.log",
-            )
-            children.append(worker)
-            fields = worker.ready_line.split()
-            metrics = next((f.split("=", 1)[1] for f in fields if f.startswith("metrics=")), "")
-            print(f"worker    {fields[3]}  layers {layers}  {metrics}")
-        gateway = Child(
-            "gateway",
-            _meshnet(
-                config.data_dir,
-                "gateway",
-                "--tracker",
-                tracker_address,
-                "--model",
-                str(config.model),
-                "--port",
-                str(config.gateway_port),
-                *(["--model-name", config.model_name] if config.model_name else []),
-            ),
-            "meshnet gateway ready",
-            logs / "gateway.log",
-        )
-        children.append(gateway)
-        base_url = gateway.ready_line.split()[3]
-        model = gateway.ready_line.split("model=", 1)[1]
-        print(f"gateway   {base_url}/v1  (model {model!r}; metrics {base_url}/metrics; logs in {logs})")
+        base_url, model = _start_swarm(config, supervisor, logs)
+        print(f"logs in {logs}")
         _wait_routable(base_url, model)
         _demo(base_url, model, config)
         if config.demo_only:
             return 0
         print(f"\nServing the OpenAI-compatible API at {base_url}/v1 — press Ctrl-C to stop.")
-        while all(child.process.poll() is None for child in children):
-            time.sleep(0.5)
-        dead = [c.name for c in children if c.process.poll() is not None]
-        print(f"stopping: {', '.join(dead)} exited", file=sys.stderr)
-        return 1
+        supervisor.watch()
     except KeyboardInterrupt:
         print("\nstopping…")
         return 0
@@ -208,8 +212,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         print(f"meshnet up: [{error.code}] {error.message}", file=sys.stderr)
         return 2
     finally:
-        for child in reversed(children):
-            child.stop()
+        supervisor.stop(STOP_GRACE_S)
 
 
 def _wait_routable(base_url: str, model: str) -> None:

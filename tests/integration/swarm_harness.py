@@ -1,9 +1,10 @@
 """A whole swarm for end-to-end tests: tracker, real llama.cpp workers and gateway as processes.
 
-``Swarm`` starts ``meshnet tracker``, ``meshnet worker`` and ``meshnet gateway`` exactly as
-``meshnet up`` does (each in its own process group, on port 0, reading the ready line each
-prints) with bounded waits, and ``close`` always stops every process it started: SIGTERM to the
-group, a short grace, then SIGKILL to the group. Start-up failures quote the component's log.
+``Swarm`` starts ``meshnet tracker``, ``meshnet worker`` and ``meshnet gateway`` with the
+launcher ``meshnet up`` uses (each in its own process group, on port 0, reading the ready line
+each prints, holding a lifeline to the test process) with bounded waits, and ``close`` always
+stops every process it started: SIGTERM, a short grace, then SIGKILL to the group. Start-up
+failures quote the component's log.
 
 The model is a tiny synthetic GGUF that llama.cpp loads in about a second. Its greedy output
 varies from token to token (unlike the default synthetic spec, whose greedy output repeats one
@@ -17,15 +18,10 @@ error events, ``[DONE]``) and lets the caller act on each as it arrives.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import queue
 import signal
 import sqlite3
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +39,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
 MODEL_NAME = "tiny"
 TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tied_embeddings=False, seed=0)
@@ -69,72 +66,23 @@ def meshnet_command(data_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
 
 
-class Component:
-    """One started process, its own process group, and the ready line it printed."""
-
-    def __init__(self, name: str, command: Sequence[str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        self.ready_line = ""
-        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        with log_path.open("w") as log:
-            self.process = subprocess.Popen(
-                list(command),
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-            )
-        threading.Thread(target=self._pump, daemon=True).start()
+class Component(ChildProcess):
+    """One started process (the launcher's child, in its own process group) and its ready line."""
 
     @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def await_ready(self, prefix: str, deadline: float) -> str:
-        while True:
-            try:
-                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                raise RuntimeError(f"{self.name} not ready in time; log:\n{self.log_tail()}") from None
-            if line is None:
-                raise RuntimeError(f"{self.name} exited ({self.process.poll()}); log:\n{self.log_tail()}")
-            if line.startswith(prefix):
-                self.ready_line = line
-                return line
+    def ready_line(self) -> str:
+        return self.ready.text if self.ready is not None else ""
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole group: a component never outlives the test through a child."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
+        self.signal_group(sig)
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        if self.alive:
-            self.kill(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=grace_s)
-        # Whatever is left of the group (the process, or a child it started) goes now.
-        self.kill(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=grace_s)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        return super().stop(grace_s)
 
-    def log_tail(self, lines: int = 40) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
 
-    def _pump(self) -> None:
-        # Drains stdout for the life of the process so it never blocks on a full pipe.
-        stdout = self.process.stdout
-        if stdout is not None:
-            with contextlib.suppress(ValueError, OSError):
-                for line in stdout:
-                    self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
+def start_component(name: str, command: Sequence[str], log_path: Path, ready_prefix: str) -> Component:
+    return Component(LaunchSpec(name, tuple(command), log_path, ready_prefix))
 
 
 @dataclass
@@ -175,7 +123,7 @@ class Swarm:
 
     def start_tracker(self, port: int = 0) -> str:
         """Start (or restart, on the same port and database) the tracker; returns its address."""
-        component = Component(
+        component = start_component(
             "tracker",
             meshnet_command(
                 self.root,
@@ -192,10 +140,10 @@ class Swarm:
                 "0.5",
             ),
             self._log("tracker"),
+            TRACKER_READY,
         )
         self.tracker = component
-        line = component.await_ready(TRACKER_READY, time.monotonic() + START_TIMEOUT_S)
-        self.tracker_address = line[len(TRACKER_READY) :].strip()
+        self.tracker_address = component.await_ready(time.monotonic() + START_TIMEOUT_S).first
         return self.tracker_address
 
     @property
@@ -210,7 +158,7 @@ class Swarm:
             name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            component = Component(
+            component = start_component(
                 name,
                 meshnet_command(
                     data_dir,
@@ -233,15 +181,15 @@ class Swarm:
                     "1",
                 ),
                 self._log(name),
+                WORKER_READY,
             )
             worker = Worker(component, layers)
             self.workers.append(worker)
             started.append(worker)
         deadline = time.monotonic() + START_TIMEOUT_S
         for worker in started:
-            fields = worker.component.await_ready(WORKER_READY, deadline)[len(WORKER_READY) :].split()
-            worker.address = fields[0]
-            worker.node_id = dict(item.split("=", 1) for item in fields[1:])["node"]
+            ready = worker.component.await_ready(deadline)
+            worker.address, worker.node_id = ready.first, ready.values["node"]
         return started
 
     def start_gateway(self, *extra: str, data_dir: Path | None = None) -> str:
@@ -253,7 +201,7 @@ class Swarm:
         name = f"gateway-{self._next()}"
         home = data_dir or self.root / name
         home.mkdir(parents=True, exist_ok=True)
-        component = Component(
+        component = start_component(
             name,
             meshnet_command(
                 home,
@@ -269,9 +217,10 @@ class Swarm:
                 *extra,
             ),
             self._log(name),
+            GATEWAY_READY,
         )
         self.gateways.append(component)
-        return component.await_ready(GATEWAY_READY, time.monotonic() + START_TIMEOUT_S).split()[3]
+        return component.await_ready(time.monotonic() + START_TIMEOUT_S).first
 
     def live_workers(self, layers: str | None = None) -> list[Worker]:
         wanted = None if layers is None else LayerRange.parse(layers)
@@ -307,11 +256,7 @@ class Swarm:
         self.wait_routable(len(self.live_workers()), timeout_s, routable=False)
 
     def close(self) -> None:
-        for component in [*self.gateways, *(w.component for w in self.workers)]:
-            if component.alive:
-                component.kill(signal.SIGTERM)
-        for component in [*self.gateways, *(w.component for w in self.workers)]:
-            component.stop()
+        stop_all([*self.gateways, *(w.component for w in self.workers)], STOP_GRACE_S)
         if self.tracker is not None:
             self.tracker.stop()
 

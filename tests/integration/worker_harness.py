@@ -2,9 +2,11 @@
 
 A ``WorkerCluster`` starts ``meshnet worker`` subprocesses (fake model by default), reads each
 one's ``meshnet worker ready HOST:PORT ...`` line with a bounded wait, and on close sends
-SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never leaks a process
-(and each worker asks the kernel to kill it should the test process die first). Each worker's
-stderr goes to a log file beside its data dir; a start-up failure quotes it.
+SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never leaks a process.
+Workers are started by the one process launcher (``meshnet.process``): each holds a lifeline and
+ends itself should the test process die first, and spawning runs no Python between fork and exec
+(a real fork() in this gRPC-threaded process crashed children). Each worker's stderr goes to a log
+file beside its data dir; a start-up failure quotes it.
 
 The async helpers drive routes over real gRPC (the route driver, raw shard streams, metrics
 polls) and build the in-process reference a distributed run must equal: the same fake
@@ -14,17 +16,10 @@ backends chained by ``LocalRoute``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import os
-import queue
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -41,6 +36,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_s
 from meshnet.core.layers import LayerRange
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.local_route import LocalRoute
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
 from meshnet.worker.config import FakeModel
 
@@ -95,82 +91,38 @@ class WorkerSpec:
         return [*args, *self.extra]
 
 
-@dataclass
-class RunningWorker:
-    spec: WorkerSpec
-    process: subprocess.Popen[str]
-    log_path: Path
-    address: str = ""
-    node_id: str = ""
-    fingerprint: str = ""
-    _lines: queue.SimpleQueue[str | None] = field(default_factory=queue.SimpleQueue)
+class RunningWorker(ChildProcess):
+    """A started worker: the launcher's child plus what its ready line says."""
+
+    def __init__(self, spec: WorkerSpec, launch: LaunchSpec) -> None:
+        super().__init__(launch)
+        self.worker_spec = spec
+
+    @property
+    def log_path(self) -> Path:
+        return self.spec.log_path
 
     @property
     def layers(self) -> LayerRange:
-        return self.spec.layers
+        return self.worker_spec.layers
+
+    @property
+    def address(self) -> str:
+        return self.ready.first if self.ready is not None else ""
+
+    @property
+    def node_id(self) -> str:
+        return self.ready.values["node"] if self.ready is not None else ""
+
+    @property
+    def fingerprint(self) -> str:
+        return self.ready.values["recipe"] if self.ready is not None else ""
 
     def hop(self) -> RouteHop:
         return RouteHop(NodeId(self.node_id), self.address, self.layers)
 
-    def log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
-
-    def send_signal(self, sig: int) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-
-    def wait_exit(self, timeout_s: float) -> int | None:
-        try:
-            return self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self) -> None:
-        """SIGTERM, a bounded wait, then SIGKILL: never leaves the process behind."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            if self.wait_exit(STOP_TIMEOUT_S) is None:
-                self.process.kill()
-                self.wait_exit(STOP_TIMEOUT_S)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-    def _pump(self) -> None:
-        # Drains stdout for the life of the process so a chatty worker never blocks on a full pipe.
-        stdout = self.process.stdout
-        if stdout is None:
-            return
-        with contextlib.suppress(ValueError, OSError):
-            for line in stdout:
-                self._lines.put(line)
-        self._lines.put(None)
-
-    def _await_ready(self, deadline: float) -> None:
-        while True:
-            try:
-                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                raise RuntimeError(f"worker {self.layers} not ready in time; log:\n{self.log_tail()}") from None
-            if line is None:
-                raise RuntimeError(f"worker {self.layers} exited ({self.process.poll()}); log:\n{self.log_tail()}")
-            if line.startswith(READY_PREFIX):
-                fields = line[len(READY_PREFIX) :].split()
-                self.address = fields[0]
-                values = dict(item.split("=", 1) for item in fields[1:])
-                self.node_id, self.fingerprint = values["node"], values["recipe"]
-                return
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: if the test process dies without its teardown (SIGKILL, a
-    hard timeout), the kernel kills the worker too, so no worker outlives its test run."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    def stop(self, grace_s: float = STOP_TIMEOUT_S) -> int | None:
+        return super().stop(grace_s)
 
 
 class WorkerCluster:
@@ -190,37 +142,22 @@ class WorkerCluster:
     def start(self, *specs: WorkerSpec, timeout_s: float = START_TIMEOUT_S) -> list[RunningWorker]:
         """Start every spec at once and wait until all are serving (in spec order)."""
         started = []
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for spec in specs:
             self._count += 1
             name = f"worker-{self._count}-{spec.layers.start}-{spec.layers.stop}"
             data_dir = self.data_dir / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            log_path = self.data_dir / f"{name}.log"
-            with log_path.open("w") as log:
-                process = subprocess.Popen(
-                    spec.arguments(data_dir),
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    stdin=subprocess.DEVNULL,
-                    text=True,
-                    env=environment,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-                )
-            worker = RunningWorker(spec, process, log_path)
+            launch = LaunchSpec(name, tuple(spec.arguments(data_dir)), self.data_dir / f"{name}.log", READY_PREFIX)
+            worker = RunningWorker(spec, launch)
             self.workers.append(worker)
-            threading.Thread(target=worker._pump, daemon=True).start()
             started.append(worker)
         deadline = time.monotonic() + timeout_s
         for worker in started:
-            worker._await_ready(deadline)
+            worker.await_ready(deadline)
         return started
 
     def close(self) -> None:
-        for worker in self.workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in self.workers:
-            worker.stop()
+        stop_all(self.workers, STOP_TIMEOUT_S)
         self.workers.clear()
 
 

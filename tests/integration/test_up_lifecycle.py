@@ -1,0 +1,154 @@
+"""`meshnet up` as a supervisor, run as a real process on the tiny synthetic model.
+
+- SIGKILL of `up` leaves no process of its swarm behind within 2 s, and frees the gateway
+  port at once (so the next `make run` starts).
+- SIGKILL of the tracker under `up` is a restart, not a teardown: the tracker comes back on
+  the same port and database, the restart is counted, and the swarm serves again.
+- A busy gateway port fails `up` before any component starts, labelled as such.
+- The lifeline itself: a child sees its supervisor's end of the pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from swarm_harness import meshnet_command, write_tiny_model
+
+from meshnet.process.launcher import ChildProcess, LaunchSpec
+from meshnet.process.lifeline import ORPHAN_EXIT_CODE
+from meshnet.process.ports import PortInUse, ensure_port_free
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVING = "Serving the OpenAI-compatible API at "
+START_TIMEOUT_S = 60.0
+ORPHANS_GONE_WITHIN_S = 2.0
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _up_command(root: Path, port: int) -> list[str]:
+    model = write_tiny_model(root)
+    return meshnet_command(
+        root, "up", "--model", str(model), "--shards", "2", "--port", str(port), "--max-tokens", "4", "--prompt", "hi"
+    )
+
+
+def _status(root: Path) -> dict[str, dict[str, Any]]:
+    document = json.loads((root / "logs" / "up-status.json").read_text())
+    return {component["name"]: component for component in document["components"]}
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[tuple[ChildProcess, int]]:
+    port = _free_port()
+    child = ChildProcess(LaunchSpec("up", tuple(_up_command(tmp_path, port)), tmp_path / "up.log", SERVING))
+    try:
+        child.await_ready(time.monotonic() + START_TIMEOUT_S)
+        yield child, port
+    finally:
+        child.stop()
+
+
+def _complete(port: int) -> int:
+    base = f"http://127.0.0.1:{port}/v1"
+    with contextlib.suppress(httpx.HTTPError):
+        model = httpx.get(f"{base}/models", timeout=10).json()["data"][0]["id"]
+        body = {"model": model, "prompt": "ok", "max_tokens": 2, "temperature": 0}
+        return httpx.post(f"{base}/completions", json=body, timeout=10).status_code
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigkill_of_up_leaves_no_process_and_frees_the_port(up: tuple[ChildProcess, int], tmp_path: Path) -> None:
+    child, port = up
+    pids = [component["pid"] for component in _status(tmp_path).values()]
+    assert len(pids) == 4 and all(_alive(pid) for pid in pids)  # tracker, 2 workers, gateway
+    child.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    child.wait_exit(5.0)
+    while any(_alive(pid) for pid in pids) and time.monotonic() - killed_at < ORPHANS_GONE_WITHIN_S:
+        time.sleep(0.05)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:  # a failing run still leaves nothing behind
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
+    assert not left, f"still running {time.monotonic() - killed_at:.1f} s after SIGKILL of up: {left}"
+    ensure_port_free("127.0.0.1", port, "gateway")
+
+
+def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, int], tmp_path: Path) -> None:
+    child, port = up
+    before = _status(tmp_path)["tracker"]
+    assert before["restarts"] == 0 and _complete(port) == 200
+    psutil.Process(before["pid"]).kill()
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        after = _status(tmp_path)["tracker"]
+        if after["restarts"] == 1 and after["pid"] != before["pid"] and after["address"]:
+            break
+        time.sleep(0.1)
+    assert after["restarts"] == 1, after
+    assert after["address"] == before["address"], "the tracker must come back where the workers look for it"
+    assert after["last_exit"] == -signal.SIGKILL
+    while _complete(port) != 200:
+        assert time.monotonic() < deadline, "the swarm never served again after the tracker restart"
+        time.sleep(0.2)
+    assert child.alive
+    others = {name: c for name, c in _status(tmp_path).items() if name != "tracker"}
+    assert all(c["restarts"] == 0 for c in others.values()), others
+
+
+def test_a_busy_gateway_port_fails_up_before_anything_starts(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(PortInUse):
+            ensure_port_free("127.0.0.1", port, "gateway")
+        started = time.monotonic()
+        done = subprocess.run(
+            _up_command(tmp_path, port), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"[port_in_use] gateway port 127.0.0.1:{port} is already in use" in done.stderr
+    assert "worker_lost" not in done.stderr
+    assert time.monotonic() - started < 10.0
+    assert not list((tmp_path / "logs").glob("*.log")), "nothing may start before the ports are checked"
+
+
+WATCHER = (
+    "import os, time; from meshnet.process.lifeline import watch_lifeline; watch_lifeline(os.environ); "
+    "print('watching', flush=True); time.sleep(60)"
+)
+
+
+def test_a_child_exits_when_its_lifeline_is_cut(tmp_path: Path) -> None:
+    child = ChildProcess(LaunchSpec("watcher", (sys.executable, "-c", WATCHER), tmp_path / "w.log", "watching"))
+    try:
+        child.await_ready(time.monotonic() + 20)
+        child._lifeline.cut()
+        # No SIGTERM handler here: the watcher's SIGTERM ends it at once; the hard exit is the backstop.
+        assert child.wait_exit(ORPHANS_GONE_WITHIN_S) in (-signal.SIGTERM, ORPHAN_EXIT_CODE)
+    finally:
+        child.stop()
