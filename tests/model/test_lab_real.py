@@ -178,7 +178,7 @@ def test_a_killed_worker_fails_over_to_the_spare(lab: tuple[Lab, LabSwarm], expe
         if count == 8 and not victims:
             victims.append(_middle_node(swarm, events))
             worker = next(c for c in the_lab.components if c.name == f"worker-n{victims[0]}")
-            worker.process.send_signal(signal.SIGKILL)
+            worker.send_signal(signal.SIGKILL)
 
     text, events, error = _stream(swarm, kill)
     assert victims

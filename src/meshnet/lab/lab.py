@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
-from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.lab import cgroups, system
 from meshnet.lab.plan import LabNode, LabPlan, LinkShape, plan_lab
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +31,6 @@ WORKER_PORT = 7000
 RELAY_PORT = 7001
 GATEWAY_PORT = 8080
 READY_TIMEOUT_S = 180.0
-STOP_GRACE_S = 10.0
 RUNTIME_OVERHEAD_MB = 110
 """Resident memory of a worker beyond its weights and KV: Python, NumPy, gRPC, llama.cpp and its
 compute buffers (measured: 148 MiB for a 10-layer SmolLM2 slice with two 2,048-position
@@ -72,17 +69,6 @@ class LabConfig:
     """Layers for each serving node; empty chooses them for each node's memory."""
 
 
-@dataclass
-class Component:
-    """One started process inside a node, with the ready line it printed."""
-
-    name: str
-    process: subprocess.Popen[str]
-    log_path: Path
-    ready_line: str = ""
-    _lines: list[str] = field(default_factory=list)
-
-
 def _enter_node(plan: LabPlan, node: LabNode, groups: cgroups.NodeGroups, argv: Sequence[str]) -> list[str]:
     """A command that joins the node's cgroups and namespace, then execs ``argv``.
 
@@ -105,7 +91,7 @@ class Lab:
         self.config = config
         self.plan: LabPlan | None = None
         self.groups: dict[tuple[int, str], cgroups.NodeGroups] = {}
-        self.components: list[Component] = []
+        self.components: list[ChildProcess] = []
         self.logs = config.data_dir / "lab" / config.tag / "logs"
 
     # -- build and remove -------------------------------------------------------------------
@@ -132,8 +118,7 @@ class Lab:
         return self.plan
 
     def close(self) -> None:
-        for component in reversed(self.components):
-            _stop(component)
+        stop_all(list(reversed(self.components)))
         self.components.clear()
         remove_lab(self.config.tag)
 
@@ -141,21 +126,18 @@ class Lab:
 
     def start(
         self, node: LabNode, name: str, argv: Sequence[str], ready_prefix: str, role: str = "worker"
-    ) -> Component:
+    ) -> ChildProcess:
+        """Start ``argv`` inside the node (its namespace and cgroups) and wait for its ready line.
+
+        The shared launcher gives it a lifeline, so it ends with the lab however the lab ends.
+        """
         if self.plan is None:
             raise Unavailable("the lab's network is not built")
-        log_path = self.logs / f"{name}.log"
-        with open(log_path, "w") as log_file:
-            process = subprocess.Popen(
-                _enter_node(self.plan, node, self.groups[node.index, role], argv),
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                text=True,
-            )
-        component = Component(name, process, log_path)
-        self.components.append(component)
-        component.ready_line = _await_ready(component, ready_prefix)
-        return component
+        command = tuple(_enter_node(self.plan, node, self.groups[node.index, role], argv))
+        child = ChildProcess(LaunchSpec(name, command, self.logs / f"{name}.log", ready_prefix))
+        self.components.append(child)
+        child.await_ready(time.monotonic() + READY_TIMEOUT_S)
+        return child
 
     def node_data_dir(self, node: LabNode) -> Path:
         # Each node keeps its own slice cache and logs, as a separate machine would.
@@ -194,49 +176,9 @@ def remove_lab(tag: str | None = None) -> list[str]:
     return system.remove_leftovers(tag) + cgroups.remove_groups(tag)
 
 
-def _await_ready(component: Component, prefix: str) -> str:
-    found: list[str] = []
-    done = threading.Event()
-
-    def pump() -> None:
-        stream = component.process.stdout
-        if stream is not None:
-            for line in stream:
-                if not found and line.startswith(prefix):
-                    found.append(line.strip())
-                    done.set()
-        done.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not done.wait(READY_TIMEOUT_S) or not found:
-        try:
-            code: int | None = component.process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            code = None
-        state = f"exited with code {code}" if code is not None else f"was not ready in {READY_TIMEOUT_S:.0f} s"
-        raise Unavailable(f"lab {component.name} {state}; see {component.log_path}")
-    return found[0]
-
-
-def _stop(component: Component) -> None:
-    process = component.process
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def lab_error_exit(error: MeshnetError) -> int:
-    print(f"meshnet lab: {error.message}", file=sys.stderr)
-    return 2
-
-
 def wait_forever(lab: Lab) -> None:
     """Serve until SIGTERM/SIGINT or until a component dies."""
-    while all(component.process.poll() is None for component in lab.components):
+    while all(component.alive for component in lab.components):
         time.sleep(0.5)
-    dead = [component.name for component in lab.components if component.process.poll() is not None]
+    dead = [component.name for component in lab.components if not component.alive]
     raise Unavailable(f"lab component(s) exited: {', '.join(dead)}")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Sequence
+
+from meshnet.process.lifeline import watch_lifeline
 
 CHUNK = 64 * 1024
 
@@ -90,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 3:
         print("usage: python -m meshnet.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS", file=sys.stderr)
         return 2
+    watch_lifeline(os.environ)  # the relay is the lab's link: it ends with the lab
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(_address(args[0]), _address(args[1]), float(args[2])))
     return 0
