@@ -48,8 +48,8 @@ def _decode_all(route: LocalRoute, slots: list[int], positions: list[int], token
     return [o.logits[-1] for o in outputs]  # type: ignore[index]
 
 
-class CachedLane:
-    """``llama-whole`` (one full shard) or ``split-N``: KV-cached, batched decode."""
+class _RouteLane:
+    """A lane over an in-process route of llama.cpp shards."""
 
     def __init__(self, route: LocalRoute) -> None:
         self.route = route
@@ -58,6 +58,10 @@ class CachedLane:
     @property
     def seams(self) -> int:
         return len(self.route.backends) - 1
+
+
+class CachedLane(_RouteLane):
+    """``llama-whole`` (one full shard) or ``split-N``: KV-cached, batched decode."""
 
     def run(
         self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int, *, keep_logits: bool = False
@@ -130,16 +134,8 @@ class _Stream:
         self.times.append(stamp)
 
 
-class RecomputeLane:
+class RecomputeLane(_RouteLane):
     """No KV cache: each token re-runs the whole sequence from position 0 through every shard."""
-
-    def __init__(self, route: LocalRoute) -> None:
-        self.route = route
-        self.n_embd = route.backends[0].shape.n_embd
-
-    @property
-    def seams(self) -> int:
-        return len(self.route.backends) - 1
 
     def step(self, sequence: Sequence[int], slot: int = 0) -> int:
         """Recompute ``sequence`` from scratch and pick its next token (KV is dropped afterwards)."""
