@@ -113,7 +113,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
     certify_llama_engine(model=config.model)  # its family and weight types, not just the default model's
     source = describe_model(config.model)
-    tokenizer = Tokenizer(source)
+    template = None if config.chat_template is None else config.chat_template.read_text()
+    tokenizer = Tokenizer(source, chat_template=template)
     if config.raw:  # a plain completion: base models and synthetic models have no (useful) template
         tokens = tokenizer.encode(config.prompt, add_special=True)
     else:

@@ -41,6 +41,8 @@ class GenerateConfig:
     """Source GGUF."""
     raw: bool = False
     """Complete the prompt as plain text, without a chat template (base and synthetic models)."""
+    chat_template: Path | None = None
+    """Jinja chat template file used instead of the GGUF's (a base model has none)."""
     shards: int = 3
     """Shards the model's layers are split evenly into."""
     max_tokens: int = 128

@@ -73,7 +73,10 @@ def chat_reference(reference: Reference) -> str:
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
-    assert [card.id for card in client.models.list()] == [MODEL_NAME]
+    cards = list(client.models.list())
+    assert [card.id for card in cards] == [MODEL_NAME]
+    # The adapter (family and version) the shards slice with is part of the recipe users see.
+    assert cards[0].model_extra is not None and cards[0].model_extra["adapter"] == "llama:2"
 
 
 def test_streamed_chat_equals_whole_model_reference(client: openai.OpenAI, chat_reference: str) -> None:

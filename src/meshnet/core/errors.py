@@ -59,6 +59,12 @@ class ProvenanceMismatch(ArtifactError):
     code = "provenance_mismatch"
 
 
+class ChatTemplateMissing(InvalidArgument):
+    """Chat was asked of a model whose GGUF has no chat template (a base model) and none was given."""
+
+    code = "chat_template_missing"
+
+
 class ContextLengthExceeded(InvalidArgument):
     """Prompt plus max_tokens do not fit the per-session context of the shards on the route."""
 

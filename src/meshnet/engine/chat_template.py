@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from meshnet.core.errors import InvalidArgument
+from meshnet.core.errors import ChatTemplateMissing, InvalidArgument
 
 PAD = "\x1f"
 """Python's ``str.strip`` (and Jinja's ``trim``) removes it like whitespace; templates never write it."""
@@ -48,9 +48,12 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
         if self._template is None:
-            # No template in the file: plain role-prefixed turns, so chat still works.
-            turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-            return turns + ("assistant: " if add_generation_prompt else "")
+            # A base model: inventing a turn format would give answers the model was never
+            # trained to give. Say so; completions still work.
+            raise ChatTemplateMissing(
+                "this model has no chat template (a base model): use /v1/completions, or give one "
+                "with --chat-template FILE"
+            )
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],

@@ -41,10 +41,11 @@ class IncrementalDecoder:
 
 
 class Tokenizer:
-    def __init__(self, model: ModelDescription) -> None:
+    def __init__(self, model: ModelDescription, *, chat_template: str | None = None) -> None:
+        """``chat_template`` (Jinja source) replaces the GGUF's own, e.g. for a base model that has none."""
         model_path = model.path
         self.context_length = model.context_length
-        template = model.chat_template
+        template = chat_template if chat_template is not None else model.chat_template
         if not model.has_tokenizer:
             raise ArtifactError(f"{Path(model_path).name} carries no tokenizer")
         llama_cpp.llama_backend_init()

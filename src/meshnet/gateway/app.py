@@ -211,6 +211,7 @@ def _model_object(card: ModelCard) -> dict[str, Any]:
         "owned_by": card.owned_by,
         "quantization": card.quantization,
         "context_length": card.context_length,
+        **({"adapter": card.adapter} if card.adapter else {}),
     }
 
 

@@ -118,6 +118,9 @@ class GatewayProcessConfig:
     """Name the model is served under; none uses the GGUF's general.name."""
     max_frame_bytes: int = MAX_FRAME_BYTES
     """Largest gRPC message sent to or accepted from a shard."""
+    chat_template: Path | None = None
+    """Jinja chat template file used instead of the GGUF's; a model with neither (a base model)
+    answers chat requests with a 400 and serves completions only."""
 
 
 DEFAULT_SLOTS = 8

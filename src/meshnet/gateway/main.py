@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
@@ -35,13 +36,14 @@ def outbox_path(data_dir: Path) -> Path:
 async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, str], None] | None = None) -> None:
     description = describe_model(config.model)
     name = config.model_name or description.name
-    tokenizer = await asyncio.to_thread(Tokenizer, description)
+    template = None if config.chat_template is None else config.chat_template.read_text()
+    tokenizer = await asyncio.to_thread(partial(Tokenizer, description, chat_template=template))
     outbox = WorkOutbox(outbox_path(config.data_dir))
     tracker = TrackerClient(config.tracker)
     pool = ChannelPool(config.max_frame_bytes)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
     swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox)
-    generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description.quantization})
+    generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
     app = create_app(generator, {name: tokenizer}, config.http)
     server = GatewayServer(
         app,

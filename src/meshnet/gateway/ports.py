@@ -27,6 +27,8 @@ class ModelCard:
     context_length: int
     """Largest prompt + completion length, in tokens, the route accepts."""
     owned_by: str = "meshnet"
+    adapter: str = ""
+    """The architecture adapter and its version the shards slice the model with (``gemma3:1``)."""
 
 
 class IncrementalDecoder(Protocol):

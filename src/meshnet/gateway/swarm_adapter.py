@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 
+from meshnet.artifact.describe import ModelDescription
 from meshnet.client.swarm import SwarmClient
 from meshnet.core.events import GenerationEvent
 from meshnet.core.generation import GenerationRequest
@@ -16,10 +17,17 @@ SLOTS_TIMEOUT_S = 2.0
 class SwarmGenerator:
     """A ``RouteGenerator`` over the live swarm, serving the models we hold a codec for."""
 
-    def __init__(self, client: SwarmClient, codecs: Mapping[str, TextCodec], quantizations: Mapping[str, str]) -> None:
+    def __init__(
+        self, client: SwarmClient, codecs: Mapping[str, TextCodec], models: Mapping[str, ModelDescription]
+    ) -> None:
         self._client = client
         self._cards = tuple(
-            ModelCard(id=name, quantization=quantizations.get(name, "unknown"), context_length=codec.context_length)
+            ModelCard(
+                id=name,
+                quantization=models[name].quantization,
+                context_length=codec.context_length,
+                adapter=f"{models[name].architecture}:{models[name].adapter_version}",
+            )
             for name, codec in codecs.items()
         )
 

@@ -16,7 +16,7 @@ import llama_cpp
 import pytest
 
 from meshnet.artifact.describe import describe_model
-from meshnet.core.errors import InvalidArgument
+from meshnet.core.errors import ChatTemplateMissing, InvalidArgument
 from meshnet.engine.chat_template import ChatTemplate
 from meshnet.engine.tokenizer import Tokenizer
 
@@ -107,5 +107,19 @@ def test_a_template_that_rewrites_content_refuses_markers_in_it(tiny_model: Path
         assert tokenizer.encode_chat([{"role": "user", "content": "hi"}])  # nothing to inject: served
         with pytest.raises(InvalidArgument, match="control marker"):
             tokenizer.encode_chat([{"role": "user", "content": "hi</s>"}])
+    finally:
+        tokenizer.close()
+
+
+def test_a_model_without_a_template_refuses_chat_and_takes_one_given(tiny_model: Path) -> None:
+    # A base model: no invented turn format; chat is a typed 400-class error until a template is given.
+    with pytest.raises(ChatTemplateMissing, match="completions"):
+        ChatTemplate(None, bos_text="<s>", eos_text="</s>").render([{"role": "user", "content": "hi"}])
+    given = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+    tokenizer = Tokenizer(describe_model(tiny_model), chat_template=given)
+    try:
+        chat = [{"role": "user", "content": "the cat"}]
+        assert tokenizer.apply_chat_template(chat) == "[user] the cat\n[assistant]"
+        assert tokenizer.encode_chat(chat) == tokenizer.encode("[user] the cat\n[assistant]", add_special=False)
     finally:
         tokenizer.close()
