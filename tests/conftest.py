@@ -7,7 +7,7 @@ test module that needs them, built in a module-scoped fixture so a module loads 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ import pytest
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 
 if TYPE_CHECKING:
+    from meshnet.client.shard_stream import ChannelPool
     from meshnet.engine.llama_backend import LlamaConfig
 
 SyntheticModelFactory = Callable[[SyntheticSpec], Path]
@@ -58,3 +59,14 @@ def small_llama_config() -> LlamaConfig:
     from meshnet.engine.llama_backend import LlamaConfig
 
     return LlamaConfig(n_threads=1, max_slots=4, n_ctx_per_slot=256, max_batch_tokens=32)
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[ChannelPool]:
+    """One gRPC channel pool per test for tests that talk to worker processes; closed after."""
+    from meshnet.client.shard_stream import ChannelPool
+    from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+
+    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
+    yield opened
+    await opened.close()

@@ -28,7 +28,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
-from meshnet.process.launcher import LaunchSpec, ReadyLine
+from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
 from meshnet.process.ports import ensure_port_free
 from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
 
@@ -76,10 +76,6 @@ def _child_env() -> dict[str, str]:
     return {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "10000")}
 
 
-def _meshnet(data_dir: Path, *args: str) -> tuple[str, ...]:
-    return (sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args)
-
-
 def _pin_port(spec: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
     """Restart on the port the first start bound: workers and clients know that address."""
     command = list(spec.command)
@@ -89,13 +85,13 @@ def _pin_port(spec: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
 
 
 def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
-    command = _meshnet(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1")
+    command = meshnet_command(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1")
     spec = LaunchSpec("tracker", command, logs / "tracker.log", TRACKER_READY, _child_env())
     return Supervised(spec, pin=_pin_port)
 
 
 def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRange) -> Supervised:
-    command = _meshnet(
+    command = meshnet_command(
         config.data_dir,
         "worker",
         *("--model", str(config.model), "--layers", str(layers), "--port", "0", "--tracker", tracker),
@@ -107,7 +103,7 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
 
 
 def _gateway(config: LocalSwarmConfig, logs: Path, tracker: str) -> Supervised:
-    command = _meshnet(
+    command = meshnet_command(
         config.data_dir,
         "gateway",
         *("--tracker", tracker, "--model", str(config.model), "--port", str(config.gateway_port)),

@@ -21,7 +21,6 @@ import asyncio
 import json
 import signal
 import sqlite3
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary
-from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
+from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
 
 MODEL_NAME = "tiny"
 TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tied_embeddings=False, seed=0)
@@ -60,10 +59,6 @@ GATEWAY_READY = "meshnet gateway ready "
 
 def write_tiny_model(folder: Path) -> Path:
     return write_synthetic_model(folder / "tiny.gguf", TINY_SPEC)
-
-
-def meshnet_command(data_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
 
 
 class Component(ChildProcess):

@@ -8,7 +8,7 @@ really batched (decode steps per engine batch > 1 during the concurrent run).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from worker_harness import (
@@ -27,7 +27,6 @@ from worker_harness import (
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,13 +45,6 @@ def routes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Runn
         ranges = [(0, 2), (2, 4), (4, 6)]
         workers = cluster.start(*fake_specs(ranges, step_delay=STEP_DELAY), *fake_specs(ranges))
         yield workers[:3], workers[3:]
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 def request(index: int) -> GenerationRequest:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,6 @@ from worker_harness import (
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import DeadlineExceeded
 from meshnet.core.events import TokenGenerated
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,13 +43,6 @@ PROMPT = [4, 8, 15, 16, 23, 42]
 def route(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWorker]]:
     with WorkerCluster(tmp_path_factory.mktemp("cancel-workers")) as cluster:
         yield cluster.start(*fake_specs([(0, 2), (2, 4), (4, 6)], step_delay=STEP_DELAY))
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 async def _decode_until(pool: ChannelPool, route: list[RunningWorker], tokens: int, reached: asyncio.Event) -> None:

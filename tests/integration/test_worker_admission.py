@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from worker_harness import (
@@ -30,7 +30,6 @@ from meshnet.client.shard_stream import ChannelPool, ShardStream
 from meshnet.core.errors import ResourceExhausted
 from meshnet.core.events import TokenGenerated
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,13 +45,6 @@ REJECT_LIMIT_S = 0.250
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWorker]]:
     with WorkerCluster(tmp_path_factory.mktemp("admission-worker")) as cluster:
         yield cluster.start(*fake_specs([(0, 6)], step_delay=0.02, max_sessions=CAPACITY))
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 def prompt(index: int) -> list[int]:

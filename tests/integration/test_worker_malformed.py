@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -51,13 +51,6 @@ def route(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWork
     # A small step delay stretches the healthy session so every malformed frame lands mid-decode.
     with WorkerCluster(tmp_path_factory.mktemp("malformed-workers")) as cluster:
         yield cluster.start(*fake_specs([(0, 2), (2, 4), (4, 6)], step_delay=0.003))
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 def hidden_opening(worker: RunningWorker, session: str, hidden: np.ndarray) -> pb.StepRequest:

@@ -9,7 +9,7 @@ never opened is NOT_FOUND. A refused frame ends its stream, and the session is f
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +59,6 @@ def three(cluster: WorkerCluster) -> list[RunningWorker]:
 @pytest.fixture(scope="module")
 def whole(cluster: WorkerCluster) -> list[RunningWorker]:
     return cluster.workers[3:]
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -38,7 +37,7 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
+from meshnet.protocol.frames import FrameMeta, HopSpec, StepFrame
 from meshnet.protocol.shard_wire import frame_to_proto
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,13 +45,6 @@ pytestmark = pytest.mark.timeout(60)
 SESSIONS = 8
 TOKENS = 60
 DRAIN_GRACE_S = 10.0
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 def prompt(index: int) -> list[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,6 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 pytestmark = [*MARKS, pytest.mark.timeout(600)]
 
@@ -63,13 +62,6 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWo
         running = cluster.start(*specs, timeout_s=300)
         print(f"\n3 gemma3 workers ready in {time.monotonic() - started:.1f} s")
         yield running
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))

@@ -15,7 +15,7 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,6 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")
@@ -133,13 +132,6 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWo
         running = cluster.start(*specs, timeout_s=120)
         print(f"\n3 real workers ready in {time.monotonic() - started:.1f} s")
         yield running
-
-
-@pytest.fixture
-async def pool() -> AsyncIterator[ChannelPool]:
-    opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
-    yield opened
-    await opened.close()
 
 
 def in_process(reference: object, prompt: list[int]) -> list[int]:

@@ -9,7 +9,6 @@ killed bench never leaves a process behind.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
-from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, stop_all
+from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
 
 READY_PREFIX = "meshnet worker ready "
 STOP_GRACE_S = 5.0
@@ -37,7 +36,7 @@ class WorkerOptions:
 
 def _spec(layers: LayerRange, options: WorkerOptions, log_path: Path) -> LaunchSpec:
     command = (
-        *(sys.executable, "-m", "meshnet.cli", "--data-dir", str(options.data_dir), "worker"),
+        *meshnet_command(options.data_dir, "worker"),
         *("--model", str(options.model), "--layers", f"{layers.start}:{layers.stop}", "--port", "0"),
         *("--threads", str(options.threads), "--max-sessions", str(options.max_sessions)),
         *("--context", str(options.context), "--prefill-chunk", str(options.prefill_chunk)),

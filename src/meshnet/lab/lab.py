@@ -80,10 +80,6 @@ def _enter_node(plan: LabPlan, node: LabNode, groups: cgroups.NodeGroups, argv: 
     return ["sh", "-c", script, "ip", "netns", "exec", node.namespace, *argv]
 
 
-def _meshnet(data_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args]
-
-
 class Lab:
     """Builds the lab's network and groups, starts its components, and removes everything."""
 

@@ -19,9 +19,9 @@ from meshnet.lab.lab import (
     WORKER_PORT,
     Lab,
     LabConfig,
-    _meshnet,
 )
 from meshnet.lab.plan import LabNode
+from meshnet.process.launcher import meshnet_command
 from meshnet.session.admission import kv_bytes_per_session
 from meshnet.tracker.placement import LayerCosts, plan_ranges
 
@@ -82,7 +82,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
     lab.start(
         head,
         "tracker",
-        _meshnet(
+        meshnet_command(
             lab.node_data_dir(head),
             "tracker",
             "--host",
@@ -102,7 +102,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
     lab.start(
         head,
         "gateway",
-        _meshnet(
+        meshnet_command(
             lab.node_data_dir(head),
             "gateway",
             "--tracker",
@@ -131,7 +131,7 @@ def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> 
     lab.start(
         node,
         f"worker-n{node.index}",
-        _meshnet(
+        meshnet_command(
             lab.node_data_dir(node),
             "worker",
             "--model",

@@ -18,6 +18,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -82,6 +83,11 @@ class ReadyLine:
         (a model's name from its GGUF: ``model=Smollm2 135M 8k ...``)."""
         marker = f" {key}="
         return self.text.split(marker, 1)[1] if marker in self.text else ""
+
+
+def meshnet_command(data_dir: Path, *args: str) -> tuple[str, ...]:
+    """The command line of a ``meshnet`` subcommand run by this interpreter on ``data_dir``."""
+    return (sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args)
 
 
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
