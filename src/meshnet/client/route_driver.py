@@ -200,7 +200,7 @@ async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: 
         stamps.append(time.perf_counter())
         stamps = stamps[-RATE_WINDOW:]
         rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-        yield TokenGenerated(token, produced, rate)
+        yield TokenGenerated(token, produced, rate, logprobs=result.logprobs)
         produced += 1
         if token in run.request.stop_tokens or produced >= run.request.max_tokens:
             return

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from meshnet.core.generation import FinishReason
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.sampling_options import TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class TokenGenerated:
     """0-based index among generated tokens."""
     tokens_per_second: float
     """Rolling decode rate over the recent window."""
+    logprobs: TokenLogprobs | None = None
+    """The tail's logprobs for this token, when the request asked for them."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.sampling_options import LogitAdjustments, LogprobRequest, OutputConstraint
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -24,6 +25,12 @@ class SamplingParams:
     """Keep the smallest set of tokens whose probability reaches top_p."""
     seed: int = 0
     """Seeds the sampler so a temperature > 0 run is reproducible."""
+    adjustments: LogitAdjustments = field(default_factory=LogitAdjustments)
+    """logit_bias and presence / frequency penalties, applied before the token is chosen."""
+    logprobs: LogprobRequest | None = None
+    """Report each token's logprob (and top alternatives); None reports none."""
+    constraint: OutputConstraint | None = None
+    """A grammar the output must match (JSON mode); None leaves the output free."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 100.0:

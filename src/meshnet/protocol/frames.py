@@ -18,6 +18,7 @@ from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
+from meshnet.core.sampling_options import TokenLogprobs
 
 SCHEMA_VERSION = 1
 """The frame schema this code writes."""
@@ -273,6 +274,8 @@ class StepResult:
     token_id: int | None
     timings: tuple[HopTiming, ...] = ()
     """This shard first, then each downstream hop."""
+    logprobs: TokenLogprobs | None = None
+    """The sampled token's logprobs, when the session asked for them."""
 
     def __post_init__(self) -> None:
         _check_text("session_id", self.session_id, MAX_ID_CHARS)
@@ -280,6 +283,8 @@ class StepResult:
         _check_int("next_position", self.next_position, 0, MAX_POSITION + 1)
         if self.token_id is not None:
             _check_int("token_id", self.token_id, 0, MAX_TOKEN_ID)
+        if self.logprobs is not None and self.logprobs.chosen.token_id != self.token_id:
+            raise InvalidArgument("logprobs must describe the sampled token")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,15 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.sampling_options import (
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_TOP_LOGPROBS,
+    LogitAdjustments,
+    LogprobRequest,
+    OutputConstraint,
+    TokenLogprob,
+    TokenLogprobs,
+)
 from meshnet.protocol.frames import (
     CacheExpectation,
     CapabilityInfo,
@@ -87,8 +96,7 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     for hop in frame.downstream:
         message.downstream.add(address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint)
     if frame.sampling is not None:
-        s = frame.sampling
-        message.sampling.CopyFrom(pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed))
+        message.sampling.CopyFrom(_sampling_to_proto(frame.sampling))
     if frame.continuation is not None:
         message.continuation.max_steps = frame.continuation.max_steps
         message.continuation.stop_token_ids.extend(sorted(frame.continuation.stop_token_ids))
@@ -118,8 +126,7 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
     )
     sampling = None
     if message.HasField("sampling"):
-        s = message.sampling
-        sampling = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+        sampling = _sampling_from_proto(message.sampling)
     continuation = None
     if message.HasField("continuation"):
         stops = message.continuation.stop_token_ids
@@ -185,6 +192,8 @@ def result_to_proto(result: StepResult) -> pb.StepResponse:
         message.ack.SetInParent()
     else:
         message.token.token_id = result.token_id
+        if result.logprobs is not None:
+            message.token.logprobs.CopyFrom(_logprobs_to_proto(result.logprobs))
     for timing in result.timings:
         message.timings.add(
             address=timing.address, layers=_span(timing.layers), queue_us=timing.queue_us, compute_us=timing.compute_us
@@ -207,6 +216,7 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
         next_position=message.next_position,
         token_id=message.token.token_id if which == "token" else None,
         timings=timings,
+        logprobs=_logprobs_from_proto(message.token) if which == "token" else None,
     )
 
 
@@ -292,3 +302,62 @@ def metrics_from_proto(message: pb.MetricsSnapshot) -> dict[str, float]:
     if len(message.values) > MAX_METRICS:
         raise InvalidArgument(f"the metrics snapshot holds {len(message.values)} values")
     return dict(message.values)
+
+
+# --- sampling options and logprobs (OpenAI parameters at the tail) ------------------------------
+
+
+def _sampling_to_proto(s: SamplingParams) -> pb.SamplingSpec:
+    message = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    a = s.adjustments
+    if a.active:
+        message.adjustments.presence_penalty = a.presence_penalty
+        message.adjustments.frequency_penalty = a.frequency_penalty
+        for token, bias in a.logit_bias:
+            message.adjustments.logit_bias.add(token_id=token, bias=bias)
+    if s.logprobs is not None:
+        message.logprobs.top = s.logprobs.top
+    if s.constraint is not None:
+        message.constraint.gbnf = s.constraint.grammar
+        message.constraint.root = s.constraint.root
+    return message
+
+
+def _sampling_from_proto(s: pb.SamplingSpec) -> SamplingParams:
+    adjustments = LogitAdjustments()
+    if s.HasField("adjustments"):
+        a = s.adjustments
+        if len(a.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:  # before building a tuple of them
+            raise InvalidArgument(f"logit_bias holds {len(a.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
+        bias = tuple((entry.token_id, entry.bias) for entry in a.logit_bias)
+        adjustments = LogitAdjustments(a.presence_penalty, a.frequency_penalty, bias)
+    logprobs = LogprobRequest(s.logprobs.top) if s.HasField("logprobs") else None
+    constraint = None
+    if s.HasField("constraint"):
+        constraint = OutputConstraint(s.constraint.gbnf, s.constraint.root or "root")
+    return SamplingParams(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+        adjustments=adjustments,
+        logprobs=logprobs,
+        constraint=constraint,
+    )
+
+
+def _logprobs_to_proto(logprobs: TokenLogprobs) -> pb.SampledLogprobs:
+    message = pb.SampledLogprobs(logprob=logprobs.chosen.logprob)
+    for entry in logprobs.top:
+        message.top.add(token_id=entry.token_id, logprob=entry.logprob)
+    return message
+
+
+def _logprobs_from_proto(token: pb.SampledToken) -> TokenLogprobs | None:
+    if not token.HasField("logprobs"):
+        return None
+    message = token.logprobs
+    if len(message.top) > MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"the step response lists {len(message.top)} top logprobs; at most {MAX_TOP_LOGPROBS}")
+    top = tuple(TokenLogprob(entry.token_id, entry.logprob) for entry in message.top)
+    return TokenLogprobs(TokenLogprob(token.token_id, message.logprob), top)

@@ -28,6 +28,7 @@ from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import HardwareSummary, NodeRegistration
 from meshnet.engine.backend import Backend
 from meshnet.engine.certification import certify_llama_engine
+from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
@@ -90,7 +91,8 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
         )
         links = ChannelPool(config.max_frame_bytes)
         policy = config.admission_policy(capacity.max_sessions)
-        shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links))
+        grammars = await asyncio.to_thread(tail_grammars, config, description)
+        shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links), grammars=grammars)
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
@@ -99,6 +101,14 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     registration = _registration(config, identity, model, capacity.max_sessions, speed)
     return AssembledWorker(config, loop, shard, server, health, links, registration)
+
+
+def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:
+    """The vocabulary a tail constrains output with (response_format); None off the tail or
+    without a real model with a tokenizer (such a tail refuses grammar sessions)."""
+    if description is None or not description.has_tokenizer or config.layers.stop != description.n_layers:
+        return None
+    return GrammarVocabulary(description.path)
 
 
 def _registration(

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from meshnet.core.errors import FailedPrecondition, Unavailable
-from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.engine.backend import StepInput
+from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.tail_sampler import TailSampler
 from meshnet.protocol.frames import (
     SUPPORTED_SCHEMA_VERSIONS,
     CapabilityInfo,
@@ -228,7 +229,7 @@ class Shard(Generic[S]):
         )
 
 
-AnyShard = Shard[SamplingParams] | Shard[Downstream]
+AnyShard = Shard[TailSampler] | Shard[Downstream]
 """A shard of either output stage: what the servicer and the server hold."""
 
 
@@ -240,17 +241,19 @@ def build_shard(
     connect: Connect,
     *,
     clock: Callable[[], float] = time.monotonic,
+    grammars: GrammarVocabulary | None = None,
 ) -> AnyShard:
     """The shard for the backend ``loop`` runs, its stages chosen from the backend's role.
 
     ``connect`` opens the stream to a session's next hop (used only if this shard forwards);
-    ``clock`` times sessions for eviction and expiry.
+    ``clock`` times sessions for eviction and expiry; ``grammars`` lets a tail constrain output
+    to a grammar (response_format), None refuses such sessions.
     """
     shape = loop.backend.shape
     continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
     if shape.emits_logits:
-        sampling_table = SessionTable[SamplingParams](policy, clock=clock)
-        return Shard(identity, loop, sampling_table, capacity, SampleStage(), continuation)
+        sampling_table = SessionTable[TailSampler](policy, clock=clock)
+        return Shard(identity, loop, sampling_table, capacity, SampleStage(grammars), continuation)
     forward = ForwardStage(shape.n_layers, connect)
     return Shard(identity, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
 

@@ -27,9 +27,9 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument
-from meshnet.core.generation import SamplingParams
 from meshnet.engine.backend import StepOutput
-from meshnet.engine.sampling import sample_token
+from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.tail_sampler import TailSampler
 from meshnet.protocol.frames import HopSpec, HopTiming, StepFrame, StepResult
 
 S = TypeVar("S")
@@ -71,7 +71,14 @@ class OutputStage(Protocol[S]):
 
 
 class SampleStage:
-    """The model's last layers: sample the token that follows a final chunk."""
+    """The model's last layers: sample the token that follows a final chunk.
+
+    A session keeps a ``TailSampler`` (its parameters, penalty counts and grammar state);
+    ``grammars`` builds grammar matchers, None on a tail without a vocabulary to match against.
+    """
+
+    def __init__(self, grammars: GrammarVocabulary | None = None) -> None:
+        self._grammars = grammars
 
     def check(self, frame: StepFrame) -> None:
         if frame.downstream:
@@ -80,28 +87,35 @@ class SampleStage:
     def check_opening(self, frame: StepFrame) -> None:
         if frame.sampling is None:
             raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
+        if frame.sampling.constraint is not None and self._grammars is None:
+            raise InvalidArgument("this tail has no vocabulary to apply a grammar with (response_format)")
 
-    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> SamplingParams:
-        if frame.sampling is None:
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> TailSampler:
+        self.check_opening(frame)
+        params = frame.sampling
+        if params is None:  # check_opening refused it already; this tells the type checker
             raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
-        return frame.sampling
+        constraint = params.constraint
+        grammars = self._grammars
+        matcher = None if constraint is None or grammars is None else grammars.matcher(constraint)
+        return TailSampler(params, matcher)
 
     async def emit(
-        self, state: SamplingParams, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: TailSampler, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
     ) -> StepResult:
         meta = frame.meta
         next_position = meta.position + frame.n_tokens
-        token = None
+        token, logprobs = None, None
         if frame.final_chunk:
             # logits: [1, n_vocab], the row of the frame's last token (want_logits "last").
             if output.logits is None or len(output.logits) == 0:
                 raise EngineError("the engine returned no logits for a final chunk at the tail")
             # Seeded by the position it fills, so a replay samples the same token again.
-            token = sample_token(output.logits[-1], state, next_position)
-        return StepResult(meta.session_id, meta.step, next_position, token, (timing,))
+            token, logprobs = state.choose(output.logits[-1], next_position)
+        return StepResult(meta.session_id, meta.step, next_position, token, (timing,), logprobs=logprobs)
 
-    async def release(self, state: SamplingParams) -> None:
-        return None
+    async def release(self, state: TailSampler) -> None:
+        state.close()
 
 
 class DownstreamLink(Protocol):

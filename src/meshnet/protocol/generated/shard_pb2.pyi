@@ -144,16 +144,54 @@ class Hop(_message.Message):
     def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "adjustments", "logprobs", "constraint")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    adjustments: LogitAdjustmentSpec
+    logprobs: LogprobSpec
+    constraint: GrammarConstraintSpec
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., adjustments: _Optional[_Union[LogitAdjustmentSpec, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobSpec, _Mapping]] = ..., constraint: _Optional[_Union[GrammarConstraintSpec, _Mapping]] = ...) -> None: ...
+
+class LogitAdjustmentSpec(_message.Message):
+    __slots__ = ("presence_penalty", "frequency_penalty", "logit_bias")
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: _containers.RepeatedCompositeFieldContainer[LogitBiasEntry]
+    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBiasEntry, _Mapping]]] = ...) -> None: ...
+
+class LogitBiasEntry(_message.Message):
+    __slots__ = ("token_id", "bias")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    bias: float
+    def __init__(self, token_id: _Optional[int] = ..., bias: _Optional[float] = ...) -> None: ...
+
+class LogprobSpec(_message.Message):
+    __slots__ = ("top",)
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    top: int
+    def __init__(self, top: _Optional[int] = ...) -> None: ...
+
+class GrammarConstraintSpec(_message.Message):
+    __slots__ = ("gbnf", "root")
+    GBNF_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    gbnf: str
+    root: str
+    def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation")
@@ -182,10 +220,28 @@ class Continuation(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SampledToken(_message.Message):
-    __slots__ = ("token_id",)
+    __slots__ = ("token_id", "logprobs")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_id: int
-    def __init__(self, token_id: _Optional[int] = ...) -> None: ...
+    logprobs: SampledLogprobs
+    def __init__(self, token_id: _Optional[int] = ..., logprobs: _Optional[_Union[SampledLogprobs, _Mapping]] = ...) -> None: ...
+
+class SampledLogprobs(_message.Message):
+    __slots__ = ("logprob", "top")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[SampledAlternative]
+    def __init__(self, logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[SampledAlternative, _Mapping]]] = ...) -> None: ...
+
+class SampledAlternative(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class ChunkAck(_message.Message):
     __slots__ = ()

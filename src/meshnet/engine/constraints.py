@@ -1,0 +1,131 @@
+"""Grammar-constrained output with llama.cpp's own grammar sampler, over a tail's logits.
+
+``response_format`` becomes a GBNF grammar (``json_object``: llama.cpp's JSON grammar;
+``json_schema``: llama.cpp's JSON-schema converter, shipped in llama-cpp-python). The tail keeps
+one ``GrammarMatcher`` per session: before each token it masks every token the grammar forbids
+(llama.cpp sets their logit to -inf), after it accepts the chosen one. End-of-generation is
+allowed only where the grammar is complete, so a finished answer always parses.
+
+A tail slice keeps the tokenizer (artifact/slicing.py), but the matcher needs only the
+vocabulary, so ``GrammarVocabulary`` loads the model ``vocab_only``, as the gateway's tokenizer does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from meshnet.core.errors import ArtifactError, EngineError, InvalidArgument
+from meshnet.core.sampling_options import MAX_GRAMMAR_CHARS, OutputConstraint
+from meshnet.engine import llama_ffi  # noqa: F401 - quiets llama.cpp logging before the load
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+"""The layout of llama.cpp's ``llama_token_data``."""
+
+
+def json_object_constraint() -> OutputConstraint:
+    """``response_format: {"type": "json_object"}``: any JSON object."""
+    return OutputConstraint(JSON_GBNF)
+
+
+def json_schema_constraint(schema: Mapping[str, Any]) -> OutputConstraint:
+    """``response_format: {"type": "json_schema"}``: JSON that matches ``schema``.
+
+    InvalidArgument when llama.cpp's converter cannot express the schema (for example a remote
+    ``$ref``), so the client hears it before any generation starts.
+    """
+    try:
+        grammar = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as err:  # the converter raises ValueError, KeyError, AssertionError ...
+        raise InvalidArgument(f"the JSON schema cannot be turned into a grammar: {err!r}") from None
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise InvalidArgument(f"the JSON schema's grammar is {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS}")
+    return OutputConstraint(grammar)
+
+
+class GrammarVocabulary:
+    """A model's vocabulary, loaded once per tail, to build one grammar matcher per session."""
+
+    def __init__(self, model_path: Path) -> None:
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self._model:
+            raise ArtifactError(f"llama.cpp could not load the vocabulary of {Path(model_path).name}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+    def matcher(self, constraint: OutputConstraint) -> GrammarMatcher:
+        sampler = llama_cpp.llama_sampler_init_grammar(
+            self._vocab, constraint.grammar.encode(), constraint.root.encode()
+        )
+        if not sampler:
+            raise InvalidArgument("llama.cpp could not parse the grammar (check its rules and root)")
+        return GrammarMatcher(sampler, self.n_vocab)
+
+    def close(self) -> None:
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        # A tail holds its vocabulary for the life of the process; free it with the object.
+        self.close()
+
+
+class GrammarMatcher:
+    """One session's grammar state: which tokens may come next; advanced token by token."""
+
+    def __init__(self, sampler: Any, n_vocab: int) -> None:
+        self._sampler = sampler
+        self._candidates = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._candidates["id"] = np.arange(n_vocab, dtype=np.int32)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+
+    def _apply(self, candidates: np.ndarray) -> None:
+        if not self._sampler:
+            raise EngineError("the grammar matcher was already closed")
+        view = llama_cpp.llama_token_data_array(
+            data=candidates.ctypes.data_as(llama_cpp.llama_token_data_p),
+            size=candidates.shape[0],
+            selected=-1,
+            sorted=False,
+        )
+        llama_cpp.llama_sampler_apply(self._sampler, ctypes.byref(view))
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar allows ``token`` next (a cheap check of one candidate)."""
+        self._one["id"], self._one["logit"] = token, 0.0
+        self._apply(self._one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of float32 ``logits`` [n_vocab] with every forbidden token at -inf."""
+        if logits.shape[0] != self._candidates.shape[0]:
+            n_vocab = self._candidates.shape[0]
+            raise EngineError(f"logits for {logits.shape[0]} tokens; the grammar's vocabulary has {n_vocab}")
+        self._candidates["logit"] = logits
+        self._apply(self._candidates)
+        masked = np.array(self._candidates["logit"], dtype=np.float32)
+        if not np.isfinite(masked).any():
+            raise EngineError("the grammar allows no token here")
+        return masked
+
+    def accept(self, token: int) -> None:
+        """Advance past ``token``; only ever a token ``allows`` or ``mask`` let through."""
+        if not self._sampler:
+            raise EngineError("the grammar matcher was already closed")
+        llama_cpp.llama_sampler_accept(self._sampler, token)
+
+    def close(self) -> None:
+        if self._sampler:
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
