@@ -25,6 +25,8 @@ class GatewayConfig:
     """Largest ``max_tokens`` a request may ask for; more is a 400, not a silent clamp."""
     max_stop_sequences: int = 4
     """How many ``stop`` strings one request may give (OpenAI's limit)."""
+    max_choices: int = 8
+    """Largest ``n``: each choice is its own route session, so one request holds up to this many."""
     max_body_bytes: int = 1 << 20
     """Request bodies above this are refused with 413 before being parsed."""
     max_in_flight: int | None = None
@@ -59,6 +61,7 @@ class GatewayConfig:
             "default_max_tokens": self.default_max_tokens,
             "max_tokens_limit": self.max_tokens_limit,
             "max_body_bytes": self.max_body_bytes,
+            "max_choices": self.max_choices,
             "progress_every_tokens": self.progress_every_tokens,
             "telemetry_max_events_per_request": self.telemetry_max_events_per_request,
         }

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import anyio
 
+from meshnet.client.swarm import billing_units
 from meshnet.core.errors import Cancelled, DeadlineExceeded, MeshnetError
 from meshnet.core.events import (
     DecodeStarted,
@@ -31,6 +32,7 @@ from meshnet.core.events import (
 from meshnet.core.ids import RequestId
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import streamed_error
+from meshnet.gateway.logprob_format import LogprobEntry, logprob_entry
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import PreparedRequest
 from meshnet.gateway.stops import StopMatcher
@@ -44,14 +46,24 @@ OpenAIFinishReason = Literal["stop", "length"]
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[LogprobEntry, ...] = ()
+    """The tokens since the last delta, when the request asked for logprobs."""
 
 
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    billing_units: float | None
-    """From the route's ``Finished``; None when the gateway stopped the route before it finished."""
+    billing_units: float
+    """From the route's ``Finished``; computed here when the gateway stopped the route first."""
+
+    def __add__(self, other: Usage) -> Usage:
+        """Two choices of one request: the prompt once, the completions and billing summed."""
+        return Usage(
+            self.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.billing_units + other.billing_units,
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +121,7 @@ class _Run:
         self.config = config
         self.clock = clock
         self.decoder = codec.new_decoder()
+        self.codec = codec
         self.eos = codec.eos_token_ids
         self.stops = StopMatcher(prepared.stop_sequences)
         self.tokens = 0
@@ -160,7 +173,8 @@ class _Run:
         self.tokens += 1
         self.rate = event.tokens_per_second
         scan = self.stops.push(self.decoder.push(event.token_id))
-        items: list[DriverItem] = [TextDelta(scan.emit)] if scan.emit else []
+        logprobs = () if event.logprobs is None else (logprob_entry(event.logprobs, self.codec),)
+        items: list[DriverItem] = [TextDelta(scan.emit, logprobs)] if scan.emit or logprobs else []
         now = self.clock()
         last_tokens, last_at = self.last_progress_tokens, self.last_progress_at
         if progress_due(self.tokens, last_tokens, now, last_at, self.config):
@@ -175,7 +189,8 @@ class _Run:
         return items, False
 
     def _local_usage(self) -> Usage:
-        return Usage(len(self.prepared.generation.prompt_tokens), self.tokens, None)
+        prompt = len(self.prepared.generation.prompt_tokens)
+        return Usage(prompt, self.tokens, billing_units(prompt, self.tokens))
 
     def _finish(self, reason: OpenAIFinishReason, usage: Usage) -> list[DriverItem]:
         tail = self.stops.push(self.decoder.flush()).emit + self.stops.flush()

@@ -68,6 +68,10 @@ class TextCodec(Protocol):
 
     def new_decoder(self) -> IncrementalDecoder: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (what ``logprobs`` reports per token)."""
+        ...
+
 
 class RouteGenerator(Protocol):
     """Drives one request along a route of shards and reports what happens.

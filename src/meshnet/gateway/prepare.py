@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import HttpError, bad_request
+from meshnet.gateway.openai_options import choice_count, logit_adjustments, logprob_request, output_constraint
 from meshnet.gateway.ports import ModelCard, TextCodec
 from meshnet.gateway.schemas import (
     ChatCompletionBody,
@@ -39,6 +40,19 @@ class PreparedRequest:
     stop_sequences: tuple[str, ...]
     stream: bool
     include_usage: bool
+    choices: int = 1
+    """``n``: independent choices; choice i samples with seed + i (see ``choice_generation``)."""
+
+    @property
+    def logprobs(self) -> bool:
+        return self.generation.sampling.logprobs is not None
+
+    def choice_generation(self, index: int) -> GenerationRequest:
+        """The request of choice ``index``: its own seed, so sampled choices differ."""
+        if index == 0:
+            return self.generation
+        sampling = self.generation.sampling
+        return replace(self.generation, sampling=replace(sampling, seed=(sampling.seed + index) % 2**63))
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ def _prepare(
         generation = GenerationRequest(
             prompt_tokens=tuple(tokens),
             max_tokens=max_tokens,
-            sampling=_sampling(body),
+            sampling=_sampling(body, codec.vocab_size),
             stop_tokens=codec.eos_token_ids,
             model=body.model,
             timeout_s=config.request_timeout_seconds,
@@ -104,6 +118,7 @@ def _prepare(
         stop_sequences=_stop_sequences(body.stop, config),
         stream=body.stream,
         include_usage=include_usage,
+        choices=choice_count(body, config),
     )
 
 
@@ -135,7 +150,7 @@ def _completion_budget(prompt_tokens: int, requested: int | None, limits: ModelL
     return requested
 
 
-def _sampling(body: ChatCompletionBody | CompletionBody) -> SamplingParams:
+def _sampling(body: ChatCompletionBody | CompletionBody, vocab_size: int) -> SamplingParams:
     temperature = 1.0 if body.temperature is None else body.temperature
     # Without a seed a sampled answer should differ between calls, as OpenAI's does; the seed is
     # drawn per request, never from shared state.
@@ -146,6 +161,9 @@ def _sampling(body: ChatCompletionBody | CompletionBody) -> SamplingParams:
         top_k=body.top_k or 0,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=seed,
+        adjustments=logit_adjustments(body, vocab_size),
+        logprobs=logprob_request(body),
+        constraint=output_constraint(body),
     )
 
 
@@ -170,7 +188,7 @@ def _reject_unsupported(body: ChatCompletionBody | CompletionBody) -> None:
         raise bad_request(
             "unsupported_parameter",
             f"{names[0]} is not supported by this server with the value given "
-            "(meshnet generates one text choice without logprobs, tools or penalties)",
+            "(meshnet generates text only: no tools, echo, suffix or best_of)",
             names[0],
         )
 

@@ -2,56 +2,75 @@
 
 Plain dict builders, so the wire shape is visible in one place. The ``id`` of every object is
 the gateway's request id, which is also the ``x-request-id`` header and the key of the
-telemetry endpoints.
+telemetry endpoints. A request with ``n`` > 1 has one choice per index, all in one object
+(or, streamed, chunks that each name their choice's index).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from meshnet.gateway.driver import Outcome
+from meshnet.gateway.driver import Outcome, Usage
+from meshnet.gateway.logprob_format import LogprobEntry, chat_logprobs, text_logprobs
 from meshnet.gateway.prepare import EndpointKind
 
 
+@dataclass(frozen=True)
+class Collected:
+    """One choice, generated to its end."""
+
+    text: str
+    outcome: Outcome
+    logprobs: tuple[LogprobEntry, ...] | None = None
+    """Every generated token's logprobs; None when the request did not ask for them."""
+
+
+def total_usage(choices: Sequence[Collected]) -> Usage:
+    usage = choices[0].outcome.usage
+    for choice in choices[1:]:
+        usage = usage + choice.outcome.usage
+    return usage
+
+
 def completion_object(
-    kind: EndpointKind, request_id: str, model: str, created: int, text: str, outcome: Outcome
+    kind: EndpointKind, request_id: str, model: str, created: int, choices: Sequence[Collected]
 ) -> dict[str, Any]:
     """The non-streaming ``chat.completion`` or ``text_completion`` object."""
-    if kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": outcome.finish_reason,
-        }
-        object_name = "chat.completion"
-    else:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": outcome.finish_reason,
-        }
-        object_name = "text_completion"
+    built: list[dict[str, Any]] = []
+    for index, choice in enumerate(choices):
+        if kind == "chat":
+            logprobs = None if choice.logprobs is None else chat_logprobs(choice.logprobs)
+            body: dict[str, Any] = {"message": {"role": "assistant", "content": choice.text}}
+        else:
+            logprobs = None if choice.logprobs is None else text_logprobs(choice.logprobs)
+            body = {"text": choice.text}
+        built.append({"index": index, **body, "logprobs": logprobs, "finish_reason": choice.outcome.finish_reason})
     return {
         "id": request_id,
-        "object": object_name,
+        "object": "chat.completion" if kind == "chat" else "text_completion",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [choice],
-        "usage": outcome.usage.as_json(),
+        "choices": built,
+        "usage": total_usage(choices).as_json(),
     }
 
 
 class ChunkWriter:
     """Builds the streaming chunks of one request (``chat.completion.chunk`` or text)."""
 
-    def __init__(self, kind: EndpointKind, request_id: str, model: str, created: int) -> None:
+    def __init__(
+        self, kind: EndpointKind, request_id: str, model: str, created: int, *, logprobs: bool = False
+    ) -> None:
         self.kind = kind
         self.request_id = request_id
         self.model = model
         self.created = created
+        self.logprobs = logprobs
+        self._text_offsets: dict[int, int] = {}
+        """Per choice, how much text its earlier chunks carried (legacy ``text_offset``)."""
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         object_name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -65,29 +84,46 @@ class ChunkWriter:
             **extra,
         }
 
-    def _choice(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+    def _logprobs(self, index: int, entries: Sequence[LogprobEntry]) -> dict[str, Any] | None:
+        if not self.logprobs or not entries:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(entries)
+        return text_logprobs(entries, self._text_offsets.get(index, 0))
+
+    def _choice(
+        self,
+        index: int,
+        text: str | None,
+        finish_reason: str | None,
+        *,
+        role: bool = False,
+        logprobs: Sequence[LogprobEntry] = (),
+    ) -> dict[str, Any]:
+        shaped = self._logprobs(index, logprobs)
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}
+        self._text_offsets[index] = self._text_offsets.get(index, 0) + len(text or "")
+        return {"index": index, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}
 
-    def opening(self) -> dict[str, Any] | None:
+    def opening(self, index: int = 0) -> dict[str, Any] | None:
         """Chat streams open with the assistant role, as OpenAI's do; text streams need nothing."""
         if self.kind != "chat":
             return None
-        return self._chunk([self._choice("", None, role=True)])
+        return self._chunk([self._choice(index, "", None, role=True)])
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._chunk([self._choice(text, None)])
+    def delta(self, text: str, index: int = 0, logprobs: Sequence[LogprobEntry] = ()) -> dict[str, Any]:
+        return self._chunk([self._choice(index, text, None, logprobs=logprobs)])
 
-    def closing(self, outcome: Outcome) -> dict[str, Any]:
+    def closing(self, outcome: Outcome, index: int = 0) -> dict[str, Any]:
         empty = None if self.kind == "chat" else ""
-        return self._chunk([self._choice(empty, outcome.finish_reason)])
+        return self._chunk([self._choice(index, empty, outcome.finish_reason)])
 
-    def usage(self, outcome: Outcome) -> dict[str, Any]:
+    def usage(self, usage: Usage) -> dict[str, Any]:
         """The extra last chunk asked for by ``stream_options.include_usage``: no choices."""
-        return self._chunk([], usage=outcome.usage.as_json())
+        return self._chunk([], usage=usage.as_json())

@@ -3,7 +3,7 @@
 Unknown fields are handled deliberately, in three groups:
 - modelled and honoured (``max_tokens``, ``temperature``, ``stop``, ``top_k`` extension ...);
 - known OpenAI parameters we cannot honour (``UNSUPPORTED``): accepted only with their neutral
-  value (``n: 1``, ``logprobs: false``, ``tools: []`` ...), any other value is a 400
+  value (``best_of: 1``, ``echo: false``, ``tools: []`` ...), any other value is a 400
   ``unsupported_parameter`` rather than a silently different answer;
 - everything else (``user``, ``metadata``, ``store``, ``service_tier``, future fields) is
   harmless to ignore, so ``extra="ignore"`` keeps newer clients working.
@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from meshnet.core.generation import MAX_TOP_K
+from meshnet.core.sampling_options import MAX_TOP_LOGPROBS
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
@@ -31,6 +32,20 @@ class _Body(BaseModel):
 class StreamOptions(_Body):
     include_usage: bool = False
     """Send a last chunk with ``usage`` and no choices before ``[DONE]``."""
+
+
+class JsonSchemaFormat(_Body):
+    name: str = Field(default="response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, JsonValue] = Field(default_factory=dict, alias="schema")
+    """The JSON schema the answer must match; an empty schema allows any JSON value."""
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    """Required with ``type: json_schema``, ignored otherwise."""
 
 
 class ContentPart(_Body):
@@ -57,24 +72,26 @@ class _CompletionBody(_Body):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Known-unsupported parameters: typed loosely on purpose so a wrong value is reported as
-    # "unsupported" (what the user needs to know) rather than as a type error.
-    n: JsonValue = None
-    logprobs: JsonValue = None
-    top_logprobs: JsonValue = None
-    logit_bias: JsonValue = None
-    frequency_penalty: JsonValue = None
-    presence_penalty: JsonValue = None
+    n: int | None = Field(default=None, ge=1)
+    """Independent choices, each its own route session (seed + index); capped by the config."""
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string) -> bias in [-100, 100] added to its logit."""
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = None
+    """``text``, ``json_object`` or ``json_schema``: the tail samples under llama.cpp's grammar."""
 
 
 class ChatCompletionBody(_CompletionBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Alternatives per token; needs ``logprobs: true``."""
     tools: JsonValue = None
     tool_choice: JsonValue = None
     functions: JsonValue = None
     function_call: JsonValue = None
-    response_format: JsonValue = None
     audio: JsonValue = None
     modalities: JsonValue = None
     prediction: JsonValue = None
@@ -82,6 +99,8 @@ class ChatCompletionBody(_CompletionBody):
 
 class CompletionBody(_CompletionBody):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Legacy completions: report logprobs with this many alternatives per token."""
     echo: JsonValue = None
     suffix: JsonValue = None
     best_of: JsonValue = None
@@ -96,20 +115,13 @@ def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
 
 UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
     {
-        "n": _is_none_or(1),
         "best_of": _is_none_or(1),
-        "logprobs": _is_none_or(False),
-        "top_logprobs": _is_none_or(0),
-        "logit_bias": _is_none_or({}),
-        "frequency_penalty": _is_none_or(0, 0.0),
-        "presence_penalty": _is_none_or(0, 0.0),
         "echo": _is_none_or(False),
         "suffix": _is_none_or(""),
         "tools": _is_none_or([]),
         "tool_choice": _is_none_or("none"),
         "functions": _is_none_or([]),
         "function_call": _is_none_or("none"),
-        "response_format": _is_none_or({"type": "text"}),
         "audio": _is_none_or(),
         "modalities": _is_none_or(["text"]),
         "prediction": _is_none_or(),

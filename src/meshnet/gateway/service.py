@@ -10,8 +10,8 @@ iterator is closed and the admission slot returned exactly once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import TypeVar
 
 import anyio
@@ -22,25 +22,18 @@ from meshnet.core.errors import Cancelled, MeshnetError
 from meshnet.core.ids import RequestId
 from meshnet.gateway.admission import Admission, Lease, Refused
 from meshnet.gateway.capacity import SwarmCapacity
+from meshnet.gateway.choices import choice_request_id, interleave
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.driver import DriverItem, Outcome, TextDelta, drive
 from meshnet.gateway.errors import HttpError, streamed_error
+from meshnet.gateway.logprob_format import LogprobEntry
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, unknown_model
-from meshnet.gateway.responses import ChunkWriter, completion_object
+from meshnet.gateway.responses import ChunkWriter, Collected, completion_object
 from meshnet.gateway.sse import DONE, ManagedStreamingResponse, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Collected:
-    text: str
-    outcome: Outcome
-
-    def as_tuple(self) -> tuple[str, Outcome]:
-        return self.text, self.outcome
 
 
 class CompletionService:
@@ -77,43 +70,85 @@ class CompletionService:
         request_id: RequestId = request.state.request_id
         await self.capacity.refresh_if_stale()
         lease, preamble = await self._admit(request, request_id, prepared.model)
+        leases = [lease]
+        try:
+            leases += await self._admit_more_choices(request, request_id, prepared.choices - 1)
+        except BaseException:
+            lease.release()
+            raise
         deadline = asyncio.get_running_loop().time() + self.config.request_timeout_seconds
-        driver = drive(
-            self.generator,
-            prepared,
-            codec,
-            request_id,
-            hub=self.hub,
-            config=self.config,
-            clock=self.clock,
-            deadline=deadline,
-            queue_seconds=lease.waited_s,
-        )
+        waited = lease.waited_s
+        drivers = [self._driver(prepared, codec, request_id, i, deadline, waited) for i in range(prepared.choices)]
 
         async def close() -> None:
             try:
-                await driver.aclose()
+                for driver in drivers:
+                    await driver.aclose()
             finally:
-                lease.release()
+                for held in leases:
+                    held.release()
 
         handed_off = False
         try:
             if prepared.stream:
-                # Wait for the route's first event before sending headers, so a request that
+                # Wait for each route's first event before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
-                first = await _first_item(driver)
-                frames = self._sse(prepared, request_id, [*preamble, first], driver)
+                firsts = [await _first_item(driver) for driver in drivers]
+                frames = self._sse(prepared, request_id, preamble, firsts, drivers)
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
-            collected = await _unless_disconnected(request, _collect(driver))
+            work = asyncio.gather(*(_collect(driver, prepared.logprobs) for driver in drivers))
+            collected = await _unless_disconnected(request, work)
             created = int(self.wall_clock())
-            body = completion_object(prepared.kind, request_id, prepared.model, created, *collected.as_tuple())
+            body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
             return JSONResponse(body)
         finally:
             if not handed_off:
                 with anyio.CancelScope(shield=True):
                     await close()
+
+    def _driver(
+        self,
+        prepared: PreparedRequest,
+        codec: TextCodec,
+        request_id: RequestId,
+        index: int,
+        deadline: float,
+        queue_seconds: float,
+    ) -> AsyncGenerator[DriverItem, None]:
+        choice_id = choice_request_id(request_id, index)
+        if index > 0:
+            self.hub.open(choice_id, prepared.model)
+        choice = replace(prepared, generation=prepared.choice_generation(index)) if index else prepared
+        return drive(
+            self.generator,
+            choice,
+            codec,
+            choice_id,
+            hub=self.hub,
+            config=self.config,
+            clock=self.clock,
+            deadline=deadline,
+            queue_seconds=queue_seconds,
+        )
+
+    async def _admit_more_choices(self, request: Request, request_id: RequestId, extra: int) -> list[Lease]:
+        """One more admission slot per further choice: each is a route session of its own."""
+        leases: list[Lease] = []
+        try:
+            for _ in range(extra):
+                wait = self.admission.acquire(self.config.queue_timeout_seconds, lambda _position: None)
+                leases.append(await _unless_disconnected(request, wait))
+        except Refused as refused:
+            for lease in leases:
+                lease.release()
+            raise HttpError(503, "overloaded", refused.message, retry_after=refused.retry_after) from None
+        except BaseException:
+            for lease in leases:
+                lease.release()
+            raise
+        return leases
 
     async def _admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[DriverItem]]:
         """A slot, after waiting in the queue if need be; the ``queued`` event, if it waited.
@@ -151,36 +186,52 @@ class CompletionService:
         self,
         prepared: PreparedRequest,
         request_id: RequestId,
-        opening_items: list[DriverItem],
-        driver: AsyncIterator[DriverItem],
+        preamble: list[DriverItem],
+        firsts: list[DriverItem],
+        drivers: list[AsyncGenerator[DriverItem, None]],
     ) -> AsyncIterator[bytes]:
-        writer = ChunkWriter(prepared.kind, request_id, prepared.model, int(self.wall_clock()))
-        opening = writer.opening()
-        if opening is not None:
-            yield data_frame(opening)
-        for early in opening_items[:-1]:
-            for frame in _frames(writer, early, prepared.include_usage):
+        created = int(self.wall_clock())
+        writer = ChunkWriter(prepared.kind, request_id, prepared.model, created, logprobs=prepared.logprobs)
+        for index in range(prepared.choices):
+            opening = writer.opening(index)
+            if opening is not None:
+                yield data_frame(opening)
+        for early in preamble:
+            for frame in _frames(writer, 0, early):
                 yield frame
-        item: DriverItem | None = opening_items[-1]
+        outcomes: list[Outcome] = []
         try:
-            while item is not None:
-                for frame in _frames(writer, item, prepared.include_usage):
+            # Each route's first item, then all of them as they come.
+            async for index, item in _chain(list(enumerate(firsts)), interleave(drivers)):
+                for frame in _frames(writer, index, item):
                     yield frame
-                item = await anext(driver, None)
+                if isinstance(item, Outcome):
+                    outcomes.append(item)
+                    if len(outcomes) == prepared.choices and prepared.include_usage:
+                        usage = outcomes[0].usage
+                        for other in outcomes[1:]:
+                            usage = usage + other.usage
+                        yield data_frame(writer.usage(usage))
         except Exception as err:  # typed or not, the client gets an error event, never a hang
             yield data_frame(streamed_error(err, request_id))
         yield DONE
 
 
-def _frames(writer: ChunkWriter, item: DriverItem, include_usage: bool) -> list[bytes]:
+async def _chain(
+    firsts: list[tuple[int, DriverItem]], rest: AsyncIterator[tuple[int, DriverItem]]
+) -> AsyncIterator[tuple[int, DriverItem]]:
+    for first in firsts:
+        yield first
+    async for item in rest:
+        yield item
+
+
+def _frames(writer: ChunkWriter, index: int, item: DriverItem) -> list[bytes]:
     if isinstance(item, TextDelta):
-        return [data_frame(writer.delta(item.text))]
+        return [data_frame(writer.delta(item.text, index, item.logprobs))]
     if isinstance(item, TelemetryEvent):
         return [telemetry_comment(item)]
-    frames = [data_frame(writer.closing(item))]
-    if include_usage:
-        frames.append(data_frame(writer.usage(item)))
-    return frames
+    return [data_frame(writer.closing(item, index))]
 
 
 async def _first_item(driver: AsyncIterator[DriverItem]) -> DriverItem:
@@ -196,18 +247,20 @@ async def _first_item(driver: AsyncIterator[DriverItem]) -> DriverItem:
         raise MeshnetError("the route produced nothing") from None
 
 
-async def _collect(driver: AsyncIterator[DriverItem]) -> Collected:
+async def _collect(driver: AsyncIterator[DriverItem], logprobs: bool) -> Collected:
     parts: list[str] = []
+    entries: list[LogprobEntry] = []
     outcome: Outcome | None = None
     # Run the driver to its end, not just to the Outcome, so the route can finish normally.
     async for item in driver:
         if isinstance(item, TextDelta):
             parts.append(item.text)
+            entries.extend(item.logprobs)
         elif isinstance(item, Outcome):
             outcome = item
     if outcome is None:
         raise MeshnetError("the route ended without an outcome")
-    return Collected("".join(parts), outcome)
+    return Collected("".join(parts), outcome, tuple(entries) if logprobs else None)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -73,6 +73,9 @@ class ByteCodec:
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"" if token_id < OFFSET else bytes([token_id - OFFSET])
+
 
 @dataclass
 class Script:

@@ -76,13 +76,24 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "top_p above 1": (chat(top_p=1.5), 400, "invalid_parameter"),
     "top_k negative": (chat(top_k=-1), 400, "invalid_parameter"),
     "seed too large": (chat(seed=2**70), 400, "invalid_parameter"),
-    "n=2": (chat(n=2), 400, "unsupported_parameter"),
-    "logprobs": (chat(logprobs=True), 400, "unsupported_parameter"),
-    "top_logprobs": (chat(top_logprobs=3), 400, "unsupported_parameter"),
+    "n above the limit": (chat(n=9), 400, "invalid_parameter"),
+    "n zero": (chat(n=0), 400, "invalid_parameter"),
+    "logprobs as string": (chat(logprobs="yes"), 400, "invalid_parameter"),
+    "top_logprobs without logprobs": (chat(top_logprobs=3), 400, "invalid_parameter"),
+    "top_logprobs above 20": (chat(logprobs=True, top_logprobs=21), 400, "invalid_parameter"),
     "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
-    "json mode": (chat(response_format={"type": "json_object"}), 400, "unsupported_parameter"),
-    "penalty": (chat(frequency_penalty=0.5), 400, "unsupported_parameter"),
-    "logit_bias": (chat(logit_bias={"5": 10}), 400, "unsupported_parameter"),
+    "unknown response_format": (chat(response_format={"type": "yaml"}), 400, "invalid_parameter"),
+    "json_schema without schema": (chat(response_format={"type": "json_schema"}), 400, "invalid_parameter"),
+    "unusable json_schema": (
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "https://x.test/s"}}}),
+        400,
+        "invalid_argument",
+    ),
+    "penalty above 2": (chat(frequency_penalty=2.5), 400, "invalid_parameter"),
+    "presence penalty below -2": (chat(presence_penalty=-3), 400, "invalid_parameter"),
+    "logit_bias key not an id": (chat(logit_bias={"abc": 10}), 400, "invalid_parameter"),
+    "logit_bias id outside vocab": (chat(logit_bias={"99999": 10}), 400, "invalid_parameter"),
+    "logit_bias above 100": (chat(logit_bias={"5": 101}), 400, "invalid_argument"),
     "tool role": (chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported_parameter"),
     "image part": (
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
@@ -101,7 +112,8 @@ BAD_TEXT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "best_of": ({"model": MODEL, "prompt": "a", "best_of": 3}, 400, "unsupported_parameter"),
     "echo": ({"model": MODEL, "prompt": "a", "echo": True}, 400, "unsupported_parameter"),
     "suffix": ({"model": MODEL, "prompt": "a", "suffix": "z"}, 400, "unsupported_parameter"),
-    "logprobs int": ({"model": MODEL, "prompt": "a", "logprobs": 0}, 400, "unsupported_parameter"),
+    "logprobs above 20": ({"model": MODEL, "prompt": "a", "logprobs": 21}, 400, "invalid_parameter"),
+    "logprobs as bool": ({"model": MODEL, "prompt": "a", "logprobs": True}, 400, "invalid_parameter"),
     "prompt over cap": ({"model": MODEL, "prompt": "y" * 64}, 400, "context_length_exceeded"),
 }
 
@@ -138,8 +150,10 @@ def test_bad_text_input_is_an_openai_4xx(client: TestClient, name: str) -> None:
 
 def test_errors_name_the_offending_parameter(client: TestClient) -> None:
     assert assert_openai_error(post(client, CHAT, chat(top_p=3)), 400, None)["param"] == "top_p"
-    error = assert_openai_error(post(client, CHAT, chat(logprobs=True)), 400, None)
-    assert error["param"] == "logprobs"
+    error = assert_openai_error(post(client, CHAT, chat(top_logprobs=2)), 400, None)
+    assert error["param"] == "top_logprobs"
+    error = assert_openai_error(post(client, CHAT, chat(logit_bias={"x": 1})), 400, None)
+    assert error["param"] == "logit_bias"
 
 
 def test_body_over_the_size_limit_is_413() -> None:

@@ -125,8 +125,8 @@ async def test_client_raises_typed_errors() -> None:
             await client.chat.completions.create(model="nope", messages=MESSAGES)
         assert not_found.value.code == "model_not_found"
         with pytest.raises(openai.BadRequestError) as bad:
-            await client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
-        assert bad.value.code == "unsupported_parameter"
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, top_logprobs=2)
+        assert bad.value.code == "invalid_parameter"
         generator.script = Script(fail_before=NoRoute("no shard serves layers 12:24"))
         with pytest.raises(openai.InternalServerError) as unavailable:
             await client.chat.completions.create(model=MODEL, messages=MESSAGES)
