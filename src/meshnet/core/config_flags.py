@@ -48,13 +48,20 @@ class FlagSpec:
     flag is then optional even if the field has no default."""
     short: str | None = None
     """A one-letter alias (``o`` for ``-o``)."""
+    hidden: bool = False
+    """No flag at all: the field keeps its default on the command line (API-only options)."""
 
 
 def cli(
-    name: str | None = None, *, positional: bool = False, shown_default: str | None = None, short: str | None = None
+    name: str | None = None,
+    *,
+    positional: bool = False,
+    shown_default: str | None = None,
+    short: str | None = None,
+    hidden: bool = False,
 ) -> dict[str, Any]:
     """Field metadata: ``x: int = field(default=1, metadata=cli("other-name"))``."""
-    return {_METADATA_KEY: FlagSpec(name, positional, shown_default, short)}
+    return {_METADATA_KEY: FlagSpec(name, positional, shown_default, short, hidden)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +151,8 @@ def config_flags(cls: type, *, skip: Collection[str] = (), path: tuple[str, ...]
             continue
         kind, optional = _unwrap_optional(hints[field.name])
         spec = field.metadata.get(_METADATA_KEY, FlagSpec())
+        if spec.hidden:
+            continue
         if _is_nested(kind):
             nested_prefix = prefix + (f"{spec.name or field.name.replace('_', '-')}-" if optional else "")
             nested = config_flags(kind, path=(*path, field.name), prefix=nested_prefix)
@@ -256,6 +265,8 @@ def given_arguments(cls: type, args: argparse.Namespace, *, path: tuple[str, ...
     for field in dataclasses.fields(cls):
         kind, optional = _unwrap_optional(hints[field.name])
         dest = _dest((*path, field.name))
+        if field.metadata.get(_METADATA_KEY, FlagSpec()).hidden:
+            continue
         if _is_nested(kind):
             nested = given_arguments(kind, args, path=(*path, field.name))
             if nested or not optional:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.sampling_options import LogitAdjustments, LogprobRequest, OutputConstraint
 
@@ -25,11 +26,12 @@ class SamplingParams:
     """Keep the smallest set of tokens whose probability reaches top_p."""
     seed: int = 0
     """Seeds the sampler so a temperature > 0 run is reproducible."""
-    adjustments: LogitAdjustments = field(default_factory=LogitAdjustments)
+    # The OpenAI API's options (the gateway sets them; no command-line flags).
+    adjustments: LogitAdjustments = field(default_factory=LogitAdjustments, metadata=cli(hidden=True))
     """logit_bias and presence / frequency penalties, applied before the token is chosen."""
-    logprobs: LogprobRequest | None = None
+    logprobs: LogprobRequest | None = field(default=None, metadata=cli(hidden=True))
     """Report each token's logprob (and top alternatives); None reports none."""
-    constraint: OutputConstraint | None = None
+    constraint: OutputConstraint | None = field(default=None, metadata=cli(hidden=True))
     """A grammar the output must match (JSON mode); None leaves the output free."""
 
     def __post_init__(self) -> None:
