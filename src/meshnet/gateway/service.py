@@ -98,8 +98,7 @@ class CompletionService:
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
-            work = asyncio.gather(*(_collect(driver, prepared.logprobs) for driver in drivers))
-            collected = await _unless_disconnected(request, work)
+            collected = await _unless_disconnected(request, _collect_all(drivers, prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
             return JSONResponse(body)
@@ -245,6 +244,18 @@ async def _first_item(driver: AsyncIterator[DriverItem]) -> DriverItem:
         return item
     except StopAsyncIteration:
         raise MeshnetError("the route produced nothing") from None
+
+
+async def _collect_all(drivers: list[AsyncGenerator[DriverItem, None]], logprobs: bool) -> list[Collected]:
+    """Every choice to its end; one failing (or the caller cancelled) stops the others, so no
+    driver is still running when ``close`` shuts them."""
+    tasks = [asyncio.create_task(_collect(driver, logprobs)) for driver in drivers]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _collect(driver: AsyncIterator[DriverItem], logprobs: bool) -> Collected:
