@@ -10,12 +10,14 @@ $MESHNET_DATA_DIR/models (default .data/models).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +103,54 @@ def test_openai_stream_through_three_workers_equals_whole_model(swarm: Swarm, tm
         )
         text = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
     assert text == expected
+
+
+# -- JSON mode: the tail (layers 20:30, a slice that keeps the vocabulary) samples under
+# llama.cpp's grammar, and the answer must parse.
+
+JSON_MAX_TOKENS = 160
+COUNTRY_SCHEMA = {
+    "type": "object",
+    "properties": {"country": {"type": "string"}, "capital": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["country", "capital", "population"],
+    "additionalProperties": False,
+}
+
+
+def _ask_json(swarm: Swarm, content: str, response_format: Any, **extra: Any) -> Any:
+    import openai
+
+    base_url = swarm.gateways[0].ready_line.split()[3]
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        return client.chat.completions.create(
+            model=DEFAULT_MODEL.name,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=JSON_MAX_TOKENS,
+            temperature=0,
+            response_format=response_format,
+            **extra,
+        )
+
+
+def test_json_object_answer_parses(swarm: Swarm) -> None:
+    reply = _ask_json(swarm, "Describe France as a JSON object with its capital and language.", {"type": "json_object"})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(json.loads(choice.message.content or ""), dict), choice.message.content
+
+
+def test_json_schema_answer_matches_the_schema_with_logprobs(swarm: Swarm) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "country", "schema": COUNTRY_SCHEMA}}
+    reply = _ask_json(swarm, "Give the country, capital and population of France.", response_format, logprobs=True)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    answer = json.loads(choice.message.content or "")
+    assert set(answer) == {"country", "capital", "population"}, answer
+    assert isinstance(answer["country"], str) and isinstance(answer["capital"], str), answer
+    assert isinstance(answer["population"], int), answer
+    # Logprobs ride along, the model's own (never above 0); the end-of-text token counts as
+    # generated but is not text, so it has no entry.
+    assert choice.logprobs is not None and choice.logprobs.content is not None and reply.usage is not None
+    assert len(choice.logprobs.content) == reply.usage.completion_tokens - 1
+    assert "".join(entry.token for entry in choice.logprobs.content) == choice.message.content
+    assert all(entry.logprob <= 0.0 for entry in choice.logprobs.content)

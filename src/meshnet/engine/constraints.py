@@ -22,9 +22,9 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from meshnet.core.errors import ArtifactError, EngineError, InvalidArgument
+from meshnet.core.errors import EngineError, InvalidArgument
 from meshnet.core.sampling_options import MAX_GRAMMAR_CHARS, OutputConstraint
-from meshnet.engine import llama_ffi  # noqa: F401 - quiets llama.cpp logging before the load
+from meshnet.engine import llama_ffi
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 """The layout of llama.cpp's ``llama_token_data``."""
@@ -54,12 +54,7 @@ class GrammarVocabulary:
     """A model's vocabulary, loaded once per tail, to build one grammar matcher per session."""
 
     def __init__(self, model_path: Path) -> None:
-        llama_cpp.llama_backend_init()
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
-        if not self._model:
-            raise ArtifactError(f"llama.cpp could not load the vocabulary of {Path(model_path).name}")
+        self._model = llama_ffi.load_vocabulary(model_path)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp import _logger as llama_logger
 
+from meshnet.core.errors import ArtifactError
+
 # Keep llama.cpp's model-loading chatter out of our output; errors still show.
 llama_logger.logger.setLevel(logging.ERROR)
 
@@ -39,3 +41,15 @@ ggml_backend_tensor_get.restype = None
 
 EvalCallback = llama_cpp.ggml_backend_sched_eval_callback
 LLAMA_CPP_PYTHON_VERSION: str = llama_cpp.__version__
+
+
+def load_vocabulary(model_path: Path) -> llama_cpp.llama_model_p | None:
+    """A ``vocab_only`` load of a GGUF (no tensors): for tokenizers and grammar matchers.
+    The caller frees it with ``llama_cpp.llama_model_free``."""
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
+    if not model:
+        raise ArtifactError(f"llama.cpp could not load the vocabulary of {Path(model_path).name}")
+    return model

@@ -22,7 +22,7 @@ import llama_cpp
 
 from meshnet.artifact.describe import ModelDescription
 from meshnet.core.errors import ArtifactError, InvalidArgument
-from meshnet.engine import llama_ffi  # noqa: F401 - quiets llama.cpp logging before the load
+from meshnet.engine import llama_ffi
 from meshnet.engine.chat_template import ChatPiece, ChatTemplate
 
 
@@ -48,12 +48,7 @@ class Tokenizer:
         template = chat_template if chat_template is not None else model.chat_template
         if not model.has_tokenizer:
             raise ArtifactError(f"{Path(model_path).name} carries no tokenizer")
-        llama_cpp.llama_backend_init()
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params)
-        if not self._model:
-            raise ArtifactError(f"llama.cpp could not load the vocabulary of {Path(model_path).name}")
+        self._model = llama_ffi.load_vocabulary(Path(model_path))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._pieces: dict[int, bytes] = {}
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
