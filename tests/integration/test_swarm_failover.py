@@ -231,3 +231,40 @@ def test_w3_no_spare_ends_with_worker_lost_and_frees_sessions(swarm: Swarm, base
     assert to_done <= ERROR_WITHIN_S
     failed = result.telemetry()[-1]
     assert failed["kind"] == "failed" and failed["code"] == error["code"]
+
+
+def _logprobs(result: SseResult) -> list[Any]:
+    return [
+        entry
+        for item in result.items
+        if item.kind == "chunk"
+        for choice in item.payload["choices"]
+        if choice.get("logprobs")
+        for entry in choice["logprobs"]["content"]
+    ]
+
+
+def test_w2_failover_rebuilds_the_tails_penalties_and_logprobs(
+    swarm: Swarm, base_url: str, reference: Reference
+) -> None:
+    """The replacement tail re-samples the replayed history, so its penalty counts (and a
+    grammar's state) end up where the lost tail's were: same tokens, same logprobs."""
+    with_middle_workers(swarm, 2)
+    body = {
+        **chat_body(MAX_TOKENS, temperature=0.8, seed=SAMPLED_SEED),
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.3,
+        "logprobs": True,
+        "top_logprobs": 3,
+        # No end of text, so the answer runs long enough to lose a worker in the middle.
+        "logit_bias": {str(eos): -100 for eos in reference.tokenizer.eos_token_ids},
+    }
+    undisturbed = read_sse(base_url, "/v1/chat/completions", body)
+    assert not undisturbed.telemetry("route_health")
+    assert len(_logprobs(undisturbed)) > 60, "the answer is too short to fail over in the middle"
+    killer = MiddleKiller(swarm, 50)
+    result = read_sse(base_url, "/v1/chat/completions", body, on_item=killer)
+    assert [event["status"] for event in result.telemetry("route_health")] == ["failover"]
+    assert not [item for item in result.items if item.kind == "error"]
+    assert result.text == undisturbed.text
+    assert _logprobs(result) == _logprobs(undisturbed)
