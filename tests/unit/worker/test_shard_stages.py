@@ -31,6 +31,7 @@ from meshnet.core.errors import (
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.sampling_options import LogprobRequest, OutputConstraint
 from meshnet.protocol.frames import Continuation, FrameMeta, HopSpec, StepFrame, StepResult
 
 THREE = ((0, 2), (2, 4), (4, 6))
@@ -242,3 +243,20 @@ async def test_idle_sessions_expire_after_their_ttl() -> None:
         assert route.head.open_sessions == 1
     finally:
         await route.close()
+
+
+async def test_a_tail_without_a_vocabulary_refuses_grammar_sessions(route: Route) -> None:
+    tail = route.shards[2]
+    constrained = SamplingParams(constraint=OutputConstraint('root ::= "{}"'))
+    with pytest.raises(InvalidArgument, match="no vocabulary to apply a grammar"):
+        await tail.handle(tail_opening("g", sampling=constrained), None)
+    assert tail.open_sessions == 0
+
+
+async def test_the_tail_reports_logprobs_only_when_asked(route: Route) -> None:
+    tail = route.shards[2]
+    plain = await tail.handle(tail_opening("p"), None)
+    asked = await tail.handle(tail_opening("q", sampling=SamplingParams(logprobs=LogprobRequest(2))), None)
+    assert plain.logprobs is None
+    assert asked.logprobs is not None and asked.token_id == plain.token_id
+    assert asked.logprobs.chosen.token_id == asked.token_id and len(asked.logprobs.top) == 2
