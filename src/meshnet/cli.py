@@ -24,6 +24,7 @@ from meshnet.cli_arguments import (
     GenerateConfig,
     LabArguments,
     ProvisionArguments,
+    PublishArguments,
     SliceArguments,
 )
 from meshnet.core.config_flags import (
@@ -89,6 +90,27 @@ def cmd_slice(args: argparse.Namespace) -> int:
         table = output.with_name(output.stem + ".embeddings.gguf")
         write_embedding_table(source, table, source_sha256=source_hash)
         print(f"{table}: quantized token table for the head's lookups, {table.stat().st_size / 1e6:.1f} MB")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    import re
+
+    from meshnet.artifact.publish import PublishOptions, publish
+    from meshnet.security.signing import load_or_create_key
+
+    command = config_from_arguments(PublishArguments, args)
+    model_id = command.name or re.sub(r"[^A-Za-z0-9._-]+", "-", command.source.stem).strip("-.")
+    key_path = command.key or args.data_dir / "keys" / "publisher.key"
+    key, created = load_or_create_key(key_path)
+    if created:
+        print(f"new publisher key {key_path} (mode 0600)")
+    options = PublishOptions(model_id, command.license, repo=command.repo, revision=command.revision)
+    manifest = publish(command.source, command.out, options, key, progress=_progress_printer())
+    total = sum(entry.size for entry in manifest.artifacts)
+    where = command.out / "manifest.json"
+    print(f"{where}: model {manifest.model_id}, {len(manifest.artifacts)} artifacts, {total / 1e6:.1f} MB")
+    print(f"publisher {key.fingerprint}")
     return 0
 
 
@@ -262,6 +284,9 @@ def _commands() -> dict[str, Command]:
             (ProvisionArguments,),
         ),
         "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
+        "publish": Command(
+            cmd_publish, "cut a GGUF into signed, content-addressed per-block artifacts", (PublishArguments,)
+        ),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),

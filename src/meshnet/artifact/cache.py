@@ -48,9 +48,14 @@ class SliceCache:
             os.replace(partial, index_path)
         return index[key]
 
-    def shard_files(self, source: Path, layers: LayerRange, n_layers: int) -> ShardFiles:
-        """Slice (and for a head, embedding table) for ``layers`` of ``source``, cut if missing."""
-        digest = self.source_sha256(source)
+    def shard_files(
+        self, source: Path, layers: LayerRange, n_layers: int, *, source_sha256: str | None = None
+    ) -> ShardFiles:
+        """Slice (and for a head, embedding table) for ``layers`` of ``source``, cut if missing.
+
+        ``source_sha256`` skips hashing ``source``: an assembler's sparse copy of the source
+        (``assemble.py``) has the source's hash from the signed manifest, not from its bytes."""
+        digest = source_sha256 or self.source_sha256(source)
         folder = self.root / "slices" / digest[:16]
         folder.mkdir(parents=True, exist_ok=True)
         slice_path = folder / f"layers-{layers.start}-{layers.stop}.gguf"
