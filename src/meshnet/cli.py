@@ -114,6 +114,61 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stderr_progress(stage: str) -> Callable[[int, int], None]:
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] > 0.2:
+            last[0] = now
+            end = "\n" if done == total else ""
+            mb = f"{done / 1e6:8.1f} / {total / 1e6:.1f} MB"
+            print(f"\r{stage:8s} {mb}  {100.0 * done / max(total, 1):5.1f}%", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from meshnet.artifact.holdings import Holdings
+    from meshnet.worker.artifact_server import SeedConfig, serve_seeder
+
+    config = config_from_arguments(SeedConfig, args)
+
+    def ready(address: str, holdings: Holdings) -> None:
+        models = ",".join(model_id for model_id, _ in holdings.manifests)
+        print(f"meshnet seed ready {address} artifacts={len(holdings.artifacts)} models={models}", flush=True)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await serve_seeder(config, stop, ready)
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+
+    config = config_from_arguments(FetchConfig, args, fixed={"data_dir": args.data_dir})
+    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch")))
+    print(
+        f"{fetched.files.slice}: layers {config.layers} of {fetched.manifest.model_id}, fetched "
+        f"{fetched.fetched_bytes / 1e6:.1f} MB for {fetched.needed_bytes / 1e6:.1f} MB of artifacts "
+        f"(source {fetched.manifest.source.size / 1e6:.1f} MB) in {fetched.seconds:.1f} s; "
+        f"publisher {fetched.manifest.publisher}"
+    )
+    for holder in fetched.bad_holders:
+        print(f"refused bad pieces from {holder}", file=sys.stderr)
+    return 0
+
+
 def cmd_certify(args: argparse.Namespace) -> int:
     from meshnet.engine.certification import certify_llama_engine
 
@@ -271,10 +326,12 @@ class Command:
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
+    from meshnet.client.artifact_fetch import FetchConfig
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
     from meshnet.tracker.config import TrackerConfig
+    from meshnet.worker.artifact_server import SeedConfig
     from meshnet.worker.config import WorkerConfig
 
     return {
@@ -287,6 +344,8 @@ def _commands() -> dict[str, Command]:
         "publish": Command(
             cmd_publish, "cut a GGUF into signed, content-addressed per-block artifacts", (PublishArguments,)
         ),
+        "seed": Command(cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig,)),
+        "fetch": Command(cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig,)),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),

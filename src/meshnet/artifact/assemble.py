@@ -108,7 +108,7 @@ class SliceBuilder:
 
     def missing(self, pieces: tuple[PieceRef, ...]) -> tuple[PieceRef, ...]:
         """The pieces whose bytes in the sparse copy do not (yet) verify: what a resume fetches."""
-        return tuple(p for p in pieces if hashlib.sha256(self._read(p)).hexdigest() != p.sha256)
+        return tuple(p for p in pieces if hashlib.sha256(self.read(p)).hexdigest() != p.sha256)
 
     def locate_tensors(self) -> None:
         """Map every needed artifact's bytes to source offsets, from the placed (verified) header."""
@@ -135,7 +135,7 @@ class SliceBuilder:
             if low < high:
                 yield file_offset + (low - start), low, high - low
 
-    def _read(self, piece: PieceRef) -> bytes:
+    def read(self, piece: PieceRef) -> bytes:
         return b"".join(os.pread(self._fd, length, offset) for offset, _, length in self._segments(piece))
 
     def finish(self, cache: SliceCache) -> ShardFiles:
