@@ -221,7 +221,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     given = given_arguments(WorkerConfig, args)
     if "model" not in given:
-        given["model"] = None if "fake" in given else provisioned_model(args.data_dir)
+        given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
     config = WorkerConfig(**given, data_dir=args.data_dir)
 
     def ready(info: WorkerReady) -> None:

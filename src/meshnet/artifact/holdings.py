@@ -16,7 +16,7 @@ from pathlib import Path
 
 from meshnet.artifact.architectures import adapter_for
 from meshnet.artifact.gguf_file import parse_gguf
-from meshnet.artifact.manifest import ArtifactEntry, Manifest
+from meshnet.artifact.manifest import ArtifactEntry, Manifest, needed_artifacts
 from meshnet.artifact.manifest_codec import decode_manifest
 from meshnet.artifact.publish import ARTIFACTS_DIR, MANIFEST_NAME
 from meshnet.core.errors import ArtifactError, CacheMiss, InvalidArgument
@@ -116,7 +116,9 @@ def range_holdings(
     artifacts[metadata.sha256] = _checked(metadata, (Extent(Path(header), 0, metadata.size),))
     files = [parse_gguf(slice_path)] + ([parse_gguf(embeddings)] if embeddings is not None else [])
     adapter = adapter_for(manifest.architecture)
-    for entry in manifest.artifacts:
+    # Only what the range needs: a head or middle slice also carries placeholders (a ones
+    # output_norm, a 1-row token table) that are not the published tensors.
+    for entry in needed_artifacts(manifest, layers):
         if entry.kind == "metadata":
             continue
         extents = []

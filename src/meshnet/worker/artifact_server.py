@@ -19,13 +19,16 @@ import grpc
 import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, HeldManifest
-from meshnet.artifact.holdings import Holdings, published_holdings
+from meshnet.artifact.holdings import Holdings, published_holdings, range_holdings
 from meshnet.client.artifact_client import announce_forever, artifact_channel_options
+from meshnet.client.artifact_fetch import FetchConfig, FetchedRange, fetch_range
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.core.layers import LayerRange
 from meshnet.protocol import artifact_wire as wire
 from meshnet.protocol import services
 from meshnet.protocol.status import abort_with
+from meshnet.worker.config import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,29 @@ def advertisement_of(holdings: Holdings, holder_id: str, address: str) -> Advert
         frozenset(d for d in holdings.artifacts if d not in manifests),
         tuple(HeldManifest(model_id, digest) for model_id, digest in holdings.manifests),
     )
+
+
+async def fetch_worker_range(config: WorkerConfig) -> FetchedRange:
+    """Fetch a worker's range by model id (``--model-id``), showing progress in the log."""
+    if config.model_id is None or config.tracker is None:
+        raise InvalidArgument("fetching a range needs --model-id and --tracker")
+    fetch = FetchConfig(config.model_id, config.layers, config.tracker, config.data_dir, config.trust_publisher)
+    fetched = await fetch_range(fetch)
+    logger.info(
+        "fetched layers %s of %s: %d bytes for %d bytes of artifacts in %.1f s",
+        config.layers, config.model_id, fetched.fetched_bytes, fetched.needed_bytes, fetched.seconds,
+    )  # fmt: skip
+    return fetched
+
+
+def serve_fetched_artifacts(
+    fetched: FetchedRange, layers: LayerRange, address: str, server: grpc.aio.Server
+) -> Advertisement:
+    """Serve the artifacts inside a fetched range's slice on ``server``; what to announce."""
+    files = fetched.files
+    holdings = range_holdings(fetched.manifest_path, fetched.header, files.slice, files.embeddings, layers)
+    services.add_artifacts_servicer(ArtifactsServicer(holdings), server)
+    return advertisement_of(holdings, f"worker-{secrets.token_hex(6)}", address)
 
 
 @dataclass(frozen=True)
