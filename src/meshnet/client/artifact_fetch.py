@@ -96,7 +96,7 @@ async def _trusted_manifest(config: FetchConfig, found: FoundHolders, counter: _
     """The trusted manifest most holders hold, checked and (on first use) recorded."""
     trust = TrustStore(config.data_dir)
     reasons: list[str] = []
-    candidates: list[tuple[int, str, Manifest, bytes]] = []
+    candidates: list[tuple[int, str, Manifest, bytes, bool]] = []
     for digest in found.manifests:
         holders = [h for h in found.holders if digest in h.artifacts]
         data = await _manifest_bytes(digest, [h.address for h in holders], counter)
@@ -113,12 +113,12 @@ async def _trusted_manifest(config: FetchConfig, found: FoundHolders, counter: _
         if manifest.model_id != config.model_id or not verdict.accepted:
             reasons.append(verdict.reason if verdict.accepted is False else f"manifest names {manifest.model_id}")
             continue
-        candidates.append((len(holders), digest, manifest, data))
+        candidates.append((len(holders), digest, manifest, data, verdict.record))
     if not candidates:
         detail = "; ".join(reasons) or "no holder announced one"
         raise UntrustedPublisher(f"no acceptable manifest for model {config.model_id}: {detail}")
-    _, _, manifest, data = max(candidates, key=lambda c: (c[0], c[1]))
-    if config.trust_publisher is None and trust.recorded(config.model_id) is None and manifest.publisher:
+    _, _, manifest, data, record = max(candidates, key=lambda c: (c[0], c[1]))
+    if record and manifest.publisher is not None:
         trust.record(config.model_id, manifest.publisher)
     return manifest, data
 
