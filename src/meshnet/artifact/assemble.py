@@ -73,7 +73,11 @@ class SliceBuilder:
         except OSError:
             os.close(self._fd)
             raise FailedPrecondition(f"{self.path} is being assembled by another process") from None
-        os.ftruncate(self._fd, manifest.source.size)  # a hole: no disk until pieces land
+        try:
+            os.ftruncate(self._fd, manifest.source.size)  # a hole: no disk until pieces land
+        except OSError as error:
+            os.close(self._fd)
+            raise DiskFull(f"cannot size {self.path.name}: {error.strerror or error}") from None
         self._extents: dict[str, list[tuple[int, int, int]]] = {}
         header = manifest.of_kind("metadata")[0]
         self._extents[header.sha256] = [(0, 0, header.size)]

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 from artifact_published import publish_model
 
 from meshnet.artifact.assemble import (
+    DiskFull,
     PieceRejected,
     SliceBuilder,
     assemble_from,
@@ -19,6 +23,7 @@ from meshnet.artifact.assemble import (
 )
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.hashing import file_sha256
+from meshnet.artifact.manifest import needed_artifacts
 from meshnet.artifact.slicing import verify_slice, write_embedding_table, write_slice
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.errors import ArtifactError
@@ -94,6 +99,28 @@ def test_a_tampered_artifact_is_refused(tiny_model: Path, tmp_path: Path) -> Non
     with pytest.raises(PieceRejected, match="does not match"):
         assemble_published(published.manifest, damaged, LayerRange(0, 2), SliceCache(tmp_path / "c"), tmp_path / "w")
     assert not any((tmp_path / "c").rglob("*.gguf"))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 KiB tmpfs (root only): smaller than the pieces a range needs."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)]).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_leaves_nothing_that_looks_complete(tiny_model: Path, tmp_path: Path, small_disk: Path) -> None:
+    published = publish_model(tiny_model, tmp_path)
+    layers = LayerRange(0, 4)
+    assert sum(e.size for e in needed_artifacts(published.manifest, layers)) > 48 << 10
+    with pytest.raises(DiskFull):
+        assemble_published(published.manifest, published.directory, layers, SliceCache(small_disk / "c"), small_disk)
+    assert all(path.name.endswith(".partial") for path in small_disk.rglob("*") if path.is_file())
 
 
 def test_a_slice_is_not_published(tiny_model: Path, tmp_path: Path) -> None:
