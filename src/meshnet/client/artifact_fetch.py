@@ -162,23 +162,7 @@ async def _pull(
                 async with changed:
                     await changed.wait()
                 continue
-            try:
-                data = await fetch_bytes(counter.channel(address), piece.artifact, piece.offset, piece.length)
-                counter.received += len(data)
-                await asyncio.to_thread(builder.place, piece, data)
-            except (PieceRejected, IntegrityError) as error:
-                logger.warning("holder %s sent a bad piece, dropping it: %s", address, error.message)
-                schedule.failed(piece, address, bad=True)
-            except Unavailable as error:
-                logger.warning("holder %s failed, fetching elsewhere: %s", address, error.message)
-                schedule.failed(piece, address, bad=False)
-            except MeshnetError as error:
-                if error.code == "disk_full":
-                    raise
-                logger.warning("holder %s refused a piece: %s", address, error.message)
-                schedule.failed(piece, address, bad=False)
-            else:
-                schedule.finished(piece)
+            if await _deliver(builder, counter, schedule, address, piece):
                 placed[0] += piece.length
                 if progress is not None:
                     progress(placed[0], total)
@@ -186,7 +170,14 @@ async def _pull(
                 changed.notify_all()
 
     addresses = sorted({h.address for h in holders.holders})
-    await asyncio.gather(*(worker(a) for a in addresses for _ in range(config.requests_per_holder)))
+    # A task group, so a fatal error (a full disk) in one request stops the others at once.
+    try:
+        async with asyncio.TaskGroup() as group:
+            for address in addresses:
+                for _ in range(config.requests_per_holder):
+                    group.create_task(worker(address))
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None  # the typed error itself, not its group
     if not schedule.complete():
         stranded = schedule.stranded() or schedule.pending
         raise Unavailable(
@@ -194,6 +185,31 @@ async def _pull(
             "have no working holder left; run the fetch again to resume"
         )
     return schedule
+
+
+async def _deliver(
+    builder: SliceBuilder, counter: _Counter, schedule: PieceSchedule, address: str, piece: PieceRef
+) -> bool:
+    """Fetch ``piece`` from ``address`` and place it; on failure tell the schedule whose fault it was."""
+    try:
+        data = await fetch_bytes(counter.channel(address), piece.artifact, piece.offset, piece.length)
+        counter.received += len(data)
+        await asyncio.to_thread(builder.place, piece, data)
+    except (PieceRejected, IntegrityError) as error:
+        logger.warning("holder %s sent a bad piece, dropping it: %s", address, error.message)
+        schedule.failed(piece, address, bad=True)
+    except Unavailable as error:
+        logger.warning("holder %s failed, fetching elsewhere: %s", address, error.message)
+        schedule.failed(piece, address, bad=False)
+    except MeshnetError as error:
+        if error.code == "disk_full":
+            raise
+        logger.warning("holder %s refused a piece: %s", address, error.message)
+        schedule.failed(piece, address, bad=False)
+    else:
+        schedule.finished(piece)
+        return True
+    return False
 
 
 def _write_header_only(builder: SliceBuilder, folder: Path) -> Path:
