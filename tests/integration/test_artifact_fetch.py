@@ -123,3 +123,28 @@ async def test_an_untrusted_publisher_is_refused(published: Published, tmp_path:
             await wait_for_holders(tracker.address, MODEL_ID, 1)
             with pytest.raises(UntrustedPublisher, match="first use"):
                 await fetch_range(FetchConfig(MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "b"))
+
+
+class Interrupted(Exception):
+    pass
+
+
+async def test_an_interrupted_fetch_resumes_with_what_it_has(published: Published, tmp_path: Path) -> None:
+    layers = LayerRange(1, 5)
+    async with running_tracker(tmp_path) as tracker:
+        with seeders(tmp_path, tracker.address, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1)
+            config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node", requests_per_holder=1)
+
+            def interrupt(done: int, total: int) -> None:
+                if done > total // 2:
+                    raise Interrupted
+
+            with pytest.raises(Interrupted):
+                await fetch_range(config, interrupt)
+            leftovers = [p for p in (tmp_path / "node").rglob("*") if p.is_file() and p.suffix == ".gguf"]
+            assert leftovers == []  # only the .partial sparse copy, nothing that looks complete
+            resumed = await fetch_range(config)
+            manifest_bytes = resumed.manifest_path.stat().st_size
+            assert resumed.fetched_bytes - manifest_bytes < resumed.needed_bytes // 2
+            assert resumed.files.slice.read_bytes() == reference(published, layers, tmp_path)
