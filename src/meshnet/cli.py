@@ -24,6 +24,7 @@ from meshnet.cli_arguments import (
     GenerateConfig,
     LabArguments,
     ProvisionArguments,
+    PublishArguments,
     SliceArguments,
 )
 from meshnet.core.config_flags import (
@@ -92,6 +93,82 @@ def cmd_slice(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    import re
+
+    from meshnet.artifact.publish import PublishOptions, publish
+    from meshnet.security.signing import load_or_create_key
+
+    command = config_from_arguments(PublishArguments, args)
+    model_id = command.name or re.sub(r"[^A-Za-z0-9._-]+", "-", command.source.stem).strip("-.")
+    key_path = command.key or args.data_dir / "keys" / "publisher.key"
+    key, created = load_or_create_key(key_path)
+    if created:
+        print(f"new publisher key {key_path} (mode 0600)")
+    options = PublishOptions(model_id, command.license, repo=command.repo, revision=command.revision)
+    manifest = publish(command.source, command.out, options, key, progress=_progress_printer())
+    total = sum(entry.size for entry in manifest.artifacts)
+    where = command.out / "manifest.json"
+    print(f"{where}: model {manifest.model_id}, {len(manifest.artifacts)} artifacts, {total / 1e6:.1f} MB")
+    print(f"publisher {key.fingerprint}")
+    return 0
+
+
+def _stderr_progress(stage: str) -> Callable[[int, int], None]:
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] > 0.2:
+            last[0] = now
+            end = "\n" if done == total else ""
+            mb = f"{done / 1e6:8.1f} / {total / 1e6:.1f} MB"
+            print(f"\r{stage:8s} {mb}  {100.0 * done / max(total, 1):5.1f}%", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from meshnet.artifact.holdings import Holdings
+    from meshnet.worker.artifact_server import SeedConfig, serve_seeder
+
+    config = config_from_arguments(SeedConfig, args)
+
+    def ready(address: str, holdings: Holdings) -> None:
+        models = ",".join(model_id for model_id, _ in holdings.manifests)
+        print(f"meshnet seed ready {address} artifacts={len(holdings.artifacts)} models={models}", flush=True)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await serve_seeder(config, stop, ready)
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+
+    config = config_from_arguments(FetchConfig, args, fixed={"data_dir": args.data_dir})
+    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch")))
+    print(
+        f"{fetched.files.slice}: layers {config.layers} of {fetched.manifest.model_id}, fetched "
+        f"{fetched.fetched_bytes / 1e6:.1f} MB for {fetched.needed_bytes / 1e6:.1f} MB of artifacts "
+        f"(source {fetched.manifest.source.size / 1e6:.1f} MB) in {fetched.seconds:.1f} s; "
+        f"publisher {fetched.manifest.publisher}"
+    )
+    for holder in fetched.bad_holders:
+        print(f"refused bad pieces from {holder}", file=sys.stderr)
+    return 0
+
+
 def cmd_certify(args: argparse.Namespace) -> int:
     from meshnet.engine.certification import certify_llama_engine
 
@@ -144,7 +221,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     given = given_arguments(WorkerConfig, args)
     if "model" not in given:
-        given["model"] = None if "fake" in given else provisioned_model(args.data_dir)
+        given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
     config = WorkerConfig(**given, data_dir=args.data_dir)
 
     def ready(info: WorkerReady) -> None:
@@ -249,10 +326,12 @@ class Command:
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
+    from meshnet.client.artifact_fetch import FetchConfig
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
     from meshnet.tracker.config import TrackerConfig
+    from meshnet.worker.artifact_server import SeedConfig
     from meshnet.worker.config import WorkerConfig
 
     return {
@@ -262,6 +341,11 @@ def _commands() -> dict[str, Command]:
             (ProvisionArguments,),
         ),
         "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
+        "publish": Command(
+            cmd_publish, "cut a GGUF into signed, content-addressed per-block artifacts", (PublishArguments,)
+        ),
+        "seed": Command(cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig,)),
+        "fetch": Command(cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig,)),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),

@@ -32,6 +32,24 @@ class SliceArguments:
 
 
 @dataclass(frozen=True)
+class PublishArguments:
+    source: Path = field(metadata=cli(positional=True))
+    """Source GGUF to publish as a signed manifest and per-block artifacts."""
+    out: Path
+    """Directory that receives manifest.json and artifacts/<sha256>."""
+    name: str | None = None
+    """Model id peers fetch it by; none uses the file's stem."""
+    license: str = "unknown"
+    """License of the weights, recorded in the manifest."""
+    key: Path | None = None
+    """Publisher Ed25519 key (PEM); none uses DATA_DIR/keys/publisher.key, created 0600 if missing."""
+    repo: str = ""
+    """Upstream repository the GGUF came from, recorded in the manifest."""
+    revision: str = ""
+    """Upstream revision, recorded in the manifest."""
+
+
+@dataclass(frozen=True)
 class GenerateConfig:
     """``meshnet generate``: one prompt through an in-process route of N llama.cpp shards."""
 

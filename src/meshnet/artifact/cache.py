@@ -14,8 +14,11 @@ from pathlib import Path
 
 from meshnet.artifact.hashing import file_sha256, partial_path
 from meshnet.artifact.slicing import slice_role, verify_slice, write_embedding_table, write_slice
-from meshnet.core.errors import MeshnetError
+from meshnet.core.errors import ArtifactError, MeshnetError
 from meshnet.core.layers import LayerRange
+
+HEADER_ONLY_SUFFIX = ".header-only.gguf"
+"""A sparse copy of a source holding only its header (``fetch``): described, never cut from."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,18 @@ class SliceCache:
         self.root = Path(root)
 
     def source_sha256(self, source: Path) -> str:
+        key, index = self._index(source)
+        if key not in index:
+            index[key] = file_sha256(source)
+            self._save_index(index)
+        return index[key]
+
+    def remember_source(self, source: Path, sha256: str) -> None:
+        """Record ``source``'s hash without reading it (a header-only copy has the manifest's)."""
+        key, index = self._index(source)
+        self._save_index({**index, key: sha256})
+
+    def _index(self, source: Path) -> tuple[str, dict[str, str]]:
         stat = Path(source).stat()
         key = f"{Path(source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
         index_path = self.root / "source-hashes.json"
@@ -40,35 +55,49 @@ class SliceCache:
                 index = json.loads(index_path.read_text())
             except (OSError, ValueError):
                 index = {}  # a damaged index only costs a re-hash
-        if key not in index:
-            index[key] = file_sha256(source)
-            self.root.mkdir(parents=True, exist_ok=True)
-            partial = partial_path(index_path)
-            partial.write_text(json.dumps(index, indent=1))
-            os.replace(partial, index_path)
-        return index[key]
+        return key, index
 
-    def shard_files(self, source: Path, layers: LayerRange, n_layers: int) -> ShardFiles:
-        """Slice (and for a head, embedding table) for ``layers`` of ``source``, cut if missing."""
-        digest = self.source_sha256(source)
+    def _save_index(self, index: dict[str, str]) -> None:
+        index_path = self.root / "source-hashes.json"
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = partial_path(index_path)
+        partial.write_text(json.dumps(index, indent=1))
+        os.replace(partial, index_path)
+
+    def shard_files(
+        self, source: Path, layers: LayerRange, n_layers: int, *, source_sha256: str | None = None
+    ) -> ShardFiles:
+        """Slice (and for a head, embedding table) for ``layers`` of ``source``, cut if missing.
+
+        ``source_sha256`` skips hashing ``source``: an assembler's sparse copy of the source
+        (``assemble.py``) has the source's hash from the signed manifest, not from its bytes."""
+        digest = source_sha256 or self.source_sha256(source)
         folder = self.root / "slices" / digest[:16]
         folder.mkdir(parents=True, exist_ok=True)
         slice_path = folder / f"layers-{layers.start}-{layers.stop}.gguf"
-        self._ensure(slice_path, lambda: write_slice(source, layers, slice_path, source_sha256=digest), layers, digest)
+        cut = lambda: write_slice(source, layers, slice_path, source_sha256=digest)  # noqa: E731
+        self._ensure(slice_path, cut, layers, digest, Path(source))
         embeddings = None
         if slice_role(layers, n_layers) == "head":
             embeddings = folder / "token-embeddings.gguf"
             self._ensure(
-                embeddings, lambda: write_embedding_table(source, embeddings, source_sha256=digest), None, digest
+                embeddings,
+                lambda: write_embedding_table(source, embeddings, source_sha256=digest),
+                None,
+                digest,
+                Path(source),
             )
         return ShardFiles(slice_path, embeddings, digest)
 
     @staticmethod
-    def _ensure(path: Path, make: object, layers: LayerRange | None, digest: str) -> None:
+    def _ensure(path: Path, make: object, layers: LayerRange | None, digest: str, source: Path | None = None) -> None:
         if path.exists():
             try:
                 verify_slice(path, layers=layers, source_sha256=digest)
                 return
             except MeshnetError:
                 path.unlink(missing_ok=True)  # damaged or foreign: cut it again
+        if source is not None and source.name.endswith(HEADER_ONLY_SUFFIX):
+            # Its tensor bytes are holes: cutting from it would make a slice of zeros.
+            raise ArtifactError(f"{path.name} is missing or damaged and {source.name} holds no weights: fetch again")
         make()  # type: ignore[operator]

@@ -9,7 +9,15 @@ below are re-exported for the servicers' method signatures; use them qualified
 
 from __future__ import annotations
 
-from meshnet.protocol.generated import shard_pb2_grpc, tracker_pb2_grpc
+from meshnet.protocol.generated import artifact_pb2_grpc, shard_pb2_grpc, tracker_pb2_grpc
+from meshnet.protocol.generated.artifact_pb2 import (
+    ArtifactAdvertisement,
+    ArtifactAdvertisementAck,
+    ArtifactChunk,
+    ArtifactFetchRequest,
+    FindHoldersReply,
+    FindHoldersRequest,
+)
 from meshnet.protocol.generated.shard_pb2 import (
     CancelRequest,
     CancelResponse,
@@ -37,6 +45,8 @@ from meshnet.protocol.generated.tracker_pb2 import (
     WorkRecord,
 )
 
+ARTIFACTS_SERVICE = "meshnet.v1.Artifacts"
+ARTIFACT_DIRECTORY_SERVICE = "meshnet.v1.ArtifactDirectory"
 SHARD_SERVICE = "meshnet.v1.Shard"
 TRACKER_SERVICE = "meshnet.v1.Tracker"
 """Full service names, as health checks and retry policies name them."""
@@ -49,15 +59,35 @@ TrackerServicer = tracker_pb2_grpc.TrackerServicer
 TrackerStub = tracker_pb2_grpc.TrackerStub
 add_tracker_servicer = tracker_pb2_grpc.add_TrackerServicer_to_server
 
+ArtifactsServicer = artifact_pb2_grpc.ArtifactsServicer
+ArtifactsStub = artifact_pb2_grpc.ArtifactsStub
+add_artifacts_servicer = artifact_pb2_grpc.add_ArtifactsServicer_to_server
+
+ArtifactDirectoryServicer = artifact_pb2_grpc.ArtifactDirectoryServicer
+ArtifactDirectoryStub = artifact_pb2_grpc.ArtifactDirectoryStub
+add_artifact_directory_servicer = artifact_pb2_grpc.add_ArtifactDirectoryServicer_to_server
+
 __all__ = [
+    "ARTIFACTS_SERVICE",
+    "ARTIFACT_DIRECTORY_SERVICE",
     "SHARD_SERVICE",
     "TRACKER_SERVICE",
+    "ArtifactAdvertisement",
+    "ArtifactAdvertisementAck",
+    "ArtifactChunk",
+    "ArtifactDirectoryServicer",
+    "ArtifactDirectoryStub",
+    "ArtifactFetchRequest",
+    "ArtifactsServicer",
+    "ArtifactsStub",
     "CancelRequest",
     "CancelResponse",
     "Capability",
     "CapabilityRequest",
     "DeregisterReply",
     "DeregisterRequest",
+    "FindHoldersReply",
+    "FindHoldersRequest",
     "HeartbeatReply",
     "ListModelsRequest",
     "MetricsRequest",
@@ -78,6 +108,8 @@ __all__ = [
     "TrackerStub",
     "WorkAck",
     "WorkRecord",
+    "add_artifact_directory_servicer",
+    "add_artifacts_servicer",
     "add_shard_servicer",
     "add_tracker_servicer",
 ]

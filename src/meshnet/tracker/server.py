@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from meshnet.core.config_flags import add_config_arguments, given_arguments
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol import services
+from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
@@ -105,6 +106,7 @@ async def start_tracker(
         ]
     )
     services.add_tracker_servicer(servicer, server)
+    add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     target = f"{config.host}:{config.port}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import grpc
@@ -21,6 +21,7 @@ from grpc_health.v1._async import HealthServicer
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
+from meshnet.artifact.directory import Advertisement
 from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId
@@ -35,6 +36,7 @@ from meshnet.engine.shards import open_llama_shard
 from meshnet.protocol import services
 from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
+from meshnet.worker.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.worker.calibrate import ShardSpeed, measure_speed
 from meshnet.worker.config import FakeModel, WorkerConfig
 from meshnet.worker.servicer import ShardServicer
@@ -57,6 +59,8 @@ class AssembledWorker:
     links: ChannelPool
     """Channels of the sessions' downstream streams."""
     registration: NodeRegistration
+    held_artifacts: Advertisement | None = None
+    """What this worker fetched by model id and serves to peers (announced by ``serve_worker``)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,11 @@ class ModelIdentity:
 
 async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
     """The worker ``config`` describes, its engine running and its port bound, not yet serving."""
+    fetched = None
+    if config.model_id is not None and config.fake is None:
+        fetched = await fetch_worker_range(config)
+        # The header-only copy describes the model; the fetched slice is already in the cache.
+        config = replace(config, model=fetched.header)
     cache = SliceCache(config.data_dir / "cache")
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
@@ -100,7 +109,8 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
     services.add_shard_servicer(ShardServicer(shard), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     registration = _registration(config, identity, model, capacity.max_sessions, speed)
-    return AssembledWorker(config, loop, shard, server, health, links, registration)
+    held = None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server)
+    return AssembledWorker(config, loop, shard, server, health, links, registration, held)
 
 
 def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:

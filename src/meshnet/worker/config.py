@@ -72,6 +72,10 @@ class WorkerConfig:
     """Seconds without a step after which a session is expired even without pressure."""
     metrics_port: int | None = None
     """Serve Prometheus /metrics on this port (0 picks one); none serves none."""
+    model_id: str | None = None
+    """Fetch this layer range by model id from the holders the tracker names (no local GGUF needed)."""
+    trust_publisher: str | None = None
+    """With --model-id: accept only manifests this key fingerprint signed; none trusts the first key seen."""
     fake: FakeModel | None = None
     """When set, no model is loaded (``model`` is ignored)."""
     drain_grace: float = 20.0
@@ -82,8 +86,10 @@ class WorkerConfig:
             check_advertise_address(self.advertise, flag="--advertise")
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"worker config: port must be in [0, 65535], got {self.port}")
-        if self.model is None and self.fake is None:
-            raise InvalidArgument("a worker needs --model (or a fake model)")
+        if self.model is None and self.fake is None and self.model_id is None:
+            raise InvalidArgument("a worker needs --model or --model-id (or a fake model)")
+        if self.model_id is not None and self.tracker is None:
+            raise InvalidArgument("a worker started with --model-id needs --tracker to find the model's holders")
 
     def llama_config(self, max_sessions: int) -> LlamaConfig:
         """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""

@@ -19,6 +19,8 @@ from wsgiref.simple_server import WSGIServer
 
 from grpc_health.v1 import health_pb2
 
+from meshnet.artifact.directory import Advertisement
+from meshnet.client.artifact_client import announce_forever
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.ids import NodeId
@@ -92,6 +94,8 @@ async def _release(worker: AssembledWorker, probes: ChannelPool, metrics_server:
 def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asyncio.Event) -> list[asyncio.Task[None]]:
     """Expiry sweeps and, with a tracker, heartbeats and the probing of candidate next hops."""
     tasks = [asyncio.create_task(_sweep(worker.shard, stop))]
+    if worker.config.tracker and worker.held_artifacts is not None:
+        tasks.append(asyncio.create_task(_announce(worker.config.tracker, worker.held_artifacts, stop)))
     if worker.config.tracker:
         prober = PeerProber(probes)
         shard = worker.shard
@@ -106,6 +110,15 @@ def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asynci
         )
         tasks += [asyncio.create_task(prober.run(stop)), asyncio.create_task(heartbeats)]
     return tasks
+
+
+async def _announce(tracker: str, held: Advertisement, stop: asyncio.Event) -> None:
+    """Keep the artifacts this worker holds announced until it stops."""
+    announcer = asyncio.create_task(announce_forever(tracker, held))
+    await stop.wait()
+    announcer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await announcer
 
 
 def _serve_metrics(shard: AnyShard, config: WorkerConfig) -> tuple[WSGIServer, str]:

@@ -1,0 +1,192 @@
+"""Publishing: cut a source GGUF into content-addressed artifacts and a signed manifest.
+
+``DIR/manifest.json`` plus ``DIR/artifacts/<sha256>`` for: the source header (every metadata key
+and the tensor table, ``metadata``), one artifact per block (``layer``), the tensors every
+slice carries (``global``, e.g. llama3 ``rope_freqs``), the token table (``token_embedding``)
+and the final norm with the LM head (``output``). Which tensor goes where is the family
+adapter's answer (``architectures/``), the same one ``slicing`` uses, so a slice assembled from
+artifacts (``assemble.py``) is the slice ``meshnet slice`` cuts. Tensor bytes are copied
+unchanged, packed in source order; each artifact is written atomically under its own hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshnet.artifact.architectures import ArchitectureAdapter
+from meshnet.artifact.describe import describe_model
+from meshnet.artifact.gguf_file import GGUFFile, TensorInfo, parse_gguf
+from meshnet.artifact.hashing import file_sha256, partial_path
+from meshnet.artifact.manifest import SCHEMA, ArtifactEntry, ArtifactKind, KvFormat, Manifest, SourceInfo, TensorEntry
+from meshnet.artifact.manifest_codec import manifest_json, sign_manifest
+from meshnet.artifact.pieces import PIECE_SIZE, PieceDigests, digest_stream
+from meshnet.artifact.slicing import model_dimensions
+from meshnet.core.errors import ArtifactError
+from meshnet.security.signing import PublisherKey
+
+MANIFEST_NAME = "manifest.json"
+ARTIFACTS_DIR = "artifacts"
+_COPY = 1 << 22
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    model_id: str
+    license: str
+    model_version: str = "1"
+    repo: str = ""
+    revision: str = ""
+    piece_size: int = PIECE_SIZE
+
+
+@dataclass(frozen=True)
+class _Group:
+    kind: ArtifactKind
+    layer: int | None
+    tensors: tuple[TensorInfo, ...]
+
+
+def artifact_path(directory: Path, sha256: str) -> Path:
+    return Path(directory) / ARTIFACTS_DIR / sha256
+
+
+def group_tensors(model: GGUFFile, adapter: ArchitectureAdapter, n_layers: int) -> list[_Group]:
+    """The tensors of each artifact, in source order: blocks by index, then the shared parts."""
+    layers: dict[int, list[TensorInfo]] = {layer: [] for layer in range(n_layers)}
+    shared: dict[ArtifactKind, list[TensorInfo]] = {"global": [], "token_embedding": [], "output": []}
+    for info in model.tensors.values():
+        located = adapter.layer_of(info.name)
+        if located is not None:
+            if located[0] not in layers:
+                raise ArtifactError(f"{model.path.name}: tensor {info.name} is outside the {n_layers} blocks")
+            layers[located[0]].append(info)
+        elif info.name == adapter.token_embedding:
+            shared["token_embedding"].append(info)
+        elif info.name in adapter.global_tensors:
+            shared["global"].append(info)
+        else:  # check_tensors leaves only output_norm and the tail tensors here
+            shared["output"].append(info)
+    empty = [layer for layer, tensors in layers.items() if not tensors]
+    if empty or not shared["token_embedding"]:
+        raise ArtifactError(f"{model.path.name}: no tensors for layers {empty} or no token embedding to publish")
+    groups = [_Group("layer", layer, tuple(tensors)) for layer, tensors in layers.items()]
+    return groups + [_Group(kind, None, tuple(tensors)) for kind, tensors in shared.items() if tensors]
+
+
+def _write_artifact(directory: Path, chunks: Iterator[bytes], piece_size: int) -> PieceDigests:
+    """Stream ``chunks`` into a partial file while hashing, fsync, then rename it to its sha256."""
+    folder = Path(directory) / ARTIFACTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(folder / "artifact")
+    try:
+        with open(partial, "wb") as handle:
+
+            def written() -> Iterator[bytes]:
+                for chunk in chunks:
+                    handle.write(chunk)
+                    yield chunk
+
+            digests = digest_stream(written(), piece_size)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, folder / digests.sha256)
+    finally:
+        partial.unlink(missing_ok=True)
+    return digests
+
+
+def _tensor_chunks(model: GGUFFile, view: mmap.mmap, tensors: tuple[TensorInfo, ...]) -> Iterator[bytes]:
+    for info in tensors:
+        start = model.data_offset + info.offset
+        for offset in range(start, start + info.nbytes, _COPY):
+            yield view[offset : min(offset + _COPY, start + info.nbytes)]
+
+
+def tokenizer_digest(model: GGUFFile) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(k for k in model.metadata if k.startswith("tokenizer.")):
+        entry = model.metadata[key]
+        digest.update(f"{key}|{int(entry.type)}|{entry.item_type}|{entry.value!r}\n".encode())
+    return digest.hexdigest()
+
+
+def _entry(kind: ArtifactKind, layer: int | None, d: PieceDigests, tensors: tuple[TensorInfo, ...]) -> ArtifactEntry:
+    offset, packed = 0, []
+    for info in tensors:
+        packed.append(TensorEntry(info.name, offset, info.nbytes))
+        offset += info.nbytes
+    return ArtifactEntry(kind, layer, d.size, d.sha256, d.piece_size, d.pieces, d.merkle_root, tuple(packed))
+
+
+def publish(
+    source: Path, out: Path, options: PublishOptions, key: PublisherKey, progress: Progress | None = None
+) -> Manifest:
+    """Write the artifacts and the signed manifest of ``source`` under ``out``; return the manifest."""
+    source, out = Path(source), Path(out)
+    model = parse_gguf(source)
+    adapter, n_layers, n_embd = model_dimensions(model)
+    if model.get("meshnet.slice.role") is not None:
+        raise ArtifactError(f"{source.name} is already a meshnet slice; publish the source model instead")
+    groups = group_tensors(model, adapter, n_layers)
+    source_sha256 = file_sha256(source, None if progress is None else lambda d, t: progress("hash", d, t))
+    entries: list[ArtifactEntry] = []
+    with open(source, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        header = _write_artifact(out, iter([view[: model.data_offset]]), options.piece_size)
+        entries.append(_entry("metadata", None, header, ()))
+        total = header.size + sum(info.nbytes for group in groups for info in group.tensors)
+        for group in groups:
+            digests = _write_artifact(out, _tensor_chunks(model, view, group.tensors), options.piece_size)
+            entries.append(_entry(group.kind, group.layer, digests, group.tensors))
+            if progress is not None:
+                progress("publish", sum(entry.size for entry in entries), total)
+    manifest = _manifest(model, adapter, source, source_sha256, n_layers, n_embd, options, tuple(entries))
+    signed = sign_manifest(manifest, key)
+    partial = partial_path(out / MANIFEST_NAME)
+    try:
+        partial.write_bytes(manifest_json(signed))
+        os.replace(partial, out / MANIFEST_NAME)
+    finally:
+        partial.unlink(missing_ok=True)
+    return signed
+
+
+def _manifest(
+    model: GGUFFile,
+    adapter: ArchitectureAdapter,
+    source: Path,
+    source_sha256: str,
+    n_layers: int,
+    n_embd: int,
+    options: PublishOptions,
+    artifacts: tuple[ArtifactEntry, ...],
+) -> Manifest:
+    described = describe_model(source)
+    head_dim = n_embd // max(described.n_head, 1)
+    key_length = int(model.get(adapter.key("attention.key_length"), head_dim))
+    value_length = int(model.get(adapter.key("attention.value_length"), head_dim))
+    return Manifest(
+        schema=SCHEMA,
+        model_id=options.model_id,
+        model_version=options.model_version,
+        source=SourceInfo(source.name, options.repo, options.revision, source_sha256, model.file_size),
+        license=options.license,
+        architecture=adapter.name,
+        adapter=adapter.label,
+        quantization=described.quantization,
+        n_layers=n_layers,
+        n_embd=n_embd,
+        tokenizer_model=str(model.get("tokenizer.ggml.model", "none")),
+        tokenizer_sha256=tokenizer_digest(model),
+        runtime_backends=(f"llama-cpp-python=={importlib.metadata.version('llama-cpp-python')}",),
+        context_cap=described.context_length,
+        # llama.cpp's default cache: f16 keys and values, one cell per position per owned layer.
+        kv_format=KvFormat("llama.cpp-unified", "f16", "f16", described.n_head_kv, key_length, value_length),
+        artifacts=artifacts,
+    )

@@ -1,0 +1,137 @@
+"""Serving artifacts: the Artifacts servicer over a node's holdings, and the seeder process.
+
+The servicer is thin: decode the range, read it from ``Holdings``, stream bounded chunks with
+their CRC-32. A seeder (``meshnet seed DIR``) is this servicer over a published directory plus
+an announcer that tells the tracker what it holds. Server creation is one function
+(``artifact_server``), so switching the swarm to authenticated transport is one change there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+from meshnet.artifact.directory import Advertisement, HeldManifest
+from meshnet.artifact.holdings import Holdings, published_holdings, range_holdings
+from meshnet.client.artifact_client import announce_forever, artifact_channel_options
+from meshnet.client.artifact_fetch import FetchConfig, FetchedRange, fetch_range
+from meshnet.core.config_flags import cli
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.core.layers import LayerRange
+from meshnet.protocol import artifact_wire as wire
+from meshnet.protocol import services
+from meshnet.protocol.status import abort_with
+from meshnet.worker.config import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ArtifactsServicer(services.ArtifactsServicer):
+    def __init__(self, holdings: Holdings) -> None:
+        self.holdings = holdings
+
+    async def Fetch(
+        self, request: services.ArtifactFetchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[services.ArtifactChunk]:
+        try:
+            wanted = wire.fetch_from_proto(request)
+            size = self.holdings.size(wanted.artifact)
+            end = size if wanted.length == 0 else wanted.offset + wanted.length
+            if wanted.offset > size or end > size:
+                raise InvalidArgument(f"range {wanted.offset}+{wanted.length} lies outside the {size}-byte artifact")
+            offset = wanted.offset
+            while offset < end:
+                length = min(wanted.chunk_bytes, end - offset)
+                data = await asyncio.to_thread(self.holdings.read, wanted.artifact, offset, length)
+                yield wire.chunk_to_proto(offset, data)
+                offset += length
+        except MeshnetError as error:
+            await abort_with(context, error)
+        except OSError as error:
+            await abort_with(context, FailedPrecondition(f"cannot read the artifact: {error.strerror or error}"))
+
+
+def artifact_server(host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A server bound to ``host:port`` (exclusively; port 0 picks one), not yet started."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *artifact_channel_options()])
+    try:
+        return server, server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as error:
+        raise FailedPrecondition(f"cannot listen on {host}:{port} (is the port in use?): {error}") from error
+
+
+def advertisement_of(holdings: Holdings, holder_id: str, address: str) -> Advertisement:
+    manifests = {digest for _, digest in holdings.manifests}
+    return Advertisement(
+        holder_id,
+        address,
+        frozenset(d for d in holdings.artifacts if d not in manifests),
+        tuple(HeldManifest(model_id, digest) for model_id, digest in holdings.manifests),
+    )
+
+
+async def fetch_worker_range(config: WorkerConfig) -> FetchedRange:
+    """Fetch a worker's range by model id (``--model-id``), showing progress in the log."""
+    if config.model_id is None or config.tracker is None:
+        raise InvalidArgument("fetching a range needs --model-id and --tracker")
+    fetch = FetchConfig(config.model_id, config.layers, config.tracker, config.data_dir, config.trust_publisher)
+    fetched = await fetch_range(fetch)
+    logger.info(
+        "fetched layers %s of %s: %d bytes for %d bytes of artifacts in %.1f s",
+        config.layers, config.model_id, fetched.fetched_bytes, fetched.needed_bytes, fetched.seconds,
+    )  # fmt: skip
+    return fetched
+
+
+def serve_fetched_artifacts(
+    fetched: FetchedRange, layers: LayerRange, address: str, server: grpc.aio.Server
+) -> Advertisement:
+    """Serve the artifacts inside a fetched range's slice on ``server``; what to announce."""
+    files = fetched.files
+    holdings = range_holdings(fetched.manifest_path, fetched.header, files.slice, files.embeddings, layers)
+    services.add_artifacts_servicer(ArtifactsServicer(holdings), server)
+    return advertisement_of(holdings, f"worker-{secrets.token_hex(6)}", address)
+
+
+@dataclass(frozen=True)
+class SeedConfig:
+    directory: Path = field(metadata=cli(positional=True))
+    """Published directory (manifest.json and artifacts/) to serve."""
+    tracker: str | None = None
+    """Tracker to announce the held artifacts to; none serves without announcing."""
+    host: str = "127.0.0.1"
+    """Bind address: loopback unless told otherwise."""
+    port: int = 0
+    """Port to listen on; 0 picks a free one (printed on start)."""
+    advertise: str | None = None
+    """Address (host:port) fetchers dial; none uses host:port as bound."""
+
+
+async def serve_seeder(
+    config: SeedConfig, stop: asyncio.Event, on_ready: Callable[[str, Holdings], None] | None = None
+) -> None:
+    """Serve ``config.directory`` until ``stop`` is set, announcing it to the tracker."""
+    holdings = await asyncio.to_thread(published_holdings, config.directory)
+    server, port = artifact_server(config.host, config.port)
+    services.add_artifacts_servicer(ArtifactsServicer(holdings), server)
+    await server.start()
+    address = config.advertise or f"{config.host}:{port}"
+    announcer = None
+    if config.tracker is not None:
+        advertisement = advertisement_of(holdings, f"seed-{secrets.token_hex(6)}", address)
+        announcer = asyncio.create_task(announce_forever(config.tracker, advertisement))
+    if on_ready is not None:
+        on_ready(address, holdings)
+    try:
+        await stop.wait()
+    finally:
+        if announcer is not None:
+            announcer.cancel()
+        await server.stop(1.0)

@@ -1,0 +1,150 @@
+"""Fetching a range by model id from seeder processes over loopback gRPC: only the needed
+artifacts, every piece verified, bad and dead holders replaced, untrusted publishers refused."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "artifact"))
+from artifact_harness import running_tracker, seeders, wait_for_holders
+from artifact_published import Published, publish_model
+
+from meshnet.artifact.manifest import needed_artifacts
+from meshnet.artifact.slicing import write_slice
+from meshnet.artifact.synthetic import SyntheticSpec
+from meshnet.artifact.trust import UntrustedPublisher
+from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+from meshnet.core.layers import LayerRange
+from meshnet.security.signing import load_or_create_key
+
+pytestmark = pytest.mark.timeout(120)
+MODEL_ID = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory, synthetic_model_factory: Any) -> Published:
+    source = synthetic_model_factory(SyntheticSpec(n_layers=6, n_embd=128, n_ff=256))
+    return publish_model(source, tmp_path_factory.mktemp("fetch-published"), MODEL_ID)
+
+
+def copy_of(published: Published, folder: Path) -> Path:
+    shutil.copytree(published.directory, folder)
+    return folder
+
+
+def reference(published: Published, layers: LayerRange, folder: Path) -> bytes:
+    path = folder / f"reference-{layers.start}-{layers.stop}.gguf"
+    write_slice(published.source, layers, path)
+    return path.read_bytes()
+
+
+async def test_a_middle_range_fetches_only_its_artifacts(published: Published, tmp_path: Path) -> None:
+    layers = LayerRange(2, 4)
+    async with running_tracker(tmp_path) as tracker:
+        second = copy_of(published, tmp_path / "second")
+        with seeders(tmp_path, tracker.address, published.directory, second):
+            await wait_for_holders(tracker.address, MODEL_ID, 2)
+            config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node")
+            fetched = await fetch_range(config)
+            assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
+            needed = needed_artifacts(published.manifest, layers)
+            assert fetched.needed_bytes == sum(e.size for e in needed)
+            manifest_bytes = fetched.manifest_path.stat().st_size
+            assert fetched.fetched_bytes == fetched.needed_bytes + manifest_bytes
+            assert fetched.bad_holders == () and fetched.dead_holders == ()
+            assert not (tmp_path / "node" / "models-by-id" / MODEL_ID / "partial").exists()
+            # A rerun finds the slice in the cache and the manifest trusted on first use.
+            again = await fetch_range(config)
+            assert again.files.slice == fetched.files.slice
+
+
+async def test_a_tampered_holder_is_refused_and_replaced(published: Published, tmp_path: Path) -> None:
+    layers = LayerRange(3, 6)  # a tail: blocks, the output and the token table
+    async with running_tracker(tmp_path) as tracker:
+        tampered = copy_of(published, tmp_path / "tampered")
+        with seeders(tmp_path, tracker.address, published.directory, tampered) as children:
+            await wait_for_holders(tracker.address, MODEL_ID, 2)
+            # Damaged after the seeder checked its files at start: it now serves bad bytes.
+            for entry in published.manifest.of_kind("layer"):
+                artifact = tampered / "artifacts" / entry.sha256
+                data = bytearray(artifact.read_bytes())
+                for offset in range(0, len(data), entry.piece_size):
+                    data[offset] ^= 0xFF
+                artifact.write_bytes(bytes(data))
+            fetched = await fetch_range(FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node"))
+            assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
+            tampered_address = children[1].ready.first if children[1].ready else ""
+            assert fetched.bad_holders == (tampered_address,)
+
+
+async def test_a_holder_killed_mid_fetch_is_replaced(published: Published, tmp_path: Path) -> None:
+    layers = LayerRange(0, 4)
+    async with running_tracker(tmp_path) as tracker:
+        second = copy_of(published, tmp_path / "second")
+        with seeders(tmp_path, tracker.address, published.directory, second) as children:
+            await wait_for_holders(tracker.address, MODEL_ID, 2)
+            killed: list[int] = []
+
+            def progress(done: int, total: int) -> None:
+                if not killed and done > total // 4:
+                    children[0].send_signal(signal.SIGKILL)
+                    killed.append(done)
+
+            config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node", requests_per_holder=1)
+            fetched = await fetch_range(config, progress)
+            assert killed and killed[0] < fetched.needed_bytes
+            assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
+            assert fetched.files.embeddings is not None
+            assert fetched.dead_holders == (children[0].ready.first,)  # type: ignore[union-attr]
+
+
+async def test_an_untrusted_publisher_is_refused(published: Published, tmp_path: Path) -> None:
+    other, _ = load_or_create_key(tmp_path / "other.key")
+    async with running_tracker(tmp_path) as tracker:
+        with seeders(tmp_path, tracker.address, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1)
+            pinned = FetchConfig(
+                MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "a", trust_publisher=other.fingerprint
+            )
+            with pytest.raises(UntrustedPublisher, match="not the pinned"):
+                await fetch_range(pinned)
+            assert not list((tmp_path / "a").rglob("*.gguf"))
+    # Trust on first use: a node that trusted another key for this model id refuses this one.
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "trusted-publishers.json").write_text(f'{{"{MODEL_ID}": "{other.fingerprint}"}}')
+    async with running_tracker(tmp_path / "t2") as tracker:
+        with seeders(tmp_path / "t2", tracker.address, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1)
+            with pytest.raises(UntrustedPublisher, match="first use"):
+                await fetch_range(FetchConfig(MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "b"))
+
+
+class Interrupted(Exception):
+    pass
+
+
+async def test_an_interrupted_fetch_resumes_with_what_it_has(published: Published, tmp_path: Path) -> None:
+    layers = LayerRange(1, 5)
+    async with running_tracker(tmp_path) as tracker:
+        with seeders(tmp_path, tracker.address, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1)
+            config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node", requests_per_holder=1)
+
+            def interrupt(done: int, total: int) -> None:
+                if done > total // 2:
+                    raise Interrupted
+
+            with pytest.raises(Interrupted):
+                await fetch_range(config, interrupt)
+            leftovers = [p for p in (tmp_path / "node").rglob("*") if p.is_file() and p.suffix == ".gguf"]
+            assert leftovers == []  # only the .partial sparse copy, nothing that looks complete
+            resumed = await fetch_range(config)
+            manifest_bytes = resumed.manifest_path.stat().st_size
+            assert resumed.fetched_bytes - manifest_bytes < resumed.needed_bytes // 2
+            assert resumed.files.slice.read_bytes() == reference(published, layers, tmp_path)

