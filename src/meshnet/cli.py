@@ -237,7 +237,7 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``swarm`` group: each family of subcommands adds itself from its own module."""
     from meshnet.cli_api_keys import add_api_key_arguments
 
-    subcommands = parser.add_subparsers(dest="swarm_command", required=True)
+    subcommands = parser.add_subparsers(dest="swarm_command", required=True, help="what to manage (required)")
     add_api_key_arguments(subcommands)
 
 

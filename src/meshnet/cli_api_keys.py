@@ -16,12 +16,12 @@ from meshnet.gateway.keys import ApiKeyStore, store_path
 def add_api_key_arguments(swarm_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``api-key`` and its subcommands to the ``swarm`` group's subparsers."""
     api_key = swarm_commands.add_parser("api-key", help="create, list and revoke the gateway's API keys")
-    actions = api_key.add_subparsers(dest="api_key_action", required=True)
+    actions = api_key.add_subparsers(dest="api_key_action", required=True, help="create, list or revoke (required)")
     create = actions.add_parser("create", help="make a key (printed once; only its hash is stored)")
-    create.add_argument("name", help="a name for the key: who or what uses it")
+    create.add_argument("name", help="a name for the key: who or what uses it (required)")
     actions.add_parser("list", help="list the keys' names and states (never the keys)")
     revoke = actions.add_parser("revoke", help="revoke a key: the gateway refuses it from the next request")
-    revoke.add_argument("name")
+    revoke.add_argument("name", help="the key's name, as `list` shows it (required)")
     api_key.set_defaults(swarm_run=cmd_api_key)
 
 

@@ -153,39 +153,40 @@ class Swarm:
     def tracker_port(self) -> int:
         return int(self.tracker_address.rsplit(":", 1)[1])
 
-    def start_workers(self, *ranges: str) -> list[Worker]:
-        """Start one worker per ``A:B`` range at once; return them once each printed ready."""
+    def start_workers(self, *ranges: str, program: Sequence[str] | None = None) -> list[Worker]:
+        """Start one worker per ``A:B`` range at once; return them once each printed ready.
+
+        ``program`` replaces ``python -m meshnet.cli`` (a test's altered worker, say).
+        """
         started = []
         for text in ranges:
             layers = LayerRange.parse(text)
             name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            component = start_component(
-                name,
-                meshnet_command(
-                    data_dir,
-                    "worker",
-                    "--model",
-                    str(self.model),
-                    "--model-name",
-                    self.model_name,
-                    "--layers",
-                    text,
-                    "--tracker",
-                    self.tracker_address,
-                    "--port",
-                    "0",
-                    "--threads",
-                    "1",
-                    "--context",
-                    str(CONTEXT),
-                    "--drain-grace",
-                    "1",
-                ),
-                self._log(name),
-                WORKER_READY,
+            command = meshnet_command(
+                data_dir,
+                "worker",
+                "--model",
+                str(self.model),
+                "--model-name",
+                self.model_name,
+                "--layers",
+                text,
+                "--tracker",
+                self.tracker_address,
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                "--context",
+                str(CONTEXT),
+                "--drain-grace",
+                "1",
             )
+            if program is not None:
+                command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet.cli
+            component = start_component(name, command, self._log(name), WORKER_READY)
             worker = Worker(component, layers)
             self.workers.append(worker)
             started.append(worker)

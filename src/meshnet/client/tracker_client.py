@@ -28,6 +28,8 @@ from meshnet.core.tracking import (
     ModelSummary,
     NodeLoad,
     NodeRegistration,
+    Quarantined,
+    QuarantineOrder,
     Registered,
     Route,
     RouteQuery,
@@ -145,6 +147,11 @@ class TrackerClient:
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
         reply = await self._call(self._stub.Deregister, wire.deregister_to_proto(node_id), timeout_s)
         return wire.deregistered_from_proto(reply).known
+
+    async def quarantine(self, order: QuarantineOrder, *, timeout_s: float | None = None) -> Quarantined:
+        """Report an audit verdict (or, with ``order.clear``, lift one)."""
+        reply = await self._call(self._stub.Quarantine, wire.quarantine_to_proto(order), timeout_s)
+        return wire.quarantined_from_proto(reply)
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
         try:

@@ -112,11 +112,13 @@ def create_app(
     wall_clock: Callable[[], float] = time.time,
     rng: random.Random | None = None,
     api_keys: KeyVerifier | None = None,
+    extra_figures: Callable[[], Mapping[str, float]] | None = None,
 ) -> FastAPI:
     """Build the gateway app over a route generator and one text codec per model id.
 
     ``rng`` draws the jitter of overload Retry-After values (seed it for repeatable tests).
     ``api_keys`` checks the Bearer key of every ``/v1`` request; None serves them anonymously.
+    ``extra_figures`` adds counters of the parts around the app (the audit) to ``/metrics``.
     """
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
@@ -143,14 +145,16 @@ def create_app(
     app.state.admission = admission
     install_error_handlers(app, retry_after_seconds=config.retry_after_seconds)
     app.add_middleware(RequestIdMiddleware)
-    _add_status_routes(app, admission, hub)
+    _add_status_routes(app, admission, hub, extra_figures or dict)
     guard = [Depends(api_key_dependency(api_keys))]
     _add_completion_routes(app, service, generator, codecs, guard)
     _add_telemetry_routes(app, hub, guard)
     return app
 
 
-def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) -> None:
+def _add_status_routes(
+    app: FastAPI, admission: Admission, hub: TelemetryHub, extra_figures: Callable[[], Mapping[str, float]]
+) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {
@@ -173,6 +177,7 @@ def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) ->
             "queued_requests_total": float(admission.queued_total),
             "queue_wait_seconds_total": admission.waited_seconds_total,
             **hub.totals,
+            **extra_figures(),
         }
 
     metrics_registry = build_registry("meshnet_gateway", figures)

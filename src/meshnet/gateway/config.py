@@ -128,11 +128,18 @@ class GatewayProcessConfig:
     chat_template: Path | None = None
     """Jinja chat template file used instead of the GGUF's; a model with neither (a base model)
     answers chat requests with a 400 and serves completions only."""
+    audit_fraction: float = 0.05
+    """Share of completed requests re-run on other nodes to verify their tokens (0 disables,
+    1 audits every one); a node whose output disagrees is quarantined by the tracker."""
+    audit_queue: int = 64
+    """Sampled requests waiting for their audit; beyond it audits are dropped, never requests."""
     allow_anonymous: bool = False
     """Serve /v1 without API keys. Loopback binds only (development); by default every /v1
     request needs a key of DATA_DIR/api-keys.sqlite3 (`meshnet swarm api-key create`)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.audit_fraction <= 1 or self.audit_queue < 1:
+            raise InvalidArgument("gateway config: --audit-fraction must be in [0, 1] and --audit-queue at least 1")
         if self.allow_anonymous and not is_loopback(self.http.host):
             raise InvalidArgument(
                 f"gateway config: --allow-anonymous is for loopback only, not for host {self.http.host!r}"

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
+from meshnet.client.audit import AuditConfig, Auditor
 from meshnet.client.outbox import WorkOutbox
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
@@ -43,12 +44,19 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
     tracker = TrackerClient(config.tracker)
     pool = ChannelPool(config.max_frame_bytes)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
-    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox)
+    auditor = Auditor(tracker, driver, AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue))
+    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox, auditor=auditor)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
     keys = None if config.allow_anonymous else ApiKeyStore(store_path(config.data_dir))
     if keys is None:
         log.warning("serving /v1 WITHOUT API keys (--allow-anonymous)")
-    app = create_app(generator, {name: tokenizer}, config.http, api_keys=keys)
+    app = create_app(
+        generator,
+        {name: tokenizer},
+        config.http,
+        api_keys=keys,
+        extra_figures=lambda: {f"audits_{kind}_total": float(count) for kind, count in auditor.counts.items()},
+    )
     server = GatewayServer(
         app,
         config.http.host,
@@ -60,6 +68,7 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
     )
     try:
         swarm.reports.replay()
+        auditor.start()
         port = await server.start()
         scheme = "http" if config.http.tls_cert is None else "https"
         log.info("gateway serving %s on %s://%s:%d", name, scheme, config.http.host, port)
@@ -68,6 +77,7 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
         await server.wait()
     finally:
         await server.stop()
+        await auditor.stop()
         await swarm.drain_reports()
         await tracker.close()
         await pool.close()
