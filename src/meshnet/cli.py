@@ -236,9 +236,11 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``swarm`` group: each family of subcommands adds itself from its own module."""
     from meshnet.cli_api_keys import add_api_key_arguments
+    from meshnet.cli_quarantine import add_quarantine_arguments
 
     subcommands = parser.add_subparsers(dest="swarm_command", required=True, help="what to manage (required)")
     add_api_key_arguments(subcommands)
+    add_quarantine_arguments(subcommands)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -297,7 +299,9 @@ def _commands() -> dict[str, Command]:
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
         ),
-        "swarm": Command(cmd_swarm, "manage this swarm's access: API keys", build=add_swarm_arguments),
+        "swarm": Command(
+            cmd_swarm, "manage this swarm's access: API keys, quarantined nodes", build=add_swarm_arguments
+        ),
     }
 
 

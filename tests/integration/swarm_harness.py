@@ -201,6 +201,8 @@ class Swarm:
 
         Each gateway gets its own data directory (its outbox of work records is exclusive)
         unless ``data_dir`` names one, e.g. to restart a gateway over the outbox it left.
+        The audit is off unless ``extra`` sets ``--audit-fraction``: its background replays
+        would hold sessions that tests counting them do not expect.
         """
         name = f"gateway-{self._next()}"
         home = data_dir or self.root / name
@@ -219,6 +221,7 @@ class Swarm:
                 self.model_name,
                 "--port",
                 "0",
+                *([] if "--audit-fraction" in extra else ["--audit-fraction", "0"]),
                 *extra,
             ),
             self._log(name),

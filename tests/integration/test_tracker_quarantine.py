@@ -3,6 +3,7 @@ come back under its id (not even across a tracker restart) until an operator cle
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.tracking import QuarantineOrder
+from meshnet.process.launcher import meshnet_command
 from meshnet.protocol.generated import tracker_pb2 as pb
 from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
 from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
@@ -61,8 +63,13 @@ async def test_a_quarantined_node_is_out_of_routes_and_its_record_unverified(
         async with TrackerClient(restarted.address, timeout_s=2.0) as client:
             with pytest.raises(FailedPrecondition):
                 await client.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
-            cleared = await client.quarantine(QuarantineOrder(rogue.node_id, "operator", clear=True))
-            assert cleared.known
+            # The operator's command, as its own process (the tracker serves on this event loop).
+            command = meshnet_command(config.db_path.parent, "swarm", "quarantine", "clear", rogue.node_id)
+            child = await asyncio.create_subprocess_exec(
+                *command, "--tracker", restarted.address, stdout=asyncio.subprocess.PIPE
+            )
+            output, _ = await asyncio.wait_for(child.communicate(), timeout=30)
+            assert child.returncode == 0 and b"quarantine cleared" in output
             back = await client.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
             assert back.node_id == rogue.node_id
     finally:

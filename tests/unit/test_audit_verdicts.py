@@ -76,3 +76,32 @@ def test_bad_fractions_are_refused(fraction: float) -> None:
 
     with pytest.raises(InvalidArgument):
         AuditConfig(fraction=fraction)
+
+
+async def test_the_audit_queue_is_bounded_and_submitting_never_blocks() -> None:
+    from meshnet.client.audit import AuditCase, AuditConfig, Auditor
+    from meshnet.client.route_driver import RouteDriver
+    from meshnet.client.shard_stream import ChannelPool
+    from meshnet.client.tracker_client import TrackerClient
+    from meshnet.core.events import RouteHop
+    from meshnet.core.generation import GenerationRequest
+    from meshnet.core.ids import RequestId
+    from meshnet.core.layers import LayerRange
+    from meshnet.core.tracking import Route
+
+    hop = RouteHop(NodeId("h1"), "127.0.0.1:1", LayerRange(0, 4))
+    route = Route(hops=(hop,), epoch=1, model="m", quantization="Q8_0", fingerprint="rcp-1", n_layers=4, ms_per_token=1)
+    request = GenerationRequest((1, 2, 3), 4)
+    pool = ChannelPool(1 << 20)
+    tracker = TrackerClient("127.0.0.1:1")  # never called: nothing is started
+    try:
+        auditor = Auditor(tracker, RouteDriver(pool, max_frame_bytes=1 << 20), AuditConfig(fraction=1.0, queue_limit=2))
+        cases = [AuditCase(RequestId(f"req-{i}"), request, route, (5, 6)) for i in range(3)]
+        assert [auditor.submit(case) for case in cases] == [True, True, False]
+        assert auditor.counts == {"sampled": 2, "dropped": 1}
+        assert not auditor.submit(AuditCase(RequestId("req-empty"), request, route, ()))  # nothing to compare
+        unsampled = Auditor(tracker, RouteDriver(pool, max_frame_bytes=1 << 20), AuditConfig(fraction=0.0))
+        assert not unsampled.submit(cases[0]) and not unsampled.counts
+    finally:
+        await tracker.close()
+        await pool.close()

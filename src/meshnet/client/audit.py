@@ -102,7 +102,7 @@ class Auditor:
         self._queue: asyncio.Queue[AuditCase] = asyncio.Queue(config.queue_limit)
         self._task: asyncio.Task[None] | None = None
         self.counts: Counter[str] = Counter()
-        """sampled, dropped, clean, caught, undecided, failed: for metrics and tests."""
+        """sampled, dropped, clean, unchecked, caught, undecided, failed: for metrics and tests."""
 
     def submit(self, case: AuditCase) -> bool:
         """Queue ``case`` if it is sampled and there is room; never blocks."""
@@ -195,7 +195,8 @@ class Auditor:
         self, case: AuditCase, original: frozenset[NodeId], verdict: Verdict, trials: tuple[Trial, ...]
     ) -> AuditOutcome:
         if verdict.culprit is None:
-            kind = "clean" if verdict.clean else "undecided"
+            # No replay at all: the swarm has no other node for any of the route's layers.
+            kind = ("clean" if trials else "unchecked") if verdict.clean else "undecided"
             self.counts[kind] += 1
             if not verdict.clean:
                 log.warning("audit of %s: outputs disagree; suspects %s", case.request_id, sorted(verdict.suspects))
