@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import psutil
 import pytest
 from swarm_harness import meshnet_command, write_tiny_model
@@ -108,6 +109,15 @@ def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, i
     # `up` made the client key (owner-only) and its gateway refuses requests without it.
     assert (tmp_path / "api-key").stat().st_mode & 0o777 == 0o600
     assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
+    # The official client, unchanged, with the key read from DATA_DIR/api-key.
+    key = (tmp_path / "api-key").read_text().strip()
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=30) as client:
+        model = next(iter(client.models.list())).id
+        answer = client.completions.create(model=model, prompt="ok", max_tokens=2, temperature=0)
+        assert answer.usage is not None and answer.usage.completion_tokens == 2
+    stranger = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="mn-wrong", max_retries=0)
+    with stranger, pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
     psutil.Process(before["pid"]).kill()
     deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:
