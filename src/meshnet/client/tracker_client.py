@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
+from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import (
     HeartbeatStatus,
@@ -189,6 +189,10 @@ async def heartbeat_loop(
             last_epoch = epoch
         except (Unavailable, DeadlineExceeded) as error:
             logger.warning("tracker %s unreachable: %s", client.address, error.message)
+        except FailedPrecondition as error:
+            # Refused for good (a quarantined id): retrying cannot help, and this node must stay dark.
+            logger.error("tracker %s refuses this node: %s", client.address, error.message)
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s)
     await membership.leave()
