@@ -248,8 +248,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     computed = {"model": lambda: provisioned_model(args.data_dir)}
     config = config_from_arguments(GatewayProcessConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
 
-    def ready(address: str, model: str) -> None:
-        print(f"meshnet gateway ready http://{address} model={model}", flush=True)
+    def ready(url: str, model: str) -> None:
+        print(f"meshnet gateway ready {url} model={model}", flush=True)
 
     asyncio.run(run_gateway(config, on_ready=ready))
     return 0
@@ -305,6 +305,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_swarm(args: argparse.Namespace) -> int:
+    run: Handler = args.swarm_run
+    return run(args)
+
+
+def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``swarm`` group: each family of subcommands adds itself from its own module."""
+    from meshnet.cli_api_keys import add_api_key_arguments
+    from meshnet.cli_quarantine import add_quarantine_arguments
+
+    subcommands = parser.add_subparsers(dest="swarm_command", required=True, help="what to manage (required)")
+    add_api_key_arguments(subcommands)
+    add_quarantine_arguments(subcommands)
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     from meshnet.bench.command import gate_command
 
@@ -321,6 +336,8 @@ class Command:
     configs: tuple[type, ...] = ()
     skip: tuple[str, ...] = ("data_dir",)
     """Config fields with no flag of their own: ``data_dir`` is the global ``--data-dir``."""
+    build: Callable[[argparse.ArgumentParser], None] | None = None
+    """Adds arguments no config describes (a command group's own subcommands)."""
 
 
 def _commands() -> dict[str, Command]:
@@ -366,6 +383,9 @@ def _commands() -> dict[str, Command]:
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
         ),
+        "swarm": Command(
+            cmd_swarm, "manage this swarm's access: API keys, quarantined nodes", build=add_swarm_arguments
+        ),
     }
 
 
@@ -405,6 +425,8 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
         _global_arguments(subparser, defaults=False)
         for config in command.configs:
             add_config_arguments(subparser, config, skip=command.skip)
+        if command.build is not None:
+            command.build(subparser)
     return parser
 
 

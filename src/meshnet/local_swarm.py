@@ -28,6 +28,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.gateway.keys import ensure_client_key, read_client_key
 from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
 from meshnet.process.ports import ensure_port_free
 from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
@@ -189,14 +190,19 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     _stop_on_sigterm()
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # The gateway always requires API keys, --insecure or not: transport security and client
+    # authorization are separate decisions, and a local client reads the key from this file.
+    key_path = ensure_client_key(config.data_dir)
+    auth = {"Authorization": f"Bearer {read_client_key(config.data_dir)}"}
+    print(f"api key   {key_path}  (send it as 'Authorization: Bearer KEY')")
     reporter = _Reporter(logs / "up-status.json")
     supervisor = Supervisor(READY_TIMEOUT_S, RestartPolicy(), reporter)
     reporter.supervisor = supervisor
     try:
         base_url, model = _start_swarm(config, supervisor, logs)
         print(f"logs in {logs}")
-        _wait_routable(base_url, model)
-        _demo(base_url, model, config)
+        _wait_routable(base_url, model, auth)
+        _demo(base_url, model, config, auth)
         if config.demo_only:
             return 0
         print(f"\nServing the OpenAI-compatible API at {base_url}/v1 — press Ctrl-C to stop.")
@@ -211,13 +217,13 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         supervisor.stop(STOP_GRACE_S)
 
 
-def _wait_routable(base_url: str, model: str) -> None:
+def _wait_routable(base_url: str, model: str, auth: dict[str, str]) -> None:
     """Wait until a one-token request succeeds: every worker registered and routable."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     body = {"model": model, "prompt": "ok", "max_tokens": 1, "temperature": 0}
     while time.monotonic() < deadline:
         try:
-            if httpx.post(f"{base_url}/v1/completions", json=body, timeout=30).status_code == 200:
+            if httpx.post(f"{base_url}/v1/completions", json=body, headers=auth, timeout=30).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -225,7 +231,7 @@ def _wait_routable(base_url: str, model: str) -> None:
     raise Unavailable("the swarm never became routable; see the logs")
 
 
-def _demo(base_url: str, model: str, config: LocalSwarmConfig) -> None:
+def _demo(base_url: str, model: str, config: LocalSwarmConfig, auth: dict[str, str]) -> None:
     print(f"\n> {config.prompt}\n")
     body = {
         "model": model,
@@ -236,7 +242,7 @@ def _demo(base_url: str, model: str, config: LocalSwarmConfig) -> None:
     }
     telemetry: list[str] = []
     mid_line = False
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as response:
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, headers=auth, timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith(": telemetry "):
                 event = json.loads(line[len(": telemetry ") :])

@@ -38,6 +38,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary
+from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
 
 MODEL_NAME = "tiny"
@@ -104,6 +105,8 @@ class Swarm:
     tracker_address: str = ""
     workers: list[Worker] = field(default_factory=list)
     gateways: list[Component] = field(default_factory=list)
+    api_key: str = field(default_factory=new_api_key)
+    """The client key every gateway of this swarm accepts (written to each one's data dir)."""
     _count: int = 0
 
     def __enter__(self) -> Swarm:
@@ -111,6 +114,11 @@ class Swarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The ``Authorization`` header of a client holding ``api_key``."""
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def db_path(self) -> Path:
@@ -145,39 +153,40 @@ class Swarm:
     def tracker_port(self) -> int:
         return int(self.tracker_address.rsplit(":", 1)[1])
 
-    def start_workers(self, *ranges: str) -> list[Worker]:
-        """Start one worker per ``A:B`` range at once; return them once each printed ready."""
+    def start_workers(self, *ranges: str, program: Sequence[str] | None = None) -> list[Worker]:
+        """Start one worker per ``A:B`` range at once; return them once each printed ready.
+
+        ``program`` replaces ``python -m meshnet.cli`` (a test's altered worker, say).
+        """
         started = []
         for text in ranges:
             layers = LayerRange.parse(text)
             name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            component = start_component(
-                name,
-                meshnet_command(
-                    data_dir,
-                    "worker",
-                    "--model",
-                    str(self.model),
-                    "--model-name",
-                    self.model_name,
-                    "--layers",
-                    text,
-                    "--tracker",
-                    self.tracker_address,
-                    "--port",
-                    "0",
-                    "--threads",
-                    "1",
-                    "--context",
-                    str(CONTEXT),
-                    "--drain-grace",
-                    "1",
-                ),
-                self._log(name),
-                WORKER_READY,
+            command = meshnet_command(
+                data_dir,
+                "worker",
+                "--model",
+                str(self.model),
+                "--model-name",
+                self.model_name,
+                "--layers",
+                text,
+                "--tracker",
+                self.tracker_address,
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                "--context",
+                str(CONTEXT),
+                "--drain-grace",
+                "1",
             )
+            if program is not None:
+                command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet.cli
+            component = start_component(name, command, self._log(name), WORKER_READY)
             worker = Worker(component, layers)
             self.workers.append(worker)
             started.append(worker)
@@ -192,10 +201,13 @@ class Swarm:
 
         Each gateway gets its own data directory (its outbox of work records is exclusive)
         unless ``data_dir`` names one, e.g. to restart a gateway over the outbox it left.
+        The audit is off unless ``extra`` sets ``--audit-fraction``: its background replays
+        would hold sessions that tests counting them do not expect.
         """
         name = f"gateway-{self._next()}"
         home = data_dir or self.root / name
         home.mkdir(parents=True, exist_ok=True)
+        give_api_key(home, self.api_key)
         component = start_component(
             name,
             meshnet_command(
@@ -209,6 +221,7 @@ class Swarm:
                 self.model_name,
                 "--port",
                 "0",
+                *([] if "--audit-fraction" in extra else ["--audit-fraction", "0"]),
                 *extra,
             ),
             self._log(name),
@@ -261,6 +274,15 @@ class Swarm:
 
     def _log(self, name: str) -> Path:
         return self.root / f"{name}.log"
+
+
+def give_api_key(data_dir: Path, key: str) -> None:
+    """Make ``key`` a valid client key of a gateway over ``data_dir`` (store and ``api-key`` file)."""
+    store = ApiKeyStore(store_path(data_dir))
+    if store.verify(key) is None:
+        store.add("harness", key)
+    (data_dir / CLIENT_KEY_FILE).write_text(key + "\n")
+    (data_dir / CLIENT_KEY_FILE).chmod(0o600)
 
 
 async def list_models(tracker_address: str) -> tuple[ModelSummary, ...]:
@@ -404,10 +426,11 @@ def read_sse(
     *,
     on_item: Callable[[SseItem, list[SseItem]], None] | None = None,
     timeout_s: float = 60.0,
+    headers: dict[str, str] | None = None,
 ) -> SseResult:
     """POST ``body`` and read the SSE reply to its end, calling ``on_item(item, so_far)`` per item."""
     items: list[SseItem] = []
-    with httpx.stream("POST", base_url + path, json=body, timeout=timeout_s) as response:
+    with httpx.stream("POST", base_url + path, json=body, headers=headers, timeout=timeout_s) as response:
         if response.status_code != 200:
             response.read()
             failure = SseItem(time.monotonic(), "http", response.json())

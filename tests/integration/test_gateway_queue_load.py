@@ -42,7 +42,9 @@ def test_64_concurrent_streams_on_8_slots_all_complete(swarm: Swarm) -> None:
 
     def one() -> None:
         go.wait()
-        results.append(read_sse(base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), timeout_s=120))
+        results.append(
+            read_sse(base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), timeout_s=120, headers=swarm.auth)
+        )
 
     started = time.monotonic()
     threads = [threading.Thread(target=one) for _ in range(CLIENTS)]
@@ -79,7 +81,7 @@ def test_beyond_the_queue_bound_503s_arrive_at_once_with_spread_retry_after(swar
     go = threading.Barrier(burst)
 
     def one(stack: ExitStack) -> None:
-        client = stack.enter_context(httpx.Client(timeout=60))
+        client = stack.enter_context(httpx.Client(timeout=60, headers=swarm.auth))
         go.wait()
         sent = time.monotonic()
         response = stack.enter_context(client.stream("POST", base_url + "/v1/chat/completions", json=chat_body(400)))

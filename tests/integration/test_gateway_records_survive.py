@@ -44,7 +44,7 @@ def _wait_records(db: Path, wanted: set[str]) -> list[tuple[str, str, int]]:
     raise AssertionError(f"records never arrived: {sorted(wanted)}")
 
 
-def _streams_started(base_url: str, count: int) -> tuple[list[SseResult], list[threading.Thread]]:
+def _streams_started(base_url: str, count: int, auth: dict[str, str]) -> tuple[list[SseResult], list[threading.Thread]]:
     """``count`` streams, returned once each has produced text (its route is running)."""
     results: list[SseResult] = []
     started = threading.Semaphore(0)
@@ -54,7 +54,7 @@ def _streams_started(base_url: str, count: int) -> tuple[list[SseResult], list[t
             started.release()
 
     def one() -> None:
-        results.append(read_sse(base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), on_item=on_item))
+        results.append(read_sse(base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), on_item=on_item, headers=auth))
 
     threads = [threading.Thread(target=one) for _ in range(count)]
     for thread in threads:
@@ -75,7 +75,7 @@ def _start(swarm: Swarm, gateway_home: Path) -> str:
 def test_sigterm_with_reports_queued_and_the_tracker_down_loses_nothing(tmp_path: Path) -> None:
     with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
         base_url = _start(swarm, home := tmp_path / "gateway-home")
-        results, threads = _streams_started(base_url, CLIENTS)
+        results, threads = _streams_started(base_url, CLIENTS, swarm.auth)
         assert swarm.tracker is not None
         swarm.tracker.kill(signal.SIGKILL)
         swarm.tracker.process.wait(timeout=5)
@@ -106,7 +106,7 @@ def test_sigkill_mid_request_leaves_an_unverified_record(tmp_path: Path) -> None
     with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
         base_url = _start(swarm, home := tmp_path / "gateway-home")
         with httpx.stream(
-            "POST", base_url + "/v1/chat/completions", json=chat_body(MAX_TOKENS), timeout=30
+            "POST", base_url + "/v1/chat/completions", json=chat_body(MAX_TOKENS), headers=swarm.auth, timeout=30
         ) as response:
             cut_off = response.headers["x-request-id"]
             lines = response.iter_lines()

@@ -78,7 +78,8 @@ def test_lab_serves_across_namespaces_and_removes_everything(tmp_path: Path, mod
     try:
         # The gateway lives on node 0's own address inside its namespace, not on loopback.
         assert base_url.startswith("http://10.") and ":8080/v1" in base_url
-        client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+        key = (tmp_path / "data" / "lab" / TAG / "n0" / "api-key").read_text().strip()
+        client = OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60)
         answer = client.chat.completions.create(
             model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0
         )

@@ -42,8 +42,9 @@ def base_url(swarm: Swarm) -> str:
     return swarm.gateways[0].ready_line.split()[3]
 
 
-def _post(base_url: str, path: str, **kwargs: Any) -> httpx.Response:
-    return httpx.post(base_url + path, timeout=30, **kwargs)
+def _post(swarm: Swarm, base_url: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {**swarm.auth, **kwargs.pop("headers", {})}
+    return httpx.post(base_url + path, timeout=30, headers=headers, **kwargs)
 
 
 def _assert_openai_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -56,32 +57,34 @@ def _assert_openai_error(response: httpx.Response, status: int, code: str) -> di
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_bad_json_is_400(base_url: str, path: str) -> None:
+def test_bad_json_is_400(swarm: Swarm, base_url: str, path: str) -> None:
     truncated = b'{"model": "tiny", "messages": ['
-    response = _post(base_url, path, content=truncated, headers={"content-type": "application/json"})
+    response = _post(swarm, base_url, path, content=truncated, headers={"content-type": "application/json"})
     error = _assert_openai_error(response, 400, "invalid_json")
     assert error["type"] == "invalid_request_error"
 
 
-def test_wrong_types_are_400(base_url: str) -> None:
+def test_wrong_types_are_400(swarm: Swarm, base_url: str) -> None:
     body = {**chat_body(4, stream=False), "max_tokens": "ten"}
-    error = _assert_openai_error(_post(base_url, "/v1/chat/completions", json=body), 400, "invalid_parameter")
+    error = _assert_openai_error(_post(swarm, base_url, "/v1/chat/completions", json=body), 400, "invalid_parameter")
     assert error["param"] == "max_tokens"
     _assert_openai_error(
-        _post(base_url, "/v1/chat/completions", json={"model": MODEL_NAME}), 400, "missing_required_parameter"
+        _post(swarm, base_url, "/v1/chat/completions", json={"model": MODEL_NAME}), 400, "missing_required_parameter"
     )
 
 
-def test_unknown_model_is_404(base_url: str) -> None:
+def test_unknown_model_is_404(swarm: Swarm, base_url: str) -> None:
     body = {**chat_body(4, stream=False), "model": "no-such-model"}
-    error = _assert_openai_error(_post(base_url, "/v1/chat/completions", json=body), 404, "model_not_found")
+    error = _assert_openai_error(_post(swarm, base_url, "/v1/chat/completions", json=body), 404, "model_not_found")
     assert error["param"] == "model"
 
 
-def test_huge_max_tokens_is_400(base_url: str) -> None:
+def test_huge_max_tokens_is_400(swarm: Swarm, base_url: str) -> None:
     for stream in (False, True):
         body = chat_body(10**9, stream=stream)
-        error = _assert_openai_error(_post(base_url, "/v1/chat/completions", json=body), 400, "invalid_parameter")
+        error = _assert_openai_error(
+            _post(swarm, base_url, "/v1/chat/completions", json=body), 400, "invalid_parameter"
+        )
         assert error["param"] == "max_tokens"
 
 
@@ -91,7 +94,7 @@ def test_prompt_beyond_the_workers_context_is_400_before_any_work(swarm: Swarm, 
     addresses = [w.address for w in swarm.live_workers()]
     too_long = {"model": MODEL_NAME, "prompt": "a " * (CONTEXT + 50), "max_tokens": 8, "stream": stream}
     started = time.monotonic()
-    response = _post(base_url, "/v1/completions", json=too_long)
+    response = _post(swarm, base_url, "/v1/completions", json=too_long)
     _assert_openai_error(response, 400, "context_length_exceeded")
     # Fits the prompt, but not prompt + max_tokens: refused up front, not cut off mid-stream.
     no_room = {
@@ -101,11 +104,11 @@ def test_prompt_beyond_the_workers_context_is_400_before_any_work(swarm: Swarm, 
         "stream": stream,
         "temperature": 0,
     }
-    _assert_openai_error(_post(base_url, "/v1/completions", json=no_room), 400, "context_length_exceeded")
+    _assert_openai_error(_post(swarm, base_url, "/v1/completions", json=no_room), 400, "context_length_exceeded")
     assert time.monotonic() - started < 2.0
     assert active_sessions(addresses) == [0] * len(addresses)
     fits = {"model": MODEL_NAME, "prompt": "a " * (CONTEXT // 2), "max_tokens": 16, "temperature": 0}
-    assert _post(base_url, "/v1/completions", json=fits).status_code == 200
+    assert _post(swarm, base_url, "/v1/completions", json=fits).status_code == 200
 
 
 def test_burst_admits_exactly_max_in_flight(swarm: Swarm, base_url: str) -> None:
@@ -116,7 +119,7 @@ def test_burst_admits_exactly_max_in_flight(swarm: Swarm, base_url: str) -> None
     go = threading.Barrier(BURST)
 
     def one_request(stack: ExitStack) -> None:
-        client = stack.enter_context(httpx.Client(timeout=30))
+        client = stack.enter_context(httpx.Client(timeout=30, headers=swarm.auth))
         go.wait()
         response = stack.enter_context(
             client.stream("POST", base_url + "/v1/chat/completions", json=chat_body(SLOW_MAX_TOKENS))
@@ -158,4 +161,4 @@ def test_burst_admits_exactly_max_in_flight(swarm: Swarm, base_url: str) -> None
     while httpx.get(base_url + "/health", timeout=5).json()["in_flight"] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert httpx.get(base_url + "/health", timeout=5).json()["in_flight"] == 0
-    assert _post(base_url, "/v1/chat/completions", json=chat_body(4, stream=False)).status_code == 200
+    assert _post(swarm, base_url, "/v1/chat/completions", json=chat_body(4, stream=False)).status_code == 200

@@ -127,12 +127,12 @@ def test_w2_failover_to_spare_continues_identically(
     expected = reference.text(reference.generate(reference.chat_tokens(PROMPT), MAX_TOKENS, sampling))
     body = chat_body(MAX_TOKENS, temperature=temperature, seed=seed)
     with_middle_workers(swarm, 2)
-    undisturbed = read_sse(base_url, "/v1/chat/completions", body)
+    undisturbed = read_sse(base_url, "/v1/chat/completions", body, headers=swarm.auth)
     assert undisturbed.text == expected, "the no-failure run must equal the whole-model reference"
     assert not undisturbed.telemetry("route_health")
 
     killer = MiddleKiller(swarm, KILL_AFTER_TOKENS[temperature])
-    result = read_sse(base_url, "/v1/chat/completions", body, on_item=killer)
+    result = read_sse(base_url, "/v1/chat/completions", body, on_item=killer, headers=swarm.auth)
 
     # Items already in flight when the kill landed may arrive first; the failover is announced by
     # route_health, and the first token after it is the first one the replacement route made.
@@ -212,7 +212,7 @@ def test_w2_middle_dies_while_the_route_is_idle(swarm: Swarm, reference: Referen
 def test_w3_no_spare_ends_with_worker_lost_and_frees_sessions(swarm: Swarm, base_url: str) -> None:
     with_middle_workers(swarm, 1)
     killer = MiddleKiller(swarm, KILL_AFTER_TOKENS[0.0])
-    result = read_sse(base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), on_item=killer)
+    result = read_sse(base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), on_item=killer, headers=swarm.auth)
 
     after = killer.after_kill(result)
     kinds = [item.kind for item in result.items]

@@ -60,8 +60,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def client(base_url: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=30.0) as api:
+def client(base_url: str, swarm: Swarm) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=30.0) as api:
         yield api
 
 
@@ -137,10 +137,10 @@ def test_completions_equal_whole_model_reference(client: openai.OpenAI, referenc
 MILESTONES = ["accepted", "prefill_started", "prefill_completed", "decode_started"]
 
 
-def _follow_events(base_url: str, request_id: str) -> list[dict[str, Any]]:
+def _follow_events(base_url: str, request_id: str, auth: dict[str, str]) -> list[dict[str, Any]]:
     """Read /v1/telemetry/{id}/events to its end: ``event: telemetry`` frames with id and data."""
     events: list[dict[str, Any]] = []
-    with httpx.stream("GET", f"{base_url}/v1/telemetry/{request_id}/events", timeout=30) as response:
+    with httpx.stream("GET", f"{base_url}/v1/telemetry/{request_id}/events", headers=auth, timeout=30) as response:
         assert response.status_code == 200
         frame: dict[str, str] = {}
         for line in response.iter_lines():
@@ -165,11 +165,11 @@ def test_telemetry_of_a_live_request(swarm: Swarm, base_url: str) -> None:
         # Follow the events stream live, from the moment the first telemetry arrived.
         if not followers and item.kind == "telemetry":
             request_id = item.payload["request_id"]
-            thread = threading.Thread(target=lambda: followed.append(_follow_events(base_url, request_id)))
+            thread = threading.Thread(target=lambda: followed.append(_follow_events(base_url, request_id, swarm.auth)))
             followers.append(thread)
             thread.start()
 
-    result = read_sse(base_url, "/v1/chat/completions", chat_body(96), on_item=follow_once_started)
+    result = read_sse(base_url, "/v1/chat/completions", chat_body(96), on_item=follow_once_started, headers=swarm.auth)
     assert result.status == 200
     assert [item.kind for item in result.items][-1] == "done"
     inline = result.telemetry()
@@ -200,7 +200,7 @@ def test_telemetry_of_a_live_request(swarm: Swarm, base_url: str) -> None:
         < first_chunk
     )
 
-    snapshot = httpx.get(f"{base_url}/v1/telemetry/{result.request_id}", timeout=5).json()
+    snapshot = httpx.get(f"{base_url}/v1/telemetry/{result.request_id}", headers=swarm.auth, timeout=5).json()
     assert snapshot["state"] == "completed" and snapshot["finished"] is True
     assert snapshot["generated_tokens"] == 96 and snapshot["finish_reason"] == "length"
     assert snapshot["route"]["hops"] == accepted["hops"]
@@ -210,11 +210,11 @@ def test_telemetry_of_a_live_request(swarm: Swarm, base_url: str) -> None:
     for thread in followers:
         thread.join(timeout=30)
     assert followed == [inline], "the live events stream must carry exactly the inline telemetry"
-    assert _follow_events(base_url, result.request_id) == inline, "replay after the end must be the same"
+    assert _follow_events(base_url, result.request_id, swarm.auth) == inline, "replay after the end must be the same"
 
 
-def test_telemetry_of_an_unknown_request_is_404(base_url: str) -> None:
+def test_telemetry_of_an_unknown_request_is_404(base_url: str, swarm: Swarm) -> None:
     for path in ("/v1/telemetry/req-unknown", "/v1/telemetry/req-unknown/events"):
-        response = httpx.get(base_url + path, timeout=5)
+        response = httpx.get(base_url + path, headers=swarm.auth, timeout=5)
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "telemetry_not_found"

@@ -51,8 +51,8 @@ def swarm(tmp_path: Path) -> Iterator[Swarm]:
         yield running
 
 
-def _traffic(base_url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
-    with httpx.Client(timeout=30) as client:
+def _traffic(base_url: str, stop: threading.Event, outcomes: list[Outcome], auth: dict[str, str]) -> None:
+    with httpx.Client(timeout=30, headers=auth) as client:
         while not stop.is_set():
             started = time.monotonic()
             response = client.post(base_url + "/v1/chat/completions", json=chat_body(MAX_TOKENS, stream=False))
@@ -69,7 +69,7 @@ def test_tracker_kill9_loses_and_duplicates_no_work_records(swarm: Swarm) -> Non
     base_url = swarm.gateways[0].ready_line.split()[3]
     outcomes: list[Outcome] = []
     stop = threading.Event()
-    clients = [threading.Thread(target=_traffic, args=(base_url, stop, outcomes)) for _ in range(CLIENTS)]
+    clients = [threading.Thread(target=_traffic, args=(base_url, stop, outcomes, swarm.auth)) for _ in range(CLIENTS)]
     for thread in clients:
         thread.start()
     try:

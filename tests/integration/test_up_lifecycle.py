@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import psutil
 import pytest
 from swarm_harness import meshnet_command, write_tiny_model
@@ -66,12 +67,14 @@ def up(tmp_path: Path) -> Iterator[tuple[ChildProcess, int]]:
         child.stop()
 
 
-def _complete(port: int) -> int:
+def _complete(port: int, data_dir: Path) -> int:
+    """Status of one completion sent with the client key `up` wrote to ``DATA_DIR/api-key``."""
     base = f"http://127.0.0.1:{port}/v1"
+    auth = {"Authorization": f"Bearer {(data_dir / 'api-key').read_text().strip()}"}
     with contextlib.suppress(httpx.HTTPError):
-        model = httpx.get(f"{base}/models", timeout=10).json()["data"][0]["id"]
+        model = httpx.get(f"{base}/models", headers=auth, timeout=10).json()["data"][0]["id"]
         body = {"model": model, "prompt": "ok", "max_tokens": 2, "temperature": 0}
-        return httpx.post(f"{base}/completions", json=body, timeout=10).status_code
+        return httpx.post(f"{base}/completions", json=body, headers=auth, timeout=10).status_code
     return 0
 
 
@@ -102,7 +105,19 @@ def test_sigkill_of_up_leaves_no_process_and_frees_the_port(up: tuple[ChildProce
 def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, int], tmp_path: Path) -> None:
     child, port = up
     before = _status(tmp_path)["tracker"]
-    assert before["restarts"] == 0 and _complete(port) == 200
+    assert before["restarts"] == 0 and _complete(port, tmp_path) == 200
+    # `up` made the client key (owner-only) and its gateway refuses requests without it.
+    assert (tmp_path / "api-key").stat().st_mode & 0o777 == 0o600
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
+    # The official client, unchanged, with the key read from DATA_DIR/api-key.
+    key = (tmp_path / "api-key").read_text().strip()
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=30) as client:
+        model = next(iter(client.models.list())).id
+        answer = client.completions.create(model=model, prompt="ok", max_tokens=2, temperature=0)
+        assert answer.usage is not None and answer.usage.completion_tokens == 2
+    stranger = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="mn-wrong", max_retries=0)
+    with stranger, pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
     psutil.Process(before["pid"]).kill()
     deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:
@@ -113,7 +128,7 @@ def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, i
     assert after["restarts"] == 1, after
     assert after["address"] == before["address"], "the tracker must come back where the workers look for it"
     assert after["last_exit"] == -signal.SIGKILL
-    while _complete(port) != 200:
+    while _complete(port, tmp_path) != 200:
         assert time.monotonic() < deadline, "the swarm never served again after the tracker restart"
         time.sleep(0.2)
     assert child.alive

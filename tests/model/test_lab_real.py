@@ -102,7 +102,9 @@ def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[st
         "stream": True,
     }
     text, events, error, count = "", [], None, 0
-    with httpx.stream("POST", f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=60) as response:
+    auth = {"Authorization": f"Bearer {swarm.api_key_path.read_text().strip()}"}
+    url = f"{swarm.gateway_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=auth, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith(": telemetry "):

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
+from meshnet.client.audit import AuditCase, Auditor
 from meshnet.client.outbox import WorkOutbox
 from meshnet.client.route_driver import RouteDriver, RouteSession
 from meshnet.client.shard_admin import fetch_capability
@@ -97,8 +98,10 @@ class SwarmClient:
         config: SwarmConfig,
         *,
         outbox: WorkOutbox | None = None,
+        auditor: Auditor | None = None,
     ) -> None:
         self.tracker = tracker
+        self.auditor = auditor
         self._pool = pool
         self._driver = driver
         self._config = config
@@ -119,6 +122,7 @@ class SwarmClient:
                 async for event in events:
                     yield event
             run.status = "completed"
+            self._offer_audit(run)
             yield run.finished()
         except (asyncio.CancelledError, GeneratorExit):
             run.status = "cancelled"
@@ -152,6 +156,12 @@ class SwarmClient:
                 replay = f"{error.message}; replaying {len(run.history)} token(s) onto a new route"
                 yield RouteHealth("failover", replay)
                 yield _accepted(run.request_id, run.session_id, run.route)
+
+    def _offer_audit(self, run: _Run) -> None:
+        # A request that failed over ran on a mix of routes; its replay would need the same mix,
+        # so only requests served by one route are audited.
+        if self.auditor is not None and len(run.attempts) == 1:
+            self.auditor.submit(AuditCase(run.request_id, run.request, run.route, tuple(run.history)))
 
     async def drain_reports(self, timeout_s: float | None = None) -> None:
         """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""

@@ -21,13 +21,15 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
+from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import (
     HeartbeatStatus,
     ModelSummary,
     NodeLoad,
     NodeRegistration,
+    Quarantined,
+    QuarantineOrder,
     Registered,
     Route,
     RouteQuery,
@@ -146,6 +148,11 @@ class TrackerClient:
         reply = await self._call(self._stub.Deregister, wire.deregister_to_proto(node_id), timeout_s)
         return wire.deregistered_from_proto(reply).known
 
+    async def quarantine(self, order: QuarantineOrder, *, timeout_s: float | None = None) -> Quarantined:
+        """Report an audit verdict (or, with ``order.clear``, lift one)."""
+        reply = await self._call(self._stub.Quarantine, wire.quarantine_to_proto(order), timeout_s)
+        return wire.quarantined_from_proto(reply)
+
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
         try:
             return await method(request, timeout=timeout_s or self._timeout_s)
@@ -182,6 +189,10 @@ async def heartbeat_loop(
             last_epoch = epoch
         except (Unavailable, DeadlineExceeded) as error:
             logger.warning("tracker %s unreachable: %s", client.address, error.message)
+        except FailedPrecondition as error:
+            # Refused for good (a quarantined id): retrying cannot help, and this node must stay dark.
+            logger.error("tracker %s refuses this node: %s", client.address, error.message)
+            return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s)
     await membership.leave()

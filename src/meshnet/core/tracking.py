@@ -275,3 +275,32 @@ class Deregistered:
     known: bool
     """False: the tracker did not know the node (already expired or never registered)."""
     epoch: int
+
+
+@dataclass(frozen=True)
+class QuarantineOrder:
+    """A gateway's audit verdict against one node, or an operator lifting one (``clear``)."""
+
+    node_id: NodeId
+    reason: str
+    """What the audit saw (positions, routes); never prompt or generated text."""
+    request_id: RequestId | None = None
+    """The audited request, whose work record becomes ``unverified``; None: no record to mark."""
+    clear: bool = False
+
+    def __post_init__(self) -> None:
+        check_text("node_id", self.node_id)
+        check_text("reason", self.reason, allow_empty=True)
+        if self.request_id is not None:
+            check_text("request_id", self.request_id)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """The tracker's answer to a quarantine order."""
+
+    known: bool
+    """Quarantining: the node was live. Clearing: it was quarantined."""
+    record_marked: bool
+    """The order's work record exists and is now ``unverified``."""
+    epoch: int

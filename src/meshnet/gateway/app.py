@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.responses import StreamingResponse
@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshnet.core.ids import RequestId, new_request_id
 from meshnet.gateway.admission import Admission
+from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig, admission_limits
 from meshnet.gateway.errors import (
@@ -110,10 +111,14 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     rng: random.Random | None = None,
+    api_keys: KeyVerifier | None = None,
+    extra_figures: Callable[[], Mapping[str, float]] | None = None,
 ) -> FastAPI:
     """Build the gateway app over a route generator and one text codec per model id.
 
     ``rng`` draws the jitter of overload Retry-After values (seed it for repeatable tests).
+    ``api_keys`` checks the Bearer key of every ``/v1`` request; None serves them anonymously.
+    ``extra_figures`` adds counters of the parts around the app (the audit) to ``/metrics``.
     """
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
@@ -140,13 +145,16 @@ def create_app(
     app.state.admission = admission
     install_error_handlers(app, retry_after_seconds=config.retry_after_seconds)
     app.add_middleware(RequestIdMiddleware)
-    _add_status_routes(app, admission, hub)
-    _add_completion_routes(app, service, generator, codecs)
-    _add_telemetry_routes(app, hub)
+    _add_status_routes(app, admission, hub, extra_figures or dict)
+    guard = [Depends(api_key_dependency(api_keys))]
+    _add_completion_routes(app, service, generator, codecs, guard)
+    _add_telemetry_routes(app, hub, guard)
     return app
 
 
-def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) -> None:
+def _add_status_routes(
+    app: FastAPI, admission: Admission, hub: TelemetryHub, extra_figures: Callable[[], Mapping[str, float]]
+) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {
@@ -169,6 +177,7 @@ def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) ->
             "queued_requests_total": float(admission.queued_total),
             "queue_wait_seconds_total": admission.waited_seconds_total,
             **hub.totals,
+            **extra_figures(),
         }
 
     metrics_registry = build_registry("meshnet_gateway", figures)
@@ -179,23 +188,27 @@ def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) ->
 
 
 def _add_completion_routes(
-    app: FastAPI, service: CompletionService, generator: RouteGenerator, codecs: Mapping[str, TextCodec]
+    app: FastAPI,
+    service: CompletionService,
+    generator: RouteGenerator,
+    codecs: Mapping[str, TextCodec],
+    guard: list[Any],
 ) -> None:
     config = service.config
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=guard)
     async def list_models() -> dict[str, Any]:
         cards = [card for card in generator.models() if card.id in codecs]
         return {"object": "list", "data": [_model_object(card) for card in cards]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=guard)
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = service.resolve(body.model)
         prepared = prepare_chat(body, codec, limits, config)
         return await service.respond(request, prepared, codec)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Response:
         body = parse_body(CompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = service.resolve(body.model)
@@ -215,18 +228,24 @@ def _model_object(card: ModelCard) -> dict[str, Any]:
     }
 
 
-def _add_telemetry_routes(app: FastAPI, hub: TelemetryHub) -> None:
-    @app.get("/v1/telemetry/{request_id}")
-    async def telemetry_snapshot(request_id: str) -> JSONResponse:
-        snapshot = hub.snapshot(RequestId(request_id))
+def _add_telemetry_routes(app: FastAPI, hub: TelemetryHub, guard: list[Any]) -> None:
+    def readable(request: Request, request_id: str) -> RequestId:
+        # Another key's request is answered exactly like an unknown one: ids must not leak.
+        wanted = RequestId(request_id)
+        if wanted not in hub or not may_read(hub.owner(wanted), request.state.api_key_name):
+            raise _telemetry_not_found(request_id)
+        return wanted
+
+    @app.get("/v1/telemetry/{request_id}", dependencies=guard)
+    async def telemetry_snapshot(request: Request, request_id: str) -> JSONResponse:
+        snapshot = hub.snapshot(readable(request, request_id))
         if snapshot is None:
             raise _telemetry_not_found(request_id)
         return JSONResponse(snapshot.as_json())
 
-    @app.get("/v1/telemetry/{request_id}/events")
-    async def telemetry_events(request_id: str) -> StreamingResponse:
-        if RequestId(request_id) not in hub:
-            raise _telemetry_not_found(request_id)
+    @app.get("/v1/telemetry/{request_id}/events", dependencies=guard)
+    async def telemetry_events(request: Request, request_id: str) -> StreamingResponse:
+        readable(request, request_id)
 
         async def frames() -> AsyncIterator[bytes]:
             async for event in hub.follow(RequestId(request_id)):

@@ -3,6 +3,7 @@ the process's (tracker, model) around it. ``meshnet gateway``'s flags are genera
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,10 @@ class GatewayConfig:
     """Events kept per request; old ``progress`` events are dropped first, milestones kept."""
     shutdown_grace_seconds: float = 10.0
     """On shutdown, in-flight requests get this long to finish before connections are closed."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; needs --tls-key. Unset: plain HTTP."""
+    tls_key: Path | None = None
+    """PEM private key of --tls-cert."""
 
     def __post_init__(self) -> None:
         positive_ints = {
@@ -100,6 +105,8 @@ class GatewayConfig:
                     "gateway config: telemetry_max_requests must exceed max_in_flight + max_queue, got "
                     f"{self.telemetry_max_requests} <= {held}"
                 )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("gateway config: --tls-cert and --tls-key go together")
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"gateway config: port must be in [0, 65535], got {self.port}")
 
@@ -124,6 +131,29 @@ class GatewayProcessConfig:
     chat_template: Path | None = None
     """Jinja chat template file used instead of the GGUF's; a model with neither (a base model)
     answers chat requests with a 400 and serves completions only."""
+    audit_fraction: float = 0.05
+    """Share of completed requests re-run on other nodes to verify their tokens (0 disables,
+    1 audits every one); a node whose output disagrees is quarantined by the tracker."""
+    audit_queue: int = 64
+    """Sampled requests waiting for their audit; beyond it audits are dropped, never requests."""
+    allow_anonymous: bool = False
+    """Serve /v1 without API keys. Loopback binds only (development); by default every /v1
+    request needs a key of DATA_DIR/api-keys.sqlite3 (`meshnet swarm api-key create`)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.audit_fraction <= 1 or self.audit_queue < 1:
+            raise InvalidArgument("gateway config: --audit-fraction must be in [0, 1] and --audit-queue at least 1")
+        if self.allow_anonymous and not is_loopback(self.http.host):
+            raise InvalidArgument(
+                f"gateway config: --allow-anonymous is for loopback only, not for host {self.http.host!r}"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 DEFAULT_SLOTS = 8

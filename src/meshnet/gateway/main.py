@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
+from meshnet.client.audit import AuditConfig, Auditor
 from meshnet.client.outbox import WorkOutbox
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
@@ -23,6 +24,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.gateway.app import create_app
 from meshnet.gateway.config import GatewayProcessConfig
+from meshnet.gateway.keys import ApiKeyStore, store_path
 from meshnet.gateway.server import GatewayServer
 from meshnet.gateway.swarm_adapter import SwarmGenerator
 
@@ -42,25 +44,40 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
     tracker = TrackerClient(config.tracker)
     pool = ChannelPool(config.max_frame_bytes)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
-    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox)
+    auditor = Auditor(tracker, driver, AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue))
+    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox, auditor=auditor)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
-    app = create_app(generator, {name: tokenizer}, config.http)
+    keys = None if config.allow_anonymous else ApiKeyStore(store_path(config.data_dir))
+    if keys is None:
+        log.warning("serving /v1 WITHOUT API keys (--allow-anonymous)")
+    app = create_app(
+        generator,
+        {name: tokenizer},
+        config.http,
+        api_keys=keys,
+        extra_figures=lambda: {f"audits_{kind}_total": float(count) for kind, count in auditor.counts.items()},
+    )
     server = GatewayServer(
         app,
         config.http.host,
         config.http.port,
         shutdown_grace_seconds=config.http.shutdown_grace_seconds,
         handle_signals=True,
+        tls_cert=config.http.tls_cert,
+        tls_key=config.http.tls_key,
     )
     try:
         swarm.reports.replay()
+        auditor.start()
         port = await server.start()
-        log.info("gateway serving %s on http://%s:%d", name, config.http.host, port)
+        scheme = "http" if config.http.tls_cert is None else "https"
+        log.info("gateway serving %s on %s://%s:%d", name, scheme, config.http.host, port)
         if on_ready is not None:
-            on_ready(f"{config.http.host}:{port}", name)
+            on_ready(f"{scheme}://{config.http.host}:{port}", name)
         await server.wait()
     finally:
         await server.stop()
+        await auditor.stop()
         await swarm.drain_reports()
         await tracker.close()
         await pool.close()

@@ -16,6 +16,7 @@ import contextlib
 import signal
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -48,6 +49,8 @@ class GatewayServer:
         *,
         shutdown_grace_seconds: float = 10.0,
         handle_signals: bool = False,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
     ) -> None:
         self._handle_signals = handle_signals
         self._config = uvicorn.Config(
@@ -57,7 +60,11 @@ class GatewayServer:
             log_level="warning",
             lifespan="off",
             timeout_graceful_shutdown=max(1, round(shutdown_grace_seconds)),
+            ssl_certfile=None if tls_cert is None else str(tls_cert),
+            ssl_keyfile=None if tls_key is None else str(tls_key),
         )
+        if tls_cert is not None:
+            self._config.load()  # reads the certificate now: a bad file fails here, not per connection
         self._server = _Server(self._config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None

@@ -156,9 +156,10 @@ class CompletionService:
         logs of the requests being served.
         """
         preamble: list[DriverItem] = []
+        owner: str | None = getattr(request.state, "api_key_name", None)
 
         def on_queued(position: int) -> None:
-            self.hub.open(request_id, model)
+            self.hub.open(request_id, model, owner)
             place = {"position": position, "in_flight": self.admission.in_flight, "capacity": self.admission.capacity}
             event = self.hub.publish(request_id, "queued", place)
             preamble.extend([] if event is None else [event])
@@ -174,7 +175,7 @@ class CompletionService:
             self._fail_waiting(request_id, "cancelled", f"left the queue: {gone!r}")
             raise
         if request_id not in self.hub:
-            self.hub.open(request_id, model)
+            self.hub.open(request_id, model, owner)
         return lease, preamble
 
     def _fail_waiting(self, request_id: RequestId, code: str, message: str) -> None:

@@ -119,7 +119,8 @@ def fold_event(snapshot: TelemetrySnapshot, event: TelemetryEvent) -> TelemetryS
 class _RequestLog:
     """Events and snapshot of one request; followers wait on ``changed``."""
 
-    def __init__(self, request_id: RequestId, model: str, started_at: float) -> None:
+    def __init__(self, request_id: RequestId, model: str, started_at: float, owner: str | None) -> None:
+        self.owner = owner
         self.events: list[TelemetryEvent] = []
         self.snapshot = TelemetrySnapshot(request_id=request_id, model=model)
         self.started_at = started_at
@@ -158,11 +159,18 @@ class TelemetryHub:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._logs
 
-    def open(self, request_id: RequestId, model: str) -> None:
-        """Start the log of a newly admitted request, evicting to stay within the bound."""
+    def open(self, request_id: RequestId, model: str, owner: str | None = None) -> None:
+        """Start the log of a newly admitted request, evicting to stay within the bound.
+
+        ``owner`` names the API key that made the request (None: made without keys).
+        """
         while len(self._logs) >= self._max_requests:
             self._evict_one()
-        self._logs[request_id] = _RequestLog(request_id, model, self._clock())
+        self._logs[request_id] = _RequestLog(request_id, model, self._clock(), owner)
+
+    def owner(self, request_id: RequestId) -> str | None:
+        log = self._logs.get(request_id)
+        return None if log is None else log.owner
 
     def publish(self, request_id: RequestId, kind: TelemetryKind, data: Mapping[str, Any]) -> TelemetryEvent | None:
         """Append an event; returns it (with its ``seq``), or None if the request is not kept."""

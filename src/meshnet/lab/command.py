@@ -32,6 +32,7 @@ def lab_up(config: LabConfig) -> int:
                 f"layers {swarm.ranges[node.index]} via {swarm.advertised[node.index]}",
                 flush=True,
             )
+        print(f"api key   {swarm.api_key_path}", flush=True)
         print(f"gateway   {swarm.gateway_url}/v1", flush=True)
         wait_forever(lab)
         return 1

@@ -12,6 +12,7 @@ from pathlib import Path
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.gateway.keys import ensure_client_key
 from meshnet.lab.lab import (
     GATEWAY_PORT,
     RUNTIME_OVERHEAD_MB,
@@ -33,6 +34,8 @@ class LabSwarm:
     ranges: dict[int, LayerRange]
     """Node index -> the layers its worker serves (spares repeat a serving node's range)."""
     advertised: dict[int, str]
+    api_key_path: Path
+    """The client API key the gateway accepts (its data dir's ``api-key``, mode 0600)."""
 
 
 def choose_ranges(serving: list[LayerRange], spares: int) -> list[LayerRange]:
@@ -99,6 +102,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
     advertised = {}
     for node, layers in zip(plan.nodes, ranges, strict=True):
         advertised[node.index] = _start_worker(lab, node, layers, tracker)
+    api_key_path = ensure_client_key(lab.node_data_dir(head))
     lab.start(
         head,
         "gateway",
@@ -123,6 +127,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
         tracker=tracker,
         ranges={node.index: layers for node, layers in zip(plan.nodes, ranges, strict=True)},
         advertised=advertised,
+        api_key_path=api_key_path,
     )
 
 

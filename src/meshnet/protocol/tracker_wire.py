@@ -27,6 +27,8 @@ from meshnet.core.tracking import (
     NodeLoad,
     NodeRegistration,
     NodeWork,
+    Quarantined,
+    QuarantineOrder,
     Registered,
     Route,
     RouteQuery,
@@ -362,3 +364,29 @@ def deregistered_to_proto(reply: Deregistered) -> pb.DeregisterReply:
 
 def deregistered_from_proto(message: pb.DeregisterReply) -> Deregistered:
     return Deregistered(message.known, message.epoch)
+
+
+# --- Quarantine ---------------------------------------------------------------------------------
+
+
+def quarantine_to_proto(order: QuarantineOrder) -> pb.QuarantineRequest:
+    return pb.QuarantineRequest(
+        node_id=order.node_id, reason=order.reason, request_id=order.request_id or "", clear=order.clear
+    )
+
+
+def quarantine_from_proto(message: pb.QuarantineRequest) -> QuarantineOrder:
+    return QuarantineOrder(
+        node_id=node_id_from_proto(message.node_id),
+        reason=message.reason,
+        request_id=RequestId(message.request_id) if message.request_id else None,
+        clear=message.clear,
+    )
+
+
+def quarantined_to_proto(reply: Quarantined) -> pb.QuarantineReply:
+    return pb.QuarantineReply(known=reply.known, record_marked=reply.record_marked, epoch=reply.epoch)
+
+
+def quarantined_from_proto(message: pb.QuarantineReply) -> Quarantined:
+    return Quarantined(message.known, message.record_marked, message.epoch)

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from meshnet.core.errors import InvalidArgument, NoRoute
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route, RouteQuery
@@ -97,6 +97,7 @@ class NodeRegistry:
         max_sticky_sessions: int = 100_000,
         new_node_id: Callable[[], NodeId] = random_node_id,
         costs: RoutingCosts = DEFAULT_COSTS,
+        quarantined: Iterable[NodeId] = (),
     ) -> None:
         if heartbeat_interval_s <= 0 or missed_heartbeats < 1 or epoch < 0:
             raise InvalidArgument("heartbeat interval must be > 0, missed heartbeats >= 1, epoch >= 0")
@@ -110,6 +111,8 @@ class NodeRegistry:
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
         self._sticky: OrderedDict[SessionId, _StickyRoute] = OrderedDict()
+        self._quarantined: set[NodeId] = set(quarantined)
+        """Nodes an audit caught: never registered again under these ids until cleared."""
 
     @property
     def epoch(self) -> int:
@@ -124,6 +127,11 @@ class NodeRegistry:
     def register(self, registration: NodeRegistration, node_id_hint: NodeId | None = None) -> NodeId:
         """Add a node and return its id: the hint when it is free or already this address's."""
         self.sweep()
+        if node_id_hint in self._quarantined:
+            raise FailedPrecondition(
+                f"node {node_id_hint} is quarantined (its output disagreed with other nodes' in an audit); "
+                "it stays out of routes until an operator clears it"
+            )
         held = self._nodes.get(node_id_hint) if node_id_hint else None
         if node_id_hint and (held is None or held.registration.address == registration.address):
             node_id = node_id_hint
@@ -155,6 +163,25 @@ class NodeRegistry:
         if node_id not in self._nodes:
             return False
         self._remove([node_id], "deregistered")
+        return True
+
+    @property
+    def quarantined(self) -> frozenset[NodeId]:
+        return frozenset(self._quarantined)
+
+    def quarantine(self, node_id: NodeId) -> bool:
+        """Take ``node_id`` out of routes for good; True if it was live. Idempotent."""
+        self.sweep()
+        self._quarantined.add(node_id)
+        known = node_id in self._nodes
+        self._remove([node_id], "quarantined")
+        return known
+
+    def clear_quarantine(self, node_id: NodeId) -> bool:
+        """Let ``node_id`` register again; True if it was quarantined."""
+        if node_id not in self._quarantined:
+            return False
+        self._quarantined.discard(node_id)
         return True
 
     def sweep(self) -> tuple[NodeId, ...]:

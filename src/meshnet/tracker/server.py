@@ -95,6 +95,7 @@ async def start_tracker(
         missed_heartbeats=config.missed_heartbeats,
         epoch=epoch,
         session_ttl_s=config.session_ttl_s,
+        quarantined=store.quarantined_nodes(),
     )
     runner = StoreRunner(store)
     servicer = TrackerServicer(registry, runner, wall_clock)

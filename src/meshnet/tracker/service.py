@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from meshnet.core.errors import MeshnetError
-from meshnet.core.tracking import Deregistered, HeartbeatStatus, Registered, WorkAck
+from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.protocol import services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import abort_with
@@ -142,6 +142,26 @@ class TrackerServicer(services.TrackerServicer):
         known = self._registry.deregister(node_id)
         await self.persist_epoch()
         return wire.deregistered_to_proto(Deregistered(known, self._registry.epoch))
+
+    @maps_errors
+    async def Quarantine(
+        self, request: services.QuarantineRequest, context: grpc.aio.ServicerContext
+    ) -> services.QuarantineReply:
+        order = wire.quarantine_from_proto(request)
+        store = self._store.store
+        if order.clear:
+            known = self._registry.clear_quarantine(order.node_id)
+            await self._store.call(store.clear_quarantine, order.node_id)
+            logger.warning("node %s: quarantine cleared", order.node_id)
+            return wire.quarantined_to_proto(Quarantined(known, False, self._registry.epoch))
+        # Durable first: a tracker restart must not let the node back in.
+        marked = await self._store.call(
+            store.quarantine_node, order.node_id, order.reason, order.request_id, self._wall_clock()
+        )
+        known = self._registry.quarantine(order.node_id)
+        await self.persist_epoch()
+        logger.warning("node %s quarantined: %s", order.node_id, order.reason)
+        return wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
 
     async def sweep_forever(self, period_s: float) -> None:
         """Expire silent nodes even when no call arrives, so the epoch moves on time (K4)."""

@@ -76,6 +76,12 @@ CREATE TABLE IF NOT EXISTS work_shares (
     PRIMARY KEY (request_id, position)
 );
 CREATE INDEX IF NOT EXISTS work_shares_by_node ON work_shares(node_id);
+CREATE TABLE IF NOT EXISTS quarantined_nodes (
+    node_id TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    request_id TEXT,
+    since REAL NOT NULL
+);
 """
 )
 
@@ -103,6 +109,17 @@ class TrackerStore(Protocol):
     def list_work(self) -> list[WorkRecord]:
         """Every stored record, in the order they were stored."""
         ...
+
+    def quarantine_node(self, node_id: NodeId, reason: str, request_id: RequestId | None, at: float) -> bool:
+        """Remember ``node_id`` as quarantined and mark ``request_id``'s record unverified.
+
+        Returns whether that record existed (and is now unverified).
+        """
+        ...
+
+    def clear_quarantine(self, node_id: NodeId) -> None: ...
+
+    def quarantined_nodes(self) -> tuple[NodeId, ...]: ...
 
     def close(self) -> None: ...
 
@@ -228,6 +245,30 @@ class SqliteTrackerStore:
         with self._lock:
             rows = self._connection.execute(f"SELECT {_WORK_COLUMNS} FROM work_records ORDER BY rowid").fetchall()
             return [self._work_from_row(row) for row in rows]
+
+    def quarantine_node(self, node_id: NodeId, reason: str, request_id: RequestId | None, at: float) -> bool:
+        with self._lock, self._connection as connection:
+            connection.execute(
+                "INSERT OR REPLACE INTO quarantined_nodes (node_id, reason, request_id, since) VALUES (?, ?, ?, ?)",
+                (node_id, reason, request_id, at),
+            )
+            if request_id is None:
+                return False
+            # Only the status changes: content_sha256 stays, so a retried report of the original
+            # record is still recognised as the duplicate it is.
+            marked = connection.execute(
+                "UPDATE work_records SET status = 'unverified' WHERE request_id = ?", (request_id,)
+            ).rowcount
+            return bool(marked)
+
+    def clear_quarantine(self, node_id: NodeId) -> None:
+        with self._lock, self._connection as connection:
+            connection.execute("DELETE FROM quarantined_nodes WHERE node_id = ?", (node_id,))
+
+    def quarantined_nodes(self) -> tuple[NodeId, ...]:
+        with self._lock:
+            rows = self._connection.execute("SELECT node_id FROM quarantined_nodes ORDER BY since").fetchall()
+        return tuple(NodeId(row[0]) for row in rows)
 
     def close(self) -> None:
         with self._lock:

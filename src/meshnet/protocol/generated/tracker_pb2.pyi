@@ -256,3 +256,25 @@ class DeregisterReply(_message.Message):
     known: bool
     epoch: int
     def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class QuarantineRequest(_message.Message):
+    __slots__ = ("node_id", "reason", "request_id", "clear")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    request_id: str
+    clear: bool
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class QuarantineReply(_message.Message):
+    __slots__ = ("known", "record_marked", "epoch")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    RECORD_MARKED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    record_marked: bool
+    epoch: int
+    def __init__(self, known: _Optional[bool] = ..., record_marked: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.DeregisterRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.DeregisterReply.FromString,
                 _registered_method=True)
+        self.Quarantine = channel.unary_unary(
+                '/meshnet.v1.Tracker/Quarantine',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.FromString,
+                _registered_method=True)
 
 
 class TrackerServicer:
@@ -108,6 +113,15 @@ class TrackerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Quarantine(self, request, context):
+        """A gateway's audit found a node's output disagreeing with other nodes for the same layers:
+        the node leaves routes and stays out (across re-registration with its id and tracker
+        restarts) until an operator clears it; the audited request's record becomes unverified.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrackerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +154,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.Deregister,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.DeregisterRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.DeregisterReply.SerializeToString,
+            ),
+            'Quarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.Quarantine,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +323,33 @@ class Tracker:
             '/meshnet.v1.Tracker/Deregister',
             meshnet_dot_v1_dot_tracker__pb2.DeregisterRequest.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.DeregisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Quarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Tracker/Quarantine',
+            meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.FromString,
             options,
             channel_credentials,
             insecure,

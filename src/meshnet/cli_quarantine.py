@@ -1,0 +1,38 @@
+"""``meshnet swarm quarantine clear NODE_ID``: let a node the audit caught register again.
+
+An operator's decision after looking at the node (a fault fixed, say); the tracker otherwise
+keeps a quarantined id out of routes for good, across its own restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from meshnet.client.tracker_client import TrackerClient
+from meshnet.core.ids import NodeId
+from meshnet.core.tracking import QuarantineOrder
+
+
+def add_quarantine_arguments(swarm_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    quarantine = swarm_commands.add_parser("quarantine", help="lift the quarantine of a node an audit caught")
+    actions = quarantine.add_subparsers(dest="quarantine_action", required=True, help="clear (required)")
+    clear = actions.add_parser("clear", help="let NODE_ID register and be routed again")
+    clear.add_argument("node_id", help="the node's id, as the tracker's log names it (required)")
+    clear.add_argument("--tracker", required=True, help="tracker address host:port (required)")
+    quarantine.set_defaults(swarm_run=cmd_quarantine)
+
+
+async def _clear(tracker: str, node_id: NodeId) -> bool:
+    async with TrackerClient(tracker, timeout_s=5.0) as client:
+        answer = await client.quarantine(QuarantineOrder(node_id, "cleared by an operator", clear=True))
+    return answer.known
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    node_id = NodeId(args.node_id)
+    if asyncio.run(_clear(args.tracker, node_id)):
+        print(f"node {node_id}: quarantine cleared; it may register again")
+    else:
+        print(f"node {node_id} was not quarantined")
+    return 0

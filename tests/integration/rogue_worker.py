@@ -1,0 +1,40 @@
+"""A test-only rogue worker, run as its own process: ``python rogue_worker.py --data-dir D worker ...``.
+
+It is the normal ``meshnet worker`` with two changes an attacker could make to their own copy:
+every boundary hidden state it forwards is shifted by a small epsilon (a subtly wrong answer),
+and it claims a decode rate far beyond any honest node's, so the tracker routes users to it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from meshnet import cli
+from meshnet.worker import assembly, stages
+
+EPSILON = 1e-2
+"""Relative shift of the forwarded residual: tiny, yet it changes some sampled tokens."""
+CLAIMED_DECODE_TOKENS_PER_S = 1e6
+
+_emit = stages.ForwardStage.emit
+_registration = assembly._registration
+
+
+async def _perturbed_emit(self: Any, state: Any, frame: Any, output: Any, deadline: Any, timing: Any) -> Any:
+    if output.hidden is not None:
+        output = replace(output, hidden=(output.hidden * np.float32(1 + EPSILON)).astype(np.float32))
+    return await _emit(self, state, frame, output, deadline, timing)
+
+
+def _boasting_registration(*args: Any) -> Any:
+    return replace(_registration(*args), decode_tokens_per_s=CLAIMED_DECODE_TOKENS_PER_S)
+
+
+if __name__ == "__main__":
+    stages.ForwardStage.emit = _perturbed_emit  # type: ignore[method-assign]
+    assembly._registration = _boasting_registration
+    sys.exit(cli.main(sys.argv[1:]))
