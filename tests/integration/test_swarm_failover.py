@@ -259,11 +259,11 @@ def test_w2_failover_rebuilds_the_tails_penalties_and_logprobs(
         # No end of text, so the answer runs long enough to lose a worker in the middle.
         "logit_bias": {str(eos): -100 for eos in reference.tokenizer.eos_token_ids},
     }
-    undisturbed = read_sse(base_url, "/v1/chat/completions", body)
+    undisturbed = read_sse(base_url, "/v1/chat/completions", body, headers=swarm.auth)
     assert not undisturbed.telemetry("route_health")
     assert len(_logprobs(undisturbed)) > 60, "the answer is too short to fail over in the middle"
     killer = MiddleKiller(swarm, 50)
-    result = read_sse(base_url, "/v1/chat/completions", body, on_item=killer)
+    result = read_sse(base_url, "/v1/chat/completions", body, on_item=killer, headers=swarm.auth)
     assert [event["status"] for event in result.telemetry("route_health")] == ["failover"]
     assert not [item for item in result.items if item.kind == "error"]
     assert result.text == undisturbed.text

@@ -123,7 +123,7 @@ def answers(
             swarm.start_workers(*ranges)
             base_url = swarm.start_gateway()
             swarm.wait_routable(nodes=len(ranges))
-            with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60.0) as client:
+            with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60.0) as client:
                 results[name] = _run_requests(client, greedy_tokens[0], _closers(reference))
     return results
 

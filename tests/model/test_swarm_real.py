@@ -93,7 +93,7 @@ def test_openai_stream_through_three_workers_equals_whole_model(swarm: Swarm, tm
     assert "Paris" in expected, expected
 
     base_url = swarm.gateways[0].ready_line.split()[3]
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60) as client:
         stream = client.chat.completions.create(
             model=DEFAULT_MODEL.name,
             messages=[{"role": "user", "content": CHAT}],
@@ -121,7 +121,7 @@ def _ask_json(swarm: Swarm, content: str, response_format: Any, **extra: Any) ->
     import openai
 
     base_url = swarm.gateways[0].ready_line.split()[3]
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=120) as client:
         return client.chat.completions.create(
             model=DEFAULT_MODEL.name,
             messages=[{"role": "user", "content": content}],
