@@ -48,7 +48,9 @@ def _uniform(model: GGUFFile, key: str) -> int:
     value = model.require(key)
     if isinstance(value, list):
         if not value or any(v != value[0] for v in value):
-            raise UnsupportedModelVariant(f"{model.path.name}: {key} differs between layers; expert parallelism needs one value")
+            raise UnsupportedModelVariant(
+                f"{model.path.name}: {key} differs between layers; expert parallelism needs one value"
+            )
         return int(value[0])
     return int(value)
 
@@ -68,7 +70,9 @@ def read_moe_shape(path: Path) -> MoeShape:
         for suffix in ROUTED_EXPERT_TENSORS:
             info = model.tensors.get(f"blk.{layer}.{suffix}")
             if info is None or info.shape[-1] != n_expert:
-                raise UnsupportedModelVariant(f"{Path(path).name}: blk.{layer}.{suffix} is not {n_expert} stacked experts")
+                raise UnsupportedModelVariant(
+                    f"{Path(path).name}: blk.{layer}.{suffix} is not {n_expert} stacked experts"
+                )
             per_expert = info.nbytes // n_expert
             start = model.data_offset + info.offset
             spans += [ExpertSpan(info.name, e, start + e * per_expert, per_expert) for e in range(n_expert)]

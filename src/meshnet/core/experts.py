@@ -187,7 +187,9 @@ def place_rows(
     first = np.zeros_like(filled)
     for part in received:
         if part.n_tokens != n_tokens:
-            raise ExpertRowsConflict(f"node {part.sender} sent rows for {part.n_tokens} tokens, this graph has {n_tokens}")
+            raise ExpertRowsConflict(
+                f"node {part.sender} sent rows for {part.n_tokens} tokens, this graph has {n_tokens}"
+            )
         if part.n_terms == 0:
             continue
         if part.tokens.max() >= n_tokens or part.slots.max() >= k or part.tokens.min() < 0 or part.slots.min() < 0:
@@ -203,7 +205,9 @@ def place_rows(
         first[part.tokens[fresh], part.slots[fresh]] = True
     if not filled.all():
         token = int(np.nonzero(~filled.all(axis=1))[0][0])
-        raise ExpertRowsIncomplete(f"layer rows incomplete: token {token} is missing {int((~filled[token]).sum())} slots")
+        raise ExpertRowsIncomplete(
+            f"layer rows incomplete: token {token} is missing {int((~filled[token]).sum())} slots"
+        )
 
 
 def _check_duplicates(part: SlotRows, already: np.ndarray, weighted: np.ndarray) -> None:

@@ -70,9 +70,11 @@ def tensor_view(address: int, dtype: type[np.generic], expected_type: int) -> np
     n_dims = max([i + 1 for i in range(GGML_MAX_DIMS) if dims[i] != 1] + [1])
     shape = tuple(reversed(dims[:n_dims]))
     strides = tuple(reversed([int(head.nb[i]) for i in range(n_dims)]))
+    if 0 in shape:  # the last layer of a graph with no output rows has an empty MoE input
+        return np.zeros(shape, dtype)
     span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + np.dtype(dtype).itemsize
     buffer = (ctypes.c_char * span).from_address(head.data)
-    return np.ndarray(shape, dtype, buffer=buffer, strides=strides)
+    return np.ndarray(shape, dtype, buffer=memoryview(buffer), strides=strides)
 
 
 class RowExchange(Protocol):
@@ -99,7 +101,9 @@ class RoutingRecord:
 class _MoeLayerHook:
     """The per-layer callback steps; state lives here so the backend stays a thin subclass."""
 
-    def __init__(self, ownership: ExpertOwnership, n_expert: int, n_expert_used: int, exchange: RowExchange | None) -> None:
+    def __init__(
+        self, ownership: ExpertOwnership, n_expert: int, n_expert_used: int, exchange: RowExchange | None
+    ) -> None:
         if ownership.count > 1 and exchange is None:
             raise EngineError("an expert share of a group of more than one node needs a row exchange")
         self.ownership = ownership
@@ -201,7 +205,7 @@ class ExpertParallelBackend(LlamaBackend):
             return True
         except MeshnetError as error:
             return self._fail(error)
-        except Exception as error:  # noqa: BLE001 - nothing may escape into C; the run reports it
+        except Exception as error:  # nothing may escape into C; the run reports it
             return self._fail(EngineError(f"expert exchange failed: {error!r}"))
 
     def _fail(self, error: MeshnetError) -> bool:
