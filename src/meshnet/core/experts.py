@@ -32,7 +32,6 @@ FrameFault = Literal[
     "too_large",
     "geometry",
     "checksum",
-    "not_finite",
 ]
 
 
