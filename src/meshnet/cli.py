@@ -145,6 +145,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     given = given_arguments(WorkerConfig, args)
     if "model" not in given:
         given["model"] = None if "fake" in given else provisioned_model(args.data_dir)
+    if "experts" in given:
+        return _serve_expert_node(given, args.data_dir)
+    if "layers" not in given:
+        raise InvalidArgument("meshnet worker needs --layers A:B (or --experts I/N for an expert-parallel node)")
     config = WorkerConfig(**given, data_dir=args.data_dir)
 
     def ready(info: WorkerReady) -> None:
@@ -153,6 +157,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
 
     asyncio.run(serve_worker(config, on_ready=ready))
+    return 0
+
+
+def _serve_expert_node(given: dict[str, object], data_dir: Path) -> int:
+    from meshnet.artifact.moe import read_moe_shape
+    from meshnet.core.layers import LayerRange
+    from meshnet.worker.config import WorkerConfig
+    from meshnet.worker.expert_node import serve_expert_node
+
+    if "layers" in given or "fake" in given:
+        raise InvalidArgument("--experts serves the whole model: drop --layers and --fake")
+    model = Path(str(given["model"]))
+    config = WorkerConfig(**given, layers=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
+
+    def ready(address: str, checks: str) -> None:
+        share = config.experts.label if config.experts else "?"
+        print(f"meshnet expert node ready {address} experts={share} certified={checks.split()[0]}", flush=True)
+
+    serve_expert_node(config, ready)
     return 0
 
 
