@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from meshnet import __version__
 from meshnet.cli_arguments import (
@@ -33,6 +33,11 @@ from meshnet.core.config_flags import (
 )
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
 from meshnet.process.lifeline import watch_lifeline
+
+if TYPE_CHECKING:
+    from meshnet.artifact.cache import SliceCache
+    from meshnet.artifact.describe import ModelDescription
+    from meshnet.engine.local_route import LocalRoute
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -119,9 +124,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         tokens = tokenizer.encode(config.prompt, add_special=True)
     else:
         tokens = tokenizer.encode_chat([{"role": "user", "content": config.prompt}])
-    route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
-    ranges = ", ".join(str(b.shape.layers) for b in route.backends)
-    print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
+    if config.expert_parallel > 0:
+        route = _expert_route(source, config, SliceCache(args.data_dir / "cache"))
+        print(f"[{config.expert_parallel}-node expert-parallel group; prompt {len(tokens)} tokens]", file=sys.stderr)
+    else:
+        route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
+        ranges = ", ".join(str(b.shape.layers) for b in route.backends)
+        print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
     request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()
     started, count = time.perf_counter(), 0
@@ -134,6 +143,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"[{count} tokens in {elapsed:.2f} s, {count / elapsed:.1f} tok/s]", file=sys.stderr)
     route.close()
     return 0
+
+
+def _expert_route(source: ModelDescription, config: GenerateConfig, cache: SliceCache) -> LocalRoute:
+    """An in-process expert group over the whole model, certified first (refuses otherwise)."""
+    from meshnet.core.layers import LayerRange
+    from meshnet.engine.expert_certification import certify_expert_parallel
+    from meshnet.engine.expert_group import ExpertGroup
+    from meshnet.engine.local_route import LocalRoute
+
+    certify_expert_parallel(source.path, config.expert_parallel, config.llama_config())
+    whole = cache.shard_files(source.path, LayerRange(0, source.n_layers), source.n_layers).slice
+    return LocalRoute([ExpertGroup.open(whole, config.llama_config(), config.expert_parallel)])
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

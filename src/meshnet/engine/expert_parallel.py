@@ -30,6 +30,7 @@ from meshnet.artifact.moe import read_moe_shape
 from meshnet.core.errors import EngineError, MeshnetError
 from meshnet.core.experts import ExpertOwnership, SlotRows, local_rows, place_rows
 from meshnet.engine.backend import StepInput, StepOutput
+from meshnet.engine.expert_memory import ForeignExpertRelease
 from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_get_name
 
@@ -102,7 +103,13 @@ class _MoeLayerHook:
     """The per-layer callback steps; state lives here so the backend stays a thin subclass."""
 
     def __init__(
-        self, ownership: ExpertOwnership, n_expert: int, n_expert_used: int, exchange: RowExchange | None
+        self,
+        ownership: ExpertOwnership,
+        n_expert: int,
+        n_expert_used: int,
+        exchange: RowExchange | None,
+        release_foreign: bool,
+        n_layers: int,
     ) -> None:
         if ownership.count > 1 and exchange is None:
             raise EngineError("an expert share of a group of more than one node needs a row exchange")
@@ -113,6 +120,16 @@ class _MoeLayerHook:
         self.record: RoutingRecord | None = None
         self.sequence = 0
         self._topk: dict[int, tuple[int, np.ndarray]] = {}
+        self.release: ForeignExpertRelease | None = None
+        if self.dummies is not None and release_foreign:
+            self.release = ForeignExpertRelease(ownership, self.dummies, n_expert, 3 * n_layers)
+
+    def on_expert_matmul(self, address: int) -> None:
+        """After a ``mul_mat_id`` ran: release the foreign experts of its weights (first time only)."""
+        if self.release is None:
+            return
+        weights = GgmlTensorHead.from_address(GgmlTensorHead.from_address(address).src[0])
+        self.release.release(ctypes.addressof(weights), weights.data or 0, int(weights.nb[2]), int(weights.ne[2]))
 
     def on_topk(self, layer: int, address: int) -> None:
         view = tensor_view(address, np.int32, GGML_TYPE_I32)  # [n_tokens, k] (a strided view)
@@ -148,6 +165,7 @@ class _MoeLayerHook:
 
 
 _WATCHED = {b"ffn_moe_topk": "topk", b"ffn_moe_weights_norm": "norm", b"ffn_moe_weighted": "weighted"}
+_EXPERT_MATMULS = {b"ffn_moe_gate": "matmul", b"ffn_moe_up": "matmul", b"ffn_moe_down": "matmul"}
 
 
 class ExpertParallelBackend(LlamaBackend):
@@ -161,9 +179,13 @@ class ExpertParallelBackend(LlamaBackend):
         config: LlamaConfig,
         ownership: ExpertOwnership,
         exchange: RowExchange | None = None,
+        *,
+        release_foreign: bool = True,
     ) -> None:
         self.moe = read_moe_shape(model_path)
-        self._hook = _MoeLayerHook(ownership, self.moe.n_expert, self.moe.n_expert_used, exchange)
+        self._hook = _MoeLayerHook(
+            ownership, self.moe.n_expert, self.moe.n_expert_used, exchange, release_foreign, self.moe.n_layers
+        )
         super().__init__(model_path, config)
         if self.shape.role != "full":
             raise EngineError("an expert-parallel node runs the whole model: give it a full slice")
@@ -192,6 +214,8 @@ class ExpertParallelBackend(LlamaBackend):
         kind, _, layer_text = name.rpartition(b"-")
         # Views and reshapes carry suffixed names ("ffn_moe_weights_norm-0 (reshaped)"): skip them.
         step = _WATCHED.get(kind) if layer_text.isdigit() else None
+        if step is None and hook.release is not None and not hook.release.complete and layer_text.isdigit():
+            step = _EXPERT_MATMULS.get(kind)
         if ask:
             return step is not None
         try:
@@ -202,6 +226,8 @@ class ExpertParallelBackend(LlamaBackend):
                 hook.on_weights_norm(layer)
             elif step == "weighted":
                 hook.on_weighted(layer, tensor)
+            elif step == "matmul":
+                hook.on_expert_matmul(tensor)
             return True
         except MeshnetError as error:
             return self._fail(error)
@@ -220,6 +246,8 @@ class ExpertParallelBackend(LlamaBackend):
             raise self._hook.failure
         before = {step.slot: self.slot_length(step.slot) for step in batch}
         outputs = super().run(batch)
+        if self._hook.release is not None:
+            self._hook.release.release_again()
         failure = self._hook.failure
         if failure is not None:
             for slot, length in before.items():

@@ -88,7 +88,9 @@ class GrpcRowExchange:
         self._links: dict[int, PeerLink] = {}
         self._lock = threading.Lock()
         self.complete = threading.Event()
-        """Set once a link to every other node is up."""
+        """Set once a link to every other node is up (at once for a group of one)."""
+        if ownership.count == 1:
+            self.complete.set()
 
     @property
     def connected(self) -> int:
