@@ -13,10 +13,10 @@ whole pages, so partial pages at an expert's edges stay.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 import logging
 import mmap
 import os
+from collections.abc import Callable
 
 import numpy as np
 

@@ -194,6 +194,11 @@ class ExpertParallelBackend(LlamaBackend):
     def ownership(self) -> ExpertOwnership:
         return self._hook.ownership
 
+    @property
+    def released_expert_bytes(self) -> int:
+        """Bytes of foreign routed experts given back to the OS (0 for a whole model)."""
+        return 0 if self._hook.release is None else self._hook.release.released_bytes
+
     def record_routing(self, record: RoutingRecord | None) -> None:
         self._hook.record = record
 

@@ -70,6 +70,11 @@ class ExpertNodeDescription:
     peers_connected: int
     n_layers: int
     n_embd: int
+    exchanges: int = 0
+    exchange_p50_us: float = 0.0
+    exchange_p95_us: float = 0.0
+    frame_bytes_sent: int = 0
+    released_expert_bytes: int = 0
 
 
 def node_info_to_proto(info: ExpertNodeDescription) -> expert_pb2.ExpertNodeInfo:
@@ -92,6 +97,11 @@ def node_info_from_proto(message: expert_pb2.ExpertNodeInfo) -> ExpertNodeDescri
                 "peers_connected",
                 "n_layers",
                 "n_embd",
+                "exchanges",
+                "exchange_p50_us",
+                "exchange_p95_us",
+                "frame_bytes_sent",
+                "released_expert_bytes",
             )
         )
     )

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 
 from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
 from meshnet.core.experts import ExchangeGeometry, ExpertOwnership, ExpertRowsConflict, SlotRows
@@ -23,6 +26,8 @@ from meshnet.protocol import expert_wire
 from meshnet.protocol.expert_frames import decode_slot_rows, encode_slot_rows
 
 log = logging.getLogger(__name__)
+STATS_WINDOW = 4096
+"""Exchanges whose latency the node keeps for its p50/p95."""
 _LOST = b""
 """Inbox marker: the stream from this peer has ended (frames are never empty)."""
 
@@ -87,6 +92,9 @@ class GrpcRowExchange:
         self._timeout_s = timeout_s
         self._links: dict[int, PeerLink] = {}
         self._lock = threading.Lock()
+        self._durations: deque[float] = deque(maxlen=STATS_WINDOW)
+        self.exchanges = 0
+        self.frame_bytes_sent = 0
         self.complete = threading.Event()
         """Set once a link to every other node is up (at once for a group of one)."""
         if ownership.count == 1:
@@ -108,7 +116,17 @@ class GrpcRowExchange:
                 self.complete.set()
             return True
 
+    def latency_us(self) -> tuple[float, float]:
+        """p50 and p95 of the last exchanges' wall time, in microseconds (0 before any)."""
+        with self._lock:
+            durations = list(self._durations)
+        if not durations:
+            return 0.0, 0.0
+        p50, p95 = np.percentile(np.array(durations) * 1e6, [50, 95])
+        return float(p50), float(p95)
+
     def exchange(self, rows: SlotRows) -> list[SlotRows]:
+        started = time.perf_counter()
         frame = encode_slot_rows(rows, self._geometry)
         with self._lock:
             links = [self._links[p] for p in sorted(self._links)]
@@ -125,6 +143,10 @@ class GrpcRowExchange:
                     f"expected exchange {rows.sequence}, layer {rows.layer}"
                 )
             received.append(part)
+        with self._lock:
+            self._durations.append(time.perf_counter() - started)
+            self.exchanges += 1
+            self.frame_bytes_sent += len(frame) * len(links)
         return received
 
     def abort(self, reason: MeshnetError) -> None:

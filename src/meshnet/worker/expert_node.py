@@ -80,6 +80,10 @@ class ExpertNode:
             self.exchange.connected,
             shape.n_layers,
             shape.n_embd,
+            self.exchange.exchanges,
+            *self.exchange.latency_us(),
+            self.exchange.frame_bytes_sent,
+            self.backend.released_expert_bytes,
         )
 
     def step(self, request: expert_wire.ExpertStepRequest) -> expert_wire.ExpertStepReply:
