@@ -68,8 +68,11 @@ def _run_group(work: Path, model: Path, size: int) -> dict[str, object]:
         arguments = ["worker", "--model", str(model), "--experts", f"{index}/{size}", "--expert-peers", ",".join(peers)]
         arguments += ["--port", peers[index].split(":")[1], "--threads", "1", "--max-sessions", "1"]
         arguments += ["--context", "256", "--prefill-chunk", "64"]
-        command = ("taskset", "-c", str(index % os.cpu_count()), *meshnet_command(work / "data", *arguments))  # type: ignore[operator]
-        specs.append(LaunchSpec(f"ep{size}-{index}", command, work / f"ep{size}-{index}.log", "meshnet expert node ready"))
+        core = str(index % (os.cpu_count() or 1))
+        command = ("taskset", "-c", core, *meshnet_command(work / "data", *arguments))
+        specs.append(
+            LaunchSpec(f"ep{size}-{index}", command, work / f"ep{size}-{index}.log", "meshnet expert node ready")
+        )
     children = launch_all(specs, 600)
     try:
         group = ExpertGroupClient(peers, step_timeout_s=120)
@@ -83,7 +86,7 @@ def _run_group(work: Path, model: Path, size: int) -> dict[str, object]:
             logits = group.run([StepInput(0, PROMPT + step, tokens=np.array([token], np.int32))])[0].logits
             trace.append(logits.tobytes())  # type: ignore[union-attr]
         elapsed = time.perf_counter() - started
-        nodes = [group._describe(i) for i in range(size)]  # noqa: SLF001 - fresh counters after the run
+        nodes = group.describe()  # counters after the run
         group.close()
         return {
             "nodes": size,

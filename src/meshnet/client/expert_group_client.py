@@ -53,6 +53,10 @@ class ExpertGroupClient:
             raise Unavailable(f"expert node at {self._addresses[index]}: {error_from_rpc(error).message}") from None
         return expert_wire.node_info_from_proto(reply)
 
+    def describe(self) -> list[expert_wire.ExpertNodeDescription]:
+        """Every node's description now (its exchange counters included)."""
+        return [self._describe(i) for i in range(len(self._stubs))]
+
     def _check_group(self) -> None:
         size = len(self.nodes)
         for position, node in enumerate(self.nodes):
