@@ -16,6 +16,7 @@ import ctypes
 import logging
 import mmap
 import os
+from pathlib import Path
 from collections.abc import Callable
 
 import numpy as np
@@ -48,17 +49,20 @@ class ForeignExpertRelease:
         self.released_bytes = 0
         self._n_tensors = n_tensors
         self._ranges: list[tuple[int, int]] = []
+        self._mappings: list[tuple[int, int, int]] = []
+        self._file_pages: dict[str, list[tuple[int, int]]] = {}
 
     @property
     def complete(self) -> bool:
         """Every stacked expert tensor has been seen once: nothing is left to watch."""
         return len(self._done) >= self._n_tensors
 
-    def release(self, weights_address: int, data: int, expert_stride: int, n_expert: int) -> None:
-        """``weights``: the stacked tensor [n_expert] x ``expert_stride`` bytes at ``data``."""
+    def release(self, weights_address: int, name: str, data: int, expert_stride: int, n_expert: int) -> None:
+        """``weights``: the stacked tensor ``name``, [n_expert] x ``expert_stride`` bytes at ``data``."""
         if weights_address in self._done or self._madvise is None or not data:
             return
         self._done.add(weights_address)
+        self._release_copied(name, data)
         for expert in self._foreign:
             if expert < n_expert:
                 start = data + expert * expert_stride
@@ -67,6 +71,28 @@ class ForeignExpertRelease:
                     self._ranges.append((first, last - first))
                     self.released_bytes += last - first
         self.release_again()
+
+    def add_file_spans(self, path: Path, spans: list[tuple[str, int, int, int]]) -> None:
+        """Also release the foreign experts' pages of ``path``'s mmap: ``(tensor, expert, file offset, bytes)``.
+
+        With repacked weights the kernels read a copy, and llama.cpp keeps the mapping of the
+        whole file; without repacking these are the very pages the tensors use."""
+        foreign = set(self._foreign)
+        self._mappings = _file_mappings(path)
+        for start, stop, offset in self._mappings:
+            for tensor, expert, file_offset, nbytes in spans:
+                if offset <= file_offset and file_offset + nbytes <= offset + stop - start:
+                    page_range = _inner_pages(start + file_offset - offset, nbytes)
+                    self._file_pages.setdefault(tensor, []).append(page_range)
+                    if expert in foreign:
+                        self._ranges.append(page_range)
+        self.release_again()
+
+    def _release_copied(self, name: str, data: int) -> None:
+        """A tensor whose data lies outside the file mapping was copied at load (repacked): none of
+        its file pages are read again, owned experts' included."""
+        if not any(start <= data < stop for start, stop, _ in self._mappings):
+            self._ranges += self._file_pages.pop(name, [])
 
     def release_again(self) -> None:
         """Drop the foreign pages once more: something in llama.cpp's first decode graph maps
@@ -79,3 +105,24 @@ class ForeignExpertRelease:
                 log.warning("madvise failed (errno %d): foreign experts stay resident", ctypes.get_errno())
                 self._madvise = None
                 return
+
+
+def _inner_pages(begin: int, nbytes: int) -> tuple[int, int]:
+    """The whole pages inside ``[begin, begin + nbytes)``, as ``(start, length)`` (length may be 0)."""
+    first, last = -(-begin // _PAGE) * _PAGE, (begin + nbytes) // _PAGE * _PAGE
+    return first, max(last - first, 0)
+
+
+def _file_mappings(path: Path) -> list[tuple[int, int, int]]:
+    """``(start, stop, file offset)`` of this process's mappings of ``path`` (Linux; else none)."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        return []
+    target = str(Path(path).resolve())
+    found = []
+    for line in maps.read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == target:
+            start, stop = (int(x, 16) for x in parts[0].split("-"))
+            found.append((start, stop, int(parts[2], 16)))
+    return found

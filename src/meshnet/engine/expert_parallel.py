@@ -129,7 +129,8 @@ class _MoeLayerHook:
         if self.release is None:
             return
         weights = GgmlTensorHead.from_address(GgmlTensorHead.from_address(address).src[0])
-        self.release.release(ctypes.addressof(weights), weights.data or 0, int(weights.nb[2]), int(weights.ne[2]))
+        name = weights.name.decode(errors="replace")
+        self.release.release(ctypes.addressof(weights), name, weights.data or 0, int(weights.nb[2]), int(weights.ne[2]))
 
     def on_topk(self, layer: int, address: int) -> None:
         view = tensor_view(address, np.int32, GGML_TYPE_I32)  # [n_tokens, k] (a strided view)
@@ -189,6 +190,9 @@ class ExpertParallelBackend(LlamaBackend):
         super().__init__(model_path, config)
         if self.shape.role != "full":
             raise EngineError("an expert-parallel node runs the whole model: give it a full slice")
+        if self._hook.release is not None:
+            spans = [(span.tensor, span.expert, span.offset, span.nbytes) for span in self.moe.spans]
+            self._hook.release.add_file_spans(Path(model_path), spans)
 
     @property
     def ownership(self) -> ExpertOwnership:
