@@ -16,8 +16,8 @@ import ctypes
 import logging
 import mmap
 import os
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
