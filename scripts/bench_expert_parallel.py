@@ -12,10 +12,8 @@ p50/p95, frame bytes per token and each node's resident memory are recorded.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -27,7 +25,8 @@ from meshnet.artifact.moe import read_moe_shape
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.engine.backend import StepInput
-from meshnet.process.launcher import LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.process.expert_launch import expert_group_specs, model_mapping_rss
+from meshnet.process.launcher import launch_all, stop_all
 
 SPEC = SyntheticSpec(
     architecture="qwen3moe",
@@ -44,35 +43,9 @@ SPEC = SyntheticSpec(
 PROMPT, DECODE = 64, 48
 
 
-def _port() -> int:
-    with contextlib.closing(socket.socket()) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _model_rss(pid: int) -> int:
-    total, current = 0, ""
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        parts = line.split()
-        if "-" in parts[0] and len(parts) >= 5:
-            current = parts[5] if len(parts) > 5 else ""
-        elif parts[0] == "Rss:" and current.endswith(".gguf"):
-            total += int(parts[1]) * 1024
-    return total
-
-
 def _run_group(work: Path, model: Path, size: int) -> dict[str, object]:
-    peers = [f"127.0.0.1:{_port()}" for _ in range(size)]
-    specs = []
-    for index in range(size):
-        arguments = ["worker", "--model", str(model), "--experts", f"{index}/{size}", "--expert-peers", ",".join(peers)]
-        arguments += ["--port", peers[index].split(":")[1], "--threads", "1", "--max-sessions", "1"]
-        arguments += ["--context", "256", "--prefill-chunk", "64"]
-        core = str(index % (os.cpu_count() or 1))
-        command = ("taskset", "-c", core, *meshnet_command(work / "data", *arguments))
-        specs.append(
-            LaunchSpec(f"ep{size}-{index}", command, work / f"ep{size}-{index}.log", "meshnet expert node ready")
-        )
+    options = ["--threads", "1", "--max-sessions", "1", "--context", "256", "--prefill-chunk", "64"]
+    peers, specs = expert_group_specs(work / "data", model, size, work, options, pin_cores=True)
     children = launch_all(specs, 600)
     try:
         group = ExpertGroupClient(peers, step_timeout_s=120)
@@ -94,7 +67,7 @@ def _run_group(work: Path, model: Path, size: int) -> dict[str, object]:
             "tokens": tokens,
             "trace": trace,
             "rss_bytes": [psutil.Process(c.pid).memory_info().rss for c in children],
-            "model_mapping_rss_bytes": [_model_rss(c.pid) for c in children],
+            "model_mapping_rss_bytes": [model_mapping_rss(c.pid) for c in children],
             "released_expert_bytes": [n.released_expert_bytes for n in nodes],
             "exchange_p50_us": [n.exchange_p50_us for n in nodes],
             "exchange_p95_us": [n.exchange_p95_us for n in nodes],

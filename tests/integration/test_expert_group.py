@@ -9,9 +9,7 @@ the group decodes: the driver gets a structured error naming it, long before any
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -28,7 +26,8 @@ from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.process.launcher import LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.process.expert_launch import expert_group_specs
+from meshnet.process.launcher import launch_all, stop_all
 
 SPEC = SyntheticSpec(
     architecture="qwen3moe", n_layers=2, n_expert=64, n_expert_used=8, n_ff_expert=32, weight_type=Quant.Q4_0
@@ -36,28 +35,11 @@ SPEC = SyntheticSpec(
 CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _node(tmp_path: Path, model: Path, index: int, peers: list[str]) -> LaunchSpec:
-    arguments = ["worker", "--model", str(model), "--experts", f"{index}/{len(peers)}"]
-    arguments += ["--expert-peers", ",".join(peers), "--port", peers[index].split(":")[1], "--threads", "1"]
-    arguments += ["--max-sessions", "2", "--context", "512", "--prefill-chunk", "64", "--expert-timeout", "30"]
-    return LaunchSpec(
-        f"expert-{index}",
-        meshnet_command(tmp_path / "data", *arguments),
-        tmp_path / f"node{index}.log",
-        "meshnet expert node ready",
-    )
-
-
 def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
-    peers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
-    children = launch_all([_node(tmp_path, model, i, peers) for i in range(2)], timeout_s=240)
+    options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--prefill-chunk", "64"]
+    peers, specs = expert_group_specs(tmp_path / "data", model, 2, tmp_path, [*options, "--expert-timeout", "30"])
+    children = launch_all(specs, timeout_s=240)
     whole = LlamaBackend(
         SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
     )

@@ -1,19 +1,17 @@
 """An expert-parallel node keeps only its own routed experts (and its dummies) resident.
 
 A 2-node group of worker processes and a whole-model node (``--experts 0/1``) serve the same
-107 MB synthetic qwen3moe (8 layers x 32 experts, top-4); after a prefill and 16 decode steps the
+109 MB synthetic qwen3moe (8 layers x 32 experts, top-4); after a prefill and 16 decode steps the
 resident pages of each node's model mapping are read from /proc/PID/smaps. Owned experts are 16
 of 32 and the dummies 4, so a node may keep at most 20/32 of the routed bytes mapped (plus the
-backbone); measured on the dev machine: whole 109.0 MB, EP-2 nodes 44-46 MB (Q8_0, mmap'd), and
+backbone); measured on the dev machine: whole 109.0 MB, EP-2 nodes 40.4-45.7 MB (Q8_0, mmap'd), and
 for Q4_0 (repacked copies, the file mapping unused) 57.9 MB whole vs 4.3 MB per node.
 Runs with the real-inference tests (MESHNET_ENABLE_REAL_INFERENCE_TESTS=1): it spawns processes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +22,8 @@ from meshnet.artifact.moe import read_moe_shape
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.engine.backend import StepInput
-from meshnet.process.launcher import LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.process.expert_launch import expert_group_specs, model_mapping_rss
+from meshnet.process.launcher import launch_all, stop_all
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") != "1",
@@ -42,31 +41,9 @@ SPEC = SyntheticSpec(
 )
 
 
-def _port() -> int:
-    with contextlib.closing(socket.socket()) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _model_rss(pid: int) -> int:
-    total, current = 0, ""
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        parts = line.split()
-        if "-" in parts[0] and len(parts) >= 5:
-            current = parts[5] if len(parts) > 5 else ""
-        elif parts[0] == "Rss:" and current.endswith(".gguf"):
-            total += int(parts[1]) * 1024
-    return total
-
-
 def _group(tmp_path: Path, model: Path, size: int) -> tuple[list[int], list[int]]:
-    peers = [f"127.0.0.1:{_port()}" for _ in range(size)]
-    specs = []
-    for index in range(size):
-        arguments = ["worker", "--model", str(model), "--experts", f"{index}/{size}", "--expert-peers", ",".join(peers)]
-        arguments += ["--port", peers[index].split(":")[1], "--threads", "1", "--max-sessions", "1", "--context", "256"]
-        command = meshnet_command(tmp_path / "data", *arguments, "--prefill-chunk", "64")
-        specs.append(LaunchSpec(f"n{index}", command, tmp_path / f"g{size}-{index}.log", "meshnet expert node ready"))
+    options = ["--threads", "1", "--max-sessions", "1", "--context", "256", "--prefill-chunk", "64"]
+    peers, specs = expert_group_specs(tmp_path / "data", model, size, tmp_path, options)
     children = launch_all(specs, 300)
     try:
         group = ExpertGroupClient(peers)
@@ -75,7 +52,7 @@ def _group(tmp_path: Path, model: Path, size: int) -> tuple[list[int], list[int]
             group.run([StepInput(0, 64 + step, tokens=np.array([7 + step], np.int32))])
         released = [node.released_expert_bytes for node in group.describe()]
         group.close()
-        return [_model_rss(child.pid) for child in children], released
+        return [model_mapping_rss(child.pid) for child in children], released
     finally:
         stop_all(children)
 
@@ -89,7 +66,7 @@ def test_node_keeps_its_own_experts_resident(tmp_path: Path) -> None:
     resident, released = _group(tmp_path, model, 2)
     foreign = routed * (32 - 16 - 4) // 32
     mib = 1 << 20
-    print(f"whole {whole / mib:.1f} MB; EP-2 nodes {[round(r / mib, 1) for r in resident]} MB")
+    print(f"whole {whole / 1e6:.1f} MB; EP-2 nodes {[round(r / 1e6, 1) for r in resident]} MB")
     for node_resident, node_released in zip(resident, released, strict=True):
         assert node_released >= 0.95 * foreign  # every foreign expert's whole pages
         assert node_resident <= backbone + routed * 20 // 32 + 4 * mib
