@@ -55,6 +55,8 @@ def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) ->
             batch = [StepInput(0, position, tokens=np.array([int(np.argmax(want[-1]))], np.int32))]
             position += 1
         position -= 1  # the last batch built above was not run
+        group.close()
+        group = ExpertGroupClient(peers, step_timeout_s=30)  # a second driver continues the group
         killed_at: list[float] = []
         killer = threading.Timer(
             0.5, lambda: (killed_at.append(time.monotonic()), children[1].signal_group(signal.SIGKILL))

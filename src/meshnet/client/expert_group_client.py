@@ -44,7 +44,7 @@ class ExpertGroupClient:
             first.context,
             1,
         )
-        self._step = 0
+        self._step = first.next_step  # a group outlives its drivers: continue its step sequence
 
     def _describe(self, index: int) -> expert_wire.ExpertNodeDescription:
         try:
@@ -66,6 +66,8 @@ class ExpertGroupClient:
                 )
             if node.model_sha256 != self.nodes[0].model_sha256:
                 raise InvalidArgument(f"{self._addresses[position]} serves another model than node 0")
+            if node.next_step != self.nodes[0].next_step:
+                raise Unavailable(f"{self._addresses[position]} is at another step than node 0: the group is broken")
 
     @property
     def shape(self) -> ShardShape:

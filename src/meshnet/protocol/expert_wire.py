@@ -75,6 +75,7 @@ class ExpertNodeDescription:
     exchange_p95_us: float = 0.0
     frame_bytes_sent: int = 0
     released_expert_bytes: int = 0
+    next_step: int = 0
 
 
 def node_info_to_proto(info: ExpertNodeDescription) -> expert_pb2.ExpertNodeInfo:
@@ -102,6 +103,7 @@ def node_info_from_proto(message: expert_pb2.ExpertNodeInfo) -> ExpertNodeDescri
                 "exchange_p95_us",
                 "frame_bytes_sent",
                 "released_expert_bytes",
+                "next_step",
             )
         )
     )

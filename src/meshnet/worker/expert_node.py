@@ -84,6 +84,7 @@ class ExpertNode:
             *self.exchange.latency_us(),
             self.exchange.frame_bytes_sent,
             self.backend.released_expert_bytes,
+            self._next_step,
         )
 
     def step(self, request: expert_wire.ExpertStepRequest) -> expert_wire.ExpertStepReply:

@@ -71,7 +71,7 @@ class ExpertNodeQuery(_message.Message):
     def __init__(self) -> None: ...
 
 class ExpertNodeInfo(_message.Message):
-    __slots__ = ("index", "group_size", "model_sha256", "n_vocab", "n_expert", "n_expert_used", "max_sessions", "context", "peers_connected", "n_layers", "n_embd", "exchanges", "exchange_p50_us", "exchange_p95_us", "frame_bytes_sent", "released_expert_bytes")
+    __slots__ = ("index", "group_size", "model_sha256", "n_vocab", "n_expert", "n_expert_used", "max_sessions", "context", "peers_connected", "n_layers", "n_embd", "exchanges", "exchange_p50_us", "exchange_p95_us", "frame_bytes_sent", "released_expert_bytes", "next_step")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class ExpertNodeInfo(_message.Message):
     EXCHANGE_P95_US_FIELD_NUMBER: _ClassVar[int]
     FRAME_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_EXPERT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
     index: int
     group_size: int
     model_sha256: str
@@ -104,4 +105,5 @@ class ExpertNodeInfo(_message.Message):
     exchange_p95_us: float
     frame_bytes_sent: int
     released_expert_bytes: int
-    def __init__(self, index: _Optional[int] = ..., group_size: _Optional[int] = ..., model_sha256: _Optional[str] = ..., n_vocab: _Optional[int] = ..., n_expert: _Optional[int] = ..., n_expert_used: _Optional[int] = ..., max_sessions: _Optional[int] = ..., context: _Optional[int] = ..., peers_connected: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., exchanges: _Optional[int] = ..., exchange_p50_us: _Optional[float] = ..., exchange_p95_us: _Optional[float] = ..., frame_bytes_sent: _Optional[int] = ..., released_expert_bytes: _Optional[int] = ...) -> None: ...
+    next_step: int
+    def __init__(self, index: _Optional[int] = ..., group_size: _Optional[int] = ..., model_sha256: _Optional[str] = ..., n_vocab: _Optional[int] = ..., n_expert: _Optional[int] = ..., n_expert_used: _Optional[int] = ..., max_sessions: _Optional[int] = ..., context: _Optional[int] = ..., peers_connected: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., exchanges: _Optional[int] = ..., exchange_p50_us: _Optional[float] = ..., exchange_p95_us: _Optional[float] = ..., frame_bytes_sent: _Optional[int] = ..., released_expert_bytes: _Optional[int] = ..., next_step: _Optional[int] = ...) -> None: ...
