@@ -132,10 +132,11 @@ def test_prefill_and_greedy_decode_bit_identical(model: tuple[Path, Reference], 
         group.close()
 
 
-def test_four_concurrent_sessions_bit_identical(model: tuple[Path, Reference]) -> None:
+@pytest.mark.parametrize("group_size", [2, 4])
+def test_four_concurrent_sessions_bit_identical(model: tuple[Path, Reference], group_size: int) -> None:
     path, reference = model
     reference.release()
-    group = ExpertGroup.open(path, CONFIG, 2)
+    group = ExpertGroup.open(path, CONFIG, group_size)
     rng = np.random.default_rng(7)
     try:
         prompts = [rng.integers(3, 290, n).astype(np.int32) for n in (40, 9, 130, 64)]
