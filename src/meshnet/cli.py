@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from meshnet import __version__
 from meshnet.cli_arguments import (
@@ -34,6 +34,11 @@ from meshnet.core.config_flags import (
 )
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
 from meshnet.process.lifeline import watch_lifeline
+
+if TYPE_CHECKING:
+    from meshnet.artifact.cache import SliceCache
+    from meshnet.artifact.describe import ModelDescription
+    from meshnet.engine.local_route import LocalRoute
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -196,9 +201,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         tokens = tokenizer.encode(config.prompt, add_special=True)
     else:
         tokens = tokenizer.encode_chat([{"role": "user", "content": config.prompt}])
-    route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
-    ranges = ", ".join(str(b.shape.layers) for b in route.backends)
-    print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
+    if config.expert_parallel > 0:
+        route = _expert_route(source, config, SliceCache(args.data_dir / "cache"))
+        print(f"[{config.expert_parallel}-node expert-parallel group; prompt {len(tokens)} tokens]", file=sys.stderr)
+    else:
+        route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
+        ranges = ", ".join(str(b.shape.layers) for b in route.backends)
+        print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
     request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()
     started, count = time.perf_counter(), 0
@@ -213,6 +222,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expert_route(source: ModelDescription, config: GenerateConfig, cache: SliceCache) -> LocalRoute:
+    """An in-process expert group over the whole model, certified first (refuses otherwise)."""
+    from meshnet.core.layers import LayerRange
+    from meshnet.engine.expert_certification import certify_expert_parallel
+    from meshnet.engine.expert_group import ExpertGroup
+    from meshnet.engine.local_route import LocalRoute
+
+    certify_expert_parallel(source.path, config.expert_parallel, config.llama_config())
+    whole = cache.shard_files(source.path, LayerRange(0, source.n_layers), source.n_layers).slice
+    return LocalRoute([ExpertGroup.open(whole, config.llama_config(), config.expert_parallel)])
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -222,6 +243,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     given = given_arguments(WorkerConfig, args)
     if "model" not in given:
         given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
+    if "experts" in given:
+        return _serve_expert_node(given, args.data_dir)
+    if "layers" not in given:
+        raise InvalidArgument("meshnet worker needs --layers A:B (or --experts I/N for an expert-parallel node)")
     config = WorkerConfig(**given, data_dir=args.data_dir)
 
     def ready(info: WorkerReady) -> None:
@@ -230,6 +255,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
 
     asyncio.run(serve_worker(config, on_ready=ready))
+    return 0
+
+
+def _serve_expert_node(given: dict[str, object], data_dir: Path) -> int:
+    from meshnet.artifact.moe import read_moe_shape
+    from meshnet.core.layers import LayerRange
+    from meshnet.worker.config import WorkerConfig
+    from meshnet.worker.expert_node import serve_expert_node
+
+    if "layers" in given or "fake" in given:
+        raise InvalidArgument("--experts serves the whole model: drop --layers and --fake")
+    model = Path(str(given["model"]))
+    config = WorkerConfig(**given, layers=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
+
+    def ready(address: str, checks: str) -> None:
+        share = config.experts.label if config.experts else "?"
+        print(f"meshnet expert node ready {address} experts={share} certified={checks.split()[0]}", flush=True)
+
+    serve_expert_node(config, ready)
     return 0
 
 

@@ -75,6 +75,9 @@ class GenerateConfig:
     """Positions (prompt plus output) per session."""
     prefill_chunk: int = 256
     """Tokens per prefill llama_decode call (part of the recipe: chunking fixes numerics)."""
+    expert_parallel: int = 0
+    """Run a MoE model as an in-process expert-parallel group of this many nodes (each the whole
+    backbone and 1/N of the routed experts) instead of layer shards; 0 keeps --shards."""
 
     def llama_config(self) -> LlamaConfig:
         return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk)

@@ -12,6 +12,7 @@ from pathlib import Path
 from meshnet.core.addresses import check_advertise_address
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.experts import ExpertOwnership
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.engine.llama_config import LlamaConfig
@@ -36,7 +37,7 @@ class FakeModel:
 class WorkerConfig:
     model: Path | None = field(metadata=cli(shown_default=PROVISIONED_MODEL))
     """Source GGUF; the worker cuts (or reuses) the slice for its layers from it."""
-    layers: LayerRange
+    layers: LayerRange = field(metadata=cli(shown_default="required unless --experts"))
     """Layers this worker serves, A:B half-open (B exclusive)."""
     data_dir: Path
     """Holds the slice cache."""
@@ -80,6 +81,13 @@ class WorkerConfig:
     """When set, no model is loaded (``model`` is ignored)."""
     drain_grace: float = 20.0
     """Seconds in-flight sessions get to finish after SIGTERM before they are released."""
+    experts: ExpertOwnership | None = None
+    """Serve the whole model as node I of an N-node expert-parallel group (I/N): routed experts
+    e mod N == I computed here, slot rows swapped with --expert-peers. Replaces --layers."""
+    expert_peers: tuple[str, ...] = ()
+    """With --experts: every node's host:port in index order (this node's own included)."""
+    expert_timeout: float = 10.0
+    """With --experts: seconds to wait for a peer's rows of one layer before the step fails."""
 
     def __post_init__(self) -> None:
         if self.advertise is not None:

@@ -1,0 +1,196 @@
+"""``meshnet worker --experts I/N --expert-peers A0,...,AN-1``: one node of an expert-parallel group.
+
+Start-up: certify the mechanism on a tiny MoE of the served family and types (refuse to serve
+otherwise), load the whole model as node ``I`` (routed experts ``e mod N == I`` computed here),
+listen, open a row stream to every lower-indexed peer and accept one from every higher one;
+the ready line is printed once all N-1 streams are up. A driver then runs every batch on every
+node (``ExpertStep``); the nodes swap slot rows inside the step. A lost peer fails the step on
+every node at once, and this node refuses further steps: a group is re-formed by restarting it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import NoReturn
+
+import grpc
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.moe import read_moe_shape
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
+from meshnet.core.experts import ExchangeGeometry, ExpertOwnership
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import StepInput
+from meshnet.engine.expert_certification import certify_expert_parallel
+from meshnet.engine.expert_parallel import ExpertParallelBackend
+from meshnet.protocol import expert_wire
+from meshnet.protocol.status import error_metadata, status_for
+from meshnet.worker.config import WorkerConfig
+from meshnet.worker.expert_links import GrpcRowExchange, PeerLink
+
+log = logging.getLogger(__name__)
+STARTUP_TIMEOUT_S = 120.0
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024 + 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024 + 1024),
+]
+
+
+class ExpertNode:
+    """The node's state: its backend, its row exchange, the step sequence it has run."""
+
+    def __init__(self, config: WorkerConfig, ownership: ExpertOwnership) -> None:
+        if len(config.expert_peers) != ownership.count:
+            raise InvalidArgument(f"--expert-peers must list all {ownership.count} nodes' addresses in index order")
+        if config.model is None:
+            raise InvalidArgument("an expert node needs --model")
+        self.ownership = ownership
+        self.config = config
+        cache = SliceCache(config.data_dir / "cache")
+        self.model_sha256 = cache.source_sha256(config.model)
+        moe = read_moe_shape(config.model)
+        path = cache.shard_files(config.model, LayerRange(0, moe.n_layers), moe.n_layers).slice
+        geometry = ExchangeGeometry(moe.n_embd, moe.n_expert, moe.n_expert_used, moe.n_layers, ownership.count)
+        self.exchange = GrpcRowExchange(ownership, geometry, config.expert_timeout)
+        llama = config.llama_config(config.max_sessions)
+        self.backend = ExpertParallelBackend(path, llama, ownership, self.exchange)
+        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-engine")
+        self._next_step = 0
+
+    def describe(self) -> expert_wire.ExpertNodeDescription:
+        shape, moe = self.backend.shape, self.backend.moe
+        return expert_wire.ExpertNodeDescription(
+            self.ownership.index,
+            self.ownership.count,
+            self.model_sha256,
+            shape.n_vocab,
+            moe.n_expert,
+            moe.n_expert_used,
+            shape.max_slots,
+            shape.n_ctx_per_slot,
+            self.exchange.connected,
+            shape.n_layers,
+            shape.n_embd,
+            self.exchange.exchanges,
+            *self.exchange.latency_us(),
+            self.exchange.frame_bytes_sent,
+            self.backend.released_expert_bytes,
+            self._next_step,
+        )
+
+    def step(self, request: expert_wire.ExpertStepRequest) -> expert_wire.ExpertStepReply:
+        if self.exchange.connected != self.ownership.count - 1:
+            raise Unavailable(f"expert node {self.ownership.label}: not every peer of the group is connected")
+        if request.step != self._next_step:
+            raise FailedPrecondition(f"step {request.step} out of order: this node expects step {self._next_step}")
+        shape = self.backend.shape
+        items = expert_wire.step_from_proto(request, shape.max_slots, shape.n_ctx_per_slot)
+        batch = [StepInput(i.slot, i.position, tokens=i.tokens, want_logits=i.want_logits) for i in items]
+        self._next_step += 1
+        outputs = self._engine.submit(self.backend.run, batch).result()
+        return expert_wire.outputs_to_proto(request.step, [(o.slot, o.logits) for o in outputs])  # type: ignore[misc]
+
+    def release(self, slot: int) -> None:
+        if slot >= self.backend.shape.max_slots:
+            raise InvalidArgument(f"slot {slot} is out of range")
+        self._engine.submit(self.backend.truncate, slot, 0).result()
+
+    def dial_lower_peers(self, deadline: float) -> None:
+        """Open the row stream to every node with a lower index (they accept it)."""
+        for peer in range(self.ownership.index):
+            channel = grpc.insecure_channel(self.config.expert_peers[peer], options=_CHANNEL_OPTIONS)
+            grpc.channel_ready_future(channel).result(timeout=max(deadline - time.monotonic(), 0.1))
+            link = PeerLink(self.ownership.index, peer)
+            opening = expert_wire.ExpertRowsFrame(sender=self.ownership.index, model_sha256=self.model_sha256)
+            responses = expert_wire.ExpertGroupStub(channel).ExchangeRows(link.outgoing(opening))
+            self.exchange.add(link)
+            threading.Thread(target=link.pump, args=(responses,), daemon=True, name=f"rows-from-{peer}").start()
+
+    def close(self) -> None:
+        self.exchange.close()
+        self._engine.shutdown(wait=True)
+        self.backend.close()
+
+
+class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
+    def __init__(self, node: ExpertNode) -> None:
+        self._node = node
+
+    def ExchangeRows(
+        self, request_iterator: Iterator[expert_wire.ExpertRowsFrame], context: grpc.ServicerContext
+    ) -> Iterator[expert_wire.ExpertRowsFrame]:
+        node = self._node
+        opening = next(request_iterator, None)
+        if opening is None:
+            return
+        peer = opening.sender
+        if not node.ownership.index < peer < node.ownership.count or opening.model_sha256 != node.model_sha256:
+            _abort(context, InvalidArgument(f"row stream from node {peer} of another group or model refused"))
+        link = PeerLink(node.ownership.index, peer)
+        if not node.exchange.add(link):
+            _abort(context, FailedPrecondition(f"node {peer} already has a row stream to this node"))
+        context.add_callback(link.close)
+        threading.Thread(target=link.pump, args=(request_iterator,), daemon=True, name=f"rows-from-{peer}").start()
+        yield from link.outgoing()
+
+    def ExpertStep(
+        self, request: expert_wire.ExpertStepRequest, context: grpc.ServicerContext
+    ) -> expert_wire.ExpertStepReply:
+        try:
+            return self._node.step(request)
+        except MeshnetError as error:
+            _abort(context, error)
+
+    def ExpertRelease(
+        self, request: expert_wire.ExpertReleaseRequest, context: grpc.ServicerContext
+    ) -> expert_wire.ExpertReleaseReply:
+        try:
+            self._node.release(request.slot)
+        except MeshnetError as error:
+            _abort(context, error)
+        return expert_wire.ExpertReleaseReply()
+
+    def DescribeExpertNode(
+        self, request: expert_wire.ExpertNodeQuery, context: grpc.ServicerContext
+    ) -> expert_wire.ExpertNodeInfo:
+        return expert_wire.node_info_to_proto(self._node.describe())
+
+
+def _abort(context: grpc.ServicerContext, error: MeshnetError) -> NoReturn:
+    context.set_trailing_metadata(error_metadata(error))
+    context.abort(status_for(error), error.message)
+    raise error  # context.abort always raises; this keeps the NoReturn promise
+
+
+def serve_expert_node(config: WorkerConfig, on_ready: Callable[[str, str], None]) -> None:
+    """Certify, load, listen, connect the group, call ``on_ready(address, checks)``, serve until SIGTERM."""
+    ownership = config.experts
+    if ownership is None:
+        raise InvalidArgument("an expert node needs --experts I/N")
+    checks = certify_expert_parallel(config.model, ownership.count, config.llama_config(1))  # type: ignore[arg-type]
+    node = ExpertNode(config, ownership)
+    server = grpc.server(ThreadPoolExecutor(max_workers=ownership.count + 8), options=_CHANNEL_OPTIONS)
+    expert_wire.add_expert_group_servicer(ExpertNodeServicer(node), server)
+    bound = server.add_insecure_port(f"{config.host}:{config.port}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        node.dial_lower_peers(deadline)
+        if not node.exchange.complete.wait(max(deadline - time.monotonic(), 0.1)):
+            raise Unavailable(f"expert node {ownership.label}: the group did not form in {STARTUP_TIMEOUT_S:g} s")
+        on_ready(f"{config.host}:{bound}", f"{len(checks)} certification checks")
+        stop.wait()
+    finally:
+        server.stop(grace=1.0).wait()
+        node.close()

@@ -1,0 +1,84 @@
+"""An expert-parallel group of real worker processes over gRPC.
+
+Two ``meshnet worker --experts I/2`` processes serve a synthetic qwen3moe (64 experts, top-8,
+repacked Q4_0) and swap slot rows over one bidirectional stream; driven step by step, their
+logits equal whole-model llama.cpp in this process bit for bit. Then one node is killed while
+the group decodes: the driver gets a structured error naming it, long before any deadline
+(exchange and step deadlines are 30 s here, so only stream loss can explain a fast error).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Quant
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.client.expert_group_client import ExpertGroupClient
+from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import StepInput
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
+from meshnet.process.expert_launch import expert_group_specs
+from meshnet.process.launcher import launch_all, stop_all
+
+SPEC = SyntheticSpec(
+    architecture="qwen3moe", n_layers=2, n_expert=64, n_expert_used=8, n_ff_expert=32, weight_type=Quant.Q4_0
+)
+CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
+
+
+def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
+    options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--prefill-chunk", "64"]
+    peers, specs = expert_group_specs(tmp_path / "data", model, 2, tmp_path, [*options, "--expert-timeout", "30"])
+    children = launch_all(specs, timeout_s=240)
+    whole = LlamaBackend(
+        SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
+    )
+    group = ExpertGroupClient(peers, step_timeout_s=30)
+    try:
+        prompt = np.random.default_rng(5).integers(3, 290, 100).astype(np.int32)
+        batch = [StepInput(0, 0, tokens=prompt, want_logits="all")]
+        position = len(prompt)
+        for step in range(17):
+            want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
+            assert want is not None and got is not None
+            assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), f"step {step} differs"
+            batch = [StepInput(0, position, tokens=np.array([int(np.argmax(want[-1]))], np.int32))]
+            position += 1
+        position -= 1  # the last batch built above was not run
+        group.close()
+        group = ExpertGroupClient(peers, step_timeout_s=30)  # a second driver continues the group
+        killed_at: list[float] = []
+        killer = threading.Timer(
+            0.5, lambda: (killed_at.append(time.monotonic()), children[1].signal_group(signal.SIGKILL))
+        )
+        killer.start()
+        with pytest.raises(MeshnetError) as caught:
+            for _ in range(100_000):
+                group.run([StepInput(0, position, tokens=np.array([7], np.int32))])
+                position = position + 1 if position < 500 else position
+                if position >= 500:
+                    group.truncate(0, 0)
+                    position = 0
+        if not killed_at:
+            raise caught.value  # failed before the kill: a real bug, show it
+        latency = time.monotonic() - killed_at[0]
+        print(f"error {type(caught.value).__name__} {latency:.3f} s after the kill: {caught.value.message}")
+        assert isinstance(caught.value, Unavailable)
+        assert "node 1" in caught.value.message
+        assert latency < 5.0  # far below the 30-s deadlines: detected by the closed stream
+        with pytest.raises(MeshnetError):  # the surviving node refuses to continue with a broken group
+            group.run([StepInput(0, 0, tokens=np.array([7], np.int32))])
+    finally:
+        group.close()
+        whole.close()
+        stop_all(children)

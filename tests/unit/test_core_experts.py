@@ -1,0 +1,43 @@
+"""The pure parts of expert parallelism: shares, dummies, steering, and the worker's flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshnet import cli
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.experts import ExpertOwnership
+
+
+def test_shares_parse_and_refuse() -> None:
+    assert ExpertOwnership.parse("1/4") == ExpertOwnership(1, 4)
+    for bad in ("4/4", "-1/2", "1", "a/b", "1/2/3", "0/0"):
+        with pytest.raises(InvalidArgument):
+            ExpertOwnership.parse(bad)
+
+
+def test_dummies_are_foreign_and_distinct_per_token() -> None:
+    share = ExpertOwnership(1, 4)
+    dummies = share.dummy_experts(16, 8)
+    assert len(set(dummies.tolist())) == 8 and not share.owned_mask(dummies).any()
+    selected = np.array([[1, 5, 2, 3, 4, 6, 7, 8], [9, 13, 0, 10, 11, 12, 14, 15]], np.int32)
+    steered = share.steer(selected, dummies)
+    mine = share.owned_mask(selected)
+    assert np.array_equal(steered[mine], selected[mine])  # local slots keep their experts
+    for row, local in zip(steered, mine, strict=True):
+        assert len(set(row[~local].tolist())) == int((~local).sum())  # one row per dummy per token
+        assert not share.owned_mask(row[~local]).any()
+    with pytest.raises(InvalidArgument, match="does not own"):
+        ExpertOwnership(0, 2).dummy_experts(8, 5)
+
+
+def test_worker_needs_layers_or_experts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "none.gguf"
+    assert cli.main(["--data-dir", str(tmp_path), "worker", "--model", str(model)]) != 0
+    assert "--experts I/N" in capsys.readouterr().err
+    argv = ["--data-dir", str(tmp_path), "worker", "--model", str(model), "--experts", "0/2", "--layers", "0:2"]
+    assert cli.main(argv) != 0
+    assert "drop --layers" in capsys.readouterr().err
