@@ -37,6 +37,7 @@ from meshnet.core.tracking import (
 from meshnet.protocol import services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import TRACKER_NAME, LinkSecurity, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class TrackerClient:
         address: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        credentials: grpc.ChannelCredentials | None = None,
+        security: LinkSecurity | None = None,
     ) -> None:
         self.address = address
         self._timeout_s = timeout_s
@@ -89,10 +90,7 @@ class TrackerClient:
             ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(address, options=options)
-        else:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
+        self._channel = secure_or_plain_channel(address, security, TRACKER_NAME, options)
         self._stub = services.TrackerStub(self._channel)
 
     async def __aenter__(self) -> TrackerClient:
@@ -163,6 +161,7 @@ async def heartbeat_loop(
     on_registered: Callable[[Registered], None] | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_probe: Callable[[tuple[str, ...]], None] | None = None,
+    on_revoked: Callable[[frozenset[str]], None] | None = None,
 ) -> None:
     """Keep ``registration`` routable until ``stop_event`` is set, then deregister.
 
@@ -170,7 +169,7 @@ async def heartbeat_loop(
     the node id) whenever the tracker says it forgot us, which is how a worker rejoins after
     a tracker restart. An unreachable tracker is logged and retried; it never stops the worker.
     """
-    membership = _Membership(client, registration, load_fn, on_registered, on_probe)
+    membership = _Membership(client, registration, load_fn, on_registered, on_probe, on_revoked)
     last_epoch: int | None = None
     while not stop_event.is_set():
         try:
@@ -197,8 +196,10 @@ class _Membership:
         load_fn: Callable[[], NodeLoad],
         on_registered: Callable[[Registered], None] | None,
         on_probe: Callable[[tuple[str, ...]], None] | None,
+        on_revoked: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self._client = client
+        self._on_revoked = on_revoked
         self._registration = registration
         self._load_fn = load_fn
         self._on_registered = on_registered
@@ -220,6 +221,8 @@ class _Membership:
             return None
         if self._on_probe is not None:
             self._on_probe(status.probe)
+        if self._on_revoked is not None:
+            self._on_revoked(frozenset(status.revoked))
         return status.epoch
 
     async def _register(self) -> int:

@@ -25,6 +25,7 @@ from meshnet.gateway.app import create_app
 from meshnet.gateway.config import GatewayProcessConfig
 from meshnet.gateway.server import GatewayServer
 from meshnet.gateway.swarm_adapter import SwarmGenerator
+from meshnet.protocol.tls import LinkSecurity
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +34,19 @@ def outbox_path(data_dir: Path) -> Path:
     return data_dir / "gateway" / "outbox.sqlite3"
 
 
-async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, str], None] | None = None) -> None:
+async def run_gateway(
+    config: GatewayProcessConfig,
+    *,
+    on_ready: Callable[[str, str], None] | None = None,
+    security: LinkSecurity | None = None,
+) -> None:
     description = describe_model(config.model)
     name = config.model_name or description.name
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = await asyncio.to_thread(partial(Tokenizer, description, chat_template=template))
     outbox = WorkOutbox(outbox_path(config.data_dir))
-    tracker = TrackerClient(config.tracker)
-    pool = ChannelPool(config.max_frame_bytes)
+    tracker = TrackerClient(config.tracker, security=security)
+    pool = ChannelPool(config.max_frame_bytes, security)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
     swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})

@@ -9,7 +9,7 @@ below are re-exported for the servicers' method signatures; use them qualified
 
 from __future__ import annotations
 
-from meshnet.protocol.generated import shard_pb2_grpc, tracker_pb2_grpc
+from meshnet.protocol.generated import shard_pb2_grpc, swarm_pb2_grpc, tracker_pb2_grpc
 from meshnet.protocol.generated.shard_pb2 import (
     CancelRequest,
     CancelResponse,
@@ -21,6 +21,13 @@ from meshnet.protocol.generated.shard_pb2 import (
     ReleaseResponse,
     StepRequest,
     StepResponse,
+)
+from meshnet.protocol.generated.swarm_pb2 import (
+    SwarmCertificateReply,
+    SwarmJoinRequest,
+    SwarmRenewRequest,
+    SwarmRevokeReply,
+    SwarmRevokeRequest,
 )
 from meshnet.protocol.generated.tracker_pb2 import (
     DeregisterReply,
@@ -39,6 +46,7 @@ from meshnet.protocol.generated.tracker_pb2 import (
 
 SHARD_SERVICE = "meshnet.v1.Shard"
 TRACKER_SERVICE = "meshnet.v1.Tracker"
+SWARM_SERVICE = "meshnet.v1.Swarm"
 """Full service names, as health checks and retry policies name them."""
 
 ShardServicer = shard_pb2_grpc.ShardServicer
@@ -49,8 +57,13 @@ TrackerServicer = tracker_pb2_grpc.TrackerServicer
 TrackerStub = tracker_pb2_grpc.TrackerStub
 add_tracker_servicer = tracker_pb2_grpc.add_TrackerServicer_to_server
 
+SwarmServicer = swarm_pb2_grpc.SwarmServicer
+SwarmStub = swarm_pb2_grpc.SwarmStub
+add_swarm_servicer = swarm_pb2_grpc.add_SwarmServicer_to_server
+
 __all__ = [
     "SHARD_SERVICE",
+    "SWARM_SERVICE",
     "TRACKER_SERVICE",
     "CancelRequest",
     "CancelResponse",
@@ -74,10 +87,18 @@ __all__ = [
     "ShardStub",
     "StepRequest",
     "StepResponse",
+    "SwarmCertificateReply",
+    "SwarmJoinRequest",
+    "SwarmRenewRequest",
+    "SwarmRevokeReply",
+    "SwarmRevokeRequest",
+    "SwarmServicer",
+    "SwarmStub",
     "TrackerServicer",
     "TrackerStub",
     "WorkAck",
     "WorkRecord",
     "add_shard_servicer",
+    "add_swarm_servicer",
     "add_tracker_servicer",
 ]

@@ -85,7 +85,9 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     header.checksum = crc
     header.deadline_ms = meta.deadline_ms or 0
     for hop in frame.downstream:
-        message.downstream.add(address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint)
+        message.downstream.add(
+            address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint, node_id=hop.node_id
+        )
     if frame.sampling is not None:
         s = frame.sampling
         message.sampling.CopyFrom(pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed))
@@ -114,7 +116,8 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
             f"the frame lists {len(message.downstream)} downstream hops; at most {limits.max_hops} are allowed"
         )
     downstream = tuple(
-        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint) for hop in message.downstream
+        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint, hop.node_id)
+        for hop in message.downstream
     )
     sampling = None
     if message.HasField("sampling"):
