@@ -139,6 +139,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from meshnet.client.swarm_join import SecurityOptions
+    from meshnet.swarm_cli import node_security
     from meshnet.worker.config import WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
 
@@ -146,13 +148,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if "model" not in given:
         given["model"] = None if "fake" in given else provisioned_model(args.data_dir)
     config = WorkerConfig(**given, data_dir=args.data_dir)
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "worker", (config.host, config.advertise, config.tracker))
 
     def ready(info: WorkerReady) -> None:
         # Tests and `meshnet up` read this line to learn the bound address.
         metrics = f" metrics=http://{info.metrics_address}/metrics" if info.metrics_address else ""
         print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
 
-    asyncio.run(serve_worker(config, on_ready=ready))
+    asyncio.run(serve_worker(config, on_ready=ready, security=security))
     return 0
 
 
@@ -165,17 +169,27 @@ def cmd_tracker(args: argparse.Namespace) -> int:
 def cmd_gateway(args: argparse.Namespace) -> int:
     import asyncio
 
+    from meshnet.client.swarm_join import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.gateway.main import run_gateway
+    from meshnet.swarm_cli import node_security
 
     computed = {"model": lambda: provisioned_model(args.data_dir)}
     config = config_from_arguments(GatewayProcessConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "gateway", (config.tracker,))
 
     def ready(address: str, model: str) -> None:
         print(f"meshnet gateway ready http://{address} model={model}", flush=True)
 
-    asyncio.run(run_gateway(config, on_ready=ready))
+    asyncio.run(run_gateway(config, on_ready=ready, security=security))
     return 0
+
+
+def cmd_swarm(args: argparse.Namespace) -> int:
+    from meshnet.swarm_cli import SwarmArguments, run_swarm
+
+    return run_swarm(config_from_arguments(SwarmArguments, args), args.data_dir, print)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -249,9 +263,11 @@ class Command:
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
+    from meshnet.client.swarm_join import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
+    from meshnet.swarm_cli import SwarmArguments
     from meshnet.tracker.config import TrackerConfig
     from meshnet.worker.config import WorkerConfig
 
@@ -264,11 +280,15 @@ def _commands() -> dict[str, Command]:
         "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
-        "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),
+        "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig, SecurityOptions)),
         "tracker": Command(cmd_tracker, "register shards, choose routes, keep work records", (TrackerConfig,)),
         "gateway": Command(
-            cmd_gateway, "OpenAI-compatible HTTP API over the swarm", (GatewayProcessConfig,), skip=("data_dir",)
+            cmd_gateway,
+            "OpenAI-compatible HTTP API over the swarm",
+            (GatewayProcessConfig, SecurityOptions),
+            skip=("data_dir",),
         ),
+        "swarm": Command(cmd_swarm, "the swarm's identity: init the CA, invite nodes, revoke them", (SwarmArguments,)),
         "lab": Command(
             cmd_lab, "a multi-host lab on this machine: namespaced, capped, shaped nodes", (LabArguments, LabConfig)
         ),

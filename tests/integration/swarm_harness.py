@@ -39,6 +39,9 @@ from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.security.identity import Role
+from meshnet.security.swarm_dir import load_identity, local_identity
 
 MODEL_NAME = "tiny"
 TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tied_embeddings=False, seed=0)
@@ -104,7 +107,23 @@ class Swarm:
     tracker_address: str = ""
     workers: list[Worker] = field(default_factory=list)
     gateways: list[Component] = field(default_factory=list)
+    secure: bool = True
+    """mTLS on every link with identities minted from ``root``'s swarm CA (as ``meshnet up``)."""
     _count: int = 0
+    _security: LinkSecurity | None = None
+
+    @property
+    def security(self) -> LinkSecurity | None:
+        """A gateway identity for the test's own calls to the tracker and workers (None: plaintext)."""
+        if self.secure and self._security is None:
+            folder = local_identity(self.root, "test-client", "gateway", time.time())
+            self._security = LinkSecurity(load_identity(folder))
+        return self._security
+
+    def identity_flags(self, name: str, role: Role) -> tuple[str, ...]:
+        if not self.secure:
+            return ("--insecure",)
+        return ("--identity", str(local_identity(self.root, name, role, time.time())))
 
     def __enter__(self) -> Swarm:
         return self
@@ -133,6 +152,7 @@ class Swarm:
                 str(MISSED_HEARTBEATS),
                 "--shutdown-grace",
                 "0.5",
+                *(("--join-port", "0") if self.secure else ("--insecure",)),
             ),
             self._log("tracker"),
             TRACKER_READY,
@@ -174,6 +194,7 @@ class Swarm:
                     str(CONTEXT),
                     "--drain-grace",
                     "1",
+                    *self.identity_flags(name, "worker"),
                 ),
                 self._log(name),
                 WORKER_READY,
@@ -209,6 +230,7 @@ class Swarm:
                 self.model_name,
                 "--port",
                 "0",
+                *self.identity_flags(name, "gateway"),
                 *extra,
             ),
             self._log(name),
@@ -236,7 +258,7 @@ class Swarm:
         last: object = None
         while time.monotonic() < deadline:
             try:
-                models = asyncio.run(list_models(self.tracker_address))
+                models = asyncio.run(list_models(self.tracker_address, self.security))
                 last = models
                 summary = next((m for m in models if m.name == self.model_name), None)
                 if summary is not None and (summary.routable or not routable) and summary.nodes == nodes:
@@ -263,13 +285,13 @@ class Swarm:
         return self.root / f"{name}.log"
 
 
-async def list_models(tracker_address: str) -> tuple[ModelSummary, ...]:
-    async with TrackerClient(tracker_address, timeout_s=1.0) as client:
+async def list_models(tracker_address: str, security: LinkSecurity | None = None) -> tuple[ModelSummary, ...]:
+    async with TrackerClient(tracker_address, timeout_s=1.0, security=security) as client:
         return await client.list_models()
 
 
-async def _active_sessions(addresses: Sequence[str]) -> list[int]:
-    pool = ChannelPool(4 * 1024 * 1024)
+async def _active_sessions(addresses: Sequence[str], security: LinkSecurity | None) -> list[int]:
+    pool = ChannelPool(4 * 1024 * 1024, security)
     try:
         answers = await asyncio.gather(*(fetch_metrics(pool, address, timeout_s=1.0) for address in addresses))
         return [int(values["active_sessions"]) for values in answers]
@@ -277,15 +299,15 @@ async def _active_sessions(addresses: Sequence[str]) -> list[int]:
         await pool.close()
 
 
-def active_sessions(addresses: Sequence[str]) -> list[int]:
-    return asyncio.run(_active_sessions(addresses))
+def active_sessions(addresses: Sequence[str], security: LinkSecurity | None = None) -> list[int]:
+    return asyncio.run(_active_sessions(addresses, security))
 
 
-def wait_sessions_freed(addresses: Sequence[str], within_s: float) -> float:
+def wait_sessions_freed(addresses: Sequence[str], within_s: float, security: LinkSecurity | None = None) -> float:
     """Seconds until every worker reports 0 active sessions; AssertionError after ``within_s``."""
     started = time.monotonic()
     while True:
-        active = active_sessions(addresses)
+        active = active_sessions(addresses, security)
         elapsed = time.monotonic() - started
         if not any(active):
             return elapsed

@@ -16,10 +16,10 @@ import grpc.aio
 
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol import services
-from meshnet.protocol.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
 from meshnet.protocol.frames import StepFrame, StepResult
 from meshnet.protocol.shard_wire import frame_to_proto, result_from_proto
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
 
 
 def channel_options(max_frame_bytes: int) -> list[tuple[str, Any]]:

@@ -104,7 +104,9 @@ def join_swarm(token: JoinToken, folder: Path) -> NodeCertificate:
 
 async def _join_call(token: JoinToken, ca_pem: bytes, csr_pem: bytes) -> wire.IssuedCertificate:
     credentials = grpc.ssl_channel_credentials(ca_pem)
-    async with grpc.aio.secure_channel(token.join_address, credentials, options=channel_options(TRACKER_NAME)) as channel:
+    async with grpc.aio.secure_channel(
+        token.join_address, credentials, options=channel_options(TRACKER_NAME)
+    ) as channel:
         try:
             reply = await services.SwarmStub(channel).Join(
                 wire.join_to_proto(token.secret, csr_pem), timeout=JOIN_TIMEOUT_S

@@ -48,9 +48,7 @@ def issued_to_proto(issued: IssuedCertificate) -> pb.SwarmCertificateReply:
 
 
 def issued_from_proto(message: pb.SwarmCertificateReply) -> IssuedCertificate:
-    return IssuedCertificate(
-        message.node_id, message.role, message.cert_pem, message.ca_pem, message.not_after_unix_s
-    )
+    return IssuedCertificate(message.node_id, message.role, message.cert_pem, message.ca_pem, message.not_after_unix_s)
 
 
 def revoke_to_proto(node_id: str) -> pb.SwarmRevokeRequest:

@@ -42,6 +42,11 @@ class LinkSecurity:
     revocations: Revocations = field(default_factory=Revocations)
     clock: Callable[[], float] = time.time
 
+    @property
+    def identity(self) -> PeerIdentity:
+        """This process's own node id and role, as its certificate states them."""
+        return read_peer(self.node.cert_pem, self.node.ca_pem, self.clock())
+
     def server_credentials(self, *, require_client_cert: bool = True) -> grpc.ServerCredentials:
         # The chain includes the CA, so a joiner can read the CA it pins from the handshake.
         chain = self.node.cert_pem + self.node.ca_pem
@@ -101,9 +106,11 @@ def fetch_pinned_ca(address: str, fingerprint: str, *, timeout_s: float = 5.0) -
     context.verify_mode = ssl.CERT_NONE  # only to read the chain; the pin below decides
     context.set_alpn_protocols(["h2"])
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as raw:
-            with context.wrap_socket(raw, server_hostname=TRACKER_NAME) as tls:
-                chain = _unverified_chain(tls)
+        with (
+            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
+            context.wrap_socket(raw, server_hostname=TRACKER_NAME) as tls,
+        ):
+            chain = _unverified_chain(tls)
     except (OSError, ValueError) as error:
         raise Unavailable(f"cannot reach the join port {address}: {error}") from None
     for der in chain:

@@ -82,9 +82,7 @@ def create_authority(swarm_name: str, now_unix_s: float) -> SwarmAuthority:
         .not_valid_before(start)
         .not_valid_after(_time(now_unix_s + CA_LIFETIME_S))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -171,7 +169,12 @@ def issue(
 
 
 def mint_node(
-    authority: SwarmAuthority, *, node_id: str, role: Role, now_unix_s: float, lifetime_s: float = DEFAULT_NODE_LIFETIME_S
+    authority: SwarmAuthority,
+    *,
+    node_id: str,
+    role: Role,
+    now_unix_s: float,
+    lifetime_s: float = DEFAULT_NODE_LIFETIME_S,
 ) -> NodeCertificate:
     """Key and certificate made side by side, for nodes on the CA's own machine (``meshnet up``)."""
     key = ec.generate_private_key(ec.SECP256R1())
@@ -226,7 +229,9 @@ def _load_cert(cert_pem: bytes) -> x509.Certificate:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _time(unix_s: float) -> dt.datetime:

@@ -12,6 +12,7 @@ Peers dial by IP, so no certificate needs an IP SAN: the pinned names replace th
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -40,6 +41,11 @@ class PeerIdentity:
     role: Role
     serial: int
     not_after_unix_s: float
+
+
+def new_node_id(role: Role) -> str:
+    """A fresh node id; its first letter says the role to a reader of logs."""
+    return f"{role[0]}-{secrets.token_hex(6)}"
 
 
 def check_node_id(node_id: str) -> str:

@@ -12,7 +12,9 @@ from typing import Literal
 
 from meshnet.security.identity import PeerIdentity, Role
 
-TrackerRpc = Literal["Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew"]
+TrackerRpc = Literal[
+    "Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew"
+]
 ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics"]
 
 _TRACKER_ROLES: dict[str, frozenset[Role]] = {

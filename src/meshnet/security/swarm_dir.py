@@ -21,7 +21,7 @@ from meshnet.security.certificates import (
     create_authority,
     mint_node,
 )
-from meshnet.security.identity import Role
+from meshnet.security.identity import Role, new_node_id
 
 SWARM_DIR = "swarm"
 TRACKER_IDENTITY = "tracker"
@@ -85,6 +85,16 @@ def mint_identity(
     node = mint_node(authority, node_id=node_id, role=role, now_unix_s=now_unix_s)
     save_identity(_private_dir(swarm_dir(data_dir) / "nodes") / name, node)
     return node
+
+
+def local_identity(data_dir: Path, name: str, role: Role, now_unix_s: float) -> Path:
+    """Mint an identity named ``name`` for a process this machine starts; its folder, for ``--identity``.
+
+    For launchers beside the CA (``meshnet up``, the lab, the bench, test harnesses): no invite
+    round trip, since whoever holds the CA could mint any certificate anyway."""
+    authority = ensure_swarm(data_dir, now_unix_s)
+    mint_identity(data_dir, authority, name, node_id=new_node_id(role), role=role, now_unix_s=now_unix_s)
+    return swarm_dir(data_dir) / "nodes" / name
 
 
 def tracker_identity(data_dir: Path) -> NodeCertificate:

@@ -22,10 +22,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from meshnet.core.addresses import require_loopback
 from meshnet.core.config_flags import add_config_arguments, given_arguments
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol import services
-from meshnet.core.addresses import require_loopback
 from meshnet.protocol.tls import bind
 from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry

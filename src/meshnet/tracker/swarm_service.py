@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +18,10 @@ from meshnet.protocol import services
 from meshnet.protocol import swarm_wire as wire
 from meshnet.protocol.tls import LinkSecurity, enforce
 from meshnet.security.certificates import DEFAULT_NODE_LIFETIME_S, SwarmAuthority, certificate_expiry, sign_csr
-from meshnet.security.identity import Role
+from meshnet.security.identity import Role, new_node_id
 from meshnet.security.invites import SwarmBook
-from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
 from meshnet.security.policy import authorize_tracker
+from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.service import maps_errors
 
@@ -68,11 +67,6 @@ def read_join_address(data_dir: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-def new_node_id(role: Role) -> str:
-    prefix = {"worker": "n", "gateway": "g", "admin": "a", "tracker": "t"}[role]
-    return f"{prefix}-{secrets.token_hex(6)}"
-
-
 class SwarmServicer(services.SwarmServicer):
     def __init__(self, security: TrackerSecurity, registry: NodeRegistry) -> None:
         self._security = security
@@ -97,7 +91,9 @@ class SwarmServicer(services.SwarmServicer):
         self, request: services.SwarmRenewRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmCertificateReply:
         peer = self._security.link.peer(context)
-        enforce(authorize_tracker(peer, "Renew", subject_node_id=None, revoked=self._security.link.revocations.current()))
+        enforce(
+            authorize_tracker(peer, "Renew", subject_node_id=None, revoked=self._security.link.revocations.current())
+        )
         now = self._security.link.clock()
         return wire.issued_to_proto(self._issue(wire.renew_from_proto(request), peer.node_id, peer.role, now))
 
@@ -106,7 +102,9 @@ class SwarmServicer(services.SwarmServicer):
         self, request: services.SwarmRevokeRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmRevokeReply:
         peer = self._security.link.peer(context)
-        enforce(authorize_tracker(peer, "Revoke", subject_node_id=None, revoked=self._security.link.revocations.current()))
+        enforce(
+            authorize_tracker(peer, "Revoke", subject_node_id=None, revoked=self._security.link.revocations.current())
+        )
         node_id = wire.revoke_from_proto(request)
         async with self._lock:
             newly = self._security.book.revoke(node_id, self._security.link.clock())

@@ -83,8 +83,10 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         server, port = _bind(config, security)
         address = config.advertise or f"{config.host}:{port}"
         recipe = model.recipe
+        # Secured, the node id is the certificate's: the id the tracker registers and routes pin.
+        local_id = f"shard-{config.layers.start}-{config.layers.stop}-{port}"
         identity = ShardIdentity(
-            NodeId(f"shard-{config.layers.start}-{config.layers.stop}-{port}"),
+            NodeId(local_id if security is None else security.identity.node_id),
             address,
             recipe.fingerprint(),
             recipe.backend,
