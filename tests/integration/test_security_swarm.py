@@ -74,10 +74,18 @@ async def list_models_as(swarm: Swarm, security: LinkSecurity | None) -> object:
         return await client.list_models()
 
 
-def test_the_secured_swarm_serves_chat(swarm: Swarm) -> None:
+def test_the_secured_swarm_serves_chat_and_logs_no_text(swarm: Swarm) -> None:
     base_url = swarm.gateways[0].ready_line.split()[3]
-    response = httpx.post(f"{base_url}/v1/chat/completions", json=chat_body(max_tokens=8), timeout=60)
+    prompt = "the quokka marmalade zeppelin"
+    body = chat_body(max_tokens=24, stream=False, content=prompt)
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
+    answer = response.json()["choices"][0]["message"]["content"]
+    assert len(answer) > 10
+    for log in swarm.root.glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert prompt not in text, log
+        assert answer not in text, log
 
 
 async def test_no_client_certificate_fails_the_handshake(swarm: Swarm) -> None:
