@@ -242,6 +242,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_bench_tls(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from meshnet.bench.tls_cost import TlsCostConfig, measure_tls_cost
+
+    computed = {"model": lambda: provisioned_model(args.data_dir)}
+    config = config_from_arguments(TlsCostConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
+    result = asyncio.run(measure_tls_cost(config))
+    config.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {config.out}: mTLS/insecure decode ratio {result.get('mtls_decode_ratio')}")
+    return 0
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     from meshnet.bench.command import gate_command
 
@@ -263,6 +277,7 @@ class Command:
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
+    from meshnet.bench.tls_cost import TlsCostConfig
     from meshnet.client.swarm_join import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
@@ -298,6 +313,9 @@ def _commands() -> dict[str, Command]:
             "measure whole-model, split, meshnet and recompute lanes; write results",
             (BenchConfig, BenchOutputs),
             skip=("data_dir", "command"),
+        ),
+        "bench-tls": Command(
+            cmd_bench_tls, "decode tok/s and per-link latency of meshnet-N, mTLS vs --insecure", (TlsCostConfig,)
         ),
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
