@@ -52,8 +52,16 @@ class ChannelPool:
         self._options = channel_options(max_frame_bytes)
         self._security = security
         self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        self._retired: list[grpc.aio.Channel] = []
+        self._generation = 0 if security is None else security.generation
 
     def stub(self, address: str, node_id: str | None = None) -> services.ShardStub:
+        if self._security is not None and self._security.generation != self._generation:
+            # A renewed certificate: new streams go over new channels; the old ones serve the
+            # streams already on them and close with the pool.
+            self._generation = self._security.generation
+            self._retired += self._channels.values()
+            self._channels = {}
         key = (address, node_id or "")
         channel = self._channels.get(key)
         if channel is None:
@@ -62,7 +70,8 @@ class ChannelPool:
         return services.ShardStub(channel)
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
+        channels, self._channels = [*self._retired, *self._channels.values()], {}
+        self._retired = []
         await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
 
 

@@ -37,6 +37,7 @@ from meshnet.security.swarm_dir import joined_identity_dir, load_identity, save_
 logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 10.0
+RENEW_RETRY_S = 60.0
 RENEW_AT_FRACTION = 0.5
 """Renew once half a certificate's lifetime has passed: a tracker outage of up to half the
 lifetime never lets a node's certificate lapse."""
@@ -71,7 +72,7 @@ def resolve_security(
                 "or --insecure on loopback"
             )
         node = join_swarm(token, folder)
-    return LinkSecurity(node)
+    return LinkSecurity(node, store=folder)
 
 
 def _current(folder: Path, token: JoinToken | None) -> NodeCertificate | None:
@@ -152,29 +153,32 @@ class SwarmClient:
 
 
 def renew_due_in(node: NodeCertificate, now_unix_s: float) -> float:
-    """Seconds until ``node`` should be renewed (0: now)."""
-    not_after = certificate_expiry(node.cert_pem)
-    issued_lifetime = max(not_after - now_unix_s, 0.0)
-    return max(issued_lifetime * RENEW_AT_FRACTION, 0.0)
+    """Seconds until ``node`` should be renewed: half its remaining life (0: now)."""
+    return max(certificate_expiry(node.cert_pem) - now_unix_s, 0.0) * RENEW_AT_FRACTION
 
 
-async def renew_forever(tracker: str, security: LinkSecurity, folder: Path, stop: asyncio.Event) -> None:
-    """Renew the stored identity at half its remaining life until ``stop``; failures retry in a minute.
+async def renew_once(tracker: str, security: LinkSecurity) -> NodeCertificate:
+    """Renew now: the new certificate is in use (and stored, with its key) when this returns."""
+    async with SwarmClient(tracker, security) as client:
+        node = await client.renew(security.node)
+    if security.store is not None:
+        save_identity(security.store, node)
+    security.replace_node(node)
+    logger.info("renewed the node certificate; valid until %.0f (unix s)", certificate_expiry(node.cert_pem))
+    return node
 
-    The renewed files take effect for this process's next start (grpc binds credentials at
-    listen time); the certificate in use stays valid meanwhile, being renewed at half-life.
-    """
-    node = security.node
+
+async def renew_forever(tracker: str, security: LinkSecurity, stop: asyncio.Event) -> None:
+    """Renew at half the remaining life until ``stop``; a failed attempt is retried sooner."""
+    delay = renew_due_in(security.node, time.time())
     while not stop.is_set():
-        delay = renew_due_in(node, time.time())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=max(delay, 1.0))
         if stop.is_set():
             return
         try:
-            async with SwarmClient(tracker, security) as client:
-                node = await client.renew(node)
-            save_identity(folder, node)
-            logger.info("renewed the node certificate; valid until %s", certificate_expiry(node.cert_pem))
+            await renew_once(tracker, security)
+            delay = renew_due_in(security.node, time.time())
         except MeshnetError as error:
             logger.warning("could not renew the node certificate at %s: %s", tracker, error.message)
+            delay = min(RENEW_RETRY_S, renew_due_in(security.node, time.time()))

@@ -90,8 +90,12 @@ class TrackerClient:
             ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
+        self._security = security
+        self._options = options
+        self._generation = 0 if security is None else security.generation
         self._channel = secure_or_plain_channel(address, security, TRACKER_NAME, options)
         self._stub = services.TrackerStub(self._channel)
+        self._retired: list[grpc.aio.Channel] = []
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -100,7 +104,18 @@ class TrackerClient:
         await self.close()
 
     async def close(self) -> None:
+        for retired in self._retired:
+            await retired.close()
         await self._channel.close()
+
+    def _current_stub(self) -> services.TrackerStub:
+        """The stub over a channel made with this process's current certificate."""
+        if self._security is not None and self._security.generation != self._generation:
+            self._generation = self._security.generation
+            self._retired.append(self._channel)
+            self._channel = secure_or_plain_channel(self.address, self._security, TRACKER_NAME, self._options)
+            self._stub = services.TrackerStub(self._channel)
+        return self._stub
 
     async def register(
         self,
@@ -110,11 +125,11 @@ class TrackerClient:
         timeout_s: float | None = None,
     ) -> Registered:
         request = wire.registration_to_proto(registration, node_id_hint)
-        return wire.registered_from_proto(await self._call(self._stub.Register, request, timeout_s))
+        return wire.registered_from_proto(await self._call(self._current_stub().Register, request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
         request = wire.heartbeat_to_proto(node_id, load)
-        return wire.heartbeat_status_from_proto(await self._call(self._stub.Heartbeat, request, timeout_s))
+        return wire.heartbeat_status_from_proto(await self._call(self._current_stub().Heartbeat, request, timeout_s))
 
     async def choose_route(
         self,
@@ -128,20 +143,20 @@ class TrackerClient:
         """A route for ``model`` (name or fingerprint). With ``start_layer`` (failover of a
         sub-span), pass the current route's fingerprint as ``model`` and keep its earlier hops."""
         request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude), start_layer))
-        return wire.route_from_proto(await self._call(self._stub.ChooseRoute, request, timeout_s))
+        return wire.route_from_proto(await self._call(self._current_stub().ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
-        reply = await self._call(self._stub.ReportWork, wire.work_to_proto(record), timeout_s)
+        reply = await self._call(self._current_stub().ReportWork, wire.work_to_proto(record), timeout_s)
         return wire.work_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
-        reply = await self._call(self._stub.ListModels, wire.list_models_request_to_proto(), timeout_s)
+        reply = await self._call(self._current_stub().ListModels, wire.list_models_request_to_proto(), timeout_s)
         models, _epoch = wire.models_from_proto(reply)
         return models
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
-        reply = await self._call(self._stub.Deregister, wire.deregister_to_proto(node_id), timeout_s)
+        reply = await self._call(self._current_stub().Deregister, wire.deregister_to_proto(node_id), timeout_s)
         return wire.deregistered_from_proto(reply).known
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:

@@ -19,6 +19,7 @@ from meshnet.client.outbox import WorkOutbox
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.swarm import SwarmClient, SwarmConfig
+from meshnet.client.swarm_join import renew_forever
 from meshnet.client.tracker_client import TrackerClient
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.gateway.app import create_app
@@ -58,6 +59,8 @@ async def run_gateway(
         shutdown_grace_seconds=config.http.shutdown_grace_seconds,
         handle_signals=True,
     )
+    stop_renewing = asyncio.Event()
+    renewal = None if security is None else asyncio.create_task(renew_forever(config.tracker, security, stop_renewing))
     try:
         swarm.reports.replay()
         port = await server.start()
@@ -66,6 +69,9 @@ async def run_gateway(
             on_ready(f"{config.http.host}:{port}", name)
         await server.wait()
     finally:
+        stop_renewing.set()
+        if renewal is not None:
+            await renewal
         await server.stop()
         await swarm.drain_reports()
         await tracker.close()

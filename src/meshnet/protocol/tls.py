@@ -15,7 +15,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,13 +34,35 @@ def hop_server_name(node_id: str | None) -> str:
     return ANY_WORKER_NAME if not node_id else node_server_name(node_id)
 
 
-@dataclass(frozen=True)
 class LinkSecurity:
-    """One process's TLS identity and the revocation list it enforces."""
+    """One process's TLS identity (renewable in place) and the revocation list it enforces.
 
-    node: NodeCertificate
-    revocations: Revocations = field(default_factory=Revocations)
-    clock: Callable[[], float] = time.time
+    ``store``: the folder the identity was read from; a renewed certificate is written back
+    there. Servers fetch the current certificate at every handshake; channel pools and tracker
+    clients watch ``generation`` and open new channels once it moves."""
+
+    def __init__(
+        self,
+        node: NodeCertificate,
+        revocations: Revocations | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        store: Path | None = None,
+    ) -> None:
+        self._node = node
+        self.revocations = revocations or Revocations()
+        self.clock = clock
+        self.store = store
+        self.generation = 0
+
+    @property
+    def node(self) -> NodeCertificate:
+        return self._node
+
+    def replace_node(self, node: NodeCertificate) -> None:
+        """Switch to a renewed certificate: new handshakes, both ways, use it from now on."""
+        self._node = node
+        self.generation += 1
 
     @property
     def identity(self) -> PeerIdentity:
@@ -48,10 +70,24 @@ class LinkSecurity:
         return read_peer(self.node.cert_pem, self.node.ca_pem, self.clock())
 
     def server_credentials(self, *, require_client_cert: bool = True) -> grpc.ServerCredentials:
+        served = [self.generation]
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
+            # Called by grpc before each handshake: None keeps the configuration it has.
+            if served[0] == self.generation:
+                return None
+            served[0] = self.generation
+            return self._certificate_configuration()
+
+        return grpc.dynamic_ssl_server_credentials(
+            self._certificate_configuration(), fetch, require_client_authentication=require_client_cert
+        )
+
+    def _certificate_configuration(self) -> grpc.ServerCertificateConfiguration:
         # The chain includes the CA, so a joiner can read the CA it pins from the handshake.
-        chain = self.node.cert_pem + self.node.ca_pem
-        return grpc.ssl_server_credentials(
-            [(self.node.key_pem, chain)], root_certificates=self.node.ca_pem, require_client_auth=require_client_cert
+        node = self.node
+        return grpc.ssl_server_certificate_configuration(
+            [(node.key_pem, node.cert_pem + node.ca_pem)], root_certificates=node.ca_pem
         )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:

@@ -53,27 +53,30 @@ def _deny(reason: str) -> Verdict:
     return Verdict(False, "permission_denied", reason)
 
 
-def _identified(peer: PeerIdentity | None, revoked: frozenset[str]) -> Verdict | None:
+def _by_role(
+    peer: PeerIdentity | None, rpc: str, roles: dict[str, frozenset[Role]], revoked: frozenset[str]
+) -> tuple[PeerIdentity | None, Verdict]:
+    """The identity-and-role half every verdict shares: (the peer if it passed, the verdict so far)."""
     if peer is None:
-        return Verdict(False, "unauthenticated", "a swarm certificate is required")
+        return None, Verdict(False, "unauthenticated", "a swarm certificate is required")
     if peer.node_id in revoked:
-        return Verdict(False, "unauthenticated", f"node {peer.node_id} is revoked")
-    return None
+        return None, Verdict(False, "unauthenticated", f"node {peer.node_id} is revoked")
+    allowed = roles.get(rpc)
+    if allowed is None or peer.role not in allowed:
+        return None, _deny(f"a {peer.role} certificate may not call {rpc}")
+    return peer, ALLOW
 
 
 def authorize_tracker(
     peer: PeerIdentity | None, rpc: str, *, subject_node_id: str | None, revoked: frozenset[str]
 ) -> Verdict:
     """May ``peer`` call the tracker's ``rpc`` about ``subject_node_id`` (the node a membership call names)?"""
-    refused = _identified(peer, revoked)
-    if refused is not None or peer is None:
-        return refused or ALLOW
-    roles = _TRACKER_ROLES.get(rpc)
-    if roles is None or peer.role not in roles:
-        return _deny(f"a {peer.role} certificate may not call {rpc}")
+    caller, verdict = _by_role(peer, rpc, _TRACKER_ROLES, revoked)
+    if caller is None:
+        return verdict
     # Membership is bound to the certificate: a node speaks only for itself (admins may evict).
-    if rpc in ("Heartbeat", "Deregister") and peer.role != "admin" and subject_node_id != peer.node_id:
-        return _deny(f"node {peer.node_id} may not {rpc.lower()} node {subject_node_id}")
+    if rpc in ("Heartbeat", "Deregister") and caller.role != "admin" and subject_node_id != caller.node_id:
+        return _deny(f"node {caller.node_id} may not {rpc.lower()} node {subject_node_id}")
     return ALLOW
 
 
@@ -81,13 +84,10 @@ def authorize_shard(
     peer: PeerIdentity | None, rpc: str, *, session_opener: str | None, revoked: frozenset[str]
 ) -> Verdict:
     """May ``peer`` call a worker's ``rpc``? ``session_opener``: who opened the session it names, if known."""
-    refused = _identified(peer, revoked)
-    if refused is not None or peer is None:
-        return refused or ALLOW
-    roles = _SHARD_ROLES.get(rpc)
-    if roles is None or peer.role not in roles:
-        return _deny(f"a {peer.role} certificate may not call {rpc}")
-    if rpc in ("Cancel", "Release") and session_opener is not None and session_opener != peer.node_id:
+    caller, verdict = _by_role(peer, rpc, _SHARD_ROLES, revoked)
+    if caller is None:
+        return verdict
+    if rpc in ("Cancel", "Release") and session_opener is not None and session_opener != caller.node_id:
         return _deny(f"only the party that opened the session may {rpc.lower()} it")
     return ALLOW
 

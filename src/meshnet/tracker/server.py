@@ -150,13 +150,21 @@ async def start_tracker(
         await join_server.start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    sweeper = asyncio.create_task(servicer.sweep_forever(config.heartbeat_interval_s / 4))
+    sweeper = asyncio.create_task(_background(servicer, config, security))
     logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
     if join_server is not None:
         running.join_port, running.join_server = join_port, join_server
     return running
+
+
+async def _background(servicer: TrackerServicer, config: TrackerConfig, security: TrackerSecurity | None) -> None:
+    """Expiry sweeps, and on a secured tracker the freshness of its own certificate."""
+    tasks = [servicer.sweep_forever(config.heartbeat_interval_s / 4)]
+    if security is not None:
+        tasks.append(security.keep_own_certificate_fresh())
+    await asyncio.gather(*tasks)
 
 
 def _join_server(

@@ -17,8 +17,14 @@ from meshnet.core.ids import NodeId
 from meshnet.protocol import services
 from meshnet.protocol import swarm_wire as wire
 from meshnet.protocol.tls import LinkSecurity, enforce
-from meshnet.security.certificates import DEFAULT_NODE_LIFETIME_S, SwarmAuthority, certificate_expiry, sign_csr
-from meshnet.security.identity import Role, new_node_id
+from meshnet.security.certificates import (
+    DEFAULT_NODE_LIFETIME_S,
+    SwarmAuthority,
+    certificate_expiry,
+    mint_node,
+    sign_csr,
+)
+from meshnet.security.identity import PeerIdentity, Role, new_node_id
 from meshnet.security.invites import SwarmBook
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
@@ -38,6 +44,15 @@ class TrackerSecurity:
     authority: SwarmAuthority
     book: SwarmBook
     node_lifetime_s: float = DEFAULT_NODE_LIFETIME_S
+
+    async def keep_own_certificate_fresh(self) -> None:
+        """Re-mint the tracker's own certificate at half its life (the CA is here; no renewal call)."""
+        while True:
+            remaining = certificate_expiry(self.link.node.cert_pem) - self.link.clock()
+            await asyncio.sleep(max(remaining / 2, 1.0))
+            node = mint_node(self.authority, node_id="tracker", role="tracker", now_unix_s=self.link.clock())
+            self.link.replace_node(node)
+            logger.info("re-minted the tracker's certificate")
 
     def refresh_revocations(self) -> frozenset[str]:
         revoked = self.book.revoked()
@@ -90,10 +105,7 @@ class SwarmServicer(services.SwarmServicer):
     async def Renew(
         self, request: services.SwarmRenewRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmCertificateReply:
-        peer = self._security.link.peer(context)
-        enforce(
-            authorize_tracker(peer, "Renew", subject_node_id=None, revoked=self._security.link.revocations.current())
-        )
+        peer = self._admit(context, "Renew")
         now = self._security.link.clock()
         return wire.issued_to_proto(self._issue(wire.renew_from_proto(request), peer.node_id, peer.role, now))
 
@@ -101,10 +113,7 @@ class SwarmServicer(services.SwarmServicer):
     async def Revoke(
         self, request: services.SwarmRevokeRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmRevokeReply:
-        peer = self._security.link.peer(context)
-        enforce(
-            authorize_tracker(peer, "Revoke", subject_node_id=None, revoked=self._security.link.revocations.current())
-        )
+        peer = self._admit(context, "Revoke")
         node_id = wire.revoke_from_proto(request)
         async with self._lock:
             newly = self._security.book.revoke(node_id, self._security.link.clock())
@@ -114,6 +123,11 @@ class SwarmServicer(services.SwarmServicer):
         was_routed = self._registry.deregister(NodeId(node_id))
         logger.warning("node %s revoked by %s", node_id, peer.node_id)
         return wire.revoked_to_proto(newly, was_routed)
+
+    def _admit(self, context: grpc.aio.ServicerContext, rpc: str) -> PeerIdentity:
+        peer = self._security.link.peer(context)
+        enforce(authorize_tracker(peer, rpc, subject_node_id=None, revoked=self._security.link.revocations.current()))
+        return peer
 
     def _issue(self, csr_pem: bytes, node_id: str, role: Role, now: float) -> wire.IssuedCertificate:
         security = self._security

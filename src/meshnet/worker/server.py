@@ -20,6 +20,7 @@ from wsgiref.simple_server import WSGIServer
 from grpc_health.v1 import health_pb2
 
 from meshnet.client.shard_stream import ChannelPool
+from meshnet.client.swarm_join import renew_forever
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import NodeLoad
@@ -118,6 +119,8 @@ def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asynci
             on_revoked=None if security is None else security.revocations.replace,
         )
         tasks += [asyncio.create_task(prober.run(stop)), asyncio.create_task(heartbeats)]
+        if security is not None:
+            tasks.append(asyncio.create_task(renew_forever(worker.config.tracker, security, stop)))
     return tasks
 
 
