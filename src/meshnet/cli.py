@@ -139,7 +139,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
-    from meshnet.client.swarm_join import SecurityOptions
+    from meshnet.core.swarm_options import SecurityOptions
     from meshnet.swarm_cli import node_security
     from meshnet.worker.config import WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
@@ -169,7 +169,7 @@ def cmd_tracker(args: argparse.Namespace) -> int:
 def cmd_gateway(args: argparse.Namespace) -> int:
     import asyncio
 
-    from meshnet.client.swarm_join import SecurityOptions
+    from meshnet.core.swarm_options import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.gateway.main import run_gateway
     from meshnet.swarm_cli import node_security
@@ -187,7 +187,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
-    from meshnet.swarm_cli import SwarmArguments, run_swarm
+    from meshnet.core.swarm_options import SwarmArguments
+    from meshnet.swarm_cli import run_swarm
 
     return run_swarm(config_from_arguments(SwarmArguments, args), args.data_dir, print)
 
@@ -246,7 +247,8 @@ def cmd_bench_tls(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from meshnet.bench.tls_cost import TlsCostConfig, measure_tls_cost
+    from meshnet.bench.tls_config import TlsCostConfig
+    from meshnet.bench.tls_cost import measure_tls_cost
 
     computed = {"model": lambda: provisioned_model(args.data_dir)}
     config = config_from_arguments(TlsCostConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
@@ -277,12 +279,11 @@ class Command:
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
-    from meshnet.bench.tls_cost import TlsCostConfig
-    from meshnet.client.swarm_join import SecurityOptions
+    from meshnet.bench.tls_config import TlsCostConfig
+    from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
-    from meshnet.swarm_cli import SwarmArguments
     from meshnet.tracker.config import TrackerConfig
     from meshnet.worker.config import WorkerConfig
 

@@ -32,7 +32,6 @@ from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
 from meshnet.process.ports import ensure_port_free
 from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
 from meshnet.security.identity import Role
-from meshnet.security.swarm_dir import local_identity
 
 READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
@@ -77,6 +76,9 @@ def _identity(config: LocalSwarmConfig, name: str, role: Role) -> tuple[str, ...
     """The flags that give one component its swarm identity, minted from this data dir's CA."""
     if config.insecure:
         return ("--insecure",)
+    # Imported here: every command's parser imports this module, and only `up` needs the CA code.
+    from meshnet.security.swarm_dir import local_identity
+
     return ("--identity", str(local_identity(config.data_dir, name, role, time.time())))
 
 

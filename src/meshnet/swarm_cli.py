@@ -11,13 +11,11 @@ import asyncio
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from meshnet.client.swarm_join import SecurityOptions, SwarmClient, resolve_security
-from meshnet.core.config_flags import cli
+from meshnet.client.swarm_join import SwarmClient, resolve_security
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
 from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.certificates import ca_fingerprint
 from meshnet.security.invites import JoinToken, SwarmBook
@@ -27,24 +25,6 @@ from meshnet.tracker.swarm_service import read_join_address
 ADMIN_CERT_LIFETIME_S = 3600.0
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-@dataclass(frozen=True)
-class SwarmArguments:
-    action: Literal["init", "invite", "revoke"] = field(metadata=cli(positional=True))
-    """init: create the swarm CA here; invite: print a join token; revoke: refuse a node everywhere."""
-    node: str | None = field(default=None, metadata=cli(positional=True))
-    """The node id to revoke (revoke only)."""
-    role: Literal["worker", "gateway", "admin"] = "worker"
-    """What the invite's holder may be (invite only)."""
-    expires: str = "1h"
-    """How long the invite is valid: a number with s, m, h or d (invite only)."""
-    uses: int = 1
-    """How many nodes may join with the invite (invite only)."""
-    join_address: str | None = None
-    """host:port of the tracker's join port for the token (default: what the tracker last announced)."""
-    tracker: str = "127.0.0.1:7070"
-    """The tracker to send the revocation to (revoke only)."""
 
 
 def parse_duration(text: str) -> float:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,39 +21,15 @@ import numpy as np
 from meshnet.artifact.describe import describe_model
 from meshnet.bench.hops import probe_hops
 from meshnet.bench.remote import MeshnetLane
+from meshnet.bench.tls_config import TlsCostConfig
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
-from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.layers import split_evenly
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 PROMPT = tuple(range(10, 42))
 """32 token ids: a short, fixed prompt; the cost measured is the per-token path."""
-
-
-@dataclass(frozen=True)
-class TlsCostConfig:
-    """``meshnet bench-tls``: the cost of mTLS on the meshnet-N lane."""
-
-    data_dir: Path
-    """Slice cache, logs and the swarm CA the workers' identities are minted from."""
-    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
-    """Source GGUF the workers serve."""
-    shards: int = 3
-    """Workers in the route (meshnet-N)."""
-    tokens: int = 48
-    """Greedy tokens per measured request."""
-    rounds: int = 2
-    """Rounds per variant, alternating which goes first."""
-    probe_tokens: int = 16
-    """Decode steps of the per-link latency probe."""
-    threads: int = 1
-    """llama.cpp threads per worker."""
-    start_timeout_s: float = field(default=180.0, metadata=cli("start-timeout"))
-    """Seconds the workers of one round may take to be ready."""
-    out: Path = Path("bench-tls.json")
-    """Where the JSON result is written."""
 
 
 async def _one_round(config: TlsCostConfig, secure: bool) -> dict[str, float | None]:

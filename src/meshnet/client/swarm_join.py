@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -19,6 +19,7 @@ import grpc.aio
 
 from meshnet.core.addresses import require_loopback
 from meshnet.core.errors import FailedPrecondition, MeshnetError
+from meshnet.core.swarm_options import SecurityOptions
 from meshnet.protocol import services
 from meshnet.protocol import swarm_wire as wire
 from meshnet.protocol.status import error_from_rpc
@@ -41,18 +42,6 @@ RENEW_RETRY_S = 60.0
 RENEW_AT_FRACTION = 0.5
 """Renew once half a certificate's lifetime has passed: a tracker outage of up to half the
 lifetime never lets a node's certificate lapse."""
-
-
-@dataclass(frozen=True)
-class SecurityOptions:
-    """How a process proves who it is on the swarm's links."""
-
-    identity: Path | None = None
-    """Folder with key.pem, cert.pem and ca.pem (default: DATA_DIR/identity/ROLE, from --join)."""
-    join: str | None = None
-    """Join token from `meshnet swarm invite`; used when no current identity is stored."""
-    insecure: bool = field(default=False)
-    """Plaintext, unauthenticated gRPC: loopback development only (refused on any other bind)."""
 
 
 def resolve_security(
