@@ -134,28 +134,22 @@ async def start_tracker(
     services.add_tracker_servicer(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    join_server: grpc.aio.Server | None = None
-    target = f"{config.host}:{config.port}"
     try:
-        port = bind(server, target, None if security is None else security.link)
-        if security is not None:
-            security.refresh_revocations()
-            services.add_swarm_servicer(SwarmServicer(security, registry), server)
-            join_server, join_port = _join_server(config, security, registry)
+        port, join = _listen(server, config, security, registry)
     except RuntimeError as error:
         runner.close()
         raise Unavailable(f"the tracker cannot listen on {config.host}: {error}") from error
     await server.start()
-    if join_server is not None:
-        await join_server.start()
+    if join is not None:
+        await join[0].start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(_background(servicer, config, security))
     logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
-    if join_server is not None:
-        running.join_port, running.join_server = join_port, join_server
+    if join is not None:
+        running.join_server, running.join_port = join
     return running
 
 
@@ -165,6 +159,18 @@ async def _background(servicer: TrackerServicer, config: TrackerConfig, security
     if security is not None:
         tasks.append(security.keep_own_certificate_fresh())
     await asyncio.gather(*tasks)
+
+
+def _listen(
+    server: grpc.aio.Server, config: TrackerConfig, security: TrackerSecurity | None, registry: NodeRegistry
+) -> tuple[int, tuple[grpc.aio.Server, int] | None]:
+    """Bind the main port (mTLS when secured) and, secured, the join port: (port, join server)."""
+    port = bind(server, f"{config.host}:{config.port}", None if security is None else security.link)
+    if security is None:
+        return port, None
+    security.refresh_revocations()
+    services.add_swarm_servicer(SwarmServicer(security, registry), server)
+    return port, _join_server(config, security, registry)
 
 
 def _join_server(
