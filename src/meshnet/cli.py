@@ -237,6 +237,8 @@ def _expert_route(source: ModelDescription, config: GenerateConfig, cache: Slice
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.swarm_cli import node_security
     from meshnet.worker.config import WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
 
@@ -248,13 +250,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if "layers" not in given:
         raise InvalidArgument("meshnet worker needs --layers A:B (or --experts I/N for an expert-parallel node)")
     config = WorkerConfig(**given, data_dir=args.data_dir)
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "worker", (config.host, config.advertise, config.tracker))
 
     def ready(info: WorkerReady) -> None:
         # Tests and `meshnet up` read this line to learn the bound address.
         metrics = f" metrics=http://{info.metrics_address}/metrics" if info.metrics_address else ""
         print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
 
-    asyncio.run(serve_worker(config, on_ready=ready))
+    asyncio.run(serve_worker(config, on_ready=ready, security=security))
     return 0
 
 
@@ -286,16 +290,20 @@ def cmd_tracker(args: argparse.Namespace) -> int:
 def cmd_gateway(args: argparse.Namespace) -> int:
     import asyncio
 
+    from meshnet.core.swarm_options import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.gateway.main import run_gateway
+    from meshnet.swarm_cli import node_security
 
     computed = {"model": lambda: provisioned_model(args.data_dir)}
     config = config_from_arguments(GatewayProcessConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "gateway", (config.tracker,))
 
     def ready(url: str, model: str) -> None:
         print(f"meshnet gateway ready {url} model={model}", flush=True)
 
-    asyncio.run(run_gateway(config, on_ready=ready))
+    asyncio.run(run_gateway(config, on_ready=ready, security=security))
     return 0
 
 
@@ -357,11 +365,28 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``swarm`` group: each family of subcommands adds itself from its own module."""
     from meshnet.cli_api_keys import add_api_key_arguments
+    from meshnet.cli_identity import add_identity_arguments
     from meshnet.cli_quarantine import add_quarantine_arguments
 
     subcommands = parser.add_subparsers(dest="swarm_command", required=True, help="what to manage (required)")
+    add_identity_arguments(subcommands)
     add_api_key_arguments(subcommands)
     add_quarantine_arguments(subcommands)
+
+
+def cmd_bench_tls(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from meshnet.bench.tls_config import TlsCostConfig
+    from meshnet.bench.tls_cost import measure_tls_cost
+
+    computed = {"model": lambda: provisioned_model(args.data_dir)}
+    config = config_from_arguments(TlsCostConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
+    result = asyncio.run(measure_tls_cost(config))
+    config.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {config.out}: mTLS/insecure decode ratio {result.get('mtls_decode_ratio')}")
+    return 0
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -387,7 +412,9 @@ class Command:
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.bench.config import BenchConfig
+    from meshnet.bench.tls_config import TlsCostConfig
     from meshnet.client.artifact_fetch import FetchConfig
+    from meshnet.core.swarm_options import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
@@ -409,10 +436,13 @@ def _commands() -> dict[str, Command]:
         "fetch": Command(cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig,)),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
-        "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig,)),
+        "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig, SecurityOptions)),
         "tracker": Command(cmd_tracker, "register shards, choose routes, keep work records", (TrackerConfig,)),
         "gateway": Command(
-            cmd_gateway, "OpenAI-compatible HTTP API over the swarm", (GatewayProcessConfig,), skip=("data_dir",)
+            cmd_gateway,
+            "OpenAI-compatible HTTP API over the swarm",
+            (GatewayProcessConfig, SecurityOptions),
+            skip=("data_dir",),
         ),
         "lab": Command(
             cmd_lab, "a multi-host lab on this machine: namespaced, capped, shaped nodes", (LabArguments, LabConfig)
@@ -424,11 +454,16 @@ def _commands() -> dict[str, Command]:
             (BenchConfig, BenchOutputs),
             skip=("data_dir", "command"),
         ),
+        "bench-tls": Command(
+            cmd_bench_tls, "decode tok/s and per-link latency of meshnet-N, mTLS vs --insecure", (TlsCostConfig,)
+        ),
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
         ),
         "swarm": Command(
-            cmd_swarm, "manage this swarm's access: API keys, quarantined nodes", build=add_swarm_arguments
+            cmd_swarm,
+            "the swarm's identity and access: init the CA, invite and revoke nodes, API keys, quarantine",
+            build=add_swarm_arguments,
         ),
     }
 

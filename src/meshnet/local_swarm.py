@@ -32,6 +32,7 @@ from meshnet.gateway.keys import ensure_client_key, read_client_key
 from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
 from meshnet.process.ports import ensure_port_free
 from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
+from meshnet.security.identity import Role
 
 READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
@@ -68,6 +69,18 @@ class LocalSwarmConfig:
     """Requests the gateway serves at once; unset: the swarm's session slots."""
     max_queue: int | None = None
     """Requests the gateway queues for a slot (beyond: 503 + Retry-After); unset: 8 per slot."""
+    insecure: bool = False
+    """Plaintext gRPC between the components instead of mTLS (loopback development only)."""
+
+
+def _identity(config: LocalSwarmConfig, name: str, role: Role) -> tuple[str, ...]:
+    """The flags that give one component its swarm identity, minted from this data dir's CA."""
+    if config.insecure:
+        return ("--insecure",)
+    # Imported here: every command's parser imports this module, and only `up` needs the CA code.
+    from meshnet.security.swarm_dir import local_identity
+
+    return ("--identity", str(local_identity(config.data_dir, name, role, time.time())))
 
 
 def _child_env() -> dict[str, str]:
@@ -86,7 +99,12 @@ def _pin_port(spec: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
 
 
 def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
-    command = meshnet_command(config.data_dir, "tracker", "--port", "0", "--heartbeat-interval", "1")
+    command = meshnet_command(
+        config.data_dir,
+        "tracker",
+        *("--port", "0", "--join-port", "0", "--heartbeat-interval", "1"),
+        *(("--insecure",) if config.insecure else ()),
+    )
     spec = LaunchSpec("tracker", command, logs / "tracker.log", TRACKER_READY, _child_env())
     return Supervised(spec, pin=_pin_port)
 
@@ -98,6 +116,7 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
         *("--model", str(config.model), "--layers", str(layers), "--port", "0", "--tracker", tracker),
         *("--threads", str(config.threads), "--metrics-port", "0"),
         *(["--model-name", config.model_name] if config.model_name else []),
+        *_identity(config, f"worker-{layers.start}-{layers.stop}", "worker"),
     )
     log = logs / f"worker-{layers.start}-{layers.stop}.log"
     return Supervised(LaunchSpec(f"worker {layers}", command, log, WORKER_READY, _child_env()))
@@ -111,6 +130,7 @@ def _gateway(config: LocalSwarmConfig, logs: Path, tracker: str) -> Supervised:
         *(["--model-name", config.model_name] if config.model_name else []),
         *(["--max-in-flight", str(config.max_in_flight)] if config.max_in_flight is not None else []),
         *(["--max-queue", str(config.max_queue)] if config.max_queue is not None else []),
+        *_identity(config, "gateway", "gateway"),
     )
     return Supervised(LaunchSpec("gateway", command, logs / "gateway.log", GATEWAY_READY, _child_env()), pin=_pin_port)
 

@@ -40,6 +40,9 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.security.identity import Role
+from meshnet.security.swarm_dir import load_identity, local_identity
 
 MODEL_NAME = "tiny"
 TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tied_embeddings=False, seed=0)
@@ -107,7 +110,23 @@ class Swarm:
     gateways: list[Component] = field(default_factory=list)
     api_key: str = field(default_factory=new_api_key)
     """The client key every gateway of this swarm accepts (written to each one's data dir)."""
+    secure: bool = True
+    """mTLS on every link with identities minted from ``root``'s swarm CA (as ``meshnet up``)."""
     _count: int = 0
+    _security: LinkSecurity | None = None
+
+    @property
+    def security(self) -> LinkSecurity | None:
+        """A gateway identity for the test's own calls to the tracker and workers (None: plaintext)."""
+        if self.secure and self._security is None:
+            folder = local_identity(self.root, "test-client", "gateway", time.time())
+            self._security = LinkSecurity(load_identity(folder))
+        return self._security
+
+    def identity_flags(self, name: str, role: Role) -> tuple[str, ...]:
+        if not self.secure:
+            return ("--insecure",)
+        return ("--identity", str(local_identity(self.root, name, role, time.time())))
 
     def __enter__(self) -> Swarm:
         return self
@@ -141,6 +160,7 @@ class Swarm:
                 str(MISSED_HEARTBEATS),
                 "--shutdown-grace",
                 "0.5",
+                *(("--join-port", "0") if self.secure else ("--insecure",)),
             ),
             self._log("tracker"),
             TRACKER_READY,
@@ -183,6 +203,7 @@ class Swarm:
                 str(CONTEXT),
                 "--drain-grace",
                 "1",
+                *self.identity_flags(name, "worker"),
             )
             if program is not None:
                 command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet.cli
@@ -222,6 +243,7 @@ class Swarm:
                 "--port",
                 "0",
                 *([] if "--audit-fraction" in extra else ["--audit-fraction", "0"]),
+                *self.identity_flags(name, "gateway"),
                 *extra,
             ),
             self._log(name),
@@ -249,7 +271,7 @@ class Swarm:
         last: object = None
         while time.monotonic() < deadline:
             try:
-                models = asyncio.run(list_models(self.tracker_address))
+                models = asyncio.run(list_models(self.tracker_address, self.security))
                 last = models
                 summary = next((m for m in models if m.name == self.model_name), None)
                 if summary is not None and (summary.routable or not routable) and summary.nodes == nodes:
@@ -285,13 +307,13 @@ def give_api_key(data_dir: Path, key: str) -> None:
     (data_dir / CLIENT_KEY_FILE).chmod(0o600)
 
 
-async def list_models(tracker_address: str) -> tuple[ModelSummary, ...]:
-    async with TrackerClient(tracker_address, timeout_s=1.0) as client:
+async def list_models(tracker_address: str, security: LinkSecurity | None = None) -> tuple[ModelSummary, ...]:
+    async with TrackerClient(tracker_address, timeout_s=1.0, security=security) as client:
         return await client.list_models()
 
 
-async def _active_sessions(addresses: Sequence[str]) -> list[int]:
-    pool = ChannelPool(4 * 1024 * 1024)
+async def _active_sessions(addresses: Sequence[str], security: LinkSecurity | None) -> list[int]:
+    pool = ChannelPool(4 * 1024 * 1024, security)
     try:
         answers = await asyncio.gather(*(fetch_metrics(pool, address, timeout_s=1.0) for address in addresses))
         return [int(values["active_sessions"]) for values in answers]
@@ -299,15 +321,15 @@ async def _active_sessions(addresses: Sequence[str]) -> list[int]:
         await pool.close()
 
 
-def active_sessions(addresses: Sequence[str]) -> list[int]:
-    return asyncio.run(_active_sessions(addresses))
+def active_sessions(addresses: Sequence[str], security: LinkSecurity | None = None) -> list[int]:
+    return asyncio.run(_active_sessions(addresses, security))
 
 
-def wait_sessions_freed(addresses: Sequence[str], within_s: float) -> float:
+def wait_sessions_freed(addresses: Sequence[str], within_s: float, security: LinkSecurity | None = None) -> float:
     """Seconds until every worker reports 0 active sessions; AssertionError after ``within_s``."""
     started = time.monotonic()
     while True:
-        active = active_sessions(addresses)
+        active = active_sessions(addresses, security)
         elapsed = time.monotonic() - started
         if not any(active):
             return elapsed

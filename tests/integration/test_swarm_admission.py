@@ -106,7 +106,7 @@ def test_prompt_beyond_the_workers_context_is_400_before_any_work(swarm: Swarm, 
     }
     _assert_openai_error(_post(swarm, base_url, "/v1/completions", json=no_room), 400, "context_length_exceeded")
     assert time.monotonic() - started < 2.0
-    assert active_sessions(addresses) == [0] * len(addresses)
+    assert active_sessions(addresses, swarm.security) == [0] * len(addresses)
     fits = {"model": MODEL_NAME, "prompt": "a " * (CONTEXT // 2), "max_tokens": 16, "temperature": 0}
     assert _post(swarm, base_url, "/v1/completions", json=fits).status_code == 200
 
@@ -156,7 +156,7 @@ def test_burst_admits_exactly_max_in_flight(swarm: Swarm, base_url: str) -> None
                 assert headers.get("retry-after") in ("1", "2")  # the 1 s floor, jittered
                 assert httpx.Response(503, content=body).json()["error"]["code"] == "overloaded"
     # Closing the admitted streams cancels their routes: slots and worker sessions come back.
-    wait_sessions_freed([w.address for w in swarm.live_workers()], within_s=2.0)
+    wait_sessions_freed([w.address for w in swarm.live_workers()], within_s=2.0, security=swarm.security)
     deadline = time.monotonic() + 2.0
     while httpx.get(base_url + "/health", timeout=5).json()["in_flight"] and time.monotonic() < deadline:
         time.sleep(0.02)

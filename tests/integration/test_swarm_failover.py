@@ -171,8 +171,8 @@ async def _drive_with_pause(
     """Drive ``request`` with the swarm client itself; after ``kill_after`` tokens stop pulling,
     SIGKILL the middle hop and wait, so the route sees the death while idle between two steps."""
     frame_bytes = 4 * 1024 * 1024
-    pool = ChannelPool(frame_bytes)
-    tracker = TrackerClient(swarm.tracker_address)
+    pool = ChannelPool(frame_bytes, swarm.security)
+    tracker = TrackerClient(swarm.tracker_address, security=swarm.security)
     client = SwarmClient(tracker, pool, RouteDriver(pool, max_frame_bytes=frame_bytes), SwarmConfig())
     tokens: list[int] = []
     notes: list[object] = []
@@ -223,7 +223,7 @@ def test_w3_no_spare_ends_with_worker_lost_and_frees_sessions(swarm: Swarm, base
     to_done = result.items[-1].at - killer.killed_at  # type: ignore[operator]
     assert after[-1] is result.items[-1]
     survivors = [hop["address"] for hop in killer.hops if hop["address"] != killer.killed_address]
-    freed = wait_sessions_freed(survivors, FREED_WITHIN_S)
+    freed = wait_sessions_freed(survivors, FREED_WITHIN_S, swarm.security)
     print(
         f"\nW3: error {error['code']!r} and [DONE] {to_done * 1000:.0f} ms after the kill; "
         f"survivors idle {freed * 1000:.0f} ms after [DONE]"

@@ -86,6 +86,7 @@ async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio
         "1",
         "--log-level",
         "WARNING",
+        "--insecure",  # about durability, not security: plaintext on loopback
         stdout=asyncio.subprocess.PIPE,
         stderr=log.open("ab"),
     )

@@ -88,7 +88,9 @@ class WorkerSpec:
         ):
             if value is not None:
                 args += [flag, str(value)]
-        return [*args, *self.extra]
+        # These tests drive workers with raw, hand-made frames: plaintext on loopback. The secured
+        # paths are exercised by swarm_harness swarms and tests/integration/test_security_*.py.
+        return [*args, "--insecure", *self.extra]
 
 
 class RunningWorker(ChildProcess):

@@ -76,7 +76,7 @@ class FakeDriver:
         self.context = context
         self.histories: list[tuple[int, ...]] = []
 
-    async def capability(self, address: str) -> Capability:
+    async def capability(self, address: str, node_id: str | None = None) -> Capability:
         return Capability(self.context)
 
     async def run(self, session: Any, request: GenerationRequest, *, history: Sequence[int] = ()) -> AsyncIterator[Any]:
@@ -89,7 +89,7 @@ class FakeDriver:
 
 
 def client(tracker: FakeTracker, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, dead: set[str]) -> SwarmClient:
-    async def probe(pool: object, address: str, timeout_s: float = 0.0) -> Capability:
+    async def probe(pool: object, address: str, timeout_s: float = 0.0, node_id: str | None = None) -> Capability:
         if address.split(":")[0] in dead:
             raise Unavailable(f"{address} refused the connection")
         return Capability()

@@ -43,8 +43,8 @@ async def probe_hops(
     pool: ChannelPool, route: RouteSession, prompt: np.ndarray, n_tokens: int, *, max_frame_bytes: int, n_embd: int
 ) -> RouteProbe:
     """Prefill ``prompt``, decode ``n_tokens`` one by one, and report timings and wire bytes."""
-    stream = ShardStream(pool, route.hops[0].address, PROBE_TIMEOUT_S)
-    downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint) for h in route.hops[1:])
+    stream = ShardStream(pool, route.hops[0].address, PROBE_TIMEOUT_S, route.hops[0].node_id)
+    downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint, h.node_id) for h in route.hops[1:])
     rows = max(1, (max_frame_bytes - 65536) // (4 * n_embd))
     try:
         result: StepResult | None = None

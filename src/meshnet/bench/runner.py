@@ -27,7 +27,7 @@ from meshnet.bench.inprocess import CachedLane, RecomputeLane
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import CpuSample, Drift, LaneResult, Measures
 from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
-from meshnet.bench.workers import WorkerOptions, WorkerSet
+from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
@@ -76,7 +76,7 @@ class LaneSet:
         self.model = model
         self.n_layers = model.n_layers
         self.progress = progress
-        self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
+        self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
         self.llama = config.llama_config()
         self.lanes = [LaneState(name) for name in config.lane_names()]

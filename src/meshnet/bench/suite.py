@@ -44,7 +44,7 @@ from meshnet.bench.runner import (
     run_rounds,
 )
 from meshnet.bench.stats import RunRecord
-from meshnet.bench.workers import WorkerOptions, WorkerSet
+from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.bench.workload import build_prompts, context_prompts
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
@@ -245,7 +245,7 @@ async def _context_route(
     stack: AsyncExitStack, config: BenchConfig, lane: LaneName, n_layers: int, room: int, timeout_s: float
 ) -> CachedRunner:
     """The context phase's cached lane as worker processes: one session each, ``room`` positions."""
-    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
     stack.push_async_callback(pool.close)
     options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
     workers = WorkerSet(f"context-{lane}", split_evenly(n_layers, lane.shards), options, config.worker_start_timeout_s)

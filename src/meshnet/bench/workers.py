@@ -9,6 +9,7 @@ killed bench never leaves a process behind.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.security.swarm_dir import load_identity, local_identity
 
 READY_PREFIX = "meshnet worker ready "
 STOP_GRACE_S = 5.0
@@ -32,11 +35,27 @@ class WorkerOptions:
     max_sessions: int
     context: int
     prefill_chunk: int
+    secure: bool = True
+    """mTLS on every link, as a deployed swarm runs; False: ``--insecure`` (loopback plaintext)."""
+
+
+def client_security(data_dir: Path, secure: bool = True) -> LinkSecurity | None:
+    """The bench's own (gateway-role) identity from the data dir's swarm CA, or None for plaintext."""
+    if not secure:
+        return None
+    return LinkSecurity(load_identity(local_identity(data_dir, "bench-client", "gateway", time.time())))
+
+
+def _identity_flags(options: WorkerOptions, name: str) -> tuple[str, ...]:
+    if not options.secure:
+        return ("--insecure",)
+    return ("--identity", str(local_identity(options.data_dir, name, "worker", time.time())))
 
 
 def _spec(layers: LayerRange, options: WorkerOptions, log_path: Path) -> LaunchSpec:
     command = (
         *meshnet_command(options.data_dir, "worker"),
+        *_identity_flags(options, log_path.stem),
         *("--model", str(options.model), "--layers", f"{layers.start}:{layers.stop}", "--port", "0"),
         *("--threads", str(options.threads), "--max-sessions", str(options.max_sessions)),
         *("--context", str(options.context), "--prefill-chunk", str(options.prefill_chunk)),

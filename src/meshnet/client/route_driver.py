@@ -69,10 +69,10 @@ class RouteDriver:
         self._max_frame_bytes = max_frame_bytes
         self._capabilities: dict[str, CapabilityInfo] = {}
 
-    async def capability(self, address: str) -> CapabilityInfo:
+    async def capability(self, address: str, node_id: str | None = None) -> CapabilityInfo:
         cached = self._capabilities.get(address)
         if cached is None:
-            cached = await fetch_capability(self._pool, address)
+            cached = await fetch_capability(self._pool, address, node_id=node_id)
             self._capabilities[address] = cached
         return cached
 
@@ -92,8 +92,8 @@ class RouteDriver:
             raise InvalidArgument("a route needs at least one hop")
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
-        head_capability = await self.capability(head.address)
-        stream = ShardStream(self._pool, head.address, _remaining(deadline))
+        head_capability = await self.capability(head.address, head.node_id)
+        stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
         try:
             async for event in self._generate(route, request, history, deadline, stream, head_capability):
                 yield event
@@ -152,7 +152,7 @@ class _Run:
 
 async def _prefill(run: _Run, chunks: Sequence[PrefillChunk], *, last_continues: bool) -> StepResult | None:
     """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
-    downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint) for h in run.route.hops[1:])
+    downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint, h.node_id) for h in run.route.hops[1:])
     result: StepResult | None = None
     for step, chunk in enumerate(chunks):
         frame = StepFrame(

@@ -17,9 +17,11 @@ from meshnet.protocol.status import error_from_rpc
 ADMIN_TIMEOUT_S = 2.0
 
 
-async def fetch_capability(pool: ChannelPool, address: str, timeout_s: float = ADMIN_TIMEOUT_S) -> CapabilityInfo:
+async def fetch_capability(
+    pool: ChannelPool, address: str, timeout_s: float = ADMIN_TIMEOUT_S, node_id: str | None = None
+) -> CapabilityInfo:
     try:
-        message = await pool.stub(address).GetCapability(capability_request_to_proto(), timeout=timeout_s)
+        message = await pool.stub(address, node_id).GetCapability(capability_request_to_proto(), timeout=timeout_s)
     except grpc.RpcError as error:
         raise error_from_rpc(error) from None
     return capability_from_proto(message)

@@ -19,6 +19,7 @@ from meshnet.protocol import services
 from meshnet.protocol.frames import StepFrame, StepResult
 from meshnet.protocol.shard_wire import frame_to_proto, result_from_proto
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
 
 
 def channel_options(max_frame_bytes: int) -> list[tuple[str, Any]]:
@@ -42,21 +43,35 @@ def channel_options(max_frame_bytes: int) -> list[tuple[str, Any]]:
 
 
 class ChannelPool:
-    """One channel per peer address, reused by every session stream to that peer."""
+    """One channel per peer (address and the node expected there), reused by every stream to it.
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    Secured, each channel pins the node id the route names for that address in the TLS
+    handshake (``protocol.tls``), so a different node at that address fails the handshake."""
+
+    def __init__(self, max_frame_bytes: int, security: LinkSecurity | None = None) -> None:
         self._options = channel_options(max_frame_bytes)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._security = security
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        self._retired: list[grpc.aio.Channel] = []
+        self._generation = 0 if security is None else security.generation
 
-    def stub(self, address: str) -> services.ShardStub:
-        channel = self._channels.get(address)
+    def stub(self, address: str, node_id: str | None = None) -> services.ShardStub:
+        if self._security is not None and self._security.generation != self._generation:
+            # A renewed certificate: new streams go over new channels; the old ones serve the
+            # streams already on them and close with the pool.
+            self._generation = self._security.generation
+            self._retired += self._channels.values()
+            self._channels = {}
+        key = (address, node_id or "")
+        channel = self._channels.get(key)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-            self._channels[address] = channel
+            channel = secure_or_plain_channel(address, self._security, hop_server_name(node_id), self._options)
+            self._channels[key] = channel
         return services.ShardStub(channel)
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
+        channels, self._channels = [*self._retired, *self._channels.values()], {}
+        self._retired = []
         await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
 
 
@@ -78,9 +93,9 @@ class _EndedCall(grpc.RpcError):
 
 
 class ShardStream:
-    def __init__(self, pool: ChannelPool, address: str, timeout: float | None) -> None:
+    def __init__(self, pool: ChannelPool, address: str, timeout: float | None, node_id: str | None = None) -> None:
         self.address = address
-        self._call = pool.stub(address).Session(timeout=timeout)
+        self._call = pool.stub(address, node_id).Session(timeout=timeout)
 
     async def exchange(self, frame: StepFrame) -> StepResult:
         """Send one frame and wait for the next shard's answer to it."""

@@ -169,7 +169,7 @@ class SwarmClient:
 
     async def _check_context(self, route: Route, request: GenerationRequest) -> None:
         answers = await asyncio.gather(
-            *(self._driver.capability(hop.address) for hop in route.hops),
+            *(self._driver.capability(hop.address, hop.node_id) for hop in route.hops),
             return_exceptions=True,
         )
         known = []
@@ -222,14 +222,14 @@ class SwarmClient:
             raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:
-        async def alive(address: str) -> bool:
+        async def alive(address: str, node_id: str) -> bool:
             try:
-                await fetch_capability(self._pool, address, timeout_s=PROBE_TIMEOUT_S)
+                await fetch_capability(self._pool, address, timeout_s=PROBE_TIMEOUT_S, node_id=node_id)
                 return True
             except MeshnetError:
                 return False
 
-        answers = await asyncio.gather(*(alive(h.address) for h in route.hops))
+        answers = await asyncio.gather(*(alive(h.address, h.node_id) for h in route.hops))
         return {hop.node_id for hop, ok in zip(route.hops, answers, strict=True) if not ok}
 
 

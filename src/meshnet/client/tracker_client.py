@@ -39,6 +39,7 @@ from meshnet.core.tracking import (
 from meshnet.protocol import services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import TRACKER_NAME, LinkSecurity, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class TrackerClient:
         address: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        credentials: grpc.ChannelCredentials | None = None,
+        security: LinkSecurity | None = None,
     ) -> None:
         self.address = address
         self._timeout_s = timeout_s
@@ -91,11 +92,12 @@ class TrackerClient:
             ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(address, options=options)
-        else:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
+        self._security = security
+        self._options = options
+        self._generation = 0 if security is None else security.generation
+        self._channel = secure_or_plain_channel(address, security, TRACKER_NAME, options)
         self._stub = services.TrackerStub(self._channel)
+        self._retired: list[grpc.aio.Channel] = []
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -104,7 +106,18 @@ class TrackerClient:
         await self.close()
 
     async def close(self) -> None:
+        for retired in self._retired:
+            await retired.close()
         await self._channel.close()
+
+    def _current_stub(self) -> services.TrackerStub:
+        """The stub over a channel made with this process's current certificate."""
+        if self._security is not None and self._security.generation != self._generation:
+            self._generation = self._security.generation
+            self._retired.append(self._channel)
+            self._channel = secure_or_plain_channel(self.address, self._security, TRACKER_NAME, self._options)
+            self._stub = services.TrackerStub(self._channel)
+        return self._stub
 
     async def register(
         self,
@@ -114,11 +127,11 @@ class TrackerClient:
         timeout_s: float | None = None,
     ) -> Registered:
         request = wire.registration_to_proto(registration, node_id_hint)
-        return wire.registered_from_proto(await self._call(self._stub.Register, request, timeout_s))
+        return wire.registered_from_proto(await self._call(self._current_stub().Register, request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
         request = wire.heartbeat_to_proto(node_id, load)
-        return wire.heartbeat_status_from_proto(await self._call(self._stub.Heartbeat, request, timeout_s))
+        return wire.heartbeat_status_from_proto(await self._call(self._current_stub().Heartbeat, request, timeout_s))
 
     async def choose_route(
         self,
@@ -132,20 +145,20 @@ class TrackerClient:
         """A route for ``model`` (name or fingerprint). With ``start_layer`` (failover of a
         sub-span), pass the current route's fingerprint as ``model`` and keep its earlier hops."""
         request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude), start_layer))
-        return wire.route_from_proto(await self._call(self._stub.ChooseRoute, request, timeout_s))
+        return wire.route_from_proto(await self._call(self._current_stub().ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
-        reply = await self._call(self._stub.ReportWork, wire.work_to_proto(record), timeout_s)
+        reply = await self._call(self._current_stub().ReportWork, wire.work_to_proto(record), timeout_s)
         return wire.work_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
-        reply = await self._call(self._stub.ListModels, wire.list_models_request_to_proto(), timeout_s)
+        reply = await self._call(self._current_stub().ListModels, wire.list_models_request_to_proto(), timeout_s)
         models, _epoch = wire.models_from_proto(reply)
         return models
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
-        reply = await self._call(self._stub.Deregister, wire.deregister_to_proto(node_id), timeout_s)
+        reply = await self._call(self._current_stub().Deregister, wire.deregister_to_proto(node_id), timeout_s)
         return wire.deregistered_from_proto(reply).known
 
     async def quarantine(self, order: QuarantineOrder, *, timeout_s: float | None = None) -> Quarantined:
@@ -170,6 +183,7 @@ async def heartbeat_loop(
     on_registered: Callable[[Registered], None] | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_probe: Callable[[tuple[str, ...]], None] | None = None,
+    on_revoked: Callable[[frozenset[str]], None] | None = None,
 ) -> None:
     """Keep ``registration`` routable until ``stop_event`` is set, then deregister.
 
@@ -177,7 +191,7 @@ async def heartbeat_loop(
     the node id) whenever the tracker says it forgot us, which is how a worker rejoins after
     a tracker restart. An unreachable tracker is logged and retried; it never stops the worker.
     """
-    membership = _Membership(client, registration, load_fn, on_registered, on_probe)
+    membership = _Membership(client, registration, load_fn, on_registered, on_probe, on_revoked)
     last_epoch: int | None = None
     while not stop_event.is_set():
         try:
@@ -208,8 +222,10 @@ class _Membership:
         load_fn: Callable[[], NodeLoad],
         on_registered: Callable[[Registered], None] | None,
         on_probe: Callable[[tuple[str, ...]], None] | None,
+        on_revoked: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self._client = client
+        self._on_revoked = on_revoked
         self._registration = registration
         self._load_fn = load_fn
         self._on_registered = on_registered
@@ -231,6 +247,8 @@ class _Membership:
             return None
         if self._on_probe is not None:
             self._on_probe(status.probe)
+        if self._on_revoked is not None:
+            self._on_revoked(frozenset(status.revoked))
         return status.epoch
 
     async def _register(self) -> int:

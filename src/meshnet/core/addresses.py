@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from meshnet.core.errors import InvalidArgument
+from meshnet.core.errors import FailedPrecondition, InvalidArgument
 
 
 def check_advertise_address(address: str, *, flag: str = "advertise") -> None:
@@ -25,3 +25,25 @@ def check_advertise_address(address: str, *, flag: str = "advertise") -> None:
         unspecified = False  # a host name: resolvable only at dial time
     if unspecified:
         raise InvalidArgument(f"{flag} {address!r} is a wildcard, not routable: give the IP or name peers reach")
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and every 127.0.0.0/8 or ::1 address; a name or wildcard is not."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_loopback(addresses: tuple[str, ...], *, flag: str = "--insecure") -> None:
+    """Refuse plaintext anywhere something off this machine could reach it or be reached."""
+    for address in addresses:
+        host = address.rpartition(":")[0] if ":" in address else address
+        if not is_loopback_host(host):
+            raise FailedPrecondition(
+                f"{flag} is for loopback development only, and {address} is not loopback: "
+                "run `meshnet swarm init` and join nodes with `meshnet swarm invite` tokens instead"
+            )

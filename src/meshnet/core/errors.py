@@ -134,3 +134,15 @@ class EngineError(MeshnetError):
     """llama.cpp returned an error for a batch."""
 
     code = "engine_error"
+
+
+class Unauthenticated(MeshnetError):
+    """No usable identity: no client certificate, one from another CA, expired or revoked."""
+
+    code = "unauthenticated"
+
+
+class PermissionDenied(MeshnetError):
+    """A known peer asking for what its role or identity does not allow."""
+
+    code = "permission_denied"

@@ -159,7 +159,8 @@ class _Run:
         if isinstance(event, RouteHealth):
             health = {"status": event.status, "reason": event.reason}
             return self.telemetry("route_health", health), False
-        logger.warning("ignoring unknown generation event %r", event)
+        # The type only: an event's fields can carry generated tokens, which never go to logs.
+        logger.warning("ignoring unknown generation event %s", type(event).__name__)
         return [], False
 
     def _token(self, event: TokenGenerated) -> tuple[list[DriverItem], bool]:
@@ -268,7 +269,7 @@ async def _let_route_end(events: AsyncIterator[GenerationEvent], grace_seconds: 
     try:
         async with asyncio.timeout(grace_seconds):
             extra = await anext(events)
-        logger.warning("the route sent %r after Finished; closing it", extra)
+        logger.warning("the route sent %s after Finished; closing it", type(extra).__name__)
     except (StopAsyncIteration, TimeoutError):
         pass
     except Exception:

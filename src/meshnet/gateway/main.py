@@ -20,6 +20,7 @@ from meshnet.client.outbox import WorkOutbox
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.swarm import SwarmClient, SwarmConfig
+from meshnet.client.swarm_join import renew_forever
 from meshnet.client.tracker_client import TrackerClient
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.gateway.app import create_app
@@ -27,6 +28,7 @@ from meshnet.gateway.config import GatewayProcessConfig
 from meshnet.gateway.keys import ApiKeyStore, store_path
 from meshnet.gateway.server import GatewayServer
 from meshnet.gateway.swarm_adapter import SwarmGenerator
+from meshnet.protocol.tls import LinkSecurity
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +37,19 @@ def outbox_path(data_dir: Path) -> Path:
     return data_dir / "gateway" / "outbox.sqlite3"
 
 
-async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, str], None] | None = None) -> None:
+async def run_gateway(
+    config: GatewayProcessConfig,
+    *,
+    on_ready: Callable[[str, str], None] | None = None,
+    security: LinkSecurity | None = None,
+) -> None:
     description = describe_model(config.model)
     name = config.model_name or description.name
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = await asyncio.to_thread(partial(Tokenizer, description, chat_template=template))
     outbox = WorkOutbox(outbox_path(config.data_dir))
-    tracker = TrackerClient(config.tracker)
-    pool = ChannelPool(config.max_frame_bytes)
+    tracker = TrackerClient(config.tracker, security=security)
+    pool = ChannelPool(config.max_frame_bytes, security)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
     auditor = Auditor(tracker, driver, AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue))
     swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox, auditor=auditor)
@@ -66,6 +73,8 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
         tls_cert=config.http.tls_cert,
         tls_key=config.http.tls_key,
     )
+    stop_renewing = asyncio.Event()
+    renewal = None if security is None else asyncio.create_task(renew_forever(config.tracker, security, stop_renewing))
     try:
         swarm.reports.replay()
         auditor.start()
@@ -76,6 +85,9 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
             on_ready(f"{scheme}://{config.http.host}:{port}", name)
         await server.wait()
     finally:
+        stop_renewing.set()
+        if renewal is not None:
+            await renewal
         await server.stop()
         await auditor.stop()
         await swarm.drain_reports()

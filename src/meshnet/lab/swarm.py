@@ -6,6 +6,7 @@ byte between nodes crosses a shaped link with its delay.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from meshnet.lab.lab import (
 )
 from meshnet.lab.plan import LabNode
 from meshnet.process.launcher import meshnet_command
+from meshnet.security.identity import Role
+from meshnet.security.swarm_dir import local_identity
 from meshnet.session.admission import kv_bytes_per_session
 from meshnet.tracker.placement import LayerCosts, plan_ranges
 
@@ -118,6 +121,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
             "--port",
             str(GATEWAY_PORT),
             *_name(lab),
+            *_identity(lab, "gateway", "gateway"),
         ),
         "meshnet gateway ready",
         role="control",
@@ -158,10 +162,19 @@ def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> 
             "--max-sessions",
             str(lab.config.sessions),
             *_name(lab),
+            *_identity(lab, f"worker-n{node.index}", "worker"),
         ),
         "meshnet worker ready",
     )
     return address
+
+
+def _identity(lab: Lab, name: str, role: Role) -> list[str]:
+    """Every lab link is mTLS (nodes bind non-loopback addresses): mint from the head's swarm CA."""
+    if lab.plan is None:
+        raise RuntimeError("build the lab before starting a swarm")
+    ca_dir = lab.node_data_dir(lab.plan.nodes[0])
+    return ["--identity", str(local_identity(ca_dir, name, role, time.time()))]
 
 
 def _name(lab: Lab) -> list[str]:

@@ -149,10 +149,14 @@ class HopSpec:
     address: str
     layers: LayerRange
     fingerprint: str
+    node_id: str = ""
+    """The node the route put here, pinned in the TLS handshake; empty on an unsecured swarm."""
 
     def __post_init__(self) -> None:
         _check_text("hop address", self.address, MAX_ADDRESS_CHARS)
         _check_text("hop fingerprint", self.fingerprint, MAX_ID_CHARS)
+        if len(self.node_id) > MAX_ID_CHARS:
+            raise InvalidArgument(f"hop node id is longer than {MAX_ID_CHARS} characters")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ below are re-exported for the servicers' method signatures; use them qualified
 
 from __future__ import annotations
 
-from meshnet.protocol.generated import artifact_pb2_grpc, shard_pb2_grpc, tracker_pb2_grpc
+from meshnet.protocol.generated import artifact_pb2_grpc, shard_pb2_grpc, swarm_pb2_grpc, tracker_pb2_grpc
 from meshnet.protocol.generated.artifact_pb2 import (
     ArtifactAdvertisement,
     ArtifactAdvertisementAck,
@@ -29,6 +29,13 @@ from meshnet.protocol.generated.shard_pb2 import (
     ReleaseResponse,
     StepRequest,
     StepResponse,
+)
+from meshnet.protocol.generated.swarm_pb2 import (
+    SwarmCertificateReply,
+    SwarmJoinRequest,
+    SwarmRenewRequest,
+    SwarmRevokeReply,
+    SwarmRevokeRequest,
 )
 from meshnet.protocol.generated.tracker_pb2 import (
     DeregisterReply,
@@ -51,6 +58,7 @@ ARTIFACTS_SERVICE = "meshnet.v1.Artifacts"
 ARTIFACT_DIRECTORY_SERVICE = "meshnet.v1.ArtifactDirectory"
 SHARD_SERVICE = "meshnet.v1.Shard"
 TRACKER_SERVICE = "meshnet.v1.Tracker"
+SWARM_SERVICE = "meshnet.v1.Swarm"
 """Full service names, as health checks and retry policies name them."""
 
 ShardServicer = shard_pb2_grpc.ShardServicer
@@ -69,10 +77,15 @@ ArtifactDirectoryServicer = artifact_pb2_grpc.ArtifactDirectoryServicer
 ArtifactDirectoryStub = artifact_pb2_grpc.ArtifactDirectoryStub
 add_artifact_directory_servicer = artifact_pb2_grpc.add_ArtifactDirectoryServicer_to_server
 
+SwarmServicer = swarm_pb2_grpc.SwarmServicer
+SwarmStub = swarm_pb2_grpc.SwarmStub
+add_swarm_servicer = swarm_pb2_grpc.add_SwarmServicer_to_server
+
 __all__ = [
     "ARTIFACTS_SERVICE",
     "ARTIFACT_DIRECTORY_SERVICE",
     "SHARD_SERVICE",
+    "SWARM_SERVICE",
     "TRACKER_SERVICE",
     "ArtifactAdvertisement",
     "ArtifactAdvertisementAck",
@@ -108,6 +121,13 @@ __all__ = [
     "ShardStub",
     "StepRequest",
     "StepResponse",
+    "SwarmCertificateReply",
+    "SwarmJoinRequest",
+    "SwarmRenewRequest",
+    "SwarmRevokeReply",
+    "SwarmRevokeRequest",
+    "SwarmServicer",
+    "SwarmStub",
     "TrackerServicer",
     "TrackerStub",
     "WorkAck",
@@ -115,5 +135,6 @@ __all__ = [
     "add_artifact_directory_servicer",
     "add_artifacts_servicer",
     "add_shard_servicer",
+    "add_swarm_servicer",
     "add_tracker_servicer",
 ]

@@ -94,7 +94,9 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     header.checksum = crc
     header.deadline_ms = meta.deadline_ms or 0
     for hop in frame.downstream:
-        message.downstream.add(address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint)
+        message.downstream.add(
+            address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint, node_id=hop.node_id
+        )
     if frame.sampling is not None:
         message.sampling.CopyFrom(_sampling_to_proto(frame.sampling))
     if frame.continuation is not None:
@@ -122,7 +124,8 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
             f"the frame lists {len(message.downstream)} downstream hops; at most {limits.max_hops} are allowed"
         )
     downstream = tuple(
-        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint) for hop in message.downstream
+        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint, hop.node_id)
+        for hop in message.downstream
     )
     sampling = None
     if message.HasField("sampling"):

@@ -22,7 +22,9 @@ from meshnet.core.errors import (
     IntegrityError,
     InvalidArgument,
     MeshnetError,
+    PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 
@@ -40,6 +42,8 @@ _STATUS_BY_TYPE: tuple[tuple[type[MeshnetError], grpc.StatusCode], ...] = (
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (Cancelled, grpc.StatusCode.CANCELLED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )
 # Without our metadata (the library itself, a proxy, a peer of another version) the status alone
 # decides; the library's RESOURCE_EXHAUSTED is a message over the size limit, which fits too.

@@ -178,11 +178,15 @@ def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
 
 
 def heartbeat_status_to_proto(status: HeartbeatStatus) -> pb.HeartbeatReply:
-    return pb.HeartbeatReply(known=status.known, epoch=status.epoch, probe=status.probe)
+    return pb.HeartbeatReply(
+        known=status.known, epoch=status.epoch, probe=status.probe, revoked_node_ids=status.revoked
+    )
 
 
 def heartbeat_status_from_proto(message: pb.HeartbeatReply) -> HeartbeatStatus:
-    return HeartbeatStatus(message.known, message.epoch, tuple(message.probe[:MAX_PEERS]))
+    return HeartbeatStatus(
+        message.known, message.epoch, tuple(message.probe[:MAX_PEERS]), tuple(message.revoked_node_ids)
+    )
 
 
 # --- ChooseRoute --------------------------------------------------------------------------------

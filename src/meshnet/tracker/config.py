@@ -32,10 +32,15 @@ class TrackerConfig:
     """Seconds after which a session's sticky route is forgotten without a route request."""
     shutdown_grace_s: float = field(default=5.0, metadata=cli("shutdown-grace"))
     """Seconds in-flight calls may take to finish after shutdown starts."""
+    join_port: int = 7071
+    """TCP port of the join service: TLS without a client certificate, serving only Join (0: any)."""
+    insecure: bool = False
+    """Plaintext, unauthenticated gRPC and no join port: loopback development only."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise InvalidArgument(f"port must be in [0, 65535], got {self.port}")
+        for name in ("port", "join_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise InvalidArgument(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "session_ttl_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

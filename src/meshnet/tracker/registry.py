@@ -27,6 +27,7 @@ from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route, RouteQuery
+from meshnet.tracker.claims import credible_views
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     LatencyTable,
@@ -122,7 +123,8 @@ class NodeRegistry:
         return self._nodes.get(node_id)
 
     def node_views(self) -> tuple[NodeView, ...]:
-        return tuple(entry.view() for entry in self._nodes.values())
+        # Self-declared speeds are checked against the recipe's other nodes (tracker.claims).
+        return credible_views(tuple(entry.view() for entry in self._nodes.values()))
 
     def register(self, registration: NodeRegistration, node_id_hint: NodeId | None = None) -> NodeId:
         """Add a node and return its id: the hint when it is free or already this address's."""

@@ -22,14 +22,22 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from meshnet.core.addresses import require_loopback
 from meshnet.core.config_flags import add_config_arguments, given_arguments
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol import services
+from meshnet.protocol.tls import bind
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.store import SqliteTrackerStore
+from meshnet.tracker.swarm_service import (
+    SwarmServicer,
+    TrackerSecurity,
+    load_tracker_security,
+    write_join_address,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +60,22 @@ class RunningTracker:
         self.config = config
         self.registry: NodeRegistry | None = None
         self.port = port
+        self.join_port: int | None = None
+        """Where the join service listens (secured trackers only)."""
         self._server = server
         self._health = health_servicer
         self._store = store
         self._sweeper = sweeper
         self._stopped = False
+        self.join_server: grpc.aio.Server | None = None
 
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
+
+    @property
+    def join_address(self) -> str | None:
+        return None if self.join_port is None else f"{self.config.host}:{self.join_port}"
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop; safe to call twice."""
@@ -72,6 +87,8 @@ class RunningTracker:
         self._sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._sweeper
+        if self.join_server is not None:
+            await self.join_server.stop(0)
         await self._server.stop(self.config.shutdown_grace_s if grace_s is None else grace_s)
         await asyncio.to_thread(self._store.close)
         logger.info("tracker on %s stopped", self.address)
@@ -81,9 +98,19 @@ class RunningTracker:
 
 
 async def start_tracker(
-    config: TrackerConfig, *, clock: Clock = time.monotonic, wall_clock: Clock = time.time
+    config: TrackerConfig,
+    *,
+    clock: Clock = time.monotonic,
+    wall_clock: Clock = time.time,
+    security: TrackerSecurity | None = None,
 ) -> RunningTracker:
-    """Open the store, restore the epoch, and start serving on ``config.host:config.port``."""
+    """Open the store, restore the epoch, and start serving on ``config.host:config.port``.
+
+    With ``security``, the main port requires a swarm client certificate on every call and a
+    second port (``join_port``) serves only Join; without, plaintext, and only on loopback.
+    """
+    if security is None:
+        require_loopback((config.host,))
     store = SqliteTrackerStore(config.db_path)
     # A restart forgets every live node, which is itself a membership change: start one past
     # the stored epoch so no epoch handed out before the crash is ever reused for another view.
@@ -98,7 +125,7 @@ async def start_tracker(
         quarantined=store.quarantined_nodes(),
     )
     runner = StoreRunner(store)
-    servicer = TrackerServicer(registry, runner, wall_clock)
+    servicer = TrackerServicer(registry, runner, wall_clock, None if security is None else security.link)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -110,20 +137,53 @@ async def start_tracker(
     add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    target = f"{config.host}:{config.port}"
     try:
-        port = server.add_insecure_port(target)
+        port, join = _listen(server, config, security, registry)
     except RuntimeError as error:
         runner.close()
-        raise Unavailable(f"the tracker cannot listen on {target}: {error}") from error
+        raise Unavailable(f"the tracker cannot listen on {config.host}: {error}") from error
     await server.start()
+    if join is not None:
+        await join[0].start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    sweeper = asyncio.create_task(servicer.sweep_forever(config.heartbeat_interval_s / 4))
+    sweeper = asyncio.create_task(_background(servicer, config, security))
     logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
+    if join is not None:
+        running.join_server, running.join_port = join
     return running
+
+
+async def _background(servicer: TrackerServicer, config: TrackerConfig, security: TrackerSecurity | None) -> None:
+    """Expiry sweeps, and on a secured tracker the freshness of its own certificate."""
+    tasks = [servicer.sweep_forever(config.heartbeat_interval_s / 4)]
+    if security is not None:
+        tasks.append(security.keep_own_certificate_fresh())
+    await asyncio.gather(*tasks)
+
+
+def _listen(
+    server: grpc.aio.Server, config: TrackerConfig, security: TrackerSecurity | None, registry: NodeRegistry
+) -> tuple[int, tuple[grpc.aio.Server, int] | None]:
+    """Bind the main port (mTLS when secured) and, secured, the join port: (port, join server)."""
+    port = bind(server, f"{config.host}:{config.port}", None if security is None else security.link)
+    if security is None:
+        return port, None
+    security.refresh_revocations()
+    services.add_swarm_servicer(SwarmServicer(security, registry), server)
+    return port, _join_server(config, security, registry)
+
+
+def _join_server(
+    config: TrackerConfig, security: TrackerSecurity, registry: NodeRegistry
+) -> tuple[grpc.aio.Server, int]:
+    """The port a node without a certificate can reach: TLS (server side only), Join only."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024), ("grpc.so_reuseport", 0)])
+    services.add_swarm_servicer(SwarmServicer(security, registry), server)
+    credentials = security.link.server_credentials(require_client_cert=False)
+    return server, server.add_secure_port(f"{config.host}:{config.join_port}", credentials)
 
 
 async def serve_tracker(
@@ -131,9 +191,10 @@ async def serve_tracker(
     *,
     stop_event: asyncio.Event | None = None,
     on_ready: Callable[[RunningTracker], None] | None = None,
+    security: TrackerSecurity | None = None,
 ) -> None:
     """Serve until ``stop_event`` is set or the process gets SIGTERM/SIGINT, then drain."""
-    running = await start_tracker(config)
+    running = await start_tracker(config, security=security)
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
@@ -167,7 +228,15 @@ def run_tracker(args: argparse.Namespace) -> int:
     """Run a tracker from parsed ``add_tracker_arguments`` flags; returns the exit status."""
     try:
         config = config_from_args(args)
-        asyncio.run(serve_tracker(config, on_ready=_announce))
+        data_dir = Path(getattr(args, "data_dir", "."))
+        security = None if config.insecure else load_tracker_security(data_dir, time.time())
+
+        def announce(running: RunningTracker) -> None:
+            if running.join_address is not None:
+                write_join_address(data_dir, running.join_address)
+            _announce(running)
+
+        asyncio.run(serve_tracker(config, on_ready=announce, security=security))
     except MeshnetError as error:
         print(f"meshnet tracker: {error.message}", file=sys.stderr)
         return 2
@@ -187,3 +256,5 @@ def tracker_main(argv: Sequence[str] | None = None) -> int:
 def _announce(running: RunningTracker) -> None:
     # The CLI's own output: scripts and tests wait for this line to learn the bound port.
     print(f"meshnet tracker listening on {running.address}", flush=True)
+    if running.join_address is not None:
+        print(f"meshnet tracker join port on {running.join_address}", flush=True)

@@ -18,10 +18,14 @@ from typing import Any, TypeVar
 import grpc
 
 from meshnet.core.errors import MeshnetError
+from meshnet.core.ids import NodeId
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.protocol import services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import abort_with
+from meshnet.protocol.tls import LinkSecurity, enforce
+from meshnet.security.identity import PeerIdentity
+from meshnet.security.policy import authorize_tracker
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.store import TrackerStore
 
@@ -67,8 +71,12 @@ class StoreRunner:
 
 
 class TrackerServicer(services.TrackerServicer):
-    def __init__(self, registry: NodeRegistry, store: StoreRunner, wall_clock: Clock) -> None:
+    def __init__(
+        self, registry: NodeRegistry, store: StoreRunner, wall_clock: Clock, security: LinkSecurity | None = None
+    ) -> None:
         self._registry = registry
+        self._security = security
+        """None only on a loopback development tracker (``--insecure``): then nobody is checked."""
         self._store = store
         self._wall_clock = wall_clock
         self._saved_epoch = registry.epoch
@@ -85,11 +93,26 @@ class TrackerServicer(services.TrackerServicer):
             # cancelled caller does not cancel a write another reply is waiting for.
             await asyncio.shield(self._epoch_write)
 
+    def admit(self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None) -> PeerIdentity | None:
+        """The caller, if ``rpc`` is allowed to it (raises Unauthenticated / PermissionDenied)."""
+        if self._security is None:
+            return None
+        peer = self._security.peer(context)
+        enforce(authorize_tracker(peer, rpc, subject_node_id=subject, revoked=self._security.revocations.current()))
+        return peer
+
     @maps_errors
     async def Register(
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
         registration, hint = wire.registration_from_proto(request)
+        peer = self.admit(context, "Register")
+        if peer is not None:
+            # The node id is the certificate's, whatever the request hints: one node, one id.
+            hint = NodeId(peer.node_id)
+            held = self._registry.get(hint)
+            if held is not None and held.registration.address != registration.address:
+                self._registry.deregister(hint)  # the same node, restarted on another port
         node_id = self._registry.register(registration, hint)
         await self._store.call(self._store.store.record_node, node_id, registration, self._wall_clock())
         await self.persist_epoch()
@@ -107,22 +130,27 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.NodeHeartbeat, context: grpc.aio.ServicerContext
     ) -> services.HeartbeatReply:
         node_id, load = wire.heartbeat_from_proto(request)
+        self.admit(context, "Heartbeat", node_id)
         known = self._registry.heartbeat(node_id, load)
         await self.persist_epoch()
         probe = self._registry.probe_targets(node_id) if known else ()
-        return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe))
+        revoked = tuple(sorted(self._security.revocations.current())) if self._security is not None else ()
+        return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe, revoked))
 
     @maps_errors
     async def ChooseRoute(
         self, request: services.RouteRequest, context: grpc.aio.ServicerContext
     ) -> services.RouteReply:
-        route = self._registry.choose_route(wire.route_query_from_proto(request))
+        query = wire.route_query_from_proto(request)
+        self.admit(context, "ChooseRoute")
+        route = self._registry.choose_route(query)
         await self.persist_epoch()
         return wire.route_to_proto(route)
 
     @maps_errors
     async def ReportWork(self, request: services.WorkRecord, context: grpc.aio.ServicerContext) -> services.WorkAck:
         record = wire.work_from_proto(request)
+        self.admit(context, "ReportWork")
         stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
         return wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
 
@@ -130,6 +158,7 @@ class TrackerServicer(services.TrackerServicer):
     async def ListModels(
         self, request: services.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> services.ModelList:
+        self.admit(context, "ListModels")
         models = self._registry.list_models()
         await self.persist_epoch()
         return wire.models_to_proto(models, self._registry.epoch)
@@ -139,6 +168,7 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.DeregisterRequest, context: grpc.aio.ServicerContext
     ) -> services.DeregisterReply:
         node_id = wire.deregister_from_proto(request)
+        self.admit(context, "Deregister", node_id)
         known = self._registry.deregister(node_id)
         await self.persist_epoch()
         return wire.deregistered_to_proto(Deregistered(known, self._registry.epoch))

@@ -34,6 +34,7 @@ from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
 from meshnet.protocol import services
+from meshnet.protocol.tls import LinkSecurity, bind
 from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.worker.artifact_server import fetch_worker_range, serve_fetched_artifacts
@@ -61,6 +62,8 @@ class AssembledWorker:
     registration: NodeRegistration
     held_artifacts: Advertisement | None = None
     """What this worker fetched by model id and serves to peers (announced by ``serve_worker``)."""
+    security: LinkSecurity | None = None
+    """The worker's swarm identity; None only on loopback with ``--insecure``."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class ModelIdentity:
     quantization: str
 
 
-async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
+async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = None) -> AssembledWorker:
     """The worker ``config`` describes, its engine running and its port bound, not yet serving."""
     fetched = None
     if config.model_id is not None and config.fake is None:
@@ -87,18 +90,20 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
     try:
         speed = await loop.call(measure_speed)
         model = model_identity(config, cache, description)
-        server, port = _bind(config)
+        server, port = _bind(config, security)
         address = config.advertise or f"{config.host}:{port}"
         recipe = model.recipe
+        # Secured, the node id is the certificate's: the id the tracker registers and routes pin.
+        local_id = f"shard-{config.layers.start}-{config.layers.stop}-{port}"
         identity = ShardIdentity(
-            NodeId(f"shard-{config.layers.start}-{config.layers.stop}-{port}"),
+            NodeId(local_id if security is None else security.identity.node_id),
             address,
             recipe.fingerprint(),
             recipe.backend,
             recipe.backend_version,
             config.max_frame_bytes,
         )
-        links = ChannelPool(config.max_frame_bytes)
+        links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
         shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links), grammars=grammars)
@@ -106,11 +111,11 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
         await asyncio.to_thread(loop.stop)
         raise
     health = HealthServicer()
-    services.add_shard_servicer(ShardServicer(shard), server)
+    services.add_shard_servicer(ShardServicer(shard, security), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     registration = _registration(config, identity, model, capacity.max_sessions, speed)
     held = None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server)
-    return AssembledWorker(config, loop, shard, server, health, links, registration, held)
+    return AssembledWorker(config, loop, shard, server, health, links, registration, held, security)
 
 
 def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:
@@ -139,13 +144,13 @@ def _registration(
     )
 
 
-def _bind(config: WorkerConfig) -> tuple[grpc.aio.Server, int]:
+def _bind(config: WorkerConfig, security: LinkSecurity | None) -> tuple[grpc.aio.Server, int]:
     # gRPC sets SO_REUSEPORT by default: a second worker on a busy port would then bind beside
     # the first, print ready and get half of its traffic. Exclusive ports make it fail here.
     server = grpc.aio.server(options=[*channel_options(config.max_frame_bytes), ("grpc.so_reuseport", 0)])
     target = f"{config.host}:{config.port}"
     try:
-        return server, server.add_insecure_port(target)
+        return server, bind(server, target, security)
     except RuntimeError as error:
         # Not Unavailable: that code says a peer was lost, and nothing was lost, the port is taken.
         raise FailedPrecondition(f"the worker cannot listen on {target} (is the port in use?): {error}") from error

@@ -22,10 +22,12 @@ from grpc_health.v1 import health_pb2
 from meshnet.artifact.directory import Advertisement
 from meshnet.client.artifact_client import announce_forever
 from meshnet.client.shard_stream import ChannelPool
+from meshnet.client.swarm_join import renew_forever
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import NodeLoad
 from meshnet.protocol import services
+from meshnet.protocol.tls import LinkSecurity
 from meshnet.telemetry.prometheus import build_registry, serve_metrics
 from meshnet.worker.assembly import AssembledWorker, assemble_worker
 from meshnet.worker.config import WorkerConfig
@@ -45,12 +47,16 @@ class WorkerReady:
 
 
 async def serve_worker(
-    config: WorkerConfig, *, on_ready: Callable[[WorkerReady], None] | None = None, stop: asyncio.Event | None = None
+    config: WorkerConfig,
+    *,
+    on_ready: Callable[[WorkerReady], None] | None = None,
+    stop: asyncio.Event | None = None,
+    security: LinkSecurity | None = None,
 ) -> None:
-    worker = await assemble_worker(config)
+    worker = await assemble_worker(config, security)
     stop = stop or asyncio.Event()
     identity = worker.shard.identity
-    probes = ChannelPool(config.max_frame_bytes)
+    probes = ChannelPool(config.max_frame_bytes, security)
     metrics_server: WSGIServer | None = None
     metrics_address: str | None = None
     background: list[asyncio.Task[None]] = []
@@ -104,11 +110,21 @@ def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asynci
             metrics = shard.metrics()
             return metrics.node_load(prober.latest())
 
-        tracker = TrackerClient(worker.config.tracker)
+        security = worker.security
+        tracker = TrackerClient(worker.config.tracker, security=security)
         heartbeats = heartbeat_loop(
-            tracker, worker.registration, load, stop, on_epoch=shard.raise_min_epoch, on_probe=prober.set_targets
+            tracker,
+            worker.registration,
+            load,
+            stop,
+            on_epoch=shard.raise_min_epoch,
+            on_probe=prober.set_targets,
+            # Revoked certificates are refused from the next call on, within one heartbeat.
+            on_revoked=None if security is None else security.revocations.replace,
         )
         tasks += [asyncio.create_task(prober.run(stop)), asyncio.create_task(heartbeats)]
+        if security is not None:
+            tasks.append(asyncio.create_task(renew_forever(worker.config.tracker, security, stop)))
     return tasks
 
 

@@ -15,7 +15,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from meshnet.core.errors import InvalidArgument, MeshnetError
+from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied
 from meshnet.core.ids import SessionId
 from meshnet.protocol import services as pb
 from meshnet.protocol.shard_wire import (
@@ -28,39 +28,68 @@ from meshnet.protocol.shard_wire import (
     session_end_from_proto,
 )
 from meshnet.protocol.status import abort_with
+from meshnet.protocol.tls import LinkSecurity, enforce
+from meshnet.security.policy import authorize_shard
 from meshnet.worker.shard import AnyShard
 
 log = logging.getLogger(__name__)
 
 
 class ShardServicer(pb.ShardServicer):
-    def __init__(self, shard: AnyShard) -> None:
+    def __init__(self, shard: AnyShard, security: LinkSecurity | None = None) -> None:
         self.shard = shard
+        self._security = security
+        """None only on a loopback development worker (``--insecure``): then nobody is checked."""
+        self._openers: dict[SessionId, str] = {}
+        """Who opened each live session (its stream's peer): the only party that may end it."""
+
+    async def _admit(
+        self, context: grpc.aio.ServicerContext, rpc: str, session_id: SessionId | None = None
+    ) -> str | None:
+        """The caller's node id if ``rpc`` is allowed to it; aborts the call otherwise."""
+        if self._security is None:
+            return None
+        try:
+            peer = self._security.peer(context)
+            opener = self._openers.get(session_id) if session_id is not None else None
+            revoked = self._security.revocations.current()
+            enforce(authorize_shard(peer, rpc, session_opener=opener, revoked=revoked))
+        except MeshnetError as error:
+            await abort_with(context, error)
+        return peer.node_id
 
     async def GetCapability(self, request: pb.CapabilityRequest, context: grpc.aio.ServicerContext) -> pb.Capability:
+        await self._admit(context, "GetCapability")
         return capability_to_proto(self.shard.capability())
 
     async def GetMetrics(self, request: pb.MetricsRequest, context: grpc.aio.ServicerContext) -> pb.MetricsSnapshot:
+        await self._admit(context, "GetMetrics")
         return metrics_to_proto(self.shard.metrics().values())
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
-        return release_reply_to_proto(await self._end(request, context, "released"))
+        return release_reply_to_proto(await self._end(request, context, "Release", "released"))
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
-        return cancel_reply_to_proto(await self._end(request, context, "cancelled"))
+        return cancel_reply_to_proto(await self._end(request, context, "Cancel", "cancelled"))
 
     async def _end(
-        self, request: pb.ReleaseRequest | pb.CancelRequest, context: grpc.aio.ServicerContext, default_reason: str
+        self,
+        request: pb.ReleaseRequest | pb.CancelRequest,
+        context: grpc.aio.ServicerContext,
+        rpc: str,
+        default_reason: str,
     ) -> bool:
         try:
             end = session_end_from_proto(request)
         except MeshnetError as error:
             await abort_with(context, error)
+        await self._admit(context, rpc, end.session_id)
         return await self.shard.end(end.session_id, end.reason or default_reason)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StepResponse]:
+        opener = await self._admit(context, "Session")
         remaining = context.time_remaining()
         stream_deadline = None if remaining is None else time.monotonic() + remaining
         session_id: SessionId | None = None
@@ -71,8 +100,12 @@ class ShardServicer(pb.ShardServicer):
                 frame = frame_from_proto(message, self.shard.limits)
                 if session_id is not None and frame.meta.session_id != session_id:
                     raise InvalidArgument("one stream carries one session; open a new stream for another")
+                if session_id is None and self._openers.get(frame.meta.session_id, opener) != opener:
+                    raise PermissionDenied("this session belongs to another party")
                 result = await self.shard.handle(frame, stream_deadline)
                 session_id = frame.meta.session_id
+                if opener is not None:
+                    self._openers[session_id] = opener
                 yield result_to_proto(result)
                 async for continued in self.shard.continue_decoding(frame, result, stream_deadline):
                     yield result_to_proto(continued)
@@ -84,6 +117,7 @@ class ShardServicer(pb.ShardServicer):
             failure = InvalidArgument(f"the frame is not a valid StepRequest: {error}")
         finally:
             if session_id is not None:
+                self._openers.pop(session_id, None)
                 reason = "stream ended" if failure is None else f"stream failed: {failure.code}"
                 try:
                     await self.shard.end(session_id, reason)

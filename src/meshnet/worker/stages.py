@@ -126,7 +126,8 @@ class DownstreamLink(Protocol):
     async def close(self) -> None: ...
 
 
-Connect = Callable[[str, float | None], DownstreamLink]
+Connect = Callable[[str, float | None, str | None], DownstreamLink]
+"""Open the stream to the next hop: its address, the stream's timeout, the node id to pin."""
 """Open a session stream to an address with a whole-stream timeout in seconds (None: none)."""
 
 
@@ -165,7 +166,8 @@ class ForwardStage:
 
     def open_state(self, frame: StepFrame, stream_deadline: float | None) -> Downstream:
         timeout = None if stream_deadline is None else max(stream_deadline - time.monotonic(), 0.001)
-        return Downstream(frame.downstream, self._connect(frame.downstream[0].address, timeout))
+        first = frame.downstream[0]
+        return Downstream(frame.downstream, self._connect(first.address, timeout, first.node_id or None))
 
     async def emit(
         self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming

@@ -105,7 +105,7 @@ async def start_route(
     route = Route([], [])
     by_address: dict[str, AnyShard] = {}
 
-    def connect(address: str, timeout: float | None) -> DownstreamLink:
+    def connect(address: str, timeout: float | None, node_id: str | None = None) -> DownstreamLink:
         link = InProcessLink(by_address[address])
         route.links.append(link)
         return link

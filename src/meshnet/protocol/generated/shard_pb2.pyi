@@ -134,14 +134,16 @@ class FrameHeader(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., phase: _Optional[_Union[Phase, str]] = ..., position: _Optional[int] = ..., step: _Optional[int] = ..., cache: _Optional[_Union[CacheExpectation, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., checksum: _Optional[int] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Hop(_message.Message):
-    __slots__ = ("address", "layers", "fingerprint")
+    __slots__ = ("address", "layers", "fingerprint", "node_id")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     address: str
     layers: LayerSpan
     fingerprint: str
-    def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed", "adjustments", "logprobs", "constraint")

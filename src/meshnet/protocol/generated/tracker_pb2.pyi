@@ -109,14 +109,16 @@ class PeerLatency(_message.Message):
     def __init__(self, address: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "epoch", "probe")
+    __slots__ = ("known", "epoch", "probe", "revoked_node_ids")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     epoch: int
     probe: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ...) -> None: ...
+    revoked_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ..., revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ("model", "session_id", "exclude_node_ids", "require_start_layer")

@@ -1,0 +1,75 @@
+"""Who a peer is: the node id and role a swarm certificate carries, and the names TLS checks.
+
+A node certificate names its holder three ways, each for one reader:
+- URI SANs ``meshnet://node/<id>`` and ``meshnet://role/<role>``: what authorization reads;
+- DNS SAN ``<id>.node.meshnet``: what a caller pins when it dials a hop whose node id the route
+  gave it (``grpc.ssl_target_name_override``), so one node cannot answer for another;
+- DNS SAN ``node.meshnet`` (workers) or ``tracker.meshnet`` (the tracker): what a caller pins
+  when it only knows it wants *some* worker, or the tracker.
+Peers dial by IP, so no certificate needs an IP SAN: the pinned names replace the host check.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from meshnet.core.errors import InvalidArgument
+
+Role = Literal["worker", "gateway", "admin", "tracker"]
+ROLES: tuple[Role, ...] = get_args(Role)
+INVITE_ROLES: tuple[Role, ...] = ("worker", "gateway", "admin")
+"""Roles an invite may grant: the tracker's certificate is made only by ``swarm init``."""
+
+NODE_URI_PREFIX = "meshnet://node/"
+ROLE_URI_PREFIX = "meshnet://role/"
+TRACKER_NAME = "tracker.meshnet"
+ANY_WORKER_NAME = "node.meshnet"
+NODE_NAME_SUFFIX = ".node.meshnet"
+
+_NODE_ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+"""A node id is one DNS label, so it can be a TLS server name."""
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """A peer whose certificate chained to the swarm CA: who it is and what it may do."""
+
+    node_id: str
+    role: Role
+    serial: int
+    not_after_unix_s: float
+
+
+def new_node_id(role: Role) -> str:
+    """A fresh node id; its first letter says the role to a reader of logs."""
+    return f"{role[0]}-{secrets.token_hex(6)}"
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.match(node_id):
+        raise InvalidArgument(f"node id {node_id!r} is not one lowercase DNS label (a-z, 0-9, '-')")
+    return node_id
+
+
+def check_role(role: str) -> Role:
+    if role not in ROLES:
+        raise InvalidArgument(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
+def node_server_name(node_id: str) -> str:
+    """The TLS name a caller pins to reach exactly this node."""
+    return check_node_id(node_id) + NODE_NAME_SUFFIX
+
+
+def dns_names(node_id: str, role: Role) -> tuple[str, ...]:
+    """Every DNS SAN a certificate for ``node_id`` as ``role`` carries."""
+    names = [node_server_name(node_id)]
+    if role == "worker":
+        names.append(ANY_WORKER_NAME)
+    if role == "tracker":
+        names.append(TRACKER_NAME)
+    return tuple(names)

@@ -1,0 +1,107 @@
+"""Who may call what: pure verdicts over a peer's identity, the RPC and what it touches.
+
+Default deny: an RPC not named here is refused for everyone. The servers ask these functions
+and answer a refusal with UNAUTHENTICATED (no usable identity) or PERMISSION_DENIED (known peer,
+wrong role or someone else's object); nothing here does I/O, so every rule has a unit test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from meshnet.security.identity import PeerIdentity, Role
+
+TrackerRpc = Literal[
+    "Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew"
+]
+ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics"]
+
+_TRACKER_ROLES: dict[str, frozenset[Role]] = {
+    # A node's own membership: only workers, and only for themselves (see ``authorize_tracker``).
+    "Register": frozenset({"worker"}),
+    "Heartbeat": frozenset({"worker"}),
+    "Deregister": frozenset({"worker", "admin"}),
+    # Routing and billing: only the parties that serve users.
+    "ChooseRoute": frozenset({"gateway", "admin"}),
+    "ReportWork": frozenset({"gateway"}),
+    "ListModels": frozenset({"gateway", "admin", "worker"}),
+    "Revoke": frozenset({"admin"}),
+    "Renew": frozenset({"worker", "gateway", "admin"}),
+}
+_SHARD_ROLES: dict[str, frozenset[Role]] = {
+    # Workers open sessions on their downstream neighbour; gateways on the head.
+    "Session": frozenset({"gateway", "worker", "admin"}),
+    "Cancel": frozenset({"gateway", "worker", "admin"}),
+    "Release": frozenset({"gateway", "worker", "admin"}),
+    "GetCapability": frozenset({"gateway", "worker", "admin", "tracker"}),
+    "GetMetrics": frozenset({"gateway", "worker", "admin", "tracker"}),
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    status: Literal["ok", "unauthenticated", "permission_denied"]
+    reason: str
+
+
+ALLOW = Verdict(True, "ok", "")
+
+
+def _deny(reason: str) -> Verdict:
+    return Verdict(False, "permission_denied", reason)
+
+
+def _by_role(
+    peer: PeerIdentity | None, rpc: str, roles: dict[str, frozenset[Role]], revoked: frozenset[str]
+) -> tuple[PeerIdentity | None, Verdict]:
+    """The identity-and-role half every verdict shares: (the peer if it passed, the verdict so far)."""
+    if peer is None:
+        return None, Verdict(False, "unauthenticated", "a swarm certificate is required")
+    if peer.node_id in revoked:
+        return None, Verdict(False, "unauthenticated", f"node {peer.node_id} is revoked")
+    allowed = roles.get(rpc)
+    if allowed is None or peer.role not in allowed:
+        return None, _deny(f"a {peer.role} certificate may not call {rpc}")
+    return peer, ALLOW
+
+
+def authorize_tracker(
+    peer: PeerIdentity | None, rpc: str, *, subject_node_id: str | None, revoked: frozenset[str]
+) -> Verdict:
+    """May ``peer`` call the tracker's ``rpc`` about ``subject_node_id`` (the node a membership call names)?"""
+    caller, verdict = _by_role(peer, rpc, _TRACKER_ROLES, revoked)
+    if caller is None:
+        return verdict
+    # Membership is bound to the certificate: a node speaks only for itself (admins may evict).
+    if rpc in ("Heartbeat", "Deregister") and caller.role != "admin" and subject_node_id != caller.node_id:
+        return _deny(f"node {caller.node_id} may not {rpc.lower()} node {subject_node_id}")
+    return ALLOW
+
+
+def authorize_shard(
+    peer: PeerIdentity | None, rpc: str, *, session_opener: str | None, revoked: frozenset[str]
+) -> Verdict:
+    """May ``peer`` call a worker's ``rpc``? ``session_opener``: who opened the session it names, if known."""
+    caller, verdict = _by_role(peer, rpc, _SHARD_ROLES, revoked)
+    if caller is None:
+        return verdict
+    if rpc in ("Cancel", "Release") and session_opener is not None and session_opener != caller.node_id:
+        return _deny(f"only the party that opened the session may {rpc.lower()} it")
+    return ALLOW
+
+
+class Revocations:
+    """The revoked node ids a server refuses, replaced whole when the tracker sends a newer list.
+
+    One object per process, passed to every server and pool that checks peers (no global)."""
+
+    def __init__(self, revoked: frozenset[str] = frozenset()) -> None:
+        self._revoked = revoked
+
+    def current(self) -> frozenset[str]:
+        return self._revoked
+
+    def replace(self, revoked: frozenset[str]) -> None:
+        self._revoked = revoked

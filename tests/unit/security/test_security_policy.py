@@ -1,0 +1,71 @@
+"""Authorization verdicts: default deny, roles, and a node speaking only for itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshnet.security.identity import PeerIdentity, Role
+from meshnet.security.policy import authorize_shard, authorize_tracker
+
+
+def peer(role: Role, node_id: str = "n-1") -> PeerIdentity:
+    return PeerIdentity(node_id, role, 1, 0.0)
+
+
+NONE: frozenset[str] = frozenset()
+
+
+@pytest.mark.parametrize(
+    ("role", "rpc", "allowed"),
+    [
+        ("worker", "Register", True),
+        ("gateway", "Register", False),
+        ("admin", "Register", False),
+        ("gateway", "ChooseRoute", True),
+        ("worker", "ChooseRoute", False),
+        ("gateway", "ReportWork", True),
+        ("worker", "ReportWork", False),
+        ("admin", "ReportWork", False),
+        ("admin", "Revoke", True),
+        ("gateway", "Revoke", False),
+        ("worker", "Revoke", False),
+        ("gateway", "NoSuchRpc", False),
+    ],
+)
+def test_tracker_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
+    assert authorize_tracker(peer(role), rpc, subject_node_id="n-1", revoked=NONE).allowed is allowed
+
+
+def test_no_identity_is_unauthenticated() -> None:
+    verdict = authorize_tracker(None, "ListModels", subject_node_id=None, revoked=NONE)
+    assert (verdict.allowed, verdict.status) == (False, "unauthenticated")
+
+
+def test_a_revoked_node_is_unauthenticated_everywhere() -> None:
+    revoked = frozenset({"n-1"})
+    assert authorize_tracker(peer("worker"), "Heartbeat", subject_node_id="n-1", revoked=revoked).status == (
+        "unauthenticated"
+    )
+    assert authorize_shard(peer("gateway"), "Session", session_opener=None, revoked=revoked).status == (
+        "unauthenticated"
+    )
+
+
+def test_a_worker_heartbeats_and_deregisters_only_itself() -> None:
+    me = peer("worker", "n-1")
+    assert authorize_tracker(me, "Heartbeat", subject_node_id="n-1", revoked=NONE).allowed
+    assert not authorize_tracker(me, "Heartbeat", subject_node_id="n-2", revoked=NONE).allowed
+    assert not authorize_tracker(me, "Deregister", subject_node_id="n-2", revoked=NONE).allowed
+    assert authorize_tracker(peer("admin"), "Deregister", subject_node_id="n-2", revoked=NONE).allowed
+
+
+def test_only_the_opener_ends_a_session() -> None:
+    gateway = peer("gateway", "g-1")
+    assert authorize_shard(gateway, "Cancel", session_opener="g-1", revoked=NONE).allowed
+    other = authorize_shard(peer("gateway", "g-2"), "Cancel", session_opener="g-1", revoked=NONE)
+    assert (other.allowed, other.status) == (False, "permission_denied")
+    assert not authorize_shard(peer("worker", "n-9"), "Release", session_opener="g-1", revoked=NONE).allowed
+
+
+def test_a_tracker_certificate_cannot_open_sessions() -> None:
+    assert not authorize_shard(peer("tracker", "tracker"), "Session", session_opener=None, revoked=NONE).allowed
