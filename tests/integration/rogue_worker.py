@@ -2,7 +2,8 @@
 
 It is the normal ``meshnet worker`` with two changes an attacker could make to their own copy:
 every boundary hidden state it forwards is shifted by a small epsilon (a subtly wrong answer),
-and it claims a decode rate far beyond any honest node's, so the tracker routes users to it.
+and it claims a decode rate well above any honest node's, yet inside what the tracker believes
+(tracker/claims.py caps a claim at 32x its peers'), so the tracker routes users to it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from meshnet.worker import assembly, stages
 
 EPSILON = 1e-2
 """Relative shift of the forwarded residual: tiny, yet it changes some sampled tokens."""
-CLAIMED_DECODE_TOKENS_PER_S = 1e6
+CLAIM_FACTOR = 6.0
+"""Its own measured rate times this: credible to the tracker, faster than every honest peer."""
 
 _emit = stages.ForwardStage.emit
 _registration = assembly._registration
@@ -31,7 +33,8 @@ async def _perturbed_emit(self: Any, state: Any, frame: Any, output: Any, deadli
 
 
 def _boasting_registration(*args: Any) -> Any:
-    return replace(_registration(*args), decode_tokens_per_s=CLAIMED_DECODE_TOKENS_PER_S)
+    honest = _registration(*args)
+    return replace(honest, decode_tokens_per_s=honest.decode_tokens_per_s * CLAIM_FACTOR)
 
 
 if __name__ == "__main__":

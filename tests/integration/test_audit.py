@@ -143,7 +143,7 @@ def test_a_worker_altering_its_boundary_output_is_caught_and_no_longer_routed(sw
     assert _audits(swarm)["caught"] >= 1
 
     # Out of routing: the tracker counts the 4 honest nodes, and users get the honest answer.
-    models = asyncio.run(list_models(swarm.tracker_address))
+    models = asyncio.run(list_models(swarm.tracker_address, swarm.security))
     assert models[0].nodes == 4
     for _ in range(2):
         request_id, hops, text = _ask(swarm)

@@ -78,7 +78,7 @@ def test_the_secured_swarm_serves_chat_and_logs_no_text(swarm: Swarm) -> None:
     base_url = swarm.gateways[0].ready_line.split()[3]
     prompt = "the quokka marmalade zeppelin"
     body = chat_body(max_tokens=24, stream=False, content=prompt)
-    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60, headers=swarm.auth)
     assert response.status_code == 200, response.text
     answer = response.json()["choices"][0]["message"]["content"]
     assert len(answer) > 10
