@@ -23,6 +23,7 @@ import grpc.aio
 
 from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.swarm_status import NodeTable
 from meshnet.core.tracking import (
     HeartbeatStatus,
     ModelSummary,
@@ -37,6 +38,7 @@ from meshnet.core.tracking import (
 from meshnet.protocol import services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.status_wire import node_table_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class TrackerClient:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self._stub = services.TrackerStub(self._channel)
+        self._status_stub = services.SwarmStatusStub(self._channel)
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -141,6 +144,11 @@ class TrackerClient:
         reply = await self._call(self._stub.ListModels, wire.list_models_request_to_proto(), timeout_s)
         models, _epoch = wire.models_from_proto(reply)
         return models
+
+    async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
+        """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""
+        reply = await self._call(self._status_stub.ListNodes, services.ListNodesRequest(), timeout_s)
+        return node_table_from_proto(reply)
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
         reply = await self._call(self._stub.Deregister, wire.deregister_to_proto(node_id), timeout_s)

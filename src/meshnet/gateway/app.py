@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -30,11 +31,12 @@ from meshnet.gateway.errors import (
     internal_error,
     validation_error,
 )
-from meshnet.gateway.ports import ModelCard, RouteGenerator, TextCodec
+from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
+from meshnet.gateway.status_page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
@@ -110,10 +112,13 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     rng: random.Random | None = None,
+    view: SwarmView | None = None,
 ) -> FastAPI:
     """Build the gateway app over a route generator and one text codec per model id.
 
     ``rng`` draws the jitter of overload Retry-After values (seed it for repeatable tests).
+    ``view`` is the swarm the status page, ``/health`` and ``/v1/models`` describe (the tracker's
+    node table); without it they describe only the gateway.
     """
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
@@ -140,22 +145,31 @@ def create_app(
     app.state.admission = admission
     install_error_handlers(app, retry_after_seconds=config.retry_after_seconds)
     app.add_middleware(RequestIdMiddleware)
-    _add_status_routes(app, admission, hub)
-    _add_completion_routes(app, service, generator, codecs)
+    status = SwarmStatus(
+        view, next(iter(codecs), ""), hub, admission, cache_seconds=config.status_interval_seconds, clock=clock
+    )
+    app.state.status = status
+    _add_status_routes(app, admission, hub, status)
+    app.include_router(status_router(status, interval_seconds=config.status_interval_seconds))
+    _add_completion_routes(app, service, generator, codecs, status)
     _add_telemetry_routes(app, hub)
     return app
 
 
-def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) -> None:
+def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub, status: SwarmStatus) -> None:
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
+    async def health() -> JSONResponse:
+        # 503 only when no complete route exists: a degraded swarm still serves.
+        verdict = await status.health()
+        body = {
+            **verdict.as_json(),
+            "model": status.model,
             "in_flight": admission.in_flight,
             "capacity": admission.capacity,
             "queued": admission.queued,
             "queue_limit": admission.queue_limit,
         }
+        return JSONResponse(body, status_code=503 if verdict.status == "no_route" else 200)
 
     def figures() -> dict[str, float]:
         return {
@@ -179,14 +193,33 @@ def _add_status_routes(app: FastAPI, admission: Admission, hub: TelemetryHub) ->
 
 
 def _add_completion_routes(
-    app: FastAPI, service: CompletionService, generator: RouteGenerator, codecs: Mapping[str, TextCodec]
+    app: FastAPI,
+    service: CompletionService,
+    generator: RouteGenerator,
+    codecs: Mapping[str, TextCodec],
+    status: SwarmStatus,
 ) -> None:
     config = service.config
 
+    async def cards() -> list[ModelCard]:
+        # The context a session really gets: the smaller of the model's and the route's.
+        route_context = await status.route_context()
+        served = [card for card in generator.models() if card.id in codecs]
+        if route_context is None:
+            return served
+        return [replace(card, context_length=min(card.context_length, route_context)) for card in served]
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        cards = [card for card in generator.models() if card.id in codecs]
-        return {"object": "list", "data": [_model_object(card) for card in cards]}
+        return {"object": "list", "data": [_model_object(card) for card in await cards()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        card = next((card for card in await cards() if card.id == model_id), None)
+        if card is None:
+            known = ", ".join(repr(c.id) for c in generator.models() if c.id in codecs)
+            raise HttpError(404, "model_not_found", f"no model {model_id!r} here; this gateway serves {known}")
+        return _model_object(card)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

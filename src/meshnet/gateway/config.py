@@ -53,6 +53,12 @@ class GatewayConfig:
     """Events kept per request; old ``progress`` events are dropped first, milestones kept."""
     shutdown_grace_seconds: float = 10.0
     """On shutdown, in-flight requests get this long to finish before connections are closed."""
+    status_interval_seconds: float = 0.5
+    """The status stream sends at most one document per this interval, and the tracker's node
+    table (for the page, ``/health`` and ``/v1/models``) is asked at most this often."""
+    keepalive_seconds: float = 5.0
+    """A completion stream with nothing else to send gets an SSE comment this often, so
+    proxies and clients do not time out during a long prefill or failover replay."""
 
     def __post_init__(self) -> None:
         positive_ints = {

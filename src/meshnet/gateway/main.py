@@ -44,7 +44,7 @@ async def run_gateway(config: GatewayProcessConfig, *, on_ready: Callable[[str, 
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
     swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
-    app = create_app(generator, {name: tokenizer}, config.http)
+    app = create_app(generator, {name: tokenizer}, config.http, view=generator)
     server = GatewayServer(
         app,
         config.http.host,

@@ -9,7 +9,7 @@ below are re-exported for the servicers' method signatures; use them qualified
 
 from __future__ import annotations
 
-from meshnet.protocol.generated import shard_pb2_grpc, tracker_pb2_grpc
+from meshnet.protocol.generated import shard_pb2_grpc, swarm_status_pb2_grpc, tracker_pb2_grpc
 from meshnet.protocol.generated.shard_pb2 import (
     CancelRequest,
     CancelResponse,
@@ -22,6 +22,7 @@ from meshnet.protocol.generated.shard_pb2 import (
     StepRequest,
     StepResponse,
 )
+from meshnet.protocol.generated.swarm_status_pb2 import ListNodesRequest, NodeStatusList
 from meshnet.protocol.generated.tracker_pb2 import (
     DeregisterReply,
     DeregisterRequest,
@@ -39,6 +40,7 @@ from meshnet.protocol.generated.tracker_pb2 import (
 
 SHARD_SERVICE = "meshnet.v1.Shard"
 TRACKER_SERVICE = "meshnet.v1.Tracker"
+SWARM_STATUS_SERVICE = "meshnet.v1.SwarmStatus"
 """Full service names, as health checks and retry policies name them."""
 
 ShardServicer = shard_pb2_grpc.ShardServicer
@@ -49,8 +51,13 @@ TrackerServicer = tracker_pb2_grpc.TrackerServicer
 TrackerStub = tracker_pb2_grpc.TrackerStub
 add_tracker_servicer = tracker_pb2_grpc.add_TrackerServicer_to_server
 
+SwarmStatusServicer = swarm_status_pb2_grpc.SwarmStatusServicer
+SwarmStatusStub = swarm_status_pb2_grpc.SwarmStatusStub
+add_swarm_status_servicer = swarm_status_pb2_grpc.add_SwarmStatusServicer_to_server
+
 __all__ = [
     "SHARD_SERVICE",
+    "SWARM_STATUS_SERVICE",
     "TRACKER_SERVICE",
     "CancelRequest",
     "CancelResponse",
@@ -60,11 +67,13 @@ __all__ = [
     "DeregisterRequest",
     "HeartbeatReply",
     "ListModelsRequest",
+    "ListNodesRequest",
     "MetricsRequest",
     "MetricsSnapshot",
     "ModelList",
     "NodeHeartbeat",
     "NodeRegistration",
+    "NodeStatusList",
     "RegisterReply",
     "ReleaseRequest",
     "ReleaseResponse",
@@ -74,10 +83,13 @@ __all__ = [
     "ShardStub",
     "StepRequest",
     "StepResponse",
+    "SwarmStatusServicer",
+    "SwarmStatusStub",
     "TrackerServicer",
     "TrackerStub",
     "WorkAck",
     "WorkRecord",
     "add_shard_servicer",
+    "add_swarm_status_servicer",
     "add_tracker_servicer",
 ]

@@ -118,6 +118,17 @@ class NodeRegistry:
     def get(self, node_id: NodeId) -> NodeEntry | None:
         return self._nodes.get(node_id)
 
+    def entries(self) -> tuple[NodeEntry, ...]:
+        """Every live node's entry, for the status service."""
+        return tuple(self._nodes.values())
+
+    @property
+    def expire_after_s(self) -> float:
+        return self._expire_after_s
+
+    def now(self) -> float:
+        return self._clock()
+
     def node_views(self) -> tuple[NodeView, ...]:
         return tuple(entry.view() for entry in self._nodes.values())
 

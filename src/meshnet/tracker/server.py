@@ -28,6 +28,7 @@ from meshnet.protocol import services
 from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.status_service import SwarmStatusServicer
 from meshnet.tracker.store import SqliteTrackerStore
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ async def start_tracker(
         ]
     )
     services.add_tracker_servicer(servicer, server)
+    services.add_swarm_status_servicer(SwarmStatusServicer(registry), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     target = f"{config.host}:{config.port}"

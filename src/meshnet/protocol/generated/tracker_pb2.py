@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18meshnet/v1/tracker.proto\x12\nmeshnet.v1\"\xe6\x05\n\x10NodeRegistration\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x33\n\x06recipe\x18\x02 \x01(\x0b\x32#.meshnet.v1.NodeRegistration.Recipe\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x14\n\x0cquantization\x18\x05 \x01(\t\x12\x13\n\x0blayer_start\x18\x06 \x01(\r\x12\x12\n\nlayer_stop\x18\x07 \x01(\r\x12\x37\n\x08hardware\x18\x08 \x01(\x0b\x32%.meshnet.v1.NodeRegistration.Hardware\x12\x14\n\x0cmax_sessions\x18\t \x01(\r\x12\x37\n\x08measured\x18\n \x01(\x0b\x32%.meshnet.v1.NodeRegistration.Measured\x12\x11\n\tcertified\x18\x0b \x01(\x08\x12\x14\n\x0cnode_id_hint\x18\x0c \x01(\t\x1a\xfb\x01\n\x06Recipe\x12\x14\n\x0cmodel_sha256\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\t\x12\x1b\n\x13weight_quantization\x18\x04 \x01(\t\x12\x18\n\x10\x61\x63tivation_dtype\x18\x05 \x01(\t\x12\x10\n\x08kv_dtype\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x17\n\x0f\x62\x61\x63kend_version\x18\x08 \x01(\t\x12\x10\n\x08n_layers\x18\t \x01(\r\x12\x0e\n\x06n_embd\x18\n \x01(\r\x12\x17\n\x0f\x62oundary_schema\x18\x0b \x01(\t\x1a\x33\n\x08Hardware\x12\x11\n\tcpu_count\x18\x01 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x1a\x45\n\x08Measured\x12\x1c\n\x14prefill_tokens_per_s\x18\x01 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x02 \x01(\x01\"N\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\xb3\x01\n\rNodeHeartbeat\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63tive_sessions\x18\x02 \x01(\r\x12\x15\n\rfree_sessions\x18\x03 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x18\n\x10kv_used_fraction\x18\x05 \x01(\x01\x12&\n\x05peers\x18\x07 \x03(\x0b\x32\x17.meshnet.v1.PeerLatencyJ\x04\x08\x06\x10\x07R\x04load\".\n\x0bPeerLatency\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\"=\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05probe\x18\x03 \x03(\t\"\x85\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x18\n\x10\x65xclude_node_ids\x18\x03 \x03(\t\x12 \n\x13require_start_layer\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x16\n\x14_require_start_layer\"\x83\x02\n\nRouteReply\x12(\n\x04hops\x18\x01 \x03(\x0b\x32\x1a.meshnet.v1.RouteReply.Hop\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0cquantization\x18\x04 \x01(\t\x12\x10\n\x08n_layers\x18\x05 \x01(\r\x12\x1e\n\x16\x65stimated_ms_per_token\x18\x06 \x01(\x01\x1a\x65\n\x03Hop\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x12\n\nlayer_stop\x18\x04 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\"\xed\x03\n\nWorkRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.meshnet.v1.WorkRecord.Status\x12\x11\n\ttokens_in\x18\x05 \x01(\x04\x12\x12\n\ntokens_out\x18\x06 \x01(\x04\x12\x35\n\x0b\x61ttribution\x18\x07 \x03(\x0b\x32 .meshnet.v1.WorkRecord.NodeShare\x12\x15\n\rbilling_units\x18\x08 \x01(\x01\x12\x19\n\x11started_at_unix_s\x18\t \x01(\x01\x12\x1a\n\x12\x66inished_at_unix_s\x18\n \x01(\x01\x1aU\n\tNodeShare\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0blayer_start\x18\x02 \x01(\r\x12\x12\n\nlayer_stop\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"v\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10STATUS_COMPLETED\x10\x01\x12\x14\n\x10STATUS_CANCELLED\x10\x02\x12\x11\n\rSTATUS_FAILED\x10\x03\x12\x15\n\x11STATUS_UNVERIFIED\x10\x04\"0\n\x07WorkAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xd4\x01\n\tModelList\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.meshnet.v1.ModelList.Model\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x1a\x8a\x01\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x14\n\x0cquantization\x18\x03 \x01(\t\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x01(\r\x12\x10\n\x08routable\x18\x06 \x01(\x08\x12\x15\n\rhead_sessions\x18\x07 \x01(\r\"$\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"/\n\x0f\x44\x65registerReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x32\x9c\x03\n\x07Tracker\x12\x43\n\x08Register\x12\x1c.meshnet.v1.NodeRegistration\x1a\x19.meshnet.v1.RegisterReply\x12\x42\n\tHeartbeat\x12\x19.meshnet.v1.NodeHeartbeat\x1a\x1a.meshnet.v1.HeartbeatReply\x12?\n\x0b\x43hooseRoute\x12\x18.meshnet.v1.RouteRequest\x1a\x16.meshnet.v1.RouteReply\x12\x39\n\nReportWork\x12\x16.meshnet.v1.WorkRecord\x1a\x13.meshnet.v1.WorkAck\x12\x42\n\nListModels\x12\x1d.meshnet.v1.ListModelsRequest\x1a\x15.meshnet.v1.ModelList\x12H\n\nDeregister\x12\x1d.meshnet.v1.DeregisterRequest\x1a\x1b.meshnet.v1.DeregisterReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18meshnet/v1/tracker.proto\x12\nmeshnet.v1\"\xe6\x05\n\x10NodeRegistration\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x33\n\x06recipe\x18\x02 \x01(\x0b\x32#.meshnet.v1.NodeRegistration.Recipe\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x14\n\x0cquantization\x18\x05 \x01(\t\x12\x13\n\x0blayer_start\x18\x06 \x01(\r\x12\x12\n\nlayer_stop\x18\x07 \x01(\r\x12\x37\n\x08hardware\x18\x08 \x01(\x0b\x32%.meshnet.v1.NodeRegistration.Hardware\x12\x14\n\x0cmax_sessions\x18\t \x01(\r\x12\x37\n\x08measured\x18\n \x01(\x0b\x32%.meshnet.v1.NodeRegistration.Measured\x12\x11\n\tcertified\x18\x0b \x01(\x08\x12\x14\n\x0cnode_id_hint\x18\x0c \x01(\t\x1a\xfb\x01\n\x06Recipe\x12\x14\n\x0cmodel_sha256\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\t\x12\x1b\n\x13weight_quantization\x18\x04 \x01(\t\x12\x18\n\x10\x61\x63tivation_dtype\x18\x05 \x01(\t\x12\x10\n\x08kv_dtype\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x17\n\x0f\x62\x61\x63kend_version\x18\x08 \x01(\t\x12\x10\n\x08n_layers\x18\t \x01(\r\x12\x0e\n\x06n_embd\x18\n \x01(\r\x12\x17\n\x0f\x62oundary_schema\x18\x0b \x01(\t\x1a\x33\n\x08Hardware\x12\x11\n\tcpu_count\x18\x01 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x1a\x45\n\x08Measured\x12\x1c\n\x14prefill_tokens_per_s\x18\x01 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x02 \x01(\x01\"N\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\xeb\x01\n\rNodeHeartbeat\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63tive_sessions\x18\x02 \x01(\r\x12\x15\n\rfree_sessions\x18\x03 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x18\n\x10kv_used_fraction\x18\x05 \x01(\x01\x12&\n\x05peers\x18\x07 \x03(\x0b\x32\x17.meshnet.v1.PeerLatency\x12\x19\n\x11memory_used_bytes\x18\x32 \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x33 \x01(\x04J\x04\x08\x06\x10\x07R\x04load\".\n\x0bPeerLatency\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\"=\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05probe\x18\x03 \x03(\t\"\x85\x01\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x18\n\x10\x65xclude_node_ids\x18\x03 \x03(\t\x12 \n\x13require_start_layer\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x16\n\x14_require_start_layer\"\x83\x02\n\nRouteReply\x12(\n\x04hops\x18\x01 \x03(\x0b\x32\x1a.meshnet.v1.RouteReply.Hop\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0cquantization\x18\x04 \x01(\t\x12\x10\n\x08n_layers\x18\x05 \x01(\r\x12\x1e\n\x16\x65stimated_ms_per_token\x18\x06 \x01(\x01\x1a\x65\n\x03Hop\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x12\n\nlayer_stop\x18\x04 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\"\xed\x03\n\nWorkRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.meshnet.v1.WorkRecord.Status\x12\x11\n\ttokens_in\x18\x05 \x01(\x04\x12\x12\n\ntokens_out\x18\x06 \x01(\x04\x12\x35\n\x0b\x61ttribution\x18\x07 \x03(\x0b\x32 .meshnet.v1.WorkRecord.NodeShare\x12\x15\n\rbilling_units\x18\x08 \x01(\x01\x12\x19\n\x11started_at_unix_s\x18\t \x01(\x01\x12\x1a\n\x12\x66inished_at_unix_s\x18\n \x01(\x01\x1aU\n\tNodeShare\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0blayer_start\x18\x02 \x01(\r\x12\x12\n\nlayer_stop\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"v\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10STATUS_COMPLETED\x10\x01\x12\x14\n\x10STATUS_CANCELLED\x10\x02\x12\x11\n\rSTATUS_FAILED\x10\x03\x12\x15\n\x11STATUS_UNVERIFIED\x10\x04\"0\n\x07WorkAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xd4\x01\n\tModelList\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.meshnet.v1.ModelList.Model\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x1a\x8a\x01\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x14\n\x0cquantization\x18\x03 \x01(\t\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x01(\r\x12\x10\n\x08routable\x18\x06 \x01(\x08\x12\x15\n\rhead_sessions\x18\x07 \x01(\r\"$\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"/\n\x0f\x44\x65registerReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x32\x9c\x03\n\x07Tracker\x12\x43\n\x08Register\x12\x1c.meshnet.v1.NodeRegistration\x1a\x19.meshnet.v1.RegisterReply\x12\x42\n\tHeartbeat\x12\x19.meshnet.v1.NodeHeartbeat\x1a\x1a.meshnet.v1.HeartbeatReply\x12?\n\x0b\x43hooseRoute\x12\x18.meshnet.v1.RouteRequest\x1a\x16.meshnet.v1.RouteReply\x12\x39\n\nReportWork\x12\x16.meshnet.v1.WorkRecord\x1a\x13.meshnet.v1.WorkAck\x12\x42\n\nListModels\x12\x1d.meshnet.v1.ListModelsRequest\x1a\x15.meshnet.v1.ModelList\x12H\n\nDeregister\x12\x1d.meshnet.v1.DeregisterRequest\x1a\x1b.meshnet.v1.DeregisterReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,35 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREPLY']._serialized_start=785
   _globals['_REGISTERREPLY']._serialized_end=863
   _globals['_NODEHEARTBEAT']._serialized_start=866
-  _globals['_NODEHEARTBEAT']._serialized_end=1045
-  _globals['_PEERLATENCY']._serialized_start=1047
-  _globals['_PEERLATENCY']._serialized_end=1093
-  _globals['_HEARTBEATREPLY']._serialized_start=1095
-  _globals['_HEARTBEATREPLY']._serialized_end=1156
-  _globals['_ROUTEREQUEST']._serialized_start=1159
-  _globals['_ROUTEREQUEST']._serialized_end=1292
-  _globals['_ROUTEREPLY']._serialized_start=1295
-  _globals['_ROUTEREPLY']._serialized_end=1554
-  _globals['_ROUTEREPLY_HOP']._serialized_start=1453
-  _globals['_ROUTEREPLY_HOP']._serialized_end=1554
-  _globals['_WORKRECORD']._serialized_start=1557
-  _globals['_WORKRECORD']._serialized_end=2050
-  _globals['_WORKRECORD_NODESHARE']._serialized_start=1845
-  _globals['_WORKRECORD_NODESHARE']._serialized_end=1930
-  _globals['_WORKRECORD_STATUS']._serialized_start=1932
-  _globals['_WORKRECORD_STATUS']._serialized_end=2050
-  _globals['_WORKACK']._serialized_start=2052
-  _globals['_WORKACK']._serialized_end=2100
-  _globals['_LISTMODELSREQUEST']._serialized_start=2102
-  _globals['_LISTMODELSREQUEST']._serialized_end=2121
-  _globals['_MODELLIST']._serialized_start=2124
-  _globals['_MODELLIST']._serialized_end=2336
-  _globals['_MODELLIST_MODEL']._serialized_start=2198
-  _globals['_MODELLIST_MODEL']._serialized_end=2336
-  _globals['_DEREGISTERREQUEST']._serialized_start=2338
-  _globals['_DEREGISTERREQUEST']._serialized_end=2374
-  _globals['_DEREGISTERREPLY']._serialized_start=2376
-  _globals['_DEREGISTERREPLY']._serialized_end=2423
-  _globals['_TRACKER']._serialized_start=2426
-  _globals['_TRACKER']._serialized_end=2838
+  _globals['_NODEHEARTBEAT']._serialized_end=1101
+  _globals['_PEERLATENCY']._serialized_start=1103
+  _globals['_PEERLATENCY']._serialized_end=1149
+  _globals['_HEARTBEATREPLY']._serialized_start=1151
+  _globals['_HEARTBEATREPLY']._serialized_end=1212
+  _globals['_ROUTEREQUEST']._serialized_start=1215
+  _globals['_ROUTEREQUEST']._serialized_end=1348
+  _globals['_ROUTEREPLY']._serialized_start=1351
+  _globals['_ROUTEREPLY']._serialized_end=1610
+  _globals['_ROUTEREPLY_HOP']._serialized_start=1509
+  _globals['_ROUTEREPLY_HOP']._serialized_end=1610
+  _globals['_WORKRECORD']._serialized_start=1613
+  _globals['_WORKRECORD']._serialized_end=2106
+  _globals['_WORKRECORD_NODESHARE']._serialized_start=1901
+  _globals['_WORKRECORD_NODESHARE']._serialized_end=1986
+  _globals['_WORKRECORD_STATUS']._serialized_start=1988
+  _globals['_WORKRECORD_STATUS']._serialized_end=2106
+  _globals['_WORKACK']._serialized_start=2108
+  _globals['_WORKACK']._serialized_end=2156
+  _globals['_LISTMODELSREQUEST']._serialized_start=2158
+  _globals['_LISTMODELSREQUEST']._serialized_end=2177
+  _globals['_MODELLIST']._serialized_start=2180
+  _globals['_MODELLIST']._serialized_end=2392
+  _globals['_MODELLIST_MODEL']._serialized_start=2254
+  _globals['_MODELLIST_MODEL']._serialized_end=2392
+  _globals['_DEREGISTERREQUEST']._serialized_start=2394
+  _globals['_DEREGISTERREQUEST']._serialized_end=2430
+  _globals['_DEREGISTERREPLY']._serialized_start=2432
+  _globals['_DEREGISTERREPLY']._serialized_end=2479
+  _globals['_TRACKER']._serialized_start=2482
+  _globals['_TRACKER']._serialized_end=2894
 # @@protoc_insertion_point(module_scope)
