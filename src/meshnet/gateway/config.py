@@ -53,10 +53,10 @@ class GatewayConfig:
     """Events kept per request; old ``progress`` events are dropped first, milestones kept."""
     shutdown_grace_seconds: float = 10.0
     """On shutdown, in-flight requests get this long to finish before connections are closed."""
-    status_interval_seconds: float = 0.5
+    status_interval_seconds: float = field(default=0.5, metadata=cli("status-interval"))
     """The status stream sends at most one document per this interval, and the tracker's node
     table (for the page, ``/health`` and ``/v1/models``) is asked at most this often."""
-    keepalive_seconds: float = 5.0
+    keepalive_seconds: float = field(default=5.0, metadata=cli("keepalive"))
     """A completion stream with nothing else to send gets an SSE comment this often, so
     proxies and clients do not time out during a long prefill or failover replay."""
 
