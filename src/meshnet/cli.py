@@ -25,6 +25,7 @@ from meshnet.cli_arguments import (
     LabArguments,
     ProvisionArguments,
     SliceArguments,
+    StatusArguments,
 )
 from meshnet.core.config_flags import (
     add_config_arguments,
@@ -235,6 +236,21 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return gate_command(gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr))
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from meshnet.gateway.status_table import exit_status, fetch_status, render_status
+
+    command = config_from_arguments(StatusArguments, args)
+    while True:
+        document, source = fetch_status(command.tracker, command.gateway)
+        table = render_status(document, source)
+        if not command.watch:
+            print(table)
+            return exit_status(document)
+        # Home the cursor and clear, so the table redraws in place like `watch`.
+        print("\x1b[H\x1b[2J" + table + f"\n(every {command.interval:g} s; Ctrl-C to stop)", flush=True)
+        time.sleep(command.interval)
+
+
 @dataclass(frozen=True)
 class Command:
     """One subcommand: what it runs, its one-line help, and the configs its flags come from."""
@@ -278,6 +294,9 @@ def _commands() -> dict[str, Command]:
             "measure whole-model, split, meshnet and recompute lanes; write results",
             (BenchConfig, BenchOutputs),
             skip=("data_dir", "command"),
+        ),
+        "status": Command(
+            cmd_status, "show nodes, layer coverage, gaps and load of a swarm (--watch refreshes)", (StatusArguments,)
         ),
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)

@@ -141,7 +141,10 @@ def judge_health(model: str, table: NodeTable | None, error: str = "") -> SwarmH
         return SwarmHealth("no_route", f"the tracker cannot be asked: {error or 'unreachable'}")
     served = [c for c in coverage(table.nodes) if c.model == model]
     if not served:
-        return SwarmHealth("no_route", f"no certified node serves {model!r}")
+        # Most often a name mismatch (--model-name): say what the swarm does serve.
+        others = sorted({c.model for c in coverage(table.nodes)})
+        known = f"; the tracker's nodes serve {', '.join(map(repr, others))}" if others else ""
+        return SwarmHealth("no_route", f"no certified node serves {model!r}{known}")
     complete = [c for c in served if c.complete]
     if not complete:
         best = min(served, key=lambda c: sum(g.stop - g.start for g in c.gaps))

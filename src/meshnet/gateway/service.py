@@ -10,6 +10,7 @@ iterator is closed and the admission slot returned exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -28,7 +29,14 @@ from meshnet.gateway.errors import HttpError, streamed_error
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, unknown_model
 from meshnet.gateway.responses import ChunkWriter, completion_object
-from meshnet.gateway.sse import DONE, ManagedStreamingResponse, data_frame, telemetry_comment
+from meshnet.gateway.sse import (
+    DONE,
+    KEEPALIVE,
+    ManagedStreamingResponse,
+    data_frame,
+    telemetry_comment,
+    with_keepalive,
+)
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
 
 T = TypeVar("T")
@@ -161,12 +169,16 @@ class CompletionService:
         for early in opening_items[:-1]:
             for frame in _frames(writer, early, prepared.include_usage):
                 yield frame
-        item: DriverItem | None = opening_items[-1]
         try:
-            while item is not None:
-                for frame in _frames(writer, item, prepared.include_usage):
-                    yield frame
-                item = await anext(driver, None)
+            for frame in _frames(writer, opening_items[-1], prepared.include_usage):
+                yield frame
+            async with contextlib.aclosing(with_keepalive(driver, self.config.keepalive_seconds)) as items:
+                async for item in items:
+                    if item is None:
+                        yield KEEPALIVE
+                        continue
+                    for frame in _frames(writer, item, prepared.include_usage):
+                        yield frame
         except Exception as err:  # typed or not, the client gets an error event, never a hang
             yield data_frame(streamed_error(err, request_id))
         yield DONE
