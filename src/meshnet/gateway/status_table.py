@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from meshnet.client.tracker_client import TrackerClient
-from meshnet.core.errors import FailedPrecondition, MeshnetError, Unavailable
+from meshnet.core.errors import FailedPrecondition, MeshnetError, NoRoute, Unavailable, Unreachable
 from meshnet.core.swarm_status import NodeTable, SwarmHealth, coverage, judge_health
 from meshnet.gateway.status_view import StatusInputs, status_document
 
@@ -28,7 +28,7 @@ def fetch_from_gateway(base_url: str, *, timeout_s: float = TIMEOUT_S) -> dict[s
     try:
         response = httpx.get(url, timeout=timeout_s)
     except httpx.HTTPError as error:
-        raise Unavailable(f"the gateway at {base_url} cannot be reached: {error}") from error
+        raise Unreachable(f"the gateway at {base_url} cannot be reached: {error}") from error
     if response.status_code != 200:
         raise FailedPrecondition(f"{url} answered {response.status_code}: {response.text[:200]}")
     document: dict[str, Any] = response.json()
@@ -40,7 +40,13 @@ def fetch_from_tracker(address: str, *, timeout_s: float = TIMEOUT_S) -> dict[st
         async with TrackerClient(address, timeout_s=timeout_s) as client:
             return await client.list_nodes()
 
-    table = asyncio.run(ask())
+    try:
+        table = asyncio.run(ask())
+    except Unavailable as error:
+        if isinstance(error, NoRoute | Unreachable):
+            raise
+        # gRPC says UNAVAILABLE for a tracker that is not there; no worker was lost.
+        raise Unreachable(f"the tracker cannot be reached: {error.message}") from error
     return status_document(
         StatusInputs(
             model=", ".join(sorted({c.model for c in coverage(table.nodes)})) or "(none)",

@@ -23,7 +23,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshnet.core.config_flags import add_config_arguments, given_arguments
-from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.errors import MeshnetError
+from meshnet.process.ports import PortInUse
 from meshnet.protocol import services
 from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
@@ -114,7 +115,8 @@ async def start_tracker(
         port = server.add_insecure_port(target)
     except RuntimeError as error:
         runner.close()
-        raise Unavailable(f"the tracker cannot listen on {target}: {error}") from error
+        # Not Unavailable ([worker_lost]): nothing was lost, the port is taken.
+        raise PortInUse(f"the tracker cannot listen on {target} (is the port in use?): {error}") from error
     await server.start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -168,7 +170,7 @@ def run_tracker(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         asyncio.run(serve_tracker(config, on_ready=_announce))
     except MeshnetError as error:
-        print(f"meshnet tracker: {error.message}", file=sys.stderr)
+        print(f"meshnet tracker: error [{error.code}]: {error.message}", file=sys.stderr)
         return 2
     return 0
 
