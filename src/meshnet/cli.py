@@ -126,15 +126,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()
     started, count = time.perf_counter(), 0
+    first_at = started
     for token in route.generate(request):
         count += 1
+        if count == 1:
+            first_at = time.perf_counter()  # the whole prompt went through every shard
         if token not in tokenizer.eos_token_ids:
             print(decoder.push(token), end="", flush=True)
     print(decoder.flush())
-    elapsed = time.perf_counter() - started
-    print(f"[{count} tokens in {elapsed:.2f} s, {count / elapsed:.1f} tok/s]", file=sys.stderr)
+    print(speed_line(len(tokens), count, first_at - started, time.perf_counter() - first_at), file=sys.stderr)
     route.close()
     return 0
+
+
+def speed_line(prompt_tokens: int, generated: int, prefill_s: float, decode_s: float) -> str:
+    """Prefill and decode speed apart: they differ by orders of magnitude, so one mean hides both.
+
+    The first token ends the prefill; the decode rate counts the tokens after it.
+    """
+    prefill = f"prefill {prompt_tokens} tokens in {prefill_s:.2f} s ({prompt_tokens / max(prefill_s, 1e-9):.1f} tok/s)"
+    decoded = generated - 1
+    rate = f"{decoded / decode_s:.1f} tok/s" if decoded > 0 and decode_s > 0 else "- tok/s"
+    return f"[{prefill}; decode {decoded} tokens in {decode_s:.2f} s ({rate})]"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
