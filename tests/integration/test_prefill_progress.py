@@ -13,8 +13,9 @@ import math
 import subprocess
 from collections.abc import Iterator
 
+import httpx
 import pytest
-from swarm_harness import Swarm, chat_body, read_sse, write_tiny_model
+from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, Swarm, chat_body, read_sse, write_tiny_model
 from test_swarm_failover import MiddleKiller
 
 from meshnet.process.launcher import meshnet_command
@@ -25,7 +26,6 @@ pytestmark = pytest.mark.timeout(120)
 ROWS_PER_FRAME = 32
 N_EMBD = 64
 """The tiny model's width: a hidden row is 4 * 64 bytes, so the frame below holds 32 rows."""
-LONG_PROMPT = " ".join(["the cat is in the house and the dog is in the garden"] * 4)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,13 @@ def _base_url(swarm: Swarm) -> str:
 def _status(swarm: Swarm, *flags: str) -> subprocess.CompletedProcess[str]:
     command = meshnet_command(swarm.root, "status", *flags)
     return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_models_report_the_context_of_the_route(swarm: Swarm) -> None:
+    (model,) = httpx.get(_base_url(swarm) + "/v1/models", timeout=10).json()["data"]
+    assert (model["context_length"], model["routable"]) == (CONTEXT, True)  # the model itself has more
+    one = httpx.get(_base_url(swarm) + f"/v1/models/{MODEL_NAME}", timeout=10).json()
+    assert one == model
 
 
 def test_a_long_prompt_reports_progress_once_per_prefill_chunk(swarm: Swarm) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from swarm_harness import SseResult, Swarm, chat_body, read_sse, write_tiny_model
+from swarm_harness import LONG_PROMPT, SseResult, Swarm, chat_body, read_sse, write_tiny_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,7 +28,6 @@ if CHROMIUM is None:
     pytest.skip("no chromium executable on PATH (`make browser` installs Debian's as root)", allow_module_level=True)
 
 WAIT_MS = 20_000
-LONG_PROMPT = " ".join(["the cat is in the house and the dog is in the garden"] * 4)
 
 
 @pytest.fixture(scope="module")

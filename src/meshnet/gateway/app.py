@@ -201,25 +201,27 @@ def _add_completion_routes(
 ) -> None:
     config = service.config
 
-    async def cards() -> list[ModelCard]:
-        # The context a session really gets: the smaller of the model's and the route's.
+    async def cards() -> list[dict[str, Any]]:
+        # The context a session really gets: the smaller of the model's and the current route's.
+        # Without a route nobody can say; the model's own limit is shown, marked not routable.
         route_context = await status.route_context()
         served = [card for card in generator.models() if card.id in codecs]
-        if route_context is None:
-            return served
-        return [replace(card, context_length=min(card.context_length, route_context)) for card in served]
+        if route_context is not None:
+            served = [replace(card, context_length=min(card.context_length, route_context)) for card in served]
+        routable = {} if not status.has_view else {"routable": route_context is not None}
+        return [{**_model_object(card), **routable} for card in served]
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_object(card) for card in await cards()]}
+        return {"object": "list", "data": await cards()}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> dict[str, Any]:
-        card = next((card for card in await cards() if card.id == model_id), None)
+        card = next((card for card in await cards() if card["id"] == model_id), None)
         if card is None:
             known = ", ".join(repr(c.id) for c in generator.models() if c.id in codecs)
             raise HttpError(404, "model_not_found", f"no model {model_id!r} here; this gateway serves {known}")
-        return _model_object(card)
+        return card
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

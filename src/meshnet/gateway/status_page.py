@@ -68,6 +68,10 @@ class SwarmStatus:
         self._lock = asyncio.Lock()
         self._context: tuple[float, int | None] | None = None
 
+    @property
+    def has_view(self) -> bool:
+        return self._view is not None
+
     async def table(self) -> tuple[NodeTable | None, str]:
         async with self._lock:  # one tracker call serves every waiter of this interval
             now = self._clock()
