@@ -77,6 +77,8 @@ class GatewayConfig:
             "progress_interval_seconds": self.progress_interval_seconds,
             "queue_timeout_seconds": self.queue_timeout_seconds,
             "capacity_refresh_seconds": self.capacity_refresh_seconds,
+            "status_interval_seconds": self.status_interval_seconds,
+            "keepalive_seconds": self.keepalive_seconds,
         }
         for name, number in positive_floats.items():
             if not number > 0:
