@@ -22,7 +22,7 @@ import pytest
 # The swarm harness lives with the integration tests; this directory is not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from swarm_harness import Reference, Swarm, meshnet_command
+from swarm_harness import Reference, Swarm, chat_body, meshnet_command, read_sse
 
 from meshnet.artifact.provision import DEFAULT_MODEL, model_path
 
@@ -101,3 +101,24 @@ def test_openai_stream_through_three_workers_equals_whole_model(swarm: Swarm, tm
         )
         text = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
     assert text == expected
+
+
+LONG_CHAT = "Summarize in one line. " + "The quick brown fox jumps over the lazy dog near the river bank. " * 28
+"""About 400 tokens: two engine chunks of 256, so two prefill frames."""
+
+
+def test_a_prompt_of_two_chunks_streams_progress_per_chunk_and_equals_whole_model(swarm: Swarm, tmp_path: Path) -> None:
+    reference = Reference(MODEL, tmp_path / "cache")
+    try:
+        prompt = reference.chat_tokens(LONG_CHAT)
+        expected = reference.text(reference.generate(prompt, 16))
+    finally:
+        reference.close()
+    assert 256 < len(prompt) <= 512 - 16, len(prompt)
+    base_url = swarm.gateways[0].ready_line.split()[3]
+    body = {**chat_body(16, content=LONG_CHAT), "model": DEFAULT_MODEL.name}
+    result = read_sse(base_url, "/v1/chat/completions", body)
+    assert result.status == 200
+    progress = [(event["done_tokens"], event["total_tokens"]) for event in result.telemetry("prefill_progress")]
+    assert progress == [(256, len(prompt)), (len(prompt), len(prompt))]
+    assert result.text == expected  # one frame per chunk keeps the engine's cuts: bit-identical

@@ -137,9 +137,13 @@ class RouteDriver:
         # Hidden frames between shards carry as many rows as this token frame, so size the
         # chunks for the boundary tensor, not for the token ids.
         rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
-        return split_prefill(
-            prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame)
-        )
+        limit = min(rows_per_frame, head.max_tokens_per_frame)
+        # One engine chunk per frame: every shard runs a whole frame before it forwards it, so
+        # this costs one round trip per chunk and no compute, keeps the engine's cuts where they
+        # were (frames start at multiples of the chunk), and lets progress be seen per chunk.
+        if 0 < head.prefill_chunk_tokens <= limit:
+            limit = head.prefill_chunk_tokens
+        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=limit)
 
 
 @dataclass(frozen=True)

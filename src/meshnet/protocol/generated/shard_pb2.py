@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16meshnet/v1/shard.proto\x12\nmeshnet.v1\"(\n\tLayerSpan\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04stop\x18\x02 \x01(\r\"\x8a\x01\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.meshnet.v1.DType\x12)\n\nbyte_order\x18\x04 \x01(\x0e\x32\x15.meshnet.v1.ByteOrder\x12\x11\n\tfragments\x18\x05 \x03(\x0c\"P\n\x0cTensorBundle\x12\x16\n\x0e\x62undle_version\x18\x01 \x01(\r\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.meshnet.v1.NamedTensor\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xe2\x02\n\x0b\x46rameHeader\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0broute_epoch\x18\x04 \x01(\x04\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12%\n\x06layers\x18\x06 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12 \n\x05phase\x18\x07 \x01(\x0e\x32\x11.meshnet.v1.Phase\x12\x10\n\x08position\x18\x08 \x01(\x04\x12\x0c\n\x04step\x18\t \x01(\x04\x12+\n\x05\x63\x61\x63he\x18\n \x01(\x0e\x32\x1c.meshnet.v1.CacheExpectation\x12,\n\x0b\x63ompression\x18\x0b \x01(\x0e\x32\x17.meshnet.v1.Compression\x12\x10\n\x08\x63hecksum\x18\x0c \x01(\r\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\r \x01(\r\"R\n\x03Hop\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12%\n\x06layers\x18\x02 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\"O\n\x0cSamplingSpec\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xa9\x02\n\x0bStepRequest\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.meshnet.v1.FrameHeader\x12&\n\x06tokens\x18\x02 \x01(\x0b\x32\x14.meshnet.v1.TokenIdsH\x00\x12*\n\x06hidden\x18\x03 \x01(\x0b\x32\x18.meshnet.v1.TensorBundleH\x00\x12#\n\ndownstream\x18\x04 \x03(\x0b\x32\x0f.meshnet.v1.Hop\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.meshnet.v1.SamplingSpec\x12\x13\n\x0b\x66inal_chunk\x18\x06 \x01(\x08\x12.\n\x0c\x63ontinuation\x18\x07 \x01(\x0b\x32\x18.meshnet.v1.ContinuationB\x07\n\x05input\"9\n\x0c\x43ontinuation\x12\x11\n\tmax_steps\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\x05\" \n\x0cSampledToken\x12\x10\n\x08token_id\x18\x01 \x01(\x05\"\n\n\x08\x43hunkAck\"i\n\tHopTiming\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12%\n\x06layers\x18\x02 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12\x10\n\x08queue_us\x18\x03 \x01(\x04\x12\x12\n\ncompute_us\x18\x04 \x01(\x04\"\xc9\x01\n\x0cStepResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x15\n\rnext_position\x18\x03 \x01(\x04\x12)\n\x05token\x18\x04 \x01(\x0b\x32\x18.meshnet.v1.SampledTokenH\x00\x12#\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x14.meshnet.v1.ChunkAckH\x00\x12&\n\x07timings\x18\x06 \x03(\x0b\x32\x15.meshnet.v1.HopTimingB\x08\n\x06result\"\x13\n\x11\x43\x61pabilityRequest\"\xa2\x03\n\nCapability\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12%\n\x06layers\x18\x03 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\x0e\n\x06n_embd\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12#\n\x04role\x18\x07 \x01(\x0e\x32\x15.meshnet.v1.ShardRole\x12\x17\n\x0fschema_versions\x18\x08 \x03(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x17\n\x0f\x62\x61\x63kend_version\x18\n \x01(\t\x12\x14\n\x0cmax_sessions\x18\x0b \x01(\r\x12\x15\n\rfree_sessions\x18\x0c \x01(\r\x12\x17\n\x0f\x61\x63tive_sessions\x18\r \x01(\r\x12\x19\n\x11n_ctx_per_session\x18\x0e \x01(\r\x12\x17\n\x0fmax_frame_bytes\x18\x0f \x01(\x04\x12\x11\n\tcertified\x18\x10 \x01(\x08\x12\x1c\n\x14max_tokens_per_frame\x18\x11 \x01(\r\"4\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x0fReleaseResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\x08\"3\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\x08\"\x10\n\x0eMetricsRequest\"y\n\x0fMetricsSnapshot\x12\x37\n\x06values\x18\x01 \x03(\x0b\x32\'.meshnet.v1.MetricsSnapshot.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*C\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n\rPHASE_PREFILL\x10\x01\x12\x10\n\x0cPHASE_DECODE\x10\x02*p\n\x10\x43\x61\x63heExpectation\x12!\n\x1d\x43\x41\x43HE_EXPECTATION_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41\x43HE_EXPECTATION_NEW\x10\x01\x12\x1e\n\x1a\x43\x41\x43HE_EXPECTATION_CONTINUE\x10\x02*@\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01*i\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT32\x10\x04*R\n\tByteOrder\x12\x1a\n\x16\x42YTE_ORDER_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42YTE_ORDER_LITTLE\x10\x01\x12\x12\n\x0e\x42YTE_ORDER_BIG\x10\x02*}\n\tShardRole\x12\x1a\n\x16SHARD_ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0fSHARD_ROLE_HEAD\x10\x01\x12\x15\n\x11SHARD_ROLE_MIDDLE\x10\x02\x12\x13\n\x0fSHARD_ROLE_TAIL\x10\x03\x12\x13\n\x0fSHARD_ROLE_FULL\x10\x04\x32\xdd\x02\n\x05Shard\x12\x46\n\rGetCapability\x12\x1d.meshnet.v1.CapabilityRequest\x1a\x16.meshnet.v1.Capability\x12@\n\x07Session\x12\x17.meshnet.v1.StepRequest\x1a\x18.meshnet.v1.StepResponse(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.meshnet.v1.ReleaseRequest\x1a\x1b.meshnet.v1.ReleaseResponse\x12?\n\x06\x43\x61ncel\x12\x19.meshnet.v1.CancelRequest\x1a\x1a.meshnet.v1.CancelResponse\x12\x45\n\nGetMetrics\x12\x1a.meshnet.v1.MetricsRequest\x1a\x1b.meshnet.v1.MetricsSnapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16meshnet/v1/shard.proto\x12\nmeshnet.v1\"(\n\tLayerSpan\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0c\n\x04stop\x18\x02 \x01(\r\"\x8a\x01\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12 \n\x05\x64type\x18\x03 \x01(\x0e\x32\x11.meshnet.v1.DType\x12)\n\nbyte_order\x18\x04 \x01(\x0e\x32\x15.meshnet.v1.ByteOrder\x12\x11\n\tfragments\x18\x05 \x03(\x0c\"P\n\x0cTensorBundle\x12\x16\n\x0e\x62undle_version\x18\x01 \x01(\r\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.meshnet.v1.NamedTensor\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xe2\x02\n\x0b\x46rameHeader\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x13\n\x0broute_epoch\x18\x04 \x01(\x04\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12%\n\x06layers\x18\x06 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12 \n\x05phase\x18\x07 \x01(\x0e\x32\x11.meshnet.v1.Phase\x12\x10\n\x08position\x18\x08 \x01(\x04\x12\x0c\n\x04step\x18\t \x01(\x04\x12+\n\x05\x63\x61\x63he\x18\n \x01(\x0e\x32\x1c.meshnet.v1.CacheExpectation\x12,\n\x0b\x63ompression\x18\x0b \x01(\x0e\x32\x17.meshnet.v1.Compression\x12\x10\n\x08\x63hecksum\x18\x0c \x01(\r\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\r \x01(\r\"R\n\x03Hop\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12%\n\x06layers\x18\x02 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\"O\n\x0cSamplingSpec\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xa9\x02\n\x0bStepRequest\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.meshnet.v1.FrameHeader\x12&\n\x06tokens\x18\x02 \x01(\x0b\x32\x14.meshnet.v1.TokenIdsH\x00\x12*\n\x06hidden\x18\x03 \x01(\x0b\x32\x18.meshnet.v1.TensorBundleH\x00\x12#\n\ndownstream\x18\x04 \x03(\x0b\x32\x0f.meshnet.v1.Hop\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.meshnet.v1.SamplingSpec\x12\x13\n\x0b\x66inal_chunk\x18\x06 \x01(\x08\x12.\n\x0c\x63ontinuation\x18\x07 \x01(\x0b\x32\x18.meshnet.v1.ContinuationB\x07\n\x05input\"9\n\x0c\x43ontinuation\x12\x11\n\tmax_steps\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\x05\" \n\x0cSampledToken\x12\x10\n\x08token_id\x18\x01 \x01(\x05\"\n\n\x08\x43hunkAck\"i\n\tHopTiming\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12%\n\x06layers\x18\x02 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12\x10\n\x08queue_us\x18\x03 \x01(\x04\x12\x12\n\ncompute_us\x18\x04 \x01(\x04\"\xc9\x01\n\x0cStepResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x15\n\rnext_position\x18\x03 \x01(\x04\x12)\n\x05token\x18\x04 \x01(\x0b\x32\x18.meshnet.v1.SampledTokenH\x00\x12#\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x14.meshnet.v1.ChunkAckH\x00\x12&\n\x07timings\x18\x06 \x03(\x0b\x32\x15.meshnet.v1.HopTimingB\x08\n\x06result\"\x13\n\x11\x43\x61pabilityRequest\"\xc0\x03\n\nCapability\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12%\n\x06layers\x18\x03 \x01(\x0b\x32\x15.meshnet.v1.LayerSpan\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\x0e\n\x06n_embd\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12#\n\x04role\x18\x07 \x01(\x0e\x32\x15.meshnet.v1.ShardRole\x12\x17\n\x0fschema_versions\x18\x08 \x03(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x17\n\x0f\x62\x61\x63kend_version\x18\n \x01(\t\x12\x14\n\x0cmax_sessions\x18\x0b \x01(\r\x12\x15\n\rfree_sessions\x18\x0c \x01(\r\x12\x17\n\x0f\x61\x63tive_sessions\x18\r \x01(\r\x12\x19\n\x11n_ctx_per_session\x18\x0e \x01(\r\x12\x17\n\x0fmax_frame_bytes\x18\x0f \x01(\x04\x12\x11\n\tcertified\x18\x10 \x01(\x08\x12\x1c\n\x14max_tokens_per_frame\x18\x11 \x01(\r\x12\x1c\n\x14prefill_chunk_tokens\x18\x32 \x01(\r\"4\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x0fReleaseResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\x08\"3\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\x08\"\x10\n\x0eMetricsRequest\"y\n\x0fMetricsSnapshot\x12\x37\n\x06values\x18\x01 \x03(\x0b\x32\'.meshnet.v1.MetricsSnapshot.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*C\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x11\n\rPHASE_PREFILL\x10\x01\x12\x10\n\x0cPHASE_DECODE\x10\x02*p\n\x10\x43\x61\x63heExpectation\x12!\n\x1d\x43\x41\x43HE_EXPECTATION_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43\x41\x43HE_EXPECTATION_NEW\x10\x01\x12\x1e\n\x1a\x43\x41\x43HE_EXPECTATION_CONTINUE\x10\x02*@\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01*i\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT32\x10\x04*R\n\tByteOrder\x12\x1a\n\x16\x42YTE_ORDER_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42YTE_ORDER_LITTLE\x10\x01\x12\x12\n\x0e\x42YTE_ORDER_BIG\x10\x02*}\n\tShardRole\x12\x1a\n\x16SHARD_ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0fSHARD_ROLE_HEAD\x10\x01\x12\x15\n\x11SHARD_ROLE_MIDDLE\x10\x02\x12\x13\n\x0fSHARD_ROLE_TAIL\x10\x03\x12\x13\n\x0fSHARD_ROLE_FULL\x10\x04\x32\xdd\x02\n\x05Shard\x12\x46\n\rGetCapability\x12\x1d.meshnet.v1.CapabilityRequest\x1a\x16.meshnet.v1.Capability\x12@\n\x07Session\x12\x17.meshnet.v1.StepRequest\x1a\x18.meshnet.v1.StepResponse(\x01\x30\x01\x12\x42\n\x07Release\x12\x1a.meshnet.v1.ReleaseRequest\x1a\x1b.meshnet.v1.ReleaseResponse\x12?\n\x06\x43\x61ncel\x12\x19.meshnet.v1.CancelRequest\x1a\x1a.meshnet.v1.CancelResponse\x12\x45\n\nGetMetrics\x12\x1a.meshnet.v1.MetricsRequest\x1a\x1b.meshnet.v1.MetricsSnapshotb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_METRICSSNAPSHOT_VALUESENTRY']._loaded_options = None
   _globals['_METRICSSNAPSHOT_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_PHASE']._serialized_start=2323
-  _globals['_PHASE']._serialized_end=2390
-  _globals['_CACHEEXPECTATION']._serialized_start=2392
-  _globals['_CACHEEXPECTATION']._serialized_end=2504
-  _globals['_COMPRESSION']._serialized_start=2506
-  _globals['_COMPRESSION']._serialized_end=2570
-  _globals['_DTYPE']._serialized_start=2572
-  _globals['_DTYPE']._serialized_end=2677
-  _globals['_BYTEORDER']._serialized_start=2679
-  _globals['_BYTEORDER']._serialized_end=2761
-  _globals['_SHARDROLE']._serialized_start=2763
-  _globals['_SHARDROLE']._serialized_end=2888
+  _globals['_PHASE']._serialized_start=2353
+  _globals['_PHASE']._serialized_end=2420
+  _globals['_CACHEEXPECTATION']._serialized_start=2422
+  _globals['_CACHEEXPECTATION']._serialized_end=2534
+  _globals['_COMPRESSION']._serialized_start=2536
+  _globals['_COMPRESSION']._serialized_end=2600
+  _globals['_DTYPE']._serialized_start=2602
+  _globals['_DTYPE']._serialized_end=2707
+  _globals['_BYTEORDER']._serialized_start=2709
+  _globals['_BYTEORDER']._serialized_end=2791
+  _globals['_SHARDROLE']._serialized_start=2793
+  _globals['_SHARDROLE']._serialized_end=2918
   _globals['_LAYERSPAN']._serialized_start=38
   _globals['_LAYERSPAN']._serialized_end=78
   _globals['_NAMEDTENSOR']._serialized_start=81
@@ -74,21 +74,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPABILITYREQUEST']._serialized_start=1566
   _globals['_CAPABILITYREQUEST']._serialized_end=1585
   _globals['_CAPABILITY']._serialized_start=1588
-  _globals['_CAPABILITY']._serialized_end=2006
-  _globals['_RELEASEREQUEST']._serialized_start=2008
-  _globals['_RELEASEREQUEST']._serialized_end=2060
-  _globals['_RELEASERESPONSE']._serialized_start=2062
-  _globals['_RELEASERESPONSE']._serialized_end=2094
-  _globals['_CANCELREQUEST']._serialized_start=2096
-  _globals['_CANCELREQUEST']._serialized_end=2147
-  _globals['_CANCELRESPONSE']._serialized_start=2149
-  _globals['_CANCELRESPONSE']._serialized_end=2180
-  _globals['_METRICSREQUEST']._serialized_start=2182
-  _globals['_METRICSREQUEST']._serialized_end=2198
-  _globals['_METRICSSNAPSHOT']._serialized_start=2200
-  _globals['_METRICSSNAPSHOT']._serialized_end=2321
-  _globals['_METRICSSNAPSHOT_VALUESENTRY']._serialized_start=2276
-  _globals['_METRICSSNAPSHOT_VALUESENTRY']._serialized_end=2321
-  _globals['_SHARD']._serialized_start=2891
-  _globals['_SHARD']._serialized_end=3240
+  _globals['_CAPABILITY']._serialized_end=2036
+  _globals['_RELEASEREQUEST']._serialized_start=2038
+  _globals['_RELEASEREQUEST']._serialized_end=2090
+  _globals['_RELEASERESPONSE']._serialized_start=2092
+  _globals['_RELEASERESPONSE']._serialized_end=2124
+  _globals['_CANCELREQUEST']._serialized_start=2126
+  _globals['_CANCELREQUEST']._serialized_end=2177
+  _globals['_CANCELRESPONSE']._serialized_start=2179
+  _globals['_CANCELRESPONSE']._serialized_end=2210
+  _globals['_METRICSREQUEST']._serialized_start=2212
+  _globals['_METRICSREQUEST']._serialized_end=2228
+  _globals['_METRICSSNAPSHOT']._serialized_start=2230
+  _globals['_METRICSSNAPSHOT']._serialized_end=2351
+  _globals['_METRICSSNAPSHOT_VALUESENTRY']._serialized_start=2306
+  _globals['_METRICSSNAPSHOT_VALUESENTRY']._serialized_end=2351
+  _globals['_SHARD']._serialized_start=2921
+  _globals['_SHARD']._serialized_end=3270
 # @@protoc_insertion_point(module_scope)
