@@ -15,6 +15,14 @@ from typing import Any
 from meshnet.core.swarm_status import NodeHealth, NodeStatus, NodeTable, SwarmHealth, coverage, node_health
 from meshnet.gateway.telemetry_hub import TelemetrySnapshot
 
+PHASES = {
+    "accepted": "routed",
+    "prefill_started": "prefill",
+    "prefill_completed": "prefill done",
+    "decode_started": "decode",
+    "route_health": "failover",
+}
+"""The last milestone as an operator reads it; other states are shown as they are."""
 LOST_KEPT_SECONDS = 120.0
 """How long a node that left the tracker's table stays on the page as ``lost``."""
 
@@ -70,7 +78,7 @@ def request_json(snapshot: TelemetrySnapshot, age_seconds: float) -> dict[str, A
     return {
         "request_id": snapshot.request_id,
         "model": snapshot.model,
-        "phase": snapshot.state,
+        "phase": PHASES.get(snapshot.state, snapshot.state),
         "finished": snapshot.finished,
         "age_seconds": round(age_seconds, 3),
         "prompt_tokens": snapshot.prompt_tokens,

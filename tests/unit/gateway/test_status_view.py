@@ -68,7 +68,7 @@ def test_the_document_has_nodes_coverage_requests_errors_and_totals() -> None:
     (live,) = document["requests"]
     assert (live["request_id"], live["phase"], live["prefill_done_tokens"], live["prompt_tokens"]) == (
         "req-live",
-        "route_health",
+        "failover",
         40,
         100,
     )
