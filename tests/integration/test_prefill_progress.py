@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -87,9 +88,17 @@ def test_a_failover_replay_reports_progress(swarm: Swarm) -> None:
 
 
 def test_meshnet_status_shows_nodes_coverage_and_gaps(swarm: Swarm) -> None:
-    swarm.settle()
     live = swarm.live_workers()
+    # The worker killed by the failover test stays listed (late) until it expires.
+    deadline = time.monotonic() + 15
     from_gateway = _status(swarm, "--gateway", _base_url(swarm))
+
+    def settled(text: str) -> bool:
+        return text.count(" healthy ") == len(live) and " late " not in text
+
+    while not settled(from_gateway.stdout) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        from_gateway = _status(swarm, "--gateway", _base_url(swarm))
     assert from_gateway.returncode == 0, from_gateway.stderr
     lines = from_gateway.stdout.splitlines()
     assert lines[1].startswith("ok: ")
@@ -99,8 +108,12 @@ def test_meshnet_status_shows_nodes_coverage_and_gaps(swarm: Swarm) -> None:
 
     for worker in swarm.live_workers("2:4"):
         worker.component.kill()
-    swarm.settle()
+    # The tracker lists a killed node (late) until it misses enough heartbeats; then the gap shows.
+    deadline = time.monotonic() + 15
     from_tracker = _status(swarm, "--tracker", swarm.tracker_address)
+    while from_tracker.returncode == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        from_tracker = _status(swarm, "--tracker", swarm.tracker_address)
     assert from_tracker.returncode == 1, from_tracker.stdout + from_tracker.stderr
     assert "coverage tiny (6 layers) [11--11] gaps 2:4" in from_tracker.stdout
     assert "no_route: no node serves layers 2:4 of 'tiny'" in from_tracker.stdout
