@@ -9,15 +9,23 @@ MODEL_STAMP := $(DATA_DIR)/.provisioned
 GEMMA_STAMP := $(DATA_DIR)/.provisioned-gemma3-270m
 PYTEST_ARGS ?=
 
-.PHONY: run test install provision lint proto bench clean
+.PHONY: run test install browser provision lint proto bench clean
 
 run: $(MODEL_STAMP)
 	$(MESHNET) up
 
-test: $(MODEL_STAMP) $(GEMMA_STAMP) lint
+test: $(MODEL_STAMP) $(GEMMA_STAMP) lint browser
 	MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 MESHNET_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q $(PYTEST_ARGS)
 
 install: $(INSTALLED)
+
+# The status page's browser test drives Debian's Chromium (Playwright downloads no browser).
+# Installed when it is missing and we may (root with apt-get); elsewhere the test skips and says why.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "chromium missing and not root with apt-get: the browser test will skip"; fi
 
 # llama-cpp-python builds from source (about 5 minutes on 2 cores); pip's cache makes re-runs fast.
 $(INSTALLED): pyproject.toml

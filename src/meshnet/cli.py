@@ -26,6 +26,7 @@ from meshnet.cli_arguments import (
     ProvisionArguments,
     PublishArguments,
     SliceArguments,
+    StatusArguments,
 )
 from meshnet.core.config_flags import (
     add_config_arguments,
@@ -211,13 +212,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()
     started, count = time.perf_counter(), 0
+    first_at = started
     for token in route.generate(request):
         count += 1
+        if count == 1:
+            first_at = time.perf_counter()  # the whole prompt went through every shard
         if token not in tokenizer.eos_token_ids:
             print(decoder.push(token), end="", flush=True)
     print(decoder.flush())
-    elapsed = time.perf_counter() - started
-    print(f"[{count} tokens in {elapsed:.2f} s, {count / elapsed:.1f} tok/s]", file=sys.stderr)
+    print(speed_line(len(tokens), count, first_at - started, time.perf_counter() - first_at), file=sys.stderr)
     route.close()
     return 0
 
@@ -232,6 +235,17 @@ def _expert_route(source: ModelDescription, config: GenerateConfig, cache: Slice
     certify_expert_parallel(source.path, config.expert_parallel, config.llama_config())
     whole = cache.shard_files(source.path, LayerRange(0, source.n_layers), source.n_layers).slice
     return LocalRoute([ExpertGroup.open(whole, config.llama_config(), config.expert_parallel)])
+
+
+def speed_line(prompt_tokens: int, generated: int, prefill_s: float, decode_s: float) -> str:
+    """Prefill and decode speed apart: they differ by orders of magnitude, so one mean hides both.
+
+    The first token ends the prefill; the decode rate counts the tokens after it.
+    """
+    prefill = f"prefill {prompt_tokens} tokens in {prefill_s:.2f} s ({prompt_tokens / max(prefill_s, 1e-9):.1f} tok/s)"
+    decoded = generated - 1
+    rate = f"{decoded / decode_s:.1f} tok/s" if decoded > 0 and decode_s > 0 else "- tok/s"
+    return f"[{prefill}; decode {decoded} tokens in {decode_s:.2f} s ({rate})]"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -396,6 +410,21 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return gate_command(gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr))
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from meshnet.gateway.status_table import exit_status, fetch_status, render_status
+
+    command = config_from_arguments(StatusArguments, args)
+    while True:
+        document, source = fetch_status(command.tracker, command.gateway)
+        table = render_status(document, source)
+        if not command.watch:
+            print(table)
+            return exit_status(document)
+        # Home the cursor and clear, so the table redraws in place like `watch`.
+        print("\x1b[H\x1b[2J" + table + f"\n(every {command.interval:g} s; Ctrl-C to stop)", flush=True)
+        time.sleep(command.interval)
+
+
 @dataclass(frozen=True)
 class Command:
     """One subcommand: what it runs, its one-line help, and the configs its flags come from."""
@@ -456,6 +485,9 @@ def _commands() -> dict[str, Command]:
         ),
         "bench-tls": Command(
             cmd_bench_tls, "decode tok/s and per-link latency of meshnet-N, mTLS vs --insecure", (TlsCostConfig,)
+        ),
+        "status": Command(
+            cmd_status, "show nodes, layer coverage, gaps and load of a swarm (--watch refreshes)", (StatusArguments,)
         ),
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)

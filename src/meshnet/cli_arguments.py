@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_config import LlamaConfig
@@ -89,6 +90,24 @@ class BenchOutputs:
     """Results JSON."""
     report: Path = Path("bench/report")
     """Folder for report.md and the plots."""
+
+
+@dataclass(frozen=True)
+class StatusArguments:
+    """``meshnet status``: nodes, coverage, gaps and load, from a gateway or a tracker."""
+
+    gateway: str = "http://127.0.0.1:8080"
+    """Gateway base URL whose /v1/status is shown (also lists live requests)."""
+    tracker: str | None = None
+    """Ask this tracker (host:port) directly instead of a gateway."""
+    watch: bool = False
+    """Redraw every --interval seconds until Ctrl-C."""
+    interval: float = 2.0
+    """Seconds between redraws with --watch."""
+
+    def __post_init__(self) -> None:
+        if not self.interval > 0:
+            raise InvalidArgument(f"--interval must be > 0, got {self.interval}")
 
 
 @dataclass(frozen=True)

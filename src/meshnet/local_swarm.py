@@ -267,7 +267,11 @@ def _demo(base_url: str, model: str, config: LocalSwarmConfig, auth: dict[str, s
             if line.startswith(": telemetry "):
                 event = json.loads(line[len(": telemetry ") :])
                 telemetry.append(_describe(event))
-                if event.get("kind") != "progress":
+                if event.get("kind") == "prefill_progress":
+                    # One line rewritten in place per chunk: a long prompt is visibly moving.
+                    print(f"\r  [{telemetry[-1]}]", end="", flush=True)
+                    mid_line = True
+                elif event.get("kind") != "progress":
                     print(f"{chr(10) if mid_line else ''}  [{telemetry[-1]}]")
                     mid_line = False
             elif line.startswith("data: ") and line != "data: [DONE]":
@@ -290,6 +294,11 @@ def _describe(event: dict[str, object]) -> str:
             if isinstance(h, dict)
         )
         return f"accepted: {event.get('model')} {event.get('quantization')}, route {route}"
+    if kind == "prefill_progress":
+        eta = event.get("eta_seconds")
+        what = "replay" if event.get("replay") else "prefill"
+        eta_text = f", ETA {float(eta):.1f} s" if isinstance(eta, int | float) else ""
+        return f"{what} {event.get('done_tokens')}/{event.get('total_tokens')} tokens{eta_text}"
     if kind == "prefill_completed":
         return f"prefill done: {event.get('prompt_tokens')} tokens in {float(event.get('seconds') or 0):.2f} s"  # type: ignore[arg-type]
     if kind == "completed":

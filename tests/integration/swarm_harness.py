@@ -49,6 +49,8 @@ TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tie
 """Six layers, untied Q8_0: greedy decoding of PROMPT gives 200 tokens of ~50 distinct ones."""
 PROMPT = "the cat is in the house"
 """A chat prompt whose greedy answer runs 200 tokens without EOS on TINY_SPEC."""
+LONG_PROMPT = " ".join(["the cat is in the house and the dog is in the garden"] * 4)
+"""A chat prompt of about 230 tokens: many prefill chunks when frames are small."""
 SAMPLED_SEED = 4
 """With temperature 0.8, this seed also runs 200 tokens on PROMPT without EOS."""
 CONTEXT = 512

@@ -172,12 +172,16 @@ def test_telemetry_of_a_live_request(swarm: Swarm, base_url: str) -> None:
     result = read_sse(base_url, "/v1/chat/completions", chat_body(96), on_item=follow_once_started, headers=swarm.auth)
     assert result.status == 200
     assert [item.kind for item in result.items][-1] == "done"
-    inline = result.telemetry()
+    everything = result.telemetry()
+    assert [event["seq"] for event in everything] == list(range(len(everything)))
+    # One prefill_progress per prefill chunk, between prefill_started and prefill_completed.
+    chunks = [i for i, event in enumerate(everything) if event["kind"] == "prefill_progress"]
+    assert chunks and chunks == list(range(2, 2 + len(chunks))), everything
+    inline = [event for event in everything if event["kind"] != "prefill_progress"]
     kinds = [event["kind"] for event in inline]
     assert kinds[:4] == MILESTONES, kinds
     assert kinds[-1] == "completed", kinds
     assert set(kinds[4:-1]) == {"progress"}, kinds
-    assert [event["seq"] for event in inline] == list(range(len(inline)))
     assert all(event["request_id"] == result.request_id for event in inline)
     assert [event["at"] for event in inline] == sorted(event["at"] for event in inline)
 
@@ -209,8 +213,9 @@ def test_telemetry_of_a_live_request(swarm: Swarm, base_url: str) -> None:
 
     for thread in followers:
         thread.join(timeout=30)
-    assert followed == [inline], "the live events stream must carry exactly the inline telemetry"
-    assert _follow_events(base_url, result.request_id, swarm.auth) == inline, "replay after the end must be the same"
+    assert followed == [everything], "the live events stream must carry exactly the inline telemetry"
+    replayed = _follow_events(base_url, result.request_id, swarm.auth)
+    assert replayed == everything, "replay after the end must be the same"
 
 
 def test_telemetry_of_an_unknown_request_is_404(base_url: str, swarm: Swarm) -> None:

@@ -24,7 +24,7 @@ import pytest
 # The swarm harness lives with the integration tests; this directory is not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from swarm_harness import Reference, Swarm, meshnet_command
+from swarm_harness import Reference, Swarm, chat_body, meshnet_command, read_sse
 
 from meshnet.artifact.provision import DEFAULT_MODEL, model_path
 
@@ -154,3 +154,22 @@ def test_json_schema_answer_matches_the_schema_with_logprobs(swarm: Swarm) -> No
     assert len(choice.logprobs.content) == reply.usage.completion_tokens - 1
     assert "".join(entry.token for entry in choice.logprobs.content) == choice.message.content
     assert all(entry.logprob <= 0.0 for entry in choice.logprobs.content)
+LONG_CHAT = "Summarize in one line. " + "The quick brown fox jumps over the lazy dog near the river bank. " * 28
+"""About 400 tokens: two engine chunks of 256, so two prefill frames."""
+
+
+def test_a_prompt_of_two_chunks_streams_progress_per_chunk_and_equals_whole_model(swarm: Swarm, tmp_path: Path) -> None:
+    reference = Reference(MODEL, tmp_path / "cache")
+    try:
+        prompt = reference.chat_tokens(LONG_CHAT)
+        expected = reference.text(reference.generate(prompt, 16))
+    finally:
+        reference.close()
+    assert 256 < len(prompt) <= 512 - 16, len(prompt)
+    base_url = swarm.gateways[0].ready_line.split()[3]
+    body = {**chat_body(16, content=LONG_CHAT), "model": DEFAULT_MODEL.name}
+    result = read_sse(base_url, "/v1/chat/completions", body)
+    assert result.status == 200
+    progress = [(event["done_tokens"], event["total_tokens"]) for event in result.telemetry("prefill_progress")]
+    assert progress == [(256, len(prompt)), (len(prompt), len(prompt))]
+    assert result.text == expected  # one frame per chunk keeps the engine's cuts: bit-identical

@@ -87,3 +87,20 @@ def test_a_missing_default_model_says_how_to_get_it(tmp_path: Path, capsys: pyte
     error = capsys.readouterr().err
     assert "meshnet worker: error [failed_precondition]: the default model is not provisioned" in error
     assert "run `meshnet provision`" in error
+
+
+def test_a_busy_tracker_port_is_labelled_port_in_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["--data-dir", str(tmp_path), "tracker", "--port", str(port)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"meshnet tracker: error [port_in_use]: the tracker cannot listen on 127.0.0.1:{port}")
+
+
+def test_status_of_an_unreachable_gateway_is_labelled_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--gateway", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err.startswith("meshnet status: error [unreachable]: the gateway at http://127.0.0.1:9")

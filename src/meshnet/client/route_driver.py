@@ -21,6 +21,7 @@ from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
     PrefillCompleted,
+    PrefillProgress,
     PrefillStarted,
     RouteHop,
     TokenGenerated,
@@ -41,6 +42,8 @@ from meshnet.protocol.prefill import PrefillChunk, split_prefill
 
 RATE_WINDOW = 16
 """Tokens over which the rolling tokens/s is measured."""
+REPLAY_PROGRESS_TOKENS = 16
+"""A failover replay reports progress every this many re-fed tokens (each is one step)."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,12 @@ class RouteDriver:
         n_prefill = len(request.prompt_tokens) + len(history)
         yield PrefillStarted(n_prefill)
         started = time.perf_counter()
-        result = await _prefill(run, chunks, last_continues=not history)
-        result, step = await _replay(run, history, result, len(chunks))
+        progress = _PrefillTally(n_prefill, started)
+        async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
+            yield chunk_done
+        async for replayed in _replay(run, history, progress, len(chunks)):
+            yield replayed
+        result, step = progress.result, progress.step
         yield PrefillCompleted(n_prefill, time.perf_counter() - started)
         yield DecodeStarted()
         async for event in _decode(run, result, step, produced=len(history)):
@@ -130,9 +137,13 @@ class RouteDriver:
         # Hidden frames between shards carry as many rows as this token frame, so size the
         # chunks for the boundary tensor, not for the token ids.
         rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
-        return split_prefill(
-            prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame)
-        )
+        limit = min(rows_per_frame, head.max_tokens_per_frame)
+        # One engine chunk per frame: every shard runs a whole frame before it forwards it, so
+        # this costs one round trip per chunk and no compute, keeps the engine's cuts where they
+        # were (frames start at multiples of the chunk), and lets progress be seen per chunk.
+        if 0 < head.prefill_chunk_tokens <= limit:
+            limit = head.prefill_chunk_tokens
+        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=limit)
 
 
 @dataclass(frozen=True)
@@ -150,10 +161,28 @@ class _Run:
         return route_frame_meta(self.route, step, position, phase, self.deadline)
 
 
-async def _prefill(run: _Run, chunks: Sequence[PrefillChunk], *, last_continues: bool) -> StepResult | None:
+class _PrefillTally:
+    """Where the prefill stands: tokens through the route, the last result, the next step."""
+
+    def __init__(self, total: int, started: float) -> None:
+        self.total = total
+        self.started = started
+        self.done = 0
+        self.result: StepResult | None = None
+        self.step = 0
+
+    def advance(self, tokens: int, result: StepResult | None, *, replay: bool) -> PrefillProgress:
+        self.done += tokens
+        self.result = result
+        self.step += 1
+        return PrefillProgress(self.done, self.total, time.perf_counter() - self.started, replay)
+
+
+async def _prefill(
+    run: _Run, chunks: Sequence[PrefillChunk], tally: _PrefillTally, *, last_continues: bool
+) -> AsyncIterator[PrefillProgress]:
     """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
     downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint, h.node_id) for h in run.route.hops[1:])
-    result: StepResult | None = None
     for step, chunk in enumerate(chunks):
         frame = StepFrame(
             meta=run.meta(step, chunk.position, "prefill"),
@@ -163,19 +192,19 @@ async def _prefill(run: _Run, chunks: Sequence[PrefillChunk], *, last_continues:
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
         )
-        result = await run.stream.exchange(frame)
-    return result
+        yield tally.advance(len(chunk.payload), await run.stream.exchange(frame), replay=False)
 
 
-async def _replay(
-    run: _Run, history: Sequence[int], result: StepResult | None, step: int
-) -> tuple[StepResult | None, int]:
+async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step: int) -> AsyncIterator[PrefillProgress]:
     """Feed each token of a lost route as the one-token decode step it was.
 
     Every shard then computes exactly what the lost route computed (a prefill of them would take
-    other kernel paths). The tail re-samples each; a mismatch means the routes differ.
+    other kernel paths). The tail re-samples each; a mismatch means the routes differ. Progress
+    is reported every ``REPLAY_PROGRESS_TOKENS`` tokens, so a long replay is not silent.
     """
+    tally.step = step
     for index, token in enumerate(history):
+        result = tally.result
         if result is None or result.token_id != token:
             raise IntegrityError(
                 f"replay diverged at position {None if result is None else result.next_position}: the new route "
@@ -183,13 +212,13 @@ async def _replay(
             )
         last = index == len(history) - 1
         frame = StepFrame(
-            meta=run.meta(step, result.next_position, "decode"),
+            meta=run.meta(tally.step, result.next_position, "decode"),
             tokens=np.array([token], np.int32),
             continuation=run.plan if last else None,
         )
-        result = await run.stream.exchange(frame)
-        step += 1
-    return result, step
+        event = tally.advance(1, await run.stream.exchange(frame), replay=True)
+        if last or (index + 1) % REPLAY_PROGRESS_TOKENS == 0:
+            yield event
 
 
 async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: int) -> AsyncIterator[GenerationEvent]:

@@ -167,7 +167,15 @@ class SwarmClient:
         """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""
         await self.reports.drain(timeout_s)
 
-    async def _check_context(self, route: Route, request: GenerationRequest) -> None:
+    async def route_context(self, model: str) -> int | None:
+        """Tokens a session holds on the route the tracker gives ``model`` now; None: no route."""
+        try:
+            route = await self.tracker.choose_route(model)
+        except NoRoute:
+            return None
+        return await self._route_context(route)
+
+    async def _route_context(self, route: Route) -> int | None:
         answers = await asyncio.gather(
             *(self._driver.capability(hop.address, hop.node_id) for hop in route.hops),
             return_exceptions=True,
@@ -179,7 +187,10 @@ class SwarmClient:
             if isinstance(answer, BaseException):
                 raise answer
             known.append(answer.n_ctx_per_session)
-        context = min(known, default=None)
+        return min(known, default=None)
+
+    async def _check_context(self, route: Route, request: GenerationRequest) -> None:
+        context = await self._route_context(route)
         prompt = len(request.prompt_tokens)
         if context is not None and prompt + request.max_tokens > context:
             advice = f"lower max_tokens to at most {context - prompt}" if prompt < context else "shorten the prompt"

@@ -23,6 +23,7 @@ import grpc.aio
 
 from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.swarm_status import NodeTable
 from meshnet.core.tracking import (
     HeartbeatStatus,
     ModelSummary,
@@ -39,6 +40,7 @@ from meshnet.core.tracking import (
 from meshnet.protocol import services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.status_wire import node_table_from_proto
 from meshnet.protocol.tls import TRACKER_NAME, LinkSecurity, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class TrackerClient:
         self._channel = secure_or_plain_channel(address, security, TRACKER_NAME, options)
         self._stub = services.TrackerStub(self._channel)
         self._retired: list[grpc.aio.Channel] = []
+        self._status_stub = services.SwarmStatusStub(self._channel)
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -117,6 +120,7 @@ class TrackerClient:
             self._retired.append(self._channel)
             self._channel = secure_or_plain_channel(self.address, self._security, TRACKER_NAME, self._options)
             self._stub = services.TrackerStub(self._channel)
+            self._status_stub = services.SwarmStatusStub(self._channel)
         return self._stub
 
     async def register(
@@ -156,6 +160,11 @@ class TrackerClient:
         reply = await self._call(self._current_stub().ListModels, wire.list_models_request_to_proto(), timeout_s)
         models, _epoch = wire.models_from_proto(reply)
         return models
+
+    async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
+        """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""
+        reply = await self._call(self._status_stub.ListNodes, services.ListNodesRequest(), timeout_s)
+        return node_table_from_proto(reply)
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
         reply = await self._call(self._current_stub().Deregister, wire.deregister_to_proto(node_id), timeout_s)

@@ -109,6 +109,12 @@ class Unavailable(MeshnetError):
     retryable = True
 
 
+class Unreachable(Unavailable):
+    """A control-plane service (tracker, gateway) cannot be reached: nothing was lost."""
+
+    code = "unreachable"
+
+
 class NoRoute(Unavailable):
     """No chain of healthy compatible shards covers every layer."""
 

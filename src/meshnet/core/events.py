@@ -43,6 +43,18 @@ class PrefillCompleted:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """One prefill chunk (or one run of replayed tokens after a failover) went through the route."""
+
+    done_tokens: int
+    total_tokens: int
+    seconds: float
+    """Since the prefill started: with the counts, what an ETA is estimated from."""
+    replay: bool = False
+    """True while re-feeding tokens a lost route had generated."""
+
+
+@dataclass(frozen=True)
 class DecodeStarted:
     pass
 
@@ -75,5 +87,12 @@ class Finished:
 
 
 GenerationEvent = (
-    RouteAccepted | PrefillStarted | PrefillCompleted | DecodeStarted | TokenGenerated | RouteHealth | Finished
+    RouteAccepted
+    | PrefillStarted
+    | PrefillProgress
+    | PrefillCompleted
+    | DecodeStarted
+    | TokenGenerated
+    | RouteHealth
+    | Finished
 )

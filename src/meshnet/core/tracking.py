@@ -113,6 +113,10 @@ class NodeLoad:
     kv_used_fraction: float = 0.0
     peer_rtt_ms: tuple[tuple[str, float], ...] = ()
     """Measured round trips to candidate next hops, by address: the tracker's latency table."""
+    memory_used_bytes: int = 0
+    """Weights plus the KV of the sessions held now; 0: not reported."""
+    memory_budget_bytes: int = 0
+    """Weights plus the KV of every session the node admits; 0: not reported."""
 
     def __post_init__(self) -> None:
         if len(self.peer_rtt_ms) > MAX_PEERS:
@@ -124,6 +128,8 @@ class NodeLoad:
         check_count("free_sessions", self.free_sessions, MAX_SESSIONS)
         check_count("queue_depth", self.queue_depth, MAX_SESSIONS)
         check_finite("kv_used_fraction", self.kv_used_fraction, high=1.0)
+        check_count("memory_used_bytes", self.memory_used_bytes, 1 << 60)
+        check_count("memory_budget_bytes", self.memory_budget_bytes, 1 << 60)
 
 
 @dataclass(frozen=True)

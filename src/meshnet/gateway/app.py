@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -31,11 +32,12 @@ from meshnet.gateway.errors import (
     internal_error,
     validation_error,
 )
-from meshnet.gateway.ports import ModelCard, RouteGenerator, TextCodec
+from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
+from meshnet.gateway.status_page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
@@ -113,12 +115,15 @@ def create_app(
     rng: random.Random | None = None,
     api_keys: KeyVerifier | None = None,
     extra_figures: Callable[[], Mapping[str, float]] | None = None,
+    view: SwarmView | None = None,
 ) -> FastAPI:
     """Build the gateway app over a route generator and one text codec per model id.
 
     ``rng`` draws the jitter of overload Retry-After values (seed it for repeatable tests).
     ``api_keys`` checks the Bearer key of every ``/v1`` request; None serves them anonymously.
     ``extra_figures`` adds counters of the parts around the app (the audit) to ``/metrics``.
+    ``view`` is the swarm the status page, ``/health`` and ``/v1/models`` describe (the tracker's
+    node table); without it they describe only the gateway.
     """
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
@@ -145,25 +150,38 @@ def create_app(
     app.state.admission = admission
     install_error_handlers(app, retry_after_seconds=config.retry_after_seconds)
     app.add_middleware(RequestIdMiddleware)
-    _add_status_routes(app, admission, hub, extra_figures or dict)
+    status = SwarmStatus(
+        view, next(iter(codecs), ""), hub, admission, cache_seconds=config.status_interval_seconds, clock=clock
+    )
+    app.state.status = status
     guard = [Depends(api_key_dependency(api_keys))]
-    _add_completion_routes(app, service, generator, codecs, guard)
+    _add_status_routes(app, admission, hub, status, extra_figures or dict)
+    app.include_router(status_router(status, interval_seconds=config.status_interval_seconds, guard=guard))
+    _add_completion_routes(app, service, generator, codecs, status, guard)
     _add_telemetry_routes(app, hub, guard)
     return app
 
 
 def _add_status_routes(
-    app: FastAPI, admission: Admission, hub: TelemetryHub, extra_figures: Callable[[], Mapping[str, float]]
+    app: FastAPI,
+    admission: Admission,
+    hub: TelemetryHub,
+    status: SwarmStatus,
+    extra_figures: Callable[[], Mapping[str, float]],
 ) -> None:
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
+    async def health() -> JSONResponse:
+        # 503 only when no complete route exists: a degraded swarm still serves.
+        verdict = await status.health()
+        body = {
+            **verdict.as_json(),
+            "model": status.model,
             "in_flight": admission.in_flight,
             "capacity": admission.capacity,
             "queued": admission.queued,
             "queue_limit": admission.queue_limit,
         }
+        return JSONResponse(body, status_code=503 if verdict.status == "no_route" else 200)
 
     def figures() -> dict[str, float]:
         return {
@@ -192,14 +210,32 @@ def _add_completion_routes(
     service: CompletionService,
     generator: RouteGenerator,
     codecs: Mapping[str, TextCodec],
+    status: SwarmStatus,
     guard: list[Any],
 ) -> None:
     config = service.config
 
+    async def cards() -> list[dict[str, Any]]:
+        # The context a session really gets: the smaller of the model's and the current route's.
+        # Without a route nobody can say; the model's own limit is shown, marked not routable.
+        route_context = await status.route_context()
+        served = [card for card in generator.models() if card.id in codecs]
+        if route_context is not None:
+            served = [replace(card, context_length=min(card.context_length, route_context)) for card in served]
+        routable = {} if not status.has_view else {"routable": route_context is not None}
+        return [{**_model_object(card), **routable} for card in served]
+
     @app.get("/v1/models", dependencies=guard)
     async def list_models() -> dict[str, Any]:
-        cards = [card for card in generator.models() if card.id in codecs]
-        return {"object": "list", "data": [_model_object(card) for card in cards]}
+        return {"object": "list", "data": await cards()}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=guard)
+    async def get_model(model_id: str) -> dict[str, Any]:
+        card = next((card for card in await cards() if card["id"] == model_id), None)
+        if card is None:
+            known = ", ".join(repr(c.id) for c in generator.models() if c.id in codecs)
+            raise HttpError(404, "model_not_found", f"no model {model_id!r} here; this gateway serves {known}")
+        return card
 
     @app.post("/v1/chat/completions", dependencies=guard)
     async def chat_completions(request: Request) -> Response:

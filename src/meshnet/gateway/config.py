@@ -60,6 +60,12 @@ class GatewayConfig:
     """PEM certificate (chain) to serve HTTPS with; needs --tls-key. Unset: plain HTTP."""
     tls_key: Path | None = None
     """PEM private key of --tls-cert."""
+    status_interval_seconds: float = field(default=0.5, metadata=cli("status-interval"))
+    """The status stream sends at most one document per this interval, and the tracker's node
+    table (for the page, ``/health`` and ``/v1/models``) is asked at most this often."""
+    keepalive_seconds: float = field(default=5.0, metadata=cli("keepalive"))
+    """A completion stream with nothing else to send gets an SSE comment this often, so
+    proxies and clients do not time out during a long prefill or failover replay."""
 
     def __post_init__(self) -> None:
         positive_ints = {
@@ -79,6 +85,8 @@ class GatewayConfig:
             "progress_interval_seconds": self.progress_interval_seconds,
             "queue_timeout_seconds": self.queue_timeout_seconds,
             "capacity_refresh_seconds": self.capacity_refresh_seconds,
+            "status_interval_seconds": self.status_interval_seconds,
+            "keepalive_seconds": self.keepalive_seconds,
         }
         for name, number in positive_floats.items():
             if not number > 0:

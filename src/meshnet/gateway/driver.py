@@ -24,6 +24,7 @@ from meshnet.core.events import (
     Finished,
     GenerationEvent,
     PrefillCompleted,
+    PrefillProgress,
     PrefillStarted,
     RouteAccepted,
     RouteHealth,
@@ -101,6 +102,19 @@ def accepted_payload(event: RouteAccepted, queue_seconds: float = 0.0) -> dict[s
     }
 
 
+def prefill_progress_payload(event: PrefillProgress) -> dict[str, Any]:
+    """Done/total tokens and an ETA extrapolated from the rate so far (None before any rate)."""
+    remaining = event.total_tokens - event.done_tokens
+    eta = event.seconds * remaining / event.done_tokens if event.done_tokens else None
+    return {
+        "done_tokens": event.done_tokens,
+        "total_tokens": event.total_tokens,
+        "seconds": round(event.seconds, 6),
+        "eta_seconds": None if eta is None else round(eta, 3),
+        "replay": event.replay,
+    }
+
+
 class _Run:
     """Per-request translation state; synchronous, so each event is handled atomically."""
 
@@ -151,6 +165,8 @@ class _Run:
             return self.telemetry("accepted", accepted_payload(event, self.queue_seconds)), False
         if isinstance(event, PrefillStarted):
             return self.telemetry("prefill_started", {"prompt_tokens": event.prompt_tokens}), False
+        if isinstance(event, PrefillProgress):
+            return self.telemetry("prefill_progress", prefill_progress_payload(event)), False
         if isinstance(event, PrefillCompleted):
             prefill = {"prompt_tokens": event.prompt_tokens, "seconds": event.seconds}
             return self.telemetry("prefill_completed", prefill), False

@@ -63,6 +63,7 @@ async def run_gateway(
         config.http,
         api_keys=keys,
         extra_figures=lambda: {f"audits_{kind}_total": float(count) for kind, count in auditor.counts.items()},
+        view=generator,
     )
     server = GatewayServer(
         app,

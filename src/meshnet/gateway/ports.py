@@ -14,6 +14,7 @@ from typing import Protocol
 from meshnet.core.events import GenerationEvent
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
+from meshnet.core.swarm_status import NodeTable
 
 
 @dataclass(frozen=True)
@@ -90,4 +91,17 @@ class RouteGenerator(Protocol):
 
     async def session_slots(self) -> int | None:
         """Sessions the swarm admits at once (its head shards' ``max_sessions``); None if unknown."""
+        ...
+
+
+class SwarmView(Protocol):
+    """What the status page, ``/health`` and ``/v1/models`` read of the swarm."""
+
+    async def node_table(self) -> NodeTable:
+        """The tracker's live node table; raises a ``MeshnetError`` when it cannot be asked."""
+        ...
+
+    async def route_context(self, model: str) -> int | None:
+        """Tokens one session holds on the route the tracker would give ``model`` now (the
+        smallest ``n_ctx_per_session`` of its hops); None when no route exists."""
         ...

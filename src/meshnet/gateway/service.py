@@ -10,6 +10,7 @@ iterator is closed and the admission slot returned exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import TypeVar
@@ -30,7 +31,14 @@ from meshnet.gateway.logprob_format import LogprobEntry
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, unknown_model
 from meshnet.gateway.responses import ChunkWriter, Collected, completion_object
-from meshnet.gateway.sse import DONE, ManagedStreamingResponse, data_frame, telemetry_comment
+from meshnet.gateway.sse import (
+    DONE,
+    KEEPALIVE,
+    ManagedStreamingResponse,
+    data_frame,
+    telemetry_comment,
+    with_keepalive,
+)
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
 
 T = TypeVar("T")
@@ -201,17 +209,24 @@ class CompletionService:
                 yield frame
         outcomes: list[Outcome] = []
         try:
-            # Each route's first item, then all of them as they come.
-            async for index, item in _chain(list(enumerate(firsts)), interleave(drivers)):
-                for frame in _frames(writer, index, item):
-                    yield frame
-                if isinstance(item, Outcome):
-                    outcomes.append(item)
-                    if len(outcomes) == prepared.choices and prepared.include_usage:
-                        usage = outcomes[0].usage
-                        for other in outcomes[1:]:
-                            usage = usage + other.usage
-                        yield data_frame(writer.usage(usage))
+            # Each route's first item, then all of them as they come; a keep-alive comment
+            # whenever none comes for a while (a long prefill or a failover replay).
+            chained = _chain(list(enumerate(firsts)), interleave(drivers))
+            async with contextlib.aclosing(with_keepalive(chained, self.config.keepalive_seconds)) as items:
+                async for entry in items:
+                    if entry is None:
+                        yield KEEPALIVE
+                        continue
+                    index, item = entry
+                    for frame in _frames(writer, index, item):
+                        yield frame
+                    if isinstance(item, Outcome):
+                        outcomes.append(item)
+                        if len(outcomes) == prepared.choices and prepared.include_usage:
+                            usage = outcomes[0].usage
+                            for other in outcomes[1:]:
+                                usage = usage + other.usage
+                            yield data_frame(writer.usage(usage))
         except Exception as err:  # typed or not, the client gets an error event, never a hang
             yield data_frame(streamed_error(err, request_id))
         yield DONE

@@ -9,6 +9,7 @@ from meshnet.client.swarm import SwarmClient
 from meshnet.core.events import GenerationEvent
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
+from meshnet.core.swarm_status import NodeTable
 from meshnet.gateway.ports import ModelCard, TextCodec
 
 SLOTS_TIMEOUT_S = 2.0
@@ -39,6 +40,12 @@ class SwarmGenerator:
         models = await self._client.tracker.list_models(timeout_s=SLOTS_TIMEOUT_S)
         slots = sum(model.head_sessions for model in models if model.name in names)
         return slots or None
+
+    async def node_table(self) -> NodeTable:
+        return await self._client.tracker.list_nodes(timeout_s=SLOTS_TIMEOUT_S)
+
+    async def route_context(self, model: str) -> int | None:
+        return await self._client.route_context(model)
 
     def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
         return self._client.generate(request, request_id)

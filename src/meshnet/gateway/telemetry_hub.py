@@ -23,6 +23,7 @@ TelemetryKind = Literal[
     "queued",
     "accepted",
     "prefill_started",
+    "prefill_progress",
     "prefill_completed",
     "decode_started",
     "progress",
@@ -68,6 +69,11 @@ class TelemetrySnapshot:
     queue_seconds: float | None = None
     """Time spent in the admission queue, known once the route accepted the request."""
     prompt_tokens: int | None = None
+    prefill_done_tokens: int = 0
+    """Tokens through the route so far in the current prefill (or failover replay)."""
+    prefill_eta_seconds: float | None = None
+    replaying: bool = False
+    failovers: int = 0
     generated_tokens: int = 0
     tokens_per_second: float = 0.0
     health: tuple[Mapping[str, Any], ...] = ()
@@ -89,7 +95,7 @@ def fold_event(snapshot: TelemetrySnapshot, event: TelemetryEvent) -> TelemetryS
     """Return the snapshot after ``event``: a pure reduction, so polling never races the log."""
     data = event.data
     changes: dict[str, Any] = {"last_seq": event.seq, "updated_at": event.at}
-    if event.kind != "progress":
+    if event.kind not in ("progress", "prefill_progress"):
         changes["state"] = event.kind
     if event.kind == "queued":
         changes["queue_position"] = data.get("position")
@@ -98,11 +104,20 @@ def fold_event(snapshot: TelemetrySnapshot, event: TelemetryEvent) -> TelemetryS
         changes["queue_seconds"] = data.get("queue_seconds", snapshot.queue_seconds)
     elif event.kind in ("prefill_started", "prefill_completed"):
         changes["prompt_tokens"] = data.get("prompt_tokens")
+        done = data.get("prompt_tokens") if event.kind == "prefill_completed" else 0
+        changes.update(prefill_done_tokens=done, prefill_eta_seconds=0.0 if done else None, replaying=False)
+    elif event.kind == "prefill_progress":
+        changes.update(
+            prefill_done_tokens=data.get("done_tokens", 0),
+            prefill_eta_seconds=data.get("eta_seconds"),
+            replaying=bool(data.get("replay")),
+        )
     elif event.kind == "progress":
         changes["generated_tokens"] = data.get("generated_tokens", snapshot.generated_tokens)
         changes["tokens_per_second"] = data.get("tokens_per_second", snapshot.tokens_per_second)
     elif event.kind == "route_health":
         changes["health"] = (*snapshot.health, dict(data))
+        changes["failovers"] = snapshot.failovers + (data.get("status") == "failover")
     elif event.kind == "completed":
         usage = data.get("usage") or {}
         changes.update(
@@ -203,6 +218,14 @@ class TelemetryHub:
     def snapshot(self, request_id: RequestId) -> TelemetrySnapshot | None:
         log = self._logs.get(request_id)
         return None if log is None else log.snapshot
+
+    def recent(self, limit: int) -> list[tuple[TelemetrySnapshot, float]]:
+        """Up to ``limit`` requests with their age in seconds: live ones first, then the latest
+        finished ones (the status page's view)."""
+        now = self._clock()
+        live = [log for log in self._logs.values() if not log.finished]
+        done = [self._logs[rid] for rid in reversed(self._finished_order) if rid in self._logs]
+        return [(log.snapshot, now - log.started_at) for log in [*live, *done][:limit]]
 
     async def follow(self, request_id: RequestId) -> AsyncIterator[TelemetryEvent]:
         """Yield the request's kept events, then new ones live, until its terminal event."""

@@ -9,7 +9,13 @@ below are re-exported for the servicers' method signatures; use them qualified
 
 from __future__ import annotations
 
-from meshnet.protocol.generated import artifact_pb2_grpc, shard_pb2_grpc, swarm_pb2_grpc, tracker_pb2_grpc
+from meshnet.protocol.generated import (
+    artifact_pb2_grpc,
+    shard_pb2_grpc,
+    swarm_pb2_grpc,
+    swarm_status_pb2_grpc,
+    tracker_pb2_grpc,
+)
 from meshnet.protocol.generated.artifact_pb2 import (
     ArtifactAdvertisement,
     ArtifactAdvertisementAck,
@@ -37,6 +43,7 @@ from meshnet.protocol.generated.swarm_pb2 import (
     SwarmRevokeReply,
     SwarmRevokeRequest,
 )
+from meshnet.protocol.generated.swarm_status_pb2 import ListNodesRequest, NodeStatusList
 from meshnet.protocol.generated.tracker_pb2 import (
     DeregisterReply,
     DeregisterRequest,
@@ -59,6 +66,7 @@ ARTIFACT_DIRECTORY_SERVICE = "meshnet.v1.ArtifactDirectory"
 SHARD_SERVICE = "meshnet.v1.Shard"
 TRACKER_SERVICE = "meshnet.v1.Tracker"
 SWARM_SERVICE = "meshnet.v1.Swarm"
+SWARM_STATUS_SERVICE = "meshnet.v1.SwarmStatus"
 """Full service names, as health checks and retry policies name them."""
 
 ShardServicer = shard_pb2_grpc.ShardServicer
@@ -80,12 +88,16 @@ add_artifact_directory_servicer = artifact_pb2_grpc.add_ArtifactDirectoryService
 SwarmServicer = swarm_pb2_grpc.SwarmServicer
 SwarmStub = swarm_pb2_grpc.SwarmStub
 add_swarm_servicer = swarm_pb2_grpc.add_SwarmServicer_to_server
+SwarmStatusServicer = swarm_status_pb2_grpc.SwarmStatusServicer
+SwarmStatusStub = swarm_status_pb2_grpc.SwarmStatusStub
+add_swarm_status_servicer = swarm_status_pb2_grpc.add_SwarmStatusServicer_to_server
 
 __all__ = [
     "ARTIFACTS_SERVICE",
     "ARTIFACT_DIRECTORY_SERVICE",
     "SHARD_SERVICE",
     "SWARM_SERVICE",
+    "SWARM_STATUS_SERVICE",
     "TRACKER_SERVICE",
     "ArtifactAdvertisement",
     "ArtifactAdvertisementAck",
@@ -105,11 +117,13 @@ __all__ = [
     "FindHoldersRequest",
     "HeartbeatReply",
     "ListModelsRequest",
+    "ListNodesRequest",
     "MetricsRequest",
     "MetricsSnapshot",
     "ModelList",
     "NodeHeartbeat",
     "NodeRegistration",
+    "NodeStatusList",
     "QuarantineReply",
     "QuarantineRequest",
     "RegisterReply",
@@ -127,6 +141,8 @@ __all__ = [
     "SwarmRevokeReply",
     "SwarmRevokeRequest",
     "SwarmServicer",
+    "SwarmStatusServicer",
+    "SwarmStatusStub",
     "SwarmStub",
     "TrackerServicer",
     "TrackerStub",
@@ -136,5 +152,6 @@ __all__ = [
     "add_artifacts_servicer",
     "add_shard_servicer",
     "add_swarm_servicer",
+    "add_swarm_status_servicer",
     "add_tracker_servicer",
 ]

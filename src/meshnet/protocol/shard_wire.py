@@ -249,6 +249,7 @@ def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
         max_frame_bytes=info.max_frame_bytes,
         max_tokens_per_frame=info.max_tokens_per_frame,
         certified=info.certified,
+        prefill_chunk_tokens=info.prefill_chunk_tokens,
     )
 
 
@@ -272,6 +273,7 @@ def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
         max_frame_bytes=message.max_frame_bytes,
         max_tokens_per_frame=message.max_tokens_per_frame,
         certified=message.certified,
+        prefill_chunk_tokens=message.prefill_chunk_tokens,
     )
     if message.role != _ROLE_TO_PROTO[info.role]:
         raise InvalidArgument(

@@ -162,6 +162,8 @@ def heartbeat_to_proto(node_id: NodeId, load: NodeLoad) -> pb.NodeHeartbeat:
         queue_depth=load.queue_depth,
         kv_used_fraction=load.kv_used_fraction,
         peers=[pb.PeerLatency(address=address, rtt_ms=rtt) for address, rtt in load.peer_rtt_ms],
+        memory_used_bytes=load.memory_used_bytes,
+        memory_budget_bytes=load.memory_budget_bytes,
     )
 
 
@@ -173,6 +175,8 @@ def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
         kv_used_fraction=message.kv_used_fraction,
         # One past the limit, so an oversized list is refused by NodeLoad rather than cut short.
         peer_rtt_ms=tuple((peer.address, peer.rtt_ms) for peer in message.peers[: MAX_PEERS + 1]),
+        memory_used_bytes=message.memory_used_bytes,
+        memory_budget_bytes=message.memory_budget_bytes,
     )
     return node_id_from_proto(message.node_id), load
 

@@ -122,6 +122,17 @@ class NodeRegistry:
     def get(self, node_id: NodeId) -> NodeEntry | None:
         return self._nodes.get(node_id)
 
+    def entries(self) -> tuple[NodeEntry, ...]:
+        """Every live node's entry, for the status service."""
+        return tuple(self._nodes.values())
+
+    @property
+    def expire_after_s(self) -> float:
+        return self._expire_after_s
+
+    def now(self) -> float:
+        return self._clock()
+
     def node_views(self) -> tuple[NodeView, ...]:
         # Self-declared speeds are checked against the recipe's other nodes (tracker.claims).
         return credible_views(tuple(entry.view() for entry in self._nodes.values()))

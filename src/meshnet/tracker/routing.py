@@ -173,7 +173,10 @@ def choose_model_route(
     """
     fingerprints = sorted({node.fingerprint for node in nodes if model in (node.model, node.fingerprint)})
     if not fingerprints:
-        raise NoRoute(f"no live shard serves model {model!r}")
+        # Most often a model name that differs between gateway and workers: say what is served.
+        served = sorted({node.model for node in nodes})
+        known = f" (live shards serve {', '.join(map(repr, served))}; check --model-name)" if served else ""
+        raise NoRoute(f"no live shard serves model {model!r}{known}")
     plans: list[RoutePlan] = []
     reasons: list[str] = []
     for fingerprint in fingerprints:

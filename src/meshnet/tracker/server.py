@@ -24,13 +24,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshnet.core.addresses import require_loopback
 from meshnet.core.config_flags import add_config_arguments, given_arguments
-from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.errors import MeshnetError
+from meshnet.process.ports import PortInUse
 from meshnet.protocol import services
 from meshnet.protocol.tls import bind
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.status_service import SwarmStatusServicer
 from meshnet.tracker.store import SqliteTrackerStore
 from meshnet.tracker.swarm_service import (
     SwarmServicer,
@@ -135,13 +137,15 @@ async def start_tracker(
     )
     services.add_tracker_servicer(servicer, server)
     add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats)
+    services.add_swarm_status_servicer(SwarmStatusServicer(registry), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
         port, join = _listen(server, config, security, registry)
     except RuntimeError as error:
         runner.close()
-        raise Unavailable(f"the tracker cannot listen on {config.host}: {error}") from error
+        # Not Unavailable ([worker_lost]): nothing was lost, the port is taken.
+        raise PortInUse(f"the tracker cannot listen on {config.host} (is the port in use?): {error}") from error
     await server.start()
     if join is not None:
         await join[0].start()
@@ -238,7 +242,7 @@ def run_tracker(args: argparse.Namespace) -> int:
 
         asyncio.run(serve_tracker(config, on_ready=announce, security=security))
     except MeshnetError as error:
-        print(f"meshnet tracker: {error.message}", file=sys.stderr)
+        print(f"meshnet tracker: error [{error.code}]: {error.message}", file=sys.stderr)
         return 2
     return 0
 

@@ -70,4 +70,6 @@ class ShardMetrics:
             queue_depth=self.queue_depth,
             kv_used_fraction=self.kv_used_fraction,
             peer_rtt_ms=peer_rtt_ms,
+            memory_used_bytes=int(self.weight_bytes + self.kv_bytes_in_use),
+            memory_budget_bytes=int(self.weight_bytes + self.kv_bytes_per_session * self.max_sessions),
         )

@@ -207,6 +207,7 @@ class Shard(Generic[S]):
             max_frame_bytes=self.identity.max_frame_bytes,
             max_tokens_per_frame=self.limits.max_tokens_per_frame,
             certified=True,  # an engine that failed certification never gets a shard built
+            prefill_chunk_tokens=shape.max_batch_tokens,
         )
 
     def metrics(self) -> ShardMetrics:

@@ -25,7 +25,7 @@ def test_generate_raw_completes_text_on_a_certified_family(
     expected = len(tokenizer.encode("the a is", add_special=True))  # the text as is: no chat template
     tokenizer.close()
     assert f"[2 in-process shard(s): 0:2, 2:4; prompt {expected} tokens]" in err
-    assert "[5 tokens in" in err
+    assert "; decode 4 tokens in" in err  # 5 tokens: the first ends the prefill
 
 
 def test_generate_refuses_a_family_outside_the_registry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,3 +189,9 @@ def test_any_route_is_a_contiguous_certified_single_recipe_cover(nodes: list[Nod
         assert before.layers.stop == after.layers.start
     for hop in plan.hops:
         assert by_id[hop.node_id].fingerprint == FINGERPRINT and by_id[hop.node_id].certified
+
+
+def test_an_unknown_model_names_what_the_live_shards_serve() -> None:
+    [served] = {node.model for node in [view("a", 0, 20)]}
+    with pytest.raises(NoRoute, match=f"live shards serve '{served}'; check --model-name"):
+        choose_model_route([view("a", 0, 20)], "nope")

@@ -85,20 +85,24 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
-    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "peers")
+    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "peers", "memory_used_bytes", "memory_budget_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     KV_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     active_sessions: int
     free_sessions: int
     queue_depth: int
     kv_used_fraction: float
     peers: _containers.RepeatedCompositeFieldContainer[PeerLatency]
-    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ...) -> None: ...
+    memory_used_bytes: int
+    memory_budget_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class PeerLatency(_message.Message):
     __slots__ = ("address", "rtt_ms")

@@ -1,0 +1,161 @@
+"""What an operator sees of the swarm: the node table, layer coverage and the health verdict.
+
+The tracker fills ``NodeTable`` from its registry; the gateway's status page, its ``/health``
+and ``meshnet status`` read it. Coverage and the verdict are pure functions over the table, so
+every view agrees on what "covered" and "degraded" mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from meshnet.core.layers import LayerRange
+
+NodeHealth = Literal["healthy", "late", "lost"]
+"""``late``: it missed a heartbeat but is still routed; ``lost``: it left the tracker's table."""
+HealthVerdict = Literal["ok", "degraded", "no_route"]
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as the tracker knows it now."""
+
+    node_id: str
+    address: str
+    model: str
+    fingerprint: str
+    quantization: str
+    layers: LayerRange
+    n_layers: int
+    cpu_count: int
+    memory_bytes: int
+    memory_used_bytes: int
+    memory_budget_bytes: int
+    max_sessions: int
+    active_sessions: int
+    free_sessions: int
+    queue_depth: int
+    kv_used_fraction: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    seconds_since_heartbeat: float
+    certified: bool
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    nodes: tuple[NodeStatus, ...]
+    epoch: int
+    heartbeat_interval_s: float
+    expire_after_s: float
+
+
+def node_health(node: NodeStatus, heartbeat_interval_s: float) -> NodeHealth:
+    """Healthy while its heartbeats arrive on time (half an interval of slack for jitter)."""
+    return "healthy" if node.seconds_since_heartbeat <= 1.5 * heartbeat_interval_s else "late"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How many live, certified nodes serve each layer of one model (one recipe)."""
+
+    model: str
+    fingerprint: str
+    n_layers: int
+    counts: tuple[int, ...]
+    """``counts[i]``: nodes serving layer ``i``."""
+
+    @property
+    def gaps(self) -> tuple[LayerRange, ...]:
+        """Maximal runs of layers no node serves, half-open."""
+        return runs_where(self.counts, lambda count: count == 0)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.counts) and min(self.counts) > 0
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "n_layers": self.n_layers,
+            "counts": list(self.counts),
+            "gaps": [[gap.start, gap.stop] for gap in self.gaps],
+            "complete": self.complete,
+        }
+
+
+def runs_where(values: Sequence[int], predicate: Callable[[int], bool]) -> tuple[LayerRange, ...]:
+    """Maximal half-open runs of indices whose value satisfies ``predicate``."""
+    runs: list[LayerRange] = []
+    start: int | None = None
+    for index, value in enumerate([*values, None]):
+        inside = value is not None and predicate(value)
+        if inside and start is None:
+            start = index
+        elif not inside and start is not None:
+            runs.append(LayerRange(start, index))
+            start = None
+    return tuple(runs)
+
+
+def coverage(nodes: Iterable[NodeStatus]) -> tuple[Coverage, ...]:
+    """One coverage per recipe the certified nodes serve, ordered by model name."""
+    by_recipe: dict[str, list[NodeStatus]] = {}
+    for node in nodes:
+        if node.certified:
+            by_recipe.setdefault(node.fingerprint, []).append(node)
+    result = []
+    for fingerprint, group in by_recipe.items():
+        n_layers = group[0].n_layers
+        counts = [0] * n_layers
+        for node in group:
+            for layer in range(node.layers.start, min(node.layers.stop, n_layers)):
+                counts[layer] += 1
+        result.append(Coverage(group[0].model, fingerprint, n_layers, tuple(counts)))
+    return tuple(sorted(result, key=lambda c: (c.model, c.fingerprint)))
+
+
+@dataclass(frozen=True)
+class SwarmHealth:
+    """The gateway's answer to "can a request for ``model`` be served now?"."""
+
+    status: HealthVerdict
+    reason: str
+    missing_layers: tuple[LayerRange, ...] = ()
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "missing_layers": [[gap.start, gap.stop] for gap in self.missing_layers],
+        }
+
+
+def judge_health(model: str, table: NodeTable | None, error: str = "") -> SwarmHealth:
+    """``no_route`` unless some recipe of ``model`` covers every layer; ``degraded`` when it does
+    but a node on it is late on heartbeats (the next request may fail over)."""
+    if table is None:
+        return SwarmHealth("no_route", f"the tracker cannot be asked: {error or 'unreachable'}")
+    served = [c for c in coverage(table.nodes) if c.model == model]
+    if not served:
+        # Most often a name mismatch (--model-name): say what the swarm does serve.
+        others = sorted({c.model for c in coverage(table.nodes)})
+        known = f"; the tracker's nodes serve {', '.join(map(repr, others))}" if others else ""
+        return SwarmHealth("no_route", f"no certified node serves {model!r}{known}")
+    complete = [c for c in served if c.complete]
+    if not complete:
+        best = min(served, key=lambda c: sum(g.stop - g.start for g in c.gaps))
+        missing = ", ".join(str(gap) for gap in best.gaps)
+        return SwarmHealth("no_route", f"no node serves layers {missing} of {model!r}", best.gaps)
+    fingerprints = {c.fingerprint for c in complete}
+    late = [
+        n.address
+        for n in table.nodes
+        if n.fingerprint in fingerprints and node_health(n, table.heartbeat_interval_s) != "healthy"
+    ]
+    if late:
+        return SwarmHealth("degraded", f"a complete route exists, but {', '.join(late)} missed heartbeats")
+    return SwarmHealth("ok", f"every layer of {model!r} is served")

@@ -1,0 +1,57 @@
+"""The SwarmStatus service: the live node table, read-only, for status pages and `meshnet status`."""
+
+from __future__ import annotations
+
+import grpc
+
+from meshnet.core.swarm_status import NodeStatus, NodeTable
+from meshnet.protocol import services
+from meshnet.protocol.status_wire import node_table_to_proto
+from meshnet.tracker.registry import NodeEntry, NodeRegistry
+
+
+def node_table(registry: NodeRegistry) -> NodeTable:
+    """The registry as operators see it: every live node with its last load report."""
+    now = registry.now()
+    return NodeTable(
+        nodes=tuple(_node_status(entry, now) for entry in registry.entries()),
+        epoch=registry.epoch,
+        heartbeat_interval_s=registry.heartbeat_interval_s,
+        expire_after_s=registry.expire_after_s,
+    )
+
+
+def _node_status(entry: NodeEntry, now: float) -> NodeStatus:
+    registration, load = entry.registration, entry.load
+    return NodeStatus(
+        node_id=entry.node_id,
+        address=registration.address,
+        model=registration.model,
+        fingerprint=registration.fingerprint,
+        quantization=registration.quantization,
+        layers=registration.layers,
+        n_layers=registration.recipe.n_layers,
+        cpu_count=registration.hardware.cpu_count,
+        memory_bytes=registration.hardware.memory_bytes,
+        memory_used_bytes=load.memory_used_bytes if load else 0,
+        memory_budget_bytes=load.memory_budget_bytes if load else 0,
+        max_sessions=registration.max_sessions,
+        active_sessions=load.active_sessions if load else 0,
+        free_sessions=load.free_sessions if load else registration.max_sessions,
+        queue_depth=load.queue_depth if load else 0,
+        kv_used_fraction=load.kv_used_fraction if load else 0.0,
+        prefill_tokens_per_s=registration.prefill_tokens_per_s,
+        decode_tokens_per_s=registration.decode_tokens_per_s,
+        seconds_since_heartbeat=max(0.0, now - entry.last_seen),
+        certified=registration.certified,
+    )
+
+
+class SwarmStatusServicer(services.SwarmStatusServicer):
+    def __init__(self, registry: NodeRegistry) -> None:
+        self._registry = registry
+
+    async def ListNodes(
+        self, request: services.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> services.NodeStatusList:
+        return node_table_to_proto(node_table(self._registry))

@@ -1,0 +1,123 @@
+"""The status page in a real browser: headless Chromium (Debian's package, driven by Playwright)
+against a live swarm of three real llama.cpp workers on the tiny synthetic model.
+
+It sees the three nodes and full coverage, follows a streamed request whose prefill completes
+and whose token count rises, and sees a SIGKILLed worker go unhealthy and the gap appear. The
+page's screenshot is saved beside the test's files, and into ``MESHNET_SCREENSHOT_DIR`` when
+set (that is how docs/status-page.png is made). Skips, saying why, where no Chromium exists.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from swarm_harness import LONG_PROMPT, SseResult, Swarm, chat_body, read_sse, write_tiny_model
+
+pytestmark = pytest.mark.timeout(180)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+playwright_sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (make install)")
+if CHROMIUM is None:
+    pytest.skip("no chromium executable on PATH (`make browser` installs Debian's as root)", allow_module_level=True)
+
+WAIT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
+    model = write_tiny_model(tmp_path_factory.mktemp("model"))
+    with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
+        running.start_tracker()
+        running.start_workers("0:2", "2:4", "4:6")
+        running.start_gateway("--status-interval", "0.1")
+        running.wait_routable(3)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_sync.sync_playwright() as driver:
+        # Root (as on these machines) needs --no-sandbox; Debian's build is used, none downloaded.
+        launched = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def _base_url(swarm: Swarm) -> str:
+    return swarm.gateways[0].ready_line.split()[3]
+
+
+def _cell_values(page: Any, selector: str, attribute: str | None = None) -> list[str]:
+    cells = page.locator(selector)
+    if attribute is None:
+        return [text.strip() for text in cells.all_inner_texts()]
+    return [cells.nth(i).get_attribute(attribute) or "" for i in range(cells.count())]
+
+
+def test_the_page_follows_nodes_coverage_requests_and_a_lost_worker(swarm: Swarm, browser: Any, tmp_path: Path) -> None:
+    expect = playwright_sync.expect
+    base_url = _base_url(swarm)
+    page = browser.new_page(viewport={"width": 1500, "height": 900})
+    page.goto(base_url + "/?key=not-a-real-key")
+    # The key leaves the address bar at once: it must not stay in history or referrers.
+    assert "key=" not in page.url
+
+    expect(page.locator("[data-testid=node][data-health=healthy]")).to_have_count(3, timeout=WAIT_MS)
+    expect(page.locator("[data-testid=health]")).to_have_text("ok", timeout=WAIT_MS)
+    expect(page.locator("[data-testid=coverage-row][data-complete=true]")).to_have_count(1)
+    assert _cell_values(page, "[data-testid=layer]", "data-count") == ["1"] * 6
+    for worker in swarm.workers:
+        expect(page.locator(f"[data-testid=node][data-address='{worker.address}']")).to_have_count(1)
+
+    # A long streamed request; the page must show it live, prefill done and its tokens rising.
+    outcome: dict[str, SseResult] = {}
+    body = chat_body(270, content=LONG_PROMPT)
+    client = threading.Thread(target=lambda: outcome.update(result=read_sse(base_url, "/v1/chat/completions", body)))
+    client.start()
+    seen_tokens: list[int] = []
+    prefill_seen: set[tuple[str, str]] = set()
+    deadline = time.monotonic() + 60
+    while client.is_alive() and time.monotonic() < deadline:
+        tokens = [int(value) for value in _cell_values(page, "[data-testid=request] [data-testid=tokens]") if value]
+        if tokens:
+            seen_tokens.append(tokens[0])
+            done = page.locator("[data-testid=request] [data-testid=prefill]").first
+            prefill_seen.add((done.get_attribute("data-done") or "", done.get_attribute("data-total") or ""))
+            if len(set(seen_tokens)) == 3:
+                page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
+        time.sleep(0.05)
+    client.join(timeout=60)
+    assert outcome["result"].status == 200
+    rising = sorted({count for count in seen_tokens if count > 0})
+    assert len(rising) >= 2, seen_tokens
+    assert seen_tokens == sorted(seen_tokens), "the token count never goes back"
+    assert any(done == total and int(total) > 40 for done, total in prefill_seen), prefill_seen
+    expect(page.locator("[data-testid=recent-request]")).to_have_count(1, timeout=WAIT_MS)
+    expect(page.locator("[data-testid=request]")).to_have_count(0)
+    _save_screenshot(tmp_path / "status-page.png")
+
+    # SIGKILL the only middle worker: its row turns unhealthy and layers 2:4 become a gap.
+    middle = swarm.live_workers("2:4")[0]
+    middle.component.kill()
+    row = page.locator(f"[data-testid=node][data-address='{middle.address}']")
+    expect(row).not_to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
+    expect(row).to_have_attribute("data-health", "lost", timeout=WAIT_MS)
+    expect(page.locator("[data-testid=health]")).to_have_text("no_route", timeout=WAIT_MS)
+    expect(page.locator("[data-testid=gaps]")).to_have_text("gaps: 2:4")
+    expect(page.locator("[data-testid=node][data-health=healthy]")).to_have_count(2)
+    page.screenshot(path=str(tmp_path / "status-page-lost.png"), full_page=True)
+    _save_screenshot(tmp_path / "status-page-lost.png")
+    page.close()
+
+
+def _save_screenshot(path: Path) -> None:
+    target = os.environ.get("MESHNET_SCREENSHOT_DIR")
+    if target and path.exists():
+        shutil.copy(path, Path(target) / path.name)

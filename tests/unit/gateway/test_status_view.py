@@ -1,0 +1,168 @@
+"""The status document, the lost-node memory, the terminal table, keep-alives and the routes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from gateway_doubles import MODEL, ByteCodec, ScriptedGenerator
+from gateway_doubles import test_config as gateway_config
+from status_samples import node, table
+
+from meshnet.core.errors import Unavailable
+from meshnet.core.ids import RequestId
+from meshnet.core.swarm_status import NodeTable, judge_health
+from meshnet.gateway.app import create_app
+from meshnet.gateway.sse import with_keepalive
+from meshnet.gateway.status_table import exit_status, render_status, tracker_health
+from meshnet.gateway.status_view import NodeMemory, StatusInputs, status_document
+from meshnet.gateway.telemetry_hub import TelemetryHub
+
+
+def test_a_vanished_node_is_lost_for_a_while_then_forgotten() -> None:
+    memory = NodeMemory(kept_seconds=10.0)
+    a, b = node("0:3"), node("3:6")
+    assert memory.update(table(a, b), now=0.0) == ()
+    assert memory.update(table(a), now=1.0) == ((b, 1.0),)
+    assert memory.update(table(a), now=5.0) == ((b, 1.0),)
+    assert memory.update(table(a), now=11.5) == ()
+    assert memory.update(table(a, b), now=12.0) == ()
+
+
+def _hub_with_requests() -> TelemetryHub:
+    hub = TelemetryHub(max_requests=8, max_events_per_request=64, clock=lambda: 0.0)
+    for name in ("live", "done", "broken"):
+        hub.open(RequestId(f"req-{name}"), MODEL)
+        hub.publish(RequestId(f"req-{name}"), "accepted", {"hops": [{"address": "a:1", "layers": "0:6"}]})
+        hub.publish(RequestId(f"req-{name}"), "prefill_started", {"prompt_tokens": 100})
+    live = RequestId("req-live")
+    hub.publish(live, "prefill_progress", {"done_tokens": 40, "total_tokens": 100, "eta_seconds": 1.5})
+    hub.publish(live, "route_health", {"status": "failover", "reason": "lost"})
+    hub.publish(RequestId("req-done"), "completed", {"usage": {"prompt_tokens": 100, "completion_tokens": 5}})
+    hub.publish(RequestId("req-broken"), "failed", {"code": "no_route", "message": "gone"})
+    return hub
+
+
+def test_the_document_has_nodes_coverage_requests_errors_and_totals() -> None:
+    hub = _hub_with_requests()
+    nodes = table(node("0:3"), node("3:6"))
+    document = status_document(
+        StatusInputs(
+            model="tiny",
+            table=nodes,
+            tracker_error="",
+            lost=((node("3:6", fingerprint="f1", node_id="n-old"), 0.0),),
+            health=judge_health("tiny", nodes),
+            requests=hub.recent(10),
+            admission={"in_flight": 1.0},
+            totals=hub.totals,
+            now=0.0,
+        )
+    )
+    assert document["health"]["status"] == "ok"
+    assert [n["health"] for n in document["nodes"]] == ["healthy", "healthy", "lost"]
+    assert document["coverage"][0]["counts"] == [1] * 6
+    (live,) = document["requests"]
+    assert (live["request_id"], live["phase"], live["prefill_done_tokens"], live["prompt_tokens"]) == (
+        "req-live",
+        "failover",
+        40,
+        100,
+    )
+    assert (live["prefill_eta_seconds"], live["failovers"], live["route"]) == (1.5, 1, ["a:1 [0:6]"])
+    assert {r["request_id"] for r in document["recent_requests"]} == {"req-done", "req-broken"}
+    broken = {"request_id": "req-broken", "age_seconds": 0.0, "code": "no_route", "message": "gone"}
+    assert document["errors"] == [broken]
+    assert document["billing"]["completion_tokens_total"] == 5.0
+
+
+def test_the_terminal_table_shows_coverage_gaps_nodes_and_its_exit_status() -> None:
+    nodes = table(node("0:2"), node("4:6", beat=2.0))
+    document = status_document(
+        StatusInputs("tiny", nodes, "", (), tracker_health(nodes), (), {}, {}, 0.0)
+    )
+    text = render_status(document, "tracker 127.0.0.1:7070")
+    lines = text.splitlines()
+    assert lines[0] == "meshnet status of tracker 127.0.0.1:7070, epoch 3"
+    assert lines[1].startswith("no_route: no node serves layers 2:4 of 'tiny'")
+    assert lines[2] == "coverage tiny (6 layers) [11--11] gaps 2:4"
+    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY"]
+    assert lines[3].split() == [*header, "PREFILL/s", "DECODE/s"]
+    assert lines[4].split()[:4] == ["127.0.0.1:7000", "0:2/6", "healthy", "0.1s"]
+    assert lines[5].split()[:4] == ["127.0.0.1:7004", "4:6/6", "late", "2.0s"]
+    assert exit_status(document) == 1
+
+
+async def test_keepalives_fill_the_silence_and_items_keep_their_order() -> None:
+    async def slow() -> AsyncIterator[int]:
+        yield 1
+        await asyncio.sleep(0.35)
+        yield 2
+
+    seen = [item async for item in with_keepalive(slow(), 0.1)]
+    assert seen[0] == 1 and seen[-1] == 2
+    assert seen.count(None) >= 2 and set(seen[1:-1]) == {None}
+
+
+@dataclass
+class FixedView:
+    """A SwarmView over a fixed table (or a tracker that cannot be reached)."""
+
+    nodes: NodeTable | None
+    context: int | None = 128
+
+    async def node_table(self) -> NodeTable:
+        if self.nodes is None:
+            raise Unavailable("tracker 127.0.0.1:1: connection refused")
+        return self.nodes
+
+    async def route_context(self, model: str) -> int | None:
+        return self.context
+
+
+def _codecs() -> tuple[dict[str, ByteCodec], object]:
+    return {MODEL: ByteCodec()}, gateway_config()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "status", "code"),
+    [
+        (table(node("0:6", model=MODEL)), "ok", 200),
+        (table(node("0:6", model=MODEL, beat=5.0)), "degraded", 200),
+        (table(node("0:2", model=MODEL)), "no_route", 503),
+        (None, "no_route", 503),
+    ],
+)
+async def test_health_says_whether_a_complete_route_exists(nodes: NodeTable | None, status: str, code: int) -> None:
+    app = create_app(ScriptedGenerator(), *_codecs(), view=FixedView(nodes))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        response = await http.get("/health")
+    assert (response.status_code, response.json()["status"]) == (code, status)
+    if status == "no_route" and nodes is not None:
+        assert response.json()["missing_layers"] == [[2, 6]]
+
+
+async def test_models_report_the_context_a_session_gets_on_the_route() -> None:
+    app = create_app(ScriptedGenerator(), *_codecs(), view=FixedView(table(node("0:6", model=MODEL)), context=128))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        listed = (await http.get("/v1/models")).json()["data"]
+        one = await http.get(f"/v1/models/{MODEL}")
+        missing = await http.get("/v1/models/nope")
+    assert [m["context_length"] for m in listed] == [128]  # the codec alone would say 256
+    assert one.json()["context_length"] == 128
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+async def test_the_page_its_files_and_the_status_document_are_served() -> None:
+    app = create_app(ScriptedGenerator(), *_codecs(), view=FixedView(table(node("0:6", model=MODEL))))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        for path in ("/", "/status"):
+            page = await http.get(path)
+            assert page.status_code == 200 and "/status/status.js" in page.text
+        assert (await http.get("/status/status.js")).headers["content-type"].startswith("text/javascript")
+        assert (await http.get("/status/other.js")).status_code == 404
+        document = (await http.get("/v1/status")).json()
+    assert document["health"]["status"] == "ok" and len(document["nodes"]) == 1
