@@ -145,7 +145,9 @@ async def start_tracker(
     except RuntimeError as error:
         runner.close()
         # Not Unavailable ([worker_lost]): nothing was lost, the port is taken.
-        raise PortInUse(f"the tracker cannot listen on {config.host} (is the port in use?): {error}") from error
+        raise PortInUse(
+            f"the tracker cannot listen on {config.host}:{config.port} (join port {config.join_port}; in use?): {error}"
+        ) from error
     await server.start()
     if join is not None:
         await join[0].start()
