@@ -189,6 +189,12 @@ class StepFrame:
     """True for decode and for the last prefill chunk of a step: the tail samples only then."""
     continuation: Continuation | None = None
     """Head only, final frames only: decode on without the sender (see ``Continuation``)."""
+    ring: bool = False
+    """Decode only: shards after the head answer the tail's token over the ring (``worker.ring``)."""
+    want_timings: bool = False
+    """A probe asks every shard on the way for its ``HopTiming``."""
+    timings: tuple[HopTiming, ...] = ()
+    """On a ring frame with ``want_timings``: the timings of the shards it has passed."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -207,6 +213,10 @@ class StepFrame:
         self._check_downstream()
         if self.continuation is not None and (self.tokens is None or not self.final_chunk):
             raise InvalidArgument("only a final frame into the head (token input) may ask the head to decode on")
+        if self.ring and meta.phase != "decode":
+            raise InvalidArgument("only decode frames travel on the ring")
+        if self.timings and not (self.ring and self.want_timings):
+            raise InvalidArgument("only a ring frame that asks for timings carries them")
 
     def _check_payload(self) -> int:
         is_head = self.meta.layers.start == 0

@@ -19,6 +19,7 @@ from meshnet.protocol.generated.shard_pb2 import (
     MetricsSnapshot,
     ReleaseRequest,
     ReleaseResponse,
+    RingOpen,
     StepRequest,
     StepResponse,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "RegisterReply",
     "ReleaseRequest",
     "ReleaseResponse",
+    "RingOpen",
     "RouteReply",
     "RouteRequest",
     "ShardServicer",

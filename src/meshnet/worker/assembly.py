@@ -21,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
-from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
+from meshnet.client.shard_stream import ChannelPool, RingStream, ShardStream, channel_options
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.recipe import Recipe
@@ -90,7 +90,9 @@ async def assemble_worker(config: WorkerConfig) -> AssembledWorker:
         )
         links = ChannelPool(config.max_frame_bytes)
         policy = config.admission_policy(capacity.max_sessions)
-        shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links))
+        shard = build_shard(
+            identity, loop, policy, capacity, partial(ShardStream, links), open_ring=partial(RingStream, links)
+        )
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise

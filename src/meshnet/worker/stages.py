@@ -19,18 +19,19 @@ receives token ids and any other a hidden state, so the engine input is whicheve
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import numpy as np
 
 from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument
-from meshnet.core.generation import SamplingParams
 from meshnet.engine.backend import StepOutput
 from meshnet.engine.sampling import sample_token
 from meshnet.protocol.frames import HopSpec, HopTiming, StepFrame, StepResult
+from meshnet.worker.ring import OpenRing, RingLeg, RingLink, RingMailbox, TailState
 
 S = TypeVar("S")
 RunStep = Callable[[StepFrame], Awaitable[StepResult]]
@@ -61,9 +62,9 @@ class OutputStage(Protocol[S]):
         ...
 
     async def emit(
-        self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
-        """The answer to ``frame`` once this shard's layers have run it."""
+        """The answer to ``frame`` once this shard's layers have run it (``timing``: only for probes)."""
         ...
 
     async def release(self, state: S) -> None:
@@ -71,7 +72,14 @@ class OutputStage(Protocol[S]):
 
 
 class SampleStage:
-    """The model's last layers: sample the token that follows a final chunk."""
+    """The model's last layers: sample the token that follows a final chunk.
+
+    A tail (``is_head`` False) answers a ring frame into the session's ``RingMailbox``, which
+    the head reads; a full shard is its own head and answers on its stream.
+    """
+
+    def __init__(self, *, is_head: bool) -> None:
+        self._is_head = is_head
 
     def check(self, frame: StepFrame) -> None:
         if frame.downstream:
@@ -81,13 +89,13 @@ class SampleStage:
         if frame.sampling is None:
             raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
 
-    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> SamplingParams:
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> TailState:
         if frame.sampling is None:
             raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
-        return frame.sampling
+        return TailState(frame.sampling, frame.meta.request_id, RingMailbox())
 
     async def emit(
-        self, state: SamplingParams, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
         meta = frame.meta
         next_position = meta.position + frame.n_tokens
@@ -97,14 +105,18 @@ class SampleStage:
             if output.logits is None or len(output.logits) == 0:
                 raise EngineError("the engine returned no logits for a final chunk at the tail")
             # Seeded by the position it fills, so a replay samples the same token again.
-            token = sample_token(output.logits[-1], state, next_position)
-        return StepResult(meta.session_id, meta.step, next_position, token, (timing,))
+            token = sample_token(output.logits[-1], state.sampling, next_position)
+        timings = () if timing is None else (*frame.timings, timing)
+        result = StepResult(meta.session_id, meta.step, next_position, token, timings)
+        if frame.ring and not self._is_head:
+            state.ring.put(result)  # straight to the head; nothing goes back upstream
+        return result
 
-    async def release(self, state: SamplingParams) -> None:
-        return None
+    async def release(self, state: TailState) -> None:
+        state.ring.close()
 
 
-class DownstreamLink(Protocol):
+class DownstreamLink(RingLink, Protocol):
     """The open session stream to the next hop (``client.shard_stream.ShardStream`` on the wire)."""
 
     async def exchange(self, frame: StepFrame) -> StepResult: ...
@@ -123,14 +135,24 @@ class Downstream:
     hops: tuple[HopSpec, ...]
     """The hops after this shard, in route order; the first is where ``link`` leads."""
     link: DownstreamLink
+    stream_deadline: float | None
+    ring: RingLeg = field(default_factory=RingLeg)
+    """The session's ring, once its decode runs on one (``worker.ring``)."""
 
 
 class ForwardStage:
-    """Any shard before the model's last layer: pass the boundary hidden state to the next hop."""
+    """Any shard before the model's last layer: pass the boundary hidden state to the next hop.
 
-    def __init__(self, n_layers: int, connect: Connect) -> None:
+    ``open_ring`` (head only) lets a session's decode run on the ring: without it, or on a route
+    of two shards (where the ring would cross as many seams as the chain), ring frames into the
+    head are run on the chain.
+    """
+
+    def __init__(self, n_layers: int, connect: Connect, *, is_head: bool, open_ring: OpenRing | None = None) -> None:
         self._n_layers = n_layers
         self._connect = connect
+        self._is_head = is_head
+        self._open_ring = open_ring
 
     def check(self, frame: StepFrame) -> None:
         if frame.downstream:
@@ -151,28 +173,61 @@ class ForwardStage:
 
     def open_state(self, frame: StepFrame, stream_deadline: float | None) -> Downstream:
         timeout = None if stream_deadline is None else max(stream_deadline - time.monotonic(), 0.001)
-        return Downstream(frame.downstream, self._connect(frame.downstream[0].address, timeout))
+        return Downstream(frame.downstream, self._connect(frame.downstream[0].address, timeout), stream_deadline)
 
     async def emit(
-        self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
         if output.hidden is None:
             raise EngineError("the engine returned no hidden state on a shard that forwards")
         opening = frame.meta.cache == "new" and frame.meta.step == 0
         left_ms = remaining_ms(deadline, "the step's deadline passed on this shard")
+        ring = frame.ring and (not self._is_head or (self._open_ring is not None and len(state.hops) > 1))
         outgoing = StepFrame(
             meta=replace(frame.meta, layers=state.hops[0].layers, deadline_ms=left_ms),
             hidden=output.hidden,
             downstream=state.hops[1:] if opening else (),
             sampling=frame.sampling if opening else None,
             final_chunk=frame.final_chunk,
+            ring=ring,
+            want_timings=frame.want_timings,
+            timings=(*frame.timings, timing) if ring and timing is not None else (),
         )
+        if ring:
+            return await self._ring_step(state, frame, outgoing, deadline)
+        if state.ring.watch is not None:
+            raise InvalidArgument("a session whose decode runs on the ring takes only ring frames")
         answer = await state.link.exchange(outgoing)
-        return replace(answer, timings=(timing, *answer.timings))
+        return answer if timing is None else replace(answer, timings=(timing, *answer.timings))
+
+    async def _ring_step(
+        self, state: Downstream, frame: StepFrame, outgoing: StepFrame, deadline: float | None
+    ) -> StepResult:
+        meta, leg = frame.meta, state.ring
+        if self._open_ring is not None and leg.back is None:
+            # Opened before the first ring frame leaves; the tail keeps answers until it is read.
+            timeout = None if state.stream_deadline is None else max(state.stream_deadline - time.monotonic(), 0.001)
+            leg.back = self._open_ring(state.hops[-1].address, meta.session_id, meta.request_id, timeout)
+        leg.start(state.link)
+        failure = leg.failure()
+        if failure is not None:
+            raise failure
+        await state.link.send(outgoing)
+        if not self._is_head:
+            # A middle answers nothing upstream: the tail's answer goes straight to the head.
+            return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
+        return await leg.answer(meta.step, deadline)
+
+    def ring_failure(self, state: Downstream) -> asyncio.Task[StepResult] | None:
+        """What ends when this session's downstream fails, once its decode runs on the ring."""
+        return state.ring.watch
 
     async def release(self, state: Downstream) -> None:
         # Ending the stream makes the next shard release the session and close its own link.
-        await state.link.close()
+        if state.ring.watch is not None or state.ring.back is not None:
+            await state.ring.close(state.link)
+        else:
+            await state.link.close()
 
 
 class Continuation(Protocol):
@@ -198,7 +253,11 @@ class HeadDecodeLoop:
 
     Each step is a decode frame like one the sender would have sent (same checks, same
     idempotency bookkeeping), so a sender can switch between driving and reading freely.
+    With ``ring`` its steps are ring frames (the tail answers the head directly).
     """
+
+    def __init__(self, *, ring: bool = False) -> None:
+        self._ring = ring
 
     async def steps(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
@@ -217,5 +276,6 @@ class HeadDecodeLoop:
                 cache="continue",
                 deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
             )
-            result = await run(StepFrame(meta=meta, tokens=np.array([result.token_id], np.int32)))
+            tokens = np.array([result.token_id], np.int32)
+            result = await run(StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings))
             yield result
