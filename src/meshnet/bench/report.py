@@ -101,6 +101,8 @@ def _route_rows(results: BenchResults) -> list[tuple[str, str]]:
         rows.append(
             (f"per-link latency p50 / p95 ({ROUTE})", f"{_fmt(hops.link_ms_p50, 2)} / {_fmt(hops.link_ms_p95, 2)} ms")
         )
+        if hops.seam_crossings_per_token is not None:
+            rows.append((f"seam crossings per decode token ({ROUTE})", str(hops.seam_crossings_per_token)))
     return rows
 
 
@@ -238,8 +240,9 @@ def _sections(results: BenchResults, contract: Path | None) -> list[str]:
         *("", *_concurrency_table(results), ""),
         "## Route hops (probe session, one token at a time)",
         "",
-        "Per-link latency = (round trip - the shards' reported compute) / links: serialization, gRPC, loopback "
-        "and event loops. Wire bytes are serialized frame sizes plus 14 bytes of gRPC/HTTP-2 framing per message.",
+        "Per-link latency = (round trip - the shards' reported compute) / one-way crossings of the round trip "
+        "(client->head, each seam crossing, head->client): serialization, gRPC, loopback and event loops. "
+        "On a ring (3+ shards) a decode token crosses N seams (tail->head directly), on the chain 2(N-1). Wire bytes are serialized frame sizes plus 14 bytes of gRPC/HTTP-2 framing per message.",
         *("", *_route_table(results), ""),
         *("## Context scaling", "", *_context_table(results), ""),
     ]

@@ -137,7 +137,11 @@ class HopTiming:
     link_ms_p50: float | None
     link_ms_p95: float | None
     links: int
+    """One-way crossings of a probe step's round trip (client->head, the seams, head->client);
+    ``link_ms`` is per crossing."""
     hops: tuple[HopCompute, ...]
+    seam_crossings_per_token: int | None = None
+    """Between shards only: N on the ring (3+ shards), 2(N-1) on the chain."""
 
 
 @dataclass(frozen=True)

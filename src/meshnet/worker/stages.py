@@ -265,17 +265,30 @@ class HeadDecodeLoop:
         plan = frame.continuation
         if plan is None:
             return
-        for offset in range(1, plan.max_steps + 1):
-            if result.token_id is None or result.token_id in plan.stop_token_ids:
-                return
-            meta = replace(
-                frame.meta,
-                phase="decode",
-                position=result.next_position,
-                step=frame.meta.step + offset,
-                cache="continue",
-                deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
-            )
-            tokens = np.array([result.token_id], np.int32)
-            result = await run(StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings))
-            yield result
+        unsent: StepResult | None = None
+        """The last step's answer, sent to the sender while the next step already runs."""
+        running: asyncio.Task[StepResult] | None = None
+        try:
+            for offset in range(1, plan.max_steps + 1):
+                if result.token_id is None or result.token_id in plan.stop_token_ids:
+                    break
+                meta = replace(
+                    frame.meta,
+                    phase="decode",
+                    position=result.next_position,
+                    step=frame.meta.step + offset,
+                    cache="continue",
+                    deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
+                )
+                tokens = np.array([result.token_id], np.int32)
+                next_frame = StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings)
+                running = asyncio.ensure_future(run(next_frame))
+                if unsent is not None:
+                    yield unsent  # its write to the sender overlaps the step just started
+                result = unsent = await running
+                running = None
+            if unsent is not None:
+                yield unsent
+        finally:
+            if running is not None:
+                running.cancel()
