@@ -89,6 +89,8 @@ class EngineLoop:
         self._open_backend = open_backend
         self._max_decode_batch = max_decode_batch
         self._gather = GatherPolicy() if gather is None else gather
+        self._decode_call_s = 0.0
+        """Moving average of the decode calls' duration (sizes the gather window)."""
         self._last_decode: dict[int, float] = {}
         """Slot -> arrival of its last decode step, until the slot is truncated (released)."""
         self._clock = clock
@@ -210,6 +212,7 @@ class EngineLoop:
             earliest_deadline=None if not deadlines else now + (min(deadlines) - self._clock()),
             now=now,
             policy=self._gather,
+            decode_call_s=self._decode_call_s,
         )
 
     def _apply_truncate(self, item: _Truncate) -> None:
@@ -275,6 +278,7 @@ class EngineLoop:
         stats.busy_seconds += seconds
         decode = sum(1 for c in chunks if c.n_tokens == 1)
         if decode:
+            self._decode_call_s = 0.8 * self._decode_call_s + 0.2 * seconds
             stats.decode_batches += 1
             stats.decode_steps += decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)

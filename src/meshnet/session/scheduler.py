@@ -53,7 +53,11 @@ class GatherPolicy:
     """
 
     window_s: float = 0.0015
-    """Longest wait, counted from the arrival of the oldest ready decode step."""
+    """Shortest window, counted from the arrival of the oldest ready decode step."""
+    max_window_s: float = 0.010
+    """Longest window. Within it, the window is as long as one of this shard's decode calls:
+    the steps of a session group reach a shard spread over the upstream's call, so a window that
+    short merges the groups into one batch within a few tokens."""
     horizon_s: float = 0.5
     """A session counts as decoding if it sent a decode step this recently (and was not released)."""
 
@@ -66,15 +70,18 @@ def gather_wait(
     earliest_deadline: float | None,
     now: float,
     policy: GatherPolicy,
+    decode_call_s: float = 0.0,
 ) -> float:
     """Seconds to wait for more decode steps before running the tick; 0 runs it now.
 
     ``decode_arrivals``: when each ready decode step arrived; ``decoding_sessions``: sessions
-    that are decoding (see ``GatherPolicy.horizon_s``), the steps the tick can still expect.
+    that are decoding (see ``GatherPolicy.horizon_s``), the steps the tick can still expect;
+    ``decode_call_s``: how long this shard's recent decode calls took.
     """
     if not decode_arrivals or prefill_waiting or len(decode_arrivals) >= decoding_sessions:
         return 0.0
-    wait = policy.window_s - (now - min(decode_arrivals))
+    window = min(max(policy.window_s, decode_call_s), policy.max_window_s)
+    wait = window - (now - min(decode_arrivals))
     if earliest_deadline is not None:
         wait = min(wait, earliest_deadline - now)
     return max(wait, 0.0)

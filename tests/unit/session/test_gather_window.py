@@ -11,9 +11,7 @@ POLICY = GatherPolicy(window_s=0.002, horizon_s=0.5)
 
 
 def wait(arrivals: list[float], sessions: int, *, prefill: bool = False, deadline: float | None = None) -> float:
-    return gather_wait(
-        arrivals, sessions, prefill_waiting=prefill, earliest_deadline=deadline, now=10.0, policy=POLICY
-    )
+    return gather_wait(arrivals, sessions, prefill_waiting=prefill, earliest_deadline=deadline, now=10.0, policy=POLICY)
 
 
 def test_a_single_stream_never_waits() -> None:
@@ -43,6 +41,17 @@ def test_no_wait_past_a_deadline() -> None:
 
 def test_nothing_to_gather_without_decode_steps() -> None:
     assert wait([], 8) == 0.0
+
+
+def test_the_window_stretches_to_one_decode_call_within_its_bound() -> None:
+    def window(call_s: float) -> float:
+        return gather_wait(
+            [10.0], 8, prefill_waiting=False, earliest_deadline=None, now=10.0, policy=POLICY, decode_call_s=call_s
+        )
+
+    assert window(0.004) == pytest.approx(0.004)
+    assert window(0.5) == pytest.approx(POLICY.max_window_s)
+    assert window(0.0001) == pytest.approx(POLICY.window_s)
 
 
 def test_sessions_idle_past_the_horizon_are_not_expected() -> None:
