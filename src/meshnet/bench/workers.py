@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshnet.bench.environment import rss_bytes
+from meshnet.bench.pinning import pin_all
 from meshnet.core.errors import Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
@@ -32,6 +33,8 @@ class WorkerOptions:
     max_sessions: int
     context: int
     prefill_chunk: int
+    pin: bool = False
+    """Pin worker i of the route to core i mod the usable cores (``bench.pinning``)."""
 
 
 def _spec(layers: LayerRange, options: WorkerOptions, log_path: Path) -> LaunchSpec:
@@ -68,6 +71,7 @@ class WorkerSet:
             self.stop()
             raise Unavailable(f"workers of {name} serve different recipes: {sorted(fingerprints)}")
         self.fingerprint = fingerprints.pop()
+        self.pinning = pin_all(self.pids) if options.pin else "not pinned"
 
     @property
     def hops(self) -> tuple[RouteHop, ...]:
