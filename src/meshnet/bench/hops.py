@@ -3,7 +3,7 @@
 The route driver hides each step's ``StepResult.timings``; this probe speaks the same frames
 through the same ``ShardStream`` so it can keep them, and asks for them (``want_timings``: no
 shard measures or sends timings otherwise). Its decode frames are ring frames, as the head's own
-decode loop sends them: on a route of three or more shards the tail answers the head directly.
+decode loop sends them: the tail answers the head directly.
 Each decode step's round trip splits into the shards' own time (``compute_us``: engine queue +
 llama.cpp, as each shard reports it) and the rest: serialization, gRPC, loopback, event loops,
 spread over the one-way crossings of the step (``crossings``: client->head, each seam crossing,
@@ -59,6 +59,7 @@ async def probe_hops(
                 downstream=downstream if step == 0 else (),
                 sampling=SamplingParams() if step == 0 else None,
                 final_chunk=chunk.final_chunk,
+                ring=step > 0,
             )
             result = await stream.exchange(frame)
         step = len(chunks)
@@ -86,8 +87,8 @@ async def probe_hops(
 
 
 def seam_crossings(n_shards: int) -> int:
-    """Seam crossings per decode token: N on the ring (3+ shards), 2(N-1) on the chain (1-2)."""
-    return n_shards if n_shards >= 3 else 2 * (n_shards - 1)
+    """Seam crossings per decode token on the ring: N (none for a single shard)."""
+    return n_shards if n_shards >= 2 else 0
 
 
 def _timing_summary(route: RouteSession, round_trips: list[float], results: list[StepResult]) -> HopTiming:
@@ -126,7 +127,7 @@ def wire_bytes(route: RouteSession, decode_frame: StepFrame, answer: StepResult,
     reply = replace(answer, timings=())
     reply_bytes = _framed(result_to_proto(reply).ByteSize())
     links = [LinkBytes(f"client->{head}", _framed(frame_to_proto(plain).ByteSize()), reply_bytes)]
-    ring = len(route.hops) >= 3
+    ring = len(route.hops) >= 2
     hidden = np.zeros((1, n_embd), np.float32)  # hidden: [1, n_embd], as each seam sends per token
     for index, hop in enumerate(route.hops[1:], start=1):
         # The frame a shard forwards: the step's header re-addressed to the next range.

@@ -242,7 +242,7 @@ def _sections(results: BenchResults, contract: Path | None) -> list[str]:
         "",
         "Per-link latency = (round trip - the shards' reported compute) / one-way crossings of the round trip "
         "(client->head, each seam crossing, head->client): serialization, gRPC, loopback and event loops. "
-        "On a ring (3+ shards) a decode token crosses N seams (tail->head directly), on the chain 2(N-1). "
+        "On the ring a decode token crosses N seams (tail->head directly); on the chain it crossed 2(N-1). "
         "Wire bytes are serialized frame sizes plus 14 bytes of gRPC/HTTP-2 framing per message.",
         *("", *_route_table(results), ""),
         *("## Context scaling", "", *_context_table(results), ""),

@@ -141,7 +141,7 @@ class HopTiming:
     ``link_ms`` is per crossing."""
     hops: tuple[HopCompute, ...]
     seam_crossings_per_token: int | None = None
-    """Between shards only: N on the ring (3+ shards), 2(N-1) on the chain."""
+    """Between shards only: N on the ring (2(N-1) on the chain it replaced)."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Drive one generation along a route of shards: chunked prefill, then one decode step per token.
 
 The driver talks only to the head; each shard forwards its boundary to the next, the tail
-samples, and the token travels back. Every frame carries the remaining budget, so the route
-never works past the request's deadline. Closing the iterator (or cancelling its task) cancels
-the head stream, which frees the session's KV on every shard down the route.
+samples, and the token travels back: straight to the head (the ring, ``worker.ring``) for every
+frame after the opening one, which also lets prefill chunks pipeline along the route. Every
+frame carries the remaining budget, so the route never works past the request's deadline.
+Closing the iterator (or cancelling its task) cancels the head stream, which frees the
+session's KV on every shard down the route.
 """
 
 from __future__ import annotations
@@ -162,6 +164,8 @@ async def _prefill(run: _Run, chunks: Sequence[PrefillChunk], *, last_continues:
             sampling=run.request.sampling if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
+            # After the opening frame: on the ring, so prefill chunks pipeline along the route.
+            ring=step > 0,
         )
         result = await run.stream.exchange(frame)
     return result
@@ -186,6 +190,7 @@ async def _replay(
             meta=run.meta(step, result.next_position, "decode"),
             tokens=np.array([token], np.int32),
             continuation=run.plan if last else None,
+            ring=True,
         )
         result = await run.stream.exchange(frame)
         step += 1
@@ -207,7 +212,8 @@ async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: 
         if run.plan is not None:
             result = await run.stream.read()
         else:
-            frame = StepFrame(meta=run.meta(step, result.next_position, "decode"), tokens=np.array([token], np.int32))
+            meta = run.meta(step, result.next_position, "decode")
+            frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), ring=True)
             result = await run.stream.exchange(frame)
         step += 1
 

@@ -190,7 +190,8 @@ class StepFrame:
     continuation: Continuation | None = None
     """Head only, final frames only: decode on without the sender (see ``Continuation``)."""
     ring: bool = False
-    """Decode only: shards after the head answer the tail's token over the ring (``worker.ring``)."""
+    """Not on an opening frame: shards after the head answer the tail's token (or chunk ack) over
+    the ring (``worker.ring``)."""
     want_timings: bool = False
     """A probe asks every shard on the way for its ``HopTiming``."""
     timings: tuple[HopTiming, ...] = ()
@@ -213,8 +214,8 @@ class StepFrame:
         self._check_downstream()
         if self.continuation is not None and (self.tokens is None or not self.final_chunk):
             raise InvalidArgument("only a final frame into the head (token input) may ask the head to decode on")
-        if self.ring and meta.phase != "decode":
-            raise InvalidArgument("only decode frames travel on the ring")
+        if self.ring and meta.cache == "new":
+            raise InvalidArgument("the opening frame travels on the chain, not on the ring")
         if self.timings and not (self.ring and self.want_timings):
             raise InvalidArgument("only a ring frame that asks for timings carries them")
 

@@ -6,6 +6,11 @@ forwards it on without answering, and the tail writes its answer into the sessio
 ``RingMailbox``, which the head reads over a ``RingReturn`` stream it opened on the tail: N
 crossings per token.
 
+Prefill chunks after the opening one travel on the ring too, pipelined: the head answers a
+non-final chunk as soon as it has forwarded it, so the sender sends the next one while the
+later shards still run this one; at most ``MAX_CHUNKS_IN_FLIGHT`` chunks are unanswered by the
+tail at any time (the head waits for the tail's ack of chunk c-K before forwarding chunk c).
+
 Nothing about failure handling is lost by not answering: every forwarding shard keeps a watch on
 its downstream stream (``RingLeg.watch``), which in ring mode only ever ends with the reason the
 downstream failed; the head races its wait for the tail's answer against that watch and against
@@ -58,6 +63,8 @@ class RingLink(Protocol):
 
 
 _CLOSED = object()
+MAX_CHUNKS_IN_FLIGHT = 2
+"""Prefill chunks of a session forwarded by the head and not yet answered by the tail."""
 
 
 class RingMailbox:
@@ -109,6 +116,8 @@ class RingLeg:
         """Reads the downstream stream, which on a ring only ends with why the downstream stopped."""
         self.back: RingReader | None = None
         """Head only: the tail's RingReturn stream."""
+        self.answered_through = -1
+        """Head only: the highest step the tail has answered on the ring."""
 
     def start(self, link: RingLink) -> None:
         if self.watch is None:
@@ -122,25 +131,35 @@ class RingLeg:
 
     async def answer(self, step: int, deadline: float | None) -> StepResult:
         """The tail's answer to ``step``, or why it cannot come (a failed hop, the deadline)."""
-        if self.back is None or self.watch is None:
-            raise FailedPrecondition("the ring of this session is not open")
         while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise DeadlineExceeded("the step's deadline passed waiting for the tail's answer")
-            read = asyncio.ensure_future(self.back.read())
-            done, _ = await asyncio.wait({read, self.watch}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            if read not in done:
-                read.cancel()
-                if self.watch in done:
-                    raise watch_error(self.watch)
-                raise DeadlineExceeded("the step's deadline passed waiting for the tail's answer")
-            result = read.result()
+            result = await self._read(deadline)
             if result.step == step:
                 return result
             if result.step > step:
                 raise IntegrityError(f"the tail answered step {result.step} while the head waits for {step}")
-            # An answer to a repeated earlier step: already delivered, skip it.
+            # An answer to an earlier step (a prefill chunk's ack, a repeat): already handled.
+
+    async def acknowledged(self, step: int, deadline: float | None) -> None:
+        """Wait until the tail has answered ``step`` (flow control of pipelined prefill chunks)."""
+        while self.answered_through < step:
+            await self._read(deadline)
+
+    async def _read(self, deadline: float | None) -> StepResult:
+        if self.back is None or self.watch is None:
+            raise FailedPrecondition("the ring of this session is not open")
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise DeadlineExceeded("the step's deadline passed waiting for the tail's answer")
+        read = asyncio.ensure_future(self.back.read())
+        done, _ = await asyncio.wait({read, self.watch}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        if read not in done:
+            read.cancel()
+            if self.watch in done:
+                raise watch_error(self.watch)
+            raise DeadlineExceeded("the step's deadline passed waiting for the tail's answer")
+        result = read.result()
+        self.answered_through = max(self.answered_through, result.step)
+        return result
 
     async def close(self, link: RingLink) -> None:
         """End the downstream stream (the next shard releases the session) and the ring."""

@@ -31,7 +31,7 @@ from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument
 from meshnet.engine.backend import StepOutput
 from meshnet.engine.sampling import sample_token
 from meshnet.protocol.frames import HopSpec, HopTiming, StepFrame, StepResult
-from meshnet.worker.ring import OpenRing, RingLeg, RingLink, RingMailbox, TailState
+from meshnet.worker.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink, RingMailbox, TailState
 
 S = TypeVar("S")
 RunStep = Callable[[StepFrame], Awaitable[StepResult]]
@@ -143,9 +143,8 @@ class Downstream:
 class ForwardStage:
     """Any shard before the model's last layer: pass the boundary hidden state to the next hop.
 
-    ``open_ring`` (head only) lets a session's decode run on the ring: without it, or on a route
-    of two shards (where the ring would cross as many seams as the chain), ring frames into the
-    head are run on the chain.
+    ``open_ring`` (head only) lets a session's frames after the opening one run on the ring;
+    without it, ring frames into the head are run on the chain.
     """
 
     def __init__(self, n_layers: int, connect: Connect, *, is_head: bool, open_ring: OpenRing | None = None) -> None:
@@ -182,7 +181,7 @@ class ForwardStage:
             raise EngineError("the engine returned no hidden state on a shard that forwards")
         opening = frame.meta.cache == "new" and frame.meta.step == 0
         left_ms = remaining_ms(deadline, "the step's deadline passed on this shard")
-        ring = frame.ring and (not self._is_head or (self._open_ring is not None and len(state.hops) > 1))
+        ring = frame.ring and (not self._is_head or self._open_ring is not None)
         outgoing = StepFrame(
             meta=replace(frame.meta, layers=state.hops[0].layers, deadline_ms=left_ms),
             hidden=output.hidden,
@@ -208,15 +207,21 @@ class ForwardStage:
             # Opened before the first ring frame leaves; the tail keeps answers until it is read.
             timeout = None if state.stream_deadline is None else max(state.stream_deadline - time.monotonic(), 0.001)
             leg.back = self._open_ring(state.hops[-1].address, meta.session_id, meta.request_id, timeout)
+            leg.answered_through = meta.step - 1  # the steps before ran on the chain
         leg.start(state.link)
         failure = leg.failure()
         if failure is not None:
             raise failure
+        waits = self._is_head and frame.final_chunk
+        if self._is_head and not waits:
+            # Pipelined prefill: bound the chunks the tail has not answered yet.
+            await leg.acknowledged(meta.step - MAX_CHUNKS_IN_FLIGHT, deadline)
         await state.link.send(outgoing)
-        if not self._is_head:
-            # A middle answers nothing upstream: the tail's answer goes straight to the head.
-            return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
-        return await leg.answer(meta.step, deadline)
+        if waits:
+            return await leg.answer(meta.step, deadline)
+        # A middle answers nothing upstream (the tail's answer goes straight to the head); the
+        # head acknowledges a forwarded prefill chunk at once, so the sender sends the next one.
+        return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
 
     def ring_failure(self, state: Downstream) -> asyncio.Task[StepResult] | None:
         """What ends when this session's downstream fails, once its decode runs on the ring."""
