@@ -132,9 +132,13 @@ class RouteDriver:
         # Hidden frames between shards carry as many rows as this token frame, so size the
         # chunks for the boundary tensor, not for the token ids.
         rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
-        return split_prefill(
-            prompt, 0, self._max_frame_bytes, max_tokens=min(rows_per_frame, head.max_tokens_per_frame)
-        )
+        rows = min(rows_per_frame, head.max_tokens_per_frame)
+        # One engine call's worth per frame (cut at the same absolute multiples the shards cut
+        # at, so the numerics are those of one big frame): the route pipelines the frames.
+        chunk = head.prefill_chunk_tokens
+        if 0 < chunk <= rows:
+            rows = chunk
+        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=rows)
 
 
 @dataclass(frozen=True)

@@ -313,6 +313,8 @@ class CapabilityInfo:
     max_frame_bytes: int
     max_tokens_per_frame: int
     certified: bool
+    prefill_chunk_tokens: int = 0
+    """Tokens per engine call of a prefill; 0 when the shard does not say."""
 
     def __post_init__(self) -> None:
         _check_text("node_id", self.node_id, MAX_ID_CHARS)
@@ -331,6 +333,7 @@ class CapabilityInfo:
         _check_int("n_ctx_per_session", self.n_ctx_per_session, 0, MAX_POSITION)
         _check_int("max_frame_bytes", self.max_frame_bytes, FRAME_OVERHEAD_BYTES + 1, 2**31 - 1)
         _check_int("max_tokens_per_frame", self.max_tokens_per_frame, 1, MAX_POSITION)
+        _check_int("prefill_chunk_tokens", self.prefill_chunk_tokens, 0, MAX_POSITION)
 
     @property
     def role(self) -> ShardRole:

@@ -264,6 +264,7 @@ def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
         n_ctx_per_session=info.n_ctx_per_session,
         max_frame_bytes=info.max_frame_bytes,
         max_tokens_per_frame=info.max_tokens_per_frame,
+        prefill_chunk_tokens=info.prefill_chunk_tokens,
         certified=info.certified,
     )
 
@@ -287,6 +288,7 @@ def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
         n_ctx_per_session=message.n_ctx_per_session,
         max_frame_bytes=message.max_frame_bytes,
         max_tokens_per_frame=message.max_tokens_per_frame,
+        prefill_chunk_tokens=message.prefill_chunk_tokens,
         certified=message.certified,
     )
     if message.role != _ROLE_TO_PROTO[info.role]:

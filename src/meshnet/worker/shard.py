@@ -244,6 +244,7 @@ class Shard(Generic[S]):
             n_ctx_per_session=shape.n_ctx_per_slot,
             max_frame_bytes=self.identity.max_frame_bytes,
             max_tokens_per_frame=self.limits.max_tokens_per_frame,
+            prefill_chunk_tokens=shape.max_batch_tokens,
             certified=True,  # an engine that failed certification never gets a shard built
         )
 

@@ -238,7 +238,7 @@ class CapabilityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Capability(_message.Message):
-    __slots__ = ("node_id", "fingerprint", "layers", "n_layers", "n_embd", "vocab_size", "role", "schema_versions", "backend", "backend_version", "max_sessions", "free_sessions", "active_sessions", "n_ctx_per_session", "max_frame_bytes", "certified", "max_tokens_per_frame")
+    __slots__ = ("node_id", "fingerprint", "layers", "n_layers", "n_embd", "vocab_size", "role", "schema_versions", "backend", "backend_version", "max_sessions", "free_sessions", "active_sessions", "n_ctx_per_session", "max_frame_bytes", "certified", "max_tokens_per_frame", "prefill_chunk_tokens")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class Capability(_message.Message):
     MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     CERTIFIED_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_FRAME_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     fingerprint: str
     layers: LayerSpan
@@ -273,7 +274,8 @@ class Capability(_message.Message):
     max_frame_bytes: int
     certified: bool
     max_tokens_per_frame: int
-    def __init__(self, node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., role: _Optional[_Union[ShardRole, str]] = ..., schema_versions: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., max_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ..., n_ctx_per_session: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., certified: _Optional[bool] = ..., max_tokens_per_frame: _Optional[int] = ...) -> None: ...
+    prefill_chunk_tokens: int
+    def __init__(self, node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., role: _Optional[_Union[ShardRole, str]] = ..., schema_versions: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., max_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ..., n_ctx_per_session: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., certified: _Optional[bool] = ..., max_tokens_per_frame: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id", "reason")
