@@ -106,6 +106,9 @@ class BenchConfig:
     processes likewise), so a route's processes do not migrate and fight over one core."""
     extra_lanes: tuple[str, ...] = ("synthetic-1b", "llama-rpc-3")
     """Lanes outside the sweep (``bench.extra_lanes``): synthetic-1b, llama-rpc-3; empty skips."""
+    build_llama_rpc: bool = False
+    """Build the llama-rpc-3 binaries when they are not cached yet (the setup step: ~20-40 min on
+    2 cores); without it an uncached lane is skipped with that reason."""
     llama_source: Path | None = None
     """Unpacked llama.cpp source for the llama-rpc-3 build; none downloads the pinned
     llama-cpp-python sdist with pip. The build is cached under the data dir."""

@@ -3,11 +3,13 @@
 A setup step builds ``ggml-rpc-server`` and ``llama-bench`` (CMake, ``-DGGML_RPC=ON``) from the
 llama.cpp source inside the pinned llama-cpp-python sdist (``pip download --no-deps --no-binary
 :all: llama-cpp-python==0.3.36``, or an unpacked source given as ``llama_source``) and caches the
-binaries under ``DATA_DIR/llama-rpc``. The lane then runs ``llama-bench`` tg64 on the host with the
-first third of the layers and two RPC servers holding the other two thirds (``-ngl``, ``-ts``),
-1 thread each, flash attention on, and whole-model ``llama-bench`` tg64 with the same settings:
-the lane is the ratio of the two, so it compares with meshnet-3's ratio to its own whole-model
-lane. Where the build or a run is impossible the lane is skipped with the reason, never faked.
+binaries under ``DATA_DIR/llama-rpc``. It runs only with ``build_llama_rpc`` (the build takes
+~20-40 minutes on 2 cores); an uncached lane is otherwise skipped and says so. The lane then
+runs ``llama-bench`` tg64 on the host with the first third of the layers and two RPC servers
+holding the other two thirds (``-ngl``, ``-ts``), 1 thread each, flash attention on, and
+whole-model ``llama-bench`` tg64 with the same settings: the lane is the ratio of the two, so it
+compares with meshnet-3's ratio to its own whole-model lane. Where the build or a run is
+impossible the lane is skipped with the reason, never faked.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def ensure_binaries(config: BenchConfig, say: Progress) -> tuple[Path, Path]:
     binaries = tuple(root / "build" / "bin" / name for name in TARGETS)
     if all(path.exists() for path in binaries):
         return binaries[0], binaries[1]
+    if not config.build_llama_rpc:
+        raise LaneSkipped(
+            f"llama.cpp's RPC binaries are not built in {root}/build/bin: run the bench once with --build-llama-rpc"
+        )
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise LaneSkipped(f"building llama.cpp needs {tool}, which is not installed")
