@@ -115,7 +115,7 @@ class GateArguments:
     results: Path = field(metadata=cli(positional=True))
     """Bench results JSON to judge."""
     contract: Path | None = None
-    """Performance contract JSON; none uses the packaged v1."""
+    """Performance contract JSON; none uses the packaged v2."""
 
 
 @dataclass(frozen=True)

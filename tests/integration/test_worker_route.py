@@ -28,6 +28,7 @@ from worker_harness import (
     wait_idle,
 )
 
+from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
 from meshnet.core.errors import CacheMiss, FailedPrecondition, RouteStale
 from meshnet.core.layers import LayerRange
@@ -214,3 +215,22 @@ def test_workers_accept_the_keepalive_pings_their_peers_send() -> None:
     options = dict(channel_options(DEFAULT_MAX_FRAME_BYTES))
     assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] <= options["grpc.keepalive_time_ms"]
     assert options["grpc.http2.max_ping_strikes"] == 0
+
+
+@pytest.mark.parametrize("head_driven", [True, False])
+async def test_decode_crosses_n_seams_per_token_on_the_ring(
+    pool: ChannelPool, three: list[RunningWorker], head_driven: bool
+) -> None:
+    """Decode runs on the ring, driven by the head or frame by frame: the tail answers the head
+    directly, so each decode token crosses 3 seams on 3 shards (the chain crossed 2(N-1) = 4)."""
+    request = greedy_request(PROMPTS["short"], 24)
+    before = await metrics(pool, three)
+    tokens = await generate(
+        RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, head_driven=head_driven), three, request
+    )
+    after = await metrics(pool, three)
+    assert tokens == fake_reference([w.layers for w in three], request)
+    sent = sum(a["seam_messages_total"] - b["seam_messages_total"] for a, b in zip(after, before, strict=True))
+    # The one-chunk prefill (the opening frame) goes down and back on the chain: 2(N-1).
+    assert sent == 4 + 3 * (len(tokens) - 1)
+    await wait_idle(pool, three)

@@ -217,3 +217,18 @@ def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> 
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+def tinyllama_shaped_spec() -> SyntheticSpec:
+    """TinyLlama-1.1B's shape (22 layers, n_embd 2048, 32/4 heads, n_ff 5632) with Q4_0 blocks and
+    a Q8_0 token table: the bench's synthetic-1b model (its small vocabulary aside)."""
+    return SyntheticSpec(
+        n_layers=22,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=4,
+        n_ff=5632,
+        weight_type=GGMLQuantizationType.Q4_0,
+        embedding_type=GGMLQuantizationType.Q8_0,
+        seed=1,
+    )

@@ -101,6 +101,17 @@ class BenchConfig:
     """Seconds one request through a worker route may take."""
     worker_start_timeout_s: float = field(default=120.0, metadata=cli("worker-start-timeout"))
     """Seconds the bench waits for its workers to print their ready line."""
+    pin_workers: bool = True
+    """Pin worker i of every meshnet lane to core i mod the usable cores (and the llama-rpc-3
+    processes likewise), so a route's processes do not migrate and fight over one core."""
+    extra_lanes: tuple[str, ...] = ("synthetic-1b", "llama-rpc-3")
+    """Lanes outside the sweep (``bench.extra_lanes``): synthetic-1b, llama-rpc-3; empty skips."""
+    build_llama_rpc: bool = False
+    """Build the llama-rpc-3 binaries when they are not cached yet (the setup step: ~20-40 min on
+    2 cores); without it an uncached lane is skipped with that reason."""
+    llama_source: Path | None = None
+    """Unpacked llama.cpp source for the llama-rpc-3 build; none downloads the pinned
+    llama-cpp-python sdist with pip. The build is cached under the data dir."""
     command: str = ""
     """The exact command line, recorded in the results."""
     quick: bool = False
@@ -140,7 +151,8 @@ class BenchConfig:
 
 
 def quick_config(config: BenchConfig) -> BenchConfig:
-    """The ``--quick`` preset: every lane, fewer rounds, shorter outputs, two concurrencies."""
+    """The ``--quick`` preset: every lane, fewer rounds, shorter outputs, two concurrencies, no
+    extra lanes."""
     return replace(
         config,
         quick=True,
@@ -152,4 +164,5 @@ def quick_config(config: BenchConfig) -> BenchConfig:
         contexts=(128, 512),
         context_decode_tokens=4,
         time_budget_s=300.0,
+        extra_lanes=(),
     )

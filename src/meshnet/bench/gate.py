@@ -33,7 +33,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     "<": operator.lt,
 }
-DEFAULT_CONTRACT = "contract_v1.json"
+DEFAULT_CONTRACT = "contract_v2.json"
 
 
 @dataclass(frozen=True)

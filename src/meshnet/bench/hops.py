@@ -1,15 +1,18 @@
 """Per-hop timing and wire bytes of a route, from a probe session driven frame by frame.
 
 The route driver hides each step's ``StepResult.timings``; this probe speaks the same frames
-through the same ``ShardStream`` so it can keep them. Each decode step's round trip splits into
-the shards' own time (``compute_us``: engine queue + llama.cpp, as each shard reports it) and
-the rest: serialization, gRPC, loopback, event loops, spread over the route's N links
-(client->head, head->next, ...; each is crossed once out and once back per token).
+through the same ``ShardStream`` so it can keep them, and asks for them (``want_timings``: no
+shard measures or sends timings otherwise). Its decode frames are ring frames, as the head's own
+decode loop sends them: the tail answers the head directly.
+Each decode step's round trip splits into the shards' own time (``compute_us``: engine queue +
+llama.cpp, as each shard reports it) and the rest: serialization, gRPC, loopback, event loops,
+spread over the one-way crossings of the step (``crossings``: client->head, each seam crossing,
+head->client).
 
 Wire bytes per decode token are serialized sizes of the exact frames a decode step sends:
 the 1-token frame into the head, the [1, n_embd] float32 hidden frame across each seam, and
-the answers coming back, each plus 14 bytes of transport framing (5-byte gRPC message prefix,
-9-byte HTTP/2 DATA frame header).
+the answers (back along the chain, or from the tail to the head on the ring), each plus 14 bytes
+of transport framing (5-byte gRPC message prefix, 9-byte HTTP/2 DATA frame header).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ async def probe_hops(
                 downstream=downstream if step == 0 else (),
                 sampling=SamplingParams() if step == 0 else None,
                 final_chunk=chunk.final_chunk,
+                ring=step > 0,
             )
             result = await stream.exchange(frame)
         step = len(chunks)
@@ -68,6 +72,8 @@ async def probe_hops(
             decode = StepFrame(
                 meta=route_frame_meta(route, step, result.next_position, "decode"),
                 tokens=np.array([result.token_id], np.int32),
+                ring=True,
+                want_timings=True,
             )
             begun = time.perf_counter()
             result = await stream.exchange(decode)
@@ -80,8 +86,13 @@ async def probe_hops(
     return RouteProbe(_timing_summary(route, round_trips, timings), wire)
 
 
+def seam_crossings(n_shards: int) -> int:
+    """Seam crossings per decode token on the ring: N (none for a single shard)."""
+    return n_shards if n_shards >= 2 else 0
+
+
 def _timing_summary(route: RouteSession, round_trips: list[float], results: list[StepResult]) -> HopTiming:
-    n_links = len(route.hops)
+    n_links = 2 + seam_crossings(len(route.hops))  # client->head and head->client, and the seams
     hops = []
     for index, hop in enumerate(route.hops):
         compute = [r.timings[index].compute_us / 1000.0 for r in results if len(r.timings) > index]
@@ -100,6 +111,7 @@ def _timing_summary(route: RouteSession, round_trips: list[float], results: list
         link_ms_p95=percentile(link, 95.0),
         links=n_links,
         hops=tuple(hops),
+        seam_crossings_per_token=seam_crossings(len(route.hops)),
     )
 
 
@@ -108,27 +120,23 @@ def _framed(size: int) -> int:
 
 
 def wire_bytes(route: RouteSession, decode_frame: StepFrame, answer: StepResult, n_embd: int) -> WireBytes:
-    """Serialized bytes each link carries per decode token, out and back."""
+    """Serialized bytes each link carries per decode token, out and back (the ring's own link
+    from the tail to the head carries the answer as its forward bytes)."""
     head = route.hops[0].address
-    links = [
-        LinkBytes(
-            f"client->{head}",
-            _framed(frame_to_proto(decode_frame).ByteSize()),
-            _framed(result_to_proto(answer).ByteSize()),
-        )
-    ]
+    plain = replace(decode_frame, want_timings=False)
+    reply = replace(answer, timings=())
+    reply_bytes = _framed(result_to_proto(reply).ByteSize())
+    links = [LinkBytes(f"client->{head}", _framed(frame_to_proto(plain).ByteSize()), reply_bytes)]
+    ring = len(route.hops) >= 2
     hidden = np.zeros((1, n_embd), np.float32)  # hidden: [1, n_embd], as each seam sends per token
     for index, hop in enumerate(route.hops[1:], start=1):
         # The frame a shard forwards: the step's header re-addressed to the next range.
-        forwarded = StepFrame(meta=replace(decode_frame.meta, layers=hop.layers, deadline_ms=None), hidden=hidden)
-        reply = replace(answer, timings=answer.timings[index:])
-        links.append(
-            LinkBytes(
-                f"{route.hops[index - 1].address}->{hop.address}",
-                _framed(frame_to_proto(forwarded).ByteSize()),
-                _framed(result_to_proto(reply).ByteSize()),
-            )
-        )
+        meta = replace(decode_frame.meta, layers=hop.layers, deadline_ms=None)
+        forwarded = StepFrame(meta=meta, hidden=hidden, ring=ring)
+        link = f"{route.hops[index - 1].address}->{hop.address}"
+        links.append(LinkBytes(link, _framed(frame_to_proto(forwarded).ByteSize()), 0 if ring else reply_bytes))
+    if ring:
+        links.append(LinkBytes(f"{route.hops[-1].address}->{head} (ring)", reply_bytes, 0))
     seams = links[1:] or links
     return WireBytes(
         links=tuple(links),

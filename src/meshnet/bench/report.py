@@ -101,6 +101,8 @@ def _route_rows(results: BenchResults) -> list[tuple[str, str]]:
         rows.append(
             (f"per-link latency p50 / p95 ({ROUTE})", f"{_fmt(hops.link_ms_p50, 2)} / {_fmt(hops.link_ms_p95, 2)} ms")
         )
+        if hops.seam_crossings_per_token is not None:
+            rows.append((f"seam crossings per decode token ({ROUTE})", str(hops.seam_crossings_per_token)))
     return rows
 
 
@@ -238,11 +240,31 @@ def _sections(results: BenchResults, contract: Path | None) -> list[str]:
         *("", *_concurrency_table(results), ""),
         "## Route hops (probe session, one token at a time)",
         "",
-        "Per-link latency = (round trip - the shards' reported compute) / links: serialization, gRPC, loopback "
-        "and event loops. Wire bytes are serialized frame sizes plus 14 bytes of gRPC/HTTP-2 framing per message.",
+        "Per-link latency = (round trip - the shards' reported compute) / one-way crossings of the round trip "
+        "(client->head, each seam crossing, head->client): serialization, gRPC, loopback and event loops. "
+        "On the ring a decode token crosses N seams (tail->head directly); on the chain it crossed 2(N-1). "
+        "Wire bytes are serialized frame sizes plus 14 bytes of gRPC/HTTP-2 framing per message.",
         *("", *_route_table(results), ""),
         *("## Context scaling", "", *_context_table(results), ""),
+        *("## Extra lanes", "", *_extra_table(results), ""),
+        *("## How the processes ran", "", *(f"- {note}" for note in results.run.notes), ""),
     ]
+
+
+def _extra_table(results: BenchResults) -> list[str]:
+    """synthetic-1b and llama-rpc-3, each as a ratio to its own whole-model run."""
+    if not results.extra_lanes:
+        return ["No extra lanes were run."]
+    lines = ["| Lane | Decode tok/s | Whole tok/s | vs whole | Token agreement | Notes |", "|---|---|---|---|---|---|"]
+    for name, lane in results.extra_lanes.items():
+        if lane.skipped is not None:
+            lines.append(f"| {name} | {NONE} | {NONE} | {NONE} | {NONE} | skipped: {lane.skipped} |")
+            continue
+        lines.append(
+            f"| {name} | {_fmt(lane.decode_tok_s, 2)} | {_fmt(lane.whole_decode_tok_s, 2)} | "
+            f"{_x(lane.vs_whole)} | {_fmt(lane.token_agreement, 3)} | {lane.note} |"
+        )
+    return lines
 
 
 def write_report(results: BenchResults, folder: Path, *, contract: Path | None = None) -> Path:

@@ -10,7 +10,7 @@ reads the dataclasses' annotations); the schema itself is checked on the JSON si
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import TypeAdapter
@@ -137,7 +137,11 @@ class HopTiming:
     link_ms_p50: float | None
     link_ms_p95: float | None
     links: int
+    """One-way crossings of a probe step's round trip (client->head, the seams, head->client);
+    ``link_ms`` is per crossing."""
     hops: tuple[HopCompute, ...]
+    seam_crossings_per_token: int | None = None
+    """Between shards only: N on the ring (2(N-1) on the chain it replaced)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,19 @@ class Noise:
 
 
 @dataclass(frozen=True)
+class ExtraLane:
+    """A lane outside the main sweep (another model, another runtime), as a ratio to its own
+    whole-model run; ``skipped`` says why it was not measured (never a made-up number)."""
+
+    decode_tok_s: float | None
+    whole_decode_tok_s: float | None
+    vs_whole: float | None
+    token_agreement: float | None
+    note: str
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
 class BenchResults:
     run: RunInfo
     model: ModelInfo
@@ -233,6 +250,8 @@ class BenchResults:
     lanes: dict[str, LaneResult]
     context_scaling: ContextScaling | None
     noise: Noise
+    extra_lanes: dict[str, ExtraLane] = field(default_factory=dict)
+    """``synthetic-1b``, ``llama-rpc-3`` (``bench.extra_lanes``)."""
     schema: str = SCHEMA_NAME
     schema_version: int = SCHEMA_VERSION
 
@@ -247,6 +266,12 @@ class BenchResults:
 def to_json(results: BenchResults) -> dict[str, Any]:
     """The JSON document of a run: dataclasses become objects keyed by field name."""
     document: dict[str, Any] = TypeAdapter(BenchResults).dump_python(results, mode="json")
+    if not document.get("extra_lanes"):
+        document.pop("extra_lanes", None)  # absent in files written before extra lanes existed
+    for lane in document.get("lanes", {}).values():
+        hops = lane.get("hop_timing")
+        if hops is not None and hops.get("seam_crossings_per_token") is None:
+            del hops["seam_crossings_per_token"]  # a field newer than the file: absent, not null
     return document
 
 

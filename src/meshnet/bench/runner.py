@@ -80,6 +80,8 @@ class LaneSet:
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
         self.llama = config.llama_config()
         self.lanes = [LaneState(name) for name in config.lane_names()]
+        self.notes: list[str] = []
+        """What the report must state about how the lanes ran (pinning)."""
 
     def ranges(self, shards: int) -> list[LayerRange]:
         return split_evenly(self.n_layers, shards)
@@ -111,11 +113,13 @@ class LaneSet:
                 self.config.max_slots,
                 self.config.n_ctx_per_slot,
                 self.config.prefill_chunk,
+                pin=self.config.pin_workers,
             )
             lane.workers = WorkerSet(lane.label, self.ranges(shards), options, self.config.worker_start_timeout_s)
             lane.engine = MeshnetLane(lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s)
             lane.rss_note = "resident memory of each worker process"
             self.progress(f"{lane.label}: {shards} worker(s) at {', '.join(h.address for h in lane.workers.hops)}")
+            self.notes.append(f"{lane.label} workers: {lane.workers.pinning}")
             return
         before = rss_bytes()
         route = open_local_route(self.model, shards, self.cache, self.llama, self.ranges(shards))

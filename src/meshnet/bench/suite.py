@@ -20,6 +20,7 @@ from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName, parse_lane
 from meshnet.bench.context import CachedRunner, clamp_contexts, measure_context_scaling
 from meshnet.bench.environment import environment
+from meshnet.bench.extra_lanes import measure_extra_lanes
 from meshnet.bench.hops import probe_hops
 from meshnet.bench.inprocess import CachedLane, RecomputeLane
 from meshnet.bench.remote import MeshnetLane
@@ -72,9 +73,12 @@ async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     with closing(Tokenizer(description)) as tokenizer:
         model = model_info(description, cache, tokenizer.context_length)
         prompts = build_prompts(tokenizer, max(config.concurrency), config.prompt_tokens)
-    lanes, rounds, noise = await measure_lanes(LaneSet(config, cache, description, progress), prompts, started)
+    lane_set = LaneSet(config, cache, description, progress)
+    lanes, rounds, noise = await measure_lanes(lane_set, prompts, started)
     context = await context_phase(config, cache, description, model, started, progress) if config.contexts else None
+    extra = await measure_extra_lanes(config, progress)
     notes = [] if rounds >= config.repetitions else [f"time budget: {rounds} of {config.repetitions} rounds completed"]
+    notes += lane_set.notes
     run = RunInfo(
         timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command=config.command,
@@ -92,6 +96,7 @@ async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
         lanes=lanes,
         context_scaling=context,
         noise=Noise(tuple(noise), median_foreign(noise)),
+        extra_lanes=extra,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshnet.bench.environment import rss_bytes
+from meshnet.bench.pinning import pin_all
 from meshnet.core.errors import Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
@@ -37,6 +38,8 @@ class WorkerOptions:
     prefill_chunk: int
     secure: bool = True
     """mTLS on every link, as a deployed swarm runs; False: ``--insecure`` (loopback plaintext)."""
+    pin: bool = False
+    """Pin worker i of the route to core i mod the usable cores (``bench.pinning``)."""
 
 
 def client_security(data_dir: Path, secure: bool = True) -> LinkSecurity | None:
@@ -87,6 +90,7 @@ class WorkerSet:
             self.stop()
             raise Unavailable(f"workers of {name} serve different recipes: {sorted(fingerprints)}")
         self.fingerprint = fingerprints.pop()
+        self.pinning = pin_all(self.pids) if options.pin else "not pinned"
 
     @property
     def hops(self) -> tuple[RouteHop, ...]:

@@ -1,9 +1,11 @@
 """Drive one generation along a route of shards: chunked prefill, then one decode step per token.
 
 The driver talks only to the head; each shard forwards its boundary to the next, the tail
-samples, and the token travels back. Every frame carries the remaining budget, so the route
-never works past the request's deadline. Closing the iterator (or cancelling its task) cancels
-the head stream, which frees the session's KV on every shard down the route.
+samples, and the token travels back: straight to the head (the ring, ``worker.ring``) for every
+frame after the opening one, which also lets prefill chunks pipeline along the route. Every
+frame carries the remaining budget, so the route never works past the request's deadline.
+Closing the iterator (or cancelling its task) cancels the head stream, which frees the
+session's KV on every shard down the route.
 """
 
 from __future__ import annotations
@@ -137,13 +139,13 @@ class RouteDriver:
         # Hidden frames between shards carry as many rows as this token frame, so size the
         # chunks for the boundary tensor, not for the token ids.
         rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
-        limit = min(rows_per_frame, head.max_tokens_per_frame)
-        # One engine chunk per frame: every shard runs a whole frame before it forwards it, so
-        # this costs one round trip per chunk and no compute, keeps the engine's cuts where they
-        # were (frames start at multiples of the chunk), and lets progress be seen per chunk.
-        if 0 < head.prefill_chunk_tokens <= limit:
-            limit = head.prefill_chunk_tokens
-        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=limit)
+        rows = min(rows_per_frame, head.max_tokens_per_frame)
+        # One engine call's worth per frame (cut at the same absolute multiples the shards cut
+        # at, so the numerics are those of one big frame): the route pipelines the frames.
+        chunk = head.prefill_chunk_tokens
+        if 0 < chunk <= rows:
+            rows = chunk
+        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=rows)
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,8 @@ async def _prefill(
             sampling=run.request.sampling if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
+            # After the opening frame: on the ring, so prefill chunks pipeline along the route.
+            ring=step > 0,
         )
         yield tally.advance(len(chunk.payload), await run.stream.exchange(frame), replay=False)
 
@@ -215,6 +219,7 @@ async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step:
             meta=run.meta(tally.step, result.next_position, "decode"),
             tokens=np.array([token], np.int32),
             continuation=run.plan if last else None,
+            ring=True,
         )
         event = tally.advance(1, await run.stream.exchange(frame), replay=True)
         if last or (index + 1) % REPLAY_PROGRESS_TOKENS == 0:
@@ -236,7 +241,8 @@ async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: 
         if run.plan is not None:
             result = await run.stream.read()
         else:
-            frame = StepFrame(meta=run.meta(step, result.next_position, "decode"), tokens=np.array([token], np.int32))
+            meta = run.meta(step, result.next_position, "decode")
+            frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), ring=True)
             result = await run.stream.exchange(frame)
         step += 1
 

@@ -9,15 +9,17 @@ shard then closes its own stream to the next hop, and so on down the route.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.ids import RequestId, SessionId
 from meshnet.protocol import services
 from meshnet.protocol.frames import StepFrame, StepResult
-from meshnet.protocol.shard_wire import frame_to_proto, result_from_proto
+from meshnet.protocol.shard_wire import frame_to_proto, result_from_proto, ring_open_to_proto
 from meshnet.protocol.status import error_from_rpc
 from meshnet.protocol.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
 
@@ -99,13 +101,22 @@ class ShardStream:
 
     async def exchange(self, frame: StepFrame) -> StepResult:
         """Send one frame and wait for the next shard's answer to it."""
+        await self.send(frame)
+        return await self.read()
+
+    async def send(self, frame: StepFrame) -> None:
+        """Send one frame without waiting for an answer (a ring frame gets none on this stream)."""
         try:
             await self._call.write(frame_to_proto(frame))
         except (grpc.RpcError, asyncio.InvalidStateError):
             # The call already ended (the shard died or aborted since the last step): report
             # how it ended, not the write's own complaint about a finished call.
             raise await self._ended() from None
-        return await self.read()
+
+    async def finish_writing(self) -> None:
+        """Half-close: the next shard sees the stream end and releases the session."""
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError, RuntimeError):
+            await self._call.done_writing()
 
     async def _ended(self) -> MeshnetError:
         try:
@@ -139,6 +150,34 @@ class ShardStream:
         except (grpc.RpcError, asyncio.InvalidStateError, RuntimeError, TimeoutError):
             pass
         self._call.cancel()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class RingStream:
+    """The head's end of a session's ring: the tail's answers to ring frames, read in order."""
+
+    def __init__(
+        self,
+        pool: ChannelPool,
+        address: str,
+        session_id: SessionId,
+        request_id: RequestId,
+        timeout: float | None,
+        node_id: str | None = None,
+    ) -> None:
+        self.address = address
+        self._call = pool.stub(address, node_id).RingReturn(ring_open_to_proto(session_id, request_id), timeout=timeout)
+
+    async def read(self) -> StepResult:
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        if response is grpc.aio.EOF:
+            raise Unavailable(f"the tail {self.address} closed the session's ring")
+        return result_from_proto(response)
 
     def cancel(self) -> None:
         self._call.cancel()

@@ -12,22 +12,61 @@ import numpy as np
 
 from meshnet.core.generation import SamplingParams
 
+LEADING_CANDIDATES = 64
+"""Without top_k, only this many leading tokens are ordered; the rest of the vocabulary is sorted
+only when the draw (or top_p) reaches past them, which at usual temperatures it almost never does."""
+
 
 def sample_token(logits: np.ndarray, params: SamplingParams, position: int) -> int:
     """Pick the token for ``position`` from float32 logits [n_vocab]."""
     if params.greedy:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
-    candidates = np.arange(scaled.shape[0])
+    draw = np.random.default_rng((params.seed, position)).random()
     if 0 < params.top_k < scaled.shape[0]:
         candidates = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
-    # Stable descending order so ties resolve by token id, the same on every machine.
-    candidates = candidates[np.argsort(-scaled[candidates], kind="stable")]
-    weights = np.exp(scaled[candidates] - scaled[candidates[0]])
-    probabilities = weights / weights.sum()
-    if params.top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(probabilities), params.top_p)) + 1
+        # Stable descending order so ties resolve by token id, the same on every machine.
+        candidates = candidates[np.argsort(-scaled[candidates], kind="stable")]
+        weights = np.exp(scaled[candidates] - scaled[candidates[0]])
+        return _pick(candidates, weights / weights.sum(), params.top_p, draw)
+    # weights: [n_vocab]; normalized by their sum in token-id order, so the leading tokens'
+    # probabilities (and their running sum) are the same whichever prefix of the order is sorted.
+    weights = np.exp(scaled - scaled.max())
+    total = weights.sum()
+    leading = _descending(scaled, _leading_ids(scaled, LEADING_CANDIDATES))
+    picked = _pick_within(leading, weights[leading] / total, params.top_p, draw)
+    if picked is not None:
+        return picked
+    ordered = _descending(scaled, np.arange(scaled.shape[0]))
+    return _pick(ordered, weights[ordered] / total, params.top_p, draw)
+
+
+def _leading_ids(scaled: np.ndarray, count: int) -> np.ndarray:
+    """Ids (ascending) of the ``count`` largest values and of every value tied with the last."""
+    if count >= scaled.shape[0]:
+        return np.arange(scaled.shape[0])
+    threshold = np.partition(scaled, scaled.shape[0] - count)[scaled.shape[0] - count]
+    return np.flatnonzero(scaled >= threshold)
+
+
+def _descending(scaled: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    # Stable descending order of ascending ids: ties resolve by token id, the same on every machine.
+    return ids[np.argsort(-scaled[ids], kind="stable")]
+
+
+def _pick_within(candidates: np.ndarray, probabilities: np.ndarray, top_p: float, draw: float) -> int | None:
+    """The pick when it falls among the leading ``candidates``; None when it may lie beyond them."""
+    running = np.cumsum(probabilities)  # a prefix of the running sum over the whole order
+    if top_p < 1.0:
+        keep = int(np.searchsorted(running, top_p)) + 1
+        return _pick(candidates, probabilities, top_p, draw) if keep <= len(candidates) else None
+    index = int(np.searchsorted(running, draw, side="right"))
+    return int(candidates[index]) if index < len(candidates) else None
+
+
+def _pick(candidates: np.ndarray, probabilities: np.ndarray, top_p: float, draw: float) -> int:
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probabilities), top_p)) + 1
         candidates, probabilities = candidates[:keep], probabilities[:keep] / probabilities[:keep].sum()
-    draw = np.random.default_rng((params.seed, position)).random()
     index = min(int(np.searchsorted(np.cumsum(probabilities), draw, side="right")), len(candidates) - 1)
     return int(candidates[index])

@@ -194,6 +194,13 @@ class StepFrame:
     """True for decode and for the last prefill chunk of a step: the tail samples only then."""
     continuation: Continuation | None = None
     """Head only, final frames only: decode on without the sender (see ``Continuation``)."""
+    ring: bool = False
+    """Not on an opening frame: shards after the head answer the tail's token (or chunk ack) over
+    the ring (``worker.ring``)."""
+    want_timings: bool = False
+    """A probe asks every shard on the way for its ``HopTiming``."""
+    timings: tuple[HopTiming, ...] = ()
+    """On a ring frame with ``want_timings``: the timings of the shards it has passed."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -212,6 +219,10 @@ class StepFrame:
         self._check_downstream()
         if self.continuation is not None and (self.tokens is None or not self.final_chunk):
             raise InvalidArgument("only a final frame into the head (token input) may ask the head to decode on")
+        if self.ring and meta.cache == "new":
+            raise InvalidArgument("the opening frame travels on the chain, not on the ring")
+        if self.timings and not (self.ring and self.want_timings):
+            raise InvalidArgument("only a ring frame that asks for timings carries them")
 
     def _check_payload(self) -> int:
         is_head = self.meta.layers.start == 0
@@ -312,7 +323,7 @@ class CapabilityInfo:
     max_tokens_per_frame: int
     certified: bool
     prefill_chunk_tokens: int = 0
-    """Rows per engine call (the recipe's prefill chunk): engine cuts fall on its multiples; 0: unknown."""
+    """Tokens per engine call of a prefill; 0 when the shard does not say."""
 
     def __post_init__(self) -> None:
         _check_text("node_id", self.node_id, MAX_ID_CHARS)

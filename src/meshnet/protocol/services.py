@@ -33,6 +33,7 @@ from meshnet.protocol.generated.shard_pb2 import (
     MetricsSnapshot,
     ReleaseRequest,
     ReleaseResponse,
+    RingOpen,
     StepRequest,
     StepResponse,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "RegisterReply",
     "ReleaseRequest",
     "ReleaseResponse",
+    "RingOpen",
     "RouteReply",
     "RouteRequest",
     "ShardServicer",

@@ -13,9 +13,10 @@ session by closing its stream, so only their server side (request in, reply out)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
@@ -31,6 +32,7 @@ from meshnet.core.sampling_options import (
     TokenLogprobs,
 )
 from meshnet.protocol.frames import (
+    MAX_ID_CHARS,
     CacheExpectation,
     CapabilityInfo,
     Continuation,
@@ -102,6 +104,11 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     if frame.continuation is not None:
         message.continuation.max_steps = frame.continuation.max_steps
         message.continuation.stop_token_ids.extend(sorted(frame.continuation.stop_token_ids))
+    if frame.ring:
+        message.ring = True
+    if frame.want_timings:
+        message.want_timings = True
+        _add_timings(message.timings, frame.timings)
     return message
 
 
@@ -144,6 +151,9 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         sampling=sampling,
         final_chunk=message.final_chunk,
         continuation=continuation,
+        ring=message.ring,
+        want_timings=message.want_timings,
+        timings=_timings_from_proto(message.timings, limits.max_hops) if message.timings else (),
     )
 
 
@@ -197,22 +207,29 @@ def result_to_proto(result: StepResult) -> pb.StepResponse:
         message.token.token_id = result.token_id
         if result.logprobs is not None:
             message.token.logprobs.CopyFrom(_logprobs_to_proto(result.logprobs))
-    for timing in result.timings:
-        message.timings.add(
+    if result.timings:
+        _add_timings(message.timings, result.timings)
+    return message
+
+
+def _add_timings(into: RepeatedCompositeFieldContainer[pb.HopTiming], timings: Sequence[HopTiming]) -> None:
+    for timing in timings:
+        into.add(
             address=timing.address, layers=_span(timing.layers), queue_us=timing.queue_us, compute_us=timing.compute_us
         )
-    return message
+
+
+def _timings_from_proto(timings: Sequence[pb.HopTiming], max_hops: int) -> tuple[HopTiming, ...]:
+    if len(timings) > max_hops + 1:
+        raise InvalidArgument(f"the message lists {len(timings)} hop timings")
+    return tuple(HopTiming(t.address, _range(t.layers, "hop timing"), t.queue_us, t.compute_us) for t in timings)
 
 
 def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepResult:
     which = message.WhichOneof("result")
     if which is None:
         raise InvalidArgument("the step response carries neither a token nor a chunk ack")
-    if len(message.timings) > max_hops + 1:
-        raise InvalidArgument(f"the step response lists {len(message.timings)} hop timings")
-    timings = tuple(
-        HopTiming(t.address, _range(t.layers, "hop timing"), t.queue_us, t.compute_us) for t in message.timings
-    )
+    timings = _timings_from_proto(message.timings, max_hops) if message.timings else ()
     return StepResult(
         session_id=SessionId(message.session_id),
         step=message.step,
@@ -221,6 +238,18 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
         timings=timings,
         logprobs=_logprobs_from_proto(message.token) if which == "token" else None,
     )
+
+
+def ring_open_to_proto(session_id: SessionId, request_id: RequestId) -> pb.RingOpen:
+    return pb.RingOpen(session_id=session_id, request_id=request_id)
+
+
+def ring_open_from_proto(message: pb.RingOpen) -> tuple[SessionId, RequestId]:
+    """Which session's ring answers are asked for (the ids are checked like a frame's)."""
+    end = SessionEnd(SessionId(message.session_id))
+    if not message.request_id or len(message.request_id) > MAX_ID_CHARS:
+        raise InvalidArgument("the ring request needs the session's request id")
+    return end.session_id, RequestId(message.request_id)
 
 
 # --- capability, session end, metrics -----------------------------------------------------------
@@ -248,8 +277,8 @@ def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
         n_ctx_per_session=info.n_ctx_per_session,
         max_frame_bytes=info.max_frame_bytes,
         max_tokens_per_frame=info.max_tokens_per_frame,
-        certified=info.certified,
         prefill_chunk_tokens=info.prefill_chunk_tokens,
+        certified=info.certified,
     )
 
 
@@ -272,8 +301,8 @@ def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
         n_ctx_per_session=message.n_ctx_per_session,
         max_frame_bytes=message.max_frame_bytes,
         max_tokens_per_frame=message.max_tokens_per_frame,
-        certified=message.certified,
         prefill_chunk_tokens=message.prefill_chunk_tokens,
+        certified=message.certified,
     )
     if message.role != _ROLE_TO_PROTO[info.role]:
         raise InvalidArgument(

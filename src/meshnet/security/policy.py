@@ -15,7 +15,7 @@ from meshnet.security.identity import PeerIdentity, Role
 TrackerRpc = Literal[
     "Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew"
 ]
-ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics"]
+ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
 
 _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # A node's own membership: only workers, and only for themselves (see ``authorize_tracker``).
@@ -32,6 +32,7 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
 _SHARD_ROLES: dict[str, frozenset[Role]] = {
     # Workers open sessions on their downstream neighbour; gateways on the head.
     "Session": frozenset({"gateway", "worker", "admin"}),
+    "RingReturn": frozenset({"worker"}),
     "Cancel": frozenset({"gateway", "worker", "admin"}),
     "Release": frozenset({"gateway", "worker", "admin"}),
     "GetCapability": frozenset({"gateway", "worker", "admin", "tracker"}),

@@ -27,7 +27,7 @@ import numpy as np
 
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, MeshnetError
 from meshnet.engine.backend import Backend, StepInput, StepOutput, prefill_pieces
-from meshnet.session.scheduler import PendingWork, plan_tick
+from meshnet.session.scheduler import GatherPolicy, PendingWork, decoding_sessions, gather_wait, plan_tick
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +44,8 @@ class _Work:
     """The step cut into prefill chunks (one piece for a decode step); one runs per tick."""
     outputs: list[StepOutput] = field(default_factory=list)
     """One per piece run so far."""
+    arrived: float = field(default_factory=time.monotonic)
+    """Real time of arrival (the gather window is real time whatever ``clock`` the loop has)."""
 
     @property
     def next_piece(self) -> StepInput:
@@ -81,10 +83,16 @@ class EngineLoop:
         open_backend: Callable[[], Backend],
         *,
         max_decode_batch: int = 64,
+        gather: GatherPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open_backend = open_backend
         self._max_decode_batch = max_decode_batch
+        self._gather = GatherPolicy() if gather is None else gather
+        self._decode_call_s = 0.0
+        """Moving average of the decode calls' duration (sizes the gather window)."""
+        self._last_decode: dict[int, float] = {}
+        """Slot -> arrival of its last decode step, until the slot is truncated (released)."""
         self._clock = clock
         self._inbox: queue.SimpleQueue[_Work | _Truncate | _Call | None] = queue.SimpleQueue()
         self._pending: list[_Work] = []
@@ -155,6 +163,12 @@ class EngineLoop:
             while True:
                 if not self._drain(block=not self._pending):
                     break
+                wait = self._gather_wait()
+                if wait > 0:
+                    # Let the other decoding sessions' steps join this tick (see GatherPolicy).
+                    if not self._drain(block=True, timeout=wait):
+                        break
+                    continue
                 if self._pending:
                     self._tick()
         finally:
@@ -162,10 +176,10 @@ class EngineLoop:
                 _resolve(work.future, error=Cancelled("the shard is shutting down"))
             backend.close()
 
-    def _drain(self, *, block: bool) -> bool:
+    def _drain(self, *, block: bool, timeout: float = 0.5) -> bool:
         """Move inbox items to pending (truncates run at once); False when told to stop."""
         try:
-            item = self._inbox.get(block=block, timeout=0.5 if block else None)
+            item = self._inbox.get(block=block, timeout=timeout if block else None)
         except queue.Empty:
             return True
         while True:
@@ -177,12 +191,33 @@ class EngineLoop:
                 self._apply_call(item)
             else:
                 self._pending.append(item)
+                if item.step.n_tokens == 1:
+                    self._last_decode[item.step.slot] = item.arrived
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
+    def _gather_wait(self) -> float:
+        if self.backend.shape.max_decode_rows <= 1 or not self._pending:
+            return 0.0  # steps run one per call here anyway: nothing to gather
+        now = time.monotonic()
+        decode = [w for w in self._pending if w.next_piece.n_tokens == 1]
+        deadlines = [w.deadline for w in decode if w.deadline is not None]
+        return gather_wait(
+            [w.arrived for w in decode],
+            decoding_sessions(self._last_decode, now=now, policy=self._gather),
+            prefill_waiting=len(decode) < len(self._pending),
+            # Deadlines are on the loop's clock: compare them there.
+            earliest_deadline=None if not deadlines else now + (min(deadlines) - self._clock()),
+            now=now,
+            policy=self._gather,
+            decode_call_s=self._decode_call_s,
+        )
+
     def _apply_truncate(self, item: _Truncate) -> None:
+        if item.position == 0:
+            self._last_decode.pop(item.slot, None)  # released: no more steps to expect from it
         for work in [w for w in self._pending if w.step.slot == item.slot]:
             self._pending.remove(work)
             _resolve(work.future, error=Cancelled("the session was released"))
@@ -243,6 +278,7 @@ class EngineLoop:
         stats.busy_seconds += seconds
         decode = sum(1 for c in chunks if c.n_tokens == 1)
         if decode:
+            self._decode_call_s = 0.8 * self._decode_call_s + 0.2 * seconds
             stats.decode_batches += 1
             stats.decode_steps += decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)

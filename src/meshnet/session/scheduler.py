@@ -6,12 +6,14 @@ Policy, and why:
 - at most one prefill chunk runs per tick, oldest first, so a long prompt never holds the
   decode steps of other sessions for more than one chunk, and decode never starves prefill
   (a waiting chunk runs in every tick);
-- work past its deadline is failed before it runs, so it never appends KV.
+- work past its deadline is failed before it runs, so it never appends KV;
+- a tick with fewer ready decode steps than sessions decoding waits briefly (``gather_wait``)
+  for the others, so batches stay full at concurrency.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -38,3 +40,53 @@ def plan_tick(pending: Sequence[PendingWork], *, now: float, max_decode_batch: i
     decode = [w.ticket for w in live if w.n_tokens == 1][:max_decode_batch]
     prefill = [w.ticket for w in live if w.n_tokens > 1][:1]
     return TickPlan(tuple(decode + prefill), expired)
+
+
+@dataclass(frozen=True)
+class GatherPolicy:
+    """How long a tick may wait for the decode steps of other sessions to arrive.
+
+    A shard's sessions reach it one by one (each from its own stream), so a tick that runs the
+    moment one step is ready batches ~2 of 8 sessions. Waiting briefly lets the steps of the
+    other sessions that are decoding join the same llama.cpp call; a single stream never waits
+    (nothing else is expected), and nothing waits past its deadline.
+    """
+
+    window_s: float = 0.0015
+    """Shortest window, counted from the arrival of the oldest ready decode step."""
+    max_window_s: float = 0.010
+    """Longest window. Within it, the window is as long as one of this shard's decode calls:
+    the steps of a session group reach a shard spread over the upstream's call, so a window that
+    short merges the groups into one batch within a few tokens."""
+    horizon_s: float = 0.5
+    """A session counts as decoding if it sent a decode step this recently (and was not released)."""
+
+
+def gather_wait(
+    decode_arrivals: Sequence[float],
+    decoding_sessions: int,
+    *,
+    prefill_waiting: bool,
+    earliest_deadline: float | None,
+    now: float,
+    policy: GatherPolicy,
+    decode_call_s: float = 0.0,
+) -> float:
+    """Seconds to wait for more decode steps before running the tick; 0 runs it now.
+
+    ``decode_arrivals``: when each ready decode step arrived; ``decoding_sessions``: sessions
+    that are decoding (see ``GatherPolicy.horizon_s``), the steps the tick can still expect;
+    ``decode_call_s``: how long this shard's recent decode calls took.
+    """
+    if not decode_arrivals or prefill_waiting or len(decode_arrivals) >= decoding_sessions:
+        return 0.0
+    window = min(max(policy.window_s, decode_call_s), policy.max_window_s)
+    wait = window - (now - min(decode_arrivals))
+    if earliest_deadline is not None:
+        wait = min(wait, earliest_deadline - now)
+    return max(wait, 0.0)
+
+
+def decoding_sessions(last_decode: Mapping[int, float], *, now: float, policy: GatherPolicy) -> int:
+    """Sessions (slots) whose last decode step arrived within the horizon."""
+    return sum(1 for at in last_decode.values() if now - at <= policy.horizon_s)

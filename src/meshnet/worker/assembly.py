@@ -22,7 +22,7 @@ from grpc_health.v1._async import HealthServicer
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
-from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
+from meshnet.client.shard_stream import ChannelPool, RingStream, ShardStream, channel_options
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.recipe import Recipe
@@ -106,7 +106,15 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
-        shard = build_shard(identity, loop, policy, capacity, partial(ShardStream, links), grammars=grammars)
+        shard = build_shard(
+            identity,
+            loop,
+            policy,
+            capacity,
+            partial(ShardStream, links),
+            open_ring=partial(RingStream, links),
+            grammars=grammars,
+        )
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise

@@ -28,6 +28,10 @@ class ShardMetrics:
     draining: bool
     kv_bytes_per_session: int
     weight_bytes: int
+    seam_messages: int = 0
+    """Messages this shard sent to another shard: frames forwarded, answers to an upstream shard,
+    ring answers to the head. Summed over a route and divided by decode tokens: seam crossings
+    per token (N on a ring of N shards, 2(N-1) on the chain)."""
 
     @property
     def kv_used_fraction(self) -> float:
@@ -60,6 +64,7 @@ class ShardMetrics:
             "kv_bytes_per_session": float(self.kv_bytes_per_session),
             "kv_bytes_in_use": float(self.kv_bytes_in_use),
             "weight_bytes": float(self.weight_bytes),
+            "seam_messages_total": float(self.seam_messages),
         }
 
     def node_load(self, peer_rtt_ms: tuple[tuple[str, float], ...] = ()) -> NodeLoad:

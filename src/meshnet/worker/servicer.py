@@ -7,6 +7,7 @@ every later shard in turn.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -25,11 +26,13 @@ from meshnet.protocol.shard_wire import (
     metrics_to_proto,
     release_reply_to_proto,
     result_to_proto,
+    ring_open_from_proto,
     session_end_from_proto,
 )
 from meshnet.protocol.status import abort_with
 from meshnet.protocol.tls import LinkSecurity, enforce
 from meshnet.security.policy import authorize_shard
+from meshnet.worker.ring import watch_error
 from meshnet.worker.shard import AnyShard
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,34 @@ class ShardServicer(pb.ShardServicer):
         await self._admit(context, rpc, end.session_id)
         return await self.shard.end(end.session_id, end.reason or default_reason)
 
+    async def _next_frame(
+        self, frames: AsyncIterator[pb.StepRequest], session_id: SessionId | None
+    ) -> pb.StepRequest | None:
+        """The next upstream frame (None at the end of the stream); on a ring, a middle raises here
+        as soon as its downstream fails, so the failure reaches the head without waiting for a frame."""
+        watch = None if session_id is None else self.shard.ring_watch(session_id)
+        if watch is None:
+            return await anext(frames, None)
+        following = asyncio.ensure_future(anext(frames, None))
+        await asyncio.wait({following, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if following.done():
+            return following.result()
+        following.cancel()
+        raise watch_error(watch)
+
+    async def RingReturn(
+        self, request: pb.RingOpen, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StepResponse]:
+        # Only a swarm worker (the route's head) reads a ring; the request id it must name is
+        # known only to the route's own shards.
+        await self._admit(context, "RingReturn")
+        try:
+            session_id, request_id = ring_open_from_proto(request)
+            async for result in self.shard.ring_mailbox(session_id, request_id).results():
+                yield result_to_proto(result)
+        except MeshnetError as error:
+            await abort_with(context, error)
+
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StepResponse]:
@@ -95,8 +126,9 @@ class ShardServicer(pb.ShardServicer):
         session_id: SessionId | None = None
         """Set once a frame of this stream succeeded: only then does the session belong to it."""
         failure: MeshnetError | None = None
+        frames = aiter(request_iterator)
         try:
-            async for message in request_iterator:
+            while (message := await self._next_frame(frames, session_id)) is not None:
                 frame = frame_from_proto(message, self.shard.limits)
                 if session_id is not None and frame.meta.session_id != session_id:
                     raise InvalidArgument("one stream carries one session; open a new stream for another")
@@ -106,7 +138,8 @@ class ShardServicer(pb.ShardServicer):
                 session_id = frame.meta.session_id
                 if opener is not None:
                     self._openers[session_id] = opener
-                yield result_to_proto(result)
+                if self.shard.answer_upstream(frame):
+                    yield result_to_proto(result)
                 async for continued in self.shard.continue_decoding(frame, result, stream_deadline):
                     yield result_to_proto(continued)
         except MeshnetError as error:
@@ -118,6 +151,8 @@ class ShardServicer(pb.ShardServicer):
         finally:
             if session_id is not None:
                 self._openers.pop(session_id, None)
+                if failure is not None:
+                    self.shard.fail_ring(session_id, failure)
                 reason = "stream ended" if failure is None else f"stream failed: {failure.code}"
                 try:
                     await self.shard.end(session_id, reason)

@@ -7,16 +7,16 @@ It knows nothing of gRPC; ``servicer.py`` adapts it to the wire.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from meshnet.core.errors import FailedPrecondition, Unavailable
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.errors import FailedPrecondition, MeshnetError, Unavailable
+from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.engine.backend import StepInput
 from meshnet.engine.constraints import GrammarVocabulary
-from meshnet.engine.tail_sampler import TailSampler
 from meshnet.protocol.frames import (
     SUPPORTED_SCHEMA_VERSIONS,
     CapabilityInfo,
@@ -29,6 +29,7 @@ from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import Session, SessionTable
 from meshnet.worker.metrics import ShardMetrics
+from meshnet.worker.ring import OpenRing, RingMailbox, TailState
 from meshnet.worker.stages import (
     Connect,
     Continuation,
@@ -73,6 +74,7 @@ class Shard(Generic[S]):
         self._output = output
         self._continuation = continuation
         self._draining = False
+        self._seam_messages = 0
         self.limits = FrameLimits(
             n_embd=self.shape.n_embd,
             max_frame_bytes=identity.max_frame_bytes,
@@ -139,13 +141,50 @@ class Shard(Generic[S]):
         session.busy = True
         try:
             output = await self._loop.run_step(_engine_input(session.slot, frame), deadline=deadline)
-            compute_us = int((time.perf_counter() - received) * 1e6)
-            timing = HopTiming(self.identity.address, self.shape.layers, 0, compute_us)
+            timing = None
+            if frame.want_timings:  # only a probe reads them
+                compute_us = int((time.perf_counter() - received) * 1e6)
+                timing = HopTiming(self.identity.address, self.shape.layers, 0, compute_us)
             result = await self._output.emit(session.state, frame, output, deadline, timing)
         finally:
             session.busy = False
         self._table.record(session, step=meta.step, next_position=meta.position + frame.n_tokens, result=result)
+        if isinstance(session.state, Downstream) or (frame.ring and not self.shape.takes_tokens):
+            self._seam_messages += 1  # forwarded downstream, or answered round the ring
         return result
+
+    # -- the ring (``worker.ring``) ---------------------------------------------------------
+
+    def answer_upstream(self, frame: StepFrame) -> bool:
+        """Whether ``frame``'s answer goes back up its stream (counted when that is a seam): not
+        for a ring frame into a shard after the head, whose answer goes round the ring."""
+        if self.shape.takes_tokens:
+            return True
+        if frame.ring:
+            return False
+        self._seam_messages += 1
+        return True
+
+    def ring_mailbox(self, key: SessionId, request_id: RequestId) -> RingMailbox:
+        """Where this tail puts the session's ring answers; NotFound unless it holds the session."""
+        state = self._table.get(key).state  # CacheMiss when the session is not (or no longer) here
+        if not isinstance(state, TailState) or state.request_id != request_id or self.shape.takes_tokens:
+            raise FailedPrecondition(f"this shard holds no tail session {key} of that request to answer on a ring")
+        return state.ring
+
+    def ring_watch(self, key: SessionId) -> asyncio.Task[StepResult] | None:
+        """Ends when the session's downstream does, once its decode runs on the ring; else None."""
+        state = self._state(key)
+        return state.ring.watch if isinstance(state, Downstream) else None
+
+    def _state(self, key: SessionId) -> S | None:
+        return self._table.get(key).state if key in self._table else None
+
+    def fail_ring(self, key: SessionId, error: MeshnetError) -> None:
+        """The session's stream failed on this tail: tell the head reading its ring why."""
+        state = self._state(key)
+        if isinstance(state, TailState):
+            state.ring.fail(error)
 
     # -- session ends -------------------------------------------------------------------
 
@@ -206,8 +245,8 @@ class Shard(Generic[S]):
             n_ctx_per_session=shape.n_ctx_per_slot,
             max_frame_bytes=self.identity.max_frame_bytes,
             max_tokens_per_frame=self.limits.max_tokens_per_frame,
-            certified=True,  # an engine that failed certification never gets a shard built
             prefill_chunk_tokens=shape.max_batch_tokens,
+            certified=True,  # an engine that failed certification never gets a shard built
         )
 
     def metrics(self) -> ShardMetrics:
@@ -227,10 +266,11 @@ class Shard(Generic[S]):
             draining=self._draining,
             kv_bytes_per_session=self._capacity.kv_bytes_per_session,
             weight_bytes=self._capacity.weight_bytes,
+            seam_messages=self._seam_messages,
         )
 
 
-AnyShard = Shard[TailSampler] | Shard[Downstream]
+AnyShard = Shard[TailState] | Shard[Downstream]
 """A shard of either output stage: what the servicer and the server hold."""
 
 
@@ -241,21 +281,26 @@ def build_shard(
     capacity: CapacityPlan,
     connect: Connect,
     *,
+    open_ring: OpenRing | None = None,
     clock: Callable[[], float] = time.monotonic,
     grammars: GrammarVocabulary | None = None,
 ) -> AnyShard:
     """The shard for the backend ``loop`` runs, its stages chosen from the backend's role.
 
     ``connect`` opens the stream to a session's next hop (used only if this shard forwards);
+    ``open_ring`` lets a head run decode on the ring (the tail answers it directly);
     ``clock`` times sessions for eviction and expiry; ``grammars`` lets a tail constrain output
     to a grammar (response_format), None refuses such sessions.
     """
     shape = loop.backend.shape
-    continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
+    head_loop = HeadDecodeLoop(ring=open_ring is not None and not shape.emits_logits)
+    continuation: Continuation = head_loop if shape.takes_tokens else NoContinuation()
     if shape.emits_logits:
-        sampling_table = SessionTable[TailSampler](policy, clock=clock)
-        return Shard(identity, loop, sampling_table, capacity, SampleStage(grammars), continuation)
-    forward = ForwardStage(shape.n_layers, connect)
+        sampling_table = SessionTable[TailState](policy, clock=clock)
+        stage = SampleStage(grammars, is_head=shape.takes_tokens)
+        return Shard(identity, loop, sampling_table, capacity, stage, continuation)
+    open_ring = open_ring if shape.takes_tokens else None
+    forward = ForwardStage(shape.n_layers, connect, is_head=shape.takes_tokens, open_ring=open_ring)
     return Shard(identity, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
 
 

@@ -19,9 +19,10 @@ receives token ids and any other a hidden state, so the engine input is whicheve
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -31,6 +32,7 @@ from meshnet.engine.backend import StepOutput
 from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.engine.tail_sampler import TailSampler
 from meshnet.protocol.frames import HopSpec, HopTiming, StepFrame, StepResult
+from meshnet.worker.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink, RingMailbox, TailState
 
 S = TypeVar("S")
 RunStep = Callable[[StepFrame], Awaitable[StepResult]]
@@ -61,9 +63,9 @@ class OutputStage(Protocol[S]):
         ...
 
     async def emit(
-        self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
-        """The answer to ``frame`` once this shard's layers have run it."""
+        """The answer to ``frame`` once this shard's layers have run it (``timing``: only for probes)."""
         ...
 
     async def release(self, state: S) -> None:
@@ -73,12 +75,15 @@ class OutputStage(Protocol[S]):
 class SampleStage:
     """The model's last layers: sample the token that follows a final chunk.
 
-    A session keeps a ``TailSampler`` (its parameters, penalty counts and grammar state);
-    ``grammars`` builds grammar matchers, None on a tail without a vocabulary to match against.
+    A session keeps a ``TailState``: its ``TailSampler`` (parameters, penalty counts, grammar
+    state) and its ``RingMailbox``. ``grammars`` builds grammar matchers, None on a tail without
+    a vocabulary to match against. A tail (``is_head`` False) answers a ring frame into the
+    mailbox, which the head reads; a full shard is its own head and answers on its stream.
     """
 
-    def __init__(self, grammars: GrammarVocabulary | None = None) -> None:
+    def __init__(self, grammars: GrammarVocabulary | None = None, *, is_head: bool) -> None:
         self._grammars = grammars
+        self._is_head = is_head
 
     def check(self, frame: StepFrame) -> None:
         if frame.downstream:
@@ -90,7 +95,7 @@ class SampleStage:
         if frame.sampling.constraint is not None and self._grammars is None:
             raise InvalidArgument("this tail has no vocabulary to apply a grammar with (response_format)")
 
-    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> TailSampler:
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> TailState:
         self.check_opening(frame)
         params = frame.sampling
         if params is None:  # check_opening refused it already; this tells the type checker
@@ -98,10 +103,10 @@ class SampleStage:
         constraint = params.constraint
         grammars = self._grammars
         matcher = None if constraint is None or grammars is None else grammars.matcher(constraint)
-        return TailSampler(params, matcher)
+        return TailState(TailSampler(params, matcher), frame.meta.request_id, RingMailbox())
 
     async def emit(
-        self, state: TailSampler, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
         meta = frame.meta
         next_position = meta.position + frame.n_tokens
@@ -111,14 +116,19 @@ class SampleStage:
             if output.logits is None or len(output.logits) == 0:
                 raise EngineError("the engine returned no logits for a final chunk at the tail")
             # Seeded by the position it fills, so a replay samples the same token again.
-            token, logprobs = state.choose(output.logits[-1], next_position)
-        return StepResult(meta.session_id, meta.step, next_position, token, (timing,), logprobs=logprobs)
+            token, logprobs = state.sampler.choose(output.logits[-1], next_position)
+        timings = () if timing is None else (*frame.timings, timing)
+        result = StepResult(meta.session_id, meta.step, next_position, token, timings, logprobs=logprobs)
+        if frame.ring and not self._is_head:
+            state.ring.put(result)  # straight to the head; nothing goes back upstream
+        return result
 
-    async def release(self, state: TailSampler) -> None:
-        state.close()
+    async def release(self, state: TailState) -> None:
+        state.sampler.close()
+        state.ring.close()
 
 
-class DownstreamLink(Protocol):
+class DownstreamLink(RingLink, Protocol):
     """The open session stream to the next hop (``client.shard_stream.ShardStream`` on the wire)."""
 
     async def exchange(self, frame: StepFrame) -> StepResult: ...
@@ -138,14 +148,23 @@ class Downstream:
     hops: tuple[HopSpec, ...]
     """The hops after this shard, in route order; the first is where ``link`` leads."""
     link: DownstreamLink
+    stream_deadline: float | None
+    ring: RingLeg = field(default_factory=RingLeg)
+    """The session's ring, once its decode runs on one (``worker.ring``)."""
 
 
 class ForwardStage:
-    """Any shard before the model's last layer: pass the boundary hidden state to the next hop."""
+    """Any shard before the model's last layer: pass the boundary hidden state to the next hop.
 
-    def __init__(self, n_layers: int, connect: Connect) -> None:
+    ``open_ring`` (head only) lets a session's frames after the opening one run on the ring;
+    without it, ring frames into the head are run on the chain.
+    """
+
+    def __init__(self, n_layers: int, connect: Connect, *, is_head: bool, open_ring: OpenRing | None = None) -> None:
         self._n_layers = n_layers
         self._connect = connect
+        self._is_head = is_head
+        self._open_ring = open_ring
 
     def check(self, frame: StepFrame) -> None:
         if frame.downstream:
@@ -167,28 +186,69 @@ class ForwardStage:
     def open_state(self, frame: StepFrame, stream_deadline: float | None) -> Downstream:
         timeout = None if stream_deadline is None else max(stream_deadline - time.monotonic(), 0.001)
         first = frame.downstream[0]
-        return Downstream(frame.downstream, self._connect(first.address, timeout, first.node_id or None))
+        link = self._connect(first.address, timeout, first.node_id or None)
+        return Downstream(frame.downstream, link, stream_deadline)
 
     async def emit(
-        self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming
+        self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
         if output.hidden is None:
             raise EngineError("the engine returned no hidden state on a shard that forwards")
         opening = frame.meta.cache == "new" and frame.meta.step == 0
         left_ms = remaining_ms(deadline, "the step's deadline passed on this shard")
+        ring = frame.ring and (not self._is_head or self._open_ring is not None)
         outgoing = StepFrame(
             meta=replace(frame.meta, layers=state.hops[0].layers, deadline_ms=left_ms),
             hidden=output.hidden,
             downstream=state.hops[1:] if opening else (),
             sampling=frame.sampling if opening else None,
             final_chunk=frame.final_chunk,
+            ring=ring,
+            want_timings=frame.want_timings,
+            timings=(*frame.timings, timing) if ring and timing is not None else (),
         )
+        if ring:
+            return await self._ring_step(state, frame, outgoing, deadline)
+        if state.ring.watch is not None:
+            raise InvalidArgument("a session whose decode runs on the ring takes only ring frames")
         answer = await state.link.exchange(outgoing)
-        return replace(answer, timings=(timing, *answer.timings))
+        return answer if timing is None else replace(answer, timings=(timing, *answer.timings))
+
+    async def _ring_step(
+        self, state: Downstream, frame: StepFrame, outgoing: StepFrame, deadline: float | None
+    ) -> StepResult:
+        meta, leg = frame.meta, state.ring
+        if self._open_ring is not None and leg.back is None:
+            # Opened before the first ring frame leaves; the tail keeps answers until it is read.
+            timeout = None if state.stream_deadline is None else max(state.stream_deadline - time.monotonic(), 0.001)
+            tail = state.hops[-1]
+            leg.back = self._open_ring(tail.address, meta.session_id, meta.request_id, timeout, tail.node_id or None)
+            leg.answered_through = meta.step - 1  # the steps before ran on the chain
+        leg.start(state.link)
+        failure = leg.failure()
+        if failure is not None:
+            raise failure
+        waits = self._is_head and frame.final_chunk
+        if self._is_head and not waits:
+            # Pipelined prefill: bound the chunks the tail has not answered yet.
+            await leg.acknowledged(meta.step - MAX_CHUNKS_IN_FLIGHT, deadline)
+        await state.link.send(outgoing)
+        if waits:
+            return await leg.answer(meta.step, deadline)
+        # A middle answers nothing upstream (the tail's answer goes straight to the head); the
+        # head acknowledges a forwarded prefill chunk at once, so the sender sends the next one.
+        return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
+
+    def ring_failure(self, state: Downstream) -> asyncio.Task[StepResult] | None:
+        """What ends when this session's downstream fails, once its decode runs on the ring."""
+        return state.ring.watch
 
     async def release(self, state: Downstream) -> None:
         # Ending the stream makes the next shard release the session and close its own link.
-        await state.link.close()
+        if state.ring.watch is not None or state.ring.back is not None:
+            await state.ring.close(state.link)
+        else:
+            await state.link.close()
 
 
 class Continuation(Protocol):
@@ -214,7 +274,11 @@ class HeadDecodeLoop:
 
     Each step is a decode frame like one the sender would have sent (same checks, same
     idempotency bookkeeping), so a sender can switch between driving and reading freely.
+    With ``ring`` its steps are ring frames (the tail answers the head directly).
     """
+
+    def __init__(self, *, ring: bool = False) -> None:
+        self._ring = ring
 
     async def steps(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
@@ -222,16 +286,30 @@ class HeadDecodeLoop:
         plan = frame.continuation
         if plan is None:
             return
-        for offset in range(1, plan.max_steps + 1):
-            if result.token_id is None or result.token_id in plan.stop_token_ids:
-                return
-            meta = replace(
-                frame.meta,
-                phase="decode",
-                position=result.next_position,
-                step=frame.meta.step + offset,
-                cache="continue",
-                deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
-            )
-            result = await run(StepFrame(meta=meta, tokens=np.array([result.token_id], np.int32)))
-            yield result
+        unsent: StepResult | None = None
+        """The last step's answer, sent to the sender while the next step already runs."""
+        running: asyncio.Task[StepResult] | None = None
+        try:
+            for offset in range(1, plan.max_steps + 1):
+                if result.token_id is None or result.token_id in plan.stop_token_ids:
+                    break
+                meta = replace(
+                    frame.meta,
+                    phase="decode",
+                    position=result.next_position,
+                    step=frame.meta.step + offset,
+                    cache="continue",
+                    deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
+                )
+                tokens = np.array([result.token_id], np.int32)
+                next_frame = StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings)
+                running = asyncio.ensure_future(run(next_frame))
+                if unsent is not None:
+                    yield unsent  # its write to the sender overlaps the step just started
+                result = unsent = await running
+                running = None
+            if unsent is not None:
+                yield unsent
+        finally:
+            if running is not None:
+                running.cancel()

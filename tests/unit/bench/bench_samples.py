@@ -122,6 +122,7 @@ def sample_results(figures: Figures = Figures()) -> dict[str, Any]:
         "link_ms_p50": f.link_ms,
         "link_ms_p95": 2 * f.link_ms,
         "links": 3,
+        "seam_crossings_per_token": 3,
         "hops": [{"address": "127.0.0.1:1", "layers": "0:10", "compute_ms_p50": 3.0, "compute_ms_p95": 4.0}],
     }
     meshnet["wire"] = {

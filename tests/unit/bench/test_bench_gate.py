@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 from bench_samples import Figures, sample_results, without
 
+import meshnet.bench
 from meshnet.bench.gate import evaluate, evaluate_expression, load_contract, render, resolve
 from meshnet.cli import main
 from meshnet.core.errors import InvalidArgument
 
-CONTRACT = load_contract()
+# These tests judge with v1, whose thresholds the sample figures were chosen for; v2 is the
+# default (see the tests at the end).
+CONTRACT_V1 = Path(meshnet.bench.__file__).parent / "contract_v1.json"
+CONTRACT = load_contract(CONTRACT_V1)
 
 
 def verdict_of(figures: Figures) -> tuple[str, dict[str, object]]:
@@ -170,7 +174,7 @@ def test_gate_command_exit_codes(
 ) -> None:
     path = tmp_path / "results.json"
     path.write_text(json.dumps(sample_results(figures)))
-    assert main(["gate", str(path)]) == code
+    assert main(["gate", str(path), "--contract", str(CONTRACT_V1)]) == code
     assert ["PROMOTE", "OPTIMIZE", "STOP"][code] in capsys.readouterr().out
 
 
@@ -189,3 +193,36 @@ def test_drift_stop_names_the_concurrency_that_diverged() -> None:
     drift = next(c for c in verdict.checks if c.id == "greedy-drift-meshnet")
     assert verdict.verdict == "stop" and drift.outcome == "triggered"
     assert "k=1: 1.000, k=8: 0.900" in (drift.bottleneck or "")
+
+
+def test_the_default_contract_is_v2_with_the_issue_15_thresholds() -> None:
+    contract = load_contract()
+    assert contract["version"] == 2
+    pinned = {
+        "meshnet3-decode-vs-whole": (">=", 0.9),
+        "meshnet3-vs-llama-rpc3": (">=", 1.1),
+        "synthetic1b-meshnet3-vs-whole": (">=", 0.97),
+        "link-latency-p50": ("<=", 0.4),
+        "seam-crossings-per-token": ("<=", 3),
+        "meshnet3-occupancy8": (">=", 6),
+        "meshnet3-batched8-vs-whole8": (">=", 1.0),
+        "greedy-drift-meshnet": ("<", 1.0),
+        "greedy-drift-split": ("<", 1.0),
+    }
+    entries = {entry["id"]: entry for entry in contract["requirements"] + contract["stop_conditions"]}
+    for key, (op, threshold) in pinned.items():
+        assert (entries[key]["op"], entries[key]["threshold"]["const"]) == (op, threshold), key
+
+
+def test_v2_reads_the_extra_lanes_and_names_what_was_not_measured() -> None:
+    results = sample_results()
+    results["extra_lanes"] = {
+        "llama-rpc-3": {"vs_whole": 0.8},
+        "synthetic-1b": {"vs_whole": 0.98},
+    }
+    checks = {check.id: check for check in evaluate(results, load_contract()).checks}
+    assert checks["meshnet3-vs-llama-rpc3"].values[0][1] == pytest.approx(0.9 / 0.8)
+    assert checks["synthetic1b-meshnet3-vs-whole"].outcome == "pass"
+    del results["extra_lanes"]
+    checks = {check.id: check for check in evaluate(results, load_contract()).checks}
+    assert checks["synthetic1b-meshnet3-vs-whole"].outcome == "missing"

@@ -81,7 +81,9 @@ def test_seam_bytes_and_hop_timing(bench_run: tuple[dict[str, Any], Path, int]) 
     assert lanes["recompute"]["seam_bytes_per_token"] >= 64 * 4 * 64
     wire, hops = lanes["meshnet-2"]["wire"], lanes["meshnet-2"]["hop_timing"]
     assert wire["hidden_payload_bytes"] == 256 and 256 < wire["bytes_per_token_per_hop"] < 256 + 512
-    assert hops["links"] == 2 and len(hops["hops"]) == 2 and hops["step_ms_p50"] > 0
+    # client->head, the seam out and back (a route of two runs on the chain), head->client
+    assert hops["links"] == 4 and hops["seam_crossings_per_token"] == 2
+    assert len(hops["hops"]) == 2 and hops["step_ms_p50"] > 0
 
 
 def test_context_scaling_points(bench_run: tuple[dict[str, Any], Path, int]) -> None:

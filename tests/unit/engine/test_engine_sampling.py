@@ -124,3 +124,25 @@ def test_large_logits_do_not_overflow() -> None:
 def test_invalid_sampling_params_are_invalid_argument(fields: dict[str, float]) -> None:
     with pytest.raises(InvalidArgument):
         SamplingParams(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.3, 1.0), (0.7, 0.9), (1.0, 1.0), (5.0, 1.0), (5.0, 0.99)])
+def test_ordering_only_the_leading_tokens_picks_what_ordering_all_of_them_does(
+    temperature: float, top_p: float
+) -> None:
+    """Without top_k the sampler orders only the leading tokens (and the whole vocabulary only
+    when the draw reaches past them); every pick equals the one over the fully sorted order."""
+    rng = np.random.default_rng(11)
+    for position in range(60):
+        logits = (rng.standard_normal(5000) * 4).astype(np.float32)
+        params = SamplingParams(temperature=temperature, top_p=top_p, seed=5)
+        scaled = logits.astype(np.float64) / temperature
+        ordered = np.argsort(-scaled, kind="stable")
+        weights = np.exp(scaled - scaled.max())
+        probabilities = weights[ordered] / weights.sum()
+        if top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probabilities), top_p)) + 1
+            ordered, probabilities = ordered[:keep], probabilities[:keep] / probabilities[:keep].sum()
+        draw = np.random.default_rng((5, position)).random()
+        index = min(int(np.searchsorted(np.cumsum(probabilities), draw, side="right")), len(ordered) - 1)
+        assert sample_token(logits, params, position) == int(ordered[index])

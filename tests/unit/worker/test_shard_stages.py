@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -63,8 +64,14 @@ async def test_a_three_shard_route_generates_what_the_chained_backends_do(route:
     assert [r.token_id for r in results] == reference_tokens(THREE, PROMPT, 6)
     assert [r.next_position for r in results] == [len(PROMPT) + i for i in range(6)]
     assert [r.step for r in results] == list(range(6))
-    # Every shard reports its own timing, in route order.
-    assert [t.layers for t in results[-1].timings] == [LayerRange(*r) for r in THREE]
+    # Nobody asked for per-hop timings: none are measured or sent.
+    assert all(r.timings == () for r in results)
+    # A probe asks: every shard reports its own timing, in route order.
+    last = results[-1]
+    assert last.token_id is not None
+    step = decode(opening(route, "s", PROMPT), step=6, position=last.next_position, token=last.token_id)
+    probed = await route.head.handle(replace(step, want_timings=True), None)
+    assert [t.layers for t in probed.timings] == [LayerRange(*r) for r in THREE]
     assert [s.open_sessions for s in route.shards] == [1, 1, 1]
     assert len(route.links) == 2  # head -> middle, middle -> tail: one stream per seam
 

@@ -60,6 +60,11 @@ class ShardStub:
                 request_serializer=meshnet_dot_v1_dot_shard__pb2.MetricsRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_shard__pb2.MetricsSnapshot.FromString,
                 _registered_method=True)
+        self.RingReturn = channel.unary_stream(
+                '/meshnet.v1.Shard/RingReturn',
+                request_serializer=meshnet_dot_v1_dot_shard__pb2.RingOpen.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_shard__pb2.StepResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -102,6 +107,15 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RingReturn(self, request, context):
+        """The ring: the head opens this on the tail once per session (after prefill); the tail writes
+        the answer to every `ring` decode frame here, straight to the head, so the sampled token
+        never walks back through the middle shards (N seam crossings per token for N shards).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +143,11 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.GetMetrics,
                     request_deserializer=meshnet_dot_v1_dot_shard__pb2.MetricsRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_shard__pb2.MetricsSnapshot.SerializeToString,
+            ),
+            'RingReturn': grpc.unary_stream_rpc_method_handler(
+                    servicer.RingReturn,
+                    request_deserializer=meshnet_dot_v1_dot_shard__pb2.RingOpen.FromString,
+                    response_serializer=meshnet_dot_v1_dot_shard__pb2.StepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +286,33 @@ class Shard:
             '/meshnet.v1.Shard/GetMetrics',
             meshnet_dot_v1_dot_shard__pb2.MetricsRequest.SerializeToString,
             meshnet_dot_v1_dot_shard__pb2.MetricsSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RingReturn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshnet.v1.Shard/RingReturn',
+            meshnet_dot_v1_dot_shard__pb2.RingOpen.SerializeToString,
+            meshnet_dot_v1_dot_shard__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,
