@@ -139,6 +139,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
+    from meshnet.core.tracking import Registered
     from meshnet.worker.config import WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
 
@@ -151,8 +152,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # Tests and `meshnet up` read this line to learn the bound address.
         metrics = f" metrics=http://{info.metrics_address}/metrics" if info.metrics_address else ""
         print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
+        layers.append(info.layers)
 
-    asyncio.run(serve_worker(config, on_ready=ready))
+    def registered(reply: Registered) -> None:
+        # The lab starts `--layers auto` workers one by one on this line, so each sees the last.
+        print(f"meshnet worker registered node={reply.node_id} layers={layers[-1]} epoch={reply.epoch}", flush=True)
+
+    layers: list[str] = [str(config.layer_choice)]
+    asyncio.run(serve_worker(config, on_ready=ready, on_registered=registered))
     return 0
 
 

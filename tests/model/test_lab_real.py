@@ -27,8 +27,9 @@ from swarm_harness import Reference
 from meshnet.artifact.provision import model_path
 from meshnet.lab import system
 from meshnet.lab.lab import Lab, LabConfig
-from meshnet.lab.swarm import LabSwarm, layer_costs, start_swarm
+from meshnet.lab.swarm import LabSwarm, start_swarm
 from meshnet.tracker.placement import plan_ranges
+from meshnet.worker.auto_layers import layer_costs
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")

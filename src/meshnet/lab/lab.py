@@ -31,10 +31,6 @@ WORKER_PORT = 7000
 RELAY_PORT = 7001
 GATEWAY_PORT = 8080
 READY_TIMEOUT_S = 180.0
-RUNTIME_OVERHEAD_MB = 110
-"""Resident memory of a worker beyond its weights and KV: Python, NumPy, gRPC, llama.cpp and its
-compute buffers (measured: 148 MiB for a 10-layer SmolLM2 slice with two 2,048-position
-sessions = 22 MiB weights + 31 MiB KV + this)."""
 
 
 @dataclass(frozen=True)

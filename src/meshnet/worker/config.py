@@ -33,11 +33,27 @@ class FakeModel:
 
 
 @dataclass(frozen=True)
+class LayerChoice:
+    """What ``--layers`` says: a fixed range ``A:B`` (B exclusive), or ``auto``: ask the tracker
+    which range the swarm needs most within ``--memory-budget-mb``."""
+
+    fixed: LayerRange | None
+
+    @classmethod
+    def parse(cls, text: str) -> LayerChoice:
+        return cls(None) if text.strip() == "auto" else cls(LayerRange.parse(text))
+
+    def __str__(self) -> str:
+        return "auto" if self.fixed is None else str(self.fixed)
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     model: Path | None = field(metadata=cli(shown_default=PROVISIONED_MODEL))
     """Source GGUF; the worker cuts (or reuses) the slice for its layers from it."""
-    layers: LayerRange
-    """Layers this worker serves, A:B half-open (B exclusive)."""
+    layer_choice: LayerChoice = field(metadata=cli("layers"))
+    """Layers this worker serves, A:B half-open (B exclusive), or auto (needs --tracker and
+    --memory-budget-mb): the range the swarm needs most that fits the budget."""
     data_dir: Path
     """Holds the slice cache."""
     model_name: str | None = None
@@ -78,12 +94,23 @@ class WorkerConfig:
     """Seconds in-flight sessions get to finish after SIGTERM before they are released."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``
+            object.__setattr__(self, "layer_choice", LayerChoice(self.layer_choice))
+        if self.layer_choice.fixed is None and (self.tracker is None or self.memory_budget_mb is None):
+            raise InvalidArgument("--layers auto asks the tracker within a budget: give --tracker, --memory-budget-mb")
         if self.advertise is not None:
             check_advertise_address(self.advertise, flag="--advertise")
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"worker config: port must be in [0, 65535], got {self.port}")
         if self.model is None and self.fake is None:
             raise InvalidArgument("a worker needs --model (or a fake model)")
+
+    @property
+    def layers(self) -> LayerRange:
+        """The range served; ``auto`` is resolved (``auto_layers.resolve_layers``) before start."""
+        if self.layer_choice.fixed is None:
+            raise InvalidArgument("--layers auto must be resolved with the tracker before the worker starts")
+        return self.layer_choice.fixed
 
     def llama_config(self, max_sessions: int) -> LlamaConfig:
         """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""

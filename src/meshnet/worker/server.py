@@ -22,10 +22,11 @@ from grpc_health.v1 import health_pb2
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.ids import NodeId
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.tracking import NodeLoad, Registered
 from meshnet.protocol import services
 from meshnet.telemetry.prometheus import build_registry, serve_metrics
 from meshnet.worker.assembly import AssembledWorker, assemble_worker
+from meshnet.worker.auto_layers import resolve_layers
 from meshnet.worker.config import WorkerConfig
 from meshnet.worker.peers import PeerProber
 from meshnet.worker.shard import AnyShard
@@ -40,11 +41,18 @@ class WorkerReady:
     node_id: NodeId
     fingerprint: str
     metrics_address: str | None = None
+    layers: str = ""
+    """The range served, as A:B (what ``--layers auto`` resolved to)."""
 
 
 async def serve_worker(
-    config: WorkerConfig, *, on_ready: Callable[[WorkerReady], None] | None = None, stop: asyncio.Event | None = None
+    config: WorkerConfig,
+    *,
+    on_ready: Callable[[WorkerReady], None] | None = None,
+    stop: asyncio.Event | None = None,
+    on_registered: Callable[[Registered], None] | None = None,
 ) -> None:
+    config = await resolve_layers(config)
     worker = await assemble_worker(config)
     stop = stop or asyncio.Event()
     identity = worker.shard.identity
@@ -57,7 +65,7 @@ async def serve_worker(
         for service in ("", services.SHARD_SERVICE):
             await worker.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         _install_signal_handlers(stop)
-        background = _start_background(worker, probes, stop)
+        background = _start_background(worker, probes, stop, on_registered)
         if config.metrics_port is not None:
             metrics_server, metrics_address = _serve_metrics(worker.shard, config)
         log.info(
@@ -68,7 +76,11 @@ async def serve_worker(
             identity.fingerprint,
         )
         if on_ready is not None:
-            on_ready(WorkerReady(identity.address, identity.node_id, identity.fingerprint, metrics_address))
+            on_ready(
+                WorkerReady(
+                    identity.address, identity.node_id, identity.fingerprint, metrics_address, str(config.layers)
+                )
+            )
         await stop.wait()
     finally:
         await _drain(worker, config.drain_grace)
@@ -89,7 +101,12 @@ async def _release(worker: AssembledWorker, probes: ChannelPool, metrics_server:
     await asyncio.to_thread(worker.loop.stop)
 
 
-def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+def _start_background(
+    worker: AssembledWorker,
+    probes: ChannelPool,
+    stop: asyncio.Event,
+    on_registered: Callable[[Registered], None] | None = None,
+) -> list[asyncio.Task[None]]:
     """Expiry sweeps and, with a tracker, heartbeats and the probing of candidate next hops."""
     tasks = [asyncio.create_task(_sweep(worker.shard, stop))]
     if worker.config.tracker:
@@ -102,7 +119,13 @@ def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asynci
 
         tracker = TrackerClient(worker.config.tracker)
         heartbeats = heartbeat_loop(
-            tracker, worker.registration, load, stop, on_epoch=shard.raise_min_epoch, on_probe=prober.set_targets
+            tracker,
+            worker.registration,
+            load,
+            stop,
+            on_registered=on_registered,
+            on_epoch=shard.raise_min_epoch,
+            on_probe=prober.set_targets,
         )
         tasks += [asyncio.create_task(prober.run(stop)), asyncio.create_task(heartbeats)]
     return tasks
