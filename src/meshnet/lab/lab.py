@@ -109,6 +109,14 @@ class Lab:
         self.logs.mkdir(parents=True, exist_ok=True)
         return self.plan
 
+    def add_group(self, node: LabNode, role: str) -> cgroups.NodeGroups:
+        """Another group on ``node`` with the node's cap, for a process apart from its worker."""
+        if self.plan is None:
+            raise Unavailable("the lab's network is not built")
+        groups = cgroups.make_node_groups(self.plan, node, role=role)
+        self.groups[node.index, role] = groups
+        return groups
+
     def close(self) -> None:
         stop_all(list(reversed(self.components)))
         self.components.clear()

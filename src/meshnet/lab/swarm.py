@@ -6,6 +6,7 @@ byte between nodes crosses a shaped link with its delay.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from meshnet.artifact.describe import describe_model
@@ -62,12 +63,11 @@ def auto_budget_mb(config: LabConfig, n_nodes: int) -> int:
     return min(config.memory_mb, -(-need // 2**20))
 
 
-def start_swarm(lab: Lab) -> LabSwarm:
-    plan = lab.plan
-    if plan is None:
-        raise RuntimeError("build the lab before starting a swarm")
-    head = plan.nodes[0]
-    tracker = f"{head.address}:{TRACKER_PORT}"
+def start_tracker(lab: Lab) -> str:
+    """Start node 0's tracker (its database in node 0's data dir) and return its address."""
+    if lab.plan is None:
+        raise Unavailable("the lab's network is not built")
+    head = lab.plan.nodes[0]
     lab.start(
         head,
         "tracker",
@@ -84,6 +84,24 @@ def start_swarm(lab: Lab) -> LabSwarm:
         "meshnet tracker listening on",
         role="control",
     )
+    return f"{head.address}:{TRACKER_PORT}"
+
+
+def restart_tracker(lab: Lab) -> str:
+    """Kill node 0's tracker outright (SIGKILL, no shutdown) and start it again on its database."""
+    old = next(c for c in lab.components if c.name == "tracker" and c.alive)
+    old.send_signal(signal.SIGKILL)
+    old.wait_exit(10.0)
+    lab.components.remove(old)
+    return start_tracker(lab)
+
+
+def start_swarm(lab: Lab) -> LabSwarm:
+    plan = lab.plan
+    if plan is None:
+        raise RuntimeError("build the lab before starting a swarm")
+    head = plan.nodes[0]
+    tracker = start_tracker(lab)
     serving, spares = plan.serving(), plan.spares()
     fixed = fixed_ranges(lab.config, len(serving))
     budget = None if fixed is not None else auto_budget_mb(lab.config, len(serving))

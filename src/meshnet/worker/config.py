@@ -78,6 +78,9 @@ class WorkerConfig:
     """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics."""
     flash_attn: bool = True
     """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
+    mmap: bool = True
+    """Map the slice's weights from its file; --no-mmap copies them into the process, so a
+    memory cap counts them (mapped pages are reclaimable and would always "fit")."""
     max_frame_bytes: int = MAX_FRAME_BYTES
     """Largest gRPC message this worker sends or accepts."""
     max_queue: int = 64
@@ -120,6 +123,7 @@ class WorkerConfig:
             n_ctx_per_slot=self.n_ctx_per_session,
             max_batch_tokens=self.prefill_chunk,
             flash_attn=self.flash_attn,
+            use_mmap=self.mmap,
         )
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
