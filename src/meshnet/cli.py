@@ -203,11 +203,16 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from meshnet.lab.lab import LabConfig
 
     given = given_arguments(LabConfig, args)
-    if config_from_arguments(LabArguments, args).action == "down":
+    arguments = config_from_arguments(LabArguments, args)
+    if arguments.action == "down":
         return lab_down(given.get("tag"))
     if "model" not in given:
         given["model"] = provisioned_model(args.data_dir)
         given.setdefault("model_name", DEFAULT_MODEL.name)
+    if arguments.action == "sweep":
+        from meshnet.lab.command import lab_sweep
+
+        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments.sweep_output)
     return lab_up(LabConfig(**given, data_dir=args.data_dir))
 
 
