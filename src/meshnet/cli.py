@@ -230,6 +230,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     if given.get("quick"):
         config = quick_config(config)
+    if given.get("gemma3"):
+        from meshnet.bench.gemma3 import gemma3_config
+
+        config = gemma3_config(config, args.data_dir)
     outputs = config_from_arguments(BenchOutputs, args)
     return bench_command(
         replace(config, **given),
