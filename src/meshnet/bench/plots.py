@@ -107,7 +107,7 @@ def write_lab_sweep_plot(results: dict[str, Any], path: Path) -> Path | None:
             linestyle="--",
             color=line.get_color(),
             alpha=0.7,
-            label=f"limit: compute + 2N delays, {rate:g} Mbit",
+            label=f"limit: 0 ms time + 2(N-1) delays, {rate:g} Mbit",
         )
     ring = sorted(
         (p for p in points if p["bandwidth_mbit"] == points[0]["bandwidth_mbit"]), key=lambda p: p["delay_ms"]
@@ -117,7 +117,7 @@ def write_lab_sweep_plot(results: dict[str, Any], path: Path) -> Path | None:
         [p["limit_ring_ms"] for p in ring],
         linestyle=":",
         color="grey",
-        label="ring limit: compute + N delays",
+        label="ring limit: 0 ms time + N delays",
     )
     axes.set(
         xlabel="one-way link delay (ms)",
