@@ -252,6 +252,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
     from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.core.tracking import Registered
     from meshnet.swarm_cli import node_security
     from meshnet.worker.config import WorkerConfig
     from meshnet.worker.server import WorkerReady, serve_worker
@@ -261,8 +262,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
     if "experts" in given:
         return _serve_expert_node(given, args.data_dir)
-    if "layers" not in given:
-        raise InvalidArgument("meshnet worker needs --layers A:B (or --experts I/N for an expert-parallel node)")
+    if "layer_choice" not in given:
+        raise InvalidArgument("meshnet worker needs --layers A:B|auto (or --experts I/N for an expert-parallel node)")
     config = WorkerConfig(**given, data_dir=args.data_dir)
     options = config_from_arguments(SecurityOptions, args)
     security = node_security(options, args.data_dir, "worker", (config.host, config.advertise, config.tracker))
@@ -271,8 +272,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # Tests and `meshnet up` read this line to learn the bound address.
         metrics = f" metrics=http://{info.metrics_address}/metrics" if info.metrics_address else ""
         print(f"meshnet worker ready {info.address} node={info.node_id} recipe={info.fingerprint}{metrics}", flush=True)
+        layers.append(info.layers)
 
-    asyncio.run(serve_worker(config, on_ready=ready, security=security))
+    def registered(reply: Registered) -> None:
+        # The lab starts `--layers auto` workers one by one on this line, so each sees the last.
+        print(f"meshnet worker registered node={reply.node_id} layers={layers[-1]} epoch={reply.epoch}", flush=True)
+
+    layers: list[str] = [str(config.layer_choice)]
+    asyncio.run(serve_worker(config, on_ready=ready, on_registered=registered, security=security))
     return 0
 
 
@@ -282,10 +289,10 @@ def _serve_expert_node(given: dict[str, object], data_dir: Path) -> int:
     from meshnet.worker.config import WorkerConfig
     from meshnet.worker.expert_node import serve_expert_node
 
-    if "layers" in given or "fake" in given:
+    if "layer_choice" in given or "fake" in given:
         raise InvalidArgument("--experts serves the whole model: drop --layers and --fake")
     model = Path(str(given["model"]))
-    config = WorkerConfig(**given, layers=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
+    config = WorkerConfig(**given, layer_choice=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
 
     def ready(address: str, checks: str) -> None:
         share = config.experts.label if config.experts else "?"
@@ -339,11 +346,16 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from meshnet.lab.lab import LabConfig
 
     given = given_arguments(LabConfig, args)
-    if config_from_arguments(LabArguments, args).action == "down":
+    arguments = config_from_arguments(LabArguments, args)
+    if arguments.action == "down":
         return lab_down(given.get("tag"))
     if "model" not in given:
         given["model"] = provisioned_model(args.data_dir)
         given.setdefault("model_name", DEFAULT_MODEL.name)
+    if arguments.action == "sweep":
+        from meshnet.lab.command import lab_sweep
+
+        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments.sweep_output)
     return lab_up(LabConfig(**given, data_dir=args.data_dir))
 
 
@@ -361,6 +373,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     if given.get("quick"):
         config = quick_config(config)
+    if given.get("gemma3"):
+        from meshnet.bench.gemma3 import gemma3_config
+
+        config = gemma3_config(config, args.data_dir)
     outputs = config_from_arguments(BenchOutputs, args)
     return bench_command(
         replace(config, **given),

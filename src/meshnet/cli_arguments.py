@@ -120,5 +120,8 @@ class GateArguments:
 
 @dataclass(frozen=True)
 class LabArguments:
-    action: Literal["up", "down"] = field(metadata=cli(positional=True))
-    """up: build the lab and serve until SIGTERM (then remove it); down: remove what any lab left."""
+    action: Literal["up", "down", "sweep"] = field(metadata=cli(positional=True))
+    """up: build the lab and serve until SIGTERM (then remove it); down: remove what any lab left;
+    sweep: one lab per delay x rate point, measured against the physical limit."""
+    sweep_output: Path = Path("bench/results/lab-sweep.json")
+    """sweep: results JSON (its plot is written beside it)."""

@@ -15,20 +15,25 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from swarm_harness import Reference
+from swarm_harness import Reference, active_sessions, query_db, wait_sessions_freed
 
 from meshnet.artifact.provision import model_path
-from meshnet.lab import system
+from meshnet.lab import cgroups, system
 from meshnet.lab.lab import Lab, LabConfig
-from meshnet.lab.swarm import LabSwarm, layer_costs, start_swarm
+from meshnet.lab.swarm import LabSwarm, restart_tracker, start_swarm
+from meshnet.process.launcher import StartupFailed, meshnet_command
+from meshnet.tracker.config import DEFAULT_DB_NAME
 from meshnet.tracker.placement import plan_ranges
+from meshnet.worker.auto_layers import layer_costs
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")
@@ -77,12 +82,31 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, LabSwar
         yield lab, start_swarm(lab)
     finally:
         lab.close()
-        assert system.remove_leftovers("real") == []
+    # Nothing of the lab remains: namespaces, veths, the bridge, cgroups (v1 and v2 layouts).
+    assert _lab_objects("real") == []
+
+
+def _lab_objects(tag: str) -> list[str]:
+    namespaces = system.run(["ip", "netns", "list"], check=False).stdout.split()
+    links = json.loads(system.run(["ip", "-j", "link"], check=False).stdout or "[]")
+    found = [name for name in namespaces if name.startswith(f"mnlab-{tag}-")]
+    found += [entry["ifname"] for entry in links if entry["ifname"].startswith(f"mnlab{tag}")]
+    for root in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+        found += [str(path) for path in root.glob(f"mnlab-{tag}*")]
+    return found
 
 
 @pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> str:
-    reference = Reference(MODEL, tmp_path_factory.mktemp("ref"))
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
+    whole = Reference(MODEL, tmp_path_factory.mktemp("ref"))
+    try:
+        yield whole
+    finally:
+        whole.close()
+
+
+@pytest.fixture(scope="module")
+def expected(reference: Reference) -> str:
     return reference.text(reference.generate(reference.chat_tokens(PROMPT), TOKENS))
 
 
@@ -140,6 +164,117 @@ def test_capped_nodes_serve_the_whole_model_output(lab: tuple[Lab, LabSwarm], ex
     assert [h["layers"] for h in hops] == [str(swarm.ranges[i]) for i in range(3)] or len(hops) == 3
     for index, (peak, kills) in the_lab.worker_memory().items():
         assert kills == 0 and peak <= CAP_MB * 2**20, (index, peak)
+
+
+PROMPTS = (
+    "Write one sentence about the sea.",
+    "Name three colours.",
+    "What is two plus two?",
+    "Say hello in French.",
+    "Describe a cat in five words.",
+    "Give me a word that rhymes with moon.",
+    "What day comes after Monday?",
+    "List two fruits.",
+)
+SHORT = 24
+
+
+def _chat(swarm: LabSwarm, prompt: str, tokens: int) -> str:
+    body = {"model": "smol", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "temperature": 0}
+    reply = httpx.post(f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    return str(reply.json()["choices"][0]["message"]["content"])
+
+
+def test_the_official_openai_client_against_the_capped_lab(lab: tuple[Lab, LabSwarm], expected: str) -> None:
+    _, swarm = lab
+    client = OpenAI(base_url=f"{swarm.gateway_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    answer = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": PROMPT}], max_tokens=TOKENS, temperature=0
+    )
+    assert answer.choices[0].message.content == expected
+    assert [model.id for model in client.models.list()] == ["smol"]
+
+
+def test_eight_concurrent_sessions_each_equal_their_solo_output(
+    lab: tuple[Lab, LabSwarm], reference: Reference
+) -> None:
+    # Each capped node holds one 2,048-position session, so the gateway queues what the route
+    # cannot hold yet: all eight are in flight at once, and none may see another's tokens.
+    _, swarm = lab
+    solo = [reference.text(reference.generate(reference.chat_tokens(p), SHORT)) for p in PROMPTS]
+    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+        together = list(pool.map(lambda prompt: _chat(swarm, prompt, SHORT), PROMPTS))
+    assert together == solo
+
+
+def test_cancellation_frees_kv_on_every_node(lab: tuple[Lab, LabSwarm]) -> None:
+    _, swarm = lab
+    body = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400, "stream": True}
+    pieces = 0
+    with httpx.stream("POST", f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            pieces += line.startswith("data: ")
+            if pieces == 6:
+                assert max(active_sessions(list(swarm.advertised.values()))) == 1  # KV held mid-stream
+                break  # the client goes away mid-decode: the gateway cancels the route
+    wait_sessions_freed(list(swarm.advertised.values()), within_s=10.0)
+
+
+def test_the_whole_model_under_the_same_cap_is_killed(lab: tuple[Lab, LabSwarm]) -> None:
+    the_lab, _ = lab
+    plan = the_lab.plan
+    assert plan is not None
+    node = plan.spares()[0]
+    groups = the_lab.add_group(node, "whole")
+    command = meshnet_command(
+        the_lab.node_data_dir(node) / "whole",
+        *("worker", "--model", str(MODEL), "--layers", "0:30", "--no-mmap", "--host", node.address),
+        *("--port", "7003", "--threads", "1", "--context", "2048", "--max-sessions", "1"),
+    )
+    # Without --no-mmap the weights stay file-backed pages the kernel drops under pressure, so
+    # the whole model would "fit" any cap; copied into the process, every byte counts.
+    with pytest.raises(StartupFailed, match="exited during start-up"):
+        the_lab.start(node, "whole-model", command, "meshnet worker ready", role="whole")
+    assert cgroups.oom_kills(groups) >= 1
+    assert cgroups.peak_memory_bytes(groups) >= CAP_MB * 2**20 * 0.95
+
+
+def _completed(db: Path) -> set[str]:
+    return {row[0] for row in query_db(db, "SELECT request_id FROM work_records WHERE status = 'completed'")}
+
+
+def _wait_recorded(db: Path, more_than: set[str]) -> set[str]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        records = _completed(db) if db.exists() else set()
+        if records > more_than:
+            return records
+        time.sleep(0.2)
+    raise AssertionError(f"no new completed work record after {sorted(more_than)}")
+
+
+def test_restarting_the_tracker_loses_no_completed_work_record(lab: tuple[Lab, LabSwarm], expected: str) -> None:
+    the_lab, swarm = lab
+    plan = the_lab.plan
+    assert plan is not None
+    db = the_lab.node_data_dir(plan.nodes[0]) / DEFAULT_DB_NAME
+    prior = _completed(db)
+    assert _chat(swarm, PROMPT, TOKENS) == expected
+    before = _wait_recorded(db, prior)
+    restart_tracker(the_lab)  # SIGKILL: nothing gets a clean shutdown
+    deadline = time.monotonic() + 30
+    body = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS, "temperature": 0}
+    while True:  # the workers re-register within a heartbeat or two
+        reply = httpx.post(f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=120)
+        if reply.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == expected
+    after = _wait_recorded(db, before)
+    assert before < after
 
 
 def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: str) -> None:

@@ -116,6 +116,8 @@ class BenchConfig:
     """The exact command line, recorded in the results."""
     quick: bool = False
     """Preset: fewer rounds, shorter outputs, concurrency 1 and 4; flags given with it still apply."""
+    gemma3: bool = False
+    """Preset: the gemma3 lane set (bench/gemma3.py): Gemma 3 270M, llama-whole vs meshnet-3."""
 
     def __post_init__(self) -> None:
         for lane in self.lanes:

@@ -86,3 +86,44 @@ def _save(pyplot: Any, figure: Any, path: Path) -> Path:
     figure.savefig(path, dpi=110)
     pyplot.close(figure)
     return path
+
+
+def write_lab_sweep_plot(results: dict[str, Any], path: Path) -> Path | None:
+    """``meshnet lab sweep``'s plot: per-token time against one-way delay, beside its limits."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    matplotlib: Any = importlib.import_module("matplotlib")
+    matplotlib.use("Agg")
+    pyplot: Any = importlib.import_module("matplotlib.pyplot")
+    figure, axes = pyplot.subplots(figsize=FIGURE_SIZE)
+    points = results["points"]
+    for rate in sorted({p["bandwidth_mbit"] for p in points}):
+        row = sorted((p for p in points if p["bandwidth_mbit"] == rate), key=lambda p: p["delay_ms"])
+        delays = [p["delay_ms"] for p in row]
+        (line,) = axes.plot(delays, [p["per_token_ms"] for p in row], marker="o", label=f"measured, {rate:g} Mbit")
+        axes.plot(
+            delays,
+            [p["limit_path_ms"] for p in row],
+            linestyle="--",
+            color=line.get_color(),
+            alpha=0.7,
+            label=f"limit: 0 ms time + 2(N-1) delays, {rate:g} Mbit",
+        )
+    ring = sorted(
+        (p for p in points if p["bandwidth_mbit"] == points[0]["bandwidth_mbit"]), key=lambda p: p["delay_ms"]
+    )
+    axes.plot(
+        [p["delay_ms"] for p in ring],
+        [p["limit_ring_ms"] for p in ring],
+        linestyle=":",
+        color="grey",
+        label="ring limit: 0 ms time + N delays",
+    )
+    axes.set(
+        xlabel="one-way link delay (ms)",
+        ylabel="ms per decoded token",
+        title=f"{results['model']}: {results['nodes']} capped nodes over shaped links",
+    )
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    return _save(pyplot, figure, path)

@@ -23,6 +23,7 @@ import grpc.aio
 
 from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.swarm_status import NodeTable
 from meshnet.core.tracking import (
     HeartbeatStatus,
@@ -37,7 +38,7 @@ from meshnet.core.tracking import (
     WorkAck,
     WorkRecord,
 )
-from meshnet.protocol import services
+from meshnet.protocol import placement_wire, services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
 from meshnet.protocol.status_wire import node_table_from_proto
@@ -59,6 +60,7 @@ _SERVICE_CONFIG = json.dumps(
                 "name": [
                     {"service": services.TRACKER_SERVICE, "method": "ReportWork"},
                     {"service": services.TRACKER_SERVICE, "method": "ListModels"},
+                    {"service": services.TRACKER_SERVICE, "method": "SuggestLayers"},
                 ],
                 "retryPolicy": {
                     "maxAttempts": 5,
@@ -174,6 +176,10 @@ class TrackerClient:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
         reply = await self._call(self._stub.Quarantine, wire.quarantine_to_proto(order), timeout_s)
         return wire.quarantined_from_proto(reply)
+    async def suggest_layers(self, question: LayerQuestion, *, timeout_s: float | None = None) -> LayerAdvice:
+        """The range the swarm needs most that fits ``question``'s budget (``--layers auto``)."""
+        reply = await self._call(self._stub.SuggestLayers, placement_wire.question_to_proto(question), timeout_s)
+        return placement_wire.advice_from_proto(reply, question.costs.n_layers)
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
         try:

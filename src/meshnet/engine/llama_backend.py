@@ -97,6 +97,9 @@ class LlamaBackend:
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        # This llama.cpp chooses mmap through load_mode (AUTO maps on CPU); NONE reads into memory.
+        if not config.use_mmap:
+            model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             raise EngineError(f"llama.cpp could not load {path.name}")

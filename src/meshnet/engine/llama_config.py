@@ -22,3 +22,6 @@ class LlamaConfig:
     flash_attn: bool = True
     """Flash attention on CPU visits only the session's own KV cells, so batching sessions
     together does not change a session's attention arithmetic."""
+    use_mmap: bool = True
+    """Map the weights from the file (pages the kernel may drop and re-read) instead of copying
+    them into anonymous memory; off makes a memory cap count every weight byte."""

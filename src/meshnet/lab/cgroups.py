@@ -33,10 +33,11 @@ def _v1() -> bool:
 
 
 def make_node_groups(plan: LabPlan, node: LabNode, *, role: str = "worker") -> NodeGroups:
-    """The node's groups for one role: ``worker`` gets the node's memory cap, ``control`` (the
-    tracker and gateway of node 0) shares the node's core but not the cap, which is the memory a
-    worker machine offers the model."""
-    capped = role == "worker"
+    """The node's groups for one role: ``worker`` (and any other, such as a probe of the whole
+    model under the same cap) gets the node's memory cap; ``control`` (the tracker and gateway
+    of node 0) shares the node's core but not the cap, which is the memory a worker machine
+    offers the model."""
+    capped = role != "control"
     name = f"{plan.cgroup}/n{node.index}-{role}"
     if _v1():
         memory = CGROUP_ROOT / "memory" / name

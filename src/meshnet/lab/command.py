@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 
 from meshnet.core.errors import MeshnetError
 from meshnet.lab.lab import Lab, LabConfig, remove_lab, wait_forever
@@ -48,4 +49,20 @@ def lab_up(config: LabConfig) -> int:
 def lab_down(tag: str | None) -> int:
     removed = remove_lab(tag)
     print(f"removed {len(removed)} lab object(s)" + "".join(f"\n  {item}" for item in removed))
+    return 0
+
+
+def lab_sweep(config: LabConfig, output: Path) -> int:
+    """The network sweep (``sweep.py``): JSON at ``output``, its plot beside it."""
+    from meshnet.artifact.describe import describe_model
+    from meshnet.bench.plots import write_lab_sweep_plot
+    from meshnet.lab.sweep import run_sweep
+
+    try:
+        results = run_sweep(config, output, describe_model(config.model).n_embd)
+    except MeshnetError as error:
+        print(f"meshnet lab sweep: [{error.code}] {error.message}", file=sys.stderr)
+        return 2
+    plot = write_lab_sweep_plot(results, output.with_suffix(".png"))
+    print(f"wrote {output}" + (f" and {plot}" if plot else ""))
     return 0

@@ -31,10 +31,6 @@ WORKER_PORT = 7000
 RELAY_PORT = 7001
 GATEWAY_PORT = 8080
 READY_TIMEOUT_S = 180.0
-RUNTIME_OVERHEAD_MB = 110
-"""Resident memory of a worker beyond its weights and KV: Python, NumPy, gRPC, llama.cpp and its
-compute buffers (measured: 148 MiB for a 10-layer SmolLM2 slice with two 2,048-position
-sessions = 22 MiB weights + 31 MiB KV + this)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +108,14 @@ class Lab:
         self.groups[head.index, "control"] = cgroups.make_node_groups(self.plan, head, role="control")
         self.logs.mkdir(parents=True, exist_ok=True)
         return self.plan
+
+    def add_group(self, node: LabNode, role: str) -> cgroups.NodeGroups:
+        """Another group on ``node`` with the node's cap, for a process apart from its worker."""
+        if self.plan is None:
+            raise Unavailable("the lab's network is not built")
+        groups = cgroups.make_node_groups(self.plan, node, role=role)
+        self.groups[node.index, role] = groups
+        return groups
 
     def close(self) -> None:
         stop_all(list(reversed(self.components)))

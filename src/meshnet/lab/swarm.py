@@ -6,17 +6,17 @@ byte between nodes crosses a shaped link with its delay.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.gguf_file import parse_gguf
+from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.gateway.keys import ensure_client_key
 from meshnet.lab.lab import (
     GATEWAY_PORT,
-    RUNTIME_OVERHEAD_MB,
     TRACKER_PORT,
     WORKER_PORT,
     Lab,
@@ -26,8 +26,8 @@ from meshnet.lab.plan import LabNode
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import local_identity
-from meshnet.session.admission import kv_bytes_per_session
-from meshnet.tracker.placement import LayerCosts, plan_ranges
+from meshnet.tracker.placement import plan_ranges
+from meshnet.worker.auto_layers import layer_costs
 
 
 @dataclass(frozen=True)
@@ -47,44 +47,34 @@ def choose_ranges(serving: list[LayerRange], spares: int) -> list[LayerRange]:
     return serving + [serving[(1 + j) % len(serving)] for j in range(spares)]
 
 
-def layer_costs(model: Path, sessions: int, context: int) -> LayerCosts:
-    """What each layer, the head and the tail of ``model`` need resident, from its GGUF header."""
-    gguf = parse_gguf(model)
-    description = describe_model(model)
-    blocks = [0] * description.n_layers
-    tail = 0
-    for tensor in gguf.tensors.values():
-        if tensor.name.startswith("blk."):
-            blocks[int(tensor.name.split(".")[1])] += tensor.nbytes
-        elif tensor.name.startswith("output") or (
-            tensor.name == "token_embd.weight" and "output.weight" not in gguf.tensors
-        ):
-            tail += tensor.nbytes  # output norm and LM head (the token table when they are tied)
-    kv = kv_bytes_per_session(context, 1, description.n_embd, description.n_head, description.n_head_kv)
-    return LayerCosts(
-        block_bytes=tuple(blocks),
-        kv_bytes_per_layer=kv * sessions,
-        tail_bytes=tail,
-        fixed_bytes=RUNTIME_OVERHEAD_MB * 2**20,
-    )
-
-
-def serving_ranges(config: LabConfig, n_nodes: int) -> list[LayerRange]:
-    """The configured ranges, else a split chosen for the nodes' memory, else an even split."""
+def fixed_ranges(config: LabConfig, n_nodes: int) -> list[LayerRange] | None:
+    """The configured ranges, else an even split for uncapped nodes; None: workers ask the
+    tracker (``--layers auto``) within ``auto_budget_mb``."""
     if config.ranges:
         return list(config.ranges)
     if config.memory_mb is None:
         return split_evenly(describe_model(config.model).n_layers, n_nodes)
+    return None
+
+
+def auto_budget_mb(config: LabConfig, n_nodes: int) -> int:
+    """The budget each ``--layers auto`` worker asks with: what the fullest node of the balanced
+    split needs (never above the cap). Asking with the whole cap would let the first workers
+    fill up and leave the last with nothing new to serve; with this budget, each worker in turn
+    takes the next range and the N nodes cover the model as the balanced plan does."""
+    if config.memory_mb is None:
+        raise InvalidArgument("--layers auto in the lab needs a memory cap to budget from")
     costs = layer_costs(config.model, config.sessions, config.context)
-    return plan_ranges(costs, [config.memory_mb * 2**20] * n_nodes)
+    ranges = plan_ranges(costs, [config.memory_mb * 2**20] * n_nodes)
+    need = max(costs.range_bytes(layers) for layers in ranges)
+    return min(config.memory_mb, -(-need // 2**20))
 
 
-def start_swarm(lab: Lab) -> LabSwarm:
-    plan = lab.plan
-    if plan is None:
-        raise RuntimeError("build the lab before starting a swarm")
-    head = plan.nodes[0]
-    tracker = f"{head.address}:{TRACKER_PORT}"
+def start_tracker(lab: Lab) -> str:
+    """Start node 0's tracker (its database in node 0's data dir) and return its address."""
+    if lab.plan is None:
+        raise Unavailable("the lab's network is not built")
+    head = lab.plan.nodes[0]
     lab.start(
         head,
         "tracker",
@@ -101,10 +91,36 @@ def start_swarm(lab: Lab) -> LabSwarm:
         "meshnet tracker listening on",
         role="control",
     )
-    ranges = choose_ranges(serving_ranges(lab.config, len(plan.serving())), len(plan.spares()))
-    advertised = {}
-    for node, layers in zip(plan.nodes, ranges, strict=True):
-        advertised[node.index] = _start_worker(lab, node, layers, tracker)
+    return f"{head.address}:{TRACKER_PORT}"
+
+
+def restart_tracker(lab: Lab) -> str:
+    """Kill node 0's tracker outright (SIGKILL, no shutdown) and start it again on its database."""
+    old = next(c for c in lab.components if c.name == "tracker" and c.alive)
+    old.send_signal(signal.SIGKILL)
+    old.wait_exit(10.0)
+    lab.components.remove(old)
+    return start_tracker(lab)
+
+
+def start_swarm(lab: Lab) -> LabSwarm:
+    plan = lab.plan
+    if plan is None:
+        raise RuntimeError("build the lab before starting a swarm")
+    head = plan.nodes[0]
+    tracker = start_tracker(lab)
+    serving, spares = plan.serving(), plan.spares()
+    fixed = fixed_ranges(lab.config, len(serving))
+    budget = None if fixed is not None else auto_budget_mb(lab.config, len(serving))
+    advertised, chosen = {}, []
+    for position, node in enumerate(serving):
+        layers = fixed[position] if fixed is not None else None
+        advertised[node.index], served = _start_worker(lab, node, layers, tracker, budget)
+        chosen.append(served)
+    ranges = choose_ranges(chosen, len(spares))
+    for node, layers in zip(spares, ranges[len(serving) :], strict=True):
+        # Spares get the range they stand in for, so which node they back is fixed (the middle).
+        advertised[node.index], _ = _start_worker(lab, node, layers, tracker, None)
     api_key_path = ensure_client_key(lab.node_data_dir(head))
     lab.start(
         head,
@@ -135,9 +151,14 @@ def start_swarm(lab: Lab) -> LabSwarm:
     )
 
 
-def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> str:
+def _start_worker(
+    lab: Lab, node: LabNode, layers: LayerRange | None, tracker: str, budget_mb: int | None
+) -> tuple[str, LayerRange]:
+    """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
+    until the tracker has registered it, so the next auto worker counts its range."""
     address = lab.start_relay(node)
-    lab.start(
+    choice = ["--layers", "auto", "--memory-budget-mb", str(budget_mb)] if layers is None else ["--layers", str(layers)]
+    worker = lab.start(
         node,
         f"worker-n{node.index}",
         meshnet_command(
@@ -145,8 +166,7 @@ def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> 
             "worker",
             "--model",
             str(lab.config.model),
-            "--layers",
-            str(layers),
+            *choice,
             "--host",
             node.address,
             "--port",
@@ -164,9 +184,12 @@ def _start_worker(lab: Lab, node: LabNode, layers: LayerRange, tracker: str) -> 
             *_name(lab),
             *_identity(lab, f"worker-n{node.index}", "worker"),
         ),
-        "meshnet worker ready",
+        "meshnet worker registered",
     )
-    return address
+    ready = worker.ready
+    if ready is None:
+        raise Unavailable(f"worker-n{node.index} never registered")
+    return address, LayerRange.parse(ready.values["layers"])
 
 
 def _identity(lab: Lab, name: str, role: Role) -> list[str]:

@@ -13,7 +13,8 @@ from typing import Literal
 from meshnet.security.identity import PeerIdentity, Role
 
 TrackerRpc = Literal[
-    "Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew"
+    "Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew",
+    "SuggestLayers",
 ]
 ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
 
@@ -27,6 +28,7 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     "ReportWork": frozenset({"gateway"}),
     "ListModels": frozenset({"gateway", "admin", "worker"}),
     "Revoke": frozenset({"admin"}),
+    "SuggestLayers": frozenset({"worker", "admin"}),
     "Renew": frozenset({"worker", "gateway", "admin"}),
 }
 _SHARD_ROLES: dict[str, frozenset[Role]] = {

@@ -4,6 +4,10 @@ A node's cost for range A:B is the bytes its layers need (weights plus the KV of
 must hold) plus what only a head or a tail carries (the token table's touched rows, the output
 norm and LM head). Ranges are chosen to minimise the fullest node's share of its budget, so a
 tail holding a large LM head gets fewer layers (the way Petals balances blocks by throughput).
+
+``suggest_layers`` answers one joining worker instead (``meshnet worker --layers auto``): the
+range the swarm needs most that fits its budget, like Petals' server/block_selection.py, which
+moves a server to the blocks with the least total throughput.
 """
 
 from __future__ import annotations
@@ -13,28 +17,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.layer_costs import LayerAdvice, LayerCosts
 from meshnet.core.layers import LayerRange
-
-
-@dataclass(frozen=True)
-class LayerCosts:
-    block_bytes: tuple[int, ...]
-    """Weight bytes of each block, in model order."""
-    kv_bytes_per_layer: int
-    """KV one layer needs for all the sessions a node must hold."""
-    head_bytes: int = 0
-    """What only the first range carries."""
-    tail_bytes: int = 0
-    """What only the last range carries (output norm and LM head)."""
-    fixed_bytes: int = 0
-    """What every node carries whatever it serves (runtime, compute scratch)."""
-
-    def range_bytes(self, layers: LayerRange) -> int:
-        n_layers = len(self.block_bytes)
-        total = self.fixed_bytes + sum(self.block_bytes[layers.start : layers.stop])
-        total += self.kv_bytes_per_layer * len(layers)
-        total += self.head_bytes if layers.is_head() else 0
-        return total + (self.tail_bytes if layers.is_tail(n_layers) else 0)
+from meshnet.tracker.routing import NodeView
 
 
 def plan_ranges(costs: LayerCosts, budgets: Sequence[int]) -> list[LayerRange]:
@@ -68,3 +53,76 @@ def plan_ranges(costs: LayerCosts, budgets: Sequence[int]) -> list[LayerRange]:
             f"{need:.0f} MiB against its {budgets[worst] / 2**20:.0f} MiB; add a node or memory"
         )
     return ranges
+
+
+@dataclass(frozen=True)
+class ServedSpan:
+    """A range some live certified node of the model already serves."""
+
+    layers: LayerRange
+    decode_tokens_per_s: float
+    """Its measured rate (0: not measured); counted as each of its layers' throughput."""
+
+
+def served_spans(nodes: Sequence[NodeView], model: str, n_layers: int) -> tuple[ServedSpan, ...]:
+    """The ranges live certified nodes of ``model`` (name or fingerprint) serve."""
+    return tuple(
+        ServedSpan(node.layers, node.decode_tokens_per_s)
+        for node in nodes
+        if node.certified and node.n_layers == n_layers and model in (node.model, node.fingerprint)
+    )
+
+
+def suggest_layers(costs: LayerCosts, budget_bytes: int, served: Sequence[ServedSpan]) -> LayerAdvice:
+    """The range a joining node should serve: most uncovered layers first, then the fewest
+    replicas, then the least throughput, then the shortest gap filler or the longest replica,
+    then the earliest.
+
+    A range starts at a boundary some route can reach (0 or a served range's start or stop), and
+    stops at a boundary or just before an uncovered layer, so it chains with what is served and
+    the next joiner continues where it stopped. Raises when not even one layer fits anywhere.
+    """
+    n_layers = costs.n_layers
+    spans = [span for span in served if span.layers.stop <= n_layers]
+    replicas, speed = [0] * n_layers, [0.0] * n_layers
+    for span in spans:
+        for layer in range(span.layers.start, span.layers.stop):
+            replicas[layer] += 1
+            speed[layer] += span.decode_tokens_per_s
+    boundaries = sorted({0, n_layers, *(s.layers.start for s in spans), *(s.layers.stop for s in spans)})
+    best: tuple[tuple[int, int, float, int, int], LayerRange] | None = None
+    for start in boundaries[:-1]:
+        limit = _largest_stop(costs, start, budget_bytes)
+        stops = {b for b in boundaries if start < b <= limit}
+        if limit > start and (limit == n_layers or replicas[limit] == 0):
+            stops.add(limit)
+        for stop in stops:
+            window = range(start, stop)
+            uncovered = sum(replicas[layer] == 0 for layer in window)
+            key = (
+                -uncovered,
+                min(replicas[layer] for layer in window),
+                min(speed[layer] for layer in window),
+                # A gap gets no more than it needs (the rest of the budget holds sessions); a
+                # replica is as long as fits (fewer seams on the routes through it).
+                len(window) if uncovered else -len(window),
+                start,
+            )
+            if best is None or key < best[0]:
+                best = (key, LayerRange(start, stop))
+    if best is None:
+        raise InvalidArgument(
+            f"not one layer of this model fits {budget_bytes / 2**20:.0f} MiB at any boundary a route "
+            f"can reach (one node needs at least {costs.range_bytes(LayerRange(0, 1)) / 2**20:.0f} MiB)"
+        )
+    key, layers = best
+    reason = "uncovered layers" if key[0] < 0 else f"{key[1]} replica(s), the fewest"
+    return LayerAdvice(layers, reason)
+
+
+def _largest_stop(costs: LayerCosts, start: int, budget_bytes: int) -> int:
+    """The largest stop whose range from ``start`` fits the budget; ``start`` when none does."""
+    stop = start
+    while stop < costs.n_layers and costs.range_bytes(LayerRange(start, stop + 1)) <= budget_bytes:
+        stop += 1
+    return stop

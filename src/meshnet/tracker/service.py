@@ -20,12 +20,13 @@ import grpc
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
-from meshnet.protocol import services
+from meshnet.protocol import placement_wire, services
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import abort_with
 from meshnet.protocol.tls import LinkSecurity, enforce
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
+from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.store import TrackerStore
 
@@ -192,6 +193,19 @@ class TrackerServicer(services.TrackerServicer):
         await self.persist_epoch()
         logger.warning("node %s quarantined: %s", order.node_id, order.reason)
         return wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
+
+    @maps_errors
+    async def SuggestLayers(
+        self, request: services.LayerSuggestionRequest, context: grpc.aio.ServicerContext
+    ) -> services.LayerSuggestionReply:
+        self.admit(context, "SuggestLayers")
+        question = placement_wire.question_from_proto(request)
+        self._registry.sweep()  # only live nodes count as cover
+        await self.persist_epoch()
+        served = served_spans(self._registry.node_views(), question.model, question.costs.n_layers)
+        advice = suggest_layers(question.costs, question.budget_bytes, served)
+        logger.info("suggested layers %s of %s (%s)", advice.layers, question.model, advice.reason)
+        return placement_wire.advice_to_proto(advice)
 
     async def sweep_forever(self, period_s: float) -> None:
         """Expire silent nodes even when no call arrives, so the epoch moves on time (K4)."""

@@ -34,11 +34,27 @@ class FakeModel:
 
 
 @dataclass(frozen=True)
+class LayerChoice:
+    """What ``--layers`` says: a fixed range ``A:B`` (B exclusive), or ``auto``: ask the tracker
+    which range the swarm needs most within ``--memory-budget-mb``."""
+
+    fixed: LayerRange | None
+
+    @classmethod
+    def parse(cls, text: str) -> LayerChoice:
+        return cls(None) if text.strip() == "auto" else cls(LayerRange.parse(text))
+
+    def __str__(self) -> str:
+        return "auto" if self.fixed is None else str(self.fixed)
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     model: Path | None = field(metadata=cli(shown_default=PROVISIONED_MODEL))
     """Source GGUF; the worker cuts (or reuses) the slice for its layers from it."""
-    layers: LayerRange = field(metadata=cli(shown_default="required unless --experts"))
-    """Layers this worker serves, A:B half-open (B exclusive)."""
+    layer_choice: LayerChoice = field(metadata=cli("layers", shown_default="required unless --experts"))
+    """Layers this worker serves, A:B half-open (B exclusive), or auto (needs --tracker and
+    --memory-budget-mb): the range the swarm needs most that fits the budget."""
     data_dir: Path
     """Holds the slice cache."""
     model_name: str | None = None
@@ -63,6 +79,9 @@ class WorkerConfig:
     """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics."""
     flash_attn: bool = True
     """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
+    mmap: bool = True
+    """Map the slice's weights from its file; --no-mmap copies them into the process, so a
+    memory cap counts them (mapped pages are reclaimable and would always "fit")."""
     max_frame_bytes: int = MAX_FRAME_BYTES
     """Largest gRPC message this worker sends or accepts."""
     max_queue: int = 64
@@ -90,6 +109,10 @@ class WorkerConfig:
     """With --experts: seconds to wait for a peer's rows of one layer before the step fails."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``
+            object.__setattr__(self, "layer_choice", LayerChoice(self.layer_choice))
+        if self.layer_choice.fixed is None and (self.tracker is None or self.memory_budget_mb is None):
+            raise InvalidArgument("--layers auto asks the tracker within a budget: give --tracker, --memory-budget-mb")
         if self.advertise is not None:
             check_advertise_address(self.advertise, flag="--advertise")
         if not 0 <= self.port <= 65535:
@@ -99,6 +122,13 @@ class WorkerConfig:
         if self.model_id is not None and self.tracker is None:
             raise InvalidArgument("a worker started with --model-id needs --tracker to find the model's holders")
 
+    @property
+    def layers(self) -> LayerRange:
+        """The range served; ``auto`` is resolved (``auto_layers.resolve_layers``) before start."""
+        if self.layer_choice.fixed is None:
+            raise InvalidArgument("--layers auto must be resolved with the tracker before the worker starts")
+        return self.layer_choice.fixed
+
     def llama_config(self, max_sessions: int) -> LlamaConfig:
         """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""
         return LlamaConfig(
@@ -107,6 +137,7 @@ class WorkerConfig:
             n_ctx_per_slot=self.n_ctx_per_session,
             max_batch_tokens=self.prefill_chunk,
             flash_attn=self.flash_attn,
+            use_mmap=self.mmap,
         )
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:

@@ -25,11 +25,12 @@ from meshnet.client.shard_stream import ChannelPool
 from meshnet.client.swarm_join import renew_forever
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.ids import NodeId
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.tracking import NodeLoad, Registered
 from meshnet.protocol import services
 from meshnet.protocol.tls import LinkSecurity
 from meshnet.telemetry.prometheus import build_registry, serve_metrics
 from meshnet.worker.assembly import AssembledWorker, assemble_worker
+from meshnet.worker.auto_layers import resolve_layers
 from meshnet.worker.config import WorkerConfig
 from meshnet.worker.peers import PeerProber
 from meshnet.worker.shard import AnyShard
@@ -44,6 +45,8 @@ class WorkerReady:
     node_id: NodeId
     fingerprint: str
     metrics_address: str | None = None
+    layers: str = ""
+    """The range served, as A:B (what ``--layers auto`` resolved to)."""
 
 
 async def serve_worker(
@@ -52,7 +55,9 @@ async def serve_worker(
     on_ready: Callable[[WorkerReady], None] | None = None,
     stop: asyncio.Event | None = None,
     security: LinkSecurity | None = None,
+    on_registered: Callable[[Registered], None] | None = None,
 ) -> None:
+    config = await resolve_layers(config, security)
     worker = await assemble_worker(config, security)
     stop = stop or asyncio.Event()
     identity = worker.shard.identity
@@ -65,7 +70,7 @@ async def serve_worker(
         for service in ("", services.SHARD_SERVICE):
             await worker.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         _install_signal_handlers(stop)
-        background = _start_background(worker, probes, stop)
+        background = _start_background(worker, probes, stop, on_registered)
         if config.metrics_port is not None:
             metrics_server, metrics_address = _serve_metrics(worker.shard, config)
         log.info(
@@ -76,7 +81,11 @@ async def serve_worker(
             identity.fingerprint,
         )
         if on_ready is not None:
-            on_ready(WorkerReady(identity.address, identity.node_id, identity.fingerprint, metrics_address))
+            on_ready(
+                WorkerReady(
+                    identity.address, identity.node_id, identity.fingerprint, metrics_address, str(config.layers)
+                )
+            )
         await stop.wait()
     finally:
         await _drain(worker, config.drain_grace)
@@ -97,7 +106,12 @@ async def _release(worker: AssembledWorker, probes: ChannelPool, metrics_server:
     await asyncio.to_thread(worker.loop.stop)
 
 
-def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+def _start_background(
+    worker: AssembledWorker,
+    probes: ChannelPool,
+    stop: asyncio.Event,
+    on_registered: Callable[[Registered], None] | None = None,
+) -> list[asyncio.Task[None]]:
     """Expiry sweeps and, with a tracker, heartbeats and the probing of candidate next hops."""
     tasks = [asyncio.create_task(_sweep(worker.shard, stop))]
     if worker.config.tracker and worker.held_artifacts is not None:
@@ -117,6 +131,7 @@ def _start_background(worker: AssembledWorker, probes: ChannelPool, stop: asynci
             worker.registration,
             load,
             stop,
+            on_registered=on_registered,
             on_epoch=shard.raise_min_epoch,
             on_probe=prober.set_targets,
             # Revoked certificates are refused from the next call on, within one heartbeat.

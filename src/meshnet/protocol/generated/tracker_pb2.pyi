@@ -284,3 +284,31 @@ class QuarantineReply(_message.Message):
     record_marked: bool
     epoch: int
     def __init__(self, known: _Optional[bool] = ..., record_marked: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class LayerSuggestionRequest(_message.Message):
+    __slots__ = ("model", "block_bytes", "kv_bytes_per_layer", "head_bytes", "tail_bytes", "fixed_bytes", "budget_bytes")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    HEAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIXED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    block_bytes: _containers.RepeatedScalarFieldContainer[int]
+    kv_bytes_per_layer: int
+    head_bytes: int
+    tail_bytes: int
+    fixed_bytes: int
+    budget_bytes: int
+    def __init__(self, model: _Optional[str] = ..., block_bytes: _Optional[_Iterable[int]] = ..., kv_bytes_per_layer: _Optional[int] = ..., head_bytes: _Optional[int] = ..., tail_bytes: _Optional[int] = ..., fixed_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
+
+class LayerSuggestionReply(_message.Message):
+    __slots__ = ("layer_start", "layer_stop", "reason")
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    layer_start: int
+    layer_stop: int
+    reason: str
+    def __init__(self, layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -69,6 +69,11 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.FromString,
                 _registered_method=True)
+        self.SuggestLayers = channel.unary_unary(
+                '/meshnet.v1.Tracker/SuggestLayers',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionReply.FromString,
+                _registered_method=True)
 
 
 class TrackerServicer:
@@ -122,6 +127,15 @@ class TrackerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SuggestLayers(self, request, context):
+        """A worker started with `--layers auto` asks which range the swarm needs most (uncovered
+        layers first, then the fewest replicas, then the slowest) within its memory budget.
+        INVALID_ARGUMENT when not one layer fits the budget.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrackerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +173,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.Quarantine,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.SerializeToString,
+            ),
+            'SuggestLayers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SuggestLayers,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +369,33 @@ class Tracker:
             '/meshnet.v1.Tracker/Quarantine',
             meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SuggestLayers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Tracker/SuggestLayers',
+            meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionReply.FromString,
             options,
             channel_credentials,
             insecure,
