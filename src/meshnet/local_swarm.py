@@ -28,6 +28,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.expert_swarm import describe_node, run_demo, start_expert_group
 from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
 from meshnet.process.ports import ensure_port_free
 from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
@@ -67,6 +68,10 @@ class LocalSwarmConfig:
     """Requests the gateway serves at once; unset: the swarm's session slots."""
     max_queue: int | None = None
     """Requests the gateway queues for a slot (beyond: 503 + Retry-After); unset: 8 per slot."""
+    expert_parallel: int = 0
+    """Serve a MoE model as an expert-parallel group of this many worker processes (each the
+    whole backbone and 1/N of the routed experts) instead of tracker, layer shards and gateway;
+    the demo streams through the group driver. 0 keeps --shards."""
 
 
 def _child_env() -> dict[str, str]:
@@ -123,7 +128,9 @@ class _Reporter:
 
     def __call__(self, component: Supervised, event: Event) -> None:
         if event == "exited":
-            print(f"{component.name} exited (code {component.last_exit}); restarting", file=sys.stderr)
+            restarts = self.supervisor is not None and self.supervisor.policy.max_restarts > 0
+            then = "; restarting" if restarts else "; not restarted"
+            print(f"{component.name} exited (code {component.last_exit}){then}", file=sys.stderr)
         elif event == "restarted":
             print(f"{component.name} restarted at {component.ready.first} (restart {component.restarts})")
         else:
@@ -154,6 +161,8 @@ def _describe_start(component: Supervised) -> str:
     ready = component.ready
     if component.name == "tracker":
         return f"tracker   {ready.first}"
+    if component.name.startswith("expert-"):
+        return describe_node(component, "started")
     if component.name == "gateway":
         return f"gateway   {ready.first}/v1  (model {ready.value_to_end('model')!r}; metrics {ready.first}/metrics)"
     layers = component.name.removeprefix("worker ")
@@ -190,9 +199,13 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     logs = config.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     reporter = _Reporter(logs / "up-status.json")
-    supervisor = Supervisor(READY_TIMEOUT_S, RestartPolicy(), reporter)
+    # A group cannot take a restarted node back (expert_swarm.py): no restarts for its nodes.
+    policy = RestartPolicy(max_restarts=0) if config.expert_parallel > 0 else RestartPolicy()
+    supervisor = Supervisor(READY_TIMEOUT_S, policy, reporter)
     reporter.supervisor = supervisor
     try:
+        if config.expert_parallel > 0:
+            return _run_expert_group(config, supervisor, logs)
         base_url, model = _start_swarm(config, supervisor, logs)
         print(f"logs in {logs}")
         _wait_routable(base_url, model)
@@ -209,6 +222,16 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         return 2
     finally:
         supervisor.stop(STOP_GRACE_S)
+
+
+def _run_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -> int:
+    peers = start_expert_group(config, supervisor)
+    print(f"logs in {logs}")
+    run_demo(config, peers)
+    if config.demo_only:
+        return 0
+    print(f"\nServing the expert-parallel group at {','.join(peers)} — press Ctrl-C to stop.")
+    supervisor.watch()
 
 
 def _wait_routable(base_url: str, model: str) -> None:
