@@ -52,6 +52,8 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list
             f"--expert-parallel {config.expert_parallel} exceeds the model's {shape.n_expert} routed experts"
         )
     options = ["--threads", str(config.threads), *(["--model-name", config.model_name] if config.model_name else [])]
+    if config.expert_cache_mb is not None:
+        options += ["--expert-cache-mb", str(config.expert_cache_mb)]
     logs = config.data_dir / "logs"
     peers, specs = expert_group_specs(config.data_dir, config.model, config.expert_parallel, logs, options)
     supervisor.start([Supervised(spec) for spec in specs])
@@ -87,7 +89,8 @@ def run_demo(config: LocalSwarmConfig, peers: list[str]) -> DemoResult:
     prompt = demo_prompt(tokenizer, source, config.prompt)
     request = GenerationRequest(tuple(prompt), config.max_tokens, SamplingParams(), tokenizer.eos_token_ids)
     print(f"\n> {config.prompt}\n")
-    route = LocalRoute([ExpertGroupClient(peers)])
+    group = ExpertGroupClient(peers)
+    route = LocalRoute([group])
     decoder, tokens, pieces = tokenizer.new_decoder(), [], []
     digest = [0]
 
@@ -102,6 +105,7 @@ def run_demo(config: LocalSwarmConfig, peers: list[str]) -> DemoResult:
                 pieces.append(decoder.push(token))
                 print(pieces[-1], end="", flush=True)
         pieces.append(decoder.flush())
+        nodes = group.describe()
     finally:
         route.close()
     elapsed = time.perf_counter() - started
@@ -110,4 +114,12 @@ def run_demo(config: LocalSwarmConfig, peers: list[str]) -> DemoResult:
         f"[{len(tokens)} tokens in {elapsed:.2f} s through {len(peers)} expert nodes; "
         f"logits crc32 {digest[0]:08x}; ids {' '.join(map(str, tokens))}]"
     )
+    for node in nodes:
+        if node.expert_cache_bytes:
+            lookups = node.expert_cache_hits + node.expert_cache_misses
+            print(
+                f"  node {node.index}: expert cache {node.expert_cache_bytes / 1e6:.1f} MB, "
+                f"hit rate {node.expert_cache_hits / max(lookups, 1):.2f}, "
+                f"{node.expert_cache_bytes_read / 1e6:.1f} MB read from the model file"
+            )
     return DemoResult(tuple(tokens), "".join(pieces), digest[0], elapsed)

@@ -72,6 +72,9 @@ class LocalSwarmConfig:
     """Serve a MoE model as an expert-parallel group of this many worker processes (each the
     whole backbone and 1/N of the routed experts) instead of tracker, layer shards and gateway;
     the demo streams through the group driver. 0 keeps --shards."""
+    expert_cache_mb: float | None = None
+    """With --expert-parallel: each node's bound on resident routed experts (MB), streamed from
+    the GGUF on a miss; unset keeps them all mapped."""
 
 
 def _child_env() -> dict[str, str]:

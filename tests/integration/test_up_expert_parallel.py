@@ -49,10 +49,11 @@ def _up(root: Path, model: Path, *extra: str) -> list[str]:
     return list(meshnet_command(root / "data", "up", *flags, *extra))
 
 
-def _whole_model(root: Path, model: Path) -> tuple[list[int], int]:
+def _whole_model(root: Path, model: Path, spec: SyntheticSpec) -> tuple[list[int], int]:
     """Greedy ids and the crc32 over every sampled-from logit row, whole model, the nodes' settings."""
-    worker = WorkerConfig(model=model, layers=LayerRange(0, SPEC.n_layers), data_dir=root, threads=1)  # up: --threads 1
-    whole = SliceCache(root / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice
+    layers = LayerRange(0, spec.n_layers)
+    worker = WorkerConfig(model=model, layers=layers, data_dir=root, threads=1)  # up: --threads 1
+    whole = SliceCache(root / "ref").shard_files(model, layers, spec.n_layers).slice
     source = describe_model(model)
     tokenizer = Tokenizer(source)
     prompt = demo_prompt(tokenizer, source, PROMPT)
@@ -70,16 +71,31 @@ def _whole_model(root: Path, model: Path) -> tuple[list[int], int]:
     return tokens, digest[0]
 
 
-def test_up_expert_parallel_demo_equals_whole_model(tmp_path: Path) -> None:
-    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
-    done = subprocess.run(_up(tmp_path, model, "--demo-only"), capture_output=True, text=True, timeout=240)
+CACHED_SPEC = SyntheticSpec(
+    architecture="qwen3moe", n_layers=2, n_expert=16, n_expert_used=4, n_ff_expert=32, weight_type=Quant.Q8_0
+)  # Q8_0: not repacked, so the nodes' expert cache can bound what the kernels read
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra"),
+    [(SPEC, ()), (CACHED_SPEC, ("--expert-cache-mb", "0.05"))],
+    ids=["q4_0-repacked", "q8_0-expert-cache"],
+)
+def test_up_expert_parallel_demo_equals_whole_model(
+    tmp_path: Path, spec: SyntheticSpec, extra: tuple[str, ...]
+) -> None:
+    model = write_synthetic_model(tmp_path / "moe.gguf", spec)
+    done = subprocess.run(_up(tmp_path, model, "--demo-only", *extra), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(re.findall(r"^expert +127\.0\.0\.1:\d+ +experts [01]/2", done.stdout, re.M)) == 2, done.stdout
     summary = re.search(r"through 2 expert nodes; logits crc32 ([0-9a-f]{8}); ids ([\d ]+)\]", done.stdout)
     assert summary is not None, done.stdout
-    tokens, crc = _whole_model(tmp_path, model)
+    tokens, crc = _whole_model(tmp_path, model, spec)
     assert [int(t) for t in summary.group(2).split()] == tokens
     assert int(summary.group(1), 16) == crc
+    caches = re.findall(r"node \d: expert cache .* hit rate ([\d.]+), ([\d.]+) MB read", done.stdout)
+    assert len(caches) == (2 if extra else 0), done.stdout
+    assert all(float(read) > 0 for _, read in caches)
 
 
 def test_up_expert_parallel_ends_when_a_node_dies(tmp_path: Path) -> None:

@@ -76,6 +76,10 @@ class ExpertNodeDescription:
     frame_bytes_sent: int = 0
     released_expert_bytes: int = 0
     next_step: int = 0
+    expert_cache_bytes: int = 0
+    expert_cache_hits: int = 0
+    expert_cache_misses: int = 0
+    expert_cache_bytes_read: int = 0
 
 
 def node_info_to_proto(info: ExpertNodeDescription) -> expert_pb2.ExpertNodeInfo:
@@ -104,6 +108,10 @@ def node_info_from_proto(message: expert_pb2.ExpertNodeInfo) -> ExpertNodeDescri
                 "frame_bytes_sent",
                 "released_expert_bytes",
                 "next_step",
+                "expert_cache_bytes",
+                "expert_cache_hits",
+                "expert_cache_misses",
+                "expert_cache_bytes_read",
             )
         )
     )

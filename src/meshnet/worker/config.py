@@ -84,6 +84,9 @@ class WorkerConfig:
     """With --experts: every node's host:port in index order (this node's own included)."""
     expert_timeout: float = 10.0
     """With --experts: seconds to wait for a peer's rows of one layer before the step fails."""
+    expert_cache_mb: float | None = None
+    """With --experts: bound the routed experts resident on this node to this many MB, streamed
+    from the GGUF on a miss (LRU); unset keeps them all mapped (the page cache decides)."""
 
     def __post_init__(self) -> None:
         if self.advertise is not None:
