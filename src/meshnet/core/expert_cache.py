@@ -89,5 +89,9 @@ class ExpertLru:
         return CacheDecision(tuple(misses), tuple(evicted), hits)
 
     @property
+    def resident_keys(self) -> frozenset[ExpertKey]:
+        return frozenset(self._resident)
+
+    @property
     def counters(self) -> CacheCounters:
         return self._counters

@@ -292,6 +292,8 @@ class ExpertParallelBackend(LlamaBackend):
         outputs = super().run(batch)
         if self._hook.release is not None:
             self._hook.release.release_again()
+        if self._hook.cache is not None:
+            self._hook.cache.settle()
         failure = self._hook.failure
         if failure is not None:
             for slot, length in before.items():
