@@ -35,14 +35,7 @@ from meshnet.worker.expert_links import GrpcRowExchange, PeerLink
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
-_CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024 + 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024 + 1024),
-]
+_CHANNEL_OPTIONS = expert_wire.CHANNEL_OPTIONS
 
 
 class ExpertNode:
