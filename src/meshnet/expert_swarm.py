@@ -51,6 +51,8 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list
         raise InvalidArgument(
             f"--expert-parallel {config.expert_parallel} exceeds the model's {shape.n_expert} routed experts"
         )
+    if config.expert_cache_mb is not None and config.expert_cache_mb <= 0:
+        raise InvalidArgument(f"--expert-cache-mb must be positive, not {config.expert_cache_mb}")
     options = ["--threads", str(config.threads), *(["--model-name", config.model_name] if config.model_name else [])]
     if config.expert_cache_mb is not None:
         options += ["--expert-cache-mb", str(config.expert_cache_mb)]

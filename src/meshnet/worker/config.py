@@ -95,6 +95,8 @@ class WorkerConfig:
             raise InvalidArgument(f"worker config: port must be in [0, 65535], got {self.port}")
         if self.model is None and self.fake is None:
             raise InvalidArgument("a worker needs --model (or a fake model)")
+        if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
+            raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
 
     def llama_config(self, max_sessions: int) -> LlamaConfig:
         """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""
