@@ -43,8 +43,8 @@ SPEC = SyntheticSpec(
 PROMPT, DECODE = 64, 48
 
 
-def _run_group(work: Path, model: Path, size: int) -> dict[str, object]:
-    options = ["--threads", "1", "--max-sessions", "1", "--context", "256", "--prefill-chunk", "64"]
+def _run_group(work: Path, model: Path, size: int, extra: tuple[str, ...] = ()) -> dict[str, object]:
+    options = ["--threads", "1", "--max-sessions", "1", "--context", "256", "--prefill-chunk", "64", *extra]
     peers, specs = expert_group_specs(work / "data", model, size, work, options, pin_cores=True)
     children = launch_all(specs, 600)
     try:
@@ -73,9 +73,47 @@ def _run_group(work: Path, model: Path, size: int) -> dict[str, object]:
             "exchange_p95_us": [n.exchange_p95_us for n in nodes],
             "exchanges": [n.exchanges for n in nodes],
             "frame_bytes_sent_per_token": [n.frame_bytes_sent / (DECODE + 1) for n in nodes],
+            "expert_cache_bytes": [n.expert_cache_bytes for n in nodes],
+            "expert_cache_hit_rate": [
+                n.expert_cache_hits / max(n.expert_cache_hits + n.expert_cache_misses, 1) for n in nodes
+            ],
+            "expert_cache_bytes_read": [n.expert_cache_bytes_read for n in nodes],
         }
     finally:
         stop_all(children)
+
+
+CACHE_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
+
+
+def _cache_curve(work: Path, model: Path, routed_bytes: int) -> dict[str, object]:
+    """Decode tok/s of one node (the whole model) against its expert cache's size, and against the
+    page-cache-only baseline (no --expert-cache-mb: every expert mapped, the page cache holds them)."""
+    baseline = _run_group(work, model, 1)
+    trace = baseline.pop("trace")
+    curve, identical = [], True
+    for fraction in CACHE_FRACTIONS:
+        megabytes = routed_bytes * fraction / 1e6
+        run = _run_group(work, model, 1, ("--expert-cache-mb", f"{megabytes:.3f}"))
+        identical = identical and run.pop("trace") == trace
+        curve.append(
+            {
+                "cache_fraction_of_routed": fraction,
+                "cache_mb": megabytes,
+                "decode_tok_s": run["decode_tok_s"],
+                "hit_rate": run["expert_cache_hit_rate"][0],  # type: ignore[index]
+                "bytes_read": run["expert_cache_bytes_read"][0],  # type: ignore[index]
+                "model_mapping_rss_bytes": run["model_mapping_rss_bytes"][0],  # type: ignore[index]
+                "speed_vs_page_cache": run["decode_tok_s"] / baseline["decode_tok_s"],  # type: ignore[operator]
+            }
+        )
+    return {
+        "page_cache_only": {k: baseline[k] for k in ("decode_tok_s", "model_mapping_rss_bytes", "rss_bytes")},
+        "curve": curve,
+        "logits_bit_identical": identical,
+        "note": "one node (experts 0/1), prompt and decode as above; a miss preads the expert from the "
+        "GGUF after its pages were dropped from the page cache (posix_fadvise DONTNEED)",
+    }
 
 
 def main() -> None:
@@ -83,12 +121,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/expert_parallel.json"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/meshnet-bench-ep"))
+    parser.add_argument("--cache-only", action="store_true", help="add the expert-cache curve to --out, nothing else")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     model = args.work / "moe.gguf"
     if not model.exists():
         write_synthetic_model(model, SPEC)
     moe = read_moe_shape(model)
+    if args.cache_only:
+        result = json.loads(args.out.read_text())
+        result["expert_cache"] = _cache_curve(args.work, model, moe.routed_bytes)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["expert_cache"]["curve"], indent=1))
+        return
     rounds, identical = [], True
     for _ in range(args.rounds):  # interleaved: load from other jobs hits both lanes alike
         whole, split = _run_group(args.work, model, 1), _run_group(args.work, model, 2)
@@ -110,6 +155,7 @@ def main() -> None:
         "rounds": rounds,
         "ep2_speedup_per_round": ratios,
         "ep2_speedup_median": float(np.median(ratios)),
+        "expert_cache": _cache_curve(args.work, model, moe.routed_bytes),
         "cpu_count": os.cpu_count(),
         "note": "shared 2-core machine with other jobs running: tok/s are indicative, ratios noisy; "
         "whole/ep2 details are the last round's",

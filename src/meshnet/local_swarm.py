@@ -28,6 +28,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.expert_swarm import describe_node, run_demo, start_expert_group
 from meshnet.gateway.keys import ensure_client_key, read_client_key
 from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
 from meshnet.process.ports import ensure_port_free
@@ -71,6 +72,13 @@ class LocalSwarmConfig:
     """Requests the gateway queues for a slot (beyond: 503 + Retry-After); unset: 8 per slot."""
     insecure: bool = False
     """Plaintext gRPC between the components instead of mTLS (loopback development only)."""
+    expert_parallel: int = 0
+    """Serve a MoE model as an expert-parallel group of this many worker processes (each the
+    whole backbone and 1/N of the routed experts) instead of tracker, layer shards and gateway;
+    the demo streams through the group driver. 0 keeps --shards."""
+    expert_cache_mb: float | None = None
+    """With --expert-parallel: each node's bound on resident routed experts (MB), streamed from
+    the GGUF on a miss; unset keeps them all mapped."""
 
 
 def _identity(config: LocalSwarmConfig, name: str, role: Role) -> tuple[str, ...]:
@@ -144,7 +152,9 @@ class _Reporter:
 
     def __call__(self, component: Supervised, event: Event) -> None:
         if event == "exited":
-            print(f"{component.name} exited (code {component.last_exit}); restarting", file=sys.stderr)
+            restarts = self.supervisor is not None and self.supervisor.policy.max_restarts > 0
+            then = "; restarting" if restarts else "; not restarted"
+            print(f"{component.name} exited (code {component.last_exit}){then}", file=sys.stderr)
         elif event == "restarted":
             print(f"{component.name} restarted at {component.ready.first} (restart {component.restarts})")
         else:
@@ -175,6 +185,8 @@ def _describe_start(component: Supervised) -> str:
     ready = component.ready
     if component.name == "tracker":
         return f"tracker   {ready.first}"
+    if component.name.startswith("expert-"):
+        return describe_node(component, "started")
     if component.name == "gateway":
         return f"gateway   {ready.first}/v1  (model {ready.value_to_end('model')!r}; metrics {ready.first}/metrics)"
     layers = component.name.removeprefix("worker ")
@@ -216,9 +228,13 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     auth = {"Authorization": f"Bearer {read_client_key(config.data_dir)}"}
     print(f"api key   {key_path}  (send it as 'Authorization: Bearer KEY')")
     reporter = _Reporter(logs / "up-status.json")
-    supervisor = Supervisor(READY_TIMEOUT_S, RestartPolicy(), reporter)
+    # A group cannot take a restarted node back (expert_swarm.py): no restarts for its nodes.
+    policy = RestartPolicy(max_restarts=0) if config.expert_parallel > 0 else RestartPolicy()
+    supervisor = Supervisor(READY_TIMEOUT_S, policy, reporter)
     reporter.supervisor = supervisor
     try:
+        if config.expert_parallel > 0:
+            return _run_expert_group(config, supervisor, logs)
         base_url, model = _start_swarm(config, supervisor, logs)
         print(f"logs in {logs}")
         _wait_routable(base_url, model, auth)
@@ -235,6 +251,16 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         return 2
     finally:
         supervisor.stop(STOP_GRACE_S)
+
+
+def _run_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -> int:
+    peers = start_expert_group(config, supervisor)
+    print(f"logs in {logs}")
+    run_demo(config, peers)
+    if config.demo_only:
+        return 0
+    print(f"\nServing the expert-parallel group at {','.join(peers)} — press Ctrl-C to stop.")
+    supervisor.watch()
 
 
 def _wait_routable(base_url: str, model: str, auth: dict[str, str]) -> None:

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.expert_group_client import ExpertGroupClient
+from meshnet.client.expert_group_client import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ExpertGroupClient
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
@@ -81,4 +81,47 @@ def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) ->
     finally:
         group.close()
         whole.close()
+        stop_all(children)
+
+
+def test_idle_group_keeps_its_streams_and_a_frozen_node_fails_within_the_keepalive_bound(tmp_path: Path) -> None:
+    """A group idle for 45 s still steps (its servers accept the keepalive pings: before, they
+    answered GOAWAY too_many_pings after ~40 s idle and the group broke). Then node 1 is frozen
+    (SIGSTOP: its sockets stay open, nothing closes a stream): the driver gets a structured error
+    naming node 1 from the driver's liveness probe, not from the 30-s deadlines."""
+    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
+    options = ["--threads", "1", "--max-sessions", "1", "--context", "512", "--expert-timeout", "30"]
+    peers, specs = expert_group_specs(tmp_path / "data", model, 2, tmp_path, options)
+    children = launch_all(specs, timeout_s=240)
+    group = ExpertGroupClient(peers, step_timeout_s=30)
+    try:
+        group.run([StepInput(0, 0, tokens=np.array([5, 6, 7], np.int32))])
+        time.sleep(45)
+        assert [n.peers_connected for n in group.describe()] == [1, 1]
+        group.run([StepInput(0, 3, tokens=np.array([8], np.int32))])
+        frozen_at: list[float] = []
+        freezer = threading.Timer(
+            0.5, lambda: (frozen_at.append(time.monotonic()), children[1].signal_group(signal.SIGSTOP))
+        )
+        freezer.start()
+        position = 4
+        with pytest.raises(MeshnetError) as caught:
+            for _ in range(100_000):
+                group.run([StepInput(0, position, tokens=np.array([7], np.int32))])
+                position = position + 1 if position < 500 else 4
+                if position == 4:
+                    group.truncate(0, 0)
+                    group.run([StepInput(0, 0, tokens=np.array([5, 6, 7, 8], np.int32))])
+        if not frozen_at:
+            raise caught.value
+        latency = time.monotonic() - frozen_at[0]
+        bound = PROBE_INTERVAL_S + PROBE_TIMEOUT_S
+        print(f"error {type(caught.value).__name__} {latency:.3f} s after the freeze (bound {bound} s): {caught.value}")
+        assert isinstance(caught.value, Unavailable)
+        assert "node 1" in caught.value.message
+        assert "stopped answering" in caught.value.message  # the probe, not a deadline, ended the step
+        assert latency < 15.0  # half the 30-s deadlines (generous: the probe bounds it to 1.5 s)
+    finally:
+        group.close()
+        children[1].signal_group(signal.SIGCONT)
         stop_all(children)

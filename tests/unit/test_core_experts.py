@@ -41,3 +41,20 @@ def test_worker_needs_layers_or_experts(tmp_path: Path, capsys: pytest.CaptureFi
     argv = ["--data-dir", str(tmp_path), "worker", "--model", str(model), "--experts", "0/2", "--layers", "0:2"]
     assert cli.main(argv) != 0
     assert "drop --layers" in capsys.readouterr().err
+
+
+def test_expert_cache_flag_needs_an_expert_node_and_a_positive_size(tmp_path: Path) -> None:
+    from meshnet.core.layers import LayerRange
+    from meshnet.worker.config import WorkerConfig
+
+    model = tmp_path / "none.gguf"
+    with pytest.raises(InvalidArgument, match="--experts I/N"):
+        WorkerConfig(model=model, layers=LayerRange(0, 2), data_dir=tmp_path, expert_cache_mb=8)
+    with pytest.raises(InvalidArgument, match="positive"):
+        WorkerConfig(
+            model=model, layers=LayerRange(0, 2), data_dir=tmp_path, experts=ExpertOwnership(0, 2), expert_cache_mb=0
+        )
+    cached = WorkerConfig(
+        model=model, layers=LayerRange(0, 2), data_dir=tmp_path, experts=ExpertOwnership(0, 2), expert_cache_mb=8
+    )
+    assert cached.expert_cache_mb == 8

@@ -8,6 +8,7 @@ ends within the step deadline and the caller gets one structured error naming th
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
@@ -19,7 +20,10 @@ from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.protocol import expert_wire
 from meshnet.protocol.status import error_from_rpc
 
-_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+PROBE_INTERVAL_S = 0.5
+"""How long a step may run before the driver starts asking its pending nodes whether they live."""
+PROBE_TIMEOUT_S = 1.0
+"""A live node answers a liveness probe within this, even while its engine runs a long step."""
 
 
 class ExpertGroupClient:
@@ -28,7 +32,7 @@ class ExpertGroupClient:
             raise InvalidArgument("an expert group needs at least one node address")
         self._addresses = list(addresses)
         self._timeout_s = step_timeout_s
-        self._channels = [grpc.insecure_channel(a, options=_OPTIONS) for a in self._addresses]
+        self._channels = [grpc.insecure_channel(a, options=expert_wire.CHANNEL_OPTIONS) for a in self._addresses]
         self._stubs = [expert_wire.ExpertGroupStub(c) for c in self._channels]
         self.nodes = [self._describe(i) for i in range(len(self._stubs))]
         self._check_group()
@@ -84,6 +88,7 @@ class ExpertGroupClient:
         calls: list[Future[expert_wire.ExpertStepReply]] = [
             stub.ExpertStep.future(request, timeout=self._timeout_s) for stub in self._stubs
         ]
+        self._await_or_probe(calls)
         replies, failures = [], []
         for index, call in enumerate(calls):
             try:
@@ -98,6 +103,33 @@ class ExpertGroupClient:
             if [r.crc32 for r in other] != [r.crc32 for r in replies[0]]:
                 raise EngineError("the nodes of the expert group returned different logits")
         return [StepOutput(r.slot, logits=r.logits) for r in replies[0]]
+
+    def _await_or_probe(self, calls: list[Future[expert_wire.ExpertStepReply]]) -> None:
+        """Wait for every node's reply; while one is pending, ask it every PROBE_INTERVAL_S whether
+        it is alive. A node that does not answer within PROBE_TIMEOUT_S (frozen, partitioned: its
+        sockets stay open, so no stream closes and HTTP/2 keepalive did not notice, measured) ends
+        the step with ``Unavailable`` naming it, PROBE_INTERVAL_S + PROBE_TIMEOUT_S after it stopped
+        answering at most, not at the step deadline. A node busy with a long step still answers:
+        the probe is served by the gRPC threads, not the engine thread."""
+        changed = threading.Event()
+        for call in calls:
+            call.add_done_callback(lambda _call: changed.set())
+        while not all(call.done() for call in calls):
+            if changed.wait(PROBE_INTERVAL_S):
+                changed.clear()
+                continue
+            for index, call in enumerate(calls):
+                if call.done():
+                    continue
+                try:
+                    self._stubs[index].DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=PROBE_TIMEOUT_S)
+                except grpc.RpcError as error:
+                    for other in calls:
+                        other.cancel()
+                    raise Unavailable(
+                        f"expert group node {index} ({self._addresses[index]}) stopped answering during a step "
+                        f"(liveness probe: {error_from_rpc(error).message})"
+                    ) from None
 
     def truncate(self, slot: int, position: int) -> None:
         if position != 0:

@@ -101,13 +101,19 @@ class ExpertGroup:
         config: LlamaConfig,
         group_size: int,
         codec: Codec | None = None,
+        expert_cache_bytes: int | None = None,
     ) -> ExpertGroup:
         board = MemoryExchangeBoard(group_size, codec=codec)
         nodes: list[ExpertParallelBackend] = []
         try:
             for index in range(group_size):
                 ownership = ExpertOwnership(index, group_size)
-                nodes.append(ExpertParallelBackend(model_path, config, ownership, board.endpoint(index)))
+                endpoint = board.endpoint(index)
+                nodes.append(
+                    ExpertParallelBackend(
+                        model_path, config, ownership, endpoint, expert_cache_bytes=expert_cache_bytes
+                    )
+                )
         except BaseException:
             for node in nodes:
                 node.close()

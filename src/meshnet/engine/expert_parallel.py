@@ -28,8 +28,10 @@ import numpy as np
 
 from meshnet.artifact.moe import read_moe_shape
 from meshnet.core.errors import EngineError, MeshnetError
+from meshnet.core.expert_cache import CacheCounters
 from meshnet.core.experts import ExpertOwnership, SlotRows, local_rows, place_rows
 from meshnet.engine.backend import StepInput, StepOutput
+from meshnet.engine.expert_cache import ExpertStreamCache
 from meshnet.engine.expert_memory import ForeignExpertRelease
 from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_get_name
@@ -110,6 +112,7 @@ class _MoeLayerHook:
         exchange: RowExchange | None,
         release_foreign: bool,
         n_layers: int,
+        cache: ExpertStreamCache | None = None,
     ) -> None:
         if ownership.count > 1 and exchange is None:
             raise EngineError("an expert share of a group of more than one node needs a row exchange")
@@ -120,16 +123,19 @@ class _MoeLayerHook:
         self.record: RoutingRecord | None = None
         self.sequence = 0
         self._topk: dict[int, tuple[int, np.ndarray]] = {}
+        self.cache = cache
         self.release: ForeignExpertRelease | None = None
         if self.dummies is not None and release_foreign:
             self.release = ForeignExpertRelease(ownership, self.dummies, n_expert, 3 * n_layers)
 
     def on_expert_matmul(self, address: int) -> None:
         """After a ``mul_mat_id`` ran: release the foreign experts of its weights (first time only)."""
-        if self.release is None:
-            return
         weights = GgmlTensorHead.from_address(GgmlTensorHead.from_address(address).src[0])
         name = weights.name.decode(errors="replace")
+        if self.cache is not None:
+            self.cache.check_tensor(name, weights.data or 0)
+        if self.release is None:
+            return
         self.release.release(ctypes.addressof(weights), name, weights.data or 0, int(weights.nb[2]), int(weights.ne[2]))
 
     def on_topk(self, layer: int, address: int) -> None:
@@ -140,11 +146,14 @@ class _MoeLayerHook:
             self.record.selected.append((layer, selected))
 
     def on_weights_norm(self, layer: int) -> None:
-        if self.ownership.count == 1:
-            return
         address, selected = self._require(layer)
-        view = tensor_view(address, np.int32, GGML_TYPE_I32).reshape(selected.shape)
-        view[...] = self.ownership.steer(selected, self.dummies)  # type: ignore[arg-type]
+        read = selected
+        if self.ownership.count > 1:
+            view = tensor_view(address, np.int32, GGML_TYPE_I32).reshape(selected.shape)
+            read = self.ownership.steer(selected, self.dummies)  # type: ignore[arg-type]
+            view[...] = read
+        if self.cache is not None:  # the ids mul_mat_id is about to read: bring them in first
+            self.cache.on_layer(layer, read)
 
     def on_weighted(self, layer: int, address: int) -> None:
         if self.ownership.count == 1:
@@ -158,6 +167,13 @@ class _MoeLayerHook:
         received = self.exchange.exchange(mine)  # type: ignore[union-attr]
         place_rows(self.ownership, selected, received, weighted)
         del self._topk[layer]
+
+    @property
+    def watches_matmuls(self) -> bool:
+        """Expert multiplications still to see: for the first release, or the cache's check."""
+        return (self.release is not None and not self.release.complete) or (
+            self.cache is not None and not self.cache.checked
+        )
 
     def _require(self, layer: int) -> tuple[int, np.ndarray]:
         if layer not in self._topk:
@@ -182,12 +198,17 @@ class ExpertParallelBackend(LlamaBackend):
         exchange: RowExchange | None = None,
         *,
         release_foreign: bool = True,
+        expert_cache_bytes: int | None = None,
     ) -> None:
+        """``expert_cache_bytes``: bound this node's resident routed experts (``engine/expert_cache.py``)."""
         self.moe = read_moe_shape(model_path)
+        cache = None if expert_cache_bytes is None else ExpertStreamCache(model_path, self.moe, expert_cache_bytes)
         self._hook = _MoeLayerHook(
-            ownership, self.moe.n_expert, self.moe.n_expert_used, exchange, release_foreign, self.moe.n_layers
+            ownership, self.moe.n_expert, self.moe.n_expert_used, exchange, release_foreign, self.moe.n_layers, cache
         )
         super().__init__(model_path, config)
+        if cache is not None:
+            cache.attach()
         if self.shape.role != "full":
             raise EngineError("an expert-parallel node runs the whole model: give it a full slice")
         if self._hook.release is not None:
@@ -202,6 +223,20 @@ class ExpertParallelBackend(LlamaBackend):
     def released_expert_bytes(self) -> int:
         """Bytes of foreign routed experts given back to the OS (0 for a whole model)."""
         return 0 if self._hook.release is None else self._hook.release.released_bytes
+
+    @property
+    def expert_cache(self) -> CacheCounters | None:
+        """The expert cache's hits, misses and bytes read (none without ``expert_cache_bytes``)."""
+        return None if self._hook.cache is None else self._hook.cache.counters
+
+    @property
+    def expert_cache_capacity(self) -> int:
+        return 0 if self._hook.cache is None else self._hook.cache.lru.capacity_bytes
+
+    def close(self) -> None:
+        super().close()
+        if self._hook.cache is not None:
+            self._hook.cache.close()
 
     def record_routing(self, record: RoutingRecord | None) -> None:
         self._hook.record = record
@@ -223,7 +258,7 @@ class ExpertParallelBackend(LlamaBackend):
         kind, _, layer_text = name.rpartition(b"-")
         # Views and reshapes carry suffixed names ("ffn_moe_weights_norm-0 (reshaped)"): skip them.
         step = _WATCHED.get(kind) if layer_text.isdigit() else None
-        if step is None and hook.release is not None and not hook.release.complete and layer_text.isdigit():
+        if step is None and hook.watches_matmuls and layer_text.isdigit():
             step = _EXPERT_MATMULS.get(kind)
         if ask:
             return step is not None
@@ -257,6 +292,8 @@ class ExpertParallelBackend(LlamaBackend):
         outputs = super().run(batch)
         if self._hook.release is not None:
             self._hook.release.release_again()
+        if self._hook.cache is not None:
+            self._hook.cache.settle()
         failure = self._hook.failure
         if failure is not None:
             for slot, length in before.items():

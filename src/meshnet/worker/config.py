@@ -107,6 +107,9 @@ class WorkerConfig:
     """With --experts: every node's host:port in index order (this node's own included)."""
     expert_timeout: float = 10.0
     """With --experts: seconds to wait for a peer's rows of one layer before the step fails."""
+    expert_cache_mb: float | None = None
+    """With --experts: bound the routed experts resident on this node to this many MB, streamed
+    from the GGUF on a miss (LRU); unset keeps them all mapped (the page cache decides)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``
@@ -121,6 +124,8 @@ class WorkerConfig:
             raise InvalidArgument("a worker needs --model or --model-id (or a fake model)")
         if self.model_id is not None and self.tracker is None:
             raise InvalidArgument("a worker started with --model-id needs --tracker to find the model's holders")
+        if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
+            raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
 
     @property
     def layers(self) -> LayerRange:

@@ -35,14 +35,7 @@ from meshnet.worker.expert_links import GrpcRowExchange, PeerLink
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
-_CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024 + 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024 + 1024),
-]
+_CHANNEL_OPTIONS = expert_wire.CHANNEL_OPTIONS
 
 
 class ExpertNode:
@@ -62,7 +55,8 @@ class ExpertNode:
         geometry = ExchangeGeometry(moe.n_embd, moe.n_expert, moe.n_expert_used, moe.n_layers, ownership.count)
         self.exchange = GrpcRowExchange(ownership, geometry, config.expert_timeout)
         llama = config.llama_config(config.max_sessions)
-        self.backend = ExpertParallelBackend(path, llama, ownership, self.exchange)
+        cache_bytes = None if config.expert_cache_mb is None else int(config.expert_cache_mb * 1e6)
+        self.backend = ExpertParallelBackend(path, llama, ownership, self.exchange, expert_cache_bytes=cache_bytes)
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-engine")
         self._next_step = 0
 
@@ -85,6 +79,7 @@ class ExpertNode:
             self.exchange.frame_bytes_sent,
             self.backend.released_expert_bytes,
             self._next_step,
+            *_cache_figures(self.backend),
         )
 
     def step(self, request: expert_wire.ExpertStepRequest) -> expert_wire.ExpertStepReply:
@@ -194,3 +189,11 @@ def serve_expert_node(config: WorkerConfig, on_ready: Callable[[str, str], None]
     finally:
         server.stop(grace=1.0).wait()
         node.close()
+
+
+def _cache_figures(backend: ExpertParallelBackend) -> tuple[int, int, int, int]:
+    """Capacity, hits, misses and bytes read of the node's expert cache (zeros without one)."""
+    cache, counters = backend.expert_cache_capacity, backend.expert_cache
+    if counters is None:
+        return 0, 0, 0, 0
+    return cache, counters.hits, counters.misses, counters.bytes_read
