@@ -52,7 +52,7 @@ def _up(root: Path, model: Path, *extra: str) -> list[str]:
 def _whole_model(root: Path, model: Path, spec: SyntheticSpec) -> tuple[list[int], int]:
     """Greedy ids and the crc32 over every sampled-from logit row, whole model, the nodes' settings."""
     layers = LayerRange(0, spec.n_layers)
-    worker = WorkerConfig(model=model, layers=layers, data_dir=root, threads=1)  # up: --threads 1
+    worker = WorkerConfig(model=model, layer_choice=layers, data_dir=root, threads=1)  # up: --threads 1
     whole = SliceCache(root / "ref").shard_files(model, layers, spec.n_layers).slice
     source = describe_model(model)
     tokenizer = Tokenizer(source)

@@ -49,7 +49,7 @@ def test_expert_cache_flag_needs_an_expert_node_and_a_positive_size(tmp_path: Pa
 
     model = tmp_path / "none.gguf"
     with pytest.raises(InvalidArgument, match="--experts I/N"):
-        WorkerConfig(model=model, layers=LayerRange(0, 2), data_dir=tmp_path, expert_cache_mb=8)
+        WorkerConfig(model=model, layer_choice=LayerRange(0, 2), data_dir=tmp_path, expert_cache_mb=8)
     with pytest.raises(InvalidArgument, match="positive"):
         WorkerConfig(
             model=model, layers=LayerRange(0, 2), data_dir=tmp_path, experts=ExpertOwnership(0, 2), expert_cache_mb=0
