@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from meshnet.artifact.cache import SliceCache
     from meshnet.artifact.describe import ModelDescription
     from meshnet.engine.local_route import LocalRoute
+    from meshnet.protocol.tls import LinkSecurity
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -414,8 +415,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from meshnet.gateway.status_table import exit_status, fetch_status, render_status
 
     command = config_from_arguments(StatusArguments, args)
+    api_key, security = _status_credentials(command, args.data_dir)
     while True:
-        document, source = fetch_status(command.tracker, command.gateway)
+        document, source = fetch_status(command.tracker, command.gateway, api_key=api_key, security=security)
         table = render_status(document, source)
         if not command.watch:
             print(table)
@@ -423,6 +425,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Home the cursor and clear, so the table redraws in place like `watch`.
         print("\x1b[H\x1b[2J" + table + f"\n(every {command.interval:g} s; Ctrl-C to stop)", flush=True)
         time.sleep(command.interval)
+
+
+def _status_credentials(command: StatusArguments, data_dir: Path) -> tuple[str | None, LinkSecurity | None]:
+    """What `meshnet status` proves itself with: the gateway's API key, or an admin identity."""
+    if command.tracker:
+        if command.insecure:
+            return None, None
+        from meshnet.swarm_cli import admin_security
+
+        return None, admin_security(data_dir)
+    if command.api_key is not None:
+        return command.api_key, None
+    from meshnet.gateway.keys import CLIENT_KEY_FILE, read_client_key
+
+    return (read_client_key(data_dir) if (data_dir / CLIENT_KEY_FILE).exists() else None), None
 
 
 @dataclass(frozen=True)
