@@ -140,9 +140,14 @@ def cmd_seed(args: argparse.Namespace) -> int:
     import signal
 
     from meshnet.artifact.holdings import Holdings
+    from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.swarm_cli import node_security
     from meshnet.worker.artifact_server import SeedConfig, serve_seeder
 
     config = config_from_arguments(SeedConfig, args)
+    # A seeder joins as a worker-role node: holders are dialled as any worker of the swarm.
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "seed", (config.host, config.advertise, config.tracker))
 
     def ready(address: str, holdings: Holdings) -> None:
         models = ",".join(model_id for model_id, _ in holdings.manifests)
@@ -152,7 +157,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await serve_seeder(config, stop, ready)
+        await serve_seeder(config, stop, ready, security)
 
     asyncio.run(run())
     return 0
@@ -162,9 +167,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     import asyncio
 
     from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+    from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.swarm_cli import node_security
 
     config = config_from_arguments(FetchConfig, args, fixed={"data_dir": args.data_dir})
-    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch")))
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "worker", (config.tracker,))
+    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch"), security))
     print(
         f"{fetched.files.slice}: layers {config.layers} of {fetched.manifest.model_id}, fetched "
         f"{fetched.fetched_bytes / 1e6:.1f} MB for {fetched.needed_bytes / 1e6:.1f} MB of artifacts "
@@ -478,8 +487,12 @@ def _commands() -> dict[str, Command]:
         "publish": Command(
             cmd_publish, "cut a GGUF into signed, content-addressed per-block artifacts", (PublishArguments,)
         ),
-        "seed": Command(cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig,)),
-        "fetch": Command(cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig,)),
+        "seed": Command(
+            cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig, SecurityOptions)
+        ),
+        "fetch": Command(
+            cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig, SecurityOptions)
+        ),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig, SecurityOptions)),
