@@ -16,7 +16,7 @@ from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, 
 from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
-from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
+from meshnet.tracker.server import TrackerConfig, start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 
 SEED_READY = "meshnet seed ready "
@@ -27,12 +27,8 @@ class ArtifactSwarm:
     """A secured tracker and the CA (in ``root``) every identity of the test is minted from."""
 
     root: Path
-    running: RunningTracker
+    address: str
     _identities: dict[tuple[str, Role], LinkSecurity] = field(default_factory=dict)
-
-    @property
-    def address(self) -> str:
-        return self.running.address
 
     def identity(self, name: str = "fetcher", role: Role = "worker") -> LinkSecurity:
         if (name, role) not in self._identities:
@@ -56,7 +52,7 @@ async def running_tracker(folder: Path) -> AsyncIterator[ArtifactSwarm]:
     config = TrackerConfig(port=0, join_port=0, db_path=folder / "tracker.sqlite3", heartbeat_interval_s=0.5)
     tracker = await start_tracker(config, security=security)
     try:
-        yield ArtifactSwarm(folder, tracker)
+        yield ArtifactSwarm(folder, tracker.address)
     finally:
         await tracker.stop(0.5)
         security.book.close()
