@@ -27,7 +27,7 @@ from meshnet.client.artifact_client import announce, artifact_channel, fetch_byt
 from meshnet.client.artifact_fetch import FetchConfig, fetch_range
 from meshnet.core.errors import PermissionDenied, Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, channel_options
+from meshnet.protocol.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, channel_options, hop_server_name
 from meshnet.security.certificates import create_authority, mint_node
 from meshnet.security.signing import load_or_create_key
 from meshnet.security.swarm_dir import load_authority
@@ -181,6 +181,8 @@ async def test_without_a_swarm_certificate_nothing_is_fetched(published: Publish
                 grpc.aio.insecure_channel(seeder),
                 grpc.aio.secure_channel(seeder, ca_only, options=channel_options(ANY_WORKER_NAME)),
                 artifact_channel(seeder, stranger),
+                # A swarm certificate, but expecting another holder than the one at that address.
+                artifact_channel(seeder, tracker.security, hop_server_name("w-someone-else")),
             ):
                 async with channel:
                     with pytest.raises(Unavailable):
