@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from meshnet.artifact.cache import SliceCache
     from meshnet.artifact.describe import ModelDescription
     from meshnet.engine.local_route import LocalRoute
+    from meshnet.protocol.tls import LinkSecurity
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -139,9 +140,14 @@ def cmd_seed(args: argparse.Namespace) -> int:
     import signal
 
     from meshnet.artifact.holdings import Holdings
+    from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.swarm_cli import node_security
     from meshnet.worker.artifact_server import SeedConfig, serve_seeder
 
     config = config_from_arguments(SeedConfig, args)
+    # A seeder joins as a worker-role node: holders are dialled as any worker of the swarm.
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "seed", (config.host, config.advertise, config.tracker))
 
     def ready(address: str, holdings: Holdings) -> None:
         models = ",".join(model_id for model_id, _ in holdings.manifests)
@@ -151,7 +157,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await serve_seeder(config, stop, ready)
+        await serve_seeder(config, stop, ready, security)
 
     asyncio.run(run())
     return 0
@@ -161,9 +167,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     import asyncio
 
     from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+    from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.swarm_cli import node_security
 
     config = config_from_arguments(FetchConfig, args, fixed={"data_dir": args.data_dir})
-    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch")))
+    options = config_from_arguments(SecurityOptions, args)
+    security = node_security(options, args.data_dir, "worker", (config.tracker,))
+    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch"), security))
     print(
         f"{fetched.files.slice}: layers {config.layers} of {fetched.manifest.model_id}, fetched "
         f"{fetched.fetched_bytes / 1e6:.1f} MB for {fetched.needed_bytes / 1e6:.1f} MB of artifacts "
@@ -430,8 +440,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from meshnet.gateway.status_table import exit_status, fetch_status, render_status
 
     command = config_from_arguments(StatusArguments, args)
+    api_key, security = _status_credentials(command, args.data_dir)
     while True:
-        document, source = fetch_status(command.tracker, command.gateway)
+        document, source = fetch_status(command.tracker, command.gateway, api_key=api_key, security=security)
         table = render_status(document, source)
         if not command.watch:
             print(table)
@@ -439,6 +450,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         # Home the cursor and clear, so the table redraws in place like `watch`.
         print("\x1b[H\x1b[2J" + table + f"\n(every {command.interval:g} s; Ctrl-C to stop)", flush=True)
         time.sleep(command.interval)
+
+
+def _status_credentials(command: StatusArguments, data_dir: Path) -> tuple[str | None, LinkSecurity | None]:
+    """What `meshnet status` proves itself with: the gateway's API key, or an admin identity."""
+    if command.tracker:
+        if command.insecure:
+            return None, None
+        from meshnet.swarm_cli import admin_security
+
+        return None, admin_security(data_dir)
+    if command.api_key is not None:
+        return command.api_key, None
+    from meshnet.gateway.keys import CLIENT_KEY_FILE, read_client_key
+
+    return (read_client_key(data_dir) if (data_dir / CLIENT_KEY_FILE).exists() else None), None
 
 
 @dataclass(frozen=True)
@@ -477,8 +503,12 @@ def _commands() -> dict[str, Command]:
         "publish": Command(
             cmd_publish, "cut a GGUF into signed, content-addressed per-block artifacts", (PublishArguments,)
         ),
-        "seed": Command(cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig,)),
-        "fetch": Command(cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig,)),
+        "seed": Command(
+            cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig, SecurityOptions)
+        ),
+        "fetch": Command(
+            cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig, SecurityOptions)
+        ),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig, SecurityOptions)),

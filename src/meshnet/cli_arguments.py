@@ -104,6 +104,10 @@ class StatusArguments:
     """Redraw every --interval seconds until Ctrl-C."""
     interval: float = 2.0
     """Seconds between redraws with --watch."""
+    api_key: str | None = None
+    """API key for the gateway's /v1/status (default: DATA_DIR/api-key when it exists)."""
+    insecure: bool = False
+    """Ask a plaintext (--insecure) tracker; by default --tracker connects as admin of DATA_DIR's swarm."""
 
     def __post_init__(self) -> None:
         if not self.interval > 0:

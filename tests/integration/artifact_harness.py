@@ -1,34 +1,80 @@
-"""Seeder processes and an in-process tracker for the artifact-plane tests."""
+"""Seeder processes and an in-process tracker for the artifact-plane tests, secured like a swarm.
+
+The tracker runs with mTLS over ``folder``'s swarm CA; seeders get worker identities minted
+from it (``--identity``, as ``Swarm.identity_flags`` does) and the test fetches with one more.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
-from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.security.identity import Role
+from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.swarm_service import load_tracker_security
 
 SEED_READY = "meshnet seed ready "
 
 
+@dataclass
+class ArtifactSwarm:
+    """A secured tracker and the CA (in ``root``) every identity of the test is minted from."""
+
+    root: Path
+    address: str
+    _identities: dict[tuple[str, Role], LinkSecurity] = field(default_factory=dict)
+
+    def identity(self, name: str = "fetcher", role: Role = "worker") -> LinkSecurity:
+        if (name, role) not in self._identities:
+            folder = local_identity(self.root, name, role, time.time())
+            self._identities[name, role] = LinkSecurity(load_identity(folder))
+        return self._identities[name, role]
+
+    @property
+    def security(self) -> LinkSecurity:
+        """The fetching node's identity (a worker, as a worker started by model id is)."""
+        return self.identity()
+
+    def identity_flags(self, name: str, role: Role = "worker") -> tuple[str, ...]:
+        return ("--identity", str(local_identity(self.root, name, role, time.time())))
+
+
 @asynccontextmanager
-async def running_tracker(folder: Path) -> AsyncIterator[RunningTracker]:
-    tracker = await start_tracker(TrackerConfig(port=0, db_path=folder / "tracker.sqlite3", heartbeat_interval_s=0.5))
+async def running_tracker(folder: Path) -> AsyncIterator[ArtifactSwarm]:
+    folder.mkdir(parents=True, exist_ok=True)
+    security = load_tracker_security(folder, time.time())
+    config = TrackerConfig(port=0, join_port=0, db_path=folder / "tracker.sqlite3", heartbeat_interval_s=0.5)
+    tracker = await start_tracker(config, security=security)
     try:
-        yield tracker
+        yield ArtifactSwarm(folder, tracker.address)
     finally:
         await tracker.stop(0.5)
+        security.book.close()
+
+
+def seed_command(folder: Path, swarm: ArtifactSwarm | str, directory: Path, name: str) -> list[str]:
+    """``meshnet seed`` announcing to ``swarm`` (a plaintext tracker's address: ``--insecure``)."""
+    if isinstance(swarm, str):
+        return meshnet_command(folder / name, "seed", str(directory), "--tracker", swarm, "--insecure")
+    flags = swarm.identity_flags(name)
+    return meshnet_command(folder / name, "seed", str(directory), "--tracker", swarm.address, *flags)
 
 
 @contextmanager
-def seeders(folder: Path, tracker: str, *directories: Path, timeout_s: float = 30.0) -> Iterator[list[ChildProcess]]:
-    """One ``meshnet seed`` process per directory, each announced to ``tracker``."""
+def seeders(
+    folder: Path, swarm: ArtifactSwarm | str, *directories: Path, timeout_s: float = 30.0
+) -> Iterator[list[ChildProcess]]:
+    """One ``meshnet seed`` process per directory, each announced to the tracker."""
     children = []
     try:
         for index, directory in enumerate(directories):
-            command = meshnet_command(folder / f"seed-{index}", "seed", str(directory), "--tracker", tracker)
+            command = seed_command(folder, swarm, directory, f"seed-{index}")
             children.append(
                 ChildProcess(LaunchSpec(f"seed-{index}", command, folder / f"seed-{index}.log", SEED_READY))
             )
@@ -40,7 +86,9 @@ def seeders(folder: Path, tracker: str, *directories: Path, timeout_s: float = 3
         stop_all(children)
 
 
-async def wait_for_holders(tracker: str, model_id: str, count: int, timeout_s: float = 20.0) -> None:
+async def wait_for_holders(
+    tracker: str, model_id: str, count: int, security: LinkSecurity | None, timeout_s: float = 20.0
+) -> None:
     """Until ``count`` holders announced ``model_id``'s manifest (announcements are asynchronous)."""
     import asyncio
 
@@ -48,7 +96,7 @@ async def wait_for_holders(tracker: str, model_id: str, count: int, timeout_s: f
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = await find_holders(tracker, model_id)
+        found = await find_holders(tracker, model_id, security=security)
         if len(found.holders) >= count:
             return
         await asyncio.sleep(0.1)

@@ -6,22 +6,31 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "artifact"))
 from artifact_harness import running_tracker, seeders, wait_for_holders
 from artifact_published import Published, publish_model
 
+from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.manifest import needed_artifacts
 from meshnet.artifact.slicing import write_slice
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.artifact.trust import UntrustedPublisher
+from meshnet.client.artifact_client import announce, artifact_channel, fetch_bytes, find_holders
 from meshnet.client.artifact_fetch import FetchConfig, fetch_range
+from meshnet.core.errors import PermissionDenied, Unavailable
 from meshnet.core.layers import LayerRange
+from meshnet.protocol.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, channel_options, hop_server_name
+from meshnet.security.certificates import create_authority, mint_node
 from meshnet.security.signing import load_or_create_key
+from meshnet.security.swarm_dir import load_authority
 
 pytestmark = pytest.mark.timeout(120)
 MODEL_ID = "tiny-llama"
@@ -48,10 +57,10 @@ async def test_a_middle_range_fetches_only_its_artifacts(published: Published, t
     layers = LayerRange(2, 4)
     async with running_tracker(tmp_path) as tracker:
         second = copy_of(published, tmp_path / "second")
-        with seeders(tmp_path, tracker.address, published.directory, second):
-            await wait_for_holders(tracker.address, MODEL_ID, 2)
+        with seeders(tmp_path, tracker, published.directory, second):
+            await wait_for_holders(tracker.address, MODEL_ID, 2, tracker.security)
             config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node")
-            fetched = await fetch_range(config)
+            fetched = await fetch_range(config, security=tracker.security)
             assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
             needed = needed_artifacts(published.manifest, layers)
             assert fetched.needed_bytes == sum(e.size for e in needed)
@@ -60,7 +69,7 @@ async def test_a_middle_range_fetches_only_its_artifacts(published: Published, t
             assert fetched.bad_holders == () and fetched.dead_holders == ()
             assert not (tmp_path / "node" / "models-by-id" / MODEL_ID / "partial").exists()
             # A rerun finds the slice in the cache and the manifest trusted on first use.
-            again = await fetch_range(config)
+            again = await fetch_range(config, security=tracker.security)
             assert again.files.slice == fetched.files.slice
 
 
@@ -68,8 +77,8 @@ async def test_a_tampered_holder_is_refused_and_replaced(published: Published, t
     layers = LayerRange(3, 6)  # a tail: blocks, the output and the token table
     async with running_tracker(tmp_path) as tracker:
         tampered = copy_of(published, tmp_path / "tampered")
-        with seeders(tmp_path, tracker.address, published.directory, tampered) as children:
-            await wait_for_holders(tracker.address, MODEL_ID, 2)
+        with seeders(tmp_path, tracker, published.directory, tampered) as children:
+            await wait_for_holders(tracker.address, MODEL_ID, 2, tracker.security)
             # Damaged after the seeder checked its files at start: it now serves bad bytes.
             for entry in published.manifest.of_kind("layer"):
                 artifact = tampered / "artifacts" / entry.sha256
@@ -77,7 +86,9 @@ async def test_a_tampered_holder_is_refused_and_replaced(published: Published, t
                 for offset in range(0, len(data), entry.piece_size):
                     data[offset] ^= 0xFF
                 artifact.write_bytes(bytes(data))
-            fetched = await fetch_range(FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node"))
+            fetched = await fetch_range(
+                FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node"), security=tracker.security
+            )
             assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
             tampered_address = children[1].ready.first if children[1].ready else ""
             assert fetched.bad_holders == (tampered_address,)
@@ -87,8 +98,8 @@ async def test_a_holder_killed_mid_fetch_is_replaced(published: Published, tmp_p
     layers = LayerRange(0, 4)
     async with running_tracker(tmp_path) as tracker:
         second = copy_of(published, tmp_path / "second")
-        with seeders(tmp_path, tracker.address, published.directory, second) as children:
-            await wait_for_holders(tracker.address, MODEL_ID, 2)
+        with seeders(tmp_path, tracker, published.directory, second) as children:
+            await wait_for_holders(tracker.address, MODEL_ID, 2, tracker.security)
             killed: list[int] = []
 
             def progress(done: int, total: int) -> None:
@@ -97,7 +108,7 @@ async def test_a_holder_killed_mid_fetch_is_replaced(published: Published, tmp_p
                     killed.append(done)
 
             config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node", requests_per_holder=1)
-            fetched = await fetch_range(config, progress)
+            fetched = await fetch_range(config, progress, tracker.security)
             assert killed and killed[0] < fetched.needed_bytes
             assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
             assert fetched.files.embeddings is not None
@@ -107,22 +118,24 @@ async def test_a_holder_killed_mid_fetch_is_replaced(published: Published, tmp_p
 async def test_an_untrusted_publisher_is_refused(published: Published, tmp_path: Path) -> None:
     other, _ = load_or_create_key(tmp_path / "other.key")
     async with running_tracker(tmp_path) as tracker:
-        with seeders(tmp_path, tracker.address, published.directory):
-            await wait_for_holders(tracker.address, MODEL_ID, 1)
+        with seeders(tmp_path, tracker, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security)
             pinned = FetchConfig(
                 MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "a", trust_publisher=other.fingerprint
             )
             with pytest.raises(UntrustedPublisher, match="not the pinned"):
-                await fetch_range(pinned)
+                await fetch_range(pinned, security=tracker.security)
             assert not list((tmp_path / "a").rglob("*.gguf"))
     # Trust on first use: a node that trusted another key for this model id refuses this one.
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "trusted-publishers.json").write_text(f'{{"{MODEL_ID}": "{other.fingerprint}"}}')
     async with running_tracker(tmp_path / "t2") as tracker:
-        with seeders(tmp_path / "t2", tracker.address, published.directory):
-            await wait_for_holders(tracker.address, MODEL_ID, 1)
+        with seeders(tmp_path / "t2", tracker, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security)
             with pytest.raises(UntrustedPublisher, match="first use"):
-                await fetch_range(FetchConfig(MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "b"))
+                await fetch_range(
+                    FetchConfig(MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "b"), security=tracker.security
+                )
 
 
 class Interrupted(Exception):
@@ -132,8 +145,8 @@ class Interrupted(Exception):
 async def test_an_interrupted_fetch_resumes_with_what_it_has(published: Published, tmp_path: Path) -> None:
     layers = LayerRange(1, 5)
     async with running_tracker(tmp_path) as tracker:
-        with seeders(tmp_path, tracker.address, published.directory):
-            await wait_for_holders(tracker.address, MODEL_ID, 1)
+        with seeders(tmp_path, tracker, published.directory):
+            await wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security)
             config = FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node", requests_per_holder=1)
 
             def interrupt(done: int, total: int) -> None:
@@ -141,10 +154,59 @@ async def test_an_interrupted_fetch_resumes_with_what_it_has(published: Publishe
                     raise Interrupted
 
             with pytest.raises(Interrupted):
-                await fetch_range(config, interrupt)
+                await fetch_range(config, interrupt, tracker.security)
             leftovers = [p for p in (tmp_path / "node").rglob("*") if p.is_file() and p.suffix == ".gguf"]
             assert leftovers == []  # only the .partial sparse copy, nothing that looks complete
-            resumed = await fetch_range(config)
+            resumed = await fetch_range(config, security=tracker.security)
             manifest_bytes = resumed.manifest_path.stat().st_size
             assert resumed.fetched_bytes - manifest_bytes < resumed.needed_bytes // 2
             assert resumed.files.slice.read_bytes() == reference(published, layers, tmp_path)
+
+
+async def test_without_a_swarm_certificate_nothing_is_fetched(published: Published, tmp_path: Path) -> None:
+    async with running_tracker(tmp_path) as tracker:
+        with seeders(tmp_path, tracker, published.directory) as children:
+            await wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security)
+            seeder = children[0].ready.first  # type: ignore[union-attr]
+            entry = published.manifest.of_kind("layer")[0]
+            config = FetchConfig(MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "intruder")
+            with pytest.raises(Unavailable):  # plaintext against the tracker's mTLS port
+                await fetch_range(config)
+            authority = load_authority(tracker.root)
+            ca_only = grpc.ssl_channel_credentials(tracker.security.node.ca_pem)  # trusts the CA, presents nothing
+            stranger = LinkSecurity(
+                mint_node(create_authority("other", time.time()), node_id="w-x", role="worker", now_unix_s=time.time())
+            )
+            for channel in (
+                grpc.aio.insecure_channel(seeder),
+                grpc.aio.secure_channel(seeder, ca_only, options=channel_options(ANY_WORKER_NAME)),
+                artifact_channel(seeder, stranger),
+                # A swarm certificate, but expecting another holder than the one at that address.
+                artifact_channel(seeder, tracker.security, hop_server_name("w-someone-else")),
+            ):
+                async with channel:
+                    with pytest.raises(Unavailable):
+                        await fetch_bytes(channel, entry.sha256, 0, entry.size, timeout=5.0)
+            # A certificate of the swarm, but of a role that fetches nothing: refused by the verdict.
+            tracker_role = LinkSecurity(mint_node(authority, node_id="t-x", role="tracker", now_unix_s=time.time()))
+            async with artifact_channel(seeder, tracker_role) as channel:
+                with pytest.raises(PermissionDenied):
+                    await fetch_bytes(channel, entry.sha256, 0, entry.size)
+            async with artifact_channel(seeder, tracker.identity("gw", "gateway")) as channel:
+                assert len(await fetch_bytes(channel, entry.sha256, 0, entry.size)) == entry.size
+            assert not (tmp_path / "intruder" / "cache").exists()
+
+
+async def test_a_holder_advertises_only_itself_and_only_as_a_worker(tmp_path: Path) -> None:
+    async with running_tracker(tmp_path) as tracker:
+        worker = tracker.identity("holder")
+        own = Advertisement(worker.identity.node_id, "127.0.0.1:9", frozenset({"ab" * 32}))
+        async with artifact_channel(tracker.address, worker, TRACKER_NAME) as channel:
+            assert await announce(channel, own) > 0
+            with pytest.raises(PermissionDenied, match="may not advertise"):
+                await announce(channel, replace(own, holder_id="w-someone-else"))
+        async with artifact_channel(tracker.address, tracker.identity("gw", "gateway"), TRACKER_NAME) as channel:
+            with pytest.raises(PermissionDenied):
+                await announce(channel, replace(own, holder_id="gw"))
+        found = await find_holders(tracker.address, "", ("ab" * 32,), tracker.identity("gw", "gateway"))
+        assert [h.holder_id for h in found.holders] == [worker.identity.node_id]

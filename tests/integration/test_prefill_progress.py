@@ -51,14 +51,14 @@ def _status(swarm: Swarm, *flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_models_report_the_context_of_the_route(swarm: Swarm) -> None:
-    (model,) = httpx.get(_base_url(swarm) + "/v1/models", timeout=10).json()["data"]
+    (model,) = httpx.get(_base_url(swarm) + "/v1/models", headers=swarm.auth, timeout=10).json()["data"]
     assert (model["context_length"], model["routable"]) == (CONTEXT, True)  # the model itself has more
-    one = httpx.get(_base_url(swarm) + f"/v1/models/{MODEL_NAME}", timeout=10).json()
+    one = httpx.get(_base_url(swarm) + f"/v1/models/{MODEL_NAME}", headers=swarm.auth, timeout=10).json()
     assert one == model
 
 
 def test_a_long_prompt_reports_progress_once_per_prefill_chunk(swarm: Swarm) -> None:
-    result = read_sse(_base_url(swarm), "/v1/chat/completions", chat_body(8, content=LONG_PROMPT))
+    result = read_sse(_base_url(swarm), "/v1/chat/completions", chat_body(8, content=LONG_PROMPT), headers=swarm.auth)
     assert result.status == 200
     total = result.telemetry("prefill_started")[0]["prompt_tokens"]
     progress = result.telemetry("prefill_progress")
@@ -77,7 +77,7 @@ def test_a_long_prompt_reports_progress_once_per_prefill_chunk(swarm: Swarm) -> 
 
 def test_a_failover_replay_reports_progress(swarm: Swarm) -> None:
     killer = MiddleKiller(swarm, after=40)
-    result = read_sse(_base_url(swarm), "/v1/chat/completions", chat_body(120), on_item=killer)
+    result = read_sse(_base_url(swarm), "/v1/chat/completions", chat_body(120), on_item=killer, headers=swarm.auth)
     assert result.status == 200 and result.telemetry("route_health")
     replayed = [event for event in result.telemetry("prefill_progress") if event["replay"]]
     assert replayed, result.telemetry()
@@ -91,6 +91,11 @@ def test_meshnet_status_shows_nodes_coverage_and_gaps(swarm: Swarm) -> None:
     live = swarm.live_workers()
     # The worker killed by the failover test stays listed (late) until it expires.
     deadline = time.monotonic() + 15
+    keyless = _status(swarm, "--gateway", _base_url(swarm))
+    assert keyless.returncode == 2 and "401" in keyless.stderr, keyless.stderr
+    explicit = _status(swarm, "--gateway", _base_url(swarm), "--api-key", swarm.api_key)
+    assert explicit.returncode == 0, explicit.stderr
+    (swarm.root / "api-key").write_text(swarm.api_key + "\n")  # the default: DATA_DIR/api-key
     from_gateway = _status(swarm, "--gateway", _base_url(swarm))
 
     def settled(text: str) -> bool:
@@ -117,6 +122,9 @@ def test_meshnet_status_shows_nodes_coverage_and_gaps(swarm: Swarm) -> None:
     assert from_tracker.returncode == 1, from_tracker.stdout + from_tracker.stderr
     assert "coverage tiny (6 layers) [11--11] gaps 2:4" in from_tracker.stdout
     assert "no_route: no node serves layers 2:4 of 'tiny'" in from_tracker.stdout
+    # The tracker's table is for operators: the default is DATA_DIR's admin identity; plaintext fails.
+    plaintext = _status(swarm, "--tracker", swarm.tracker_address, "--insecure")
+    assert plaintext.returncode == 2, plaintext.stdout + plaintext.stderr
 
     unreachable = _status(swarm, "--gateway", "http://127.0.0.1:9")
     assert unreachable.returncode == 2

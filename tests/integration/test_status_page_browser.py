@@ -65,7 +65,7 @@ def test_the_page_follows_nodes_coverage_requests_and_a_lost_worker(swarm: Swarm
     expect = playwright_sync.expect
     base_url = _base_url(swarm)
     page = browser.new_page(viewport={"width": 1500, "height": 900})
-    page.goto(base_url + "/?key=not-a-real-key")
+    page.goto(base_url + f"/?key={swarm.api_key}")
     # The key leaves the address bar at once: it must not stay in history or referrers.
     assert "key=" not in page.url
 
@@ -79,7 +79,9 @@ def test_the_page_follows_nodes_coverage_requests_and_a_lost_worker(swarm: Swarm
     # A long streamed request; the page must show it live, prefill done and its tokens rising.
     outcome: dict[str, SseResult] = {}
     body = chat_body(270, content=LONG_PROMPT)
-    client = threading.Thread(target=lambda: outcome.update(result=read_sse(base_url, "/v1/chat/completions", body)))
+    client = threading.Thread(
+        target=lambda: outcome.update(result=read_sse(base_url, "/v1/chat/completions", body, headers=swarm.auth))
+    )
     client.start()
     seen_tokens: list[int] = []
     prefill_seen: set[tuple[str, str]] = set()

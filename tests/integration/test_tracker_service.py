@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, Unavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, PermissionDenied, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
@@ -30,7 +30,11 @@ from meshnet.core.tracking import (
 from meshnet.process.launcher import meshnet_command
 from meshnet.protocol.generated import tracker_pb2 as pb
 from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.security.certificates import mint_node
+from meshnet.security.swarm_dir import load_authority
 from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
+from meshnet.tracker.swarm_service import load_tracker_security
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -267,7 +271,7 @@ async def test_a_quarantined_node_is_out_of_routes_and_its_record_unverified(
             # The operator's command, as its own process (the tracker serves on this event loop).
             command = meshnet_command(config.db_path.parent, "swarm", "quarantine", "clear", rogue.node_id)
             child = await asyncio.create_subprocess_exec(
-                *command, "--tracker", restarted.address, stdout=asyncio.subprocess.PIPE
+                *command, "--tracker", restarted.address, "--insecure", stdout=asyncio.subprocess.PIPE
             )
             output, _ = await asyncio.wait_for(child.communicate(), timeout=30)
             assert child.returncode == 0 and b"quarantine cleared" in output
@@ -286,3 +290,44 @@ async def test_malformed_quarantine_orders_are_invalid_argument(tracker: Running
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(InvalidArgument):
         QuarantineOrder(NodeId(""), "empty id")
+
+
+async def _clear_with_cli(data_dir: Path, tracker: str, node_id: str, *flags: str) -> tuple[int, bytes]:
+    command = meshnet_command(data_dir, "swarm", "quarantine", "clear", node_id, "--tracker", tracker, *flags)
+    child = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await asyncio.wait_for(child.communicate(), timeout=30)
+    return child.returncode or 0, output
+
+
+async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_clear(tmp_path: Path) -> None:
+    now = time.time()
+    security = load_tracker_security(tmp_path, now)
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.2)
+    tracker = await start_tracker(config, security=security)
+    authority = load_authority(tmp_path)
+    worker = LinkSecurity(mint_node(authority, node_id="w-rogue", role="worker", now_unix_s=now))
+    gateway = LinkSecurity(mint_node(authority, node_id="gw-audit", role="gateway", now_unix_s=now))
+    try:
+        async with TrackerClient(tracker.address, timeout_s=3.0, security=worker) as as_worker:
+            rogue = await as_worker.register(registration(0, 4, "127.0.0.1:9001"))
+            with pytest.raises(PermissionDenied):
+                await as_worker.quarantine(QuarantineOrder(NodeId("w-other"), "a worker's accusation"))
+            with pytest.raises(PermissionDenied):
+                await as_worker.quarantine(QuarantineOrder(rogue.node_id, "lifting my own", clear=True))
+        async with TrackerClient(tracker.address, timeout_s=3.0, security=gateway) as as_gateway:
+            assert (await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "audit: tokens differ"))).known
+            with pytest.raises(PermissionDenied):
+                await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "a gateway's pardon", clear=True))
+        # A plaintext client cannot even talk to the secured port; the default is the admin identity.
+        code, _ = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id, "--insecure")
+        assert code != 0
+        code, output = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id)
+        assert code == 0 and b"quarantine cleared" in output, output
+        async with TrackerClient(tracker.address, timeout_s=3.0, security=worker) as as_worker:
+            back = await as_worker.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
+            assert back.node_id == rogue.node_id
+    finally:
+        await tracker.stop(grace_s=0)
+        security.book.close()

@@ -90,7 +90,8 @@ class WorkerSpec:
                 args += [flag, str(value)]
         # These tests drive workers with raw, hand-made frames: plaintext on loopback. The secured
         # paths are exercised by swarm_harness swarms and tests/integration/test_security_*.py.
-        return [*args, "--insecure", *self.extra]
+        # A spec that brings its own identity (``--identity`` in ``extra``) runs secured.
+        return [*args, *(() if "--identity" in self.extra else ("--insecure",)), *self.extra]
 
 
 class RunningWorker(ChildProcess):

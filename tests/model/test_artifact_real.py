@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from artifact_harness import seeders, wait_for_holders
+from artifact_harness import ArtifactSwarm, seeders, wait_for_holders
 from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, greedy_request, new_driver
 
 from meshnet.artifact.cache import SliceCache
@@ -35,6 +35,7 @@ from meshnet.core.events import TokenGenerated
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from meshnet.security.signing import load_or_create_key
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
@@ -62,27 +63,30 @@ def manifest(folder: Path) -> Manifest:
 
 
 @pytest.fixture(scope="module")
-def tracker(folder: Path) -> Iterator[str]:
-    command = meshnet_command(folder / "tracker", "tracker", "--port", "0", "--heartbeat-interval", "0.5")
+def tracker(folder: Path) -> Iterator[ArtifactSwarm]:
+    """A secured tracker process; its data dir holds the swarm CA every identity here comes from."""
+    home = folder / "tracker"
+    command = meshnet_command(home, "tracker", "--port", "0", "--join-port", "0", "--heartbeat-interval", "0.5")
     child = ChildProcess(LaunchSpec("tracker", command, folder / "tracker.log", "meshnet tracker listening on "))
     try:
-        yield child.await_ready(time.monotonic() + 30).first
+        yield ArtifactSwarm(home, child.await_ready(time.monotonic() + 30).first)
     finally:
         stop_all([child])
 
 
 @pytest.fixture(scope="module")
-def seeder(folder: Path, tracker: str, manifest: Manifest) -> Iterator[str]:
+def seeder(folder: Path, tracker: ArtifactSwarm, manifest: Manifest) -> Iterator[str]:
     with seeders(folder, tracker, folder / "published") as children:
-        asyncio.run(wait_for_holders(tracker, MODEL_ID, 1))
+        asyncio.run(wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security))
         yield children[0].ready.first  # type: ignore[union-attr]
 
 
 async def test_a_middle_node_fetches_only_its_range(
-    folder: Path, tracker: str, seeder: str, manifest: Manifest
+    folder: Path, tracker: ArtifactSwarm, seeder: str, manifest: Manifest
 ) -> None:
     layers = LayerRange(10, 20)
-    fetched = await fetch_range(FetchConfig(MODEL_ID, layers, tracker, folder / "empty-node"))
+    config = FetchConfig(MODEL_ID, layers, tracker.address, folder / "empty-node")
+    fetched = await fetch_range(config, security=tracker.security)
     own = sum(e.size for e in needed_artifacts(manifest, layers))
     reference = folder / "local-10-20.gguf"
     cut = write_slice(MODEL, layers, reference)
@@ -97,18 +101,25 @@ async def test_a_middle_node_fetches_only_its_range(
 
 
 @pytest.fixture(scope="module")
-def workers(folder: Path, tracker: str, seeder: str) -> Iterator[list[RunningWorker]]:
-    extra = ("--model-id", MODEL_ID, "--tracker", tracker)
+def workers(folder: Path, tracker: ArtifactSwarm, seeder: str) -> Iterator[list[RunningWorker]]:
+    extra = ("--model-id", MODEL_ID, "--tracker", tracker.address)
     with WorkerCluster(folder / "workers") as cluster:
         specs = [
-            WorkerSpec(LayerRange(a, b), fake_layers=None, context=512, max_sessions=2, threads=1, extra=extra)
+            WorkerSpec(
+                LayerRange(a, b),
+                fake_layers=None,
+                context=512,
+                max_sessions=2,
+                threads=1,
+                extra=(*extra, *tracker.identity_flags(f"worker-{a}-{b}")),
+            )
             for a, b in ((0, 10), (10, 20), (20, 30))
         ]
         yield cluster.start(*specs, timeout_s=180)
 
 
 async def test_workers_started_from_the_model_id_equal_the_whole_model(
-    folder: Path, tracker: str, workers: list[RunningWorker], pool: ChannelPool, manifest: Manifest
+    folder: Path, tracker: ArtifactSwarm, workers: list[RunningWorker], manifest: Manifest
 ) -> None:
     from meshnet.engine.llama_backend import LlamaConfig
     from meshnet.engine.shards import open_local_route
@@ -121,30 +132,37 @@ async def test_workers_started_from_the_model_id_equal_the_whole_model(
     route = open_local_route(describe_model(MODEL), 1, SliceCache(folder / "reference"), config)
     expected = list(route.generate(greedy_request(prompt, 24)))
     route.close()
-    # The tracker plans the route over the three workers, with its current epoch.
-    client = TrackerClient(tracker)
+    # The tracker plans the route over the three workers, with its current epoch (asked as a gateway).
+    gateway = tracker.identity("gateway", "gateway")
+    client = TrackerClient(tracker.address, security=gateway)
     route = await client.choose_route(workers[0].fingerprint)
     await client.close()
     assert [hop.address for hop in route.hops] == [worker.address for worker in workers]
     session = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
-    tokens = [
-        e.token_id
-        async for e in new_driver(pool).run(session, greedy_request(prompt, 24))
-        if isinstance(e, TokenGenerated)
-    ]
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, gateway)
+    try:
+        tokens = [
+            e.token_id
+            async for e in new_driver(pool).run(session, greedy_request(prompt, 24))
+            if isinstance(e, TokenGenerated)
+        ]
+    finally:
+        await pool.close()
     assert tokens == expected
 
 
-async def test_workers_serve_what_they_fetched(tracker: str, workers: list[RunningWorker], manifest: Manifest) -> None:
+async def test_workers_serve_what_they_fetched(
+    tracker: ArtifactSwarm, workers: list[RunningWorker], manifest: Manifest
+) -> None:
     block = next(e for e in manifest.of_kind("layer") if e.layer == 15)
     deadline = time.monotonic() + 20
     while True:
-        found = await find_holders(tracker, "", (block.sha256,))
+        found = await find_holders(tracker.address, "", (block.sha256,), tracker.security)
         addresses = {h.address for h in found.holders}
         if workers[1].address in addresses or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.2)
     assert workers[1].address in addresses and len(addresses) == 2  # the seeder and the 10:20 worker
-    async with artifact_channel(workers[1].address) as channel:
+    async with artifact_channel(workers[1].address, tracker.security) as channel:
         data = await fetch_bytes(channel, block.sha256, 0, block.size)
     assert hashlib.sha256(data).hexdigest() == block.sha256

@@ -1,7 +1,8 @@
 """Clients of the artifact plane: byte ranges from a holder, and the tracker's holder directory.
 
-Channel creation is one function (``artifact_channel``), so moving these links to the swarm's
-authenticated transport is one change. Every call has a deadline; failures arrive as typed
+Channel creation is one function (``artifact_channel``): mTLS with the swarm identity when one
+is given, pinned to ``TRACKER_NAME`` for the directory and to a worker's name for a holder
+(seeders join as workers), plaintext on loopback otherwise. Every call has a deadline; failures arrive as typed
 errors (``protocol.status``). A holder's reply is checked chunk by chunk (order, CRC-32, exact
 length); the piece hashes are the fetcher's business (``artifact_fetch``).
 """
@@ -21,6 +22,7 @@ from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.protocol import artifact_wire as wire
 from meshnet.protocol import services
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +34,11 @@ def artifact_channel_options() -> list[tuple[str, Any]]:
     return channel_options(wire.MAX_CHUNK_BYTES + (64 << 10))
 
 
-def artifact_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=artifact_channel_options())
+def artifact_channel(
+    address: str, security: LinkSecurity | None = None, server_name: str = ANY_WORKER_NAME
+) -> grpc.aio.Channel:
+    """A channel to a holder (any worker-role node of the swarm by default) or, named so, the tracker."""
+    return secure_or_plain_channel(address, security, server_name, artifact_channel_options())
 
 
 async def _stream(channel: grpc.aio.Channel, request: wire.FetchRange, limit: int, timeout: float) -> bytes:
@@ -67,8 +72,10 @@ async def fetch_to_end(channel: grpc.aio.Channel, artifact: str, *, limit: int =
     return await _stream(channel, wire.FetchRange(artifact, 0, 0, wire.DEFAULT_CHUNK_BYTES), limit, CALL_TIMEOUT_S)
 
 
-async def find_holders(tracker: str, model_id: str, artifacts: tuple[str, ...] = ()) -> FoundHolders:
-    async with artifact_channel(tracker) as channel:
+async def find_holders(
+    tracker: str, model_id: str, artifacts: tuple[str, ...] = (), security: LinkSecurity | None = None
+) -> FoundHolders:
+    async with artifact_channel(tracker, security, TRACKER_NAME) as channel:
         stub = services.ArtifactDirectoryStub(channel)
         try:
             reply = await stub.FindHolders(wire.find_to_proto(model_id, artifacts), timeout=CALL_TIMEOUT_S)
@@ -87,15 +94,20 @@ async def announce(channel: grpc.aio.Channel, advertisement: Advertisement) -> f
     return wire.advertisement_ack_from_proto(reply)
 
 
-async def announce_forever(tracker: str, advertisement: Advertisement) -> None:
-    """Keep ``advertisement`` live at the tracker until cancelled, riding out tracker restarts."""
+async def announce_forever(tracker: str, advertisement: Advertisement, security: LinkSecurity | None = None) -> None:
+    """Keep ``advertisement`` live at the tracker until cancelled, riding out tracker restarts.
+
+    A renewed certificate (``security.generation`` moved) gets a new channel: the old one would
+    keep presenting the certificate it was opened with until that expires."""
     backoff = ANNOUNCE_BACKOFF_S[0]
-    async with artifact_channel(tracker) as channel:
-        while True:
-            try:
-                delay = await announce(channel, advertisement)
-                backoff = ANNOUNCE_BACKOFF_S[0]
-            except MeshnetError as error:
-                logger.warning("announcing artifacts to %s failed: %s", tracker, error.message)
-                delay, backoff = backoff, min(backoff * 2, ANNOUNCE_BACKOFF_S[1])
-            await asyncio.sleep(delay)
+    while True:
+        generation = None if security is None else security.generation
+        async with artifact_channel(tracker, security, TRACKER_NAME) as channel:
+            while generation == (None if security is None else security.generation):
+                try:
+                    delay = await announce(channel, advertisement)
+                    backoff = ANNOUNCE_BACKOFF_S[0]
+                except MeshnetError as error:
+                    logger.warning("announcing artifacts to %s failed: %s", tracker, error.message)
+                    delay, backoff = backoff, min(backoff * 2, ANNOUNCE_BACKOFF_S[1])
+                await asyncio.sleep(delay)

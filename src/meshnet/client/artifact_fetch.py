@@ -36,6 +36,7 @@ from meshnet.client.artifact_client import artifact_channel, fetch_bytes, fetch_
 from meshnet.client.piece_schedule import PieceSchedule
 from meshnet.core.errors import IntegrityError, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
+from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -78,10 +79,19 @@ class FetchedRange:
 class _Counter:
     received: int = 0
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    security: LinkSecurity | None = None
+    holder_ids: dict[str, str] = field(default_factory=dict)
+    """address -> the holder the directory names there (secured, its certificate's node id)."""
+
+    def learn(self, found: FoundHolders) -> FoundHolders:
+        self.holder_ids.update((holder.address, holder.holder_id) for holder in found.holders)
+        return found
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self.channels:
-            self.channels[address] = artifact_channel(address)
+            # Pinned to the holder's own name: another node at that address fails the handshake.
+            name = hop_server_name(self.holder_ids.get(address)) if self.security else ANY_WORKER_NAME
+            self.channels[address] = artifact_channel(address, self.security, name)
         return self.channels[address]
 
     async def close(self) -> None:
@@ -231,16 +241,20 @@ def _write_header_only(builder: SliceBuilder, folder: Path) -> Path:
     return target
 
 
-async def fetch_range(config: FetchConfig, progress: Progress | None = None) -> FetchedRange:
-    """Fetch, verify and assemble ``config.layers`` of ``config.model_id`` into the data dir."""
+async def fetch_range(
+    config: FetchConfig, progress: Progress | None = None, security: LinkSecurity | None = None
+) -> FetchedRange:
+    """Fetch, verify and assemble ``config.layers`` of ``config.model_id`` into the data dir.
+
+    ``security``: the swarm identity every link (tracker and holders) uses; None is plaintext."""
     started = time.monotonic()
-    counter = _Counter()
+    counter = _Counter(security=security)
     try:
         manifest, manifest_data = await _trusted_manifest(
-            config, await find_holders(config.tracker, config.model_id), counter
+            config, counter.learn(await find_holders(config.tracker, config.model_id, security=security)), counter
         )
         needed = needed_artifacts(manifest, config.layers)
-        holders = await find_holders(config.tracker, "", tuple(e.sha256 for e in needed))
+        holders = counter.learn(await find_holders(config.tracker, "", tuple(e.sha256 for e in needed), security))
         folder = model_folder(config.data_dir, manifest.model_id)
         folder.mkdir(parents=True, exist_ok=True)
         manifest_path = folder / "manifest.json"

@@ -18,15 +18,17 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import FailedPrecondition, MeshnetError, NoRoute, Unavailable, Unreachable
 from meshnet.core.swarm_status import NodeTable, SwarmHealth, coverage, judge_health
 from meshnet.gateway.status_view import StatusInputs, status_document
+from meshnet.protocol.tls import LinkSecurity
 
 TIMEOUT_S = 5.0
 SEVERITY = {"ok": 0, "degraded": 1, "no_route": 2}
 
 
-def fetch_from_gateway(base_url: str, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+def fetch_from_gateway(base_url: str, api_key: str | None = None, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     url = base_url.rstrip("/") + "/v1/status"
+    headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
     try:
-        response = httpx.get(url, timeout=timeout_s)
+        response = httpx.get(url, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as error:
         raise Unreachable(f"the gateway at {base_url} cannot be reached: {error}") from error
     if response.status_code != 200:
@@ -35,9 +37,11 @@ def fetch_from_gateway(base_url: str, *, timeout_s: float = TIMEOUT_S) -> dict[s
     return document
 
 
-def fetch_from_tracker(address: str, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+def fetch_from_tracker(
+    address: str, security: LinkSecurity | None = None, *, timeout_s: float = TIMEOUT_S
+) -> dict[str, Any]:
     async def ask() -> NodeTable:
-        async with TrackerClient(address, timeout_s=timeout_s) as client:
+        async with TrackerClient(address, timeout_s=timeout_s, security=security) as client:
             return await client.list_nodes()
 
     try:
@@ -156,12 +160,17 @@ def render_status(document: Mapping[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
-def fetch_status(tracker: str | None, gateway: str) -> tuple[dict[str, Any], str]:
-    """The document and where it came from; the tracker when one is named."""
+def fetch_status(
+    tracker: str | None, gateway: str, *, api_key: str | None = None, security: LinkSecurity | None = None
+) -> tuple[dict[str, Any], str]:
+    """The document and where it came from; the tracker when one is named.
+
+    ``api_key`` goes to the gateway; ``security`` (an admin identity, None for a plaintext
+    tracker) to the tracker."""
     try:
         if tracker:
-            return fetch_from_tracker(tracker), f"tracker {tracker}"
-        return fetch_from_gateway(gateway), f"gateway {gateway}"
+            return fetch_from_tracker(tracker, security), f"tracker {tracker}"
+        return fetch_from_gateway(gateway, api_key), f"gateway {gateway}"
     except MeshnetError:
         raise
     except (ValueError, KeyError) as error:

@@ -13,10 +13,23 @@ from typing import Literal
 from meshnet.security.identity import PeerIdentity, Role
 
 TrackerRpc = Literal[
-    "Register", "Heartbeat", "Deregister", "ChooseRoute", "ReportWork", "ListModels", "Revoke", "Renew",
+    "Register",
+    "Heartbeat",
+    "Deregister",
+    "ChooseRoute",
+    "ReportWork",
+    "ListModels",
+    "Revoke",
+    "Renew",
+    "Quarantine",
+    "ClearQuarantine",
+    "ListNodes",
+    "Advertise",
+    "FindHolders",
     "SuggestLayers",
 ]
 ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
+ArtifactRpc = Literal["Fetch"]
 
 _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # A node's own membership: only workers, and only for themselves (see ``authorize_tracker``).
@@ -30,6 +43,14 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     "Revoke": frozenset({"admin"}),
     "SuggestLayers": frozenset({"worker", "admin"}),
     "Renew": frozenset({"worker", "gateway", "admin"}),
+    # The audit's verdict: the gateway that caught a node may quarantine it; only a person lifts it.
+    "Quarantine": frozenset({"gateway", "admin"}),
+    "ClearQuarantine": frozenset({"admin"}),
+    # The node table names every node's address and load: for the operators' views only.
+    "ListNodes": frozenset({"gateway", "admin"}),
+    # Artifact directory: holders (workers, seeders joined as workers) announce themselves only.
+    "Advertise": frozenset({"worker"}),
+    "FindHolders": frozenset({"worker", "gateway", "admin"}),
 }
 _SHARD_ROLES: dict[str, frozenset[Role]] = {
     # Workers open sessions on their downstream neighbour; gateways on the head.
@@ -39,6 +60,10 @@ _SHARD_ROLES: dict[str, frozenset[Role]] = {
     "Release": frozenset({"gateway", "worker", "admin"}),
     "GetCapability": frozenset({"gateway", "worker", "admin", "tracker"}),
     "GetMetrics": frozenset({"gateway", "worker", "admin", "tracker"}),
+}
+_ARTIFACT_ROLES: dict[str, frozenset[Role]] = {
+    # Model bytes go to the swarm's members only: fetching workers, and operators checking a holder.
+    "Fetch": frozenset({"worker", "gateway", "admin"}),
 }
 
 
@@ -80,7 +105,15 @@ def authorize_tracker(
     # Membership is bound to the certificate: a node speaks only for itself (admins may evict).
     if rpc in ("Heartbeat", "Deregister") and caller.role != "admin" and subject_node_id != caller.node_id:
         return _deny(f"node {caller.node_id} may not {rpc.lower()} node {subject_node_id}")
+    # A holder announces only what it holds itself, under its certificate's node id.
+    if rpc == "Advertise" and subject_node_id != caller.node_id:
+        return _deny(f"node {caller.node_id} may not advertise as holder {subject_node_id}")
     return ALLOW
+
+
+def authorize_artifacts(peer: PeerIdentity | None, rpc: str, *, revoked: frozenset[str]) -> Verdict:
+    """May ``peer`` call a holder's Artifacts ``rpc`` (a worker's or a seeder's server)?"""
+    return _by_role(peer, rpc, _ARTIFACT_ROLES, revoked)[1]
 
 
 def authorize_shard(

@@ -15,18 +15,24 @@ from meshnet.core.errors import MeshnetError
 from meshnet.protocol import artifact_wire as wire
 from meshnet.protocol import services
 from meshnet.protocol.status import abort_with
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.tracker.service import admit_call
 
 
 class ArtifactDirectoryServicer(services.ArtifactDirectoryServicer):
-    def __init__(self, clock: Clock, interval_s: float, missed: int) -> None:
+    def __init__(self, clock: Clock, interval_s: float, missed: int, security: LinkSecurity | None = None) -> None:
         self.interval_s = interval_s
         self.directory = HolderDirectory(clock, ttl_s=interval_s * missed)
+        self._security = security
+        """None only on a plaintext loopback tracker; otherwise holders speak for themselves only."""
 
     async def Advertise(
         self, request: services.ArtifactAdvertisement, context: grpc.aio.ServicerContext
     ) -> services.ArtifactAdvertisementAck:
         try:
-            self.directory.advertise(wire.advertisement_from_proto(request))
+            advertisement = wire.advertisement_from_proto(request)
+            admit_call(self._security, context, "Advertise", advertisement.holder_id)
+            self.directory.advertise(advertisement)
         except MeshnetError as error:
             await abort_with(context, error)
         return wire.advertisement_ack_to_proto(self.directory.ttl_s, self.interval_s)
@@ -35,12 +41,16 @@ class ArtifactDirectoryServicer(services.ArtifactDirectoryServicer):
         self, request: services.FindHoldersRequest, context: grpc.aio.ServicerContext
     ) -> services.FindHoldersReply:
         try:
+            admit_call(self._security, context, "FindHolders")
             model_id, artifacts = wire.find_from_proto(request)
         except MeshnetError as error:
             await abort_with(context, error)
         return wire.found_to_proto(self.directory.find(model_id, artifacts))
 
 
-def add_artifact_directory(server: grpc.aio.Server, clock: Clock, interval_s: float, missed: int) -> None:
+def add_artifact_directory(
+    server: grpc.aio.Server, clock: Clock, interval_s: float, missed: int, security: LinkSecurity | None = None
+) -> None:
     """Serve the holder directory on the tracker's ``server``."""
-    services.add_artifact_directory_servicer(ArtifactDirectoryServicer(clock, interval_s, missed), server)
+    servicer = ArtifactDirectoryServicer(clock, interval_s, missed, security)
+    services.add_artifact_directory_servicer(servicer, server)

@@ -136,8 +136,9 @@ async def start_tracker(
         ]
     )
     services.add_tracker_servicer(servicer, server)
-    add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats)
-    services.add_swarm_status_servicer(SwarmStatusServicer(registry), server)
+    link = None if security is None else security.link
+    add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats, link)
+    services.add_swarm_status_servicer(SwarmStatusServicer(registry, link), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:

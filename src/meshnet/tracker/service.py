@@ -51,6 +51,19 @@ def maps_errors(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
     return guarded
 
 
+def admit_call(
+    security: LinkSecurity | None, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None
+) -> PeerIdentity | None:
+    """The caller of a tracker-port ``rpc``, if it is allowed to it; None on a plaintext tracker.
+
+    Every service on the tracker's port (Tracker, SwarmStatus, ArtifactDirectory) asks this."""
+    if security is None:
+        return None
+    peer = security.peer(context)
+    enforce(authorize_tracker(peer, rpc, subject_node_id=subject, revoked=security.revocations.current()))
+    return peer
+
+
 class StoreRunner:
     """Runs blocking store calls on one dedicated thread, in the order they were submitted.
 
@@ -96,11 +109,7 @@ class TrackerServicer(services.TrackerServicer):
 
     def admit(self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None) -> PeerIdentity | None:
         """The caller, if ``rpc`` is allowed to it (raises Unauthenticated / PermissionDenied)."""
-        if self._security is None:
-            return None
-        peer = self._security.peer(context)
-        enforce(authorize_tracker(peer, rpc, subject_node_id=subject, revoked=self._security.revocations.current()))
-        return peer
+        return admit_call(self._security, context, rpc, subject)
 
     @maps_errors
     async def Register(
@@ -179,6 +188,7 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.QuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineReply:
         order = wire.quarantine_from_proto(request)
+        self.admit(context, "ClearQuarantine" if order.clear else "Quarantine")
         store = self._store.store
         if order.clear:
             known = self._registry.clear_quarantine(order.node_id)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import grpc
 
+from meshnet.core.errors import MeshnetError
 from meshnet.core.swarm_status import NodeStatus, NodeTable
 from meshnet.protocol import services
+from meshnet.protocol.status import abort_with
 from meshnet.protocol.status_wire import node_table_to_proto
+from meshnet.protocol.tls import LinkSecurity
 from meshnet.tracker.registry import NodeEntry, NodeRegistry
+from meshnet.tracker.service import admit_call
 
 
 def node_table(registry: NodeRegistry) -> NodeTable:
@@ -48,10 +52,15 @@ def _node_status(entry: NodeEntry, now: float) -> NodeStatus:
 
 
 class SwarmStatusServicer(services.SwarmStatusServicer):
-    def __init__(self, registry: NodeRegistry) -> None:
+    def __init__(self, registry: NodeRegistry, security: LinkSecurity | None = None) -> None:
         self._registry = registry
+        self._security = security
 
     async def ListNodes(
         self, request: services.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> services.NodeStatusList:
+        try:
+            admit_call(self._security, context, "ListNodes")
+        except MeshnetError as error:
+            await abort_with(context, error)
         return node_table_to_proto(node_table(self._registry))

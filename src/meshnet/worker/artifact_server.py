@@ -2,8 +2,9 @@
 
 The servicer is thin: decode the range, read it from ``Holdings``, stream bounded chunks with
 their CRC-32. A seeder (``meshnet seed DIR``) is this servicer over a published directory plus
-an announcer that tells the tracker what it holds. Server creation is one function
-(``artifact_server``), so switching the swarm to authenticated transport is one change there.
+an announcer that tells the tracker what it holds. With a swarm identity the server requires a
+client certificate and serves only the roles ``authorize_artifacts`` allows, and a holder
+announces itself under its certificate's node id (the directory checks that binding).
 """
 
 from __future__ import annotations
@@ -28,19 +29,29 @@ from meshnet.core.layers import LayerRange
 from meshnet.protocol import artifact_wire as wire
 from meshnet.protocol import services
 from meshnet.protocol.status import abort_with
+from meshnet.protocol.tls import LinkSecurity, bind, enforce
+from meshnet.security.policy import authorize_artifacts
 from meshnet.worker.config import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
 
 class ArtifactsServicer(services.ArtifactsServicer):
-    def __init__(self, holdings: Holdings) -> None:
+    def __init__(self, holdings: Holdings, security: LinkSecurity | None = None) -> None:
         self.holdings = holdings
+        self._security = security
+        """None only on a plaintext loopback node: then nobody is checked."""
+
+    def admit(self, context: grpc.aio.ServicerContext) -> None:
+        if self._security is not None:
+            peer = self._security.peer(context)
+            enforce(authorize_artifacts(peer, "Fetch", revoked=self._security.revocations.current()))
 
     async def Fetch(
         self, request: services.ArtifactFetchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[services.ArtifactChunk]:
         try:
+            self.admit(context)
             wanted = wire.fetch_from_proto(request)
             size = self.holdings.size(wanted.artifact)
             end = size if wanted.length == 0 else wanted.offset + wanted.length
@@ -58,11 +69,11 @@ class ArtifactsServicer(services.ArtifactsServicer):
             await abort_with(context, FailedPrecondition(f"cannot read the artifact: {error.strerror or error}"))
 
 
-def artifact_server(host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A server bound to ``host:port`` (exclusively; port 0 picks one), not yet started."""
+def artifact_server(host: str, port: int, security: LinkSecurity | None = None) -> tuple[grpc.aio.Server, int]:
+    """A server bound to ``host:port`` (exclusively; port 0 picks one; mTLS when secured), not yet started."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *artifact_channel_options()])
     try:
-        return server, server.add_insecure_port(f"{host}:{port}")
+        return server, bind(server, f"{host}:{port}", security)
     except RuntimeError as error:
         raise FailedPrecondition(f"cannot listen on {host}:{port} (is the port in use?): {error}") from error
 
@@ -77,12 +88,17 @@ def advertisement_of(holdings: Holdings, holder_id: str, address: str) -> Advert
     )
 
 
-async def fetch_worker_range(config: WorkerConfig) -> FetchedRange:
+def holder_id(security: LinkSecurity | None, prefix: str) -> str:
+    """The id a holder announces: its certificate's node id when secured (the directory insists)."""
+    return f"{prefix}-{secrets.token_hex(6)}" if security is None else security.identity.node_id
+
+
+async def fetch_worker_range(config: WorkerConfig, security: LinkSecurity | None = None) -> FetchedRange:
     """Fetch a worker's range by model id (``--model-id``), showing progress in the log."""
     if config.model_id is None or config.tracker is None:
         raise InvalidArgument("fetching a range needs --model-id and --tracker")
     fetch = FetchConfig(config.model_id, config.layers, config.tracker, config.data_dir, config.trust_publisher)
-    fetched = await fetch_range(fetch)
+    fetched = await fetch_range(fetch, security=security)
     logger.info(
         "fetched layers %s of %s: %d bytes for %d bytes of artifacts in %.1f s",
         config.layers, config.model_id, fetched.fetched_bytes, fetched.needed_bytes, fetched.seconds,
@@ -91,13 +107,17 @@ async def fetch_worker_range(config: WorkerConfig) -> FetchedRange:
 
 
 def serve_fetched_artifacts(
-    fetched: FetchedRange, layers: LayerRange, address: str, server: grpc.aio.Server
+    fetched: FetchedRange,
+    layers: LayerRange,
+    address: str,
+    server: grpc.aio.Server,
+    security: LinkSecurity | None = None,
 ) -> Advertisement:
     """Serve the artifacts inside a fetched range's slice on ``server``; what to announce."""
     files = fetched.files
     holdings = range_holdings(fetched.manifest_path, fetched.header, files.slice, files.embeddings, layers)
-    services.add_artifacts_servicer(ArtifactsServicer(holdings), server)
-    return advertisement_of(holdings, f"worker-{secrets.token_hex(6)}", address)
+    services.add_artifacts_servicer(ArtifactsServicer(holdings, security), server)
+    return advertisement_of(holdings, holder_id(security, "worker"), address)
 
 
 @dataclass(frozen=True)
@@ -115,18 +135,23 @@ class SeedConfig:
 
 
 async def serve_seeder(
-    config: SeedConfig, stop: asyncio.Event, on_ready: Callable[[str, Holdings], None] | None = None
+    config: SeedConfig,
+    stop: asyncio.Event,
+    on_ready: Callable[[str, Holdings], None] | None = None,
+    security: LinkSecurity | None = None,
 ) -> None:
-    """Serve ``config.directory`` until ``stop`` is set, announcing it to the tracker."""
+    """Serve ``config.directory`` until ``stop`` is set, announcing it to the tracker.
+
+    ``security``: the seeder's swarm identity (a worker-role certificate); None is plaintext."""
     holdings = await asyncio.to_thread(published_holdings, config.directory)
-    server, port = artifact_server(config.host, config.port)
-    services.add_artifacts_servicer(ArtifactsServicer(holdings), server)
+    server, port = artifact_server(config.host, config.port, security)
+    services.add_artifacts_servicer(ArtifactsServicer(holdings, security), server)
     await server.start()
     address = config.advertise or f"{config.host}:{port}"
     announcer = None
     if config.tracker is not None:
-        advertisement = advertisement_of(holdings, f"seed-{secrets.token_hex(6)}", address)
-        announcer = asyncio.create_task(announce_forever(config.tracker, advertisement))
+        advertisement = advertisement_of(holdings, holder_id(security, "seed"), address)
+        announcer = asyncio.create_task(announce_forever(config.tracker, advertisement, security))
     if on_ready is not None:
         on_ready(address, holdings)
     try:

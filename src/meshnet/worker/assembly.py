@@ -77,7 +77,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     """The worker ``config`` describes, its engine running and its port bound, not yet serving."""
     fetched = None
     if config.model_id is not None and config.fake is None:
-        fetched = await fetch_worker_range(config)
+        fetched = await fetch_worker_range(config, security)
         # The header-only copy describes the model; the fetched slice is already in the cache.
         config = replace(config, model=fetched.header)
     cache = SliceCache(config.data_dir / "cache")
@@ -122,7 +122,9 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     services.add_shard_servicer(ShardServicer(shard, security), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     registration = _registration(config, identity, model, capacity.max_sessions, speed)
-    held = None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server)
+    held = (
+        None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server, security)
+    )
     return AssembledWorker(config, loop, shard, server, health, links, registration, held, security)
 
 

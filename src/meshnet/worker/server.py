@@ -115,7 +115,9 @@ def _start_background(
     """Expiry sweeps and, with a tracker, heartbeats and the probing of candidate next hops."""
     tasks = [asyncio.create_task(_sweep(worker.shard, stop))]
     if worker.config.tracker and worker.held_artifacts is not None:
-        tasks.append(asyncio.create_task(_announce(worker.config.tracker, worker.held_artifacts, stop)))
+        tasks.append(
+            asyncio.create_task(_announce(worker.config.tracker, worker.held_artifacts, stop, worker.security))
+        )
     if worker.config.tracker:
         prober = PeerProber(probes)
         shard = worker.shard
@@ -143,9 +145,9 @@ def _start_background(
     return tasks
 
 
-async def _announce(tracker: str, held: Advertisement, stop: asyncio.Event) -> None:
+async def _announce(tracker: str, held: Advertisement, stop: asyncio.Event, security: LinkSecurity | None) -> None:
     """Keep the artifacts this worker holds announced until it stops."""
-    announcer = asyncio.create_task(announce_forever(tracker, held))
+    announcer = asyncio.create_task(announce_forever(tracker, held, security))
     await stop.wait()
     announcer.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshnet.security.identity import PeerIdentity, Role
-from meshnet.security.policy import authorize_shard, authorize_tracker
+from meshnet.security.policy import authorize_artifacts, authorize_shard, authorize_tracker
 
 
 def peer(role: Role, node_id: str = "n-1") -> PeerIdentity:
@@ -30,6 +30,22 @@ NONE: frozenset[str] = frozenset()
         ("gateway", "Revoke", False),
         ("worker", "Revoke", False),
         ("gateway", "NoSuchRpc", False),
+        ("gateway", "Quarantine", True),
+        ("admin", "Quarantine", True),
+        ("worker", "Quarantine", False),
+        ("admin", "ClearQuarantine", True),
+        ("gateway", "ClearQuarantine", False),
+        ("worker", "ClearQuarantine", False),
+        ("gateway", "ListNodes", True),
+        ("admin", "ListNodes", True),
+        ("worker", "ListNodes", False),
+        ("worker", "Advertise", True),
+        ("gateway", "Advertise", False),
+        ("admin", "Advertise", False),
+        ("worker", "FindHolders", True),
+        ("gateway", "FindHolders", True),
+        ("admin", "FindHolders", True),
+        ("tracker", "FindHolders", False),
     ],
 )
 def test_tracker_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
@@ -69,3 +85,22 @@ def test_only_the_opener_ends_a_session() -> None:
 
 def test_a_tracker_certificate_cannot_open_sessions() -> None:
     assert not authorize_shard(peer("tracker", "tracker"), "Session", session_opener=None, revoked=NONE).allowed
+
+
+def test_a_holder_advertises_only_under_its_own_id() -> None:
+    assert authorize_tracker(peer("worker", "seed-1"), "Advertise", subject_node_id="seed-1", revoked=NONE).allowed
+    other = authorize_tracker(peer("worker", "seed-1"), "Advertise", subject_node_id="seed-2", revoked=NONE)
+    assert (other.allowed, other.status) == (False, "permission_denied")
+
+
+@pytest.mark.parametrize(
+    ("role", "allowed"), [("worker", True), ("gateway", True), ("admin", True), ("tracker", False)]
+)
+def test_artifact_fetch_by_role(role: Role, allowed: bool) -> None:
+    assert authorize_artifacts(peer(role), "Fetch", revoked=NONE).allowed is allowed
+
+
+def test_artifact_fetch_needs_an_identity_and_no_revocation() -> None:
+    assert authorize_artifacts(None, "Fetch", revoked=NONE).status == "unauthenticated"
+    assert authorize_artifacts(peer("worker"), "Fetch", revoked=frozenset({"n-1"})).status == "unauthenticated"
+    assert authorize_artifacts(peer("worker"), "Push", revoked=NONE).status == "permission_denied"
