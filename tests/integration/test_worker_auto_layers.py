@@ -38,6 +38,7 @@ def _start_auto_worker(swarm: Swarm, name: str, budget_mb: float) -> LayerRange:
         *("worker", "--model", str(swarm.model), "--model-name", MODEL_NAME, "--layers", "auto"),
         *("--memory-budget-mb", f"{budget_mb:.4f}", "--tracker", swarm.tracker_address, "--port", "0"),
         *("--threads", "1", "--context", str(CONTEXT), "--max-sessions", str(SESSIONS), "--drain-grace", "1"),
+        *swarm.identity_flags(name, "worker"),
     )
     component = start_component(name, command, swarm.root / f"{name}.log", "meshnet worker registered ")
     swarm.gateways.append(component)  # stopped with the swarm
@@ -67,7 +68,7 @@ def test_auto_workers_cover_the_model_in_turn_then_replicate(swarm: Swarm, tmp_p
     expected = reference.text(reference.generate(reference.chat_tokens(PROMPT), 16))
     swarm.wait_routable(4)
     base = swarm.start_gateway()
-    reply = httpx.post(f"{base}/v1/chat/completions", json=chat_body(16, stream=False), timeout=60)
+    reply = httpx.post(f"{base}/v1/chat/completions", json=chat_body(16, stream=False), timeout=60, headers=swarm.auth)
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == expected
 
@@ -78,6 +79,7 @@ def test_a_budget_that_holds_no_layer_stops_the_worker_with_a_clear_error(swarm:
         data_dir,
         *("worker", "--model", str(swarm.model), "--layers", "auto", "--memory-budget-mb", "50"),
         *("--tracker", swarm.tracker_address, "--port", "0", "--threads", "1"),
+        *swarm.identity_flags("poor", "worker"),
     )
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0

@@ -117,6 +117,14 @@ def test_the_whole_model_does_not_fit_one_node() -> None:
     assert len(plan_ranges(costs, [CAP_MB * 2**20] * 3)) == 3
 
 
+def _key(swarm: LabSwarm) -> str:
+    return swarm.api_key_path.read_text().strip()
+
+
+def _auth(swarm: LabSwarm) -> dict[str, str]:
+    return {"Authorization": f"Bearer {_key(swarm)}"}
+
+
 def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[str, object]], str | None]:
     body = {
         "model": "smol",
@@ -126,9 +134,8 @@ def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[st
         "stream": True,
     }
     text, events, error, count = "", [], None, 0
-    auth = {"Authorization": f"Bearer {swarm.api_key_path.read_text().strip()}"}
     url = f"{swarm.gateway_url}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, headers=auth, timeout=60) as response:
+    with httpx.stream("POST", url, json=body, headers=_auth(swarm), timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith(": telemetry "):
@@ -181,14 +188,14 @@ SHORT = 24
 
 def _chat(swarm: LabSwarm, prompt: str, tokens: int) -> str:
     body = {"model": "smol", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "temperature": 0}
-    reply = httpx.post(f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=300)
+    reply = httpx.post(f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=300, headers=_auth(swarm))
     assert reply.status_code == 200, reply.text
     return str(reply.json()["choices"][0]["message"]["content"])
 
 
 def test_the_official_openai_client_against_the_capped_lab(lab: tuple[Lab, LabSwarm], expected: str) -> None:
     _, swarm = lab
-    client = OpenAI(base_url=f"{swarm.gateway_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = OpenAI(base_url=f"{swarm.gateway_url}/v1", api_key=_key(swarm), max_retries=0, timeout=120)
     answer = client.chat.completions.create(
         model="smol", messages=[{"role": "user", "content": PROMPT}], max_tokens=TOKENS, temperature=0
     )
@@ -212,7 +219,9 @@ def test_cancellation_frees_kv_on_every_node(lab: tuple[Lab, LabSwarm]) -> None:
     _, swarm = lab
     body = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400, "stream": True}
     pieces = 0
-    with httpx.stream("POST", f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=60, headers=_auth(swarm)
+    ) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             pieces += line.startswith("data: ")
@@ -267,7 +276,7 @@ def test_restarting_the_tracker_loses_no_completed_work_record(lab: tuple[Lab, L
     deadline = time.monotonic() + 30
     body = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS, "temperature": 0}
     while True:  # the workers re-register within a heartbeat or two
-        reply = httpx.post(f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=120)
+        reply = httpx.post(f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=120, headers=_auth(swarm))
         if reply.status_code == 200 or time.monotonic() > deadline:
             break
         time.sleep(0.5)

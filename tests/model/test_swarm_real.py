@@ -168,7 +168,7 @@ def test_a_prompt_of_two_chunks_streams_progress_per_chunk_and_equals_whole_mode
     assert 256 < len(prompt) <= 512 - 16, len(prompt)
     base_url = swarm.gateways[0].ready_line.split()[3]
     body = {**chat_body(16, content=LONG_CHAT), "model": DEFAULT_MODEL.name}
-    result = read_sse(base_url, "/v1/chat/completions", body)
+    result = read_sse(base_url, "/v1/chat/completions", body, headers=swarm.auth)
     assert result.status == 200
     progress = [(event["done_tokens"], event["total_tokens"]) for event in result.telemetry("prefill_progress")]
     assert progress == [(256, len(prompt)), (len(prompt), len(prompt))]
