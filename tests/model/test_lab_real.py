@@ -31,6 +31,8 @@ from meshnet.lab import cgroups, system
 from meshnet.lab.lab import Lab, LabConfig
 from meshnet.lab.swarm import LabSwarm, restart_tracker, start_swarm
 from meshnet.process.launcher import StartupFailed, meshnet_command
+from meshnet.protocol.tls import LinkSecurity
+from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.tracker.config import DEFAULT_DB_NAME
 from meshnet.tracker.placement import plan_ranges
 from meshnet.worker.auto_layers import layer_costs
@@ -215,8 +217,21 @@ def test_eight_concurrent_sessions_each_equal_their_solo_output(
     assert together == solo
 
 
+def _ca_dir(the_lab: Lab) -> Path:
+    """Node 0's data dir: its tracker made the lab's swarm CA there."""
+    if the_lab.plan is None:
+        raise AssertionError("the lab has no plan")
+    return the_lab.node_data_dir(the_lab.plan.nodes[0])
+
+
+def _admin(the_lab: Lab) -> LinkSecurity:
+    """The test's own admin identity: the workers' metrics are mTLS like every lab link."""
+    return LinkSecurity(load_identity(local_identity(_ca_dir(the_lab), "lab-test", "admin", time.time())))
+
+
 def test_cancellation_frees_kv_on_every_node(lab: tuple[Lab, LabSwarm]) -> None:
-    _, swarm = lab
+    the_lab, swarm = lab
+    admin = _admin(the_lab)
     body = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400, "stream": True}
     pieces = 0
     with httpx.stream(
@@ -226,9 +241,9 @@ def test_cancellation_frees_kv_on_every_node(lab: tuple[Lab, LabSwarm]) -> None:
         for line in response.iter_lines():
             pieces += line.startswith("data: ")
             if pieces == 6:
-                assert max(active_sessions(list(swarm.advertised.values()))) == 1  # KV held mid-stream
+                assert max(active_sessions(list(swarm.advertised.values()), admin)) == 1  # KV held mid-stream
                 break  # the client goes away mid-decode: the gateway cancels the route
-    wait_sessions_freed(list(swarm.advertised.values()), within_s=10.0)
+    wait_sessions_freed(list(swarm.advertised.values()), within_s=10.0, security=admin)
 
 
 def test_the_whole_model_under_the_same_cap_is_killed(lab: tuple[Lab, LabSwarm]) -> None:
@@ -241,6 +256,7 @@ def test_the_whole_model_under_the_same_cap_is_killed(lab: tuple[Lab, LabSwarm])
         the_lab.node_data_dir(node) / "whole",
         *("worker", "--model", str(MODEL), "--layers", "0:30", "--no-mmap", "--host", node.address),
         *("--port", "7003", "--threads", "1", "--context", "2048", "--max-sessions", "1"),
+        *("--identity", str(local_identity(_ca_dir(the_lab), "whole-model", "worker", time.time()))),
     )
     # Without --no-mmap the weights stay file-backed pages the kernel drops under pressure, so
     # the whole model would "fit" any cap; copied into the process, every byte counts.
