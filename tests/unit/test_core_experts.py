@@ -52,7 +52,11 @@ def test_expert_cache_flag_needs_an_expert_node_and_a_positive_size(tmp_path: Pa
         WorkerConfig(model=model, layer_choice=LayerRange(0, 2), data_dir=tmp_path, expert_cache_mb=8)
     with pytest.raises(InvalidArgument, match="positive"):
         WorkerConfig(
-            model=model, layer_choice=LayerRange(0, 2), data_dir=tmp_path, experts=ExpertOwnership(0, 2), expert_cache_mb=0
+            model=model,
+            layer_choice=LayerRange(0, 2),
+            data_dir=tmp_path,
+            experts=ExpertOwnership(0, 2),
+            expert_cache_mb=0,
         )
     cached = WorkerConfig(
         model=model, layer_choice=LayerRange(0, 2), data_dir=tmp_path, experts=ExpertOwnership(0, 2), expert_cache_mb=8
