@@ -321,7 +321,7 @@ def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: 
     finally:
         for index in cut_nodes:
             system.set_link(plan.nodes[index], up=True)
-    assert down_at, "the stream ended before the link went down"
+    assert down_at, f"the stream ended before the link went down: error {error!r}, text {text!r}, {events}"
     failover = [e for e in events if e["kind"] == "route_health"]
     if error is None:
         assert text == expected and failover  # failed over to the spare, with identical output

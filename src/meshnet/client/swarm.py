@@ -27,6 +27,7 @@ from meshnet.core.errors import (
     ContextLengthExceeded,
     MeshnetError,
     NoRoute,
+    ResourceExhausted,
     RouteStale,
     Unavailable,
 )
@@ -37,6 +38,9 @@ from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 0.5
+BUSY_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)
+"""Waits before reopening a route whose shard was full at the opening (1.55 s in all): long
+enough for a lagging release to land, short enough to stay inside any client's patience."""
 PREFILL_WEIGHT = 0.25
 """Billing: a prompt token costs a quarter of a generated one (prefill is batched, decode is not)."""
 
@@ -134,16 +138,28 @@ class SwarmClient:
         """Drive ``run`` to its end, replaying it onto a new route when a shard is lost."""
         failovers = 0
         excluded: frozenset[NodeId] = frozenset()
+        busy_waits = iter(BUSY_BACKOFF_S)
         while True:
             run.attempts.append((run.route, len(run.history)))
             route = run.route
             session = RouteSession(run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch)
+            produced = len(run.history)
             try:
                 async for event in self._driver.run(session, run.request, history=tuple(run.history)):
                     if isinstance(event, TokenGenerated):
                         run.history.append(event.token_id)
                     yield event
                 return
+            except ResourceExhausted:
+                # A shard past the head can still hold the KV of the session before this one
+                # for a moment (releases travel down the route after the answer came back), so
+                # a full shard at the opening, before this attempt produced anything, is waited
+                # out briefly on the same route; after that it is the client's overload.
+                pause = next(busy_waits, None) if len(run.history) == produced else None
+                if pause is None:
+                    raise
+                run.attempts.pop()
+                await asyncio.sleep(pause)
             except MeshnetError as error:
                 lost = None if failovers >= self._config.max_failovers else await self._lost_hops(error, route)
                 if lost is None:
