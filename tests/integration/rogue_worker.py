@@ -8,6 +8,10 @@ and it claims a decode rate well above any honest node's, yet inside what the tr
 
 from __future__ import annotations
 
+import json
+import os
+import sqlite3
+import statistics
 import sys
 from dataclasses import replace
 from typing import Any
@@ -19,8 +23,11 @@ from meshnet.worker import assembly, stages
 
 EPSILON = 1e-2
 """Relative shift of the forwarded residual: tiny, yet it changes some sampled tokens."""
-CLAIM_FACTOR = 6.0
-"""Its own measured rate times this: credible to the tracker, faster than every honest peer."""
+CLAIM_FACTOR = 20.0
+"""Times the lower median of the rates its peers claimed: inside the 32x the tracker believes
+(tracker/claims.py), above every honest peer (their measured rates differ by a few times)."""
+ROGUE_TRACKER_DB = "MESHNET_ROGUE_TRACKER_DB"
+"""The tracker's database, read (only) to learn what the honest nodes claimed."""
 
 _emit = stages.ForwardStage.emit
 _registration = assembly._registration
@@ -32,9 +39,20 @@ async def _perturbed_emit(self: Any, state: Any, frame: Any, output: Any, deadli
     return await _emit(self, state, frame, output, deadline, timing)
 
 
+def _peer_claims() -> list[float]:
+    connection = sqlite3.connect(f"file:{os.environ[ROGUE_TRACKER_DB]}?mode=ro", uri=True, timeout=5.0)
+    try:
+        rows = connection.execute("SELECT registration_json FROM nodes").fetchall()
+    finally:
+        connection.close()
+    return [float(json.loads(row[0])["decode_tokens_per_s"]) for row in rows]
+
+
 def _boasting_registration(*args: Any) -> Any:
     honest = _registration(*args)
-    return replace(honest, decode_tokens_per_s=honest.decode_tokens_per_s * CLAIM_FACTOR)
+    claims = _peer_claims()
+    reference = statistics.median_low(claims) if claims else honest.decode_tokens_per_s
+    return replace(honest, decode_tokens_per_s=reference * CLAIM_FACTOR)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,11 @@ def test_honest_swarm_audits_clean(swarm: Swarm, expected: str) -> None:
     assert _audits(swarm).get("caught", 0) == 0 and _audits(swarm).get("undecided", 0) == 0
 
 
-def test_a_worker_altering_its_boundary_output_is_caught_and_no_longer_routed(swarm: Swarm, expected: str) -> None:
+def test_a_worker_altering_its_boundary_output_is_caught_and_no_longer_routed(
+    swarm: Swarm, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rogue sizes its boast from what the honest nodes claimed (tests/integration/rogue_worker.py).
+    monkeypatch.setenv("MESHNET_ROGUE_TRACKER_DB", str(swarm.db_path))
     (rogue,) = swarm.start_workers("0:3", program=ROGUE)
     swarm.wait_routable(nodes=5)
     # Until the rogue has measured its seams (a heartbeat after the tracker asked it to probe),

@@ -306,6 +306,8 @@ def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: 
     the_lab, swarm = lab
     plan = the_lab.plan
     assert plan is not None
+    # One KV slot per node: start only once the earlier tests' sessions are all released.
+    wait_sessions_freed(list(swarm.advertised.values()), within_s=30.0, security=_admin(the_lab))
     down_at: list[float] = []
     cut_nodes: list[int] = []
 
