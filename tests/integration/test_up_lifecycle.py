@@ -1,6 +1,6 @@
 """`meshnet up` as a supervisor, run as a real process on the tiny synthetic model.
 
-- SIGKILL of `up` leaves no process of its swarm behind within 2 s, and frees the gateway
+- SIGKILL of `up` leaves no process of its swarm behind within seconds, and frees the gateway
   port at once (so the next `make run` starts).
 - SIGKILL of the tracker under `up` is a restart, not a teardown: the tracker comes back on
   the same port and database, the restart is counted, and the swarm serves again.
@@ -28,14 +28,17 @@ import pytest
 from swarm_harness import meshnet_command, write_tiny_model
 
 from meshnet.process.launcher import ChildProcess, LaunchSpec
-from meshnet.process.lifeline import ORPHAN_EXIT_CODE
+from meshnet.process.lifeline import EXIT_GRACE_S, ORPHAN_EXIT_CODE
 from meshnet.process.ports import PortInUse, ensure_port_free
 
 pytestmark = pytest.mark.timeout(120)
 
 SERVING = "Serving the OpenAI-compatible API at "
 START_TIMEOUT_S = 60.0
-ORPHANS_GONE_WITHIN_S = 2.0
+ORPHANS_GONE_WITHIN_S = EXIT_GRACE_S + 3.0
+"""A child hard-exits ``EXIT_GRACE_S`` after it sees the lifeline cut; the rest is margin for a
+loaded 2-core machine, where a graceful shutdown's threads wait their turn. The bound is what
+matters (without the lifeline the children never go), not its size."""
 
 
 def _free_port() -> int:

@@ -154,6 +154,8 @@ def test_json_schema_answer_matches_the_schema_with_logprobs(swarm: Swarm) -> No
     assert len(choice.logprobs.content) == reply.usage.completion_tokens - 1
     assert "".join(entry.token for entry in choice.logprobs.content) == choice.message.content
     assert all(entry.logprob <= 0.0 for entry in choice.logprobs.content)
+
+
 LONG_CHAT = "Summarize in one line. " + "The quick brown fox jumps over the lazy dog near the river bank. " * 28
 """About 400 tokens: two engine chunks of 256, so two prefill frames."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from meshnet.client.audit_verdicts import Trial, Verdict, judge, next_exclusions, should_audit
@@ -105,3 +107,46 @@ async def test_the_audit_queue_is_bounded_and_submitting_never_blocks() -> None:
     finally:
         await tracker.close()
         await pool.close()
+
+
+async def test_an_audit_replay_holds_a_gateway_slot_and_waits_for_one() -> None:
+    # On nodes with one KV slot an uncounted replay turns the next user away as "shard full":
+    # a replay runs only inside a slot of the gateway's admission, and only when none waits.
+    import random
+
+    from meshnet.client.audit import AuditCase, AuditConfig, Auditor
+    from meshnet.core.events import RouteHop, TokenGenerated
+    from meshnet.core.generation import GenerationRequest
+    from meshnet.core.ids import RequestId
+    from meshnet.core.layers import LayerRange
+    from meshnet.core.tracking import Route
+    from meshnet.gateway.admission import Admission
+
+    def route(node: str) -> Route:
+        hop = RouteHop(NodeId(node), "127.0.0.1:1", LayerRange(0, 4))
+        return Route(
+            hops=(hop,), epoch=1, model="m", quantization="Q8_0", fingerprint="rcp-1", n_layers=4, ms_per_token=1
+        )
+
+    admission = Admission(1, 2, clock=asyncio.get_running_loop().time, rng=random.Random(0))
+    seen_in_flight: list[int] = []
+
+    class Tracker:
+        async def choose_route(self, model: str, **_: object) -> Route:
+            return route("h2")
+
+    class Driver:
+        async def run(self, session: object, request: object, *, history: object = ()):  # type: ignore[no-untyped-def]
+            seen_in_flight.append(admission.in_flight)
+            yield TokenGenerated(6, 1, 1.0)
+
+    auditor = Auditor(Tracker(), Driver(), AuditConfig(fraction=1.0), slot=admission.spare_slot)  # type: ignore[arg-type]
+    case = AuditCase(RequestId("req-1"), GenerationRequest((1, 2, 3), 2), route("h1"), (5, 6))
+    user = await admission.acquire(1.0, lambda position: None)
+    audit = asyncio.create_task(auditor.audit(case))
+    await asyncio.sleep(0.02)
+    assert seen_in_flight == []  # the user's request holds the only slot
+    user.release()
+    outcome = await audit
+    assert seen_in_flight == [1] and admission.in_flight == 0
+    assert outcome.verdict.clean

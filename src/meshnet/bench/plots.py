@@ -103,21 +103,21 @@ def write_lab_sweep_plot(results: dict[str, Any], path: Path) -> Path | None:
         (line,) = axes.plot(delays, [p["per_token_ms"] for p in row], marker="o", label=f"measured, {rate:g} Mbit")
         axes.plot(
             delays,
-            [p["limit_path_ms"] for p in row],
+            [p["limit_ring_ms"] for p in row],
             linestyle="--",
             color=line.get_color(),
             alpha=0.7,
-            label=f"limit: 0 ms time + 2(N-1) delays, {rate:g} Mbit",
+            label=f"limit: 0 ms time + N delays (the ring), {rate:g} Mbit",
         )
-    ring = sorted(
+    path = sorted(
         (p for p in points if p["bandwidth_mbit"] == points[0]["bandwidth_mbit"]), key=lambda p: p["delay_ms"]
     )
     axes.plot(
-        [p["delay_ms"] for p in ring],
-        [p["limit_ring_ms"] for p in ring],
+        [p["delay_ms"] for p in path],
+        [p["limit_path_ms"] for p in path],
         linestyle=":",
         color="grey",
-        label="ring limit: 0 ms time + N delays",
+        label="a path's limit: 0 ms time + 2(N-1) delays",
     )
     axes.set(
         xlabel="one-way link delay (ms)",

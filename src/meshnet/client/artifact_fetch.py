@@ -294,4 +294,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-

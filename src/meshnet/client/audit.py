@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from meshnet.client.audit_verdicts import (
     Trial,
@@ -80,6 +81,12 @@ class AuditOutcome:
     record_marked: bool = False
 
 
+class Slot(Protocol):
+    """A place in the swarm's capacity, held while a replay runs."""
+
+    def release(self) -> None: ...
+
+
 def _nodes(route: Route) -> frozenset[NodeId]:
     return frozenset(hop.node_id for hop in route.hops)
 
@@ -94,9 +101,14 @@ class Auditor:
         config: AuditConfig,
         *,
         on_outcome: Callable[[AuditOutcome], None] | None = None,
+        slot: Callable[[], Awaitable[Slot]] | None = None,
     ) -> None:
         self._tracker = tracker
         self._driver = driver
+        self._slot = slot
+        """Where a replay takes its place in the swarm's capacity (the gateway's admission): a
+        replay is a session on every shard of its route, and on nodes with few KV slots an
+        uncounted one turns a user's request away as "shard full"."""
         self.config = config
         self._on_outcome = on_outcome
         self._queue: asyncio.Queue[AuditCase] = asyncio.Queue(config.queue_limit)
@@ -169,7 +181,12 @@ class Auditor:
         nodes = _nodes(route)
         if nodes == original or any(nodes == trial.nodes for trial in trials):
             return None  # nothing new to learn from a route already run
-        agreed = await self._replay(case, route)
+        slot = None if self._slot is None else await self._slot()
+        try:
+            agreed = await self._replay(case, route)
+        finally:
+            if slot is not None:
+                slot.release()
         return None if agreed is None else Trial(nodes, agreed)
 
     async def _replay(self, case: AuditCase, route: Route) -> bool | None:

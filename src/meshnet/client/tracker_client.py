@@ -176,6 +176,7 @@ class TrackerClient:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
         reply = await self._call(self._stub.Quarantine, wire.quarantine_to_proto(order), timeout_s)
         return wire.quarantined_from_proto(reply)
+
     async def suggest_layers(self, question: LayerQuestion, *, timeout_s: float | None = None) -> LayerAdvice:
         """The range the swarm needs most that fits ``question``'s budget (``--layers auto``)."""
         reply = await self._call(self._stub.SuggestLayers, placement_wire.question_to_proto(question), timeout_s)

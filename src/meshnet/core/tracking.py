@@ -230,7 +230,8 @@ class ModelSummary:
     routable: bool
     """Their ranges chain over every layer, so a request can be served now."""
     head_sessions: int = 0
-    """Sessions the certified nodes starting at layer 0 admit at once, summed: the swarm's slots."""
+    """Sessions the certified nodes admit at once along a route: per layer, the sessions of the
+    nodes covering it, summed; the least of those is the swarm's slots (the name is the wire's)."""
 
 
 @dataclass(frozen=True)

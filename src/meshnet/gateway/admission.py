@@ -32,16 +32,17 @@ class Refused(Exception):
 class Lease:
     """One admitted request's slot; releasing twice is harmless (cleanup paths overlap)."""
 
-    def __init__(self, admission: Admission, waited_s: float) -> None:
+    def __init__(self, admission: Admission, waited_s: float, *, background: bool = False) -> None:
         self._admission = admission
         self._held = True
+        self._background = background
         self.waited_s = waited_s
         """Seconds the request spent in the queue before it was admitted."""
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._admission._return_slot()
+            self._admission._return_slot(completed=not self._background)
 
 
 class Admission:
@@ -63,6 +64,7 @@ class Admission:
         self._floor = max(1, retry_after_floor)
         self._in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._spare_watchers: list[asyncio.Future[None]] = []
         self._completions: deque[float] = deque()
         self.admitted = 0
         self.rejected = 0
@@ -82,6 +84,25 @@ class Admission:
         """New limits (the swarm grew or shrank); requests already admitted keep their slots."""
         self.capacity, self.queue_limit = capacity, queue_limit
         self._grant_waiting()
+        self._wake_spare_watchers()
+
+    async def spare_slot(self) -> Lease:
+        """A slot for background work (audit replays), taken only when no request waits for one.
+
+        Background work holds a slot like a request, so the shards never see more sessions than
+        the gateway admits; but it never overtakes the queue, and requests that arrive while it
+        runs wait behind it instead of meeting a shard that is full.
+        """
+        while self._in_flight >= self.capacity or self._waiters:
+            watcher = asyncio.get_running_loop().create_future()
+            self._spare_watchers.append(watcher)
+            try:
+                await watcher
+            finally:
+                if watcher in self._spare_watchers:
+                    self._spare_watchers.remove(watcher)
+        self._in_flight += 1
+        return Lease(self, 0.0, background=True)
 
     async def acquire(self, wait_s: float, on_queued: Callable[[int], None]) -> Lease:
         """A lease, at once or after waiting at most ``wait_s`` in the queue; ``Refused`` if not.
@@ -162,7 +183,15 @@ class Admission:
                 self._take()
                 place.set_result(None)
 
-    def _return_slot(self) -> None:
+    def _return_slot(self, *, completed: bool = True) -> None:
         self._in_flight -= 1
-        self._completions.append(self._clock())
+        if completed:  # background work says nothing about how fast requests complete
+            self._completions.append(self._clock())
         self._grant_waiting()
+        self._wake_spare_watchers()
+
+    def _wake_spare_watchers(self) -> None:
+        watchers, self._spare_watchers = self._spare_watchers, []
+        for watcher in watchers:
+            if not watcher.done():
+                watcher.set_result(None)

@@ -105,6 +105,16 @@ def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
         raise validation_error(err) from None
 
 
+def new_admission(
+    config: GatewayConfig, *, clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None
+) -> Admission:
+    """The gateway's slots and queue at ``config``'s limits (resized later from the swarm's size)."""
+    in_flight, queue = admission_limits(config, None)
+    return Admission(
+        in_flight, queue, clock=clock, rng=rng or random.Random(), retry_after_floor=config.retry_after_seconds
+    )
+
+
 def create_app(
     generator: RouteGenerator,
     codecs: Mapping[str, TextCodec],
@@ -116,6 +126,7 @@ def create_app(
     api_keys: KeyVerifier | None = None,
     extra_figures: Callable[[], Mapping[str, float]] | None = None,
     view: SwarmView | None = None,
+    admission: Admission | None = None,
 ) -> FastAPI:
     """Build the gateway app over a route generator and one text codec per model id.
 
@@ -124,16 +135,15 @@ def create_app(
     ``extra_figures`` adds counters of the parts around the app (the audit) to ``/metrics``.
     ``view`` is the swarm the status page, ``/health`` and ``/v1/models`` describe (the tracker's
     node table); without it they describe only the gateway.
+    ``admission`` is the gateway's slots and queue when parts around the app share them (the
+    audit's replays); by default the app makes its own from ``config``.
     """
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
         max_events_per_request=config.telemetry_max_events_per_request,
         clock=clock,
     )
-    in_flight, queue = admission_limits(config, None)
-    admission = Admission(
-        in_flight, queue, clock=clock, rng=rng or random.Random(), retry_after_floor=config.retry_after_seconds
-    )
+    admission = admission or new_admission(config, clock=clock, rng=rng)
     capacity = SwarmCapacity(generator, admission, config, clock)
     service = CompletionService(
         generator,

@@ -23,7 +23,7 @@ from meshnet.client.swarm import SwarmClient, SwarmConfig
 from meshnet.client.swarm_join import renew_forever
 from meshnet.client.tracker_client import TrackerClient
 from meshnet.engine.tokenizer import Tokenizer
-from meshnet.gateway.app import create_app
+from meshnet.gateway.app import create_app, new_admission
 from meshnet.gateway.config import GatewayProcessConfig
 from meshnet.gateway.keys import ApiKeyStore, store_path
 from meshnet.gateway.server import GatewayServer
@@ -51,7 +51,9 @@ async def run_gateway(
     tracker = TrackerClient(config.tracker, security=security)
     pool = ChannelPool(config.max_frame_bytes, security)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
-    auditor = Auditor(tracker, driver, AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue))
+    admission = new_admission(config.http)
+    audit_config = AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue)
+    auditor = Auditor(tracker, driver, audit_config, slot=admission.spare_slot)
     swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox, auditor=auditor)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
     keys = None if config.allow_anonymous else ApiKeyStore(store_path(config.data_dir))
@@ -64,6 +66,7 @@ async def run_gateway(
         api_keys=keys,
         extra_figures=lambda: {f"audits_{kind}_total": float(count) for kind, count in auditor.counts.items()},
         view=generator,
+        admission=admission,
     )
     server = GatewayServer(
         app,

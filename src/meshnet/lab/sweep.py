@@ -4,11 +4,10 @@ Each point builds a fresh lab (the acceptance shape: capped nodes, ``--layers au
 time to first token, decode rate and the bytes a prefill puts on a seam, and removes the lab.
 The physical limit of one decoded token is what it costs on the same links without delay (the
 shards' compute and every per-hop cost but the delay, measured at 0 ms) plus every delay line the
-token's loop crosses. The route is a path today: the head feeds each sampled token back in by itself
-(the gateway only reads the stream, off the critical path), each shard calls the next, and the
-token travels back the same way, so every link after the head's is crossed twice: 2(N-1)
-one-way delays. A ring (head -> ... -> tail -> head) would cross N; both limits are reported,
-the path's is judged.
+token's loop crosses. The route is a ring: each shard calls the next and the tail hands the
+sampled token straight back to the head (``RingReturn``), so a token crosses N one-way delays,
+the least any loop through N machines can. The path a route used before (the token travelling
+back through every shard, 2(N-1) delays) is reported beside it; the ring's limit is judged.
 """
 
 from __future__ import annotations
@@ -164,7 +163,7 @@ def with_limits(points: Sequence[SweepPoint], hops: int) -> list[SweepPoint]:
         path = base.per_token_ms + 2 * (hops - 1) * point.delay_ms
         ring = base.per_token_ms + hops * point.delay_ms
         judged.append(
-            dataclasses.replace(point, limit_path_ms=path, limit_ring_ms=ring, ratio_to_limit=point.per_token_ms / path)
+            dataclasses.replace(point, limit_path_ms=path, limit_ring_ms=ring, ratio_to_limit=point.per_token_ms / ring)
         )
     return judged
 
@@ -187,13 +186,13 @@ def run_sweep(base: LabConfig, output: Path, n_embd: int, progress: object = pri
                 )
     points = with_limits(points, base.nodes)
     results: dict[str, object] = {
-        "schema": "meshnet-lab-sweep/1",
+        "schema": "meshnet-lab-sweep/2",
         "model": base.model.name,
         "nodes": base.nodes,
         "memory_mb": base.memory_mb,
         "context": base.context,
-        "route": "path: head -> ... -> tail and back, the head loops tokens; 2(N-1) delay-line crossings per token",
-        "limit": "per-token time at 0 ms delay on the same link rate + 2(N-1) one-way delays (ring: + N)",
+        "route": "ring: head -> ... -> tail, the tail returns each token to the head; N delay-line crossings per token",
+        "limit": "per-token time at 0 ms delay on the same link rate + N one-way delays (path: + 2(N-1))",
         "created_unix_s": time.time(),
         "points": [dataclasses.asdict(point) for point in points],
     }

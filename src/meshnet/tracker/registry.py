@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route, RouteQuery
 from meshnet.tracker.claims import credible_views
 from meshnet.tracker.routing import (
@@ -293,12 +294,13 @@ class NodeRegistry:
                     n_layers=first.n_layers,
                     nodes=sum(1 for view in recipe_nodes if view.certified),
                     routable=routable,
-                    head_sessions=sum(
-                        entry.registration.max_sessions
-                        for entry in self._nodes.values()
-                        if entry.registration.fingerprint == fingerprint
-                        and entry.registration.certified
-                        and entry.registration.layers.start == 0
+                    head_sessions=route_slots(
+                        [
+                            (entry.registration.layers, entry.registration.max_sessions)
+                            for entry in self._nodes.values()
+                            if entry.registration.fingerprint == fingerprint and entry.registration.certified
+                        ],
+                        first.n_layers,
                     ),
                 )
             )
@@ -344,6 +346,15 @@ class NodeRegistry:
             node_id = self._new_node_id()
             if node_id not in self._nodes:
                 return node_id
+
+
+def route_slots(holdings: Sequence[tuple[LayerRange, int]], n_layers: int) -> int:
+    """Sessions the swarm can run at once: every session holds KV on some node for each layer,
+    so the layer whose covering nodes admit the fewest sessions between them bounds them all
+    (counting only the heads overstates it when a spare doubles a later range)."""
+    if n_layers <= 0:
+        return 0
+    return min(sum(sessions for layers, sessions in holdings if layer in layers) for layer in range(n_layers))
 
 
 def _serves(route: Route, model: str) -> bool:

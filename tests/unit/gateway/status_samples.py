@@ -38,5 +38,3 @@ def node(
 
 def table(*nodes: NodeStatus) -> NodeTable:
     return NodeTable(nodes, epoch=3, heartbeat_interval_s=0.5, expire_after_s=1.5)
-
-

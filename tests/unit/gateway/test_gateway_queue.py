@@ -56,6 +56,39 @@ async def test_a_place_times_out_and_a_cancelled_waiter_leaves_no_trace() -> Non
     assert admission.in_flight == 0  # the slot was not handed to the waiter that left
 
 
+async def test_background_work_takes_a_slot_only_when_no_request_waits_and_never_overtakes() -> None:
+    admission = Admission(1, 2, clock=asyncio.get_running_loop().time, rng=random.Random(0))
+    user = await admission.acquire(1.0, lambda position: None)
+    waiting = asyncio.create_task(admission.acquire(5.0, lambda position: None))
+    await wait_until(lambda: admission.queued == 1)
+    audit = asyncio.create_task(admission.spare_slot())
+    user.release()
+    second = await waiting  # the queued request goes first
+    await asyncio.sleep(0.02)
+    assert not audit.done()
+    second.release()
+    background = await audit
+    assert admission.in_flight == 1
+    # A request arriving while background work holds the slot waits behind it, not refused.
+    late = asyncio.create_task(admission.acquire(5.0, lambda position: None))
+    await wait_until(lambda: admission.queued == 1)
+    background.release()
+    (await late).release()
+    assert (admission.in_flight, admission.queued, admission.rejected) == (0, 0, 0)
+
+
+async def test_a_cancelled_background_wait_leaves_no_trace() -> None:
+    admission = Admission(1, 2, clock=asyncio.get_running_loop().time, rng=random.Random(0))
+    user = await admission.acquire(1.0, lambda position: None)
+    audit = asyncio.create_task(admission.spare_slot())
+    await asyncio.sleep(0.01)
+    audit.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await audit
+    user.release()
+    assert admission.in_flight == 0
+
+
 def test_retry_after_is_spread_and_repeatable_given_a_seed() -> None:
     now = [0.0]
 

@@ -81,9 +81,7 @@ def test_the_document_has_nodes_coverage_requests_errors_and_totals() -> None:
 
 def test_the_terminal_table_shows_coverage_gaps_nodes_and_its_exit_status() -> None:
     nodes = table(node("0:2"), node("4:6", beat=2.0))
-    document = status_document(
-        StatusInputs("tiny", nodes, "", (), tracker_health(nodes), (), {}, {}, 0.0)
-    )
+    document = status_document(StatusInputs("tiny", nodes, "", (), tracker_health(nodes), (), {}, {}, 0.0))
     text = render_status(document, "tracker 127.0.0.1:7070")
     lines = text.splitlines()
     assert lines[0] == "meshnet status of tracker 127.0.0.1:7070, epoch 3"

@@ -28,8 +28,9 @@ def test_a_three_hop_path_crosses_four_delay_lines_and_a_ring_three() -> None:
     judged = with_limits(points, hops=3)
     assert [p.limit_path_ms for p in judged] == [20.0, 40.0, 10.0, 30.0]
     assert [p.limit_ring_ms for p in judged] == [20.0, 35.0, 10.0, 25.0]
-    assert judged[1].ratio_to_limit == pytest.approx(1.05)
-    assert judged[3].ratio_to_limit == pytest.approx(1.0)
+    # The route is a ring: judged against the ring's limit, the tighter one.
+    assert judged[1].ratio_to_limit == pytest.approx(42.0 / 35.0)
+    assert judged[3].ratio_to_limit == pytest.approx(30.0 / 25.0)
 
 
 def test_a_rate_without_its_zero_delay_point_cannot_be_judged() -> None:

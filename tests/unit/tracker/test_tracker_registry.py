@@ -9,8 +9,9 @@ from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, registration
 
 from meshnet.core.errors import InvalidArgument, NoRoute
 from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeLoad, RouteQuery
-from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.registry import NodeRegistry, route_slots
 
 INTERVAL = 2.0
 
@@ -198,6 +199,18 @@ def test_list_models_counts_the_session_slots_of_certified_heads(registry: NodeR
     registry.register(registration(10, 20, address="d:1", max_sessions=32))
     (model,) = registry.list_models()
     assert model.head_sessions == 12  # the gateway's default admission: what the heads can hold
+
+
+def test_session_slots_are_bounded_by_the_least_covered_layer(registry: NodeRegistry) -> None:
+    # The lab's shape: one-slot nodes and a spare doubling the middle range. A second head does
+    # not make room for a second session while the tail still holds one.
+    for start, stop, address in ((0, 6, "a:1"), (6, 14, "b:1"), (14, 20, "c:1"), (6, 14, "spare:1")):
+        registry.register(registration(start, stop, address=address, max_sessions=1))
+    assert registry.list_models()[0].head_sessions == 1
+    registry.register(registration(0, 6, address="head-spare:1", max_sessions=1))
+    assert registry.list_models()[0].head_sessions == 1  # layers 14..20 still hold one session
+    assert route_slots([(LayerRange(0, 10), 3), (LayerRange(5, 20), 2)], 20) == 2
+    assert route_slots([(LayerRange(0, 10), 3)], 20) == 0  # a layer nobody holds: no session fits
 
 
 def test_idle_sessions_forget_their_route(registry: NodeRegistry, clock: FakeClock) -> None:
