@@ -109,12 +109,12 @@ def write_lab_sweep_plot(results: dict[str, Any], path: Path) -> Path | None:
             alpha=0.7,
             label=f"limit: 0 ms time + N delays (the ring), {rate:g} Mbit",
         )
-    path = sorted(
+    path_row = sorted(
         (p for p in points if p["bandwidth_mbit"] == points[0]["bandwidth_mbit"]), key=lambda p: p["delay_ms"]
     )
     axes.plot(
-        [p["delay_ms"] for p in path],
-        [p["limit_path_ms"] for p in path],
+        [p["delay_ms"] for p in path_row],
+        [p["limit_path_ms"] for p in path_row],
         linestyle=":",
         color="grey",
         label="a path's limit: 0 ms time + 2(N-1) delays",
