@@ -37,7 +37,7 @@ from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import IntegrityError, InvalidArgument, MeshnetError, NoRoute
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest
-from meshnet.core.ids import NodeId, RequestId, new_session_id
+from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tracking import QuarantineOrder, Route
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,9 @@ class Auditor:
     ) -> Trial | None:
         try:
             # By fingerprint: only a route of the very same recipe must reproduce the tokens.
-            route = await self._tracker.choose_route(case.route.fingerprint, exclude=exclusion)
+            # With a session id: a replay is a session on the route, which the tracker counts.
+            session_id = new_session_id()
+            route = await self._tracker.choose_route(case.route.fingerprint, session_id=session_id, exclude=exclusion)
         except NoRoute:
             return None
         nodes = _nodes(route)
@@ -183,18 +185,18 @@ class Auditor:
             return None  # nothing new to learn from a route already run
         slot = None if self._slot is None else await self._slot()
         try:
-            agreed = await self._replay(case, route)
+            agreed = await self._replay(case, route, session_id)
         finally:
             if slot is not None:
                 slot.release()
         return None if agreed is None else Trial(nodes, agreed)
 
-    async def _replay(self, case: AuditCase, route: Route) -> bool | None:
+    async def _replay(self, case: AuditCase, route: Route, session_id: SessionId) -> bool | None:
         """Whether ``route`` reproduces the case's tokens; None when the replay could not finish."""
         generated = case.generated
         request = replace(case.request, max_tokens=len(generated))
         audit_id = RequestId(f"{case.request_id}-audit")
-        session = RouteSession(audit_id, new_session_id(), route.hops, route.fingerprint, route.epoch)
+        session = RouteSession(audit_id, session_id, route.hops, route.fingerprint, route.epoch)
         last: int | None = None
         try:
             async for event in self._driver.run(session, request, history=generated[:-1]):

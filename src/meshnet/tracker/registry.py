@@ -264,14 +264,15 @@ class NodeRegistry:
         if sticky is not None:
             self._epoch += 1  # the session's route changed: frames of its old route are now stale
         route = _route_of(plan, plan.hops, self._epoch)
+        if query.session_id is None:
+            return route  # a probe (what context does a route have?): it opens no session
         self._count_routed(plan)
-        if query.session_id is not None:
-            kept = _prefix(sticky.route, start) if sticky is not None and start > 0 else ()
-            meets = start == 0 or (bool(kept) and kept[-1].layers.stop == start)
-            if meets and self._all_alive(kept, query.exclude):
-                self._touch(query.session_id, _route_of(plan, kept + plan.hops, self._epoch))
-            else:
-                self._sticky.pop(query.session_id, None)  # no whole route to remember
+        kept = _prefix(sticky.route, start) if sticky is not None and start > 0 else ()
+        meets = start == 0 or (bool(kept) and kept[-1].layers.stop == start)
+        if meets and self._all_alive(kept, query.exclude):
+            self._touch(query.session_id, _route_of(plan, kept + plan.hops, self._epoch))
+        else:
+            self._sticky.pop(query.session_id, None)  # no whole route to remember
         return route
 
     def list_models(self) -> tuple[ModelSummary, ...]:

@@ -148,6 +148,18 @@ def test_sessions_routed_between_heartbeats_count_against_free_room(
     assert route_for(registry, "s3") == [fast]
 
 
+def test_a_route_probe_without_a_session_takes_no_room(registry: NodeRegistry) -> None:
+    # The gateway asks for a route to learn its context (/v1/models): on one-slot nodes, counting
+    # that as a session made the node look full to the next real request.
+    fast = registry.register(registration(0, 20, address="f:1", decode_tokens_per_s=500))
+    slow = registry.register(registration(0, 20, address="s:1", decode_tokens_per_s=50))
+    registry.heartbeat(fast, NodeLoad(free_sessions=1))
+    registry.heartbeat(slow, NodeLoad(free_sessions=5))
+    assert [route_for(registry) for _ in range(3)] == [[fast]] * 3
+    assert route_for(registry, "s1") == [fast]
+    assert route_for(registry, "s2") == [slow]
+
+
 def test_reregistering_keeps_the_hinted_id_and_replaces_the_old_entry(
     registry: NodeRegistry,
 ) -> None:
