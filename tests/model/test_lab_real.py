@@ -26,10 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from swarm_harness import Reference, active_sessions, query_db, wait_sessions_freed
 
+from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.lab import cgroups, system
 from meshnet.lab.lab import Lab, LabConfig
 from meshnet.lab.swarm import LabSwarm, restart_tracker, start_swarm
+from meshnet.lab.sweep import measure_point
 from meshnet.process.launcher import StartupFailed, meshnet_command
 from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.swarm_dir import load_identity, local_identity
@@ -215,6 +217,16 @@ def test_eight_concurrent_sessions_each_equal_their_solo_output(
     with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
         together = list(pool.map(lambda prompt: _chat(swarm, prompt, SHORT), PROMPTS))
     assert together == solo
+
+
+def test_one_sweep_point_measures_the_lab_it_is_given(lab: tuple[Lab, LabSwarm]) -> None:
+    # `meshnet lab sweep` measures through the same secured gateway and mTLS metrics as a user
+    # and an operator would; one point on this lab shows it still can (the grid itself is a bench).
+    the_lab, swarm = lab
+    point = measure_point(the_lab, swarm, describe_model(MODEL).n_embd)
+    assert point.per_token_ms > 0 and point.compute_ms > 0 and point.ttft_ms > 0
+    assert point.prefill_prompt_tokens > 400
+    assert point.prefill_seam_bytes >= point.prefill_seam_payload_bytes  # the hidden rows cross the tail's link
 
 
 def _ca_dir(the_lab: Lab) -> Path:

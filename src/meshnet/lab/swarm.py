@@ -24,8 +24,9 @@ from meshnet.lab.lab import (
 )
 from meshnet.lab.plan import LabNode
 from meshnet.process.launcher import meshnet_command
+from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.identity import Role
-from meshnet.security.swarm_dir import local_identity
+from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.tracker.placement import plan_ranges
 from meshnet.worker.auto_layers import layer_costs
 
@@ -198,6 +199,17 @@ def _identity(lab: Lab, name: str, role: Role) -> list[str]:
         raise RuntimeError("build the lab before starting a swarm")
     ca_dir = lab.node_data_dir(lab.plan.nodes[0])
     return ["--identity", str(local_identity(ca_dir, name, role, time.time()))]
+
+
+def admin_security(lab: Lab, name: str = "lab-admin") -> LinkSecurity:
+    """An admin identity from the lab's swarm CA, for reading the workers' metrics over mTLS."""
+    path = Path(_identity(lab, name, "admin")[1])
+    return LinkSecurity(load_identity(path))
+
+
+def client_auth(swarm: LabSwarm) -> dict[str, str]:
+    """The header the lab's gateway wants on /v1 requests."""
+    return {"Authorization": f"Bearer {swarm.api_key_path.read_text().strip()}"}
 
 
 def _name(lab: Lab) -> list[str]:

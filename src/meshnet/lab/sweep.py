@@ -30,7 +30,8 @@ from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import InvalidArgument
 from meshnet.lab.lab import Lab, LabConfig
 from meshnet.lab.plan import LabNode
-from meshnet.lab.swarm import LabSwarm, start_swarm
+from meshnet.lab.swarm import LabSwarm, admin_security, client_auth, start_swarm
+from meshnet.protocol.tls import LinkSecurity
 
 DELAYS_MS = (0.0, 1.0, 5.0, 20.0)
 RATES_MBIT = (100.0, 1000.0)
@@ -80,7 +81,8 @@ def _stream(swarm: LabSwarm, model: str, prompt: str, tokens: int) -> tuple[floa
         "stream_options": {"include_usage": True},
     }
     sent, arrivals, prompt_tokens = time.monotonic(), [], 0
-    with httpx.stream("POST", f"{swarm.gateway_url}/v1/chat/completions", json=body, timeout=300) as response:
+    url = f"{swarm.gateway_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=300, headers=client_auth(swarm)) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: {"):
@@ -93,9 +95,9 @@ def _stream(swarm: LabSwarm, model: str, prompt: str, tokens: int) -> tuple[floa
     return (arrivals[0] - sent if arrivals else float("nan")), arrivals, prompt_tokens
 
 
-async def _engine_figures(addresses: Sequence[str]) -> list[tuple[float, float]]:
+async def _engine_figures(addresses: Sequence[str], security: LinkSecurity) -> list[tuple[float, float]]:
     """(engine busy seconds, decode steps) of each worker, as counted since it started."""
-    pool = ChannelPool(4 * 1024 * 1024)
+    pool = ChannelPool(4 * 1024 * 1024, security)
     try:
         answers = await asyncio.gather(*(fetch_metrics(pool, address) for address in addresses))
         return [(values["engine_busy_seconds_total"], values["decode_steps_total"]) for values in answers]
@@ -128,12 +130,13 @@ def measure_point(lab: Lab, swarm: LabSwarm, n_embd: int) -> SweepPoint:
     _stream(swarm, model, PROMPT, SHORT_TOKENS)  # warm-up: connections, first page faults
     ttfts, gaps = [], []
     route = list(swarm.advertised.values())
-    before = asyncio.run(_engine_figures(route))
+    admin = admin_security(lab, "lab-sweep")
+    before = asyncio.run(_engine_figures(route, admin))
     for _ in range(REPEATS):
         ttft, arrivals, _ = _stream(swarm, model, PROMPT, DECODE_TOKENS)
         ttfts.append(ttft)
         gaps += [b - a for a, b in itertools.pairwise(arrivals)]
-    compute = _compute_ms(before, asyncio.run(_engine_figures(route)))
+    compute = _compute_ms(before, asyncio.run(_engine_figures(route, admin)))
     tail = plan.serving()[-1]
     link_before = _link_bytes(tail)
     prefill_ttft, _, prompt_tokens = _stream(swarm, model, LONG_PROMPT, 1)
