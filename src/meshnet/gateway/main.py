@@ -14,6 +14,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from fastapi import FastAPI
+
 from meshnet.artifact.describe import describe_model
 from meshnet.client.audit import AuditConfig, Auditor
 from meshnet.client.outbox import WorkOutbox
@@ -35,6 +37,19 @@ log = logging.getLogger(__name__)
 
 def outbox_path(data_dir: Path) -> Path:
     return data_dir / "gateway" / "outbox.sqlite3"
+
+
+def _http_server(app: FastAPI, config: GatewayProcessConfig) -> GatewayServer:
+    http = config.http
+    return GatewayServer(
+        app,
+        http.host,
+        http.port,
+        shutdown_grace_seconds=http.shutdown_grace_seconds,
+        handle_signals=True,
+        tls_cert=http.tls_cert,
+        tls_key=http.tls_key,
+    )
 
 
 async def run_gateway(
@@ -68,15 +83,7 @@ async def run_gateway(
         view=generator,
         admission=admission,
     )
-    server = GatewayServer(
-        app,
-        config.http.host,
-        config.http.port,
-        shutdown_grace_seconds=config.http.shutdown_grace_seconds,
-        handle_signals=True,
-        tls_cert=config.http.tls_cert,
-        tls_key=config.http.tls_key,
-    )
+    server = _http_server(app, config)
     stop_renewing = asyncio.Event()
     renewal = None if security is None else asyncio.create_task(renew_forever(config.tracker, security, stop_renewing))
     try:

@@ -99,6 +99,21 @@ class RunningTracker:
         await self._server.wait_for_termination()
 
 
+def _restored_registry(store: SqliteTrackerStore, config: TrackerConfig, clock: Clock) -> NodeRegistry:
+    # A restart forgets every live node, which is itself a membership change: start one past
+    # the stored epoch so no epoch handed out before the crash is ever reused for another view.
+    epoch = store.load_epoch() + 1
+    store.save_epoch(epoch)
+    return NodeRegistry(
+        clock=clock,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        missed_heartbeats=config.missed_heartbeats,
+        epoch=epoch,
+        session_ttl_s=config.session_ttl_s,
+        quarantined=store.quarantined_nodes(),
+    )
+
+
 async def start_tracker(
     config: TrackerConfig,
     *,
@@ -114,18 +129,8 @@ async def start_tracker(
     if security is None:
         require_loopback((config.host,))
     store = SqliteTrackerStore(config.db_path)
-    # A restart forgets every live node, which is itself a membership change: start one past
-    # the stored epoch so no epoch handed out before the crash is ever reused for another view.
-    epoch = store.load_epoch() + 1
-    store.save_epoch(epoch)
-    registry = NodeRegistry(
-        clock=clock,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        missed_heartbeats=config.missed_heartbeats,
-        epoch=epoch,
-        session_ttl_s=config.session_ttl_s,
-        quarantined=store.quarantined_nodes(),
-    )
+    registry = _restored_registry(store, config, clock)
+    epoch = registry.epoch
     runner = StoreRunner(store)
     servicer = TrackerServicer(registry, runner, wall_clock, None if security is None else security.link)
     server = grpc.aio.server(
