@@ -10,12 +10,17 @@ A group does not survive the loss of a node: a restarted node starts at step 0 w
 sessions' KV cache, while its peers continue. So nothing is restarted: one node exiting ends `up`
 with a structured error (the supervisor's restart budget is zero). The tracker and gateway do not
 know groups yet; the group is reached through its node addresses, printed at start.
+
+As for layer workers, every node gets a worker identity minted from the data dir's swarm CA and
+the demo driver a gateway identity, so the group's links are mutual TLS; ``--insecure`` keeps
+them plaintext.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +34,10 @@ if TYPE_CHECKING:  # local_swarm imports this module at run time; the engine onl
     from meshnet.artifact.describe import ModelDescription
     from meshnet.engine.tokenizer import Tokenizer
     from meshnet.local_swarm import LocalSwarmConfig
+    from meshnet.protocol.tls import LinkSecurity
+
+DRIVER_IDENTITY = "expert-driver"
+"""The demo driver's identity folder in ``DATA_DIR/swarm/nodes`` (a gateway certificate)."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,30 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list
     if config.expert_cache_mb is not None:
         options += ["--expert-cache-mb", str(config.expert_cache_mb)]
     logs = config.data_dir / "logs"
-    peers, specs = expert_group_specs(config.data_dir, config.model, config.expert_parallel, logs, options)
+    peers, specs = expert_group_specs(
+        config.data_dir, config.model, config.expert_parallel, logs, options, identity_flags=_identity_flags(config)
+    )
     supervisor.start([Supervised(spec) for spec in specs])
     return peers
+
+
+def _identity_flags(config: LocalSwarmConfig) -> Callable[[str], tuple[str, ...]] | None:
+    """Each node's ``--identity``: a worker certificate from the data dir's CA (None: --insecure)."""
+    if config.insecure:
+        return None
+    from meshnet.security.swarm_dir import local_identity  # the CA code: only when `up` runs
+
+    return lambda name: ("--identity", str(local_identity(config.data_dir, name, "worker", time.time())))
+
+
+def driver_security(config: LocalSwarmConfig) -> LinkSecurity | None:
+    """The demo driver's identity: a gateway certificate, as the parties that drive generation hold."""
+    if config.insecure:
+        return None
+    from meshnet.protocol.tls import LinkSecurity
+    from meshnet.security.swarm_dir import load_identity, local_identity
+
+    return LinkSecurity(load_identity(local_identity(config.data_dir, DRIVER_IDENTITY, "gateway", time.time())))
 
 
 def describe_node(component: Supervised, event: Event) -> str:
@@ -91,7 +121,7 @@ def run_demo(config: LocalSwarmConfig, peers: list[str]) -> DemoResult:
     prompt = demo_prompt(tokenizer, source, config.prompt)
     request = GenerationRequest(tuple(prompt), config.max_tokens, SamplingParams(), tokenizer.eos_token_ids)
     print(f"\n> {config.prompt}\n")
-    group = ExpertGroupClient(peers)
+    group = ExpertGroupClient(peers, security=driver_security(config))
     route = LocalRoute([group])
     decoder, tokens, pieces = tokenizer.new_decoder(), [], []
     digest = [0]

@@ -2,7 +2,9 @@
 
 Used by tests, the expert-parallel benchmark and anything else that starts a group on one
 machine: it picks free loopback ports (the peers must know each other's addresses before any
-starts), optionally pins node I to core I, and reads a node's resident model pages.
+starts), optionally pins node I to core I, and reads a node's resident model pages. Each node's
+identity flags come from the caller (this layer holds no keys): ``--identity DIR`` for mTLS, or
+``--insecure`` (plaintext, loopback) when none are given.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from meshnet.process.launcher import LaunchSpec, meshnet_command
@@ -33,19 +35,23 @@ def expert_group_specs(
     options: Sequence[str] = (),
     *,
     pin_cores: bool = False,
+    identity_flags: Callable[[str], Sequence[str]] | None = None,
 ) -> tuple[list[str], list[LaunchSpec]]:
-    """Peer addresses in index order and one launch spec per node (``options``: extra worker flags)."""
+    """Peer addresses in index order and one launch spec per node (``options``: extra worker flags).
+
+    ``identity_flags(name)``: the flags giving node ``name`` (``expert-N-I``) its swarm identity;
+    None runs the group with ``--insecure``."""
     peers = [f"127.0.0.1:{free_loopback_port()}" for _ in range(size)]
     specs = []
     for index in range(size):
+        name = f"expert-{size}-{index}"
+        identity = ("--insecure",) if identity_flags is None else tuple(identity_flags(name))
         arguments = ["worker", "--model", str(model), "--experts", f"{index}/{size}", "--expert-peers", ",".join(peers)]
-        arguments += ["--port", peers[index].split(":")[1], *options]
+        arguments += ["--port", peers[index].split(":")[1], *options, *identity]
         command = meshnet_command(data_dir, *arguments)
         if pin_cores:
             command = ("taskset", "-c", str(index % (os.cpu_count() or 1)), *command)
-        specs.append(
-            LaunchSpec(f"expert-{size}-{index}", command, log_dir / f"expert-{size}-{index}.log", EXPERT_READY_PREFIX)
-        )
+        specs.append(LaunchSpec(name, command, log_dir / f"{name}.log", EXPERT_READY_PREFIX))
     return peers, specs
 
 
