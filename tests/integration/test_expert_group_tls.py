@@ -17,7 +17,6 @@ The driver's decode continues bit-identical after every refusal.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from expert_harness import node_identity_flags, swarm_security
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -39,8 +39,6 @@ from meshnet.process.expert_launch import expert_group_specs
 from meshnet.process.launcher import launch_all, stop_all
 from meshnet.protocol import expert_wire
 from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel
-from meshnet.security.identity import Role
-from meshnet.security.swarm_dir import load_identity, local_identity
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,10 +47,6 @@ SPEC = SyntheticSpec(
 )
 CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
 CALL_TIMEOUT_S = 20.0
-
-
-def _security(data_dir: Path, name: str, role: Role) -> LinkSecurity:
-    return LinkSecurity(load_identity(local_identity(data_dir, name, role, time.time())))
 
 
 def _rows_call(address: str, security: LinkSecurity | None, sender: int, model_sha256: str) -> grpc.StatusCode:
@@ -94,9 +88,9 @@ def _step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.St
 
 def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) -> dict[str, grpc.StatusCode]:
     """What each intruder's call on node 0 ends with (node 0 accepts node 1's stream)."""
-    rogue = _security(foreign, "rogue", "worker")  # a worker certificate, of another swarm's CA
-    gateway, admin = _security(data, "intruder-gateway", "gateway"), _security(data, "intruder-admin", "admin")
-    tracker, worker = _security(data, "intruder-tracker", "tracker"), _security(data, "intruder-worker", "worker")
+    rogue = swarm_security(foreign, "rogue", "worker")  # a worker certificate, of another swarm's CA
+    gateway, admin = (swarm_security(data, f"intruder-{role}", role) for role in ("gateway", "admin"))
+    tracker, worker = (swarm_security(data, f"intruder-{role}", role) for role in ("tracker", "worker"))
     node = peers[0]
     return {
         "foreign rows": _rows_call(node, rogue, 1, model_sha256),
@@ -131,7 +125,7 @@ EXPECTED = {
 def _driver_refuses_a_gateway_server(data: Path, driver: LinkSecurity) -> None:
     """A server with a swarm gateway certificate is not a node: the driver's handshake fails."""
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    port = bind(server, "127.0.0.1:0", _security(data, "fake-node", "gateway"))
+    port = bind(server, "127.0.0.1:0", swarm_security(data, "fake-node", "gateway"))
     server.start()
     try:
         with pytest.raises(Unavailable):
@@ -144,17 +138,13 @@ def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Pa
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     data = tmp_path / "data"
     options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--expert-timeout", "30"]
-
-    def identity(name: str) -> tuple[str, ...]:
-        return ("--identity", str(local_identity(data, name, "worker", time.time())))
-
-    peers, specs = expert_group_specs(data, model, 2, tmp_path, options, identity_flags=identity)
+    peers, specs = expert_group_specs(data, model, 2, tmp_path, options, identity_flags=node_identity_flags(data))
     assert all("--identity" in spec.command and "--insecure" not in spec.command for spec in specs)
     children = launch_all(specs, timeout_s=240)
     whole = LlamaBackend(
         SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
     )
-    driver = _security(data, "driver", "gateway")
+    driver = swarm_security(data, "driver", "gateway")
     group = ExpertGroupClient(peers, step_timeout_s=30, security=driver)
     try:
         prompt = np.random.default_rng(11).integers(3, 290, 60).astype(np.int32)

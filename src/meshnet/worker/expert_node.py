@@ -47,9 +47,7 @@ _CHANNEL_OPTIONS = expert_wire.CHANNEL_OPTIONS
 class ExpertNode:
     """The node's state: its backend, its row exchange, the step sequence it has run."""
 
-    def __init__(
-        self, config: WorkerConfig, ownership: ExpertOwnership, security: LinkSecurity | None = None
-    ) -> None:
+    def __init__(self, config: WorkerConfig, ownership: ExpertOwnership, security: LinkSecurity | None = None) -> None:
         if len(config.expert_peers) != ownership.count:
             raise InvalidArgument(f"--expert-peers must list all {ownership.count} nodes' addresses in index order")
         if config.model is None:
