@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from expert_harness import node_identity_flags, swarm_security
+from expert_harness import decode_bitwise, launch_secure_group
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -41,26 +41,14 @@ CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tok
 def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--prefill-chunk", "64"]
-    data = tmp_path / "data"
-    options += ["--expert-timeout", "30"]
-    peers, specs = expert_group_specs(data, model, 2, tmp_path, options, identity_flags=node_identity_flags(data))
-    children = launch_all(specs, timeout_s=240)
+    peers, children, driver = launch_secure_group(tmp_path, model, 2, [*options, "--expert-timeout", "30"])
     whole = LlamaBackend(
         SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
     )
-    driver = swarm_security(data, "driver", "gateway")
     group = ExpertGroupClient(peers, step_timeout_s=30, security=driver)
     try:
         prompt = np.random.default_rng(5).integers(3, 290, 100).astype(np.int32)
-        batch = [StepInput(0, 0, tokens=prompt, want_logits="all")]
-        position = len(prompt)
-        for step in range(17):
-            want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
-            assert want is not None and got is not None
-            assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), f"step {step} differs"
-            batch = [StepInput(0, position, tokens=np.array([int(np.argmax(want[-1]))], np.int32))]
-            position += 1
-        position -= 1  # the last batch built above was not run
+        position = decode_bitwise(whole, group, prompt, 17)
         group.close()
         group = ExpertGroupClient(peers, step_timeout_s=30, security=driver)  # a second driver continues the group
         killed_at: list[float] = []

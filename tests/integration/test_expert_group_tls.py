@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from expert_harness import node_identity_flags, swarm_security
+from expert_harness import decode_bitwise, launch_secure_group, swarm_security
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -32,13 +32,11 @@ from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.process.expert_launch import expert_group_specs
-from meshnet.process.launcher import launch_all, stop_all
+from meshnet.process.launcher import stop_all
 from meshnet.protocol import expert_wire
-from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel
+from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel, hop_server_name
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,13 +121,21 @@ EXPECTED = {
 
 
 def _driver_refuses_a_gateway_server(data: Path, driver: LinkSecurity) -> None:
-    """A server with a swarm gateway certificate is not a node: the driver's handshake fails."""
+    """A server with a swarm gateway certificate is not a node: the driver's handshake fails on
+    the pinned worker name. Control: pinned to the name that certificate does carry, the same
+    handshake succeeds (the empty server then answers UNIMPLEMENTED)."""
+    impostor = swarm_security(data, "fake-node", "gateway")
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    port = bind(server, "127.0.0.1:0", swarm_security(data, "fake-node", "gateway"))
+    address = f"127.0.0.1:{bind(server, '127.0.0.1:0', impostor)}"
     server.start()
     try:
-        with pytest.raises(Unavailable):
-            ExpertGroupClient([f"127.0.0.1:{port}"], step_timeout_s=5, security=driver)
+        with pytest.raises(Unavailable, match=r"(?i)handshake|ssl|certificate|connect"):
+            ExpertGroupClient([address], step_timeout_s=5, security=driver)
+        channel = blocking_channel(address, driver, hop_server_name(impostor.identity.node_id), [])
+        with pytest.raises(grpc.RpcError) as control:
+            expert_wire.ExpertGroupStub(channel).DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=5)
+        channel.close()
+        assert control.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         server.stop(grace=None)
 
@@ -138,28 +144,21 @@ def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Pa
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     data = tmp_path / "data"
     options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--expert-timeout", "30"]
-    peers, specs = expert_group_specs(data, model, 2, tmp_path, options, identity_flags=node_identity_flags(data))
-    assert all("--identity" in spec.command and "--insecure" not in spec.command for spec in specs)
-    children = launch_all(specs, timeout_s=240)
+    peers, children, driver = launch_secure_group(tmp_path, model, 2, options)
     whole = LlamaBackend(
         SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
     )
-    driver = swarm_security(data, "driver", "gateway")
     group = ExpertGroupClient(peers, step_timeout_s=30, security=driver)
     try:
-        prompt = np.random.default_rng(11).integers(3, 290, 60).astype(np.int32)
-        batch = [StepInput(0, 0, tokens=prompt, want_logits="all")]
-        position = len(prompt)
-        for step in range(12):
-            want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
-            assert want is not None and got is not None
-            assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), f"step {step} differs"
-            batch = [StepInput(0, position, tokens=np.array([int(np.argmax(want[-1]))], np.int32))]
-            position += 1
+
+        def intrude(step: int) -> None:
             if step == 5:  # mid-generation: the intruders, then the same session goes on
                 outcomes = _intrusions(peers, data, tmp_path / "other-swarm", group.nodes[0].model_sha256)
                 assert outcomes == EXPECTED
                 _driver_refuses_a_gateway_server(data, driver)
+
+        prompt = np.random.default_rng(11).integers(3, 290, 60).astype(np.int32)
+        decode_bitwise(whole, group, prompt, 12, intrude)
         assert [n.peers_connected for n in group.describe()] == [1, 1]  # the group's own streams stayed up
     finally:
         group.close()
