@@ -299,6 +299,7 @@ def _serve_expert_node(given: dict[str, object], args: argparse.Namespace) -> in
     from meshnet.core.swarm_options import SecurityOptions
     from meshnet.swarm_cli import node_security
     from meshnet.worker.config import WorkerConfig
+    from meshnet.worker.expert_links import ExpertPeer
     from meshnet.worker.expert_node import serve_expert_node
 
     if "layer_choice" in given or "fake" in given:
@@ -308,7 +309,8 @@ def _serve_expert_node(given: dict[str, object], args: argparse.Namespace) -> in
     config = WorkerConfig(**given, layer_choice=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
     # The same identity as a layer worker's; --insecure must keep its bind and its peers local.
     options = config_from_arguments(SecurityOptions, args)
-    security = node_security(options, data_dir, "worker", (config.host, *config.expert_peers))
+    peers = tuple(ExpertPeer.parse(entry).address for entry in config.expert_peers)
+    security = node_security(options, data_dir, "worker", (config.host, *peers))
 
     def ready(address: str, checks: str) -> None:
         share = config.experts.label if config.experts else "?"

@@ -22,12 +22,13 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.process.expert_launch import expert_group_specs
+from meshnet.process.expert_launch import NodeIdentity, expert_group_specs
 from meshnet.process.supervisor import Event, Supervised, Supervisor
 
 if TYPE_CHECKING:  # local_swarm imports this module at run time; the engine only when `up` runs
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # local_swarm imports this module at run time; the engine onl
     from meshnet.engine.tokenizer import Tokenizer
     from meshnet.local_swarm import LocalSwarmConfig
     from meshnet.protocol.tls import LinkSecurity
+    from meshnet.security.identity import Role
 
 DRIVER_IDENTITY = "expert-driver"
 """The demo driver's identity folder in ``DATA_DIR/swarm/nodes`` (a gateway certificate)."""
@@ -66,30 +68,37 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list
     if config.expert_cache_mb is not None:
         options += ["--expert-cache-mb", str(config.expert_cache_mb)]
     logs = config.data_dir / "logs"
+    identity = None if config.insecure else minted_worker_identity(config.data_dir)
     peers, specs = expert_group_specs(
-        config.data_dir, config.model, config.expert_parallel, logs, options, identity_flags=_identity_flags(config)
+        config.data_dir, config.model, config.expert_parallel, logs, options, identity=identity
     )
     supervisor.start([Supervised(spec) for spec in specs])
     return peers
 
 
-def _identity_flags(config: LocalSwarmConfig) -> Callable[[str], tuple[str, ...]] | None:
-    """Each node's ``--identity``: a worker certificate from the data dir's CA (None: --insecure)."""
-    if config.insecure:
-        return None
-    from meshnet.security.swarm_dir import local_identity  # the CA code: only when `up` runs
+def minted_security(data_dir: Path, name: str, role: Role) -> LinkSecurity:
+    """An identity named ``name`` with ``role``, minted from ``data_dir``'s swarm CA (created on
+    first use) as ``meshnet up`` mints its components' (tests and benches of groups use it too)."""
+    from meshnet.protocol.tls import LinkSecurity  # the CA code: only when a group starts
+    from meshnet.security.swarm_dir import load_identity, local_identity
 
-    return lambda name: ("--identity", str(local_identity(config.data_dir, name, "worker", time.time())))
+    folder = local_identity(data_dir, name, role, time.time())
+    return LinkSecurity(load_identity(folder), store=folder)
+
+
+def minted_worker_identity(data_dir: Path) -> Callable[[str], NodeIdentity]:
+    """Each node's identity: ``--identity`` of a worker certificate minted from ``data_dir``'s CA."""
+
+    def mint(name: str) -> NodeIdentity:
+        security = minted_security(data_dir, name, "worker")
+        return NodeIdentity(("--identity", str(security.store)), security.identity.node_id)
+
+    return mint
 
 
 def driver_security(config: LocalSwarmConfig) -> LinkSecurity | None:
     """The demo driver's identity: a gateway certificate, as the parties that drive generation hold."""
-    if config.insecure:
-        return None
-    from meshnet.protocol.tls import LinkSecurity
-    from meshnet.security.swarm_dir import load_identity, local_identity
-
-    return LinkSecurity(load_identity(local_identity(config.data_dir, DRIVER_IDENTITY, "gateway", time.time())))
+    return None if config.insecure else minted_security(config.data_dir, DRIVER_IDENTITY, "gateway")
 
 
 def describe_node(component: Supervised, event: Event) -> str:

@@ -1,34 +1,22 @@
-"""Helpers for tests of networked expert-parallel groups.
+"""Helpers for tests of networked expert-parallel groups: a group under mTLS, and the bitwise
+comparison of a group with the whole model.
 
-Swarm identities minted from a data dir's CA, as ``meshnet up`` does: every node a worker
-certificate (``--identity``), every caller the certificate of the role it plays; another data
-dir is another swarm (another CA). And the bitwise comparison of a group with the whole model.
+Identities are minted from a data dir's CA as ``meshnet up`` does (``expert_swarm``): every node
+a worker certificate, listed to its peers by node id; another data dir is another swarm.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from meshnet.engine.backend import Backend, StepInput
+from meshnet.expert_swarm import minted_security, minted_worker_identity
 from meshnet.process.expert_launch import expert_group_specs
 from meshnet.process.launcher import ChildProcess, launch_all
 from meshnet.protocol.tls import LinkSecurity
-from meshnet.security.identity import Role
-from meshnet.security.swarm_dir import load_identity, local_identity
-
-
-def node_identity_flags(data_dir: Path) -> Callable[[str], tuple[str, ...]]:
-    """``identity_flags`` for ``expert_group_specs``: a worker identity per node name."""
-    return lambda name: ("--identity", str(local_identity(data_dir, name, "worker", time.time())))
-
-
-def swarm_security(data_dir: Path, name: str, role: Role) -> LinkSecurity:
-    """A caller's identity named ``name`` with ``role``, from ``data_dir``'s swarm (created if none)."""
-    return LinkSecurity(load_identity(local_identity(data_dir, name, role, time.time())))
 
 
 def launch_secure_group(
@@ -37,10 +25,10 @@ def launch_secure_group(
     """Start ``size`` nodes with worker identities of ``root/data``'s swarm; their addresses, the
     processes (the caller stops them) and a gateway identity to drive them with."""
     data = root / "data"
-    peers, specs = expert_group_specs(data, model, size, root, options, identity_flags=node_identity_flags(data))
+    peers, specs = expert_group_specs(data, model, size, root, options, identity=minted_worker_identity(data))
     assert all("--identity" in spec.command and "--insecure" not in spec.command for spec in specs)
     children = launch_all(specs, timeout_s=240)
-    return peers, children, swarm_security(data, "driver", "gateway")
+    return peers, children, minted_security(data, "driver", "gateway")
 
 
 def decode_bitwise(

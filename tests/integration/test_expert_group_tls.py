@@ -8,8 +8,10 @@ steps, intruders call the nodes, each refused the way the swarm refuses elsewher
   (UNAVAILABLE) for ExchangeRows, ExpertStep and DescribeExpertNode alike;
 - swarm certificates of the wrong role: a gateway or an admin opening ExchangeRows (slot rows
   are for the group's nodes only), a tracker stepping the group: PERMISSION_DENIED;
-- a worker certificate passes authorization and is then refused by the group itself (that
-  node's stream exists already), which shows the role check is what refused the others;
+- a worker certificate of the swarm that is not the node listed for the index it claims
+  (``NODE_ID@HOST:PORT``): PERMISSION_DENIED; node 1's own certificate passes and is then
+  refused by the group itself (its stream exists already), which shows the checks, not the
+  stream, refused the others;
 - a driver dials only workers: a server presenting a gateway certificate fails its handshake.
 The driver's decode continues bit-identical after every refusal.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from expert_harness import decode_bitwise, launch_secure_group, swarm_security
+from expert_harness import decode_bitwise, launch_secure_group
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -34,9 +36,11 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
+from meshnet.expert_swarm import minted_security
 from meshnet.process.launcher import stop_all
 from meshnet.protocol import expert_wire
 from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel, hop_server_name
+from meshnet.security.swarm_dir import load_identity, swarm_dir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,9 +90,10 @@ def _step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.St
 
 def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) -> dict[str, grpc.StatusCode]:
     """What each intruder's call on node 0 ends with (node 0 accepts node 1's stream)."""
-    rogue = swarm_security(foreign, "rogue", "worker")  # a worker certificate, of another swarm's CA
-    gateway, admin = (swarm_security(data, f"intruder-{role}", role) for role in ("gateway", "admin"))
-    tracker, worker = (swarm_security(data, f"intruder-{role}", role) for role in ("tracker", "worker"))
+    rogue = minted_security(foreign, "rogue", "worker")  # a worker certificate, of another swarm's CA
+    gateway, admin = (minted_security(data, f"intruder-{role}", role) for role in ("gateway", "admin"))
+    tracker, worker = (minted_security(data, f"intruder-{role}", role) for role in ("tracker", "worker"))
+    node_1 = LinkSecurity(load_identity(swarm_dir(data) / "nodes" / "expert-2-1"))
     node = peers[0]
     return {
         "foreign rows": _rows_call(node, rogue, 1, model_sha256),
@@ -99,7 +104,8 @@ def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) 
         "gateway rows": _rows_call(node, gateway, 1, model_sha256),
         "admin rows": _rows_call(node, admin, 1, model_sha256),
         "tracker step": _step_call(node, tracker, "ExpertStep"),
-        "worker rows": _rows_call(node, worker, 1, model_sha256),
+        "impostor worker rows": _rows_call(node, worker, 1, model_sha256),
+        "node 1 rows": _rows_call(node, node_1, 1, model_sha256),
         "admin step": _step_call(node, admin, "ExpertStep"),
         "tracker describe": _step_call(node, tracker, "DescribeExpertNode"),
     }
@@ -114,7 +120,8 @@ EXPECTED = {
     "gateway rows": grpc.StatusCode.PERMISSION_DENIED,
     "admin rows": grpc.StatusCode.PERMISSION_DENIED,
     "tracker step": grpc.StatusCode.PERMISSION_DENIED,
-    "worker rows": grpc.StatusCode.FAILED_PRECONDITION,  # authorized; node 1's stream is up already
+    "impostor worker rows": grpc.StatusCode.PERMISSION_DENIED,  # a worker, but not the listed node 1
+    "node 1 rows": grpc.StatusCode.FAILED_PRECONDITION,  # authorized; node 1's stream is up already
     "admin step": grpc.StatusCode.FAILED_PRECONDITION,  # authorized; step 10**6 is out of order
     "tracker describe": grpc.StatusCode.OK,
 }
@@ -124,7 +131,7 @@ def _driver_refuses_a_gateway_server(data: Path, driver: LinkSecurity) -> None:
     """A server with a swarm gateway certificate is not a node: the driver's handshake fails on
     the pinned worker name. Control: pinned to the name that certificate does carry, the same
     handshake succeeds (the empty server then answers UNIMPLEMENTED)."""
-    impostor = swarm_security(data, "fake-node", "gateway")
+    impostor = minted_security(data, "fake-node", "gateway")
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     address = f"127.0.0.1:{bind(server, '127.0.0.1:0', impostor)}"
     server.start()

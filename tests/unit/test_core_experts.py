@@ -80,3 +80,14 @@ def test_an_expert_node_needs_an_identity_and_insecure_stays_on_loopback(
     assert "no swarm identity" in capsys.readouterr().err
     assert cli.main([*base, "--expert-peers", "127.0.0.1:1,192.0.2.7:2", "--insecure"]) != 0
     assert "192.0.2.7:2 is not loopback" in capsys.readouterr().err
+
+
+def test_expert_peers_are_addresses_or_node_ids_at_addresses() -> None:
+    from meshnet.worker.expert_links import ExpertPeer
+
+    assert ExpertPeer.parse("127.0.0.1:7001") == ExpertPeer("127.0.0.1:7001")
+    assert ExpertPeer.parse("w-0a1b@127.0.0.1:7001") == ExpertPeer("127.0.0.1:7001", "w-0a1b")
+    assert str(ExpertPeer("127.0.0.1:7001", "w-0a1b")) == "w-0a1b@127.0.0.1:7001"
+    for bad in ("", "w-0a1b@", "127.0.0.1", "Bad_Id@127.0.0.1:7001"):
+        with pytest.raises(InvalidArgument):
+            ExpertPeer.parse(bad)

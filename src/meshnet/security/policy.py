@@ -125,12 +125,21 @@ def authorize_artifacts(peer: PeerIdentity | None, rpc: str, *, revoked: frozens
     return _by_role(peer, rpc, _ARTIFACT_ROLES, revoked)[1]
 
 
-def authorize_expert(peer: PeerIdentity | None, rpc: str, *, revoked: frozenset[str]) -> Verdict:
-    """May ``peer`` call an expert-parallel node's ``rpc``?
+def authorize_expert(
+    peer: PeerIdentity | None, rpc: str, *, revoked: frozenset[str], listed_node_id: str | None = None
+) -> Verdict:
+    """May ``peer`` call an expert-parallel node's ``rpc``? ``listed_node_id``: for ExchangeRows,
+    the node id the group lists for the index the stream claims (None when listed by address only).
 
     No per-slot owner check, unlike a shard's Cancel/Release: a group runs one step sequence,
     which the nodes keep in order whoever drives it (a second driver continues a group)."""
-    return _by_role(peer, rpc, _EXPERT_ROLES, revoked)[1]
+    caller, verdict = _by_role(peer, rpc, _EXPERT_ROLES, revoked)
+    if caller is None:
+        return verdict
+    # One node cannot stand in for another: the listed node's certificate, and only it, sends its rows.
+    if rpc == "ExchangeRows" and listed_node_id is not None and caller.node_id != listed_node_id:
+        return _deny(f"node {caller.node_id} may not send the rows of group member {listed_node_id}")
+    return ALLOW
 
 
 def authorize_shard(

@@ -8,8 +8,10 @@ node (``ExpertStep``); the nodes swap slot rows inside the step. A lost peer fai
 every node at once, and this node refuses further steps: a group is re-formed by restarting it.
 
 Links are mutual TLS from the swarm CA, like every other meshnet link (``--identity``; plaintext
-only with ``--insecure`` on loopback): a node dials its peers pinned to the name only worker
-certificates carry, and admits each RPC by the caller's role (``security.policy.authorize_expert``).
+only with ``--insecure`` on loopback): a node dials each peer pinned to the name only that peer's
+certificate carries (``NODE_ID@HOST:PORT``) or, listed by address only, that every worker's
+carries; it admits each RPC by the caller's role and, for a row stream, by the node id listed for
+the index it claims (``security.policy.authorize_expert``).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from meshnet.engine.expert_certification import certify_expert_parallel
 from meshnet.engine.expert_parallel import ExpertParallelBackend
 from meshnet.protocol import expert_wire
 from meshnet.protocol.status import error_metadata, status_for
-from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel, enforce
+from meshnet.protocol.tls import LinkSecurity, bind, blocking_channel, enforce, hop_server_name
+from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import ExpertRpc, authorize_expert
 from meshnet.worker.config import WorkerConfig
-from meshnet.worker.expert_links import GrpcRowExchange, PeerLink
+from meshnet.worker.expert_links import ExpertPeer, GrpcRowExchange, PeerLink
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
@@ -56,6 +59,7 @@ class ExpertNode:
         self.config = config
         self.security = security
         """None only with ``--insecure`` (loopback development): then nobody is checked."""
+        self.peers = [ExpertPeer.parse(entry) for entry in config.expert_peers]
         cache = SliceCache(config.data_dir / "cache")
         self.model_sha256 = cache.source_sha256(config.model)
         moe = read_moe_shape(config.model)
@@ -110,16 +114,17 @@ class ExpertNode:
     def dial_lower_peers(self, deadline: float) -> None:
         """Open the row stream to every node with a lower index (they accept it).
 
-        Pinned to the name every worker certificate of this swarm carries: the peers are known
-        by address only, and a node of the group is a worker (a gateway's certificate fails)."""
+        Pinned to the listed node's own name, or to the name every worker certificate carries
+        when the peer is listed by address only (a gateway's certificate fails either way)."""
         for peer in range(self.ownership.index):
-            address = self.config.expert_peers[peer]
-            channel = blocking_channel(address, self.security, ANY_WORKER_NAME, _CHANNEL_OPTIONS)
+            listed = self.peers[peer]
+            server_name = hop_server_name(listed.node_id)
+            channel = blocking_channel(listed.address, self.security, server_name, _CHANNEL_OPTIONS)
             try:
                 grpc.channel_ready_future(channel).result(timeout=max(deadline - time.monotonic(), 0.1))
             except grpc.FutureTimeoutError:
-                what = "an mTLS handshake as a worker of this swarm" if self.security else "a plaintext connection"
-                raise Unavailable(f"expert peer {peer} at {address} did not complete {what} in time") from None
+                what = f"an mTLS handshake as {server_name}" if self.security else "a plaintext connection"
+                raise Unavailable(f"expert peer {peer} ({listed}) did not complete {what} in time") from None
             link = PeerLink(self.ownership.index, peer)
             opening = expert_wire.ExpertRowsFrame(sender=self.ownership.index, model_sha256=self.model_sha256)
             responses = expert_wire.ExpertGroupStub(channel).ExchangeRows(link.outgoing(opening))
@@ -136,15 +141,20 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def __init__(self, node: ExpertNode) -> None:
         self._node = node
 
-    def _admit(self, context: grpc.ServicerContext, rpc: ExpertRpc) -> None:
-        """Abort the call unless the caller's certificate may call ``rpc`` (nobody checked when insecure)."""
+    def _admit(
+        self, context: grpc.ServicerContext, rpc: ExpertRpc, listed_node_id: str | None = None
+    ) -> PeerIdentity | None:
+        """The caller, if its certificate may call ``rpc``; aborts the call otherwise (None when insecure)."""
         security = self._node.security
         if security is None:
-            return
+            return None
         try:
-            enforce(authorize_expert(security.peer(context), rpc, revoked=security.revocations.current()))
+            caller = security.peer(context)
+            revoked = security.revocations.current()
+            enforce(authorize_expert(caller, rpc, revoked=revoked, listed_node_id=listed_node_id))
         except MeshnetError as error:
             _abort(context, error)
+        return caller
 
     def ExchangeRows(
         self, request_iterator: Iterator[expert_wire.ExpertRowsFrame], context: grpc.ServicerContext
@@ -157,6 +167,8 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
         peer = opening.sender
         if not node.ownership.index < peer < node.ownership.count or opening.model_sha256 != node.model_sha256:
             _abort(context, InvalidArgument(f"row stream from node {peer} of another group or model refused"))
+        if node.peers[peer].node_id is not None:
+            self._admit(context, "ExchangeRows", node.peers[peer].node_id)
         link = PeerLink(node.ownership.index, peer)
         if not node.exchange.add(link):
             _abort(context, FailedPrecondition(f"node {peer} already has a row stream to this node"))

@@ -136,3 +136,13 @@ def test_expert_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
 def test_expert_rpcs_need_an_identity_and_no_revocation() -> None:
     assert authorize_expert(None, "ExpertStep", revoked=NONE).status == "unauthenticated"
     assert authorize_expert(peer("worker"), "ExchangeRows", revoked=frozenset({"n-1"})).status == "unauthenticated"
+
+
+def test_only_the_listed_node_sends_its_index_rows() -> None:
+    listed = authorize_expert(peer("worker", "n-1"), "ExchangeRows", revoked=NONE, listed_node_id="n-1")
+    assert listed.allowed
+    other = authorize_expert(peer("worker", "n-2"), "ExchangeRows", revoked=NONE, listed_node_id="n-1")
+    assert (other.allowed, other.status) == (False, "permission_denied")
+    assert authorize_expert(peer("worker", "n-2"), "ExchangeRows", revoked=NONE).allowed  # listed by address only
+    # The role is checked first: a gateway stays refused whatever it is listed as.
+    assert not authorize_expert(peer("gateway", "n-1"), "ExchangeRows", revoked=NONE, listed_node_id="n-1").allowed
