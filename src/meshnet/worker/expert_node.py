@@ -37,7 +37,6 @@ from meshnet.engine.expert_parallel import ExpertParallelBackend
 from meshnet.protocol import expert_wire
 from meshnet.protocol.status import error_metadata, status_for
 from meshnet.protocol.tls import LinkSecurity, bind, blocking_channel, enforce, hop_server_name
-from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import ExpertRpc, authorize_expert
 from meshnet.worker.config import WorkerConfig
 from meshnet.worker.expert_links import ExpertPeer, GrpcRowExchange, PeerLink
@@ -141,20 +140,17 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def __init__(self, node: ExpertNode) -> None:
         self._node = node
 
-    def _admit(
-        self, context: grpc.ServicerContext, rpc: ExpertRpc, listed_node_id: str | None = None
-    ) -> PeerIdentity | None:
-        """The caller, if its certificate may call ``rpc``; aborts the call otherwise (None when insecure)."""
+    def _admit(self, context: grpc.ServicerContext, rpc: ExpertRpc, listed_node_id: str | None = None) -> None:
+        """Abort the call unless the caller's certificate may call ``rpc`` (nobody checked when insecure)."""
         security = self._node.security
         if security is None:
-            return None
+            return
         try:
             caller = security.peer(context)
             revoked = security.revocations.current()
             enforce(authorize_expert(caller, rpc, revoked=revoked, listed_node_id=listed_node_id))
         except MeshnetError as error:
             _abort(context, error)
-        return caller
 
     def ExchangeRows(
         self, request_iterator: Iterator[expert_wire.ExpertRowsFrame], context: grpc.ServicerContext
