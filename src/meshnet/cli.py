@@ -158,7 +158,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if "model" not in given:
         given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
     if "experts" in given:
-        return _serve_expert_node(given, args.data_dir)
+        return _serve_expert_node(given, args)
     if "layer_choice" not in given:
         raise InvalidArgument("meshnet worker needs --layers A:B|auto (or --experts I/N for an expert-parallel node)")
     config = WorkerConfig(**given, data_dir=args.data_dir)
@@ -180,22 +180,30 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_expert_node(given: dict[str, object], data_dir: Path) -> int:
+def _serve_expert_node(given: dict[str, object], args: argparse.Namespace) -> int:
     from meshnet.artifact.moe import read_moe_shape
     from meshnet.core.layers import LayerRange
+    from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.swarm_cli import node_security
     from meshnet.worker.config import WorkerConfig
+    from meshnet.worker.expert_links import ExpertPeer
     from meshnet.worker.expert_node import serve_expert_node
 
     if "layer_choice" in given or "fake" in given:
         raise InvalidArgument("--experts serves the whole model: drop --layers and --fake")
     model = Path(str(given["model"]))
+    data_dir = args.data_dir
     config = WorkerConfig(**given, layer_choice=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
+    # The same identity as a layer worker's; --insecure must keep its bind and its peers local.
+    options = config_from_arguments(SecurityOptions, args)
+    peers = tuple(ExpertPeer.parse(entry).address for entry in config.expert_peers)
+    security = node_security(options, data_dir, "worker", (config.host, *peers))
 
     def ready(address: str, checks: str) -> None:
         share = config.experts.label if config.experts else "?"
         print(f"meshnet expert node ready {address} experts={share} certified={checks.split()[0]}", flush=True)
 
-    serve_expert_node(config, ready)
+    serve_expert_node(config, ready, security)
     return 0
 
 

@@ -10,25 +10,36 @@ A group does not survive the loss of a node: a restarted node starts at step 0 w
 sessions' KV cache, while its peers continue. So nothing is restarted: one node exiting ends `up`
 with a structured error (the supervisor's restart budget is zero). The tracker and gateway do not
 know groups yet; the group is reached through its node addresses, printed at start.
+
+As for layer workers, every node gets a worker identity minted from the data dir's swarm CA and
+the demo driver a gateway identity, so the group's links are mutual TLS; ``--insecure`` keeps
+them plaintext.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.process.expert_launch import expert_group_specs
+from meshnet.process.expert_launch import NodeIdentity, expert_group_specs
 from meshnet.process.supervisor import Event, Supervised, Supervisor
 
 if TYPE_CHECKING:  # local_swarm imports this module at run time; the engine only when `up` runs
     from meshnet.artifact.describe import ModelDescription
     from meshnet.engine.tokenizer import Tokenizer
     from meshnet.local_swarm import LocalSwarmConfig
+    from meshnet.protocol.tls import LinkSecurity
+    from meshnet.security.identity import Role
+
+DRIVER_IDENTITY = "expert-driver"
+"""The demo driver's identity folder in ``DATA_DIR/swarm/nodes`` (a gateway certificate)."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,37 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list
     if config.expert_cache_mb is not None:
         options += ["--expert-cache-mb", str(config.expert_cache_mb)]
     logs = config.data_dir / "logs"
-    peers, specs = expert_group_specs(config.data_dir, config.model, config.expert_parallel, logs, options)
+    identity = None if config.insecure else minted_worker_identity(config.data_dir)
+    peers, specs = expert_group_specs(
+        config.data_dir, config.model, config.expert_parallel, logs, options, identity=identity
+    )
     supervisor.start([Supervised(spec) for spec in specs])
     return peers
+
+
+def minted_security(data_dir: Path, name: str, role: Role) -> LinkSecurity:
+    """An identity named ``name`` with ``role``, minted from ``data_dir``'s swarm CA (created on
+    first use) as ``meshnet up`` mints its components' (tests and benches of groups use it too)."""
+    from meshnet.protocol.tls import LinkSecurity  # the CA code: only when a group starts
+    from meshnet.security.swarm_dir import load_identity, local_identity
+
+    folder = local_identity(data_dir, name, role, time.time())
+    return LinkSecurity(load_identity(folder), store=folder)
+
+
+def minted_worker_identity(data_dir: Path) -> Callable[[str], NodeIdentity]:
+    """Each node's identity: ``--identity`` of a worker certificate minted from ``data_dir``'s CA."""
+
+    def mint(name: str) -> NodeIdentity:
+        security = minted_security(data_dir, name, "worker")
+        return NodeIdentity(("--identity", str(security.store)), security.identity.node_id)
+
+    return mint
+
+
+def driver_security(config: LocalSwarmConfig) -> LinkSecurity | None:
+    """The demo driver's identity: a gateway certificate, as the parties that drive generation hold."""
+    return None if config.insecure else minted_security(config.data_dir, DRIVER_IDENTITY, "gateway")
 
 
 def describe_node(component: Supervised, event: Event) -> str:
@@ -91,7 +130,7 @@ def run_demo(config: LocalSwarmConfig, peers: list[str]) -> DemoResult:
     prompt = demo_prompt(tokenizer, source, config.prompt)
     request = GenerationRequest(tuple(prompt), config.max_tokens, SamplingParams(), tokenizer.eos_token_ids)
     print(f"\n> {config.prompt}\n")
-    group = ExpertGroupClient(peers)
+    group = ExpertGroupClient(peers, security=driver_security(config))
     route = LocalRoute([group])
     decoder, tokens, pieces = tokenizer.new_decoder(), [], []
     digest = [0]

@@ -2,7 +2,9 @@
 
 - The demo streams through a group of two ``meshnet worker --experts I/2`` processes, and every
   logit it sampled from equals whole-model llama.cpp in this process bit for bit (a crc32 over
-  the logits' bits, printed by `up`), as do the sampled ids.
+  the logits' bits, printed by `up`), as do the sampled ids. By default the nodes and the demo
+  driver hold identities minted from the data dir's swarm CA (mTLS links); `--insecure` keeps
+  the group plaintext, with no identities minted.
 - A group cannot take a restarted node back, so when a node is killed under a serving `up`,
   `up` restarts nothing: it stops the other node and exits with code 2 and a structured error.
 """
@@ -78,8 +80,8 @@ CACHED_SPEC = SyntheticSpec(
 
 @pytest.mark.parametrize(
     ("spec", "extra"),
-    [(SPEC, ()), (CACHED_SPEC, ("--expert-cache-mb", "0.05"))],
-    ids=["q4_0-repacked", "q8_0-expert-cache"],
+    [(SPEC, ()), (CACHED_SPEC, ("--expert-cache-mb", "0.05", "--insecure"))],
+    ids=["q4_0-repacked-mtls", "q8_0-expert-cache-insecure"],
 )
 def test_up_expert_parallel_demo_equals_whole_model(
     tmp_path: Path, spec: SyntheticSpec, extra: tuple[str, ...]
@@ -96,6 +98,8 @@ def test_up_expert_parallel_demo_equals_whole_model(
     caches = re.findall(r"node \d: expert cache .* hit rate ([\d.]+), ([\d.]+) MB read", done.stdout)
     assert len(caches) == (2 if extra else 0), done.stdout
     assert all(float(read) > 0 for _, read in caches)
+    minted = sorted(p.name for p in (tmp_path / "data" / "swarm" / "nodes").glob("expert-*"))
+    assert minted == ([] if "--insecure" in extra else ["expert-2-0", "expert-2-1", "expert-driver"])
 
 
 def test_up_expert_parallel_ends_when_a_node_dies(tmp_path: Path) -> None:

@@ -62,3 +62,32 @@ def test_expert_cache_flag_needs_an_expert_node_and_a_positive_size(tmp_path: Pa
         model=model, layer_choice=LayerRange(0, 2), data_dir=tmp_path, experts=ExpertOwnership(0, 2), expert_cache_mb=8
     )
     assert cached.expert_cache_mb == 8
+
+
+def test_an_expert_node_needs_an_identity_and_insecure_stays_on_loopback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like a layer worker: no swarm identity and no --insecure is refused, and --insecure is
+    refused when the node's peers are off this machine (checked before anything loads)."""
+    from gguf import GGMLQuantizationType as Quant
+
+    from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+
+    spec = SyntheticSpec(architecture="qwen3moe", n_layers=1, n_expert=4, n_expert_used=2, weight_type=Quant.F32)
+    model = write_synthetic_model(tmp_path / "moe.gguf", spec)
+    base = ["--data-dir", str(tmp_path), "worker", "--model", str(model), "--experts", "0/2"]
+    assert cli.main([*base, "--expert-peers", "127.0.0.1:1,127.0.0.1:2"]) != 0
+    assert "no swarm identity" in capsys.readouterr().err
+    assert cli.main([*base, "--expert-peers", "127.0.0.1:1,192.0.2.7:2", "--insecure"]) != 0
+    assert "192.0.2.7:2 is not loopback" in capsys.readouterr().err
+
+
+def test_expert_peers_are_addresses_or_node_ids_at_addresses() -> None:
+    from meshnet.worker.expert_links import ExpertPeer
+
+    assert ExpertPeer.parse("127.0.0.1:7001") == ExpertPeer("127.0.0.1:7001")
+    assert ExpertPeer.parse("w-0a1b@127.0.0.1:7001") == ExpertPeer("127.0.0.1:7001", "w-0a1b")
+    assert str(ExpertPeer("127.0.0.1:7001", "w-0a1b")) == "w-0a1b@127.0.0.1:7001"
+    for bad in ("", "w-0a1b@", "127.0.0.1", "Bad_Id@127.0.0.1:7001"):
+        with pytest.raises(InvalidArgument):
+            ExpertPeer.parse(bad)

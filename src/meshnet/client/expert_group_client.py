@@ -4,6 +4,8 @@ The group is a ``Backend`` (a ``LocalRoute`` of it generates text), so a step fa
 N nodes with a deadline and comes back as one output; the nodes must agree on every logit's
 crc32. When a node dies the others' exchanges fail as soon as its streams close, so every call
 ends within the step deadline and the caller gets one structured error naming the lost node.
+Every node is dialled over mutual TLS (``security``: the driver's own swarm identity, a gateway's
+or an admin's), pinned to the name only worker certificates carry; None dials plaintext.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.protocol import expert_wire
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
 
 PROBE_INTERVAL_S = 0.5
 """How long a step may run before the driver starts asking its pending nodes whether they live."""
@@ -27,12 +30,15 @@ PROBE_TIMEOUT_S = 1.0
 
 
 class ExpertGroupClient:
-    def __init__(self, addresses: Sequence[str], step_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, addresses: Sequence[str], step_timeout_s: float = 30.0, *, security: LinkSecurity | None = None
+    ) -> None:
         if not addresses:
             raise InvalidArgument("an expert group needs at least one node address")
         self._addresses = list(addresses)
         self._timeout_s = step_timeout_s
-        self._channels = [grpc.insecure_channel(a, options=expert_wire.CHANNEL_OPTIONS) for a in self._addresses]
+        options = expert_wire.CHANNEL_OPTIONS
+        self._channels = [blocking_channel(a, security, ANY_WORKER_NAME, options) for a in self._addresses]
         self._stubs = [expert_wire.ExpertGroupStub(c) for c in self._channels]
         self.nodes = [self._describe(i) for i in range(len(self._stubs))]
         self._check_group()

@@ -2,7 +2,10 @@
 
 Used by tests, the expert-parallel benchmark and anything else that starts a group on one
 machine: it picks free loopback ports (the peers must know each other's addresses before any
-starts), optionally pins node I to core I, and reads a node's resident model pages.
+starts), optionally pins node I to core I, and reads a node's resident model pages. Each node's
+identity comes from the caller (this layer holds no keys): ``--identity DIR`` and its node id for
+mTLS (the peers are then listed as ``NODE_ID@HOST:PORT``, so each link is pinned to its node), or
+``--insecure`` (plaintext, loopback) when none is given.
 """
 
 from __future__ import annotations
@@ -10,12 +13,24 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from meshnet.process.launcher import LaunchSpec, meshnet_command
 
 EXPERT_READY_PREFIX = "meshnet expert node ready"
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """How one node proves who it is: its identity flags, and the node id its certificate names."""
+
+    flags: tuple[str, ...]
+    node_id: str | None = None
+
+
+INSECURE = NodeIdentity(("--insecure",))
 
 
 def free_loopback_port() -> int:
@@ -33,19 +48,24 @@ def expert_group_specs(
     options: Sequence[str] = (),
     *,
     pin_cores: bool = False,
+    identity: Callable[[str], NodeIdentity] | None = None,
 ) -> tuple[list[str], list[LaunchSpec]]:
-    """Peer addresses in index order and one launch spec per node (``options``: extra worker flags)."""
+    """Peer addresses in index order and one launch spec per node (``options``: extra worker flags).
+
+    ``identity(name)``: node ``name``'s (``expert-N-I``) swarm identity; None runs the group
+    with ``--insecure``."""
     peers = [f"127.0.0.1:{free_loopback_port()}" for _ in range(size)]
+    names = [f"expert-{size}-{index}" for index in range(size)]
+    identities = [INSECURE if identity is None else identity(name) for name in names]
+    listed = ",".join(f"{i.node_id}@{p}" if i.node_id else p for i, p in zip(identities, peers, strict=True))
     specs = []
-    for index in range(size):
-        arguments = ["worker", "--model", str(model), "--experts", f"{index}/{size}", "--expert-peers", ",".join(peers)]
-        arguments += ["--port", peers[index].split(":")[1], *options]
+    for index, name in enumerate(names):
+        arguments = ["worker", "--model", str(model), "--experts", f"{index}/{size}", "--expert-peers", listed]
+        arguments += ["--port", peers[index].split(":")[1], *options, *identities[index].flags]
         command = meshnet_command(data_dir, *arguments)
         if pin_cores:
             command = ("taskset", "-c", str(index % (os.cpu_count() or 1)), *command)
-        specs.append(
-            LaunchSpec(f"expert-{size}-{index}", command, log_dir / f"expert-{size}-{index}.log", EXPERT_READY_PREFIX)
-        )
+        specs.append(LaunchSpec(name, command, log_dir / f"{name}.log", EXPERT_READY_PREFIX))
     return peers, specs
 
 

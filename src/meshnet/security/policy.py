@@ -30,6 +30,7 @@ TrackerRpc = Literal[
 ]
 ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
 ArtifactRpc = Literal["Fetch"]
+ExpertRpc = Literal["ExchangeRows", "ExpertStep", "ExpertRelease", "DescribeExpertNode"]
 
 _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # A node's own membership: only workers, and only for themselves (see ``authorize_tracker``).
@@ -64,6 +65,14 @@ _SHARD_ROLES: dict[str, frozenset[Role]] = {
 _ARTIFACT_ROLES: dict[str, frozenset[Role]] = {
     # Model bytes go to the swarm's members only: fetching workers, and operators checking a holder.
     "Fetch": frozenset({"worker", "gateway", "admin"}),
+}
+_EXPERT_ROLES: dict[str, frozenset[Role]] = {
+    # Slot rows carry every token's hidden state: only the group's own nodes swap them.
+    "ExchangeRows": frozenset({"worker"}),
+    # Steps and releases drive generation: the parties that may open a shard Session.
+    "ExpertStep": frozenset({"gateway", "worker", "admin"}),
+    "ExpertRelease": frozenset({"gateway", "worker", "admin"}),
+    "DescribeExpertNode": frozenset({"gateway", "worker", "admin", "tracker"}),
 }
 
 
@@ -114,6 +123,23 @@ def authorize_tracker(
 def authorize_artifacts(peer: PeerIdentity | None, rpc: str, *, revoked: frozenset[str]) -> Verdict:
     """May ``peer`` call a holder's Artifacts ``rpc`` (a worker's or a seeder's server)?"""
     return _by_role(peer, rpc, _ARTIFACT_ROLES, revoked)[1]
+
+
+def authorize_expert(
+    peer: PeerIdentity | None, rpc: str, *, revoked: frozenset[str], listed_node_id: str | None = None
+) -> Verdict:
+    """May ``peer`` call an expert-parallel node's ``rpc``? ``listed_node_id``: for ExchangeRows,
+    the node id the group lists for the index the stream claims (None when listed by address only).
+
+    No per-slot owner check, unlike a shard's Cancel/Release: a group runs one step sequence,
+    which the nodes keep in order whoever drives it (a second driver continues a group)."""
+    caller, verdict = _by_role(peer, rpc, _EXPERT_ROLES, revoked)
+    if caller is None:
+        return verdict
+    # One node cannot stand in for another: the listed node's certificate, and only it, sends its rows.
+    if rpc == "ExchangeRows" and listed_node_id is not None and caller.node_id != listed_node_id:
+        return _deny(f"node {caller.node_id} may not send the rows of group member {listed_node_id}")
+    return ALLOW
 
 
 def authorize_shard(

@@ -104,7 +104,8 @@ class WorkerConfig:
     """Serve the whole model as node I of an N-node expert-parallel group (I/N): routed experts
     e mod N == I computed here, slot rows swapped with --expert-peers. Replaces --layers."""
     expert_peers: tuple[str, ...] = ()
-    """With --experts: every node's host:port in index order (this node's own included)."""
+    """With --experts: every node's host:port in index order (this node's own included); as
+    NODE_ID@host:port, only that node's certificate may serve or send that index's rows."""
     expert_timeout: float = 10.0
     """With --experts: seconds to wait for a peer's rows of one layer before the step fails."""
     expert_cache_mb: float | None = None

@@ -6,6 +6,10 @@ reads the other direction). A stream that ends or breaks puts a "lost" marker in
 an exchange waiting on a dead peer fails at once (a killed process closes its sockets) rather
 than at the deadline; the deadline covers a peer that hangs. Every frame is decoded strictly
 and must carry the expected sender, exchange sequence and layer.
+
+A peer is listed as ``HOST:PORT`` or ``NODE_ID@HOST:PORT``: with a node id, only that node's
+certificate may answer at the address or send as that index (one node cannot stand in for
+another); without one, any worker of the swarm may.
 """
 
 from __future__ import annotations
@@ -16,20 +20,40 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
-from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
+from meshnet.core.errors import DeadlineExceeded, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.experts import ExchangeGeometry, ExpertOwnership, ExpertRowsConflict, SlotRows
 from meshnet.protocol import expert_wire
 from meshnet.protocol.expert_frames import decode_slot_rows, encode_slot_rows
+from meshnet.security.identity import check_node_id
 
 log = logging.getLogger(__name__)
 STATS_WINDOW = 4096
 """Exchanges whose latency the node keeps for its p50/p95."""
 _LOST = b""
 """Inbox marker: the stream from this peer has ended (frames are never empty)."""
+
+
+@dataclass(frozen=True)
+class ExpertPeer:
+    """One entry of ``--expert-peers``: where the node listens and, if known, who it is."""
+
+    address: str
+    node_id: str | None = None
+
+    @classmethod
+    def parse(cls, entry: str) -> ExpertPeer:
+        node_id, _, address = entry.strip().rpartition("@")
+        if not address or ":" not in address:
+            raise InvalidArgument(f"an expert peer is HOST:PORT or NODE_ID@HOST:PORT, got {entry!r}")
+        return cls(address, check_node_id(node_id) if node_id else None)
+
+    def __str__(self) -> str:
+        return f"{self.node_id}@{self.address}" if self.node_id else self.address
 
 
 class PeerLink:

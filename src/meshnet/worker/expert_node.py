@@ -6,6 +6,12 @@ listen, open a row stream to every lower-indexed peer and accept one from every 
 the ready line is printed once all N-1 streams are up. A driver then runs every batch on every
 node (``ExpertStep``); the nodes swap slot rows inside the step. A lost peer fails the step on
 every node at once, and this node refuses further steps: a group is re-formed by restarting it.
+
+Links are mutual TLS from the swarm CA, like every other meshnet link (``--identity``; plaintext
+only with ``--insecure`` on loopback): a node dials each peer pinned to the name only that peer's
+certificate carries (``NODE_ID@HOST:PORT``) or, listed by address only, that every worker's
+carries; it admits each RPC by the caller's role and, for a row stream, by the node id listed for
+the index it claims (``security.policy.authorize_expert``).
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from meshnet.engine.expert_certification import certify_expert_parallel
 from meshnet.engine.expert_parallel import ExpertParallelBackend
 from meshnet.protocol import expert_wire
 from meshnet.protocol.status import error_metadata, status_for
+from meshnet.protocol.tls import LinkSecurity, bind, blocking_channel, enforce, hop_server_name
+from meshnet.security.policy import ExpertRpc, authorize_expert
 from meshnet.worker.config import WorkerConfig
-from meshnet.worker.expert_links import GrpcRowExchange, PeerLink
+from meshnet.worker.expert_links import ExpertPeer, GrpcRowExchange, PeerLink
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
@@ -41,13 +49,16 @@ _CHANNEL_OPTIONS = expert_wire.CHANNEL_OPTIONS
 class ExpertNode:
     """The node's state: its backend, its row exchange, the step sequence it has run."""
 
-    def __init__(self, config: WorkerConfig, ownership: ExpertOwnership) -> None:
+    def __init__(self, config: WorkerConfig, ownership: ExpertOwnership, security: LinkSecurity | None = None) -> None:
         if len(config.expert_peers) != ownership.count:
             raise InvalidArgument(f"--expert-peers must list all {ownership.count} nodes' addresses in index order")
         if config.model is None:
             raise InvalidArgument("an expert node needs --model")
         self.ownership = ownership
         self.config = config
+        self.security = security
+        """None only with ``--insecure`` (loopback development): then nobody is checked."""
+        self.peers = [ExpertPeer.parse(entry) for entry in config.expert_peers]
         cache = SliceCache(config.data_dir / "cache")
         self.model_sha256 = cache.source_sha256(config.model)
         moe = read_moe_shape(config.model)
@@ -100,10 +111,19 @@ class ExpertNode:
         self._engine.submit(self.backend.truncate, slot, 0).result()
 
     def dial_lower_peers(self, deadline: float) -> None:
-        """Open the row stream to every node with a lower index (they accept it)."""
+        """Open the row stream to every node with a lower index (they accept it).
+
+        Pinned to the listed node's own name, or to the name every worker certificate carries
+        when the peer is listed by address only (a gateway's certificate fails either way)."""
         for peer in range(self.ownership.index):
-            channel = grpc.insecure_channel(self.config.expert_peers[peer], options=_CHANNEL_OPTIONS)
-            grpc.channel_ready_future(channel).result(timeout=max(deadline - time.monotonic(), 0.1))
+            listed = self.peers[peer]
+            server_name = hop_server_name(listed.node_id)
+            channel = blocking_channel(listed.address, self.security, server_name, _CHANNEL_OPTIONS)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=max(deadline - time.monotonic(), 0.1))
+            except grpc.FutureTimeoutError:
+                what = f"an mTLS handshake as {server_name}" if self.security else "a plaintext connection"
+                raise Unavailable(f"expert peer {peer} ({listed}) did not complete {what} in time") from None
             link = PeerLink(self.ownership.index, peer)
             opening = expert_wire.ExpertRowsFrame(sender=self.ownership.index, model_sha256=self.model_sha256)
             responses = expert_wire.ExpertGroupStub(channel).ExchangeRows(link.outgoing(opening))
@@ -120,9 +140,22 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def __init__(self, node: ExpertNode) -> None:
         self._node = node
 
+    def _admit(self, context: grpc.ServicerContext, rpc: ExpertRpc, listed_node_id: str | None = None) -> None:
+        """Abort the call unless the caller's certificate may call ``rpc`` (nobody checked when insecure)."""
+        security = self._node.security
+        if security is None:
+            return
+        try:
+            caller = security.peer(context)
+            revoked = security.revocations.current()
+            enforce(authorize_expert(caller, rpc, revoked=revoked, listed_node_id=listed_node_id))
+        except MeshnetError as error:
+            _abort(context, error)
+
     def ExchangeRows(
         self, request_iterator: Iterator[expert_wire.ExpertRowsFrame], context: grpc.ServicerContext
     ) -> Iterator[expert_wire.ExpertRowsFrame]:
+        self._admit(context, "ExchangeRows")
         node = self._node
         opening = next(request_iterator, None)
         if opening is None:
@@ -130,6 +163,8 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
         peer = opening.sender
         if not node.ownership.index < peer < node.ownership.count or opening.model_sha256 != node.model_sha256:
             _abort(context, InvalidArgument(f"row stream from node {peer} of another group or model refused"))
+        if node.peers[peer].node_id is not None:
+            self._admit(context, "ExchangeRows", node.peers[peer].node_id)
         link = PeerLink(node.ownership.index, peer)
         if not node.exchange.add(link):
             _abort(context, FailedPrecondition(f"node {peer} already has a row stream to this node"))
@@ -140,6 +175,7 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def ExpertStep(
         self, request: expert_wire.ExpertStepRequest, context: grpc.ServicerContext
     ) -> expert_wire.ExpertStepReply:
+        self._admit(context, "ExpertStep")
         try:
             return self._node.step(request)
         except MeshnetError as error:
@@ -148,6 +184,7 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def ExpertRelease(
         self, request: expert_wire.ExpertReleaseRequest, context: grpc.ServicerContext
     ) -> expert_wire.ExpertReleaseReply:
+        self._admit(context, "ExpertRelease")
         try:
             self._node.release(request.slot)
         except MeshnetError as error:
@@ -157,6 +194,7 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def DescribeExpertNode(
         self, request: expert_wire.ExpertNodeQuery, context: grpc.ServicerContext
     ) -> expert_wire.ExpertNodeInfo:
+        self._admit(context, "DescribeExpertNode")
         return expert_wire.node_info_to_proto(self._node.describe())
 
 
@@ -166,16 +204,20 @@ def _abort(context: grpc.ServicerContext, error: MeshnetError) -> NoReturn:
     raise error  # context.abort always raises; this keeps the NoReturn promise
 
 
-def serve_expert_node(config: WorkerConfig, on_ready: Callable[[str, str], None]) -> None:
-    """Certify, load, listen, connect the group, call ``on_ready(address, checks)``, serve until SIGTERM."""
+def serve_expert_node(
+    config: WorkerConfig, on_ready: Callable[[str, str], None], security: LinkSecurity | None = None
+) -> None:
+    """Certify, load, listen, connect the group, call ``on_ready(address, checks)``, serve until SIGTERM.
+
+    ``security``: this node's identity; None serves plaintext (``--insecure``, loopback only)."""
     ownership = config.experts
     if ownership is None:
         raise InvalidArgument("an expert node needs --experts I/N")
     checks = certify_expert_parallel(config.model, ownership.count, config.llama_config(1))  # type: ignore[arg-type]
-    node = ExpertNode(config, ownership)
+    node = ExpertNode(config, ownership, security)
     server = grpc.server(ThreadPoolExecutor(max_workers=ownership.count + 8), options=_CHANNEL_OPTIONS)
     expert_wire.add_expert_group_servicer(ExpertNodeServicer(node), server)
-    bound = server.add_insecure_port(f"{config.host}:{config.port}")
+    bound = bind(server, f"{config.host}:{config.port}", security)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()

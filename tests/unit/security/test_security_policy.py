@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshnet.security.identity import PeerIdentity, Role
-from meshnet.security.policy import authorize_artifacts, authorize_shard, authorize_tracker
+from meshnet.security.policy import authorize_artifacts, authorize_expert, authorize_shard, authorize_tracker
 
 
 def peer(role: Role, node_id: str = "n-1") -> PeerIdentity:
@@ -104,3 +104,45 @@ def test_artifact_fetch_needs_an_identity_and_no_revocation() -> None:
     assert authorize_artifacts(None, "Fetch", revoked=NONE).status == "unauthenticated"
     assert authorize_artifacts(peer("worker"), "Fetch", revoked=frozenset({"n-1"})).status == "unauthenticated"
     assert authorize_artifacts(peer("worker"), "Push", revoked=NONE).status == "permission_denied"
+
+
+@pytest.mark.parametrize(
+    ("role", "rpc", "allowed"),
+    [
+        ("worker", "ExchangeRows", True),  # a node of the group
+        ("gateway", "ExchangeRows", False),  # rows carry hidden states: nodes only
+        ("admin", "ExchangeRows", False),
+        ("tracker", "ExchangeRows", False),
+        ("gateway", "ExpertStep", True),  # the parties that drive generation
+        ("worker", "ExpertStep", True),
+        ("admin", "ExpertStep", True),
+        ("tracker", "ExpertStep", False),
+        ("gateway", "ExpertRelease", True),
+        ("worker", "ExpertRelease", True),
+        ("admin", "ExpertRelease", True),
+        ("tracker", "ExpertRelease", False),
+        ("gateway", "DescribeExpertNode", True),
+        ("admin", "DescribeExpertNode", True),
+        ("tracker", "DescribeExpertNode", True),
+        ("gateway", "ExpertNoSuchRpc", False),
+        ("worker", "Session", False),  # a shard RPC is not an expert RPC
+    ],
+)
+def test_expert_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
+    verdict = authorize_expert(peer(role), rpc, revoked=NONE)
+    assert (verdict.allowed, verdict.status) == ((True, "ok") if allowed else (False, "permission_denied"))
+
+
+def test_expert_rpcs_need_an_identity_and_no_revocation() -> None:
+    assert authorize_expert(None, "ExpertStep", revoked=NONE).status == "unauthenticated"
+    assert authorize_expert(peer("worker"), "ExchangeRows", revoked=frozenset({"n-1"})).status == "unauthenticated"
+
+
+def test_only_the_listed_node_sends_its_index_rows() -> None:
+    listed = authorize_expert(peer("worker", "n-1"), "ExchangeRows", revoked=NONE, listed_node_id="n-1")
+    assert listed.allowed
+    other = authorize_expert(peer("worker", "n-2"), "ExchangeRows", revoked=NONE, listed_node_id="n-1")
+    assert (other.allowed, other.status) == (False, "permission_denied")
+    assert authorize_expert(peer("worker", "n-2"), "ExchangeRows", revoked=NONE).allowed  # listed by address only
+    # The role is checked first: a gateway stays refused whatever it is listed as.
+    assert not authorize_expert(peer("gateway", "n-1"), "ExchangeRows", revoked=NONE, listed_node_id="n-1").allowed

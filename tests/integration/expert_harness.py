@@ -1,0 +1,49 @@
+"""Helpers for tests of networked expert-parallel groups: a group under mTLS, and the bitwise
+comparison of a group with the whole model.
+
+Identities are minted from a data dir's CA as ``meshnet up`` does (``expert_swarm``): every node
+a worker certificate, listed to its peers by node id; another data dir is another swarm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from meshnet.engine.backend import Backend, StepInput
+from meshnet.expert_swarm import minted_security, minted_worker_identity
+from meshnet.process.expert_launch import expert_group_specs
+from meshnet.process.launcher import ChildProcess, launch_all
+from meshnet.protocol.tls import LinkSecurity
+
+
+def launch_secure_group(
+    root: Path, model: Path, size: int, options: Sequence[str]
+) -> tuple[list[str], list[ChildProcess], LinkSecurity]:
+    """Start ``size`` nodes with worker identities of ``root/data``'s swarm; their addresses, the
+    processes (the caller stops them) and a gateway identity to drive them with."""
+    data = root / "data"
+    peers, specs = expert_group_specs(data, model, size, root, options, identity=minted_worker_identity(data))
+    assert all("--identity" in spec.command and "--insecure" not in spec.command for spec in specs)
+    children = launch_all(specs, timeout_s=240)
+    return peers, children, minted_security(data, "driver", "gateway")
+
+
+def decode_bitwise(
+    whole: Backend, group: Backend, prompt: np.ndarray, steps: int, between: Callable[[int], None] = lambda _: None
+) -> int:
+    """Prefill ``prompt`` in slot 0, then greedy-decode on both: every logit of the group must
+    equal the whole model's bit for bit over ``steps`` steps (``between(step)`` runs after each).
+    Returns the next position of the session."""
+    batch = [StepInput(0, 0, tokens=prompt, want_logits="all")]
+    position = len(prompt)
+    for step in range(steps):
+        want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
+        assert want is not None and got is not None
+        assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), f"step {step} differs"
+        batch = [StepInput(0, position, tokens=np.array([int(np.argmax(want[-1]))], np.int32))]
+        position += 1
+        between(step)
+    return position - 1  # the last batch built above was not run

@@ -1,0 +1,173 @@
+"""An expert-parallel group under mutual TLS from one swarm CA, with real handshakes.
+
+Two ``meshnet worker --experts I/2 --identity DIR`` processes (worker certificates of one swarm)
+serve a synthetic qwen3moe (64 experts, top-8, repacked Q4_0); a driver holding a gateway
+certificate steps them and every logit equals whole-model llama.cpp bit for bit. Between its
+steps, intruders call the nodes, each refused the way the swarm refuses elsewhere:
+- a client with a certificate of another CA, or none (plaintext): the handshake fails
+  (UNAVAILABLE) for ExchangeRows, ExpertStep and DescribeExpertNode alike;
+- swarm certificates of the wrong role: a gateway or an admin opening ExchangeRows (slot rows
+  are for the group's nodes only), a tracker stepping the group: PERMISSION_DENIED;
+- a worker certificate of the swarm that is not the node listed for the index it claims
+  (``NODE_ID@HOST:PORT``): PERMISSION_DENIED; node 1's own certificate passes and is then
+  refused by the group itself (its stream exists already), which shows the checks, not the
+  stream, refused the others;
+- a driver dials only workers: a server presenting a gateway certificate fails its handshake.
+The driver's decode continues bit-identical after every refusal.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from expert_harness import decode_bitwise, launch_secure_group
+from gguf import GGMLQuantizationType as Quant
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.client.expert_group_client import ExpertGroupClient
+from meshnet.core.errors import Unavailable
+from meshnet.core.layers import LayerRange
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
+from meshnet.expert_swarm import minted_security
+from meshnet.process.launcher import stop_all
+from meshnet.protocol import expert_wire
+from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel, hop_server_name
+from meshnet.security.swarm_dir import load_identity, swarm_dir
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = SyntheticSpec(
+    architecture="qwen3moe", n_layers=2, n_expert=64, n_expert_used=8, n_ff_expert=32, weight_type=Quant.Q4_0
+)
+CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
+CALL_TIMEOUT_S = 20.0
+
+
+def _rows_call(address: str, security: LinkSecurity | None, sender: int, model_sha256: str) -> grpc.StatusCode:
+    """Open ExchangeRows as node ``sender`` and read until the server ends the stream: its status."""
+    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
+    done = threading.Event()
+
+    def frames() -> Iterator[expert_wire.ExpertRowsFrame]:
+        yield expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256)
+        done.wait(CALL_TIMEOUT_S)  # keep our side open: the server's refusal must end the call
+
+    try:
+        for _ in expert_wire.ExpertGroupStub(channel).ExchangeRows(frames(), timeout=CALL_TIMEOUT_S):
+            pass
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+    finally:
+        done.set()
+        channel.close()
+    return grpc.StatusCode.OK
+
+
+def _step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.StatusCode:
+    """One unary call (a step the nodes would refuse as out of order, or a describe): its status."""
+    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
+    stub = expert_wire.ExpertGroupStub(channel)
+    try:
+        if rpc == "ExpertStep":
+            items = [expert_wire.ExpertStepItem(1, 0, np.array([5], np.int32), "last")]
+            stub.ExpertStep(expert_wire.step_to_proto(10**6, items), timeout=CALL_TIMEOUT_S)
+        else:
+            stub.DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+    finally:
+        channel.close()
+    return grpc.StatusCode.OK
+
+
+def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) -> dict[str, grpc.StatusCode]:
+    """What each intruder's call on node 0 ends with (node 0 accepts node 1's stream)."""
+    rogue = minted_security(foreign, "rogue", "worker")  # a worker certificate, of another swarm's CA
+    gateway, admin = (minted_security(data, f"intruder-{role}", role) for role in ("gateway", "admin"))
+    tracker, worker = (minted_security(data, f"intruder-{role}", role) for role in ("tracker", "worker"))
+    node_1 = LinkSecurity(load_identity(swarm_dir(data) / "nodes" / "expert-2-1"))
+    node = peers[0]
+    return {
+        "foreign rows": _rows_call(node, rogue, 1, model_sha256),
+        "foreign step": _step_call(node, rogue, "ExpertStep"),
+        "foreign describe": _step_call(node, rogue, "DescribeExpertNode"),
+        "plaintext rows": _rows_call(node, None, 1, model_sha256),
+        "plaintext step": _step_call(node, None, "ExpertStep"),
+        "gateway rows": _rows_call(node, gateway, 1, model_sha256),
+        "admin rows": _rows_call(node, admin, 1, model_sha256),
+        "tracker step": _step_call(node, tracker, "ExpertStep"),
+        "impostor worker rows": _rows_call(node, worker, 1, model_sha256),
+        "node 1 rows": _rows_call(node, node_1, 1, model_sha256),
+        "admin step": _step_call(node, admin, "ExpertStep"),
+        "tracker describe": _step_call(node, tracker, "DescribeExpertNode"),
+    }
+
+
+EXPECTED = {
+    "foreign rows": grpc.StatusCode.UNAVAILABLE,
+    "foreign step": grpc.StatusCode.UNAVAILABLE,
+    "foreign describe": grpc.StatusCode.UNAVAILABLE,
+    "plaintext rows": grpc.StatusCode.UNAVAILABLE,
+    "plaintext step": grpc.StatusCode.UNAVAILABLE,
+    "gateway rows": grpc.StatusCode.PERMISSION_DENIED,
+    "admin rows": grpc.StatusCode.PERMISSION_DENIED,
+    "tracker step": grpc.StatusCode.PERMISSION_DENIED,
+    "impostor worker rows": grpc.StatusCode.PERMISSION_DENIED,  # a worker, but not the listed node 1
+    "node 1 rows": grpc.StatusCode.FAILED_PRECONDITION,  # authorized; node 1's stream is up already
+    "admin step": grpc.StatusCode.FAILED_PRECONDITION,  # authorized; step 10**6 is out of order
+    "tracker describe": grpc.StatusCode.OK,
+}
+
+
+def _driver_refuses_a_gateway_server(data: Path, driver: LinkSecurity) -> None:
+    """A server with a swarm gateway certificate is not a node: the driver's handshake fails on
+    the pinned worker name. Control: pinned to the name that certificate does carry, the same
+    handshake succeeds (the empty server then answers UNIMPLEMENTED)."""
+    impostor = minted_security(data, "fake-node", "gateway")
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    address = f"127.0.0.1:{bind(server, '127.0.0.1:0', impostor)}"
+    server.start()
+    try:
+        with pytest.raises(Unavailable, match=r"(?i)handshake|ssl|certificate|connect"):
+            ExpertGroupClient([address], step_timeout_s=5, security=driver)
+        channel = blocking_channel(address, driver, hop_server_name(impostor.identity.node_id), [])
+        with pytest.raises(grpc.RpcError) as control:
+            expert_wire.ExpertGroupStub(channel).DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=5)
+        channel.close()
+        assert control.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        server.stop(grace=None)
+
+
+def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
+    data = tmp_path / "data"
+    options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--expert-timeout", "30"]
+    peers, children, driver = launch_secure_group(tmp_path, model, 2, options)
+    whole = LlamaBackend(
+        SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
+    )
+    group = ExpertGroupClient(peers, step_timeout_s=30, security=driver)
+    try:
+
+        def intrude(step: int) -> None:
+            if step == 5:  # mid-generation: the intruders, then the same session goes on
+                outcomes = _intrusions(peers, data, tmp_path / "other-swarm", group.nodes[0].model_sha256)
+                assert outcomes == EXPECTED
+                _driver_refuses_a_gateway_server(data, driver)
+
+        prompt = np.random.default_rng(11).integers(3, 290, 60).astype(np.int32)
+        decode_bitwise(whole, group, prompt, 12, intrude)
+        assert [n.peers_connected for n in group.describe()] == [1, 1]  # the group's own streams stayed up
+    finally:
+        group.close()
+        whole.close()
+        stop_all(children)
