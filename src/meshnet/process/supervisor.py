@@ -106,10 +106,14 @@ class Supervisor:
     def watch(self, poll_s: float = 0.25) -> NoReturn:
         """Restart whatever dies, until interrupted; raises ``CrashLoop`` if one keeps dying."""
         while True:
-            for component in self.components:
-                if component.child is not None and not component.child.alive:
-                    self._restart(component)
+            self.restart_exited()
             time.sleep(poll_s)
+
+    def restart_exited(self) -> None:
+        """Restart every child that has exited (with its group); raises ``CrashLoop`` as ``watch``."""
+        for component in self.components:
+            if component.child is not None and not component.child.alive:
+                self._restart(component)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop every child, the last started first (the gateway before the tracker)."""
