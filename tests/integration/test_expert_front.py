@@ -42,7 +42,9 @@ WORKER_READY = "meshnet worker ready "
 
 
 def _front(data: Path, model: Path, peers: list[str]) -> tuple[str, ...]:
-    return meshnet_command(data, "worker", "--model", str(model), "--expert-group", ",".join(peers), "--port", "0", "--insecure")
+    return meshnet_command(
+        data, "worker", "--model", str(model), "--expert-group", ",".join(peers), "--port", "0", "--insecure"
+    )
 
 
 async def _capability(address: str) -> CapabilityInfo:

@@ -26,6 +26,7 @@ import openai
 import psutil
 import pytest
 from gguf import GGMLQuantizationType as Quant
+from swarm_harness import SseItem, query_db, read_sse
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
@@ -33,13 +34,12 @@ from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_backend import LlamaBackend
-from meshnet.engine.logprobs import log_softmax
 from meshnet.engine.local_route import LocalRoute
+from meshnet.engine.logprobs import log_softmax
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.expert_swarm import demo_prompt
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command
 from meshnet.worker.config import WorkerConfig
-from swarm_harness import SseItem, query_db, read_sse
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -166,7 +166,9 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
         reformed = _wait_served_again(base_url, auth)
         print(f"served again {time.monotonic() - killed_at[0]:.1f} s after the kill (the group re-formed)")
         assert reformed.json()["choices"][0]["text"] == greedy.text
-        restarts = {c["name"]: c["restarts"] for c in json.loads((data / "logs" / "up-status.json").read_text())["components"]}
+        restarts = {
+            c["name"]: c["restarts"] for c in json.loads((data / "logs" / "up-status.json").read_text())["components"]
+        }
         assert restarts == {"tracker": 0, "gateway": 0, "expert-2-0": 1, "expert-2-1": 1, "expert front": 1}, restarts
     finally:
         up.stop()
@@ -182,7 +184,9 @@ def _assert_work_record(db: Path, request_id: str) -> None:
     while not query_db(db, f"SELECT status FROM work_records WHERE request_id = '{request_id}'"):
         assert time.monotonic() < deadline, f"no work record for {request_id}"
         time.sleep(0.2)
-    [(status, tokens_out)] = query_db(db, f"SELECT status, tokens_out FROM work_records WHERE request_id = '{request_id}'")
+    [(status, tokens_out)] = query_db(
+        db, f"SELECT status, tokens_out FROM work_records WHERE request_id = '{request_id}'"
+    )
     assert (status, tokens_out) == ("completed", ANSWER_TOKENS)
     shares = query_db(db, f"SELECT node_id, layer_start, layer_stop FROM work_shares WHERE request_id = '{request_id}'")
     fronts = query_db(db, "SELECT node_id FROM nodes")
@@ -224,7 +228,9 @@ def _whole_model_answer(root: Path, model: Path, prompt: str, max_tokens: int, s
         request = GenerationRequest(prompt_tokens, max_tokens, sampling, tokenizer.eos_token_ids)
         tokens = list(route.generate(request, on_logits=lambda logits: rows.append(logits.copy())))
         kept = list(itertools.takewhile(lambda t: t not in tokenizer.eos_token_ids, tokens))
-        logprobs = [min(float(np.float32(log_softmax(row)[token])), 0.0) for row, token in zip(rows, tokens, strict=True)]
+        logprobs = [
+            min(float(np.float32(log_softmax(row)[token])), 0.0) for row, token in zip(rows, tokens, strict=True)
+        ]
         return Answer(tokenizer.decode(kept), logprobs)
     finally:
         route.close()

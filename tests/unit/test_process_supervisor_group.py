@@ -34,7 +34,9 @@ def test_a_dead_member_restarts_its_whole_group_and_nothing_else(tmp_path: Path)
     policy = RestartPolicy(max_restarts=1, delay_s=0.0, group_stop_grace_s=2.0)
     supervisor = Supervisor(30.0, policy, lambda component, event: events.append((component.name, event)))
     try:
-        supervisor.start([_sleeper(tmp_path, "solo"), *(_sleeper(tmp_path, n, "g") for n in ("node0", "node1", "front"))])
+        supervisor.start(
+            [_sleeper(tmp_path, "solo"), *(_sleeper(tmp_path, n, "g") for n in ("node0", "node1", "front"))]
+        )
         before = _pids(supervisor)
         node1 = next(c for c in supervisor.components if c.name == "node1")
         assert node1.child is not None
@@ -45,7 +47,12 @@ def test_a_dead_member_restarts_its_whole_group_and_nothing_else(tmp_path: Path)
         assert after["solo"] == before["solo"]
         assert all(after[name] != before[name] for name in ("node0", "node1", "front")), (before, after)
         assert {c.name: c.restarts for c in supervisor.components} == {"solo": 0, "node0": 1, "node1": 1, "front": 1}
-        assert events[-4:] == [("node1", "exited"), ("node0", "restarted"), ("node1", "restarted"), ("front", "restarted")]
+        assert events[-4:] == [
+            ("node1", "exited"),
+            ("node0", "restarted"),
+            ("node1", "restarted"),
+            ("front", "restarted"),
+        ]
         assert all(c.child is not None and c.child.alive for c in supervisor.components)
         # The member that keeps dying is a crash loop (its own restarts count, not the group's).
         node1.child.signal_group(signal.SIGKILL)

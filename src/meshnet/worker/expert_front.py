@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from meshnet.artifact.describe import ModelDescription
     from meshnet.worker.config import WorkerConfig
 
+T = TypeVar("T")
 GROUP_POLL_S = 0.5
 """How often a front waiting for its group asks the nodes again."""
 GROUP_START_TIMEOUT_S = 180.0
@@ -69,24 +70,19 @@ class ExpertGroupBackend:
     def run(self, batch: list[StepInput]) -> list[StepOutput]:
         if self.failure is not None:
             raise self.failure
+        return self._guarded(lambda: self._group.run(batch))
+
+    def truncate(self, slot: int, position: int) -> None:
+        if self.failure is None:  # a broken group has nothing to free: its nodes refuse every call
+            self._guarded(lambda: self._group.truncate(slot, position))
+
+    def _guarded(self, call: Callable[[], T]) -> T:
         try:
-            return self._group.run(batch)
+            return call()
         except InvalidArgument:
             raise  # refused before any node ran it: the group's step sequence is intact
         except MeshnetError as error:
-            # Some nodes may have run the step and others not: the group cannot continue.
-            self.failure = Unavailable(f"the expert group broke: {error.message}")
-            self.broken.set()
-            raise self.failure from None
-
-    def truncate(self, slot: int, position: int) -> None:
-        if self.failure is not None:
-            return  # nothing to free on a broken group; its nodes refuse every call
-        try:
-            self._group.truncate(slot, position)
-        except InvalidArgument:
-            raise
-        except MeshnetError as error:
+            # Some nodes may have run the call and others not: the group cannot continue.
             self.failure = Unavailable(f"the expert group broke: {error.message}")
             self.broken.set()
             raise self.failure from None
