@@ -19,6 +19,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.protocol import expert_wire
 from meshnet.protocol.status import error_from_rpc
+from meshnet.protocol.tls import LinkSecurity
 
 PROBE_INTERVAL_S = 0.5
 """How long a step may run before the driver starts asking its pending nodes whether they live."""
@@ -27,7 +28,10 @@ PROBE_TIMEOUT_S = 1.0
 
 
 class ExpertGroupClient:
-    def __init__(self, addresses: Sequence[str], step_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, addresses: Sequence[str], step_timeout_s: float = 30.0, *, security: LinkSecurity | None = None
+    ) -> None:
+        # ``security``: the driver's identity for mTLS links (the eptls branch); plaintext here.
         if not addresses:
             raise InvalidArgument("an expert group needs at least one node address")
         self._addresses = list(addresses)

@@ -87,7 +87,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
     capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
-    loop = EngineLoop(partial(open_backend, config, cache, description, capacity.max_sessions))
+    loop = EngineLoop(partial(open_backend, config, cache, description, capacity.max_sessions, security))
     # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
     group = loop.backend if isinstance(loop.backend, ExpertGroupBackend) else None
@@ -173,7 +173,11 @@ def _bind(config: WorkerConfig, security: LinkSecurity | None) -> tuple[grpc.aio
 
 
 def open_backend(
-    config: WorkerConfig, cache: SliceCache, description: ModelDescription | None, max_sessions: int
+    config: WorkerConfig,
+    cache: SliceCache,
+    description: ModelDescription | None,
+    max_sessions: int,
+    security: LinkSecurity | None = None,
 ) -> Backend:
     """The engine for ``config``'s layers; runs on the engine loop's own thread."""
     if config.fake is not None:
@@ -192,7 +196,7 @@ def open_backend(
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
     if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
-        return open_group_backend(config, description, cache.source_sha256(description.path))
+        return open_group_backend(config, description, cache.source_sha256(description.path), security)
     certify_llama_engine(model=description.path)  # the family and weight types it will serve
     return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
 

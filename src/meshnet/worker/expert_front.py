@@ -29,6 +29,7 @@ from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.protocol.tls import LinkSecurity
 from meshnet.session.admission import CapacityPlan
 
 if TYPE_CHECKING:
@@ -92,7 +93,11 @@ class ExpertGroupBackend:
 
 
 def connect_group(
-    addresses: Sequence[str], model_sha256: str, timeout_s: float, step_timeout_s: float
+    addresses: Sequence[str],
+    model_sha256: str,
+    timeout_s: float,
+    step_timeout_s: float,
+    security: LinkSecurity | None = None,
 ) -> ExpertGroupClient:
     """The driver of the group at ``addresses`` once every node is up and every peer stream is
     connected (a front may start with its nodes); refuses a group serving another model file."""
@@ -100,7 +105,7 @@ def connect_group(
     last: MeshnetError | None = None
     while True:
         try:
-            group = ExpertGroupClient(addresses, step_timeout_s=step_timeout_s)
+            group = ExpertGroupClient(addresses, step_timeout_s=step_timeout_s, security=security)
         except Unavailable as error:  # a node not listening yet, or a group broken at start
             last = error
         else:
@@ -125,11 +130,14 @@ def group_capacity(shape: ShardShape) -> CapacityPlan:
     return CapacityPlan(shape.max_slots, 0, 0, 0, None)
 
 
-def open_group_backend(config: WorkerConfig, description: ModelDescription, model_sha256: str) -> ExpertGroupBackend:
-    """The front's engine: its group's driver, once the group has formed (runs on the engine thread)."""
+def open_group_backend(
+    config: WorkerConfig, description: ModelDescription, model_sha256: str, security: LinkSecurity | None
+) -> ExpertGroupBackend:
+    """The front's engine: its group's driver, once the group has formed (runs on the engine thread).
+    ``security``: the front's own worker identity, which the nodes' mTLS links take."""
     if config.layers != LayerRange(0, description.n_layers):
         raise InvalidArgument(f"--expert-group serves the whole model: --layers must be 0:{description.n_layers}")
-    group = connect_group(config.expert_group, model_sha256, GROUP_START_TIMEOUT_S, GROUP_STEP_TIMEOUT_S)
+    group = connect_group(config.expert_group, model_sha256, GROUP_START_TIMEOUT_S, GROUP_STEP_TIMEOUT_S, security)
     if group.shape.n_layers != description.n_layers or group.shape.n_embd != description.n_embd:
         group.close()
         raise FailedPrecondition("the expert group's model shape differs from --model's")
