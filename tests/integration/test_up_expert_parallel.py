@@ -117,7 +117,8 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
     """Through tracker, front and gateway (mTLS between them, an API key for the client):
     - the official client's greedy answer and its logprobs equal the whole model's exactly;
     - a stream carries the telemetry milestones, and its completed work record is in the
-      tracker's database, attributed to the front over every layer;
+      tracker's database, attributed to the front over every layer, whose registration there
+      names the group's nodes;
     - node 1 killed mid-stream: the stream ends with a structured error event and [DONE] at
       once (far below the 30-s step deadline), later requests get structured 503s (never a
       hang), and the group re-forms and answers exactly as before."""
@@ -142,10 +143,10 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
         kinds = [event["kind"] for event in streamed.telemetry()]
         assert {"accepted", "prefill_started", "prefill_completed", "decode_started"} <= set(kinds), kinds
         assert kinds[-1] == "completed", kinds
-        _assert_work_record(data / "tracker.sqlite3", streamed.request_id)
-
         status = json.loads((data / "logs" / "up-status.json").read_text())
         pids = {c["name"]: c["pid"] for c in status["components"]}
+        nodes = [c["address"] for c in status["components"] if c["name"].startswith("expert-2-")]
+        _assert_work_record(data / "tracker.sqlite3", streamed.request_id, nodes)
         assert sorted(pids) == ["expert front", "expert-2-0", "expert-2-1", "gateway", "tracker"]
         killed_at: list[float] = []
 
@@ -178,20 +179,21 @@ def _stream_body(max_tokens: int) -> dict[str, object]:
     return {"model": MODEL, "prompt": TEXT_PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True}
 
 
-def _assert_work_record(db: Path, request_id: str) -> None:
-    """The stream's record, filed by the gateway in the background: completed, attributed to the front."""
+def _assert_work_record(db: Path, request_id: str, group_nodes: list[str]) -> None:
+    """The stream's record, filed by the gateway in the background: completed, attributed to the
+    front over every layer, whose registration names the group's nodes."""
     deadline = time.monotonic() + 30
     while not query_db(db, f"SELECT status FROM work_records WHERE request_id = '{request_id}'"):
         assert time.monotonic() < deadline, f"no work record for {request_id}"
         time.sleep(0.2)
-    [(status, tokens_out)] = query_db(
-        db, f"SELECT status, tokens_out FROM work_records WHERE request_id = '{request_id}'"
+    [record] = query_db(db, f"SELECT status, tokens_out FROM work_records WHERE request_id = '{request_id}'")
+    assert record == ("completed", ANSWER_TOKENS)
+    [share] = query_db(
+        db, f"SELECT node_id, layer_start, layer_stop FROM work_shares WHERE request_id = '{request_id}'"
     )
-    assert (status, tokens_out) == ("completed", ANSWER_TOKENS)
-    shares = query_db(db, f"SELECT node_id, layer_start, layer_stop FROM work_shares WHERE request_id = '{request_id}'")
-    fronts = query_db(db, "SELECT node_id FROM nodes")
-    assert [(start, stop) for _, start, stop in shares] == [(0, SPEC.n_layers)], shares
-    assert shares[0][0] in [node for (node,) in fronts]
+    assert share[1:] == (0, SPEC.n_layers), share
+    [(registration,)] = query_db(db, f"SELECT registration_json FROM nodes WHERE node_id = '{share[0]}'")
+    assert json.loads(registration)["expert_group"] == group_nodes
 
 
 def _wait_served_again(base_url: str, auth: dict[str, str]) -> httpx.Response:

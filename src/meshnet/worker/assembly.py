@@ -157,6 +157,7 @@ def _registration(
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_tokens_per_s=speed.decode_tokens_per_s,
         certified=True,  # see assemble_worker: an uncertified engine never gets this far
+        expert_group=config.expert_group,
     )
 
 
