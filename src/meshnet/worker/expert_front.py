@@ -64,10 +64,6 @@ class ExpertGroupBackend:
     def shape(self) -> ShardShape:
         return self._shape
 
-    @property
-    def group(self) -> ExpertGroupClient:
-        return self._group
-
     def run(self, batch: list[StepInput]) -> list[StepOutput]:
         if self.failure is not None:
             raise self.failure
@@ -81,7 +77,7 @@ class ExpertGroupBackend:
         try:
             return call()
         except InvalidArgument:
-            raise  # refused before any node ran it: the group's step sequence is intact
+            raise  # bad input, refused as a whole (a session's error): the group itself is fine
         except MeshnetError as error:
             # Some nodes may have run the call and others not: the group cannot continue.
             self.failure = Unavailable(f"the expert group broke: {error.message}")
