@@ -17,7 +17,9 @@ import signal
 import subprocess
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -51,6 +53,7 @@ MAX_TOKENS = 16
 SERVING = "Serving the OpenAI-compatible API at "
 MODEL = "meshnet-synthetic-qwen3moe-2L"
 TEXT_PROMPT = "zebra quantum"
+OTHER_PROMPTS = ("the quick brown fox", "a b c d e f g")
 ANSWER_TOKENS = 24
 
 
@@ -115,7 +118,8 @@ def _completion(base_url: str, auth: dict[str, str], prompt: str, max_tokens: in
 
 def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(tmp_path: Path) -> None:
     """Through tracker, front and gateway (mTLS between them, an API key for the client):
-    - the official client's greedy answer and its logprobs equal the whole model's exactly;
+    - the official client's greedy answers and their logprobs equal the whole model's exactly,
+      alone and three at once;
     - a stream carries the telemetry milestones, and its completed work record is in the
       tracker's database, attributed to the front over every layer, whose registration there
       names the group's nodes;
@@ -128,15 +132,15 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
     try:
         base_url = up.await_ready(time.monotonic() + 240).first.removesuffix("/v1")
         auth = {"Authorization": f"Bearer {(data / 'api-key').read_text().strip()}"}
-        greedy = _whole_model_answer(tmp_path, model, TEXT_PROMPT, ANSWER_TOKENS, SamplingParams())
+        answers = {p: _whole_model_answer(tmp_path, model, p, ANSWER_TOKENS) for p in (TEXT_PROMPT, *OTHER_PROMPTS)}
+        greedy = answers[TEXT_PROMPT]
         # The synthetic model's greedy text repeats one token, but its logprob moves every step.
         assert len(set(greedy.logprobs)) > 5, greedy
         with openai.OpenAI(base_url=f"{base_url}/v1", api_key=auth["Authorization"][7:], max_retries=0) as client:
-            choice = client.completions.create(
-                model=MODEL, prompt=TEXT_PROMPT, max_tokens=ANSWER_TOKENS, temperature=0, logprobs=1
-            ).choices[0]
-        assert choice.logprobs is not None
-        assert (choice.text, choice.logprobs.token_logprobs) == (greedy.text, greedy.logprobs)
+            assert _official_answer(client, TEXT_PROMPT) == greedy
+            with ThreadPoolExecutor(len(answers)) as pool:  # sessions that share the group's engine steps
+                concurrent = dict(zip(answers, pool.map(partial(_official_answer, client), answers), strict=True))
+        assert concurrent == answers
 
         streamed = read_sse(base_url, "/v1/completions", _stream_body(ANSWER_TOKENS), headers=auth)
         assert streamed.text == greedy.text
@@ -173,6 +177,13 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
         assert restarts == {"tracker": 0, "gateway": 0, "expert-2-0": 1, "expert-2-1": 1, "expert front": 1}, restarts
     finally:
         up.stop()
+
+
+def _official_answer(client: openai.OpenAI, prompt: str) -> Answer:
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=ANSWER_TOKENS, temperature=0, logprobs=1)
+    choice = reply.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    return Answer(choice.text, list(choice.logprobs.token_logprobs))
 
 
 def _stream_body(max_tokens: int) -> dict[str, object]:
@@ -217,7 +228,7 @@ class Answer:
     log-softmax): equal lists mean equal logits at every sampled token, bit for bit."""
 
 
-def _whole_model_answer(root: Path, model: Path, prompt: str, max_tokens: int, sampling: SamplingParams) -> Answer:
+def _whole_model_answer(root: Path, model: Path, prompt: str, max_tokens: int) -> Answer:
     """What whole-model llama.cpp (the nodes' settings) answers the completions endpoint's prompt."""
     layers = LayerRange(0, SPEC.n_layers)
     worker = WorkerConfig(model=model, layer_choice=layers, data_dir=root, threads=1)
@@ -227,7 +238,7 @@ def _whole_model_answer(root: Path, model: Path, prompt: str, max_tokens: int, s
     rows: list[np.ndarray] = []
     try:
         prompt_tokens = tuple(tokenizer.encode(prompt, add_special=True))
-        request = GenerationRequest(prompt_tokens, max_tokens, sampling, tokenizer.eos_token_ids)
+        request = GenerationRequest(prompt_tokens, max_tokens, SamplingParams(), tokenizer.eos_token_ids)
         tokens = list(route.generate(request, on_logits=lambda logits: rows.append(logits.copy())))
         kept = list(itertools.takewhile(lambda t: t not in tokenizer.eos_token_ids, tokens))
         logprobs = [
