@@ -113,7 +113,8 @@ class WorkerConfig:
     expert_group: tuple[str, ...] = ()
     """Serve the expert-parallel group at these node addresses (host:port, index order) as one
     full-range shard: registers with --tracker like any worker, loads no weights itself (it
-    reads --model's header and hash). --layers defaults to the whole model."""
+    reads --model's header and hash). --layers defaults to the whole model; sessions and context
+    are the nodes' (their --max-sessions, --context), --prefill-chunk and --flash-attn must be."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``

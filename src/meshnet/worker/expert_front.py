@@ -137,4 +137,8 @@ def open_group_backend(
     if group.shape.n_layers != description.n_layers or group.shape.n_embd != description.n_embd:
         group.close()
         raise FailedPrecondition("the expert group's model shape differs from --model's")
+    # A front starts with no sessions, so its nodes must hold none either: a front that exited
+    # (killed alone) leaves its sessions' KV there, and a new session in that slot would append.
+    for slot in range(group.shape.max_slots):
+        group.truncate(slot, 0)
     return ExpertGroupBackend(group, config.prefill_chunk)
