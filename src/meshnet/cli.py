@@ -159,6 +159,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
     if "experts" in given:
         return _serve_expert_node(given, args)
+    if "expert_group" in given and "layer_choice" not in given and given["model"] is not None:
+        from meshnet.artifact.describe import describe_model
+        from meshnet.core.layers import LayerRange
+
+        given["layer_choice"] = LayerRange(0, describe_model(Path(str(given["model"]))).n_layers)  # a group: all
     if "layer_choice" not in given:
         raise InvalidArgument("meshnet worker needs --layers A:B|auto (or --experts I/N for an expert-parallel node)")
     config = WorkerConfig(**given, data_dir=args.data_dir)

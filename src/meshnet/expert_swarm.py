@@ -6,10 +6,13 @@ stream per peer pair). Once all are ready (each certified itself at start-up), o
 streams through the group driver (``client/expert_group_client.py``) to the terminal, and `up`
 serves the group until Ctrl-C or SIGTERM.
 
+Then a front (``meshnet worker --expert-group ...``, ``worker/expert_front.py``) registers the
+group with the tracker as one full-range worker, and the gateway serves it like any route.
+
 A group does not survive the loss of a node: a restarted node starts at step 0 without its
-sessions' KV cache, while its peers continue. So nothing is restarted: one node exiting ends `up`
-with a structured error (the supervisor's restart budget is zero). The tracker and gateway do not
-know groups yet; the group is reached through its node addresses, printed at start.
+sessions' KV cache, while its peers continue. So the nodes and the front restart together, as
+one supervisor group: a lost node fails the requests in flight with a structured error, and the
+group re-forms (its nodes certify and load again) while the gateway answers "no route".
 
 As for layer workers, every node gets a worker identity minted from the data dir's swarm CA and
 the demo driver a gateway identity, so the group's links are mutual TLS; ``--insecure`` keeps
@@ -53,8 +56,9 @@ class DemoResult:
     seconds: float
 
 
-def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list[str]:
-    """Start the N nodes at once, wait for every ready line; returns their addresses in index order."""
+def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, group: str | None = None) -> list[str]:
+    """Start the N nodes at once, wait for every ready line; returns their addresses in index order.
+    ``group``: the supervisor group they restart in, together (a group cannot take one node back)."""
     from meshnet.artifact.moe import read_moe_shape  # parsing the GGUF header: only when `up` runs
 
     shape = read_moe_shape(config.model)  # refuses a model without routed experts, with a typed error
@@ -72,7 +76,7 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor) -> list
     peers, specs = expert_group_specs(
         config.data_dir, config.model, config.expert_parallel, logs, options, identity=identity
     )
-    supervisor.start([Supervised(spec) for spec in specs])
+    supervisor.start([Supervised(spec, group=group) for spec in specs])
     return peers
 
 

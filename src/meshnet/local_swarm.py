@@ -41,6 +41,9 @@ LOOPBACK = "127.0.0.1"
 TRACKER_READY = "meshnet tracker listening on "
 WORKER_READY = "meshnet worker ready "
 GATEWAY_READY = "meshnet gateway ready "
+EXPERT_GROUP = "expert-group"
+"""The supervisor group of an expert-parallel group's nodes and front: they restart together."""
+EXPERT_FRONT = "expert front"
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,9 @@ class LocalSwarmConfig:
     """Plaintext gRPC between the components instead of mTLS (loopback development only)."""
     expert_parallel: int = 0
     """Serve a MoE model as an expert-parallel group of this many worker processes (each the
-    whole backbone and 1/N of the routed experts) instead of tracker, layer shards and gateway;
-    the demo streams through the group driver. 0 keeps --shards."""
+    whole backbone and 1/N of the routed experts) instead of layer shards: the demo streams
+    through the group driver, then a front worker registers the group with the tracker and the
+    gateway serves it. A lost node re-forms the whole group. 0 keeps --shards."""
     expert_cache_mb: float | None = None
     """With --expert-parallel: each node's bound on resident routed experts (MB), streamed from
     the GGUF on a miss; unset keeps them all mapped."""
@@ -128,6 +132,20 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
     )
     log = logs / f"worker-{layers.start}-{layers.stop}.log"
     return Supervised(LaunchSpec(f"worker {layers}", command, log, WORKER_READY, _child_env()))
+
+
+def _expert_front(config: LocalSwarmConfig, logs: Path, tracker: str, peers: list[str]) -> Supervised:
+    """The worker that serves the group's nodes as one full-range shard (``worker/expert_front.py``)."""
+    command = meshnet_command(
+        config.data_dir,
+        "worker",
+        *("--model", str(config.model), "--expert-group", ",".join(peers), "--port", "0", "--tracker", tracker),
+        *("--metrics-port", "0"),
+        *(["--model-name", config.model_name] if config.model_name else []),
+        *_identity(config, "expert-front", "worker"),
+    )
+    spec = LaunchSpec(EXPERT_FRONT, command, logs / "expert-front.log", WORKER_READY, _child_env())
+    return Supervised(spec, group=EXPERT_GROUP)
 
 
 def _gateway(config: LocalSwarmConfig, logs: Path, tracker: str) -> Supervised:
@@ -187,6 +205,8 @@ def _describe_start(component: Supervised) -> str:
         return f"tracker   {ready.first}"
     if component.name.startswith("expert-"):
         return describe_node(component, "started")
+    if component.name == EXPERT_FRONT:
+        return f"front     {ready.first}  the whole model through the expert group  {ready.values.get('metrics', '')}"
     if component.name == "gateway":
         return f"gateway   {ready.first}/v1  (model {ready.value_to_end('model')!r}; metrics {ready.first}/metrics)"
     layers = component.name.removeprefix("worker ")
@@ -228,19 +248,22 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     auth = {"Authorization": f"Bearer {read_client_key(config.data_dir)}"}
     print(f"api key   {key_path}  (send it as 'Authorization: Bearer KEY')")
     reporter = _Reporter(logs / "up-status.json")
-    # A group cannot take a restarted node back (expert_swarm.py): no restarts for its nodes.
-    policy = RestartPolicy(max_restarts=0) if config.expert_parallel > 0 else RestartPolicy()
-    supervisor = Supervisor(READY_TIMEOUT_S, policy, reporter)
+    supervisor = Supervisor(READY_TIMEOUT_S, RestartPolicy(), reporter)
     reporter.supervisor = supervisor
     try:
         if config.expert_parallel > 0:
-            return _run_expert_group(config, supervisor, logs)
-        base_url, model = _start_swarm(config, supervisor, logs)
-        print(f"logs in {logs}")
-        _wait_routable(base_url, model, auth)
-        _demo(base_url, model, config, auth)
-        if config.demo_only:
-            return 0
+            served = _start_expert_swarm(config, supervisor, logs)
+            if served is None:
+                return 0
+            base_url, model = served
+            _wait_routable(base_url, model, auth)
+        else:
+            base_url, model = _start_swarm(config, supervisor, logs)
+            print(f"logs in {logs}")
+            _wait_routable(base_url, model, auth)
+            _demo(base_url, model, config, auth)
+            if config.demo_only:
+                return 0
         print(f"\nServing the OpenAI-compatible API at {base_url}/v1 — press Ctrl-C to stop.")
         supervisor.watch()
     except KeyboardInterrupt:
@@ -253,14 +276,20 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
         supervisor.stop(STOP_GRACE_S)
 
 
-def _run_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -> int:
-    peers = start_expert_group(config, supervisor)
+def _start_expert_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -> tuple[str, str] | None:
+    """The group's nodes, its demo, then tracker, the group's front and gateway; returns (gateway
+    base URL, model name), or None after the demo with --demo-only."""
+    ensure_port_free(LOOPBACK, config.gateway_port, "gateway")
+    peers = start_expert_group(config, supervisor, group=EXPERT_GROUP)
     print(f"logs in {logs}")
-    run_demo(config, peers)
+    run_demo(config, peers)  # straight through the group, before its front drives it
     if config.demo_only:
-        return 0
-    print(f"\nServing the expert-parallel group at {','.join(peers)} — press Ctrl-C to stop.")
-    supervisor.watch()
+        return None
+    tracker = _tracker(config, logs)
+    supervisor.start([tracker])
+    gateway = _gateway(config, logs, tracker.ready.first)
+    supervisor.start([_expert_front(config, logs, tracker.ready.first, peers), gateway])
+    return gateway.ready.first, gateway.ready.value_to_end("model")
 
 
 def _wait_routable(base_url: str, model: str, auth: dict[str, str]) -> None:

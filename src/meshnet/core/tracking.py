@@ -34,6 +34,8 @@ WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed", "un
 
 MAX_PEERS = 64
 """Peer latencies one heartbeat may carry."""
+MAX_EXPERT_GROUP_NODES = 256
+"""Nodes one expert-parallel group's front may name (a group is at most one node per expert)."""
 
 
 def check_text(name: str, value: str, *, allow_empty: bool = False) -> None:
@@ -84,6 +86,10 @@ class NodeRegistration:
     """Measured over this node's own layer range, one sequence; 0 means not measured."""
     certified: bool
     """Passed the start-up whole-vs-split self-check; only certified nodes are routed to."""
+    expert_group: tuple[str, ...] = ()
+    """A front of an expert-parallel group: the group's node addresses in index order (they
+    compute what this full-range node serves; its work records name them through this). Empty
+    for a worker that computes its own layers."""
 
     def __post_init__(self) -> None:
         check_text("address", self.address)
@@ -96,6 +102,11 @@ class NodeRegistration:
                 f"{self.recipe.fingerprint()!r}: the worker and tracker disagree on the recipe"
             )
         self.layers.check_within(self.recipe.n_layers)
+        check_count("expert group nodes", len(self.expert_group), MAX_EXPERT_GROUP_NODES)
+        for node in self.expert_group:
+            check_text("expert group node", node)
+        if self.expert_group and self.layers != LayerRange(0, self.recipe.n_layers):
+            raise InvalidArgument(f"an expert group's front serves every layer, not {self.layers}")
         if not 1 <= self.max_sessions <= MAX_SESSIONS:
             raise InvalidArgument(f"max_sessions must be in [1, {MAX_SESSIONS}], got {self.max_sessions}")
         check_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)

@@ -3,7 +3,9 @@
 A child that exits on its own is started again from its spec (the same command, data dir and
 pinned ports), and its restart is counted and reported. A child that keeps dying (more than
 ``max_restarts`` within ``window_s``) is a crash loop: the supervisor gives up rather than
-restart it forever. Everything runs in the caller's thread; nothing here sleeps in the
+restart it forever. Children of one ``group`` (an expert-parallel group and its front: none
+can continue without the others) are restarted together: when one dies, the others are stopped
+and all are started again. Everything runs in the caller's thread; nothing here sleeps in the
 background.
 """
 
@@ -37,6 +39,8 @@ class RestartPolicy:
     window_s: float = 60.0
     delay_s: float = 0.5
     """Pause before a restart, so a child that dies at once does not spin a core."""
+    group_stop_grace_s: float = 5.0
+    """How long the survivors of a group get to exit after SIGTERM before they are killed."""
 
 
 @dataclass
@@ -50,6 +54,8 @@ class Supervised:
     last_exit: int | None = None
     recent_restarts: deque[float] = field(default_factory=deque)
     """When each restart within the policy's window happened (``time.monotonic()``)."""
+    group: str | None = None
+    """Children sharing a group are restarted together (see the module docstring)."""
 
     @property
     def name(self) -> str:
@@ -100,10 +106,14 @@ class Supervisor:
     def watch(self, poll_s: float = 0.25) -> NoReturn:
         """Restart whatever dies, until interrupted; raises ``CrashLoop`` if one keeps dying."""
         while True:
-            for component in self.components:
-                if component.child is not None and not component.child.alive:
-                    self._restart(component)
+            self.restart_exited()
             time.sleep(poll_s)
+
+    def restart_exited(self) -> None:
+        """Restart every child that has exited (with its group); raises ``CrashLoop`` as ``watch``."""
+        for component in self.components:
+            if component.child is not None and not component.child.alive:
+                self._restart(component)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stop every child, the last started first (the gateway before the tracker)."""
@@ -113,6 +123,7 @@ class Supervisor:
         child = component.child
         component.last_exit = child.returncode if child is not None else None
         self._on_event(component, "exited")
+        members = self._members(component)
         while True:
             now = time.monotonic()
             while component.recent_restarts and now - component.recent_restarts[0] > self.policy.window_s:
@@ -123,17 +134,26 @@ class Supervisor:
                     f"{self.policy.window_s:.0f} s (last code {component.last_exit}); see {component.spec.log_path}"
                 )
             component.recent_restarts.append(now)
-            component.restarts += 1
             time.sleep(self.policy.delay_s)
-            if child is not None:
-                child.stop(0.0)  # reaps it and closes its lifeline; it has exited already
-            child = component.launch()
+            # Reaps the exited child and closes its lifeline; stops a group's survivors.
+            stop_all([m.child for m in members if m.child is not None], self.policy.group_stop_grace_s)
+            for member in members:
+                member.restarts += 1
+                member.launch()
             try:
-                self._await(component, time.monotonic() + self.ready_timeout_s, "restarted")
+                deadline = time.monotonic() + self.ready_timeout_s
+                for member in members:
+                    self._await(member, deadline, "restarted")
                 return
             except StartupFailed:
-                child.stop(0.0)
-                component.last_exit = child.returncode
+                stop_all([m.child for m in members if m.child is not None], 0.0)
+                component.last_exit = component.child.returncode if component.child is not None else None
+
+    def _members(self, component: Supervised) -> list[Supervised]:
+        """What restarts with ``component``: its group in start order, or itself alone."""
+        if component.group is None:
+            return [component]
+        return [c for c in self.components if c.group == component.group]
 
     def _await(self, component: Supervised, deadline: float, event: Event) -> None:
         child = component.child if component.child is not None else component.launch()

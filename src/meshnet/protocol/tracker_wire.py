@@ -115,6 +115,7 @@ def registration_to_proto(registration: NodeRegistration, node_id_hint: NodeId |
         ),
         certified=registration.certified,
         node_id_hint=node_id_hint or "",
+        expert_group_nodes=registration.expert_group,
     )
 
 
@@ -134,6 +135,7 @@ def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRegistrat
         prefill_tokens_per_s=message.measured.prefill_tokens_per_s,
         decode_tokens_per_s=message.measured.decode_tokens_per_s,
         certified=message.certified,
+        expert_group=tuple(message.expert_group_nodes),
     )
     hint = node_id_from_proto(message.node_id_hint) if message.node_id_hint else None
     return registration, hint

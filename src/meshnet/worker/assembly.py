@@ -40,6 +40,7 @@ from meshnet.session.engine_loop import EngineLoop
 from meshnet.worker.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.worker.calibrate import ShardSpeed, measure_speed
 from meshnet.worker.config import FakeModel, WorkerConfig
+from meshnet.worker.expert_front import ExpertGroupBackend, group_capacity, open_group_backend
 from meshnet.worker.servicer import ShardServicer
 from meshnet.worker.shard import AnyShard, ShardIdentity, build_shard
 
@@ -64,6 +65,8 @@ class AssembledWorker:
     """What this worker fetched by model id and serves to peers (announced by ``serve_worker``)."""
     security: LinkSecurity | None = None
     """The worker's swarm identity; None only on loopback with ``--insecure``."""
+    expert_group: ExpertGroupBackend | None = None
+    """The group this worker fronts (``--expert-group``); None for a worker with its own slice."""
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,12 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
     capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
-    loop = EngineLoop(partial(open_backend, config, cache, description, capacity.max_sessions))
+    loop = EngineLoop(partial(open_backend, config, cache, description, capacity.max_sessions, security))
     # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
+    group = loop.backend if isinstance(loop.backend, ExpertGroupBackend) else None
+    if group is not None:
+        capacity = group_capacity(group.shape)  # the group's sessions, known once it is reached
     try:
         speed = await loop.call(measure_speed)
         model = model_identity(config, cache, description)
@@ -125,7 +131,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     held = (
         None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server, security)
     )
-    return AssembledWorker(config, loop, shard, server, health, links, registration, held, security)
+    return AssembledWorker(config, loop, shard, server, health, links, registration, held, security, group)
 
 
 def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:
@@ -151,6 +157,7 @@ def _registration(
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_tokens_per_s=speed.decode_tokens_per_s,
         certified=True,  # see assemble_worker: an uncertified engine never gets this far
+        expert_group=config.expert_group,
     )
 
 
@@ -167,7 +174,11 @@ def _bind(config: WorkerConfig, security: LinkSecurity | None) -> tuple[grpc.aio
 
 
 def open_backend(
-    config: WorkerConfig, cache: SliceCache, description: ModelDescription | None, max_sessions: int
+    config: WorkerConfig,
+    cache: SliceCache,
+    description: ModelDescription | None,
+    max_sessions: int,
+    security: LinkSecurity | None = None,
 ) -> Backend:
     """The engine for ``config``'s layers; runs on the engine loop's own thread."""
     if config.fake is not None:
@@ -185,6 +196,8 @@ def open_backend(
     # Fail closed: CertificationFailed propagates and the worker never listens.
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
+    if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
+        return open_group_backend(config, description, cache.source_sha256(description.path), security)
     certify_llama_engine(model=description.path)  # the family and weight types it will serve
     return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
 
@@ -230,7 +243,7 @@ def fake_recipe(fake: FakeModel) -> Recipe:
 
 def plan_worker_capacity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> CapacityPlan:
     """Sessions this worker can hold: the configured number, cut to its memory budget."""
-    if description is None:
+    if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
         return CapacityPlan(config.max_sessions, 0, 0, 0, None)
     files = cache.shard_files(description.path, config.layers, description.n_layers)
     weights = files.slice.stat().st_size

@@ -111,6 +111,11 @@ class WorkerConfig:
     expert_cache_mb: float | None = None
     """With --experts: bound the routed experts resident on this node to this many MB, streamed
     from the GGUF on a miss (LRU); unset keeps them all mapped (the page cache decides)."""
+    expert_group: tuple[str, ...] = ()
+    """Serve the expert-parallel group at these node addresses (host:port, index order) as one
+    full-range shard: registers with --tracker like any worker, loads no weights itself (it
+    reads --model's header and hash). --layers defaults to the whole model; sessions and context
+    are the nodes' (their --max-sessions, --context), --prefill-chunk and --flash-attn must be."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``
@@ -127,6 +132,10 @@ class WorkerConfig:
             raise InvalidArgument("a worker started with --model-id needs --tracker to find the model's holders")
         if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
             raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
+        if self.expert_group and (
+            self.experts is not None or self.fake is not None or self.model is None or self.model_id is not None
+        ):
+            raise InvalidArgument("--expert-group fronts a group of --model: drop --experts, --fake, --model-id")
 
     @property
     def layers(self) -> LayerRange:

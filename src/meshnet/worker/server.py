@@ -32,11 +32,14 @@ from meshnet.telemetry.prometheus import build_registry, serve_metrics
 from meshnet.worker.assembly import AssembledWorker, assemble_worker
 from meshnet.worker.auto_layers import resolve_layers
 from meshnet.worker.config import WorkerConfig
+from meshnet.worker.expert_front import ExpertGroupBackend
 from meshnet.worker.peers import PeerProber
 from meshnet.worker.shard import AnyShard
 
 log = logging.getLogger(__name__)
 SWEEP_SECONDS = 5.0
+GROUP_WATCH_S = 0.2
+"""How often a front checks whether its expert group broke (it then leaves within this)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ async def serve_worker(
             await worker.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         _install_signal_handlers(stop)
         background = _start_background(worker, probes, stop, on_registered)
+        if worker.expert_group is not None:
+            background.append(asyncio.create_task(_leave_when_broken(worker.expert_group, stop)))
         if config.metrics_port is not None:
             metrics_server, metrics_address = _serve_metrics(worker.shard, config)
         log.info(
@@ -93,6 +98,20 @@ async def serve_worker(
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, timeout=3.0)
         await _release(worker, probes, metrics_server)
+    if worker.expert_group is not None and worker.expert_group.failure is not None:
+        raise worker.expert_group.failure  # the process exits with the group's error: re-form it
+
+
+async def _leave_when_broken(group: ExpertGroupBackend, stop: asyncio.Event) -> None:
+    """Stop serving (drain, deregister, exit) once the fronted expert group broke: its nodes
+    refuse every later step, so staying registered would only fail every request routed here."""
+    while not stop.is_set():
+        if group.broken.is_set():
+            log.error("leaving the swarm: %s", group.failure.message if group.failure else "the expert group broke")
+            stop.set()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=GROUP_WATCH_S)
 
 
 async def _release(worker: AssembledWorker, probes: ChannelPool, metrics_server: WSGIServer | None) -> None:

@@ -276,3 +276,21 @@ def test_the_client_refuses_a_route_that_mixes_recipes() -> None:
     del reply.hops[1]
     with pytest.raises(Unavailable, match="malformed"):
         wire.route_from_proto(reply)  # ends at 10 of 20 layers
+
+
+def test_an_expert_group_front_round_trips_with_its_nodes() -> None:
+    front = replace(registration(0, 20), expert_group=("127.0.0.1:7001", "127.0.0.1:7002"))
+    assert wire.registration_from_proto(over_the_wire(wire.registration_to_proto(front)))[0] == front
+    assert wire.registration_from_proto(wire.registration_to_proto(registration(0, 20)))[0].expert_group == ()
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "nodes"),
+    [(0, 10, ("a:1", "b:1")), (0, 20, ("a:1", "")), (0, 20, ("a:1\n",)), (0, 20, ("a:1",) * 257)],
+    ids=["not-every-layer", "empty-address", "bad-address", "too-many"],
+)
+def test_malformed_expert_group_fronts_are_invalid_arguments(start: int, stop: int, nodes: tuple[str, ...]) -> None:
+    message = wire.registration_to_proto(registration(start, stop))
+    message.expert_group_nodes.extend(nodes)
+    with pytest.raises(InvalidArgument):
+        wire.registration_from_proto(message)

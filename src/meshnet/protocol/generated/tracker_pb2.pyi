@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeRegistration(_message.Message):
-    __slots__ = ("address", "recipe", "fingerprint", "model", "quantization", "layer_start", "layer_stop", "hardware", "max_sessions", "measured", "certified", "node_id_hint")
+    __slots__ = ("address", "recipe", "fingerprint", "model", "quantization", "layer_start", "layer_stop", "hardware", "max_sessions", "measured", "certified", "node_id_hint", "expert_group_nodes")
     class Recipe(_message.Message):
         __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema")
         MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class NodeRegistration(_message.Message):
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     CERTIFIED_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_HINT_FIELD_NUMBER: _ClassVar[int]
+    EXPERT_GROUP_NODES_FIELD_NUMBER: _ClassVar[int]
     address: str
     recipe: NodeRegistration.Recipe
     fingerprint: str
@@ -72,7 +73,8 @@ class NodeRegistration(_message.Message):
     measured: NodeRegistration.Measured
     certified: bool
     node_id_hint: str
-    def __init__(self, address: _Optional[str] = ..., recipe: _Optional[_Union[NodeRegistration.Recipe, _Mapping]] = ..., fingerprint: _Optional[str] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., hardware: _Optional[_Union[NodeRegistration.Hardware, _Mapping]] = ..., max_sessions: _Optional[int] = ..., measured: _Optional[_Union[NodeRegistration.Measured, _Mapping]] = ..., certified: _Optional[bool] = ..., node_id_hint: _Optional[str] = ...) -> None: ...
+    expert_group_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, address: _Optional[str] = ..., recipe: _Optional[_Union[NodeRegistration.Recipe, _Mapping]] = ..., fingerprint: _Optional[str] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., hardware: _Optional[_Union[NodeRegistration.Hardware, _Mapping]] = ..., max_sessions: _Optional[int] = ..., measured: _Optional[_Union[NodeRegistration.Measured, _Mapping]] = ..., certified: _Optional[bool] = ..., node_id_hint: _Optional[str] = ..., expert_group_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")

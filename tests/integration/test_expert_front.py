@@ -1,0 +1,112 @@
+"""``meshnet worker --expert-group``: an expert-parallel group fronted as one full-range shard.
+
+Two ``meshnet worker --experts I/2`` processes (2 sessions of 512 positions each) and a front
+with the worker defaults (8 sessions of 2,048): the front's capability is the group's real one
+(2 sessions, 512 positions, layers 0:n, certified), its recipe fingerprint is the one a layer
+worker of the same model and settings computes (a group's output is whole-model llama.cpp bit
+for bit, so both may serve one route pool). A front given another model file than its group's
+refuses to start with a structured error. A front starts its group without sessions: what an
+earlier driver left in the nodes' KV (it died holding a session) is released first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Quant
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.client.expert_group_client import ExpertGroupClient
+from meshnet.client.shard_admin import fetch_capability
+from meshnet.client.shard_stream import ChannelPool
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import StepInput
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
+from meshnet.process.expert_launch import expert_group_specs
+from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.protocol.frames import CapabilityInfo
+from meshnet.worker.assembly import model_identity
+from meshnet.worker.config import WorkerConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+SPEC = SyntheticSpec(
+    architecture="qwen3moe", n_layers=2, n_expert=64, n_expert_used=8, n_ff_expert=32, weight_type=Quant.Q4_0
+)
+OTHER = SyntheticSpec(
+    architecture="qwen3moe", n_layers=2, n_expert=16, n_expert_used=4, n_ff_expert=32, weight_type=Quant.Q8_0
+)
+WORKER_READY = "meshnet worker ready "
+
+
+def _front(data: Path, model: Path, peers: list[str]) -> tuple[str, ...]:
+    return meshnet_command(
+        data, "worker", "--model", str(model), "--expert-group", ",".join(peers), "--port", "0", "--insecure"
+    )
+
+
+async def _capability(address: str) -> CapabilityInfo:
+    pool = ChannelPool(4 * 2**20, None)
+    try:
+        return await fetch_capability(pool, address, timeout_s=10.0)
+    finally:
+        await pool.close()
+
+
+def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_another_model(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
+    other = write_synthetic_model(tmp_path / "other.gguf", OTHER)
+    data = tmp_path / "data"
+    options = ["--threads", "1", "--max-sessions", "2", "--context", "512"]
+    peers, specs = expert_group_specs(data, model, 2, tmp_path, options)
+    nodes = launch_all(specs, timeout_s=180)
+    prompt = np.random.default_rng(3).integers(3, 290, 40).astype(np.int32)
+    front: ChildProcess | None = None
+    try:
+        stale = ExpertGroupClient(peers)  # an earlier driver that died holding a session in slot 0
+        stale.run([StepInput(0, 0, tokens=prompt[:5])])
+        stale.close()
+        front = ChildProcess(LaunchSpec("front", _front(data, model, peers), tmp_path / "front.log", WORKER_READY))
+        capability = asyncio.run(_capability(front.await_ready(time.monotonic() + 120).first))
+        assert (capability.layers, capability.n_layers) == (LayerRange(0, SPEC.n_layers), SPEC.n_layers)
+        assert (capability.max_sessions, capability.n_ctx_per_session) == (2, 512)
+        assert capability.certified and capability.prefill_chunk_tokens == 256
+        layer_worker = WorkerConfig(model=model, layer_choice=LayerRange(0, SPEC.n_layers), data_dir=data)
+        recipe = model_identity(layer_worker, SliceCache(data / "cache"), describe_model(model)).recipe
+        assert capability.fingerprint == recipe.fingerprint()
+        front.stop()
+        # The front started the group without sessions: slot 0 takes a new prompt from position 0,
+        # and its logits are whole-model llama.cpp's bit for bit.
+        _assert_fresh_slot_matches_whole_model(tmp_path, model, peers, prompt)
+
+        refused = subprocess.run(_front(data, other, peers), capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "error [failed_precondition]" in refused.stderr and "not the --model this front hashed" in refused.stderr
+    finally:
+        if front is not None:
+            front.stop()
+        stop_all(nodes)
+
+
+def _assert_fresh_slot_matches_whole_model(root: Path, model: Path, peers: list[str], prompt: np.ndarray) -> None:
+    config = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=256)  # the nodes' settings
+    whole = LlamaBackend(
+        SliceCache(root / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, config
+    )
+    group = ExpertGroupClient(peers)
+    try:
+        batch = [StepInput(0, 0, tokens=prompt, want_logits="all")]
+        want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
+        assert want is not None and got is not None
+        assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+    finally:
+        group.close()
+        whole.close()
