@@ -38,7 +38,7 @@ from meshnet.core.tracking import (
     WorkAck,
     WorkRecord,
 )
-from meshnet.protocol import placement_wire, services
+from meshnet.protocol import placement_wire, services, work_wire
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import error_from_rpc
 from meshnet.protocol.status_wire import node_table_from_proto
@@ -155,8 +155,8 @@ class TrackerClient:
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
-        reply = await self._call(self._current_stub().ReportWork, wire.work_to_proto(record), timeout_s)
-        return wire.work_ack_from_proto(reply)
+        reply = await self._call(self._current_stub().ReportWork, work_wire.work_to_proto(record), timeout_s)
+        return work_wire.work_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._current_stub().ListModels, wire.list_models_request_to_proto(), timeout_s)
@@ -174,8 +174,8 @@ class TrackerClient:
 
     async def quarantine(self, order: QuarantineOrder, *, timeout_s: float | None = None) -> Quarantined:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
-        reply = await self._call(self._stub.Quarantine, wire.quarantine_to_proto(order), timeout_s)
-        return wire.quarantined_from_proto(reply)
+        reply = await self._call(self._stub.Quarantine, work_wire.quarantine_to_proto(order), timeout_s)
+        return work_wire.quarantined_from_proto(reply)
 
     async def suggest_layers(self, question: LayerQuestion, *, timeout_s: float | None = None) -> LayerAdvice:
         """The range the swarm needs most that fits ``question``'s budget (``--layers auto``)."""

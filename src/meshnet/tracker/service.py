@@ -20,7 +20,7 @@ import grpc
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
-from meshnet.protocol import placement_wire, services
+from meshnet.protocol import placement_wire, services, work_wire
 from meshnet.protocol import tracker_wire as wire
 from meshnet.protocol.status import abort_with
 from meshnet.protocol.tls import LinkSecurity, enforce
@@ -159,10 +159,10 @@ class TrackerServicer(services.TrackerServicer):
 
     @maps_errors
     async def ReportWork(self, request: services.WorkRecord, context: grpc.aio.ServicerContext) -> services.WorkAck:
-        record = wire.work_from_proto(request)
+        record = work_wire.work_from_proto(request)
         self.admit(context, "ReportWork")
         stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
-        return wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
+        return work_wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
 
     @maps_errors
     async def ListModels(
@@ -187,14 +187,14 @@ class TrackerServicer(services.TrackerServicer):
     async def Quarantine(
         self, request: services.QuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineReply:
-        order = wire.quarantine_from_proto(request)
+        order = work_wire.quarantine_from_proto(request)
         self.admit(context, "ClearQuarantine" if order.clear else "Quarantine")
         store = self._store.store
         if order.clear:
             known = self._registry.clear_quarantine(order.node_id)
             await self._store.call(store.clear_quarantine, order.node_id)
             logger.warning("node %s: quarantine cleared", order.node_id)
-            return wire.quarantined_to_proto(Quarantined(known, False, self._registry.epoch))
+            return work_wire.quarantined_to_proto(Quarantined(known, False, self._registry.epoch))
         # Durable first: a tracker restart must not let the node back in.
         marked = await self._store.call(
             store.quarantine_node, order.node_id, order.reason, order.request_id, self._wall_clock()
@@ -202,7 +202,7 @@ class TrackerServicer(services.TrackerServicer):
         known = self._registry.quarantine(order.node_id)
         await self.persist_epoch()
         logger.warning("node %s quarantined: %s", order.node_id, order.reason)
-        return wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
+        return work_wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
 
     @maps_errors
     async def SuggestLayers(

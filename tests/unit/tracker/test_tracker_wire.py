@@ -31,6 +31,7 @@ from meshnet.core.tracking import (
     WorkStatus,
 )
 from meshnet.protocol import tracker_wire as wire
+from meshnet.protocol import work_wire
 from meshnet.protocol.generated import tracker_pb2 as pb
 
 M = TypeVar("M", bound=Message)
@@ -71,7 +72,7 @@ def test_route_round_trips() -> None:
 @pytest.mark.parametrize("status", WORK_STATUSES)
 def test_every_work_status_round_trips(status: WorkStatus) -> None:
     record = replace(work_record("req-8"), status=status)
-    assert wire.work_from_proto(over_the_wire(wire.work_to_proto(record))) == record
+    assert work_wire.work_from_proto(over_the_wire(work_wire.work_to_proto(record))) == record
 
 
 def test_model_list_carries_the_head_session_slots() -> None:
@@ -83,9 +84,9 @@ def test_model_list_carries_the_head_session_slots() -> None:
 
 def test_work_record_round_trips() -> None:
     record = work_record("req-7")
-    assert wire.work_from_proto(over_the_wire(wire.work_to_proto(record))) == record
+    assert work_wire.work_from_proto(over_the_wire(work_wire.work_to_proto(record))) == record
     anonymous = replace(work_record("req-8", tokens_out=0), session_id=None, status="cancelled")
-    assert wire.work_from_proto(over_the_wire(wire.work_to_proto(anonymous))) == anonymous
+    assert work_wire.work_from_proto(over_the_wire(work_wire.work_to_proto(anonymous))) == anonymous
 
 
 def test_route_query_decodes_the_optional_start_layer() -> None:
@@ -154,7 +155,7 @@ def test_heartbeat_reply_round_trips(known: bool, epoch: int, probe: tuple[str, 
 @given(request_id=ids, duplicate=st.booleans())
 def test_work_ack_round_trips(request_id: str, duplicate: bool) -> None:
     ack = WorkAck(RequestId(request_id), duplicate)
-    assert wire.work_ack_from_proto(over_the_wire(wire.work_ack_to_proto(ack))) == ack
+    assert work_wire.work_ack_from_proto(over_the_wire(work_wire.work_ack_to_proto(ack))) == ack
 
 
 model_summaries = st.builds(
@@ -235,11 +236,11 @@ def test_a_registration_without_recipe_is_refused() -> None:
     ],
 )
 def test_malformed_work_records_are_invalid_arguments(fields: dict[str, object]) -> None:
-    message = wire.work_to_proto(work_record())
+    message = work_wire.work_to_proto(work_record())
     for name, value in fields.items():
         setattr(message, name, value)
     with pytest.raises(InvalidArgument):
-        wire.work_from_proto(message)
+        work_wire.work_from_proto(message)
 
 
 @pytest.mark.parametrize(
