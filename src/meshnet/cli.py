@@ -91,7 +91,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from meshnet.engine.tokenizer import Tokenizer
 
     config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
-    certify_llama_engine(model=config.model)  # its family and weight types, not just the default model's
+    certify_llama_engine(model=config.model, repack=config.repack)  # its family and weight types, not just the default model's
     source = describe_model(config.model)
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = Tokenizer(source, chat_template=template)
