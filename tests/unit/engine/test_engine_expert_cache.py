@@ -67,6 +67,12 @@ def test_bounded_cache_is_bit_identical_and_streams(tmp_path: Path, spec: Synthe
         want = _generate(whole, prompt, 24)
     finally:
         whole.close()
+    if not config.repack:  # the setting is part of the recipe: repacked, this model computes other logits
+        repacked = LlamaBackend(path, replace(config, repack=True))
+        try:
+            assert not np.array_equal(_generate(repacked, prompt, 0)[0], want[0])
+        finally:
+            repacked.close()
     node = ExpertParallelBackend(path, config, ExpertOwnership(0, 1), expert_cache_bytes=capacity)
     try:
         got = _generate(node, prompt, 24)
@@ -105,7 +111,7 @@ def test_repacked_weights_are_refused(tmp_path: Path, spec: SyntheticSpec) -> No
     path = _whole(tmp_path, spec)
     node = ExpertParallelBackend(path, CONFIG, ExpertOwnership(0, 1), expert_cache_bytes=1 << 20)
     try:
-        with pytest.raises(EngineError, match="repacked.*--no-repack"):
+        with pytest.raises(EngineError, match=r"repacked.*--no-repack"):
             node.run([StepInput(0, 0, tokens=np.array([5, 6, 7], np.int32))])
     finally:
         node.close()

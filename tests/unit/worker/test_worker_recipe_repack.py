@@ -20,7 +20,8 @@ from meshnet.worker.config import WorkerConfig
 def _worker(tmp_path: Path, *flags: str) -> WorkerConfig:
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, WorkerConfig)
-    args = parser.parse_args(["--model", str(tmp_path / "m.gguf"), "--layers", "0:2", "--data-dir", str(tmp_path), *flags])
+    given = ["--model", str(tmp_path / "m.gguf"), "--layers", "0:2", "--data-dir", str(tmp_path), *flags]
+    args = parser.parse_args(given)
     return config_from_arguments(WorkerConfig, args)
 
 
