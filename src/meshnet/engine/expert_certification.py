@@ -35,9 +35,8 @@ def certify_expert_parallel(model: Path, group_size: int, config: LlamaConfig | 
     """Raise ``CertificationFailed`` unless a group of ``group_size`` matches the whole model
     bitwise on this build, for the family and weight types of ``model``; returns the checks."""
     # The served threads, attention and repack settings: each picks kernel paths the group must agree on.
-    if config is not None:
-        config = replace(_CONFIG, flash_attn=config.flash_attn, n_threads=config.n_threads, repack=config.repack)
-    config = config or _CONFIG
+    served = config or _CONFIG
+    config = replace(_CONFIG, flash_attn=served.flash_attn, n_threads=served.n_threads, repack=served.repack)
     try:
         specs = certification_specs(Path(model))
     except MeshnetError as error:
