@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -86,15 +87,22 @@ def _run_group(work: Path, model: Path, size: int, extra: tuple[str, ...] = ()) 
 CACHE_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 
 
-def _cache_curve(work: Path, model: Path, routed_bytes: int) -> dict[str, object]:
+def _cache_curve(
+    work: Path,
+    model: Path,
+    routed_bytes: int,
+    extra: tuple[str, ...] = (),
+    fractions: tuple[float, ...] = CACHE_FRACTIONS,
+) -> dict[str, object]:
     """Decode tok/s of one node (the whole model) against its expert cache's size, and against the
-    page-cache-only baseline (no --expert-cache-mb: every expert mapped, the page cache holds them)."""
-    baseline = _run_group(work, model, 1)
+    page-cache-only baseline (no --expert-cache-mb: every expert mapped, the page cache holds them).
+    ``extra``: worker flags of every run, the baseline's included (``--no-repack``)."""
+    baseline = _run_group(work, model, 1, extra)
     trace = baseline.pop("trace")
     curve, identical = [], True
-    for fraction in CACHE_FRACTIONS:
+    for fraction in fractions:
         megabytes = routed_bytes * fraction / 1e6
-        run = _run_group(work, model, 1, ("--expert-cache-mb", f"{megabytes:.3f}"))
+        run = _run_group(work, model, 1, (*extra, "--expert-cache-mb", f"{megabytes:.3f}"))
         identical = identical and run.pop("trace") == trace
         curve.append(
             {
@@ -116,18 +124,41 @@ def _cache_curve(work: Path, model: Path, routed_bytes: int) -> dict[str, object
     }
 
 
+def _cache_curve_q4_0(work: Path) -> dict[str, object]:
+    """The same model in Q4_0, which llama.cpp repacks at load unless told not to: the cache bounds
+    it loaded with --no-repack (baseline and cache runs alike); the repacked page-cache run beside."""
+    model = work / "moe-q4_0.gguf"
+    if not model.exists():
+        write_synthetic_model(model, replace(SPEC, weight_type=Quant.Q4_0))
+    repacked = _run_group(work, model, 1)
+    repacked.pop("trace")
+    result = _cache_curve(work, model, read_moe_shape(model).routed_bytes, ("--no-repack",), (0.25, 1.0))
+    result["repacked_page_cache_only"] = {
+        k: repacked[k] for k in ("decode_tok_s", "model_mapping_rss_bytes", "rss_bytes")
+    }
+    result["file_bytes"] = model.stat().st_size
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("bench/results/expert_parallel.json"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/meshnet-bench-ep"))
     parser.add_argument("--cache-only", action="store_true", help="add the expert-cache curve to --out, nothing else")
+    parser.add_argument("--q4-0-only", action="store_true", help="add the Q4_0 --no-repack cache rows to --out")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     model = args.work / "moe.gguf"
     if not model.exists():
         write_synthetic_model(model, SPEC)
     moe = read_moe_shape(model)
+    if args.q4_0_only:
+        result = json.loads(args.out.read_text())
+        result["expert_cache_q4_0_no_repack"] = _cache_curve_q4_0(args.work)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["expert_cache_q4_0_no_repack"], indent=1))
+        return
     if args.cache_only:
         result = json.loads(args.out.read_text())
         result["expert_cache"] = _cache_curve(args.work, model, moe.routed_bytes)
@@ -156,6 +187,7 @@ def main() -> None:
         "ep2_speedup_per_round": ratios,
         "ep2_speedup_median": float(np.median(ratios)),
         "expert_cache": _cache_curve(args.work, model, moe.routed_bytes),
+        "expert_cache_q4_0_no_repack": _cache_curve_q4_0(args.work),
         "cpu_count": os.cpu_count(),
         "note": "shared 2-core machine with other jobs running: tok/s are indicative, ratios noisy; "
         "whole/ep2 details are the last round's",

@@ -91,7 +91,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from meshnet.engine.tokenizer import Tokenizer
 
     config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
-    certify_llama_engine(model=config.model)  # its family and weight types, not just the default model's
+    # Its family and weight types, not just the default model's, loaded as the route will load them.
+    certify_llama_engine(model=config.model, repack=config.repack)
     source = describe_model(config.model)
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = Tokenizer(source, chat_template=template)

@@ -79,9 +79,12 @@ class GenerateConfig:
     expert_parallel: int = 0
     """Run a MoE model as an in-process expert-parallel group of this many nodes (each the whole
     backbone and 1/N of the routed experts) instead of layer shards; 0 keeps --shards."""
+    repack: bool = True
+    """Let llama.cpp repack weights at load (Q4_0 here): it changes Q4_0 results, so compare with
+    workers run with the same setting (--no-repack as theirs)."""
 
     def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk)
+        return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk, repack=self.repack)
 
 
 @dataclass(frozen=True)

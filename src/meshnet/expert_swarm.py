@@ -71,6 +71,8 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, group: 
     options = ["--threads", str(config.threads), *(["--model-name", config.model_name] if config.model_name else [])]
     if config.expert_cache_mb is not None:
         options += ["--expert-cache-mb", str(config.expert_cache_mb)]
+    if not config.repack:  # the front passes it too (local_swarm): the recipe names it
+        options.append("--no-repack")
     logs = config.data_dir / "logs"
     identity = None if config.insecure else minted_worker_identity(config.data_dir)
     peers, specs = expert_group_specs(

@@ -83,6 +83,10 @@ class LocalSwarmConfig:
     expert_cache_mb: float | None = None
     """With --expert-parallel: each node's bound on resident routed experts (MB), streamed from
     the GGUF on a miss; unset keeps them all mapped."""
+    repack: bool = True
+    """Let llama.cpp repack weights at load (Q4_0 here); part of the recipe, passed to every
+    worker, node and front. --no-repack reads them from the mapping, so --expert-cache-mb can
+    bound Q4_0 experts."""
 
 
 def _identity(config: LocalSwarmConfig, name: str, role: Role) -> tuple[str, ...]:
@@ -128,6 +132,7 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
         *("--model", str(config.model), "--layers", str(layers), "--port", "0", "--tracker", tracker),
         *("--threads", str(config.threads), "--metrics-port", "0"),
         *(["--model-name", config.model_name] if config.model_name else []),
+        *(() if config.repack else ("--no-repack",)),
         *_identity(config, f"worker-{layers.start}-{layers.stop}", "worker"),
     )
     log = logs / f"worker-{layers.start}-{layers.stop}.log"
@@ -142,6 +147,7 @@ def _expert_front(config: LocalSwarmConfig, logs: Path, tracker: str, peers: lis
         *("--model", str(config.model), "--expert-group", ",".join(peers), "--port", "0", "--tracker", tracker),
         *("--metrics-port", "0"),
         *(["--model-name", config.model_name] if config.model_name else []),
+        *(() if config.repack else ("--no-repack",)),
         *_identity(config, "expert-front", "worker"),
     )
     spec = LaunchSpec(EXPERT_FRONT, command, logs / "expert-front.log", WORKER_READY, _child_env())

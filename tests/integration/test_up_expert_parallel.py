@@ -43,6 +43,7 @@ from meshnet.engine.logprobs import log_softmax
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.expert_swarm import demo_prompt
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command
+from meshnet.worker.assembly import model_identity
 from meshnet.worker.config import WorkerConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -64,10 +65,10 @@ def _up(root: Path, model: Path, *extra: str) -> list[str]:
     return list(meshnet_command(root / "data", "up", *flags, *extra))
 
 
-def _whole_model(root: Path, model: Path, spec: SyntheticSpec) -> tuple[list[int], int]:
+def _whole_model(root: Path, model: Path, spec: SyntheticSpec, repack: bool = True) -> tuple[list[int], int]:
     """Greedy ids and the crc32 over every sampled-from logit row, whole model, the nodes' settings."""
     layers = LayerRange(0, spec.n_layers)
-    worker = WorkerConfig(model=model, layer_choice=layers, data_dir=root, threads=1)  # up: --threads 1
+    worker = WorkerConfig(model=model, layer_choice=layers, data_dir=root, threads=1, repack=repack)  # up: --threads 1
     whole = SliceCache(root / "ref").shard_files(model, layers, spec.n_layers).slice
     source = describe_model(model)
     tokenizer = Tokenizer(source)
@@ -93,8 +94,12 @@ CACHED_SPEC = SyntheticSpec(
 
 @pytest.mark.parametrize(
     ("spec", "extra"),
-    [(SPEC, ()), (CACHED_SPEC, ("--expert-cache-mb", "0.05", "--insecure"))],
-    ids=["q4_0-repacked-mtls", "q8_0-expert-cache-insecure"],
+    [
+        (SPEC, ()),
+        (CACHED_SPEC, ("--expert-cache-mb", "0.05", "--insecure")),
+        (SPEC, ("--expert-cache-mb", "0.05", "--no-repack", "--insecure")),  # Q4_0 read from the mapping
+    ],
+    ids=["q4_0-repacked-mtls", "q8_0-expert-cache-insecure", "q4_0-no-repack-expert-cache-insecure"],
 )
 def test_up_expert_parallel_demo_equals_whole_model(
     tmp_path: Path, spec: SyntheticSpec, extra: tuple[str, ...]
@@ -105,7 +110,7 @@ def test_up_expert_parallel_demo_equals_whole_model(
     assert len(re.findall(r"^expert +127\.0\.0\.1:\d+ +experts [01]/2", done.stdout, re.M)) == 2, done.stdout
     summary = re.search(r"through 2 expert nodes; logits crc32 ([0-9a-f]{8}); ids ([\d ]+)\]", done.stdout)
     assert summary is not None, done.stdout
-    tokens, crc = _whole_model(tmp_path, model, spec)
+    tokens, crc = _whole_model(tmp_path, model, spec, repack="--no-repack" not in extra)
     assert [int(t) for t in summary.group(2).split()] == tokens
     assert int(summary.group(1), 16) == crc
     caches = re.findall(r"node \d: expert cache .* hit rate ([\d.]+), ([\d.]+) MB read", done.stdout)
@@ -183,6 +188,39 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
         up.stop()
 
 
+def test_up_no_repack_front_registers_the_nodes_recipe_and_answers_exactly(tmp_path: Path) -> None:
+    """``up --expert-parallel 2 --expert-cache-mb M --no-repack`` on Q4_0 (the cache bounds the
+    nodes' experts): the front registers the recipe a ``--no-repack`` layer worker of the model
+    computes, not the default one, so no route mixes it with repacked shards; the gateway's
+    greedy answer and its logprobs equal whole-model llama.cpp loaded without repacking."""
+    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
+    flags = ("--port", "0", "--no-repack", "--expert-cache-mb", "0.05", "--insecure")
+    up = ChildProcess(LaunchSpec("up", tuple(_up(tmp_path, model, *flags)), tmp_path / "up.log", SERVING))
+    data = tmp_path / "data"
+    try:
+        base_url = up.await_ready(time.monotonic() + 240).first.removesuffix("/v1")
+        auth = {"Authorization": f"Bearer {(data / 'api-key').read_text().strip()}"}
+        layers, description = LayerRange(0, SPEC.n_layers), describe_model(model)
+        recipes = {
+            repack: model_identity(
+                WorkerConfig(model=model, layer_choice=layers, data_dir=tmp_path, repack=repack),
+                SliceCache(tmp_path / "ref"),
+                description,
+            ).recipe.fingerprint()
+            for repack in (True, False)
+        }
+        [(registered,)] = query_db(data / "tracker.sqlite3", "SELECT fingerprint FROM nodes")
+        assert registered == recipes[False] != recipes[True]
+        body = {"model": MODEL, "prompt": TEXT_PROMPT, "max_tokens": ANSWER_TOKENS, "temperature": 0, "logprobs": 1}
+        reply = httpx.post(f"{base_url}/v1/completions", json=body, headers=auth, timeout=60)
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        got = Answer(choice["text"], choice["logprobs"]["token_logprobs"])
+        assert got == _whole_model_answer(tmp_path, model, TEXT_PROMPT, ANSWER_TOKENS, repack=False)
+    finally:
+        up.stop()
+
+
 def _official_answer(client: openai.OpenAI, prompt: str) -> Answer:
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=ANSWER_TOKENS, temperature=0, logprobs=1)
     choice = reply.choices[0]
@@ -232,10 +270,10 @@ class Answer:
     log-softmax): equal lists mean equal logits at every sampled token, bit for bit."""
 
 
-def _whole_model_answer(root: Path, model: Path, prompt: str, max_tokens: int) -> Answer:
+def _whole_model_answer(root: Path, model: Path, prompt: str, max_tokens: int, repack: bool = True) -> Answer:
     """What whole-model llama.cpp (the nodes' settings) answers the completions endpoint's prompt."""
     layers = LayerRange(0, SPEC.n_layers)
-    worker = WorkerConfig(model=model, layer_choice=layers, data_dir=root, threads=1)
+    worker = WorkerConfig(model=model, layer_choice=layers, data_dir=root, threads=1, repack=repack)
     whole = SliceCache(root / "ref").shard_files(model, layers, SPEC.n_layers).slice
     tokenizer = Tokenizer(describe_model(model))
     route = LocalRoute([LlamaBackend(whole, worker.llama_config(worker.max_sessions))])

@@ -72,11 +72,12 @@ def test_the_worker_reaches_the_knobs_it_once_could_not() -> None:
 
 def test_no_config_field_is_typed_twice_with_another_default() -> None:
     """The derived configs carry no defaults of their own (flash_attn aside: a recipe constant;
-    use_mmap too: how weights are loaded, not arithmetic, turned off only by a worker's --no-mmap)."""
+    use_mmap too: how weights are loaded, not arithmetic, turned off only by a worker's --no-mmap;
+    repack: llama.cpp's own default, part of the recipe like flash_attn, off only by --no-repack)."""
     from meshnet.engine.llama_config import LlamaConfig
     from meshnet.session.admission import AdmissionPolicy
 
     for derived in (LlamaConfig, AdmissionPolicy):
         with_defaults = [f.name for f in dataclasses.fields(derived) if f.default is not dataclasses.MISSING]
-        assert with_defaults in ([], ["flash_attn", "use_mmap"]), derived
+        assert with_defaults in ([], ["flash_attn", "use_mmap", "repack"]), derived
     assert typing.get_type_hints(LlamaConfig)["flash_attn"] is bool

@@ -41,13 +41,16 @@ class CertificationReport:
     embedding_type: str = DEFAULT_SPEC.embedding_type.name
 
 
-def certify_llama_engine(config: LlamaConfig | None = None, *, model: Path | None = None) -> CertificationReport:
+def certify_llama_engine(
+    config: LlamaConfig | None = None, *, model: Path | None = None, repack: bool = True
+) -> CertificationReport:
     """Raise ``CertificationFailed`` unless split execution is bit-identical on this build.
 
     With ``model``, certify that model's architecture and every weight type it uses (and refuse
     one whose family or types cannot be certified); without, the default llama model.
+    ``repack``: the served load setting (``LlamaConfig.repack``), which picks the kernels.
     """
-    config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1)
+    config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1, repack=repack)
     specs = [DEFAULT_SPEC]
     if model is not None:
         try:

@@ -10,7 +10,8 @@ read from the file with ``os.pread`` into the page cache, where the kernels' pag
 them. The bytes are the file's either way, so the output does not change.
 
 Weights repacked at load (Q4_0 on CPUs with the repacking kernels) are read from a copy, not the
-file: the cache cannot bound those, and refuses them at the first expert multiplication.
+file: the cache cannot bound those, and refuses them at the first expert multiplication. Loaded
+without repacking (``LlamaConfig.repack``, ``--no-repack``) they are read from the mapping too.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class ExpertStreamCache:
         if not any(start <= data < stop for start, stop, _ in self._mappings):
             raise EngineError(
                 f"{name} was copied (repacked) at load, so the expert cache cannot bound it; "
-                "serve this weight type without --expert-cache-mb"
+                "load without repacking (--no-repack, part of the recipe) to serve it with --expert-cache-mb"
             )
         self._checked.add(name)
 

@@ -34,8 +34,9 @@ _CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=128, max_batch_to
 def certify_expert_parallel(model: Path, group_size: int, config: LlamaConfig | None = None) -> tuple[str, ...]:
     """Raise ``CertificationFailed`` unless a group of ``group_size`` matches the whole model
     bitwise on this build, for the family and weight types of ``model``; returns the checks."""
-    # The served threads and attention setting: both pick kernel paths the group must agree on.
-    config = replace(_CONFIG, flash_attn=config.flash_attn, n_threads=config.n_threads) if config else _CONFIG
+    # The served threads, attention and repack settings: each picks kernel paths the group must agree on.
+    served = config or _CONFIG
+    config = replace(_CONFIG, flash_attn=served.flash_attn, n_threads=served.n_threads, repack=served.repack)
     try:
         specs = certification_specs(Path(model))
     except MeshnetError as error:

@@ -100,6 +100,7 @@ class LlamaBackend:
         # This llama.cpp chooses mmap through load_mode (AUTO maps on CPU); NONE reads into memory.
         if not config.use_mmap:
             model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        model_params.use_extra_bufts = config.repack  # off: kernels read the weights where loaded
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             raise EngineError(f"llama.cpp could not load {path.name}")

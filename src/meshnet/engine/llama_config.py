@@ -25,3 +25,7 @@ class LlamaConfig:
     use_mmap: bool = True
     """Map the weights from the file (pages the kernel may drop and re-read) instead of copying
     them into anonymous memory; off makes a memory cap count every weight byte."""
+    repack: bool = True
+    """Let llama.cpp repack weights at load into its CPU kernels' layouts (its "extra buffer
+    types", Q4_0 here): a copy in anonymous memory the kernels read instead of the mapping. It
+    changes Q4_0 results, so it is part of the recipe; off reads every weight from the mapping."""

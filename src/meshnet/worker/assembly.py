@@ -198,13 +198,15 @@ def open_backend(
         raise InvalidArgument("a worker needs --model (or a fake model)")
     if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
         return open_group_backend(config, description, cache.source_sha256(description.path), security)
-    certify_llama_engine(model=description.path)  # the family and weight types it will serve
+    certify_llama_engine(model=description.path, repack=config.repack)  # the family and weight types it will serve
     return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
 
 
 def backend_label(config: WorkerConfig) -> str:
     # Settings that change llama.cpp's arithmetic are part of the recipe identity.
-    return f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk})"
+    label = f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk}"
+    # Named only when off, so the default recipe's fingerprint stays what it was.
+    return label + (")" if config.repack else ",repack=off)")
 
 
 def model_identity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> ModelIdentity:

@@ -82,6 +82,10 @@ class WorkerConfig:
     mmap: bool = True
     """Map the slice's weights from its file; --no-mmap copies them into the process, so a
     memory cap counts them (mapped pages are reclaimable and would always "fit")."""
+    repack: bool = True
+    """Let llama.cpp repack weights at load for its CPU kernels (Q4_0 here); part of the recipe
+    (it changes Q4_0 results). --no-repack reads them from the model's mapping, so that
+    --expert-cache-mb can bound Q4_0 experts."""
     max_frame_bytes: int = MAX_FRAME_BYTES
     """Largest gRPC message this worker sends or accepts."""
     max_queue: int = 64
@@ -115,7 +119,7 @@ class WorkerConfig:
     """Serve the expert-parallel group at these node addresses (host:port, index order) as one
     full-range shard: registers with --tracker like any worker, loads no weights itself (it
     reads --model's header and hash). --layers defaults to the whole model; sessions and context
-    are the nodes' (their --max-sessions, --context), --prefill-chunk and --flash-attn must be."""
+    are the nodes' (their --max-sessions, --context), --prefill-chunk, --flash-attn and --repack must be."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``
@@ -153,6 +157,7 @@ class WorkerConfig:
             max_batch_tokens=self.prefill_chunk,
             flash_attn=self.flash_attn,
             use_mmap=self.mmap,
+            repack=self.repack,
         )
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:

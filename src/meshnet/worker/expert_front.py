@@ -10,7 +10,7 @@ The recipe is the one a layer-split worker of the same model and settings comput
 output is bit-identical to whole-model llama.cpp (each node certifies that at start-up, and the
 nodes must agree on every logit's crc32 each step), so routes, failover replays and audits may
 mix groups and layer shards of one model. The front checks that its group serves the file it
-hashed; the numerics settings (``--prefill-chunk``, ``--flash-attn``) must be the nodes' own.
+hashed; the numerics settings (``--prefill-chunk``, ``--flash-attn``, ``--repack``) must be the nodes' own.
 
 A group does not survive the loss of a node (``worker/expert_node.py``): after a failed step the
 front takes no more steps, and ``serve_worker`` stops, deregisters and exits with the group's

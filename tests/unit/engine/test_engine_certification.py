@@ -84,3 +84,13 @@ def test_certification_refuses_a_model_it_cannot_cover(tmp_path: Path) -> None:
         CertificationFailed, match=r"cannot certify phi3\.gguf.*'phi3' has no certified meshnet adapter"
     ):
         certification.certify_llama_engine(model=foreign)
+
+
+def test_certification_of_a_q4_0_model_loaded_without_repacking(tmp_path: Path) -> None:
+    """A --no-repack worker certifies the kernels it serves with: slices loaded without repacking."""
+    from gguf import GGMLQuantizationType as Quant
+
+    served = write_synthetic_model(tmp_path / "served.gguf", SyntheticSpec(weight_type=Quant.Q4_0))
+    report = certification.certify_llama_engine(model=served, repack=False)
+    assert "Q4_0" in report.weight_types
+    assert any(check.startswith("llama Q4_0: ") for check in report.checks)

@@ -12,6 +12,7 @@ from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import CertificationFailed
 from meshnet.core.experts import ExpertOwnership
 from meshnet.engine.expert_certification import certify_expert_parallel
+from meshnet.engine.llama_config import LlamaConfig
 
 MOE = SyntheticSpec(architecture="qwen3moe", n_layers=2, n_expert=8, n_expert_used=2, weight_type=Quant.Q4_0)
 
@@ -38,3 +39,22 @@ def test_a_shared_dummy_expert_fails_certification(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(ExpertOwnership, "dummy_experts", shared)
     with pytest.raises(CertificationFailed, match="differs from the whole model"):
         certify_expert_parallel(write_synthetic_model(tmp_path / "moe.gguf", MOE), 2)
+
+
+@pytest.mark.parametrize("repack", [True, False])
+def test_certification_loads_as_the_node_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repack: bool) -> None:
+    """Whole and group load with the served repack setting (it picks the Q4_0 kernels): the shared
+    dummy above breaks only the repacked kernel, so it fails certification with repacking on and
+    goes unnoticed without it, the kernel those nodes run."""
+
+    def shared(self: ExpertOwnership, n_expert: int, n_expert_used: int) -> np.ndarray:
+        return np.full(n_expert_used, (self.index + 1) % self.count, np.int32)
+
+    monkeypatch.setattr(ExpertOwnership, "dummy_experts", shared)
+    model = write_synthetic_model(tmp_path / "moe.gguf", MOE)
+    served = LlamaConfig(n_threads=1, max_slots=1, n_ctx_per_slot=64, max_batch_tokens=8, repack=repack)
+    if repack:
+        with pytest.raises(CertificationFailed, match="differs from the whole model"):
+            certify_expert_parallel(model, 2, served)
+    else:
+        assert len(certify_expert_parallel(model, 2, served)) == 2  # F32 and Q4_0, 2 nodes
