@@ -305,7 +305,10 @@ class HeadDecodeLoop:
                 next_frame = StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings)
                 running = asyncio.ensure_future(run(next_frame))
                 if unsent is not None:
-                    yield unsent  # its write to the sender overlaps the step just started
+                    # Let the step reach the engine first: the sender's write then overlaps the
+                    # step's compute instead of delaying its start (the head's critical path).
+                    await asyncio.sleep(0)
+                    yield unsent
                 result = unsent = await running
                 running = None
             if unsent is not None:
