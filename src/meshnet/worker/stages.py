@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -311,7 +311,8 @@ class HeadDecodeLoop:
                     # frame is on its way on): every thread of a shard may share one core, so
                     # the write costs the critical path nothing only while the next shards
                     # compute. Written earlier, it delays the step's start on the engine.
-                    await asyncio.wait({computed, running}, return_when=asyncio.FIRST_COMPLETED)
+                    either: set[asyncio.Future[Any]] = {computed, running}
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                     yield unsent
                 result = unsent = await running
                 running = None
