@@ -122,9 +122,6 @@ class SampleStage:
         result = StepResult(meta.session_id, meta.step, next_position, token, timings, logprobs=logprobs)
         if frame.ring and not self._is_head:
             state.ring.put(result)  # straight to the head; nothing goes back upstream
-            # Let the ring stream write it before this stream's own bookkeeping and its next
-            # read: the head waits for exactly this answer.
-            await asyncio.sleep(0)
         return result
 
     async def release(self, state: TailState) -> None:
