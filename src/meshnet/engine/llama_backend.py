@@ -150,9 +150,24 @@ class LlamaBackend:
         )
         self._captured = np.zeros((capacity, n_embd), np.float32)
         self._captured_rows = 0
+        self._positions = np.arange(capacity, dtype=np.int32)
+        # The llama_batch over the buffers above for each kind of input, built once: a call only
+        # sets its row count.
+        self._batches = {uses_tokens: self._batch_over(uses_tokens) for uses_tokens in (True, False)}
         if self._capture_state is not None:
             self._capture_state.buffer = self._captured.ctypes.data
             self._capture_state.capacity = self._captured.nbytes
+
+    def _batch_over(self, uses_tokens: bool) -> llama_cpp.llama_batch:
+        return llama_cpp.llama_batch(
+            n_tokens=0,
+            token=self._pointer(self._tokens, ctypes.c_int32) if uses_tokens else None,
+            embd=None if uses_tokens else self._pointer(self._embd, ctypes.c_float),
+            pos=self._pointer(self._pos, ctypes.c_int32),
+            n_seq_id=self._pointer(self._n_seq, ctypes.c_int32),
+            seq_id=self._seq_ptrs,
+            logits=self._pointer(self._want, ctypes.c_int8),
+        )
 
     def _pointer(self, array: np.ndarray, kind: type) -> ctypes._Pointer:
         return ctypes.cast(array.ctypes.data, ctypes.POINTER(kind))
@@ -205,7 +220,10 @@ class LlamaBackend:
         spans = []
         for index, step in call:
             n = step.n_tokens
-            self._pos[row : row + n] = np.arange(step.position, step.position + n, dtype=np.int32)
+            if n == 1:
+                self._pos[row] = step.position
+            else:
+                np.add(self._positions[:n], step.position, out=self._pos[row : row + n])
             self._seq[row : row + n, 0] = step.slot
             if self._shape.emits_logits:
                 self._want[row : row + n] = 1 if step.want_logits == "all" else 0
@@ -222,15 +240,8 @@ class LlamaBackend:
             spans.append((index, step, row))
             row += n
         uses_tokens = call[0][1].tokens is not None and self._embeddings is None
-        batch = llama_cpp.llama_batch(
-            n_tokens=row,
-            token=self._pointer(self._tokens, ctypes.c_int32) if uses_tokens else None,
-            embd=None if uses_tokens else self._pointer(self._embd, ctypes.c_float),
-            pos=self._pointer(self._pos, ctypes.c_int32),
-            n_seq_id=self._pointer(self._n_seq, ctypes.c_int32),
-            seq_id=self._seq_ptrs,
-            logits=self._pointer(self._want, ctypes.c_int8),
-        )
+        batch = self._batches[uses_tokens]
+        batch.n_tokens = row
         self._captured_rows = 0
         if self._capture_state is not None:
             self._capture_state.used = 0

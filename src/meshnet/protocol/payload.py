@@ -69,16 +69,23 @@ def decode_tokens(message: pb.TokenIds, limits: FrameLimits, expected_crc: int) 
 
 def encode_hidden(hidden: np.ndarray) -> tuple[pb.TensorBundle, int]:
     """float32 ``[n_tokens, n_embd]`` -> (one-tensor bundle, crc32 of its bytes); one copy."""
+    bundle = pb.TensorBundle()
+    return bundle, write_hidden(bundle, hidden)
+
+
+def write_hidden(bundle: pb.TensorBundle, hidden: np.ndarray) -> int:
+    """Fill an empty ``bundle`` (a field of the frame being built) with float32 ``[n_tokens,
+    n_embd]``; returns the crc32 of its bytes. In place: no bundle built apart and copied in."""
     little = np.ascontiguousarray(hidden, dtype=_LITTLE_FLOAT32)
     data = little.tobytes()
-    tensor = pb.NamedTensor(
-        name=HIDDEN_TENSOR,
-        shape=little.shape,
-        dtype=pb.DTYPE_FLOAT32,
-        byte_order=pb.BYTE_ORDER_LITTLE,
-        fragments=(data,),
-    )
-    return pb.TensorBundle(bundle_version=BUNDLE_VERSION, tensors=(tensor,)), zlib.crc32(data)
+    bundle.bundle_version = BUNDLE_VERSION
+    tensor = bundle.tensors.add()
+    tensor.name = HIDDEN_TENSOR
+    tensor.shape.extend(little.shape)
+    tensor.dtype = pb.DTYPE_FLOAT32
+    tensor.byte_order = pb.BYTE_ORDER_LITTLE
+    tensor.fragments.append(data)
+    return zlib.crc32(data)
 
 
 def decode_hidden(bundle: pb.TensorBundle, limits: FrameLimits, expected_crc: int) -> np.ndarray:

@@ -48,7 +48,7 @@ from meshnet.protocol.frames import (
     check_schema_version,
 )
 from meshnet.protocol.generated import shard_pb2 as pb
-from meshnet.protocol.payload import decode_hidden, decode_tokens, encode_hidden, encode_tokens
+from meshnet.protocol.payload import decode_hidden, decode_tokens, encode_tokens, write_hidden
 
 _PHASE_TO_PROTO: dict[Phase, int] = {"prefill": pb.PHASE_PREFILL, "decode": pb.PHASE_DECODE}
 _PHASE_FROM_PROTO: dict[int, Phase] = {v: k for k, v in _PHASE_TO_PROTO.items()}
@@ -77,9 +77,9 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         tokens, crc = encode_tokens(frame.tokens)
         message = pb.StepRequest(tokens=tokens, final_chunk=frame.final_chunk)
     else:
-        # StepFrame guarantees exactly one input, so hidden is set here.
-        hidden, crc = encode_hidden(np.asarray(frame.hidden))
-        message = pb.StepRequest(hidden=hidden, final_chunk=frame.final_chunk)
+        # StepFrame guarantees exactly one input, so hidden is set here; written in place.
+        message = pb.StepRequest(final_chunk=frame.final_chunk)
+        crc = write_hidden(message.hidden, np.asarray(frame.hidden))
     header = message.header
     header.schema_version = meta.schema_version
     header.request_id = meta.request_id

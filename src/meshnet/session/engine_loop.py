@@ -27,7 +27,14 @@ import numpy as np
 
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, MeshnetError
 from meshnet.engine.backend import Backend, StepInput, StepOutput, prefill_pieces
-from meshnet.session.scheduler import GatherPolicy, PendingWork, decoding_sessions, gather_wait, plan_tick
+from meshnet.session.scheduler import (
+    GatherPolicy,
+    PendingWork,
+    decoding_sessions,
+    gather_wait,
+    nothing_to_gather,
+    plan_tick,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -199,8 +206,10 @@ class EngineLoop:
                 return True
 
     def _gather_wait(self) -> float:
-        if self.backend.shape.max_decode_rows <= 1 or not self._pending:
+        if self.backend.shape.max_decode_rows <= 1:
             return 0.0  # steps run one per call here anyway: nothing to gather
+        if nothing_to_gather(len(self._pending), len(self._last_decode)):
+            return 0.0  # a single stream: nothing else to wait for
         now = time.monotonic()
         decode = [w for w in self._pending if w.next_piece.n_tokens == 1]
         deadlines = [w.deadline for w in decode if w.deadline is not None]

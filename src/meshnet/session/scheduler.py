@@ -87,6 +87,14 @@ def gather_wait(
     return max(wait, 0.0)
 
 
+def nothing_to_gather(pending: int, sessions_seen: int) -> bool:
+    """True when no window can apply, so a tick needs none computed (``gather_wait`` would
+    answer 0): nothing is pending, or one piece of work is and at most one session (slot) has
+    decoded since it was last released, so no other session's step can join it. The
+    single-stream case, checked first on every tick."""
+    return pending == 0 or (pending == 1 and sessions_seen <= 1)
+
+
 def decoding_sessions(last_decode: Mapping[int, float], *, now: float, policy: GatherPolicy) -> int:
     """Sessions (slots) whose last decode step arrived within the horizon."""
     return sum(1 for at in last_decode.values() if now - at <= policy.horizon_s)

@@ -140,6 +140,8 @@ class ShardServicer(pb.ShardServicer):
                     self._openers[session_id] = opener
                 if self.shard.answer_upstream(frame):
                     yield result_to_proto(result)
+                if frame.continuation is None:
+                    continue  # nothing for the head to run by itself (every frame but the last)
                 async for continued in self.shard.continue_decoding(frame, result, stream_deadline):
                     yield result_to_proto(continued)
         except MeshnetError as error:

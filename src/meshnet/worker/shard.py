@@ -103,8 +103,8 @@ class Shard(Generic[S]):
         """The steps this shard runs by itself after ``frame`` answered ``result`` (head only)."""
         return self._continuation.steps(frame, result, stream_deadline, self._next_step)
 
-    async def _next_step(self, frame: StepFrame) -> StepResult:
-        return await self._run(self._table.get(frame.meta.session_id), frame)
+    async def _next_step(self, frame: StepFrame, computed: asyncio.Future[None] | None = None) -> StepResult:
+        return await self._run(self._table.get(frame.meta.session_id), frame, computed)
 
     def _check(self, frame: StepFrame) -> None:
         meta = frame.meta
@@ -131,7 +131,9 @@ class Shard(Generic[S]):
             await self._teardown(evicted)
         return session
 
-    async def _run(self, session: Session[S], frame: StepFrame) -> StepResult:
+    async def _run(
+        self, session: Session[S], frame: StepFrame, computed: asyncio.Future[None] | None = None
+    ) -> StepResult:
         meta = frame.meta
         repeated = self._table.check_step(session, step=meta.step, position=meta.position, epoch=meta.route_epoch)
         if repeated is not None:
@@ -141,6 +143,10 @@ class Shard(Generic[S]):
         session.busy = True
         try:
             output = await self._loop.run_step(_engine_input(session.slot, frame), deadline=deadline)
+            if computed is not None:
+                # Whoever waits on this runs once the emit below has sent the frame on (its
+                # first suspension), so the frame leaves before the waiter's own work.
+                computed.set_result(None)
             timing = None
             if frame.want_timings:  # only a probe reads them
                 compute_us = int((time.perf_counter() - received) * 1e6)

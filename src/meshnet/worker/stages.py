@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from meshnet.protocol.frames import HopSpec, HopTiming, StepFrame, StepResult
 from meshnet.worker.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink, RingMailbox, TailState
 
 S = TypeVar("S")
-RunStep = Callable[[StepFrame], Awaitable[StepResult]]
+RunStep = Callable[[StepFrame, "asyncio.Future[None] | None"], Awaitable[StepResult]]
+"""Run one step of a session; the future (if given) resolves once this shard's engine has run it."""
 
 
 def remaining_ms(deadline: float | None, passed: str) -> int | None:
@@ -303,9 +304,16 @@ class HeadDecodeLoop:
                 )
                 tokens = np.array([result.token_id], np.int32)
                 next_frame = StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings)
-                running = asyncio.ensure_future(run(next_frame))
+                computed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                running = asyncio.ensure_future(run(next_frame, computed))
                 if unsent is not None:
-                    yield unsent  # its write to the sender overlaps the step just started
+                    # The sender's write waits until this step has left the engine (and its
+                    # frame is on its way on): every thread of a shard may share one core, so
+                    # the write costs the critical path nothing only while the next shards
+                    # compute. Written earlier, it delays the step's start on the engine.
+                    either: set[asyncio.Future[Any]] = {computed, running}
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                    yield unsent
                 result = unsent = await running
                 running = None
             if unsent is not None:

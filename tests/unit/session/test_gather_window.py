@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshnet.session.scheduler import GatherPolicy, decoding_sessions, gather_wait
+from meshnet.session.scheduler import GatherPolicy, decoding_sessions, gather_wait, nothing_to_gather
 
 POLICY = GatherPolicy(window_s=0.002, horizon_s=0.5)
 
@@ -16,6 +16,23 @@ def wait(arrivals: list[float], sessions: int, *, prefill: bool = False, deadlin
 
 def test_a_single_stream_never_waits() -> None:
     assert wait([10.0], 1) == 0.0
+
+
+def test_a_single_stream_skips_the_window_altogether() -> None:
+    assert nothing_to_gather(1, 1)
+    assert nothing_to_gather(0, 3)  # nothing pending
+    assert nothing_to_gather(1, 0)  # a prefill chunk of a session that has not decoded yet
+    assert not nothing_to_gather(2, 1)
+    assert not nothing_to_gather(1, 2)  # another session may still send its step
+
+
+def test_the_shortcut_agrees_with_the_window() -> None:
+    # Wherever the shortcut applies, the full computation would not wait either.
+    for arrivals in ([], [10.0]):
+        for sessions in (0, 1):
+            if nothing_to_gather(len(arrivals), sessions):
+                assert wait(arrivals, sessions) == 0.0
+                assert wait(arrivals, sessions, prefill=not arrivals) == 0.0
 
 
 def test_a_partial_batch_waits_out_the_rest_of_the_window() -> None:
