@@ -30,11 +30,11 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.lab import cgroups, system
 from meshnet.lab.lab import Lab, LabConfig
-from meshnet.lab.swarm import LabSwarm, restart_tracker, start_swarm
+from meshnet.lab.swarm import LabSwarm, admin_security, ca_dir, client_auth, restart_tracker, start_swarm
 from meshnet.lab.sweep import measure_point
 from meshnet.process.launcher import StartupFailed, meshnet_command
 from meshnet.protocol.tls import LinkSecurity
-from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.security.swarm_dir import local_identity
 from meshnet.tracker.config import DEFAULT_DB_NAME
 from meshnet.tracker.placement import plan_ranges
 from meshnet.worker.auto_layers import layer_costs
@@ -126,7 +126,7 @@ def _key(swarm: LabSwarm) -> str:
 
 
 def _auth(swarm: LabSwarm) -> dict[str, str]:
-    return {"Authorization": f"Bearer {_key(swarm)}"}
+    return client_auth(swarm)
 
 
 def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[str, object]], str | None]:
@@ -229,16 +229,9 @@ def test_one_sweep_point_measures_the_lab_it_is_given(lab: tuple[Lab, LabSwarm])
     assert point.prefill_seam_bytes >= point.prefill_seam_payload_bytes  # the hidden rows cross the tail's link
 
 
-def _ca_dir(the_lab: Lab) -> Path:
-    """Node 0's data dir: its tracker made the lab's swarm CA there."""
-    if the_lab.plan is None:
-        raise AssertionError("the lab has no plan")
-    return the_lab.node_data_dir(the_lab.plan.nodes[0])
-
-
 def _admin(the_lab: Lab) -> LinkSecurity:
     """The test's own admin identity: the workers' metrics are mTLS like every lab link."""
-    return LinkSecurity(load_identity(local_identity(_ca_dir(the_lab), "lab-test", "admin", time.time())))
+    return admin_security(the_lab, "lab-test")
 
 
 def test_cancellation_frees_kv_on_every_node(lab: tuple[Lab, LabSwarm]) -> None:
@@ -268,7 +261,7 @@ def test_the_whole_model_under_the_same_cap_is_killed(lab: tuple[Lab, LabSwarm])
         the_lab.node_data_dir(node) / "whole",
         *("worker", "--model", str(MODEL), "--layers", "0:30", "--no-mmap", "--host", node.address),
         *("--port", "7003", "--threads", "1", "--context", "2048", "--max-sessions", "1"),
-        *("--identity", str(local_identity(_ca_dir(the_lab), "whole-model", "worker", time.time()))),
+        *("--identity", str(local_identity(ca_dir(the_lab), "whole-model", "worker", time.time()))),
     )
     # Without --no-mmap the weights stay file-backed pages the kernel drops under pressure, so
     # the whole model would "fit" any cap; copied into the process, every byte counts.

@@ -173,6 +173,17 @@ class Auditor:
     async def _trial(
         self, case: AuditCase, exclusion: frozenset[NodeId], original: frozenset[NodeId], trials: list[Trial]
     ) -> Trial | None:
+        # The slot first: the route is planned (and counted on its nodes) only once it can run.
+        slot = None if self._slot is None else await self._slot()
+        try:
+            return await self._trial_in_slot(case, exclusion, original, trials)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    async def _trial_in_slot(
+        self, case: AuditCase, exclusion: frozenset[NodeId], original: frozenset[NodeId], trials: list[Trial]
+    ) -> Trial | None:
         try:
             # By fingerprint: only a route of the very same recipe must reproduce the tokens.
             # With a session id: a replay is a session on the route, which the tracker counts.
@@ -183,12 +194,7 @@ class Auditor:
         nodes = _nodes(route)
         if nodes == original or any(nodes == trial.nodes for trial in trials):
             return None  # nothing new to learn from a route already run
-        slot = None if self._slot is None else await self._slot()
-        try:
-            agreed = await self._replay(case, route, session_id)
-        finally:
-            if slot is not None:
-                slot.release()
+        agreed = await self._replay(case, route, session_id)
         return None if agreed is None else Trial(nodes, agreed)
 
     async def _replay(self, case: AuditCase, route: Route, session_id: SessionId) -> bool | None:

@@ -193,18 +193,21 @@ def _start_worker(
     return address, LayerRange.parse(ready.values["layers"])
 
 
-def _identity(lab: Lab, name: str, role: Role) -> list[str]:
-    """Every lab link is mTLS (nodes bind non-loopback addresses): mint from the head's swarm CA."""
+def ca_dir(lab: Lab) -> Path:
+    """Node 0's data dir: its tracker made the lab's swarm CA there."""
     if lab.plan is None:
         raise RuntimeError("build the lab before starting a swarm")
-    ca_dir = lab.node_data_dir(lab.plan.nodes[0])
-    return ["--identity", str(local_identity(ca_dir, name, role, time.time()))]
+    return lab.node_data_dir(lab.plan.nodes[0])
+
+
+def _identity(lab: Lab, name: str, role: Role) -> list[str]:
+    """Every lab link is mTLS (nodes bind non-loopback addresses): mint from the head's swarm CA."""
+    return ["--identity", str(local_identity(ca_dir(lab), name, role, time.time()))]
 
 
 def admin_security(lab: Lab, name: str = "lab-admin") -> LinkSecurity:
     """An admin identity from the lab's swarm CA, for reading the workers' metrics over mTLS."""
-    path = Path(_identity(lab, name, "admin")[1])
-    return LinkSecurity(load_identity(path))
+    return LinkSecurity(load_identity(local_identity(ca_dir(lab), name, "admin", time.time())))
 
 
 def client_auth(swarm: LabSwarm) -> dict[str, str]:
