@@ -5,9 +5,15 @@ pure scheduler what to run, runs one batch through the backend and resolves the 
 llama.cpp calls release the GIL, so the event loop keeps serving the network meanwhile.
 A prefill longer than one chunk advances one chunk per tick, interleaved with decode batches.
 
-The backend is created, used and closed on the loop's own thread and nowhere else: llama.cpp's
-OpenMP thread teams belong to the thread that calls it, and driving one context from several
-threads measured 1.4x slower decode (a second team competing for the cores).
+The backend is created, used and closed on the loop's own thread: llama.cpp's OpenMP thread
+teams belong to the thread that calls it, and driving one context from several threads at once
+measured 1.4x slower decode (a second team competing for the cores). The one exception is
+``inline_decode``: a decode step that would run alone in the next tick anyway (a single stream;
+``scheduler.runs_inline``) runs at once on the event loop's thread while the loop thread is idle,
+under the lock the loop thread holds whenever it touches the backend. Its two hand-offs
+through the queue cost 0.3 ms a step on a shard whose threads share a core (measured with a
+per-step trace); a single stream's step waits for nothing else, so nothing is lost by blocking
+the event loop for its one llama.cpp call (which releases the GIL, so gRPC's own threads go on).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,6 +40,7 @@ from meshnet.session.scheduler import (
     gather_wait,
     nothing_to_gather,
     plan_tick,
+    runs_inline,
 )
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,7 @@ class EngineLoop:
         max_decode_batch: int = 64,
         gather: GatherPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        inline_decode: bool = False,
     ) -> None:
         self._open_backend = open_backend
         self._max_decode_batch = max_decode_batch
@@ -106,6 +114,14 @@ class EngineLoop:
         self._tickets = 0
         self._thread: threading.Thread | None = None
         self._backend: Backend | None = None
+        self._inline = inline_decode
+        """Lone decode steps may run on the caller's thread (only for a backend that does no I/O
+        of its own in ``run``: blocking the event loop must not block what the step waits for)."""
+        self._using_backend = threading.Lock()
+        """Held by whichever thread runs the backend or changes the pending work."""
+        self._settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        """Results the loop thread hands back once it lets go of the lock (``_holding``): handed
+        back inside it, the caller's next lone step could find the lock still taken and queue."""
         self.stats = LoopStats()
 
     @property
@@ -137,6 +153,10 @@ class EngineLoop:
 
     async def run_step(self, step: StepInput, *, deadline: float | None = None) -> StepOutput:
         """Run one session's input (any length); resolves when every chunk has run."""
+        if self._inline and step.n_tokens == 1:
+            output = self._run_inline(step, deadline)
+            if output is not None:
+                return output
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
@@ -156,6 +176,33 @@ class EngineLoop:
         self._inbox.put(_Truncate(slot, position, future))
         await future
 
+    def _run_inline(self, step: StepInput, deadline: float | None) -> StepOutput | None:
+        """Run a lone decode step here and now; None when it must queue (see ``runs_inline``)."""
+        if not self._using_backend.acquire(blocking=False):
+            return None  # the loop thread is running a batch: join the queue
+        try:
+            if not self._inline:
+                return None  # stopped meanwhile
+            queued = len(self._pending) + (0 if self._inbox.empty() else 1)
+            if not runs_inline(1, queued=queued, slot=step.slot, sessions_seen=list(self._last_decode)):
+                return None
+            if deadline is not None and deadline <= self._clock():
+                self.stats.expired += 1
+                raise DeadlineExceeded("the step's deadline passed before it could run")
+            self._last_decode[step.slot] = time.monotonic()
+            started = time.perf_counter()
+            try:
+                output = self.backend.run([step])[0]
+            except MeshnetError:
+                raise
+            except Exception as error:  # as on the loop thread: a typed error, never a bare one
+                log.exception("engine step failed")
+                raise EngineError(f"engine failure: {error}") from error
+            self._account([step], time.perf_counter() - started)
+            return output
+        finally:
+            self._using_backend.release()
+
     # -- loop thread --------------------------------------------------------------------
 
     def _run(self, opened: concurrent.futures.Future[Backend]) -> None:
@@ -170,18 +217,21 @@ class EngineLoop:
             while True:
                 if not self._drain(block=not self._pending):
                     break
-                wait = self._gather_wait()
-                if wait > 0:
-                    # Let the other decoding sessions' steps join this tick (see GatherPolicy).
-                    if not self._drain(block=True, timeout=wait):
-                        break
-                    continue
-                if self._pending:
-                    self._tick()
+                if not self._pending:
+                    continue  # woke with nothing to do: leave the lock to lone steps
+                with self._holding():
+                    wait = self._gather_wait()
+                    if wait <= 0:
+                        self._tick()
+                # Let the other decoding sessions' steps join this tick (see GatherPolicy).
+                if wait > 0 and not self._drain(block=True, timeout=wait):
+                    break
         finally:
-            for work in self._pending:
-                _resolve(work.future, error=Cancelled("the shard is shutting down"))
-            backend.close()
+            with self._holding():
+                self._inline = False  # nothing runs on a closed backend
+                for work in self._pending:
+                    self._settle(work.future, error=Cancelled("the shard is shutting down"))
+                backend.close()
 
     def _drain(self, *, block: bool, timeout: float = 0.5) -> bool:
         """Move inbox items to pending (truncates run at once); False when told to stop."""
@@ -189,6 +239,25 @@ class EngineLoop:
             item = self._inbox.get(block=block, timeout=timeout if block else None)
         except queue.Empty:
             return True
+        with self._holding():
+            return self._apply_all(item)
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """The backend lock, for the loop thread; the results it settled go out after release."""
+        self._using_backend.acquire()
+        try:
+            yield
+        finally:
+            self._using_backend.release()
+            settled, self._settled = self._settled, []
+            for future, value, error in settled:
+                _resolve(future, value=value, error=error)
+
+    def _settle(self, future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
+        self._settled.append((future, value, error))
+
+    def _apply_all(self, item: _Work | _Truncate | _Call | None) -> bool:
         while True:
             if item is None:
                 return False
@@ -229,18 +298,18 @@ class EngineLoop:
             self._last_decode.pop(item.slot, None)  # released: no more steps to expect from it
         for work in [w for w in self._pending if w.step.slot == item.slot]:
             self._pending.remove(work)
-            _resolve(work.future, error=Cancelled("the session was released"))
+            self._settle(work.future, error=Cancelled("the session was released"))
         try:
             self.backend.truncate(item.slot, item.position)
-            _resolve(item.future, value=None)
+            self._settle(item.future, value=None)
         except MeshnetError as error:
-            _resolve(item.future, error=error)
+            self._settle(item.future, error=error)
 
     def _apply_call(self, item: _Call) -> None:
         try:
-            _resolve(item.future, value=item.function(self.backend))
+            self._settle(item.future, value=item.function(self.backend))
         except Exception as error:
-            _resolve(item.future, error=error)
+            self._settle(item.future, error=error)
 
     def _tick(self) -> None:
         now = self._clock()
@@ -254,7 +323,7 @@ class EngineLoop:
             work = by_ticket[ticket]
             self._pending.remove(work)
             self.stats.expired += 1
-            _resolve(work.future, error=DeadlineExceeded("the step's deadline passed before it could run"))
+            self._settle(work.future, error=DeadlineExceeded("the step's deadline passed before it could run"))
         running = [by_ticket[t] for t in plan.run]
         self.stats.queue_depth = len(self._pending) - len(running)
         if not running:
@@ -275,12 +344,12 @@ class EngineLoop:
             work.outputs.append(output)
             if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
-                _resolve(work.future, value=_join(work.outputs))
+                self._settle(work.future, value=_join(work.outputs))
 
     def _fail(self, running: list[_Work], error: MeshnetError) -> None:
         for work in running:
             self._pending.remove(work)
-            _resolve(work.future, error=error)
+            self._settle(work.future, error=error)
 
     def _account(self, chunks: list[StepInput], seconds: float) -> None:
         stats = self.stats

@@ -87,7 +87,11 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
     capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
-    loop = EngineLoop(partial(open_backend, config, cache, description, capacity.max_sessions, security))
+    # A group front's backend waits on its nodes inside ``run``: its steps must not block the loop.
+    inline = config.fake is None and not config.expert_group
+    loop = EngineLoop(
+        partial(open_backend, config, cache, description, capacity.max_sessions, security), inline_decode=inline
+    )
     # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
     group = loop.backend if isinstance(loop.backend, ExpertGroupBackend) else None

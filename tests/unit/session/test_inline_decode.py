@@ -1,0 +1,125 @@
+"""Inline decode: a lone decode step runs on the caller's thread, anything that could batch
+or must wait its turn goes through the engine thread as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from meshnet.core.errors import DeadlineExceeded, EngineError
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import StepInput, StepOutput
+from meshnet.engine.fake_backend import FakeBackend
+from meshnet.session.engine_loop import EngineLoop
+from meshnet.session.scheduler import runs_inline
+
+N_EMBD = 8
+
+
+class ThreadRecorder(FakeBackend):
+    """The fake backend, noting which thread ran each call."""
+
+    def __init__(self) -> None:
+        super().__init__(LayerRange(0, 2), 4, n_embd=N_EMBD, max_slots=4, max_batch_tokens=4)
+        self.threads: list[int] = []
+
+    def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        self.threads.append(threading.get_ident())
+        return super().run(batch)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[EngineLoop]:
+    loop = EngineLoop(ThreadRecorder, inline_decode=True)
+    await asyncio.to_thread(loop.start)
+    yield loop
+    await asyncio.to_thread(loop.stop)
+
+
+def recorder(loop: EngineLoop) -> ThreadRecorder:
+    backend = loop.backend
+    if not isinstance(backend, ThreadRecorder):
+        raise TypeError(f"expected the recording backend, got {backend!r}")
+    return backend
+
+
+def step(slot: int, position: int, *ids: int) -> StepInput:
+    return StepInput(slot, position, tokens=np.array(ids, np.int32))
+
+
+def test_only_a_lone_decode_step_of_the_only_decoding_session_runs_inline() -> None:
+    assert runs_inline(1, queued=0, slot=2, sessions_seen=[])
+    assert runs_inline(1, queued=0, slot=2, sessions_seen=[2])
+    assert not runs_inline(4, queued=0, slot=2, sessions_seen=[])  # a prefill chunk
+    assert not runs_inline(1, queued=1, slot=2, sessions_seen=[2])  # something waits its turn
+    assert not runs_inline(1, queued=0, slot=2, sessions_seen=[2, 3])  # another session may batch
+
+
+async def test_a_single_stream_decodes_on_the_callers_thread(engine: EngineLoop) -> None:
+    caller = threading.get_ident()
+    await engine.run_step(step(0, 0, 1, 2, 3))  # prefill: the engine thread
+    for position in range(3, 6):
+        await engine.run_step(step(0, position, 7))
+    threads = recorder(engine).threads
+    assert threads[0] != caller
+    assert threads[1:] == [caller] * 3
+    assert engine.stats.decode_steps == 3 and engine.stats.decode_batches == 3
+
+
+async def test_a_second_decoding_session_sends_both_through_the_engine_thread(engine: EngineLoop) -> None:
+    caller = threading.get_ident()
+    await engine.run_step(step(0, 0, 1))  # inline: slot 0 is the only session
+    await engine.run_step(step(1, 0, 2))  # slot 0 has decoded: slot 1 queues
+    await engine.run_step(step(0, 1, 3))  # and so does slot 0 now
+    assert recorder(engine).threads[0] == caller
+    assert caller not in recorder(engine).threads[1:]
+    await engine.truncate(1, 0)  # slot 1 released: slot 0 is alone again
+    await engine.run_step(step(0, 2, 4))
+    assert recorder(engine).threads[-1] == caller
+
+
+async def test_inline_output_equals_the_engine_threads(engine: EngineLoop) -> None:
+    queued = EngineLoop(ThreadRecorder)
+    await asyncio.to_thread(queued.start)
+    try:
+        for loop in (engine, queued):
+            await loop.run_step(step(0, 0, 1, 2))
+        inline = await engine.run_step(step(0, 2, 5))
+        through_queue = await queued.run_step(step(0, 2, 5))
+        assert inline.hidden is not None and through_queue.hidden is not None
+        np.testing.assert_array_equal(inline.hidden, through_queue.hidden)
+        assert recorder(engine).threads[-1] != recorder(queued).threads[-1]
+    finally:
+        await asyncio.to_thread(queued.stop)
+
+
+async def test_an_inline_step_past_its_deadline_fails_and_appends_nothing(engine: EngineLoop) -> None:
+    await engine.run_step(step(0, 0, 1))
+    with pytest.raises(DeadlineExceeded):
+        await engine.run_step(step(0, 1, 2), deadline=0.0)
+    assert engine.stats.expired == 1
+    await engine.run_step(step(0, 1, 2))  # position 1 is still free
+
+
+async def test_an_inline_engine_failure_is_typed_and_the_loop_serves_on(engine: EngineLoop) -> None:
+    with pytest.raises(EngineError, match="engine failure"):
+        # A hidden state into the head: the fake's arithmetic fails with a plain exception.
+        await engine.run_step(StepInput(0, 0, hidden=np.zeros((1, N_EMBD + 1), np.float32)))
+    output = await engine.run_step(step(0, 0, 1))
+    assert output.hidden is not None and output.hidden.shape == (1, N_EMBD)
+
+
+async def test_after_stop_no_step_runs_inline() -> None:
+    loop = EngineLoop(ThreadRecorder, inline_decode=True)
+    await asyncio.to_thread(loop.start)
+    backend = recorder(loop)
+    await asyncio.to_thread(loop.stop)
+    calls = len(backend.threads)
+    pending = asyncio.ensure_future(loop.run_step(step(0, 0, 1)))
+    await asyncio.sleep(0.05)
+    assert len(backend.threads) == calls  # never ran on the closed backend
+    pending.cancel()
