@@ -35,6 +35,8 @@ def diagnose(expression: dict[str, Any], results: dict[str, Any], *, measured: b
     segments = path.split("/")
     if segments[0] == "context_scaling":
         return _context(results, segments, measured)
+    if segments[0] == "prefill":
+        return _prefill(results, segments)
     if segments[0] != "lanes" or len(segments) < 2:
         return f"{path}: not measured" if not measured else f"{path} is off target"
     if not measured:
@@ -98,6 +100,8 @@ def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
         if isinstance(occupancy, int | float):
             verdict = "batching is the bottleneck" if occupancy < 0.75 * int(concurrency) else "batches were full"
             parts.append(f"engine batches carried {occupancy:.2f} of {concurrency} sessions ({verdict})")
+        pinning = [n for n in results.get("run", {}).get("notes", []) if n.startswith(f"{lane} workers:")]
+        parts += pinning[:1]
     return "; ".join(parts) or f"{lane} has no hop timing to attribute the time to"
 
 
@@ -145,6 +149,34 @@ def _failures_or_drift(results: dict[str, Any], segments: list[str]) -> str:
                 f"{drift.get('first_divergence')}, max logit diff {drift.get('max_logit_diff')}"
             )
     return "; ".join(notes) or "no lane reports the problem in detail"
+
+
+def _prefill(results: dict[str, Any], segments: list[str]) -> str:
+    """A route's long-prompt TTFT: how much of it the shards ran at once (the pipelined chunks)."""
+    phase = results.get("prefill")
+    if not isinstance(phase, dict):
+        return "the prefill phase was not run (results of schema version 1, or --prefill-prompt 0)"
+    name = segments[2] if len(segments) > 2 else "?"
+    lane = (phase.get("lanes") or {}).get(name)
+    whole = (phase.get("lanes") or {}).get("llama-whole-1-thread") or {}
+    if not isinstance(lane, dict) or lane.get("ttft_ms") is None:
+        status = f"{lane.get('status')}: {lane.get('reason')}" if isinstance(lane, dict) else "not part of the run"
+        return f"prefill lane {name}: {status}"
+    ttft, busy = lane["ttft_ms"], [b for b in lane.get("shard_busy_ms", []) if isinstance(b, int | float)]
+    parts = [f"{name} TTFT {ttft:.0f} ms vs whole-model 1 thread {whole.get('ttft_ms') or 0:.0f} ms"]
+    if busy:
+        rates = ", ".join(f"{rate:.0f}" for rate in lane.get("shard_prefill_tok_s", []))
+        parts.append(
+            f"the shards were busy {' + '.join(f'{b:.0f}' for b in busy)} ms ({rates} prefill tok/s per shard): "
+            f"{sum(busy) / ttft:.2f} of {len(busy)} cores busy on average, so "
+            + ("the chunks pipeline well" if sum(busy) / ttft > 0.8 * len(busy) else "the pipeline stalls")
+            + f"; {phase.get('prompt_tokens')} tokens in chunks of {phase.get('prefill_chunk')}, at most "
+            "MAX_CHUNKS_IN_FLIGHT (worker/ring.py) unacknowledged per session; the slowest shard bounds TTFT "
+            f"from below at {max(busy):.0f} ms"
+        )
+    if phase.get("first_token_agrees") is False:
+        parts.append("the lanes' first tokens disagree")
+    return "; ".join(parts)
 
 
 def _context(results: dict[str, Any], segments: list[str], measured: bool) -> str:

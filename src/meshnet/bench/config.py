@@ -18,6 +18,7 @@ from meshnet.engine.llama_config import LlamaConfig
 LaneKind = Literal["llama-whole", "split", "meshnet", "recompute"]
 REFERENCE_LANE = "llama-whole"
 """Every drift and ratio is measured against this lane: whole-model llama.cpp, the speed anchor."""
+QUICK_PREFILL_PROMPT_TOKENS = 256
 DEFAULT_LANES = (
     "llama-whole",
     "split-2",
@@ -70,8 +71,9 @@ class BenchConfig:
     """Recompute re-runs the whole sequence per token; fewer tokens keep its lane bounded."""
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
     """The concurrency sweep, for ``sweep_lanes``."""
-    sweep_lanes: tuple[str, ...] = ("llama-whole", "split-3", "meshnet-3")
-    """Lanes measured at every concurrency; the others at ``lane_concurrency`` only (time budget)."""
+    sweep_lanes: tuple[str, ...] = ("llama-whole", "split-3", "meshnet-2", "meshnet-3")
+    """Lanes measured at every concurrency; the others at ``lane_concurrency`` only (time budget).
+    meshnet-2 is swept for issue 15's pinned two-worker route at concurrency 8 vs whole-model."""
     lane_concurrency: tuple[int, ...] = (1, 4)
     """Concurrencies the lanes outside ``sweep_lanes`` are measured at."""
     repetitions: int = 3
@@ -92,6 +94,14 @@ class BenchConfig:
     """Above this estimated cost per step, in-process recompute is not run at a context: one
     recompute step is a prefill of the whole context, so the cached route's own prefill time
     (TTFT) stands in for it, and the results say so."""
+    prefill_prompt_tokens: int = field(default=2048, metadata=cli("prefill-prompt"))
+    """Tokens of the prefill phase's one long prompt (``bench.prefill``: TTFT of the pinned
+    ``prefill_lane`` vs whole-model at 1 and 2 threads); 0 skips the phase."""
+    prefill_lane: str = "meshnet-2"
+    """The worker route of the prefill phase; its workers are always pinned, one core each."""
+    prefill_budget_s: float = field(default=90.0, metadata=cli("prefill-budget"))
+    """Seconds the prefill phase may take (start-up included): a further round (up to
+    ``repetitions``) starts only when the last round's duration still fits."""
     recompute_shards: int = 3
     """Shards of the recompute lane's route."""
     time_budget_s: float = field(default=840.0, metadata=cli("budget"))
@@ -128,6 +138,8 @@ class BenchConfig:
             raise InvalidArgument("threads and repetitions must be >= 1, output_tokens >= 2, prompt_tokens >= 1")
         if self.prompt_tokens + self.output_tokens > self.n_ctx_per_slot:
             raise InvalidArgument("prompt_tokens + output_tokens must fit n_ctx_per_slot")
+        if self.prefill_prompt_tokens < 0 or parse_lane(self.prefill_lane).kind != "meshnet":
+            raise InvalidArgument("prefill_prompt_tokens must be >= 0 (0 skips) and prefill_lane a meshnet-N lane")
         if self.contexts:
             kind = parse_lane(self.context_lane, self.recompute_shards).kind
             if kind not in ("meshnet", "split"):
@@ -154,7 +166,7 @@ class BenchConfig:
 
 def quick_config(config: BenchConfig) -> BenchConfig:
     """The ``--quick`` preset: every lane, fewer rounds, shorter outputs, two concurrencies, no
-    extra lanes."""
+    extra lanes, a 256-token prompt for the prefill phase."""
     return replace(
         config,
         quick=True,
@@ -167,4 +179,6 @@ def quick_config(config: BenchConfig) -> BenchConfig:
         context_decode_tokens=4,
         time_budget_s=300.0,
         extra_lanes=(),
+        prefill_prompt_tokens=min(config.prefill_prompt_tokens, QUICK_PREFILL_PROMPT_TOKENS),
+        prefill_budget_s=30.0,
     )
