@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription
 from meshnet.bench.config import BenchConfig
+from meshnet.bench.environment import CpuMeter
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import PrefillLane, PrefillPhase
 from meshnet.bench.runner import LaneSet, LaneState, Progress
@@ -129,6 +130,7 @@ async def measure_prefill(
     lane_sets = _lane_sets(config, cache, model, len(prompt), progress)
     try:
         subjects = _subjects(lane_sets)
+        meter = CpuMeter([pid for lane_set in lane_sets for pid in lane_set.worker_pids()])
         for subject in subjects:
             await _timed(subject, prompt[:WARMUP_PROMPT_TOKENS], keep=False)
         rounds, last = 0, 0.0
@@ -139,10 +141,11 @@ async def measure_prefill(
                 await _timed(subject, prompt, keep=True)
             rounds, last = rounds + 1, time.monotonic() - begun
             progress(f"prefill round {rounds}: {', '.join(_shown(s) for s in subjects)}")
+        foreign = meter.read().foreign_cores
     finally:
         for lane_set in lane_sets:
             await lane_set.close()
-    return phase_of(subjects, len(prompt), config, rounds)
+    return replace(phase_of(subjects, len(prompt), config, rounds), foreign_cores=foreign)
 
 
 async def _timed(subject: _Subject, prompt: tuple[int, ...], *, keep: bool) -> None:

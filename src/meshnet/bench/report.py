@@ -274,7 +274,8 @@ def _prefill_table(results: BenchResults) -> list[str]:
     if phase is None:
         return ["The prefill phase was not run."]
     lines = [
-        f"{phase.note}. First token agrees across lanes: {_fmt(phase.first_token_agrees)}.",
+        f"{phase.note}. First token agrees across lanes: {_fmt(phase.first_token_agrees)}. "
+        f"Other load meanwhile: {_fmt(phase.foreign_cores, 2)} cores.",
         "",
         "| Lane | Threads / pinning | TTFT ms | Prefill tok/s | vs whole 1 thread | Shards' prefill tok/s |",
         "|---|---|---|---|---|---|",

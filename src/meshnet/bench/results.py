@@ -283,6 +283,8 @@ class PrefillPhase:
     first_token_agrees: bool | None
     """Whether every lane (every round) produced the same greedy first token; None below two lanes."""
     note: str = ""
+    foreign_cores: float | None = None
+    """CPU the rest of the machine used meanwhile (``CpuMeter``): a large value is a noisy phase."""
 
 
 @dataclass(frozen=True)

@@ -284,6 +284,7 @@ def with_issue15_pinned_figures(
         "quick": False,
         "first_token_agrees": True,
         "note": "test",
+        "foreign_cores": 0.05,
         "lanes": {
             "llama-whole-1-thread": _prefill_lane("llama-whole", 1, 1, 13000.0, 1.0, []),
             "llama-whole-2-threads": _prefill_lane("llama-whole", 2, 1, 8000.0, 8 / 13, []),
