@@ -78,6 +78,7 @@ class Workload:
     prefill_chunk: int
     sweep_lanes: tuple[str, ...] = ()
     lane_concurrency: tuple[int, ...] = ()
+    top_concurrency_lanes: tuple[str, ...] = ()
     contexts: tuple[int, ...] = ()
     context_lane: str = ""
     sampling: Literal["greedy"] = "greedy"
@@ -316,6 +317,8 @@ def to_json(results: BenchResults) -> dict[str, Any]:
     document: dict[str, Any] = TypeAdapter(BenchResults).dump_python(results, mode="json")
     if not document.get("extra_lanes"):
         document.pop("extra_lanes", None)  # absent in files written before extra lanes existed
+    if not document["workload"].get("top_concurrency_lanes"):
+        document["workload"].pop("top_concurrency_lanes", None)  # a field newer than the file
     if document.get("prefill") is None:
         document.pop("prefill", None)  # not measured: absent, as in files of schema version 1
     for lane in document.get("lanes", {}).values():

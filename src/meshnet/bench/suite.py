@@ -138,6 +138,7 @@ def workload_of(config: BenchConfig, prompts: int) -> Workload:
         prefill_chunk=config.prefill_chunk,
         sweep_lanes=config.sweep_lanes,
         lane_concurrency=config.lane_concurrency,
+        top_concurrency_lanes=config.top_concurrency_lanes,
         contexts=config.contexts,
         context_lane=config.context_lane,
     )
