@@ -35,6 +35,8 @@ def diagnose(expression: dict[str, Any], results: dict[str, Any], *, measured: b
     segments = path.split("/")
     if segments[0] == "context_scaling":
         return _context(results, segments, measured)
+    if segments[0] == "prefill":
+        return _prefill(results, segments)
     if segments[0] != "lanes" or len(segments) < 2:
         return f"{path}: not measured" if not measured else f"{path} is off target"
     if not measured:
@@ -98,6 +100,8 @@ def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
         if isinstance(occupancy, int | float):
             verdict = "batching is the bottleneck" if occupancy < 0.75 * int(concurrency) else "batches were full"
             parts.append(f"engine batches carried {occupancy:.2f} of {concurrency} sessions ({verdict})")
+        pinning = [n for n in results.get("run", {}).get("notes", []) if n.startswith(f"{lane} workers:")]
+        parts += pinning[:1]
     return "; ".join(parts) or f"{lane} has no hop timing to attribute the time to"
 
 
@@ -145,6 +149,45 @@ def _failures_or_drift(results: dict[str, Any], segments: list[str]) -> str:
                 f"{drift.get('first_divergence')}, max logit diff {drift.get('max_logit_diff')}"
             )
     return "; ".join(notes) or "no lane reports the problem in detail"
+
+
+def _prefill(results: dict[str, Any], segments: list[str]) -> str:
+    """A route's long-prompt TTFT against what its pipelined chunks could reach at best."""
+    phase = results.get("prefill")
+    if not isinstance(phase, dict):
+        return "the prefill phase was not run (results of schema version 1, or --prefill-prompt 0)"
+    name = segments[2] if len(segments) > 2 else "?"
+    lane = (phase.get("lanes") or {}).get(name)
+    whole = (phase.get("lanes") or {}).get("llama-whole-1-thread") or {}
+    if not isinstance(lane, dict) or lane.get("ttft_ms") is None:
+        status = f"{lane.get('status')}: {lane.get('reason')}" if isinstance(lane, dict) else "not part of the run"
+        return f"prefill lane {name}: {status}"
+    parts = [f"{name} TTFT {lane['ttft_ms']:.0f} ms vs whole-model 1 thread {whole.get('ttft_ms') or 0:.0f} ms"]
+    busy = [b for b in lane.get("shard_busy_ms", []) if isinstance(b, int | float)]
+    if busy:
+        parts.append(_pipeline(lane, phase, busy))
+    if phase.get("first_token_agrees") is False:
+        parts.append("the lanes' first tokens disagree")
+    return "; ".join(parts)
+
+
+def _pipeline(lane: dict[str, Any], phase: dict[str, Any], busy: list[float]) -> str:
+    """Perfectly pipelined chunks finish after the slowest shard's work plus one chunk of each other shard."""
+    ttft, tokens, chunk = lane["ttft_ms"], phase.get("prompt_tokens") or 1, phase.get("prefill_chunk") or 1
+    chunks = max(-(-int(tokens) // int(chunk)), 1)
+    bound = max(busy) + (sum(busy) - max(busy)) / chunks
+    rates = ", ".join(f"{rate:.0f}" for rate in lane.get("shard_prefill_tok_s", []))
+    verdict = (
+        "chunks wait between shards: the hand-offs and the in-flight bound (MAX_CHUNKS_IN_FLIGHT, worker/ring.py) "
+        "cost the rest"
+        if ttft > 1.1 * bound
+        else "the pipeline runs near its bound: the shards' own prefill speed is the limit"
+    )
+    return (
+        f"the shards were busy {' + '.join(f'{b:.0f}' for b in busy)} ms ({rates} prefill tok/s each), "
+        f"{sum(busy) / ttft:.2f} of {len(busy)} cores on average; {chunks} chunks of {chunk} tokens pipelined "
+        f"perfectly would take {bound:.0f} ms, measured {ttft - bound:+.0f} ms over that ({verdict})"
+    )
 
 
 def _context(results: dict[str, Any], segments: list[str], measured: bool) -> str:

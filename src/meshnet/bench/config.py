@@ -18,6 +18,7 @@ from meshnet.engine.llama_config import LlamaConfig
 LaneKind = Literal["llama-whole", "split", "meshnet", "recompute"]
 REFERENCE_LANE = "llama-whole"
 """Every drift and ratio is measured against this lane: whole-model llama.cpp, the speed anchor."""
+QUICK_PREFILL_PROMPT_TOKENS = 256
 DEFAULT_LANES = (
     "llama-whole",
     "split-2",
@@ -74,6 +75,9 @@ class BenchConfig:
     """Lanes measured at every concurrency; the others at ``lane_concurrency`` only (time budget)."""
     lane_concurrency: tuple[int, ...] = (1, 4)
     """Concurrencies the lanes outside ``sweep_lanes`` are measured at."""
+    top_concurrency_lanes: tuple[str, ...] = ("meshnet-2",)
+    """Lanes outside the sweep measured at its top concurrency too: issue 15 judges the pinned
+    two-worker route at concurrency 8 against whole-model with 1 thread batching 8."""
     repetitions: int = 3
     """Interleaved rounds (every lane once per round); medians are taken across rounds."""
     max_slots: int = 8
@@ -92,6 +96,14 @@ class BenchConfig:
     """Above this estimated cost per step, in-process recompute is not run at a context: one
     recompute step is a prefill of the whole context, so the cached route's own prefill time
     (TTFT) stands in for it, and the results say so."""
+    prefill_prompt_tokens: int = field(default=2048, metadata=cli("prefill-prompt"))
+    """Tokens of the prefill phase's one long prompt (``bench.prefill``: TTFT of the pinned
+    ``prefill_lane`` vs whole-model at 1 and 2 threads); 0 skips the phase."""
+    prefill_lane: str = "meshnet-2"
+    """The worker route of the prefill phase; its workers are always pinned, one core each."""
+    prefill_budget_s: float = field(default=90.0, metadata=cli("prefill-budget"))
+    """Seconds the prefill phase may take (start-up included): a further round (up to
+    ``repetitions``) starts only when the last round's duration still fits."""
     recompute_shards: int = 3
     """Shards of the recompute lane's route."""
     time_budget_s: float = field(default=840.0, metadata=cli("budget"))
@@ -128,6 +140,8 @@ class BenchConfig:
             raise InvalidArgument("threads and repetitions must be >= 1, output_tokens >= 2, prompt_tokens >= 1")
         if self.prompt_tokens + self.output_tokens > self.n_ctx_per_slot:
             raise InvalidArgument("prompt_tokens + output_tokens must fit n_ctx_per_slot")
+        if self.prefill_prompt_tokens < 0 or parse_lane(self.prefill_lane).kind != "meshnet":
+            raise InvalidArgument("prefill_prompt_tokens must be >= 0 (0 skips) and prefill_lane a meshnet-N lane")
         if self.contexts:
             kind = parse_lane(self.context_lane, self.recompute_shards).kind
             if kind not in ("meshnet", "split"):
@@ -149,12 +163,14 @@ class BenchConfig:
         """Whether ``lane`` is run at ``concurrency`` in each round."""
         if lane.kind == "recompute":
             return concurrency == 1  # no KV cache, so nothing to batch
+        if str(lane) in self.top_concurrency_lanes and concurrency == max(self.concurrency):
+            return True
         return str(lane) in self.sweep_lanes or concurrency in self.lane_concurrency
 
 
 def quick_config(config: BenchConfig) -> BenchConfig:
     """The ``--quick`` preset: every lane, fewer rounds, shorter outputs, two concurrencies, no
-    extra lanes."""
+    extra lanes, a 256-token prompt for the prefill phase."""
     return replace(
         config,
         quick=True,
@@ -167,4 +183,6 @@ def quick_config(config: BenchConfig) -> BenchConfig:
         context_decode_tokens=4,
         time_budget_s=300.0,
         extra_lanes=(),
+        prefill_prompt_tokens=min(config.prefill_prompt_tokens, QUICK_PREFILL_PROMPT_TOKENS),
+        prefill_budget_s=30.0,
     )

@@ -42,7 +42,23 @@ def _measured_points(results: BenchResults) -> list[tuple[int, ContextPoint]]:
 
 def headline(results: BenchResults) -> list[tuple[str, str]]:
     """The figures a README quotes, as (what, value) rows."""
-    return _rate_rows(results) + _batched_rows(results) + _route_rows(results) + _context_rows(results)
+    rows = _rate_rows(results) + _batched_rows(results) + _route_rows(results) + _context_rows(results)
+    return rows + _prefill_rows(results)
+
+
+def _prefill_rows(results: BenchResults) -> list[tuple[str, str]]:
+    """Issue 15's two pinned meshnet-2 figures: batched at the top concurrency and long-prompt TTFT."""
+    rows = []
+    top = max(results.workload.concurrency)
+    batched = _ratio(results.measures("meshnet-2", top), "aggregate_decode_tok_s")
+    if top > 1 and batched is not None:
+        rows.append((f"meshnet-2 (pinned) vs whole 1 thread batched, concurrency {top}", _x(batched)))
+    phase = results.prefill
+    if phase is not None:
+        for name, lane in phase.lanes.items():
+            what = f"TTFT, {phase.prompt_tokens}-token prompt, {name}"
+            rows.append((what, f"{_fmt(lane.ttft_ms, 0, ' ms')} ({_x(lane.vs_whole_1_thread)} whole 1 thread)"))
+    return rows
 
 
 def _rate_rows(results: BenchResults) -> list[tuple[str, str]]:
@@ -246,9 +262,32 @@ def _sections(results: BenchResults, contract: Path | None) -> list[str]:
         "Wire bytes are serialized frame sizes plus 14 bytes of gRPC/HTTP-2 framing per message.",
         *("", *_route_table(results), ""),
         *("## Context scaling", "", *_context_table(results), ""),
+        *("## Prefill", "", *_prefill_table(results), ""),
         *("## Extra lanes", "", *_extra_table(results), ""),
         *("## How the processes ran", "", *(f"- {note}" for note in results.run.notes), ""),
     ]
+
+
+def _prefill_table(results: BenchResults) -> list[str]:
+    """TTFT of the long prompt: the pinned route vs whole-model at 1 and 2 threads."""
+    phase = results.prefill
+    if phase is None:
+        return ["The prefill phase was not run."]
+    lines = [
+        f"{phase.note}. First token agrees across lanes: {_fmt(phase.first_token_agrees)}. "
+        f"Other load meanwhile: {_fmt(phase.foreign_cores, 2)} cores.",
+        "",
+        "| Lane | Threads / pinning | TTFT ms | Prefill tok/s | vs whole 1 thread | Shards' prefill tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, lane in phase.lanes.items():
+        status = "" if lane.status == "ok" else f" ({lane.status}: {lane.reason})"
+        shards = ", ".join(f"{rate:,.0f}" for rate in lane.shard_prefill_tok_s) or NONE
+        lines.append(
+            f"| {name}{status} | {lane.threads} thread(s) x {lane.processes} process(es); {lane.pinning} "
+            f"| {_fmt(lane.ttft_ms, 0)} | {_fmt(lane.prefill_tok_s, 0)} | {_x(lane.vs_whole_1_thread)} | {shards} |"
+        )
+    return lines
 
 
 def _extra_table(results: BenchResults) -> list[str]:

@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 SCHEMA_NAME = "meshnet-bench-results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 adds the optional ``prefill`` section; files of version 1 are still read (without it)."""
 LaneStatus = Literal["ok", "skipped", "failed"]
 Placement = Literal["in-process", "workers", "none"]
 
@@ -77,6 +78,7 @@ class Workload:
     prefill_chunk: int
     sweep_lanes: tuple[str, ...] = ()
     lane_concurrency: tuple[int, ...] = ()
+    top_concurrency_lanes: tuple[str, ...] = ()
     contexts: tuple[int, ...] = ()
     context_lane: str = ""
     sampling: Literal["greedy"] = "greedy"
@@ -242,6 +244,51 @@ class ExtraLane:
 
 
 @dataclass(frozen=True)
+class PrefillLane:
+    """One way of running a long prompt's prefill (``bench.prefill``), over its rounds."""
+
+    lane: str
+    """The lane kind it reuses: ``llama-whole`` or ``meshnet-N``."""
+    threads: int
+    """llama.cpp threads per process."""
+    processes: int
+    pinning: str
+    """How its processes were placed on cores, as the report states it."""
+    status: LaneStatus
+    reason: str | None
+    ttft_ms: float | None
+    """Median over rounds: request start -> first token streamed (the whole prompt's prefill)."""
+    ttft_ms_rounds: tuple[float, ...]
+    prefill_tok_s: float | None
+    """Prompt tokens / median TTFT."""
+    vs_whole_1_thread: float | None
+    """Median of per-round TTFT ratios to whole-model with 1 thread (below 1: faster)."""
+    first_token: int | None
+    shard_prefill_tok_s: tuple[float, ...] = ()
+    """Worker routes: per shard, prompt tokens / the shard's engine-busy seconds in the run."""
+    shard_busy_ms: tuple[float, ...] = ()
+    """Worker routes: per shard, median engine-busy milliseconds of one prefill run."""
+
+
+@dataclass(frozen=True)
+class PrefillPhase:
+    """TTFT of one long prompt: a pinned meshnet route vs whole-model llama.cpp at 1 and 2 threads."""
+
+    prompt_tokens: int
+    prefill_chunk: int
+    """Tokens per prefill chunk (the route pipelines chunks across its shards)."""
+    rounds: int
+    quick: bool
+    """A quick run measures a shorter prompt than the full run's 2,048 tokens."""
+    lanes: dict[str, PrefillLane]
+    first_token_agrees: bool | None
+    """Whether every lane (every round) produced the same greedy first token; None below two lanes."""
+    note: str = ""
+    foreign_cores: float | None = None
+    """CPU the rest of the machine used meanwhile (``CpuMeter``): a large value is a noisy phase."""
+
+
+@dataclass(frozen=True)
 class BenchResults:
     run: RunInfo
     model: ModelInfo
@@ -252,6 +299,8 @@ class BenchResults:
     noise: Noise
     extra_lanes: dict[str, ExtraLane] = field(default_factory=dict)
     """``synthetic-1b``, ``llama-rpc-3`` (``bench.extra_lanes``)."""
+    prefill: PrefillPhase | None = None
+    """TTFT of a long prompt (``bench.prefill``); absent in files of schema version 1."""
     schema: str = SCHEMA_NAME
     schema_version: int = SCHEMA_VERSION
 
@@ -268,6 +317,10 @@ def to_json(results: BenchResults) -> dict[str, Any]:
     document: dict[str, Any] = TypeAdapter(BenchResults).dump_python(results, mode="json")
     if not document.get("extra_lanes"):
         document.pop("extra_lanes", None)  # absent in files written before extra lanes existed
+    if not document["workload"].get("top_concurrency_lanes"):
+        document["workload"].pop("top_concurrency_lanes", None)  # a field newer than the file
+    if document.get("prefill") is None:
+        document.pop("prefill", None)  # not measured: absent, as in files of schema version 1
     for lane in document.get("lanes", {}).values():
         hops = lane.get("hop_timing")
         if hops is not None and hops.get("seam_crossings_per_token") is None:

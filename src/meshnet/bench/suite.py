@@ -23,6 +23,7 @@ from meshnet.bench.environment import environment
 from meshnet.bench.extra_lanes import measure_extra_lanes
 from meshnet.bench.hops import probe_hops
 from meshnet.bench.inprocess import CachedLane, RecomputeLane
+from meshnet.bench.prefill import ROOM_BEYOND_PROMPT, measure_prefill
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import (
     BenchResults,
@@ -46,7 +47,7 @@ from meshnet.bench.runner import (
 )
 from meshnet.bench.stats import RunRecord
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
-from meshnet.bench.workload import build_prompts, context_prompts
+from meshnet.bench.workload import build_prompts, context_prompts, prefill_prompt
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
@@ -73,8 +74,10 @@ async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     with closing(Tokenizer(description)) as tokenizer:
         model = model_info(description, cache, tokenizer.context_length)
         prompts = build_prompts(tokenizer, max(config.concurrency), config.prompt_tokens)
+        long_prompt = prefill_prompt(tokenizer, config.prefill_prompt_tokens, ROOM_BEYOND_PROMPT)
     lane_set = LaneSet(config, cache, description, progress)
     lanes, rounds, noise = await measure_lanes(lane_set, prompts, started)
+    prefill = await measure_prefill(config, cache, description, long_prompt, progress) if long_prompt else None
     context = await context_phase(config, cache, description, model, started, progress) if config.contexts else None
     extra = await measure_extra_lanes(config, progress)
     notes = [] if rounds >= config.repetitions else [f"time budget: {rounds} of {config.repetitions} rounds completed"]
@@ -97,6 +100,7 @@ async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
         context_scaling=context,
         noise=Noise(tuple(noise), median_foreign(noise)),
         extra_lanes=extra,
+        prefill=prefill,
     )
 
 
@@ -134,6 +138,7 @@ def workload_of(config: BenchConfig, prompts: int) -> Workload:
         prefill_chunk=config.prefill_chunk,
         sweep_lanes=config.sweep_lanes,
         lane_concurrency=config.lane_concurrency,
+        top_concurrency_lanes=config.top_concurrency_lanes,
         contexts=config.contexts,
         context_lane=config.context_lane,
     )

@@ -48,3 +48,10 @@ def build_prompts(tokenizer: Tokenizer, count: int, length: int) -> tuple[tuple[
 def context_prompts(tokenizer: Tokenizer, contexts: list[int]) -> dict[int, tuple[int, ...]]:
     """One long prompt per context length, for the context-scaling phase."""
     return {c: tokens_of_length(tokenizer, CONTEXT_TEXT, c) for c in contexts}
+
+
+def prefill_prompt(tokenizer: Tokenizer, length: int, room: int) -> tuple[int, ...]:
+    """The prefill phase's one long prompt, cut to fit the model's context with ``room`` to spare;
+    empty when ``length`` is 0 (the phase is skipped)."""
+    fitted = min(length, tokenizer.context_length - room)
+    return tokens_of_length(tokenizer, CONTEXT_TEXT, fitted) if length > 0 and fitted > 0 else ()

@@ -237,3 +237,58 @@ def without(results: dict[str, Any], *path: str) -> dict[str, Any]:
         node = node[key]
     del node[path[-1]]
     return copied
+
+
+def _prefill_lane(
+    lane: str, threads: int, processes: int, ttft_ms: float, ratio: float, busy: list[float]
+) -> dict[str, Any]:
+    return {
+        "lane": lane,
+        "threads": threads,
+        "processes": processes,
+        "pinning": "process 0 -> core 0, process 1 -> core 1" if processes > 1 else "the bench process, not pinned",
+        "status": "ok",
+        "reason": None,
+        "ttft_ms": ttft_ms,
+        "ttft_ms_rounds": [ttft_ms, ttft_ms],
+        "prefill_tok_s": 2048 / (ttft_ms / 1000.0),
+        "vs_whole_1_thread": ratio,
+        "first_token": 42,
+        "shard_prefill_tok_s": [2048 / (b / 1000.0) for b in busy],
+        "shard_busy_ms": busy,
+    }
+
+
+def with_issue15_pinned_figures(
+    results: dict[str, Any], *, batched8_ratio: float = 1.6, ttft_ratio: float = 0.6, busy_ms: float = 5000.0
+) -> dict[str, Any]:
+    """``results`` as schema version 2 with pinned meshnet-2 at concurrency 8 and the prefill phase
+    (TTFT of a 2,048-token prompt; whole-model 1 thread takes 13,000 ms)."""
+    document = copy.deepcopy(results)
+    document["schema_version"] = 2
+    whole_c8 = document["lanes"]["llama-whole"]["concurrency"]["8"]["aggregate_decode_tok_s"]
+    document["lanes"]["meshnet-2"] = _lane(
+        "meshnet",
+        2,
+        {
+            "1": _summary(1, 60.0, 60.0, 0.6),
+            "8": _summary(8, 20.0, whole_c8 * batched8_ratio, 0.2, batched8_ratio, occupancy=7.5),
+        },
+        placement="workers",
+    )
+    document["run"]["notes"] = ["meshnet-2 workers: process 0 -> core 0, process 1 -> core 1"]
+    document["prefill"] = {
+        "prompt_tokens": 2048,
+        "prefill_chunk": 256,
+        "rounds": 2,
+        "quick": False,
+        "first_token_agrees": True,
+        "note": "test",
+        "foreign_cores": 0.05,
+        "lanes": {
+            "llama-whole-1-thread": _prefill_lane("llama-whole", 1, 1, 13000.0, 1.0, []),
+            "llama-whole-2-threads": _prefill_lane("llama-whole", 2, 1, 8000.0, 8 / 13, []),
+            "meshnet-2-pinned": _prefill_lane("meshnet-2", 1, 2, 13000.0 * ttft_ratio, ttft_ratio, [busy_ms, busy_ms]),
+        },
+    }
+    return document

@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from bench_samples import Figures, sample_results, without
+from bench_samples import Figures, sample_results, with_issue15_pinned_figures, without
 
 import meshnet.bench
-from meshnet.bench.gate import evaluate, evaluate_expression, load_contract, render, resolve
+from meshnet.bench.gate import Check, evaluate, evaluate_expression, load_contract, render, resolve
 from meshnet.cli import main
 from meshnet.core.errors import InvalidArgument
 
-# These tests judge with v1, whose thresholds the sample figures were chosen for; v2 is the
+# These tests judge with v1, whose thresholds the sample figures were chosen for; v3 is the
 # default (see the tests at the end).
 CONTRACT_V1 = Path(meshnet.bench.__file__).parent / "contract_v1.json"
 CONTRACT = load_contract(CONTRACT_V1)
+CONTRACT_V2 = load_contract(Path(meshnet.bench.__file__).parent / "contract_v2.json")
 
 
 def verdict_of(figures: Figures) -> tuple[str, dict[str, object]]:
@@ -195,8 +197,8 @@ def test_drift_stop_names_the_concurrency_that_diverged() -> None:
     assert "k=1: 1.000, k=8: 0.900" in (drift.bottleneck or "")
 
 
-def test_the_default_contract_is_v2_with_the_issue_15_thresholds() -> None:
-    contract = load_contract()
+def test_the_v2_contract_keeps_the_issue_15_thresholds() -> None:
+    contract = CONTRACT_V2
     assert contract["version"] == 2
     pinned = {
         "meshnet3-decode-vs-whole": (">=", 0.9),
@@ -220,9 +222,72 @@ def test_v2_reads_the_extra_lanes_and_names_what_was_not_measured() -> None:
         "llama-rpc-3": {"vs_whole": 0.8},
         "synthetic-1b": {"vs_whole": 0.98},
     }
-    checks = {check.id: check for check in evaluate(results, load_contract()).checks}
+    checks = {check.id: check for check in evaluate(results, CONTRACT_V2).checks}
     assert checks["meshnet3-vs-llama-rpc3"].values[0][1] == pytest.approx(0.9 / 0.8)
     assert checks["synthetic1b-meshnet3-vs-whole"].outcome == "pass"
     del results["extra_lanes"]
-    checks = {check.id: check for check in evaluate(results, load_contract()).checks}
+    checks = {check.id: check for check in evaluate(results, CONTRACT_V2).checks}
     assert checks["synthetic1b-meshnet3-vs-whole"].outcome == "missing"
+
+
+def test_the_default_contract_is_v3_v2_unchanged_plus_the_two_pinned_meshnet2_figures() -> None:
+    contract = load_contract()
+    assert contract["version"] == 3
+    assert contract["stop_conditions"] == CONTRACT_V2["stop_conditions"]
+    v3 = {entry["id"]: entry for entry in contract["requirements"]}
+    for entry in CONTRACT_V2["requirements"]:
+        assert v3.pop(entry["id"]) == entry
+    assert {key: (e["op"], e["threshold"]["const"], e["value"]) for key, e in v3.items()} == {
+        "meshnet2-pinned-batched8-vs-whole1": (
+            ">=",
+            1.5,
+            {"path": "lanes/meshnet-2/concurrency/8/vs_reference/aggregate_decode_tok_s"},
+        ),
+        "ttft2048-meshnet2-vs-whole1": ("<=", 0.7, {"path": "prefill/lanes/meshnet-2-pinned/vs_whole_1_thread"}),
+    }
+
+
+def v3_checks(results: dict[str, Any]) -> dict[str, Check]:
+    return {check.id: check for check in evaluate(results, load_contract()).checks}
+
+
+def test_v3_passes_the_pinned_figures_when_they_meet_the_issue() -> None:
+    checks = v3_checks(with_issue15_pinned_figures(sample_results()))
+    assert checks["meshnet2-pinned-batched8-vs-whole1"].outcome == "pass"
+    assert checks["ttft2048-meshnet2-vs-whole1"].outcome == "pass"
+
+
+def test_a_slow_pipelined_prefill_is_compared_with_its_perfect_pipeline() -> None:
+    # TTFT 0.9x whole (11,700 ms) while each shard was busy 5,000 ms: 8 chunks pipelined perfectly
+    # would take 5,000 + 5,000 / 8 = 5,625 ms.
+    checks = v3_checks(with_issue15_pinned_figures(sample_results(), ttft_ratio=0.9))
+    check = checks["ttft2048-meshnet2-vs-whole1"]
+    assert check.outcome == "fail"
+    text = check.bottleneck or ""
+    assert "meshnet-2-pinned TTFT 11700 ms vs whole-model 1 thread 13000 ms" in text
+    assert "busy 5000 + 5000 ms (410, 410 prefill tok/s each), 0.85 of 2 cores" in text
+    assert "8 chunks of 256 tokens pipelined perfectly would take 5625 ms, measured +6075 ms" in text
+    assert "chunks wait between shards" in text and "MAX_CHUNKS_IN_FLIGHT" in text
+
+
+def test_a_prefill_near_its_pipeline_bound_names_the_shards_speed() -> None:
+    checks = v3_checks(with_issue15_pinned_figures(sample_results(), ttft_ratio=0.75, busy_ms=8700.0))
+    text = checks["ttft2048-meshnet2-vs-whole1"].bottleneck or ""
+    assert "the pipeline runs near its bound" in text
+
+
+def test_weak_pinned_batching_names_occupancy_and_the_pinning() -> None:
+    checks = v3_checks(with_issue15_pinned_figures(sample_results(), batched8_ratio=1.2))
+    check = checks["meshnet2-pinned-batched8-vs-whole1"]
+    assert check.outcome == "fail" and check.values[0][1] == pytest.approx(1.2)
+    text = check.bottleneck or ""
+    assert "7.50 of 8 sessions (batches were full)" in text
+    assert "meshnet-2 workers: process 0 -> core 0, process 1 -> core 1" in text
+
+
+def test_results_without_the_prefill_phase_miss_the_ttft_requirement_and_say_why() -> None:
+    checks = v3_checks(sample_results())
+    check = checks["ttft2048-meshnet2-vs-whole1"]
+    assert check.outcome == "missing"
+    assert "the prefill phase was not run" in (check.bottleneck or "")
+    assert "lane meshnet-2 was not part of this run" in (checks["meshnet2-pinned-batched8-vs-whole1"].bottleneck or "")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_samples import sample_results, without
+from bench_samples import sample_results, with_issue15_pinned_figures, without
 
 from meshnet.bench.results import ContextPoint, SkippedContext, from_json, to_json
 from meshnet.bench.results_file import read_document, read_results, schema_problems, write_results
@@ -65,7 +65,29 @@ def test_probe_sections_are_checked_too() -> None:
 
 
 def test_schema_version_is_pinned() -> None:
-    assert schema_problems(dict(sample_results(), schema_version=2)) == ["$.schema_version: 1 was expected"]
+    assert schema_problems(dict(sample_results(), schema_version=3)) == ["$.schema_version: 3 is not one of [1, 2]"]
+
+
+def test_version_2_adds_the_prefill_section_and_version_1_files_have_none() -> None:
+    document = with_issue15_pinned_figures(sample_results())
+    assert schema_problems(document) == []
+    results = from_json(document)
+    assert results.prefill is not None and results.prefill.lanes["meshnet-2-pinned"].shard_busy_ms == (5000.0, 5000.0)
+    assert to_json(results) == document
+    (problem,) = schema_problems(dict(document, schema_version=1))
+    assert problem.startswith("$: False schema does not allow {'prompt_tokens': 2048")  # the prefill section
+    broken = copy.deepcopy(document)
+    broken["prefill"]["lanes"]["meshnet-2-pinned"]["ttft_ms"] = -1.0
+    del broken["prefill"]["lanes"]["llama-whole-1-thread"]["first_token"]
+    assert schema_problems(broken) == [
+        "$.prefill.lanes['llama-whole-1-thread']: 'first_token' is a required property",
+        "$.prefill.lanes['meshnet-2-pinned'].ttft_ms: -1.0 is less than the minimum of 0",
+    ]
+
+
+def test_written_results_are_version_2_without_a_prefill_section_when_none_was_measured() -> None:
+    document = to_json(from_json(dict(sample_results(), schema_version=2)))
+    assert "prefill" not in document and schema_problems(document) == []
 
 
 def test_typed_results_round_trip_the_json_shape() -> None:

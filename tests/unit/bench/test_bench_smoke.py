@@ -102,3 +102,21 @@ def test_report_and_plots_are_written(bench_run: tuple[dict[str, Any], Path, int
     assert "## Gate: optimize" in text or "## Gate: stop" in text
     for plot in ("concurrency.png", "context.png", "lanes.png"):
         assert (report / plot).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_prefill_phase_times_the_long_prompt_on_three_subjects(bench_run: tuple[dict[str, Any], Path, int]) -> None:
+    results, report, _ = bench_run
+    phase = results["prefill"]
+    assert results["schema_version"] == 2
+    # A quick run times a shorter prompt than the full run's 2,048 tokens, and says so.
+    assert phase["quick"] and phase["prompt_tokens"] == 256 and "quick" in phase["note"]
+    assert set(phase["lanes"]) == {"llama-whole-1-thread", "llama-whole-2-threads", "meshnet-2-pinned"}
+    assert phase["rounds"] >= 1 and phase["first_token_agrees"] is True
+    whole, route = phase["lanes"]["llama-whole-1-thread"], phase["lanes"]["meshnet-2-pinned"]
+    assert whole["vs_whole_1_thread"] == 1.0 and phase["lanes"]["llama-whole-2-threads"]["threads"] == 2
+    assert route["status"] == "ok" and route["processes"] == 2 and route["ttft_ms"] > 0
+    assert route["pinning"].startswith("process 0 -> core ") and route["vs_whole_1_thread"] > 0
+    assert len(route["shard_busy_ms"]) == 2 and len(route["shard_prefill_tok_s"]) == 2
+    assert len({lane["first_token"] for lane in phase["lanes"].values()}) == 1
+    text = (report / "report.md").read_text()
+    assert "## Prefill" in text and "| meshnet-2-pinned |" in text

@@ -68,8 +68,13 @@ def test_lane_names_and_config_checks() -> None:
     with pytest.raises(InvalidArgument, match="concurrency"):
         BenchConfig(model=__file__, data_dir=".", concurrency=(1, 16))  # type: ignore[arg-type]
     config = BenchConfig(model=__file__, data_dir=".")  # type: ignore[arg-type]
-    assert config.measures(parse_lane("meshnet-3"), 8) and not config.measures(parse_lane("meshnet-2"), 8)
+    assert config.measures(parse_lane("meshnet-3"), 8) and not config.measures(parse_lane("split-2"), 8)
+    # meshnet-2 is measured at the top concurrency too: issue 15 judges the pinned route at 8.
+    assert config.measures(parse_lane("meshnet-2"), 8) and not config.measures(parse_lane("meshnet-1"), 8)
+    assert not config.measures(parse_lane("meshnet-2"), 2) and config.measures(parse_lane("meshnet-3"), 2)
     assert config.measures(parse_lane("meshnet-2"), 4) and not config.measures(parse_lane("recompute"), 4)
+    with pytest.raises(InvalidArgument, match="prefill_lane a meshnet-N lane"):
+        BenchConfig(model=__file__, data_dir=".", prefill_lane="split-2")  # type: ignore[arg-type]
 
 
 def test_contexts_are_clamped_to_the_room_and_prefill_cost_is_extrapolated() -> None:
