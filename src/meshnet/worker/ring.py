@@ -21,8 +21,9 @@ hop ends the route's stream at the head as quickly as on the chain.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,20 +64,39 @@ class RingLink(Protocol):
     def cancel(self) -> None: ...
 
 
+log = logging.getLogger(__name__)
 _CLOSED = object()
 MAX_CHUNKS_IN_FLIGHT = 2
 """Prefill chunks of a session forwarded by the head and not yet answered by the tail."""
 
 
+WriteAnswer = Callable[[StepResult], Awaitable[None]]
+"""Writes one answer onto the head's RingReturn stream."""
+
+
 class RingMailbox:
-    """On the tail: the answers of a session's ring frames, until the head reads them."""
+    """On the tail: the answers of a session's ring frames, on their way to the head.
+
+    Until the head's RingReturn stream is open and has caught up with the answers that came
+    before it, answers wait in a queue; from then on each is written onto the stream at once by
+    the step that made it, with no hop through the queue and the stream's own task (measured
+    0.1 ms a token in the per-step trace). Failure and the end of the session still go through
+    the queue, to the stream's handler.
+    """
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[StepResult | MeshnetError | object] = asyncio.Queue()
         self._reader = False
+        self._write: WriteAnswer | None = None
+        """The head's stream, once it has every earlier answer."""
 
-    def put(self, result: StepResult) -> None:
-        self._queue.put_nowait(result)
+    async def deliver(self, result: StepResult) -> None:
+        """Send ``result`` to the head (a session's steps deliver one at a time, in order)."""
+        write = self._write
+        if write is None:
+            self._queue.put_nowait(result)
+        elif not await _written(write, result):
+            self._write = None
 
     def fail(self, error: MeshnetError) -> None:
         """The session failed here: the head learns why (its next read raises ``error``)."""
@@ -85,19 +105,36 @@ class RingMailbox:
     def close(self) -> None:
         self._queue.put_nowait(_CLOSED)
 
-    async def results(self) -> AsyncIterator[StepResult]:
-        """Every answer in step order; one reader per session, ends when the session does."""
+    async def serve(self, write: WriteAnswer) -> None:
+        """Write every answer in step order with ``write`` until the session ends (returns) or
+        fails here (raises why); one reader per session."""
         if self._reader:
             raise FailedPrecondition("this session's ring is already being read")
         self._reader = True
-        while True:
-            item = await self._queue.get()
-            if item is _CLOSED:
-                return
-            if isinstance(item, MeshnetError):
-                raise item
-            if isinstance(item, StepResult):
-                yield item
+        try:
+            while True:
+                if self._queue.empty():
+                    self._write = write  # caught up: later answers are written as they are made
+                item = await self._queue.get()
+                if item is _CLOSED:
+                    return
+                if isinstance(item, MeshnetError):
+                    raise item
+                if isinstance(item, StepResult) and not await _written(write, item):
+                    return  # the stream is gone; the session's route goes with it
+        finally:
+            self._write = None
+
+
+async def _written(write: WriteAnswer, result: StepResult) -> bool:
+    """Whether ``write`` took ``result``: False once the head's stream is gone (and with it the
+    session's route, which its upstream stream's end then tears down)."""
+    try:
+        await write(result)
+    except Exception as error:
+        log.debug("ring answer %d not delivered: %s", result.step, error)
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -104,16 +104,15 @@ class ShardServicer(pb.ShardServicer):
         following.cancel()
         raise watch_error(watch)
 
-    async def RingReturn(
-        self, request: pb.RingOpen, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.StepResponse]:
+    async def RingReturn(self, request: pb.RingOpen, context: grpc.aio.ServicerContext) -> None:
         # Only a swarm worker (the route's head) reads a ring; the request id it must name is
-        # known only to the route's own shards.
+        # known only to the route's own shards. A coroutine writing with ``context.write`` (not
+        # a generator) so the tail's steps can write their answers themselves (``RingMailbox``).
         await self._admit(context, "RingReturn")
         try:
             session_id, request_id = ring_open_from_proto(request)
-            async for result in self.shard.ring_mailbox(session_id, request_id).results():
-                yield result_to_proto(result)
+            mailbox = self.shard.ring_mailbox(session_id, request_id)
+            await mailbox.serve(lambda result: context.write(result_to_proto(result)))
         except MeshnetError as error:
             await abort_with(context, error)
 

@@ -121,7 +121,7 @@ class SampleStage:
         timings = () if timing is None else (*frame.timings, timing)
         result = StepResult(meta.session_id, meta.step, next_position, token, timings, logprobs=logprobs)
         if frame.ring and not self._is_head:
-            state.ring.put(result)  # straight to the head; nothing goes back upstream
+            await state.ring.deliver(result)  # straight to the head; nothing goes back upstream
         return result
 
     async def release(self, state: TailState) -> None:
