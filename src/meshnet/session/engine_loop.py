@@ -184,7 +184,8 @@ class EngineLoop:
             if not self._inline:
                 return None  # stopped meanwhile
             queued = len(self._pending) + (0 if self._inbox.empty() else 1)
-            if not runs_inline(1, queued=queued, slot=step.slot, sessions_seen=list(self._last_decode)):
+            seen = list(self._last_decode)
+            if not runs_inline(1, queued=queued, slot=step.slot, sessions_seen=seen, decode_call_s=self._decode_call_s):
                 return None
             if deadline is not None and deadline <= self._clock():
                 self.stats.expired += 1
@@ -356,7 +357,9 @@ class EngineLoop:
         stats.busy_seconds += seconds
         decode = sum(1 for c in chunks if c.n_tokens == 1)
         if decode:
-            self._decode_call_s = 0.8 * self._decode_call_s + 0.2 * seconds
+            # Seeded by the first call, so a slow shard is known as slow from its second step on.
+            previous = self._decode_call_s
+            self._decode_call_s = seconds if previous == 0.0 else 0.8 * previous + 0.2 * seconds
             stats.decode_batches += 1
             stats.decode_steps += decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)

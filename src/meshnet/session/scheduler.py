@@ -95,13 +95,27 @@ def nothing_to_gather(pending: int, sessions_seen: int) -> bool:
     return pending == 0 or (pending == 1 and sessions_seen <= 1)
 
 
-def runs_inline(n_tokens: int, *, queued: int, slot: int, sessions_seen: Sequence[int]) -> bool:
+INLINE_MAX_CALL_S = 0.05
+"""Longest recent decode call for which a lone step still runs inline: the caller's thread is the
+event loop's, and a slower shard (a large model on few cores) must not stall its network work,
+failure watches and heartbeats for that long each token."""
+
+
+def runs_inline(
+    n_tokens: int, *, queued: int, slot: int, sessions_seen: Sequence[int], decode_call_s: float = 0.0
+) -> bool:
     """True when a step may run on the caller's own thread instead of the engine thread's:
     a one-token decode step with nothing pending or queued, of the only session that has
-    decoded since its release. Such a step would run alone in the next tick anyway (see
+    decoded since its release, on a shard whose recent decode calls were short
+    (``INLINE_MAX_CALL_S``). Such a step would run alone in the next tick anyway (see
     ``nothing_to_gather``), so running it at once changes no batch; it only saves the two
     thread hand-offs of the queue (measured 0.3 ms a step on a shard whose threads share a core)."""
-    return n_tokens == 1 and queued == 0 and all(seen == slot for seen in sessions_seen)
+    return (
+        n_tokens == 1
+        and queued == 0
+        and decode_call_s <= INLINE_MAX_CALL_S
+        and all(seen == slot for seen in sessions_seen)
+    )
 
 
 def decoding_sessions(last_decode: Mapping[int, float], *, now: float, policy: GatherPolicy) -> int:

@@ -15,7 +15,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput, StepOutput
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.session.engine_loop import EngineLoop
-from meshnet.session.scheduler import runs_inline
+from meshnet.session.scheduler import INLINE_MAX_CALL_S, runs_inline
 
 N_EMBD = 8
 
@@ -23,8 +23,8 @@ N_EMBD = 8
 class ThreadRecorder(FakeBackend):
     """The fake backend, noting which thread ran each call."""
 
-    def __init__(self) -> None:
-        super().__init__(LayerRange(0, 2), 4, n_embd=N_EMBD, max_slots=4, max_batch_tokens=4)
+    def __init__(self, step_delay: float = 0.0) -> None:
+        super().__init__(LayerRange(0, 2), 4, n_embd=N_EMBD, max_slots=4, max_batch_tokens=4, step_delay=step_delay)
         self.threads: list[int] = []
 
     def run(self, batch: list[StepInput]) -> list[StepOutput]:
@@ -57,6 +57,11 @@ def test_only_a_lone_decode_step_of_the_only_decoding_session_runs_inline() -> N
     assert not runs_inline(4, queued=0, slot=2, sessions_seen=[])  # a prefill chunk
     assert not runs_inline(1, queued=1, slot=2, sessions_seen=[2])  # something waits its turn
     assert not runs_inline(1, queued=0, slot=2, sessions_seen=[2, 3])  # another session may batch
+
+
+def test_a_slow_shard_keeps_its_steps_off_the_event_loop() -> None:
+    assert runs_inline(1, queued=0, slot=0, sessions_seen=[0], decode_call_s=INLINE_MAX_CALL_S)
+    assert not runs_inline(1, queued=0, slot=0, sessions_seen=[0], decode_call_s=2 * INLINE_MAX_CALL_S)
 
 
 async def test_a_single_stream_decodes_on_the_callers_thread(engine: EngineLoop) -> None:
@@ -111,6 +116,18 @@ async def test_an_inline_engine_failure_is_typed_and_the_loop_serves_on(engine: 
         await engine.run_step(StepInput(0, 0, hidden=np.zeros((1, N_EMBD + 1), np.float32)))
     output = await engine.run_step(step(0, 0, 1))
     assert output.hidden is not None and output.hidden.shape == (1, N_EMBD)
+
+
+async def test_once_a_decode_call_is_slow_the_steps_leave_the_event_loop() -> None:
+    loop = EngineLoop(lambda: ThreadRecorder(step_delay=2 * INLINE_MAX_CALL_S), inline_decode=True)
+    await asyncio.to_thread(loop.start)
+    try:
+        caller = threading.get_ident()
+        await loop.run_step(step(0, 0, 1))  # nothing known yet: inline
+        await loop.run_step(step(0, 1, 2))  # known slow: the engine thread
+        assert recorder(loop).threads[0] == caller and recorder(loop).threads[1] != caller
+    finally:
+        await asyncio.to_thread(loop.stop)
 
 
 async def test_after_stop_no_step_runs_inline() -> None:
