@@ -314,6 +314,15 @@ async def list_models(tracker_address: str, security: LinkSecurity | None = None
         return await client.list_models()
 
 
+async def route_addresses(tracker_address: str, security: LinkSecurity | None = None) -> list[str]:
+    """The addresses of the route the tracker would give the (only) model now: a probe without a
+    session, which holds no room on the nodes."""
+    async with TrackerClient(tracker_address, timeout_s=1.0, security=security) as client:
+        (model, *_) = await client.list_models()
+        route = await client.choose_route(model.name)
+        return [hop.address for hop in route.hops]
+
+
 async def _active_sessions(addresses: Sequence[str], security: LinkSecurity | None) -> list[int]:
     pool = ChannelPool(4 * 1024 * 1024, security)
     try:

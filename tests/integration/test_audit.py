@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 from swarm_harness import (
-    HEARTBEAT_S,
     PROMPT,
     Reference,
     Swarm,
@@ -27,6 +26,7 @@ from swarm_harness import (
     list_models,
     query_db,
     read_sse,
+    route_addresses,
     write_tiny_model,
 )
 
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.timeout(240)
 ROGUE = (sys.executable, str(Path(__file__).with_name("rogue_worker.py")))
 MAX_TOKENS = 32
 HONEST_REQUESTS = 3
-ROGUE_REQUESTS = 4
 WAIT_S = 60.0
 
 
@@ -127,20 +126,19 @@ def test_a_worker_altering_its_boundary_output_is_caught_and_no_longer_routed(
     monkeypatch.setenv("MESHNET_ROGUE_TRACKER_DB", str(swarm.db_path))
     (rogue,) = swarm.start_workers("0:3", program=ROGUE)
     swarm.wait_routable(nodes=5)
-    # Until the rogue has measured its seams (a heartbeat after the tracker asked it to probe),
-    # the planner charges them a pessimistic default and prefers the honest pairs; after that
-    # the boasted rate wins it the users' requests.
-    time.sleep(6 * HEARTBEAT_S)
     rogue_id = _tracker_id(swarm, rogue.address)
-    served_by_rogue = []
-    for _ in range(ROGUE_REQUESTS):
-        request_id, hops, _ = _ask(swarm)
-        if rogue.address in hops:
-            served_by_rogue.append(request_id)
-        time.sleep(0.5)  # let the audit of this one run before the next is routed
-        if rogue_id in _quarantined(swarm):
-            break
-    assert served_by_rogue, "the boasting rogue should have been routed user traffic"
+    # Until the rogue has reported its seams (a heartbeat after the tracker asked it to probe),
+    # the planner charges them a pessimistic default and prefers the honest pairs; after that
+    # its boasts win it the users' requests. No user request goes out before that: the audit of
+    # one served by honest nodes could replay on the rogue and catch it there first, leaving no
+    # record of its own to mark (the product is right; this test wants the record).
+    _wait(
+        "the tracker routes users to the rogue",
+        lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+    )
+    request_id, hops, _ = _ask(swarm)
+    assert rogue.address in hops, "the boasting rogue should have been routed user traffic"
+    served_by_rogue = [request_id]
     _wait("the audit named the rogue", lambda: rogue_id in _quarantined(swarm))
     assert _quarantined(swarm) == [rogue_id], "only the rogue is blamed"
     _wait("its record was marked", lambda: _statuses(swarm).get(served_by_rogue[0]) == "unverified")

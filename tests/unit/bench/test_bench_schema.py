@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from bench_samples import sample_results, with_issue15_pinned_figures, without
 
-from meshnet.bench.results import ContextPoint, SkippedContext, from_json, to_json
+from meshnet.bench.results import SCHEMA_VERSION, ContextPoint, SkippedContext, from_json, to_json
 from meshnet.bench.results_file import read_document, read_results, schema_problems, write_results
 from meshnet.cli import main
 from meshnet.core.errors import InvalidArgument
@@ -111,8 +111,19 @@ def test_skipped_context_points_keep_their_own_shape() -> None:
 def test_the_committed_results_file_reads_and_round_trips() -> None:
     document = json.loads(COMMITTED.read_text())
     results = read_results(COMMITTED)
-    assert results.schema_version == 1 and results.lanes["meshnet-3"].wire is not None
+    # The committed run is of the current schema and carries every section the gate reads.
+    assert results.schema_version == SCHEMA_VERSION and results.lanes["meshnet-3"].wire is not None
+    assert results.prefill is not None and results.prefill.first_token_agrees
     assert to_json(results) == document
+
+
+def test_a_version_1_file_of_the_same_run_still_reads_and_round_trips() -> None:
+    document = json.loads(COMMITTED.read_text())
+    document.pop("prefill")  # version 1 had no prefill phase
+    document["schema_version"] = 1
+    results = from_json(document)
+    assert results.schema_version == 1 and results.prefill is None
+    assert to_json(results) == document and schema_problems(document) == []
 
 
 def test_written_results_are_read_back(tmp_path: Path) -> None:
