@@ -24,7 +24,7 @@ from meshnet.bench.environment import CpuMeter
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import PrefillLane, PrefillPhase
 from meshnet.bench.runner import LaneSet, LaneState, Progress
-from meshnet.bench.stats import median
+from meshnet.bench.stats import median, paired_ratio
 from meshnet.core.errors import MeshnetError
 
 WHOLE_1 = "llama-whole-1-thread"
@@ -39,12 +39,6 @@ WARMUP_PROMPT_TOKENS = 16
 
 def route_key(lane: str) -> str:
     return f"{lane}-pinned"
-
-
-def paired_ratio(values: Sequence[float | None], reference: Sequence[float | None]) -> float | None:
-    """Median over rounds of value / reference, for the rounds where both were measured."""
-    ratios = [v / r for v, r in zip(values, reference, strict=False) if v is not None and r is not None and r > 0]
-    return median(ratios)
 
 
 def first_tokens_agree(tokens: Sequence[Sequence[int]]) -> bool | None:

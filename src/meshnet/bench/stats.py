@@ -159,15 +159,16 @@ def summarize(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord 
 def paired_ratios(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord | None]) -> dict[str, float | None]:
     """For each rate: the median over rounds of (this lane's value / the reference's, same round)."""
     pairs = [(round_values(a), round_values(b)) for a, b in zip(rounds, reference, strict=False) if a and b]
-    ratios: dict[str, float | None] = {}
-    for name in PAIRED_METRICS:
-        values = []
-        for mine, theirs in pairs:
-            a, b = getattr(mine, name), getattr(theirs, name)
-            if a is not None and b:
-                values.append(a / b)
-        ratios[name] = median(values)
-    return ratios
+    return {
+        name: paired_ratio([getattr(mine, name) for mine, _ in pairs], [getattr(theirs, name) for _, theirs in pairs])
+        for name in PAIRED_METRICS
+    }
+
+
+def paired_ratio(values: Sequence[float | None], reference: Sequence[float | None]) -> float | None:
+    """Median over rounds of value / reference, for the rounds where both were measured."""
+    ratios = [v / r for v, r in zip(values, reference, strict=False) if v is not None and r]
+    return median(ratios)
 
 
 @dataclass(frozen=True)

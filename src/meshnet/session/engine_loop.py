@@ -191,16 +191,7 @@ class EngineLoop:
                 self.stats.expired += 1
                 raise DeadlineExceeded("the step's deadline passed before it could run")
             self._last_decode[step.slot] = time.monotonic()
-            started = time.perf_counter()
-            try:
-                output = self.backend.run([step])[0]
-            except MeshnetError:
-                raise
-            except Exception as error:  # as on the loop thread: a typed error, never a bare one
-                log.exception("engine step failed")
-                raise EngineError(f"engine failure: {error}") from error
-            self._account([step], time.perf_counter() - started)
-            return output
+            return self._run_backend([step])[0]
         finally:
             self._using_backend.release()
 
@@ -330,22 +321,29 @@ class EngineLoop:
         if not running:
             return
         chunks = [w.next_piece for w in running]
-        started = time.perf_counter()
         try:
-            outputs = self.backend.run(chunks)
+            outputs = self._run_backend(chunks)
         except MeshnetError as error:
             self._fail(running, error)
             return
-        except Exception as error:  # a bug in the engine must not kill the loop or hang callers
-            log.exception("engine batch failed")
-            self._fail(running, EngineError(f"engine failure: {error}"))
-            return
-        self._account(chunks, time.perf_counter() - started)
         for work, output in zip(running, outputs, strict=True):
             work.outputs.append(output)
             if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
                 self._settle(work.future, value=_join(work.outputs))
+
+    def _run_backend(self, chunks: list[StepInput]) -> list[StepOutput]:
+        """One backend call, counted; its failures are typed (whichever thread holds the lock)."""
+        started = time.perf_counter()
+        try:
+            outputs = self.backend.run(chunks)
+        except MeshnetError:
+            raise
+        except Exception as error:  # a bug in the engine must not kill the loop or hang callers
+            log.exception("engine batch failed")
+            raise EngineError(f"engine failure: {error}") from error
+        self._account(chunks, time.perf_counter() - started)
+        return outputs
 
     def _fail(self, running: list[_Work], error: MeshnetError) -> None:
         for work in running:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshnet.bench.prefill import another_round_fits, first_tokens_agree, paired_ratio, shard_busy
+from meshnet.bench.prefill import another_round_fits, first_tokens_agree, shard_busy
+from meshnet.bench.stats import paired_ratio
 
 
 def test_the_ratio_is_the_median_of_per_round_ratios_over_rounds_both_measured() -> None:
