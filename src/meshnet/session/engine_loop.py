@@ -37,10 +37,13 @@ from meshnet.session.scheduler import (
     GatherPolicy,
     PendingWork,
     decoding_sessions,
+    expected_sessions,
     gather_wait,
     nothing_to_gather,
+    pipeline_batch,
     plan_tick,
     runs_inline,
+    window_length,
 )
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,8 @@ class _Work:
     """One per piece run so far."""
     arrived: float = field(default_factory=time.monotonic)
     """Real time of arrival (the gather window is real time whatever ``clock`` the loop has)."""
+    stages: int = 1
+    """Shards the session's steps run through from here on (a head's route length; else 1)."""
 
     @property
     def next_piece(self) -> StepInput:
@@ -108,6 +113,8 @@ class EngineLoop:
         """Moving average of the decode calls' duration (sizes the gather window)."""
         self._last_decode: dict[int, float] = {}
         """Slot -> arrival of its last decode step, until the slot is truncated (released)."""
+        self._period: dict[int, float] = {}
+        """Slot -> moving average of the time between its decode steps' arrivals."""
         self._clock = clock
         self._inbox: queue.SimpleQueue[_Work | _Truncate | _Call | None] = queue.SimpleQueue()
         self._pending: list[_Work] = []
@@ -151,8 +158,11 @@ class EngineLoop:
 
     # -- asyncio side -------------------------------------------------------------------
 
-    async def run_step(self, step: StepInput, *, deadline: float | None = None) -> StepOutput:
-        """Run one session's input (any length); resolves when every chunk has run."""
+    async def run_step(self, step: StepInput, *, deadline: float | None = None, stages: int = 1) -> StepOutput:
+        """Run one session's input (any length); resolves when every chunk has run.
+
+        ``stages``: the shards the session's steps run through from here on, on a head (its
+        decode batches are kept to its share of the sessions: ``scheduler.pipeline_batch``)."""
         if self._inline and step.n_tokens == 1:
             output = self._run_inline(step, deadline)
             if output is not None:
@@ -160,7 +170,7 @@ class EngineLoop:
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
-        work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk))
+        work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk), stages=stages)
         self._inbox.put(work)
         return await future
 
@@ -190,7 +200,7 @@ class EngineLoop:
             if deadline is not None and deadline <= self._clock():
                 self.stats.expired += 1
                 raise DeadlineExceeded("the step's deadline passed before it could run")
-            self._last_decode[step.slot] = time.monotonic()
+            self._note_arrival(step.slot, time.monotonic())
             return self._run_backend([step])[0]
         finally:
             self._using_backend.release()
@@ -260,11 +270,25 @@ class EngineLoop:
             else:
                 self._pending.append(item)
                 if item.step.n_tokens == 1:
-                    self._last_decode[item.step.slot] = item.arrived
+                    self._note_arrival(item.step.slot, item.arrived)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+
+    def _note_arrival(self, slot: int, at: float) -> None:
+        previous = self._last_decode.get(slot)
+        if previous is not None and at - previous <= self._gather.horizon_s:
+            every = self._period.get(slot)
+            self._period[slot] = at - previous if every is None else 0.7 * every + 0.3 * (at - previous)
+        self._last_decode[slot] = at
+
+    def _batch_cap(self, decode: list[_Work], now: float) -> int:
+        stages = max((w.stages for w in decode), default=1)
+        if stages <= 1:
+            return self._max_decode_batch
+        decoding = decoding_sessions(self._last_decode, now=now, policy=self._gather)
+        return pipeline_batch(decoding, stages, self._max_decode_batch)
 
     def _gather_wait(self) -> float:
         if self.backend.shape.max_decode_rows <= 1:
@@ -273,10 +297,16 @@ class EngineLoop:
             return 0.0  # a single stream: nothing else to wait for
         now = time.monotonic()
         decode = [w for w in self._pending if w.next_piece.n_tokens == 1]
+        if not decode:
+            return 0.0
         deadlines = [w.deadline for w in decode if w.deadline is not None]
+        arrivals = [w.arrived for w in decode]
+        until = min(arrivals) + window_length(self._gather, self._decode_call_s)
+        ready = {w.step.slot for w in decode}
+        expected = expected_sessions(self._last_decode, self._period, ready, until=until, now=now, policy=self._gather)
         return gather_wait(
-            [w.arrived for w in decode],
-            decoding_sessions(self._last_decode, now=now, policy=self._gather),
+            arrivals,
+            min(expected, self._batch_cap(decode, now)),
             prefill_waiting=len(decode) < len(self._pending),
             # Deadlines are on the loop's clock: compare them there.
             earliest_deadline=None if not deadlines else now + (min(deadlines) - self._clock()),
@@ -288,6 +318,7 @@ class EngineLoop:
     def _apply_truncate(self, item: _Truncate) -> None:
         if item.position == 0:
             self._last_decode.pop(item.slot, None)  # released: no more steps to expect from it
+            self._period.pop(item.slot, None)
         for work in [w for w in self._pending if w.step.slot == item.slot]:
             self._pending.remove(work)
             self._settle(work.future, error=Cancelled("the session was released"))
@@ -306,10 +337,11 @@ class EngineLoop:
     def _tick(self) -> None:
         now = self._clock()
         by_ticket = {w.ticket: w for w in self._pending}
+        decode = [w for w in self._pending if w.next_piece.n_tokens == 1]
         plan = plan_tick(
             [PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline) for w in self._pending],
             now=now,
-            max_decode_batch=self._max_decode_batch,
+            max_decode_batch=self._batch_cap(decode, time.monotonic()),
         )
         for ticket in plan.expired:
             work = by_ticket[ticket]
