@@ -161,6 +161,11 @@ class RingLeg:
     def start(self, link: RingLink) -> None:
         if self.watch is None:
             self.watch = asyncio.ensure_future(link.read())
+            # The watch ends with an error whenever the downstream stream ends, a clean end
+            # included. A session torn down without ``close`` (its stream ended from the other
+            # side) would leave that error unread, and asyncio would log the session as "Task
+            # exception was never retrieved"; ``failure`` still reads it.
+            self.watch.add_done_callback(_observe)
 
     def failure(self) -> MeshnetError | None:
         """Why the downstream ended, once it has (None while it runs)."""
@@ -211,6 +216,11 @@ class RingLeg:
         await asyncio.wait({self.watch}, timeout=1.0)
         self.watch.cancel()
         link.cancel()
+
+
+def _observe(watch: asyncio.Task[StepResult]) -> None:
+    if not watch.cancelled():
+        watch.exception()
 
 
 def watch_error(watch: asyncio.Task[StepResult]) -> MeshnetError:
