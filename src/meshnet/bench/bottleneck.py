@@ -74,6 +74,8 @@ def _ms(rate: Any) -> float | None:
 
 
 def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
+    if concurrency != "1":
+        return _route_batched(results, lane, concurrency)
     hops = _get(results, f"lanes/{lane}/hop_timing") or {}
     whole = _ms(_get(results, "lanes/llama-whole/concurrency/1/decode_tok_s"))
     own = _ms(_get(results, f"lanes/{lane}/concurrency/1/decode_tok_s"))
@@ -83,26 +85,48 @@ def _route(results: dict[str, Any], lane: str, concurrency: str) -> str:
         transport = link * links
         head = "per-hop latency dominates" if transport > compute else "time inside the shards dominates"
         parts.append(
-            f"{head}: {compute:.2f} ms/token inside the shards (engine queue + llama.cpp, as each shard reports it) "
-            f"vs {transport:.2f} ms/token of per-hop latency across {links} link(s) (p50 {link:.2f} ms, "
-            f"p95 {hops.get('link_ms_p95') or 0:.2f} ms per link)"
+            f"{head}: in the hop probe {compute:.2f} ms/token inside the shards (engine queue + llama.cpp, as each "
+            f"shard reports it) vs {transport:.2f} ms/token of per-hop latency across {links} link(s) (p50 "
+            f"{link:.2f} ms, p95 {hops.get('link_ms_p95') or 0:.2f} ms per link)"
         )
         split = _ms(_get(results, f"lanes/split-{lane.removeprefix('meshnet-')}/concurrency/1/decode_tok_s"))
         if split is not None:
+            # The probe runs after the rounds: a difference within the machine's drift between
+            # phases says nothing about the worker processes, so it is not attributed to them.
             parts.append(
-                f"the same split in process takes {split:.2f} ms/token, so the worker processes add "
-                f"{compute - split:+.2f} ms/token inside the shards"
+                f"the same split in process took {split:.2f} ms/token in the rounds (a different phase: "
+                f"{compute - split:+.2f} ms/token apart)"
             )
     if own is not None and whole is not None:
-        parts.append(f"route {own:.2f} ms/token vs whole-model {whole:.2f} ms/token")
-    if concurrency != "1":
-        occupancy = _get(results, f"lanes/{lane}/concurrency/{concurrency}/batch_occupancy")
-        if isinstance(occupancy, int | float):
-            verdict = "batching is the bottleneck" if occupancy < 0.75 * int(concurrency) else "batches were full"
-            parts.append(f"engine batches carried {occupancy:.2f} of {concurrency} sessions ({verdict})")
-        pinning = [n for n in results.get("run", {}).get("notes", []) if n.startswith(f"{lane} workers:")]
-        parts += pinning[:1]
+        parts.append(f"route {own:.2f} ms/token vs whole-model {whole:.2f} ms/token in the rounds")
     return "; ".join(parts) or f"{lane} has no hop timing to attribute the time to"
+
+
+def _route_batched(results: dict[str, Any], lane: str, concurrency: str) -> str:
+    """A route at concurrency: its throughput, and how its engines batched against the route's share."""
+    run = _get(results, f"lanes/{lane}/concurrency/{concurrency}") or {}
+    parts = []
+    rate, ratio = run.get("aggregate_decode_tok_s"), (run.get("vs_reference") or {}).get("aggregate_decode_tok_s")
+    if isinstance(rate, int | float):
+        versus = f" ({ratio:.2f}x the reference, median of rounds)" if isinstance(ratio, int | float) else ""
+        parts.append(f"{rate:.1f} tok/s aggregate decode at concurrency {concurrency}{versus}")
+    occupancy = run.get("batch_occupancy")
+    shards = int(lane.removeprefix("meshnet-")) if lane.removeprefix("meshnet-").isdigit() else 1
+    if isinstance(occupancy, int | float):
+        # A pipelined route's head batches its share of the sessions (scheduler.pipeline_batch),
+        # so that each shard has a group to run: k/N per call, not k.
+        share = int(concurrency) / shards
+        if occupancy < 0.8 * share:
+            verdict = "batching is the bottleneck: smaller than the route's share"
+        elif shards > 1 and occupancy > 1.25 * share:
+            verdict = "batches hold more than the route's share: the shards take turns instead of each running a group"
+        else:
+            verdict = "batches were full: the route's share, one group per shard"
+        carried = f"engine batches carried {occupancy:.2f} of {concurrency} sessions"
+        parts.append(f"{carried} ({verdict}; its share: {share:.2f})")
+    pinning = [n for n in results.get("run", {}).get("notes", []) if n.startswith(f"{lane} workers:")]
+    parts += pinning[:1]
+    return "; ".join(parts) or f"{lane} at concurrency {concurrency} has no figures to attribute the time to"
 
 
 def _split(results: dict[str, Any], lane: str) -> str:
