@@ -13,6 +13,7 @@ from gguf import LlamaFileType
 
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.artifact.slicing import model_dimensions
+from meshnet.core.layers import LayerRange, split_by_work
 
 DEFAULT_CONTEXT_LENGTH = 2048
 """Assumed when a GGUF does not state its training context."""
@@ -80,3 +81,36 @@ def _widest(value: object) -> int:
     largest, so KV sizing from it never undercounts a layer."""
     values = value if isinstance(value, list) else [value]
     return max(int(v) for v in values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """What each part of a model multiplies per token: the weight elements of each block, and of
+    the output norm and LM head that only a tail runs (the token table when they are tied).
+
+    Parameters, not bytes: a Q8_0 LM head beside Q4_1 blocks costs what its elements cost (one
+    multiply-add each), and its bytes would overstate it by the width of the quantization. An
+    MoE block counts all of its experts; every block has as many, so the balance holds.
+    """
+
+    layers: tuple[int, ...]
+    tail: int
+
+    def split(self, n_shards: int) -> list[LayerRange]:
+        """The contiguous ranges whose busiest shard does the least (``split_by_work``)."""
+        return split_by_work(self.layers, n_shards, tail_work=self.tail)
+
+
+def decode_work(path: Path) -> DecodeWork:
+    """Read ``path``'s header for its ``DecodeWork`` (no tensor data is read)."""
+    model = parse_gguf(path)
+    _, n_layers, _ = model_dimensions(model)
+    layers = [0] * n_layers
+    tail = 0
+    tied = "output.weight" not in model.tensors
+    for tensor in model.tensors.values():
+        if tensor.name.startswith("blk."):
+            layers[int(tensor.name.split(".")[1])] += tensor.n_elements
+        elif tensor.name.startswith("output") or (tied and tensor.name == "token_embd.weight"):
+            tail += tensor.n_elements
+    return DecodeWork(tuple(layers), tail)

@@ -23,13 +23,12 @@ import tarfile
 import time
 from pathlib import Path
 
-from meshnet.artifact.describe import describe_model
+from meshnet.artifact.describe import decode_work, describe_model
 from meshnet.bench.config import BenchConfig
 from meshnet.bench.pinning import core_plan, usable_cores
 from meshnet.bench.results import ExtraLane
 from meshnet.bench.runner import Progress
 from meshnet.core.errors import MeshnetError
-from meshnet.core.layers import split_evenly
 from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, stop_all
 
 PINNED = "llama-cpp-python==0.3.36"
@@ -136,9 +135,12 @@ def run_llama_bench(bench: Path, config: BenchConfig, extra: tuple[str, ...], *,
 
 
 def run_split(server: Path, bench: Path, config: BenchConfig, say: Progress) -> float:
-    """Host with the first range, two RPC servers with the other two (the meshnet-3 split)."""
+    """Host with the first range, two RPC servers with the other two (the meshnet-3 split).
+
+    llama.cpp keeps the LM head where the first layers are (the host) unless every layer is
+    offloaded, so here the host runs it; each token still passes every range once."""
     n_layers = describe_model(config.model).n_layers
-    ranges = split_evenly(n_layers, 3)
+    ranges = decode_work(config.model).split(3)
     ports = [_free_port(), _free_port()]
     servers = _start_servers(server, config, ports)
     try:

@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.describe import ModelDescription
+from meshnet.artifact.describe import ModelDescription, decode_work
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName
 from meshnet.bench.environment import CpuMeter, rss_bytes
 from meshnet.bench.hops import RouteProbe
@@ -31,7 +31,7 @@ from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
-from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.core.layers import LayerRange
 from meshnet.engine.shards import open_local_route
 from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
@@ -75,6 +75,8 @@ class LaneSet:
         self.cache = cache
         self.model = model
         self.n_layers = model.n_layers
+        self.work = decode_work(model.path)
+        """Where the layers split: each shard as busy as the others, the LM head counted."""
         self.progress = progress
         self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
@@ -84,7 +86,7 @@ class LaneSet:
         """What the report must state about how the lanes ran (pinning)."""
 
     def ranges(self, shards: int) -> list[LayerRange]:
-        return split_evenly(self.n_layers, shards)
+        return self.work.split(shards)
 
     def artifact_bytes(self, shards: int) -> int:
         """Bytes of the files a route of ``shards`` loads: its slices and the head's token table."""

@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.artifact.describe import ModelDescription, describe_model
+from meshnet.artifact.describe import ModelDescription, decode_work, describe_model
 from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName, parse_lane
 from meshnet.bench.context import CachedRunner, clamp_contexts, measure_context_scaling
 from meshnet.bench.environment import environment
@@ -51,7 +51,6 @@ from meshnet.bench.workload import build_prompts, context_prompts, prefill_promp
 from meshnet.client.route_driver import RouteDriver
 from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
-from meshnet.core.layers import split_evenly
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
 from meshnet.engine.tokenizer import Tokenizer
@@ -231,7 +230,7 @@ async def context_phase(
         if fast.kind == "meshnet":
             # A long context's prefill may take minutes: the phase's deadline bounds it, not a request timeout.
             timeout = max(config.request_timeout_s, deadline - time.monotonic())
-            cached = await _context_route(stack, config, fast, model.n_layers, room, timeout)
+            cached = await _context_route(stack, config, fast, room, timeout)
         else:
             cached = _context_split(stack, open_local_route(description, fast.shards, cache, llama))
         progress(f"context scaling: {fast} vs recompute at {contexts}")
@@ -252,13 +251,14 @@ async def context_phase(
 
 
 async def _context_route(
-    stack: AsyncExitStack, config: BenchConfig, lane: LaneName, n_layers: int, room: int, timeout_s: float
+    stack: AsyncExitStack, config: BenchConfig, lane: LaneName, room: int, timeout_s: float
 ) -> CachedRunner:
     """The context phase's cached lane as worker processes: one session each, ``room`` positions."""
     pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
     stack.push_async_callback(pool.close)
     options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
-    workers = WorkerSet(f"context-{lane}", split_evenly(n_layers, lane.shards), options, config.worker_start_timeout_s)
+    ranges = decode_work(config.model).split(lane.shards)  # as the lanes split (``LaneSet.ranges``)
+    workers = WorkerSet(f"context-{lane}", ranges, options, config.worker_start_timeout_s)
     stack.callback(workers.stop)
     remote = MeshnetLane(workers, pool, RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), timeout_s=timeout_s)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshnet.core.errors import InvalidArgument
@@ -70,3 +71,43 @@ def split_evenly(n_layers: int, n_shards: int) -> list[LayerRange]:
         ranges.append(LayerRange(start, stop))
         start = stop
     return ranges
+
+
+def split_by_work(work: Sequence[float], n_shards: int, *, tail_work: float = 0.0) -> list[LayerRange]:
+    """Cut ``[0, len(work))`` into ``n_shards`` contiguous ranges whose busiest one does the least.
+
+    ``work[i]`` is layer i's cost per token, ``tail_work`` what only the last range adds (the LM
+    head). On a pipelined route the busiest shard sets the pace of every session, so an even
+    count of layers leaves the others waiting for a tail that also runs the LM head.
+    """
+    n_layers = len(work)
+    if n_shards < 1 or n_shards > n_layers:
+        raise InvalidArgument(f"cannot split {n_layers} layers into {n_shards} shards")
+    if any(w < 0 for w in work) or tail_work < 0:
+        raise InvalidArgument("layer work cannot be negative")
+    prefix = [0.0]
+    for w in work:
+        prefix.append(prefix[-1] + w)
+
+    def cost(start: int, stop: int) -> float:
+        return prefix[stop] - prefix[start] + (tail_work if stop == n_layers else 0.0)
+
+    # best[k][s]: (busiest range, stops) for layers s.. on the last k shards; ties keep the
+    # earliest stop, so equal work splits as ``split_evenly`` does.
+    # best[k][s]: (busiest range, sum of squared range costs, stops) for layers s.. on the last k
+    # shards. Among splits as busy, the squares prefer the evener one.
+    Plan = tuple[float, float, tuple[int, ...]]
+    best: dict[int, dict[int, Plan]] = {1: {}}
+    for start in range(n_layers):
+        best[1][start] = (cost(start, n_layers), cost(start, n_layers) ** 2, (n_layers,))
+    for k in range(2, n_shards + 1):
+        best[k] = {}
+        for start in range(n_layers - k + 1):
+            options = []
+            for stop in range(start + 1, n_layers - k + 2):
+                busiest, squares, stops = best[k - 1][stop]
+                here = cost(start, stop)
+                options.append((max(here, busiest), here**2 + squares, (stop, *stops)))
+            best[k][start] = min(options)
+    stops = best[n_shards][0][2]
+    return [LayerRange(a, b) for a, b in zip((0, *stops[:-1]), stops, strict=True)]
