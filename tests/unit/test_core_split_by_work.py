@@ -65,3 +65,10 @@ def test_decode_work_counts_the_lm_head_on_the_tail(
     assert len(work.layers) == 6 and len(set(work.layers)) == 1 and work.layers[0] > 0
     assert work.tail == head.n_elements + gguf.tensors["output_norm.weight"].n_elements
     assert work.split(2) == split_by_work(work.layers, 2, tail_work=work.tail)
+
+
+def test_a_prompt_splits_by_its_layers_alone(synthetic_model_factory: Callable[[SyntheticSpec], Path]) -> None:
+    # A prompt's rows run every block; the LM head runs for its last row only.
+    work = decode_work(synthetic_model_factory(SyntheticSpec(n_layers=6)))
+    assert work.prefill_split(2) == split_evenly(6, 2)
+    assert work.prefill_split(3) == split_evenly(6, 3)

@@ -97,8 +97,13 @@ class DecodeWork:
     tail: int
 
     def split(self, n_shards: int) -> list[LayerRange]:
-        """The contiguous ranges whose busiest shard does the least (``split_by_work``)."""
+        """The contiguous ranges whose busiest shard does the least per decoded token."""
         return split_by_work(self.layers, n_shards, tail_work=self.tail)
+
+    def prefill_split(self, n_shards: int) -> list[LayerRange]:
+        """The same for a long prompt: its every row runs every block, but the LM head runs for
+        its last row only, so the tail's extra work is nothing beside the prompt's."""
+        return split_by_work(self.layers, n_shards)
 
 
 def decode_work(path: Path) -> DecodeWork:

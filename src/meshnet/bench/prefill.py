@@ -96,8 +96,9 @@ def _lane_sets(
     config: BenchConfig, cache: SliceCache, model: ModelDescription, prompt_tokens: int, progress: Progress
 ) -> list[LaneSet]:
     """Whole-model and the route at 1 thread, whole-model at 2 threads (not opened yet)."""
+    route = _sub_config(config, ("llama-whole", config.prefill_lane), 1, prompt_tokens)
     return [
-        LaneSet(_sub_config(config, ("llama-whole", config.prefill_lane), 1, prompt_tokens), cache, model, progress),
+        LaneSet(route, cache, model, progress, prefill=True),
         LaneSet(_sub_config(config, ("llama-whole",), 2, prompt_tokens), cache, model, progress),
     ]
 
@@ -109,7 +110,9 @@ def _subjects(lane_sets: Sequence[LaneSet]) -> list[_Subject]:
         threads = lane_set.config.threads
         for state in lane_set.lanes:
             if state.workers is not None:
-                key, pinning = route_key(state.label), state.workers.pinning
+                layers = ", ".join(map(str, state.workers.ranges))
+                pinning = f"{state.workers.pinning}; layers {layers} (split by prefill work)"
+                key = route_key(state.label)
             else:
                 key, pinning = WHOLE_1 if threads == 1 else WHOLE_2, "the bench process, not pinned"
             subjects.append(_Subject(key, state, lane_set, threads, pinning))

@@ -70,13 +70,23 @@ class LaneState:
 class LaneSet:
     """Opens, runs and closes every lane of a bench; owns the pool, the routes and the workers."""
 
-    def __init__(self, config: BenchConfig, cache: SliceCache, model: ModelDescription, progress: Progress) -> None:
+    def __init__(
+        self,
+        config: BenchConfig,
+        cache: SliceCache,
+        model: ModelDescription,
+        progress: Progress,
+        *,
+        prefill: bool = False,
+    ) -> None:
         self.config = config
         self.cache = cache
         self.model = model
         self.n_layers = model.n_layers
         self.work = decode_work(model.path)
-        """Where the layers split: each shard as busy as the others, the LM head counted."""
+        self.prefill = prefill
+        """Where the layers split: each shard as busy as the others for the work measured, per
+        decoded token (the LM head counted on the tail) or, for a prefill phase, per prompt."""
         self.progress = progress
         self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
@@ -86,7 +96,7 @@ class LaneSet:
         """What the report must state about how the lanes ran (pinning)."""
 
     def ranges(self, shards: int) -> list[LayerRange]:
-        return self.work.split(shards)
+        return self.work.prefill_split(shards) if self.prefill else self.work.split(shards)
 
     def artifact_bytes(self, shards: int) -> int:
         """Bytes of the files a route of ``shards`` loads: its slices and the head's token table."""
