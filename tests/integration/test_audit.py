@@ -101,9 +101,13 @@ def _quarantined(swarm: Swarm) -> list[str]:
 
 
 def _tracker_id(swarm: Swarm, address: str) -> str:
-    """The id the tracker gave the worker at ``address`` (a worker's own id is another)."""
-    rows = query_db(swarm.db_path, f"SELECT node_id FROM nodes WHERE address = '{address}' ORDER BY last_registered")
-    return str(rows[-1][0])
+    """The id the tracker gave the worker at ``address`` (a worker's own id is another).
+
+    The tracker counts a node as soon as it registers it and writes its row just after (one
+    ``Register`` call), so a count that has reached the node may not have its row yet: wait."""
+    query = f"SELECT node_id FROM nodes WHERE address = '{address}' ORDER BY last_registered"
+    _wait(f"the tracker's row for {address}", lambda: query_db(swarm.db_path, query))
+    return str(query_db(swarm.db_path, query)[-1][0])
 
 
 def test_honest_swarm_audits_clean(swarm: Swarm, expected: str) -> None:
