@@ -109,6 +109,18 @@ def prefill_pieces(step: StepInput, chunk: int) -> list[StepInput]:
     ]
 
 
+def join_pieces(outputs: list[StepOutput]) -> StepOutput:
+    """The output of a step run as ``prefill_pieces``: its pieces' rows, in order."""
+    if len(outputs) == 1:
+        return outputs[0]
+    slot = outputs[0].slot
+    hidden = [o.hidden for o in outputs if o.hidden is not None]
+    if hidden:
+        return StepOutput(slot, hidden=np.concatenate(hidden))
+    logits = [o.logits for o in outputs if o.logits is not None]
+    return StepOutput(slot, logits=np.concatenate(logits) if logits else None)
+
+
 class Backend(Protocol):
     @property
     def shape(self) -> ShardShape: ...

@@ -29,18 +29,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, MeshnetError
-from meshnet.engine.backend import Backend, StepInput, StepOutput, prefill_pieces
+from meshnet.engine.backend import Backend, StepInput, StepOutput, join_pieces, prefill_pieces
+from meshnet.session.arrivals import Arrivals
 from meshnet.session.scheduler import (
     GatherPolicy,
     PendingWork,
-    decoding_sessions,
-    expected_sessions,
     gather_wait,
     nothing_to_gather,
-    pipeline_batch,
     plan_tick,
     runs_inline,
     window_length,
@@ -111,10 +107,7 @@ class EngineLoop:
         self._gather = GatherPolicy() if gather is None else gather
         self._decode_call_s = 0.0
         """Moving average of the decode calls' duration (sizes the gather window)."""
-        self._last_decode: dict[int, float] = {}
-        """Slot -> arrival of its last decode step, until the slot is truncated (released)."""
-        self._period: dict[int, float] = {}
-        """Slot -> moving average of the time between its decode steps' arrivals."""
+        self._arrivals = Arrivals(self._gather)
         self._clock = clock
         self._inbox: queue.SimpleQueue[_Work | _Truncate | _Call | None] = queue.SimpleQueue()
         self._pending: list[_Work] = []
@@ -194,13 +187,13 @@ class EngineLoop:
             if not self._inline:
                 return None  # stopped meanwhile
             queued = len(self._pending) + (0 if self._inbox.empty() else 1)
-            seen = list(self._last_decode)
+            seen = list(self._arrivals.last)
             if not runs_inline(1, queued=queued, slot=step.slot, sessions_seen=seen, decode_call_s=self._decode_call_s):
                 return None
             if deadline is not None and deadline <= self._clock():
                 self.stats.expired += 1
                 raise DeadlineExceeded("the step's deadline passed before it could run")
-            self._note_arrival(step.slot, time.monotonic())
+            self._arrivals.note(step.slot, time.monotonic())
             return self._run_backend([step])[0]
         finally:
             self._using_backend.release()
@@ -270,30 +263,20 @@ class EngineLoop:
             else:
                 self._pending.append(item)
                 if item.step.n_tokens == 1:
-                    self._note_arrival(item.step.slot, item.arrived)
+                    self._arrivals.note(item.step.slot, item.arrived)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
-    def _note_arrival(self, slot: int, at: float) -> None:
-        previous = self._last_decode.get(slot)
-        if previous is not None and at - previous <= self._gather.horizon_s:
-            every = self._period.get(slot)
-            self._period[slot] = at - previous if every is None else 0.7 * every + 0.3 * (at - previous)
-        self._last_decode[slot] = at
-
     def _batch_cap(self, decode: list[_Work], now: float) -> int:
         stages = max((w.stages for w in decode), default=1)
-        if stages <= 1:
-            return self._max_decode_batch
-        decoding = decoding_sessions(self._last_decode, now=now, policy=self._gather)
-        return pipeline_batch(decoding, stages, self._max_decode_batch)
+        return self._arrivals.batch_cap(stages, self._max_decode_batch, now=now)
 
     def _gather_wait(self) -> float:
         if self.backend.shape.max_decode_rows <= 1:
             return 0.0  # steps run one per call here anyway: nothing to gather
-        if nothing_to_gather(len(self._pending), len(self._last_decode)):
+        if nothing_to_gather(len(self._pending), len(self._arrivals.last)):
             return 0.0  # a single stream: nothing else to wait for
         now = time.monotonic()
         decode = [w for w in self._pending if w.next_piece.n_tokens == 1]
@@ -303,7 +286,7 @@ class EngineLoop:
         arrivals = [w.arrived for w in decode]
         until = min(arrivals) + window_length(self._gather, self._decode_call_s)
         ready = {w.step.slot for w in decode}
-        expected = expected_sessions(self._last_decode, self._period, ready, until=until, now=now, policy=self._gather)
+        expected = self._arrivals.expected(ready, until=until, now=now)
         return gather_wait(
             arrivals,
             min(expected, self._batch_cap(decode, now)),
@@ -317,8 +300,7 @@ class EngineLoop:
 
     def _apply_truncate(self, item: _Truncate) -> None:
         if item.position == 0:
-            self._last_decode.pop(item.slot, None)  # released: no more steps to expect from it
-            self._period.pop(item.slot, None)
+            self._arrivals.release(item.slot)
         for work in [w for w in self._pending if w.step.slot == item.slot]:
             self._pending.remove(work)
             self._settle(work.future, error=Cancelled("the session was released"))
@@ -362,7 +344,7 @@ class EngineLoop:
             work.outputs.append(output)
             if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
-                self._settle(work.future, value=_join(work.outputs))
+                self._settle(work.future, value=join_pieces(work.outputs))
 
     def _run_backend(self, chunks: list[StepInput]) -> list[StepOutput]:
         """One backend call, counted; its failures are typed (whichever thread holds the lock)."""
@@ -393,17 +375,6 @@ class EngineLoop:
             stats.decode_batches += 1
             stats.decode_steps += decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)
-
-
-def _join(outputs: list[StepOutput]) -> StepOutput:
-    if len(outputs) == 1:
-        return outputs[0]
-    slot = outputs[0].slot
-    hidden = [o.hidden for o in outputs if o.hidden is not None]
-    if hidden:
-        return StepOutput(slot, hidden=np.concatenate(hidden))
-    logits = [o.logits for o in outputs if o.logits is not None]
-    return StepOutput(slot, logits=np.concatenate(logits) if logits else None)
 
 
 def _resolve(future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:

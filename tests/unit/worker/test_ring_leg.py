@@ -4,7 +4,9 @@ the session ends; a clean close must not leave asyncio an unread task exception 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 from meshnet.core.errors import Unavailable
@@ -33,24 +35,36 @@ class ClosingLink:
         self.cancelled = True
 
 
-async def test_a_leg_dropped_after_its_downstream_ended_leaves_no_unread_task_exception() -> None:
-    # A session can end here without ``close`` (its stream ended from the other side, the
-    # shard tore it down): the watch's error must not be logged as never retrieved.
+@contextlib.contextmanager
+def reported_errors() -> Iterator[list[dict[str, Any]]]:
+    """What the running loop's exception handler receives meanwhile (asyncio reports an unread
+    task exception there when the task is collected)."""
     loop = asyncio.get_running_loop()
     reported: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _, context: reported.append(context))
     try:
+        yield reported
+    finally:
+        loop.set_exception_handler(None)
+
+
+async def collected() -> None:
+    gc.collect()
+    await asyncio.sleep(0)
+
+
+async def test_a_leg_dropped_after_its_downstream_ended_leaves_no_unread_task_exception() -> None:
+    # A session can end here without ``close`` (its stream ended from the other side, the
+    # shard tore it down): the watch's error must not be logged as never retrieved.
+    with reported_errors() as reported:
         link = ClosingLink()
         leg = RingLeg()
         leg.start(link)
         await link.finish_writing()  # the downstream closes its stream
         await asyncio.sleep(0.01)
         del leg
-        gc.collect()
-        await asyncio.sleep(0)
+        await collected()
         assert reported == []
-    finally:
-        loop.set_exception_handler(None)
 
 
 async def test_the_watch_still_says_why_the_downstream_ended() -> None:
@@ -65,17 +79,11 @@ async def test_the_watch_still_says_why_the_downstream_ended() -> None:
 
 async def test_without_the_fix_asyncio_would_report_it() -> None:
     # The check above can fail: an unread task exception is reported when the task is collected.
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, Any]] = []
-    loop.set_exception_handler(lambda _, context: reported.append(context))
-    try:
+    with reported_errors() as reported:
         link = ClosingLink()
         task = asyncio.ensure_future(link.read())
         await link.finish_writing()
         await asyncio.wait({task})
         del task
-        gc.collect()
-        await asyncio.sleep(0)
+        await collected()
         assert [c["message"] for c in reported] == ["Task exception was never retrieved"]
-    finally:
-        loop.set_exception_handler(None)

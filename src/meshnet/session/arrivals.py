@@ -1,0 +1,39 @@
+"""When each session's decode steps reach a shard: what the gather window and the pipelined
+batch cap of ``session.scheduler`` decide from. Written only by the thread holding the engine
+loop's backend lock."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from meshnet.session.scheduler import GatherPolicy, decoding_sessions, expected_sessions, pipeline_batch
+
+
+class Arrivals:
+    def __init__(self, policy: GatherPolicy) -> None:
+        self._policy = policy
+        self.last: dict[int, float] = {}
+        """Slot -> arrival of its last decode step, until the slot is released."""
+        self._period: dict[int, float] = {}
+        """Slot -> moving average of the time between its decode steps' arrivals."""
+
+    def note(self, slot: int, at: float) -> None:
+        previous = self.last.get(slot)
+        if previous is not None and at - previous <= self._policy.horizon_s:
+            every = self._period.get(slot)
+            self._period[slot] = at - previous if every is None else 0.7 * every + 0.3 * (at - previous)
+        self.last[slot] = at
+
+    def release(self, slot: int) -> None:
+        """The slot's session ended: no more steps to expect from it."""
+        self.last.pop(slot, None)
+        self._period.pop(slot, None)
+
+    def expected(self, ready: Collection[int], *, until: float, now: float) -> int:
+        return expected_sessions(self.last, self._period, ready, until=until, now=now, policy=self._policy)
+
+    def batch_cap(self, stages: int, max_batch: int, *, now: float) -> int:
+        """The decode batch a shard whose sessions run through ``stages`` shards may run."""
+        if stages <= 1:
+            return max_batch
+        return pipeline_batch(decoding_sessions(self.last, now=now, policy=self._policy), stages, max_batch)
