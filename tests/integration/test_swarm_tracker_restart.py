@@ -1,7 +1,10 @@
 """K1 on the whole swarm: kill -9 the tracker while requests run, restart it on the same --db.
 
 Requests already routed keep generating while the tracker is down; the gateway must not lose
-the work records of those that finish meanwhile. After the restart (same port, same SQLite
+the work records of those that finish meanwhile. The kill waits for a long streamed request to
+be generating, so one request always finishes during the outage: background clients alone can
+all be between route calls at the moment of the kill (seen in CI, where the first requests after
+start-up are slow and the kill fell on the next round's route calls). After the restart (same port, same SQLite
 file) every completed request id is stored exactly once, workers re-register within a few
 heartbeats, and new requests route again.
 """
@@ -24,6 +27,9 @@ pytestmark = pytest.mark.timeout(90)
 
 CLIENTS = 3
 MAX_TOKENS = 24
+WITNESS_TOKENS = 96
+"""The request generating when the tracker dies: long enough (about a second on the tiny model)
+that it is still generating when the kill lands after its first token."""
 TRAFFIC_BEFORE_KILL_S = 1.0
 OUTAGE_S = 6.0
 """Extra time the tracker stays dead, on top of the restarted process's own start-up: longer
@@ -39,6 +45,7 @@ class Outcome:
     status: int
     started: float
     finished: float
+    tokens: int = MAX_TOKENS
 
 
 @pytest.fixture
@@ -61,6 +68,20 @@ def _traffic(base_url: str, stop: threading.Event, outcomes: list[Outcome], auth
                 time.sleep(0.05)  # no route while the tracker is down: don't spin
 
 
+def _witness(base_url: str, generating: threading.Event, outcomes: list[Outcome], auth: dict[str, str]) -> None:
+    """One streamed request that signals its first token, then reads to the end."""
+    with httpx.Client(timeout=30, headers=auth) as client:
+        started = time.monotonic()
+        body = chat_body(WITNESS_TOKENS, stream=True)
+        with client.stream("POST", base_url + "/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    generating.set()
+            status = response.status_code
+            outcomes.append(Outcome(response.headers["x-request-id"], status, started, time.monotonic(), WITNESS_TOKENS))
+    generating.set()  # a refused witness must not leave the test waiting
+
+
 def _stored_ids(db: Path) -> list[str]:
     return [row[0] for row in query_db(db, "SELECT request_id FROM work_records WHERE status = 'completed'")]
 
@@ -70,10 +91,14 @@ def test_tracker_kill9_loses_and_duplicates_no_work_records(swarm: Swarm) -> Non
     outcomes: list[Outcome] = []
     stop = threading.Event()
     clients = [threading.Thread(target=_traffic, args=(base_url, stop, outcomes, swarm.auth)) for _ in range(CLIENTS)]
+    generating = threading.Event()
     for thread in clients:
         thread.start()
     try:
         time.sleep(TRAFFIC_BEFORE_KILL_S)
+        clients.append(threading.Thread(target=_witness, args=(base_url, generating, outcomes, swarm.auth)))
+        clients[-1].start()
+        assert generating.wait(timeout=30), "the witness request never started generating"
         assert swarm.tracker is not None
         swarm.tracker.kill(signal.SIGKILL)
         killed_at = time.monotonic()
@@ -114,4 +139,4 @@ def test_tracker_kill9_loses_and_duplicates_no_work_records(swarm: Swarm) -> Non
     shares = dict(query_db(swarm.db_path, "SELECT request_id, count(*) FROM work_shares GROUP BY request_id"))
     assert all(shares[rid] == 3 for rid in expected), "each record attributes its three hops once"
     tokens = dict(query_db(swarm.db_path, "SELECT request_id, tokens_out FROM work_records"))
-    assert all(tokens[rid] == MAX_TOKENS for rid in expected)
+    assert all(tokens[o.request_id] == o.tokens for o in completed)
