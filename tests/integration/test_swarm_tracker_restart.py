@@ -77,8 +77,8 @@ def _witness(base_url: str, generating: threading.Event, outcomes: list[Outcome]
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     generating.set()
-            status = response.status_code
-            outcomes.append(Outcome(response.headers["x-request-id"], status, started, time.monotonic(), WITNESS_TOKENS))
+            request_id = response.headers["x-request-id"]
+            outcomes.append(Outcome(request_id, response.status_code, started, time.monotonic(), WITNESS_TOKENS))
     generating.set()  # a refused witness must not leave the test waiting
 
 
