@@ -6,6 +6,7 @@ of parsing the header again, so they cannot disagree about a model's shape or na
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,9 +97,10 @@ class DecodeWork:
     layers: tuple[int, ...]
     tail: int
 
-    def split(self, n_shards: int) -> list[LayerRange]:
-        """The contiguous ranges whose busiest shard does the least per decoded token."""
-        return split_by_work(self.layers, n_shards, tail_work=self.tail)
+    def split(self, n_shards: int, cores: Sequence[int] | None = None) -> list[LayerRange]:
+        """The contiguous ranges whose busiest shard (or, with ``cores`` shared by several
+        shards, busiest core) does the least per decoded token."""
+        return split_by_work(self.layers, n_shards, tail_work=self.tail, cores=cores)
 
     def prefill_split(self, n_shards: int) -> list[LayerRange]:
         """The same for a long prompt: its every row runs every block, but the LM head runs for

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from meshnet.artifact.describe import decode_work, describe_model
 from meshnet.bench.config import BenchConfig
-from meshnet.bench.pinning import core_plan, usable_cores
+from meshnet.bench.pinning import core_plan, decode_split, usable_cores
 from meshnet.bench.results import ExtraLane
 from meshnet.bench.runner import Progress
 from meshnet.core.errors import MeshnetError
@@ -140,7 +140,7 @@ def run_split(server: Path, bench: Path, config: BenchConfig, say: Progress) -> 
     llama.cpp keeps the LM head where the first layers are (the host) unless every layer is
     offloaded, so here the host runs it; each token still passes every range once."""
     n_layers = describe_model(config.model).n_layers
-    ranges = decode_work(config.model).split(3)
+    ranges = decode_split(decode_work(config.model), 3, pinned=config.pin_workers)
     ports = [_free_port(), _free_port()]
     servers = _start_servers(server, config, ports)
     try:

@@ -13,6 +13,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from meshnet.artifact.describe import DecodeWork
+from meshnet.core.layers import LayerRange
+
 
 def usable_cores() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
@@ -38,3 +41,10 @@ def pin_all(pids: Sequence[int]) -> str:
     for pid, core in zip(pids, plan, strict=True):
         pin_process(pid, core)
     return ", ".join(f"process {index} -> core {core}" for index, core in enumerate(plan))
+
+
+def decode_split(work: DecodeWork, shards: int, *, pinned: bool) -> list[LayerRange]:
+    """Where a route of ``shards`` worker processes splits for decode. Pinned to fewer cores than
+    shards (meshnet-3 on two cores), the shards sharing a core are balanced together against
+    the others: the busiest core, not the busiest process, sets the route's pace."""
+    return work.split(shards, core_plan(shards, usable_cores()) if pinned else None)

@@ -24,6 +24,7 @@ from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName
 from meshnet.bench.environment import CpuMeter, rss_bytes
 from meshnet.bench.hops import RouteProbe
 from meshnet.bench.inprocess import CachedLane, RecomputeLane
+from meshnet.bench.pinning import decode_split
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import CpuSample, Drift, LaneResult, Measures
 from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
@@ -96,7 +97,9 @@ class LaneSet:
         """What the report must state about how the lanes ran (pinning)."""
 
     def ranges(self, shards: int) -> list[LayerRange]:
-        return self.work.prefill_split(shards) if self.prefill else self.work.split(shards)
+        if self.prefill:
+            return self.work.prefill_split(shards)
+        return decode_split(self.work, shards, pinned=self.config.pin_workers)
 
     def artifact_bytes(self, shards: int) -> int:
         """Bytes of the files a route of ``shards`` loads: its slices and the head's token table."""

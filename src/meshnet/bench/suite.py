@@ -257,7 +257,7 @@ async def _context_route(
     pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
     stack.push_async_callback(pool.close)
     options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
-    ranges = decode_work(config.model).split(lane.shards)  # as the lanes split (``LaneSet.ranges``)
+    ranges = decode_work(config.model).split(lane.shards)  # one stream, unpinned: each process its own share
     workers = WorkerSet(f"context-{lane}", ranges, options, config.worker_start_timeout_s)
     stack.callback(workers.stop)
     remote = MeshnetLane(workers, pool, RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), timeout_s=timeout_s)

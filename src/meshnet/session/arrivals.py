@@ -1,12 +1,12 @@
-"""When each session's decode steps reach a shard: what the gather window and the pipelined
-batch cap of ``session.scheduler`` decide from. Written only by the thread holding the engine
-loop's backend lock."""
+"""When each session's decode steps reach a shard: what the gather window and the inline step of
+``session.scheduler`` decide from. Written only by the thread holding the engine loop's backend
+lock."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from meshnet.session.scheduler import GatherPolicy, decoding_sessions, expected_sessions, pipeline_batch
+from meshnet.session.scheduler import GatherPolicy, expected_sessions
 
 
 class Arrivals:
@@ -32,8 +32,3 @@ class Arrivals:
     def expected(self, ready: Collection[int], *, until: float, now: float) -> int:
         return expected_sessions(self.last, self._period, ready, until=until, now=now, policy=self._policy)
 
-    def batch_cap(self, stages: int, max_batch: int, *, now: float) -> int:
-        """The decode batch a shard whose sessions run through ``stages`` shards may run."""
-        if stages <= 1:
-            return max_batch
-        return pipeline_batch(decoding_sessions(self.last, now=now, policy=self._policy), stages, max_batch)

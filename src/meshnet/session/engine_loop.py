@@ -36,6 +36,7 @@ from meshnet.session.scheduler import (
     GatherPolicy,
     PendingWork,
     gather_wait,
+    gathers,
     nothing_to_gather,
     plan_tick,
     runs_inline,
@@ -59,8 +60,6 @@ class _Work:
     """One per piece run so far."""
     arrived: float = field(default_factory=time.monotonic)
     """Real time of arrival (the gather window is real time whatever ``clock`` the loop has)."""
-    stages: int = 1
-    """Shards the session's steps run through from here on (a head's route length; else 1)."""
 
     @property
     def next_piece(self) -> StepInput:
@@ -151,11 +150,8 @@ class EngineLoop:
 
     # -- asyncio side -------------------------------------------------------------------
 
-    async def run_step(self, step: StepInput, *, deadline: float | None = None, stages: int = 1) -> StepOutput:
-        """Run one session's input (any length); resolves when every chunk has run.
-
-        ``stages``: the shards the session's steps run through from here on, on a head (its
-        decode batches are kept to its share of the sessions: ``scheduler.pipeline_batch``)."""
+    async def run_step(self, step: StepInput, *, deadline: float | None = None) -> StepOutput:
+        """Run one session's input (any length); resolves when every chunk has run."""
         if self._inline and step.n_tokens == 1:
             output = self._run_inline(step, deadline)
             if output is not None:
@@ -163,7 +159,7 @@ class EngineLoop:
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
-        work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk), stages=stages)
+        work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk))
         self._inbox.put(work)
         return await future
 
@@ -269,13 +265,10 @@ class EngineLoop:
             except queue.Empty:
                 return True
 
-    def _batch_cap(self, decode: list[_Work], now: float) -> int:
-        stages = max((w.stages for w in decode), default=1)
-        return self._arrivals.batch_cap(stages, self._max_decode_batch, now=now)
-
     def _gather_wait(self) -> float:
-        if self.backend.shape.max_decode_rows <= 1:
-            return 0.0  # steps run one per call here anyway: nothing to gather
+        shape = self.backend.shape
+        if shape.max_decode_rows <= 1 or not gathers(takes_tokens=shape.takes_tokens, emits_logits=shape.emits_logits):
+            return 0.0  # steps run one per call here anyway, or this shard is a stage of a pipeline
         if nothing_to_gather(len(self._pending), len(self._arrivals.last)):
             return 0.0  # a single stream: nothing else to wait for
         now = time.monotonic()
@@ -289,7 +282,7 @@ class EngineLoop:
         expected = self._arrivals.expected(ready, until=until, now=now)
         return gather_wait(
             arrivals,
-            min(expected, self._batch_cap(decode, now)),
+            min(expected, self._max_decode_batch),
             prefill_waiting=len(decode) < len(self._pending),
             # Deadlines are on the loop's clock: compare them there.
             earliest_deadline=None if not deadlines else now + (min(deadlines) - self._clock()),
@@ -319,11 +312,10 @@ class EngineLoop:
     def _tick(self) -> None:
         now = self._clock()
         by_ticket = {w.ticket: w for w in self._pending}
-        decode = [w for w in self._pending if w.next_piece.n_tokens == 1]
         plan = plan_tick(
             [PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline) for w in self._pending],
             now=now,
-            max_decode_batch=self._batch_cap(decode, time.monotonic()),
+            max_decode_batch=self._max_decode_batch,
         )
         for ticket in plan.expired:
             work = by_ticket[ticket]

@@ -142,9 +142,7 @@ class Shard(Generic[S]):
         deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
         session.busy = True
         try:
-            output = await self._loop.run_step(
-                _engine_input(session.slot, frame), deadline=deadline, stages=self._stages(session.state)
-            )
+            output = await self._loop.run_step(_engine_input(session.slot, frame), deadline=deadline)
             if computed is not None:
                 # Whoever waits on this runs once the emit below has sent the frame on (its
                 # first suspension), so the frame leaves before the waiter's own work.
@@ -160,12 +158,6 @@ class Shard(Generic[S]):
         if isinstance(session.state, Downstream) or (frame.ring and not self.shape.takes_tokens):
             self._seam_messages += 1  # forwarded downstream, or answered round the ring
         return result
-
-    def _stages(self, state: S) -> int:
-        """Shards a session's steps run through from here: its whole route, on a head."""
-        if self.shape.takes_tokens and isinstance(state, Downstream):
-            return 1 + len(state.hops)
-        return 1
 
     # -- the ring (``worker.ring``) ---------------------------------------------------------
 

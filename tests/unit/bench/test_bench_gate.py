@@ -52,7 +52,7 @@ def test_weak_batching_is_optimize_naming_batch_occupancy() -> None:
     verdict, checks = verdict_of(replace(Figures(), batched8_ratio=0.5))
     check = checks["meshnet3-batched8-vs-whole8"]
     assert verdict == "optimize" and check.outcome == "fail"  # type: ignore[attr-defined]
-    assert "2.00 of 8 sessions" in check.bottleneck and "batching" in check.bottleneck  # type: ignore[attr-defined]
+    assert "2.00 of 8 sessions" in check.bottleneck and "engine batches" in check.bottleneck  # type: ignore[attr-defined]
 
 
 def test_fat_wire_is_optimize_against_a_threshold_from_n_embd() -> None:
@@ -281,7 +281,7 @@ def test_weak_pinned_batching_names_occupancy_and_the_pinning() -> None:
     check = checks["meshnet2-pinned-batched8-vs-whole1"]
     assert check.outcome == "fail" and check.values[0][1] == pytest.approx(1.2)
     text = check.bottleneck or ""
-    assert "7.50 of 8 sessions (batches hold more than the route's share: the shards take turns" in text
+    assert "7.50 of 8 sessions (each shard runs the steps ready when it is free)" in text
     assert "meshnet-2 workers: process 0 -> core 0, process 1 -> core 1" in text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshnet.session.scheduler import GatherPolicy, decoding_sessions, gather_wait, nothing_to_gather
+from meshnet.session.scheduler import GatherPolicy, gather_wait, nothing_to_gather
 
 POLICY = GatherPolicy(window_s=0.002, horizon_s=0.5)
 
@@ -70,6 +70,3 @@ def test_the_window_stretches_to_one_decode_call_within_its_bound() -> None:
     assert window(0.5) == pytest.approx(POLICY.max_window_s)
     assert window(0.0001) == pytest.approx(POLICY.window_s)
 
-
-def test_sessions_idle_past_the_horizon_are_not_expected() -> None:
-    assert decoding_sessions({0: 9.9, 1: 9.6, 2: 9.4}, now=10.0, policy=POLICY) == 2

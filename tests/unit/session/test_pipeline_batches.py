@@ -1,5 +1,6 @@
-"""A pipelined route at concurrency: a head batches only its share of the sessions, and no
-shard waits for a session whose step is on another shard of the ring."""
+"""Batches on a pipelined route: a shard of a longer route runs every ready decode step at once
+(work-conserving), while a shard that is a whole route by itself still waits briefly for the
+steps its last batch answered; the expected-session count that sizes that wait."""
 
 from __future__ import annotations
 
@@ -13,29 +14,29 @@ from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.session.engine_loop import EngineLoop
-from meshnet.session.scheduler import GatherPolicy, expected_sessions, gather_wait, pipeline_batch, window_length
+from meshnet.session.scheduler import GatherPolicy, expected_sessions, gather_wait, gathers, window_length
 
 POLICY = GatherPolicy(window_s=0.002, max_window_s=0.010, horizon_s=0.5)
+PATIENT = GatherPolicy(window_s=30.0, max_window_s=30.0, horizon_s=60.0)
+"""A window far longer than any test: a shard that gathers at all would visibly hold a step."""
 
 
-def test_a_head_batches_its_share_of_the_sessions() -> None:
-    assert pipeline_batch(8, 2, 64) == 4
-    assert pipeline_batch(8, 3, 64) == 3  # 3 + 3 + 2
-    assert pipeline_batch(1, 3, 64) == 1
-    assert pipeline_batch(0, 2, 64) == 1  # nothing decoding yet: a step still runs
-    assert pipeline_batch(8, 1, 64) == 64  # not a pipelined route: no cap
-    assert pipeline_batch(100, 2, 8) == 8  # never past the engine's own bound
+def test_only_a_whole_route_gathers() -> None:
+    assert gathers(takes_tokens=True, emits_logits=True)  # full shard: its answers come back to it
+    assert not gathers(takes_tokens=True, emits_logits=False)  # head of a longer route
+    assert not gathers(takes_tokens=False, emits_logits=False)  # middle
+    assert not gathers(takes_tokens=False, emits_logits=True)  # tail
 
 
-def test_a_session_away_on_another_shard_is_not_expected() -> None:
+def test_a_session_away_past_the_window_is_not_expected() -> None:
     # Slots 0 and 1 are ready; slot 2 steps every 40 ms and last came 5 ms ago, so it is due
-    # 35 ms from now, long after a 10 ms window closes: it is on the other shard.
+    # 35 ms from now, long after a 10 ms window closes.
     last = {0: 10.0, 1: 10.0, 2: 9.995}
     period = {0: 0.040, 1: 0.040, 2: 0.040}
     assert expected_sessions(last, period, {0, 1}, until=10.010, now=10.0, policy=POLICY) == 2
 
 
-def test_a_straggler_of_the_same_group_is_expected() -> None:
+def test_a_straggler_of_the_same_batch_is_expected() -> None:
     # Slot 2 last came 39 ms ago and steps every 40 ms: due within the window.
     last = {0: 10.0, 1: 10.0, 2: 9.961}
     period = {0: 0.040, 1: 0.040, 2: 0.040}
@@ -71,13 +72,12 @@ def test_the_expected_count_drives_the_window() -> None:
     assert wait(3) == pytest.approx(0.004)
 
 
-def backend() -> FakeBackend:
-    return FakeBackend(LayerRange(0, 2), 6, n_embd=8, max_slots=8, max_batch_tokens=4)
+def token(t: int) -> np.ndarray:
+    return np.array([t], np.int32)
 
 
-async def decode_round(engine: EngineLoop, position: int, stages: int) -> list[int]:
-    """One decode step of each of 6 sessions, queued while the loop thread is held so that they
-    all reach one tick; the batch sizes the shard ran them in."""
+async def both_decode(engine: EngineLoop) -> None:
+    """Slots 0 and 1 each run a step together, so the shard knows two decoding sessions."""
     fake = engine.backend
     assert isinstance(fake, FakeBackend)
     entered, release = threading.Event(), threading.Event()
@@ -88,25 +88,41 @@ async def decode_round(engine: EngineLoop, position: int, stages: int) -> list[i
 
     held = asyncio.ensure_future(engine.call(hold))
     assert await asyncio.to_thread(entered.wait, 5.0)
-    fake.calls.clear()
-    steps = [
-        asyncio.ensure_future(engine.run_step(StepInput(s, position, tokens=np.array([7], np.int32)), stages=stages))
-        for s in range(6)
-    ]
-    await asyncio.sleep(0)  # every step is in the inbox
+    steps = [asyncio.ensure_future(engine.run_step(StepInput(s, 0, tokens=token(3)))) for s in (0, 1)]
+    await asyncio.sleep(0)  # both are in the inbox before the loop thread looks again
     release.set()
     await held
     await asyncio.gather(*steps)
-    return list(fake.calls)
+    fake.calls.clear()
 
 
-@pytest.mark.parametrize(("stages", "batches"), [(1, [6]), (2, [3, 3]), (3, [2, 2, 2])])
-async def test_a_head_of_a_longer_route_runs_its_share_of_the_sessions(stages: int, batches: list[int]) -> None:
-    engine = EngineLoop(backend)
+async def test_a_stage_of_a_longer_route_runs_a_ready_step_at_once() -> None:
+    # A head whose sessions run on through later shards: slot 1's next step is on another shard,
+    # so slot 0's step must not wait for it, however long the window could be.
+    engine = EngineLoop(lambda: FakeBackend(LayerRange(0, 2), 6, n_embd=8, max_slots=8), gather=PATIENT)
     await asyncio.to_thread(engine.start)
     try:
-        for position in range(3):  # the sessions decode, so each counts toward the share
-            calls = await decode_round(engine, position, stages)
-        assert calls == batches
+        await both_decode(engine)
+        await asyncio.wait_for(engine.run_step(StepInput(0, 1, tokens=token(4))), timeout=5.0)
+        fake = engine.backend
+        assert isinstance(fake, FakeBackend)
+        assert fake.calls == [1]
+    finally:
+        await asyncio.to_thread(engine.stop)
+
+
+async def test_a_whole_route_still_waits_for_the_steps_its_batch_answered() -> None:
+    engine = EngineLoop(lambda: FakeBackend(LayerRange(0, 6), 6, n_embd=8, max_slots=8), gather=PATIENT)
+    await asyncio.to_thread(engine.start)
+    try:
+        await both_decode(engine)
+        first = asyncio.ensure_future(engine.run_step(StepInput(0, 1, tokens=token(4))))
+        done, _ = await asyncio.wait({first}, timeout=0.3)
+        assert not done  # held for slot 1, which this shard's own batch answered
+        second = asyncio.ensure_future(engine.run_step(StepInput(1, 1, tokens=token(4))))
+        await asyncio.wait_for(asyncio.gather(first, second), timeout=5.0)
+        fake = engine.backend
+        assert isinstance(fake, FakeBackend)
+        assert fake.calls == [2]
     finally:
         await asyncio.to_thread(engine.stop)
