@@ -33,7 +33,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     "<": operator.lt,
 }
-DEFAULT_CONTRACT = "contract_v3.json"
+DEFAULT_CONTRACT = "contract_v4.json"
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class GateVerdict:
 
 
 def load_contract(path: Path | None = None) -> dict[str, Any]:
-    """A contract file, or the packaged default contract (v3); its structure is checked before use."""
+    """A contract file, or the packaged default contract (v4); its structure is checked before use."""
     try:
         if path is None:
             text = resources.files("meshnet.bench").joinpath(DEFAULT_CONTRACT).read_text()

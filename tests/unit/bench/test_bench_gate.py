@@ -15,11 +15,12 @@ from meshnet.bench.gate import Check, evaluate, evaluate_expression, load_contra
 from meshnet.cli import main
 from meshnet.core.errors import InvalidArgument
 
-# These tests judge with v1, whose thresholds the sample figures were chosen for; v3 is the
+# These tests judge with v1, whose thresholds the sample figures were chosen for; v4 is the
 # default (see the tests at the end).
 CONTRACT_V1 = Path(meshnet.bench.__file__).parent / "contract_v1.json"
 CONTRACT = load_contract(CONTRACT_V1)
 CONTRACT_V2 = load_contract(Path(meshnet.bench.__file__).parent / "contract_v2.json")
+CONTRACT_V3 = load_contract(Path(meshnet.bench.__file__).parent / "contract_v3.json")
 
 
 def verdict_of(figures: Figures) -> tuple[str, dict[str, object]]:
@@ -230,8 +231,8 @@ def test_v2_reads_the_extra_lanes_and_names_what_was_not_measured() -> None:
     assert checks["synthetic1b-meshnet3-vs-whole"].outcome == "missing"
 
 
-def test_the_default_contract_is_v3_v2_unchanged_plus_the_two_pinned_meshnet2_figures() -> None:
-    contract = load_contract()
+def test_v3_is_v2_unchanged_plus_the_two_pinned_meshnet2_figures() -> None:
+    contract = CONTRACT_V3
     assert contract["version"] == 3
     assert contract["stop_conditions"] == CONTRACT_V2["stop_conditions"]
     v3 = {entry["id"]: entry for entry in contract["requirements"]}
@@ -247,12 +248,27 @@ def test_the_default_contract_is_v3_v2_unchanged_plus_the_two_pinned_meshnet2_fi
     }
 
 
-def v3_checks(results: dict[str, Any]) -> dict[str, Check]:
+def test_the_default_contract_is_v4_v3_without_the_occupancy_requirement() -> None:
+    contract = load_contract()
+    assert contract["version"] == 4
+    assert contract["stop_conditions"] == CONTRACT_V3["stop_conditions"]
+    v3 = [entry for entry in CONTRACT_V3["requirements"] if entry["id"] != "meshnet3-occupancy8"]
+    assert contract["requirements"] == v3
+    assert len(v3) == len(CONTRACT_V3["requirements"]) - 1
+
+
+def test_v4_no_longer_judges_occupancy_but_still_reports_it() -> None:
+    checks = default_checks(sample_results(replace(Figures(), batched8_ratio=0.5)))
+    assert "meshnet3-occupancy8" not in checks
+    assert "engine batches carried 2.00 of 8 sessions" in (checks["meshnet3-batched8-vs-whole8"].bottleneck or "")
+
+
+def default_checks(results: dict[str, Any]) -> dict[str, Check]:
     return {check.id: check for check in evaluate(results, load_contract()).checks}
 
 
 def test_v3_passes_the_pinned_figures_when_they_meet_the_issue() -> None:
-    checks = v3_checks(with_issue15_pinned_figures(sample_results()))
+    checks = default_checks(with_issue15_pinned_figures(sample_results()))
     assert checks["meshnet2-pinned-batched8-vs-whole1"].outcome == "pass"
     assert checks["ttft2048-meshnet2-vs-whole1"].outcome == "pass"
 
@@ -260,7 +276,7 @@ def test_v3_passes_the_pinned_figures_when_they_meet_the_issue() -> None:
 def test_a_slow_pipelined_prefill_is_compared_with_its_perfect_pipeline() -> None:
     # TTFT 0.9x whole (11,700 ms) while each shard was busy 5,000 ms: 8 chunks pipelined perfectly
     # would take 5,000 + 5,000 / 8 = 5,625 ms.
-    checks = v3_checks(with_issue15_pinned_figures(sample_results(), ttft_ratio=0.9))
+    checks = default_checks(with_issue15_pinned_figures(sample_results(), ttft_ratio=0.9))
     check = checks["ttft2048-meshnet2-vs-whole1"]
     assert check.outcome == "fail"
     text = check.bottleneck or ""
@@ -271,13 +287,13 @@ def test_a_slow_pipelined_prefill_is_compared_with_its_perfect_pipeline() -> Non
 
 
 def test_a_prefill_near_its_pipeline_bound_names_the_shards_speed() -> None:
-    checks = v3_checks(with_issue15_pinned_figures(sample_results(), ttft_ratio=0.75, busy_ms=8700.0))
+    checks = default_checks(with_issue15_pinned_figures(sample_results(), ttft_ratio=0.75, busy_ms=8700.0))
     text = checks["ttft2048-meshnet2-vs-whole1"].bottleneck or ""
     assert "the pipeline runs near its bound" in text
 
 
 def test_weak_pinned_batching_names_occupancy_and_the_pinning() -> None:
-    checks = v3_checks(with_issue15_pinned_figures(sample_results(), batched8_ratio=1.2))
+    checks = default_checks(with_issue15_pinned_figures(sample_results(), batched8_ratio=1.2))
     check = checks["meshnet2-pinned-batched8-vs-whole1"]
     assert check.outcome == "fail" and check.values[0][1] == pytest.approx(1.2)
     text = check.bottleneck or ""
@@ -286,7 +302,7 @@ def test_weak_pinned_batching_names_occupancy_and_the_pinning() -> None:
 
 
 def test_results_without_the_prefill_phase_miss_the_ttft_requirement_and_say_why() -> None:
-    checks = v3_checks(sample_results())
+    checks = default_checks(sample_results())
     check = checks["ttft2048-meshnet2-vs-whole1"]
     assert check.outcome == "missing"
     assert "the prefill phase was not run" in (check.bottleneck or "")
