@@ -122,7 +122,7 @@ class GateArguments:
     results: Path = field(metadata=cli(positional=True))
     """Bench results JSON to judge."""
     contract: Path | None = None
-    """Performance contract JSON; none uses the packaged v3."""
+    """Performance contract JSON; none uses the packaged v4."""
 
 
 @dataclass(frozen=True)
