@@ -90,6 +90,11 @@ def test_lab_serves_across_namespaces_and_removes_everything(tmp_path: Path, mod
             assert "10." in listening and ":7000" in listening and "127.0.0.1:7000" not in listening
             limit = Path(f"/sys/fs/cgroup/memory/mnlab-{TAG}/n{index}-worker/memory.limit_in_bytes")
             assert int(limit.read_text()) == 400 * 1024 * 1024
+        _a_live_lab_is_never_torn_down(tmp_path, model)
+        again = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0
+        )
+        assert again.choices[0].message.content == expected
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
@@ -115,3 +120,27 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _a_live_lab_is_never_torn_down(tmp_path: Path, model: Path) -> None:
+    """A second `lab up` with the same tag, `lab down --tag` and `lab down` all leave it running."""
+    objects = _lab_objects()
+    second = subprocess.run(
+        meshnet_command(
+            tmp_path / "second",
+            *("lab", "up", "--model", str(model), "--nodes", "1", "--tag", TAG, "--model-name", MODEL_NAME),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 2 and "[lab_in_use]" in second.stderr and "in use by pid" in second.stderr
+    named = subprocess.run(
+        meshnet_command(tmp_path / "data", "lab", "down", "--tag", TAG), capture_output=True, text=True, timeout=60
+    )
+    assert named.returncode == 2 and "[lab_in_use]" in named.stderr
+    every = subprocess.run(
+        meshnet_command(tmp_path / "data", "lab", "down"), capture_output=True, text=True, timeout=60
+    )
+    assert every.returncode == 0 and f"left running: lab '{TAG}'" in every.stdout
+    assert _lab_objects() == objects

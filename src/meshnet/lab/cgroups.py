@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshnet.lab.plan import PREFIX, LabNode, LabPlan
+from meshnet.lab.plan import PREFIX, LabNode, LabPlan, is_removable
 from meshnet.lab.system import LabUnavailable, kill_pid
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -94,15 +94,17 @@ def oom_kills(groups: NodeGroups) -> int:
     return 0
 
 
-def remove_groups(tag: str | None = None) -> list[str]:
-    """Kill what is still inside the lab's cgroups, then remove them (children first)."""
-    stem = f"{PREFIX}-{tag}" if tag else f"{PREFIX}-"
+def remove_groups(tag: str | None = None, keep: frozenset[str] = frozenset()) -> list[str]:
+    """Kill what is still inside the cgroups of lab ``tag`` (every lab if None, but those of
+    ``keep``), then remove them (children first)."""
     roots = [CGROUP_ROOT / "memory", CGROUP_ROOT / "cpuset"] if _v1() else [CGROUP_ROOT]
     removed: list[str] = []
     for root in roots:
         if not root.exists():
             continue
-        for top in sorted(root.glob(f"{stem}*")):
+        for top in sorted(root.glob(f"{PREFIX}-*")):
+            if not is_removable(top.name, tag, keep):
+                continue
             for directory in [*sorted(top.rglob("*"), key=lambda p: -len(p.parts)), top]:
                 if directory.is_dir():
                     _empty(directory)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from meshnet.core.errors import MeshnetError
+from meshnet.lab.claims import claimed_tags
 from meshnet.lab.lab import Lab, LabConfig, remove_lab, wait_forever
 from meshnet.lab.swarm import start_swarm
 
@@ -47,8 +48,15 @@ def lab_up(config: LabConfig) -> int:
 
 
 def lab_down(tag: str | None) -> int:
-    removed = remove_lab(tag)
+    try:
+        removed = remove_lab(tag)
+    except MeshnetError as error:
+        print(f"meshnet lab down: [{error.code}] {error.message}", file=sys.stderr)
+        return 2
     print(f"removed {len(removed)} lab object(s)" + "".join(f"\n  {item}" for item in removed))
+    if tag is None:
+        for live in sorted(claimed_tags()):
+            print(f"left running: lab {live!r} (stop its `lab up` to remove it)")
     return 0
 
 

@@ -4,7 +4,8 @@ N (+K spare) nodes, each a network namespace on a private bridge with its own ad
 link (``tbf`` for bandwidth, a userspace relay for delay), a memory cap and a pinned core. Node 0
 runs the tracker and the gateway; every node runs one worker bound to its own address. Layers are
 chosen for each node's memory. Everything made is removed on exit, and whatever a SIGKILLed lab
-left behind is removed by the next ``lab up`` or ``lab down``.
+left behind is removed by the next ``lab up`` or ``lab down``. A running lab holds its tag
+(``claims.py``), so neither ever touches a live lab's objects.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.lab import cgroups, system
+from meshnet.lab import cgroups, claims, system
 from meshnet.lab.plan import LabNode, LabPlan, LinkShape, plan_lab
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
@@ -79,8 +80,11 @@ def _enter_node(plan: LabPlan, node: LabNode, groups: cgroups.NodeGroups, argv: 
 class Lab:
     """Builds the lab's network and groups, starts its components, and removes everything."""
 
-    def __init__(self, config: LabConfig) -> None:
+    def __init__(self, config: LabConfig, claims_dir: Path = claims.CLAIMS_DIR) -> None:
         self.config = config
+        self.claims_dir = claims_dir
+        self.claim: claims.LabClaim | None = None
+        """Held from ``build`` to ``close``: while it is, no other lab removes or reuses this tag."""
         self.plan: LabPlan | None = None
         self.groups: dict[tuple[int, str], cgroups.NodeGroups] = {}
         self.components: list[ChildProcess] = []
@@ -90,18 +94,21 @@ class Lab:
 
     def build(self) -> LabPlan:
         system.check_privileges()
-        remove_lab(self.config.tag)
         config = self.config
-        self.plan = plan_lab(
-            config.tag,
-            config.nodes,
-            config.spares,
-            system.host_networks(),
-            link=LinkShape(config.delay_ms, config.bandwidth_mbit),
-            memory_mb=config.memory_mb,
-            cpus=len(os.sched_getaffinity(0)),
-        )
-        system.build_network(self.plan)
+        # Claim first: what carries this tag's names is then a dead lab's leftovers, never a live lab.
+        self.claim = claims.claim(config.tag, self.claims_dir)
+        _remove_objects(config.tag, frozenset())
+        with claims.building(self.claims_dir):
+            self.plan = plan_lab(
+                config.tag,
+                config.nodes,
+                config.spares,
+                system.host_networks(),
+                link=LinkShape(config.delay_ms, config.bandwidth_mbit),
+                memory_mb=config.memory_mb,
+                cpus=len(os.sched_getaffinity(0)),
+            )
+            system.build_network(self.plan)
         for node in self.plan.nodes:
             self.groups[node.index, "worker"] = cgroups.make_node_groups(self.plan, node)
         head = self.plan.nodes[0]
@@ -120,7 +127,11 @@ class Lab:
     def close(self) -> None:
         stop_all(list(reversed(self.components)))
         self.components.clear()
-        remove_lab(self.config.tag)
+        if self.claim is None:
+            return  # never built, or refused because another lab holds the tag: nothing here is ours
+        _remove_objects(self.config.tag, frozenset())
+        self.claim.release()
+        self.claim = None
 
     # -- components ---------------------------------------------------------------------------
 
@@ -171,9 +182,17 @@ class Lab:
         }
 
 
-def remove_lab(tag: str | None = None) -> list[str]:
-    """Remove every namespace, link and cgroup of lab ``tag`` (or of every lab)."""
-    return system.remove_leftovers(tag) + cgroups.remove_groups(tag)
+def remove_lab(tag: str | None = None, claims_dir: Path = claims.CLAIMS_DIR) -> list[str]:
+    """Remove every namespace, link and cgroup of lab ``tag`` (or of every lab) that no live lab
+    holds: a named tag in use raises ``LabInUse``; without a tag, live labs are left as they are."""
+    if tag is not None and claims.in_use(tag, claims_dir):
+        raise claims.LabInUse(f"lab {tag!r} is running; stop it (SIGTERM to its `lab up`) to remove it")
+    keep = frozenset() if tag is not None else claims.claimed_tags(claims_dir)
+    return _remove_objects(tag, keep)
+
+
+def _remove_objects(tag: str | None, keep: frozenset[str]) -> list[str]:
+    return system.remove_leftovers(tag, keep) + cgroups.remove_groups(tag, keep)
 
 
 def wait_forever(lab: Lab) -> None:

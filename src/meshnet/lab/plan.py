@@ -7,6 +7,7 @@ is tested without root; ``system.py`` carries the plan out.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -16,6 +17,28 @@ PREFIX = "mnlab"
 """Every namespace, link and cgroup the lab makes starts with this, so cleanup finds them all."""
 CANDIDATE_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
 FIRST_NODE_HOST = 10
+
+_DASHED = re.compile(rf"^{PREFIX}-([A-Za-z0-9]{{1,6}})(?:-|$)")
+"""Namespaces (``mnlab-<tag>-n<i>``) and cgroups (``mnlab-<tag>``)."""
+_LINK = re.compile(rf"^{PREFIX}([A-Za-z0-9]{{1,6}}?)(?:br|h[0-9]+)$")
+"""Bridges (``mnlab<tag>br``) and host veth ends (``mnlab<tag>h<i>``); the suffix is all
+``br`` or all ``h`` + digits, so exactly one split of a name parses."""
+
+
+def object_tag(name: str) -> str | None:
+    """The tag of the lab that made the namespace, link or cgroup ``name``; None if no lab did.
+
+    Cleanup matches whole tags, never prefixes: removing lab ``a`` must not touch lab ``ab``."""
+    match = _DASHED.match(name) or _LINK.match(name)
+    return match.group(1) if match else None
+
+
+def is_removable(name: str, tag: str | None, keep: frozenset[str]) -> bool:
+    """Does cleanup of lab ``tag`` (every lab if None) remove ``name``, sparing the tags in ``keep``?"""
+    owner = object_tag(name)
+    if owner is None or owner in keep:
+        return False
+    return tag is None or owner == tag
 
 
 @dataclass(frozen=True)

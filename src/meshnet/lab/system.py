@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 
 from meshnet.core.errors import MeshnetError
-from meshnet.lab.plan import PREFIX, LabNode, LabPlan
+from meshnet.lab.plan import PREFIX, LabNode, LabPlan, is_removable
 
 log = logging.getLogger(__name__)
 
@@ -103,21 +103,20 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(pid) for pid in found.stdout.split() if pid.isdigit()]
 
 
-def remove_leftovers(tag: str | None = None) -> list[str]:
-    """Remove every lab namespace and link (of ``tag``, or of any lab); return what was removed."""
-    stem = f"{PREFIX}-{tag}-" if tag else f"{PREFIX}-"
+def remove_leftovers(tag: str | None = None, keep: frozenset[str] = frozenset()) -> list[str]:
+    """Remove the namespaces and links of lab ``tag`` (every lab if None) but those of ``keep``
+    (tags live labs hold); return what was removed."""
     removed: list[str] = []
     for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if name.startswith(stem):
+        if is_removable(name, tag, keep):
             for pid in namespace_pids(name):
                 kill_pid(pid)
             run(["ip", "netns", "del", name], check=False)
             removed.append(f"namespace {name}")
-    link_stem = f"{PREFIX}{tag}" if tag else PREFIX
     for entry in json.loads(run(["ip", "-j", "link"], check=False).stdout or "[]"):
         name = entry.get("ifname", "")
-        if name.startswith(link_stem):
+        if is_removable(name, tag, keep):
             run(["ip", "link", "del", name], check=False)
             removed.append(f"link {name}")
     return removed

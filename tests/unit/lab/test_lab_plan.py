@@ -8,7 +8,7 @@ import pytest
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
-from meshnet.lab.plan import LinkShape, choose_subnet, plan_lab
+from meshnet.lab.plan import LinkShape, choose_subnet, is_removable, object_tag, plan_lab
 from meshnet.lab.swarm import choose_ranges
 
 
@@ -48,3 +48,19 @@ def test_tbf_burst_holds_a_timer_tick() -> None:
 def test_the_first_spare_covers_the_middle() -> None:
     ranges = choose_ranges([LayerRange(0, 10), LayerRange(10, 20), LayerRange(20, 30)], 2)
     assert ranges[3] == LayerRange(10, 20) and ranges[4] == LayerRange(20, 30)
+
+
+def test_every_name_a_plan_makes_parses_back_to_its_tag() -> None:
+    for tag in ("a", "ab", "h1", "ah1", "abcdef", "9h9"):
+        plan = plan_lab(tag, 3, 12, [], link=LinkShape(), memory_mb=None, cpus=2)
+        names = [plan.bridge, plan.cgroup, *(n.namespace for n in plan.nodes), *(n.host_link for n in plan.nodes)]
+        assert {object_tag(name) for name in names} == {tag}
+
+
+def test_cleanup_matches_whole_tags_and_spares_live_labs() -> None:
+    lab_a = ["mnlab-a-n0", "mnlabah0", "mnlababr", "mnlab-a"]
+    lab_ab = ["mnlab-ab-n0", "mnlababh0", "mnlababbr", "mnlab-ab"]
+    others = ["eth0", "mnlab", "mnlab-", "lo", "mnlabh0"]
+    assert [n for n in lab_a + lab_ab + others if is_removable(n, "a", frozenset())] == lab_a
+    assert [n for n in lab_a + lab_ab + others if is_removable(n, None, frozenset({"ab"}))] == lab_a
+    assert not any(is_removable(n, "a", frozenset({"a"})) for n in lab_a)
