@@ -203,7 +203,7 @@ def _serve_expert_node(given: dict[str, object], args: argparse.Namespace) -> in
     # The same identity as a layer worker's; --insecure must keep its bind and its peers local.
     options = config_from_arguments(SecurityOptions, args)
     peers = tuple(ExpertPeer.parse(entry).address for entry in config.expert_peers)
-    security = node_security(options, data_dir, "worker", (config.host, *peers))
+    security = node_security(options, data_dir, "worker", (config.host, *peers, config.tracker))
 
     def ready(address: str, checks: str) -> None:
         share = config.experts.label if config.experts else "?"

@@ -56,7 +56,9 @@ class DemoResult:
     seconds: float
 
 
-def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, group: str | None = None) -> list[str]:
+def start_expert_group(
+    config: LocalSwarmConfig, supervisor: Supervisor, group: str | None = None, tracker: str | None = None
+) -> list[str]:
     """Start the N nodes at once, wait for every ready line; returns their addresses in index order.
     ``group``: the supervisor group they restart in, together (a group cannot take one node back)."""
     from meshnet.artifact.moe import read_moe_shape  # parsing the GGUF header: only when `up` runs
@@ -73,6 +75,8 @@ def start_expert_group(config: LocalSwarmConfig, supervisor: Supervisor, group: 
         options += ["--expert-cache-mb", str(config.expert_cache_mb)]
     if not config.repack:  # the front passes it too (local_swarm): the recipe names it
         options.append("--no-repack")
+    if tracker is not None and not config.insecure:  # revocation lists and renewal (worker/expert_watch.py)
+        options += ["--tracker", tracker]
     logs = config.data_dir / "logs"
     identity = None if config.insecure else minted_worker_identity(config.data_dir)
     peers, specs = expert_group_specs(

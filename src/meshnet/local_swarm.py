@@ -283,18 +283,21 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
 
 
 def _start_expert_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -> tuple[str, str] | None:
-    """The group's nodes, its demo, then tracker, the group's front and gateway; returns (gateway
-    base URL, model name), or None after the demo with --demo-only."""
+    """The tracker, the group's nodes, its demo, then the group's front and gateway; returns
+    (gateway base URL, model name), or None after the demo with --demo-only (no tracker then)."""
     ensure_port_free(LOOPBACK, config.gateway_port, "gateway")
-    peers = start_expert_group(config, supervisor, group=EXPERT_GROUP)
+    tracker = None
+    if not config.demo_only:  # first, so the nodes take its revocation lists and renew through it
+        tracker = _tracker(config, logs)
+        supervisor.start([tracker])
+    address = None if tracker is None else tracker.ready.first
+    peers = start_expert_group(config, supervisor, group=EXPERT_GROUP, tracker=address)
     print(f"logs in {logs}")
     run_demo(config, peers)  # straight through the group, before its front drives it
-    if config.demo_only:
+    if tracker is None or address is None:
         return None
-    tracker = _tracker(config, logs)
-    supervisor.start([tracker])
-    gateway = _gateway(config, logs, tracker.ready.first)
-    supervisor.start([_expert_front(config, logs, tracker.ready.first, peers), gateway])
+    gateway = _gateway(config, logs, address)
+    supervisor.start([_expert_front(config, logs, address, peers), gateway])
     return gateway.ready.first, gateway.ready.value_to_end("model")
 
 

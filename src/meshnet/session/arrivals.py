@@ -31,4 +31,3 @@ class Arrivals:
 
     def expected(self, ready: Collection[int], *, until: float, now: float) -> int:
         return expected_sessions(self.last, self._period, ready, until=until, now=now, policy=self._policy)
-

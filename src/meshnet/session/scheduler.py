@@ -155,4 +155,3 @@ def gathers(*, takes_tokens: bool, emits_logits: bool) -> bool:
     shard that is a whole route (it takes token ids and samples), whose sessions' next steps are
     its own last batch's answers coming back; any other shard runs what is ready."""
     return takes_tokens and emits_logits
-

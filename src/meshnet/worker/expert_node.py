@@ -11,7 +11,9 @@ Links are mutual TLS from the swarm CA, like every other meshnet link (``--ident
 only with ``--insecure`` on loopback): a node dials each peer pinned to the name only that peer's
 certificate carries (``NODE_ID@HOST:PORT``) or, listed by address only, that every worker's
 carries; it admits each RPC by the caller's role and, for a row stream, by the node id listed for
-the index it claims (``security.policy.authorize_expert``).
+the index it claims (``security.policy.authorize_expert``). With ``--tracker`` a node also takes
+the swarm's revocation list (``expert_watch.py``) and renews its certificate; a list naming a
+member of its group makes it leave the group (below, ``ExpertNode.on_revoked``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import grpc
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.moe import read_moe_shape
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unauthenticated, Unavailable
 from meshnet.core.experts import ExchangeGeometry, ExpertOwnership
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
@@ -40,6 +42,7 @@ from meshnet.protocol.tls import LinkSecurity, bind, blocking_channel, enforce, 
 from meshnet.security.policy import ExpertRpc, authorize_expert
 from meshnet.worker.config import WorkerConfig
 from meshnet.worker.expert_links import ExpertPeer, GrpcRowExchange, PeerLink
+from meshnet.worker.expert_watch import watch_tracker
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 120.0
@@ -70,6 +73,10 @@ class ExpertNode:
         self.backend = ExpertParallelBackend(path, llama, ownership, self.exchange, expert_cache_bytes=cache_bytes)
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-engine")
         self._next_step = 0
+        self._members = {i: p.node_id for i, p in enumerate(self.peers) if p.node_id and i != ownership.index}
+        """Node ids of the group's other members: as listed, or as their row stream's certificate says."""
+        self._left: MeshnetError | None = None
+        """Why this node left its group (a member was revoked); every later step fails with it."""
 
     def describe(self) -> expert_wire.ExpertNodeDescription:
         shape, moe = self.backend.shape, self.backend.moe
@@ -94,6 +101,8 @@ class ExpertNode:
         )
 
     def step(self, request: expert_wire.ExpertStepRequest) -> expert_wire.ExpertStepReply:
+        if self._left is not None:
+            raise self._left
         if self.exchange.connected != self.ownership.count - 1:
             raise Unavailable(f"expert node {self.ownership.label}: not every peer of the group is connected")
         if request.step != self._next_step:
@@ -104,6 +113,23 @@ class ExpertNode:
         self._next_step += 1
         outputs = self._engine.submit(self.backend.run, batch).result()
         return expert_wire.outputs_to_proto(request.step, [(o.slot, o.logits) for o in outputs])  # type: ignore[misc]
+
+    def note_member(self, index: int, node_id: str) -> None:
+        """The certificate behind member ``index``'s row stream, for revocation checks."""
+        self._members[index] = node_id
+
+    def on_revoked(self, revoked: frozenset[str]) -> None:
+        """Adopt the tracker's list; if it names a member, leave the group for good.
+
+        Admission alone would not do: the row streams were admitted when the group formed and
+        carry every token's hidden state for as long as they stay up. Closing them fails the
+        group on every node at once (as a lost peer does), so a revoked node sees nothing more."""
+        if self.security is not None:
+            self.security.revocations.replace(revoked)
+        named = sorted(node_id for node_id in self._members.values() if node_id in revoked)
+        if named and self._left is None:
+            self._left = Unauthenticated(f"expert group member(s) {', '.join(named)} revoked: this node left the group")
+            self.exchange.abort(self._left)
 
     def release(self, slot: int) -> None:
         if slot >= self.backend.shape.max_slots:
@@ -140,22 +166,23 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
     def __init__(self, node: ExpertNode) -> None:
         self._node = node
 
-    def _admit(self, context: grpc.ServicerContext, rpc: ExpertRpc, listed_node_id: str | None = None) -> None:
-        """Abort the call unless the caller's certificate may call ``rpc`` (nobody checked when insecure)."""
+    def _admit(self, context: grpc.ServicerContext, rpc: ExpertRpc, listed_node_id: str | None = None) -> str | None:
+        """The caller's node id if its certificate may call ``rpc``, else abort the call (None: insecure)."""
         security = self._node.security
         if security is None:
-            return
+            return None
         try:
             caller = security.peer(context)
             revoked = security.revocations.current()
             enforce(authorize_expert(caller, rpc, revoked=revoked, listed_node_id=listed_node_id))
         except MeshnetError as error:
             _abort(context, error)
+        return caller.node_id
 
     def ExchangeRows(
         self, request_iterator: Iterator[expert_wire.ExpertRowsFrame], context: grpc.ServicerContext
     ) -> Iterator[expert_wire.ExpertRowsFrame]:
-        self._admit(context, "ExchangeRows")
+        caller = self._admit(context, "ExchangeRows")
         node = self._node
         opening = next(request_iterator, None)
         if opening is None:
@@ -168,6 +195,8 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
         link = PeerLink(node.ownership.index, peer)
         if not node.exchange.add(link):
             _abort(context, FailedPrecondition(f"node {peer} already has a row stream to this node"))
+        if caller is not None:
+            node.note_member(peer, caller)
         context.add_callback(link.close)
         threading.Thread(target=link.pump, args=(request_iterator,), daemon=True, name=f"rows-from-{peer}").start()
         yield from link.outgoing()
@@ -221,6 +250,8 @@ def serve_expert_node(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
+    if config.tracker and security is not None:
+        watch_tracker(config.tracker, security, node.on_revoked, stop)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         node.dial_lower_peers(deadline)
@@ -229,6 +260,7 @@ def serve_expert_node(
         on_ready(f"{config.host}:{bound}", f"{len(checks)} certification checks")
         stop.wait()
     finally:
+        stop.set()  # ends the tracker watch too
         server.stop(grace=1.0).wait()
         node.close()
 

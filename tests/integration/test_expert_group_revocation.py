@@ -1,0 +1,121 @@
+"""Expert nodes with ``--tracker``: a revoked member is cut off its group, certificates renew.
+
+A real tracker of one swarm CA and two ``meshnet worker --experts I/2 --tracker ADDR`` processes.
+Node 0's certificate lives 30 s; the group decodes bit-identical to whole-model llama.cpp, and
+after that certificate has expired a fresh handshake with node 0 still succeeds (it renewed over
+the tracker, and stored the new certificate). Then `meshnet swarm revoke` names node 1: within a
+few polls both nodes have closed the group's row streams (they carried every token's hidden
+state), the group's next step fails, node 0 refuses every later step with UNAUTHENTICATED
+(it left the group for good), and a new row stream with node 1's
+certificate is refused as revoked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from expert_harness import decode_bitwise
+from gguf import GGMLQuantizationType as Quant
+from swarm_harness import Swarm
+from test_expert_group_tls import _rows_call, _step_call
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.client.expert_group_client import ExpertGroupClient
+from meshnet.core.errors import MeshnetError
+from meshnet.core.layers import LayerRange
+from meshnet.engine.backend import StepInput
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
+from meshnet.expert_swarm import minted_security
+from meshnet.process.expert_launch import NodeIdentity, expert_group_specs
+from meshnet.process.launcher import launch_all, meshnet_command, stop_all
+from meshnet.protocol import expert_wire
+from meshnet.protocol.tls import LinkSecurity, blocking_channel, hop_server_name
+from meshnet.security.certificates import DEFAULT_NODE_LIFETIME_S, certificate_expiry, mint_node
+from meshnet.security.swarm_dir import load_authority, load_identity, save_identity, swarm_dir
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = SyntheticSpec(
+    architecture="qwen3moe", n_layers=2, n_expert=16, n_expert_used=4, n_ff_expert=32, weight_type=Quant.Q4_0
+)
+CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
+SHORT_S = 30.0
+"""Long enough for the group to form on a slow machine (a node needs a valid certificate for that)."""
+
+
+def _identity(root: Path, lifetimes: dict[str, float]) -> Callable[[str], NodeIdentity]:
+    """Worker identities of ``root``'s swarm, node ids ``<name>``; ``lifetimes`` shortens some."""
+
+    def mint(name: str) -> NodeIdentity:
+        lifetime = lifetimes.get(name, DEFAULT_NODE_LIFETIME_S)
+        node = mint_node(load_authority(root), node_id=name, role="worker", now_unix_s=time.time(), lifetime_s=lifetime)
+        folder = swarm_dir(root) / "nodes" / name
+        save_identity(folder, node)
+        return NodeIdentity(("--identity", str(folder)), name)
+
+    return mint
+
+
+def _describe(address: str, node_id: str, security: LinkSecurity) -> expert_wire.ExpertNodeInfo:
+    """A fresh channel, so a fresh handshake: the node presents the certificate it holds now."""
+    channel = blocking_channel(address, security, hop_server_name(node_id), expert_wire.CHANNEL_OPTIONS)
+    try:
+        return expert_wire.ExpertGroupStub(channel).DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=10)
+    finally:
+        channel.close()
+
+
+def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
+    swarm = Swarm(root=tmp_path / "data", model=model)
+    children = []
+    group = whole = None
+    try:
+        tracker = swarm.start_tracker()
+        options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--expert-timeout", "30"]
+        options += ["--tracker", tracker]
+        identity = _identity(swarm.root, {"expert-2-0": SHORT_S})
+        peers, specs = expert_group_specs(swarm.root, model, 2, tmp_path, options, identity=identity)
+        children = launch_all(specs, timeout_s=240)
+        driver = minted_security(swarm.root, "driver", "gateway")
+        whole = LlamaBackend(
+            SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
+        )
+        group = ExpertGroupClient(peers, step_timeout_s=30, security=driver)
+        prompt = np.random.default_rng(5).integers(3, 290, 24).astype(np.int32)
+        position = decode_bitwise(whole, group, prompt, 6)
+
+        first = load_identity(swarm_dir(swarm.root) / "nodes" / "expert-2-0").cert_pem
+        time.sleep(max(certificate_expiry(first) + 1.0 - time.time(), 0.0))
+        assert _describe(peers[0], "expert-2-0", driver).peers_connected == 1  # renewed, presented
+        renewed = load_identity(swarm_dir(swarm.root) / "nodes" / "expert-2-0").cert_pem
+        assert renewed != first and certificate_expiry(renewed) > time.time() + 3600
+
+        revoke = meshnet_command(swarm.root, "swarm", "revoke", "expert-2-1", "--tracker", tracker)
+        done = subprocess.run(revoke, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 15
+        while _describe(peers[0], "expert-2-0", driver).peers_connected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _describe(peers[0], "expert-2-0", driver).peers_connected == 0, "node 0 kept the revoked stream"
+        with pytest.raises(MeshnetError):  # node 1 (lost its peer) or node 0 (left) answers first
+            group.run([StepInput(0, position, tokens=np.array([7], np.int32))])
+        assert _step_call(peers[0], driver, "ExpertStep") == grpc.StatusCode.UNAUTHENTICATED  # left for good
+        node_1 = LinkSecurity(load_identity(swarm_dir(swarm.root) / "nodes" / "expert-2-1"))
+        rows = _rows_call(peers[0], node_1, 1, group.nodes[0].model_sha256)
+        assert rows == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        if group is not None:
+            group.close()
+        if whole is not None:
+            whole.close()
+        stop_all(children)
+        swarm.close()
