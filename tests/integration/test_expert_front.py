@@ -4,8 +4,9 @@ Two ``meshnet worker --experts I/2`` processes (2 sessions of 512 positions each
 with the worker defaults (8 sessions of 2,048): the front's capability is the group's real one
 (2 sessions, 512 positions, layers 0:n, certified), its recipe fingerprint is the one a layer
 worker of the same model and settings computes (a group's output is whole-model llama.cpp bit
-for bit, so both may serve one route pool). A front given another model file than its group's
-refuses to start with a structured error. A front starts its group without sessions: what an
+for bit, so both may serve one route pool). A front given another model file than its group's,
+or numerics settings other than its nodes' (``--no-flash-attn``), refuses to start with a
+structured error. A front starts its group without sessions: what an
 earlier driver left in the nodes' KV (it died holding a session) is released first.
 """
 
@@ -61,7 +62,9 @@ async def _capability(address: str) -> CapabilityInfo:
         await pool.close()
 
 
-def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_another_model(tmp_path: Path) -> None:
+def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_other_models_or_recipes(
+    tmp_path: Path,
+) -> None:
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     other = write_synthetic_model(tmp_path / "other.gguf", OTHER)
     data = tmp_path / "data"
@@ -90,6 +93,12 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_ano
         refused = subprocess.run(_front(data, other, peers), capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "error [failed_precondition]" in refused.stderr and "not the --model this front hashed" in refused.stderr
+        # A front whose numerics differ from its nodes' would register a recipe the group does not compute.
+        other_numerics = (*_front(data, model, peers), "--no-flash-attn")
+        refused = subprocess.run(other_numerics, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "error [failed_precondition]" in refused.stderr
+        assert "computes with --prefill-chunk 256 --flash-attn --repack" in refused.stderr
     finally:
         if front is not None:
             front.stop()

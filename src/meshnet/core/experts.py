@@ -11,6 +11,7 @@ a token whose selected experts did not all arrive.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -56,6 +57,38 @@ class ExpertRowsIncomplete(InvalidArgument):
     """A token's selected experts did not all arrive: the fold would sum a partial set."""
 
     code = "expert_rows_incomplete"
+
+
+@dataclass(frozen=True)
+class ExpertNumerics:
+    """The settings of an expert node that change its arithmetic, hence belong to the recipe."""
+
+    prefill_chunk: int
+    flash_attn: bool
+    repack: bool
+
+    def flags(self) -> str:
+        """As the command line spells them."""
+        return " ".join(
+            (
+                f"--prefill-chunk {self.prefill_chunk}",
+                "--flash-attn" if self.flash_attn else "--no-flash-attn",
+                "--repack" if self.repack else "--no-repack",
+            )
+        )
+
+
+def numerics_mismatch(own: ExpertNumerics, nodes: Sequence[tuple[int, ExpertNumerics | None]]) -> str | None:
+    """Why a front with ``own`` settings may not serve a group whose nodes report ``nodes``
+    ((index, settings or None when a node does not report them)); None if it may."""
+    differing = [(index, theirs) for index, theirs in nodes if theirs is not None and theirs != own]
+    if not differing:
+        return None
+    index, theirs = differing[0]
+    return (
+        f"expert node {index} computes with {theirs.flags()}, this front was started with {own.flags()}: "
+        "they are part of the recipe, so start the front with the nodes' settings"
+    )
 
 
 @dataclass(frozen=True)

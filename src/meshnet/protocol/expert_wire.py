@@ -8,14 +8,15 @@ error before the engine sees them.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal, cast
 
 import numpy as np
 
 from meshnet.core.errors import IntegrityError, InvalidArgument
+from meshnet.core.experts import ExpertNumerics
 from meshnet.protocol.generated import expert_pb2, expert_pb2_grpc
 
 EXPERT_SERVICE = "meshnet.v1.ExpertGroup"
@@ -34,7 +35,7 @@ _WANT = ("none", "last", "all")
 WantLogits = Literal["none", "last", "all"]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ExpertStepItem:
     """One session's tokens in a group step (the engine's ``StepInput``, token ids only)."""
 
@@ -45,7 +46,7 @@ class ExpertStepItem:
     want_logits: WantLogits = "last"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ExpertStepResult:
     slot: int
     logits: np.ndarray
@@ -75,7 +76,7 @@ CHANNEL_OPTIONS = [
 """Options of every expert-group channel and server (node to node, driver to node)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ExpertNodeDescription:
     index: int
     group_size: int
@@ -98,41 +99,30 @@ class ExpertNodeDescription:
     expert_cache_hits: int = 0
     expert_cache_misses: int = 0
     expert_cache_bytes_read: int = 0
+    numerics: ExpertNumerics | None = None
+    """None: the node does not report them (an older node)."""
+
+
+_SCALAR_FIELDS = tuple(f.name for f in dataclasses.fields(ExpertNodeDescription) if f.name != "numerics")
 
 
 def node_info_to_proto(info: ExpertNodeDescription) -> expert_pb2.ExpertNodeInfo:
-    return expert_pb2.ExpertNodeInfo(**info.__dict__)
+    message = expert_pb2.ExpertNodeInfo(**{name: getattr(info, name) for name in _SCALAR_FIELDS})
+    if info.numerics is not None:
+        message.numerics.CopyFrom(expert_pb2.ExpertNumerics(**info.numerics.__dict__))
+    return message
 
 
 def node_info_from_proto(message: expert_pb2.ExpertNodeInfo) -> ExpertNodeDescription:
-    return ExpertNodeDescription(
-        *(
-            getattr(message, name)
-            for name in (
-                "index",
-                "group_size",
-                "model_sha256",
-                "n_vocab",
-                "n_expert",
-                "n_expert_used",
-                "max_sessions",
-                "context",
-                "peers_connected",
-                "n_layers",
-                "n_embd",
-                "exchanges",
-                "exchange_p50_us",
-                "exchange_p95_us",
-                "frame_bytes_sent",
-                "released_expert_bytes",
-                "next_step",
-                "expert_cache_bytes",
-                "expert_cache_hits",
-                "expert_cache_misses",
-                "expert_cache_bytes_read",
-            )
-        )
-    )
+    scalars = {name: getattr(message, name) for name in _SCALAR_FIELDS}
+    return ExpertNodeDescription(**scalars, numerics=_numerics_from_proto(message))
+
+
+def _numerics_from_proto(message: expert_pb2.ExpertNodeInfo) -> ExpertNumerics | None:
+    if not message.HasField("numerics"):
+        return None
+    numerics = message.numerics
+    return ExpertNumerics(numerics.prefill_chunk, numerics.flash_attn, numerics.repack)
 
 
 def step_to_proto(step: int, batch: Sequence[ExpertStepItem]) -> expert_pb2.ExpertStepRequest:

@@ -10,7 +10,8 @@ The recipe is the one a layer-split worker of the same model and settings comput
 output is bit-identical to whole-model llama.cpp (each node certifies that at start-up, and the
 nodes must agree on every logit's crc32 each step), so routes, failover replays and audits may
 mix groups and layer shards of one model. The front checks that its group serves the file it
-hashed; the numerics settings (``--prefill-chunk``, ``--flash-attn``, ``--repack``) must be the nodes' own.
+hashed and computes with the numerics settings it was given (``--prefill-chunk``,
+``--flash-attn``, ``--repack``: part of the recipe), which each node reports.
 
 A group does not survive the loss of a node (``worker/expert_node.py``): after a failed step the
 front takes no more steps, and ``serve_worker`` stops, deregisters and exits with the group's
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
+from meshnet.core.experts import ExpertNumerics, numerics_mismatch
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.protocol.tls import LinkSecurity
@@ -137,6 +139,11 @@ def open_group_backend(
     if group.shape.n_layers != description.n_layers or group.shape.n_embd != description.n_embd:
         group.close()
         raise FailedPrecondition("the expert group's model shape differs from --model's")
+    own = ExpertNumerics(config.prefill_chunk, config.flash_attn, config.repack)
+    mismatch = numerics_mismatch(own, [(node.index, node.numerics) for node in group.nodes])
+    if mismatch is not None:
+        group.close()
+        raise FailedPrecondition(mismatch)
     # A front starts with no sessions, so its nodes must hold none either: a front that exited
     # (killed alone) leaves its sessions' KV there, and a new session in that slot would append.
     for slot in range(group.shape.max_slots):

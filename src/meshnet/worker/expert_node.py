@@ -31,7 +31,7 @@ import grpc
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.moe import read_moe_shape
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unauthenticated, Unavailable
-from meshnet.core.experts import ExchangeGeometry, ExpertOwnership
+from meshnet.core.experts import ExchangeGeometry, ExpertNumerics, ExpertOwnership
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
 from meshnet.engine.expert_certification import certify_expert_parallel
@@ -98,6 +98,7 @@ class ExpertNode:
             self.backend.released_expert_bytes,
             self._next_step,
             *_cache_figures(self.backend),
+            numerics=ExpertNumerics(self.config.prefill_chunk, self.config.flash_attn, self.config.repack),
         )
 
     def step(self, request: expert_wire.ExpertStepRequest) -> expert_wire.ExpertStepReply:

@@ -69,4 +69,3 @@ def test_the_window_stretches_to_one_decode_call_within_its_bound() -> None:
     assert window(0.004) == pytest.approx(0.004)
     assert window(0.5) == pytest.approx(POLICY.max_window_s)
     assert window(0.0001) == pytest.approx(POLICY.window_s)
-

@@ -71,7 +71,7 @@ class ExpertNodeQuery(_message.Message):
     def __init__(self) -> None: ...
 
 class ExpertNodeInfo(_message.Message):
-    __slots__ = ("index", "group_size", "model_sha256", "n_vocab", "n_expert", "n_expert_used", "max_sessions", "context", "peers_connected", "n_layers", "n_embd", "exchanges", "exchange_p50_us", "exchange_p95_us", "frame_bytes_sent", "released_expert_bytes", "next_step", "expert_cache_bytes", "expert_cache_hits", "expert_cache_misses", "expert_cache_bytes_read")
+    __slots__ = ("index", "group_size", "model_sha256", "n_vocab", "n_expert", "n_expert_used", "max_sessions", "context", "peers_connected", "n_layers", "n_embd", "exchanges", "exchange_p50_us", "exchange_p95_us", "frame_bytes_sent", "released_expert_bytes", "next_step", "expert_cache_bytes", "expert_cache_hits", "expert_cache_misses", "expert_cache_bytes_read", "numerics")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class ExpertNodeInfo(_message.Message):
     EXPERT_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     EXPERT_CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
     EXPERT_CACHE_BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    NUMERICS_FIELD_NUMBER: _ClassVar[int]
     index: int
     group_size: int
     model_sha256: str
@@ -114,4 +115,15 @@ class ExpertNodeInfo(_message.Message):
     expert_cache_hits: int
     expert_cache_misses: int
     expert_cache_bytes_read: int
-    def __init__(self, index: _Optional[int] = ..., group_size: _Optional[int] = ..., model_sha256: _Optional[str] = ..., n_vocab: _Optional[int] = ..., n_expert: _Optional[int] = ..., n_expert_used: _Optional[int] = ..., max_sessions: _Optional[int] = ..., context: _Optional[int] = ..., peers_connected: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., exchanges: _Optional[int] = ..., exchange_p50_us: _Optional[float] = ..., exchange_p95_us: _Optional[float] = ..., frame_bytes_sent: _Optional[int] = ..., released_expert_bytes: _Optional[int] = ..., next_step: _Optional[int] = ..., expert_cache_bytes: _Optional[int] = ..., expert_cache_hits: _Optional[int] = ..., expert_cache_misses: _Optional[int] = ..., expert_cache_bytes_read: _Optional[int] = ...) -> None: ...
+    numerics: ExpertNumerics
+    def __init__(self, index: _Optional[int] = ..., group_size: _Optional[int] = ..., model_sha256: _Optional[str] = ..., n_vocab: _Optional[int] = ..., n_expert: _Optional[int] = ..., n_expert_used: _Optional[int] = ..., max_sessions: _Optional[int] = ..., context: _Optional[int] = ..., peers_connected: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., exchanges: _Optional[int] = ..., exchange_p50_us: _Optional[float] = ..., exchange_p95_us: _Optional[float] = ..., frame_bytes_sent: _Optional[int] = ..., released_expert_bytes: _Optional[int] = ..., next_step: _Optional[int] = ..., expert_cache_bytes: _Optional[int] = ..., expert_cache_hits: _Optional[int] = ..., expert_cache_misses: _Optional[int] = ..., expert_cache_bytes_read: _Optional[int] = ..., numerics: _Optional[_Union[ExpertNumerics, _Mapping]] = ...) -> None: ...
+
+class ExpertNumerics(_message.Message):
+    __slots__ = ("prefill_chunk", "flash_attn", "repack")
+    PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FLASH_ATTN_FIELD_NUMBER: _ClassVar[int]
+    REPACK_FIELD_NUMBER: _ClassVar[int]
+    prefill_chunk: int
+    flash_attn: bool
+    repack: bool
+    def __init__(self, prefill_chunk: _Optional[int] = ..., flash_attn: _Optional[bool] = ..., repack: _Optional[bool] = ...) -> None: ...
