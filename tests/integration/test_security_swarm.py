@@ -244,6 +244,24 @@ async def test_only_the_opener_may_cancel_a_session(swarm: Swarm) -> None:
         await intruder.close()
 
 
+async def test_a_worker_certificate_cannot_drive_a_routes_head(swarm: Swarm) -> None:
+    """Workers open sessions on their downstream neighbour only: the head refuses a worker's first
+    frame (PERMISSION_DENIED before it runs anything), while a gateway's same request is served."""
+    async with TrackerClient(swarm.tracker_address, security=swarm.security) as tracker:
+        route = await tracker.choose_route(MODEL_NAME)
+    rogue = ChannelPool(DEFAULT_MAX_FRAME_BYTES, identity(swarm, "worker-as-client", "worker"))
+    gateway = ChannelPool(DEFAULT_MAX_FRAME_BYTES, swarm.security)
+    try:
+        session = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+        with pytest.raises(PermissionDenied, match="never on a route's head"):
+            await _generate(rogue, session, 4, asyncio.Event())
+        served = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+        assert await _generate(gateway, served, 4, asyncio.Event()) == 4
+    finally:
+        await rogue.close()
+        await gateway.close()
+
+
 async def test_revoked_worker_leaves_routes_and_is_refused_everywhere(swarm: Swarm) -> None:
     (spare,) = await asyncio.to_thread(swarm.start_workers, "3:6")
     await asyncio.to_thread(swarm.wait_routable, 3)

@@ -154,6 +154,17 @@ def authorize_shard(
     return ALLOW
 
 
+def authorize_opening(peer: PeerIdentity, first_layer: int) -> Verdict:
+    """May ``peer`` open a session whose first frame asks for layers from ``first_layer`` on?
+
+    A worker opens sessions only on its downstream neighbour, whose layers start past 0; a
+    route's head takes token ids only from the parties that serve users (gateways, admins), so a
+    worker certificate cannot drive generation on another node's head."""
+    if peer.role == "worker" and first_layer == 0:
+        return _deny("a worker opens sessions only on its downstream neighbour, never on a route's head (layer 0)")
+    return ALLOW
+
+
 class Revocations:
     """The revoked node ids a server refuses, replaced whole when the tracker sends a newer list.
 

@@ -31,7 +31,8 @@ from meshnet.protocol.shard_wire import (
 )
 from meshnet.protocol.status import abort_with
 from meshnet.protocol.tls import LinkSecurity, enforce
-from meshnet.security.policy import authorize_shard
+from meshnet.security.identity import PeerIdentity
+from meshnet.security.policy import authorize_opening, authorize_shard
 from meshnet.worker.ring import watch_error
 from meshnet.worker.shard import AnyShard
 
@@ -48,8 +49,8 @@ class ShardServicer(pb.ShardServicer):
 
     async def _admit(
         self, context: grpc.aio.ServicerContext, rpc: str, session_id: SessionId | None = None
-    ) -> str | None:
-        """The caller's node id if ``rpc`` is allowed to it; aborts the call otherwise."""
+    ) -> PeerIdentity | None:
+        """The caller if ``rpc`` is allowed to it; aborts the call otherwise (None: nobody is checked)."""
         if self._security is None:
             return None
         try:
@@ -59,7 +60,7 @@ class ShardServicer(pb.ShardServicer):
             enforce(authorize_shard(peer, rpc, session_opener=opener, revoked=revoked))
         except MeshnetError as error:
             await abort_with(context, error)
-        return peer.node_id
+        return peer
 
     async def GetCapability(self, request: pb.CapabilityRequest, context: grpc.aio.ServicerContext) -> pb.Capability:
         await self._admit(context, "GetCapability")
@@ -119,7 +120,8 @@ class ShardServicer(pb.ShardServicer):
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StepResponse]:
-        opener = await self._admit(context, "Session")
+        caller = await self._admit(context, "Session")
+        opener = None if caller is None else caller.node_id
         remaining = context.time_remaining()
         stream_deadline = None if remaining is None else time.monotonic() + remaining
         session_id: SessionId | None = None
@@ -133,6 +135,8 @@ class ShardServicer(pb.ShardServicer):
                     raise InvalidArgument("one stream carries one session; open a new stream for another")
                 if session_id is None and self._openers.get(frame.meta.session_id, opener) != opener:
                     raise PermissionDenied("this session belongs to another party")
+                if session_id is None and caller is not None:
+                    enforce(authorize_opening(caller, frame.meta.layers.start))
                 result = await self.shard.handle(frame, stream_deadline)
                 session_id = frame.meta.session_id
                 if opener is not None:

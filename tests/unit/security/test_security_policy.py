@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from meshnet.security.identity import PeerIdentity, Role
-from meshnet.security.policy import authorize_artifacts, authorize_expert, authorize_shard, authorize_tracker
+from meshnet.security.policy import (
+    authorize_artifacts,
+    authorize_expert,
+    authorize_opening,
+    authorize_shard,
+    authorize_tracker,
+)
 
 
 def peer(role: Role, node_id: str = "n-1") -> PeerIdentity:
@@ -146,3 +152,10 @@ def test_only_the_listed_node_sends_its_index_rows() -> None:
     assert authorize_expert(peer("worker", "n-2"), "ExchangeRows", revoked=NONE).allowed  # listed by address only
     # The role is checked first: a gateway stays refused whatever it is listed as.
     assert not authorize_expert(peer("gateway", "n-1"), "ExchangeRows", revoked=NONE, listed_node_id="n-1").allowed
+
+
+def test_only_parties_serving_users_open_sessions_on_a_head() -> None:
+    assert not authorize_opening(peer("worker"), 0).allowed
+    assert authorize_opening(peer("worker"), 1).allowed  # its downstream neighbour
+    assert authorize_opening(peer("gateway"), 0).allowed and authorize_opening(peer("admin"), 0).allowed
+    assert authorize_opening(peer("gateway"), 12).allowed
