@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshnet.lab.plan import PREFIX, LabNode, LabPlan, is_removable
+from meshnet.lab.plan import PREFIX, LabNode, LabPlan, object_tag
 from meshnet.lab.system import LabUnavailable, kill_pid
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -94,16 +94,24 @@ def oom_kills(groups: NodeGroups) -> int:
     return 0
 
 
-def remove_groups(tag: str | None = None, keep: frozenset[str] = frozenset()) -> list[str]:
-    """Kill what is still inside the cgroups of lab ``tag`` (every lab if None, but those of
-    ``keep``), then remove them (children first)."""
-    roots = [CGROUP_ROOT / "memory", CGROUP_ROOT / "cpuset"] if _v1() else [CGROUP_ROOT]
+def _roots() -> list[Path]:
+    return [CGROUP_ROOT / "memory", CGROUP_ROOT / "cpuset"] if _v1() else [CGROUP_ROOT]
+
+
+def object_tags() -> frozenset[str]:
+    """The tags of every lab that has a cgroup on this host now."""
+    tops = [top.name for root in _roots() if root.exists() for top in root.glob(f"{PREFIX}-*")]
+    return frozenset(tag for tag in map(object_tag, tops) if tag is not None)
+
+
+def remove_groups(tag: str) -> list[str]:
+    """Kill what is still inside lab ``tag``'s cgroups, then remove them (children first)."""
     removed: list[str] = []
-    for root in roots:
+    for root in _roots():
         if not root.exists():
             continue
         for top in sorted(root.glob(f"{PREFIX}-*")):
-            if not is_removable(top.name, tag, keep):
+            if object_tag(top.name) != tag:
                 continue
             for directory in [*sorted(top.rglob("*"), key=lambda p: -len(p.parts)), top]:
                 if directory.is_dir():

@@ -7,7 +7,7 @@ tear down its network mid-request. The claim is an ``flock`` on ``<directory>/<t
 the kernel drops it when the holder exits however it exits, so leftovers of a dead lab are
 never protected, and a live lab's always are.
 
-Building also takes a short machine-wide lock (``build.lock``) so that two labs starting at the
+Building also takes a short machine-wide lock (``.build.lock``: no tag can name it) so that two labs starting at the
 same moment do not both pick the same free subnet.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshnet.core.errors import MeshnetError
+from meshnet.lab.plan import check_tag, is_tag
 
 CLAIMS_DIR = Path("/run/meshnet-lab")
 """Machine-wide (tmpfs, emptied at boot); the lab needs root, which may write here."""
@@ -62,6 +63,7 @@ def _holder(path: Path) -> str:
 
 def claim(tag: str, directory: Path = CLAIMS_DIR) -> LabClaim:
     """Claim ``tag`` for this process or raise ``LabInUse`` naming the holder; never waits."""
+    check_tag(tag)  # before it becomes a file name
     directory.mkdir(parents=True, exist_ok=True)
     path = _lock_path(directory, tag)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -85,23 +87,33 @@ def in_use(tag: str, directory: Path = CLAIMS_DIR) -> bool:
     return False
 
 
-def tags_in_use(tags: Iterable[str], directory: Path = CLAIMS_DIR) -> frozenset[str]:
-    return frozenset(tag for tag in tags if in_use(tag, directory))
+def claim_free(tags: Iterable[str], directory: Path = CLAIMS_DIR) -> tuple[list[LabClaim], frozenset[str]]:
+    """Claim every tag of ``tags`` no live lab holds: (the claims, the tags refused as in use).
+
+    Cleanup holds these while it removes, so a lab starting meanwhile cannot lose its objects."""
+    held: list[LabClaim] = []
+    refused: set[str] = set()
+    for tag in sorted(set(tags)):
+        try:
+            held.append(claim(tag, directory))
+        except LabInUse:
+            refused.add(tag)
+    return held, frozenset(refused)
 
 
 def claimed_tags(directory: Path = CLAIMS_DIR) -> frozenset[str]:
     """Every tag a live process holds now."""
     if not directory.is_dir():
         return frozenset()
-    names = (path.stem for path in directory.glob("*.lock") if path.stem != "build")
-    return tags_in_use(names, directory)
+    names = {path.stem for path in directory.glob("*.lock")}
+    return frozenset(tag for tag in names if is_tag(tag) and in_use(tag, directory))
 
 
 @contextlib.contextmanager
 def building(directory: Path = CLAIMS_DIR, timeout_s: float = BUILD_LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the machine-wide build lock while a lab picks its subnet and makes its network."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / "build.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / ".build.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout_s
         while True:

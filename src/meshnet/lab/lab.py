@@ -22,7 +22,7 @@ from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.lab import cgroups, claims, system
-from meshnet.lab.plan import LabNode, LabPlan, LinkShape, plan_lab
+from meshnet.lab.plan import LabNode, LabPlan, LinkShape, check_tag, plan_lab
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
 log = logging.getLogger(__name__)
@@ -95,9 +95,10 @@ class Lab:
     def build(self) -> LabPlan:
         system.check_privileges()
         config = self.config
+        check_tag(config.tag)
         # Claim first: what carries this tag's names is then a dead lab's leftovers, never a live lab.
         self.claim = claims.claim(config.tag, self.claims_dir)
-        _remove_objects(config.tag, frozenset())
+        _remove_objects(config.tag)
         with claims.building(self.claims_dir):
             self.plan = plan_lab(
                 config.tag,
@@ -129,9 +130,11 @@ class Lab:
         self.components.clear()
         if self.claim is None:
             return  # never built, or refused because another lab holds the tag: nothing here is ours
-        _remove_objects(self.config.tag, frozenset())
-        self.claim.release()
-        self.claim = None
+        try:
+            _remove_objects(self.config.tag)
+        finally:
+            self.claim.release()
+            self.claim = None
 
     # -- components ---------------------------------------------------------------------------
 
@@ -184,15 +187,27 @@ class Lab:
 
 def remove_lab(tag: str | None = None, claims_dir: Path = claims.CLAIMS_DIR) -> list[str]:
     """Remove every namespace, link and cgroup of lab ``tag`` (or of every lab) that no live lab
-    holds: a named tag in use raises ``LabInUse``; without a tag, live labs are left as they are."""
-    if tag is not None and claims.in_use(tag, claims_dir):
-        raise claims.LabInUse(f"lab {tag!r} is running; stop it (SIGTERM to its `lab up`) to remove it")
-    keep = frozenset() if tag is not None else claims.claimed_tags(claims_dir)
-    return _remove_objects(tag, keep)
+    holds: a named tag in use raises ``LabInUse``; without a tag, live labs are left as they are.
+
+    The removed tags are claimed while their objects go, so a lab starting meanwhile with one of
+    them waits for nothing and loses nothing: it is refused (``LabInUse``) and may try again."""
+    if tag is not None:
+        try:
+            held = [claims.claim(tag, claims_dir)]
+        except claims.LabInUse:
+            raise claims.LabInUse(f"lab {tag!r} is running; stop it (SIGTERM to its `lab up`) to remove it") from None
+    else:
+        held, _live = claims.claim_free(system.object_tags() | cgroups.object_tags(), claims_dir)
+    try:
+        return [item for claim in held for item in _remove_objects(claim.tag)]
+    finally:
+        for claim in held:
+            claim.release()
 
 
-def _remove_objects(tag: str | None, keep: frozenset[str]) -> list[str]:
-    return system.remove_leftovers(tag, keep) + cgroups.remove_groups(tag, keep)
+def _remove_objects(tag: str) -> list[str]:
+    """Remove lab ``tag``'s objects; the caller holds its claim."""
+    return system.remove_leftovers(tag) + cgroups.remove_groups(tag)
 
 
 def wait_forever(lab: Lab) -> None:

@@ -18,11 +18,24 @@ PREFIX = "mnlab"
 CANDIDATE_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
 FIRST_NODE_HOST = 10
 
+_TAG = re.compile(r"[A-Za-z0-9]{1,6}")
+"""ASCII only: a tag goes into interface names, lock file names and the cleanup patterns below."""
 _DASHED = re.compile(rf"^{PREFIX}-([A-Za-z0-9]{{1,6}})(?:-|$)")
 """Namespaces (``mnlab-<tag>-n<i>``) and cgroups (``mnlab-<tag>``)."""
 _LINK = re.compile(rf"^{PREFIX}([A-Za-z0-9]{{1,6}}?)(?:br|h[0-9]+)$")
 """Bridges (``mnlab<tag>br``) and host veth ends (``mnlab<tag>h<i>``); the suffix is all
 ``br`` or all ``h`` + digits, so exactly one split of a name parses."""
+
+
+def is_tag(text: str) -> bool:
+    return _TAG.fullmatch(text) is not None
+
+
+def check_tag(tag: str) -> str:
+    """``tag`` if it may name a lab, else InvalidArgument (checked before anything uses it)."""
+    if not is_tag(tag):
+        raise InvalidArgument(f"lab tag {tag!r} must be 1-6 ASCII letters or digits (it goes into interface names)")
+    return tag
 
 
 def object_tag(name: str) -> str | None:
@@ -31,14 +44,6 @@ def object_tag(name: str) -> str | None:
     Cleanup matches whole tags, never prefixes: removing lab ``a`` must not touch lab ``ab``."""
     match = _DASHED.match(name) or _LINK.match(name)
     return match.group(1) if match else None
-
-
-def is_removable(name: str, tag: str | None, keep: frozenset[str]) -> bool:
-    """Does cleanup of lab ``tag`` (every lab if None) remove ``name``, sparing the tags in ``keep``?"""
-    owner = object_tag(name)
-    if owner is None or owner in keep:
-        return False
-    return tag is None or owner == tag
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,7 @@ def plan_lab(
     memory_mb: int | None,
     cpus: int,
 ) -> LabPlan:
-    if not tag.isalnum() or len(tag) > 6:
-        raise InvalidArgument(f"lab tag {tag!r} must be 1-6 letters or digits (it goes into interface names)")
+    check_tag(tag)
     if nodes < 1 or spares < 0 or nodes + spares > 200:
         raise InvalidArgument(f"a lab needs 1..200 nodes in all, not {nodes} + {spares} spare")
     if cpus < 1:

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 
 from meshnet.core.errors import MeshnetError
-from meshnet.lab.plan import PREFIX, LabNode, LabPlan, is_removable
+from meshnet.lab.plan import PREFIX, LabNode, LabPlan, object_tag
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +103,30 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(pid) for pid in found.stdout.split() if pid.isdigit()]
 
 
-def remove_leftovers(tag: str | None = None, keep: frozenset[str] = frozenset()) -> list[str]:
-    """Remove the namespaces and links of lab ``tag`` (every lab if None) but those of ``keep``
-    (tags live labs hold); return what was removed."""
+def _namespaces() -> list[str]:
+    return [line.split()[0] for line in run(["ip", "netns", "list"], check=False).stdout.splitlines() if line.strip()]
+
+
+def _links() -> list[str]:
+    return [entry.get("ifname", "") for entry in json.loads(run(["ip", "-j", "link"], check=False).stdout or "[]")]
+
+
+def object_tags() -> frozenset[str]:
+    """The tags of every lab that has a namespace or a link on this host now."""
+    return frozenset(tag for tag in map(object_tag, _namespaces() + _links()) if tag is not None)
+
+
+def remove_leftovers(tag: str) -> list[str]:
+    """Remove the namespaces and links of lab ``tag`` (whole-tag matches only); return what was removed."""
     removed: list[str] = []
-    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
-        name = line.split()[0] if line.strip() else ""
-        if is_removable(name, tag, keep):
+    for name in _namespaces():
+        if object_tag(name) == tag:
             for pid in namespace_pids(name):
                 kill_pid(pid)
             run(["ip", "netns", "del", name], check=False)
             removed.append(f"namespace {name}")
-    for entry in json.loads(run(["ip", "-j", "link"], check=False).stdout or "[]"):
-        name = entry.get("ifname", "")
-        if is_removable(name, tag, keep):
+    for name in _links():
+        if object_tag(name) == tag:
             run(["ip", "link", "del", name], check=False)
             removed.append(f"link {name}")
     return removed

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -65,6 +65,11 @@ class PeerLink:
         self._outbox: queue.Queue[bytes | None] = queue.Queue()
         self._inbox: queue.Queue[bytes] = queue.Queue()
         self.lost = threading.Event()
+        self._cancel: Callable[[], object] | None = None
+        """For a stream this node opened: cancels the call, so the peer's side ends at once too."""
+
+    def cancel_with(self, cancel: Callable[[], object]) -> None:
+        self._cancel = cancel
 
     def send(self, frame: bytes) -> None:
         self._outbox.put(frame)
@@ -104,7 +109,9 @@ class PeerLink:
         return frame
 
     def close(self) -> None:
-        self._outbox.put(None)
+        self._outbox.put(None)  # ends what this side writes (a stream it accepted ends with it)
+        if self._cancel is not None:
+            self._cancel()  # half-closing a stream it opened would leave the peer's side waiting
 
 
 class GrpcRowExchange:

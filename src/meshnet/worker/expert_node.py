@@ -77,6 +77,8 @@ class ExpertNode:
         """Node ids of the group's other members: as listed, or as their row stream's certificate says."""
         self._left: MeshnetError | None = None
         """Why this node left its group (a member was revoked); every later step fails with it."""
+        self._membership = threading.Lock()
+        """Orders admitting a row stream against leaving: a stream is either cut or refused."""
 
     def describe(self) -> expert_wire.ExpertNodeDescription:
         shape, moe = self.backend.shape, self.backend.moe
@@ -115,9 +117,17 @@ class ExpertNode:
         outputs = self._engine.submit(self.backend.run, batch).result()
         return expert_wire.outputs_to_proto(request.step, [(o.slot, o.logits) for o in outputs])  # type: ignore[misc]
 
-    def note_member(self, index: int, node_id: str) -> None:
-        """The certificate behind member ``index``'s row stream, for revocation checks."""
-        self._members[index] = node_id
+    def admit_link(self, link: PeerLink, node_id: str | None) -> MeshnetError | None:
+        """Take member ``link.peer``'s row stream (``node_id``: its certificate's, for revocation
+        checks); the reason if it is refused."""
+        with self._membership:
+            if self._left is not None:
+                return self._left
+            if not self.exchange.add(link):
+                return FailedPrecondition(f"node {link.peer} already has a row stream to this node")
+            if node_id is not None:
+                self._members[link.peer] = node_id
+            return None
 
     def on_revoked(self, revoked: frozenset[str]) -> None:
         """Adopt the tracker's list; if it names a member, leave the group for good.
@@ -127,10 +137,12 @@ class ExpertNode:
         group on every node at once (as a lost peer does), so a revoked node sees nothing more."""
         if self.security is not None:
             self.security.revocations.replace(revoked)
-        named = sorted(node_id for node_id in self._members.values() if node_id in revoked)
-        if named and self._left is None:
+        with self._membership:
+            named = sorted(node_id for node_id in self._members.values() if node_id in revoked)
+            if not named or self._left is not None:
+                return
             self._left = Unauthenticated(f"expert group member(s) {', '.join(named)} revoked: this node left the group")
-            self.exchange.abort(self._left)
+        self.exchange.abort(self._left)
 
     def release(self, slot: int) -> None:
         if slot >= self.backend.shape.max_slots:
@@ -154,6 +166,7 @@ class ExpertNode:
             link = PeerLink(self.ownership.index, peer)
             opening = expert_wire.ExpertRowsFrame(sender=self.ownership.index, model_sha256=self.model_sha256)
             responses = expert_wire.ExpertGroupStub(channel).ExchangeRows(link.outgoing(opening))
+            link.cancel_with(responses.cancel)
             self.exchange.add(link)
             threading.Thread(target=link.pump, args=(responses,), daemon=True, name=f"rows-from-{peer}").start()
 
@@ -194,10 +207,9 @@ class ExpertNodeServicer(expert_wire.ExpertGroupServicer):
         if node.peers[peer].node_id is not None:
             self._admit(context, "ExchangeRows", node.peers[peer].node_id)
         link = PeerLink(node.ownership.index, peer)
-        if not node.exchange.add(link):
-            _abort(context, FailedPrecondition(f"node {peer} already has a row stream to this node"))
-        if caller is not None:
-            node.note_member(peer, caller)
+        refused = node.admit_link(link, caller)
+        if refused is not None:
+            _abort(context, refused)
         context.add_callback(link.close)
         threading.Thread(target=link.pump, args=(request_iterator,), daemon=True, name=f"rows-from-{peer}").start()
         yield from link.outgoing()
@@ -251,8 +263,11 @@ def serve_expert_node(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()
+    watch = None
     if config.tracker and security is not None:
-        watch_tracker(config.tracker, security, node.on_revoked, stop)
+        watch = watch_tracker(config.tracker, security, node.on_revoked, stop)
+    elif config.tracker:
+        log.warning("--tracker is ignored with --insecure: there are no certificates to revoke or renew")
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         node.dial_lower_peers(deadline)
@@ -262,6 +277,8 @@ def serve_expert_node(
         stop.wait()
     finally:
         stop.set()  # ends the tracker watch too
+        if watch is not None:
+            watch.join(timeout=5.0)
         server.stop(grace=1.0).wait()
         node.close()
 

@@ -75,5 +75,7 @@ async def _poll_revocations(
             if reachable is not False:  # once per outage, not every poll
                 log.warning("no revocation list from the tracker (%s): keeping the last one", error.message)
             reachable = False
+        except Exception:  # a bug here must not end the watch silently: revocations would stop
+            log.exception("applying the tracker's revocation list failed; trying again next poll")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), timeout=POLL_S)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from meshnet.core.errors import InvalidArgument
 from meshnet.lab import claims
 
 
@@ -66,8 +67,19 @@ def test_the_build_lock_waits_a_bounded_time(tmp_path: Path) -> None:
     try:
         with pytest.raises(claims.LabInUse, match="building"), claims.building(tmp_path, timeout_s=0.2):
             pass
+        claims.claim("build", tmp_path).release()  # a lab may be called "build": another lock
     finally:
         held.__exit__(None, None, None)
     with claims.building(tmp_path, timeout_s=0.2):
         pass
     assert claims.claimed_tags(tmp_path) == frozenset()  # the build lock is not a tag
+
+
+def test_claim_free_skips_live_labs_and_refuses_bad_tags(tmp_path: Path, holder: subprocess.Popen[str]) -> None:
+    held, refused = claims.claim_free(["t1", "t2", "t3", "t2"], tmp_path)
+    assert [claim.tag for claim in held] == ["t2", "t3"] and refused == frozenset({"t1"})
+    for claim in held:
+        claim.release()
+    with pytest.raises(InvalidArgument):
+        claims.claim("../x", tmp_path)
+    assert not (tmp_path.parent / "x.lock").exists()

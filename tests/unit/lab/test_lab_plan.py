@@ -8,7 +8,7 @@ import pytest
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
-from meshnet.lab.plan import LinkShape, choose_subnet, is_removable, object_tag, plan_lab
+from meshnet.lab.plan import LinkShape, check_tag, choose_subnet, object_tag, plan_lab
 from meshnet.lab.swarm import choose_ranges
 
 
@@ -57,10 +57,16 @@ def test_every_name_a_plan_makes_parses_back_to_its_tag() -> None:
         assert {object_tag(name) for name in names} == {tag}
 
 
-def test_cleanup_matches_whole_tags_and_spares_live_labs() -> None:
+def test_cleanup_matches_whole_tags() -> None:
     lab_a = ["mnlab-a-n0", "mnlabah0", "mnlababr", "mnlab-a"]
     lab_ab = ["mnlab-ab-n0", "mnlababh0", "mnlababbr", "mnlab-ab"]
-    others = ["eth0", "mnlab", "mnlab-", "lo", "mnlabh0"]
-    assert [n for n in lab_a + lab_ab + others if is_removable(n, "a", frozenset())] == lab_a
-    assert [n for n in lab_a + lab_ab + others if is_removable(n, None, frozenset({"ab"}))] == lab_a
-    assert not any(is_removable(n, "a", frozenset({"a"})) for n in lab_a)
+    others = ["eth0", "mnlab", "mnlab-", "lo", "mnlabh0", "mnlab-\u00e9-n0"]
+    assert [n for n in lab_a + lab_ab + others if object_tag(n) == "a"] == lab_a
+    assert [n for n in lab_a + lab_ab + others if object_tag(n) == "ab"] == lab_ab
+    assert [object_tag(n) for n in others] == [None] * len(others)
+
+
+@pytest.mark.parametrize("tag", ["\u00e9", "a/b", "../x", ".build", "abcdefg", ""])
+def test_a_tag_is_checked_before_it_names_anything(tag: str) -> None:
+    with pytest.raises(InvalidArgument):
+        check_tag(tag)
