@@ -7,8 +7,8 @@ tear down its network mid-request. The claim is an ``flock`` on ``<directory>/<t
 the kernel drops it when the holder exits however it exits, so leftovers of a dead lab are
 never protected, and a live lab's always are.
 
-Building also takes a short machine-wide lock (``.build.lock``: no tag can name it) so that two labs starting at the
-same moment do not both pick the same free subnet.
+Building also takes a short machine-wide lock (``.build.lock``: no tag can name it) so that two
+labs starting at the same moment do not both pick the same free subnet.
 """
 
 from __future__ import annotations
