@@ -44,6 +44,11 @@ MODEL = model_path(DATA_DIR / "models")
 ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
 CAP_MB = 160
 """80% of whole-model llama.cpp's ~200 MiB peak RSS for SmolLM2 at 2,048 positions."""
+FORCED_CHARGE_BYTES = 64 * 4096
+"""How far a group's recorded peak may pass its cap: one memcg charge batch (64 pages). Two nodes
+sit at their cap, reclaiming page cache, and now and then the kernel forces a charge it may not
+fail; the high watermark records it (measured: 160 MiB + 4 KiB, in 2 of 16 runs). The cap itself
+is the kernel's; what this test holds is no OOM kill and no peak past the cap and that batch."""
 PROMPT = "Write one sentence about the sea."
 TOKENS = 48
 
@@ -174,7 +179,7 @@ def test_capped_nodes_serve_the_whole_model_output(lab: tuple[Lab, LabSwarm], ex
     hops = next(e for e in events if e["kind"] == "accepted")["hops"]
     assert [h["layers"] for h in hops] == [str(swarm.ranges[i]) for i in range(3)] or len(hops) == 3
     for index, (peak, kills) in the_lab.worker_memory().items():
-        assert kills == 0 and peak <= CAP_MB * 2**20, (index, peak)
+        assert kills == 0 and peak <= CAP_MB * 2**20 + FORCED_CHARGE_BYTES, (index, peak)
 
 
 PROMPTS = (
