@@ -1,5 +1,5 @@
-"""Helpers for tests of networked expert-parallel groups: a group under mTLS, and the bitwise
-comparison of a group with the whole model.
+"""Helpers for tests of networked expert-parallel groups: a group under mTLS, the bitwise
+comparison of a group with the whole model, and single calls on one node that report their status.
 
 Identities are minted from a data dir's CA as ``meshnet up`` does (``expert_swarm``): every node
 a worker certificate, listed to its peers by node id; another data dir is another swarm.
@@ -7,16 +7,19 @@ a worker certificate, listed to its peers by node id; another data dir is anothe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import grpc
 import numpy as np
 
 from meshnet.engine.backend import Backend, StepInput
 from meshnet.expert_swarm import minted_security, minted_worker_identity
 from meshnet.process.expert_launch import expert_group_specs
 from meshnet.process.launcher import ChildProcess, launch_all
-from meshnet.protocol.tls import LinkSecurity
+from meshnet.protocol import expert_wire
+from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
 
 
 def launch_secure_group(
@@ -47,3 +50,43 @@ def decode_bitwise(
         position += 1
         between(step)
     return position - 1  # the last batch built above was not run
+
+
+CALL_TIMEOUT_S = 20.0
+
+
+def rows_call(address: str, security: LinkSecurity | None, sender: int, model_sha256: str) -> grpc.StatusCode:
+    """Open ExchangeRows as node ``sender`` and read until the server ends the stream: its status."""
+    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
+    done = threading.Event()
+
+    def frames() -> Iterator[expert_wire.ExpertRowsFrame]:
+        yield expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256)
+        done.wait(CALL_TIMEOUT_S)  # keep our side open: the server's refusal must end the call
+
+    try:
+        for _ in expert_wire.ExpertGroupStub(channel).ExchangeRows(frames(), timeout=CALL_TIMEOUT_S):
+            pass
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+    finally:
+        done.set()
+        channel.close()
+    return grpc.StatusCode.OK
+
+
+def step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.StatusCode:
+    """One unary call (a step the nodes would refuse as out of order, or a describe): its status."""
+    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
+    stub = expert_wire.ExpertGroupStub(channel)
+    try:
+        if rpc == "ExpertStep":
+            items = [expert_wire.ExpertStepItem(1, 0, np.array([5], np.int32), "last")]
+            stub.ExpertStep(expert_wire.step_to_proto(10**6, items), timeout=CALL_TIMEOUT_S)
+        else:
+            stub.DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+    finally:
+        channel.close()
+    return grpc.StatusCode.OK

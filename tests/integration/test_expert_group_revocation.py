@@ -21,10 +21,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from expert_harness import decode_bitwise
+from expert_harness import decode_bitwise, rows_call, step_call
 from gguf import GGMLQuantizationType as Quant
 from swarm_harness import Swarm
-from test_expert_group_tls import _rows_call, _step_call
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
@@ -115,9 +114,9 @@ def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:
         with pytest.raises(MeshnetError):  # whichever node answers first: lost peers, or left
             group.run([StepInput(0, position, tokens=np.array([7], np.int32))])
         for survivor in (0, 2):  # left for good
-            assert _step_call(peers[survivor], driver, "ExpertStep") == grpc.StatusCode.UNAUTHENTICATED
+            assert step_call(peers[survivor], driver, "ExpertStep") == grpc.StatusCode.UNAUTHENTICATED
         node_1 = LinkSecurity(load_identity(swarm_dir(swarm.root) / "nodes" / "expert-3-1"))
-        rows = _rows_call(peers[0], node_1, 1, group.nodes[0].model_sha256)
+        rows = rows_call(peers[0], node_1, 1, group.nodes[0].model_sha256)
         assert rows == grpc.StatusCode.UNAUTHENTICATED
     finally:
         if group is not None:

@@ -18,15 +18,13 @@ The driver's decode continues bit-identical after every refusal.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from expert_harness import decode_bitwise, launch_secure_group
+from expert_harness import decode_bitwise, launch_secure_group, rows_call, step_call
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -39,7 +37,7 @@ from meshnet.engine.llama_config import LlamaConfig
 from meshnet.expert_swarm import minted_security
 from meshnet.process.launcher import stop_all
 from meshnet.protocol import expert_wire
-from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, bind, blocking_channel, hop_server_name
+from meshnet.protocol.tls import LinkSecurity, bind, blocking_channel, hop_server_name
 from meshnet.security.swarm_dir import load_identity, swarm_dir
 
 pytestmark = pytest.mark.timeout(300)
@@ -48,44 +46,6 @@ SPEC = SyntheticSpec(
     architecture="qwen3moe", n_layers=2, n_expert=64, n_expert_used=8, n_ff_expert=32, weight_type=Quant.Q4_0
 )
 CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
-CALL_TIMEOUT_S = 20.0
-
-
-def _rows_call(address: str, security: LinkSecurity | None, sender: int, model_sha256: str) -> grpc.StatusCode:
-    """Open ExchangeRows as node ``sender`` and read until the server ends the stream: its status."""
-    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
-    done = threading.Event()
-
-    def frames() -> Iterator[expert_wire.ExpertRowsFrame]:
-        yield expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256)
-        done.wait(CALL_TIMEOUT_S)  # keep our side open: the server's refusal must end the call
-
-    try:
-        for _ in expert_wire.ExpertGroupStub(channel).ExchangeRows(frames(), timeout=CALL_TIMEOUT_S):
-            pass
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    finally:
-        done.set()
-        channel.close()
-    return grpc.StatusCode.OK
-
-
-def _step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.StatusCode:
-    """One unary call (a step the nodes would refuse as out of order, or a describe): its status."""
-    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
-    stub = expert_wire.ExpertGroupStub(channel)
-    try:
-        if rpc == "ExpertStep":
-            items = [expert_wire.ExpertStepItem(1, 0, np.array([5], np.int32), "last")]
-            stub.ExpertStep(expert_wire.step_to_proto(10**6, items), timeout=CALL_TIMEOUT_S)
-        else:
-            stub.DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=CALL_TIMEOUT_S)
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    finally:
-        channel.close()
-    return grpc.StatusCode.OK
 
 
 def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) -> dict[str, grpc.StatusCode]:
@@ -96,18 +56,18 @@ def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) 
     node_1 = LinkSecurity(load_identity(swarm_dir(data) / "nodes" / "expert-2-1"))
     node = peers[0]
     return {
-        "foreign rows": _rows_call(node, rogue, 1, model_sha256),
-        "foreign step": _step_call(node, rogue, "ExpertStep"),
-        "foreign describe": _step_call(node, rogue, "DescribeExpertNode"),
-        "plaintext rows": _rows_call(node, None, 1, model_sha256),
-        "plaintext step": _step_call(node, None, "ExpertStep"),
-        "gateway rows": _rows_call(node, gateway, 1, model_sha256),
-        "admin rows": _rows_call(node, admin, 1, model_sha256),
-        "tracker step": _step_call(node, tracker, "ExpertStep"),
-        "impostor worker rows": _rows_call(node, worker, 1, model_sha256),
-        "node 1 rows": _rows_call(node, node_1, 1, model_sha256),
-        "admin step": _step_call(node, admin, "ExpertStep"),
-        "tracker describe": _step_call(node, tracker, "DescribeExpertNode"),
+        "foreign rows": rows_call(node, rogue, 1, model_sha256),
+        "foreign step": step_call(node, rogue, "ExpertStep"),
+        "foreign describe": step_call(node, rogue, "DescribeExpertNode"),
+        "plaintext rows": rows_call(node, None, 1, model_sha256),
+        "plaintext step": step_call(node, None, "ExpertStep"),
+        "gateway rows": rows_call(node, gateway, 1, model_sha256),
+        "admin rows": rows_call(node, admin, 1, model_sha256),
+        "tracker step": step_call(node, tracker, "ExpertStep"),
+        "impostor worker rows": rows_call(node, worker, 1, model_sha256),
+        "node 1 rows": rows_call(node, node_1, 1, model_sha256),
+        "admin step": step_call(node, admin, "ExpertStep"),
+        "tracker describe": step_call(node, tracker, "DescribeExpertNode"),
     }
 
 

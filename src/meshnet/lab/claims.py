@@ -41,17 +41,12 @@ class LabClaim:
     """A held claim on one tag; ``release`` (or the holder's exit) gives it up."""
 
     tag: str
-    path: Path
     _fd: int | None
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor drops the flock
             self._fd = None
-
-
-def _lock_path(directory: Path, tag: str) -> Path:
-    return directory / f"{tag}.lock"
 
 
 def _holder(path: Path) -> str:
@@ -65,7 +60,7 @@ def claim(tag: str, directory: Path = CLAIMS_DIR) -> LabClaim:
     """Claim ``tag`` for this process or raise ``LabInUse`` naming the holder; never waits."""
     check_tag(tag)  # before it becomes a file name
     directory.mkdir(parents=True, exist_ok=True)
-    path = _lock_path(directory, tag)
+    path = directory / f"{tag}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -74,7 +69,7 @@ def claim(tag: str, directory: Path = CLAIMS_DIR) -> LabClaim:
         raise LabInUse(f"lab tag {tag!r} is in use by {_holder(path)}; stop that lab or choose another --tag") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
-    return LabClaim(tag, path, fd)
+    return LabClaim(tag, fd)
 
 
 def in_use(tag: str, directory: Path = CLAIMS_DIR) -> bool:

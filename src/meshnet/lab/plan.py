@@ -18,11 +18,12 @@ PREFIX = "mnlab"
 CANDIDATE_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
 FIRST_NODE_HOST = 10
 
-_TAG = re.compile(r"[A-Za-z0-9]{1,6}")
+_TAG_TEXT = "[A-Za-z0-9]{1,6}"
 """ASCII only: a tag goes into interface names, lock file names and the cleanup patterns below."""
-_DASHED = re.compile(rf"^{PREFIX}-([A-Za-z0-9]{{1,6}})(?:-|$)")
+_TAG = re.compile(_TAG_TEXT)
+_DASHED = re.compile(rf"^{PREFIX}-({_TAG_TEXT})(?:-|$)")
 """Namespaces (``mnlab-<tag>-n<i>``) and cgroups (``mnlab-<tag>``)."""
-_LINK = re.compile(rf"^{PREFIX}([A-Za-z0-9]{{1,6}}?)(?:br|h[0-9]+)$")
+_LINK = re.compile(rf"^{PREFIX}({_TAG_TEXT}?)(?:br|h[0-9]+)$")
 """Bridges (``mnlab<tag>br``) and host veth ends (``mnlab<tag>h<i>``); the suffix is all
 ``br`` or all ``h`` + digits, so exactly one split of a name parses."""
 

@@ -133,10 +133,11 @@ class ShardServicer(pb.ShardServicer):
                 frame = frame_from_proto(message, self.shard.limits)
                 if session_id is not None and frame.meta.session_id != session_id:
                     raise InvalidArgument("one stream carries one session; open a new stream for another")
-                if session_id is None and self._openers.get(frame.meta.session_id, opener) != opener:
-                    raise PermissionDenied("this session belongs to another party")
-                if session_id is None and caller is not None:
-                    enforce(authorize_opening(caller, frame.meta.layers.start))
+                if session_id is None:  # the opening frame: whose session, and may it start here
+                    if self._openers.get(frame.meta.session_id, opener) != opener:
+                        raise PermissionDenied("this session belongs to another party")
+                    if caller is not None:
+                        enforce(authorize_opening(caller, frame.meta.layers.start))
                 result = await self.shard.handle(frame, stream_deadline)
                 session_id = frame.meta.session_id
                 if opener is not None:
