@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from meshnet.artifact.publish import PublishOptions, publish
-from meshnet.client.artifact_client import find_holders
-from meshnet.client.artifact_fetch import FetchConfig, fetch_range
 from meshnet.core.layers import LayerRange
+from meshnet.fetch.fetcher import FetchConfig, fetch_range
+from meshnet.fetch.holders import find_holders
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
 from meshnet.security.signing import load_or_create_key
 from meshnet.tracker.server import TrackerConfig, start_tracker

@@ -1,6 +1,6 @@
 """Generate the Python gRPC/protobuf code from proto/meshnet/v1/*.proto (the only wire schema).
 
-    python scripts/gen_proto.py          # regenerate src/meshnet/protocol/generated/
+    python scripts/gen_proto.py          # regenerate src/meshnet/wire/generated/
     python scripts/gen_proto.py --check  # fail if the committed code is stale
 
 Generated files are never edited by hand. protoc emits absolute ``meshnet.v1`` imports for
@@ -21,8 +21,8 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-TARGET = ROOT / "src" / "meshnet" / "protocol" / "generated"
-PACKAGE = "meshnet.protocol.generated"
+TARGET = ROOT / "src" / "meshnet" / "wire" / "generated"
+PACKAGE = "meshnet.wire.generated"
 
 
 def generate(out: Path) -> None:

@@ -16,8 +16,8 @@ import pytest
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 
 if TYPE_CHECKING:
-    from meshnet.client.shard_stream import ChannelPool
     from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.route.shard_stream import ChannelPool
 
 SyntheticModelFactory = Callable[[SyntheticSpec], Path]
 
@@ -64,8 +64,8 @@ def small_llama_config() -> LlamaConfig:
 @pytest.fixture
 async def pool() -> AsyncIterator[ChannelPool]:
     """One gRPC channel pool per test for tests that talk to worker processes; closed after."""
-    from meshnet.client.shard_stream import ChannelPool
-    from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+    from meshnet.route.shard_stream import ChannelPool
+    from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
     opened = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
     yield opened

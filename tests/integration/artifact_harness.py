@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
-from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.tracker.server import TrackerConfig, start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
+from meshnet.wire.tls import LinkSecurity
 
 SEED_READY = "meshnet seed ready "
 
@@ -92,7 +92,7 @@ async def wait_for_holders(
     """Until ``count`` holders announced ``model_id``'s manifest (announcements are asynchronous)."""
     import asyncio
 
-    from meshnet.client.artifact_client import find_holders
+    from meshnet.fetch.holders import find_holders
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """Helpers for tests of networked expert-parallel groups: a group under mTLS, the bitwise
 comparison of a group with the whole model, and single calls on one node that report their status.
 
-Identities are minted from a data dir's CA as ``meshnet up`` does (``expert_swarm``): every node
+Identities are minted from a data dir's CA as ``meshnet up`` does (``deploy.up_moe``): every node
 a worker certificate, listed to its peers by node id; another data dir is another swarm.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from meshnet.deploy.expert_launch import expert_group_specs
+from meshnet.deploy.up_moe import minted_security, minted_worker_identity
 from meshnet.engine.backend import Backend, StepInput
-from meshnet.expert_swarm import minted_security, minted_worker_identity
-from meshnet.process.expert_launch import expert_group_specs
+from meshnet.moe import wire as expert_wire
 from meshnet.process.launcher import ChildProcess, launch_all
-from meshnet.protocol import expert_wire
-from meshnet.protocol.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
 
 
 def launch_secure_group(

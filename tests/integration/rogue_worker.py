@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from meshnet import cli
-from meshnet.worker import assembly, peers, stages
+from meshnet.cli import main as cli
+from meshnet.node import assembly, peers, stages
 
 EPSILON = 1e-2
 """Relative shift of the forwarded residual: tiny, yet it changes some sampled tokens."""

@@ -32,17 +32,17 @@ from gguf import GGMLQuantizationType
 
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.shard_admin import fetch_metrics
-from meshnet.client.shard_stream import ChannelPool
-from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import ModelSummary
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
-from meshnet.protocol.tls import LinkSecurity
+from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.wire.tls import LinkSecurity
 
 MODEL_NAME = "tiny"
 TINY_SPEC = SyntheticSpec(n_layers=6, weight_type=GGMLQuantizationType.Q8_0, tied_embeddings=False, seed=0)
@@ -178,7 +178,7 @@ class Swarm:
     def start_workers(self, *ranges: str, program: Sequence[str] | None = None) -> list[Worker]:
         """Start one worker per ``A:B`` range at once; return them once each printed ready.
 
-        ``program`` replaces ``python -m meshnet.cli`` (a test's altered worker, say).
+        ``program`` replaces ``python -m meshnet`` (a test's altered worker, say).
         """
         started = []
         for text in ranges:
@@ -208,7 +208,7 @@ class Swarm:
                 *self.identity_flags(name, "worker"),
             )
             if program is not None:
-                command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet.cli
+                command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet
             component = start_component(name, command, self._log(name), WORKER_READY)
             worker = Worker(component, layers)
             self.workers.append(worker)

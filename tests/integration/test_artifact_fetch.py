@@ -23,14 +23,14 @@ from meshnet.artifact.manifest import needed_artifacts
 from meshnet.artifact.slicing import write_slice
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.artifact.trust import UntrustedPublisher
-from meshnet.client.artifact_client import announce, artifact_channel, fetch_bytes, find_holders
-from meshnet.client.artifact_fetch import FetchConfig, fetch_range
 from meshnet.core.errors import PermissionDenied, Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, channel_options, hop_server_name
+from meshnet.fetch.fetcher import FetchConfig, fetch_range
+from meshnet.fetch.holders import announce, artifact_channel, fetch_bytes, find_holders
 from meshnet.security.certificates import create_authority, mint_node
 from meshnet.security.signing import load_or_create_key
 from meshnet.security.swarm_dir import load_authority
+from meshnet.wire.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, channel_options, hop_server_name
 
 pytestmark = pytest.mark.timeout(120)
 MODEL_ID = "tiny-llama"

@@ -24,9 +24,9 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest
+from meshnet.route.shard_stream import ChannelPool
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,18 +24,18 @@ from gguf import GGMLQuantizationType as Quant
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.expert_group_client import ExpertGroupClient
-from meshnet.client.shard_admin import fetch_capability
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.expert_launch import expert_group_specs
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.process.expert_launch import expert_group_specs
+from meshnet.moe.group_client import ExpertGroupClient
+from meshnet.node.assembly import model_identity
+from meshnet.node.config import WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
-from meshnet.protocol.frames import CapabilityInfo
-from meshnet.worker.assembly import model_identity
-from meshnet.worker.config import WorkerConfig
+from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import CapabilityInfo
 
 pytestmark = pytest.mark.timeout(240)
 

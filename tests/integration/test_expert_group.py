@@ -23,13 +23,13 @@ from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.expert_group_client import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ExpertGroupClient
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.expert_launch import expert_group_specs
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.process.expert_launch import expert_group_specs
+from meshnet.moe.group_client import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, ExpertGroupClient
 from meshnet.process.launcher import launch_all, stop_all
 
 SPEC = SyntheticSpec(

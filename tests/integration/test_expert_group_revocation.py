@@ -27,19 +27,19 @@ from swarm_harness import Swarm
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.expert_launch import NodeIdentity, expert_group_specs
+from meshnet.deploy.up_moe import minted_security
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.expert_swarm import minted_security
-from meshnet.process.expert_launch import NodeIdentity, expert_group_specs
+from meshnet.moe import wire as expert_wire
+from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.process.launcher import launch_all, meshnet_command, stop_all
-from meshnet.protocol import expert_wire
-from meshnet.protocol.tls import LinkSecurity, blocking_channel, hop_server_name
 from meshnet.security.certificates import DEFAULT_NODE_LIFETIME_S, certificate_expiry, mint_node
 from meshnet.security.swarm_dir import load_authority, load_identity, save_identity, swarm_dir
+from meshnet.wire.tls import LinkSecurity, blocking_channel, hop_server_name
 
 pytestmark = pytest.mark.timeout(300)
 

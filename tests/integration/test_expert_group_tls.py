@@ -29,16 +29,16 @@ from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.expert_group_client import ExpertGroupClient
 from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.up_moe import minted_security
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.expert_swarm import minted_security
+from meshnet.moe import wire as expert_wire
+from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.process.launcher import stop_all
-from meshnet.protocol import expert_wire
-from meshnet.protocol.tls import LinkSecurity, bind, blocking_channel, hop_server_name
 from meshnet.security.swarm_dir import load_identity, swarm_dir
+from meshnet.wire.tls import LinkSecurity, bind, blocking_channel, hop_server_name
 
 pytestmark = pytest.mark.timeout(300)
 

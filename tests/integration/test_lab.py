@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 from swarm_harness import MODEL_NAME, PROMPT, Reference, meshnet_command, write_tiny_model
 
-from meshnet.lab.system import LabUnavailable, check_privileges, run
+from meshnet.deploy.lab.system import LabUnavailable, check_privileges, run
 
 TAG = "t9"
 

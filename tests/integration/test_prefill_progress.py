@@ -20,7 +20,7 @@ from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, Swarm, chat_body, re
 from test_swarm_failover import MiddleKiller
 
 from meshnet.process.launcher import meshnet_command
-from meshnet.protocol.frames import FRAME_OVERHEAD_BYTES
+from meshnet.wire.frames import FRAME_OVERHEAD_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from worker_harness import WorkerCluster, fake_specs, greedy_request, new_driver, route_session, wait_idle
 
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.events import TokenGenerated
+from meshnet.route.shard_stream import ChannelPool
 
 pytestmark = pytest.mark.timeout(90)
 

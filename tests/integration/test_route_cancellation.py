@@ -28,9 +28,9 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import DeadlineExceeded
 from meshnet.core.events import TokenGenerated
+from meshnet.route.shard_stream import ChannelPool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,8 +82,8 @@ async def test_closing_the_event_stream_frees_every_shard(pool: ChannelPool, rou
 
 CLIENT = """
 import asyncio, json, sys
-from meshnet.client.route_driver import RouteDriver, RouteSession
-from meshnet.client.shard_stream import ChannelPool
+from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.shard_stream import ChannelPool
 from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId

@@ -12,15 +12,15 @@ import asyncio
 import time
 from pathlib import Path
 
-from meshnet.client.swarm_join import renew_once
-from meshnet.client.tracker_client import TrackerClient
-from meshnet.protocol.tls import LinkSecurity
+from meshnet.membership.join import renew_once
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import certificate_expiry, mint_node
 from meshnet.security.invites import SwarmBook
 from meshnet.security.swarm_dir import book_path, init_swarm, load_identity
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.server import start_tracker
 from meshnet.tracker.swarm_service import TrackerSecurity
+from meshnet.wire.tls import LinkSecurity
 
 SHORT_S = 4.0
 

@@ -20,24 +20,24 @@ import httpx
 import pytest
 from swarm_harness import MODEL_NAME, Swarm, chat_body, write_tiny_model
 
-from meshnet.client.route_driver import RouteDriver, RouteSession
-from meshnet.client.shard_admin import fetch_metrics
-from meshnet.client.shard_stream import ChannelPool
-from meshnet.client.swarm_join import join_swarm
-from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import PermissionDenied, Unauthenticated, Unavailable
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, new_request_id, new_session_id
 from meshnet.core.tracking import NodeLoad
+from meshnet.membership.join import join_swarm
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
-from meshnet.protocol import services
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
-from meshnet.protocol.tls import LinkSecurity
+from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.certificates import create_authority, mint_node
 from meshnet.security.identity import Role
 from meshnet.security.invites import InviteRefused, JoinToken, parse_token
 from meshnet.security.swarm_dir import load_authority, load_identity, local_identity
+from meshnet.wire import services
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.wire.tls import LinkSecurity
 
 PROMPT_IDS = (1, 2, 3, 4, 5, 6, 7, 8)
 

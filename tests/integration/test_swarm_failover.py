@@ -32,13 +32,13 @@ from swarm_harness import (
     write_tiny_model,
 )
 
-from meshnet.client.route_driver import RouteDriver
-from meshnet.client.shard_stream import ChannelPool
-from meshnet.client.swarm import SwarmClient, SwarmConfig
-from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.events import Finished, RouteAccepted, RouteHealth, TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import new_request_id
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.route.driver import RouteDriver
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.route.swarm import SwarmClient, SwarmConfig
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.errors import DeadlineExceeded, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import HardwareSummary, HeartbeatStatus, NodeLoad, NodeRegistration, NodeWork, WorkRecord
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.process.launcher import meshnet_command
 from meshnet.tracker.store import SqliteTrackerStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,9 +73,7 @@ def record(request_id: str) -> WorkRecord:
 
 async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio.subprocess.Process, int]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "meshnet.tracker",
+        *meshnet_command(db.parent, "tracker"),
         "--port",
         str(port),
         "--db",
@@ -84,8 +82,6 @@ async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio
         "0.5",
         "--shutdown-grace",
         "1",
-        "--log-level",
-        "WARNING",
         "--insecure",  # about durability, not security: plaintext on loopback
         stdout=asyncio.subprocess.PIPE,
         stderr=log.open("ab"),

@@ -13,7 +13,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshnet.client.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, PermissionDenied, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -27,14 +26,15 @@ from meshnet.core.tracking import (
     Registered,
     WorkRecord,
 )
+from meshnet.membership.tracker_client import TrackerClient, heartbeat_loop
 from meshnet.process.launcher import meshnet_command
-from meshnet.protocol.generated import tracker_pb2 as pb
-from meshnet.protocol.generated import tracker_pb2_grpc as pb_grpc
-from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.certificates import mint_node
 from meshnet.security.swarm_dir import load_authority
 from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
+from meshnet.wire.generated import tracker_pb2 as pb
+from meshnet.wire.generated import tracker_pb2_grpc as pb_grpc
+from meshnet.wire.tls import LinkSecurity
 
 pytestmark = pytest.mark.timeout(60)
 

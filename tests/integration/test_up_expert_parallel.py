@@ -37,14 +37,14 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.up_moe import demo_prompt
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.logprobs import log_softmax
 from meshnet.engine.tokenizer import Tokenizer
-from meshnet.expert_swarm import demo_prompt
+from meshnet.node.assembly import model_identity
+from meshnet.node.config import WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command
-from meshnet.worker.assembly import model_identity
-from meshnet.worker.config import WorkerConfig
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -26,10 +26,10 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.shard_stream import ChannelPool, ShardStream
 from meshnet.core.errors import ResourceExhausted
 from meshnet.core.events import TokenGenerated
 from meshnet.core.layers import LayerRange
+from meshnet.route.shard_stream import ChannelPool, ShardStream
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,7 +25,7 @@ from swarm_harness import (
 )
 
 from meshnet.core.layers import LayerRange
-from meshnet.worker.auto_layers import layer_costs
+from meshnet.node.auto_layers import layer_costs
 
 SESSIONS = 8
 

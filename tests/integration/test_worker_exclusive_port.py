@@ -12,10 +12,10 @@ from pathlib import Path
 
 from worker_harness import WorkerCluster, WorkerSpec
 
-from meshnet.client.shard_admin import fetch_capability
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 
 def test_a_second_worker_on_a_busy_port_exits_with_a_clear_error(tmp_path: Path) -> None:

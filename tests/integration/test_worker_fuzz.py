@@ -34,14 +34,14 @@ from worker_harness import (
     raw_session,
 )
 
-from meshnet.client.shard_admin import fetch_capability, fetch_metrics
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, StepFrame
-from meshnet.protocol.generated import shard_pb2 as pb
-from meshnet.protocol.shard_wire import frame_to_proto
+from meshnet.route.shard_admin import fetch_capability, fetch_metrics
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, StepFrame
+from meshnet.wire.generated import shard_pb2 as pb
+from meshnet.wire.shard_wire import frame_to_proto
 
 pytestmark = pytest.mark.timeout(120)
 

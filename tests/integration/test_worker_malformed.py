@@ -31,13 +31,13 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, StepFrame
-from meshnet.protocol.generated import shard_pb2 as pb
-from meshnet.protocol.shard_wire import frame_to_proto
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, StepFrame
+from meshnet.wire.generated import shard_pb2 as pb
+from meshnet.wire.shard_wire import frame_to_proto
 
 pytestmark = pytest.mark.timeout(60)
 

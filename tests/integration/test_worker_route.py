@@ -28,11 +28,12 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.route_driver import RouteDriver
-from meshnet.client.shard_stream import ChannelPool, ShardStream, channel_options
 from meshnet.core.errors import CacheMiss, FailedPrecondition, RouteStale
 from meshnet.core.layers import LayerRange
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, StepFrame, StepResult
+from meshnet.route.driver import RouteDriver
+from meshnet.route.shard_stream import ChannelPool, ShardStream
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, StepFrame, StepResult
+from meshnet.wire.tls import link_options
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -212,7 +213,7 @@ def test_workers_accept_the_keepalive_pings_their_peers_send() -> None:
     # clients send answers GOAWAY too_many_pings after ~30 s without data and kills every stream
     # on the connection (seen live: an idle session stream died at 30 s; a 45 s idle check is too
     # slow for this suite, so the invariant is checked on the options themselves).
-    options = dict(channel_options(DEFAULT_MAX_FRAME_BYTES))
+    options = dict(link_options(DEFAULT_MAX_FRAME_BYTES))
     assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] <= options["grpc.keepalive_time_ms"]
     assert options["grpc.http2.max_ping_strikes"] == 0
 

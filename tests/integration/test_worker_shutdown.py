@@ -31,14 +31,14 @@ from worker_harness import (
     wait_idle,
 )
 
-from meshnet.client.shard_admin import fetch_capability
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import Unavailable
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.protocol.frames import FrameMeta, HopSpec, StepFrame
-from meshnet.protocol.shard_wire import frame_to_proto
+from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import FrameMeta, HopSpec, StepFrame
+from meshnet.wire.shard_wire import frame_to_proto
 
 pytestmark = pytest.mark.timeout(60)
 

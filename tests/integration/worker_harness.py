@@ -27,18 +27,18 @@ import grpc.aio
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshnet.client.route_driver import RouteDriver, RouteSession
-from meshnet.client.shard_admin import fetch_metrics
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.local_route import LocalRoute
+from meshnet.node.config import FakeModel
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
-from meshnet.worker.config import FakeModel
+from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
 
 READY_PREFIX = "meshnet worker ready "
 START_TIMEOUT_S = 20.0
@@ -67,7 +67,7 @@ class WorkerSpec:
         args = [
             sys.executable,
             "-m",
-            "meshnet.cli",
+            "meshnet.cli.main",
             "--data-dir",
             str(data_dir),
             "worker",

@@ -26,17 +26,17 @@ from meshnet.artifact.manifest import Manifest, needed_artifacts
 from meshnet.artifact.provision import model_path
 from meshnet.artifact.publish import PublishOptions, publish
 from meshnet.artifact.slicing import verify_slice, write_slice
-from meshnet.client.artifact_client import artifact_channel, fetch_bytes, find_holders
-from meshnet.client.artifact_fetch import FetchConfig, fetch_range
-from meshnet.client.route_driver import RouteSession
-from meshnet.client.shard_stream import ChannelPool
-from meshnet.client.tracker_client import TrackerClient
 from meshnet.core.events import TokenGenerated
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
+from meshnet.fetch.fetcher import FetchConfig, fetch_range
+from meshnet.fetch.holders import artifact_channel, fetch_bytes, find_holders
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.route.driver import RouteSession
+from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.signing import load_or_create_key
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")

@@ -20,8 +20,8 @@ from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, g
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
+from meshnet.route.shard_stream import ChannelPool
 
 pytestmark = [*MARKS, pytest.mark.timeout(600)]
 

@@ -37,8 +37,8 @@ from worker_harness import (
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import LayerRange
+from meshnet.route.shard_stream import ChannelPool
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")

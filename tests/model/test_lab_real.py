@@ -28,16 +28,16 @@ from swarm_harness import Reference, active_sessions, query_db, wait_sessions_fr
 
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
-from meshnet.lab import cgroups, system
-from meshnet.lab.lab import Lab, LabConfig
-from meshnet.lab.swarm import LabSwarm, admin_security, ca_dir, client_auth, restart_tracker, start_swarm
-from meshnet.lab.sweep import measure_point
+from meshnet.deploy.lab import cgroups, system
+from meshnet.deploy.lab.lab import Lab, LabConfig
+from meshnet.deploy.lab.swarm import LabSwarm, admin_security, ca_dir, client_auth, restart_tracker, start_swarm
+from meshnet.deploy.lab.sweep import measure_point
+from meshnet.node.auto_layers import layer_costs
 from meshnet.process.launcher import StartupFailed, meshnet_command
-from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.swarm_dir import local_identity
 from meshnet.tracker.config import DEFAULT_DB_NAME
 from meshnet.tracker.placement import plan_ranges
-from meshnet.worker.auto_layers import layer_costs
+from meshnet.wire.tls import LinkSecurity
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")

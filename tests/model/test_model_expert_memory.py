@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Quant
 
-from meshnet.artifact.moe import read_moe_shape
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.client.expert_group_client import ExpertGroupClient
+from meshnet.deploy.expert_launch import expert_group_specs, model_mapping_rss
 from meshnet.engine.backend import StepInput
-from meshnet.process.expert_launch import expert_group_specs, model_mapping_rss
+from meshnet.moe.group_client import ExpertGroupClient
+from meshnet.moe.shape import read_moe_shape
 from meshnet.process.launcher import launch_all, stop_all
 
 pytestmark = pytest.mark.skipif(

@@ -195,7 +195,7 @@ def _pipeline(lane: dict[str, Any], phase: dict[str, Any], busy: list[float]) ->
     bound = max(busy) + (sum(busy) - max(busy)) / chunks
     rates = ", ".join(f"{rate:.0f}" for rate in lane.get("shard_prefill_tok_s", []))
     verdict = (
-        "chunks wait between shards: the hand-offs and the in-flight bound (MAX_CHUNKS_IN_FLIGHT, worker/ring.py) "
+        "chunks wait between shards: the hand-offs and the in-flight bound (MAX_CHUNKS_IN_FLIGHT, node/ring.py) "
         "cost the rest"
         if ttft > 1.1 * bound
         else "the pipeline runs near its bound: the shards' own prefill speed is the limit"

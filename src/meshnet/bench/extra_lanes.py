@@ -18,6 +18,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import tinyllama_shaped_spec, write_synthetic_model
 from meshnet.bench.config import BenchConfig
+from meshnet.bench.lanes import measure_lanes
 from meshnet.bench.llama_rpc import measure_llama_rpc
 from meshnet.bench.results import ExtraLane, LaneResult
 from meshnet.bench.runner import LaneSet, Progress
@@ -49,9 +50,6 @@ def synthetic_model(data_dir: Path) -> Path:
 
 
 async def measure_synthetic(config: BenchConfig, progress: Progress) -> ExtraLane:
-    # Imported here: suite imports this module, and the lanes machinery lives in suite.
-    from meshnet.bench.suite import measure_lanes
-
     progress("synthetic-1b: preparing the model (written once into the data dir)")
     path = await asyncio.to_thread(synthetic_model, config.data_dir)
     description = describe_model(path)

@@ -24,13 +24,13 @@ import numpy as np
 
 from meshnet.bench.results import HopCompute, HopTiming, LinkBytes, WireBytes
 from meshnet.bench.stats import percentile
-from meshnet.client.route_driver import RouteSession, route_frame_meta
-from meshnet.client.shard_stream import ChannelPool, ShardStream
 from meshnet.core.errors import IntegrityError
 from meshnet.core.generation import SamplingParams
-from meshnet.protocol.frames import HopSpec, StepFrame, StepResult
-from meshnet.protocol.prefill import split_prefill
-from meshnet.protocol.shard_wire import frame_to_proto, result_to_proto
+from meshnet.route.driver import RouteSession, route_frame_meta
+from meshnet.route.shard_stream import ChannelPool, ShardStream
+from meshnet.wire.frames import HopSpec, StepFrame, StepResult
+from meshnet.wire.prefill import split_prefill
+from meshnet.wire.shard_wire import frame_to_proto, result_to_proto
 
 TRANSPORT_FRAMING_BYTES = 5 + 9
 PROBE_TIMEOUT_S = 300.0

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 
 from meshnet.bench.stats import RequestTrace, RunRecord
 from meshnet.bench.workers import WorkerSet
-from meshnet.client.route_driver import RouteDriver, RouteSession
-from meshnet.client.shard_admin import fetch_metrics
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import new_request_id, new_session_id
+from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_stream import ChannelPool
 
 IDLE_WAIT_S = 3.0
 

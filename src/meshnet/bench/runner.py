@@ -29,12 +29,12 @@ from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import CpuSample, Drift, LaneResult, Measures
 from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
-from meshnet.client.route_driver import RouteDriver
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
 from meshnet.engine.shards import open_local_route
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.route.driver import RouteDriver
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]

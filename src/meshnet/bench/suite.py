@@ -13,51 +13,40 @@ import time
 from contextlib import AsyncExitStack, closing
 from dataclasses import replace
 
-import numpy as np
-
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, decode_work, describe_model
-from meshnet.bench.config import REFERENCE_LANE, BenchConfig, LaneName, parse_lane
+from meshnet.bench.config import BenchConfig, LaneName, parse_lane
 from meshnet.bench.context import CachedRunner, clamp_contexts, measure_context_scaling
 from meshnet.bench.environment import environment
 from meshnet.bench.extra_lanes import measure_extra_lanes
-from meshnet.bench.hops import probe_hops
 from meshnet.bench.inprocess import CachedLane, RecomputeLane
+from meshnet.bench.lanes import measure_lanes
 from meshnet.bench.prefill import ROOM_BEYOND_PROMPT, measure_prefill
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import (
     BenchResults,
     ContextScaling,
-    CpuSample,
-    LaneResult,
     ModelInfo,
     Noise,
     RunInfo,
     Workload,
 )
 from meshnet.bench.runner import (
-    WARMUP_TOKENS,
     LaneSet,
-    LaneState,
     Progress,
-    lane_result,
     median_foreign,
-    reference_lane,
-    run_rounds,
 )
 from meshnet.bench.stats import RunRecord
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.bench.workload import build_prompts, context_prompts, prefill_prompt
-from meshnet.client.route_driver import RouteDriver
-from meshnet.client.shard_stream import ChannelPool
-from meshnet.core.errors import MeshnetError
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
 from meshnet.engine.tokenizer import Tokenizer
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.route.driver import RouteDriver
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
-PROBE_TOKENS = 32
 CONTEXT_SHARE_OF_BUDGET = 0.95
 
 
@@ -103,25 +92,6 @@ async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     )
 
 
-async def measure_lanes(
-    lanes: LaneSet, prompts: tuple[tuple[int, ...], ...], started: float
-) -> tuple[dict[str, LaneResult], int, list[CpuSample]]:
-    """Every lane: warm-up, reference tokens, interleaved rounds, hop probes, worker memory."""
-    try:
-        lanes.open()
-        await warm_up(lanes, prompts)
-        reference = reference_lane(lanes)
-        tokens = await reference_pass(lanes, reference, prompts)
-        rounds, noise = await run_rounds(lanes, prompts, started)
-        await probe_routes(lanes, prompts[0])
-        for lane in lanes.lanes:
-            if lane.workers is not None:
-                lane.rss = lane.workers.rss()
-        return {lane.label: lane_result(lane, reference, tokens) for lane in lanes.lanes}, rounds, noise
-    finally:
-        await lanes.close()
-
-
 def workload_of(config: BenchConfig, prompts: int) -> Workload:
     return Workload(
         lanes=config.lanes,
@@ -153,57 +123,6 @@ def model_info(description: ModelDescription, cache: SliceCache, model_context: 
         n_embd=description.n_embd,
         context_length=model_context,
     )
-
-
-async def warm_up(lanes: LaneSet, prompts: tuple[tuple[int, ...], ...]) -> None:
-    """One short run per lane: first calls pay for page faults, thread start-up and connections."""
-    for lane in lanes.measurable():
-        try:
-            await lanes.run(lane, prompts[:1], WARMUP_TOKENS)
-        except MeshnetError as error:
-            lane.fail(f"warm-up failed: {error.code}: {error.message}")
-            lanes.progress(f"{lane.label}: {lane.reason}")
-
-
-async def reference_pass(
-    lanes: LaneSet, reference: LaneState | None, prompts: tuple[tuple[int, ...], ...]
-) -> dict[int, tuple[int, ...]]:
-    """The reference tokens of every prompt (solo, greedy) and slot-0 logits of each in-process lane."""
-    tokens: dict[int, tuple[int, ...]] = {}
-    if reference is None or reference.engine is None:
-        return tokens
-    for index, prompt in enumerate(prompts):
-        record = await lanes.run(
-            reference, (prompt,), lanes.config.output_tokens, indices=[index], keep_logits=index == 0
-        )
-        trace = record.requests[0]
-        if trace.error is None:
-            tokens[index] = trace.tokens
-    for lane in lanes.measurable():
-        if isinstance(lane.engine, CachedLane) and lane is not reference:
-            await lanes.run(lane, prompts[:1], lanes.config.output_tokens, keep_logits=True)
-    lanes.progress(f"reference tokens from {REFERENCE_LANE} for {len(tokens)} prompt(s)")
-    return tokens
-
-
-async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
-    for lane in lanes.measurable():
-        engine = lane.engine
-        if not isinstance(engine, MeshnetLane):
-            continue
-        capability = await engine.driver.capability(engine.workers.hops[0].address)
-        try:
-            lane.probe = await probe_hops(
-                lanes.pool,
-                engine.session(),
-                np.asarray(prompt, np.int32),
-                PROBE_TOKENS,
-                max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
-                n_embd=capability.n_embd,
-            )
-        except MeshnetError as error:
-            lanes.progress(f"{lane.label}: hop probe failed: {error.code}: {error.message}")
-        await engine.wait_idle()
 
 
 async def context_phase(

@@ -23,10 +23,10 @@ from meshnet.bench.hops import probe_hops
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.tls_config import TlsCostConfig
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
-from meshnet.client.route_driver import RouteDriver
-from meshnet.client.shard_stream import ChannelPool
 from meshnet.core.layers import split_evenly
-from meshnet.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from meshnet.route.driver import RouteDriver
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 PROMPT = tuple(range(10, 42))
 """32 token ids: a short, fixed prompt; the cost measured is the per-token path."""

@@ -1,6 +1,6 @@
 """Worker processes for the meshnet lanes: start N ``meshnet worker``s on loopback, always stop them.
 
-Each worker is started exactly as an operator would (``python -m meshnet.cli worker``) by the
+Each worker is started exactly as an operator would (``python -m meshnet worker``) by the
 one process launcher: it prints ``meshnet worker ready HOST:PORT node=... recipe=...``, is
 stopped with SIGTERM then SIGKILL after a grace period, and holds a lifeline, so a failed or
 killed bench never leaves a process behind.
@@ -21,8 +21,8 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
-from meshnet.protocol.tls import LinkSecurity
 from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.wire.tls import LinkSecurity
 
 READY_PREFIX = "meshnet worker ready "
 STOP_GRACE_S = 5.0

@@ -1,7 +1,7 @@
 """The options of a node's swarm identity and of ``meshnet swarm``: plain values, cheap to import.
 
 The command line builds its parser from these (``core.config_flags``) for every command, so they
-live apart from the code that acts on them (``client.swarm_join``, ``swarm_cli``).
+live apart from the code that acts on them (``membership.join``, ``cli.commands.swarm``).
 """
 
 from __future__ import annotations

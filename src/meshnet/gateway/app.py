@@ -37,7 +37,7 @@ from meshnet.gateway.prepare import prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
-from meshnet.gateway.status_page import SwarmStatus, status_router
+from meshnet.gateway.status.page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 

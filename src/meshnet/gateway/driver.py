@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import anyio
 
-from meshnet.client.swarm import billing_units
 from meshnet.core.errors import Cancelled, DeadlineExceeded, MeshnetError
 from meshnet.core.events import (
     DecodeStarted,
@@ -38,6 +37,7 @@ from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import PreparedRequest
 from meshnet.gateway.stops import StopMatcher
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub, TelemetryKind
+from meshnet.route.swarm import billing_units
 
 logger = logging.getLogger(__name__)
 

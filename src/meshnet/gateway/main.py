@@ -17,20 +17,20 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from meshnet.artifact.describe import describe_model
-from meshnet.client.audit import AuditConfig, Auditor
-from meshnet.client.outbox import WorkOutbox
-from meshnet.client.route_driver import RouteDriver
-from meshnet.client.shard_stream import ChannelPool
-from meshnet.client.swarm import SwarmClient, SwarmConfig
-from meshnet.client.swarm_join import renew_forever
-from meshnet.client.tracker_client import TrackerClient
 from meshnet.engine.tokenizer import Tokenizer
 from meshnet.gateway.app import create_app, new_admission
 from meshnet.gateway.config import GatewayProcessConfig
 from meshnet.gateway.keys import ApiKeyStore, store_path
 from meshnet.gateway.server import GatewayServer
 from meshnet.gateway.swarm_adapter import SwarmGenerator
-from meshnet.protocol.tls import LinkSecurity
+from meshnet.membership.join import renew_forever
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.route.audit import AuditConfig, Auditor
+from meshnet.route.driver import RouteDriver
+from meshnet.route.outbox import WorkOutbox
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.route.swarm import SwarmClient, SwarmConfig
+from meshnet.wire.tls import LinkSecurity
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from meshnet.artifact.describe import ModelDescription
-from meshnet.client.swarm import SwarmClient
 from meshnet.core.events import GenerationEvent
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
 from meshnet.gateway.ports import ModelCard, TextCodec
+from meshnet.route.swarm import SwarmClient
 
 SLOTS_TIMEOUT_S = 2.0
 

@@ -1,6 +1,6 @@
 """Start a child, wait for its ready line, stop it with grace: the one process launcher.
 
-A child is a command (usually ``python -m meshnet.cli ...``) that prints one ready line on
+A child is a command (usually ``python -m meshnet ...``) that prints one ready line on
 stdout once it serves (``meshnet worker ready 127.0.0.1:40123 node=...``). Its stderr goes to
 a log file, quoted when start-up fails. It runs in its own process group (a Ctrl-C in the
 terminal reaches only the supervisor, which stops children in order) and holds a lifeline, so
@@ -87,7 +87,7 @@ class ReadyLine:
 
 def meshnet_command(data_dir: Path, *args: str) -> tuple[str, ...]:
     """The command line of a ``meshnet`` subcommand run by this interpreter on ``data_dir``."""
-    return (sys.executable, "-m", "meshnet.cli", "--data-dir", str(data_dir), *args)
+    return (sys.executable, "-m", "meshnet", "--data-dir", str(data_dir), *args)
 
 
 def child_environment(extra: Mapping[str, str]) -> dict[str, str]:

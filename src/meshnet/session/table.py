@@ -21,7 +21,6 @@ from typing import Generic, TypeVar
 
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
 from meshnet.core.ids import SessionId
-from meshnet.protocol.frames import StepResult
 from meshnet.session.admission import (
     AdmissionPolicy,
     Admit,
@@ -29,6 +28,7 @@ from meshnet.session.admission import (
     decide_admission,
     expired_sessions,
 )
+from meshnet.wire.frames import StepResult
 
 MAX_TOMBSTONES = 4096
 S = TypeVar("S")

@@ -12,11 +12,11 @@ import grpc.aio
 
 from meshnet.artifact.directory import Clock, HolderDirectory
 from meshnet.core.errors import MeshnetError
-from meshnet.protocol import artifact_wire as wire
-from meshnet.protocol import services
-from meshnet.protocol.status import abort_with
-from meshnet.protocol.tls import LinkSecurity
 from meshnet.tracker.service import admit_call
+from meshnet.wire import artifact_wire as wire
+from meshnet.wire import services
+from meshnet.wire.status import abort_with
+from meshnet.wire.tls import LinkSecurity
 
 
 class ArtifactDirectoryServicer(services.ArtifactDirectoryServicer):

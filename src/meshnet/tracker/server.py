@@ -3,33 +3,26 @@
 ``start_tracker`` wires store → registry → servicer → grpc.aio server and returns a handle;
 ``serve_tracker`` runs one until SIGTERM/SIGINT (or a stop event) and then drains: health
 turns NOT_SERVING first, in-flight calls get ``shutdown_grace_s``, the store closes last.
-``add_tracker_arguments`` / ``run_tracker`` are what ``meshnet tracker`` wires in; ``python -m
-meshnet.tracker`` runs ``tracker_main`` directly.
+``run_tracker`` is what ``meshnet tracker`` runs once the command line built its config.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import signal
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshnet.core.addresses import require_loopback
-from meshnet.core.config_flags import add_config_arguments, given_arguments
-from meshnet.core.errors import MeshnetError
 from meshnet.process.ports import PortInUse
-from meshnet.protocol import services
-from meshnet.protocol.tls import bind
 from meshnet.tracker.artifact_directory import add_artifact_directory
-from meshnet.tracker.config import DEFAULT_DB_NAME, TrackerConfig
+from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.status_service import SwarmStatusServicer
@@ -40,6 +33,8 @@ from meshnet.tracker.swarm_service import (
     load_tracker_security,
     write_join_address,
 )
+from meshnet.wire import services
+from meshnet.wire.tls import bind
 
 logger = logging.getLogger(__name__)
 
@@ -224,45 +219,17 @@ async def serve_tracker(
         await running.stop()
 
 
-def add_tracker_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``TrackerConfig`` field; ``--db`` defaults to ``DATA_DIR/tracker.sqlite3``."""
-    add_config_arguments(parser, TrackerConfig)
+def run_tracker(config: TrackerConfig, data_dir: Path) -> int:
+    """Run a tracker until SIGTERM/SIGINT; returns the exit status (``meshnet tracker``)."""
+    security = None if config.insecure else load_tracker_security(data_dir, time.time())
 
+    def announce(running: RunningTracker) -> None:
+        if running.join_address is not None:
+            write_join_address(data_dir, running.join_address)
+        _announce(running)
 
-def config_from_args(args: argparse.Namespace) -> TrackerConfig:
-    given = given_arguments(TrackerConfig, args)
-    if "db_path" not in given:
-        given["db_path"] = Path(getattr(args, "data_dir", ".")) / DEFAULT_DB_NAME
-    return TrackerConfig(**given)
-
-
-def run_tracker(args: argparse.Namespace) -> int:
-    """Run a tracker from parsed ``add_tracker_arguments`` flags; returns the exit status."""
-    try:
-        config = config_from_args(args)
-        data_dir = Path(getattr(args, "data_dir", "."))
-        security = None if config.insecure else load_tracker_security(data_dir, time.time())
-
-        def announce(running: RunningTracker) -> None:
-            if running.join_address is not None:
-                write_join_address(data_dir, running.join_address)
-            _announce(running)
-
-        asyncio.run(serve_tracker(config, on_ready=announce, security=security))
-    except MeshnetError as error:
-        print(f"meshnet tracker: error [{error.code}]: {error.message}", file=sys.stderr)
-        return 2
+    asyncio.run(serve_tracker(config, on_ready=announce, security=security))
     return 0
-
-
-def tracker_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="meshnet tracker", description="Run the meshnet tracker.")
-    parser.add_argument("--data-dir", type=Path, default=Path("."), help="folder of the database (default: .)")
-    add_tracker_arguments(parser)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_tracker(args)
 
 
 def _announce(running: RunningTracker) -> None:

@@ -1,7 +1,7 @@
 """The gRPC servicer: decode, call the registry or the store, persist the epoch, encode.
 
 It holds no logic of its own (route choice is ``routing``, liveness is ``registry``,
-durability is ``store``). Typed errors leave through ``meshnet.protocol.status``, which adds
+durability is ``store``). Typed errors leave through ``meshnet.wire.status``, which adds
 the error's ``code`` as trailing metadata: that is how a client tells "no route" (UNAVAILABLE
 from us, code ``no_route``) from "tracker unreachable" (UNAVAILABLE from the transport).
 """
@@ -20,15 +20,15 @@ import grpc
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
-from meshnet.protocol import placement_wire, services, work_wire
-from meshnet.protocol import tracker_wire as wire
-from meshnet.protocol.status import abort_with
-from meshnet.protocol.tls import LinkSecurity, enforce
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.store import TrackerStore
+from meshnet.wire import placement_wire, services, work_wire
+from meshnet.wire import tracker_wire as wire
+from meshnet.wire.status import abort_with
+from meshnet.wire.tls import LinkSecurity, enforce
 
 logger = logging.getLogger(__name__)
 

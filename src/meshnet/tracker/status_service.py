@@ -6,12 +6,12 @@ import grpc
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.swarm_status import NodeStatus, NodeTable
-from meshnet.protocol import services
-from meshnet.protocol.status import abort_with
-from meshnet.protocol.status_wire import node_table_to_proto
-from meshnet.protocol.tls import LinkSecurity
 from meshnet.tracker.registry import NodeEntry, NodeRegistry
 from meshnet.tracker.service import admit_call
+from meshnet.wire import services
+from meshnet.wire.status import abort_with
+from meshnet.wire.status_wire import node_table_to_proto
+from meshnet.wire.tls import LinkSecurity
 
 
 def node_table(registry: NodeRegistry) -> NodeTable:

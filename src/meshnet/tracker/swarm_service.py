@@ -14,9 +14,6 @@ from pathlib import Path
 import grpc
 
 from meshnet.core.ids import NodeId
-from meshnet.protocol import services
-from meshnet.protocol import swarm_wire as wire
-from meshnet.protocol.tls import LinkSecurity, enforce
 from meshnet.security.certificates import (
     DEFAULT_NODE_LIFETIME_S,
     SwarmAuthority,
@@ -30,6 +27,9 @@ from meshnet.security.policy import authorize_tracker
 from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.service import maps_errors
+from meshnet.wire import services
+from meshnet.wire import swarm_wire as wire
+from meshnet.wire.tls import LinkSecurity, enforce
 
 logger = logging.getLogger(__name__)
 

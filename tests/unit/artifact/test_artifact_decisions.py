@@ -8,8 +8,8 @@ import pytest
 from meshnet.artifact.assemble import PieceRef
 from meshnet.artifact.directory import Advertisement, HeldManifest, HolderDirectory
 from meshnet.artifact.trust import judge_publisher
-from meshnet.client.piece_schedule import PieceSchedule
 from meshnet.core.errors import InvalidArgument
+from meshnet.fetch.schedule import PieceSchedule
 
 A, B, M = "a" * 64, "b" * 64, "c" * 64
 

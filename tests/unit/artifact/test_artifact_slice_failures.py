@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
-from meshnet import cli
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.artifact.slicing import verify_slice, write_embedding_table, write_slice
 from meshnet.artifact.synthetic import SyntheticSpec
+from meshnet.cli import main as cli
 from meshnet.core.errors import ArtifactError, InvalidArgument, UnsupportedArchitecture
 from meshnet.core.layers import LayerRange
 

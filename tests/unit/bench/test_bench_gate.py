@@ -12,7 +12,7 @@ from bench_samples import Figures, sample_results, with_issue15_pinned_figures, 
 
 import meshnet.bench
 from meshnet.bench.gate import Check, evaluate, evaluate_expression, load_contract, render, resolve
-from meshnet.cli import main
+from meshnet.cli.main import main
 from meshnet.core.errors import InvalidArgument
 
 # These tests judge with v1, whose thresholds the sample figures were chosen for; v4 is the

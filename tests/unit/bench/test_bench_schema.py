@@ -12,7 +12,7 @@ from bench_samples import sample_results, with_issue15_pinned_figures, without
 
 from meshnet.bench.results import SCHEMA_VERSION, ContextPoint, SkippedContext, from_json, to_json
 from meshnet.bench.results_file import read_document, read_results, schema_problems, write_results
-from meshnet.cli import main
+from meshnet.cli.main import main
 from meshnet.core.errors import InvalidArgument
 
 COMMITTED = Path(__file__).parents[3] / "bench" / "results" / "smollm2.json"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from meshnet.bench.results_file import schema_problems
-from meshnet.cli import main
+from meshnet.cli.main import main
 
 LANES = "llama-whole,split-2,recompute,meshnet-2"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from meshnet import cli
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.cli import main as cli
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange
 from meshnet.engine import certification

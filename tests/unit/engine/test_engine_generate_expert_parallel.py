@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as Quant
 
-from meshnet import cli
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.cli import main as cli
 
 MOE = SyntheticSpec(architecture="qwen3moe", n_layers=2, n_expert=16, n_expert_used=4, weight_type=Quant.Q4_0, seed=4)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from meshnet import cli
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.cli import main as cli
 from meshnet.engine.tokenizer import Tokenizer
 
 

@@ -17,8 +17,8 @@ from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable, judge_health
 from meshnet.gateway.app import create_app
 from meshnet.gateway.sse import with_keepalive
-from meshnet.gateway.status_table import exit_status, render_status, tracker_health
-from meshnet.gateway.status_view import NodeMemory, StatusInputs, status_document
+from meshnet.gateway.status.table import exit_status, render_status, tracker_health
+from meshnet.gateway.status.view import NodeMemory, StatusInputs, status_document
 from meshnet.gateway.telemetry_hub import TelemetryHub
 
 

@@ -6,7 +6,7 @@ from status_samples import node, table
 
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_status import coverage, judge_health, node_health, runs_where
-from meshnet.protocol.status_wire import node_table_from_proto, node_table_to_proto
+from meshnet.wire.status_wire import node_table_from_proto, node_table_to_proto
 
 
 def test_runs_are_maximal_and_half_open() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.cli import main
+from meshnet.cli.main import main
 from meshnet.core.addresses import require_loopback
 from meshnet.core.errors import FailedPrecondition
 from meshnet.tracker.config import TrackerConfig

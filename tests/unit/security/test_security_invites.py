@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshnet.core.errors import InvalidArgument, MeshnetError
-from meshnet.protocol import services
-from meshnet.protocol.swarm_wire import join_from_proto
 from meshnet.security.certificates import create_authority, sign_csr
 from meshnet.security.invites import InviteRefused, JoinToken, SwarmBook, parse_token
+from meshnet.wire import services
+from meshnet.wire.swarm_wire import join_from_proto
 
 NOW = time.time()
 

@@ -6,9 +6,9 @@ import pytest
 
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
 from meshnet.core.ids import SessionId
-from meshnet.protocol.frames import StepResult
 from meshnet.session.admission import AdmissionPolicy
 from meshnet.session.table import Session, SessionTable
+from meshnet.wire.frames import StepResult
 
 
 def admission_policy(

@@ -30,9 +30,9 @@ from meshnet.core.tracking import (
     WorkAck,
     WorkStatus,
 )
-from meshnet.protocol import tracker_wire as wire
-from meshnet.protocol import work_wire
-from meshnet.protocol.generated import tracker_pb2 as pb
+from meshnet.wire import tracker_wire as wire
+from meshnet.wire import work_wire
+from meshnet.wire.generated import tracker_pb2 as pb
 
 M = TypeVar("M", bound=Message)
 

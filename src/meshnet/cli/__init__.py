@@ -1,0 +1,1 @@
+"""The `meshnet` command: one subcommand per component, flags generated from its typed config."""

@@ -1,0 +1,81 @@
+"""``meshnet bench | bench-tls | gate``: measuring the swarm and judging the measurements."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from meshnet.cli.arguments import BenchOutputs, GateArguments
+from meshnet.cli.common import Command, provisioned_model
+from meshnet.core.config_flags import config_from_arguments, given_arguments
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    from meshnet.bench.command import bench_command
+    from meshnet.bench.config import BenchConfig, quick_config
+
+    given = given_arguments(BenchConfig, args)
+    config = BenchConfig(
+        model=given.pop("model", None) or provisioned_model(args.data_dir),
+        data_dir=args.data_dir,
+        command=shlex.join(["meshnet", *sys.argv[1:]]),
+    )
+    if given.get("quick"):
+        config = quick_config(config)
+    if given.get("gemma3"):
+        from meshnet.bench.gemma3 import gemma3_config
+
+        config = gemma3_config(config, args.data_dir)
+    outputs = config_from_arguments(BenchOutputs, args)
+    return bench_command(
+        replace(config, **given),
+        out=outputs.out,
+        report_dir=outputs.report,
+        say=print,
+        note=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+
+
+def cmd_bench_tls(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from meshnet.bench.tls_config import TlsCostConfig
+    from meshnet.bench.tls_cost import measure_tls_cost
+
+    computed = {"model": lambda: provisioned_model(args.data_dir)}
+    config = config_from_arguments(TlsCostConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
+    result = asyncio.run(measure_tls_cost(config))
+    config.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {config.out}: mTLS/insecure decode ratio {result.get('mtls_decode_ratio')}")
+    return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from meshnet.bench.command import gate_command
+
+    gate = config_from_arguments(GateArguments, args)
+    return gate_command(gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr))
+
+
+def bench_commands() -> dict[str, Command]:
+    from meshnet.bench.config import BenchConfig
+    from meshnet.bench.tls_config import TlsCostConfig
+
+    return {
+        "bench": Command(
+            cmd_bench,
+            "measure whole-model, split, meshnet and recompute lanes; write results",
+            (BenchConfig, BenchOutputs),
+            skip=("data_dir", "command"),
+        ),
+        "bench-tls": Command(
+            cmd_bench_tls, "decode tok/s and per-link latency of meshnet-N, mTLS vs --insecure", (TlsCostConfig,)
+        ),
+        "gate": Command(
+            cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)
+        ),
+    }

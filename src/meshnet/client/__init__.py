@@ -1,1 +1,0 @@
-"""Clients of shards and the tracker: session streams, the route driver, failover."""

@@ -1,0 +1,51 @@
+"""``meshnet up``'s one typed configuration; its flags are generated from these fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+
+
+@dataclass(frozen=True)
+class LocalSwarmConfig:
+    """``meshnet up``'s configuration; its flags are generated from these fields."""
+
+    data_dir: Path
+    """Slice cache, tracker database and the components' logs."""
+    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF every worker cuts its slice from."""
+    shards: int = 3
+    """Workers to start; the model's layers are split evenly between them."""
+    gateway_port: int = field(default=8080, metadata=cli("port"))
+    """Port of the OpenAI-compatible gateway."""
+    prompt: str = "Write a haiku about machines that share their work."
+    """The demo prompt streamed once the swarm is routable."""
+    max_tokens: int = 64
+    """Tokens the demo answer may take."""
+    demo_only: bool = False
+    """Stop after the demo answer instead of serving."""
+    model_name: str | None = None
+    """Name the workers and gateway serve the model under; none uses the GGUF's general.name."""
+    threads: int = 1
+    """llama.cpp threads per worker. Workers share this machine's cores, so one each keeps
+    three pipelined shards from competing for two cores."""
+    max_in_flight: int | None = None
+    """Requests the gateway serves at once; unset: the swarm's session slots."""
+    max_queue: int | None = None
+    """Requests the gateway queues for a slot (beyond: 503 + Retry-After); unset: 8 per slot."""
+    insecure: bool = False
+    """Plaintext gRPC between the components instead of mTLS (loopback development only)."""
+    expert_parallel: int = 0
+    """Serve a MoE model as an expert-parallel group of this many worker processes (each the
+    whole backbone and 1/N of the routed experts) instead of layer shards: the demo streams
+    through the group driver, then a front worker registers the group with the tracker and the
+    gateway serves it. A lost node re-forms the whole group. 0 keeps --shards."""
+    expert_cache_mb: float | None = None
+    """With --expert-parallel: each node's bound on resident routed experts (MB), streamed from
+    the GGUF on a miss; unset keeps them all mapped."""
+    repack: bool = True
+    """Let llama.cpp repack weights at load (Q4_0 here); part of the recipe, passed to every
+    worker, node and front. --no-repack reads them from the mapping, so --expert-cache-mb can
+    bound Q4_0 experts."""

@@ -1,0 +1,103 @@
+"""A userspace delay line for one node's inbound link (this kernel has no ``netem``).
+
+Every byte that reaches the listening address is delivered to the target ``delay`` seconds
+after it arrived, and every reply byte likewise: a connection through the relay sees the link's
+one-way delay in each direction. Bytes keep their order and are never held longer than the
+delay, so the link's bandwidth stays what ``tbf`` makes it. Run it as
+``python -m meshnet.deploy.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from meshnet.process.lifeline import watch_lifeline
+
+CHUNK = 64 * 1024
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+    """Copy reader to writer, each chunk released ``delay`` after it was read."""
+    line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+    async def release() -> None:
+        while True:
+            due, data = await line.get()
+            if not data:
+                break
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            writer.write(data)
+            await writer.drain()
+
+    releaser = asyncio.create_task(release())
+    try:
+        while data := await reader.read(CHUNK):
+            line.put_nowait((time.monotonic() + delay, data))
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        line.put_nowait((0.0, b""))
+        with contextlib.suppress(ConnectionError, OSError):
+            await releaser
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            writer.write_eof()
+
+
+async def _connection(
+    client_reader: asyncio.StreamReader,
+    client_writer: asyncio.StreamWriter,
+    target: tuple[str, int],
+    delay: float,
+) -> None:
+    try:
+        target_reader, target_writer = await asyncio.open_connection(*target)
+    except OSError:
+        client_writer.close()
+        return
+    try:
+        await asyncio.gather(
+            _pump(client_reader, target_writer, delay),
+            _pump(target_reader, client_writer, delay),
+        )
+    finally:
+        for writer in (client_writer, target_writer):
+            writer.close()
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+async def serve(listen: tuple[str, int], target: tuple[str, int], delay_ms: float) -> None:
+    delay = delay_ms / 1000.0
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _connection(reader, writer, target, delay)
+
+    server = await asyncio.start_server(accept, *listen)
+    print(f"meshnet relay ready {listen[0]}:{listen[1]} -> {target[0]}:{target[1]} delay_ms={delay_ms:g}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 3:
+        print("usage: python -m meshnet.deploy.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS", file=sys.stderr)
+        return 2
+    watch_lifeline(os.environ)  # the relay is the lab's link: it ends with the lab
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(_address(args[0]), _address(args[1]), float(args[2])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""Start a real meshnet swarm inside a built lab: tracker and gateway on node 0, a worker per node.
+
+Workers bind their node's own address (never loopback) and advertise the node's relay, so every
+byte between nodes crosses a shaped link with its delay.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshnet.artifact.describe import describe_model
+from meshnet.core.errors import InvalidArgument, Unavailable
+from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.deploy.lab.lab import (
+    GATEWAY_PORT,
+    TRACKER_PORT,
+    WORKER_PORT,
+    Lab,
+    LabConfig,
+)
+from meshnet.deploy.lab.plan import LabNode
+from meshnet.gateway.keys import ensure_client_key
+from meshnet.node.auto_layers import layer_costs
+from meshnet.process.launcher import meshnet_command
+from meshnet.security.identity import Role
+from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.tracker.placement import plan_ranges
+from meshnet.wire.tls import LinkSecurity
+
+
+@dataclass(frozen=True)
+class LabSwarm:
+    gateway_url: str
+    tracker: str
+    ranges: dict[int, LayerRange]
+    """Node index -> the layers its worker serves (spares repeat a serving node's range)."""
+    advertised: dict[int, str]
+    api_key_path: Path
+    """The client API key the gateway accepts (its data dir's ``api-key``, mode 0600)."""
+
+
+def choose_ranges(serving: list[LayerRange], spares: int) -> list[LayerRange]:
+    """Spare j covers serving node (1+j) mod N, so the first spare stands in for the middle of a
+    3-node route."""
+    return serving + [serving[(1 + j) % len(serving)] for j in range(spares)]
+
+
+def fixed_ranges(config: LabConfig, n_nodes: int) -> list[LayerRange] | None:
+    """The configured ranges, else an even split for uncapped nodes; None: workers ask the
+    tracker (``--layers auto``) within ``auto_budget_mb``."""
+    if config.ranges:
+        return list(config.ranges)
+    if config.memory_mb is None:
+        return split_evenly(describe_model(config.model).n_layers, n_nodes)
+    return None
+
+
+def auto_budget_mb(config: LabConfig, n_nodes: int) -> int:
+    """The budget each ``--layers auto`` worker asks with: what the fullest node of the balanced
+    split needs (never above the cap). Asking with the whole cap would let the first workers
+    fill up and leave the last with nothing new to serve; with this budget, each worker in turn
+    takes the next range and the N nodes cover the model as the balanced plan does."""
+    if config.memory_mb is None:
+        raise InvalidArgument("--layers auto in the lab needs a memory cap to budget from")
+    costs = layer_costs(config.model, config.sessions, config.context)
+    ranges = plan_ranges(costs, [config.memory_mb * 2**20] * n_nodes)
+    need = max(costs.range_bytes(layers) for layers in ranges)
+    return min(config.memory_mb, -(-need // 2**20))
+
+
+def start_tracker(lab: Lab) -> str:
+    """Start node 0's tracker (its database in node 0's data dir) and return its address."""
+    if lab.plan is None:
+        raise Unavailable("the lab's network is not built")
+    head = lab.plan.nodes[0]
+    lab.start(
+        head,
+        "tracker",
+        meshnet_command(
+            lab.node_data_dir(head),
+            "tracker",
+            "--host",
+            head.address,
+            "--port",
+            str(TRACKER_PORT),
+            "--heartbeat-interval",
+            "1",
+        ),
+        "meshnet tracker listening on",
+        role="control",
+    )
+    return f"{head.address}:{TRACKER_PORT}"
+
+
+def restart_tracker(lab: Lab) -> str:
+    """Kill node 0's tracker outright (SIGKILL, no shutdown) and start it again on its database."""
+    old = next(c for c in lab.components if c.name == "tracker" and c.alive)
+    old.send_signal(signal.SIGKILL)
+    old.wait_exit(10.0)
+    lab.components.remove(old)
+    return start_tracker(lab)
+
+
+def start_swarm(lab: Lab) -> LabSwarm:
+    plan = lab.plan
+    if plan is None:
+        raise RuntimeError("build the lab before starting a swarm")
+    head = plan.nodes[0]
+    tracker = start_tracker(lab)
+    serving, spares = plan.serving(), plan.spares()
+    fixed = fixed_ranges(lab.config, len(serving))
+    budget = None if fixed is not None else auto_budget_mb(lab.config, len(serving))
+    advertised, chosen = {}, []
+    for position, node in enumerate(serving):
+        layers = fixed[position] if fixed is not None else None
+        advertised[node.index], served = _start_worker(lab, node, layers, tracker, budget)
+        chosen.append(served)
+    ranges = choose_ranges(chosen, len(spares))
+    for node, layers in zip(spares, ranges[len(serving) :], strict=True):
+        # Spares get the range they stand in for, so which node they back is fixed (the middle).
+        advertised[node.index], _ = _start_worker(lab, node, layers, tracker, None)
+    api_key_path = ensure_client_key(lab.node_data_dir(head))
+    lab.start(
+        head,
+        "gateway",
+        meshnet_command(
+            lab.node_data_dir(head),
+            "gateway",
+            "--tracker",
+            tracker,
+            "--model",
+            str(lab.config.model),
+            "--host",
+            head.address,
+            "--port",
+            str(GATEWAY_PORT),
+            *_name(lab),
+            *_identity(lab, "gateway", "gateway"),
+        ),
+        "meshnet gateway ready",
+        role="control",
+    )
+    return LabSwarm(
+        gateway_url=f"http://{head.address}:{GATEWAY_PORT}",
+        tracker=tracker,
+        ranges={node.index: layers for node, layers in zip(plan.nodes, ranges, strict=True)},
+        advertised=advertised,
+        api_key_path=api_key_path,
+    )
+
+
+def _start_worker(
+    lab: Lab, node: LabNode, layers: LayerRange | None, tracker: str, budget_mb: int | None
+) -> tuple[str, LayerRange]:
+    """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
+    until the tracker has registered it, so the next auto worker counts its range."""
+    address = lab.start_relay(node)
+    choice = ["--layers", "auto", "--memory-budget-mb", str(budget_mb)] if layers is None else ["--layers", str(layers)]
+    worker = lab.start(
+        node,
+        f"worker-n{node.index}",
+        meshnet_command(
+            lab.node_data_dir(node),
+            "worker",
+            "--model",
+            str(lab.config.model),
+            *choice,
+            "--host",
+            node.address,
+            "--port",
+            str(WORKER_PORT),
+            "--advertise",
+            address,
+            "--tracker",
+            tracker,
+            "--threads",
+            str(lab.config.threads),
+            "--context",
+            str(lab.config.context),
+            "--max-sessions",
+            str(lab.config.sessions),
+            *_name(lab),
+            *_identity(lab, f"worker-n{node.index}", "worker"),
+        ),
+        "meshnet worker registered",
+    )
+    ready = worker.ready
+    if ready is None:
+        raise Unavailable(f"worker-n{node.index} never registered")
+    return address, LayerRange.parse(ready.values["layers"])
+
+
+def ca_dir(lab: Lab) -> Path:
+    """Node 0's data dir: its tracker made the lab's swarm CA there."""
+    if lab.plan is None:
+        raise RuntimeError("build the lab before starting a swarm")
+    return lab.node_data_dir(lab.plan.nodes[0])
+
+
+def _identity(lab: Lab, name: str, role: Role) -> list[str]:
+    """Every lab link is mTLS (nodes bind non-loopback addresses): mint from the head's swarm CA."""
+    return ["--identity", str(local_identity(ca_dir(lab), name, role, time.time()))]
+
+
+def admin_security(lab: Lab, name: str = "lab-admin") -> LinkSecurity:
+    """An admin identity from the lab's swarm CA, for reading the workers' metrics over mTLS."""
+    return LinkSecurity(load_identity(local_identity(ca_dir(lab), name, "admin", time.time())))
+
+
+def client_auth(swarm: LabSwarm) -> dict[str, str]:
+    """The header the lab's gateway wants on /v1 requests."""
+    return {"Authorization": f"Bearer {swarm.api_key_path.read_text().strip()}"}
+
+
+def _name(lab: Lab) -> list[str]:
+    return ["--model-name", lab.config.model_name] if lab.config.model_name else []

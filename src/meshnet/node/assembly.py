@@ -1,0 +1,269 @@
+"""Build one worker from its config, once: capacity, engine, recipe, listening socket, shard.
+
+Order, and why: plan capacity (refuse at once if not one session fits the memory budget),
+start the engine loop (a real engine is certified there first: an uncertified llama.cpp never
+serves), measure speed, bind the port (exclusively), then build the shard for the role the
+loaded backend has. Nothing is started that serves requests: ``server.serve_worker`` does that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, replace
+from functools import partial
+
+import grpc
+import grpc.aio
+import psutil
+from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import ModelDescription, describe_model
+from meshnet.artifact.directory import Advertisement
+from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.ids import NodeId
+from meshnet.core.recipe import Recipe
+from meshnet.core.tracking import HardwareSummary, NodeRegistration
+from meshnet.engine.backend import Backend
+from meshnet.engine.certification import certify_llama_engine
+from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.fake_backend import FakeBackend
+from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
+from meshnet.engine.shards import open_llama_shard
+from meshnet.moe.front import ExpertGroupBackend, group_capacity, open_group_backend
+from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artifacts
+from meshnet.node.calibrate import ShardSpeed, measure_speed
+from meshnet.node.config import FakeModel, WorkerConfig
+from meshnet.node.servicer import ShardServicer
+from meshnet.node.shard import AnyShard, ShardIdentity, build_shard
+from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
+from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
+from meshnet.session.engine_loop import EngineLoop
+from meshnet.wire import services
+from meshnet.wire.tls import LinkSecurity, bind, link_options
+
+SCRATCH_BASE_BYTES = 64 * 2**20
+"""llama.cpp's compute buffers for one batch, measured well under this for the default chunk;
+the tail adds its logits buffer (see plan_worker_capacity)."""
+
+
+@dataclass(frozen=True)
+class AssembledWorker:
+    """Everything ``serve_worker`` starts, serves with and stops."""
+
+    config: WorkerConfig
+    loop: EngineLoop
+    shard: AnyShard
+    server: grpc.aio.Server
+    health: HealthServicer
+    links: ChannelPool
+    """Channels of the sessions' downstream streams."""
+    registration: NodeRegistration
+    held_artifacts: Advertisement | None = None
+    """What this worker fetched by model id and serves to peers (announced by ``serve_worker``)."""
+    security: LinkSecurity | None = None
+    """The worker's swarm identity; None only on loopback with ``--insecure``."""
+    expert_group: ExpertGroupBackend | None = None
+    """The group this worker fronts (``--expert-group``); None for a worker with its own slice."""
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    recipe: Recipe
+    model_name: str
+    quantization: str
+
+
+async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = None) -> AssembledWorker:
+    """The worker ``config`` describes, its engine running and its port bound, not yet serving."""
+    fetched = None
+    if config.model_id is not None and config.fake is None:
+        fetched = await fetch_worker_range(config, security)
+        # The header-only copy describes the model; the fetched slice is already in the cache.
+        config = replace(config, model=fetched.header)
+    cache = SliceCache(config.data_dir / "cache")
+    # Parsed once: capacity planning, the engine and the recipe all read this one description.
+    description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
+    # A group front's backend waits on its nodes inside ``run``: its steps must not block the loop.
+    inline = config.fake is None and not config.expert_group
+    loop = EngineLoop(
+        partial(open_backend, config, cache, description, capacity.max_sessions, security), inline_decode=inline
+    )
+    # Starting the loop certified the engine or raised: a worker that serves is certified.
+    await asyncio.to_thread(loop.start)
+    group = loop.backend if isinstance(loop.backend, ExpertGroupBackend) else None
+    if group is not None:
+        capacity = group_capacity(group.shape)  # the group's sessions, known once it is reached
+    try:
+        speed = await loop.call(measure_speed)
+        model = model_identity(config, cache, description)
+        server, port = _bind(config, security)
+        address = config.advertise or f"{config.host}:{port}"
+        recipe = model.recipe
+        # Secured, the node id is the certificate's: the id the tracker registers and routes pin.
+        local_id = f"shard-{config.layers.start}-{config.layers.stop}-{port}"
+        identity = ShardIdentity(
+            NodeId(local_id if security is None else security.identity.node_id),
+            address,
+            recipe.fingerprint(),
+            recipe.backend,
+            recipe.backend_version,
+            config.max_frame_bytes,
+        )
+        links = ChannelPool(config.max_frame_bytes, security)
+        policy = config.admission_policy(capacity.max_sessions)
+        grammars = await asyncio.to_thread(tail_grammars, config, description)
+        shard = build_shard(
+            identity,
+            loop,
+            policy,
+            capacity,
+            partial(ShardStream, links),
+            open_ring=partial(RingStream, links),
+            grammars=grammars,
+        )
+    except BaseException:
+        await asyncio.to_thread(loop.stop)
+        raise
+    health = HealthServicer()
+    services.add_shard_servicer(ShardServicer(shard, security), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    registration = _registration(config, identity, model, capacity.max_sessions, speed)
+    held = (
+        None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server, security)
+    )
+    return AssembledWorker(config, loop, shard, server, health, links, registration, held, security, group)
+
+
+def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:
+    """The vocabulary a tail constrains output with (response_format); None off the tail or
+    without a real model with a tokenizer (such a tail refuses grammar sessions)."""
+    if description is None or not description.has_tokenizer or config.layers.stop != description.n_layers:
+        return None
+    return GrammarVocabulary(description.path)
+
+
+def _registration(
+    config: WorkerConfig, identity: ShardIdentity, model: ModelIdentity, max_sessions: int, speed: ShardSpeed
+) -> NodeRegistration:
+    return NodeRegistration(
+        address=identity.address,
+        recipe=model.recipe,
+        fingerprint=identity.fingerprint,
+        model=model.model_name,
+        quantization=model.quantization,
+        layers=config.layers,
+        hardware=HardwareSummary(os.cpu_count() or 1, psutil.virtual_memory().total),
+        max_sessions=max_sessions,
+        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        decode_tokens_per_s=speed.decode_tokens_per_s,
+        certified=True,  # see assemble_worker: an uncertified engine never gets this far
+        expert_group=config.expert_group,
+    )
+
+
+def _bind(config: WorkerConfig, security: LinkSecurity | None) -> tuple[grpc.aio.Server, int]:
+    # gRPC sets SO_REUSEPORT by default: a second worker on a busy port would then bind beside
+    # the first, print ready and get half of its traffic. Exclusive ports make it fail here.
+    server = grpc.aio.server(options=[*link_options(config.max_frame_bytes), ("grpc.so_reuseport", 0)])
+    target = f"{config.host}:{config.port}"
+    try:
+        return server, bind(server, target, security)
+    except RuntimeError as error:
+        # Not Unavailable: that code says a peer was lost, and nothing was lost, the port is taken.
+        raise FailedPrecondition(f"the worker cannot listen on {target} (is the port in use?): {error}") from error
+
+
+def open_backend(
+    config: WorkerConfig,
+    cache: SliceCache,
+    description: ModelDescription | None,
+    max_sessions: int,
+    security: LinkSecurity | None = None,
+) -> Backend:
+    """The engine for ``config``'s layers; runs on the engine loop's own thread."""
+    if config.fake is not None:
+        fake = config.fake
+        return FakeBackend(
+            config.layers,
+            fake.n_layers,
+            n_embd=fake.n_embd,
+            n_vocab=fake.n_vocab,
+            max_slots=max_sessions,
+            n_ctx_per_slot=config.n_ctx_per_session,
+            max_batch_tokens=config.prefill_chunk,
+            step_delay=fake.step_delay,
+        )
+    # Fail closed: CertificationFailed propagates and the worker never listens.
+    if description is None:
+        raise InvalidArgument("a worker needs --model (or a fake model)")
+    if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
+        return open_group_backend(config, description, cache.source_sha256(description.path), security)
+    certify_llama_engine(model=description.path, repack=config.repack)  # the family and weight types it will serve
+    return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
+
+
+def backend_label(config: WorkerConfig) -> str:
+    # Settings that change llama.cpp's arithmetic are part of the recipe identity.
+    label = f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk}"
+    # Named only when off, so the default recipe's fingerprint stays what it was.
+    return label + (")" if config.repack else ",repack=off)")
+
+
+def model_identity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> ModelIdentity:
+    """The recipe this worker serves and the names it registers under."""
+    if description is None:
+        return ModelIdentity(fake_recipe(config.fake or FakeModel()), config.model_name or "fake", "none")
+    recipe = Recipe(
+        model_sha256=cache.source_sha256(description.path),
+        architecture=description.architecture,
+        adapter_version=description.adapter_version,
+        weight_quantization=description.quantization,
+        activation_dtype="f32",
+        kv_dtype="f16",
+        backend=backend_label(config),
+        backend_version=LLAMA_CPP_PYTHON_VERSION,
+        n_layers=description.n_layers,
+        n_embd=description.n_embd,
+    )
+    return ModelIdentity(recipe, config.model_name or description.name, description.quantization)
+
+
+def fake_recipe(fake: FakeModel) -> Recipe:
+    return Recipe(
+        model_sha256="fake",
+        architecture="fake",
+        adapter_version="1",
+        weight_quantization="none",
+        activation_dtype="f32",
+        kv_dtype="none",
+        backend="fake",
+        backend_version="1",
+        n_layers=fake.n_layers,
+        n_embd=fake.n_embd,
+    )
+
+
+def plan_worker_capacity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> CapacityPlan:
+    """Sessions this worker can hold: the configured number, cut to its memory budget."""
+    if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
+        return CapacityPlan(config.max_sessions, 0, 0, 0, None)
+    files = cache.shard_files(description.path, config.layers, description.n_layers)
+    weights = files.slice.stat().st_size
+    scratch = SCRATCH_BASE_BYTES
+    if config.layers.is_tail(description.n_layers):
+        scratch += 4 * config.prefill_chunk * 65536  # logits rows, generous for vocabularies to 64K
+    kv = kv_bytes_per_session(
+        config.n_ctx_per_session, len(config.layers), description.n_embd, description.n_head, description.n_head_kv
+    )
+    budget = None if config.memory_budget_mb is None else int(config.memory_budget_mb * 2**20)
+    return plan_capacity(
+        requested_sessions=config.max_sessions,
+        weight_bytes=weights,
+        kv_per_session=kv,
+        scratch_bytes=scratch,
+        budget_bytes=budget,
+    )

@@ -1,0 +1,165 @@
+"""The worker's one typed configuration; ``meshnet worker``'s flags are generated from it.
+
+The engine's ``LlamaConfig`` and the session table's ``AdmissionPolicy`` are derived from it
+(``llama_config``, ``admission_policy``), never declared again with defaults of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshnet.core.addresses import check_advertise_address
+from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.layers import LayerRange
+from meshnet.core.limits import MAX_FRAME_BYTES
+from meshnet.engine.llama_config import LlamaConfig
+from meshnet.moe.ownership import ExpertOwnership
+from meshnet.session.admission import AdmissionPolicy
+
+
+@dataclass(frozen=True)
+class FakeModel:
+    """Serve deterministic arithmetic instead of a model (protocol and integration tests)."""
+
+    n_layers: int = field(default=6, metadata=cli("layers"))
+    """Serve a fake model of this many layers instead of a GGUF (tests)."""
+    n_embd: int = 16
+    """Width of the fake hidden state."""
+    n_vocab: int = 64
+    """Vocabulary size of the fake model's logits."""
+    step_delay: float = 0.0
+    """Seconds each engine batch sleeps, to make timing-dependent tests observable."""
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """What ``--layers`` says: a fixed range ``A:B`` (B exclusive), or ``auto``: ask the tracker
+    which range the swarm needs most within ``--memory-budget-mb``."""
+
+    fixed: LayerRange | None
+
+    @classmethod
+    def parse(cls, text: str) -> LayerChoice:
+        return cls(None) if text.strip() == "auto" else cls(LayerRange.parse(text))
+
+    def __str__(self) -> str:
+        return "auto" if self.fixed is None else str(self.fixed)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: Path | None = field(metadata=cli(shown_default=PROVISIONED_MODEL))
+    """Source GGUF; the worker cuts (or reuses) the slice for its layers from it."""
+    layer_choice: LayerChoice = field(metadata=cli("layers", shown_default="required unless --experts"))
+    """Layers this worker serves, A:B half-open (B exclusive), or auto (needs --tracker and
+    --memory-budget-mb): the range the swarm needs most that fits the budget."""
+    data_dir: Path
+    """Holds the slice cache."""
+    model_name: str | None = None
+    """Name served to clients; none uses the GGUF's general.name."""
+    host: str = "127.0.0.1"
+    """Bind address: loopback unless told otherwise, so a bare worker is never exposed."""
+    port: int = 0
+    """Port to listen on; 0 picks a free port (printed on start)."""
+    advertise: str | None = None
+    """Address (host:port) other shards and clients use; none uses host:port as bound."""
+    tracker: str | None = None
+    """Tracker address to register and heartbeat with; none runs the worker standalone."""
+    threads: int = 2
+    """llama.cpp threads for this shard's decode and prefill."""
+    max_sessions: int = 8
+    """Sessions holding KV at once (llama sequences); cut to fit memory_budget_mb."""
+    memory_budget_mb: float | None = None
+    """Memory this shard may use for weights, KV and scratch; max_sessions is cut to fit it."""
+    n_ctx_per_session: int = field(default=2048, metadata=cli("context"))
+    """Positions (prompt plus output) each session may hold."""
+    prefill_chunk: int = 256
+    """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics."""
+    flash_attn: bool = True
+    """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
+    mmap: bool = True
+    """Map the slice's weights from its file; --no-mmap copies them into the process, so a
+    memory cap counts them (mapped pages are reclaimable and would always "fit")."""
+    repack: bool = True
+    """Let llama.cpp repack weights at load for its CPU kernels (Q4_0 here); part of the recipe
+    (it changes Q4_0 results). --no-repack reads them from the model's mapping, so that
+    --expert-cache-mb can bound Q4_0 experts."""
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    """Largest gRPC message this worker sends or accepts."""
+    max_queue: int = 64
+    """Queued steps across all sessions beyond which new sessions are refused."""
+    evict_idle_after: float = 30.0
+    """Seconds without a step after which a session may be evicted for a newcomer."""
+    session_ttl: float = 600.0
+    """Seconds without a step after which a session is expired even without pressure."""
+    metrics_port: int | None = None
+    """Serve Prometheus /metrics on this port (0 picks one); none serves none."""
+    model_id: str | None = None
+    """Fetch this layer range by model id from the holders the tracker names (no local GGUF needed)."""
+    trust_publisher: str | None = None
+    """With --model-id: accept only manifests this key fingerprint signed; none trusts the first key seen."""
+    fake: FakeModel | None = None
+    """When set, no model is loaded (``model`` is ignored)."""
+    drain_grace: float = 20.0
+    """Seconds in-flight sessions get to finish after SIGTERM before they are released."""
+    experts: ExpertOwnership | None = None
+    """Serve the whole model as node I of an N-node expert-parallel group (I/N): routed experts
+    e mod N == I computed here, slot rows swapped with --expert-peers. Replaces --layers."""
+    expert_peers: tuple[str, ...] = ()
+    """With --experts: every node's host:port in index order (this node's own included); as
+    NODE_ID@host:port, only that node's certificate may serve or send that index's rows."""
+    expert_timeout: float = 10.0
+    """With --experts: seconds to wait for a peer's rows of one layer before the step fails."""
+    expert_cache_mb: float | None = None
+    """With --experts: bound the routed experts resident on this node to this many MB, streamed
+    from the GGUF on a miss (LRU); unset keeps them all mapped (the page cache decides)."""
+    expert_group: tuple[str, ...] = ()
+    """Serve the expert-parallel group at these node addresses (host:port, index order) as one
+    full-range shard: registers with --tracker like any worker, loads no weights itself (it
+    reads --model's header and hash). --layers defaults to the whole model; sessions and context
+    are the nodes' (their --max-sessions, --context), --prefill-chunk, --flash-attn and --repack must be."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer_choice, LayerRange):  # callers that predate ``auto``
+            object.__setattr__(self, "layer_choice", LayerChoice(self.layer_choice))
+        if self.layer_choice.fixed is None and (self.tracker is None or self.memory_budget_mb is None):
+            raise InvalidArgument("--layers auto asks the tracker within a budget: give --tracker, --memory-budget-mb")
+        if self.advertise is not None:
+            check_advertise_address(self.advertise, flag="--advertise")
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"worker config: port must be in [0, 65535], got {self.port}")
+        if self.model is None and self.fake is None and self.model_id is None:
+            raise InvalidArgument("a worker needs --model or --model-id (or a fake model)")
+        if self.model_id is not None and self.tracker is None:
+            raise InvalidArgument("a worker started with --model-id needs --tracker to find the model's holders")
+        if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
+            raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
+        if self.expert_group and (
+            self.experts is not None or self.fake is not None or self.model is None or self.model_id is not None
+        ):
+            raise InvalidArgument("--expert-group fronts a group of --model: drop --experts, --fake, --model-id")
+
+    @property
+    def layers(self) -> LayerRange:
+        """The range served; ``auto`` is resolved (``auto_layers.resolve_layers``) before start."""
+        if self.layer_choice.fixed is None:
+            raise InvalidArgument("--layers auto must be resolved with the tracker before the worker starts")
+        return self.layer_choice.fixed
+
+    def llama_config(self, max_sessions: int) -> LlamaConfig:
+        """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""
+        return LlamaConfig(
+            n_threads=self.threads,
+            max_slots=max_sessions,
+            n_ctx_per_slot=self.n_ctx_per_session,
+            max_batch_tokens=self.prefill_chunk,
+            flash_attn=self.flash_attn,
+            use_mmap=self.mmap,
+            repack=self.repack,
+        )
+
+    def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
+        """Admission for the session table, with the capacity plan's session count."""
+        return AdmissionPolicy(max_sessions, self.max_queue, self.evict_idle_after, self.session_ttl)

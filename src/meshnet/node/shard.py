@@ -1,0 +1,316 @@
+"""A shard: checks every frame against itself and its session table, runs it on the engine loop
+and hands the output to its role's stages (``stages.py``), which are chosen once, in
+``build_shard``.
+
+It knows nothing of gRPC; ``servicer.py`` adapts it to the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from meshnet.core.errors import FailedPrecondition, MeshnetError, Unavailable
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.engine.backend import StepInput
+from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.node.metrics import ShardMetrics
+from meshnet.node.ring import OpenRing, RingMailbox, TailState
+from meshnet.node.stages import (
+    Connect,
+    Continuation,
+    Downstream,
+    ForwardStage,
+    HeadDecodeLoop,
+    NoContinuation,
+    OutputStage,
+    SampleStage,
+)
+from meshnet.session.admission import AdmissionPolicy, CapacityPlan
+from meshnet.session.engine_loop import EngineLoop
+from meshnet.session.table import Session, SessionTable
+from meshnet.wire.frames import (
+    SUPPORTED_SCHEMA_VERSIONS,
+    CapabilityInfo,
+    FrameLimits,
+    HopTiming,
+    StepFrame,
+    StepResult,
+)
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class ShardIdentity:
+    node_id: NodeId
+    address: str
+    fingerprint: str
+    backend: str
+    backend_version: str
+    max_frame_bytes: int
+
+
+class Shard(Generic[S]):
+    """One loaded layer range serving sessions; ``S`` is what its output stage keeps per session."""
+
+    def __init__(
+        self,
+        identity: ShardIdentity,
+        loop: EngineLoop,
+        table: SessionTable[S],
+        capacity: CapacityPlan,
+        output: OutputStage[S],
+        continuation: Continuation,
+    ) -> None:
+        self.identity = identity
+        self.shape = loop.backend.shape
+        self._loop = loop
+        self._table = table
+        self._capacity = capacity
+        self._output = output
+        self._continuation = continuation
+        self._draining = False
+        self._seam_messages = 0
+        self.limits = FrameLimits(
+            n_embd=self.shape.n_embd,
+            max_frame_bytes=identity.max_frame_bytes,
+            max_tokens_per_frame=self.shape.n_ctx_per_slot,
+            vocab_size=self.shape.n_vocab or None,
+        )
+
+    # -- frames ---------------------------------------------------------------------------
+
+    async def handle(self, frame: StepFrame, stream_deadline: float | None) -> StepResult:
+        """Run one frame of a session; the caller owns the stream the session lives on."""
+        meta = frame.meta
+        self._check(frame)
+        if meta.cache == "new" and meta.step == 0 and meta.session_id not in self._table:
+            session = await self._open(frame, stream_deadline)
+            try:
+                return await self._run(session, frame)
+            except BaseException:
+                await self.end(meta.session_id, "its opening frame failed")
+                raise
+        return await self._run(self._table.get(meta.session_id), frame)
+
+    def continue_decoding(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None
+    ) -> AsyncIterator[StepResult]:
+        """The steps this shard runs by itself after ``frame`` answered ``result`` (head only)."""
+        return self._continuation.steps(frame, result, stream_deadline, self._next_step)
+
+    async def _next_step(self, frame: StepFrame, computed: asyncio.Future[None] | None = None) -> StepResult:
+        return await self._run(self._table.get(frame.meta.session_id), frame, computed)
+
+    def _check(self, frame: StepFrame) -> None:
+        meta = frame.meta
+        if meta.fingerprint != self.identity.fingerprint:
+            raise FailedPrecondition(
+                f"frame for recipe {meta.fingerprint} reached a shard serving {self.identity.fingerprint}"
+            )
+        if meta.layers != self.shape.layers:
+            raise FailedPrecondition(f"frame asks for layers {meta.layers}; this shard runs {self.shape.layers}")
+        self._output.check(frame)
+
+    async def _open(self, frame: StepFrame, stream_deadline: float | None) -> Session[S]:
+        if self._draining:
+            raise Unavailable("this shard is draining for shutdown and takes no new sessions")
+        self._output.check_opening(frame)
+        meta = frame.meta
+        session, evicted = self._table.open(
+            meta.session_id,
+            meta.route_epoch,
+            self._loop.queue_depth,
+            lambda: self._output.open_state(frame, stream_deadline),
+        )
+        if evicted is not None:
+            await self._teardown(evicted)
+        return session
+
+    async def _run(
+        self, session: Session[S], frame: StepFrame, computed: asyncio.Future[None] | None = None
+    ) -> StepResult:
+        meta = frame.meta
+        repeated = self._table.check_step(session, step=meta.step, position=meta.position, epoch=meta.route_epoch)
+        if repeated is not None:
+            return repeated  # idempotent: answered again, nothing appended
+        received = time.perf_counter()
+        deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
+        session.busy = True
+        try:
+            output = await self._loop.run_step(_engine_input(session.slot, frame), deadline=deadline)
+            if computed is not None:
+                # Whoever waits on this runs once the emit below has sent the frame on (its
+                # first suspension), so the frame leaves before the waiter's own work.
+                computed.set_result(None)
+            timing = None
+            if frame.want_timings:  # only a probe reads them
+                compute_us = int((time.perf_counter() - received) * 1e6)
+                timing = HopTiming(self.identity.address, self.shape.layers, 0, compute_us)
+            result = await self._output.emit(session.state, frame, output, deadline, timing)
+        finally:
+            session.busy = False
+        self._table.record(session, step=meta.step, next_position=meta.position + frame.n_tokens, result=result)
+        if isinstance(session.state, Downstream) or (frame.ring and not self.shape.takes_tokens):
+            self._seam_messages += 1  # forwarded downstream, or answered round the ring
+        return result
+
+    # -- the ring (``worker.ring``) ---------------------------------------------------------
+
+    def answer_upstream(self, frame: StepFrame) -> bool:
+        """Whether ``frame``'s answer goes back up its stream (counted when that is a seam): not
+        for a ring frame into a shard after the head, whose answer goes round the ring."""
+        if self.shape.takes_tokens:
+            return True
+        if frame.ring:
+            return False
+        self._seam_messages += 1
+        return True
+
+    def ring_mailbox(self, key: SessionId, request_id: RequestId) -> RingMailbox:
+        """Where this tail puts the session's ring answers; NotFound unless it holds the session."""
+        state = self._table.get(key).state  # CacheMiss when the session is not (or no longer) here
+        if not isinstance(state, TailState) or state.request_id != request_id or self.shape.takes_tokens:
+            raise FailedPrecondition(f"this shard holds no tail session {key} of that request to answer on a ring")
+        return state.ring
+
+    def ring_watch(self, key: SessionId) -> asyncio.Task[StepResult] | None:
+        """Ends when the session's downstream does, once its decode runs on the ring; else None."""
+        state = self._state(key)
+        return state.ring.watch if isinstance(state, Downstream) else None
+
+    def _state(self, key: SessionId) -> S | None:
+        return self._table.get(key).state if key in self._table else None
+
+    def fail_ring(self, key: SessionId, error: MeshnetError) -> None:
+        """The session's stream failed on this tail: tell the head reading its ring why."""
+        state = self._state(key)
+        if isinstance(state, TailState):
+            state.ring.fail(error)
+
+    # -- session ends -------------------------------------------------------------------
+
+    async def end(self, key: SessionId, reason: str) -> bool:
+        """Free the session's KV here and let go of its state; False if it was not here."""
+        session = self._table.close(key, reason=reason)
+        if session is None:
+            return False
+        await self._teardown(session)
+        return True
+
+    async def _teardown(self, session: Session[S]) -> None:
+        try:
+            await self._loop.truncate(session.slot, 0)
+        finally:
+            await self._output.release(session.state)
+
+    async def expire_idle(self) -> int:
+        keys = self._table.expired()
+        for key in keys:
+            await self.end(key, "expired after its time to live")
+        return len(keys)
+
+    async def close(self) -> None:
+        for session in self._table.sessions():
+            await self.end(session.key, "the shard shut down")
+
+    # -- lifecycle and introspection ----------------------------------------------------
+
+    def start_draining(self) -> None:
+        """Refuse new sessions from now on; open ones carry on."""
+        self._draining = True
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._table)
+
+    def raise_min_epoch(self, epoch: int) -> None:
+        """New sessions must come with a route of the tracker's current epoch or later; sessions
+        already open keep the epoch they were opened with."""
+        self._table.min_epoch = max(self._table.min_epoch, epoch)
+
+    def capability(self) -> CapabilityInfo:
+        shape = self.shape
+        return CapabilityInfo(
+            node_id=self.identity.node_id,
+            fingerprint=self.identity.fingerprint,
+            layers=shape.layers,
+            n_layers=shape.n_layers,
+            n_embd=shape.n_embd,
+            vocab_size=max(shape.n_vocab, 1),
+            schema_versions=SUPPORTED_SCHEMA_VERSIONS,
+            backend=self.identity.backend,
+            backend_version=self.identity.backend_version,
+            max_sessions=shape.max_slots,
+            free_sessions=0 if self._draining else self._table.free_slots,
+            active_sessions=len(self._table),
+            n_ctx_per_session=shape.n_ctx_per_slot,
+            max_frame_bytes=self.identity.max_frame_bytes,
+            max_tokens_per_frame=self.limits.max_tokens_per_frame,
+            prefill_chunk_tokens=shape.max_batch_tokens,
+            certified=True,  # an engine that failed certification never gets a shard built
+        )
+
+    def metrics(self) -> ShardMetrics:
+        stats, table = self._loop.stats, self._table
+        return ShardMetrics(
+            active_sessions=len(table),
+            free_sessions=table.free_slots,
+            max_sessions=self.shape.max_slots,
+            queue_depth=self._loop.queue_depth,
+            decode_steps=stats.decode_steps,
+            decode_batches=stats.decode_batches,
+            prefill_tokens=stats.prefill_tokens,
+            engine_busy_seconds=stats.busy_seconds,
+            rejected_admissions=table.rejections,
+            evictions=table.evictions,
+            expired_steps=stats.expired,
+            draining=self._draining,
+            kv_bytes_per_session=self._capacity.kv_bytes_per_session,
+            weight_bytes=self._capacity.weight_bytes,
+            seam_messages=self._seam_messages,
+        )
+
+
+AnyShard = Shard[TailState] | Shard[Downstream]
+"""A shard of either output stage: what the servicer and the server hold."""
+
+
+def build_shard(
+    identity: ShardIdentity,
+    loop: EngineLoop,
+    policy: AdmissionPolicy,
+    capacity: CapacityPlan,
+    connect: Connect,
+    *,
+    open_ring: OpenRing | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    grammars: GrammarVocabulary | None = None,
+) -> AnyShard:
+    """The shard for the backend ``loop`` runs, its stages chosen from the backend's role.
+
+    ``connect`` opens the stream to a session's next hop (used only if this shard forwards);
+    ``open_ring`` lets a head run decode on the ring (the tail answers it directly);
+    ``clock`` times sessions for eviction and expiry; ``grammars`` lets a tail constrain output
+    to a grammar (response_format), None refuses such sessions.
+    """
+    shape = loop.backend.shape
+    head_loop = HeadDecodeLoop(ring=open_ring is not None and not shape.emits_logits)
+    continuation: Continuation = head_loop if shape.takes_tokens else NoContinuation()
+    if shape.emits_logits:
+        sampling_table = SessionTable[TailState](policy, clock=clock)
+        stage = SampleStage(grammars, is_head=shape.takes_tokens)
+        return Shard(identity, loop, sampling_table, capacity, stage, continuation)
+    open_ring = open_ring if shape.takes_tokens else None
+    forward = ForwardStage(shape.n_layers, connect, is_head=shape.takes_tokens, open_ring=open_ring)
+    return Shard(identity, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
+
+
+def _engine_input(slot: int, frame: StepFrame) -> StepInput:
+    # Only a final chunk's last row is sampled from; earlier chunks need no logits at all.
+    want: Literal["last", "none"] = "last" if frame.final_chunk else "none"
+    return StepInput(slot, frame.meta.position, tokens=frame.tokens, hidden=frame.hidden, want_logits=want)

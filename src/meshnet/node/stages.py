@@ -1,0 +1,323 @@
+"""The role-specific parts of a shard, chosen once from its role when the shard is assembled.
+
+A role is two independent choices, so a shard is assembled from two stages instead of being
+written four times (full, head, middle, tail) or branching on its role at every frame:
+
+- its **output stage**: a shard that ends the model (tail, full) samples the next token from its
+  logits (``SampleStage``); any other forwards its boundary hidden state to the next hop and
+  answers with what comes back (``ForwardStage``). Each fixes what a session keeps from its
+  opening frame: the sampling parameters, or the rest of the route and the stream to its next
+  hop (``Downstream``).
+- its **continuation**: only a shard that takes token ids (head, full) feeds each sampled token
+  back in by itself (``HeadDecodeLoop``); any other runs only the steps it is sent
+  (``NoContinuation``: a frame into a shard after layer 0 cannot even carry the request, as
+  ``StepFrame`` allows a continuation only with token input).
+
+The input side needs no stage: a frame's own checks already fix that a shard starting at layer 0
+receives token ids and any other a hidden state, so the engine input is whichever the frame holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument
+from meshnet.engine.backend import StepOutput
+from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.tail_sampler import TailSampler
+from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink, RingMailbox, TailState
+from meshnet.wire.frames import HopSpec, HopTiming, StepFrame, StepResult
+
+S = TypeVar("S")
+RunStep = Callable[[StepFrame, "asyncio.Future[None] | None"], Awaitable[StepResult]]
+"""Run one step of a session; the future (if given) resolves once this shard's engine has run it."""
+
+
+def remaining_ms(deadline: float | None, passed: str) -> int | None:
+    """Milliseconds left until ``deadline`` (monotonic) for the next frame, None without one;
+    DeadlineExceeded(``passed``) when none are left."""
+    if deadline is None:
+        return None
+    left = int((deadline - time.monotonic()) * 1000)
+    if left <= 0:
+        raise DeadlineExceeded(passed)
+    return left
+
+
+class OutputStage(Protocol[S]):
+    """What a shard does with its engine output, and what a session keeps for it."""
+
+    def check(self, frame: StepFrame) -> None:
+        """Refuse a frame whose route fields do not fit this stage (every frame)."""
+
+    def check_opening(self, frame: StepFrame) -> None:
+        """Refuse an opening frame that lacks what this stage needs (before admission)."""
+
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> S:
+        """What the session keeps, made from its opening frame once it is admitted."""
+        ...
+
+    async def emit(
+        self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
+    ) -> StepResult:
+        """The answer to ``frame`` once this shard's layers have run it (``timing``: only for probes)."""
+        ...
+
+    async def release(self, state: S) -> None:
+        """The session ended here: let go of what it kept."""
+
+
+class SampleStage:
+    """The model's last layers: sample the token that follows a final chunk.
+
+    A session keeps a ``TailState``: its ``TailSampler`` (parameters, penalty counts, grammar
+    state) and its ``RingMailbox``. ``grammars`` builds grammar matchers, None on a tail without
+    a vocabulary to match against. A tail (``is_head`` False) answers a ring frame into the
+    mailbox, which the head reads; a full shard is its own head and answers on its stream.
+    """
+
+    def __init__(self, grammars: GrammarVocabulary | None = None, *, is_head: bool) -> None:
+        self._grammars = grammars
+        self._is_head = is_head
+
+    def check(self, frame: StepFrame) -> None:
+        if frame.downstream:
+            raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
+
+    def check_opening(self, frame: StepFrame) -> None:
+        if frame.sampling is None:
+            raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
+        if frame.sampling.constraint is not None and self._grammars is None:
+            raise InvalidArgument("this tail has no vocabulary to apply a grammar with (response_format)")
+
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> TailState:
+        self.check_opening(frame)
+        params = frame.sampling
+        if params is None:  # check_opening refused it already; this tells the type checker
+            raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
+        constraint = params.constraint
+        grammars = self._grammars
+        matcher = None if constraint is None or grammars is None else grammars.matcher(constraint)
+        return TailState(TailSampler(params, matcher), frame.meta.request_id, RingMailbox())
+
+    async def emit(
+        self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
+    ) -> StepResult:
+        meta = frame.meta
+        next_position = meta.position + frame.n_tokens
+        token, logprobs = None, None
+        if frame.final_chunk:
+            # logits: [1, n_vocab], the row of the frame's last token (want_logits "last").
+            if output.logits is None or len(output.logits) == 0:
+                raise EngineError("the engine returned no logits for a final chunk at the tail")
+            # Seeded by the position it fills, so a replay samples the same token again.
+            token, logprobs = state.sampler.choose(output.logits[-1], next_position)
+        timings = () if timing is None else (*frame.timings, timing)
+        result = StepResult(meta.session_id, meta.step, next_position, token, timings, logprobs=logprobs)
+        if frame.ring and not self._is_head:
+            await state.ring.deliver(result)  # straight to the head; nothing goes back upstream
+        return result
+
+    async def release(self, state: TailState) -> None:
+        state.sampler.close()
+        state.ring.close()
+
+
+class DownstreamLink(RingLink, Protocol):
+    """The open session stream to the next hop (``client.shard_stream.ShardStream`` on the wire)."""
+
+    async def exchange(self, frame: StepFrame) -> StepResult: ...
+
+    async def close(self) -> None: ...
+
+
+Connect = Callable[[str, float | None, str | None], DownstreamLink]
+"""Open the stream to the next hop: its address, the stream's timeout, the node id to pin."""
+"""Open a session stream to an address with a whole-stream timeout in seconds (None: none)."""
+
+
+@dataclass(frozen=True)
+class Downstream:
+    """What a session keeps on a shard that forwards: the rest of its route and the stream on."""
+
+    hops: tuple[HopSpec, ...]
+    """The hops after this shard, in route order; the first is where ``link`` leads."""
+    link: DownstreamLink
+    stream_deadline: float | None
+    ring: RingLeg = field(default_factory=RingLeg)
+    """The session's ring, once its decode runs on one (``worker.ring``)."""
+
+
+class ForwardStage:
+    """Any shard before the model's last layer: pass the boundary hidden state to the next hop.
+
+    ``open_ring`` (head only) lets a session's frames after the opening one run on the ring;
+    without it, ring frames into the head are run on the chain.
+    """
+
+    def __init__(self, n_layers: int, connect: Connect, *, is_head: bool, open_ring: OpenRing | None = None) -> None:
+        self._n_layers = n_layers
+        self._connect = connect
+        self._is_head = is_head
+        self._open_ring = open_ring
+
+    def check(self, frame: StepFrame) -> None:
+        if frame.downstream:
+            # Only where the route continues, and only to its end: a frame must not be able to
+            # make a shard open channels to arbitrary addresses.
+            if frame.meta.cache != "new":
+                raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
+            if frame.downstream[-1].layers.stop != self._n_layers:
+                raise InvalidArgument(
+                    f"the route's hops end at layer {frame.downstream[-1].layers.stop}, "
+                    f"not at the model's {self._n_layers}"
+                )
+        elif frame.meta.cache == "new":
+            raise InvalidArgument("a non-tail shard needs the downstream hops in the opening frame")
+
+    def check_opening(self, frame: StepFrame) -> None:
+        return None  # ``check`` already insists on the hops in every opening frame
+
+    def open_state(self, frame: StepFrame, stream_deadline: float | None) -> Downstream:
+        timeout = None if stream_deadline is None else max(stream_deadline - time.monotonic(), 0.001)
+        first = frame.downstream[0]
+        link = self._connect(first.address, timeout, first.node_id or None)
+        return Downstream(frame.downstream, link, stream_deadline)
+
+    async def emit(
+        self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
+    ) -> StepResult:
+        if output.hidden is None:
+            raise EngineError("the engine returned no hidden state on a shard that forwards")
+        opening = frame.meta.cache == "new" and frame.meta.step == 0
+        left_ms = remaining_ms(deadline, "the step's deadline passed on this shard")
+        ring = frame.ring and (not self._is_head or self._open_ring is not None)
+        outgoing = StepFrame(
+            meta=replace(frame.meta, layers=state.hops[0].layers, deadline_ms=left_ms),
+            hidden=output.hidden,
+            downstream=state.hops[1:] if opening else (),
+            sampling=frame.sampling if opening else None,
+            final_chunk=frame.final_chunk,
+            ring=ring,
+            want_timings=frame.want_timings,
+            timings=(*frame.timings, timing) if ring and timing is not None else (),
+        )
+        if ring:
+            return await self._ring_step(state, frame, outgoing, deadline)
+        if state.ring.watch is not None:
+            raise InvalidArgument("a session whose decode runs on the ring takes only ring frames")
+        answer = await state.link.exchange(outgoing)
+        return answer if timing is None else replace(answer, timings=(timing, *answer.timings))
+
+    async def _ring_step(
+        self, state: Downstream, frame: StepFrame, outgoing: StepFrame, deadline: float | None
+    ) -> StepResult:
+        meta, leg = frame.meta, state.ring
+        if self._open_ring is not None and leg.back is None:
+            # Opened before the first ring frame leaves; the tail keeps answers until it is read.
+            timeout = None if state.stream_deadline is None else max(state.stream_deadline - time.monotonic(), 0.001)
+            tail = state.hops[-1]
+            leg.back = self._open_ring(tail.address, meta.session_id, meta.request_id, timeout, tail.node_id or None)
+            leg.answered_through = meta.step - 1  # the steps before ran on the chain
+        leg.start(state.link)
+        failure = leg.failure()
+        if failure is not None:
+            raise failure
+        waits = self._is_head and frame.final_chunk
+        if self._is_head and not waits:
+            # Pipelined prefill: bound the chunks the tail has not answered yet.
+            await leg.acknowledged(meta.step - MAX_CHUNKS_IN_FLIGHT, deadline)
+        await state.link.send(outgoing)
+        if waits:
+            return await leg.answer(meta.step, deadline)
+        # A middle answers nothing upstream (the tail's answer goes straight to the head); the
+        # head acknowledges a forwarded prefill chunk at once, so the sender sends the next one.
+        return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
+
+    def ring_failure(self, state: Downstream) -> asyncio.Task[StepResult] | None:
+        """What ends when this session's downstream fails, once its decode runs on the ring."""
+        return state.ring.watch
+
+    async def release(self, state: Downstream) -> None:
+        # Ending the stream makes the next shard release the session and close its own link.
+        if state.ring.watch is not None or state.ring.back is not None:
+            await state.ring.close(state.link)
+        else:
+            await state.link.close()
+
+
+class Continuation(Protocol):
+    def steps(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
+    ) -> AsyncIterator[StepResult]:
+        """The results of the decode steps after ``frame`` that this shard runs by itself."""
+        ...
+
+
+class NoContinuation:
+    """Shards after the head: every step comes from upstream."""
+
+    async def steps(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
+    ) -> AsyncIterator[StepResult]:
+        return
+        yield  # an async generator that yields nothing
+
+
+class HeadDecodeLoop:
+    """Head-driven decode: feed each sampled token back in as the next decode step.
+
+    Each step is a decode frame like one the sender would have sent (same checks, same
+    idempotency bookkeeping), so a sender can switch between driving and reading freely.
+    With ``ring`` its steps are ring frames (the tail answers the head directly).
+    """
+
+    def __init__(self, *, ring: bool = False) -> None:
+        self._ring = ring
+
+    async def steps(
+        self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
+    ) -> AsyncIterator[StepResult]:
+        plan = frame.continuation
+        if plan is None:
+            return
+        unsent: StepResult | None = None
+        """The last step's answer, sent to the sender while the next step already runs."""
+        running: asyncio.Task[StepResult] | None = None
+        try:
+            for offset in range(1, plan.max_steps + 1):
+                if result.token_id is None or result.token_id in plan.stop_token_ids:
+                    break
+                meta = replace(
+                    frame.meta,
+                    phase="decode",
+                    position=result.next_position,
+                    step=frame.meta.step + offset,
+                    cache="continue",
+                    deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
+                )
+                tokens = np.array([result.token_id], np.int32)
+                next_frame = StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings)
+                computed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                running = asyncio.ensure_future(run(next_frame, computed))
+                if unsent is not None:
+                    # The sender's write waits until this step has left the engine (and its
+                    # frame is on its way on): every thread of a shard may share one core, so
+                    # the write costs the critical path nothing only while the next shards
+                    # compute. Written earlier, it delays the step's start on the engine.
+                    either: set[asyncio.Future[Any]] = {computed, running}
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                    yield unsent
+                result = unsent = await running
+                running = None
+            if unsent is not None:
+                yield unsent
+        finally:
+            if running is not None:
+                running.cancel()

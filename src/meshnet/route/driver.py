@@ -1,0 +1,272 @@
+"""Drive one generation along a route of shards: chunked prefill, then one decode step per token.
+
+The driver talks only to the head; each shard forwards its boundary to the next, the tail
+samples, and the token travels back: straight to the head (the ring, ``worker.ring``) for every
+frame after the opening one, which also lets prefill chunks pipeline along the route. Every
+frame carries the remaining budget, so the route never works past the request's deadline.
+Closing the iterator (or cancelling its task) cancels the head stream, which frees the
+session's KV on every shard down the route.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument
+from meshnet.core.events import (
+    DecodeStarted,
+    GenerationEvent,
+    PrefillCompleted,
+    PrefillProgress,
+    PrefillStarted,
+    RouteHop,
+    TokenGenerated,
+)
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import RequestId, SessionId
+from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_stream import ChannelPool, ShardStream
+from meshnet.wire.frames import (
+    FRAME_OVERHEAD_BYTES,
+    CapabilityInfo,
+    Continuation,
+    FrameMeta,
+    HopSpec,
+    Phase,
+    StepFrame,
+    StepResult,
+)
+from meshnet.wire.prefill import PrefillChunk, split_prefill
+
+RATE_WINDOW = 16
+"""Tokens over which the rolling tokens/s is measured."""
+REPLAY_PROGRESS_TOKENS = 16
+"""A failover replay reports progress every this many re-fed tokens (each is one step)."""
+
+
+@dataclass(frozen=True)
+class RouteSession:
+    """Where one generation runs: the hops and the identity every frame must carry."""
+
+    request_id: RequestId
+    session_id: SessionId
+    hops: tuple[RouteHop, ...]
+    fingerprint: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the driver knows after each token: for failover replay and billing."""
+
+    generated: tuple[int, ...]
+    next_position: int
+
+
+class RouteDriver:
+    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int, head_driven: bool = True) -> None:
+        self._pool = pool
+        self._head_driven = head_driven
+        self._max_frame_bytes = max_frame_bytes
+        self._capabilities: dict[str, CapabilityInfo] = {}
+
+    async def capability(self, address: str, node_id: str | None = None) -> CapabilityInfo:
+        cached = self._capabilities.get(address)
+        if cached is None:
+            cached = await fetch_capability(self._pool, address, node_id=node_id)
+            self._capabilities[address] = cached
+        return cached
+
+    async def run(
+        self,
+        route: RouteSession,
+        request: GenerationRequest,
+        *,
+        history: Sequence[int] = (),
+    ) -> AsyncIterator[GenerationEvent]:
+        """Yield prefill/decode events and one TokenGenerated per new token.
+
+        ``history`` holds tokens already generated on an earlier route: they are replayed after
+        the prompt, so a failover continues exactly where the lost route stopped.
+        """
+        if not route.hops:
+            raise InvalidArgument("a route needs at least one hop")
+        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
+        head = route.hops[0]
+        head_capability = await self.capability(head.address, head.node_id)
+        stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
+        try:
+            async for event in self._generate(route, request, history, deadline, stream, head_capability):
+                yield event
+        finally:
+            stream.cancel()
+
+    async def _generate(
+        self,
+        route: RouteSession,
+        request: GenerationRequest,
+        history: Sequence[int],
+        deadline: float | None,
+        stream: ShardStream,
+        head: CapabilityInfo,
+    ) -> AsyncIterator[GenerationEvent]:
+        # The last frame we send asks the head to decode on by itself (head-driven decode), so
+        # from then on we only read: our round trip leaves the per-token critical path.
+        budget = request.max_tokens - len(history) - 1
+        plan = Continuation(budget, request.stop_tokens) if self._head_driven and budget > 0 else None
+        run = _Run(route, request, deadline, stream, plan)
+        chunks = self._prefill_chunks(request, head)
+        n_prefill = len(request.prompt_tokens) + len(history)
+        yield PrefillStarted(n_prefill)
+        started = time.perf_counter()
+        progress = _PrefillTally(n_prefill, started)
+        async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
+            yield chunk_done
+        async for replayed in _replay(run, history, progress, len(chunks)):
+            yield replayed
+        result, step = progress.result, progress.step
+        yield PrefillCompleted(n_prefill, time.perf_counter() - started)
+        yield DecodeStarted()
+        async for event in _decode(run, result, step, produced=len(history)):
+            yield event
+
+    def _prefill_chunks(self, request: GenerationRequest, head: CapabilityInfo) -> list[PrefillChunk]:
+        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
+        # Hidden frames between shards carry as many rows as this token frame, so size the
+        # chunks for the boundary tensor, not for the token ids.
+        rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
+        rows = min(rows_per_frame, head.max_tokens_per_frame)
+        # One engine call's worth per frame (cut at the same absolute multiples the shards cut
+        # at, so the numerics are those of one big frame): the route pipelines the frames.
+        chunk = head.prefill_chunk_tokens
+        if 0 < chunk <= rows:
+            rows = chunk
+        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=rows)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One generation's fixed context: where its frames go and what each of them carries."""
+
+    route: RouteSession
+    request: GenerationRequest
+    deadline: float | None
+    stream: ShardStream
+    plan: Continuation | None
+    """Head-driven decode: set on the last frame we send; None when we send every decode step."""
+
+    def meta(self, step: int, position: int, phase: Phase) -> FrameMeta:
+        return route_frame_meta(self.route, step, position, phase, self.deadline)
+
+
+class _PrefillTally:
+    """Where the prefill stands: tokens through the route, the last result, the next step."""
+
+    def __init__(self, total: int, started: float) -> None:
+        self.total = total
+        self.started = started
+        self.done = 0
+        self.result: StepResult | None = None
+        self.step = 0
+
+    def advance(self, tokens: int, result: StepResult | None, *, replay: bool) -> PrefillProgress:
+        self.done += tokens
+        self.result = result
+        self.step += 1
+        return PrefillProgress(self.done, self.total, time.perf_counter() - self.started, replay)
+
+
+async def _prefill(
+    run: _Run, chunks: Sequence[PrefillChunk], tally: _PrefillTally, *, last_continues: bool
+) -> AsyncIterator[PrefillProgress]:
+    """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
+    downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint, h.node_id) for h in run.route.hops[1:])
+    for step, chunk in enumerate(chunks):
+        frame = StepFrame(
+            meta=run.meta(step, chunk.position, "prefill"),
+            tokens=np.ascontiguousarray(chunk.payload),
+            downstream=downstream if step == 0 else (),
+            sampling=run.request.sampling if step == 0 else None,
+            final_chunk=chunk.final_chunk,
+            continuation=run.plan if chunk.final_chunk and last_continues else None,
+            # After the opening frame: on the ring, so prefill chunks pipeline along the route.
+            ring=step > 0,
+        )
+        yield tally.advance(len(chunk.payload), await run.stream.exchange(frame), replay=False)
+
+
+async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step: int) -> AsyncIterator[PrefillProgress]:
+    """Feed each token of a lost route as the one-token decode step it was.
+
+    Every shard then computes exactly what the lost route computed (a prefill of them would take
+    other kernel paths). The tail re-samples each; a mismatch means the routes differ. Progress
+    is reported every ``REPLAY_PROGRESS_TOKENS`` tokens, so a long replay is not silent.
+    """
+    tally.step = step
+    for index, token in enumerate(history):
+        result = tally.result
+        if result is None or result.token_id != token:
+            raise IntegrityError(
+                f"replay diverged at position {None if result is None else result.next_position}: the new route "
+                f"sampled {None if result is None else result.token_id}, the lost route had {token}"
+            )
+        last = index == len(history) - 1
+        frame = StepFrame(
+            meta=run.meta(tally.step, result.next_position, "decode"),
+            tokens=np.array([token], np.int32),
+            continuation=run.plan if last else None,
+            ring=True,
+        )
+        event = tally.advance(1, await run.stream.exchange(frame), replay=True)
+        if last or (index + 1) % REPLAY_PROGRESS_TOKENS == 0:
+            yield event
+
+
+async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: int) -> AsyncIterator[GenerationEvent]:
+    """One TokenGenerated per sampled token until a stop token or the budget ends the request."""
+    stamps: list[float] = []
+    while result is not None and result.token_id is not None:
+        token = result.token_id
+        stamps.append(time.perf_counter())
+        stamps = stamps[-RATE_WINDOW:]
+        rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+        yield TokenGenerated(token, produced, rate, logprobs=result.logprobs)
+        produced += 1
+        if token in run.request.stop_tokens or produced >= run.request.max_tokens:
+            return
+        if run.plan is not None:
+            result = await run.stream.read()
+        else:
+            meta = run.meta(step, result.next_position, "decode")
+            frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), ring=True)
+            result = await run.stream.exchange(frame)
+        step += 1
+
+
+def route_frame_meta(
+    route: RouteSession, step: int, position: int, phase: Phase, deadline: float | None = None
+) -> FrameMeta:
+    """The header of step ``step`` of ``route``'s session, as the head receives it."""
+    remaining = _remaining(deadline)
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded("the request's deadline passed")
+    return FrameMeta(
+        request_id=route.request_id,
+        session_id=route.session_id,
+        route_epoch=route.epoch,
+        fingerprint=route.fingerprint,
+        layers=route.hops[0].layers,
+        phase=phase,
+        position=position,
+        step=step,
+        cache="new" if step == 0 else "continue",
+        deadline_ms=None if remaining is None else max(int(remaining * 1000), 1),
+    )
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()

@@ -1,0 +1,163 @@
+"""A route session's stream to one shard, and the channels those streams share.
+
+One long-lived bidirectional stream per route session per seam: the sender (the route driver,
+or a shard forwarding its boundary) writes a frame per step and reads the shard's answer.
+Closing or cancelling the stream is what tells the shard to free that session's KV, and the
+shard then closes its own stream to the next hop, and so on down the route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.ids import RequestId, SessionId
+from meshnet.wire import services
+from meshnet.wire.frames import StepFrame, StepResult
+from meshnet.wire.shard_wire import frame_to_proto, result_from_proto, ring_open_to_proto
+from meshnet.wire.status import error_from_rpc
+from meshnet.wire.tls import LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
+
+
+class ChannelPool:
+    """One channel per peer (address and the node expected there), reused by every stream to it.
+
+    Secured, each channel pins the node id the route names for that address in the TLS
+    handshake (``protocol.tls``), so a different node at that address fails the handshake."""
+
+    def __init__(self, max_frame_bytes: int, security: LinkSecurity | None = None) -> None:
+        self._options = link_options(max_frame_bytes)
+        self._security = security
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        self._retired: list[grpc.aio.Channel] = []
+        self._generation = 0 if security is None else security.generation
+
+    def stub(self, address: str, node_id: str | None = None) -> services.ShardStub:
+        if self._security is not None and self._security.generation != self._generation:
+            # A renewed certificate: new streams go over new channels; the old ones serve the
+            # streams already on them and close with the pool.
+            self._generation = self._security.generation
+            self._retired += self._channels.values()
+            self._channels = {}
+        key = (address, node_id or "")
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = secure_or_plain_channel(address, self._security, hop_server_name(node_id), self._options)
+            self._channels[key] = channel
+        return services.ShardStub(channel)
+
+    async def close(self) -> None:
+        channels, self._channels = [*self._retired, *self._channels.values()], {}
+        self._retired = []
+        await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
+
+
+class _EndedCall(grpc.RpcError):
+    """A finished call's status in the shape ``error_from_rpc`` reads."""
+
+    def __init__(self, code: grpc.StatusCode, details: str | None, metadata: Any) -> None:
+        super().__init__()
+        self._code, self._details, self._metadata = code, details, metadata
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str | None:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._metadata
+
+
+class ShardStream:
+    def __init__(self, pool: ChannelPool, address: str, timeout: float | None, node_id: str | None = None) -> None:
+        self.address = address
+        self._call = pool.stub(address, node_id).Session(timeout=timeout)
+
+    async def exchange(self, frame: StepFrame) -> StepResult:
+        """Send one frame and wait for the next shard's answer to it."""
+        await self.send(frame)
+        return await self.read()
+
+    async def send(self, frame: StepFrame) -> None:
+        """Send one frame without waiting for an answer (a ring frame gets none on this stream)."""
+        try:
+            await self._call.write(frame_to_proto(frame))
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            # The call already ended (the shard died or aborted since the last step): report
+            # how it ended, not the write's own complaint about a finished call.
+            raise await self._ended() from None
+
+    async def finish_writing(self) -> None:
+        """Half-close: the next shard sees the stream end and releases the session."""
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError, RuntimeError):
+            await self._call.done_writing()
+
+    async def _ended(self) -> MeshnetError:
+        try:
+            code = await asyncio.wait_for(self._call.code(), timeout=1.0)
+            details = await self._call.details()
+            metadata = await self._call.trailing_metadata()
+        except (TimeoutError, grpc.RpcError, asyncio.CancelledError):
+            return Unavailable(f"shard {self.address} is unreachable")
+        error = error_from_rpc(_EndedCall(code, details, metadata))
+        if type(error) is MeshnetError or code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            return Unavailable(f"shard {self.address} ended the session stream: {error.message}")
+        return error
+
+    async def read(self) -> StepResult:
+        """The next answer on the stream (after a frame that asked the head to decode on, one per step)."""
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        if response is grpc.aio.EOF:
+            status = await self._call.code()
+            raise Unavailable(f"shard {self.address} closed the session stream ({status})")
+        return result_from_proto(response)
+
+    async def close(self) -> None:
+        """End the stream: the next shard releases the session and closes its own link."""
+        try:
+            await self._call.done_writing()
+            # Wait briefly for the next shard to finish releasing, then stop waiting regardless.
+            await asyncio.wait_for(self._call.read(), timeout=1.0)
+        except (grpc.RpcError, asyncio.InvalidStateError, RuntimeError, TimeoutError):
+            pass
+        self._call.cancel()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class RingStream:
+    """The head's end of a session's ring: the tail's answers to ring frames, read in order."""
+
+    def __init__(
+        self,
+        pool: ChannelPool,
+        address: str,
+        session_id: SessionId,
+        request_id: RequestId,
+        timeout: float | None,
+        node_id: str | None = None,
+    ) -> None:
+        self.address = address
+        self._call = pool.stub(address, node_id).RingReturn(ring_open_to_proto(session_id, request_id), timeout=timeout)
+
+    async def read(self) -> StepResult:
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        if response is grpc.aio.EOF:
+            raise Unavailable(f"the tail {self.address} closed the session's ring")
+        return result_from_proto(response)
+
+    def cancel(self) -> None:
+        self._call.cancel()

@@ -1,0 +1,276 @@
+"""Serve one request on the swarm: route through the tracker, drive it, fail over, bill it.
+
+Failover (the Petals design, with its position bookkeeping made explicit): when a shard is lost
+mid-generation, the dead hops are found by probing, the tracker plans a route without them,
+and the prompt plus every token generated so far is replayed onto it. Sampling is seeded by
+position, so the continuation is exactly what the lost route would have produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+
+from meshnet.core.errors import (
+    CacheMiss,
+    ContextLengthExceeded,
+    MeshnetError,
+    NoRoute,
+    ResourceExhausted,
+    RouteStale,
+    Unavailable,
+)
+from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
+from meshnet.core.generation import FinishReason, GenerationRequest
+from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
+from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.route.audit import AuditCase, Auditor
+from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.outbox import WorkOutbox
+from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.route.work_reports import ReportPolicy, WorkReporter
+
+log = logging.getLogger(__name__)
+PROBE_TIMEOUT_S = 0.5
+BUSY_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)
+"""Waits before reopening a route whose shard was full at the opening (1.55 s in all): long
+enough for a lagging release to land, short enough to stay inside any client's patience."""
+PREFILL_WEIGHT = 0.25
+"""Billing: a prompt token costs a quarter of a generated one (prefill is batched, decode is not)."""
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    max_failovers: int = 2
+    """Replacement routes tried after a shard is lost, before the request fails."""
+    reports: ReportPolicy = field(default_factory=ReportPolicy)
+    """How work records are filed with the tracker."""
+
+
+def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
+    return PREFILL_WEIGHT * prompt_tokens + completion_tokens
+
+
+class _Run:
+    """One request's bookkeeping across failovers: the route now, tokens so far, routes tried."""
+
+    def __init__(self, request: GenerationRequest, request_id: RequestId, session_id: SessionId, route: Route) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.session_id = session_id
+        self.route = route
+        self.started = time.time()
+        self.history: list[int] = []
+        self.attempts: list[tuple[Route, int]] = []
+        """Each route tried, with how many tokens had been generated when it started."""
+        self.status: WorkStatus = "failed"
+
+    def finished(self) -> Finished:
+        prompt, generated = len(self.request.prompt_tokens), len(self.history)
+        reason: FinishReason = "stop" if self.history and self.history[-1] in self.request.stop_tokens else "length"
+        return Finished(reason, prompt, generated, billing_units(prompt, generated))
+
+    def record(self, status: WorkStatus, finished_at: float) -> WorkRecord:
+        prompt, generated = len(self.request.prompt_tokens), len(self.history)
+        attempts = self.attempts or [(self.route, 0)]
+        return WorkRecord(
+            request_id=self.request_id,
+            model=self.route.model,
+            status=status,
+            tokens_in=prompt,
+            tokens_out=generated,
+            attribution=_attribution(attempts, prompt, generated),
+            billing_units=billing_units(prompt, generated),
+            started_at=self.started,
+            finished_at=finished_at,
+            session_id=self.session_id,
+        )
+
+
+class SwarmClient:
+    def __init__(
+        self,
+        tracker: TrackerClient,
+        pool: ChannelPool,
+        driver: RouteDriver,
+        config: SwarmConfig,
+        *,
+        outbox: WorkOutbox | None = None,
+        auditor: Auditor | None = None,
+    ) -> None:
+        self.tracker = tracker
+        self.auditor = auditor
+        self._pool = pool
+        self._driver = driver
+        self._config = config
+        self.reports = WorkReporter(tracker, config.reports, outbox)
+
+    async def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
+        session_id = new_session_id()
+        route = await self.tracker.choose_route(request.model, session_id=session_id)
+        # Before anything is streamed: a request that cannot fit would otherwise run until the
+        # first shard runs out of positions and fail as a retryable overload.
+        await self._check_context(route, request)
+        run = _Run(request, request_id, session_id, route)
+        try:
+            # Written ahead: if this process dies mid-request, the record still exists (unverified).
+            await self.reports.write_ahead(run.record("unverified", run.started))
+            yield _accepted(request_id, session_id, route)
+            async with contextlib.aclosing(self._follow(run)) as events:
+                async for event in events:
+                    yield event
+            run.status = "completed"
+            self._offer_audit(run)
+            yield run.finished()
+        except (asyncio.CancelledError, GeneratorExit):
+            run.status = "cancelled"
+            raise
+        finally:
+            self.reports.file(run.record(run.status, time.time()))
+
+    async def _follow(self, run: _Run) -> AsyncGenerator[GenerationEvent, None]:
+        """Drive ``run`` to its end, replaying it onto a new route when a shard is lost."""
+        failovers = 0
+        excluded: frozenset[NodeId] = frozenset()
+        busy_waits = iter(BUSY_BACKOFF_S)
+        while True:
+            run.attempts.append((run.route, len(run.history)))
+            route = run.route
+            session = RouteSession(run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch)
+            produced = len(run.history)
+            try:
+                async for event in self._driver.run(session, run.request, history=tuple(run.history)):
+                    if isinstance(event, TokenGenerated):
+                        run.history.append(event.token_id)
+                    yield event
+                return
+            except ResourceExhausted:
+                # A shard past the head can still hold the KV of the session before this one
+                # for a moment (releases travel down the route after the answer came back), so
+                # a full shard at the opening, before this attempt produced anything, is waited
+                # out briefly on the same route; after that it is the client's overload.
+                pause = next(busy_waits, None) if len(run.history) == produced else None
+                if pause is None:
+                    raise
+                run.attempts.pop()
+                await asyncio.sleep(pause)
+            except MeshnetError as error:
+                lost = None if failovers >= self._config.max_failovers else await self._lost_hops(error, route)
+                if lost is None:
+                    raise
+                failovers += 1
+                # A hop found dead stays excluded for the rest of the request: the tracker lists
+                # it until it misses enough heartbeats, and routing onto it again wastes a failover.
+                excluded |= lost
+                run.route = await self._replace(run.request, run.session_id, route, error, excluded)
+                replay = f"{error.message}; replaying {len(run.history)} token(s) onto a new route"
+                yield RouteHealth("failover", replay)
+                yield _accepted(run.request_id, run.session_id, run.route)
+
+    def _offer_audit(self, run: _Run) -> None:
+        # A request that failed over ran on a mix of routes; its replay would need the same mix,
+        # so only requests served by one route are audited.
+        if self.auditor is not None and len(run.attempts) == 1:
+            self.auditor.submit(AuditCase(run.request_id, run.request, run.route, tuple(run.history)))
+
+    async def drain_reports(self, timeout_s: float | None = None) -> None:
+        """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""
+        await self.reports.drain(timeout_s)
+
+    async def route_context(self, model: str) -> int | None:
+        """Tokens a session holds on the route the tracker gives ``model`` now; None: no route."""
+        try:
+            route = await self.tracker.choose_route(model)
+        except NoRoute:
+            return None
+        return await self._route_context(route)
+
+    async def _route_context(self, route: Route) -> int | None:
+        answers = await asyncio.gather(
+            *(self._driver.capability(hop.address, hop.node_id) for hop in route.hops),
+            return_exceptions=True,
+        )
+        known = []
+        for answer in answers:
+            if isinstance(answer, MeshnetError):
+                continue  # a hop that cannot be asked is left to the driver, which fails over
+            if isinstance(answer, BaseException):
+                raise answer
+            known.append(answer.n_ctx_per_session)
+        return min(known, default=None)
+
+    async def _check_context(self, route: Route, request: GenerationRequest) -> None:
+        context = await self._route_context(route)
+        prompt = len(request.prompt_tokens)
+        if context is not None and prompt + request.max_tokens > context:
+            advice = f"lower max_tokens to at most {context - prompt}" if prompt < context else "shorten the prompt"
+            raise ContextLengthExceeded(
+                f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) exceeds the {context}-token "
+                f"context each session has on this swarm's shards; {advice}"
+            )
+
+    async def _lost_hops(self, error: MeshnetError, route: Route) -> frozenset[NodeId] | None:
+        """The hops to avoid if ``error`` is recovered by replay onto a new route; None if not.
+
+        Lost state -- a dead or restarted shard, an evicted session -- is recovered by replay, and
+        with no hop found dead the tracker may plan the same shards again, which is what a retry
+        should do. An untyped error counts too when a hop probes dead: a shard relaying the death
+        of the next one does not always know it was a death (gRPC fails a send on a broken
+        transport with INTERNAL), and the probe, not the relayed code, tells a lost hop. A stale
+        route epoch is recovered the same way: the tracker moved the epoch on because a node
+        left (a link down shows up here first), so the route is planned again and replayed.
+        """
+        untyped = type(error) is MeshnetError
+        if not (untyped or isinstance(error, Unavailable | CacheMiss | RouteStale)):
+            return None
+        dead = frozenset(await self._probe_dead(route))
+        return None if untyped and not dead else dead
+
+    async def _replace(
+        self,
+        request: GenerationRequest,
+        session_id: SessionId,
+        route: Route,
+        error: MeshnetError,
+        excluded: frozenset[NodeId],
+    ) -> Route:
+        hops = [hop.address for hop in route.hops]
+        log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
+        try:
+            return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
+        except NoRoute as no_route:
+            # The client-visible fact is the lost worker; the missing replacement is why it stays lost.
+            raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
+
+    async def _probe_dead(self, route: Route) -> set[NodeId]:
+        async def alive(address: str, node_id: str) -> bool:
+            try:
+                await fetch_capability(self._pool, address, timeout_s=PROBE_TIMEOUT_S, node_id=node_id)
+                return True
+            except MeshnetError:
+                return False
+
+        answers = await asyncio.gather(*(alive(h.address, h.node_id) for h in route.hops))
+        return {hop.node_id for hop, ok in zip(route.hops, answers, strict=True) if not ok}
+
+
+def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:
+    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch)
+
+
+def _attribution(attempts: list[tuple[Route, int]], prompt: int, generated: int) -> tuple[NodeWork, ...]:
+    """Tokens each node processed: every route ran the prompt, the tokens replayed onto it and
+    the ones generated on it, that is the prompt plus all tokens up to where the next began."""
+    totals: dict[NodeId, NodeWork] = {}
+    ends = [start for _, start in attempts[1:]] + [generated]
+    for (route, _), end in zip(attempts, ends, strict=True):
+        for hop in route.hops:
+            before = totals[hop.node_id].tokens if hop.node_id in totals else 0
+            totals[hop.node_id] = NodeWork(hop.node_id, hop.layers, before + prompt + end)
+    return tuple(totals.values())

@@ -1,0 +1,397 @@
+"""shard.proto messages <-> meshnet's typed frozen values (``protocol.frames``), one message at a time.
+
+Nothing outside ``meshnet.wire`` reads or builds shard protobuf messages field by field; the
+tracker's messages have their twin module in ``tracker_wire``. Each message's encoder and decoder
+sit side by side. Decoding never trusts the sender: unknown schema versions and enum values,
+malformed sizes, bad checksums and out-of-range numbers all raise typed ``MeshnetError``s (never
+``assert``, never a bare exception), and every size is bounded before anything is allocated.
+Encoding computes the payload checksum.
+
+Release and Cancel are served for operators and other clients; meshnet's own client ends a
+session by closing its stream, so only their server side (request in, reply out) is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.generation import SamplingParams
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.sampling_options import (
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_TOP_LOGPROBS,
+    LogitAdjustments,
+    LogprobRequest,
+    OutputConstraint,
+    TokenLogprob,
+    TokenLogprobs,
+)
+from meshnet.wire.frames import (
+    MAX_ID_CHARS,
+    CacheExpectation,
+    CapabilityInfo,
+    Continuation,
+    FrameLimits,
+    FrameMeta,
+    HopSpec,
+    HopTiming,
+    Phase,
+    SessionEnd,
+    ShardRole,
+    StepFrame,
+    StepResult,
+    check_schema_version,
+)
+from meshnet.wire.generated import shard_pb2 as pb
+from meshnet.wire.payload import decode_hidden, decode_tokens, encode_tokens, write_hidden
+
+_PHASE_TO_PROTO: dict[Phase, int] = {"prefill": pb.PHASE_PREFILL, "decode": pb.PHASE_DECODE}
+_PHASE_FROM_PROTO: dict[int, Phase] = {v: k for k, v in _PHASE_TO_PROTO.items()}
+_CACHE_TO_PROTO: dict[CacheExpectation, int] = {
+    "new": pb.CACHE_EXPECTATION_NEW,
+    "continue": pb.CACHE_EXPECTATION_CONTINUE,
+}
+_CACHE_FROM_PROTO: dict[int, CacheExpectation] = {v: k for k, v in _CACHE_TO_PROTO.items()}
+_ROLE_TO_PROTO: dict[ShardRole, int] = {
+    "head": pb.SHARD_ROLE_HEAD,
+    "middle": pb.SHARD_ROLE_MIDDLE,
+    "tail": pb.SHARD_ROLE_TAIL,
+    "full": pb.SHARD_ROLE_FULL,
+}
+MAX_METRICS = 4096
+MAX_STOP_TOKENS = 1024
+
+
+# --- step frames --------------------------------------------------------------------------------
+
+
+def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
+    """A frame -> StepRequest, with the payload checksum computed here."""
+    meta = frame.meta
+    if frame.tokens is not None:
+        tokens, crc = encode_tokens(frame.tokens)
+        message = pb.StepRequest(tokens=tokens, final_chunk=frame.final_chunk)
+    else:
+        # StepFrame guarantees exactly one input, so hidden is set here; written in place.
+        message = pb.StepRequest(final_chunk=frame.final_chunk)
+        crc = write_hidden(message.hidden, np.asarray(frame.hidden))
+    header = message.header
+    header.schema_version = meta.schema_version
+    header.request_id = meta.request_id
+    header.session_id = meta.session_id
+    header.route_epoch = meta.route_epoch
+    header.fingerprint = meta.fingerprint
+    header.layers.start = meta.layers.start
+    header.layers.stop = meta.layers.stop
+    header.phase = _PHASE_TO_PROTO[meta.phase]  # type: ignore[assignment]
+    header.position = meta.position
+    header.step = meta.step
+    header.cache = _CACHE_TO_PROTO[meta.cache]  # type: ignore[assignment]
+    header.compression = pb.COMPRESSION_NONE
+    header.checksum = crc
+    header.deadline_ms = meta.deadline_ms or 0
+    for hop in frame.downstream:
+        message.downstream.add(
+            address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint, node_id=hop.node_id
+        )
+    if frame.sampling is not None:
+        message.sampling.CopyFrom(_sampling_to_proto(frame.sampling))
+    if frame.continuation is not None:
+        message.continuation.max_steps = frame.continuation.max_steps
+        message.continuation.stop_token_ids.extend(sorted(frame.continuation.stop_token_ids))
+    if frame.ring:
+        message.ring = True
+    if frame.want_timings:
+        message.want_timings = True
+        _add_timings(message.timings, frame.timings)
+    return message
+
+
+def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
+    """A received StepRequest -> a validated frame, or InvalidArgument / IntegrityError / ..."""
+    if not message.HasField("header"):
+        raise InvalidArgument("the frame has no header")
+    header = message.header
+    meta = _meta_from_proto(header)
+    which = message.WhichOneof("input")
+    tokens = hidden = None
+    if which == "tokens":
+        tokens = decode_tokens(message.tokens, limits, header.checksum)
+    elif which == "hidden":
+        hidden = decode_hidden(message.hidden, limits, header.checksum)
+    else:
+        raise InvalidArgument("the frame carries no input: set tokens or hidden")
+    if len(message.downstream) > limits.max_hops:
+        raise InvalidArgument(
+            f"the frame lists {len(message.downstream)} downstream hops; at most {limits.max_hops} are allowed"
+        )
+    downstream = tuple(
+        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint, hop.node_id)
+        for hop in message.downstream
+    )
+    sampling = None
+    if message.HasField("sampling"):
+        sampling = _sampling_from_proto(message.sampling)
+    continuation = None
+    if message.HasField("continuation"):
+        stops = message.continuation.stop_token_ids
+        if len(stops) > MAX_STOP_TOKENS:
+            raise InvalidArgument(f"at most {MAX_STOP_TOKENS} stop tokens, got {len(stops)}")
+        continuation = Continuation(message.continuation.max_steps, frozenset(stops))
+    return StepFrame(
+        meta=meta,
+        tokens=tokens,
+        hidden=hidden,
+        downstream=downstream,
+        sampling=sampling,
+        final_chunk=message.final_chunk,
+        continuation=continuation,
+        ring=message.ring,
+        want_timings=message.want_timings,
+        timings=_timings_from_proto(message.timings, limits.max_hops) if message.timings else (),
+    )
+
+
+def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:
+    # The version first: a newer peer must learn which versions we read, not trip over a field.
+    check_schema_version(header.schema_version)
+    phase = _PHASE_FROM_PROTO.get(header.phase)
+    if phase is None:
+        raise InvalidArgument(f"unknown or unspecified phase value {header.phase}")
+    cache = _CACHE_FROM_PROTO.get(header.cache)
+    if cache is None:
+        raise InvalidArgument(f"unknown or unspecified cache expectation value {header.cache}")
+    if header.compression != pb.COMPRESSION_NONE:
+        raise InvalidArgument(f"unknown or unsupported compression value {header.compression}; only NONE is read")
+    if not header.HasField("layers"):
+        raise InvalidArgument("the frame header has no layer range")
+    return FrameMeta(
+        request_id=RequestId(header.request_id),
+        session_id=SessionId(header.session_id),
+        route_epoch=header.route_epoch,
+        fingerprint=header.fingerprint,
+        layers=_range(header.layers, "frame"),
+        phase=phase,
+        position=header.position,
+        step=header.step,
+        cache=cache,
+        deadline_ms=header.deadline_ms or None,
+        schema_version=header.schema_version,
+    )
+
+
+def _span(layers: LayerRange) -> pb.LayerSpan:
+    return pb.LayerSpan(start=layers.start, stop=layers.stop)
+
+
+def _range(span: pb.LayerSpan, what: str) -> LayerRange:
+    try:
+        return LayerRange(span.start, span.stop)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{what}: {error.message}") from None
+
+
+# --- step results -------------------------------------------------------------------------------
+
+
+def result_to_proto(result: StepResult) -> pb.StepResponse:
+    message = pb.StepResponse(session_id=result.session_id, step=result.step, next_position=result.next_position)
+    if result.token_id is None:
+        message.ack.SetInParent()
+    else:
+        message.token.token_id = result.token_id
+        if result.logprobs is not None:
+            message.token.logprobs.CopyFrom(_logprobs_to_proto(result.logprobs))
+    if result.timings:
+        _add_timings(message.timings, result.timings)
+    return message
+
+
+def _add_timings(into: RepeatedCompositeFieldContainer[pb.HopTiming], timings: Sequence[HopTiming]) -> None:
+    for timing in timings:
+        into.add(
+            address=timing.address, layers=_span(timing.layers), queue_us=timing.queue_us, compute_us=timing.compute_us
+        )
+
+
+def _timings_from_proto(timings: Sequence[pb.HopTiming], max_hops: int) -> tuple[HopTiming, ...]:
+    if len(timings) > max_hops + 1:
+        raise InvalidArgument(f"the message lists {len(timings)} hop timings")
+    return tuple(HopTiming(t.address, _range(t.layers, "hop timing"), t.queue_us, t.compute_us) for t in timings)
+
+
+def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepResult:
+    which = message.WhichOneof("result")
+    if which is None:
+        raise InvalidArgument("the step response carries neither a token nor a chunk ack")
+    timings = _timings_from_proto(message.timings, max_hops) if message.timings else ()
+    return StepResult(
+        session_id=SessionId(message.session_id),
+        step=message.step,
+        next_position=message.next_position,
+        token_id=message.token.token_id if which == "token" else None,
+        timings=timings,
+        logprobs=_logprobs_from_proto(message.token) if which == "token" else None,
+    )
+
+
+def ring_open_to_proto(session_id: SessionId, request_id: RequestId) -> pb.RingOpen:
+    return pb.RingOpen(session_id=session_id, request_id=request_id)
+
+
+def ring_open_from_proto(message: pb.RingOpen) -> tuple[SessionId, RequestId]:
+    """Which session's ring answers are asked for (the ids are checked like a frame's)."""
+    end = SessionEnd(SessionId(message.session_id))
+    if not message.request_id or len(message.request_id) > MAX_ID_CHARS:
+        raise InvalidArgument("the ring request needs the session's request id")
+    return end.session_id, RequestId(message.request_id)
+
+
+# --- capability, session end, metrics -----------------------------------------------------------
+
+
+def capability_request_to_proto() -> pb.CapabilityRequest:
+    return pb.CapabilityRequest()
+
+
+def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
+    return pb.Capability(
+        node_id=info.node_id,
+        fingerprint=info.fingerprint,
+        layers=_span(info.layers),
+        n_layers=info.n_layers,
+        n_embd=info.n_embd,
+        vocab_size=info.vocab_size,
+        role=_ROLE_TO_PROTO[info.role],  # type: ignore[arg-type]
+        schema_versions=info.schema_versions,
+        backend=info.backend,
+        backend_version=info.backend_version,
+        max_sessions=info.max_sessions,
+        free_sessions=info.free_sessions,
+        active_sessions=info.active_sessions,
+        n_ctx_per_session=info.n_ctx_per_session,
+        max_frame_bytes=info.max_frame_bytes,
+        max_tokens_per_frame=info.max_tokens_per_frame,
+        prefill_chunk_tokens=info.prefill_chunk_tokens,
+        certified=info.certified,
+    )
+
+
+def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
+    if len(message.schema_versions) > 64:
+        raise InvalidArgument(f"capability lists {len(message.schema_versions)} schema versions")
+    info = CapabilityInfo(
+        node_id=NodeId(message.node_id),
+        fingerprint=message.fingerprint,
+        layers=_range(message.layers, "capability"),
+        n_layers=message.n_layers,
+        n_embd=message.n_embd,
+        vocab_size=message.vocab_size,
+        schema_versions=tuple(message.schema_versions),
+        backend=message.backend,
+        backend_version=message.backend_version,
+        max_sessions=message.max_sessions,
+        free_sessions=message.free_sessions,
+        active_sessions=message.active_sessions,
+        n_ctx_per_session=message.n_ctx_per_session,
+        max_frame_bytes=message.max_frame_bytes,
+        max_tokens_per_frame=message.max_tokens_per_frame,
+        prefill_chunk_tokens=message.prefill_chunk_tokens,
+        certified=message.certified,
+    )
+    if message.role != _ROLE_TO_PROTO[info.role]:
+        raise InvalidArgument(
+            f"capability role value {message.role} contradicts layers {info.layers} of {info.n_layers} (a {info.role})"
+        )
+    return info
+
+
+def session_end_from_proto(message: pb.ReleaseRequest | pb.CancelRequest) -> SessionEnd:
+    """A Release or Cancel request -> which session to free, and why."""
+    return SessionEnd(SessionId(message.session_id), message.reason)
+
+
+def release_reply_to_proto(freed: bool) -> pb.ReleaseResponse:
+    return pb.ReleaseResponse(freed=freed)
+
+
+def cancel_reply_to_proto(freed: bool) -> pb.CancelResponse:
+    return pb.CancelResponse(freed=freed)
+
+
+def metrics_request_to_proto() -> pb.MetricsRequest:
+    return pb.MetricsRequest()
+
+
+def metrics_to_proto(values: Mapping[str, float]) -> pb.MetricsSnapshot:
+    return pb.MetricsSnapshot(values={name: float(value) for name, value in values.items()})
+
+
+def metrics_from_proto(message: pb.MetricsSnapshot) -> dict[str, float]:
+    if len(message.values) > MAX_METRICS:
+        raise InvalidArgument(f"the metrics snapshot holds {len(message.values)} values")
+    return dict(message.values)
+
+
+# --- sampling options and logprobs (OpenAI parameters at the tail) ------------------------------
+
+
+def _sampling_to_proto(s: SamplingParams) -> pb.SamplingSpec:
+    message = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    a = s.adjustments
+    if a.active:
+        message.adjustments.presence_penalty = a.presence_penalty
+        message.adjustments.frequency_penalty = a.frequency_penalty
+        for token, bias in a.logit_bias:
+            message.adjustments.logit_bias.add(token_id=token, bias=bias)
+    if s.logprobs is not None:
+        message.logprobs.top = s.logprobs.top
+    if s.constraint is not None:
+        message.constraint.gbnf = s.constraint.grammar
+        message.constraint.root = s.constraint.root
+    return message
+
+
+def _sampling_from_proto(s: pb.SamplingSpec) -> SamplingParams:
+    adjustments = LogitAdjustments()
+    if s.HasField("adjustments"):
+        a = s.adjustments
+        if len(a.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:  # before building a tuple of them
+            raise InvalidArgument(f"logit_bias holds {len(a.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
+        bias = tuple((entry.token_id, entry.bias) for entry in a.logit_bias)
+        adjustments = LogitAdjustments(a.presence_penalty, a.frequency_penalty, bias)
+    logprobs = LogprobRequest(s.logprobs.top) if s.HasField("logprobs") else None
+    constraint = None
+    if s.HasField("constraint"):
+        constraint = OutputConstraint(s.constraint.gbnf, s.constraint.root or "root")
+    return SamplingParams(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+        adjustments=adjustments,
+        logprobs=logprobs,
+        constraint=constraint,
+    )
+
+
+def _logprobs_to_proto(logprobs: TokenLogprobs) -> pb.SampledLogprobs:
+    message = pb.SampledLogprobs(logprob=logprobs.chosen.logprob)
+    for entry in logprobs.top:
+        message.top.add(token_id=entry.token_id, logprob=entry.logprob)
+    return message
+
+
+def _logprobs_from_proto(token: pb.SampledToken) -> TokenLogprobs | None:
+    if not token.HasField("logprobs"):
+        return None
+    message = token.logprobs
+    if len(message.top) > MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"the step response lists {len(message.top)} top logprobs; at most {MAX_TOP_LOGPROBS}")
+    top = tuple(TokenLogprob(entry.token_id, entry.logprob) for entry in message.top)
+    return TokenLogprobs(TokenLogprob(token.token_id, message.logprob), top)

@@ -1,0 +1,302 @@
+"""tracker.proto messages <-> the typed values of ``meshnet.core.tracking``, one message at a time.
+
+Both ends use this module: the tracker decodes requests and encodes replies, the client (workers
+and the gateway) encodes requests and decodes replies; the shard messages have their twin module
+in ``shard_wire``. Each message's encoder and decoder sit side by side, so adding a field touches
+the proto, the core value and one pair here.
+
+Requests are decoded into validated core values before the tracker touches any state, so
+malformed input becomes ``InvalidArgument`` (INVALID_ARGUMENT) at the edge. A malformed route
+is the tracker's fault, not the caller's, so the client-side decoder reports it as ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
+from meshnet.core.events import RouteHop
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.recipe import Recipe
+from meshnet.core.tracking import (
+    MAX_LAYERS,
+    MAX_PEERS,
+    Deregistered,
+    HardwareSummary,
+    HeartbeatStatus,
+    ModelSummary,
+    NodeLoad,
+    NodeRegistration,
+    Registered,
+    Route,
+    RouteQuery,
+    check_count,
+    check_text,
+)
+from meshnet.wire.generated import tracker_pb2 as pb
+
+MAX_EXCLUDED = 1024
+
+
+def node_id_from_proto(text: str) -> NodeId:
+    check_text("node_id", text)
+    return NodeId(text)
+
+
+# --- Register -----------------------------------------------------------------------------------
+
+
+def recipe_to_proto(recipe: Recipe) -> pb.NodeRegistration.Recipe:
+    return pb.NodeRegistration.Recipe(
+        model_sha256=recipe.model_sha256,
+        architecture=recipe.architecture,
+        adapter_version=recipe.adapter_version,
+        weight_quantization=recipe.weight_quantization,
+        activation_dtype=recipe.activation_dtype,
+        kv_dtype=recipe.kv_dtype,
+        backend=recipe.backend,
+        backend_version=recipe.backend_version,
+        n_layers=recipe.n_layers,
+        n_embd=recipe.n_embd,
+        boundary_schema=recipe.boundary_schema,
+    )
+
+
+def recipe_from_proto(message: pb.NodeRegistration.Recipe) -> Recipe:
+    texts = {
+        "model_sha256": message.model_sha256,
+        "architecture": message.architecture,
+        "adapter_version": message.adapter_version,
+        "weight_quantization": message.weight_quantization,
+        "activation_dtype": message.activation_dtype,
+        "kv_dtype": message.kv_dtype,
+        "backend": message.backend,
+        "backend_version": message.backend_version,
+        "boundary_schema": message.boundary_schema,
+    }
+    for name, value in texts.items():
+        check_text(f"recipe.{name}", value)
+    if not 1 <= message.n_layers <= MAX_LAYERS:
+        raise InvalidArgument(f"recipe.n_layers must be in [1, {MAX_LAYERS}], got {message.n_layers}")
+    check_count("recipe.n_embd", message.n_embd, 1 << 20)
+    return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, **texts)
+
+
+def registration_to_proto(registration: NodeRegistration, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
+    return pb.NodeRegistration(
+        address=registration.address,
+        recipe=recipe_to_proto(registration.recipe),
+        fingerprint=registration.fingerprint,
+        model=registration.model,
+        quantization=registration.quantization,
+        layer_start=registration.layers.start,
+        layer_stop=registration.layers.stop,
+        hardware=pb.NodeRegistration.Hardware(
+            cpu_count=registration.hardware.cpu_count,
+            memory_bytes=registration.hardware.memory_bytes,
+        ),
+        max_sessions=registration.max_sessions,
+        measured=pb.NodeRegistration.Measured(
+            prefill_tokens_per_s=registration.prefill_tokens_per_s,
+            decode_tokens_per_s=registration.decode_tokens_per_s,
+        ),
+        certified=registration.certified,
+        node_id_hint=node_id_hint or "",
+        expert_group_nodes=registration.expert_group,
+    )
+
+
+def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRegistration, NodeId | None]:
+    """The registration and the node id the worker asks to keep, if any."""
+    if not message.HasField("recipe"):
+        raise InvalidArgument("registration has no recipe")
+    registration = NodeRegistration(
+        address=message.address,
+        recipe=recipe_from_proto(message.recipe),
+        fingerprint=message.fingerprint,
+        model=message.model,
+        quantization=message.quantization,
+        layers=LayerRange(message.layer_start, message.layer_stop),
+        hardware=HardwareSummary(message.hardware.cpu_count, message.hardware.memory_bytes),
+        max_sessions=message.max_sessions,
+        prefill_tokens_per_s=message.measured.prefill_tokens_per_s,
+        decode_tokens_per_s=message.measured.decode_tokens_per_s,
+        certified=message.certified,
+        expert_group=tuple(message.expert_group_nodes),
+    )
+    hint = node_id_from_proto(message.node_id_hint) if message.node_id_hint else None
+    return registration, hint
+
+
+def registered_to_proto(registered: Registered) -> pb.RegisterReply:
+    return pb.RegisterReply(
+        node_id=registered.node_id,
+        heartbeat_interval_ms=round(registered.heartbeat_interval_s * 1000),
+        epoch=registered.epoch,
+    )
+
+
+def registered_from_proto(message: pb.RegisterReply) -> Registered:
+    return Registered(NodeId(message.node_id), message.heartbeat_interval_ms / 1000, message.epoch)
+
+
+# --- Heartbeat ----------------------------------------------------------------------------------
+
+
+def heartbeat_to_proto(node_id: NodeId, load: NodeLoad) -> pb.NodeHeartbeat:
+    return pb.NodeHeartbeat(
+        node_id=node_id,
+        active_sessions=load.active_sessions,
+        free_sessions=load.free_sessions,
+        queue_depth=load.queue_depth,
+        kv_used_fraction=load.kv_used_fraction,
+        peers=[pb.PeerLatency(address=address, rtt_ms=rtt) for address, rtt in load.peer_rtt_ms],
+        memory_used_bytes=load.memory_used_bytes,
+        memory_budget_bytes=load.memory_budget_bytes,
+    )
+
+
+def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
+    load = NodeLoad(
+        active_sessions=message.active_sessions,
+        free_sessions=message.free_sessions,
+        queue_depth=message.queue_depth,
+        kv_used_fraction=message.kv_used_fraction,
+        # One past the limit, so an oversized list is refused by NodeLoad rather than cut short.
+        peer_rtt_ms=tuple((peer.address, peer.rtt_ms) for peer in message.peers[: MAX_PEERS + 1]),
+        memory_used_bytes=message.memory_used_bytes,
+        memory_budget_bytes=message.memory_budget_bytes,
+    )
+    return node_id_from_proto(message.node_id), load
+
+
+def heartbeat_status_to_proto(status: HeartbeatStatus) -> pb.HeartbeatReply:
+    return pb.HeartbeatReply(
+        known=status.known, epoch=status.epoch, probe=status.probe, revoked_node_ids=status.revoked
+    )
+
+
+def heartbeat_status_from_proto(message: pb.HeartbeatReply) -> HeartbeatStatus:
+    return HeartbeatStatus(
+        message.known, message.epoch, tuple(message.probe[:MAX_PEERS]), tuple(message.revoked_node_ids)
+    )
+
+
+# --- ChooseRoute --------------------------------------------------------------------------------
+
+
+def route_query_to_proto(query: RouteQuery) -> pb.RouteRequest:
+    message = pb.RouteRequest(
+        model=query.model, session_id=query.session_id or "", exclude_node_ids=sorted(query.exclude)
+    )
+    if query.start_layer is not None:
+        message.require_start_layer = query.start_layer
+    return message
+
+
+def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
+    check_text("model", message.model)
+    if len(message.exclude_node_ids) > MAX_EXCLUDED:
+        raise InvalidArgument(f"at most {MAX_EXCLUDED} excluded nodes, got {len(message.exclude_node_ids)}")
+    if message.session_id:
+        check_text("session_id", message.session_id)
+    return RouteQuery(
+        model=message.model,
+        session_id=SessionId(message.session_id) if message.session_id else None,
+        exclude=frozenset(node_id_from_proto(node_id) for node_id in message.exclude_node_ids),
+        start_layer=message.require_start_layer if message.HasField("require_start_layer") else None,
+    )
+
+
+def route_to_proto(route: Route) -> pb.RouteReply:
+    return pb.RouteReply(
+        hops=[
+            pb.RouteReply.Hop(
+                node_id=hop.node_id,
+                address=hop.address,
+                layer_start=hop.layers.start,
+                layer_stop=hop.layers.stop,
+                fingerprint=route.fingerprint,
+            )
+            for hop in route.hops
+        ],
+        epoch=route.epoch,
+        model=route.model,
+        quantization=route.quantization,
+        n_layers=route.n_layers,
+        estimated_ms_per_token=route.ms_per_token,
+    )
+
+
+def route_from_proto(message: pb.RouteReply) -> Route:
+    """Decode and check a route; a malformed one is the tracker's fault, so it is Unavailable."""
+    fingerprints = {hop.fingerprint for hop in message.hops}
+    if len(fingerprints) != 1:
+        raise Unavailable(f"the tracker sent a route with recipes {sorted(fingerprints)}; refusing it")
+    try:
+        return Route(
+            hops=tuple(
+                RouteHop(NodeId(hop.node_id), hop.address, LayerRange(hop.layer_start, hop.layer_stop))
+                for hop in message.hops
+            ),
+            epoch=message.epoch,
+            model=message.model,
+            quantization=message.quantization,
+            fingerprint=fingerprints.pop(),
+            n_layers=message.n_layers,
+            ms_per_token=message.estimated_ms_per_token,
+        )
+    except MeshnetError as error:
+        raise Unavailable(f"the tracker sent a malformed route: {error.message}") from error
+
+
+# --- ListModels ---------------------------------------------------------------------------------
+
+
+def list_models_request_to_proto() -> pb.ListModelsRequest:
+    return pb.ListModelsRequest()
+
+
+def models_to_proto(models: tuple[ModelSummary, ...], epoch: int) -> pb.ModelList:
+    return pb.ModelList(
+        models=[
+            pb.ModelList.Model(
+                name=model.name,
+                fingerprint=model.fingerprint,
+                quantization=model.quantization,
+                n_layers=model.n_layers,
+                nodes=model.nodes,
+                routable=model.routable,
+                head_sessions=model.head_sessions,
+            )
+            for model in models
+        ],
+        epoch=epoch,
+    )
+
+
+def models_from_proto(message: pb.ModelList) -> tuple[tuple[ModelSummary, ...], int]:
+    """The models the swarm serves, and the epoch they were listed at."""
+    models = tuple(
+        ModelSummary(m.name, m.fingerprint, m.quantization, m.n_layers, m.nodes, m.routable, m.head_sessions)
+        for m in message.models
+    )
+    return models, message.epoch
+
+
+# --- Deregister ---------------------------------------------------------------------------------
+
+
+def deregister_to_proto(node_id: NodeId) -> pb.DeregisterRequest:
+    return pb.DeregisterRequest(node_id=node_id)
+
+
+def deregister_from_proto(message: pb.DeregisterRequest) -> NodeId:
+    return node_id_from_proto(message.node_id)
+
+
+def deregistered_to_proto(reply: Deregistered) -> pb.DeregisterReply:
+    return pb.DeregisterReply(known=reply.known, epoch=reply.epoch)
+
+
+def deregistered_from_proto(message: pb.DeregisterReply) -> Deregistered:
+    return Deregistered(message.known, message.epoch)

@@ -1,0 +1,114 @@
+"""tracker.proto's work messages <-> core values: the records gateways file (``ReportWork``) and
+the audit's verdicts on them (``Quarantine``). The membership and routing messages are in
+``tracker_wire``; the same rules hold: decoded into validated values at the edge."""
+
+from __future__ import annotations
+
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.tracking import (
+    NodeWork,
+    Quarantined,
+    QuarantineOrder,
+    WorkAck,
+    WorkRecord,
+    WorkStatus,
+    check_text,
+)
+from meshnet.wire.generated import tracker_pb2 as pb
+from meshnet.wire.tracker_wire import node_id_from_proto
+
+_STATUS_TO_PROTO: dict[WorkStatus, pb.WorkRecord.Status] = {
+    "completed": pb.WorkRecord.STATUS_COMPLETED,
+    "cancelled": pb.WorkRecord.STATUS_CANCELLED,
+    "failed": pb.WorkRecord.STATUS_FAILED,
+    "unverified": pb.WorkRecord.STATUS_UNVERIFIED,
+}
+_STATUS_FROM_PROTO: dict[int, WorkStatus] = {value: name for name, value in _STATUS_TO_PROTO.items()}
+
+
+# --- ReportWork ---------------------------------------------------------------------------------
+
+
+def work_to_proto(record: WorkRecord) -> pb.WorkRecord:
+    return pb.WorkRecord(
+        request_id=record.request_id,
+        session_id=record.session_id or "",
+        model=record.model,
+        status=_STATUS_TO_PROTO[record.status],
+        tokens_in=record.tokens_in,
+        tokens_out=record.tokens_out,
+        attribution=[
+            pb.WorkRecord.NodeShare(
+                node_id=share.node_id,
+                layer_start=share.layers.start,
+                layer_stop=share.layers.stop,
+                tokens=share.tokens,
+            )
+            for share in record.attribution
+        ],
+        billing_units=record.billing_units,
+        started_at_unix_s=record.started_at,
+        finished_at_unix_s=record.finished_at,
+    )
+
+
+def work_from_proto(message: pb.WorkRecord) -> WorkRecord:
+    status = _STATUS_FROM_PROTO.get(message.status)
+    if status is None:
+        raise InvalidArgument(f"work record status {message.status} is not completed, cancelled, failed or unverified")
+    check_text("request_id", message.request_id)
+    return WorkRecord(
+        request_id=RequestId(message.request_id),
+        session_id=SessionId(message.session_id) if message.session_id else None,
+        model=message.model,
+        status=status,
+        tokens_in=message.tokens_in,
+        tokens_out=message.tokens_out,
+        attribution=tuple(
+            NodeWork(
+                node_id=node_id_from_proto(share.node_id),
+                layers=LayerRange(share.layer_start, share.layer_stop),
+                tokens=share.tokens,
+            )
+            for share in message.attribution
+        ),
+        billing_units=message.billing_units,
+        started_at=message.started_at_unix_s,
+        finished_at=message.finished_at_unix_s,
+    )
+
+
+def work_ack_to_proto(ack: WorkAck) -> pb.WorkAck:
+    return pb.WorkAck(request_id=ack.request_id, duplicate=ack.duplicate)
+
+
+def work_ack_from_proto(message: pb.WorkAck) -> WorkAck:
+    return WorkAck(RequestId(message.request_id), message.duplicate)
+
+
+# --- Quarantine ---------------------------------------------------------------------------------
+
+
+def quarantine_to_proto(order: QuarantineOrder) -> pb.QuarantineRequest:
+    return pb.QuarantineRequest(
+        node_id=order.node_id, reason=order.reason, request_id=order.request_id or "", clear=order.clear
+    )
+
+
+def quarantine_from_proto(message: pb.QuarantineRequest) -> QuarantineOrder:
+    return QuarantineOrder(
+        node_id=node_id_from_proto(message.node_id),
+        reason=message.reason,
+        request_id=RequestId(message.request_id) if message.request_id else None,
+        clear=message.clear,
+    )
+
+
+def quarantined_to_proto(reply: Quarantined) -> pb.QuarantineReply:
+    return pb.QuarantineReply(known=reply.known, record_marked=reply.record_marked, epoch=reply.epoch)
+
+
+def quarantined_from_proto(message: pb.QuarantineReply) -> Quarantined:
+    return Quarantined(message.known, message.record_marked, message.epoch)

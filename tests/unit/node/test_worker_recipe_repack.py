@@ -1,0 +1,38 @@
+"""The repack setting is part of the recipe: a route never mixes nodes loaded with and without it.
+
+llama.cpp's load-time repacking changes Q4_0 results, so a worker started with ``--no-repack``
+must register another fingerprint than one with the default, and the flag must reach the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.core.config_flags import add_config_arguments, config_from_arguments
+from meshnet.node.assembly import backend_label, model_identity
+from meshnet.node.config import WorkerConfig
+
+
+def _worker(tmp_path: Path, *flags: str) -> WorkerConfig:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, WorkerConfig)
+    given = ["--model", str(tmp_path / "m.gguf"), "--layers", "0:2", "--data-dir", str(tmp_path), *flags]
+    args = parser.parse_args(given)
+    return config_from_arguments(WorkerConfig, args)
+
+
+def test_no_repack_reaches_the_engine_and_changes_the_fingerprint(tmp_path: Path) -> None:
+    model = write_synthetic_model(tmp_path / "m.gguf", SyntheticSpec(n_layers=2))
+    default, off = _worker(tmp_path), _worker(tmp_path, "--no-repack")
+    assert default.llama_config(1).repack and not off.llama_config(1).repack
+    assert backend_label(default) == "llama.cpp(flash_attn=on,prefill_chunk=256)"  # the default recipe is unchanged
+    assert backend_label(off) == "llama.cpp(flash_attn=on,prefill_chunk=256,repack=off)"
+    cache, description = SliceCache(tmp_path / "cache"), describe_model(model)
+    recipes = [model_identity(c, cache, description).recipe for c in (default, off)]
+    assert recipes[0].fingerprint() != recipes[1].fingerprint()
+    again = model_identity(_worker(tmp_path, "--repack"), cache, description).recipe
+    assert again.fingerprint() == recipes[0].fingerprint()

@@ -1,0 +1,199 @@
+"""SwarmClient decisions with doubles: which failures fail over, what stays excluded, what is billed.
+
+The end-to-end tests (tests/integration/test_swarm_failover.py) kill real workers, where the
+interesting cases depend on timing; here each is forced: a dead hop that the tracker still lists,
+an untyped error relayed by a shard whose neighbour died, a tracker down for longer than one
+report attempt, a prompt that does not fit the shards' context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from meshnet.route import swarm as swarm_module
+
+from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
+from meshnet.core.events import Finished, RouteAccepted, RouteHealth, RouteHop, TokenGenerated
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import NodeId, RequestId
+from meshnet.core.layers import LayerRange
+from meshnet.core.tracking import Route, WorkRecord
+from meshnet.route.outbox import WorkOutbox
+from meshnet.route.swarm import SwarmClient, SwarmConfig
+from meshnet.route.work_reports import ReportPolicy, WorkReporter
+
+HEAD, TAIL = RouteHop(NodeId("head"), "h:1", LayerRange(0, 2)), RouteHop(NodeId("tail"), "t:1", LayerRange(4, 6))
+MIDDLES = {name: RouteHop(NodeId(name), f"{name}:1", LayerRange(2, 4)) for name in ("a", "b", "c")}
+REQUEST = GenerationRequest((1, 2, 3), max_tokens=6, model="tiny")
+
+
+def route_via(middle: str, epoch: int) -> Route:
+    return Route((HEAD, MIDDLES[middle], TAIL), epoch, "tiny", "Q8_0", "rcp-x", 6, 1.0)
+
+
+@dataclass
+class FakeTracker:
+    """Plans over the listed middles in order, skipping excluded ones; like the tracker, it still
+    lists a dead node until heartbeats expire it. Fails ``report_failures`` reports first."""
+
+    listed: Sequence[str] = ("a", "b", "c")
+    report_failures: int = 0
+    excludes: list[frozenset[NodeId]] = field(default_factory=list)
+    reports: list[WorkRecord] = field(default_factory=list)
+    attempts: int = 0
+
+    async def choose_route(self, model: str, *, session_id: Any = None, exclude: Any = ()) -> Route:
+        self.excludes.append(frozenset(exclude))
+        for epoch, name in enumerate(self.listed, start=1):
+            if MIDDLES[name].node_id not in self.excludes[-1]:
+                return route_via(name, epoch + len(self.excludes))
+        raise NoRoute("layers 2:4 have no live shard")
+
+    async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> None:
+        self.attempts += 1
+        if self.attempts <= self.report_failures:
+            raise Unavailable("tracker unreachable")
+        self.reports.append(record)
+
+
+@dataclass(frozen=True)
+class Capability:
+    n_ctx_per_session: int = 512
+
+
+class FakeDriver:
+    """Generates token = position; a route through a middle in ``failing`` raises its error
+    after ``fail_after`` tokens."""
+
+    def __init__(self, failing: Mapping[NodeId, MeshnetError], fail_after: int = 2, context: int = 512) -> None:
+        self.failing = failing
+        self.fail_after = fail_after
+        self.context = context
+        self.histories: list[tuple[int, ...]] = []
+
+    async def capability(self, address: str, node_id: str | None = None) -> Capability:
+        return Capability(self.context)
+
+    async def run(self, session: Any, request: GenerationRequest, *, history: Sequence[int] = ()) -> AsyncIterator[Any]:
+        self.histories.append(tuple(history))
+        middle = session.hops[1].node_id
+        for index in range(len(history), request.max_tokens):
+            if middle in self.failing and index >= self.fail_after:
+                raise self.failing[middle]
+            yield TokenGenerated(100 + index, index, 1.0)
+
+
+def client(tracker: FakeTracker, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, dead: set[str]) -> SwarmClient:
+    async def probe(pool: object, address: str, timeout_s: float = 0.0, node_id: str | None = None) -> Capability:
+        if address.split(":")[0] in dead:
+            raise Unavailable(f"{address} refused the connection")
+        return Capability()
+
+    monkeypatch.setattr(swarm_module, "fetch_capability", probe)
+    config = SwarmConfig(reports=ReportPolicy(backoff_s=(0.001, 0.001)))
+    return SwarmClient(tracker, object(), driver, config)  # type: ignore[arg-type]
+
+
+async def collect(swarm: SwarmClient) -> list[Any]:
+    events = [event async for event in swarm.generate(REQUEST, RequestId("req-1"))]
+    await swarm.drain_reports(timeout_s=5)
+    return events
+
+
+def tokens(events: list[Any]) -> list[int]:
+    return [event.token_id for event in events if isinstance(event, TokenGenerated)]
+
+
+async def test_a_hop_found_dead_stays_excluded_across_failovers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a dies mid-request; the tracker still lists it, so b is planned; b dies too; c must not be
+    # passed over for a again.
+    tracker = FakeTracker()
+    driver = FakeDriver({NodeId("a"): Unavailable("a lost"), NodeId("b"): Unavailable("b lost")})
+    events = await collect(client(tracker, driver, monkeypatch, dead={"a", "b"}))
+    assert tracker.excludes == [frozenset(), {NodeId("a")}, {NodeId("a"), NodeId("b")}]
+    assert [e.hops[1].node_id for e in events if isinstance(e, RouteAccepted)] == ["a", "b", "c"]
+    assert tokens(events) == [100 + i for i in range(6)]
+    assert driver.histories == [(), (100, 101), (100, 101)]
+    assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 6
+    assert tracker.reports[0].status == "completed"
+
+
+async def test_untyped_error_with_a_dead_hop_fails_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The head relays its neighbour's death as gRPC INTERNAL ("internal"), not UNAVAILABLE.
+    tracker = FakeTracker()
+    driver = FakeDriver({NodeId("a"): MeshnetError("Internal error from Core")})
+    events = await collect(client(tracker, driver, monkeypatch, dead={"a"}))
+    assert [type(e).__name__ for e in events if isinstance(e, RouteHealth | RouteAccepted)] == [
+        "RouteAccepted",
+        "RouteHealth",
+        "RouteAccepted",
+    ]
+    assert tokens(events) == [100 + i for i in range(6)]
+
+
+async def test_untyped_error_with_every_hop_alive_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = FakeTracker()
+    swarm = client(tracker, FakeDriver({NodeId("a"): MeshnetError("a bug, not a loss")}), monkeypatch, dead=set())
+    with pytest.raises(MeshnetError, match="a bug"):
+        await collect(swarm)
+    await swarm.drain_reports(timeout_s=5)
+    assert tracker.excludes == [frozenset()]
+    assert tracker.reports[0].status == "failed" and tracker.reports[0].tokens_out == 2
+
+
+async def test_client_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = FakeTracker()
+    driver = FakeDriver({NodeId("a"): InvalidArgument("bad frame")})
+    with pytest.raises(InvalidArgument):
+        await collect(client(tracker, driver, monkeypatch, dead={"a"}))
+    assert len(tracker.excludes) == 1
+
+
+async def test_failovers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = FakeTracker()
+    lost = {NodeId(name): Unavailable(f"{name} lost") for name in "abc"}
+    with pytest.raises(Unavailable, match="c lost"):
+        await collect(client(tracker, FakeDriver(lost), monkeypatch, dead={"a", "b", "c"}))
+    assert len(tracker.excludes) == 1 + SwarmConfig().max_failovers
+
+
+async def test_work_record_is_retried_until_the_tracker_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = FakeTracker(report_failures=5)
+    await collect(client(tracker, FakeDriver({}), monkeypatch, dead=set()))
+    assert tracker.attempts == 6
+    assert [(r.request_id, r.status, r.tokens_out) for r in tracker.reports] == [("req-1", "completed", 6)]
+
+
+async def test_prompt_beyond_the_shards_context_is_refused_before_any_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = FakeTracker()
+    swarm = client(tracker, FakeDriver({}, context=8), monkeypatch, dead=set())
+    stream = swarm.generate(REQUEST, RequestId("req-1"))  # 3 prompt + 6 new > 8 positions
+    with pytest.raises(ContextLengthExceeded, match="at most 5"):
+        await anext(stream)
+    await asyncio.sleep(0)
+    assert tracker.reports == []
+
+
+async def test_the_record_is_written_ahead_and_its_outcome_replaces_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    tracker = FakeTracker()
+    swarm = client(tracker, FakeDriver({}), monkeypatch, dead=set())
+    outbox = WorkOutbox(tmp_path / "outbox.sqlite3")
+    swarm.reports = WorkReporter(tracker, swarm._config.reports, outbox)
+    events = swarm.generate(REQUEST, RequestId("req-1"))
+    assert isinstance(await anext(events), RouteAccepted)
+    # Mid-request, a crash would leave this: the request, labelled unverified.
+    [ahead] = outbox.pending()
+    assert (ahead.request_id, ahead.status, ahead.tokens_out) == ("req-1", "unverified", 0)
+    rest = [event async for event in events]
+    await swarm.drain_reports(timeout_s=5)
+    assert isinstance(rest[-1], Finished)
+    assert [(r.status, r.tokens_out) for r in tracker.reports] == [("completed", 6)]
+    assert outbox.pending() == []
+    outbox.close()
