@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar
 from meshnet.core.errors import InvalidArgument, MeshnetError
 
 Config = TypeVar("Config")
-_METADATA_KEY = "meshnet.cli.main"
+_METADATA_KEY = "meshnet.cli"
 PROVISIONED_MODEL = "the provisioned model"
 """Shown as the default of every ``--model``: the CLI resolves it under ``--data-dir``."""
 
