@@ -7,8 +7,11 @@ remembered per (path, size, mtime) because hashing a large model takes minutes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,14 +93,34 @@ class SliceCache:
         return ShardFiles(slice_path, embeddings, digest)
 
     @staticmethod
-    def _ensure(path: Path, make: object, layers: LayerRange | None, digest: str, source: Path | None = None) -> None:
-        if path.exists():
-            try:
-                verify_slice(path, layers=layers, source_sha256=digest)
-                return
-            except MeshnetError:
-                path.unlink(missing_ok=True)  # damaged or foreign: cut it again
-        if source is not None and source.name.endswith(HEADER_ONLY_SUFFIX):
-            # Its tensor bytes are holes: cutting from it would make a slice of zeros.
-            raise ArtifactError(f"{path.name} is missing or damaged and {source.name} holds no weights: fetch again")
-        make()  # type: ignore[operator]
+    def _ensure(
+        path: Path, make: Callable[[], object], layers: LayerRange | None, digest: str, source: Path | None = None
+    ) -> None:
+        # Under the file's lock: processes started together on one machine (an expert group's
+        # nodes, which all cut the whole-model slice) must not each cut it and rename over the
+        # copy another one has already mapped; the later ones wait and use the first one's file.
+        with _exclusive(path):
+            if path.exists():
+                try:
+                    verify_slice(path, layers=layers, source_sha256=digest)
+                    return
+                except MeshnetError:
+                    path.unlink(missing_ok=True)  # damaged or foreign: cut it again
+            if source is not None and source.name.endswith(HEADER_ONLY_SUFFIX):
+                # Its tensor bytes are holes: cutting from it would make a slice of zeros.
+                raise ArtifactError(
+                    f"{path.name} is missing or damaged and {source.name} holds no weights: fetch again"
+                )
+            make()
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``'s lock file (kept beside it, never removed: removing it
+    would let a third process lock a new file while the second still holds the old one)."""
+    descriptor = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
