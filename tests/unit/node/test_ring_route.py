@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import numpy as np
@@ -14,6 +14,7 @@ import pytest
 from worker_shards import (
     CHUNK_TOKENS,
     FINGERPRINT,
+    STEP_DEADLINE_MS,
     InProcessStream,
     Route,
     decode,
@@ -23,7 +24,7 @@ from worker_shards import (
     start_route,
 )
 
-from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument, MeshnetError
+from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT
 from meshnet.wire.frames import Continuation, FrameMeta, StepFrame, StepResult
@@ -32,7 +33,6 @@ THREE = ((0, 2), (2, 4), (4, 6))
 PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5)
 LONG_PROMPT = tuple((index * 7 + 3) % 64 for index in range(5 * CHUNK_TOKENS))
 """Five prefill chunks: the opening frame and four on the ring."""
-STEP_DEADLINE_MS = 5000
 FAILS_WITHIN_S = 1.0
 """A failed hop ends the step at the head well before the step's deadline."""
 pytestmark = pytest.mark.timeout(30)  # a ring that loses an answer would hang its test
@@ -62,8 +62,7 @@ def token(result: StepResult) -> int:
 async def freed_everywhere(route: Route, sender: InProcessStream) -> None:
     """The sender's stream ended (as a route driver's does once its head fails the session):
     every shard has let the session go."""
-    while not sender.ended:
-        await asyncio.sleep(0.001)
+    await asyncio.wait_for(reached(lambda: sender.ended), timeout=5.0)
     assert [shard.open_sessions for shard in route.shards] == [0, 0, 0]
     assert all(stream.ended for stream in route.streams)
 
@@ -94,7 +93,7 @@ async def test_the_head_decoding_by_itself_runs_on_the_ring(route: Route) -> Non
     assert len(route.rings) == 1
 
 
-def chunks(first: StepFrame, deadline_ms: int | None = None) -> list[StepFrame]:
+def chunks(first: StepFrame, deadline_ms: int | None) -> list[StepFrame]:
     """The prompt's chunks after the opening one, on the ring, as the route driver sends them."""
     starts = range(CHUNK_TOKENS, len(LONG_PROMPT), CHUNK_TOKENS)
     return [
@@ -115,7 +114,7 @@ async def test_pipelined_prefill_chunks_give_the_whole_prompt_s_tokens(route: Ro
     sender = route.sender()
     first = opening(route, "p", LONG_PROMPT[:CHUNK_TOKENS], final_chunk=False)
     answers = [await sender.exchange(first)]
-    answers += [await sender.exchange(chunk) for chunk in chunks(first)]
+    answers += [await sender.exchange(chunk) for chunk in chunks(first, STEP_DEADLINE_MS)]
     # Only the final chunk samples; the head acknowledges the others once it has forwarded them.
     assert [a.token_id is None for a in answers] == [True, True, True, True, False]
     assert [a.next_position for a in answers] == [4, 8, 12, 16, 20]
@@ -159,6 +158,31 @@ async def test_a_failed_hop_ends_the_step_at_the_head_and_frees_the_session(rout
     else:  # the tail's ring or the head's watch on the middle ends: a retryable loss of the route
         assert failure.value.retryable, failure.value
     await freed_everywhere(route, sender)
+
+
+async def test_a_link_lost_behind_the_middle_ends_the_step_the_head_waits_on(route: Route) -> None:
+    # The tail never hears of the loss and keeps the session: only the middle's watch on its
+    # downstream, and the head's on the middle, can end the head's wait for the tail's answer.
+    first = opening(route, "s", PROMPT)
+    opened = await route.head.handle(first, None)
+    tail = route.backend(2)
+    tail.stall()
+    begun = tail.batches_begun
+    step = decode(first, step=1, position=opened.next_position, token=token(opened), deadline_ms=STEP_DEADLINE_MS)
+    waiting = asyncio.ensure_future(route.head.handle(step, None))
+    await asyncio.wait_for(reached(lambda: tail.batches_begun > begun), timeout=5.0)
+    lost = time.monotonic()
+    route.streams[1].sever()  # middle -> tail
+    with pytest.raises(Unavailable, match="connection to shard-2 was lost"):
+        await waiting
+    assert time.monotonic() - lost < FAILS_WITHIN_S, "the loss waited for the step's deadline"
+    assert route.shards[1].open_sessions == 0  # the middle let the session go at once
+    tail.running.set()
+
+
+async def reached(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize("victim", [1, 2], ids=["middle", "tail"])

@@ -56,6 +56,9 @@ FINGERPRINT = "fake-recipe"
 CHUNK_TOKENS = 4
 """Every shard's prefill chunk (the fake backend's ``max_batch_tokens``)."""
 CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, scratch_bytes=0, budget_bytes=None)
+STEP_DEADLINE_MS = 5000
+"""Every ring frame's deadline unless a test gives another: a lost answer fails its test in
+seconds instead of hanging it."""
 STALL_LIMIT_S = 10.0
 """A stalled backend runs on after this long however the test ends, so no engine thread hangs."""
 
@@ -75,6 +78,8 @@ class Backend(FakeBackend):
         super().__init__(layers, N_LAYERS, max_slots=max_slots, n_ctx_per_slot=256, max_batch_tokens=CHUNK_TOKENS)
         self.fail_with: Exception | None = None
         """Raised by every batch from now on, when set."""
+        self.batches_begun = 0
+        """Batches handed to this backend, stalled ones included."""
         self.running = threading.Event()
         """Cleared, every batch waits until it is set again (a stalled hop)."""
         self.running.set()
@@ -83,6 +88,7 @@ class Backend(FakeBackend):
         self.running.clear()
 
     def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        self.batches_begun += 1
         self.running.wait(STALL_LIMIT_S)
         if self.fail_with is not None:
             raise self.fail_with
@@ -134,6 +140,7 @@ class InProcessStream:
         self.address = shard.identity.address
         self._frames = _Frames()
         self._answers = _Answers()
+        self._severed = False
         deadline = None if timeout is None else time.monotonic() + timeout
         self._serving = asyncio.ensure_future(self._serve(shard, deadline))
 
@@ -164,7 +171,8 @@ class InProcessStream:
         return await self._answers.read()
 
     async def finish_writing(self) -> None:
-        self._frames.queue.put_nowait(None)
+        if not self._severed:
+            self._frames.queue.put_nowait(None)
 
     @property
     def ended(self) -> bool:
@@ -173,13 +181,24 @@ class InProcessStream:
 
     async def close(self) -> None:
         await self.finish_writing()
-        await asyncio.wait({self._serving}, timeout=1.0)  # as ``ShardStream.close`` waits
+        if not self._severed:
+            await asyncio.wait({self._serving}, timeout=1.0)  # as ``ShardStream.close`` waits
         self.cancel()
 
     def cancel(self) -> None:
-        if not self._serving.done():
+        self._answers.put(Unavailable(f"the session stream to {self.address} was cancelled"))
+        if not self._severed:
             self._serving.cancel()
-            self._answers.put(Unavailable(f"the session stream to {self.address} was cancelled"))
+
+    def sever(self) -> None:
+        """Lose the connection under the stream: the sending side sees the stream fail, and the
+        receiving shard hears nothing of it, as on a half-open link (its session stays)."""
+        self._answers.put(Unavailable(f"the connection to {self.address} was lost"))
+        self._severed = True
+
+    def stop(self) -> None:
+        """Teardown: stop serving the stream, severed or not."""
+        self._serving.cancel()
 
 
 class InProcessRing:
@@ -244,7 +263,7 @@ class Route:
         for shard in self.shards:
             await shard.close()
         for stream in self.streams:
-            stream.cancel()
+            stream.stop()
         for ring in self.rings:
             ring.cancel()
         for loop in self.loops:
@@ -320,7 +339,7 @@ def on_ring(
     phase: Phase = "decode",
     final_chunk: bool = True,
     epoch: int | None = None,
-    deadline_ms: int | None = None,
+    deadline_ms: int | None = STEP_DEADLINE_MS,
 ) -> StepFrame:
     """A later frame of ``first``'s session into the head: a ring frame, as every one is."""
     meta = first.meta
@@ -341,7 +360,13 @@ def on_ring(
 
 
 def decode(
-    first: StepFrame, *, step: int, position: int, token: int, epoch: int | None = None, deadline_ms: int | None = None
+    first: StepFrame,
+    *,
+    step: int,
+    position: int,
+    token: int,
+    epoch: int | None = None,
+    deadline_ms: int | None = STEP_DEADLINE_MS,
 ) -> StepFrame:
     """Decode step ``step`` of ``first``'s session: one token, on the ring."""
     return on_ring(first, (token,), step=step, position=position, epoch=epoch, deadline_ms=deadline_ms)
