@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import grpc
 import numpy as np
@@ -34,7 +35,7 @@ from worker_harness import (
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.route.shard_stream import ChannelPool
+from meshnet.route.shard_stream import ChannelPool, RingStream
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, StepFrame
 from meshnet.wire.generated import shard_pb2 as pb
 from meshnet.wire.shard_wire import frame_to_proto
@@ -150,6 +151,14 @@ def damaged_frames(route: list[RunningWorker]) -> dict[str, tuple[list[bytes], g
         grpc.StatusCode.DATA_LOSS,
         head,
     )
+    # What an old or hostile sender could send: a decode step on the chain, off the ring.
+    chained = opening_frame(route, "victim-chain", HEALTHY_PROMPT)
+    off_ring = replace(decode_frame(chained, step=1, position=len(HEALTHY_PROMPT), token=1), ring=False)
+    cases["continuation off the ring"] = (
+        [frame_to_proto(chained).SerializeToString(), frame_to_proto(off_ring).SerializeToString()],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        head,
+    )
     return cases
 
 
@@ -166,6 +175,7 @@ CASES = [
     "truncated protobuf",
     "oversized frame",
     "damaged continuation",
+    "continuation off the ring",
 ]
 
 
@@ -184,6 +194,7 @@ async def test_healthy_session_alone_matches_the_reference(
 
 
 def tail_step(worker: RunningWorker, session: str, step: int, rows: int) -> bytes:
+    """A step after the opening one into a tail: a ring frame, answered on the session's ring."""
     meta = FrameMeta(
         RequestId("req-" + session),
         SessionId(session),
@@ -195,7 +206,19 @@ def tail_step(worker: RunningWorker, session: str, step: int, rows: int) -> byte
         step,
         "continue",
     )
-    return frame_to_proto(StepFrame(meta, hidden=np.full((rows, N_EMBD), 0.5, np.float32))).SerializeToString()
+    frame = StepFrame(meta, hidden=np.full((rows, N_EMBD), 0.5, np.float32), ring=True)
+    return frame_to_proto(frame).SerializeToString()
+
+
+async def open_neighbour(
+    channel: grpc.aio.Channel, pool: ChannelPool, tail: RunningWorker, session: str
+) -> tuple[grpc.aio.StreamStreamCall, RingStream]:
+    """A session opened on ``tail`` over ``channel`` (as a middle opens one), and its ring: the
+    tail answers every later step there, as it answers a head."""
+    call = channel.stream_stream(SESSION_METHOD)(timeout=10)
+    await call.write(hidden_opening(tail, session, np.ones((3, N_EMBD), np.float32)).SerializeToString())
+    assert await call.read() is not grpc.aio.EOF
+    return call, RingStream(pool, tail.address, SessionId(session), RequestId("req-" + session), 10)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -217,28 +240,27 @@ async def test_malformed_frame_gets_its_status_while_another_session_is_untouche
     # A neighbour stream on the malformed frame's own connection must survive it too.
     tail = route[2]
     neighbour_channel = channel if target is tail else raw_channel(tail.address)
-    neighbour = neighbour_channel.stream_stream(SESSION_METHOD)(timeout=10)
     try:
-        opening = hidden_opening(tail, f"neighbour-{case}", np.ones((3, N_EMBD), np.float32))
-        await neighbour.write(opening.SerializeToString())
-        assert await neighbour.read() is not grpc.aio.EOF
+        neighbour, ring = await open_neighbour(neighbour_channel, pool, tail, f"neighbour-{case}")
         await asyncio.wait_for(decoding.wait(), timeout=5)
         sent_mid_decode = not task.done()
         outcome = await raw_session(channel, frames)
         await neighbour.write(tail_step(tail, f"neighbour-{case}", 1, 1))
-        neighbour_answer = await neighbour.read()
+        neighbour_answer = await ring.read()
+        ring.cancel()
         await neighbour.done_writing()
         await asyncio.wait_for(task, timeout=10)
     finally:
         task.cancel()
-        neighbour.cancel()
-        await channel.close()
+        await channel.close()  # which cancels the neighbour's stream on it, if still open
         await neighbour_channel.close()
     print(f"{case}: {outcome.code.name} in {outcome.seconds * 1000:.1f} ms ({outcome.details[:70]})")
     assert outcome.code == expected, outcome.details
+    if case == "continuation off the ring":
+        assert "must be a ring frame" in outcome.details  # refused by the head, not further down
     assert sent_mid_decode, "the healthy session finished before the malformed frame was sent"
     assert produced == healthy_solo
-    assert pb.StepResponse.FromString(neighbour_answer).next_position == 4
+    assert neighbour_answer.next_position == 4
     if case == "oversized frame":
         # gRPC core itself takes >= ~100 ms to refuse an over-limit message (measured on a bare
         # echo server too), so G6's 100 ms is reported, and only a gross stall fails here.

@@ -271,6 +271,7 @@ def opening_frame(
 
 
 def decode_frame(opening: StepFrame, *, step: int, position: int, token: int, **meta: object) -> StepFrame:
+    """A decode step after ``opening`` into the head: on the ring, as every frame after the opening one."""
     fields: dict[str, object] = {
         "request_id": opening.meta.request_id,
         "session_id": opening.meta.session_id,
@@ -283,7 +284,7 @@ def decode_frame(opening: StepFrame, *, step: int, position: int, token: int, **
         "cache": "continue",
     }
     fields.update(meta)
-    return StepFrame(FrameMeta(**fields), tokens=np.array([token], np.int32))  # type: ignore[arg-type]
+    return StepFrame(FrameMeta(**fields), tokens=np.array([token], np.int32), ring=True)  # type: ignore[arg-type]
 
 
 # -- raw bytes on the wire -----------------------------------------------------------------------

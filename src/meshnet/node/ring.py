@@ -1,10 +1,11 @@
 """The ring: a decode token goes from the tail straight back to the head.
 
-Without it, every decode step's answer walks back through each middle shard, so a route of N
-shards crosses 2(N-1) seams per token. On a ring the head forwards a ``ring`` frame, each middle
-forwards it on without answering, and the tail writes its answer into the session's
-``RingMailbox``, which the head reads over a ``RingReturn`` stream it opened on the tail: N
-crossings per token.
+A session's opening frame travels down the chain of shards and its answer back up it (the tail
+holds the session only once that frame has reached it). Every frame after it is a ``ring`` frame
+(a shard refuses any other): the head forwards it, each middle forwards it on without answering,
+and the tail writes its answer into the session's ``RingMailbox``, which the head reads over a
+``RingReturn`` stream it opened on the tail. A token crosses N seams on a route of N shards, where
+answering back through each middle would cross 2(N-1).
 
 Prefill chunks after the opening one travel on the ring too, pipelined: the head answers a
 non-final chunk as soon as it has forwarded it, so the sender sends the next one while the
@@ -14,8 +15,8 @@ tail at any time (the head waits for the tail's ack of chunk c-K before forwardi
 Nothing about failure handling is lost by not answering: every forwarding shard keeps a watch on
 its downstream stream (``RingLeg.watch``), which in ring mode only ever ends with the reason the
 downstream failed; the head races its wait for the tail's answer against that watch and against
-the step's deadline, and a middle's servicer races its next upstream frame against it, so a lost
-hop ends the route's stream at the head as quickly as on the chain.
+the step's deadline, and a middle's session stream (``node.session_stream``) races its next
+upstream frame against it, so a lost hop ends the route's stream at the head at once.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from meshnet.wire.frames import StepFrame, StepResult
 
 
 class RingReader(Protocol):
-    """The head's end of a ``RingReturn`` stream (``client.shard_stream.RingStream`` on the wire)."""
+    """The head's end of a ``RingReturn`` stream (``route.shard_stream.RingStream`` on the wire)."""
 
     async def read(self) -> StepResult: ...
 
@@ -48,8 +49,8 @@ class RingReader(Protocol):
 
 
 OpenRing = Callable[[str, SessionId, RequestId, float | None, str | None], RingReader]
-"""(tail address, session, request, timeout, tail node id to pin in the handshake) -> its answers."""
-"""Open the RingReturn stream of a session on the tail at an address, with a timeout in seconds."""
+"""Open the RingReturn stream of a session on the tail: (tail address, session, request, timeout in
+seconds, tail node id to pin in the handshake) -> its answers."""
 
 
 class RingLink(Protocol):

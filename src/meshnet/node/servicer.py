@@ -1,13 +1,9 @@
-"""The gRPC Shard servicer: wire adaptation only; decisions live in ``Shard``.
-
-A session lives exactly as long as its stream: when the upstream closes, cancels, or a frame
-fails, the session's KV is freed here and the downstream stream is closed, which frees it on
-every later shard in turn.
+"""The gRPC Shard servicer: wire adaptation and who may do what; decisions live in ``Shard``,
+and a Session stream's life in ``SessionStream`` (``session_stream.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied
 from meshnet.core.ids import SessionId
-from meshnet.node.ring import watch_error
+from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_opening, authorize_shard
@@ -90,21 +86,6 @@ class ShardServicer(pb.ShardServicer):
         await self._admit(context, rpc, end.session_id)
         return await self.shard.end(end.session_id, end.reason or default_reason)
 
-    async def _next_frame(
-        self, frames: AsyncIterator[pb.StepRequest], session_id: SessionId | None
-    ) -> pb.StepRequest | None:
-        """The next upstream frame (None at the end of the stream); on a ring, a middle raises here
-        as soon as its downstream fails, so the failure reaches the head without waiting for a frame."""
-        watch = None if session_id is None else self.shard.ring_watch(session_id)
-        if watch is None:
-            return await anext(frames, None)
-        following = asyncio.ensure_future(anext(frames, None))
-        await asyncio.wait({following, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if following.done():
-            return following.result()
-        following.cancel()
-        raise watch_error(watch)
-
     async def RingReturn(self, request: pb.RingOpen, context: grpc.aio.ServicerContext) -> None:
         # Only a swarm worker (the route's head) reads a ring; the request id it must name is
         # known only to the route's own shards. A coroutine writing with ``context.write`` (not
@@ -123,31 +104,22 @@ class ShardServicer(pb.ShardServicer):
         caller = await self._admit(context, "Session")
         opener = None if caller is None else caller.node_id
         remaining = context.time_remaining()
-        stream_deadline = None if remaining is None else time.monotonic() + remaining
-        session_id: SessionId | None = None
-        """Set once a frame of this stream succeeded: only then does the session belong to it."""
+        stream = SessionStream(self.shard, None if remaining is None else time.monotonic() + remaining)
         failure: MeshnetError | None = None
         frames = aiter(request_iterator)
         try:
-            while (message := await self._next_frame(frames, session_id)) is not None:
+            while (message := await stream.next_frame(frames)) is not None:
                 frame = frame_from_proto(message, self.shard.limits)
-                if session_id is not None and frame.meta.session_id != session_id:
-                    raise InvalidArgument("one stream carries one session; open a new stream for another")
-                if session_id is None:  # the opening frame: whose session, and may it start here
+                if stream.session_id is None:  # the opening frame: whose session, and may it start here
                     if self._openers.get(frame.meta.session_id, opener) != opener:
                         raise PermissionDenied("this session belongs to another party")
                     if caller is not None:
                         enforce(authorize_opening(caller, frame.meta.layers.start))
-                result = await self.shard.handle(frame, stream_deadline)
-                session_id = frame.meta.session_id
+                result = await stream.run(frame)
                 if opener is not None:
-                    self._openers[session_id] = opener
-                if self.shard.answer_upstream(frame):
-                    yield result_to_proto(result)
-                if frame.continuation is None:
-                    continue  # nothing for the head to run by itself (every frame but the last)
-                async for continued in self.shard.continue_decoding(frame, result, stream_deadline):
-                    yield result_to_proto(continued)
+                    self._openers[frame.meta.session_id] = opener
+                async for answer in stream.answers(frame, result):
+                    yield result_to_proto(answer)
         except MeshnetError as error:
             failure = error
         except DecodeError as error:
@@ -155,15 +127,9 @@ class ShardServicer(pb.ShardServicer):
             # the sender's malformed input (INVALID_ARGUMENT), not a server fault (UNKNOWN).
             failure = InvalidArgument(f"the frame is not a valid StepRequest: {error}")
         finally:
-            if session_id is not None:
-                self._openers.pop(session_id, None)
-                if failure is not None:
-                    self.shard.fail_ring(session_id, failure)
-                reason = "stream ended" if failure is None else f"stream failed: {failure.code}"
-                try:
-                    await self.shard.end(session_id, reason)
-                except MeshnetError:
-                    log.exception("releasing session %s failed", session_id)
+            if stream.session_id is not None:
+                self._openers.pop(stream.session_id, None)
+            await stream.end(failure)
         if failure is not None:
-            log.info("session %s failed: [%s] %s", session_id, failure.code, failure.message)
+            log.info("session %s failed: [%s] %s", stream.session_id, failure.code, failure.message)
             await abort_with(context, failure)

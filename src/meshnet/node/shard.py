@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from meshnet.core.errors import FailedPrecondition, MeshnetError, Unavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.engine.backend import StepInput
 from meshnet.engine.constraints import GrammarVocabulary
@@ -114,6 +114,10 @@ class Shard(Generic[S]):
             )
         if meta.layers != self.shape.layers:
             raise FailedPrecondition(f"frame asks for layers {meta.layers}; this shard runs {self.shape.layers}")
+        if meta.cache == "continue" and not frame.ring:
+            # Only the opening frame travels off the ring (``StepFrame`` refuses it on one); an
+            # old or hostile sender's chain frame has no path through a route any more.
+            raise InvalidArgument("every frame after a session's opening one must be a ring frame")
         self._output.check(frame)
 
     async def _open(self, frame: StepFrame, stream_deadline: float | None) -> Session[S]:
@@ -159,11 +163,12 @@ class Shard(Generic[S]):
             self._seam_messages += 1  # forwarded downstream, or answered round the ring
         return result
 
-    # -- the ring (``worker.ring``) ---------------------------------------------------------
+    # -- the ring (``node.ring``) -----------------------------------------------------------
 
     def answer_upstream(self, frame: StepFrame) -> bool:
-        """Whether ``frame``'s answer goes back up its stream (counted when that is a seam): not
-        for a ring frame into a shard after the head, whose answer goes round the ring."""
+        """Whether ``frame``'s answer goes back up its stream (counted when that is a seam): the
+        head answers every frame; a shard after it only the opening one, as it answers a ring
+        frame round the ring (the tail) or not at all (a middle)."""
         if self.shape.takes_tokens:
             return True
         if frame.ring:
@@ -287,26 +292,25 @@ def build_shard(
     capacity: CapacityPlan,
     connect: Connect,
     *,
-    open_ring: OpenRing | None = None,
+    open_ring: OpenRing,
     clock: Callable[[], float] = time.monotonic,
     grammars: GrammarVocabulary | None = None,
 ) -> AnyShard:
     """The shard for the backend ``loop`` runs, its stages chosen from the backend's role.
 
-    ``connect`` opens the stream to a session's next hop (used only if this shard forwards);
-    ``open_ring`` lets a head run decode on the ring (the tail answers it directly);
-    ``clock`` times sessions for eviction and expiry; ``grammars`` lets a tail constrain output
-    to a grammar (response_format), None refuses such sessions.
+    ``connect`` opens the stream to a session's next hop and ``open_ring`` the tail's RingReturn
+    stream of a session (used only if this shard forwards; ``open_ring`` only by a head, which
+    reads the tail's answers to every frame after the opening one there); ``clock`` times
+    sessions for eviction and expiry; ``grammars`` lets a tail constrain output to a grammar
+    (response_format), None refuses such sessions.
     """
     shape = loop.backend.shape
-    head_loop = HeadDecodeLoop(ring=open_ring is not None and not shape.emits_logits)
-    continuation: Continuation = head_loop if shape.takes_tokens else NoContinuation()
+    continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
     if shape.emits_logits:
         sampling_table = SessionTable[TailState](policy, clock=clock)
         stage = SampleStage(grammars, is_head=shape.takes_tokens)
         return Shard(identity, loop, sampling_table, capacity, stage, continuation)
-    open_ring = open_ring if shape.takes_tokens else None
-    forward = ForwardStage(shape.n_layers, connect, is_head=shape.takes_tokens, open_ring=open_ring)
+    forward = ForwardStage(shape.n_layers, connect, open_ring=open_ring if shape.takes_tokens else None)
     return Shard(identity, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
 
 

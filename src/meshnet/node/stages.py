@@ -13,6 +13,11 @@ written four times (full, head, middle, tail) or branching on its role at every 
   (``NoContinuation``: a frame into a shard after layer 0 cannot even carry the request, as
   ``StepFrame`` allows a continuation only with token input).
 
+A session's opening frame travels down the chain and its answer back up it; every frame after
+it is a ``ring`` frame (``node.ring``): a forwarding head sends it on and reads the tail's answer
+from the RingReturn stream it opened on the tail, a middle forwards it without answering, and
+the tail writes its answer into the session's ``RingMailbox``.
+
 The input side needs no stage: a frame's own checks already fix that a shard starting at layer 0
 receives token ids and any other a hidden state, so the engine input is whichever the frame holds.
 """
@@ -130,7 +135,7 @@ class SampleStage:
 
 
 class DownstreamLink(RingLink, Protocol):
-    """The open session stream to the next hop (``client.shard_stream.ShardStream`` on the wire)."""
+    """The open session stream to the next hop (``route.shard_stream.ShardStream`` on the wire)."""
 
     async def exchange(self, frame: StepFrame) -> StepResult: ...
 
@@ -138,8 +143,8 @@ class DownstreamLink(RingLink, Protocol):
 
 
 Connect = Callable[[str, float | None, str | None], DownstreamLink]
-"""Open the stream to the next hop: its address, the stream's timeout, the node id to pin."""
-"""Open a session stream to an address with a whole-stream timeout in seconds (None: none)."""
+"""Open the session stream to the next hop: its address, the whole stream's timeout in seconds
+(None: none), the node id to pin."""
 
 
 @dataclass(frozen=True)
@@ -151,20 +156,19 @@ class Downstream:
     link: DownstreamLink
     stream_deadline: float | None
     ring: RingLeg = field(default_factory=RingLeg)
-    """The session's ring, once its decode runs on one (``worker.ring``)."""
+    """The ring side of ``link``, once the session's first ring frame has passed (``node.ring``)."""
 
 
 class ForwardStage:
     """Any shard before the model's last layer: pass the boundary hidden state to the next hop.
 
-    ``open_ring`` (head only) lets a session's frames after the opening one run on the ring;
-    without it, ring frames into the head are run on the chain.
+    ``open_ring`` opens the tail's RingReturn stream of a session: a head's, which reads the
+    tail's answers to its ring frames there. None on a middle, which answers nothing for them.
     """
 
-    def __init__(self, n_layers: int, connect: Connect, *, is_head: bool, open_ring: OpenRing | None = None) -> None:
+    def __init__(self, n_layers: int, connect: Connect, *, open_ring: OpenRing | None) -> None:
         self._n_layers = n_layers
         self._connect = connect
-        self._is_head = is_head
         self._open_ring = open_ring
 
     def check(self, frame: StepFrame) -> None:
@@ -195,23 +199,23 @@ class ForwardStage:
     ) -> StepResult:
         if output.hidden is None:
             raise EngineError("the engine returned no hidden state on a shard that forwards")
-        opening = frame.meta.cache == "new" and frame.meta.step == 0
         left_ms = remaining_ms(deadline, "the step's deadline passed on this shard")
-        ring = frame.ring and (not self._is_head or self._open_ring is not None)
+        # Only the opening frame travels off the ring (the shard refuses any other that does).
+        opening = not frame.ring
         outgoing = StepFrame(
             meta=replace(frame.meta, layers=state.hops[0].layers, deadline_ms=left_ms),
             hidden=output.hidden,
             downstream=state.hops[1:] if opening else (),
             sampling=frame.sampling if opening else None,
             final_chunk=frame.final_chunk,
-            ring=ring,
+            ring=frame.ring,
             want_timings=frame.want_timings,
-            timings=(*frame.timings, timing) if ring and timing is not None else (),
+            timings=(*frame.timings, timing) if frame.ring and timing is not None else (),
         )
-        if ring:
+        if frame.ring:
             return await self._ring_step(state, frame, outgoing, deadline)
-        if state.ring.watch is not None:
-            raise InvalidArgument("a session whose decode runs on the ring takes only ring frames")
+        # The opening frame goes down the chain and its answer comes back up it: the tail holds
+        # the session (and with it the ring's mailbox) only once the opening frame has reached it.
         answer = await state.link.exchange(outgoing)
         return answer if timing is None else replace(answer, timings=(timing, *answer.timings))
 
@@ -219,18 +223,19 @@ class ForwardStage:
         self, state: Downstream, frame: StepFrame, outgoing: StepFrame, deadline: float | None
     ) -> StepResult:
         meta, leg = frame.meta, state.ring
+        is_head = self._open_ring is not None
         if self._open_ring is not None and leg.back is None:
             # Opened before the first ring frame leaves; the tail keeps answers until it is read.
             timeout = None if state.stream_deadline is None else max(state.stream_deadline - time.monotonic(), 0.001)
             tail = state.hops[-1]
             leg.back = self._open_ring(tail.address, meta.session_id, meta.request_id, timeout, tail.node_id or None)
-            leg.answered_through = meta.step - 1  # the steps before ran on the chain
+            leg.answered_through = meta.step - 1  # the opening frame was answered on the chain
         leg.start(state.link)
         failure = leg.failure()
         if failure is not None:
             raise failure
-        waits = self._is_head and frame.final_chunk
-        if self._is_head and not waits:
+        waits = is_head and frame.final_chunk
+        if is_head and not waits:
             # Pipelined prefill: bound the chunks the tail has not answered yet.
             await leg.acknowledged(meta.step - MAX_CHUNKS_IN_FLIGHT, deadline)
         await state.link.send(outgoing)
@@ -239,10 +244,6 @@ class ForwardStage:
         # A middle answers nothing upstream (the tail's answer goes straight to the head); the
         # head acknowledges a forwarded prefill chunk at once, so the sender sends the next one.
         return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
-
-    def ring_failure(self, state: Downstream) -> asyncio.Task[StepResult] | None:
-        """What ends when this session's downstream fails, once its decode runs on the ring."""
-        return state.ring.watch
 
     async def release(self, state: Downstream) -> None:
         # Ending the stream makes the next shard release the session and close its own link.
@@ -273,13 +274,9 @@ class NoContinuation:
 class HeadDecodeLoop:
     """Head-driven decode: feed each sampled token back in as the next decode step.
 
-    Each step is a decode frame like one the sender would have sent (same checks, same
-    idempotency bookkeeping), so a sender can switch between driving and reading freely.
-    With ``ring`` its steps are ring frames (the tail answers the head directly).
+    Each step is the ring frame the sender would have sent (same checks, same idempotency
+    bookkeeping), so a sender can switch between driving and reading freely.
     """
-
-    def __init__(self, *, ring: bool = False) -> None:
-        self._ring = ring
 
     async def steps(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None, run: RunStep
@@ -303,7 +300,7 @@ class HeadDecodeLoop:
                     deadline_ms=remaining_ms(stream_deadline, "the session's deadline passed while decoding"),
                 )
                 tokens = np.array([result.token_id], np.int32)
-                next_frame = StepFrame(meta=meta, tokens=tokens, ring=self._ring, want_timings=frame.want_timings)
+                next_frame = StepFrame(meta=meta, tokens=tokens, ring=True, want_timings=frame.want_timings)
                 computed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 running = asyncio.ensure_future(run(next_frame, computed))
                 if unsent is not None:

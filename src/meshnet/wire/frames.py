@@ -195,8 +195,8 @@ class StepFrame:
     continuation: Continuation | None = None
     """Head only, final frames only: decode on without the sender (see ``Continuation``)."""
     ring: bool = False
-    """Not on an opening frame: shards after the head answer the tail's token (or chunk ack) over
-    the ring (``worker.ring``)."""
+    """Every frame after a session's opening one (a shard refuses one without), never the opening
+    frame: shards after the head answer the tail's token (or chunk ack) over the ring (``node.ring``)."""
     want_timings: bool = False
     """A probe asks every shard on the way for its ``HopTiming``."""
     timings: tuple[HopTiming, ...] = ()

@@ -1,5 +1,6 @@
-"""One ShardMetrics value, read after known work, and the three views of it: the GetMetrics
-figures, the Prometheus exposition and the heartbeat's NodeLoad."""
+"""One ShardMetrics value, read after known work on a route wired as production wires it
+(``worker_shards``), and the three views of it: the GetMetrics figures, the Prometheus
+exposition and the heartbeat's NodeLoad."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ async def test_metrics_count_the_work_each_shard_did(route: Route) -> None:
         assert metrics.engine_busy_seconds > 0.0
         assert (metrics.rejected_admissions, metrics.evictions, metrics.expired_steps) == (0, 0, 0)
         assert metrics.queue_depth == 0 and not metrics.draining
+        # One message over a seam per frame: the opening frame down the chain and its answer
+        # back, then each decode step forwarded by the head and answered by the tail on the ring.
+        assert metrics.seam_messages == 5
     await route.head.end(SessionId("s"), "done")
     assert [s.metrics().active_sessions for s in route.shards] == [0, 0]
 

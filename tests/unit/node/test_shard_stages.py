@@ -1,5 +1,6 @@
-"""Each shard stage driven through real shards on fake backends: opening, prefill, decode,
-idempotent repeats, refusals, teardown down the route, and the head's own decode loop."""
+"""Each shard stage driven through real shards on fake backends, wired as production wires them
+(``worker_shards``): opening, decode on the ring, idempotent repeats, refusals, teardown down the
+route, and the head's own decode loop."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ async def route() -> AsyncIterator[Route]:
 
 
 async def drive(route: Route, session: str, prompt: tuple[int, ...], max_tokens: int) -> list[StepResult]:
-    """Prefill, then decode step by step as a sender would, feeding each token back in."""
+    """Prefill, then decode step by step on the ring as a sender would, feeding each token back in."""
     first = opening(route, session, prompt)
     results = [await route.head.handle(first, None)]
     for step in range(1, max_tokens):
@@ -73,7 +74,8 @@ async def test_a_three_shard_route_generates_what_the_chained_backends_do(route:
     probed = await route.head.handle(replace(step, want_timings=True), None)
     assert [t.layers for t in probed.timings] == [LayerRange(*r) for r in THREE]
     assert [s.open_sessions for s in route.shards] == [1, 1, 1]
-    assert len(route.links) == 2  # head -> middle, middle -> tail: one stream per seam
+    assert len(route.streams) == 2  # head -> middle, middle -> tail: one stream per seam
+    assert len(route.rings) == 1  # and the tail's answers straight back to the head
 
 
 async def test_a_whole_model_shard_samples_and_decodes_on_alone() -> None:
@@ -84,7 +86,7 @@ async def test_a_whole_model_shard_samples_and_decodes_on_alone() -> None:
         continued = [r async for r in route.head.continue_decoding(frame, first, None)]
         tokens = [first.token_id, *(r.token_id for r in continued)]
         assert tokens == reference_tokens(((0, 6),), PROMPT, 5)
-        assert route.links == []
+        assert route.streams == [] and route.rings == []
     finally:
         await route.close()
 
@@ -151,7 +153,7 @@ async def test_each_output_stage_insists_on_what_its_sessions_need(route: Route)
     opened = await route.head.handle(first, None)
     step1 = decode(first, step=1, position=opened.next_position, token=1)
     with pytest.raises(InvalidArgument, match="only in the opening frame"):
-        await route.head.handle(StepFrame(step1.meta, tokens=step1.tokens, downstream=route.hops()), None)
+        await route.head.handle(StepFrame(step1.meta, tokens=step1.tokens, downstream=route.hops(), ring=True), None)
     tail = route.shards[2]
     with pytest.raises(InvalidArgument, match="sampling parameters for the tail"):
         await tail.handle(tail_opening("t", sampling=None), None)
@@ -204,7 +206,7 @@ async def test_ending_a_session_at_the_head_frees_it_on_every_shard(route: Route
     assert await route.head.end(SessionId("s"), "cancelled") is True
     assert await route.head.end(SessionId("s"), "cancelled") is False
     assert [s.open_sessions for s in route.shards] == [0, 0, 0]
-    assert all(link.closed for link in route.links)
+    assert len(route.streams) == 2 and all(stream.ended for stream in route.streams)
     # The KV is gone too: the same session id starts again from position 0 on the same slots.
     results = await drive(route, "s", PROMPT, 2)
     assert [r.token_id for r in results] == reference_tokens(THREE, PROMPT, 2)
@@ -218,7 +220,7 @@ async def test_a_failed_opening_frame_leaves_no_session_behind() -> None:
         with pytest.raises(ResourceExhausted):
             await route.head.handle(opening(route, "b", PROMPT), None)
         assert [s.open_sessions for s in route.shards] == [0, 0, 1]
-        assert len(route.links) == 2 and all(link.closed for link in route.links)
+        assert len(route.streams) == 2 and all(stream.ended for stream in route.streams)
         with pytest.raises(CacheMiss, match="opening frame failed"):
             await route.head.handle(decode(opening(route, "b", PROMPT), step=1, position=9, token=1), None)
     finally:
