@@ -7,11 +7,13 @@ a worker certificate, listed to its peers by node id; another data dir is anothe
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
+import grpc.aio
 import numpy as np
 
 from meshnet.deploy.expert_launch import expert_group_specs
@@ -19,7 +21,7 @@ from meshnet.deploy.up_moe import minted_security, minted_worker_identity
 from meshnet.engine.backend import Backend, StepInput
 from meshnet.moe import wire as expert_wire
 from meshnet.process.launcher import ChildProcess, launch_all
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, secure_or_plain_channel
 
 
 def launch_secure_group(
@@ -53,40 +55,63 @@ def decode_bitwise(
 
 
 CALL_TIMEOUT_S = 20.0
+Stub = expert_wire.ExpertGroupStub
+T = TypeVar("T")
+
+
+def on_node(
+    address: str,
+    security: LinkSecurity | None,
+    action: Callable[[Stub], Awaitable[T]],
+    server_name: str = ANY_WORKER_NAME,
+) -> T:
+    """``action(stub)`` over a fresh channel to one node (so a fresh handshake), pinned to ``server_name``."""
+
+    async def run() -> T:
+        channel = secure_or_plain_channel(address, security, server_name, expert_wire.CHANNEL_OPTIONS)
+        try:
+            return await action(expert_wire.ExpertGroupStub(channel))
+        finally:
+            await channel.close()
+
+    return asyncio.run(run())
+
+
+def call_status(
+    address: str,
+    security: LinkSecurity | None,
+    action: Callable[[Stub], Awaitable[object]],
+    server_name: str = ANY_WORKER_NAME,
+) -> grpc.StatusCode:
+    """The status ``action``'s call on one node ends with."""
+    try:
+        on_node(address, security, action, server_name)
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
 
 
 def rows_call(address: str, security: LinkSecurity | None, sender: int, model_sha256: str) -> grpc.StatusCode:
     """Open ExchangeRows as node ``sender`` and read until the server ends the stream: its status."""
-    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
-    done = threading.Event()
 
-    def frames() -> Iterator[expert_wire.ExpertRowsFrame]:
-        yield expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256)
-        done.wait(CALL_TIMEOUT_S)  # keep our side open: the server's refusal must end the call
-
-    try:
-        for _ in expert_wire.ExpertGroupStub(channel).ExchangeRows(frames(), timeout=CALL_TIMEOUT_S):
+    async def open_rows(stub: Stub) -> None:
+        call = stub.ExchangeRows(timeout=CALL_TIMEOUT_S)
+        await call.write(expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256))
+        # Our side stays open: only the server can end the call (a refusal raises from read).
+        while await call.read() is not grpc.aio.EOF:
             pass
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    finally:
-        done.set()
-        channel.close()
-    return grpc.StatusCode.OK
+
+    return call_status(address, security, open_rows)
 
 
 def step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.StatusCode:
     """One unary call (a step the nodes would refuse as out of order, or a describe): its status."""
-    channel = blocking_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
-    stub = expert_wire.ExpertGroupStub(channel)
-    try:
+
+    async def unary(stub: Stub) -> object:
         if rpc == "ExpertStep":
             items = [expert_wire.ExpertStepItem(1, 0, np.array([5], np.int32), "last")]
-            stub.ExpertStep(expert_wire.step_to_proto(10**6, items), timeout=CALL_TIMEOUT_S)
-        else:
-            stub.DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=CALL_TIMEOUT_S)
-    except grpc.RpcError as error:
-        return error.code()  # type: ignore[no-any-return]
-    finally:
-        channel.close()
-    return grpc.StatusCode.OK
+            return await stub.ExpertStep(expert_wire.step_to_proto(10**6, items), timeout=CALL_TIMEOUT_S)
+        return await stub.DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=CALL_TIMEOUT_S)
+
+    return call_status(address, security, unary)
+
