@@ -8,6 +8,8 @@ a worker certificate, listed to its peers by node id; another data dir is anothe
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -115,3 +117,54 @@ def step_call(address: str, security: LinkSecurity | None, rpc: str) -> grpc.Sta
 
     return call_status(address, security, unary)
 
+
+TOLERATED_PINGS = 2
+"""gRPC's default ``grpc.http2.max_ping_strikes``: a server left at its defaults answers the third
+ping without data (within its five-minute minimum interval) with GOAWAY too_many_pings."""
+
+
+def assert_connections_outlive_keepalives(targets: Sequence[str], pings: int, timeout_s: float) -> None:
+    """Wait until this process's connection to each of ``targets`` has sent ``pings`` more
+    keepalive pings (as gRPC's channelz counts them), failing at once if one of those
+    connections closes: a server that refuses the pings ends it with GOAWAY too_many_pings."""
+    deadline = time.monotonic() + timeout_s
+    start = _connection_by_target(targets)
+    while True:
+        now = _connection_by_target(targets)
+        for target, (socket, sent) in start.items():
+            if now[target][0] != socket:
+                raise AssertionError(f"the connection to {target} closed after {sent}+ keepalive pings (GOAWAY?)")
+        if all(now[target][1] >= start[target][1] + pings for target in targets):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"keepalive pings to {list(targets)} after {timeout_s:g} s: {start} -> {now}")
+        time.sleep(0.05)
+
+
+def _connection_by_target(targets: Sequence[str]) -> dict[str, tuple[int | None, int]]:
+    """(socket id, keepalive pings sent) of this process's one connection to each target."""
+    found: dict[str, tuple[int | None, int]] = {target: (None, 0) for target in targets}
+    for socket, channel_target, sent in _client_sockets():
+        for target in targets:
+            if channel_target.endswith(target):
+                found[target] = (socket, sent)
+    return found
+
+
+def _client_sockets() -> list[tuple[int, str, int]]:
+    """(socket id, channel target, keepalives sent) of every client connection of this process.
+
+    Read from gRPC's channelz through the functions the grpcio-channelz service wraps (that
+    package is not a dependency here)."""
+    from grpc._cython import cygrpc
+
+    found = []
+    for channel in json.loads(cygrpc.channelz_get_top_channels(0)).get("channel", []):
+        target = channel.get("data", {}).get("target", "")
+        for ref in channel.get("subchannelRef", []):
+            subchannel = json.loads(cygrpc.channelz_get_subchannel(int(ref["subchannelId"])))["subchannel"]
+            for socket_ref in subchannel.get("socketRef", []):
+                socket_id = int(socket_ref["socketId"])
+                data = json.loads(cygrpc.channelz_get_socket(socket_id))["socket"].get("data", {})
+                found.append((socket_id, target, int(data.get("keepAlivesSent", 0))))
+    return found
