@@ -105,8 +105,9 @@ class PeerLink:
             while True:
                 frame = await self._outbox.get()
                 await self._write(expert_wire.ExpertRowsFrame(sender=self.own_index, frame=frame))
-        except (grpc.RpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            self._mark_lost()  # the call has finished under us: the peer is gone
+        except Exception as error:  # the call finished, was aborted or cancelled under us: the peer is gone
+            log.info("row stream to peer %d cannot be written: %r", self.peer, error)
+            self._mark_lost()
 
     def _mark_lost(self) -> None:
         if not self.ended.is_set():

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import grpc
 import grpc.aio
 
-from meshnet.core.errors import InvalidArgument, MeshnetError
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
 from meshnet.moe import wire as expert_wire
 from meshnet.moe.certification import certify_expert_parallel
 from meshnet.moe.config import ExpertNodeConfig
@@ -125,16 +125,35 @@ async def _serve(
     config: ExpertNodeConfig, checks: str, on_ready: Callable[[str, str], None], security: LinkSecurity | None
 ) -> None:
     node = ExpertNode(config, security)
-    server = grpc.aio.server(options=expert_wire.CHANNEL_OPTIONS)
+    try:
+        server, address = _listen(node, security)
+        await _serve_group(node, server, lambda: on_ready(address, checks))
+    finally:
+        await node.close()
+
+
+def _listen(node: ExpertNode, security: LinkSecurity | None) -> tuple[grpc.aio.Server, str]:
+    """The node's server, bound (not started yet), and the address it listens on."""
+    # Exclusive, as a worker's port: a second node started on a taken port must fail, not share it.
+    server = grpc.aio.server(options=[*expert_wire.CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
     expert_wire.add_expert_group_servicer(ExpertNodeServicer(node), server)
-    bound = bind(server, f"{config.host}:{config.port}", security)
+    host, target = node.config.host, f"{node.config.host}:{node.config.port}"
+    try:
+        return server, f"{host}:{bind(server, target, security)}"
+    except RuntimeError as error:  # grpc's only word for it; the port is most likely taken
+        raise FailedPrecondition(f"the expert node cannot listen on {target} (is the port in use?): {error}") from None
+
+
+async def _serve_group(node: ExpertNode, server: grpc.aio.Server, ready: Callable[[], None]) -> None:
+    """Serve, form the group, say ready, serve until a stop signal; then stop serving."""
     stopping = _stop_on_signals()
     await server.start()
     watch_stop = threading.Event()
     watch = None
-    if config.tracker and security is not None:
-        watch = watch_tracker(config.tracker, security, node.on_revoked, watch_stop)
-    elif config.tracker:
+    tracker, security = node.config.tracker, node.security
+    if tracker and security is not None:
+        watch = watch_tracker(tracker, security, node.on_revoked, watch_stop)
+    elif tracker:
         log.warning("--tracker is ignored with --insecure: there are no certificates to revoke or renew")
     try:
         forming = asyncio.create_task(node.form_group(STARTUP_TIMEOUT_S))
@@ -145,7 +164,7 @@ async def _serve(
                 await forming
             return
         forming.result()  # raises why the group did not form
-        on_ready(f"{config.host}:{bound}", checks)
+        ready()
         await stopping
     finally:
         watch_stop.set()  # ends the tracker watch
@@ -153,7 +172,6 @@ async def _serve(
             await asyncio.to_thread(watch.join, 5.0)
         node.exchange.close()  # a step still running fails at once instead of holding the stop
         await server.stop(grace=STOP_GRACE_S)
-        await node.close()
 
 
 def _stop_on_signals() -> asyncio.Task[bool]:
