@@ -13,7 +13,7 @@ steps, intruders call the nodes, each refused the way the swarm refuses elsewher
   refused by the group itself (its stream exists already), which shows the checks, not the
   stream, refused the others;
 - a driver dials only workers: a server presenting a gateway certificate fails its handshake.
-The driver's decode continues bit-identical after every refusal.
+The driver's decode continues bit-identical after every refusal; then both nodes exit 0 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -135,6 +135,8 @@ def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Pa
         prompt = np.random.default_rng(11).integers(3, 290, 60).astype(np.int32)
         decode_bitwise(whole, group, prompt, 12, intrude)
         assert [n.peers_connected for n in group.describe()] == [1, 1]  # the group's own streams stayed up
+        group.close()
+        assert [child.stop() for child in children] == [0, 0]  # SIGTERM: a clean exit within the grace
     finally:
         group.close()
         whole.close()
