@@ -84,6 +84,8 @@ def _run_group(work: Path, model: Path, size: int, extra: tuple[str, ...] = ()) 
         stop_all(children)
 
 
+EXCHANGE_FIGURES = ("decode_tok_s", "exchange_p50_us", "exchange_p95_us", "exchanges")
+"""What ``--exchange-only`` prints per round: the cost of the row exchange alone."""
 CACHE_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 
 
@@ -147,6 +149,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/meshnet-bench-ep"))
     parser.add_argument("--cache-only", action="store_true", help="add the expert-cache curve to --out, nothing else")
     parser.add_argument("--q4-0-only", action="store_true", help="add the Q4_0 --no-repack cache rows to --out")
+    parser.add_argument(
+        "--exchange-only", action="store_true", help="print EP-2 exchange latency and tok/s per round, write nothing"
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     model = args.work / "moe.gguf"
@@ -158,6 +163,11 @@ def main() -> None:
         result["expert_cache_q4_0_no_repack"] = _cache_curve_q4_0(args.work)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result["expert_cache_q4_0_no_repack"], indent=1))
+        return
+    if args.exchange_only:
+        for _ in range(args.rounds):
+            split = _run_group(args.work, model, 2)
+            print(json.dumps({k: split[k] for k in EXCHANGE_FIGURES}))
         return
     if args.cache_only:
         result = json.loads(args.out.read_text())

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from expert_harness import decode_bitwise, launch_secure_group
+from expert_harness import TOLERATED_PINGS, assert_connections_outlive_keepalives, decode_bitwise, launch_secure_group
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -81,10 +81,13 @@ def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) ->
 
 
 def test_idle_group_keeps_its_streams_and_a_frozen_node_fails_within_the_keepalive_bound(tmp_path: Path) -> None:
-    """A group idle for 45 s still steps (its servers accept the keepalive pings: before, they
-    answered GOAWAY too_many_pings after ~40 s idle and the group broke). Then node 1 is frozen
-    (SIGSTOP: its sockets stay open, nothing closes a stream): the driver gets a structured error
-    naming node 1 from the driver's liveness probe, not from the 30-s deadlines."""
+    """An idle group outlives its keepalive pings: its servers accept them (before, they answered
+    GOAWAY too_many_pings after a few pings, and an idle group broke its own row streams). The
+    driver's channels ping each node every second, as the nodes' own links do; each sends twice
+    the pings that end a connection under gRPC's default policy, and the driver's connections
+    stay up and every node keeps its peer. Then node 1 is frozen (SIGSTOP: its sockets stay open,
+    nothing closes a stream): the driver gets a structured error naming node 1 from the
+    driver's liveness probe, not from the 30-s deadlines."""
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     options = ["--threads", "1", "--max-sessions", "1", "--context", "512", "--expert-timeout", "30"]
     peers, specs = expert_group_specs(tmp_path / "data", model, 2, tmp_path, options)
@@ -92,7 +95,7 @@ def test_idle_group_keeps_its_streams_and_a_frozen_node_fails_within_the_keepali
     group = ExpertGroupClient(peers, step_timeout_s=30)
     try:
         group.run([StepInput(0, 0, tokens=np.array([5, 6, 7], np.int32))])
-        time.sleep(45)
+        assert_connections_outlive_keepalives(peers, 2 * (TOLERATED_PINGS + 1), timeout_s=60)
         assert [n.peers_connected for n in group.describe()] == [1, 1]
         group.run([StepInput(0, 3, tokens=np.array([8], np.int32))])
         frozen_at: list[float] = []

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from expert_harness import decode_bitwise, rows_call, step_call
+from expert_harness import decode_bitwise, on_node, rows_call, step_call
 from gguf import GGMLQuantizationType as Quant
 from swarm_harness import Swarm
 
@@ -39,7 +39,7 @@ from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.process.launcher import launch_all, meshnet_command, stop_all
 from meshnet.security.certificates import DEFAULT_NODE_LIFETIME_S, certificate_expiry, mint_node
 from meshnet.security.swarm_dir import load_authority, load_identity, save_identity, swarm_dir
-from meshnet.wire.tls import LinkSecurity, blocking_channel, hop_server_name
+from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,11 +66,8 @@ def _identity(root: Path, lifetimes: dict[str, float]) -> Callable[[str], NodeId
 
 def _describe(address: str, node_id: str, security: LinkSecurity) -> expert_wire.ExpertNodeInfo:
     """A fresh channel, so a fresh handshake: the node presents the certificate it holds now."""
-    channel = blocking_channel(address, security, hop_server_name(node_id), expert_wire.CHANNEL_OPTIONS)
-    try:
-        return expert_wire.ExpertGroupStub(channel).DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=10)
-    finally:
-        channel.close()
+    query = expert_wire.ExpertNodeQuery()
+    return on_node(address, security, lambda stub: stub.DescribeExpertNode(query, timeout=10), hop_server_name(node_id))
 
 
 def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:

@@ -13,18 +13,18 @@ steps, intruders call the nodes, each refused the way the swarm refuses elsewher
   refused by the group itself (its stream exists already), which shows the checks, not the
   stream, refused the others;
 - a driver dials only workers: a server presenting a gateway certificate fails its handshake.
-The driver's decode continues bit-identical after every refusal.
+The driver's decode continues bit-identical after every refusal; then both nodes exit 0 on SIGTERM.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import grpc.aio
 import numpy as np
 import pytest
-from expert_harness import decode_bitwise, launch_secure_group, rows_call, step_call
+from expert_harness import call_status, decode_bitwise, launch_secure_group, rows_call, step_call
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.cache import SliceCache
@@ -36,9 +36,10 @@ from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe import wire as expert_wire
 from meshnet.moe.group_client import ExpertGroupClient
+from meshnet.moe.loop_thread import LoopThread
 from meshnet.process.launcher import stop_all
 from meshnet.security.swarm_dir import load_identity, swarm_dir
-from meshnet.wire.tls import LinkSecurity, bind, blocking_channel, hop_server_name
+from meshnet.wire.tls import LinkSecurity, bind, hop_server_name
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,6 +47,7 @@ SPEC = SyntheticSpec(
     architecture="qwen3moe", n_layers=2, n_expert=64, n_expert_used=8, n_ff_expert=32, weight_type=Quant.Q4_0
 )
 CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=64)
+QUERY = expert_wire.ExpertNodeQuery()
 
 
 def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) -> dict[str, grpc.StatusCode]:
@@ -92,19 +94,25 @@ def _driver_refuses_a_gateway_server(data: Path, driver: LinkSecurity) -> None:
     the pinned worker name. Control: pinned to the name that certificate does carry, the same
     handshake succeeds (the empty server then answers UNIMPLEMENTED)."""
     impostor = minted_security(data, "fake-node", "gateway")
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    address = f"127.0.0.1:{bind(server, '127.0.0.1:0', impostor)}"
-    server.start()
+    loop = LoopThread("impostor")  # the server runs while this thread blocks in the driver
+
+    async def start() -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()
+        port = bind(server, "127.0.0.1:0", impostor)
+        await server.start()
+        return server, port
+
+    server, port = loop.call(start())
+    address = f"127.0.0.1:{port}"
     try:
         with pytest.raises(Unavailable, match=r"(?i)handshake|ssl|certificate|connect"):
             ExpertGroupClient([address], step_timeout_s=5, security=driver)
-        channel = blocking_channel(address, driver, hop_server_name(impostor.identity.node_id), [])
-        with pytest.raises(grpc.RpcError) as control:
-            expert_wire.ExpertGroupStub(channel).DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=5)
-        channel.close()
-        assert control.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        pinned = hop_server_name(impostor.identity.node_id)
+        control = call_status(address, driver, lambda stub: stub.DescribeExpertNode(QUERY, timeout=5), pinned)
+        assert control == grpc.StatusCode.UNIMPLEMENTED
     finally:
-        server.stop(grace=None)
+        loop.call(server.stop(None))
+        loop.close()
 
 
 def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Path) -> None:
@@ -127,6 +135,8 @@ def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Pa
         prompt = np.random.default_rng(11).integers(3, 290, 60).astype(np.int32)
         decode_bitwise(whole, group, prompt, 12, intrude)
         assert [n.peers_connected for n in group.describe()] == [1, 1]  # the group's own streams stayed up
+        group.close()
+        assert [child.stop() for child in children] == [0, 0]  # SIGTERM: a clean exit within the grace
     finally:
         group.close()
         whole.close()

@@ -160,7 +160,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if "model" not in given:
         given["model"] = None if "fake" in given or "model_id" in given else provisioned_model(args.data_dir)
     if "experts" in given:
-        return _serve_expert_node(given, args)
+        from meshnet.cli.commands.expert_node import serve_expert_node_command
+
+        return serve_expert_node_command(given, args)
     if "expert_group" in given and "layer_choice" not in given and given["model"] is not None:
         from meshnet.artifact.describe import describe_model
         from meshnet.core.layers import LayerRange
@@ -184,33 +186,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     layers: list[str] = [str(config.layer_choice)]
     asyncio.run(serve_worker(config, on_ready=ready, on_registered=registered, security=security))
-    return 0
-
-
-def _serve_expert_node(given: dict[str, object], args: argparse.Namespace) -> int:
-    from meshnet.cli.commands.swarm import node_security
-    from meshnet.core.layers import LayerRange
-    from meshnet.core.swarm_options import SecurityOptions
-    from meshnet.moe.links import ExpertPeer
-    from meshnet.moe.node import serve_expert_node
-    from meshnet.moe.shape import read_moe_shape
-    from meshnet.node.config import WorkerConfig
-
-    if "layer_choice" in given or "fake" in given:
-        raise InvalidArgument("--experts serves the whole model: drop --layers and --fake")
-    model = Path(str(given["model"]))
-    data_dir = args.data_dir
-    config = WorkerConfig(**given, layer_choice=LayerRange(0, read_moe_shape(model).n_layers), data_dir=data_dir)  # type: ignore[arg-type]
-    # The same identity as a layer worker's; --insecure must keep its bind and its peers local.
-    options = config_from_arguments(SecurityOptions, args)
-    peers = tuple(ExpertPeer.parse(entry).address for entry in config.expert_peers)
-    security = node_security(options, data_dir, "worker", (config.host, *peers, config.tracker))
-
-    def ready(address: str, checks: str) -> None:
-        share = config.experts.label if config.experts else "?"
-        print(f"meshnet expert node ready {address} experts={share} certified={checks.split()[0]}", flush=True)
-
-    serve_expert_node(config, ready, security)
     return 0
 
 

@@ -1,74 +1,94 @@
-"""What an expert node and a group front read of their worker's configuration.
+"""The typed settings of an expert node and of a group's front.
 
-Both run inside ``meshnet worker`` and take its ``node.config.WorkerConfig``; the feature names
-only the settings it reads, as protocols, so the node package can build on this one (its
-assembly serves a front) without this one importing it back.
+Both run inside ``meshnet worker``, whose flags come from ``node.config.WorkerConfig``; the CLI
+(``cli/commands/expert_node.py``) and the worker's assembly build these from it, so this package
+reads only what it uses and never imports the node package (the layers contract).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_config import LlamaConfig
-from meshnet.moe.ownership import ExpertOwnership
+from meshnet.moe.ownership import ExpertNumerics, ExpertOwnership
+from meshnet.security.identity import check_node_id
 
 
-class NumericsSettings(Protocol):
-    """The settings that fix a recipe's arithmetic: every node of a group and its front agree."""
+@dataclass(frozen=True)
+class ExpertPeer:
+    """One entry of ``--expert-peers``: where the node listens and, if known, who it is.
+
+    With a node id, only that node's certificate may answer at the address or send that index's
+    rows (one node cannot stand in for another); without one, any worker of the swarm may."""
+
+    address: str
+    node_id: str | None = None
+
+    @classmethod
+    def parse(cls, entry: str) -> ExpertPeer:
+        node_id, _, address = entry.strip().rpartition("@")
+        if not address or ":" not in address:
+            raise InvalidArgument(f"an expert peer is HOST:PORT or NODE_ID@HOST:PORT, got {entry!r}")
+        return cls(address, check_node_id(node_id) if node_id else None)
+
+    def __str__(self) -> str:
+        return f"{self.node_id}@{self.address}" if self.node_id else self.address
+
+
+@dataclass(frozen=True)
+class ExpertNodeConfig:
+    """Node I of an N-node group (``meshnet worker --experts I/N``)."""
+
+    ownership: ExpertOwnership
+    """This node's index and the group's size: it computes the routed experts ``e mod N == I``."""
+    peers: tuple[ExpertPeer, ...]
+    """Every node of the group in index order, this one included (``--expert-peers``)."""
+    model: Path
+    """The whole model's GGUF; every node loads all of it and releases the experts it does not use."""
+    data_dir: Path
+    """Holds the slice cache (the model's hash, its full slice)."""
+    llama: LlamaConfig
+    """The engine's settings; its ``max_slots`` are the sessions the node holds."""
+    host: str
+    """Bind address (loopback unless told otherwise)."""
+    port: int
+    """Port to listen on; the peers dial the one ``peers`` lists for this index."""
+    tracker: str | None
+    """Where to take the revocation list and renew the certificate; None: neither."""
+    exchange_timeout_s: float
+    """How long one layer's exchange may wait for the peers' rows before the step fails."""
+    expert_cache_bytes: int | None
+    """Bound on the routed-expert bytes resident on this node (``moe/stream_cache.py``); None: no bound."""
+
+    def __post_init__(self) -> None:
+        if len(self.peers) != self.ownership.count:
+            raise InvalidArgument(
+                f"--expert-peers must list all {self.ownership.count} nodes' addresses in index order"
+            )
+        if self.exchange_timeout_s <= 0:
+            raise InvalidArgument(f"--expert-timeout must be positive, got {self.exchange_timeout_s:g}")
 
     @property
-    def prefill_chunk(self) -> int: ...
+    def numerics(self) -> ExpertNumerics:
+        """The settings that fix this node's arithmetic, which its front must share (the recipe)."""
+        return ExpertNumerics(self.llama.max_batch_tokens, self.llama.flash_attn, self.llama.repack)
 
     @property
-    def flash_attn(self) -> bool: ...
-
-    @property
-    def repack(self) -> bool: ...
-
-
-class FrontSettings(NumericsSettings, Protocol):
-    """A worker that fronts a group (``--expert-group``)."""
-
-    @property
-    def layers(self) -> LayerRange: ...
-
-    @property
-    def expert_group(self) -> tuple[str, ...]: ...
+    def certification_llama(self) -> LlamaConfig:
+        """The engine settings certification runs with: the node's, for one session."""
+        return replace(self.llama, max_slots=1)
 
 
-class ExpertNodeSettings(NumericsSettings, Protocol):
-    """A worker that is node I of a group (``--experts I/N``)."""
+@dataclass(frozen=True)
+class ExpertFrontConfig:
+    """A worker that serves a group as one full-range shard (``meshnet worker --expert-group``)."""
 
-    @property
-    def experts(self) -> ExpertOwnership | None: ...
-
-    @property
-    def expert_peers(self) -> tuple[str, ...]: ...
-
-    @property
-    def model(self) -> Path | None: ...
-
-    @property
-    def data_dir(self) -> Path: ...
-
-    @property
-    def expert_timeout(self) -> float: ...
-
-    @property
-    def expert_cache_mb(self) -> float | None: ...
-
-    @property
-    def max_sessions(self) -> int: ...
-
-    @property
-    def host(self) -> str: ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def tracker(self) -> str | None: ...
-
-    def llama_config(self, max_sessions: int) -> LlamaConfig: ...
+    nodes: tuple[str, ...]
+    """The group's node addresses (``HOST:PORT``) in index order."""
+    layers: LayerRange
+    """The range the front registers: the whole model, or it refuses to start."""
+    numerics: ExpertNumerics
+    """The front's own recipe settings; every node must compute with the same."""

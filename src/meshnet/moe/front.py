@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, TypeVar
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
-from meshnet.moe.config import FrontSettings
+from meshnet.moe.config import ExpertFrontConfig
 from meshnet.moe.group_client import ExpertGroupClient
-from meshnet.moe.ownership import ExpertNumerics, numerics_mismatch
+from meshnet.moe.ownership import numerics_mismatch
 from meshnet.session.admission import CapacityPlan
 from meshnet.wire.tls import LinkSecurity
 
@@ -129,18 +129,17 @@ def group_capacity(shape: ShardShape) -> CapacityPlan:
 
 
 def open_group_backend(
-    config: FrontSettings, description: ModelDescription, model_sha256: str, security: LinkSecurity | None
+    config: ExpertFrontConfig, description: ModelDescription, model_sha256: str, security: LinkSecurity | None
 ) -> ExpertGroupBackend:
     """The front's engine: its group's driver, once the group has formed (runs on the engine thread).
     ``security``: the front's own worker identity, which the nodes' mTLS links take."""
     if config.layers != LayerRange(0, description.n_layers):
         raise InvalidArgument(f"--expert-group serves the whole model: --layers must be 0:{description.n_layers}")
-    group = connect_group(config.expert_group, model_sha256, GROUP_START_TIMEOUT_S, GROUP_STEP_TIMEOUT_S, security)
+    group = connect_group(config.nodes, model_sha256, GROUP_START_TIMEOUT_S, GROUP_STEP_TIMEOUT_S, security)
     if group.shape.n_layers != description.n_layers or group.shape.n_embd != description.n_embd:
         group.close()
         raise FailedPrecondition("the expert group's model shape differs from --model's")
-    own = ExpertNumerics(config.prefill_chunk, config.flash_attn, config.repack)
-    mismatch = numerics_mismatch(own, [(node.index, node.numerics) for node in group.nodes])
+    mismatch = numerics_mismatch(config.numerics, [(node.index, node.numerics) for node in group.nodes])
     if mismatch is not None:
         group.close()
         raise FailedPrecondition(mismatch)
@@ -148,4 +147,4 @@ def open_group_backend(
     # (killed alone) leaves its sessions' KV there, and a new session in that slot would append.
     for slot in range(group.shape.max_slots):
         group.truncate(slot, 0)
-    return ExpertGroupBackend(group, config.prefill_chunk)
+    return ExpertGroupBackend(group, config.numerics.prefill_chunk)

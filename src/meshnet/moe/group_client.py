@@ -6,27 +6,33 @@ crc32. When a node dies the others' exchanges fail as soon as its streams close,
 ends within the step deadline and the caller gets one structured error naming the lost node.
 Every node is dialled over mutual TLS (``security``: the driver's own swarm identity, a gateway's
 or an admin's), pinned to the name only worker certificates carry; None dials plaintext.
+
+The calls are grpc.aio, on an event loop this driver runs in a thread of its own
+(``loop_thread.LoopThread``); the ``Backend`` methods block on them, as their callers expect.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections.abc import Sequence
-from concurrent.futures import Future
 
 import grpc
+import grpc.aio
 
 from meshnet.core.errors import EngineError, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.moe import wire as expert_wire
+from meshnet.moe.loop_thread import LoopThread
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, secure_or_plain_channel
 
 PROBE_INTERVAL_S = 0.5
 """How long a step may run before the driver starts asking its pending nodes whether they live."""
 PROBE_TIMEOUT_S = 1.0
 """A live node answers a liveness probe within this, even while its engine runs a long step."""
+
+Outcome = expert_wire.ExpertStepReply | MeshnetError
 
 
 class ExpertGroupClient:
@@ -37,11 +43,15 @@ class ExpertGroupClient:
             raise InvalidArgument("an expert group needs at least one node address")
         self._addresses = list(addresses)
         self._timeout_s = step_timeout_s
-        options = expert_wire.CHANNEL_OPTIONS
-        self._channels = [blocking_channel(a, security, ANY_WORKER_NAME, options) for a in self._addresses]
-        self._stubs = [expert_wire.ExpertGroupStub(c) for c in self._channels]
-        self.nodes = [self._describe(i) for i in range(len(self._stubs))]
-        self._check_group()
+        self._loop = LoopThread("expert-driver")
+        self._channels: list[grpc.aio.Channel] = []
+        try:
+            self._stubs = self._loop.call(self._open(security))
+            self.nodes = self.describe()
+            self._check_group()
+        except BaseException:
+            self.close()
+            raise
         first = self.nodes[0]
         self._shape = ShardShape(
             LayerRange(0, first.n_layers),
@@ -56,16 +66,32 @@ class ExpertGroupClient:
         )
         self._step = first.next_step  # a group outlives its drivers: continue its step sequence
 
-    def _describe(self, index: int) -> expert_wire.ExpertNodeDescription:
-        try:
-            reply = self._stubs[index].DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=self._timeout_s)
-        except grpc.RpcError as error:
-            raise Unavailable(f"expert node at {self._addresses[index]}: {error_from_rpc(error).message}") from None
+    async def _open(self, security: LinkSecurity | None) -> list[expert_wire.ExpertGroupStub]:
+        """The nodes' channels, made on the driver's loop (an aio channel belongs to one loop)."""
+        for address in self._addresses:
+            self._channels.append(
+                secure_or_plain_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
+            )
+        return [expert_wire.ExpertGroupStub(channel) for channel in self._channels]
+
+    async def _describe(self, index: int, timeout_s: float) -> expert_wire.ExpertNodeDescription:
+        reply = await self._stubs[index].DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=timeout_s)
         return expert_wire.node_info_from_proto(reply)
+
+    async def _describe_all(self) -> list[expert_wire.ExpertNodeDescription]:
+        replies = await asyncio.gather(
+            *(self._describe(i, self._timeout_s) for i in range(len(self._stubs))), return_exceptions=True
+        )
+        for index, reply in enumerate(replies):
+            if isinstance(reply, grpc.RpcError):
+                raise Unavailable(f"expert node at {self._addresses[index]}: {error_from_rpc(reply).message}")
+            if isinstance(reply, BaseException):
+                raise reply
+        return replies  # type: ignore[return-value]
 
     def describe(self) -> list[expert_wire.ExpertNodeDescription]:
         """Every node's description now (its exchange counters included)."""
-        return [self._describe(i) for i in range(len(self._stubs))]
+        return self._loop.call(self._describe_all())
 
     def _check_group(self) -> None:
         size = len(self.nodes)
@@ -91,16 +117,13 @@ class ExpertGroupClient:
             items.append(expert_wire.ExpertStepItem(step.slot, step.position, step.tokens, step.want_logits))
         request = expert_wire.step_to_proto(self._step, items)
         self._step += 1
-        calls: list[Future[expert_wire.ExpertStepReply]] = [
-            stub.ExpertStep.future(request, timeout=self._timeout_s) for stub in self._stubs
-        ]
-        self._await_or_probe(calls)
+        outcomes = self._loop.call(self._step_all(request))
         replies, failures = [], []
-        for index, call in enumerate(calls):
+        for index, outcome in enumerate(outcomes):
             try:
-                replies.append(expert_wire.outputs_from_proto(call.result(), request.step, self._shape.n_vocab))
-            except grpc.RpcError as error:
-                failures.append((index, error_from_rpc(error)))
+                if isinstance(outcome, MeshnetError):
+                    raise outcome
+                replies.append(expert_wire.outputs_from_proto(outcome, request.step, self._shape.n_vocab))
             except MeshnetError as error:
                 failures.append((index, error))
         if failures:
@@ -110,45 +133,69 @@ class ExpertGroupClient:
                 raise EngineError("the nodes of the expert group returned different logits")
         return [StepOutput(r.slot, logits=r.logits) for r in replies[0]]
 
-    def _await_or_probe(self, calls: list[Future[expert_wire.ExpertStepReply]]) -> None:
+    async def _step_all(self, request: expert_wire.ExpertStepRequest) -> list[Outcome]:
+        calls = [stub.ExpertStep(request, timeout=self._timeout_s) for stub in self._stubs]
+        waiters = [asyncio.ensure_future(_outcome(call)) for call in calls]
+        try:
+            await self._await_or_probe(waiters)
+        finally:
+            for call in calls:
+                call.cancel()  # a no-op on a finished call
+        return [waiter.result() for waiter in waiters]
+
+    async def _await_or_probe(self, waiters: Sequence[asyncio.Future[Outcome]]) -> None:
         """Wait for every node's reply; while one is pending, ask it every PROBE_INTERVAL_S whether
         it is alive. A node that does not answer within PROBE_TIMEOUT_S (frozen, partitioned: its
         sockets stay open, so no stream closes and HTTP/2 keepalive did not notice, measured) ends
         the step with ``Unavailable`` naming it, PROBE_INTERVAL_S + PROBE_TIMEOUT_S after it stopped
         answering at most, not at the step deadline. A node busy with a long step still answers:
-        the probe is served by the gRPC threads, not the engine thread."""
-        changed = threading.Event()
-        for call in calls:
-            call.add_done_callback(lambda _call: changed.set())
-        while not all(call.done() for call in calls):
-            if changed.wait(PROBE_INTERVAL_S):
-                changed.clear()
+        the probe is served by the node's event loop, not its engine thread."""
+        pending = set(waiters)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=PROBE_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED)
+            if done:
                 continue
-            for index, call in enumerate(calls):
-                if call.done():
-                    continue
-                try:
-                    self._stubs[index].DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=PROBE_TIMEOUT_S)
-                except grpc.RpcError as error:
-                    for other in calls:
-                        other.cancel()
+            silent = [i for i, waiter in enumerate(waiters) if not waiter.done()]
+            probes = [self._describe(i, PROBE_TIMEOUT_S) for i in silent]
+            for index, probe in zip(silent, await asyncio.gather(*probes, return_exceptions=True), strict=True):
+                if isinstance(probe, grpc.RpcError):
                     raise Unavailable(
                         f"expert group node {index} ({self._addresses[index]}) stopped answering during a step "
-                        f"(liveness probe: {error_from_rpc(error).message})"
-                    ) from None
+                        f"(liveness probe: {error_from_rpc(probe).message})"
+                    )
+
+    async def _release_all(self, slot: int) -> None:
+        request = expert_wire.ExpertReleaseRequest(slot=slot)
+        calls = [stub.ExpertRelease(request, timeout=self._timeout_s) for stub in self._stubs]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        failures = [(i, error_from_rpc(o)) for i, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]
+        if failures:
+            raise _group_error(failures, self._addresses)
 
     def truncate(self, slot: int, position: int) -> None:
         if position != 0:
             raise InvalidArgument("an expert group frees whole sessions only")
-        for index, stub in enumerate(self._stubs):
-            try:
-                stub.ExpertRelease(expert_wire.ExpertReleaseRequest(slot=slot), timeout=self._timeout_s)
-            except grpc.RpcError as error:
-                raise _group_error([(index, error_from_rpc(error))], self._addresses) from None
+        self._loop.call(self._release_all(slot))
 
     def close(self) -> None:
-        for channel in self._channels:
-            channel.close()
+        """Close the channels and stop the driver's loop (idempotent)."""
+        channels, self._channels = self._channels, []
+        if channels:
+            self._loop.call(_close_channels(channels))
+        self._loop.close()
+
+
+async def _outcome(call: grpc.aio.UnaryUnaryCall) -> Outcome:
+    """A node's reply, or the typed error its call ended with."""
+    try:
+        return await call
+    except grpc.RpcError as error:
+        return error_from_rpc(error)
+
+
+async def _close_channels(channels: list[grpc.aio.Channel]) -> None:
+    for channel in channels:
+        await channel.close()
 
 
 def _group_error(failures: list[tuple[int, MeshnetError]], addresses: list[str]) -> MeshnetError:

@@ -32,7 +32,9 @@ from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
+from meshnet.moe.config import ExpertFrontConfig
 from meshnet.moe.front import ExpertGroupBackend, group_capacity, open_group_backend
+from meshnet.moe.ownership import ExpertNumerics
 from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.node.calibrate import ShardSpeed, measure_speed
 from meshnet.node.config import FakeModel, WorkerConfig
@@ -201,9 +203,17 @@ def open_backend(
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
     if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
-        return open_group_backend(config, description, cache.source_sha256(description.path), security)
+        front = expert_front_config(config)
+        return open_group_backend(front, description, cache.source_sha256(description.path), security)
     certify_llama_engine(model=description.path, repack=config.repack)  # the family and weight types it will serve
     return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
+
+
+def expert_front_config(config: WorkerConfig) -> ExpertFrontConfig:
+    """What a front of an expert-parallel group (``--expert-group``) takes of the worker's flags."""
+    return ExpertFrontConfig(
+        config.expert_group, config.layers, ExpertNumerics(config.prefill_chunk, config.flash_attn, config.repack)
+    )
 
 
 def backend_label(config: WorkerConfig) -> str:

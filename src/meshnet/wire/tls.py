@@ -144,18 +144,7 @@ def secure_or_plain_channel(
     )
 
 
-def blocking_channel(
-    address: str, security: LinkSecurity | None, server_name: str, options: list[tuple[str, Any]]
-) -> grpc.Channel:
-    """``secure_or_plain_channel`` for the blocking gRPC API (the expert group's threads use it)."""
-    if security is None:
-        return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(
-        address, security.channel_credentials(), options=[*options, *channel_options(server_name)]
-    )
-
-
-def bind(server: grpc.aio.Server | grpc.Server, target: str, security: LinkSecurity | None) -> int:
+def bind(server: grpc.aio.Server, target: str, security: LinkSecurity | None) -> int:
     """Listen on ``target``: mTLS when secured, plaintext otherwise (callers refuse that off loopback)."""
     if security is None:
         return server.add_insecure_port(target)

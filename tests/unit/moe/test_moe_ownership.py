@@ -83,7 +83,7 @@ def test_an_expert_node_needs_an_identity_and_insecure_stays_on_loopback(
 
 
 def test_expert_peers_are_addresses_or_node_ids_at_addresses() -> None:
-    from meshnet.moe.links import ExpertPeer
+    from meshnet.moe.config import ExpertPeer
 
     assert ExpertPeer.parse("127.0.0.1:7001") == ExpertPeer("127.0.0.1:7001")
     assert ExpertPeer.parse("w-0a1b@127.0.0.1:7001") == ExpertPeer("127.0.0.1:7001", "w-0a1b")
