@@ -24,10 +24,9 @@ from meshnet.gateway.choice_view import ChoiceView, ShownItem, TextDelta
 from meshnet.gateway.choices import RequestRun, choice_request_id
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import HttpError, streamed_error
-from meshnet.gateway.logprob_format import LogprobEntry
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, unknown_model
-from meshnet.gateway.responses import ChunkWriter, Collected, completion_object, total_usage
+from meshnet.gateway.responses import ChunkWriter, completion_object, total_usage
 from meshnet.gateway.sse import DONE, KEEPALIVE, ManagedStreamingResponse, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
 from meshnet.route.life import Failure, Outcome
@@ -75,7 +74,8 @@ class CompletionService:
         except BaseException:
             lease.release()
             raise
-        run = RequestRun([self._view(prepared, codec, request_id, i, lease.waited_s) for i in range(prepared.choices)])
+        views = [self._view(prepared, codec, request_id, i, lease.waited_s) for i in range(prepared.choices)]
+        run = RequestRun(views, streamed=prepared.stream)
         run.start(self.generator, prepared, codec)
 
         async def close() -> None:
@@ -90,12 +90,12 @@ class CompletionService:
             if prepared.stream:
                 # Wait for each route's first item before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
-                firsts = await run.first_items()
+                firsts = await run.first_entries()
                 frames = self._sse(prepared, request_id, preamble, firsts, run)
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
-            collected = await _unless_disconnected(request, _collect(run, prepared.logprobs))
+            collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
             return JSONResponse(body)
@@ -184,7 +184,7 @@ class CompletionService:
                 yield frame
         # Then every choice's items as they come, from the one queue; a keep-alive comment
         # whenever none comes for a while (a long prefill or a failover replay).
-        while not (run.finished or stream.failed):
+        while not (run.drained or stream.failed):
             if run.empty and not await run.wait(self.config.keepalive_seconds):
                 yield KEEPALIVE
                 continue
@@ -225,27 +225,6 @@ class _StreamState:
                 if len(self.outcomes) == self.choices and self.include_usage:
                     frames.append(data_frame(self.writer.usage(total_usage(self.outcomes.values()))))
         return frames
-
-
-async def _collect(run: RequestRun, logprobs: bool) -> list[Collected]:
-    """Every choice to its end; the first failure is raised (the caller's close then ends the rest)."""
-    parts: list[list[str]] = [[] for _ in run.views]
-    entries: list[list[LogprobEntry]] = [[] for _ in run.views]
-    outcomes: dict[int, Outcome] = {}
-    while not run.finished:
-        await run.wait(None)
-        index, shown = run.take()
-        for item in shown:
-            if isinstance(item, TextDelta):
-                parts[index].append(item.text)
-                entries[index].extend(item.logprobs)
-            elif isinstance(item, Outcome):
-                outcomes[index] = item
-            elif isinstance(item, Failure):
-                raise item.error
-    return [
-        Collected("".join(parts[i]), outcomes[i], tuple(entries[i]) if logprobs else None) for i in range(len(parts))
-    ]
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
