@@ -67,7 +67,7 @@ class WorkerSpec:
         args = [
             sys.executable,
             "-m",
-            "meshnet.cli.main",
+            "meshnet",
             "--data-dir",
             str(data_dir),
             "worker",
