@@ -46,13 +46,17 @@ class _ChoiceSink:
         self._index = index
         self._view = view
         self._streamed = streamed
+        self._heard = False
         self.parts: list[str] = []
         self.logprobs: list[LogprobEntry] = []
 
     def put(self, item: LifeItem) -> None:
         shown = self._view.take(item)
         if self._streamed:
-            self._queue.put_nowait((self._index, shown))
+            # The first entry goes out even if it shows nothing: the stream's headers wait for it.
+            if shown or not self._heard:
+                self._heard = True
+                self._queue.put_nowait((self._index, shown))
             return
         for each in shown:
             if isinstance(each, TextDelta):

@@ -64,14 +64,6 @@ class RouteSession:
     epoch: int
 
 
-@dataclass(frozen=True)
-class Progress:
-    """What the driver knows after each token: for failover replay and billing."""
-
-    generated: tuple[int, ...]
-    next_position: int
-
-
 class RouteDriver:
     def __init__(self, pool: ChannelPool, *, max_frame_bytes: int) -> None:
         self._pool = pool
