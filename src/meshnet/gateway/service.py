@@ -76,7 +76,6 @@ class CompletionService:
             raise
         views = [self._view(prepared, codec, request_id, i, lease.waited_s) for i in range(prepared.choices)]
         run = RequestRun(views, streamed=prepared.stream)
-        run.start(self.generator, prepared, codec)
 
         async def close() -> None:
             try:
@@ -87,6 +86,7 @@ class CompletionService:
 
         handed_off = False
         try:
+            run.start(self.generator, prepared, codec)
             if prepared.stream:
                 # Wait for each route's first item before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
