@@ -6,7 +6,7 @@
   the same port and database, the restart is counted, and the swarm serves again.
 - A completion ended by a stop string is stored by `up`'s tracker as `completed`, with the
   tokens and billing units the client was told (the state that makes it eligible for audit;
-  tests/integration/test_stop_string_record.py sees such a request audited).
+  tests/integration/test_audit.py sees such a request audited).
 - A busy gateway port fails `up` before any component starts, labelled as such.
 - The lifeline itself: a child sees its supervisor's end of the pipe close and exits.
 """
