@@ -349,6 +349,17 @@ def wait_sessions_freed(addresses: Sequence[str], within_s: float, security: Lin
         time.sleep(0.02)
 
 
+def stop_string_of(text: str, after: int = 8) -> tuple[str, int]:
+    """A two-character stop string of ``text`` and where it starts: printable ASCII, first found
+    at its own place (at or past ``after``). On the tiny model each ASCII character is one token,
+    so the stop string straddles a token boundary."""
+    for start in range(after, len(text) - 1):
+        stop = text[start : start + 2]
+        if stop.isascii() and stop.isprintable() and text.find(stop) == start:
+            return stop, start
+    raise AssertionError(f"no usable stop string in {text!r}")
+
+
 def query_db(db_path: Path, sql: str) -> list[tuple[Any, ...]]:
     """Rows of ``sql`` read straight from the tracker's SQLite file (read-only, beside the tracker)."""
     connection = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5.0)

@@ -1,7 +1,10 @@
 """Verified work against a live swarm of real worker processes, every request audited.
 
 Two honest replicas of each half of the tiny model first: every audit replays on the other
-pair and agrees, and every work record stays ``completed``. Then a rogue joins (the normal
+pair and agrees, and every work record stays ``completed``. A completion ended by a stop string
+is one of them (issue 28: it used to be closed as a cancellation, stored ``cancelled`` and never
+audited): stored ``completed`` with the very tokens and billing units the client was told, and
+audited. Then a rogue joins (the normal
 worker with its forwarded hidden state shifted by 1% and a boasting decode rate, so the
 tracker routes users to it): within the next requests the audit names it, the tracker
 quarantines it, the record of the request it served is marked ``unverified``, and the requests
@@ -14,7 +17,9 @@ import asyncio
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,8 +32,11 @@ from swarm_harness import (
     query_db,
     read_sse,
     route_addresses,
+    stop_string_of,
     write_tiny_model,
 )
+
+from meshnet.route.life import billing_units
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,13 +61,36 @@ def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swa
         yield running
 
 
+@dataclass(frozen=True)
+class Oracle:
+    """The whole model's answer to PROMPT, and a stop string picked from it."""
+
+    text: str
+    prompt_tokens: int
+    stop: str
+    before_stop: str
+    """The text a client is shown when ``stop`` ends the answer."""
+    stop_tokens: int
+    """Tokens generated up to and with the one that completes ``stop``."""
+
+
 @pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory, model: Path) -> str:
+def oracle(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Oracle:
     reference = Reference(model, tmp_path_factory.mktemp("reference"))
     try:
-        return reference.text(reference.generate(reference.chat_tokens(PROMPT), MAX_TOKENS))
+        prompt = reference.chat_tokens(PROMPT)
+        tokens = reference.generate(prompt, MAX_TOKENS)
+        text = reference.text(tokens)
+        stop, start = stop_string_of(text)
+        ends = next(n for n in range(1, len(tokens) + 1) if stop in reference.text(tokens[:n]))
+        return Oracle(text, len(prompt), stop, text[:start], ends)
     finally:
         reference.close()
+
+
+@pytest.fixture(scope="module")
+def expected(oracle: Oracle) -> str:
+    return oracle.text
 
 
 def _base_url(swarm: Swarm) -> str:
@@ -74,6 +105,24 @@ def _ask(swarm: Swarm) -> tuple[str, list[str], str]:
     return result.request_id, hops, result.text
 
 
+def _ask_with_stop(swarm: Swarm, stop: str, *, stream: bool) -> tuple[str, str, str, dict[str, Any]]:
+    """(request id, text, finish reason, usage) of one chat completion with ``stop``."""
+    body = {**chat_body(MAX_TOKENS, stream=stream), "stop": [stop]}
+    if not stream:
+        reply = httpx.post(_base_url(swarm) + "/v1/chat/completions", json=body, headers=swarm.auth, timeout=60)
+        assert reply.status_code == 200, reply.text
+        whole = reply.json()
+        choice = whole["choices"][0]
+        return reply.headers["x-request-id"], choice["message"]["content"], choice["finish_reason"], whole["usage"]
+    body["stream_options"] = {"include_usage": True}
+    result = read_sse(_base_url(swarm), "/v1/chat/completions", body, headers=swarm.auth)
+    assert result.status == 200, result.items
+    chunks = [item.payload for item in result.items if item.kind == "chunk"]
+    finish = [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
+    [usage] = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    return result.request_id, result.text, finish[-1], usage
+
+
 def _audits(swarm: Swarm) -> dict[str, float]:
     text = httpx.get(_base_url(swarm) + "/metrics", timeout=5).text
     prefix = "meshnet_gateway_audits_"
@@ -85,6 +134,12 @@ def _audits(swarm: Swarm) -> dict[str, float]:
     return counts
 
 
+def _settled(audits: dict[str, float]) -> bool:
+    """Every sampled request's audit has concluded, one way or another."""
+    concluded = ("clean", "unchecked", "caught", "undecided", "failed")
+    return audits.get("sampled", 0) == sum(audits.get(kind, 0) for kind in concluded)
+
+
 def _wait(what: str, done: object) -> None:
     deadline = time.monotonic() + WAIT_S
     while not done():  # type: ignore[operator]
@@ -94,6 +149,17 @@ def _wait(what: str, done: object) -> None:
 
 def _statuses(swarm: Swarm) -> dict[str, str]:
     return dict(query_db(swarm.db_path, "SELECT request_id, status FROM work_records"))  # type: ignore[arg-type]
+
+
+def _record(swarm: Swarm, request_id: str) -> tuple[Any, ...]:
+    """(status, tokens_in, tokens_out, billing_units) of the request's work record, once reported."""
+    query = f"SELECT status, tokens_in, tokens_out, billing_units FROM work_records WHERE request_id = '{request_id}'"
+
+    def reported() -> bool:
+        return _statuses(swarm).get(request_id, "unverified") != "unverified"
+
+    _wait(f"the outcome of {request_id} reported", reported)
+    return query_db(swarm.db_path, query)[0]
 
 
 def _quarantined(swarm: Swarm) -> list[str]:
@@ -121,6 +187,24 @@ def test_honest_swarm_audits_clean(swarm: Swarm, expected: str) -> None:
     assert {_statuses(swarm)[rid] for rid in ids} == {"completed"}
     assert _quarantined(swarm) == []
     assert _audits(swarm).get("caught", 0) == 0 and _audits(swarm).get("undecided", 0) == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_stop_string_completion_is_stored_completed_billed_as_told_and_audited(
+    swarm: Swarm, oracle: Oracle, stream: bool
+) -> None:
+    _wait("the audits of earlier requests concluded", lambda: _settled(_audits(swarm)))
+    audited = _audits(swarm)
+    request_id, text, finish, usage = _ask_with_stop(swarm, oracle.stop, stream=stream)
+    assert (text, finish) == (oracle.before_stop, "stop")
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (oracle.prompt_tokens, oracle.stop_tokens)
+    assert usage["billing_units"] == billing_units(oracle.prompt_tokens, oracle.stop_tokens)
+    told = (usage["prompt_tokens"], usage["completion_tokens"], usage["billing_units"])
+    assert _record(swarm, request_id) == ("completed", *told)
+    sampled = audited.get("sampled", 0) + 1
+    _wait("the request audited", lambda: _audits(swarm).get("sampled", 0) == sampled and _settled(_audits(swarm)))
+    assert _audits(swarm).get("clean", 0) == audited.get("clean", 0) + 1
+    assert _statuses(swarm)[request_id] == "completed"  # the audit agreed: nothing to mark
 
 
 def test_a_worker_altering_its_boundary_output_is_caught_and_no_longer_routed(

@@ -32,11 +32,12 @@ from swarm_harness import (
     write_tiny_model,
 )
 
-from meshnet.core.events import Finished, RouteAccepted, RouteHealth, TokenGenerated
+from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import new_request_id
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import RouteDriver
+from meshnet.route.life import Failure, LifeItem, Outcome, TextPiece, TokenText
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.route.swarm import SwarmClient, SwarmConfig
 
@@ -165,32 +166,50 @@ def test_w2_failover_to_spare_continues_identically(
 IDLE_AFTER_KILL_S = 0.5
 
 
+class _PausingClient:
+    """The client side of ``_drive_with_pause``: a text plug that records each token id, and a
+    sink that keeps the route notes; after ``kill_after`` tokens it SIGKILLs the middle hop and
+    holds the event loop, so the route sees the death while its client side is idle."""
+
+    def __init__(self, swarm: Swarm, kill_after: int) -> None:
+        self.swarm = swarm
+        self.kill_after = kill_after
+        self.tokens: list[int] = []
+        self.notes: list[object] = []
+
+    def push(self, token_id: int) -> TextPiece:
+        self.tokens.append(token_id)
+        return TextPiece("")
+
+    def flush(self) -> str:
+        return ""
+
+    def put(self, item: LifeItem) -> None:
+        if isinstance(item, RouteAccepted | RouteHealth | Outcome | Failure):
+            self.notes.append(item)
+        if isinstance(item, TokenText) and item.generated == self.kill_after:
+            first = next(note for note in self.notes if isinstance(note, RouteAccepted))
+            self.swarm.worker_at(first.hops[1].address).component.kill(signal.SIGKILL)
+            # Blocking on purpose: nothing of the client runs (no read, no write) meanwhile.
+            time.sleep(IDLE_AFTER_KILL_S)
+
+
 async def _drive_with_pause(
     swarm: Swarm, request: GenerationRequest, kill_after: int
 ) -> tuple[list[int], list[object]]:
-    """Drive ``request`` with the swarm client itself; after ``kill_after`` tokens stop pulling,
-    SIGKILL the middle hop and wait, so the route sees the death while idle between two steps."""
+    """Drive ``request`` with the swarm client itself, pausing after ``kill_after`` tokens."""
     frame_bytes = 4 * 1024 * 1024
     pool = ChannelPool(frame_bytes, swarm.security)
     tracker = TrackerClient(swarm.tracker_address, security=swarm.security)
     client = SwarmClient(tracker, pool, RouteDriver(pool, max_frame_bytes=frame_bytes), SwarmConfig())
-    tokens: list[int] = []
-    notes: list[object] = []
+    pausing = _PausingClient(swarm, kill_after)
     try:
-        async for event in client.generate(request, new_request_id()):
-            if isinstance(event, TokenGenerated):
-                tokens.append(event.token_id)
-                if len(tokens) == kill_after:
-                    first = next(note for note in notes if isinstance(note, RouteAccepted))
-                    swarm.worker_at(first.hops[1].address).component.kill(signal.SIGKILL)
-                    await asyncio.sleep(IDLE_AFTER_KILL_S)
-            elif isinstance(event, RouteAccepted | RouteHealth | Finished):
-                notes.append(event)
+        await client.serve(request, new_request_id(), pausing, pausing)
         await client.drain_reports(timeout_s=5)
     finally:
         await tracker.close()
         await pool.close()
-    return tokens, notes
+    return pausing.tokens, pausing.notes
 
 
 def test_w2_middle_dies_while_the_route_is_idle(swarm: Swarm, reference: Reference) -> None:
@@ -205,8 +224,8 @@ def test_w2_middle_dies_while_the_route_is_idle(swarm: Swarm, reference: Referen
     )
     expected = reference.generate(request.prompt_tokens, MAX_TOKENS)
     tokens, notes = asyncio.run(_drive_with_pause(swarm, request, kill_after=60))
-    assert [type(note).__name__ for note in notes] == ["RouteAccepted", "RouteHealth", "RouteAccepted", "Finished"]
-    assert tokens == expected
+    assert [type(note).__name__ for note in notes] == ["RouteAccepted", "RouteHealth", "RouteAccepted", "Outcome"]
+    assert tokens == [token for token in expected if token not in request.stop_tokens]
 
 
 def test_w3_no_spare_ends_with_worker_lost_and_frees_sessions(swarm: Swarm, base_url: str) -> None:

@@ -20,7 +20,7 @@ import openai
 import pytest
 from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm, write_tiny_model
 
-from meshnet.route.swarm import PREFILL_WEIGHT, billing_units
+from meshnet.route.life import PREFILL_WEIGHT, billing_units
 
 pytestmark = pytest.mark.timeout(300)
 

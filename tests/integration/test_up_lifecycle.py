@@ -4,6 +4,9 @@
   port at once (so the next `make run` starts).
 - SIGKILL of the tracker under `up` is a restart, not a teardown: the tracker comes back on
   the same port and database, the restart is counted, and the swarm serves again.
+- A completion ended by a stop string is stored by `up`'s tracker as `completed`, with the
+  tokens and billing units the client was told (the state that makes it eligible for audit;
+  tests/integration/test_audit.py sees such a request audited).
 - A busy gateway port fails `up` before any component starts, labelled as such.
 - The lifeline itself: a child sees its supervisor's end of the pipe close and exits.
 """
@@ -25,7 +28,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from swarm_harness import meshnet_command, write_tiny_model
+from swarm_harness import PROMPT, meshnet_command, query_db, stop_string_of, write_tiny_model
 
 from meshnet.process.launcher import ChildProcess, LaunchSpec
 from meshnet.process.lifeline import EXIT_GRACE_S, ORPHAN_EXIT_CODE
@@ -137,6 +140,35 @@ def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, i
     assert child.alive
     others = {name: c for name, c in _status(tmp_path).items() if name != "tracker"}
     assert all(c["restarts"] == 0 for c in others.values()), others
+
+
+def test_a_stop_string_completion_is_stored_completed_with_its_tokens_and_billing(
+    up: tuple[ChildProcess, int], tmp_path: Path
+) -> None:
+    _, port = up
+    base = f"http://127.0.0.1:{port}/v1"
+    auth = {"Authorization": f"Bearer {(tmp_path / 'api-key').read_text().strip()}"}
+    model = httpx.get(f"{base}/models", headers=auth, timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0}
+    free = httpx.post(f"{base}/chat/completions", json=body, headers=auth, timeout=30).json()
+    text = free["choices"][0]["message"]["content"]
+    stop, start = stop_string_of(text)
+    reply = httpx.post(f"{base}/chat/completions", json={**body, "stop": stop}, headers=auth, timeout=30)
+    stopped = reply.json()
+    choice, usage = stopped["choices"][0], stopped["usage"]
+    assert (choice["message"]["content"], choice["finish_reason"]) == (
+        free["choices"][0]["message"]["content"][:start],
+        "stop",
+    )
+    assert usage["completion_tokens"] < free["usage"]["completion_tokens"]
+    query = (
+        f"SELECT status, tokens_in, tokens_out, billing_units FROM work_records WHERE request_id = '{stopped['id']}'"
+    )
+    deadline = time.monotonic() + 30.0
+    while not (rows := query_db(tmp_path / "tracker.sqlite3", query)) or rows[0][0] == "unverified":
+        assert time.monotonic() < deadline, f"the tracker never stored the outcome: {rows}"
+        time.sleep(0.1)
+    assert rows[0] == ("completed", usage["prompt_tokens"], usage["completion_tokens"], usage["billing_units"])
 
 
 def test_a_busy_gateway_port_fails_up_before_anything_starts(tmp_path: Path) -> None:

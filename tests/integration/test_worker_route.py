@@ -218,17 +218,12 @@ def test_workers_accept_the_keepalive_pings_their_peers_send() -> None:
     assert options["grpc.http2.max_ping_strikes"] == 0
 
 
-@pytest.mark.parametrize("head_driven", [True, False])
-async def test_decode_crosses_n_seams_per_token_on_the_ring(
-    pool: ChannelPool, three: list[RunningWorker], head_driven: bool
-) -> None:
-    """Decode runs on the ring, driven by the head or frame by frame: the tail answers the head
-    directly, so each decode token crosses 3 seams on 3 shards (the chain crossed 2(N-1) = 4)."""
+async def test_decode_crosses_n_seams_per_token_on_the_ring(pool: ChannelPool, three: list[RunningWorker]) -> None:
+    """Decode runs on the ring, driven by the head: the tail answers the head directly, so each
+    decode token crosses 3 seams on 3 shards (the chain crossed 2(N-1) = 4)."""
     request = greedy_request(PROMPTS["short"], 24)
     before = await metrics(pool, three)
-    tokens = await generate(
-        RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES, head_driven=head_driven), three, request
-    )
+    tokens = await generate(RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), three, request)
     after = await metrics(pool, three)
     assert tokens == fake_reference([w.layers for w in three], request)
     sent = sum(a["seam_messages_total"] - b["seam_messages_total"] for a, b in zip(after, before, strict=True))

@@ -1,14 +1,14 @@
 """Generation events: what a route driver reports while it serves one request.
 
-The gateway turns these into SSE token deltas and Generation Telemetry; the CLI prints them. A
-failure is not an event: the driver raises a typed ``MeshnetError`` instead.
+The route client feeds them to the request's life (``route.life``), which decides how the
+request ends; the gateway shows them as SSE token deltas and Generation Telemetry. A failure is
+not an event: the driver raises a typed ``MeshnetError`` instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshnet.core.generation import FinishReason
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.sampling_options import TokenLogprobs
@@ -78,21 +78,6 @@ class RouteHealth:
     reason: str
 
 
-@dataclass(frozen=True)
-class Finished:
-    reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    billing_units: float
-
-
 GenerationEvent = (
-    RouteAccepted
-    | PrefillStarted
-    | PrefillProgress
-    | PrefillCompleted
-    | DecodeStarted
-    | TokenGenerated
-    | RouteHealth
-    | Finished
+    RouteAccepted | PrefillStarted | PrefillProgress | PrefillCompleted | DecodeStarted | TokenGenerated | RouteHealth
 )

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.sampling_options import LogitAdjustments, LogprobRequest, OutputConstraint
-
-FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 MAX_TOP_K = 1_000_000
 

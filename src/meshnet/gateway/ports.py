@@ -7,14 +7,14 @@ client and tokenizer in ``cli``. Nothing here imports FastAPI: these are plain d
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from meshnet.core.events import GenerationEvent
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
+from meshnet.route.life import LifeSink, TextPlug
 
 
 @dataclass(frozen=True)
@@ -75,17 +75,19 @@ class TextCodec(Protocol):
 
 
 class RouteGenerator(Protocol):
-    """Drives one request along a route of shards and reports what happens.
+    """Serves one request along a route of shards, pushing what happens into the caller's sink.
 
-    ``generate`` yields ``RouteAccepted``, prefill/decode milestones, one ``TokenGenerated`` per
-    token, ``RouteHealth`` notes and finally ``Finished``; failures are raised as typed
-    ``MeshnetError``s, possibly after some tokens. The gateway closes the iterator early
-    (``aclose()`` or task cancellation) when the HTTP client goes away or a stop sequence
-    matches: that close is the only cancellation signal, so the implementation must free the
-    route session in its ``finally``.
+    ``serve`` pushes (``route.life``) ``RouteAccepted``, prefill/decode notes, one ``TokenText``
+    per token (its text from the caller's ``text`` plug, which also finds stop strings),
+    ``RouteHealth`` notes and, once the route is released, the ``Outcome`` or the ``Failure``;
+    it never raises a failure. How the request ends is decided and recorded on the route side,
+    never by the gateway. Cancelling the task that runs ``serve`` (the HTTP client went away)
+    cancels the route session; the implementation must free it before it returns.
     """
 
-    def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]: ...
+    async def serve(
+        self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink
+    ) -> None: ...
 
     def models(self) -> Sequence[ModelCard]: ...
 

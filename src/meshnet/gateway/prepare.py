@@ -1,4 +1,4 @@
-"""Pure translation of a validated request body into what the driver runs.
+"""Pure translation of a validated request body into what the route serves.
 
 Checks everything that depends on the model or the configuration (known model, context cap,
 ``max_tokens`` limit, stop sequences, unsupported values), tokenizes the prompt and builds the
@@ -32,7 +32,7 @@ TOKEN_ID_LIMIT = 2**31
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """A request the driver can run: tokens, budget, sampling, stop strings, stream shape."""
+    """A request the route can serve: tokens, budget, sampling, stop strings, stream shape."""
 
     kind: EndpointKind
     model: str

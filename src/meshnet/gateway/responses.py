@@ -8,13 +8,15 @@ telemetry endpoints. A request with ``n`` > 1 has one choice per index, all in o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshnet.gateway.driver import Outcome, Usage
 from meshnet.gateway.logprob_format import LogprobEntry, chat_logprobs, text_logprobs
 from meshnet.gateway.prepare import EndpointKind
+from meshnet.route.life import Outcome, Usage
 
 
 @dataclass(frozen=True)
@@ -27,11 +29,18 @@ class Collected:
     """Every generated token's logprobs; None when the request did not ask for them."""
 
 
-def total_usage(choices: Sequence[Collected]) -> Usage:
-    usage = choices[0].outcome.usage
-    for choice in choices[1:]:
-        usage = usage + choice.outcome.usage
-    return usage
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "billing_units": usage.billing_units,
+    }
+
+
+def total_usage(outcomes: Iterable[Outcome]) -> Usage:
+    """The usage of a request: its choices' usages summed (the prompt counted once)."""
+    return functools.reduce(operator.add, (outcome.usage for outcome in outcomes))
 
 
 def completion_object(
@@ -54,7 +63,7 @@ def completion_object(
         "model": model,
         "system_fingerprint": None,
         "choices": built,
-        "usage": total_usage(choices).as_json(),
+        "usage": usage_json(total_usage(choice.outcome for choice in choices)),
     }
 
 
@@ -126,4 +135,4 @@ class ChunkWriter:
 
     def usage(self, usage: Usage) -> dict[str, Any]:
         """The extra last chunk asked for by ``stream_options.include_usage``: no choices."""
-        return self._chunk([], usage=usage.as_json())
+        return self._chunk([], usage=usage_json(usage))

@@ -1,45 +1,35 @@
-"""Serving one completion request: admission, deadline, and the streaming or whole response.
+"""Serving one completion request: admission, the route run, and the streaming or whole response.
 
 The endpoints in app.py parse and prepare; this module admits the request (at once, or after
-waiting in the admission queue), runs the driver and
-shapes its items into SSE chunks or one OpenAI object. It guarantees that whatever happens --
-success, typed failure, deadline, client disconnect before or during the stream -- the route
-iterator is closed and the admission slot returned exactly once.
+waiting in the admission queue), starts its choices on the route (``choices.RequestRun``) and
+shapes what they push into SSE chunks or one OpenAI object. It guarantees that whatever happens
+-- success, typed failure, deadline, client disconnect before or during the stream -- every
+route session is ended and the admission slots returned exactly once.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from meshnet.core.errors import Cancelled, MeshnetError
+from meshnet.core.errors import Cancelled
 from meshnet.core.ids import RequestId
 from meshnet.gateway.admission import Admission, Lease, Refused
 from meshnet.gateway.capacity import SwarmCapacity
-from meshnet.gateway.choices import choice_request_id, interleave
+from meshnet.gateway.choice_view import ChoiceView, ShownItem, TextDelta
+from meshnet.gateway.choices import RequestRun, choice_request_id
 from meshnet.gateway.config import GatewayConfig
-from meshnet.gateway.driver import DriverItem, Outcome, TextDelta, drive
 from meshnet.gateway.errors import HttpError, streamed_error
-from meshnet.gateway.logprob_format import LogprobEntry
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, unknown_model
-from meshnet.gateway.responses import ChunkWriter, Collected, completion_object
-from meshnet.gateway.sse import (
-    DONE,
-    KEEPALIVE,
-    ManagedStreamingResponse,
-    data_frame,
-    telemetry_comment,
-    with_keepalive,
-)
+from meshnet.gateway.responses import ChunkWriter, completion_object, total_usage
+from meshnet.gateway.sse import DONE, KEEPALIVE, ManagedStreamingResponse, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
+from meshnet.route.life import Failure, Outcome
 
 T = TypeVar("T")
 
@@ -84,29 +74,28 @@ class CompletionService:
         except BaseException:
             lease.release()
             raise
-        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_seconds
-        waited = lease.waited_s
-        drivers = [self._driver(prepared, codec, request_id, i, deadline, waited) for i in range(prepared.choices)]
+        views = [self._view(prepared, codec, request_id, i, lease.waited_s) for i in range(prepared.choices)]
+        run = RequestRun(views, streamed=prepared.stream)
 
         async def close() -> None:
             try:
-                for driver in drivers:
-                    await driver.aclose()
+                await run.close(self.config.cancel_grace_seconds)
             finally:
                 for held in leases:
                     held.release()
 
         handed_off = False
         try:
+            run.start(self.generator, prepared, codec)
             if prepared.stream:
-                # Wait for each route's first event before sending headers, so a request that
+                # Wait for each route's first item before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
-                firsts = [await _first_item(driver) for driver in drivers]
-                frames = self._sse(prepared, request_id, preamble, firsts, drivers)
+                firsts = await run.first_entries()
+                frames = self._sse(prepared, request_id, preamble, firsts, run)
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
-            collected = await _unless_disconnected(request, _collect_all(drivers, prepared.logprobs))
+            collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
             return JSONResponse(body)
@@ -115,30 +104,13 @@ class CompletionService:
                 with anyio.CancelScope(shield=True):
                     await close()
 
-    def _driver(
-        self,
-        prepared: PreparedRequest,
-        codec: TextCodec,
-        request_id: RequestId,
-        index: int,
-        deadline: float,
-        queue_seconds: float,
-    ) -> AsyncGenerator[DriverItem, None]:
+    def _view(
+        self, prepared: PreparedRequest, codec: TextCodec, request_id: RequestId, index: int, queue_seconds: float
+    ) -> ChoiceView:
         choice_id = choice_request_id(request_id, index)
         if index > 0:
             self.hub.open(choice_id, prepared.model)
-        choice = replace(prepared, generation=prepared.choice_generation(index)) if index else prepared
-        return drive(
-            self.generator,
-            choice,
-            codec,
-            choice_id,
-            hub=self.hub,
-            config=self.config,
-            clock=self.clock,
-            deadline=deadline,
-            queue_seconds=queue_seconds,
-        )
+        return ChoiceView(choice_id, codec, self.hub, self.config, self.clock, queue_seconds)
 
     async def _admit_more_choices(self, request: Request, request_id: RequestId, extra: int) -> list[Lease]:
         """One more admission slot per further choice: each is a route session of its own."""
@@ -157,13 +129,13 @@ class CompletionService:
             raise
         return leases
 
-    async def _admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[DriverItem]]:
+    async def _admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[ShownItem]]:
         """A slot, after waiting in the queue if need be; the ``queued`` event, if it waited.
 
         A request refused at once gets no telemetry log: under overload those would evict the
         logs of the requests being served.
         """
-        preamble: list[DriverItem] = []
+        preamble: list[ShownItem] = []
         owner: str | None = getattr(request.state, "api_key_name", None)
 
         def on_queued(position: int) -> None:
@@ -194,9 +166,9 @@ class CompletionService:
         self,
         prepared: PreparedRequest,
         request_id: RequestId,
-        preamble: list[DriverItem],
-        firsts: list[DriverItem],
-        drivers: list[AsyncGenerator[DriverItem, None]],
+        preamble: list[ShownItem],
+        firsts: list[tuple[int, list[ShownItem]]],
+        run: RequestRun,
     ) -> AsyncIterator[bytes]:
         created = int(self.wall_clock())
         writer = ChunkWriter(prepared.kind, request_id, prepared.model, created, logprobs=prepared.logprobs)
@@ -204,90 +176,55 @@ class CompletionService:
             opening = writer.opening(index)
             if opening is not None:
                 yield data_frame(opening)
-        for early in preamble:
-            for frame in _frames(writer, 0, early):
+        stream = _StreamState(writer, request_id, prepared.choices, prepared.include_usage)
+        for frame in stream.frames(0, preamble):
+            yield frame
+        for index, shown in firsts:
+            for frame in stream.frames(index, shown):
                 yield frame
-        outcomes: list[Outcome] = []
-        try:
-            # Each route's first item, then all of them as they come; a keep-alive comment
-            # whenever none comes for a while (a long prefill or a failover replay).
-            chained = _chain(list(enumerate(firsts)), interleave(drivers))
-            async with contextlib.aclosing(with_keepalive(chained, self.config.keepalive_seconds)) as items:
-                async for entry in items:
-                    if entry is None:
-                        yield KEEPALIVE
-                        continue
-                    index, item = entry
-                    for frame in _frames(writer, index, item):
-                        yield frame
-                    if isinstance(item, Outcome):
-                        outcomes.append(item)
-                        if len(outcomes) == prepared.choices and prepared.include_usage:
-                            usage = outcomes[0].usage
-                            for other in outcomes[1:]:
-                                usage = usage + other.usage
-                            yield data_frame(writer.usage(usage))
-        except Exception as err:  # typed or not, the client gets an error event, never a hang
-            yield data_frame(streamed_error(err, request_id))
+        # Then every choice's items as they come, from the one queue; a keep-alive comment
+        # whenever none comes for a while (a long prefill or a failover replay).
+        while not (run.drained or stream.failed):
+            if run.empty and not await run.wait(self.config.keepalive_seconds):
+                yield KEEPALIVE
+                continue
+            index, shown = run.take()
+            for frame in stream.frames(index, shown):
+                yield frame
         yield DONE
 
 
-async def _chain(
-    firsts: list[tuple[int, DriverItem]], rest: AsyncIterator[tuple[int, DriverItem]]
-) -> AsyncIterator[tuple[int, DriverItem]]:
-    for first in firsts:
-        yield first
-    async for item in rest:
-        yield item
+class _StreamState:
+    """Shapes the shown items of a stream into SSE frames: chunks, telemetry comments, usage,
+    and after a failure the error event (the caller then sends ``[DONE]``)."""
 
+    def __init__(self, writer: ChunkWriter, request_id: RequestId, choices: int, include_usage: bool) -> None:
+        self.writer = writer
+        self.request_id = request_id
+        self.include_usage = include_usage
+        self.outcomes: dict[int, Outcome] = {}
+        self.choices = choices
+        self.failed = False
 
-def _frames(writer: ChunkWriter, index: int, item: DriverItem) -> list[bytes]:
-    if isinstance(item, TextDelta):
-        return [data_frame(writer.delta(item.text, index, item.logprobs))]
-    if isinstance(item, TelemetryEvent):
-        return [telemetry_comment(item)]
-    return [data_frame(writer.closing(item, index))]
-
-
-async def _first_item(driver: AsyncIterator[DriverItem]) -> DriverItem:
-    """The first item to stream; a failure before it propagates, to become an HTTP status."""
-    try:
-        item = await anext(driver)
-        if isinstance(item, TelemetryEvent) and item.kind == "failed":
-            # The driver announces a failure, then raises it: let it raise here, before headers.
-            await anext(driver)
-            raise MeshnetError("the route failed before its first event")
-        return item
-    except StopAsyncIteration:
-        raise MeshnetError("the route produced nothing") from None
-
-
-async def _collect_all(drivers: list[AsyncGenerator[DriverItem, None]], logprobs: bool) -> list[Collected]:
-    """Every choice to its end; one failing (or the caller cancelled) stops the others, so no
-    driver is still running when ``close`` shuts them."""
-    tasks = [asyncio.create_task(_collect(driver, logprobs)) for driver in drivers]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _collect(driver: AsyncIterator[DriverItem], logprobs: bool) -> Collected:
-    parts: list[str] = []
-    entries: list[LogprobEntry] = []
-    outcome: Outcome | None = None
-    # Run the driver to its end, not just to the Outcome, so the route can finish normally.
-    async for item in driver:
-        if isinstance(item, TextDelta):
-            parts.append(item.text)
-            entries.extend(item.logprobs)
-        elif isinstance(item, Outcome):
-            outcome = item
-    if outcome is None:
-        raise MeshnetError("the route ended without an outcome")
-    return Collected("".join(parts), outcome, tuple(entries) if logprobs else None)
+    def frames(self, index: int, shown: list[ShownItem]) -> list[bytes]:
+        frames: list[bytes] = []
+        for item in shown:
+            if self.failed:
+                break
+            if isinstance(item, TextDelta):
+                frames.append(data_frame(self.writer.delta(item.text, index, item.logprobs)))
+            elif isinstance(item, TelemetryEvent):
+                frames.append(telemetry_comment(item))
+            elif isinstance(item, Failure):
+                # Typed or not, the client gets an error event, never a hang.
+                self.failed = True
+                frames.append(data_frame(streamed_error(item.error, self.request_id)))
+            else:
+                frames.append(data_frame(self.writer.closing(item, index)))
+                self.outcomes[index] = item
+                if len(self.outcomes) == self.choices and self.include_usage:
+                    frames.append(data_frame(self.writer.usage(total_usage(self.outcomes.values()))))
+        return frames
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

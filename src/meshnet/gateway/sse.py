@@ -12,11 +12,9 @@ would then turn every later comment block into an empty event.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -28,7 +26,6 @@ MEDIA_TYPE = "text/event-stream"
 DONE = b"data: [DONE]\n\n"
 TELEMETRY_PREFIX = ": telemetry "
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-T = TypeVar("T")
 
 
 def _json(payload: Any) -> str:
@@ -38,33 +35,6 @@ def _json(payload: Any) -> str:
 
 KEEPALIVE = b": keep-alive\n\n"
 """Sent while a stream has nothing else to say, so proxies and clients see it is alive."""
-_END = object()
-
-
-async def with_keepalive(items: AsyncIterator[T], seconds: float) -> AsyncGenerator[T | None, None]:
-    """Yield ``items``, and ``None`` each time ``seconds`` pass without one.
-
-    The next item is awaited in a task of its own so the wait can time out without cancelling
-    it; closing this iterator cancels that task, which the item source sees as cancellation.
-    """
-    pending: asyncio.Future[Any] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(items, _END))
-            done, _ = await asyncio.wait({pending}, timeout=seconds)
-            if not done:
-                yield None
-                continue
-            item, pending = pending.result(), None
-            if item is _END:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
 
 
 def data_frame(payload: Any) -> bytes:

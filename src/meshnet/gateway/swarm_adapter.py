@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from meshnet.artifact.describe import ModelDescription
-from meshnet.core.events import GenerationEvent
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
 from meshnet.gateway.ports import ModelCard, TextCodec
+from meshnet.route.life import LifeSink, TextPlug
 from meshnet.route.swarm import SwarmClient
 
 SLOTS_TIMEOUT_S = 2.0
@@ -47,5 +47,5 @@ class SwarmGenerator:
     async def route_context(self, model: str) -> int | None:
         return await self._client.route_context(model)
 
-    def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
-        return self._client.generate(request, request_id)
+    async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
+        await self._client.serve(request, request_id, text, sink)

@@ -1,7 +1,8 @@
 """Bounded in-memory log of Generation Telemetry, per request, for polling and following.
 
-The driver publishes each telemetry event here as it happens; ``GET /v1/telemetry/{id}`` reads
-the folded snapshot and ``GET /v1/telemetry/{id}/events`` follows the log (replay, then live).
+Each choice's view (``choice_view``) publishes its telemetry here as it happens;
+``GET /v1/telemetry/{id}`` reads the folded snapshot and ``GET /v1/telemetry/{id}/events``
+follows the log (replay, then live).
 Both the number of requests kept and the events per request are bounded, so a busy gateway
 cannot grow without limit: the oldest *finished* request is evicted first, and within a request
 old ``progress`` events are dropped before milestones. One hub per app, owned by one event

@@ -1,17 +1,21 @@
-"""Drive one generation along a route of shards: chunked prefill, then one decode step per token.
+"""Drive one generation along a route of shards: chunked prefill, then the head decodes on.
 
 The driver talks only to the head; each shard forwards its boundary to the next, the tail
-samples, and the token travels back: straight to the head (the ring, ``worker.ring``) for every
-frame after the opening one, which also lets prefill chunks pipeline along the route. Every
-frame carries the remaining budget, so the route never works past the request's deadline.
-Closing the iterator (or cancelling its task) cancels the head stream, which frees the
-session's KV on every shard down the route.
+samples, and the token travels back: straight to the head (the ring, ``node.ring``) for every
+frame after the opening one, which also lets prefill chunks pipeline along the route. The last
+frame sent asks the head to go on decoding by itself (a ``Continuation``), so after the prefill
+the driver only reads one answer per token. Every frame carries the remaining budget, so the
+route never works past the request's deadline. The driver stops at the end ``route.life``
+decides for a token it can see (a stop token, the budget); closing the iterator earlier (a stop
+string, a cancelled task) cancels the head stream, which frees the session's KV on every shard
+down the route.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +32,7 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
+from meshnet.route.life import finish_for
 from meshnet.route.shard_admin import fetch_capability
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
@@ -59,18 +64,9 @@ class RouteSession:
     epoch: int
 
 
-@dataclass(frozen=True)
-class Progress:
-    """What the driver knows after each token: for failover replay and billing."""
-
-    generated: tuple[int, ...]
-    next_position: int
-
-
 class RouteDriver:
-    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int, head_driven: bool = True) -> None:
+    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int) -> None:
         self._pool = pool
-        self._head_driven = head_driven
         self._max_frame_bytes = max_frame_bytes
         self._capabilities: dict[str, CapabilityInfo] = {}
 
@@ -87,11 +83,12 @@ class RouteDriver:
         request: GenerationRequest,
         *,
         history: Sequence[int] = (),
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Yield prefill/decode events and one TokenGenerated per new token.
 
         ``history`` holds tokens already generated on an earlier route: they are replayed after
-        the prompt, so a failover continues exactly where the lost route stopped.
+        the prompt, so a failover continues exactly where the lost route stopped. The decode
+        loop is this generator's own: one frame per token between the stream and the caller.
         """
         if not route.hops:
             raise InvalidArgument("a route needs at least one hop")
@@ -100,39 +97,35 @@ class RouteDriver:
         head_capability = await self.capability(head.address, head.node_id)
         stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
         try:
-            async for event in self._generate(route, request, history, deadline, stream, head_capability):
+            # The last frame we send asks the head to decode on by itself (head-driven decode),
+            # so from then on we only read: our round trip leaves the per-token critical path.
+            run = _Run(route, request, deadline, stream, _continuation(request, len(history)))
+            progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
+            async for event in self._prefill_and_replay(run, history, head_capability, progress):
                 yield event
+            rate = _Rate()
+            produced, result = len(history), progress.result
+            while result is not None and result.token_id is not None:
+                token = result.token_id
+                yield TokenGenerated(token, produced, rate.tick(), logprobs=result.logprobs)
+                produced += 1
+                if finish_for(request, produced, token) is not None or run.plan is None:
+                    return
+                result = await stream.read()
         finally:
             stream.cancel()
 
-    async def _generate(
-        self,
-        route: RouteSession,
-        request: GenerationRequest,
-        history: Sequence[int],
-        deadline: float | None,
-        stream: ShardStream,
-        head: CapabilityInfo,
+    async def _prefill_and_replay(
+        self, run: _Run, history: Sequence[int], head: CapabilityInfo, progress: _PrefillTally
     ) -> AsyncIterator[GenerationEvent]:
-        # The last frame we send asks the head to decode on by itself (head-driven decode), so
-        # from then on we only read: our round trip leaves the per-token critical path.
-        budget = request.max_tokens - len(history) - 1
-        plan = Continuation(budget, request.stop_tokens) if self._head_driven and budget > 0 else None
-        run = _Run(route, request, deadline, stream, plan)
-        chunks = self._prefill_chunks(request, head)
-        n_prefill = len(request.prompt_tokens) + len(history)
-        yield PrefillStarted(n_prefill)
-        started = time.perf_counter()
-        progress = _PrefillTally(n_prefill, started)
+        chunks = self._prefill_chunks(run.request, head)
+        yield PrefillStarted(progress.total)
         async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
             yield chunk_done
         async for replayed in _replay(run, history, progress, len(chunks)):
             yield replayed
-        result, step = progress.result, progress.step
-        yield PrefillCompleted(n_prefill, time.perf_counter() - started)
+        yield PrefillCompleted(progress.total, time.perf_counter() - progress.started)
         yield DecodeStarted()
-        async for event in _decode(run, result, step, produced=len(history)):
-            yield event
 
     def _prefill_chunks(self, request: GenerationRequest, head: CapabilityInfo) -> list[PrefillChunk]:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
@@ -157,7 +150,7 @@ class _Run:
     deadline: float | None
     stream: ShardStream
     plan: Continuation | None
-    """Head-driven decode: set on the last frame we send; None when we send every decode step."""
+    """Head-driven decode: set on the last frame we send; None when that frame's token is the last."""
 
     def meta(self, step: int, position: int, phase: Phase) -> FrameMeta:
         return route_frame_meta(self.route, step, position, phase, self.deadline)
@@ -226,25 +219,24 @@ async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step:
             yield event
 
 
-async def _decode(run: _Run, result: StepResult | None, step: int, *, produced: int) -> AsyncIterator[GenerationEvent]:
-    """One TokenGenerated per sampled token until a stop token or the budget ends the request."""
-    stamps: list[float] = []
-    while result is not None and result.token_id is not None:
-        token = result.token_id
-        stamps.append(time.perf_counter())
-        stamps = stamps[-RATE_WINDOW:]
-        rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-        yield TokenGenerated(token, produced, rate, logprobs=result.logprobs)
-        produced += 1
-        if token in run.request.stop_tokens or produced >= run.request.max_tokens:
-            return
-        if run.plan is not None:
-            result = await run.stream.read()
-        else:
-            meta = run.meta(step, result.next_position, "decode")
-            frame = StepFrame(meta=meta, tokens=np.array([token], np.int32), ring=True)
-            result = await run.stream.exchange(frame)
-        step += 1
+def _continuation(request: GenerationRequest, replayed: int) -> Continuation | None:
+    """What the head decodes on its own after our last frame: the tokens left but the one that
+    frame samples, ended early by a stop token; None when that one token is the last."""
+    budget = request.max_tokens - replayed - 1
+    return Continuation(budget, request.stop_tokens) if budget > 0 else None
+
+
+class _Rate:
+    """The rolling decode rate over the last ``RATE_WINDOW`` tokens."""
+
+    def __init__(self) -> None:
+        self._stamps: deque[float] = deque(maxlen=RATE_WINDOW)
+
+    def tick(self) -> float:
+        self._stamps.append(time.perf_counter())
+        if len(self._stamps) < 2:
+            return 0.0
+        return (len(self._stamps) - 1) / (self._stamps[-1] - self._stamps[0])
 
 
 def route_frame_meta(

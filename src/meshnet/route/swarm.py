@@ -1,5 +1,9 @@
 """Serve one request on the swarm: route through the tracker, drive it, fail over, bill it.
 
+The request's life (its tokens, how it ends, its usage and bill) is a ``route.life.RequestLife``;
+this module routes it, feeds it the driver's events in one loop, files its work record and
+offers it to the audit.
+
 Failover (the Petals design, with its position bookkeeping made explicit): when a shard is lost
 mid-generation, the dead hops are found by probing, the tracker plans a route without them,
 and the prompt plus every token generated so far is replayed onto it. Sampling is seeded by
@@ -12,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from meshnet.core.errors import (
@@ -24,13 +27,14 @@ from meshnet.core.errors import (
     RouteStale,
     Unavailable,
 )
-from meshnet.core.events import Finished, GenerationEvent, RouteAccepted, RouteHealth, TokenGenerated
-from meshnet.core.generation import FinishReason, GenerationRequest
+from meshnet.core.events import RouteAccepted, RouteHealth
+from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.shard_admin import fetch_capability
 from meshnet.route.shard_stream import ChannelPool
@@ -41,8 +45,6 @@ PROBE_TIMEOUT_S = 0.5
 BUSY_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 """Waits before reopening a route whose shard was full at the opening (1.55 s in all): long
 enough for a lagging release to land, short enough to stay inside any client's patience."""
-PREFILL_WEIGHT = 0.25
-"""Billing: a prompt token costs a quarter of a generated one (prefill is batched, decode is not)."""
 
 
 @dataclass(frozen=True)
@@ -53,40 +55,31 @@ class SwarmConfig:
     """How work records are filed with the tracker."""
 
 
-def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
-    return PREFILL_WEIGHT * prompt_tokens + completion_tokens
-
-
 class _Run:
-    """One request's bookkeeping across failovers: the route now, tokens so far, routes tried."""
+    """One request's bookkeeping across failovers: its life, the route now, the routes tried."""
 
-    def __init__(self, request: GenerationRequest, request_id: RequestId, session_id: SessionId, route: Route) -> None:
-        self.request = request
+    def __init__(self, life: RequestLife, request_id: RequestId, session_id: SessionId, route: Route) -> None:
+        self.life = life
+        self.request = life.request
         self.request_id = request_id
         self.session_id = session_id
         self.route = route
         self.started = time.time()
-        self.history: list[int] = []
         self.attempts: list[tuple[Route, int]] = []
         """Each route tried, with how many tokens had been generated when it started."""
-        self.status: WorkStatus = "failed"
-
-    def finished(self) -> Finished:
-        prompt, generated = len(self.request.prompt_tokens), len(self.history)
-        reason: FinishReason = "stop" if self.history and self.history[-1] in self.request.stop_tokens else "length"
-        return Finished(reason, prompt, generated, billing_units(prompt, generated))
 
     def record(self, status: WorkStatus, finished_at: float) -> WorkRecord:
-        prompt, generated = len(self.request.prompt_tokens), len(self.history)
+        """The work record: tokens and billing are the life's usage, the very numbers the client got."""
+        usage = self.life.usage
         attempts = self.attempts or [(self.route, 0)]
         return WorkRecord(
             request_id=self.request_id,
             model=self.route.model,
             status=status,
-            tokens_in=prompt,
-            tokens_out=generated,
-            attribution=_attribution(attempts, prompt, generated),
-            billing_units=billing_units(prompt, generated),
+            tokens_in=usage.prompt_tokens,
+            tokens_out=usage.completion_tokens,
+            attribution=_attribution(attempts, usage.prompt_tokens, usage.completion_tokens),
+            billing_units=usage.billing_units,
             started_at=self.started,
             finished_at=finished_at,
             session_id=self.session_id,
@@ -111,51 +104,60 @@ class SwarmClient:
         self._config = config
         self.reports = WorkReporter(tracker, config.reports, outbox)
 
-    async def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
-        session_id = new_session_id()
-        route = await self.tracker.choose_route(request.model, session_id=session_id)
-        # Before anything is streamed: a request that cannot fit would otherwise run until the
-        # first shard runs out of positions and fail as a retryable overload.
-        await self._check_context(route, request)
-        run = _Run(request, request_id, session_id, route)
-        try:
-            # Written ahead: if this process dies mid-request, the record still exists (unverified).
-            await self.reports.write_ahead(run.record("unverified", run.started))
-            yield _accepted(request_id, session_id, route)
-            async with contextlib.aclosing(self._follow(run)) as events:
-                async for event in events:
-                    yield event
-            run.status = "completed"
-            self._offer_audit(run)
-            yield run.finished()
-        except (asyncio.CancelledError, GeneratorExit):
-            run.status = "cancelled"
-            raise
-        finally:
-            self.reports.file(run.record(run.status, time.time()))
+    async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
+        """Serve ``request`` to its end, pushing its items into ``sink`` as they happen.
 
-    async def _follow(self, run: _Run) -> AsyncGenerator[GenerationEvent, None]:
-        """Drive ``run`` to its end, replaying it onto a new route when a shard is lost."""
-        failovers = 0
+        Returns once the request ended and its route was released; the last item in ``sink`` is
+        its ``Outcome`` or ``Failure`` (a failure is never raised). Cancelling the caller's task
+        cancels the route (its ``Failure`` is then ``Cancelled``) and re-raises.
+        """
+        life = RequestLife(request, text, sink)
+        run: _Run | None = None
+        try:
+            async with lifetime(life):
+                session_id = new_session_id()
+                route = await self.tracker.choose_route(request.model, session_id=session_id)
+                # Before anything is streamed: a request that cannot fit would otherwise run until
+                # the first shard runs out of positions and fail as a retryable overload.
+                await self._check_context(route, request)
+                run = _Run(life, request_id, session_id, route)
+                # Written ahead: if this process dies mid-request, the record still exists (unverified).
+                await self.reports.write_ahead(run.record("unverified", run.started))
+                await self._follow(run)
+        finally:
+            if run is not None:
+                self.reports.file(run.record(life.status, time.time()))
+                if life.status == "completed":
+                    self._offer_audit(run)
+
+    async def _follow(self, run: _Run) -> None:
+        """Drive ``run`` until its life is finished, replaying it onto a new route when a shard is lost.
+
+        This is the request's one loop: each event of the route driver goes straight into the
+        life, which decides when the request is done; leaving the loop closes the driver, which
+        releases the route's session.
+        """
+        life, failovers = run.life, 0
         excluded: frozenset[NodeId] = frozenset()
         busy_waits = iter(BUSY_BACKOFF_S)
+        life.note(_accepted(run.request_id, run.session_id, run.route))
         while True:
-            run.attempts.append((run.route, len(run.history)))
-            route = run.route
+            run.attempts.append((run.route, len(life.tokens)))
+            route, produced = run.route, len(life.tokens)
             session = RouteSession(run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch)
-            produced = len(run.history)
+            events = self._driver.run(session, run.request, history=tuple(life.tokens))
             try:
-                async for event in self._driver.run(session, run.request, history=tuple(run.history)):
-                    if isinstance(event, TokenGenerated):
-                        run.history.append(event.token_id)
-                    yield event
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        if life.observe(event):
+                            return
                 return
             except ResourceExhausted:
                 # A shard past the head can still hold the KV of the session before this one
                 # for a moment (releases travel down the route after the answer came back), so
                 # a full shard at the opening, before this attempt produced anything, is waited
                 # out briefly on the same route; after that it is the client's overload.
-                pause = next(busy_waits, None) if len(run.history) == produced else None
+                pause = next(busy_waits, None) if len(life.tokens) == produced else None
                 if pause is None:
                     raise
                 run.attempts.pop()
@@ -168,16 +170,19 @@ class SwarmClient:
                 # A hop found dead stays excluded for the rest of the request: the tracker lists
                 # it until it misses enough heartbeats, and routing onto it again wastes a failover.
                 excluded |= lost
-                run.route = await self._replace(run.request, run.session_id, route, error, excluded)
-                replay = f"{error.message}; replaying {len(run.history)} token(s) onto a new route"
-                yield RouteHealth("failover", replay)
-                yield _accepted(run.request_id, run.session_id, run.route)
+                await self._fail_over(run, error, excluded)
+
+    async def _fail_over(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> None:
+        run.route = await self._replace(run.request, run.session_id, run.route, error, excluded)
+        replay = f"{error.message}; replaying {len(run.life.tokens)} token(s) onto a new route"
+        run.life.note(RouteHealth("failover", replay))
+        run.life.note(_accepted(run.request_id, run.session_id, run.route))
 
     def _offer_audit(self, run: _Run) -> None:
         # A request that failed over ran on a mix of routes; its replay would need the same mix,
         # so only requests served by one route are audited.
         if self.auditor is not None and len(run.attempts) == 1:
-            self.auditor.submit(AuditCase(run.request_id, run.request, run.route, tuple(run.history)))
+            self.auditor.submit(AuditCase(run.request_id, run.request, run.route, tuple(run.life.tokens)))
 
     async def drain_reports(self, timeout_s: float | None = None) -> None:
         """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""

@@ -1,8 +1,11 @@
 """Test doubles for the gateway: a byte-level codec and a scripted, deterministic route generator.
 
-They live only in tests/. The generator records every request, how each iterator ended (ran to
-the end, ``aclose``d, cancelled) and can be told to fail before or after a given token, to wait
-on a gate, or to go slowly, so each gateway path can be driven on purpose.
+They live only in tests/. The generator stands in for the route's network side only (tracker,
+shards): its scripted events go through the real ``route.life.RequestLife`` in the same loop the
+swarm client runs, so every finish the gateway shows is decided by the real code. It records
+every request, how each event iterator ended (ran to the end, ``aclose``d, cancelled) and can be
+told to fail before or after a given token, to wait on a gate, or to go slowly, so each gateway
+path can be driven on purpose.
 """
 
 from __future__ import annotations
@@ -11,12 +14,11 @@ import asyncio
 import codecs
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from meshnet.core.events import (
     DecodeStarted,
-    Finished,
     GenerationEvent,
     PrefillCompleted,
     PrefillStarted,
@@ -32,6 +34,7 @@ from meshnet.gateway.app import create_app
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.ports import ModelCard
 from meshnet.gateway.server import GatewayServer
+from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 
 MODEL = "tiny-test"
 BOS, EOS, OFFSET = 0, 1, 2
@@ -82,7 +85,7 @@ class Script:
     """What the scripted route does for every request."""
 
     text: str = "Hello world"
-    emit_eos: bool = True
+    """Sent one token per byte, then EOS."""
     fail_before: BaseException | None = None
     fail_after_tokens: int | None = None
     failure: BaseException | None = None
@@ -91,8 +94,6 @@ class Script:
     gate_after_tokens: int | None = None
     """Where the route waits for ``gate``: before anything (None) or after that many tokens."""
     health_after_tokens: int | None = None
-    send_finished: bool = True
-    billing_units: float = 1.5
 
 
 @dataclass
@@ -112,11 +113,15 @@ class ScriptedGenerator:
     async def session_slots(self) -> int | None:
         return self.slots
 
-    def generate(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
+    async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
         self.requests.append((request, request_id))
-        return self._run(request, request_id)
+        life = RequestLife(request, text, sink)
+        async with lifetime(life), contextlib.aclosing(self._run(request, request_id)) as events:
+            async for event in events:
+                if life.observe(event):
+                    return
 
-    async def _run(self, request: GenerationRequest, request_id: RequestId) -> AsyncIterator[GenerationEvent]:
+    async def _run(self, request: GenerationRequest, request_id: RequestId) -> AsyncGenerator[GenerationEvent, None]:
         script = self.script
         ending = "raised"
         try:
@@ -148,10 +153,7 @@ class ScriptedGenerator:
         yield PrefillStarted(prompt)
         yield PrefillCompleted(prompt, 0.01)
         yield DecodeStarted()
-        tokens = [byte + OFFSET for byte in script.text.encode()]
-        if script.emit_eos:
-            tokens.append(EOS)
-        tokens = tokens[: request.max_tokens]
+        tokens = [*(byte + OFFSET for byte in script.text.encode()), EOS][: request.max_tokens]
         for index, token in enumerate(tokens):
             if script.fail_after_tokens == index and script.failure is not None:
                 raise script.failure
@@ -165,10 +167,6 @@ class ScriptedGenerator:
             yield TokenGenerated(token, index, tokens_per_second=10.0 + index)
         if script.fail_after_tokens == len(tokens) and script.failure is not None:
             raise script.failure
-        if script.send_finished:
-            hit_eos = bool(tokens) and tokens[-1] == EOS
-            reason = "stop" if hit_eos else "length"
-            yield Finished(reason, prompt, len(tokens), script.billing_units)
 
 
 def test_config(**overrides: object) -> GatewayConfig:

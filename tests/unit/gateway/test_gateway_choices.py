@@ -10,7 +10,7 @@ import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app
 
 from meshnet.core.errors import Unavailable
-from meshnet.gateway.choices import interleave
+from meshnet.route.life import billing_units
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,8 +34,11 @@ async def test_each_choice_is_a_session_with_its_own_seed() -> None:
     ids = [request_id for _, request_id in generator.requests]
     assert ids == [reply.id, f"{reply.id}-1", f"{reply.id}-2"]
     assert reply.usage is not None
-    assert reply.usage.completion_tokens == 3 * (len("Hello world") + 1)
-    assert reply.usage.billing_units == 3 * 1.5  # type: ignore[attr-defined]
+    completion = len("Hello world") + 1
+    assert reply.usage.completion_tokens == 3 * completion
+    prompt = len(generator.requests[0][0].prompt_tokens)
+    assert reply.usage.prompt_tokens == prompt  # counted once: every choice has the same prompt
+    assert reply.usage.billing_units == 3 * billing_units(prompt, completion)  # type: ignore[attr-defined]
     assert set(generator.endings.values()) == {"finished"}
 
 
@@ -58,14 +61,3 @@ async def test_a_failing_choice_ends_every_choice(stream: bool) -> None:
             await asyncio.sleep(0.02)
     assert len(generator.endings) == 2
     assert "finished" not in generator.endings.values()
-
-
-async def test_interleave_yields_every_item_tagged_and_in_each_sources_order() -> None:
-    async def source(items: list[str], delay: float):  # type: ignore[no-untyped-def]
-        for item in items:
-            await asyncio.sleep(delay)
-            yield item
-
-    merged = [pair async for pair in interleave([source(["a", "b", "c"], 0.003), source(["x", "y"], 0.001)])]
-    assert sorted(merged) == [(0, "a"), (0, "b"), (0, "c"), (1, "x"), (1, "y")]
-    assert [item for index, item in merged if index == 0] == ["a", "b", "c"]

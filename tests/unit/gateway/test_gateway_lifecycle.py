@@ -5,6 +5,7 @@ and answers the rest 503 + Retry-After at once (H3), and every slot comes back a
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
@@ -43,6 +44,27 @@ async def test_disconnect_mid_stream_closes_the_route_iterator() -> None:
     assert latency < 0.5  # W5: freed within 500 ms
     assert health["in_flight"] == 0
     assert snapshot["state"] == "failed" and snapshot["error"]["code"] == "cancelled"
+
+
+async def test_keepalives_fill_a_silent_route_and_items_keep_their_order() -> None:
+    gate = asyncio.Event()
+    generator = ScriptedGenerator(Script(text="abcdef", gate=gate, gate_after_tokens=3))
+    app = make_app(generator, keepalive_seconds=0.02)
+    lines: list[str] = []
+    async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
+        url, body = f"{base}/v1/chat/completions", {**BODY, "stream": True}
+        async with http.stream("POST", url, json=body) as response:
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if lines.count(": keep-alive") == 3:
+                    gate.set()  # the route was silent for three keep-alive periods: let it go on
+    texts = [json.loads(line[6:])["choices"][0]["delta"].get("content", "") for line in lines if '"delta"' in line]
+    assert "".join(texts) == "abcdef"
+    waiting = [i for i, line in enumerate(lines) if line == ": keep-alive"]
+    content = [i for i, line in enumerate(lines) if '"content":"' in line and '"content":""' not in line]
+    # Only while the route was silent: after the third token's text, before the fourth's.
+    assert content[2] < waiting[0] and waiting[-1] < content[3], (content, waiting)
+    assert [line for line in lines if line][-1] == "data: [DONE]"
 
 
 async def test_disconnect_during_non_streaming_request_cancels_it() -> None:

@@ -20,6 +20,7 @@ from gateway_doubles import (
 
 from meshnet.core.ids import RequestId
 from meshnet.gateway.telemetry_hub import TelemetryHub
+from meshnet.route.life import billing_units
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,7 +67,9 @@ async def test_stream_interleaves_telemetry_in_order_with_rising_counts() -> Non
     )
     assert [hop["layers"] for hop in accepted["hops"]] == ["0:12", "12:24"]  # type: ignore[index]
     completed = raw.telemetry[-1]
-    assert completed["usage"]["billing_units"] == 1.5  # type: ignore[index]
+    prompt, _ = generator.requests[0]
+    billed = billing_units(len(prompt.prompt_tokens), len(LONG_TEXT) + 1)
+    assert completed["usage"]["billing_units"] == billed  # type: ignore[index]
     assert raw.data[-1] == "[DONE]"
     assert all(chunk["id"] == request_id for chunk in raw.chunks)
 
@@ -81,7 +84,8 @@ async def test_polling_snapshot_after_completion() -> None:
         missing = await http.get(f"{base}/v1/telemetry/req-unknown")
     assert snapshot["state"] == "completed" and snapshot["finished"] is True
     assert snapshot["generated_tokens"] == len(LONG_TEXT) + 1
-    assert snapshot["usage"]["billing_units"] == 1.5
+    prompt, _ = generator.requests[0]
+    assert snapshot["usage"]["billing_units"] == billing_units(len(prompt.prompt_tokens), len(LONG_TEXT) + 1)
     assert snapshot["route"]["epoch"] == 3
     note = {"status": "failover", "reason": "node-b lost; replayed onto node-c"}
     assert snapshot["health"] == [note]

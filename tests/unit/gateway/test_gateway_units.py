@@ -24,8 +24,8 @@ from meshnet.core.errors import (
     UnsupportedArchitecture,
 )
 from meshnet.core.ids import RequestId
+from meshnet.gateway.choice_view import progress_due
 from meshnet.gateway.config import GatewayConfig
-from meshnet.gateway.driver import progress_due
 from meshnet.gateway.errors import http_error_for, http_status_for
 from meshnet.gateway.sse import DONE, telemetry_comment
 from meshnet.gateway.stops import StopMatcher

@@ -1,9 +1,7 @@
-"""The status document, the lost-node memory, the terminal table, keep-alives and the routes."""
+"""The status document, the lost-node memory, the terminal table and the routes."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -16,7 +14,6 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable, judge_health
 from meshnet.gateway.app import create_app
-from meshnet.gateway.sse import with_keepalive
 from meshnet.gateway.status.table import exit_status, render_status, tracker_health
 from meshnet.gateway.status.view import NodeMemory, StatusInputs, status_document
 from meshnet.gateway.telemetry_hub import TelemetryHub
@@ -92,17 +89,6 @@ def test_the_terminal_table_shows_coverage_gaps_nodes_and_its_exit_status() -> N
     assert lines[4].split()[:4] == ["127.0.0.1:7000", "0:2/6", "healthy", "0.1s"]
     assert lines[5].split()[:4] == ["127.0.0.1:7004", "4:6/6", "late", "2.0s"]
     assert exit_status(document) == 1
-
-
-async def test_keepalives_fill_the_silence_and_items_keep_their_order() -> None:
-    async def slow() -> AsyncIterator[int]:
-        yield 1
-        await asyncio.sleep(0.35)
-        yield 2
-
-    seen = [item async for item in with_keepalive(slow(), 0.1)]
-    assert seen[0] == 1 and seen[-1] == 2
-    assert seen.count(None) >= 2 and set(seen[1:-1]) == {None}
 
 
 @dataclass

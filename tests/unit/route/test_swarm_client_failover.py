@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 
 from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
-from meshnet.core.events import Finished, RouteAccepted, RouteHealth, RouteHop, TokenGenerated
+from meshnet.core.events import RouteAccepted, RouteHealth, RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import Route, WorkRecord
 from meshnet.route import swarm as swarm_module
+from meshnet.route.audit import AuditCase
+from meshnet.route.life import Failure, LifeItem, NoText, Outcome, TextPiece, TokenText, billing_units
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.swarm import SwarmClient, SwarmConfig
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
@@ -99,14 +101,28 @@ def client(tracker: FakeTracker, driver: FakeDriver, monkeypatch: pytest.MonkeyP
     return SwarmClient(tracker, object(), driver, config)  # type: ignore[arg-type]
 
 
+class Items(list[LifeItem]):
+    """A ``LifeSink`` that keeps every item."""
+
+    def put(self, item: LifeItem) -> None:
+        self.append(item)
+
+
 async def collect(swarm: SwarmClient) -> list[Any]:
-    events = [event async for event in swarm.generate(REQUEST, RequestId("req-1"))]
+    items = Items()
+    await swarm.serve(REQUEST, RequestId("req-1"), NoText(), items)
     await swarm.drain_reports(timeout_s=5)
-    return events
+    return items
 
 
-def tokens(events: list[Any]) -> list[int]:
-    return [event.token_id for event in events if isinstance(event, TokenGenerated)]
+def tokens(items: list[Any]) -> int:
+    """How many tokens the client was shown (the last is the one that ended the budget)."""
+    return max((item.generated for item in items if isinstance(item, TokenText)), default=0)
+
+
+def failure(items: list[Any]) -> Exception:
+    assert isinstance(items[-1], Failure), items[-1]
+    return items[-1].error
 
 
 async def test_a_hop_found_dead_stays_excluded_across_failovers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,9 +133,9 @@ async def test_a_hop_found_dead_stays_excluded_across_failovers(monkeypatch: pyt
     events = await collect(client(tracker, driver, monkeypatch, dead={"a", "b"}))
     assert tracker.excludes == [frozenset(), {NodeId("a")}, {NodeId("a"), NodeId("b")}]
     assert [e.hops[1].node_id for e in events if isinstance(e, RouteAccepted)] == ["a", "b", "c"]
-    assert tokens(events) == [100 + i for i in range(6)]
+    assert tokens(events) == 6
     assert driver.histories == [(), (100, 101), (100, 101)]
-    assert isinstance(events[-1], Finished) and events[-1].completion_tokens == 6
+    assert events[-1] == Outcome("length", events[-1].usage) and events[-1].usage.completion_tokens == 6
     assert tracker.reports[0].status == "completed"
 
 
@@ -133,15 +149,13 @@ async def test_untyped_error_with_a_dead_hop_fails_over(monkeypatch: pytest.Monk
         "RouteHealth",
         "RouteAccepted",
     ]
-    assert tokens(events) == [100 + i for i in range(6)]
+    assert tokens(events) == 6
 
 
-async def test_untyped_error_with_every_hop_alive_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_untyped_error_with_every_hop_alive_fails_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
     tracker = FakeTracker()
     swarm = client(tracker, FakeDriver({NodeId("a"): MeshnetError("a bug, not a loss")}), monkeypatch, dead=set())
-    with pytest.raises(MeshnetError, match="a bug"):
-        await collect(swarm)
-    await swarm.drain_reports(timeout_s=5)
+    assert "a bug" in str(failure(await collect(swarm)))
     assert tracker.excludes == [frozenset()]
     assert tracker.reports[0].status == "failed" and tracker.reports[0].tokens_out == 2
 
@@ -149,16 +163,15 @@ async def test_untyped_error_with_every_hop_alive_is_raised(monkeypatch: pytest.
 async def test_client_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     tracker = FakeTracker()
     driver = FakeDriver({NodeId("a"): InvalidArgument("bad frame")})
-    with pytest.raises(InvalidArgument):
-        await collect(client(tracker, driver, monkeypatch, dead={"a"}))
+    assert isinstance(failure(await collect(client(tracker, driver, monkeypatch, dead={"a"}))), InvalidArgument)
     assert len(tracker.excludes) == 1
 
 
 async def test_failovers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     tracker = FakeTracker()
     lost = {NodeId(name): Unavailable(f"{name} lost") for name in "abc"}
-    with pytest.raises(Unavailable, match="c lost"):
-        await collect(client(tracker, FakeDriver(lost), monkeypatch, dead={"a", "b", "c"}))
+    error = failure(await collect(client(tracker, FakeDriver(lost), monkeypatch, dead={"a", "b", "c"})))
+    assert isinstance(error, Unavailable) and "c lost" in error.message
     assert len(tracker.excludes) == 1 + SwarmConfig().max_failovers
 
 
@@ -172,9 +185,10 @@ async def test_work_record_is_retried_until_the_tracker_takes_it(monkeypatch: py
 async def test_prompt_beyond_the_shards_context_is_refused_before_any_event(monkeypatch: pytest.MonkeyPatch) -> None:
     tracker = FakeTracker()
     swarm = client(tracker, FakeDriver({}, context=8), monkeypatch, dead=set())
-    stream = swarm.generate(REQUEST, RequestId("req-1"))  # 3 prompt + 6 new > 8 positions
-    with pytest.raises(ContextLengthExceeded, match="at most 5"):
-        await anext(stream)
+    items = await collect(swarm)  # 3 prompt + 6 new > 8 positions
+    assert len(items) == 1
+    error = failure(items)
+    assert isinstance(error, ContextLengthExceeded) and "at most 5" in error.message
     await asyncio.sleep(0)
     assert tracker.reports == []
 
@@ -186,14 +200,60 @@ async def test_the_record_is_written_ahead_and_its_outcome_replaces_it(
     swarm = client(tracker, FakeDriver({}), monkeypatch, dead=set())
     outbox = WorkOutbox(tmp_path / "outbox.sqlite3")
     swarm.reports = WorkReporter(tracker, swarm._config.reports, outbox)
-    events = swarm.generate(REQUEST, RequestId("req-1"))
-    assert isinstance(await anext(events), RouteAccepted)
-    # Mid-request, a crash would leave this: the request, labelled unverified.
-    [ahead] = outbox.pending()
-    assert (ahead.request_id, ahead.status, ahead.tokens_out) == ("req-1", "unverified", 0)
-    rest = [event async for event in events]
+    ahead: list[WorkRecord] = []
+
+    class Watch(Items):
+        def put(self, item: LifeItem) -> None:
+            if isinstance(item, RouteAccepted):  # mid-request, a crash would leave this
+                ahead.extend(outbox.pending())
+            super().put(item)
+
+    items = Watch()
+    await swarm.serve(REQUEST, RequestId("req-1"), NoText(), items)
     await swarm.drain_reports(timeout_s=5)
-    assert isinstance(rest[-1], Finished)
+    assert [(r.request_id, r.status, r.tokens_out) for r in ahead] == [("req-1", "unverified", 0)]
+    assert isinstance(items[-1], Outcome)
     assert [(r.status, r.tokens_out) for r in tracker.reports] == [("completed", 6)]
     assert outbox.pending() == []
     outbox.close()
+
+
+class StopAt:
+    """A text plug whose stop string is completed by token ``stop`` (each token is one word)."""
+
+    def __init__(self, stop: int) -> None:
+        self.stop = stop
+
+    def push(self, token_id: int) -> TextPiece:
+        return TextPiece("" if token_id == self.stop else f"w{token_id} ", token_id == self.stop)
+
+    def flush(self) -> str:
+        return ""
+
+
+@dataclass
+class Audits:
+    cases: list[AuditCase] = field(default_factory=list)
+
+    def submit(self, case: AuditCase) -> bool:
+        self.cases.append(case)
+        return True
+
+
+async def test_a_stop_string_completes_is_billed_as_shown_and_is_offered_to_the_audit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tracker, driver = FakeTracker(), FakeDriver({})
+    swarm = client(tracker, driver, monkeypatch, dead=set())
+    swarm.auditor = audits = Audits()  # type: ignore[assignment]
+    items = Items()
+    await swarm.serve(REQUEST, RequestId("req-1"), StopAt(102), items)
+    await swarm.drain_reports(timeout_s=5)
+    outcome = items[-1]
+    assert isinstance(outcome, Outcome) and outcome.finish_reason == "stop"
+    assert "".join(item.text for item in items if isinstance(item, TokenText)) == "w100 w101 "
+    [record] = tracker.reports
+    assert (record.status, record.tokens_in, record.tokens_out) == ("completed", 3, 3)
+    assert record.billing_units == outcome.usage.billing_units == billing_units(3, 3)
+    assert (outcome.usage.prompt_tokens, outcome.usage.completion_tokens) == (3, 3)
+    assert [case.generated for case in audits.cases] == [(100, 101, 102)]
