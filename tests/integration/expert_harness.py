@@ -8,13 +8,15 @@ a worker certificate, listed to its peers by node id; another data dir is anothe
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 
-from meshnet.deploy.expert_launch import expert_group_specs
+from meshnet.deploy.expert_launch import expert_group_specs, expert_node
 from meshnet.deploy.up_moe import minted_security, minted_worker_identity
 from meshnet.engine.backend import Backend, StepInput
 from meshnet.moe import wire as expert_wire
@@ -23,12 +25,14 @@ from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
 
 
 def launch_secure_group(
-    root: Path, model: Path, size: int, options: Sequence[str]
+    root: Path, model: Path, size: int, settings: Mapping[str, Any]
 ) -> tuple[list[str], list[ChildProcess], LinkSecurity]:
-    """Start ``size`` nodes with worker identities of ``root/data``'s swarm; their addresses, the
-    processes (the caller stops them) and a gateway identity to drive them with."""
+    """Start ``size`` nodes (``settings``: their ``WorkerConfig`` fields) with worker identities of
+    ``root/data``'s swarm; their addresses, the processes (the caller stops them) and a gateway
+    identity to drive them with."""
     data = root / "data"
-    peers, specs = expert_group_specs(data, model, size, root, options, identity=minted_worker_identity(data))
+    node = replace(expert_node(data, model, size), **settings)
+    peers, specs = expert_group_specs(node, root, identity=minted_worker_identity(data))
     assert all("--identity" in spec.command and "--insecure" not in spec.command for spec in specs)
     children = launch_all(specs, timeout_s=240)
     return peers, children, minted_security(data, "driver", "gateway")
