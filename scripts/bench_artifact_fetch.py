@@ -22,17 +22,20 @@ from pathlib import Path
 
 from meshnet.artifact.publish import PublishOptions, publish
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.launch.commands import INSECURE, seed_command
+from meshnet.deploy.launch.ready_lines import SeedLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
 from meshnet.fetch.holders import find_holders
-from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.node.artifact_server import SeedConfig
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.security.signing import load_or_create_key
 from meshnet.tracker.server import TrackerConfig, start_tracker
 
 
 def start_seeder(folder: Path, name: str, directory: Path, tracker: str) -> ChildProcess:
     # Plaintext like the in-process tracker below: the measured numbers predate mTLS on this plane.
-    command = meshnet_command(folder / name, "seed", str(directory), "--tracker", tracker, "--insecure")
-    child = ChildProcess(LaunchSpec(name, command, folder / f"{name}.log", "meshnet seed ready "))
+    command = seed_command(SeedConfig(directory, tracker=tracker), folder / name, INSECURE)
+    child = ChildProcess(LaunchSpec(name, command, folder / f"{name}.log", SeedLine.PREFIX))
     child.await_ready(time.monotonic() + 60)
     return child
 

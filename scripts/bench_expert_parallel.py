@@ -15,15 +15,17 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.deploy.expert_launch import expert_group_specs, model_mapping_rss
+from meshnet.deploy.expert_launch import expert_group_specs, expert_node, model_mapping_rss
 from meshnet.engine.backend import StepInput
 from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.moe.shape import read_moe_shape
@@ -44,9 +46,16 @@ SPEC = SyntheticSpec(
 PROMPT, DECODE = 64, 48
 
 
-def _run_group(work: Path, model: Path, size: int, extra: tuple[str, ...] = ()) -> dict[str, object]:
-    options = ["--threads", "1", "--max-sessions", "1", "--context", "256", "--prefill-chunk", "64", *extra]
-    peers, specs = expert_group_specs(work / "data", model, size, work, options, pin_cores=True)
+def _run_group(work: Path, model: Path, size: int, settings: Mapping[str, Any] | None = None) -> dict[str, object]:
+    node = replace(
+        expert_node(work / "data", model, size),
+        threads=1,
+        max_sessions=1,
+        n_ctx_per_session=256,
+        prefill_chunk=64,
+        **(settings or {}),
+    )
+    peers, specs = expert_group_specs(node, work, pin_cores=True)
     children = launch_all(specs, 600)
     try:
         group = ExpertGroupClient(peers, step_timeout_s=120)
@@ -93,18 +102,18 @@ def _cache_curve(
     work: Path,
     model: Path,
     routed_bytes: int,
-    extra: tuple[str, ...] = (),
+    settings: Mapping[str, Any] | None = None,
     fractions: tuple[float, ...] = CACHE_FRACTIONS,
 ) -> dict[str, object]:
     """Decode tok/s of one node (the whole model) against its expert cache's size, and against the
     page-cache-only baseline (no --expert-cache-mb: every expert mapped, the page cache holds them).
-    ``extra``: worker flags of every run, the baseline's included (``--no-repack``)."""
-    baseline = _run_group(work, model, 1, extra)
+    ``settings``: worker settings of every run, the baseline's included (``repack=False``)."""
+    baseline = _run_group(work, model, 1, settings)
     trace = baseline.pop("trace")
     curve, identical = [], True
     for fraction in fractions:
         megabytes = routed_bytes * fraction / 1e6
-        run = _run_group(work, model, 1, (*extra, "--expert-cache-mb", f"{megabytes:.3f}"))
+        run = _run_group(work, model, 1, {**(settings or {}), "expert_cache_mb": round(megabytes, 3)})
         identical = identical and run.pop("trace") == trace
         curve.append(
             {
@@ -134,7 +143,7 @@ def _cache_curve_q4_0(work: Path) -> dict[str, object]:
         write_synthetic_model(model, replace(SPEC, weight_type=Quant.Q4_0))
     repacked = _run_group(work, model, 1)
     repacked.pop("trace")
-    result = _cache_curve(work, model, read_moe_shape(model).routed_bytes, ("--no-repack",), (0.25, 1.0))
+    result = _cache_curve(work, model, read_moe_shape(model).routed_bytes, {"repack": False}, (0.25, 1.0))
     result["repacked_page_cache_only"] = {
         k: repacked[k] for k in ("decode_tok_s", "model_mapping_rss_bytes", "rss_bytes")
     }

@@ -1,7 +1,7 @@
 """Seeder processes and an in-process tracker for the artifact-plane tests, secured like a swarm.
 
 The tracker runs with mTLS over ``folder``'s swarm CA; seeders get worker identities minted
-from it (``--identity``, as ``Swarm.identity_flags`` does) and the test fetches with one more.
+from it (``--identity``, as ``Swarm.identity`` does) and the test fetches with one more.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.core.swarm_options import SecurityOptions
+from meshnet.deploy.launch.commands import INSECURE, minted_identity, seed_command
+from meshnet.deploy.launch.ready_lines import SeedLine
+from meshnet.node.artifact_server import SeedConfig
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.tracker.server import TrackerConfig, start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 from meshnet.wire.tls import LinkSecurity
-
-SEED_READY = "meshnet seed ready "
 
 
 @dataclass
@@ -41,8 +43,9 @@ class ArtifactSwarm:
         """The fetching node's identity (a worker, as a worker started by model id is)."""
         return self.identity()
 
-    def identity_flags(self, name: str, role: Role = "worker") -> tuple[str, ...]:
-        return ("--identity", str(local_identity(self.root, name, role, time.time())))
+    def identity_options(self, name: str, role: Role = "worker") -> SecurityOptions:
+        """``--identity`` of a certificate minted for ``name``, for a process this test starts."""
+        return minted_identity(self.root, name, role)
 
 
 @asynccontextmanager
@@ -58,12 +61,11 @@ async def running_tracker(folder: Path) -> AsyncIterator[ArtifactSwarm]:
         security.book.close()
 
 
-def seed_command(folder: Path, swarm: ArtifactSwarm | str, directory: Path, name: str) -> list[str]:
+def seed_argv(folder: Path, swarm: ArtifactSwarm | str, directory: Path, name: str) -> tuple[str, ...]:
     """``meshnet seed`` announcing to ``swarm`` (a plaintext tracker's address: ``--insecure``)."""
     if isinstance(swarm, str):
-        return meshnet_command(folder / name, "seed", str(directory), "--tracker", swarm, "--insecure")
-    flags = swarm.identity_flags(name)
-    return meshnet_command(folder / name, "seed", str(directory), "--tracker", swarm.address, *flags)
+        return seed_command(SeedConfig(directory, tracker=swarm), folder / name, INSECURE)
+    return seed_command(SeedConfig(directory, tracker=swarm.address), folder / name, swarm.identity_options(name))
 
 
 @contextmanager
@@ -74,9 +76,9 @@ def seeders(
     children = []
     try:
         for index, directory in enumerate(directories):
-            command = seed_command(folder, swarm, directory, f"seed-{index}")
+            command = seed_argv(folder, swarm, directory, f"seed-{index}")
             children.append(
-                ChildProcess(LaunchSpec(f"seed-{index}", command, folder / f"seed-{index}.log", SEED_READY))
+                ChildProcess(LaunchSpec(f"seed-{index}", command, folder / f"seed-{index}.log", SeedLine.PREFIX))
             )
         deadline = time.monotonic() + timeout_s
         for child in children:

@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 import numpy as np
 
-from meshnet.deploy.expert_launch import expert_group_specs
+from meshnet.deploy.expert_launch import expert_group_specs, expert_node
 from meshnet.deploy.up_moe import minted_security, minted_worker_identity
 from meshnet.engine.backend import Backend, StepInput
 from meshnet.moe import wire as expert_wire
@@ -27,12 +28,14 @@ from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, secure_or_plain_chan
 
 
 def launch_secure_group(
-    root: Path, model: Path, size: int, options: Sequence[str]
+    root: Path, model: Path, size: int, settings: Mapping[str, Any]
 ) -> tuple[list[str], list[ChildProcess], LinkSecurity]:
-    """Start ``size`` nodes with worker identities of ``root/data``'s swarm; their addresses, the
-    processes (the caller stops them) and a gateway identity to drive them with."""
+    """Start ``size`` nodes (``settings``: their ``WorkerConfig`` fields) with worker identities of
+    ``root/data``'s swarm; their addresses, the processes (the caller stops them) and a gateway
+    identity to drive them with."""
     data = root / "data"
-    peers, specs = expert_group_specs(data, model, size, root, options, identity=minted_worker_identity(data))
+    node = replace(expert_node(data, model, size), **settings)
+    peers, specs = expert_group_specs(node, root, identity=minted_worker_identity(data))
     assert all("--identity" in spec.command and "--insecure" not in spec.command for spec in specs)
     children = launch_all(specs, timeout_s=240)
     return peers, children, minted_security(data, "driver", "gateway")

@@ -1,10 +1,10 @@
 """A whole swarm for end-to-end tests: tracker, real llama.cpp workers and gateway as processes.
 
-``Swarm`` starts ``meshnet tracker``, ``meshnet worker`` and ``meshnet gateway`` with the
-launcher ``meshnet up`` uses (each in its own process group, on port 0, reading the ready line
-each prints, holding a lifeline to the test process) with bounded waits, and ``close`` always
-stops every process it started: SIGTERM, a short grace, then SIGKILL to the group. Start-up
-failures quote the component's log.
+``Swarm`` starts ``meshnet tracker``, ``meshnet worker`` and ``meshnet gateway`` from their typed
+configs (``deploy.launch``) with the launcher ``meshnet up`` uses (each in its own process group,
+on port 0, reading the ready line each prints, holding a lifeline to the test process) with
+bounded waits, and ``close`` always stops every process it started: SIGTERM, a short grace, then
+SIGKILL to the group. Start-up failures quote the component's log.
 
 The model is a tiny synthetic GGUF that llama.cpp loads in about a second. Its greedy output
 varies from token to token (unlike the default synthetic spec, whose greedy output repeats one
@@ -23,7 +23,7 @@ import signal
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,21 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
+from meshnet.core.swarm_options import SecurityOptions
 from meshnet.core.tracking import ModelSummary
+from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
+from meshnet.deploy.launch.ready_lines import GatewayLine, ReadyAnnouncement, TrackerLine, WorkerLine
+from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
+from meshnet.process.launcher import meshnet_command as meshnet_command  # tests of `meshnet up|lab` use it
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.tracker.config import TrackerConfig
 from meshnet.wire.tls import LinkSecurity
 
 MODEL_NAME = "tiny"
@@ -58,9 +65,6 @@ HEARTBEAT_S = 0.5
 MISSED_HEARTBEATS = 3
 START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 3.0
-TRACKER_READY = "meshnet tracker listening on "
-WORKER_READY = "meshnet worker ready "
-GATEWAY_READY = "meshnet gateway ready "
 
 
 def write_tiny_model(folder: Path) -> Path:
@@ -82,8 +86,9 @@ class Component(ChildProcess):
         return super().stop(grace_s)
 
 
-def start_component(name: str, command: Sequence[str], log_path: Path, ready_prefix: str) -> Component:
-    return Component(LaunchSpec(name, tuple(command), log_path, ready_prefix))
+def start_component(name: str, command: Sequence[str], log_path: Path, line: type[ReadyAnnouncement]) -> Component:
+    """Start ``command``; it is ready once it prints ``line`` (read it with ``line.read``)."""
+    return Component(LaunchSpec(name, tuple(command), log_path, line.PREFIX))
 
 
 @dataclass
@@ -125,10 +130,9 @@ class Swarm:
             self._security = LinkSecurity(load_identity(folder))
         return self._security
 
-    def identity_flags(self, name: str, role: Role) -> tuple[str, ...]:
-        if not self.secure:
-            return ("--insecure",)
-        return ("--identity", str(local_identity(self.root, name, role, time.time())))
+    def identity(self, name: str, role: Role) -> SecurityOptions:
+        """A component's identity minted from ``root``'s swarm CA, or plaintext."""
+        return minted_identity(self.root, name, role) if self.secure else INSECURE
 
     def __enter__(self) -> Swarm:
         return self
@@ -147,28 +151,18 @@ class Swarm:
 
     def start_tracker(self, port: int = 0) -> str:
         """Start (or restart, on the same port and database) the tracker; returns its address."""
-        component = start_component(
-            "tracker",
-            meshnet_command(
-                self.root,
-                "tracker",
-                "--port",
-                str(port),
-                "--db",
-                str(self.db_path),
-                "--heartbeat-interval",
-                str(self.heartbeat_s),
-                "--missed-heartbeats",
-                str(MISSED_HEARTBEATS),
-                "--shutdown-grace",
-                "0.5",
-                *(("--join-port", "0") if self.secure else ("--insecure",)),
-            ),
-            self._log("tracker"),
-            TRACKER_READY,
+        config = TrackerConfig(
+            port=port,
+            db_path=self.db_path,
+            heartbeat_interval_s=self.heartbeat_s,
+            missed_heartbeats=MISSED_HEARTBEATS,
+            shutdown_grace_s=0.5,
+            join_port=0,
+            insecure=not self.secure,
         )
+        component = start_component("tracker", tracker_command(config, self.root), self._log("tracker"), TrackerLine)
         self.tracker = component
-        self.tracker_address = component.await_ready(time.monotonic() + START_TIMEOUT_S).first
+        self.tracker_address = TrackerLine.read(component.await_ready(time.monotonic() + START_TIMEOUT_S)).address
         return self.tracker_address
 
     @property
@@ -186,73 +180,55 @@ class Swarm:
             name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            command = meshnet_command(
-                data_dir,
-                "worker",
-                "--model",
-                str(self.model),
-                "--model-name",
-                self.model_name,
-                "--layers",
-                text,
-                "--tracker",
-                self.tracker_address,
-                "--port",
-                "0",
-                "--threads",
-                "1",
-                "--context",
-                str(CONTEXT),
-                "--drain-grace",
-                "1",
-                *self.identity_flags(name, "worker"),
+            config = WorkerConfig(
+                model=self.model,
+                model_name=self.model_name,
+                layer_choice=LayerChoice(layers),
+                tracker=self.tracker_address,
+                port=0,
+                threads=1,
+                n_ctx_per_session=CONTEXT,
+                drain_grace=1.0,
+                data_dir=data_dir,
             )
+            command = worker_command(config, self.identity(name, "worker"))
             if program is not None:
-                command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet
-            component = start_component(name, command, self._log(name), WORKER_READY)
+                command = (*program, *command[3:])  # the launcher's command starts: python -m meshnet
+            component = start_component(name, command, self._log(name), WorkerLine)
             worker = Worker(component, layers)
             self.workers.append(worker)
             started.append(worker)
         deadline = time.monotonic() + START_TIMEOUT_S
         for worker in started:
-            ready = worker.component.await_ready(deadline)
-            worker.address, worker.node_id = ready.first, ready.values["node"]
+            ready = WorkerLine.read(worker.component.await_ready(deadline))
+            worker.address, worker.node_id = ready.address, ready.node_id
         return started
 
-    def start_gateway(self, *extra: str, data_dir: Path | None = None) -> str:
+    def start_gateway(self, *, data_dir: Path | None = None, http: GatewayConfig | None = None, **fields: Any) -> str:
         """Start a gateway; returns its base URL (``http://host:port``).
 
-        Each gateway gets its own data directory (its outbox of work records is exclusive)
-        unless ``data_dir`` names one, e.g. to restart a gateway over the outbox it left.
-        The audit is off unless ``extra`` sets ``--audit-fraction``: its background replays
-        would hold sessions that tests counting them do not expect.
+        ``http`` and ``fields`` set its config (``GatewayProcessConfig``) beyond the swarm's own
+        tracker, model and a free port. Each gateway gets its own data directory (its outbox of
+        work records is exclusive) unless ``data_dir`` names one, e.g. to restart a gateway over
+        the outbox it left. The audit is off unless ``fields`` set ``audit_fraction``: its
+        background replays would hold sessions that tests counting them do not expect.
         """
         name = f"gateway-{self._next()}"
         home = data_dir or self.root / name
         home.mkdir(parents=True, exist_ok=True)
         give_api_key(home, self.api_key)
-        component = start_component(
-            name,
-            meshnet_command(
-                home,
-                "gateway",
-                "--tracker",
-                self.tracker_address,
-                "--model",
-                str(self.model),
-                "--model-name",
-                self.model_name,
-                "--port",
-                "0",
-                *([] if "--audit-fraction" in extra else ["--audit-fraction", "0"]),
-                *self.identity_flags(name, "gateway"),
-                *extra,
-            ),
-            self._log(name),
-            GATEWAY_READY,
+        config = GatewayProcessConfig(
+            tracker=self.tracker_address,
+            model=self.model,
+            http=replace(http or GatewayConfig(), port=0),
+            data_dir=home,
+            model_name=self.model_name,
+            **{"audit_fraction": 0.0, **fields},
         )
+        command = gateway_command(config, self.identity(name, "gateway"))
+        component = start_component(name, command, self._log(name), GatewayLine)
         self.gateways.append(component)
-        return component.await_ready(time.monotonic() + START_TIMEOUT_S).first
+        return GatewayLine.read(component.await_ready(time.monotonic() + START_TIMEOUT_S)).url
 
     def live_workers(self, layers: str | None = None) -> list[Worker]:
         wanted = None if layers is None else LayerRange.parse(layers)

@@ -25,6 +25,7 @@ from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.artifact.trust import UntrustedPublisher
 from meshnet.core.errors import PermissionDenied, Unavailable
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.launch.ready_lines import SeedLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
 from meshnet.fetch.holders import announce, artifact_channel, fetch_bytes, find_holders
 from meshnet.security.certificates import create_authority, mint_node
@@ -90,7 +91,7 @@ async def test_a_tampered_holder_is_refused_and_replaced(published: Published, t
                 FetchConfig(MODEL_ID, layers, tracker.address, tmp_path / "node"), security=tracker.security
             )
             assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
-            tampered_address = children[1].ready.first if children[1].ready else ""
+            tampered_address = SeedLine.read(children[1].ready).address if children[1].ready else ""
             assert fetched.bad_holders == (tampered_address,)
 
 
@@ -112,7 +113,7 @@ async def test_a_holder_killed_mid_fetch_is_replaced(published: Published, tmp_p
             assert killed and killed[0] < fetched.needed_bytes
             assert fetched.files.slice.read_bytes() == reference(published, layers, tmp_path)
             assert fetched.files.embeddings is not None
-            assert fetched.dead_holders == (children[0].ready.first,)  # type: ignore[union-attr]
+            assert fetched.dead_holders == (SeedLine.read(children[0].ready).address,)  # type: ignore[arg-type]
 
 
 async def test_an_untrusted_publisher_is_refused(published: Published, tmp_path: Path) -> None:
@@ -167,7 +168,7 @@ async def test_without_a_swarm_certificate_nothing_is_fetched(published: Publish
     async with running_tracker(tmp_path) as tracker:
         with seeders(tmp_path, tracker, published.directory) as children:
             await wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security)
-            seeder = children[0].ready.first  # type: ignore[union-attr]
+            seeder = SeedLine.read(children[0].ready).address  # type: ignore[arg-type]
             entry = published.manifest.of_kind("layer")[0]
             config = FetchConfig(MODEL_ID, LayerRange(0, 2), tracker.address, tmp_path / "intruder")
             with pytest.raises(Unavailable):  # plaintext against the tracker's mTLS port

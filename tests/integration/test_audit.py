@@ -56,7 +56,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swa
     with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
         running.start_tracker()
         running.start_workers("0:3", "0:3", "3:6", "3:6")
-        running.start_gateway("--audit-fraction", "1")
+        running.start_gateway(audit_fraction=1.0)
         running.wait_routable(nodes=4)
         yield running
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,14 +27,16 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.expert_launch import expert_group_specs
+from meshnet.deploy.expert_launch import expert_group_specs, expert_node
+from meshnet.deploy.launch.commands import INSECURE, worker_command
+from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.node.assembly import model_identity
-from meshnet.node.config import WorkerConfig
-from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, stop_all
 from meshnet.route.shard_admin import fetch_capability
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import CapabilityInfo
@@ -45,13 +49,12 @@ SPEC = SyntheticSpec(
 OTHER = SyntheticSpec(
     architecture="qwen3moe", n_layers=2, n_expert=16, n_expert_used=4, n_ff_expert=32, weight_type=Quant.Q8_0
 )
-WORKER_READY = "meshnet worker ready "
 
 
-def _front(data: Path, model: Path, peers: list[str]) -> tuple[str, ...]:
-    return meshnet_command(
-        data, "worker", "--model", str(model), "--expert-group", ",".join(peers), "--port", "0", "--insecure"
-    )
+def _front(data: Path, model: Path, peers: list[str], **settings: Any) -> tuple[str, ...]:
+    whole = LayerChoice(LayerRange(0, SPEC.n_layers))
+    front = WorkerConfig(model=model, layer_choice=whole, data_dir=data, port=0, expert_group=tuple(peers))
+    return worker_command(replace(front, **settings), INSECURE)
 
 
 async def _capability(address: str) -> CapabilityInfo:
@@ -68,8 +71,8 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     other = write_synthetic_model(tmp_path / "other.gguf", OTHER)
     data = tmp_path / "data"
-    options = ["--threads", "1", "--max-sessions", "2", "--context", "512"]
-    peers, specs = expert_group_specs(data, model, 2, tmp_path, options)
+    node = replace(expert_node(data, model, 2), threads=1, max_sessions=2, n_ctx_per_session=512)
+    peers, specs = expert_group_specs(node, tmp_path)
     nodes = launch_all(specs, timeout_s=180)
     prompt = np.random.default_rng(3).integers(3, 290, 40).astype(np.int32)
     front: ChildProcess | None = None
@@ -77,8 +80,8 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
         stale = ExpertGroupClient(peers)  # an earlier driver that died holding a session in slot 0
         stale.run([StepInput(0, 0, tokens=prompt[:5])])
         stale.close()
-        front = ChildProcess(LaunchSpec("front", _front(data, model, peers), tmp_path / "front.log", WORKER_READY))
-        capability = asyncio.run(_capability(front.await_ready(time.monotonic() + 120).first))
+        front = ChildProcess(LaunchSpec("front", _front(data, model, peers), tmp_path / "front.log", WorkerLine.PREFIX))
+        capability = asyncio.run(_capability(WorkerLine.read(front.await_ready(time.monotonic() + 120)).address))
         assert (capability.layers, capability.n_layers) == (LayerRange(0, SPEC.n_layers), SPEC.n_layers)
         assert (capability.max_sessions, capability.n_ctx_per_session) == (2, 512)
         assert capability.certified and capability.prefill_chunk_tokens == 256
@@ -94,7 +97,7 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "error [failed_precondition]" in refused.stderr and "not the --model this front hashed" in refused.stderr
         # A front whose numerics differ from its nodes' would register a recipe the group does not compute.
-        other_numerics = (*_front(data, model, peers), "--no-flash-attn")
+        other_numerics = _front(data, model, peers, flash_attn=False)
         refused = subprocess.run(other_numerics, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "error [failed_precondition]" in refused.stderr

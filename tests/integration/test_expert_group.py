@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.expert_launch import expert_group_specs
+from meshnet.deploy.expert_launch import expert_group_specs, expert_node
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
@@ -40,8 +41,8 @@ CONFIG = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tok
 
 def test_two_process_group_matches_whole_model_and_fails_fast(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
-    options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--prefill-chunk", "64"]
-    peers, children, driver = launch_secure_group(tmp_path, model, 2, [*options, "--expert-timeout", "30"])
+    settings = {"threads": 1, "max_sessions": 2, "n_ctx_per_session": 512, "prefill_chunk": 64, "expert_timeout": 30.0}
+    peers, children, driver = launch_secure_group(tmp_path, model, 2, settings)
     whole = LlamaBackend(
         SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
     )
@@ -89,8 +90,9 @@ def test_idle_group_keeps_its_streams_and_a_frozen_node_fails_within_the_keepali
     nothing closes a stream): the driver gets a structured error naming node 1 from the
     driver's liveness probe, not from the 30-s deadlines."""
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
-    options = ["--threads", "1", "--max-sessions", "1", "--context", "512", "--expert-timeout", "30"]
-    peers, specs = expert_group_specs(tmp_path / "data", model, 2, tmp_path, options)
+    node = expert_node(tmp_path / "data", model, 2)
+    node = replace(node, threads=1, max_sessions=1, n_ctx_per_session=512, expert_timeout=30.0)
+    peers, specs = expert_group_specs(node, tmp_path)
     children = launch_all(specs, timeout_s=240)
     group = ExpertGroupClient(peers, step_timeout_s=30)
     try:

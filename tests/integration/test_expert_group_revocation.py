@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -29,7 +30,8 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.expert_launch import NodeIdentity, expert_group_specs
+from meshnet.core.swarm_options import SecurityOptions
+from meshnet.deploy.expert_launch import NodeIdentity, expert_group_specs, expert_node
 from meshnet.deploy.up_moe import minted_security
 from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
@@ -59,7 +61,7 @@ def _identity(root: Path, lifetimes: dict[str, float]) -> Callable[[str], NodeId
         node = mint_node(load_authority(root), node_id=name, role="worker", now_unix_s=time.time(), lifetime_s=lifetime)
         folder = swarm_dir(root) / "nodes" / name
         save_identity(folder, node)
-        return NodeIdentity(("--identity", str(folder)), name)
+        return NodeIdentity(SecurityOptions(identity=folder), name)
 
     return mint
 
@@ -77,10 +79,10 @@ def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:
     group = whole = None
     try:
         tracker = swarm.start_tracker()
-        options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--expert-timeout", "30"]
-        options += ["--tracker", tracker]
+        node = expert_node(swarm.root, model, 3)
+        node = replace(node, threads=1, max_sessions=2, n_ctx_per_session=512, expert_timeout=30.0, tracker=tracker)
         identity = _identity(swarm.root, {"expert-3-0": SHORT_S})
-        peers, specs = expert_group_specs(swarm.root, model, 3, tmp_path, options, identity=identity)
+        peers, specs = expert_group_specs(node, tmp_path, identity=identity)
         children = launch_all(specs, timeout_s=240)
         driver = minted_security(swarm.root, "driver", "gateway")
         whole = LlamaBackend(

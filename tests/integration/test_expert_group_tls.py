@@ -118,8 +118,8 @@ def _driver_refuses_a_gateway_server(data: Path, driver: LinkSecurity) -> None:
 def test_group_under_mtls_matches_whole_model_and_refuses_intruders(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     data = tmp_path / "data"
-    options = ["--threads", "1", "--max-sessions", "2", "--context", "512", "--expert-timeout", "30"]
-    peers, children, driver = launch_secure_group(tmp_path, model, 2, options)
+    settings = {"threads": 1, "max_sessions": 2, "n_ctx_per_session": 512, "expert_timeout": 30.0}
+    peers, children, driver = launch_secure_group(tmp_path, model, 2, settings)
     whole = LlamaBackend(
         SliceCache(tmp_path / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, CONFIG
     )

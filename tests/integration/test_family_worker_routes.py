@@ -90,8 +90,8 @@ def test_worker_routes_match_the_whole_model(
         **{"fake_layers": None, "model": source, "max_sessions": SESSIONS, "context": CONTEXT, "threads": 1},
         "drain_grace": 0,
     }
-    extra = ("--prefill-chunk", str(CHUNK))
-    started = cluster.start(*(WorkerSpec(layers, extra=extra, **options) for layers in ranges), timeout_s=120)  # type: ignore[arg-type]
+    settings = {"prefill_chunk": CHUNK}
+    started = cluster.start(*(WorkerSpec(layers, settings=settings, **options) for layers in ranges), timeout_s=120)  # type: ignore[arg-type]
     by_range = dict(zip(ranges, started, strict=True))
     for name, cut in cuts.items():
         route = [by_range[layers] for layers in cut]

@@ -18,6 +18,8 @@ import httpx
 import pytest
 from swarm_harness import SseResult, Swarm, chat_body, read_sse, write_tiny_model
 
+from meshnet.gateway.config import GatewayConfig
+
 pytestmark = pytest.mark.timeout(180)
 
 CLIENTS = 64
@@ -73,7 +75,7 @@ def test_64_concurrent_streams_on_8_slots_all_complete(swarm: Swarm) -> None:
 
 
 def test_beyond_the_queue_bound_503s_arrive_at_once_with_spread_retry_after(swarm: Swarm) -> None:
-    base_url = swarm.start_gateway("--max-in-flight", "2", "--max-queue", "2")
+    base_url = swarm.start_gateway(http=GatewayConfig(max_in_flight=2, max_queue=2))
     burst = 16
     answers: list[tuple[int, float, str | None]] = []
     lock = threading.Lock()

@@ -36,7 +36,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
         running.start_tracker()
         running.start_workers("0:2", "2:4", "2:4", "4:6")
         frame = FRAME_OVERHEAD_BYTES + ROWS_PER_FRAME * 4 * N_EMBD
-        running.start_gateway("--max-frame-bytes", str(frame))
+        running.start_gateway(max_frame_bytes=frame)
         running.wait_routable(4)
         yield running
 

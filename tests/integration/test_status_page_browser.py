@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from swarm_harness import LONG_PROMPT, SseResult, Swarm, chat_body, read_sse, write_tiny_model
 
+from meshnet.gateway.config import GatewayConfig
+
 pytestmark = pytest.mark.timeout(180)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -36,7 +38,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
         running.start_tracker()
         running.start_workers("0:2", "2:4", "4:6")
-        running.start_gateway("--status-interval", "0.1")
+        running.start_gateway(http=GatewayConfig(status_interval_seconds=0.1))
         running.wait_routable(3)
         yield running
 

@@ -18,6 +18,8 @@ import httpx
 import pytest
 from swarm_harness import CONTEXT, MODEL_NAME, Swarm, active_sessions, chat_body, wait_sessions_freed, write_tiny_model
 
+from meshnet.gateway.config import GatewayConfig
+
 pytestmark = pytest.mark.timeout(60)
 
 MAX_IN_FLIGHT = 2
@@ -32,7 +34,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     with Swarm(root, write_tiny_model(root)) as running:
         running.start_tracker()
         running.start_workers("0:2", "2:4", "4:6")
-        running.start_gateway("--max-in-flight", str(MAX_IN_FLIGHT), "--max-queue", "0")
+        running.start_gateway(http=GatewayConfig(max_in_flight=MAX_IN_FLIGHT, max_queue=0))
         running.wait_routable(nodes=3)
         yield running
 

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.core.errors import DeadlineExceeded, Unavailable
+from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import HardwareSummary, HeartbeatStatus, NodeLoad, NodeRegistration, NodeWork, WorkRecord
+from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.process.launcher import meshnet_command
+from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.store import SqliteTrackerStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,26 +74,19 @@ def record(request_id: str) -> WorkRecord:
 
 
 async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio.subprocess.Process, int]:
+    # About durability, not security: plaintext on loopback.
+    config = TrackerConfig(port=port, db_path=db, heartbeat_interval_s=0.5, shutdown_grace_s=1.0, insecure=True)
     process = await asyncio.create_subprocess_exec(
-        *meshnet_command(db.parent, "tracker"),
-        "--port",
-        str(port),
-        "--db",
-        str(db),
-        "--heartbeat-interval",
-        "0.5",
-        "--shutdown-grace",
-        "1",
-        "--insecure",  # about durability, not security: plaintext on loopback
-        stdout=asyncio.subprocess.PIPE,
-        stderr=log.open("ab"),
+        *tracker_command(config, db.parent), stdout=asyncio.subprocess.PIPE, stderr=log.open("ab")
     )
     assert process.stdout is not None
-    line = await asyncio.wait_for(process.stdout.readline(), timeout=10)
-    if not line.startswith(b"meshnet tracker listening on "):
+    line = (await asyncio.wait_for(process.stdout.readline(), timeout=10)).decode().rstrip("\n")
+    try:
+        address = TrackerLine.read(line).address
+    except InvalidArgument:
         process.kill()
-        raise AssertionError(f"tracker did not start: {line!r}; log: {log.read_text()}")
-    return process, int(line.rsplit(b":", 1)[1])
+        raise AssertionError(f"tracker did not start: {line!r}; log: {log.read_text()}") from None
+    return process, int(address.rsplit(":", 1)[1])
 
 
 async def serving_again(client: TrackerClient, node_id: NodeId, deadline: float) -> HeartbeatStatus:

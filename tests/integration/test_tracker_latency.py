@@ -23,12 +23,12 @@ async def test_workers_report_round_trips_to_their_candidate_next_hops(tmp_path:
     # Workers start before the in-process tracker does (they retry registering until it
     # answers): forking a test process that already runs a gRPC server is unsafe.
     port = _free_port()
-    extra = ("--tracker", f"127.0.0.1:{port}")
+    settings = {"tracker": f"127.0.0.1:{port}"}
     with WorkerCluster(tmp_path / "workers") as cluster:
         head, middle, _tail = cluster.start(
-            WorkerSpec(LayerRange(0, 2), extra=extra),
-            WorkerSpec(LayerRange(2, 4), extra=extra),
-            WorkerSpec(LayerRange(4, 6), extra=extra),
+            WorkerSpec(LayerRange(0, 2), settings=settings),
+            WorkerSpec(LayerRange(2, 4), settings=settings),
+            WorkerSpec(LayerRange(4, 6), settings=settings),
         )
         config = TrackerConfig(port=port, db_path=tmp_path / "t.sqlite3", heartbeat_interval_s=0.3)
         tracker = await start_tracker(config)

@@ -37,6 +37,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.launch.ready_lines import UpLine
 from meshnet.deploy.up_moe import demo_prompt
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.local_route import LocalRoute
@@ -53,7 +54,6 @@ SPEC = SyntheticSpec(
 )
 PROMPT = "the quick brown fox"
 MAX_TOKENS = 16
-SERVING = "Serving the OpenAI-compatible API at "
 MODEL = "meshnet-synthetic-qwen3moe-2L"
 TEXT_PROMPT = "zebra quantum"
 OTHER_PROMPTS = ("the quick brown fox", "a b c d e f g")
@@ -136,10 +136,10 @@ def test_up_expert_parallel_serves_the_openai_api_and_reforms_after_a_lost_node(
       once (far below the 30-s step deadline), later requests get structured 503s (never a
       hang), and the group re-forms and answers exactly as before."""
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
-    up = ChildProcess(LaunchSpec("up", tuple(_up(tmp_path, model, "--port", "0")), tmp_path / "up.log", SERVING))
+    up = ChildProcess(LaunchSpec("up", tuple(_up(tmp_path, model, "--port", "0")), tmp_path / "up.log", UpLine.PREFIX))
     data = tmp_path / "data"
     try:
-        base_url = up.await_ready(time.monotonic() + 240).first.removesuffix("/v1")
+        base_url = UpLine.read(up.await_ready(time.monotonic() + 240)).url.removesuffix("/v1")
         auth = {"Authorization": f"Bearer {(data / 'api-key').read_text().strip()}"}
         answers = {p: _whole_model_answer(tmp_path, model, p, ANSWER_TOKENS) for p in (TEXT_PROMPT, *OTHER_PROMPTS)}
         greedy = answers[TEXT_PROMPT]
@@ -195,10 +195,10 @@ def test_up_no_repack_front_registers_the_nodes_recipe_and_answers_exactly(tmp_p
     greedy answer and its logprobs equal whole-model llama.cpp loaded without repacking."""
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     flags = ("--port", "0", "--no-repack", "--expert-cache-mb", "0.05", "--insecure")
-    up = ChildProcess(LaunchSpec("up", tuple(_up(tmp_path, model, *flags)), tmp_path / "up.log", SERVING))
+    up = ChildProcess(LaunchSpec("up", tuple(_up(tmp_path, model, *flags)), tmp_path / "up.log", UpLine.PREFIX))
     data = tmp_path / "data"
     try:
-        base_url = up.await_ready(time.monotonic() + 240).first.removesuffix("/v1")
+        base_url = UpLine.read(up.await_ready(time.monotonic() + 240)).url.removesuffix("/v1")
         auth = {"Authorization": f"Bearer {(data / 'api-key').read_text().strip()}"}
         layers, description = LayerRange(0, SPEC.n_layers), describe_model(model)
         recipes = {

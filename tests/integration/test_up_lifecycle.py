@@ -30,13 +30,13 @@ import psutil
 import pytest
 from swarm_harness import PROMPT, meshnet_command, query_db, stop_string_of, write_tiny_model
 
+from meshnet.deploy.launch.ready_lines import UpLine
 from meshnet.process.launcher import ChildProcess, LaunchSpec
 from meshnet.process.lifeline import EXIT_GRACE_S, ORPHAN_EXIT_CODE
 from meshnet.process.ports import PortInUse, ensure_port_free
 
 pytestmark = pytest.mark.timeout(120)
 
-SERVING = "Serving the OpenAI-compatible API at "
 START_TIMEOUT_S = 60.0
 ORPHANS_GONE_WITHIN_S = EXIT_GRACE_S + 3.0
 """A child hard-exits ``EXIT_GRACE_S`` after it sees the lifeline cut; the rest is margin for a
@@ -65,7 +65,7 @@ def _status(root: Path) -> dict[str, dict[str, Any]]:
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[tuple[ChildProcess, int]]:
     port = _free_port()
-    child = ChildProcess(LaunchSpec("up", tuple(_up_command(tmp_path, port)), tmp_path / "up.log", SERVING))
+    child = ChildProcess(LaunchSpec("up", tuple(_up_command(tmp_path, port)), tmp_path / "up.log", UpLine.PREFIX))
     try:
         child.await_ready(time.monotonic() + START_TIMEOUT_S)
         yield child, port

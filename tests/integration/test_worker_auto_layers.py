@@ -19,31 +19,42 @@ from swarm_harness import (
     Reference,
     Swarm,
     chat_body,
-    meshnet_command,
     start_component,
     write_tiny_model,
 )
 
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.launch.commands import worker_command
+from meshnet.deploy.launch.ready_lines import RegisteredLine
 from meshnet.node.auto_layers import layer_costs
+from meshnet.node.config import LayerChoice, WorkerConfig
 
 SESSIONS = 8
+
+
+def _auto_worker(swarm: Swarm, data_dir: Path, budget_mb: float) -> WorkerConfig:
+    return WorkerConfig(
+        model=swarm.model,
+        model_name=MODEL_NAME,
+        layer_choice=LayerChoice(None),  # auto
+        memory_budget_mb=budget_mb,
+        tracker=swarm.tracker_address,
+        port=0,
+        threads=1,
+        n_ctx_per_session=CONTEXT,
+        max_sessions=SESSIONS,
+        drain_grace=1.0,
+        data_dir=data_dir,
+    )
 
 
 def _start_auto_worker(swarm: Swarm, name: str, budget_mb: float) -> LayerRange:
     data_dir = swarm.root / name
     data_dir.mkdir(parents=True, exist_ok=True)
-    command = meshnet_command(
-        data_dir,
-        *("worker", "--model", str(swarm.model), "--model-name", MODEL_NAME, "--layers", "auto"),
-        *("--memory-budget-mb", f"{budget_mb:.4f}", "--tracker", swarm.tracker_address, "--port", "0"),
-        *("--threads", "1", "--context", str(CONTEXT), "--max-sessions", str(SESSIONS), "--drain-grace", "1"),
-        *swarm.identity_flags(name, "worker"),
-    )
-    component = start_component(name, command, swarm.root / f"{name}.log", "meshnet worker registered ")
+    command = worker_command(_auto_worker(swarm, data_dir, budget_mb), swarm.identity(name, "worker"))
+    component = start_component(name, command, swarm.root / f"{name}.log", RegisteredLine)
     swarm.gateways.append(component)  # stopped with the swarm
-    ready = component.await_ready(time.monotonic() + START_TIMEOUT_S)
-    return LayerRange.parse(ready.values["layers"])
+    return RegisteredLine.read(component.await_ready(time.monotonic() + START_TIMEOUT_S)).layers
 
 
 @pytest.fixture
@@ -74,13 +85,16 @@ def test_auto_workers_cover_the_model_in_turn_then_replicate(swarm: Swarm, tmp_p
 
 
 def test_a_budget_that_holds_no_layer_stops_the_worker_with_a_clear_error(swarm: Swarm) -> None:
-    data_dir = swarm.root / "poor"
-    command = meshnet_command(
-        data_dir,
-        *("worker", "--model", str(swarm.model), "--layers", "auto", "--memory-budget-mb", "50"),
-        *("--tracker", swarm.tracker_address, "--port", "0", "--threads", "1"),
-        *swarm.identity_flags("poor", "worker"),
+    config = WorkerConfig(
+        model=swarm.model,
+        layer_choice=LayerChoice(None),  # auto
+        memory_budget_mb=50,
+        tracker=swarm.tracker_address,
+        port=0,
+        threads=1,
+        data_dir=swarm.root / "poor",
     )
+    command = worker_command(config, swarm.identity("poor", "worker"))
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "not one layer of this model fits 50 MiB" in done.stderr

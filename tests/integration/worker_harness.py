@@ -1,8 +1,9 @@
 """Shard worker processes for integration tests: start them on port 0, always stop them.
 
-A ``WorkerCluster`` starts ``meshnet worker`` subprocesses (fake model by default), reads each
-one's ``meshnet worker ready HOST:PORT ...`` line with a bounded wait, and on close sends
-SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never leaks a process.
+A ``WorkerCluster`` starts ``meshnet worker`` subprocesses (fake model by default) from their typed
+configs (``deploy.launch``), reads each one's ready line (``WorkerLine``) with a bounded wait, and
+on close sends SIGTERM, waits briefly, then SIGKILLs whatever is left, so a failing test never
+leaks a process.
 Workers are started by the one process launcher (``meshnet.process``): each holds a lifeline and
 ends itself should the test process die first, and spawning runs no Python between fork and exec
 (a real fork() in this gRPC-threaded process crashed children). Each worker's stderr goes to a log
@@ -16,11 +17,11 @@ backends chained by ``LocalRoute``.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -31,16 +32,18 @@ from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
+from meshnet.core.swarm_options import SecurityOptions
+from meshnet.deploy.launch.commands import INSECURE, worker_command
+from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.local_route import LocalRoute
-from meshnet.node.config import FakeModel
+from meshnet.node.config import FakeModel, LayerChoice, WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
 
-READY_PREFIX = "meshnet worker ready "
 START_TIMEOUT_S = 20.0
 """A fake worker is ready in well under a second; a real one loads and certifies llama.cpp."""
 STOP_TIMEOUT_S = 5.0
@@ -59,39 +62,38 @@ class WorkerSpec:
     context: int | None = None
     threads: int | None = None
     drain_grace: float | None = None
-    extra: tuple[str, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """Further ``WorkerConfig`` fields (``prefill_chunk``, ``tracker``, ``port``, ...)."""
+    security: SecurityOptions = INSECURE
+    """These tests drive workers with raw, hand-made frames: plaintext on loopback. The secured
+    paths are exercised by swarm_harness swarms and tests/integration/test_security_*.py."""
 
-    def arguments(self, data_dir: Path) -> list[str]:
-        """The command line. ``data_dir`` is this worker's own: workers starting at once in one
-        data dir race on the slice cache's source-hash index (a shared ``.partial`` file)."""
-        args = [
-            sys.executable,
-            "-m",
-            "meshnet",
-            "--data-dir",
-            str(data_dir),
-            "worker",
-            "--layers",
-            f"{self.layers.start}:{self.layers.stop}",
-            "--port",
-            "0",
-        ]
-        if self.fake_layers is not None:
-            args += ["--fake-layers", str(self.fake_layers), "--fake-step-delay", str(self.step_delay)]
-        if self.model is not None:
-            args += ["--model", str(self.model)]
-        for flag, value in (
-            ("--max-sessions", self.max_sessions),
-            ("--context", self.context),
-            ("--threads", self.threads),
-            ("--drain-grace", self.drain_grace),
-        ):
-            if value is not None:
-                args += [flag, str(value)]
-        # These tests drive workers with raw, hand-made frames: plaintext on loopback. The secured
-        # paths are exercised by swarm_harness swarms and tests/integration/test_security_*.py.
-        # A spec that brings its own identity (``--identity`` in ``extra``) runs secured.
-        return [*args, *(() if "--identity" in self.extra else ("--insecure",)), *self.extra]
+    def config(self, data_dir: Path) -> WorkerConfig:
+        """``data_dir`` is this worker's own: workers starting at once in one data dir race on the
+        slice cache's source-hash index (a shared ``.partial`` file)."""
+        given = {
+            name: value
+            for name, value in (
+                ("max_sessions", self.max_sessions),
+                ("n_ctx_per_session", self.context),
+                ("threads", self.threads),
+                ("drain_grace", self.drain_grace),
+            )
+            if value is not None
+        }
+        fake = None if self.fake_layers is None else FakeModel(n_layers=self.fake_layers, step_delay=self.step_delay)
+        return WorkerConfig(
+            model=self.model,
+            layer_choice=LayerChoice(self.layers),
+            data_dir=data_dir,
+            port=0,
+            fake=fake,
+            **{**given, **self.settings},
+        )
+
+    def arguments(self, data_dir: Path) -> tuple[str, ...]:
+        """The command line (``python -m meshnet worker ...``)."""
+        return worker_command(self.config(data_dir), self.security)
 
 
 class RunningWorker(ChildProcess):
@@ -111,15 +113,15 @@ class RunningWorker(ChildProcess):
 
     @property
     def address(self) -> str:
-        return self.ready.first if self.ready is not None else ""
+        return WorkerLine.read(self.ready).address if self.ready is not None else ""
 
     @property
     def node_id(self) -> str:
-        return self.ready.values["node"] if self.ready is not None else ""
+        return WorkerLine.read(self.ready).node_id if self.ready is not None else ""
 
     @property
     def fingerprint(self) -> str:
-        return self.ready.values["recipe"] if self.ready is not None else ""
+        return WorkerLine.read(self.ready).recipe if self.ready is not None else ""
 
     def hop(self) -> RouteHop:
         return RouteHop(NodeId(self.node_id), self.address, self.layers)
@@ -150,7 +152,7 @@ class WorkerCluster:
             name = f"worker-{self._count}-{spec.layers.start}-{spec.layers.stop}"
             data_dir = self.data_dir / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            launch = LaunchSpec(name, tuple(spec.arguments(data_dir)), self.data_dir / f"{name}.log", READY_PREFIX)
+            launch = LaunchSpec(name, spec.arguments(data_dir), self.data_dir / f"{name}.log", WorkerLine.PREFIX)
             worker = RunningWorker(spec, launch)
             self.workers.append(worker)
             started.append(worker)

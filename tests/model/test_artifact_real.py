@@ -29,13 +29,16 @@ from meshnet.artifact.slicing import verify_slice, write_slice
 from meshnet.core.events import TokenGenerated
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.ready_lines import SeedLine, TrackerLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
 from meshnet.fetch.holders import artifact_channel, fetch_bytes, find_holders
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.route.driver import RouteSession
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.signing import load_or_create_key
+from meshnet.tracker.config import TrackerConfig
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
@@ -66,10 +69,10 @@ def manifest(folder: Path) -> Manifest:
 def tracker(folder: Path) -> Iterator[ArtifactSwarm]:
     """A secured tracker process; its data dir holds the swarm CA every identity here comes from."""
     home = folder / "tracker"
-    command = meshnet_command(home, "tracker", "--port", "0", "--join-port", "0", "--heartbeat-interval", "0.5")
-    child = ChildProcess(LaunchSpec("tracker", command, folder / "tracker.log", "meshnet tracker listening on "))
+    command = tracker_command(TrackerConfig(port=0, join_port=0, heartbeat_interval_s=0.5), home)
+    child = ChildProcess(LaunchSpec("tracker", command, folder / "tracker.log", TrackerLine.PREFIX))
     try:
-        yield ArtifactSwarm(home, child.await_ready(time.monotonic() + 30).first)
+        yield ArtifactSwarm(home, TrackerLine.read(child.await_ready(time.monotonic() + 30)).address)
     finally:
         stop_all([child])
 
@@ -78,7 +81,7 @@ def tracker(folder: Path) -> Iterator[ArtifactSwarm]:
 def seeder(folder: Path, tracker: ArtifactSwarm, manifest: Manifest) -> Iterator[str]:
     with seeders(folder, tracker, folder / "published") as children:
         asyncio.run(wait_for_holders(tracker.address, MODEL_ID, 1, tracker.security))
-        yield children[0].ready.first  # type: ignore[union-attr]
+        yield SeedLine.read(children[0].ready).address  # type: ignore[arg-type]
 
 
 async def test_a_middle_node_fetches_only_its_range(
@@ -102,7 +105,7 @@ async def test_a_middle_node_fetches_only_its_range(
 
 @pytest.fixture(scope="module")
 def workers(folder: Path, tracker: ArtifactSwarm, seeder: str) -> Iterator[list[RunningWorker]]:
-    extra = ("--model-id", MODEL_ID, "--tracker", tracker.address)
+    settings = {"model_id": MODEL_ID, "tracker": tracker.address}
     with WorkerCluster(folder / "workers") as cluster:
         specs = [
             WorkerSpec(
@@ -111,7 +114,8 @@ def workers(folder: Path, tracker: ArtifactSwarm, seeder: str) -> Iterator[list[
                 context=512,
                 max_sessions=2,
                 threads=1,
-                extra=(*extra, *tracker.identity_flags(f"worker-{a}-{b}")),
+                settings=settings,
+                security=tracker.identity_options(f"worker-{a}-{b}"),
             )
             for a, b in ((0, 10), (10, 20), (20, 30))
         ]

@@ -28,13 +28,16 @@ from swarm_harness import Reference, active_sessions, query_db, wait_sessions_fr
 
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
+from meshnet.core.layers import LayerRange
 from meshnet.deploy.lab import cgroups, system
 from meshnet.deploy.lab.lab import Lab, LabConfig
 from meshnet.deploy.lab.swarm import LabSwarm, admin_security, ca_dir, client_auth, restart_tracker, start_swarm
 from meshnet.deploy.lab.sweep import measure_point
+from meshnet.deploy.launch.commands import minted_identity, worker_command
+from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.node.auto_layers import layer_costs
-from meshnet.process.launcher import StartupFailed, meshnet_command
-from meshnet.security.swarm_dir import local_identity
+from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.process.launcher import StartupFailed
 from meshnet.tracker.config import DEFAULT_DB_NAME
 from meshnet.tracker.placement import plan_ranges
 from meshnet.wire.tls import LinkSecurity
@@ -262,16 +265,22 @@ def test_the_whole_model_under_the_same_cap_is_killed(lab: tuple[Lab, LabSwarm])
     assert plan is not None
     node = plan.spares()[0]
     groups = the_lab.add_group(node, "whole")
-    command = meshnet_command(
-        the_lab.node_data_dir(node) / "whole",
-        *("worker", "--model", str(MODEL), "--layers", "0:30", "--no-mmap", "--host", node.address),
-        *("--port", "7003", "--threads", "1", "--context", "2048", "--max-sessions", "1"),
-        *("--identity", str(local_identity(ca_dir(the_lab), "whole-model", "worker", time.time()))),
+    whole = WorkerConfig(
+        model=MODEL,
+        layer_choice=LayerChoice(LayerRange(0, 30)),
+        data_dir=the_lab.node_data_dir(node) / "whole",
+        mmap=False,
+        host=node.address,
+        port=7003,
+        threads=1,
+        n_ctx_per_session=2048,
+        max_sessions=1,
     )
+    command = worker_command(whole, minted_identity(ca_dir(the_lab), "whole-model", "worker"))
     # Without --no-mmap the weights stay file-backed pages the kernel drops under pressure, so
     # the whole model would "fit" any cap; copied into the process, every byte counts.
     with pytest.raises(StartupFailed, match="exited during start-up"):
-        the_lab.start(node, "whole-model", command, "meshnet worker ready", role="whole")
+        the_lab.start(node, "whole-model", command, WorkerLine.PREFIX, role="whole")
     assert cgroups.oom_kills(groups) >= 1
     assert cgroups.peak_memory_bytes(groups) >= CAP_MB * 2**20 * 0.95
 

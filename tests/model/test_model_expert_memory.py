@@ -12,6 +12,7 @@ Runs with the real-inference tests (MESHNET_ENABLE_REAL_INFERENCE_TESTS=1): it s
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import pytest
 from gguf import GGMLQuantizationType as Quant
 
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.deploy.expert_launch import expert_group_specs, model_mapping_rss
+from meshnet.deploy.expert_launch import expert_group_specs, expert_node, model_mapping_rss
 from meshnet.engine.backend import StepInput
 from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.moe.shape import read_moe_shape
@@ -42,8 +43,9 @@ SPEC = SyntheticSpec(
 
 
 def _group(tmp_path: Path, model: Path, size: int) -> tuple[list[int], list[int]]:
-    options = ["--threads", "1", "--max-sessions", "1", "--context", "256", "--prefill-chunk", "64"]
-    peers, specs = expert_group_specs(tmp_path / "data", model, size, tmp_path, options)
+    node = expert_node(tmp_path / "data", model, size)
+    node = replace(node, threads=1, max_sessions=1, n_ctx_per_session=256, prefill_chunk=64)
+    peers, specs = expert_group_specs(node, tmp_path)
     children = launch_all(specs, 300)
     try:
         group = ExpertGroupClient(peers)

@@ -1,9 +1,9 @@
 """Worker processes for the meshnet lanes: start N ``meshnet worker``s on loopback, always stop them.
 
-Each worker is started exactly as an operator would (``python -m meshnet worker``) by the
-one process launcher: it prints ``meshnet worker ready HOST:PORT node=... recipe=...``, is
-stopped with SIGTERM then SIGKILL after a grace period, and holds a lifeline, so a failed or
-killed bench never leaves a process behind.
+Each worker is started exactly as an operator would (``python -m meshnet worker``, its argv
+rendered from a ``WorkerConfig`` by ``deploy.launch``) by the one process launcher: it prints its
+ready line (``WorkerLine``), is stopped with SIGTERM then SIGKILL after a grace period, and holds a
+lifeline, so a failed or killed bench never leaves a process behind.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
-from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, meshnet_command, stop_all
+from meshnet.deploy.launch.commands import INSECURE, minted_identity, worker_command
+from meshnet.deploy.launch.ready_lines import WorkerLine
+from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, stop_all
 from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.wire.tls import LinkSecurity
 
-READY_PREFIX = "meshnet worker ready "
 STOP_GRACE_S = 5.0
 
 
@@ -49,31 +51,29 @@ def client_security(data_dir: Path, secure: bool = True) -> LinkSecurity | None:
     return LinkSecurity(load_identity(local_identity(data_dir, "bench-client", "gateway", time.time())))
 
 
-def _identity_flags(options: WorkerOptions, name: str) -> tuple[str, ...]:
-    if not options.secure:
-        return ("--insecure",)
-    return ("--identity", str(local_identity(options.data_dir, name, "worker", time.time())))
-
-
 def _spec(layers: LayerRange, options: WorkerOptions, log_path: Path) -> LaunchSpec:
-    command = (
-        *meshnet_command(options.data_dir, "worker"),
-        *_identity_flags(options, log_path.stem),
-        *("--model", str(options.model), "--layers", f"{layers.start}:{layers.stop}", "--port", "0"),
-        *("--threads", str(options.threads), "--max-sessions", str(options.max_sessions)),
-        *("--context", str(options.context), "--prefill-chunk", str(options.prefill_chunk)),
+    config = WorkerConfig(
+        model=options.model,
+        layer_choice=LayerChoice(layers),
+        data_dir=options.data_dir,
+        port=0,
+        threads=options.threads,
+        max_sessions=options.max_sessions,
+        n_ctx_per_session=options.context,
+        prefill_chunk=options.prefill_chunk,
     )
+    security = minted_identity(options.data_dir, log_path.stem, "worker") if options.secure else INSECURE
     # Several llama.cpp processes share the cores: OpenMP threads spinning between graph ops
     # would steal the core the next shard needs (the same setting `meshnet up` uses).
     environment = {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "10000")}
-    return LaunchSpec(f"worker {layers}", command, log_path, READY_PREFIX, environment)
+    return LaunchSpec(f"worker {layers}", worker_command(config, security), log_path, WorkerLine.PREFIX, environment)
 
 
 def _hop(child: ChildProcess, layers: LayerRange) -> RouteHop:
-    ready = child.ready
-    if ready is None:
+    if child.ready is None:
         raise Unavailable(f"{child.name} is not serving")
-    return RouteHop(NodeId(ready.values["node"]), ready.first, layers)
+    ready = WorkerLine.read(child.ready)
+    return RouteHop(NodeId(ready.node_id), ready.address, layers)
 
 
 class WorkerSet:
@@ -85,7 +85,7 @@ class WorkerSet:
         logs = options.data_dir / "logs"
         specs = [_spec(layers, options, logs / f"bench-{name}-{layers.start}-{layers.stop}.log") for layers in ranges]
         self.workers: list[ChildProcess] = launch_all(specs, timeout_s)
-        fingerprints = {w.ready.values["recipe"] for w in self.workers if w.ready is not None}
+        fingerprints = {WorkerLine.read(w.ready).recipe for w in self.workers if w.ready is not None}
         if len(fingerprints) != 1:
             self.stop()
             raise Unavailable(f"workers of {name} serve different recipes: {sorted(fingerprints)}")

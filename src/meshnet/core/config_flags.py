@@ -1,21 +1,23 @@
-"""Command-line flags generated from a frozen config dataclass: one definition of every knob.
+"""Command-line flags of a frozen config dataclass: one definition of every knob, read and written.
 
 Each field becomes one flag named after it (``max_sessions`` -> ``--max-sessions``) whose help
 is the docstring written under the field and whose shown default is the field's own default, so
 a default is never typed twice. Rules:
 - a field without a default is a required flag; ``bool`` is ``--x/--no-x``; ``X | None`` takes
   an X; ``tuple[X, ...]`` takes comma-separated Xs; ``Literal`` values are choices; a class with
-  a ``parse(text)`` classmethod (``LayerRange``) is parsed by it;
+  a ``parse(text)`` classmethod (``LayerRange``) is parsed by it and written by ``str``;
 - a nested config is flattened; an optional nested config (``fake: FakeModel | None``) gets
   prefixed flags (``--fake-n-vocab``) and is built only when one of them is given;
 - ``cli(...)`` field metadata renames a flag, makes it positional or describes a computed default.
-Flags the user does not give are left out of the namespace (``argparse.SUPPRESS``), so the
-dataclass applies its own default and presets can tell "given" from "defaulted".
+
+This module holds the naming rules and both directions of a value's text: ``config_flags`` lists
+the flags a config class has (``cli.flags`` turns them into an argparse parser), and
+``render_arguments`` writes a config instance back as the arguments that parse to it (launchers
+start components from their typed configs with it, ``deploy.launch``). No argparse here.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import inspect
@@ -23,13 +25,12 @@ import itertools
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from meshnet.core.errors import InvalidArgument, MeshnetError
 
-Config = TypeVar("Config")
 _METADATA_KEY = "meshnet.cli"
 PROVISIONED_MODEL = "the provisioned model"
 """Shown as the default of every ``--model``: the CLI resolves it under ``--data-dir``."""
@@ -64,6 +65,12 @@ def cli(
     return {_METADATA_KEY: FlagSpec(name, positional, shown_default, short, hidden)}
 
 
+def flag_spec(field: dataclasses.Field[Any]) -> FlagSpec:
+    """The field's ``cli(...)`` metadata, or the plain rules."""
+    spec = field.metadata.get(_METADATA_KEY, FlagSpec())
+    return spec if isinstance(spec, FlagSpec) else FlagSpec()
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
     """One generated flag: the field it sets and how it is shown."""
@@ -85,15 +92,20 @@ class Flag:
 
     @property
     def dest(self) -> str:
-        return _dest(self.path)
+        return flag_dest(self.path)
 
     @property
     def option(self) -> str:
         name = self.spec.name or self.path[-1].replace("_", "-")
         return f"{self.prefix}{name}" if self.spec.positional else f"--{self.prefix}{name}"
 
+    @property
+    def negation(self) -> str:
+        """The ``--no-x`` form of a ``bool`` flag (argparse's ``BooleanOptionalAction`` naming)."""
+        return "--no-" + self.option.removeprefix("--")
 
-def _dest(path: tuple[str, ...]) -> str:
+
+def flag_dest(path: tuple[str, ...]) -> str:
     # A prefix of its own, so a generated dest never collides with a hand-made flag's (``--model``).
     return "config." + ".".join(path)
 
@@ -119,7 +131,8 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _unwrap_optional(kind: Any) -> tuple[Any, bool]:
+def unwrap_optional(kind: Any) -> tuple[Any, bool]:
+    """``X | None`` -> ``(X, True)``; anything else -> ``(kind, False)``."""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         members = [m for m in typing.get_args(kind) if m is not type(None)]
         if len(members) == 1 and len(members) < len(typing.get_args(kind)):
@@ -127,7 +140,7 @@ def _unwrap_optional(kind: Any) -> tuple[Any, bool]:
     return kind, False
 
 
-def _is_nested(kind: Any) -> bool:
+def is_nested(kind: Any) -> bool:
     """A config inside a config: its fields become flags. A value type that parses itself from
     one string (``LayerRange.parse``) is one flag instead."""
     return dataclasses.is_dataclass(kind) and isinstance(kind, type) and not callable(getattr(kind, "parse", None))
@@ -149,11 +162,11 @@ def config_flags(cls: type, *, skip: Collection[str] = (), path: tuple[str, ...]
     for field in dataclasses.fields(cls):
         if field.name in skip or not field.init:
             continue
-        kind, optional = _unwrap_optional(hints[field.name])
-        spec = field.metadata.get(_METADATA_KEY, FlagSpec())
+        kind, optional = unwrap_optional(hints[field.name])
+        spec = flag_spec(field)
         if spec.hidden:
             continue
-        if _is_nested(kind):
+        if is_nested(kind):
             nested_prefix = prefix + (f"{spec.name or field.name.replace('_', '-')}-" if optional else "")
             nested = config_flags(kind, path=(*path, field.name), prefix=nested_prefix)
             flags.extend(dataclasses.replace(f, optional_group=f.optional_group or optional) for f in nested)
@@ -165,127 +178,127 @@ def config_flags(cls: type, *, skip: Collection[str] = (), path: tuple[str, ...]
     return flags
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A default as ``--help`` shows it."""
     if value is None:
         return "none"
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, tuple):
-        return ",".join(_show(item) for item in value) or "(empty)"
+        return ",".join(show_value(item) for item in value) or "(empty)"
     return str(value)
 
 
-def _help(flag: Flag) -> str:
-    if flag.spec.shown_default is not None:
-        tail = f"(default: {flag.spec.shown_default})"
-    elif flag.default is dataclasses.MISSING:
-        tail = "(required)"
-    elif flag.optional_group:
-        tail = f"(default: {_show(flag.default)}, when any --{flag.prefix}* flag is given)"
-    else:
-        tail = f"(default: {_show(flag.default)})"
-    return f"{flag.doc} {tail}".replace("%", "%%")  # argparse %-formats help strings
-
-
-def _parser_for(kind: Any) -> Callable[[str], Any]:
-    """A ``type=`` callable for argparse; MeshnetError becomes argparse's own usage error."""
+def text_parser(kind: Any) -> Callable[[str], Any]:
+    """How one value of type ``kind`` is read from its text (raises ``MeshnetError`` on bad text)."""
     if typing.get_origin(kind) is Literal:
         return str
-    parse: Callable[[str], Any]
     if kind in (int, float, str, Path):
-        parse = kind
-    elif callable(getattr(kind, "parse", None)):
-        parse = kind.parse
-    else:
-        raise InvalidArgument(f"no command-line parser for fields of type {kind!r}")
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except MeshnetError as error:
-            raise argparse.ArgumentTypeError(error.message) from None
-
-    convert.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its errors
-    return convert
+        return kind
+    if callable(getattr(kind, "parse", None)):
+        return kind.parse
+    raise InvalidArgument(f"no command-line parser for fields of type {kind!r}")
 
 
-def _tuple_parser(item: Any) -> Callable[[str], tuple[Any, ...]]:
-    parse_item = _parser_for(item)
-
-    def convert(text: str) -> tuple[Any, ...]:
-        return tuple(parse_item(part.strip()) for part in text.split(",") if part.strip())
-
-    convert.__name__ = "comma-separated list"
-    return convert
+def split_items(text: str) -> list[str]:
+    """The items of a comma-separated flag value (blank items are dropped)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Flag) -> None:
-    kind, _ = _unwrap_optional(flag.kind)
-    options: dict[str, Any] = {"help": _help(flag), "default": argparse.SUPPRESS}
-    required = flag.default is dataclasses.MISSING and flag.spec.shown_default is None
-    if flag.spec.positional:
-        if not required:
-            options["nargs"] = "?"
-        parser.add_argument(flag.dest, metavar=flag.option.upper(), type=_parser_for(kind), **options)
-        return
-    names = [flag.option, *([f"-{flag.spec.short}"] if flag.spec.short else [])]
-    options["dest"] = flag.dest
-    options["required"] = required
-    if kind is bool:
-        parser.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
-        return
-    metavar: str | None = flag.option.removeprefix("--").upper().replace("-", "_")
-    if typing.get_origin(kind) is tuple:
-        options["type"] = _tuple_parser(typing.get_args(kind)[0])
-        metavar = f"{metavar}[,...]"
-    else:
-        options["type"] = _parser_for(kind)
-    if typing.get_origin(kind) is Literal:
-        options["choices"] = typing.get_args(kind)
-        metavar = None
-    parser.add_argument(*names, metavar=metavar, **options)
+# -- writing a config back as arguments -----------------------------------------------------------
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: Collection[str] = ()) -> None:
-    """Add one flag per field of ``cls`` (nested configs expanded; ``skip`` names fields the caller fills)."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
+def render_arguments(config: object, *, skip: Collection[str] = ()) -> list[str]:
+    """The arguments that parse back to ``config`` (``skip``: top-level fields the caller passes
+    otherwise, such as ``data_dir`` as the global ``--data-dir``).
+
+    Only fields that differ from their default are written, so the child applies its own
+    defaults (a field whose default the CLI computes, ``shown_default``, and leaves at its
+    dataclass default is computed again, as its ``--help`` says). An optional nested config
+    that is set writes at least one of its flags, so the parser builds it. A value that would
+    not read back as itself (a tuple item with a comma, NaN, an API-only field set) is refused.
+    """
+    cls = type(config)
+    _refuse_hidden_changes(config)
+    options: list[str] = []
+    positionals: list[str] = []
+    written_groups: set[str] = set()
+    pending_groups: dict[str, Flag] = {}
     for flag in config_flags(cls, skip=skip):
-        target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
-        if flag.optional_group:
-            title = flag.path[0].replace("_", " ")
-            target = groups.setdefault(title, parser.add_argument_group(title))
-        _add_flag(target, flag)
-
-
-def given_arguments(cls: type, args: argparse.Namespace, *, path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fields of ``cls`` the user gave on the command line, nested configs built from theirs."""
-    hints = typing.get_type_hints(cls)
-    given: dict[str, Any] = {}
-    values: Mapping[str, Any] = vars(args)
-    for field in dataclasses.fields(cls):
-        kind, optional = _unwrap_optional(hints[field.name])
-        dest = _dest((*path, field.name))
-        if field.metadata.get(_METADATA_KEY, FlagSpec()).hidden:
+        present, value = _value_at(config, flag.path)
+        if not present:
+            continue  # inside an optional nested config that is not set
+        if flag.spec.positional:
+            if value is not None:
+                positionals.append(_positional_text(flag, value))
             continue
-        if _is_nested(kind):
-            nested = given_arguments(kind, args, path=(*path, field.name))
-            if nested or not optional:
-                given[field.name] = kind(**nested)
-        elif dest in values:
-            given[field.name] = values[dest]
-    return given
+        if value == flag.default:
+            if flag.optional_group:
+                pending_groups.setdefault(flag.prefix, flag)
+            continue
+        if flag.default is dataclasses.MISSING and value is None:
+            continue  # a computed default (``shown_default``) the child fills in itself
+        options += _option_words(flag, value)
+        written_groups.add(flag.prefix)
+    for prefix, flag in pending_groups.items():
+        if prefix not in written_groups:
+            options += _option_words(flag, _value_at(config, flag.path)[1])
+    return [*options, *positionals]
 
 
-def config_from_arguments(
-    cls: type[Config],
-    args: argparse.Namespace,
-    fixed: Mapping[str, Any] | None = None,
-    computed: Mapping[str, Callable[[], Any]] | None = None,
-) -> Config:
-    """Build ``cls`` from the parsed flags. ``fixed`` fills fields that have no flag; ``computed``
-    fills a field the user left out, called only then (resolving it may fail or cost)."""
-    values = given_arguments(cls, args)
-    for name, compute in (computed or {}).items():
-        if name not in values:
-            values[name] = compute()
-    return cls(**{**values, **(fixed or {})})
+def _refuse_hidden_changes(config: object) -> None:
+    for field in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, field.name)
+        if flag_spec(field).hidden and value != _default_of(field):
+            raise InvalidArgument(f"{type(config).__name__}.{field.name} has no flag: it cannot be set by arguments")
+        if dataclasses.is_dataclass(value) and is_nested(type(value)):
+            _refuse_hidden_changes(value)
+
+
+def _value_at(config: object, path: tuple[str, ...]) -> tuple[bool, Any]:
+    value = config
+    for name in path:
+        if value is None:
+            return False, None
+        value = getattr(value, name)
+    return True, value
+
+
+def _option_words(flag: Flag, value: Any) -> list[str]:
+    kind, _ = unwrap_optional(flag.kind)
+    if kind is bool:
+        return [flag.option if value else flag.negation]
+    if value is None:
+        raise InvalidArgument(f"{flag.option} defaults to {show_value(flag.default)}: none cannot be written")
+    text = _text(flag, kind, value)
+    # A value that starts with a dash would read as a flag of its own.
+    return [f"{flag.option}={text}"] if text.startswith("-") else [flag.option, text]
+
+
+def _positional_text(flag: Flag, value: Any) -> str:
+    text = _text(flag, unwrap_optional(flag.kind)[0], value)
+    if text.startswith("-"):
+        raise InvalidArgument(f"{flag.option} {text!r} would read as a flag")
+    return text
+
+
+def _text(flag: Flag, kind: Any, value: Any) -> str:
+    """The value's text, checked to read back as the same value."""
+    if typing.get_origin(kind) is tuple:
+        item_kind = typing.get_args(kind)[0]
+        items = [_item_text(flag, item_kind, item) for item in value]
+        if any(split_items(item) != [item] for item in items):
+            raise InvalidArgument(f"{flag.option}: an item of {value!r} cannot be written comma-separated")
+        return ",".join(items)
+    return _item_text(flag, kind, value)
+
+
+def _item_text(flag: Flag, kind: Any, value: Any) -> str:
+    text = str(value)
+    try:
+        same = text_parser(kind)(text) == value
+    except (MeshnetError, ValueError):
+        same = False
+    if not same:
+        raise InvalidArgument(f"{flag.option}: {value!r} does not read back from its text {text!r}")
+    return text

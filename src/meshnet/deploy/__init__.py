@@ -1,2 +1,3 @@
-"""Running meshnet on machines: `meshnet up` (one machine, every component), the multi-host lab in
-network namespaces, and the launch specs both use."""
+"""Running meshnet on machines: how each component is launched (``launch``: its argv from its typed
+config, the ready line it prints), `meshnet up` (one machine, every component), the launch specs
+of a local expert group, and the multi-host lab in network namespaces."""

@@ -27,33 +27,32 @@ import httpx
 from meshnet.artifact.cache import SliceCache
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.config import LocalSwarmConfig
+from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
+from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine, UpLine, WorkerLine
 from meshnet.deploy.up_moe import describe_node, run_demo, start_expert_group
+from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import ensure_client_key, read_client_key
-from meshnet.process.launcher import LaunchSpec, ReadyLine, meshnet_command
+from meshnet.moe.shape import read_moe_shape
+from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.process.launcher import LaunchSpec, ReadyLine
 from meshnet.process.ports import ensure_port_free
 from meshnet.process.supervisor import Event, RestartPolicy, Supervised, Supervisor
 from meshnet.security.identity import Role
+from meshnet.tracker.config import TrackerConfig
 
 READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 10.0
 LOOPBACK = "127.0.0.1"
-TRACKER_READY = "meshnet tracker listening on "
-WORKER_READY = "meshnet worker ready "
-GATEWAY_READY = "meshnet gateway ready "
 EXPERT_GROUP = "expert-group"
 """The supervisor group of an expert-parallel group's nodes and front: they restart together."""
 EXPERT_FRONT = "expert front"
 
 
-def _identity(config: LocalSwarmConfig, name: str, role: Role) -> tuple[str, ...]:
-    """The flags that give one component its swarm identity, minted from this data dir's CA."""
-    if config.insecure:
-        return ("--insecure",)
-    # Imported here: every command's parser imports this module, and only `up` needs the CA code.
-    from meshnet.security.swarm_dir import local_identity
-
-    return ("--identity", str(local_identity(config.data_dir, name, role, time.time())))
+def _security(config: LocalSwarmConfig, name: str, role: Role) -> SecurityOptions:
+    """One component's swarm identity, minted from this data dir's CA (or plaintext)."""
+    return INSECURE if config.insecure else minted_identity(config.data_dir, name, role)
 
 
 def _child_env() -> dict[str, str]:
@@ -63,65 +62,74 @@ def _child_env() -> dict[str, str]:
     return {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "10000")}
 
 
-def _pin_port(spec: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
-    """Restart on the port the first start bound: workers and clients know that address."""
-    command = list(spec.command)
-    port = ready.first.split("://")[-1].rsplit(":", 1)[1]
-    command[command.index("--port") + 1] = port
-    return replace(spec, command=tuple(command))
+def _bound_port(ready: ReadyLine) -> int:
+    return int(ready.first.split("://")[-1].rsplit(":", 1)[1])
 
 
 def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
-    command = meshnet_command(
-        config.data_dir,
-        "tracker",
-        *("--port", "0", "--join-port", "0", "--heartbeat-interval", "1"),
-        *(("--insecure",) if config.insecure else ()),
-    )
-    spec = LaunchSpec("tracker", command, logs / "tracker.log", TRACKER_READY, _child_env())
-    return Supervised(spec, pin=_pin_port)
+    tracker = TrackerConfig(port=0, join_port=0, heartbeat_interval_s=1.0, insecure=config.insecure)
+
+    def spec(tracker: TrackerConfig) -> LaunchSpec:
+        command = tracker_command(tracker, config.data_dir)
+        return LaunchSpec("tracker", command, logs / "tracker.log", TrackerLine.PREFIX, _child_env())
+
+    def pin(_: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
+        # Restart on the port the first start bound: workers and clients know that address.
+        return spec(replace(tracker, port=_bound_port(ready)))
+
+    return Supervised(spec(tracker), pin=pin)
 
 
 def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRange) -> Supervised:
-    command = meshnet_command(
-        config.data_dir,
-        "worker",
-        *("--model", str(config.model), "--layers", str(layers), "--port", "0", "--tracker", tracker),
-        *("--threads", str(config.threads), "--metrics-port", "0"),
-        *(["--model-name", config.model_name] if config.model_name else []),
-        *(() if config.repack else ("--no-repack",)),
-        *_identity(config, f"worker-{layers.start}-{layers.stop}", "worker"),
+    name = f"worker-{layers.start}-{layers.stop}"
+    worker = WorkerConfig(
+        model=config.model,
+        layer_choice=LayerChoice(layers),
+        data_dir=config.data_dir,
+        model_name=config.model_name,
+        port=0,
+        tracker=tracker,
+        threads=config.threads,
+        metrics_port=0,
+        repack=config.repack,
     )
-    log = logs / f"worker-{layers.start}-{layers.stop}.log"
-    return Supervised(LaunchSpec(f"worker {layers}", command, log, WORKER_READY, _child_env()))
+    command = worker_command(worker, _security(config, name, "worker"))
+    return Supervised(LaunchSpec(f"worker {layers}", command, logs / f"{name}.log", WorkerLine.PREFIX, _child_env()))
 
 
 def _expert_front(config: LocalSwarmConfig, logs: Path, tracker: str, peers: list[str]) -> Supervised:
     """The worker that serves the group's nodes as one full-range shard (``moe/front.py``)."""
-    command = meshnet_command(
-        config.data_dir,
-        "worker",
-        *("--model", str(config.model), "--expert-group", ",".join(peers), "--port", "0", "--tracker", tracker),
-        *("--metrics-port", "0"),
-        *(["--model-name", config.model_name] if config.model_name else []),
-        *(() if config.repack else ("--no-repack",)),
-        *_identity(config, "expert-front", "worker"),
+    front = WorkerConfig(
+        model=config.model,
+        layer_choice=LayerChoice(LayerRange(0, read_moe_shape(config.model).n_layers)),
+        data_dir=config.data_dir,
+        model_name=config.model_name,
+        port=0,
+        tracker=tracker,
+        metrics_port=0,
+        repack=config.repack,
+        expert_group=tuple(peers),
     )
-    spec = LaunchSpec(EXPERT_FRONT, command, logs / "expert-front.log", WORKER_READY, _child_env())
+    command = worker_command(front, _security(config, "expert-front", "worker"))
+    spec = LaunchSpec(EXPERT_FRONT, command, logs / "expert-front.log", WorkerLine.PREFIX, _child_env())
     return Supervised(spec, group=EXPERT_GROUP)
 
 
 def _gateway(config: LocalSwarmConfig, logs: Path, tracker: str) -> Supervised:
-    command = meshnet_command(
-        config.data_dir,
-        "gateway",
-        *("--tracker", tracker, "--model", str(config.model), "--port", str(config.gateway_port)),
-        *(["--model-name", config.model_name] if config.model_name else []),
-        *(["--max-in-flight", str(config.max_in_flight)] if config.max_in_flight is not None else []),
-        *(["--max-queue", str(config.max_queue)] if config.max_queue is not None else []),
-        *_identity(config, "gateway", "gateway"),
+    http = GatewayConfig(port=config.gateway_port, max_in_flight=config.max_in_flight, max_queue=config.max_queue)
+    gateway = GatewayProcessConfig(
+        tracker=tracker, model=config.model, http=http, data_dir=config.data_dir, model_name=config.model_name
     )
-    return Supervised(LaunchSpec("gateway", command, logs / "gateway.log", GATEWAY_READY, _child_env()), pin=_pin_port)
+    security = _security(config, "gateway", "gateway")
+
+    def spec(gateway: GatewayProcessConfig) -> LaunchSpec:
+        command = gateway_command(gateway, security)
+        return LaunchSpec("gateway", command, logs / "gateway.log", GatewayLine.PREFIX, _child_env())
+
+    def pin(_: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
+        return spec(replace(gateway, http=replace(http, port=_bound_port(ready))))
+
+    return Supervised(spec(gateway), pin=pin)
 
 
 class _Reporter:
@@ -168,12 +176,14 @@ def _describe_start(component: Supervised) -> str:
         return f"tracker   {ready.first}"
     if component.name.startswith("expert-"):
         return describe_node(component, "started")
-    if component.name == EXPERT_FRONT:
-        return f"front     {ready.first}  the whole model through the expert group  {ready.values.get('metrics', '')}"
     if component.name == "gateway":
-        return f"gateway   {ready.first}/v1  (model {ready.value_to_end('model')!r}; metrics {ready.first}/metrics)"
+        gateway = GatewayLine.read(ready)
+        return f"gateway   {gateway.url}/v1  (model {gateway.model!r}; metrics {gateway.url}/metrics)"
+    worker = WorkerLine.read(ready)
+    if component.name == EXPERT_FRONT:
+        return f"front     {worker.address}  the whole model through the expert group  {worker.metrics or ''}"
     layers = component.name.removeprefix("worker ")
-    return f"worker    {ready.first}  layers {layers}  {ready.values.get('metrics', '')}"
+    return f"worker    {worker.address}  layers {layers}  {worker.metrics or ''}"
 
 
 def _stop_on_sigterm() -> None:
@@ -195,10 +205,11 @@ def _start_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -
     SliceCache(config.data_dir / "cache").source_sha256(config.model)
     tracker = _tracker(config, logs)
     supervisor.start([tracker])
-    address = tracker.ready.first
+    address = TrackerLine.read(tracker.ready).address
     gateway = _gateway(config, logs, address)
     supervisor.start([*(_worker(config, logs, address, layers) for layers in ranges), gateway])
-    return gateway.ready.first, gateway.ready.value_to_end("model")
+    served = GatewayLine.read(gateway.ready)
+    return served.url, served.model
 
 
 def run_local_swarm(config: LocalSwarmConfig) -> int:
@@ -227,7 +238,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
             _demo(base_url, model, config, auth)
             if config.demo_only:
                 return 0
-        print(f"\nServing the OpenAI-compatible API at {base_url}/v1 — press Ctrl-C to stop.")
+        print(f"\n{UpLine(base_url + '/v1')} — press Ctrl-C to stop.", flush=True)
         supervisor.watch()
     except KeyboardInterrupt:
         print("\nstopping…")
@@ -247,7 +258,7 @@ def _start_expert_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: 
     if not config.demo_only:  # first, so the nodes take its revocation lists and renew through it
         tracker = _tracker(config, logs)
         supervisor.start([tracker])
-    address = None if tracker is None else tracker.ready.first
+    address = None if tracker is None else TrackerLine.read(tracker.ready).address
     peers = start_expert_group(config, supervisor, group=EXPERT_GROUP, tracker=address)
     print(f"logs in {logs}")
     run_demo(config, peers)  # straight through the group, before its front drives it
@@ -255,7 +266,8 @@ def _start_expert_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: 
         return None
     gateway = _gateway(config, logs, address)
     supervisor.start([_expert_front(config, logs, address, peers), gateway])
-    return gateway.ready.first, gateway.ready.value_to_end("model")
+    served = GatewayLine.read(gateway.ready)
+    return served.url, served.model
 
 
 def _wait_routable(base_url: str, model: str, auth: dict[str, str]) -> None:

@@ -24,14 +24,16 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.deploy.expert_launch import NodeIdentity, expert_group_specs
+from meshnet.core.swarm_options import SecurityOptions
+from meshnet.deploy.expert_launch import NodeIdentity, expert_group_specs, expert_node
+from meshnet.deploy.launch.ready_lines import ExpertNodeLine
 from meshnet.process.supervisor import Event, Supervised, Supervisor
 
 if TYPE_CHECKING:  # deploy.up imports this module at run time; the engine only when `up` runs
@@ -70,18 +72,17 @@ def start_expert_group(
         )
     if config.expert_cache_mb is not None and config.expert_cache_mb <= 0:
         raise InvalidArgument(f"--expert-cache-mb must be positive, not {config.expert_cache_mb}")
-    options = ["--threads", str(config.threads), *(["--model-name", config.model_name] if config.model_name else [])]
-    if config.expert_cache_mb is not None:
-        options += ["--expert-cache-mb", str(config.expert_cache_mb)]
-    if not config.repack:  # the front passes it too (deploy.up): the recipe names it
-        options.append("--no-repack")
-    if tracker is not None and not config.insecure:  # revocation lists and renewal (moe/watch.py)
-        options += ["--tracker", tracker]
-    logs = config.data_dir / "logs"
-    identity = None if config.insecure else minted_worker_identity(config.data_dir)
-    peers, specs = expert_group_specs(
-        config.data_dir, config.model, config.expert_parallel, logs, options, identity=identity
+    node = replace(
+        expert_node(config.data_dir, config.model, config.expert_parallel),
+        threads=config.threads,
+        model_name=config.model_name,
+        expert_cache_mb=config.expert_cache_mb,
+        repack=config.repack,  # the front has it too (deploy.up): the recipe names it
+        # Revocation lists and renewal (moe/watch.py) come from the tracker; plaintext has neither.
+        tracker=None if config.insecure else tracker,
     )
+    identity = None if config.insecure else minted_worker_identity(config.data_dir)
+    peers, specs = expert_group_specs(node, config.data_dir / "logs", identity=identity)
     supervisor.start([Supervised(spec, group=group) for spec in specs])
     return peers
 
@@ -101,7 +102,7 @@ def minted_worker_identity(data_dir: Path) -> Callable[[str], NodeIdentity]:
 
     def mint(name: str) -> NodeIdentity:
         security = minted_security(data_dir, name, "worker")
-        return NodeIdentity(("--identity", str(security.store)), security.identity.node_id)
+        return NodeIdentity(SecurityOptions(identity=security.store), security.identity.node_id)
 
     return mint
 
@@ -113,11 +114,10 @@ def driver_security(config: LocalSwarmConfig) -> LinkSecurity | None:
 
 def describe_node(component: Supervised, event: Event) -> str:
     """One terminal line per node event (the ready line names its address and experts)."""
-    ready = component.ready
     if event != "started":
         return f"{component.name} {event}"
-    share, checks = ready.values.get("experts", "?"), ready.values.get("certified", "?")
-    return f"expert    {ready.first}  experts {share}  certified {checks}"
+    node = ExpertNodeLine.read(component.ready)
+    return f"expert    {node.address}  experts {node.experts}  certified {node.certified}"
 
 
 def demo_prompt(tokenizer: Tokenizer, source: ModelDescription, text: str) -> list[int]:

@@ -118,6 +118,9 @@ class ExpertOwnership:
     def label(self) -> str:
         return f"{self.index}/{self.count}"
 
+    def __str__(self) -> str:
+        return self.label  # what ``parse`` reads: a launcher writes ``--experts`` with it
+
     def owned_mask(self, experts: np.ndarray) -> np.ndarray:
         """Boolean mask of the entries of ``experts`` this node computes."""
         return np.asarray(experts) % self.count == self.index

@@ -1,7 +1,8 @@
 """Start a child, wait for its ready line, stop it with grace: the one process launcher.
 
 A child is a command (usually ``python -m meshnet ...``) that prints one ready line on
-stdout once it serves (``meshnet worker ready 127.0.0.1:40123 node=...``). Its stderr goes to
+stdout once it serves (``PREFIX ADDRESS KEY=VALUE ...``; each component's own line is defined in
+``deploy.launch.ready_lines``, this module reads any). Its stderr goes to
 a log file, quoted when start-up fails. It runs in its own process group (a Ctrl-C in the
 terminal reaches only the supervisor, which stops children in order) and holds a lifeline, so
 it dies with the supervisor however that dies.

@@ -155,7 +155,7 @@ async def start_tracker(
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(_background(servicer, config, security))
-    logger.info("tracker listening on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
+    logger.info("tracker serving on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
     if join is not None:
@@ -219,21 +219,15 @@ async def serve_tracker(
         await running.stop()
 
 
-def run_tracker(config: TrackerConfig, data_dir: Path) -> int:
-    """Run a tracker until SIGTERM/SIGINT; returns the exit status (``meshnet tracker``)."""
+def run_tracker(config: TrackerConfig, data_dir: Path, on_ready: Callable[[RunningTracker], None]) -> int:
+    """Run a tracker until SIGTERM/SIGINT; returns the exit status (``meshnet tracker``, whose
+    ``on_ready`` prints the ready line launchers wait for)."""
     security = None if config.insecure else load_tracker_security(data_dir, time.time())
 
     def announce(running: RunningTracker) -> None:
         if running.join_address is not None:
             write_join_address(data_dir, running.join_address)
-        _announce(running)
+        on_ready(running)
 
     asyncio.run(serve_tracker(config, on_ready=announce, security=security))
     return 0
-
-
-def _announce(running: RunningTracker) -> None:
-    # The CLI's own output: scripts and tests wait for this line to learn the bound port.
-    print(f"meshnet tracker listening on {running.address}", flush=True)
-    if running.join_address is not None:
-        print(f"meshnet tracker join port on {running.join_address}", flush=True)

@@ -9,7 +9,8 @@ from typing import Literal, NoReturn
 
 import pytest
 
-from meshnet.core.config_flags import add_config_arguments, cli, config_from_arguments, given_arguments
+from meshnet.cli.flags import add_config_arguments, config_from_arguments, given_arguments
+from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 

@@ -8,6 +8,7 @@ import pytest
 
 from meshnet import __version__
 from meshnet.cli import main as cli
+from meshnet.cli.commands.serve import tracker_config
 from meshnet.core.addresses import check_advertise_address
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
@@ -25,7 +26,7 @@ from meshnet.node.config import FakeModel, WorkerConfig
 def test_data_dir_is_accepted_before_and_after_the_subcommand(argv: list[str]) -> None:
     args = cli.build_parser().parse_args(argv)
     assert args.data_dir == Path("/srv/mesh")
-    assert cli.tracker_config(args).db_path == Path("/srv/mesh/tracker.sqlite3")
+    assert tracker_config(args).db_path == Path("/srv/mesh/tracker.sqlite3")
 
 
 def test_data_dir_after_the_subcommand_wins_and_its_absence_keeps_the_default() -> None:

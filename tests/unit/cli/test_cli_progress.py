@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshnet.cli.main import speed_line
+from meshnet.cli.commands.models import speed_line
 from meshnet.deploy.up import _describe
 
 

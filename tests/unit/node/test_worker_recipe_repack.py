@@ -12,7 +12,7 @@ from pathlib import Path
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.core.config_flags import add_config_arguments, config_from_arguments
+from meshnet.cli.flags import add_config_arguments, config_from_arguments
 from meshnet.node.assembly import backend_label, model_identity
 from meshnet.node.config import WorkerConfig
 

@@ -7,7 +7,7 @@ import sys
 
 from meshnet.cli.arguments import PublishArguments
 from meshnet.cli.common import Command, progress_printer, stderr_progress
-from meshnet.core.config_flags import config_from_arguments
+from meshnet.cli.flags import config_from_arguments
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -38,6 +38,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
     from meshnet.artifact.holdings import Holdings
     from meshnet.cli.commands.swarm import node_security
     from meshnet.core.swarm_options import SecurityOptions
+    from meshnet.deploy.launch.ready_lines import SeedLine, announce
     from meshnet.node.artifact_server import SeedConfig, serve_seeder
 
     config = config_from_arguments(SeedConfig, args)
@@ -47,7 +48,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
     def ready(address: str, holdings: Holdings) -> None:
         models = ",".join(model_id for model_id, _ in holdings.manifests)
-        print(f"meshnet seed ready {address} artifacts={len(holdings.artifacts)} models={models}", flush=True)
+        announce(SeedLine(address, len(holdings.artifacts), models))
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from meshnet.cli.arguments import BenchOutputs, GateArguments
 from meshnet.cli.common import Command, provisioned_model
-from meshnet.core.config_flags import config_from_arguments, given_arguments
+from meshnet.cli.flags import config_from_arguments, given_arguments
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

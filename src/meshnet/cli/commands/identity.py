@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from meshnet.core.config_flags import add_config_arguments, config_from_arguments
+from meshnet.cli.flags import add_config_arguments, config_from_arguments
 from meshnet.core.swarm_options import SwarmArguments
 
 # Each subcommand shows only the flags that mean something to it.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from meshnet.cli.arguments import StatusArguments
 from meshnet.cli.common import Command
-from meshnet.core.config_flags import config_from_arguments
+from meshnet.cli.flags import config_from_arguments
 
 if TYPE_CHECKING:
     from meshnet.wire.tls import LinkSecurity

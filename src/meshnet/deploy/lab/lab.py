@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.lab import cgroups, claims, system
 from meshnet.deploy.lab.plan import LabNode, LabPlan, LinkShape, check_tag, plan_lab
+from meshnet.deploy.lab.relay import relay_command
+from meshnet.deploy.launch.ready_lines import RelayLine
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
 log = logging.getLogger(__name__)
@@ -161,19 +162,8 @@ class Lab:
         """The address peers use for the node's worker: through the delay line when there is one."""
         if self.config.delay_ms <= 0:
             return f"{node.address}:{WORKER_PORT}"
-        self.start(
-            node,
-            f"relay-n{node.index}",
-            [
-                sys.executable,
-                "-m",
-                "meshnet.deploy.lab.relay",
-                f"{node.address}:{RELAY_PORT}",
-                f"{node.address}:{WORKER_PORT}",
-                f"{self.config.delay_ms:g}",
-            ],
-            "meshnet relay ready",
-        )
+        listen, target = f"{node.address}:{RELAY_PORT}", f"{node.address}:{WORKER_PORT}"
+        self.start(node, f"relay-n{node.index}", relay_command(listen, target, self.config.delay_ms), RelayLine.PREFIX)
         return f"{node.address}:{RELAY_PORT}"
 
     def worker_memory(self) -> dict[int, tuple[int, int]]:

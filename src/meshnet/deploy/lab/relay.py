@@ -3,8 +3,12 @@
 Every byte that reaches the listening address is delivered to the target ``delay`` seconds
 after it arrived, and every reply byte likewise: a connection through the relay sees the link's
 one-way delay in each direction. Bytes keep their order and are never held longer than the
-delay, so the link's bandwidth stays what ``tbf`` makes it. Run it as
-``python -m meshnet.deploy.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS``.
+delay, so the link's bandwidth stays what ``tbf`` makes it.
+
+The lab starts it as ``python -m meshnet.deploy.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT
+DELAY_MS`` (``relay_command`` writes that argv, ``main`` reads it), not as a ``meshnet``
+subcommand: it is the lab's own link, not an operator's command, and one runs per node, so it
+starts without the CLI's parser and imports nothing beyond asyncio and its ready line.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import sys
 import time
 from collections.abc import Sequence
 
+from meshnet.deploy.launch.ready_lines import RelayLine, announce
 from meshnet.process.lifeline import watch_lifeline
 
 CHUNK = 64 * 1024
+MODULE = "meshnet.deploy.lab.relay"
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
@@ -83,15 +89,20 @@ async def serve(listen: tuple[str, int], target: tuple[str, int], delay_ms: floa
         await _connection(reader, writer, target, delay)
 
     server = await asyncio.start_server(accept, *listen)
-    print(f"meshnet relay ready {listen[0]}:{listen[1]} -> {target[0]}:{target[1]} delay_ms={delay_ms:g}", flush=True)
+    announce(RelayLine(f"{listen[0]}:{listen[1]}", f"{target[0]}:{target[1]}", delay_ms))
     async with server:
         await server.serve_forever()
+
+
+def relay_command(listen: str, target: str, delay_ms: float) -> tuple[str, ...]:
+    """The argv that runs a relay from ``listen`` (host:port) to ``target`` with ``delay_ms``."""
+    return (sys.executable, "-m", MODULE, listen, target, f"{delay_ms:g}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 3:
-        print("usage: python -m meshnet.deploy.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS", file=sys.stderr)
+        print(f"usage: python -m {MODULE} LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS", file=sys.stderr)
         return 2
     watch_lifeline(os.environ)  # the relay is the lab's link: it ends with the lab
     with contextlib.suppress(KeyboardInterrupt):

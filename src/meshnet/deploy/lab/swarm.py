@@ -14,6 +14,7 @@ from pathlib import Path
 from meshnet.artifact.describe import describe_model
 from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.lab.lab import (
     GATEWAY_PORT,
     TRACKER_PORT,
@@ -22,11 +23,15 @@ from meshnet.deploy.lab.lab import (
     LabConfig,
 )
 from meshnet.deploy.lab.plan import LabNode
+from meshnet.deploy.launch.commands import gateway_command, minted_identity, tracker_command, worker_command
+from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, TrackerLine
+from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import ensure_client_key
 from meshnet.node.auto_layers import layer_costs
-from meshnet.process.launcher import meshnet_command
+from meshnet.node.config import LayerChoice, WorkerConfig
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.placement import plan_ranges
 from meshnet.wire.tls import LinkSecurity
 
@@ -76,22 +81,8 @@ def start_tracker(lab: Lab) -> str:
     if lab.plan is None:
         raise Unavailable("the lab's network is not built")
     head = lab.plan.nodes[0]
-    lab.start(
-        head,
-        "tracker",
-        meshnet_command(
-            lab.node_data_dir(head),
-            "tracker",
-            "--host",
-            head.address,
-            "--port",
-            str(TRACKER_PORT),
-            "--heartbeat-interval",
-            "1",
-        ),
-        "meshnet tracker listening on",
-        role="control",
-    )
+    config = TrackerConfig(host=head.address, port=TRACKER_PORT, heartbeat_interval_s=1.0)
+    lab.start(head, "tracker", tracker_command(config, lab.node_data_dir(head)), TrackerLine.PREFIX, role="control")
     return f"{head.address}:{TRACKER_PORT}"
 
 
@@ -123,26 +114,15 @@ def start_swarm(lab: Lab) -> LabSwarm:
         # Spares get the range they stand in for, so which node they back is fixed (the middle).
         advertised[node.index], _ = _start_worker(lab, node, layers, tracker, None)
     api_key_path = ensure_client_key(lab.node_data_dir(head))
-    lab.start(
-        head,
-        "gateway",
-        meshnet_command(
-            lab.node_data_dir(head),
-            "gateway",
-            "--tracker",
-            tracker,
-            "--model",
-            str(lab.config.model),
-            "--host",
-            head.address,
-            "--port",
-            str(GATEWAY_PORT),
-            *_name(lab),
-            *_identity(lab, "gateway", "gateway"),
-        ),
-        "meshnet gateway ready",
-        role="control",
+    gateway = GatewayProcessConfig(
+        tracker=tracker,
+        model=lab.config.model,
+        http=GatewayConfig(host=head.address, port=GATEWAY_PORT),
+        data_dir=lab.node_data_dir(head),
+        model_name=lab.config.model_name,
     )
+    command = gateway_command(gateway, _identity(lab, "gateway", "gateway"))
+    lab.start(head, "gateway", command, GatewayLine.PREFIX, role="control")
     return LabSwarm(
         gateway_url=f"http://{head.address}:{GATEWAY_PORT}",
         tracker=tracker,
@@ -158,39 +138,25 @@ def _start_worker(
     """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
     until the tracker has registered it, so the next auto worker counts its range."""
     address = lab.start_relay(node)
-    choice = ["--layers", "auto", "--memory-budget-mb", str(budget_mb)] if layers is None else ["--layers", str(layers)]
-    worker = lab.start(
-        node,
-        f"worker-n{node.index}",
-        meshnet_command(
-            lab.node_data_dir(node),
-            "worker",
-            "--model",
-            str(lab.config.model),
-            *choice,
-            "--host",
-            node.address,
-            "--port",
-            str(WORKER_PORT),
-            "--advertise",
-            address,
-            "--tracker",
-            tracker,
-            "--threads",
-            str(lab.config.threads),
-            "--context",
-            str(lab.config.context),
-            "--max-sessions",
-            str(lab.config.sessions),
-            *_name(lab),
-            *_identity(lab, f"worker-n{node.index}", "worker"),
-        ),
-        "meshnet worker registered",
+    worker = WorkerConfig(
+        model=lab.config.model,
+        layer_choice=LayerChoice(layers),  # None: auto, within the budget
+        memory_budget_mb=budget_mb if layers is None else None,
+        data_dir=lab.node_data_dir(node),
+        model_name=lab.config.model_name,
+        host=node.address,
+        port=WORKER_PORT,
+        advertise=address,
+        tracker=tracker,
+        threads=lab.config.threads,
+        n_ctx_per_session=lab.config.context,
+        max_sessions=lab.config.sessions,
     )
-    ready = worker.ready
-    if ready is None:
-        raise Unavailable(f"worker-n{node.index} never registered")
-    return address, LayerRange.parse(ready.values["layers"])
+    name = f"worker-n{node.index}"
+    child = lab.start(node, name, worker_command(worker, _identity(lab, name, "worker")), RegisteredLine.PREFIX)
+    if child.ready is None:
+        raise Unavailable(f"{name} never registered")
+    return address, RegisteredLine.read(child.ready).layers
 
 
 def ca_dir(lab: Lab) -> Path:
@@ -200,9 +166,9 @@ def ca_dir(lab: Lab) -> Path:
     return lab.node_data_dir(lab.plan.nodes[0])
 
 
-def _identity(lab: Lab, name: str, role: Role) -> list[str]:
+def _identity(lab: Lab, name: str, role: Role) -> SecurityOptions:
     """Every lab link is mTLS (nodes bind non-loopback addresses): mint from the head's swarm CA."""
-    return ["--identity", str(local_identity(ca_dir(lab), name, role, time.time()))]
+    return minted_identity(ca_dir(lab), name, role)
 
 
 def admin_security(lab: Lab, name: str = "lab-admin") -> LinkSecurity:
@@ -213,7 +179,3 @@ def admin_security(lab: Lab, name: str = "lab-admin") -> LinkSecurity:
 def client_auth(swarm: LabSwarm) -> dict[str, str]:
     """The header the lab's gateway wants on /v1 requests."""
     return {"Authorization": f"Bearer {swarm.api_key_path.read_text().strip()}"}
-
-
-def _name(lab: Lab) -> list[str]:
-    return ["--model-name", lab.config.model_name] if lab.config.model_name else []

@@ -1,0 +1,133 @@
+"""``meshnet up | lab``: a whole swarm on this machine, or in a namespaced multi-host lab.
+
+``up`` hands its config to ``deploy.up``; ``lab up|down|sweep`` build a lab, run a swarm in it
+and serve until SIGTERM, remove what labs left, or measure the network sweep (its plot is drawn
+by the bench's plotting). What is printed for the operator is printed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from meshnet.cli.arguments import LabArguments
+from meshnet.cli.common import Command, provisioned_model
+from meshnet.cli.flags import config_from_arguments, given_arguments
+from meshnet.core.errors import MeshnetError
+
+if TYPE_CHECKING:
+    from meshnet.deploy.lab.lab import LabConfig
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from meshnet.artifact.provision import DEFAULT_MODEL
+    from meshnet.deploy.config import LocalSwarmConfig
+    from meshnet.deploy.up import run_local_swarm
+
+    given = given_arguments(LocalSwarmConfig, args)
+    if "model" not in given:
+        # The provisioned model is served under its catalogue name by every component alike.
+        given["model"] = provisioned_model(args.data_dir)
+        given.setdefault("model_name", DEFAULT_MODEL.name)
+    return run_local_swarm(LocalSwarmConfig(**given, data_dir=args.data_dir))
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from meshnet.artifact.provision import DEFAULT_MODEL
+    from meshnet.deploy.lab.lab import LabConfig
+
+    given = given_arguments(LabConfig, args)
+    arguments = config_from_arguments(LabArguments, args)
+    if arguments.action == "down":
+        return lab_down(given.get("tag"))
+    if "model" not in given:
+        given["model"] = provisioned_model(args.data_dir)
+        given.setdefault("model_name", DEFAULT_MODEL.name)
+    if arguments.action == "sweep":
+        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments.sweep_output)
+    return lab_up(LabConfig(**given, data_dir=args.data_dir))
+
+
+def _raise_on_sigterm() -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def lab_up(config: LabConfig) -> int:
+    from meshnet.deploy.lab.lab import Lab, wait_forever
+    from meshnet.deploy.lab.swarm import start_swarm
+
+    _raise_on_sigterm()
+    lab = Lab(config)
+    try:
+        plan = lab.build()
+        print(f"lab       {plan.subnet} on bridge {plan.bridge} ({len(plan.nodes)} nodes)", flush=True)
+        swarm = start_swarm(lab)
+        for node in plan.nodes:
+            role = "spare" if node.spare else "node"
+            cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
+            print(
+                f"{role:9s} {node.namespace} {node.address} cpu {node.cpu} {cap} "
+                f"layers {swarm.ranges[node.index]} via {swarm.advertised[node.index]}",
+                flush=True,
+            )
+        print(f"api key   {swarm.api_key_path}", flush=True)
+        print(f"gateway   {swarm.gateway_url}/v1", flush=True)
+        wait_forever(lab)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except MeshnetError as error:
+        print(f"meshnet lab: [{error.code}] {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        lab.close()
+
+
+def lab_down(tag: str | None) -> int:
+    from meshnet.deploy.lab.claims import claimed_tags
+    from meshnet.deploy.lab.lab import remove_lab
+
+    try:
+        removed = remove_lab(tag)
+    except MeshnetError as error:
+        print(f"meshnet lab down: [{error.code}] {error.message}", file=sys.stderr)
+        return 2
+    print(f"removed {len(removed)} lab object(s)" + "".join(f"\n  {item}" for item in removed))
+    if tag is None:
+        for live in sorted(claimed_tags()):
+            print(f"left running: lab {live!r} (stop its `lab up` to remove it)")
+    return 0
+
+
+def lab_sweep(config: LabConfig, output: Path) -> int:
+    """The network sweep (``sweep.py``): JSON at ``output``, its plot beside it."""
+    from meshnet.artifact.describe import describe_model
+    from meshnet.bench.plots import write_lab_sweep_plot
+    from meshnet.deploy.lab.sweep import run_sweep
+
+    try:
+        results = run_sweep(config, output, describe_model(config.model).n_embd)
+    except MeshnetError as error:
+        print(f"meshnet lab sweep: [{error.code}] {error.message}", file=sys.stderr)
+        return 2
+    plot = write_lab_sweep_plot(results, output.with_suffix(".png"))
+    print(f"wrote {output}" + (f" and {plot}" if plot else ""))
+    return 0
+
+
+def deploy_commands() -> dict[str, Command]:
+    from meshnet.deploy.config import LocalSwarmConfig
+    from meshnet.deploy.lab.lab import LabConfig
+
+    return {
+        "lab": Command(
+            cmd_lab, "a multi-host lab on this machine: namespaced, capped, shaped nodes", (LabArguments, LabConfig)
+        ),
+        "up": Command(cmd_up, "start tracker, workers and gateway here and stream a demo", (LocalSwarmConfig,)),
+    }
