@@ -5,7 +5,8 @@ samples, and the token travels back: straight to the head (the ring, ``worker.ri
 frame after the opening one, which also lets prefill chunks pipeline along the route. Every
 frame carries the remaining budget, so the route never works past the request's deadline.
 Closing the iterator (or cancelling its task) cancels the head stream, which frees the
-session's KV on every shard down the route.
+session's KV on every shard down the route. Frames are sized from the capability each hop of
+the route carries (``RouteHop``): the driver asks no shard anything before it starts.
 """
 
 from __future__ import annotations
@@ -28,11 +29,9 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.route.shard_admin import fetch_capability
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
     FRAME_OVERHEAD_BYTES,
-    CapabilityInfo,
     Continuation,
     FrameMeta,
     HopSpec,
@@ -72,14 +71,6 @@ class RouteDriver:
         self._pool = pool
         self._head_driven = head_driven
         self._max_frame_bytes = max_frame_bytes
-        self._capabilities: dict[str, CapabilityInfo] = {}
-
-    async def capability(self, address: str, node_id: str | None = None) -> CapabilityInfo:
-        cached = self._capabilities.get(address)
-        if cached is None:
-            cached = await fetch_capability(self._pool, address, node_id=node_id)
-            self._capabilities[address] = cached
-        return cached
 
     async def run(
         self,
@@ -97,10 +88,9 @@ class RouteDriver:
             raise InvalidArgument("a route needs at least one hop")
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
-        head_capability = await self.capability(head.address, head.node_id)
         stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
         try:
-            async for event in self._generate(route, request, history, deadline, stream, head_capability):
+            async for event in self._generate(route, request, history, deadline, stream):
                 yield event
         finally:
             stream.cancel()
@@ -112,14 +102,13 @@ class RouteDriver:
         history: Sequence[int],
         deadline: float | None,
         stream: ShardStream,
-        head: CapabilityInfo,
     ) -> AsyncIterator[GenerationEvent]:
         # The last frame we send asks the head to decode on by itself (head-driven decode), so
         # from then on we only read: our round trip leaves the per-token critical path.
         budget = request.max_tokens - len(history) - 1
         plan = Continuation(budget, request.stop_tokens) if self._head_driven and budget > 0 else None
         run = _Run(route, request, deadline, stream, plan)
-        chunks = self._prefill_chunks(request, head)
+        chunks = self._prefill_chunks(request, route.hops)
         n_prefill = len(request.prompt_tokens) + len(history)
         yield PrefillStarted(n_prefill)
         started = time.perf_counter()
@@ -134,18 +123,21 @@ class RouteDriver:
         async for event in _decode(run, result, step, produced=len(history)):
             yield event
 
-    def _prefill_chunks(self, request: GenerationRequest, head: CapabilityInfo) -> list[PrefillChunk]:
+    def _prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop]) -> list[PrefillChunk]:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
-        # Hidden frames between shards carry as many rows as this token frame, so size the
-        # chunks for the boundary tensor, not for the token ids.
-        rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
-        rows = min(rows_per_frame, head.max_tokens_per_frame)
+        head = hops[0].capability
+        # Every frame of the prompt crosses every hop (as token ids into the head, as hidden rows
+        # after it), so it must fit the smallest frame any of them, or this driver, accepts; the
+        # hidden rows are the larger, so size the chunks for the boundary tensor.
+        frame_bytes = min(self._max_frame_bytes, *(hop.capability.max_frame_bytes for hop in hops))
+        rows_per_frame = max(1, (frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
+        rows = min(rows_per_frame, *(hop.capability.max_tokens_per_frame for hop in hops))
         # One engine call's worth per frame (cut at the same absolute multiples the shards cut
         # at, so the numerics are those of one big frame): the route pipelines the frames.
         chunk = head.prefill_chunk_tokens
-        if 0 < chunk <= rows:
+        if chunk <= rows:
             rows = chunk
-        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=rows)
+        return split_prefill(prompt, 0, frame_bytes, max_tokens=rows)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,14 @@ import numpy as np
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
+from meshnet.engine.backend import ShardShape
+from meshnet.engine.certification import certify_fake_engine
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.local_route import LocalRoute
-from meshnet.node.shard import AnyShard, ShardIdentity, build_shard
+from meshnet.node.assembly import fake_recipe
+from meshnet.node.config import FakeModel
+from meshnet.node.shard import AnyShard, build_shard
 from meshnet.node.stages import DownstreamLink
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
@@ -35,7 +40,8 @@ def admission_policy(
 
 
 N_LAYERS = 6
-FINGERPRINT = "fake-recipe"
+RECIPE = fake_recipe(FakeModel(n_layers=N_LAYERS))
+FINGERPRINT = RECIPE.fingerprint()
 CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, scratch_bytes=0, budget_bytes=None)
 
 
@@ -87,7 +93,7 @@ class Route:
         return backend
 
     def hops(self) -> tuple[HopSpec, ...]:
-        return tuple(HopSpec(s.identity.address, s.shape.layers, FINGERPRINT) for s in self.shards[1:])
+        return tuple(HopSpec(s.record.address, s.shape.layers, FINGERPRINT) for s in self.shards[1:])
 
     async def close(self) -> None:
         for shard in self.shards:
@@ -115,12 +121,29 @@ async def start_route(
         loop = EngineLoop(lambda layers=layers: fake_backend(layers))  # type: ignore[misc]
         await asyncio.to_thread(loop.start)
         address = f"shard-{index}"
-        identity = ShardIdentity(NodeId(address), address, FINGERPRINT, "fake", "1", 4 * 1024 * 1024)
-        shard = build_shard(identity, loop, policy or admission_policy(2), CAPACITY, connect, clock=clock)
+        record = shard_record(address, loop.backend.shape)
+        shard = build_shard(
+            NodeId(address), record, loop, policy or admission_policy(2), CAPACITY, connect, clock=clock
+        )
         by_address[address] = shard
         route.shards.append(shard)
         route.loops.append(loop)
     return route
+
+
+def shard_record(address: str, shape: ShardShape) -> NodeRecord:
+    """The record a fake worker of this shape registers, with its fake engine's real certification."""
+    capability = NodeCapability(
+        n_ctx_per_session=shape.n_ctx_per_slot,
+        prefill_chunk_tokens=shape.max_batch_tokens,
+        max_tokens_per_frame=shape.n_ctx_per_slot,
+        max_frame_bytes=4 * 1024 * 1024,
+        n_embd=shape.n_embd,
+        max_sessions=shape.max_slots,
+    )
+    certification = certify_fake_engine(N_LAYERS, RECIPE.n_embd, 64).bound_to(FINGERPRINT)
+    hardware = HardwareSummary(cpu_count=2, memory_bytes=1 << 30)
+    return NodeRecord(address, RECIPE, FINGERPRINT, "fake", "none", shape.layers, hardware, capability, certification)
 
 
 def opening(
