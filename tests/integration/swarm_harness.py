@@ -175,10 +175,13 @@ class Swarm:
     def tracker_port(self) -> int:
         return int(self.tracker_address.rsplit(":", 1)[1])
 
-    def start_workers(self, *ranges: str, program: Sequence[str] | None = None) -> list[Worker]:
+    def start_workers(
+        self, *ranges: str, program: Sequence[str] | None = None, extra: Sequence[str] = ()
+    ) -> list[Worker]:
         """Start one worker per ``A:B`` range at once; return them once each printed ready.
 
-        ``program`` replaces ``python -m meshnet`` (a test's altered worker, say).
+        ``program`` replaces ``python -m meshnet`` (a test's altered worker, say); ``extra`` flags
+        follow the harness's own and so override them (``--context``, ``--port``).
         """
         started = []
         for text in ranges:
@@ -206,6 +209,7 @@ class Swarm:
                 "--drain-grace",
                 "1",
                 *self.identity_flags(name, "worker"),
+                *extra,
             )
             if program is not None:
                 command = (*program, *command[3:])  # meshnet_command starts: python -m meshnet

@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from meshnet.core.checks import MAX_SESSIONS, check_count, check_finite, check_text
+from meshnet.core.checks import check_finite, check_text
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.tracking import NodeLoad
 
 NodeHealth = Literal["healthy", "late", "lost"]
 """``late``: it missed a heartbeat but is still routed; ``lost``: it left the tracker's table."""
@@ -22,31 +23,18 @@ HealthVerdict = Literal["ok", "degraded", "no_route"]
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """One node as the tracker knows it now: the record it registered and its last load report.
-
-    The load fields are the status's own (they change with every heartbeat; the record does
-    not). Each node in the table passed the tracker's certification check to register."""
+    """One node as the tracker knows it now: the record it registered and its last load report
+    (its figures at registration until its first heartbeat). Each node in the table passed the
+    tracker's certification check to register."""
 
     node_id: str
     record: NodeRecord
-    active_sessions: int
-    free_sessions: int
-    queue_depth: int
-    kv_used_fraction: float
-    memory_used_bytes: int
-    """Weights plus the KV of the sessions held now; 0: not reported."""
-    memory_budget_bytes: int
-    """Weights plus the KV of every session the node admits; 0: not reported."""
+    load: NodeLoad
+    """Without peer latencies: those are the tracker's routing input, not an operator's."""
     seconds_since_heartbeat: float
 
     def __post_init__(self) -> None:
         check_text("node_id", self.node_id)
-        check_count("active_sessions", self.active_sessions, MAX_SESSIONS)
-        check_count("free_sessions", self.free_sessions, MAX_SESSIONS)
-        check_count("queue_depth", self.queue_depth, MAX_SESSIONS)
-        check_finite("kv_used_fraction", self.kv_used_fraction, high=1.0)
-        check_count("memory_used_bytes", self.memory_used_bytes, 1 << 60)
-        check_count("memory_budget_bytes", self.memory_budget_bytes, 1 << 60)
         check_finite("seconds_since_heartbeat", self.seconds_since_heartbeat)
 
 

@@ -112,16 +112,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
-        shard = build_shard(
-            node_id,
-            record,
-            loop,
-            policy,
-            capacity,
-            partial(ShardStream, links),
-            open_ring=partial(RingStream, links),
-            grammars=grammars,
-        )
+        connect, ring = partial(ShardStream, links), partial(RingStream, links)
+        shard = build_shard(node_id, record, loop, policy, capacity, connect, open_ring=ring, grammars=grammars)
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise

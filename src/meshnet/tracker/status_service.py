@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 
 from meshnet.core.errors import MeshnetError
@@ -31,12 +33,7 @@ def _node_status(entry: NodeEntry, now: float) -> NodeStatus:
     return NodeStatus(
         node_id=entry.node_id,
         record=entry.record,
-        active_sessions=load.active_sessions,
-        free_sessions=load.free_sessions,
-        queue_depth=load.queue_depth,
-        kv_used_fraction=load.kv_used_fraction,
-        memory_used_bytes=load.memory_used_bytes,
-        memory_budget_bytes=load.memory_budget_bytes,
+        load=replace(load, peer_rtt_ms=()),
         seconds_since_heartbeat=max(0.0, now - entry.last_seen),
     )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.swarm_status import NodeStatus, NodeTable
+from meshnet.core.tracking import NodeLoad
 from meshnet.wire.generated import swarm_status_pb2 as pb
 from meshnet.wire.node_wire import record_from_proto, record_to_proto
 
@@ -33,15 +34,16 @@ def node_table_from_proto(message: pb.NodeStatusList) -> NodeTable:
 
 
 def _node_to_proto(node: NodeStatus) -> pb.NodeStatusList.Node:
+    load = node.load
     return pb.NodeStatusList.Node(
         node_id=node.node_id,
         record=record_to_proto(node.record),
-        memory_used_bytes=node.memory_used_bytes,
-        memory_budget_bytes=node.memory_budget_bytes,
-        active_sessions=node.active_sessions,
-        free_sessions=node.free_sessions,
-        queue_depth=node.queue_depth,
-        kv_used_fraction=node.kv_used_fraction,
+        memory_used_bytes=load.memory_used_bytes,
+        memory_budget_bytes=load.memory_budget_bytes,
+        active_sessions=load.active_sessions,
+        free_sessions=load.free_sessions,
+        queue_depth=load.queue_depth,
+        kv_used_fraction=load.kv_used_fraction,
         seconds_since_heartbeat=node.seconds_since_heartbeat,
     )
 
@@ -49,14 +51,12 @@ def _node_to_proto(node: NodeStatus) -> pb.NodeStatusList.Node:
 def _node_from_proto(message: pb.NodeStatusList.Node) -> NodeStatus:
     if not message.HasField("record"):
         raise InvalidArgument(f"node {message.node_id[:64]!r} in the status table has no record")
-    return NodeStatus(
-        node_id=message.node_id,
-        record=record_from_proto(message.record),
+    load = NodeLoad(
         active_sessions=message.active_sessions,
         free_sessions=message.free_sessions,
         queue_depth=message.queue_depth,
         kv_used_fraction=message.kv_used_fraction,
         memory_used_bytes=message.memory_used_bytes,
         memory_budget_bytes=message.memory_budget_bytes,
-        seconds_since_heartbeat=message.seconds_since_heartbeat,
     )
+    return NodeStatus(message.node_id, record_from_proto(message.record), load, message.seconds_since_heartbeat)

@@ -10,6 +10,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.core.swarm_status import NodeStatus, NodeTable
+from meshnet.core.tracking import NodeLoad
 
 
 def recipe(key: str = "f1") -> Recipe:
@@ -36,17 +37,8 @@ def node(
     layers: str, *, model: str = "tiny", fingerprint: str = "f1", beat: float = 0.1, **changes: object
 ) -> NodeStatus:
     served = record(layers, model=model, fingerprint=fingerprint)
-    base = NodeStatus(
-        node_id=f"n-{layers}-{fingerprint}",
-        record=served,
-        active_sessions=1,
-        free_sessions=7,
-        queue_depth=0,
-        kv_used_fraction=0.125,
-        memory_used_bytes=1 << 20,
-        memory_budget_bytes=1 << 21,
-        seconds_since_heartbeat=beat,
-    )
+    load = NodeLoad(1, 7, 0, 0.125, memory_used_bytes=1 << 20, memory_budget_bytes=1 << 21)
+    base = NodeStatus(node_id=f"n-{layers}-{fingerprint}", record=served, load=load, seconds_since_heartbeat=beat)
     return replace(base, **changes)  # type: ignore[arg-type]
 
 

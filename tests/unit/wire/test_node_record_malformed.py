@@ -25,7 +25,7 @@ from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.swarm_status import NodeStatus, NodeTable
-from meshnet.core.tracking import Route
+from meshnet.core.tracking import NodeLoad, Route
 from meshnet.wire import node_wire, status_wire, tracker_wire
 from meshnet.wire.generated import node_pb2
 
@@ -109,7 +109,7 @@ def test_a_malformed_record_in_a_route_hop_is_the_trackers_fault(message: node_p
 @FUZZ_SETTINGS
 @given(mutated_records())
 def test_a_malformed_record_in_the_status_table_is_invalid_argument(message: node_pb2.NodeRecord) -> None:
-    status = NodeStatus("n-1", sample_record(), 1, 7, 0, 0.125, 1 << 20, 2 << 20, 0.5)
+    status = NodeStatus("n-1", sample_record(), NodeLoad(1, 7, 0, 0.125, (), 1 << 20, 2 << 20), 0.5)
     reply = status_wire.node_table_to_proto(NodeTable((status,), 3, 2.0, 6.0))
     reply.nodes[0].record.CopyFrom(message)
     try:
