@@ -49,14 +49,14 @@ def _peer_claims() -> list[float]:
         rows = connection.execute("SELECT registration_json FROM nodes").fetchall()
     finally:
         connection.close()
-    return [float(json.loads(row[0])["decode_tokens_per_s"]) for row in rows]
+    return [float(json.loads(row[0])["capability"]["decode_tokens_per_s"]) for row in rows]
 
 
 def _boasting_registration(*args: Any) -> Any:
     honest = _registration(*args)
     claims = _peer_claims()
-    reference = statistics.median_low(claims) if claims else honest.decode_tokens_per_s
-    return replace(honest, decode_tokens_per_s=reference * CLAIM_FACTOR)
+    reference = statistics.median_low(claims) if claims else honest.capability.decode_tokens_per_s
+    return replace(honest, capability=replace(honest.capability, decode_tokens_per_s=reference * CLAIM_FACTOR))
 
 
 def _boasted_latencies(self: Any) -> tuple[tuple[str, float], ...]:

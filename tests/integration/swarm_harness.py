@@ -169,10 +169,11 @@ class Swarm:
     def tracker_port(self) -> int:
         return int(self.tracker_address.rsplit(":", 1)[1])
 
-    def start_workers(self, *ranges: str, program: Sequence[str] | None = None) -> list[Worker]:
+    def start_workers(self, *ranges: str, program: Sequence[str] | None = None, **fields: Any) -> list[Worker]:
         """Start one worker per ``A:B`` range at once; return them once each printed ready.
 
-        ``program`` replaces ``python -m meshnet`` (a test's altered worker, say).
+        ``program`` replaces ``python -m meshnet`` (a test's altered worker, say); ``fields`` set
+        ``WorkerConfig`` fields over the harness's own (``n_ctx_per_session``, ``port``).
         """
         started = []
         for text in ranges:
@@ -180,16 +181,14 @@ class Swarm:
             name = f"worker-{self._next()}-{layers.start}-{layers.stop}"
             data_dir = self.root / name
             data_dir.mkdir(parents=True, exist_ok=True)
+            own: dict[str, Any] = {"port": 0, "threads": 1, "n_ctx_per_session": CONTEXT, "drain_grace": 1.0}
             config = WorkerConfig(
                 model=self.model,
                 model_name=self.model_name,
                 layer_choice=LayerChoice(layers),
                 tracker=self.tracker_address,
-                port=0,
-                threads=1,
-                n_ctx_per_session=CONTEXT,
-                drain_grace=1.0,
                 data_dir=data_dir,
+                **{**own, **fields},
             )
             command = worker_command(config, self.identity(name, "worker"))
             if program is not None:

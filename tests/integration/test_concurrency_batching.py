@@ -58,7 +58,7 @@ async def test_eight_concurrent_sessions_equal_their_solo_runs_and_cancel_cleanl
 ) -> None:
     route, twin = routes
     driver = new_driver(pool)
-    solo = [await generate(driver, twin, request(i)) for i in range(SESSIONS)]
+    solo = [await generate(pool, driver, twin, request(i)) for i in range(SESSIONS)]
     assert solo == [fake_reference([w.layers for w in route], request(i)) for i in range(SESSIONS)]
     assert len({tuple(tokens) for tokens in solo}) == SESSIONS, "sessions must differ to detect cross-talk"
 
@@ -67,7 +67,7 @@ async def test_eight_concurrent_sessions_equal_their_solo_runs_and_cancel_cleanl
     reached = [asyncio.Event() for _ in range(SESSIONS)]
 
     async def session(index: int) -> None:
-        async for event in driver.run(route_session(route), request(index)):
+        async for event in driver.run(await route_session(pool, route), request(index)):
             if isinstance(event, TokenGenerated):
                 produced[index].append(event.token_id)
                 if len(produced[index]) == CANCEL_AFTER:

@@ -81,13 +81,16 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
         stale.run([StepInput(0, 0, tokens=prompt[:5])])
         stale.close()
         front = ChildProcess(LaunchSpec("front", _front(data, model, peers), tmp_path / "front.log", WorkerLine.PREFIX))
-        capability = asyncio.run(_capability(WorkerLine.read(front.await_ready(time.monotonic() + 120)).address))
-        assert (capability.layers, capability.n_layers) == (LayerRange(0, SPEC.n_layers), SPEC.n_layers)
-        assert (capability.max_sessions, capability.n_ctx_per_session) == (2, 512)
-        assert capability.certified and capability.prefill_chunk_tokens == 256
+        record = asyncio.run(_capability(WorkerLine.read(front.await_ready(time.monotonic() + 120)).address)).record
+        assert (record.layers, record.n_layers) == (LayerRange(0, SPEC.n_layers), SPEC.n_layers)
+        assert (record.capability.max_sessions, record.capability.n_ctx_per_session) == (2, 512)
+        assert record.capability.prefill_chunk_tokens == 256
+        # It certified the recipe it fronts on its own build, as a full worker of it would.
+        certification = record.certification
+        assert certification.whole_sha256 == certification.split_sha256 and certification.checks
         layer_worker = WorkerConfig(model=model, layer_choice=LayerRange(0, SPEC.n_layers), data_dir=data)
         recipe = model_identity(layer_worker, SliceCache(data / "cache"), describe_model(model)).recipe
-        assert capability.fingerprint == recipe.fingerprint()
+        assert record.fingerprint == certification.fingerprint == recipe.fingerprint()
         front.stop()
         # The front started the group without sessions: slot 0 takes a new prompt from position 0,
         # and its logits are whole-model llama.cpp's bit for bit.

@@ -68,7 +68,7 @@ async def _run(route: Sequence[RunningWorker], prompts: Sequence[tuple[int, ...]
     pool = ChannelPool(16 * 1024 * 1024)
     driver = new_driver(pool)
     try:
-        return list(await asyncio.gather(*(generate(driver, route, greedy_request(p, TOKENS)) for p in prompts)))
+        return list(await asyncio.gather(*(generate(pool, driver, route, greedy_request(p, TOKENS)) for p in prompts)))
     finally:
         await pool.close()
 

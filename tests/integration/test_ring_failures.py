@@ -29,7 +29,7 @@ async def test_a_shard_killed_mid_ring_decode_ends_the_request_and_frees_the_sur
 ) -> None:
     with WorkerCluster(tmp_path) as cluster:
         route = cluster.start(*fake_specs([(0, 2), (2, 4), (4, 6)], step_delay=0.01))
-        events = new_driver(pool).run(route_session(route), greedy_request(PROMPT, 10_000))
+        events = new_driver(pool).run(await route_session(pool, route), greedy_request(PROMPT, 10_000))
         tokens, killed_at = 0, 0.0
         with pytest.raises(MeshnetError) as failure:
             async for event in events:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def route(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWork
 
 
 async def _decode_until(pool: ChannelPool, route: list[RunningWorker], tokens: int, reached: asyncio.Event) -> None:
-    events = new_driver(pool).run(route_session(route), greedy_request(PROMPT, 10_000))
+    events = new_driver(pool).run(await route_session(pool, route), greedy_request(PROMPT, 10_000))
     count = 0
     async for event in events:
         if isinstance(event, TokenGenerated):
@@ -68,7 +69,7 @@ async def test_cancelling_the_driver_task_frees_every_shard(pool: ChannelPool, r
 
 
 async def test_closing_the_event_stream_frees_every_shard(pool: ChannelPool, route: list[RunningWorker]) -> None:
-    events = new_driver(pool).run(route_session(route), greedy_request(PROMPT, 10_000))
+    events = new_driver(pool).run(await route_session(pool, route), greedy_request(PROMPT, 10_000))
     count = 0
     async for event in events:
         count += isinstance(event, TokenGenerated)
@@ -88,10 +89,13 @@ from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeCapability
 
 async def main():
     spec = json.loads(sys.argv[1])
-    hops = tuple(RouteHop(NodeId(h[0]), h[1], LayerRange(h[2], h[3])) for h in spec["hops"])
+    hops = tuple(
+        RouteHop(NodeId(h[0]), h[1], LayerRange(h[2], h[3]), NodeCapability(**h[4])) for h in spec["hops"]
+    )
     route = RouteSession(RequestId("req-doomed"), SessionId("s-doomed"), hops, spec["fingerprint"], 0)
     driver = RouteDriver(ChannelPool(4 << 20), max_frame_bytes=4 << 20)
     async for event in driver.run(route, GenerationRequest(tuple(spec["prompt"]), 10_000)):
@@ -104,7 +108,9 @@ asyncio.run(main())
 
 async def test_client_process_killed_frees_every_shard(pool: ChannelPool, route: list[RunningWorker]) -> None:
     spec = {
-        "hops": [[w.node_id, w.address, w.layers.start, w.layers.stop] for w in route],
+        "hops": [
+            [w.node_id, w.address, w.layers.start, w.layers.stop, asdict((await w.hop(pool)).capability)] for w in route
+        ],
         "fingerprint": route[0].fingerprint,
         "prompt": PROMPT,
     }
@@ -142,7 +148,7 @@ async def test_deadline_stops_the_request_promptly_and_leaves_no_kv(tmp_path: Pa
         produced = 0
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):
-            async for event in new_driver(pool).run(route_session(slow), request):
+            async for event in new_driver(pool).run(await route_session(pool, slow), request):
                 produced += isinstance(event, TokenGenerated)
         raised_after = time.monotonic() - started
         freed = await wait_idle(pool, slow, within_s=FREED_WITHIN_S)

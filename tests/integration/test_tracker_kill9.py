@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from worker_harness import fake_record
 
 from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
-from meshnet.core.recipe import Recipe
-from meshnet.core.tracking import HardwareSummary, HeartbeatStatus, NodeLoad, NodeRegistration, NodeWork, WorkRecord
+from meshnet.core.tracking import HeartbeatStatus, NodeLoad, NodeWork, WorkRecord
 from meshnet.deploy.launch.commands import tracker_command
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
@@ -28,31 +28,7 @@ from meshnet.tracker.store import SqliteTrackerStore
 pytestmark = pytest.mark.timeout(60)
 
 WRITERS = 4
-RECIPE = Recipe(
-    model_sha256="22" * 32,
-    architecture="llama",
-    adapter_version="1",
-    weight_quantization="Q4_1",
-    activation_dtype="f32",
-    kv_dtype="f16",
-    backend="llama-cpp-python",
-    backend_version="0.3.36",
-    n_layers=6,
-    n_embd=16,
-)
-REGISTRATION = NodeRegistration(
-    address="127.0.0.1:9101",
-    recipe=RECIPE,
-    fingerprint=RECIPE.fingerprint(),
-    model="tiny",
-    quantization="Q4_1",
-    layers=LayerRange(0, 6),
-    hardware=HardwareSummary(2, 1 << 30),
-    max_sessions=4,
-    prefill_tokens_per_s=500.0,
-    decode_tokens_per_s=100.0,
-    certified=True,
-)
+REGISTRATION = fake_record(LayerRange(0, 6), "127.0.0.1:9101", n_layers=6)
 
 
 def record(request_id: str) -> WorkRecord:

@@ -41,7 +41,7 @@ async def test_workers_report_round_trips_to_their_candidate_next_hops(tmp_path:
                 if len(table) >= 2:
                     break
                 await asyncio.sleep(0.25)
-            ids = {view.address: view.node_id for view in registry.node_views()}
+            ids = {view.record.address: view.node_id for view in registry.node_views()}
             assert (ids[head.address], ids[middle.address]) in table, table
             assert all(0.0 < ms < 1000.0 for ms in table.values()), table
         finally:

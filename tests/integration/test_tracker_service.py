@@ -12,15 +12,14 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from worker_harness import fake_record
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, PermissionDenied, Unavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, PermissionDenied, Unavailable, Uncertified
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.recipe import Recipe
+from meshnet.core.node_record import Certification, NodeRecord
 from meshnet.core.tracking import (
-    HardwareSummary,
     NodeLoad,
-    NodeRegistration,
     NodeWork,
     QuarantineOrder,
     Registered,
@@ -38,34 +37,14 @@ from meshnet.wire.tls import LinkSecurity
 
 pytestmark = pytest.mark.timeout(60)
 
-RECIPE = Recipe(
-    model_sha256="11" * 32,
-    architecture="llama",
-    adapter_version="1",
-    weight_quantization="Q4_1",
-    activation_dtype="f32",
-    kv_dtype="f16",
-    backend="llama-cpp-python",
-    backend_version="0.3.36",
-    n_layers=8,
-    n_embd=16,
-)
+N_LAYERS = 8
 
 
-def registration(start: int, stop: int, address: str) -> NodeRegistration:
-    return NodeRegistration(
-        address=address,
-        recipe=RECIPE,
-        fingerprint=RECIPE.fingerprint(),
-        model="tiny",
-        quantization="Q4_1",
-        layers=LayerRange(start, stop),
-        hardware=HardwareSummary(2, 1 << 30),
-        max_sessions=4,
-        prefill_tokens_per_s=500.0,
-        decode_tokens_per_s=100.0,
-        certified=True,
-    )
+def registration(start: int, stop: int, address: str) -> NodeRecord:
+    return fake_record(LayerRange(start, stop), address, n_layers=N_LAYERS)
+
+
+RECIPE_FINGERPRINT = registration(0, N_LAYERS, "x:1").fingerprint
 
 
 def record(request_id: str) -> WorkRecord:
@@ -107,8 +86,8 @@ async def test_register_route_report_list_deregister(client: TrackerClient) -> N
     assert (await client.heartbeat(head.node_id, NodeLoad(free_sessions=4))).known
     route = await client.choose_route("tiny", session_id=SessionId("s-1"))
     assert route.node_ids == (head.node_id, tail.node_id)
-    assert route.fingerprint == RECIPE.fingerprint() and route.epoch == head.epoch
-    assert await client.choose_route(RECIPE.fingerprint(), session_id=SessionId("s-1")) == route
+    assert route.fingerprint == RECIPE_FINGERPRINT and route.epoch == head.epoch
+    assert await client.choose_route(RECIPE_FINGERPRINT, session_id=SessionId("s-1")) == route
     (model,) = await client.list_models()
     assert (model.name, model.nodes, model.routable) == ("tiny", 2, True)
     ack = await client.report_work(record("req-1"))
@@ -134,8 +113,36 @@ async def test_malformed_registration_is_invalid_argument(tracker: RunningTracke
     async with grpc.aio.insecure_channel(tracker.address) as channel:
         stub = pb_grpc.TrackerStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Register(pb.NodeRegistration(address="x:1", model="tiny"), timeout=2)
+            await stub.Register(pb.NodeRegistration(node_id_hint="n-1"), timeout=2)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_node_whose_certification_does_not_hold_is_refused_naming_why(tracker: RunningTracker) -> None:
+    honest = registration(0, 4, "127.0.0.1:9001")
+    broken = honest.certification
+    async with TrackerClient(tracker.address) as client:
+        unsplit = replace(
+            honest,
+            certification=Certification.seal(
+                broken.fingerprint, broken.backend_version, broken.checks, broken.whole_sha256, "cd" * 32
+            ),
+        )
+        with pytest.raises(Uncertified, match="does not split bit-identically"):
+            await client.register(unsplit)
+        first = await client.register(honest)
+        # Another build of the same recipe: its whole-model logits differ from the live node's.
+        other_build = replace(
+            registration(4, 8, "127.0.0.1:9002"),
+            certification=Certification.seal(
+                broken.fingerprint, broken.backend_version, broken.checks, "cd" * 32, "cd" * 32
+            ),
+        )
+        with pytest.raises(Uncertified) as refused:
+            await client.register(other_build)
+        assert f"node {first.node_id} at 127.0.0.1:9001" in refused.value.message
+        assert broken.whole_sha256 in refused.value.message
+        with pytest.raises(NoRoute):
+            await client.choose_route("tiny")  # the refused tail never joined
 
 
 async def test_health_reports_serving(tracker: RunningTracker) -> None:

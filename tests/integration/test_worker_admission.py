@@ -55,7 +55,7 @@ async def test_six_sessions_on_four_slots_two_refused_fast_four_exact(
     pool: ChannelPool, worker: list[RunningWorker]
 ) -> None:
     driver = new_driver(pool)
-    await driver.capability(worker[0].address)  # connect first, so the timings measure admission
+    await route_session(pool, worker)  # connect (and describe the hop) first: the timings measure admission
     before = (await metrics(pool, worker))[0]
     outputs: dict[int, list[int]] = {}
     refused: dict[int, float] = {}
@@ -64,7 +64,7 @@ async def test_six_sessions_on_four_slots_two_refused_fast_four_exact(
         started = time.monotonic()
         tokens: list[int] = []
         try:
-            async for event in driver.run(route_session(worker), greedy_request(prompt(index), TOKENS)):
+            async for event in driver.run(await route_session(pool, worker), greedy_request(prompt(index), TOKENS)):
                 if isinstance(event, TokenGenerated):
                     tokens.append(event.token_id)
         except ResourceExhausted:
@@ -91,7 +91,7 @@ async def test_refusal_latency_while_the_engine_is_busy(pool: ChannelPool, worke
     decoding = asyncio.Event()
 
     async def busy() -> None:
-        async for event in new_driver(pool).run(route_session(worker), greedy_request(prompt(9), 10_000)):
+        async for event in new_driver(pool).run(await route_session(pool, worker), greedy_request(prompt(9), 10_000)):
             if isinstance(event, TokenGenerated):
                 decoding.set()
 

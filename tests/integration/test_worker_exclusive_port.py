@@ -37,6 +37,6 @@ def test_a_second_worker_on_a_busy_port_exits_with_a_clear_error(tmp_path: Path)
 async def _capability_layers(address: str) -> LayerRange:
     pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES)
     try:
-        return (await fetch_capability(pool, address)).layers
+        return (await fetch_capability(pool, address)).record.layers
     finally:
         await pool.close()

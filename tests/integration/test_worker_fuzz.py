@@ -328,7 +328,7 @@ def _fuzz(loop: asyncio.AbstractEventLoop, targets: dict[str, RunningWorker]) ->
             for worker in targets.values():
                 await fetch_capability(pool, worker.address)
             request = greedy_request([1, 2, 3, 4, 5], 12)
-            tokens = await generate(new_driver(pool), [targets["full"]], request)
+            tokens = await generate(pool, new_driver(pool), [targets["full"]], request)
             tail = await raw_session(channels["tail"], [valid_frames(targets)["tail"].SerializeToString()])
             return tokens, tail.code.value[0]
 

@@ -190,7 +190,7 @@ def healthy_solo() -> list[int]:
 async def test_healthy_session_alone_matches_the_reference(
     pool: ChannelPool, route: list[RunningWorker], healthy_solo: list[int]
 ) -> None:
-    assert await generate(new_driver(pool), route, greedy_request(HEALTHY_PROMPT, HEALTHY_TOKENS)) == healthy_solo
+    assert await generate(pool, new_driver(pool), route, greedy_request(HEALTHY_PROMPT, HEALTHY_TOKENS)) == healthy_solo
 
 
 def tail_step(worker: RunningWorker, session: str, step: int, rows: int) -> bytes:
@@ -230,7 +230,9 @@ async def test_malformed_frame_gets_its_status_while_another_session_is_untouche
     decoding = asyncio.Event()
 
     async def healthy() -> None:
-        async for event in new_driver(pool).run(route_session(route), greedy_request(HEALTHY_PROMPT, HEALTHY_TOKENS)):
+        async for event in new_driver(pool).run(
+            await route_session(pool, route), greedy_request(HEALTHY_PROMPT, HEALTHY_TOKENS)
+        ):
             if isinstance(event, TokenGenerated):
                 produced.append(event.token_id)
                 decoding.set()

@@ -69,22 +69,23 @@ async def test_three_worker_route_equals_the_in_process_chain(
 ) -> None:
     request = greedy_request(PROMPTS[name], 24)
     driver = new_driver(pool)
-    split = await generate(driver, three, request)
-    again = await generate(driver, three, request)
-    single = await generate(driver, whole, request)
+    split = await generate(pool, driver, three, request)
+    again = await generate(pool, driver, three, request)
+    single = await generate(pool, driver, whole, request)
     assert len(split) == 24
     assert split == again, "the same route gave two different answers"
-    assert split == fake_reference([w.layers for w in three], request)
-    assert single == fake_reference([LayerRange(0, 6)], request)
+    # The fake splits bit-identically, as the real engine does: the whole model is the oracle.
+    assert split == single == fake_reference([LayerRange(0, 6)], request)
     await wait_idle(pool, [*three, *whole])
 
 
-def test_the_reference_tells_routes_apart() -> None:
-    # The comparison above can fail: a different split of the fake model gives other tokens.
+def test_the_reference_tells_models_and_prompts_apart() -> None:
+    # The comparison above can fail: every layer counts (a model with one more layer answers
+    # otherwise), and so does every prompt token.
     request = greedy_request(PROMPTS["varied"], 24)
-    assert fake_reference([LayerRange(0, 2), LayerRange(2, 4), LayerRange(4, 6)], request) != fake_reference(
-        [LayerRange(0, 6)], request
-    )
+    expected = fake_reference([LayerRange(0, 6)], request)
+    assert fake_reference([LayerRange(0, 3), LayerRange(3, 7)], request, n_layers=7) != expected
+    assert fake_reference([LayerRange(0, 6)], greedy_request(PROMPTS["varied"][1:], 24)) != expected
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ async def test_decode_crosses_n_seams_per_token_on_the_ring(pool: ChannelPool, t
     decode token crosses 3 seams on 3 shards (the chain crossed 2(N-1) = 4)."""
     request = greedy_request(PROMPTS["short"], 24)
     before = await metrics(pool, three)
-    tokens = await generate(RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), three, request)
+    tokens = await generate(pool, RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), three, request)
     after = await metrics(pool, three)
     assert tokens == fake_reference([w.layers for w in three], request)
     sent = sum(a["seam_messages_total"] - b["seam_messages_total"] for a, b in zip(after, before, strict=True))

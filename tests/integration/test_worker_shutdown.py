@@ -64,7 +64,9 @@ async def test_sigterm_drains_in_flight_sessions_and_refuses_new_ones(tmp_path: 
         all_decoding = asyncio.Event()
 
         async def session(index: int) -> None:
-            async for event in new_driver(pool).run(route_session(route), greedy_request(prompt(index), TOKENS)):
+            async for event in new_driver(pool).run(
+                await route_session(pool, route), greedy_request(prompt(index), TOKENS)
+            ):
                 if isinstance(event, TokenGenerated):
                     produced[index].append(event.token_id)
                     if all(len(p) >= 3 for p in produced):
@@ -80,7 +82,7 @@ async def test_sigterm_drains_in_flight_sessions_and_refuses_new_ones(tmp_path: 
             # Refused at the draining shard itself, and through a route that crosses it.
             direct = await raw_session(health_channel, [_middle_opening(middle, route[2])])
             with pytest.raises(Unavailable):
-                await generate(new_driver(pool), route, greedy_request([1, 2, 3], 5))
+                await generate(pool, new_driver(pool), route, greedy_request([1, 2, 3], 5))
             capability = await fetch_capability(pool, middle.address)
             in_flight = sum(not t.done() for t in tasks)
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=DRAIN_GRACE_S)

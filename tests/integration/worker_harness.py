@@ -32,15 +32,18 @@ from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.launch.commands import INSECURE, worker_command
 from meshnet.deploy.launch.ready_lines import WorkerLine
+from meshnet.engine.certification import certify_fake_engine
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.local_route import LocalRoute
+from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel, LayerChoice, WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.route.driver import RouteDriver, RouteSession
-from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
 
@@ -102,6 +105,7 @@ class RunningWorker(ChildProcess):
     def __init__(self, spec: WorkerSpec, launch: LaunchSpec) -> None:
         super().__init__(launch)
         self.worker_spec = spec
+        self._hop: RouteHop | None = None
 
     @property
     def log_path(self) -> Path:
@@ -123,8 +127,12 @@ class RunningWorker(ChildProcess):
     def fingerprint(self) -> str:
         return WorkerLine.read(self.ready).recipe if self.ready is not None else ""
 
-    def hop(self) -> RouteHop:
-        return RouteHop(NodeId(self.node_id), self.address, self.layers)
+    async def hop(self, pool: ChannelPool) -> RouteHop:
+        """This worker as a route hop, from the record it describes itself with (GetCapability,
+        asked once): these routes are built without a tracker, whose routes carry it."""
+        if self._hop is None:
+            self._hop = await describe_hop(pool, self.address, NodeId(self.node_id))
+        return self._hop
 
     def stop(self, grace_s: float = STOP_TIMEOUT_S) -> int | None:
         return super().stop(grace_s)
@@ -173,11 +181,13 @@ def fake_specs(ranges: Iterable[tuple[int, int]], **options: object) -> list[Wor
 # -- driving routes ------------------------------------------------------------------------------
 
 
-def route_session(workers: Sequence[RunningWorker], *, epoch: int = 0, session_id: str | None = None) -> RouteSession:
+async def route_session(
+    pool: ChannelPool, workers: Sequence[RunningWorker], *, epoch: int = 0, session_id: str | None = None
+) -> RouteSession:
     return RouteSession(
         request_id=new_request_id(),
         session_id=SessionId(session_id) if session_id else new_session_id(),
-        hops=tuple(worker.hop() for worker in workers),
+        hops=tuple([await worker.hop(pool) for worker in workers]),
         fingerprint=workers[0].fingerprint,
         epoch=epoch,
     )
@@ -187,10 +197,12 @@ def greedy_request(prompt: Sequence[int], max_tokens: int, **options: object) ->
     return GenerationRequest(tuple(prompt), max_tokens, SamplingParams(), **options)  # type: ignore[arg-type]
 
 
-async def generate(driver: RouteDriver, workers: Sequence[RunningWorker], request: GenerationRequest) -> list[int]:
+async def generate(
+    pool: ChannelPool, driver: RouteDriver, workers: Sequence[RunningWorker], request: GenerationRequest
+) -> list[int]:
     """Run ``request`` over ``workers`` and return its tokens."""
     tokens = []
-    async for event in driver.run(route_session(workers), request):
+    async for event in driver.run(await route_session(pool, workers), request):
         if isinstance(event, TokenGenerated):
             tokens.append(event.token_id)
     return tokens
@@ -216,6 +228,23 @@ async def wait_idle(pool: ChannelPool, workers: Sequence[RunningWorker], within_
         if elapsed > within_s:
             raise AssertionError(f"sessions still open after {within_s} s: {active} on {[w.address for w in workers]}")
         await asyncio.sleep(0.01)
+
+
+def fake_record(
+    layers: LayerRange, address: str, *, n_layers: int = FAKE.n_layers, context: int = 2048, max_sessions: int = 4
+) -> NodeRecord:
+    """The record a fake worker serving ``layers`` registers, with its fake engine's real
+    certification: for tests that talk to a tracker without starting workers."""
+    fake = FakeModel(n_layers=n_layers)
+    recipe = fake_recipe(fake)
+    capability = NodeCapability(
+        context, 256, context, DEFAULT_MAX_FRAME_BYTES, fake.n_embd, max_sessions, "cpu", 500.0, 100.0
+    )
+    certification = certify_fake_engine(n_layers, fake.n_embd, fake.n_vocab).bound_to(recipe.fingerprint())
+    hardware = HardwareSummary(2, 1 << 30)
+    return NodeRecord(
+        address, recipe, recipe.fingerprint(), "tiny", "none", layers, hardware, capability, certification
+    )
 
 
 # -- the in-process reference --------------------------------------------------------------------

@@ -70,7 +70,7 @@ async def test_three_gemma3_workers_give_the_whole_models_greedy_tokens(
 ) -> None:
     prompt = [int(t) for t in tokenizer.encode(PROMPTS[name], add_special=True)]  # type: ignore[attr-defined]
     expected = list(reference.generate(greedy_request(prompt, GREEDY_TOKENS)))  # type: ignore[attr-defined]
-    distributed = await generate(new_driver(pool), workers, greedy_request(prompt, GREEDY_TOKENS))
+    distributed = await generate(pool, new_driver(pool), workers, greedy_request(prompt, GREEDY_TOKENS))
     print(f"\n{name}: {tokenizer.decode(distributed)[:60]!r}")  # type: ignore[attr-defined]
     assert len(distributed) == GREEDY_TOKENS
     assert distributed == expected

@@ -149,7 +149,7 @@ async def test_three_real_workers_give_the_whole_models_greedy_tokens(
     expected = in_process(reference, prompt)
     local_s = time.monotonic() - started
     started = time.monotonic()
-    distributed = await generate(new_driver(pool), workers, greedy_request(prompt, GREEDY_TOKENS))
+    distributed = await generate(pool, new_driver(pool), workers, greedy_request(prompt, GREEDY_TOKENS))
     remote_s = time.monotonic() - started
     print(
         f"\n{name}: {len(prompt)} prompt tokens; {GREEDY_TOKENS} greedy tokens in process {local_s:.1f} s, "
@@ -166,7 +166,7 @@ async def test_eight_concurrent_real_sessions_equal_their_solo_runs(
     prompts = [encode_chat(tokenizer, text) for text in CONCURRENT]
     driver = new_driver(pool)
     started = time.monotonic()
-    solo = [await generate(driver, workers, greedy_request(p, GREEDY_TOKENS)) for p in prompts]
+    solo = [await generate(pool, driver, workers, greedy_request(p, GREEDY_TOKENS)) for p in prompts]
     solo_s = time.monotonic() - started
     # Staggered lengths: short sessions end and free their KV while longer ones still decode, so
     # the survivors' new tokens land in KV cells freed by others (where cross-talk would show).
@@ -174,7 +174,7 @@ async def test_eight_concurrent_real_sessions_equal_their_solo_runs(
     before = await metrics(pool, workers)
     started = time.monotonic()
     together = await asyncio.gather(
-        *(generate(driver, workers, greedy_request(p, n)) for p, n in zip(prompts, lengths, strict=True))
+        *(generate(pool, driver, workers, greedy_request(p, n)) for p, n in zip(prompts, lengths, strict=True))
     )
     together_s = time.monotonic() - started
     after = await metrics(pool, workers)

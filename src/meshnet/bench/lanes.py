@@ -73,15 +73,15 @@ async def probe_routes(lanes: LaneSet, prompt: tuple[int, ...]) -> None:
         engine = lane.engine
         if not isinstance(engine, MeshnetLane):
             continue
-        capability = await engine.driver.capability(engine.workers.hops[0].address)
         try:
+            session = await engine.session()
             lane.probe = await probe_hops(
                 lanes.pool,
-                engine.session(),
+                session,
                 np.asarray(prompt, np.int32),
                 PROBE_TOKENS,
                 max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
-                n_embd=capability.n_embd,
+                n_embd=session.hops[0].capability.n_embd,
             )
         except MeshnetError as error:
             lanes.progress(f"{lane.label}: hop probe failed: {error.code}: {error.message}")

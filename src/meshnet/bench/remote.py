@@ -1,6 +1,8 @@
 """The ``meshnet-N`` lane: N worker processes over loopback gRPC, driven by the route driver.
 
-No tracker is involved: the route is built from the workers' ready lines. Concurrency k is k
+No tracker is involved: the route is built from the workers' ready lines and, once per lane,
+each worker's own description of itself (GetCapability, an admin call: no request asks it, as
+none does in a swarm, where the tracker's route carries it). Concurrency k is k
 drivers running at once on one event loop (as a gateway would run k requests); the workers'
 ``batch_occupancy`` counters, read before and after, say how many sessions each engine batch
 actually carried during the run.
@@ -15,11 +17,11 @@ from collections.abc import Sequence
 from meshnet.bench.stats import RequestTrace, RunRecord
 from meshnet.bench.workers import WorkerSet
 from meshnet.core.errors import MeshnetError
-from meshnet.core.events import TokenGenerated
+from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.route.driver import RouteDriver, RouteSession
-from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 
 IDLE_WAIT_S = 3.0
@@ -31,12 +33,21 @@ class MeshnetLane:
         self.pool = pool
         self.driver = driver
         self.timeout_s = timeout_s
+        self._hops: tuple[RouteHop, ...] | None = None
 
-    def session(self) -> RouteSession:
-        return RouteSession(new_request_id(), new_session_id(), self.workers.hops, self.workers.fingerprint, 0)
+    async def hops(self) -> tuple[RouteHop, ...]:
+        """The route's hops, each as its worker describes itself (asked once per lane)."""
+        if self._hops is None:
+            endpoints = self.workers.endpoints
+            self._hops = tuple(await asyncio.gather(*(describe_hop(self.pool, a, n) for a, n in endpoints)))
+        return self._hops
+
+    async def session(self) -> RouteSession:
+        return RouteSession(new_request_id(), new_session_id(), await self.hops(), self.workers.fingerprint, 0)
 
     async def metrics(self) -> list[dict[str, float]]:
-        return list(await asyncio.gather(*(fetch_metrics(self.pool, hop.address) for hop in self.workers.hops)))
+        addresses = [address for address, _ in self.workers.endpoints]
+        return list(await asyncio.gather(*(fetch_metrics(self.pool, address) for address in addresses)))
 
     async def run(self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int) -> RunRecord:
         before = await self.metrics()
@@ -57,7 +68,7 @@ class MeshnetLane:
         request = GenerationRequest(prompt, max_tokens)
         try:
             async with asyncio.timeout(self.timeout_s):
-                async for event in self.driver.run(self.session(), request):
+                async for event in self.driver.run(await self.session(), request):
                     if isinstance(event, TokenGenerated):
                         times.append(time.perf_counter())
                         tokens.append(event.token_id)

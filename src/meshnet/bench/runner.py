@@ -133,7 +133,8 @@ class LaneSet:
             lane.workers = WorkerSet(lane.label, self.ranges(shards), options, self.config.worker_start_timeout_s)
             lane.engine = MeshnetLane(lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s)
             lane.rss_note = "resident memory of each worker process"
-            self.progress(f"{lane.label}: {shards} worker(s) at {', '.join(h.address for h in lane.workers.hops)}")
+            addresses = ", ".join(address for address, _ in lane.workers.endpoints)
+            self.progress(f"{lane.label}: {shards} worker(s) at {addresses}")
             self.notes.append(f"{lane.label} workers: {lane.workers.pinning}")
             return
         before = rss_bytes()

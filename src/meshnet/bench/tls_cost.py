@@ -48,7 +48,7 @@ async def _one_round(config: TlsCostConfig, secure: bool) -> dict[str, float | N
         decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None
         probe = await probe_hops(
             pool,
-            lane.session(),
+            await lane.session(),
             np.array(PROMPT, np.int32),
             config.probe_tokens,
             max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,

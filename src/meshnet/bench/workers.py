@@ -17,7 +17,6 @@ from pathlib import Path
 from meshnet.bench.environment import rss_bytes
 from meshnet.bench.pinning import pin_all
 from meshnet.core.errors import Unavailable
-from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch.commands import INSECURE, minted_identity, worker_command
@@ -69,11 +68,11 @@ def _spec(layers: LayerRange, options: WorkerOptions, log_path: Path) -> LaunchS
     return LaunchSpec(f"worker {layers}", worker_command(config, security), log_path, WorkerLine.PREFIX, environment)
 
 
-def _hop(child: ChildProcess, layers: LayerRange) -> RouteHop:
+def _endpoint(child: ChildProcess) -> tuple[str, NodeId]:
     if child.ready is None:
         raise Unavailable(f"{child.name} is not serving")
     ready = WorkerLine.read(child.ready)
-    return RouteHop(NodeId(ready.node_id), ready.address, layers)
+    return ready.address, NodeId(ready.node_id)
 
 
 class WorkerSet:
@@ -93,8 +92,9 @@ class WorkerSet:
         self.pinning = pin_all(self.pids) if options.pin else "not pinned"
 
     @property
-    def hops(self) -> tuple[RouteHop, ...]:
-        return tuple(_hop(worker, layers) for worker, layers in zip(self.workers, self.ranges, strict=True))
+    def endpoints(self) -> tuple[tuple[str, NodeId], ...]:
+        """Each worker's address and node id, in route order, as its ready line says."""
+        return tuple(_endpoint(worker) for worker in self.workers)
 
     @property
     def pids(self) -> list[int]:

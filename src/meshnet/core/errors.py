@@ -83,6 +83,13 @@ class FailedPrecondition(MeshnetError):
     code = "failed_precondition"
 
 
+class Uncertified(FailedPrecondition):
+    """A node's certification report does not certify the recipe it registers, or disagrees
+    with what the recipe's other nodes computed: the tracker refuses to route to it."""
+
+    code = "uncertified"
+
+
 class RouteStale(FailedPrecondition):
     code = "route_stale"
     retryable = True

@@ -11,14 +11,20 @@ from dataclasses import dataclass
 
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeCapability
 from meshnet.core.sampling_options import TokenLogprobs
 
 
 @dataclass(frozen=True)
 class RouteHop:
+    """One node of a route, as the tracker built it from the node's record: where it is, which
+    layers it runs, and what a request through it must respect (its context, its frame and
+    chunk sizes), so the route client never has to ask the node."""
+
     node_id: NodeId
     address: str
     layers: LayerRange
+    capability: NodeCapability
 
 
 @dataclass(frozen=True)

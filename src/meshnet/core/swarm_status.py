@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from meshnet.core.checks import check_finite, check_text
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeRecord
+from meshnet.core.tracking import NodeLoad
 
 NodeHealth = Literal["healthy", "late", "lost"]
 """``late``: it missed a heartbeat but is still routed; ``lost``: it left the tracker's table."""
@@ -20,28 +23,19 @@ HealthVerdict = Literal["ok", "degraded", "no_route"]
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """One node as the tracker knows it now."""
+    """One node as the tracker knows it now: the record it registered and its last load report
+    (its figures at registration until its first heartbeat). Each node in the table passed the
+    tracker's certification check to register."""
 
     node_id: str
-    address: str
-    model: str
-    fingerprint: str
-    quantization: str
-    layers: LayerRange
-    n_layers: int
-    cpu_count: int
-    memory_bytes: int
-    memory_used_bytes: int
-    memory_budget_bytes: int
-    max_sessions: int
-    active_sessions: int
-    free_sessions: int
-    queue_depth: int
-    kv_used_fraction: float
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
+    record: NodeRecord
+    load: NodeLoad
+    """Without peer latencies: those are the tracker's routing input, not an operator's."""
     seconds_since_heartbeat: float
-    certified: bool
+
+    def __post_init__(self) -> None:
+        check_text("node_id", self.node_id)
+        check_finite("seconds_since_heartbeat", self.seconds_since_heartbeat)
 
 
 @dataclass(frozen=True)
@@ -59,7 +53,7 @@ def node_health(node: NodeStatus, heartbeat_interval_s: float) -> NodeHealth:
 
 @dataclass(frozen=True)
 class Coverage:
-    """How many live, certified nodes serve each layer of one model (one recipe)."""
+    """How many live nodes serve each layer of one model (one recipe)."""
 
     model: str
     fingerprint: str
@@ -102,17 +96,16 @@ def runs_where(values: Sequence[int], predicate: Callable[[int], bool]) -> tuple
 
 
 def coverage(nodes: Iterable[NodeStatus]) -> tuple[Coverage, ...]:
-    """One coverage per recipe the certified nodes serve, ordered by model name."""
-    by_recipe: dict[str, list[NodeStatus]] = {}
+    """One coverage per recipe the nodes serve, ordered by model name."""
+    by_recipe: dict[str, list[NodeRecord]] = {}
     for node in nodes:
-        if node.certified:
-            by_recipe.setdefault(node.fingerprint, []).append(node)
+        by_recipe.setdefault(node.record.fingerprint, []).append(node.record)
     result = []
     for fingerprint, group in by_recipe.items():
         n_layers = group[0].n_layers
         counts = [0] * n_layers
-        for node in group:
-            for layer in range(node.layers.start, min(node.layers.stop, n_layers)):
+        for record in group:
+            for layer in range(record.layers.start, min(record.layers.stop, n_layers)):
                 counts[layer] += 1
         result.append(Coverage(group[0].model, fingerprint, n_layers, tuple(counts)))
     return tuple(sorted(result, key=lambda c: (c.model, c.fingerprint)))
@@ -152,9 +145,9 @@ def judge_health(model: str, table: NodeTable | None, error: str = "") -> SwarmH
         return SwarmHealth("no_route", f"no node serves layers {missing} of {model!r}", best.gaps)
     fingerprints = {c.fingerprint for c in complete}
     late = [
-        n.address
+        n.record.address
         for n in table.nodes
-        if n.fingerprint in fingerprints and node_health(n, table.heartbeat_interval_s) != "healthy"
+        if n.record.fingerprint in fingerprints and node_health(n, table.heartbeat_interval_s) != "healthy"
     ]
     if late:
         return SwarmHealth("degraded", f"a complete route exists, but {', '.join(late)} missed heartbeats")

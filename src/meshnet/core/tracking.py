@@ -1,5 +1,5 @@
-"""Values the tracker and its callers exchange: registrations, load reports, routes, work records,
-and the tracker's replies.
+"""Values the tracker and its callers exchange: load reports, routes, work records, and the
+tracker's replies (a node's registration is its ``core.node_record.NodeRecord``).
 
 They live in core because both sides need them and neither may import the other: the tracker
 plans and stores them, workers register with them, the gateway routes and bills with them.
@@ -9,20 +9,15 @@ a value that can be trusted; bounds are generous but finite, because these arriv
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
+from meshnet.core.checks import MAX_SESSIONS, check_count, check_finite, check_text
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.recipe import Recipe
 
-MAX_TEXT = 256
-"""Longest address, model name, quantization or id we accept."""
-MAX_SESSIONS = 1_000_000
-MAX_LAYERS = 100_000
 MAX_TOKENS = 2**53
 """Token counts stay exact in a float64 (JSON, SQLite REAL) below this."""
 MAX_ATTRIBUTION = 1024
@@ -34,83 +29,6 @@ WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed", "un
 
 MAX_PEERS = 64
 """Peer latencies one heartbeat may carry."""
-MAX_EXPERT_GROUP_NODES = 256
-"""Nodes one expert-parallel group's front may name (a group is at most one node per expert)."""
-
-
-def check_text(name: str, value: str, *, allow_empty: bool = False) -> None:
-    """Raise unless ``value`` is a bounded, printable one-line string."""
-    if not value and not allow_empty:
-        raise InvalidArgument(f"{name} is empty")
-    if len(value) > MAX_TEXT or not value.isprintable():
-        raise InvalidArgument(f"{name} must be printable and at most {MAX_TEXT} characters")
-
-
-def check_count(name: str, value: int, limit: int) -> None:
-    if not 0 <= value <= limit:
-        raise InvalidArgument(f"{name} must be in [0, {limit}], got {value}")
-
-
-def check_finite(name: str, value: float, *, low: float = 0.0, high: float = math.inf) -> None:
-    if not (math.isfinite(value) and low <= value <= high):
-        raise InvalidArgument(f"{name} must be a finite number in [{low}, {high}], got {value}")
-
-
-@dataclass(frozen=True)
-class HardwareSummary:
-    cpu_count: int
-    memory_bytes: int
-
-    def __post_init__(self) -> None:
-        check_count("cpu_count", self.cpu_count, 1 << 16)
-        check_count("memory_bytes", self.memory_bytes, 1 << 60)
-
-
-@dataclass(frozen=True)
-class NodeRegistration:
-    """What a worker tells the tracker about itself when it joins."""
-
-    address: str
-    """host:port the shard serves on."""
-    recipe: Recipe
-    fingerprint: str
-    """``recipe.fingerprint()``; checked on construction so a worker and tracker never disagree."""
-    model: str
-    quantization: str
-    layers: LayerRange
-    hardware: HardwareSummary
-    max_sessions: int
-    prefill_tokens_per_s: float
-    """Measured over this node's own layer range; 0 means not measured."""
-    decode_tokens_per_s: float
-    """Measured over this node's own layer range, one sequence; 0 means not measured."""
-    certified: bool
-    """Passed the start-up whole-vs-split self-check; only certified nodes are routed to."""
-    expert_group: tuple[str, ...] = ()
-    """A front of an expert-parallel group: the group's node addresses in index order (they
-    compute what this full-range node serves; its work records name them through this). Empty
-    for a worker that computes its own layers."""
-
-    def __post_init__(self) -> None:
-        check_text("address", self.address)
-        check_text("model", self.model)
-        check_text("quantization", self.quantization, allow_empty=True)
-        check_count("n_layers", self.recipe.n_layers, MAX_LAYERS)
-        if self.fingerprint != self.recipe.fingerprint():
-            raise InvalidArgument(
-                f"fingerprint {self.fingerprint!r} does not match the recipe's "
-                f"{self.recipe.fingerprint()!r}: the worker and tracker disagree on the recipe"
-            )
-        self.layers.check_within(self.recipe.n_layers)
-        check_count("expert group nodes", len(self.expert_group), MAX_EXPERT_GROUP_NODES)
-        for node in self.expert_group:
-            check_text("expert group node", node)
-        if self.expert_group and self.layers != LayerRange(0, self.recipe.n_layers):
-            raise InvalidArgument(f"an expert group's front serves every layer, not {self.layers}")
-        if not 1 <= self.max_sessions <= MAX_SESSIONS:
-            raise InvalidArgument(f"max_sessions must be in [1, {MAX_SESSIONS}], got {self.max_sessions}")
-        check_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
-        check_finite("decode_tokens_per_s", self.decode_tokens_per_s)
 
 
 @dataclass(frozen=True)
@@ -145,10 +63,8 @@ class NodeLoad:
 
 @dataclass(frozen=True)
 class Route:
-    """A chain of shards of one recipe whose half-open ranges meet end to start.
-
-    A full route starts at layer 0; a failover route (``require_start_layer``) starts later.
-    """
+    """A chain of shards of one recipe whose half-open ranges meet end to start, from layer 0 to
+    the last; each hop carries its node's capability (``core.node_record.NodeCapability``)."""
 
     hops: tuple[RouteHop, ...]
     epoch: int
@@ -169,6 +85,8 @@ class Route:
                     f"route hops {before.layers} and {after.layers} do not meet: a route must be contiguous"
                 )
         self.layers.check_within(self.n_layers)
+        if self.hops[0].layers.start != 0:
+            raise InvalidArgument(f"route starts at layer {self.hops[0].layers.start}, not 0")
         if self.hops[-1].layers.stop != self.n_layers:
             raise InvalidArgument(f"route ends at layer {self.hops[-1].layers.stop}, not {self.n_layers}")
         if self.epoch < 0:
@@ -181,6 +99,11 @@ class Route:
     @property
     def node_ids(self) -> tuple[NodeId, ...]:
         return tuple(hop.node_id for hop in self.hops)
+
+    @property
+    def context_tokens(self) -> int:
+        """Positions a session holds on this route: the least any of its hops holds."""
+        return min(hop.capability.n_ctx_per_session for hop in self.hops)
 
 
 @dataclass(frozen=True)
@@ -237,11 +160,11 @@ class ModelSummary:
     quantization: str
     n_layers: int
     nodes: int
-    """Live certified nodes of this recipe."""
+    """Live nodes of this recipe (each passed the tracker's certification check to register)."""
     routable: bool
     """Their ranges chain over every layer, so a request can be served now."""
     head_sessions: int = 0
-    """Sessions the certified nodes admit at once along a route: per layer, the sessions of the
+    """Sessions the nodes admit at once along a route: per layer, the sessions of the
     nodes covering it, summed; the least of those is the swarm's slots (the name is the wire's)."""
 
 
@@ -253,8 +176,6 @@ class RouteQuery:
     """Model name or recipe fingerprint."""
     session_id: SessionId | None = None
     exclude: frozenset[NodeId] = frozenset()
-    start_layer: int | None = None
-    """Failover of a sub-span: plan only from this layer on; the hops before it are kept."""
 
 
 @dataclass(frozen=True)

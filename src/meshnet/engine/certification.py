@@ -6,12 +6,19 @@ model is run whole and split (head with NumPy embedding lookup, middle, tail), p
 greedy decode, solo and batched; unless every logit is bit-identical we refuse to serve.
 Given the model it is about to serve, a worker certifies that model's family and each weight
 type it uses (``artifact.certification_models``), so a recipe no check covered is never served.
+
+Every logit compared is hashed on each side (``LogitDigests``): the report's whole and split
+digests are equal exactly when every comparison was bitwise equal, and, the models and the build
+being deterministic, every node of a recipe presents the same whole digest. A worker registers
+the report bound to its recipe (``CertificationReport.bound_to``); the tracker checks it
+(``tracker.certification``). A fake worker certifies its fake engine the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +28,10 @@ from meshnet.artifact.certification_models import DEFAULT_SPEC, certification_cu
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import CertificationFailed, MeshnetError
-from meshnet.core.layers import LayerRange
+from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.core.node_record import Certification
 from meshnet.engine.backend import StepInput
+from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.local_route import LocalRoute
@@ -36,9 +45,31 @@ DECODE_STEPS = 6
 class CertificationReport:
     backend_version: str
     checks: tuple[str, ...]
+    whole_sha256: str
+    """sha256 of every logit the whole models produced, float32 bytes, in the order compared."""
+    split_sha256: str
+    """The same over the split routes: equal to ``whole_sha256`` when every logit was bit-identical."""
     architecture: str = DEFAULT_SPEC.architecture
     weight_types: tuple[str, ...] = (DEFAULT_SPEC.weight_type.name,)
     embedding_type: str = DEFAULT_SPEC.embedding_type.name
+
+    def bound_to(self, fingerprint: str) -> Certification:
+        """This report as the evidence a node serving recipe ``fingerprint`` registers."""
+        return Certification.seal(fingerprint, self.backend_version, self.checks, self.whole_sha256, self.split_sha256)
+
+
+@dataclass
+class LogitDigests:
+    """Running sha256 of the whole side's and the split side's logits, fed by each comparison."""
+
+    whole: hashlib._Hash = field(default_factory=hashlib.sha256)
+    split: hashlib._Hash = field(default_factory=hashlib.sha256)
+
+    def require(self, expected: np.ndarray | None, actual: np.ndarray | None, what: str) -> None:
+        """``_require`` the two equal, then hash each side (a failed comparison raises first)."""
+        _require(expected, actual, what)
+        self.whole.update(np.ascontiguousarray(expected, np.float32).tobytes())
+        self.split.update(np.ascontiguousarray(actual, np.float32).tobytes())
 
 
 def certify_llama_engine(
@@ -58,18 +89,40 @@ def certify_llama_engine(
         except MeshnetError as error:
             raise CertificationFailed(f"cannot certify {Path(model).name} on this build: {error}") from error
     checks: list[str] = []
+    digests = LogitDigests()
     for spec in specs:
-        checks += [f"{spec.architecture} {spec.weight_type.name}: {check}" for check in _certify_spec(spec, config)]
+        found = _certify_spec(spec, config, digests)
+        checks += [f"{spec.architecture} {spec.weight_type.name}: {check}" for check in found]
     return CertificationReport(
         LLAMA_CPP_PYTHON_VERSION,
         tuple(checks),
+        digests.whole.hexdigest(),
+        digests.split.hexdigest(),
         specs[0].architecture,
         tuple(spec.weight_type.name for spec in specs),
         specs[0].embedding_type.name,
     )
 
 
-def _certify_spec(spec: SyntheticSpec, config: LlamaConfig) -> tuple[str, ...]:
+def certify_fake_engine(n_layers: int, n_embd: int, n_vocab: int) -> CertificationReport:
+    """The same comparisons on the fake engine of these dimensions (``engine.fake_backend``),
+    whose arithmetic splits like the real engine's: what a fake worker registers."""
+    if n_layers < 2:
+        raise CertificationFailed(f"a fake model of {n_layers} layer cannot be split to certify it; use 2 or more")
+
+    def fake(layers: LayerRange) -> FakeBackend:
+        return FakeBackend(layers, n_layers, n_embd=n_embd, n_vocab=n_vocab, max_slots=2, n_ctx_per_slot=256)
+
+    whole = LocalRoute([fake(LayerRange(0, n_layers))])
+    split = LocalRoute([fake(layers) for layers in split_evenly(n_layers, min(3, n_layers))])
+    digests = LogitDigests()
+    checks = tuple(f"fake: {check}" for check in _compare(whole, split, digests))
+    return CertificationReport(
+        FAKE_BACKEND_VERSION, checks, digests.whole.hexdigest(), digests.split.hexdigest(), "fake", ("none",), "none"
+    )
+
+
+def _certify_spec(spec: SyntheticSpec, config: LlamaConfig, digests: LogitDigests) -> tuple[str, ...]:
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as raw:
         folder = Path(raw)
         source = describe_model(write_synthetic_model(folder / "tiny.gguf", spec))
@@ -80,22 +133,22 @@ def _certify_spec(spec: SyntheticSpec, config: LlamaConfig) -> tuple[str, ...]:
         except MeshnetError as error:
             raise CertificationFailed(f"slices of a tiny model do not load on this build: {error}") from error
         try:
-            return _compare(whole, split)
+            return _compare(whole, split, digests)
         finally:
             whole.close()
             split.close()
 
 
-def _compare(whole: LocalRoute, split: LocalRoute) -> tuple[str, ...]:
+def _compare(whole: LocalRoute, split: LocalRoute, digests: LogitDigests) -> tuple[str, ...]:
     checks = []
     for slot, prompt in enumerate(PROMPTS):
         tokens = np.array(prompt, np.int32)
         expected = whole.forward(slot, 0, tokens, "all")
-        _require(expected, split.forward(slot, 0, tokens, "all"), f"prefill logits, prompt {slot}")
+        digests.require(expected, split.forward(slot, 0, tokens, "all"), f"prefill logits, prompt {slot}")
         for step in range(DECODE_STEPS):
             next_token = np.array([int(np.argmax(expected[-1]))], np.int32)
             expected = whole.forward(slot, len(prompt) + step, next_token)
-            _require(expected, split.forward(slot, len(prompt) + step, next_token), f"decode step {step}")
+            digests.require(expected, split.forward(slot, len(prompt) + step, next_token), f"decode step {step}")
         checks.append(f"prompt {slot}: prefill and {DECODE_STEPS} greedy steps bit-identical")
     # Both sessions now sit in the KV; one batched step must equal each session's solo step.
     head, tail = split.backends[0], split.backends[-1]
@@ -106,13 +159,13 @@ def _compare(whole: LocalRoute, split: LocalRoute) -> tuple[str, ...]:
         hidden = backend.run([StepInput(o.slot, positions[o.slot], hidden=o.hidden) for o in hidden])
     batched = tail.run([StepInput(o.slot, positions[o.slot], hidden=o.hidden) for o in hidden])
     for output in batched:
-        _require(solo[output.slot], output.logits, f"batched step of session {output.slot}")
+        digests.require(solo[output.slot], output.logits, f"batched step of session {output.slot}")
     checks.append("batched decode of 2 sessions bit-identical to solo")
-    checks.append(_check_isolation(whole, split))
+    checks.append(_check_isolation(whole, split, digests))
     return tuple(checks)
 
 
-def _check_isolation(whole: LocalRoute, split: LocalRoute) -> str:
+def _check_isolation(whole: LocalRoute, split: LocalRoute, digests: LogitDigests) -> str:
     """A session's numerics must not depend on what other sessions did to the KV around it.
 
     Session 0 decodes alone on ``whole``; on ``split`` a second session is prefilled, released,
@@ -133,7 +186,7 @@ def _check_isolation(whole: LocalRoute, split: LocalRoute) -> str:
         expected.append(whole.forward(0, len(prompt) + step, token)[-1])
         actual.append(split.forward(0, len(prompt) + step, token)[-1])
     for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
-        _require(want, got, f"isolation step {index}")
+        digests.require(want, got, f"isolation step {index}")
     return "a session's output unchanged by other sessions freeing and reusing KV"
 
 

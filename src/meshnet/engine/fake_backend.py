@@ -3,6 +3,11 @@
 It keeps real per-slot KV bookkeeping (positions must continue, truncation forgets), and its
 output depends on every earlier token of the session, so protocol, batching, isolation and
 failover tests catch cross-talk and lost state in seconds, without llama.cpp.
+
+Like the real engine, it splits bit-identically: each layer has its own weights and its own
+per-slot state, and the residual is rounded to float32 after every layer (what a seam carries),
+so any cut of a fake model computes what the whole fake model computes. That is what lets a
+fake worker certify itself (``engine.certification``) and join a swarm like a real one.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import numpy as np
 from meshnet.core.errors import InvalidArgument, ResourceExhausted
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
+
+FAKE_BACKEND_VERSION = "2"
+"""Bumped when the fake's arithmetic changes: it names the fake recipe's backend version."""
 
 
 class FakeBackend:
@@ -45,10 +53,16 @@ class FakeBackend:
         )
         self._vocab = n_vocab
         self._step_delay = step_delay
-        # state[slot]: a running summary of everything the slot has seen (its "KV").
-        self._state = np.zeros((max_slots, n_embd), np.float64)
+        # state[slot, layer]: a running summary of everything the slot has seen (its "KV").
+        self._state = np.zeros((max_slots, len(layers), n_embd), np.float64)
         self._length = np.zeros(max_slots, np.int64)
-        self._mix = np.random.default_rng(layers.start * 1000 + layers.stop).standard_normal((n_embd, n_embd)) / n_embd
+        # One weight matrix per layer, seeded by the layer's index in the whole model.
+        self._mix = np.stack(
+            [
+                np.random.default_rng(1000 + layer).standard_normal((n_embd, n_embd)) / n_embd
+                for layer in range(layers.start, layers.stop)
+            ]
+        )
         self.calls: list[int] = []
         """Sizes of each ``run`` batch, for tests of batching."""
 
@@ -79,8 +93,11 @@ class FakeBackend:
         outputs = []
         for index, row in enumerate(rows):
             position = step.position + index
-            self._state[step.slot] = 0.9 * self._state[step.slot] + 0.1 * row
-            outputs.append(row + np.tanh(self._mix @ self._state[step.slot]) + 0.01 * np.cos(position))
+            for layer, mix in enumerate(self._mix):
+                state = self._state[step.slot, layer]
+                state[:] = 0.9 * state + 0.1 * row
+                row = (row + np.tanh(mix @ state) + 0.01 * np.cos(position)).astype(np.float32).astype(np.float64)
+            outputs.append(row)
         self._length[step.slot] += step.n_tokens
         hidden = np.asarray(outputs, np.float32)
         if not shape.emits_logits:

@@ -24,12 +24,12 @@ import grpc.aio
 from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
+from meshnet.core.node_record import NodeRecord
 from meshnet.core.swarm_status import NodeTable
 from meshnet.core.tracking import (
     HeartbeatStatus,
     ModelSummary,
     NodeLoad,
-    NodeRegistration,
     Quarantined,
     QuarantineOrder,
     Registered,
@@ -127,7 +127,7 @@ class TrackerClient:
 
     async def register(
         self,
-        registration: NodeRegistration,
+        registration: NodeRecord,
         *,
         node_id_hint: NodeId | None = None,
         timeout_s: float | None = None,
@@ -145,12 +145,10 @@ class TrackerClient:
         *,
         session_id: SessionId | None = None,
         exclude: Iterable[NodeId] = (),
-        start_layer: int | None = None,
         timeout_s: float | None = None,
     ) -> Route:
-        """A route for ``model`` (name or fingerprint). With ``start_layer`` (failover of a
-        sub-span), pass the current route's fingerprint as ``model`` and keep its earlier hops."""
-        request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude), start_layer))
+        """A route for ``model`` (name or fingerprint); each hop carries its node's capability."""
+        request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude)))
         return wire.route_from_proto(await self._call(self._current_stub().ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
@@ -192,7 +190,7 @@ class TrackerClient:
 
 async def heartbeat_loop(
     client: TrackerClient,
-    registration: NodeRegistration,
+    registration: NodeRecord,
     load_fn: Callable[[], NodeLoad],
     stop_event: asyncio.Event,
     *,
@@ -234,7 +232,7 @@ class _Membership:
     def __init__(
         self,
         client: TrackerClient,
-        registration: NodeRegistration,
+        registration: NodeRecord,
         load_fn: Callable[[], NodeLoad],
         on_registered: Callable[[Registered], None] | None,
         on_probe: Callable[[tuple[str, ...]], None] | None,

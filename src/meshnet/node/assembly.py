@@ -1,9 +1,10 @@
-"""Build one worker from its config, once: capacity, engine, recipe, listening socket, shard.
+"""Build one worker from its config, once: capacity, certification, engine, record, socket, shard.
 
 Order, and why: plan capacity (refuse at once if not one session fits the memory budget),
-start the engine loop (a real engine is certified there first: an uncertified llama.cpp never
-serves), measure speed, bind the port (exclusively), then build the shard for the role the
-loaded backend has. Nothing is started that serves requests: ``server.serve_worker`` does that.
+certify the engine (an engine that fails never opens: the worker never listens), start the
+engine loop, measure speed, bind the port (exclusively), write the node's record (what it
+registers, what its shard enforces and GetCapability shows), then build the shard for the role
+the loaded backend has. Nothing is started that serves requests: ``server.serve_worker`` does that.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId
+from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
-from meshnet.core.tracking import HardwareSummary, NodeRegistration
-from meshnet.engine.backend import Backend
-from meshnet.engine.certification import certify_llama_engine
+from meshnet.engine.backend import Backend, ShardShape
+from meshnet.engine.certification import CertificationReport, certify_fake_engine, certify_llama_engine
 from meshnet.engine.constraints import GrammarVocabulary
-from meshnet.engine.fake_backend import FakeBackend
+from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
 from meshnet.moe.config import ExpertFrontConfig
@@ -39,7 +40,7 @@ from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artif
 from meshnet.node.calibrate import ShardSpeed, measure_speed
 from meshnet.node.config import FakeModel, WorkerConfig
 from meshnet.node.servicer import ShardServicer
-from meshnet.node.shard import AnyShard, ShardIdentity, build_shard
+from meshnet.node.shard import AnyShard, build_shard
 from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
 from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
 from meshnet.session.engine_loop import EngineLoop
@@ -62,7 +63,8 @@ class AssembledWorker:
     health: HealthServicer
     links: ChannelPool
     """Channels of the sessions' downstream streams."""
-    registration: NodeRegistration
+    registration: NodeRecord
+    """The node's record: what it registers with the tracker, and what its shard enforces."""
     held_artifacts: Advertisement | None = None
     """What this worker fetched by model id and serves to peers (announced by ``serve_worker``)."""
     security: LinkSecurity | None = None
@@ -89,12 +91,13 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
     capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
+    # Raises CertificationFailed before any engine opens: a worker that serves is certified.
+    certification = await asyncio.to_thread(certify_engine, config, description)
     # A group front's backend waits on its nodes inside ``run``: its steps must not block the loop.
     inline = config.fake is None and not config.expert_group
     loop = EngineLoop(
         partial(open_backend, config, cache, description, capacity.max_sessions, security), inline_decode=inline
     )
-    # Starting the loop certified the engine or raised: a worker that serves is certified.
     await asyncio.to_thread(loop.start)
     group = loop.backend if isinstance(loop.backend, ExpertGroupBackend) else None
     if group is not None:
@@ -104,40 +107,23 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         model = model_identity(config, cache, description)
         server, port = _bind(config, security)
         address = config.advertise or f"{config.host}:{port}"
-        recipe = model.recipe
         # Secured, the node id is the certificate's: the id the tracker registers and routes pin.
         local_id = f"shard-{config.layers.start}-{config.layers.stop}-{port}"
-        identity = ShardIdentity(
-            NodeId(local_id if security is None else security.identity.node_id),
-            address,
-            recipe.fingerprint(),
-            recipe.backend,
-            recipe.backend_version,
-            config.max_frame_bytes,
-        )
+        node_id = NodeId(local_id if security is None else security.identity.node_id)
+        record = _registration(config, address, model, loop.backend.shape, speed, certification)
         links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
-        shard = build_shard(
-            identity,
-            loop,
-            policy,
-            capacity,
-            partial(ShardStream, links),
-            open_ring=partial(RingStream, links),
-            grammars=grammars,
-        )
+        connect, ring = partial(ShardStream, links), partial(RingStream, links)
+        shard = build_shard(node_id, record, loop, policy, capacity, connect, open_ring=ring, grammars=grammars)
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
     health = HealthServicer()
     services.add_shard_servicer(ShardServicer(shard, security), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    registration = _registration(config, identity, model, capacity.max_sessions, speed)
-    held = (
-        None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server, security)
-    )
-    return AssembledWorker(config, loop, shard, server, health, links, registration, held, security, group)
+    held = None if fetched is None else serve_fetched_artifacts(fetched, config.layers, address, server, security)
+    return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group)
 
 
 def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:
@@ -148,21 +134,51 @@ def tail_grammars(config: WorkerConfig, description: ModelDescription | None) ->
     return GrammarVocabulary(description.path)
 
 
+def certify_engine(config: WorkerConfig, description: ModelDescription | None) -> CertificationReport:
+    """Certify the engine this worker runs: the family and weight types of its model on this
+    build, or its fake engine. Raises ``CertificationFailed``, and the worker never listens.
+
+    A group's front computes nothing itself (its nodes certified the expert split at start-up,
+    ``moe.certification``), but it registers the recipe as any full worker does, so it presents
+    that recipe's certification, run on its own build."""
+    if config.fake is not None:
+        return certify_fake_engine(config.fake.n_layers, config.fake.n_embd, config.fake.n_vocab)
+    if description is None:
+        raise InvalidArgument("a worker needs --model (or a fake model)")
+    return certify_llama_engine(model=description.path, repack=config.repack)
+
+
 def _registration(
-    config: WorkerConfig, identity: ShardIdentity, model: ModelIdentity, max_sessions: int, speed: ShardSpeed
-) -> NodeRegistration:
-    return NodeRegistration(
-        address=identity.address,
+    config: WorkerConfig,
+    address: str,
+    model: ModelIdentity,
+    shape: ShardShape,
+    speed: ShardSpeed,
+    certification: CertificationReport,
+) -> NodeRecord:
+    """The node's record, from what the running engine is (its shape), measured and certified."""
+    capability = NodeCapability(
+        n_ctx_per_session=shape.n_ctx_per_slot,
+        prefill_chunk_tokens=shape.max_batch_tokens,
+        max_tokens_per_frame=shape.n_ctx_per_slot,
+        max_frame_bytes=config.max_frame_bytes,
+        n_embd=shape.n_embd,
+        max_sessions=shape.max_slots,
+        device="cpu",
+        prefill_tokens_per_s=speed.prefill_tokens_per_s,
+        decode_tokens_per_s=speed.decode_tokens_per_s,
+    )
+    fingerprint = model.recipe.fingerprint()
+    return NodeRecord(
+        address=address,
         recipe=model.recipe,
-        fingerprint=identity.fingerprint,
+        fingerprint=fingerprint,
         model=model.model_name,
         quantization=model.quantization,
         layers=config.layers,
         hardware=HardwareSummary(os.cpu_count() or 1, psutil.virtual_memory().total),
-        max_sessions=max_sessions,
-        prefill_tokens_per_s=speed.prefill_tokens_per_s,
-        decode_tokens_per_s=speed.decode_tokens_per_s,
-        certified=True,  # see assemble_worker: an uncertified engine never gets this far
+        capability=capability,
+        certification=certification.bound_to(fingerprint),
         expert_group=config.expert_group,
     )
 
@@ -199,13 +215,12 @@ def open_backend(
             max_batch_tokens=config.prefill_chunk,
             step_delay=fake.step_delay,
         )
-    # Fail closed: CertificationFailed propagates and the worker never listens.
+    # certify_engine ran first (assemble_worker): an engine that failed never gets here.
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
     if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
         front = expert_front_config(config)
         return open_group_backend(front, description, cache.source_sha256(description.path), security)
-    certify_llama_engine(model=description.path, repack=config.repack)  # the family and weight types it will serve
     return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
 
 
@@ -251,7 +266,7 @@ def fake_recipe(fake: FakeModel) -> Recipe:
         activation_dtype="f32",
         kv_dtype="none",
         backend="fake",
-        backend_version="1",
+        backend_version=FAKE_BACKEND_VERSION,
         n_layers=fake.n_layers,
         n_embd=fake.n_embd,
     )

@@ -32,6 +32,9 @@ class ShardMetrics:
     """Messages this shard sent to another shard: frames forwarded, answers to an upstream shard,
     ring answers to the head. Summed over a route and divided by decode tokens: seam crossings
     per token (N on a ring of N shards, 2(N-1) on the chain)."""
+    capability_calls: int = 0
+    """GetCapability calls answered: an admin call, which no request should make (routes carry
+    each hop's capability)."""
 
     @property
     def kv_used_fraction(self) -> float:
@@ -65,6 +68,7 @@ class ShardMetrics:
             "kv_bytes_in_use": float(self.kv_bytes_in_use),
             "weight_bytes": float(self.weight_bytes),
             "seam_messages_total": float(self.seam_messages),
+            "capability_calls_total": float(self.capability_calls),
         }
 
     def node_load(self, peer_rtt_ms: tuple[tuple[str, float], ...] = ()) -> NodeLoad:

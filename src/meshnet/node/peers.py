@@ -2,8 +2,8 @@
 
 The tracker costs every seam of a route by observed latency (Petals' RTT-based routing); it
 tells each worker which candidate next hops to measure, and the worker reports the results in
-its heartbeat. A probe is a unary GetCapability call, best of a few, so a slow moment does not
-make a near peer look far.
+its heartbeat. A probe is a gRPC health check (the cheapest call a worker serves), best of a
+few, so a slow moment does not make a near peer look far.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import time
 
-from meshnet.core.errors import MeshnetError
-from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_admin import is_serving
 from meshnet.route.shard_stream import ChannelPool
 
 PROBES_PER_PEER = 3
@@ -38,10 +37,8 @@ class PeerProber:
         best = None
         for _ in range(PROBES_PER_PEER):
             started = time.perf_counter()
-            try:
-                await fetch_capability(self._pool, address, timeout_s=PROBE_TIMEOUT_S)
-            except MeshnetError:
-                return None  # unreachable: report nothing rather than a made-up distance
+            if not await is_serving(self._pool, address, timeout_s=PROBE_TIMEOUT_S):
+                return None  # unreachable or leaving: report nothing rather than a made-up distance
             elapsed = (time.perf_counter() - started) * 1000.0
             best = elapsed if best is None else min(best, elapsed)
         return best

@@ -63,7 +63,7 @@ async def serve_worker(
     config = await resolve_layers(config, security)
     worker = await assemble_worker(config, security)
     stop = stop or asyncio.Event()
-    identity = worker.shard.identity
+    record, node_id = worker.registration, worker.shard.node_id
     probes = ChannelPool(config.max_frame_bytes, security)
     metrics_server: WSGIServer | None = None
     metrics_address: str | None = None
@@ -80,17 +80,13 @@ async def serve_worker(
             metrics_server, metrics_address = _serve_metrics(worker.shard, config)
         log.info(
             "shard %s serving layers %s on %s (recipe %s)",
-            identity.node_id,
+            node_id,
             config.layers,
-            identity.address,
-            identity.fingerprint,
+            record.address,
+            record.fingerprint,
         )
         if on_ready is not None:
-            on_ready(
-                WorkerReady(
-                    identity.address, identity.node_id, identity.fingerprint, metrics_address, str(config.layers)
-                )
-            )
+            on_ready(WorkerReady(record.address, node_id, record.fingerprint, metrics_address, str(config.layers)))
         await stop.wait()
     finally:
         await _drain(worker, config.drain_grace)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.node_record import NodeRecord
 from meshnet.engine.backend import StepInput
 from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.node.metrics import ShardMetrics
@@ -44,29 +44,23 @@ from meshnet.wire.frames import (
 S = TypeVar("S")
 
 
-@dataclass(frozen=True)
-class ShardIdentity:
-    node_id: NodeId
-    address: str
-    fingerprint: str
-    backend: str
-    backend_version: str
-    max_frame_bytes: int
-
-
 class Shard(Generic[S]):
-    """One loaded layer range serving sessions; ``S`` is what its output stage keeps per session."""
+    """One loaded layer range serving sessions; ``S`` is what its output stage keeps per session.
+
+    It enforces its node's record: frames of the record's recipe, within its capability's limits."""
 
     def __init__(
         self,
-        identity: ShardIdentity,
+        node_id: NodeId,
+        record: NodeRecord,
         loop: EngineLoop,
         table: SessionTable[S],
         capacity: CapacityPlan,
         output: OutputStage[S],
         continuation: Continuation,
     ) -> None:
-        self.identity = identity
+        self.node_id = node_id
+        self.record = record
         self.shape = loop.backend.shape
         self._loop = loop
         self._table = table
@@ -75,10 +69,12 @@ class Shard(Generic[S]):
         self._continuation = continuation
         self._draining = False
         self._seam_messages = 0
+        self._capability_calls = 0
+        capability = record.capability
         self.limits = FrameLimits(
-            n_embd=self.shape.n_embd,
-            max_frame_bytes=identity.max_frame_bytes,
-            max_tokens_per_frame=self.shape.n_ctx_per_slot,
+            n_embd=capability.n_embd,
+            max_frame_bytes=capability.max_frame_bytes,
+            max_tokens_per_frame=capability.max_tokens_per_frame,
             vocab_size=self.shape.n_vocab or None,
         )
 
@@ -108,9 +104,9 @@ class Shard(Generic[S]):
 
     def _check(self, frame: StepFrame) -> None:
         meta = frame.meta
-        if meta.fingerprint != self.identity.fingerprint:
+        if meta.fingerprint != self.record.fingerprint:
             raise FailedPrecondition(
-                f"frame for recipe {meta.fingerprint} reached a shard serving {self.identity.fingerprint}"
+                f"frame for recipe {meta.fingerprint} reached a shard serving {self.record.fingerprint}"
             )
         if meta.layers != self.shape.layers:
             raise FailedPrecondition(f"frame asks for layers {meta.layers}; this shard runs {self.shape.layers}")
@@ -154,7 +150,7 @@ class Shard(Generic[S]):
             timing = None
             if frame.want_timings:  # only a probe reads them
                 compute_us = int((time.perf_counter() - received) * 1e6)
-                timing = HopTiming(self.identity.address, self.shape.layers, 0, compute_us)
+                timing = HopTiming(self.record.address, self.shape.layers, 0, compute_us)
             result = await self._output.emit(session.state, frame, output, deadline, timing)
         finally:
             session.busy = False
@@ -239,25 +235,15 @@ class Shard(Generic[S]):
         self._table.min_epoch = max(self._table.min_epoch, epoch)
 
     def capability(self) -> CapabilityInfo:
-        shape = self.shape
+        """GetCapability's answer (admin and diagnostics; counted, so a test can show that no
+        request asks it)."""
+        self._capability_calls += 1
         return CapabilityInfo(
-            node_id=self.identity.node_id,
-            fingerprint=self.identity.fingerprint,
-            layers=shape.layers,
-            n_layers=shape.n_layers,
-            n_embd=shape.n_embd,
-            vocab_size=max(shape.n_vocab, 1),
+            node_id=self.node_id,
+            record=self.record,
             schema_versions=SUPPORTED_SCHEMA_VERSIONS,
-            backend=self.identity.backend,
-            backend_version=self.identity.backend_version,
-            max_sessions=shape.max_slots,
             free_sessions=0 if self._draining else self._table.free_slots,
             active_sessions=len(self._table),
-            n_ctx_per_session=shape.n_ctx_per_slot,
-            max_frame_bytes=self.identity.max_frame_bytes,
-            max_tokens_per_frame=self.limits.max_tokens_per_frame,
-            prefill_chunk_tokens=shape.max_batch_tokens,
-            certified=True,  # an engine that failed certification never gets a shard built
         )
 
     def metrics(self) -> ShardMetrics:
@@ -278,6 +264,7 @@ class Shard(Generic[S]):
             kv_bytes_per_session=self._capacity.kv_bytes_per_session,
             weight_bytes=self._capacity.weight_bytes,
             seam_messages=self._seam_messages,
+            capability_calls=self._capability_calls,
         )
 
 
@@ -286,7 +273,8 @@ AnyShard = Shard[TailState] | Shard[Downstream]
 
 
 def build_shard(
-    identity: ShardIdentity,
+    node_id: NodeId,
+    record: NodeRecord,
     loop: EngineLoop,
     policy: AdmissionPolicy,
     capacity: CapacityPlan,
@@ -309,9 +297,9 @@ def build_shard(
     if shape.emits_logits:
         sampling_table = SessionTable[TailState](policy, clock=clock)
         stage = SampleStage(grammars, is_head=shape.takes_tokens)
-        return Shard(identity, loop, sampling_table, capacity, stage, continuation)
+        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation)
     forward = ForwardStage(shape.n_layers, connect, open_ring=open_ring if shape.takes_tokens else None)
-    return Shard(identity, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
+    return Shard(node_id, record, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
 
 
 def _engine_input(slot: int, frame: StepFrame) -> StepInput:

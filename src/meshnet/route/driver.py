@@ -8,7 +8,8 @@ the driver only reads one answer per token. Every frame carries the remaining bu
 route never works past the request's deadline. The driver stops at the end ``route.life``
 decides for a token it can see (a stop token, the budget); closing the iterator earlier (a stop
 string, a cancelled task) cancels the head stream, which frees the session's KV on every shard
-down the route.
+down the route. Frames are sized from the capability each hop of the route carries
+(``RouteHop``): the driver asks no shard anything before it starts.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ from meshnet.core.events import (
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.route.life import finish_for
-from meshnet.route.shard_admin import fetch_capability
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
     FRAME_OVERHEAD_BYTES,
-    CapabilityInfo,
     Continuation,
     FrameMeta,
     HopSpec,
@@ -68,14 +67,6 @@ class RouteDriver:
     def __init__(self, pool: ChannelPool, *, max_frame_bytes: int) -> None:
         self._pool = pool
         self._max_frame_bytes = max_frame_bytes
-        self._capabilities: dict[str, CapabilityInfo] = {}
-
-    async def capability(self, address: str, node_id: str | None = None) -> CapabilityInfo:
-        cached = self._capabilities.get(address)
-        if cached is None:
-            cached = await fetch_capability(self._pool, address, node_id=node_id)
-            self._capabilities[address] = cached
-        return cached
 
     async def run(
         self,
@@ -94,14 +85,13 @@ class RouteDriver:
             raise InvalidArgument("a route needs at least one hop")
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
-        head_capability = await self.capability(head.address, head.node_id)
         stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
             run = _Run(route, request, deadline, stream, _continuation(request, len(history)))
             progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
-            async for event in self._prefill_and_replay(run, history, head_capability, progress):
+            async for event in self._prefill_and_replay(run, history, progress):
                 yield event
             rate = _Rate()
             produced, result = len(history), progress.result
@@ -116,9 +106,9 @@ class RouteDriver:
             stream.cancel()
 
     async def _prefill_and_replay(
-        self, run: _Run, history: Sequence[int], head: CapabilityInfo, progress: _PrefillTally
+        self, run: _Run, history: Sequence[int], progress: _PrefillTally
     ) -> AsyncIterator[GenerationEvent]:
-        chunks = self._prefill_chunks(run.request, head)
+        chunks = self._prefill_chunks(run.request, run.route.hops)
         yield PrefillStarted(progress.total)
         async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
             yield chunk_done
@@ -127,18 +117,21 @@ class RouteDriver:
         yield PrefillCompleted(progress.total, time.perf_counter() - progress.started)
         yield DecodeStarted()
 
-    def _prefill_chunks(self, request: GenerationRequest, head: CapabilityInfo) -> list[PrefillChunk]:
+    def _prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop]) -> list[PrefillChunk]:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
-        # Hidden frames between shards carry as many rows as this token frame, so size the
-        # chunks for the boundary tensor, not for the token ids.
-        rows_per_frame = max(1, (self._max_frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
-        rows = min(rows_per_frame, head.max_tokens_per_frame)
+        head = hops[0].capability
+        # Every frame of the prompt crosses every hop (as token ids into the head, as hidden rows
+        # after it), so it must fit the smallest frame any of them, or this driver, accepts; the
+        # hidden rows are the larger, so size the chunks for the boundary tensor.
+        frame_bytes = min(self._max_frame_bytes, *(hop.capability.max_frame_bytes for hop in hops))
+        rows_per_frame = max(1, (frame_bytes - FRAME_OVERHEAD_BYTES) // (4 * head.n_embd))
+        rows = min(rows_per_frame, *(hop.capability.max_tokens_per_frame for hop in hops))
         # One engine call's worth per frame (cut at the same absolute multiples the shards cut
         # at, so the numerics are those of one big frame): the route pipelines the frames.
         chunk = head.prefill_chunk_tokens
-        if 0 < chunk <= rows:
+        if chunk <= rows:
             rows = chunk
-        return split_prefill(prompt, 0, self._max_frame_bytes, max_tokens=rows)
+        return split_prefill(prompt, 0, frame_bytes, max_tokens=rows)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,10 @@ class ChannelPool:
         self._generation = 0 if security is None else security.generation
 
     def stub(self, address: str, node_id: str | None = None) -> services.ShardStub:
+        return services.ShardStub(self.channel(address, node_id))
+
+    def channel(self, address: str, node_id: str | None = None) -> grpc.aio.Channel:
+        """The channel to the node ``node_id`` at ``address`` (the health service shares it)."""
         if self._security is not None and self._security.generation != self._generation:
             # A renewed certificate: new streams go over new channels; the old ones serve the
             # streams already on them and close with the pool.
@@ -49,7 +53,7 @@ class ChannelPool:
         if channel is None:
             channel = secure_or_plain_channel(address, self._security, hop_server_name(node_id), self._options)
             self._channels[key] = channel
-        return services.ShardStub(channel)
+        return channel
 
     async def close(self) -> None:
         channels, self._channels = [*self._retired, *self._channels.values()], {}

@@ -36,7 +36,7 @@ from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.outbox import WorkOutbox
-from meshnet.route.shard_admin import fetch_capability
+from meshnet.route.shard_admin import is_serving
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
@@ -119,7 +119,7 @@ class SwarmClient:
                 route = await self.tracker.choose_route(request.model, session_id=session_id)
                 # Before anything is streamed: a request that cannot fit would otherwise run until
                 # the first shard runs out of positions and fail as a retryable overload.
-                await self._check_context(route, request)
+                self._check_context(route, request)
                 run = _Run(life, request_id, session_id, route)
                 # Written ahead: if this process dies mid-request, the record still exists (unverified).
                 await self.reports.write_ahead(run.record("unverified", run.started))
@@ -194,26 +194,15 @@ class SwarmClient:
             route = await self.tracker.choose_route(model)
         except NoRoute:
             return None
-        return await self._route_context(route)
+        return route.context_tokens
 
-    async def _route_context(self, route: Route) -> int | None:
-        answers = await asyncio.gather(
-            *(self._driver.capability(hop.address, hop.node_id) for hop in route.hops),
-            return_exceptions=True,
-        )
-        known = []
-        for answer in answers:
-            if isinstance(answer, MeshnetError):
-                continue  # a hop that cannot be asked is left to the driver, which fails over
-            if isinstance(answer, BaseException):
-                raise answer
-            known.append(answer.n_ctx_per_session)
-        return min(known, default=None)
-
-    async def _check_context(self, route: Route, request: GenerationRequest) -> None:
-        context = await self._route_context(route)
+    def _check_context(self, route: Route, request: GenerationRequest) -> None:
+        """Refuse a request that cannot fit the route, from the capability its hops carry (each
+        hop's record as the node last registered it: a node restarted with another context is a
+        new record, so no answer is remembered across routes)."""
+        context = route.context_tokens
         prompt = len(request.prompt_tokens)
-        if context is not None and prompt + request.max_tokens > context:
+        if prompt + request.max_tokens > context:
             advice = f"lower max_tokens to at most {context - prompt}" if prompt < context else "shorten the prompt"
             raise ContextLengthExceeded(
                 f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) exceeds the {context}-token "
@@ -254,15 +243,11 @@ class SwarmClient:
             raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:
-        async def alive(address: str, node_id: str) -> bool:
-            try:
-                await fetch_capability(self._pool, address, timeout_s=PROBE_TIMEOUT_S, node_id=node_id)
-                return True
-            except MeshnetError:
-                return False
-
-        answers = await asyncio.gather(*(alive(h.address, h.node_id) for h in route.hops))
-        return {hop.node_id for hop, ok in zip(route.hops, answers, strict=True) if not ok}
+        """The hops that do not answer their health check SERVING (gone, or draining)."""
+        answers = await asyncio.gather(
+            *(is_serving(self._pool, hop.address, PROBE_TIMEOUT_S, hop.node_id) for hop in route.hops)
+        )
+        return {hop.node_id for hop, serving in zip(route.hops, answers, strict=True) if not serving}
 
 
 def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:

@@ -57,7 +57,7 @@ def plan_ranges(costs: LayerCosts, budgets: Sequence[int]) -> list[LayerRange]:
 
 @dataclass(frozen=True)
 class ServedSpan:
-    """A range some live certified node of the model already serves."""
+    """A range some live node of the model already serves."""
 
     layers: LayerRange
     decode_tokens_per_s: float
@@ -65,11 +65,11 @@ class ServedSpan:
 
 
 def served_spans(nodes: Sequence[NodeView], model: str, n_layers: int) -> tuple[ServedSpan, ...]:
-    """The ranges live certified nodes of ``model`` (name or fingerprint) serve."""
+    """The ranges live nodes of ``model`` (name or fingerprint) serve."""
     return tuple(
         ServedSpan(node.layers, node.decode_tokens_per_s)
         for node in nodes
-        if node.certified and node.n_layers == n_layers and model in (node.model, node.fingerprint)
+        if node.n_layers == n_layers and model in (node.model, node.fingerprint)
     )
 
 

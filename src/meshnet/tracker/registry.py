@@ -27,7 +27,9 @@ from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import ModelSummary, NodeLoad, NodeRegistration, Route, RouteQuery
+from meshnet.core.node_record import NodeRecord
+from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery
+from meshnet.tracker.certification import check_certified
 from meshnet.tracker.claims import credible_views
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
@@ -52,7 +54,7 @@ def random_node_id() -> NodeId:
 @dataclass(frozen=True)
 class NodeEntry:
     node_id: NodeId
-    registration: NodeRegistration
+    record: NodeRecord
     registered_at: float
     last_seen: float
     load: NodeLoad | None = None
@@ -62,18 +64,12 @@ class NodeEntry:
     node; the next heartbeat's report already counts them."""
 
     def view(self) -> NodeView:
-        registration = self.registration
-        reported_free = self.load.free_sessions if self.load else registration.max_sessions
+        capability = self.record.capability
+        reported_free = self.load.free_sessions if self.load else capability.max_sessions
         return NodeView(
             node_id=self.node_id,
-            address=registration.address,
-            model=registration.model,
-            quantization=registration.quantization,
-            fingerprint=registration.fingerprint,
-            n_layers=registration.recipe.n_layers,
-            layers=registration.layers,
-            certified=registration.certified,
-            decode_tokens_per_s=registration.decode_tokens_per_s,
+            record=self.record,
+            decode_tokens_per_s=capability.decode_tokens_per_s,
             free_sessions=reported_free - self.routed_since_heartbeat,
             queue_depth=self.load.queue_depth if self.load else 0,
         )
@@ -138,8 +134,11 @@ class NodeRegistry:
         # Self-declared speeds are checked against the recipe's other nodes (tracker.claims).
         return credible_views(tuple(entry.view() for entry in self._nodes.values()))
 
-    def register(self, registration: NodeRegistration, node_id_hint: NodeId | None = None) -> NodeId:
-        """Add a node and return its id: the hint when it is free or already this address's."""
+    def register(self, record: NodeRecord, node_id_hint: NodeId | None = None) -> NodeId:
+        """Add a node and return its id: the hint when it is free or already this address's.
+
+        Raises ``Uncertified`` when the record's certification does not certify what it
+        registers, or disagrees with the recipe's live nodes (``tracker.certification``)."""
         self.sweep()
         if node_id_hint in self._quarantined:
             raise FailedPrecondition(
@@ -147,20 +146,22 @@ class NodeRegistry:
                 "it stays out of routes until an operator clears it"
             )
         held = self._nodes.get(node_id_hint) if node_id_hint else None
-        if node_id_hint and (held is None or held.registration.address == registration.address):
+        if node_id_hint and (held is None or held.record.address == record.address):
             node_id = node_id_hint
         else:
             node_id = self._fresh_node_id()
         # One address is one live node: a worker that re-registers has restarted or changed, and
-        # either way the sessions routed to its old entry are gone, so that entry leaves routes.
+        # either way the sessions routed to its old entry are gone, so that entry leaves routes,
+        # even when the new one is refused (whatever answers at that address is not the old node).
         stale = [
             entry.node_id
             for entry in self._nodes.values()
-            if entry.node_id == node_id or entry.registration.address == registration.address
+            if entry.node_id == node_id or entry.record.address == record.address
         ]
         self._remove(stale, "re-registered")
+        check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values()))
         now = self._clock()
-        self._nodes[node_id] = NodeEntry(node_id, registration, registered_at=now, last_seen=now)
+        self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now)
         return node_id
 
     def heartbeat(self, node_id: NodeId, load: NodeLoad) -> bool:
@@ -212,7 +213,7 @@ class NodeRegistry:
 
     def latency_table(self) -> LatencyTable:
         """One-way latency between live nodes, from the round trips they measured (RTT / 2)."""
-        by_address = {entry.registration.address: node_id for node_id, entry in self._nodes.items()}
+        by_address = {entry.record.address: node_id for node_id, entry in self._nodes.items()}
         table: dict[tuple[NodeId, NodeId], float] = {}
         for node_id, entry in self._nodes.items():
             for address, rtt_ms in entry.load.peer_rtt_ms if entry.load else ():
@@ -226,13 +227,13 @@ class NodeRegistry:
         entry = self._nodes.get(node_id)
         if entry is None:
             return ()
-        mine = entry.registration
+        mine = entry.record
         followers = sorted(
-            other.registration.address
+            other.record.address
             for other in self._nodes.values()
             if other.node_id != node_id
-            and other.registration.fingerprint == mine.fingerprint
-            and other.registration.layers.start == mine.layers.stop
+            and other.record.fingerprint == mine.fingerprint
+            and other.record.layers.start == mine.layers.stop
         )
         return tuple(followers[:limit])
 
@@ -240,39 +241,27 @@ class NodeRegistry:
         """The session's current route if it still holds, else a newly planned one.
 
         Seams are costed by the latencies the nodes measured (``latency_table``) unless given.
+        Every hop carries its node's capability, from the record it registered.
         """
         self.sweep()
         if latency_ms is None:
             latency_ms = self.latency_table()
-        start = query.start_layer or 0
         sticky = self._sticky.get(query.session_id) if query.session_id else None
         if sticky is not None and not _serves(sticky.route, query.model):
             sticky = None  # the session asks for another model now: a fresh session in effect
-        if sticky is not None and self._holds(sticky.route, query.exclude) and _has_boundary(sticky.route, start):
+        if sticky is not None and self._all_alive(sticky.route.hops, query.exclude):
             self._touch(query.session_id, sticky.route)
-            return _suffix(sticky.route, start)
-        # A sub-span must match the recipe of the hops the caller keeps.
-        model = sticky.route.fingerprint if sticky is not None and start > 0 else query.model
+            return sticky.route
         plan = choose_model_route(
-            self.node_views(),
-            model,
-            latency_ms=latency_ms,
-            exclude=query.exclude,
-            start_layer=start,
-            costs=self._costs,
+            self.node_views(), query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs
         )
         if sticky is not None:
             self._epoch += 1  # the session's route changed: frames of its old route are now stale
-        route = _route_of(plan, plan.hops, self._epoch)
+        route = _route_of(plan, self._epoch)
         if query.session_id is None:
             return route  # a probe (what context does a route have?): it opens no session
         self._count_routed(plan)
-        kept = _prefix(sticky.route, start) if sticky is not None and start > 0 else ()
-        meets = start == 0 or (bool(kept) and kept[-1].layers.stop == start)
-        if meets and self._all_alive(kept, query.exclude):
-            self._touch(query.session_id, _route_of(plan, kept + plan.hops, self._epoch))
-        else:
-            self._sticky.pop(query.session_id, None)  # no whole route to remember
+        self._touch(query.session_id, route)
         return route
 
     def list_models(self) -> tuple[ModelSummary, ...]:
@@ -287,22 +276,16 @@ class NodeRegistry:
                 routable = True
             except NoRoute:
                 routable = False
+            holdings = [(view.layers, view.record.capability.max_sessions) for view in recipe_nodes]
             summaries.append(
                 ModelSummary(
                     name=first.model,
                     fingerprint=fingerprint,
-                    quantization=first.quantization,
+                    quantization=first.record.quantization,
                     n_layers=first.n_layers,
-                    nodes=sum(1 for view in recipe_nodes if view.certified),
+                    nodes=len(recipe_nodes),
                     routable=routable,
-                    head_sessions=route_slots(
-                        [
-                            (entry.registration.layers, entry.registration.max_sessions)
-                            for entry in self._nodes.values()
-                            if entry.registration.fingerprint == fingerprint and entry.registration.certified
-                        ],
-                        first.n_layers,
-                    ),
+                    head_sessions=route_slots(holdings, first.n_layers),
                 )
             )
         return tuple(sorted(summaries, key=lambda summary: (summary.name, summary.fingerprint)))
@@ -319,13 +302,10 @@ class NodeRegistry:
         self._epoch += 1
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
 
-    def _holds(self, route: Route, exclude: frozenset[NodeId]) -> bool:
-        return self._all_alive(route.hops, exclude)
-
     def _all_alive(self, hops: Iterable[RouteHop], exclude: frozenset[NodeId]) -> bool:
         for hop in hops:
             entry = self._nodes.get(hop.node_id)
-            if entry is None or entry.node_id in exclude or not entry.registration.certified:
+            if entry is None or entry.node_id in exclude:
                 return False
         return True
 
@@ -362,23 +342,9 @@ def _serves(route: Route, model: str) -> bool:
     return model in (route.model, route.fingerprint)
 
 
-def _has_boundary(route: Route, layer: int) -> bool:
-    return any(hop.layers.start == layer for hop in route.hops)
-
-
-def _prefix(route: Route, layer: int) -> tuple[RouteHop, ...]:
-    return tuple(hop for hop in route.hops if hop.layers.stop <= layer)
-
-
-def _suffix(route: Route, layer: int) -> Route:
-    if layer == 0:
-        return route
-    return replace(route, hops=tuple(hop for hop in route.hops if hop.layers.start >= layer))
-
-
-def _route_of(plan: RoutePlan, hops: tuple[RouteHop, ...], epoch: int) -> Route:
+def _route_of(plan: RoutePlan, epoch: int) -> Route:
     return Route(
-        hops=hops,
+        hops=plan.hops,
         epoch=epoch,
         model=plan.model,
         quantization=plan.quantization,

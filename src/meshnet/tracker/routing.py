@@ -34,6 +34,7 @@ from meshnet.core.errors import NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeRecord
 
 LatencyTable = Mapping[tuple[NodeId, NodeId], float]
 """One-way latency in milliseconds from the first node to the second, as measured."""
@@ -43,20 +44,38 @@ NO_LATENCIES: LatencyTable = {}
 
 @dataclass(frozen=True)
 class NodeView:
-    """What the planner needs to know about one live node."""
+    """What the planner knows about one live node: its record, and what the registry adds to it.
+
+    A type of its own because two of its values are the tracker's, not the node's: the decode
+    rate the tracker believes (``tracker.claims`` caps implausible claims) and the room the
+    node's last load report left, less the sessions routed to it since."""
 
     node_id: NodeId
-    address: str
-    model: str
-    quantization: str
-    fingerprint: str
-    n_layers: int
-    layers: LayerRange
-    certified: bool
+    record: NodeRecord
     decode_tokens_per_s: float
-    """Measured single-sequence decode rate over ``layers``; 0 when not measured."""
+    """Believed single-sequence decode rate over the node's layers; 0 when not measured."""
     free_sessions: int
     queue_depth: int = 0
+
+    @property
+    def fingerprint(self) -> str:
+        return self.record.fingerprint
+
+    @property
+    def model(self) -> str:
+        return self.record.model
+
+    @property
+    def n_layers(self) -> int:
+        return self.record.n_layers
+
+    @property
+    def layers(self) -> LayerRange:
+        return self.record.layers
+
+    def hop(self) -> RouteHop:
+        """This node as a route hop: where it is, what it runs, what a request must respect."""
+        return RouteHop(self.node_id, self.record.address, self.record.layers, self.record.capability)
 
 
 @dataclass(frozen=True)
@@ -121,37 +140,30 @@ def choose_route(
     *,
     latency_ms: LatencyTable = NO_LATENCIES,
     exclude: Collection[NodeId] = frozenset(),
-    start_layer: int = 0,
     costs: RoutingCosts = DEFAULT_COSTS,
 ) -> RoutePlan:
-    """The cheapest chain of certified ``fingerprint`` nodes over ``[start_layer, n_layers)``.
+    """The cheapest chain of ``fingerprint`` nodes over ``[0, n_layers)``.
 
+    Every node in ``nodes`` passed the tracker's certification check when it registered.
     Raises ``NoRoute`` naming the layers no eligible node covers, or the boundary where the
     covering nodes fail to meet.
     """
-    if not 0 <= start_layer < n_layers:
-        raise NoRoute(f"start layer {start_layer} is outside the model's layers 0:{n_layers}")
     usable = [
         node
         for node in nodes
-        if node.fingerprint == fingerprint
-        and node.n_layers == n_layers
-        and node.certified
-        and node.node_id not in exclude
-        and node.layers.start >= start_layer
-        and node.layers.stop <= n_layers
+        if node.fingerprint == fingerprint and node.n_layers == n_layers and node.node_id not in exclude
     ]
-    found = _shortest_chain(usable, start_layer, n_layers, latency_ms, costs)
+    found = _shortest_chain(usable, n_layers, latency_ms, costs)
     if found is None:
-        raise NoRoute(_explain_no_route(nodes, usable, n_layers, fingerprint, exclude, start_layer))
+        raise NoRoute(_explain_no_route(nodes, usable, n_layers, fingerprint, exclude))
     chain, total_ms = found
-    first = chain[0]
+    first = chain[0].record
     return RoutePlan(
         model=first.model,
         quantization=first.quantization,
         fingerprint=fingerprint,
         n_layers=n_layers,
-        hops=tuple(RouteHop(node.node_id, node.address, node.layers) for node in chain),
+        hops=tuple(node.hop() for node in chain),
         ms_per_token=total_ms,
     )
 
@@ -162,7 +174,6 @@ def choose_model_route(
     *,
     latency_ms: LatencyTable = NO_LATENCIES,
     exclude: Collection[NodeId] = frozenset(),
-    start_layer: int = 0,
     costs: RoutingCosts = DEFAULT_COSTS,
 ) -> RoutePlan:
     """The cheapest route for ``model``, given as a name or a recipe fingerprint.
@@ -182,17 +193,8 @@ def choose_model_route(
     for fingerprint in fingerprints:
         n_layers = next(node.n_layers for node in nodes if node.fingerprint == fingerprint)
         try:
-            plans.append(
-                choose_route(
-                    nodes,
-                    n_layers,
-                    fingerprint,
-                    latency_ms=latency_ms,
-                    exclude=exclude,
-                    start_layer=start_layer,
-                    costs=costs,
-                )
-            )
+            plan = choose_route(nodes, n_layers, fingerprint, latency_ms=latency_ms, exclude=exclude, costs=costs)
+            plans.append(plan)
         except NoRoute as error:
             reasons.append(error.message)
     if not plans:
@@ -200,15 +202,15 @@ def choose_model_route(
     return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint))
 
 
-def uncovered_layers(nodes: Iterable[NodeView], start_layer: int, n_layers: int) -> tuple[LayerRange, ...]:
-    """Maximal runs of layers in ``[start_layer, n_layers)`` that no node in ``nodes`` holds."""
+def uncovered_layers(nodes: Iterable[NodeView], n_layers: int) -> tuple[LayerRange, ...]:
+    """Maximal runs of layers in ``[0, n_layers)`` that no node in ``nodes`` holds."""
     covered = [False] * n_layers
     for node in nodes:
-        for layer in range(max(node.layers.start, start_layer), min(node.layers.stop, n_layers)):
+        for layer in range(node.layers.start, min(node.layers.stop, n_layers)):
             covered[layer] = True
     gaps: list[LayerRange] = []
     gap_start: int | None = None
-    for layer in range(start_layer, n_layers + 1):
+    for layer in range(n_layers + 1):
         is_gap = layer < n_layers and not covered[layer]
         if is_gap and gap_start is None:
             gap_start = layer
@@ -220,12 +222,11 @@ def uncovered_layers(nodes: Iterable[NodeView], start_layer: int, n_layers: int)
 
 def _shortest_chain(
     usable: Sequence[NodeView],
-    start_layer: int,
     n_layers: int,
     latency_ms: LatencyTable,
     costs: RoutingCosts,
 ) -> tuple[tuple[NodeView, ...], float] | None:
-    """Dijkstra from boundary ``start_layer`` to ``n_layers``.
+    """Dijkstra from boundary 0 to ``n_layers``.
 
     A search state is "the last node taken" (its stop boundary is implied), because the seam
     cost depends on which node hands over to which. Ties break on fewer hops, then on node ids,
@@ -240,7 +241,7 @@ def _shortest_chain(
     while heap:
         cost, hop_count, ids, chain = heapq.heappop(heap)
         last = chain[-1] if chain else None
-        boundary = last.layers.stop if last else start_layer
+        boundary = last.layers.stop if last else 0
         if boundary == n_layers:
             return chain, cost
         state = last.node_id if last else None
@@ -263,34 +264,23 @@ def _explain_no_route(
     n_layers: int,
     fingerprint: str,
     exclude: Collection[NodeId],
-    start_layer: int,
 ) -> str:
     """What is missing, in words an operator can act on: which layers, why nodes were skipped."""
-    span = LayerRange(start_layer, n_layers)
-    gaps = uncovered_layers(usable, start_layer, n_layers)
+    gaps = uncovered_layers(usable, n_layers)
     if gaps:
-        problem = f"layers {', '.join(str(gap) for gap in gaps)} have no live certified shard"
+        problem = f"layers {', '.join(str(gap) for gap in gaps)} have no live shard"
     else:
         # Every layer is held, but the ranges overlap without meeting at a common boundary.
-        reachable = _reachable_boundaries(usable, start_layer)
-        frontier = max(reachable)
+        frontier = max(_reachable_boundaries(usable))
         problem = f"the shards' ranges do not meet: no shard starts at layer {frontier}"
-    same_recipe = [node for node in nodes if node.fingerprint == fingerprint]
-    skipped = {
-        "uncertified": sum(1 for node in same_recipe if not node.certified),
-        "excluded": sum(1 for node in same_recipe if node.node_id in exclude),
-        "outside the requested span": sum(
-            1 for node in same_recipe if node.layers.start < start_layer or node.layers.stop > n_layers
-        ),
-    }
-    notes = ", ".join(f"{count} {reason}" for reason, count in skipped.items() if count)
-    suffix = f" (skipped shards: {notes})" if notes else ""
-    return f"no route for recipe {fingerprint} over layers {span}: {problem}{suffix}"
+    excluded = sum(1 for node in nodes if node.fingerprint == fingerprint and node.node_id in exclude)
+    suffix = f" (skipped shards: {excluded} excluded)" if excluded else ""
+    return f"no route for recipe {fingerprint} over layers {LayerRange(0, n_layers)}: {problem}{suffix}"
 
 
-def _reachable_boundaries(usable: Sequence[NodeView], start_layer: int) -> set[int]:
-    reachable = {start_layer}
-    frontier = [start_layer]
+def _reachable_boundaries(usable: Sequence[NodeView]) -> set[int]:
+    reachable = {0}
+    frontier = [0]
     while frontier:
         boundary = frontier.pop()
         for node in usable:

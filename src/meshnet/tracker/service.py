@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from meshnet.core.errors import MeshnetError
+from meshnet.core.errors import MeshnetError, Uncertified
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.security.identity import PeerIdentity
@@ -115,23 +115,29 @@ class TrackerServicer(services.TrackerServicer):
     async def Register(
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
-        registration, hint = wire.registration_from_proto(request)
+        record, hint = wire.registration_from_proto(request)
         peer = self.admit(context, "Register")
         if peer is not None:
             # The node id is the certificate's, whatever the request hints: one node, one id.
             hint = NodeId(peer.node_id)
             held = self._registry.get(hint)
-            if held is not None and held.registration.address != registration.address:
+            if held is not None and held.record.address != record.address:
                 self._registry.deregister(hint)  # the same node, restarted on another port
-        node_id = self._registry.register(registration, hint)
-        await self._store.call(self._store.store.record_node, node_id, registration, self._wall_clock())
+        try:
+            node_id = self._registry.register(record, hint)
+        except Uncertified as refused:
+            await self.persist_epoch()  # a stale entry at its address may have left routes
+            logger.warning("%s", refused.message)
+            raise
+        await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
         await self.persist_epoch()
         logger.info(
-            "node %s registered: %s layers %s of %s",
+            "node %s registered: %s layers %s of %s (certification %s)",
             node_id,
-            registration.address,
-            registration.layers,
-            registration.fingerprint,
+            record.address,
+            record.layers,
+            record.fingerprint,
+            record.certification.digest[:16],
         )
         return wire.registered_to_proto(Registered(node_id, self._registry.heartbeat_interval_s, self._registry.epoch))
 

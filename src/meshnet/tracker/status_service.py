@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.swarm_status import NodeStatus, NodeTable
+from meshnet.core.tracking import NodeLoad
 from meshnet.tracker.registry import NodeEntry, NodeRegistry
 from meshnet.tracker.service import admit_call
 from meshnet.wire import services
@@ -26,28 +29,12 @@ def node_table(registry: NodeRegistry) -> NodeTable:
 
 
 def _node_status(entry: NodeEntry, now: float) -> NodeStatus:
-    registration, load = entry.registration, entry.load
+    load = entry.load or NodeLoad(free_sessions=entry.record.capability.max_sessions)
     return NodeStatus(
         node_id=entry.node_id,
-        address=registration.address,
-        model=registration.model,
-        fingerprint=registration.fingerprint,
-        quantization=registration.quantization,
-        layers=registration.layers,
-        n_layers=registration.recipe.n_layers,
-        cpu_count=registration.hardware.cpu_count,
-        memory_bytes=registration.hardware.memory_bytes,
-        memory_used_bytes=load.memory_used_bytes if load else 0,
-        memory_budget_bytes=load.memory_budget_bytes if load else 0,
-        max_sessions=registration.max_sessions,
-        active_sessions=load.active_sessions if load else 0,
-        free_sessions=load.free_sessions if load else registration.max_sessions,
-        queue_depth=load.queue_depth if load else 0,
-        kv_used_fraction=load.kv_used_fraction if load else 0.0,
-        prefill_tokens_per_s=registration.prefill_tokens_per_s,
-        decode_tokens_per_s=registration.decode_tokens_per_s,
+        record=entry.record,
+        load=replace(load, peer_rtt_ms=()),
         seconds_since_heartbeat=max(0.0, now - entry.last_seen),
-        certified=registration.certified,
     )
 
 

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 from meshnet.core.errors import FailedPrecondition
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeRegistration, NodeWork, WorkRecord
+from meshnet.core.node_record import NodeRecord
+from meshnet.core.tracking import NodeWork, WorkRecord
 
 SCHEMA_VERSION = 2
 """2: work records may be ``unverified`` (DGR-013); a version-1 file is migrated on open."""
@@ -95,7 +96,7 @@ class TrackerStore(Protocol):
         """Record ``epoch`` unless a larger one is stored already: the epoch never goes down."""
         ...
 
-    def record_node(self, node_id: NodeId, registration: NodeRegistration, seen_at: float) -> None: ...
+    def record_node(self, node_id: NodeId, record: NodeRecord, seen_at: float) -> None: ...
 
     def record_work(self, record: WorkRecord, recorded_at: float) -> bool:
         """Store ``record`` durably; False if this exact record was stored before.
@@ -181,7 +182,7 @@ class SqliteTrackerStore:
         with self._lock:
             self._connection.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'epoch'", (epoch,))
 
-    def record_node(self, node_id: NodeId, registration: NodeRegistration, seen_at: float) -> None:
+    def record_node(self, node_id: NodeId, record: NodeRecord, seen_at: float) -> None:
         with self._lock:
             self._connection.execute(
                 """INSERT INTO nodes(node_id, address, model, fingerprint, layer_start, layer_stop,
@@ -195,12 +196,12 @@ class SqliteTrackerStore:
                      last_registered = excluded.last_registered""",
                 (
                     node_id,
-                    registration.address,
-                    registration.model,
-                    registration.fingerprint,
-                    registration.layers.start,
-                    registration.layers.stop,
-                    json.dumps(asdict(registration), sort_keys=True),
+                    record.address,
+                    record.model,
+                    record.fingerprint,
+                    record.layers.start,
+                    record.layers.stop,
+                    json.dumps(asdict(record), sort_keys=True),
                     seen_at,
                     seen_at,
                 ),

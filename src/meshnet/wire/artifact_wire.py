@@ -11,8 +11,8 @@ import zlib
 from dataclasses import dataclass
 
 from meshnet.artifact.directory import SHA256_HEX, Advertisement, FoundHolders, HeldManifest, HolderInfo
+from meshnet.core.checks import check_text
 from meshnet.core.errors import IntegrityError, InvalidArgument, Unavailable
-from meshnet.core.tracking import check_text
 from meshnet.wire.generated import artifact_pb2 as pb
 
 MAX_CHUNK_BYTES = 1 << 20

@@ -18,6 +18,7 @@ from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
+from meshnet.core.node_record import NodeRecord
 from meshnet.core.sampling_options import TokenLogprobs
 
 SCHEMA_VERSION = 1
@@ -46,7 +47,6 @@ Phase = Literal["prefill", "decode"]
 CacheExpectation = Literal["new", "continue"]
 """``new``: start a fresh KV at position 0. ``continue``: KV must already reach ``position``."""
 Compression = Literal["none"]
-ShardRole = Literal["head", "middle", "tail", "full"]
 
 _PHASES = ("prefill", "decode")
 _CACHE_EXPECTATIONS = ("new", "continue")
@@ -304,61 +304,24 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True)
 class CapabilityInfo:
-    """What one shard serves and how much room it has."""
+    """A shard's answer to GetCapability, an admin and diagnostic call: the record it registered
+    and its room right now. Distinct from the record because the room changes by the second;
+    routes carry each hop's capability, so no request needs this."""
 
     node_id: NodeId
-    fingerprint: str
-    layers: LayerRange
-    n_layers: int
-    n_embd: int
-    vocab_size: int
+    record: NodeRecord
     schema_versions: tuple[int, ...]
-    backend: str
-    backend_version: str
-    max_sessions: int
+    """Frame schemas the shard reads."""
     free_sessions: int
+    """Sessions it can still admit: 0 while draining."""
     active_sessions: int
-    n_ctx_per_session: int
-    max_frame_bytes: int
-    max_tokens_per_frame: int
-    certified: bool
-    prefill_chunk_tokens: int = 0
-    """Tokens per engine call of a prefill; 0 when the shard does not say."""
 
     def __post_init__(self) -> None:
         _check_text("node_id", self.node_id, MAX_ID_CHARS)
-        _check_text("fingerprint", self.fingerprint, MAX_ID_CHARS)
-        _check_text("backend", self.backend, MAX_ID_CHARS)
-        _check_text("backend_version", self.backend_version, MAX_ID_CHARS, allow_empty=True)
-        _check_int("n_layers", self.n_layers, 1, 1 << 16)
-        self.layers.check_within(self.n_layers)
-        _check_int("n_embd", self.n_embd, 1, 1 << 20)
-        _check_int("vocab_size", self.vocab_size, 1, MAX_TOKEN_ID)
         if not self.schema_versions:
             raise InvalidArgument("a shard must read at least one frame schema version")
-        _check_int("max_sessions", self.max_sessions, 0, 2**32 - 1)
-        _check_int("free_sessions", self.free_sessions, 0, self.max_sessions)
+        _check_int("free_sessions", self.free_sessions, 0, self.record.capability.max_sessions)
         _check_int("active_sessions", self.active_sessions, 0, 2**32 - 1)
-        _check_int("n_ctx_per_session", self.n_ctx_per_session, 0, MAX_POSITION)
-        _check_int("max_frame_bytes", self.max_frame_bytes, FRAME_OVERHEAD_BYTES + 1, 2**31 - 1)
-        _check_int("max_tokens_per_frame", self.max_tokens_per_frame, 1, MAX_POSITION)
-        _check_int("prefill_chunk_tokens", self.prefill_chunk_tokens, 0, MAX_POSITION)
-
-    @property
-    def role(self) -> ShardRole:
-        head, tail = self.layers.is_head(), self.layers.is_tail(self.n_layers)
-        if head and tail:
-            return "full"
-        return "head" if head else "tail" if tail else "middle"
-
-    def limits(self) -> FrameLimits:
-        """The limits a frame sent to this shard must respect."""
-        return FrameLimits(
-            n_embd=self.n_embd,
-            max_frame_bytes=self.max_frame_bytes,
-            max_tokens_per_frame=self.max_tokens_per_frame,
-            vocab_size=self.vocab_size if self.layers.is_head() else None,
-        )
 
 
 @dataclass(frozen=True, slots=True)

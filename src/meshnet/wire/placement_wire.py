@@ -6,10 +6,10 @@ and its request carries a cost model rather than swarm state.
 
 from __future__ import annotations
 
+from meshnet.core.checks import MAX_LAYERS, check_count, check_text
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layer_costs import LayerAdvice, LayerCosts, LayerQuestion
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import MAX_LAYERS, check_count, check_text
 from meshnet.wire.generated import tracker_pb2 as pb
 
 MAX_BYTES = 2**50

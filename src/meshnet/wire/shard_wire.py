@@ -42,12 +42,12 @@ from meshnet.wire.frames import (
     HopTiming,
     Phase,
     SessionEnd,
-    ShardRole,
     StepFrame,
     StepResult,
     check_schema_version,
 )
 from meshnet.wire.generated import shard_pb2 as pb
+from meshnet.wire.node_wire import record_from_proto, record_to_proto
 from meshnet.wire.payload import decode_hidden, decode_tokens, encode_tokens, write_hidden
 
 _PHASE_TO_PROTO: dict[Phase, int] = {"prefill": pb.PHASE_PREFILL, "decode": pb.PHASE_DECODE}
@@ -57,12 +57,6 @@ _CACHE_TO_PROTO: dict[CacheExpectation, int] = {
     "continue": pb.CACHE_EXPECTATION_CONTINUE,
 }
 _CACHE_FROM_PROTO: dict[int, CacheExpectation] = {v: k for k, v in _CACHE_TO_PROTO.items()}
-_ROLE_TO_PROTO: dict[ShardRole, int] = {
-    "head": pb.SHARD_ROLE_HEAD,
-    "middle": pb.SHARD_ROLE_MIDDLE,
-    "tail": pb.SHARD_ROLE_TAIL,
-    "full": pb.SHARD_ROLE_FULL,
-}
 MAX_METRICS = 4096
 MAX_STOP_TOKENS = 1024
 
@@ -262,53 +256,25 @@ def capability_request_to_proto() -> pb.CapabilityRequest:
 def capability_to_proto(info: CapabilityInfo) -> pb.Capability:
     return pb.Capability(
         node_id=info.node_id,
-        fingerprint=info.fingerprint,
-        layers=_span(info.layers),
-        n_layers=info.n_layers,
-        n_embd=info.n_embd,
-        vocab_size=info.vocab_size,
-        role=_ROLE_TO_PROTO[info.role],  # type: ignore[arg-type]
+        record=record_to_proto(info.record),
         schema_versions=info.schema_versions,
-        backend=info.backend,
-        backend_version=info.backend_version,
-        max_sessions=info.max_sessions,
         free_sessions=info.free_sessions,
         active_sessions=info.active_sessions,
-        n_ctx_per_session=info.n_ctx_per_session,
-        max_frame_bytes=info.max_frame_bytes,
-        max_tokens_per_frame=info.max_tokens_per_frame,
-        prefill_chunk_tokens=info.prefill_chunk_tokens,
-        certified=info.certified,
     )
 
 
 def capability_from_proto(message: pb.Capability) -> CapabilityInfo:
     if len(message.schema_versions) > 64:
         raise InvalidArgument(f"capability lists {len(message.schema_versions)} schema versions")
-    info = CapabilityInfo(
+    if not message.HasField("record"):
+        raise InvalidArgument("the capability carries no node record")
+    return CapabilityInfo(
         node_id=NodeId(message.node_id),
-        fingerprint=message.fingerprint,
-        layers=_range(message.layers, "capability"),
-        n_layers=message.n_layers,
-        n_embd=message.n_embd,
-        vocab_size=message.vocab_size,
+        record=record_from_proto(message.record),
         schema_versions=tuple(message.schema_versions),
-        backend=message.backend,
-        backend_version=message.backend_version,
-        max_sessions=message.max_sessions,
         free_sessions=message.free_sessions,
         active_sessions=message.active_sessions,
-        n_ctx_per_session=message.n_ctx_per_session,
-        max_frame_bytes=message.max_frame_bytes,
-        max_tokens_per_frame=message.max_tokens_per_frame,
-        prefill_chunk_tokens=message.prefill_chunk_tokens,
-        certified=message.certified,
     )
-    if message.role != _ROLE_TO_PROTO[info.role]:
-        raise InvalidArgument(
-            f"capability role value {message.role} contradicts layers {info.layers} of {info.n_layers} (a {info.role})"
-        )
-    return info
 
 
 def session_end_from_proto(message: pb.ReleaseRequest | pb.CancelRequest) -> SessionEnd:

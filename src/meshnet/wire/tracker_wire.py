@@ -12,27 +12,24 @@ is the tracker's fault, not the caller's, so the client-side decoder reports it 
 
 from __future__ import annotations
 
+from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.recipe import Recipe
+from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import (
-    MAX_LAYERS,
     MAX_PEERS,
     Deregistered,
-    HardwareSummary,
     HeartbeatStatus,
     ModelSummary,
     NodeLoad,
-    NodeRegistration,
     Registered,
     Route,
     RouteQuery,
-    check_count,
-    check_text,
 )
 from meshnet.wire.generated import tracker_pb2 as pb
+from meshnet.wire.node_wire import capability_from_proto, capability_to_proto, record_from_proto, record_to_proto
 
 MAX_EXCLUDED = 1024
 
@@ -45,86 +42,16 @@ def node_id_from_proto(text: str) -> NodeId:
 # --- Register -----------------------------------------------------------------------------------
 
 
-def recipe_to_proto(recipe: Recipe) -> pb.NodeRegistration.Recipe:
-    return pb.NodeRegistration.Recipe(
-        model_sha256=recipe.model_sha256,
-        architecture=recipe.architecture,
-        adapter_version=recipe.adapter_version,
-        weight_quantization=recipe.weight_quantization,
-        activation_dtype=recipe.activation_dtype,
-        kv_dtype=recipe.kv_dtype,
-        backend=recipe.backend,
-        backend_version=recipe.backend_version,
-        n_layers=recipe.n_layers,
-        n_embd=recipe.n_embd,
-        boundary_schema=recipe.boundary_schema,
-    )
+def registration_to_proto(record: NodeRecord, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
+    return pb.NodeRegistration(record=record_to_proto(record), node_id_hint=node_id_hint or "")
 
 
-def recipe_from_proto(message: pb.NodeRegistration.Recipe) -> Recipe:
-    texts = {
-        "model_sha256": message.model_sha256,
-        "architecture": message.architecture,
-        "adapter_version": message.adapter_version,
-        "weight_quantization": message.weight_quantization,
-        "activation_dtype": message.activation_dtype,
-        "kv_dtype": message.kv_dtype,
-        "backend": message.backend,
-        "backend_version": message.backend_version,
-        "boundary_schema": message.boundary_schema,
-    }
-    for name, value in texts.items():
-        check_text(f"recipe.{name}", value)
-    if not 1 <= message.n_layers <= MAX_LAYERS:
-        raise InvalidArgument(f"recipe.n_layers must be in [1, {MAX_LAYERS}], got {message.n_layers}")
-    check_count("recipe.n_embd", message.n_embd, 1 << 20)
-    return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, **texts)
-
-
-def registration_to_proto(registration: NodeRegistration, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
-    return pb.NodeRegistration(
-        address=registration.address,
-        recipe=recipe_to_proto(registration.recipe),
-        fingerprint=registration.fingerprint,
-        model=registration.model,
-        quantization=registration.quantization,
-        layer_start=registration.layers.start,
-        layer_stop=registration.layers.stop,
-        hardware=pb.NodeRegistration.Hardware(
-            cpu_count=registration.hardware.cpu_count,
-            memory_bytes=registration.hardware.memory_bytes,
-        ),
-        max_sessions=registration.max_sessions,
-        measured=pb.NodeRegistration.Measured(
-            prefill_tokens_per_s=registration.prefill_tokens_per_s,
-            decode_tokens_per_s=registration.decode_tokens_per_s,
-        ),
-        certified=registration.certified,
-        node_id_hint=node_id_hint or "",
-        expert_group_nodes=registration.expert_group,
-    )
-
-
-def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRegistration, NodeId | None]:
-    """The registration and the node id the worker asks to keep, if any."""
-    if not message.HasField("recipe"):
-        raise InvalidArgument("registration has no recipe")
-    registration = NodeRegistration(
-        address=message.address,
-        recipe=recipe_from_proto(message.recipe),
-        fingerprint=message.fingerprint,
-        model=message.model,
-        quantization=message.quantization,
-        layers=LayerRange(message.layer_start, message.layer_stop),
-        hardware=HardwareSummary(message.hardware.cpu_count, message.hardware.memory_bytes),
-        max_sessions=message.max_sessions,
-        prefill_tokens_per_s=message.measured.prefill_tokens_per_s,
-        decode_tokens_per_s=message.measured.decode_tokens_per_s,
-        certified=message.certified,
-        expert_group=tuple(message.expert_group_nodes),
-    )
+def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRecord, NodeId | None]:
+    """The node's record and the node id it asks to keep, if any."""
+    if not message.HasField("record"):
+        raise InvalidArgument("the registration carries no node record")
     hint = node_id_from_proto(message.node_id_hint) if message.node_id_hint else None
-    return registration, hint
+    return record_from_proto(message.record), hint
 
 
 def registered_to_proto(registered: Registered) -> pb.RegisterReply:
@@ -185,12 +112,7 @@ def heartbeat_status_from_proto(message: pb.HeartbeatReply) -> HeartbeatStatus:
 
 
 def route_query_to_proto(query: RouteQuery) -> pb.RouteRequest:
-    message = pb.RouteRequest(
-        model=query.model, session_id=query.session_id or "", exclude_node_ids=sorted(query.exclude)
-    )
-    if query.start_layer is not None:
-        message.require_start_layer = query.start_layer
-    return message
+    return pb.RouteRequest(model=query.model, session_id=query.session_id or "", exclude_node_ids=sorted(query.exclude))
 
 
 def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
@@ -203,7 +125,6 @@ def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
         model=message.model,
         session_id=SessionId(message.session_id) if message.session_id else None,
         exclude=frozenset(node_id_from_proto(node_id) for node_id in message.exclude_node_ids),
-        start_layer=message.require_start_layer if message.HasField("require_start_layer") else None,
     )
 
 
@@ -216,6 +137,7 @@ def route_to_proto(route: Route) -> pb.RouteReply:
                 layer_start=hop.layers.start,
                 layer_stop=hop.layers.stop,
                 fingerprint=route.fingerprint,
+                capability=capability_to_proto(hop.capability),
             )
             for hop in route.hops
         ],
@@ -234,10 +156,7 @@ def route_from_proto(message: pb.RouteReply) -> Route:
         raise Unavailable(f"the tracker sent a route with recipes {sorted(fingerprints)}; refusing it")
     try:
         return Route(
-            hops=tuple(
-                RouteHop(NodeId(hop.node_id), hop.address, LayerRange(hop.layer_start, hop.layer_stop))
-                for hop in message.hops
-            ),
+            hops=tuple(_hop_from_proto(hop) for hop in message.hops),
             epoch=message.epoch,
             model=message.model,
             quantization=message.quantization,
@@ -247,6 +166,18 @@ def route_from_proto(message: pb.RouteReply) -> Route:
         )
     except MeshnetError as error:
         raise Unavailable(f"the tracker sent a malformed route: {error.message}") from error
+
+
+def _hop_from_proto(hop: pb.RouteReply.Hop) -> RouteHop:
+    check_text("hop address", hop.address)
+    if not hop.HasField("capability"):
+        raise InvalidArgument(f"hop {hop.address} carries no capability")
+    return RouteHop(
+        node_id_from_proto(hop.node_id),
+        hop.address,
+        LayerRange(hop.layer_start, hop.layer_stop),
+        capability_from_proto(hop.capability),
+    )
 
 
 # --- ListModels ---------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Start-up certification passes on this llama.cpp build, and refuses when split output differs."""
+"""Start-up certification passes on this llama.cpp build (and on the fake engine), refuses when split
+output differs, and reports digests every node of a recipe shares."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from meshnet.cli import main as cli
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange
 from meshnet.engine import certification
+from meshnet.engine.backend import StepInput, StepOutput
 from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
 
 
@@ -94,3 +97,38 @@ def test_certification_of_a_q4_0_model_loaded_without_repacking(tmp_path: Path) 
     report = certification.certify_llama_engine(model=served, repack=False)
     assert "Q4_0" in report.weight_types
     assert any(check.startswith("llama Q4_0: ") for check in report.checks)
+
+
+def test_the_report_digests_every_compared_logit_and_is_the_same_on_every_run(tmp_path: Path) -> None:
+    # What the tracker compares across the nodes of a recipe: deterministic models on a pinned
+    # build give one whole-model digest; another family's models give another.
+    report, again = certification.certify_llama_engine(), certification.certify_llama_engine()
+    assert report.whole_sha256 == report.split_sha256 == again.whole_sha256
+    qwen2 = write_synthetic_model(tmp_path / "qwen2.gguf", SyntheticSpec(architecture="qwen2", tied_embeddings=False))
+    assert certification.certify_llama_engine(model=qwen2).whole_sha256 != report.whole_sha256
+    bound = report.bound_to("rcp-" + "0" * 32)
+    assert bound.digest == bound.recomputed_digest and bound.checks == report.checks
+
+
+def test_the_fake_engine_certifies_like_the_real_one() -> None:
+    report = certification.certify_fake_engine(6, 16, 64)
+    assert report.whole_sha256 == report.split_sha256 == certification.certify_fake_engine(6, 16, 64).whole_sha256
+    assert len(report.checks) == len(certification.PROMPTS) + 2
+    assert certification.certify_fake_engine(6, 32, 64).whole_sha256 != report.whole_sha256
+    with pytest.raises(CertificationFailed, match="cannot be split"):
+        certification.certify_fake_engine(1, 16, 64)
+
+
+def test_the_fake_certification_refuses_a_fake_whose_split_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Drifting(certification.FakeBackend):  # type: ignore[misc]
+        """A fake whose later shards compute something else than the whole model's layers."""
+
+        def run(self, batch: list[StepInput]) -> list[StepOutput]:
+            outputs = super().run(batch)
+            if self.shape.layers.start == 0:
+                return outputs
+            return [replace(out, logits=None if out.logits is None else out.logits + 1e-3) for out in outputs]
+
+    monkeypatch.setattr(certification, "FakeBackend", Drifting)
+    with pytest.raises(CertificationFailed, match="split output differs from the whole model"):
+        certification.certify_fake_engine(6, 16, 64)

@@ -30,6 +30,7 @@ from meshnet.core.events import (
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeCapability
 from meshnet.gateway.app import create_app
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.ports import ModelCard
@@ -38,6 +39,9 @@ from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 
 MODEL = "tiny-test"
 BOS, EOS, OFFSET = 0, 1, 2
+
+HOP_CAPABILITY = NodeCapability(2048, 256, 2048, 4 << 20, 64, 8)
+"""What each scripted route hop carries (the scripted generator never sizes frames by it)."""
 
 
 class ByteDecoder:
@@ -146,8 +150,8 @@ class ScriptedGenerator:
     ) -> AsyncIterator[GenerationEvent]:
         prompt = len(request.prompt_tokens)
         hops = (
-            RouteHop(NodeId("node-a"), "127.0.0.1:5001", LayerRange(0, 12)),
-            RouteHop(NodeId("node-b"), "127.0.0.1:5002", LayerRange(12, 24)),
+            RouteHop(NodeId("node-a"), "127.0.0.1:5001", LayerRange(0, 12), HOP_CAPABILITY),
+            RouteHop(NodeId("node-b"), "127.0.0.1:5002", LayerRange(12, 24), HOP_CAPABILITY),
         )
         yield RouteAccepted(request_id, SessionId("s-test"), MODEL, "Q8_0", hops, epoch=3)
         yield PrefillStarted(prompt)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from status_samples import node, table
+from status_samples import node, recipe, table
 
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_status import coverage, judge_health, node_health, runs_where
+from meshnet.core.tracking import NodeLoad
 from meshnet.wire.status_wire import node_table_from_proto, node_table_to_proto
 
 
@@ -22,9 +23,11 @@ def test_coverage_counts_each_layer_and_names_the_gaps() -> None:
     assert tiny.as_json()["gaps"] == [[4, 5]]
 
 
-def test_coverage_is_per_recipe_and_ignores_uncertified_nodes() -> None:
-    found = coverage([node("0:6"), node("0:6", fingerprint="f2"), node("0:3", certified=False)])
-    assert [(c.fingerprint, c.counts) for c in found] == [("f1", (1,) * 6), ("f2", (1,) * 6)]
+def test_coverage_is_per_recipe() -> None:
+    # Every node in the table passed the tracker's certification check: each one counts.
+    found = coverage([node("0:6"), node("0:6", fingerprint="f2"), node("0:3", fingerprint="f2")])
+    by_recipe = {c.fingerprint: c.counts for c in found}
+    assert by_recipe == {recipe("f1").fingerprint(): (1,) * 6, recipe("f2").fingerprint(): (2, 2, 2, 1, 1, 1)}
 
 
 def test_health_is_ok_degraded_or_no_route_with_the_missing_layers() -> None:
@@ -54,5 +57,5 @@ def test_a_node_is_late_after_one_and_a_half_intervals() -> None:
 
 
 def test_the_table_survives_the_wire() -> None:
-    original = table(node("0:2"), node("2:6", model="other", kv_used_fraction=0.5))
+    original = table(node("0:2"), node("2:6", model="other", load=NodeLoad(2, 6, 1, 0.5)))
     assert node_table_from_proto(node_table_to_proto(original)) == original

@@ -34,11 +34,15 @@ from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.engine.backend import StepInput, StepOutput
+from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
+from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.engine.certification import certify_fake_engine
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.local_route import LocalRoute
+from meshnet.node.assembly import fake_recipe
+from meshnet.node.config import FakeModel
 from meshnet.node.session_stream import SessionStream
-from meshnet.node.shard import AnyShard, ShardIdentity, build_shard
+from meshnet.node.shard import AnyShard, build_shard
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
@@ -52,7 +56,8 @@ def admission_policy(
 
 
 N_LAYERS = 6
-FINGERPRINT = "fake-recipe"
+RECIPE = fake_recipe(FakeModel(n_layers=N_LAYERS))
+FINGERPRINT = RECIPE.fingerprint()
 CHUNK_TOKENS = 4
 """Every shard's prefill chunk (the fake backend's ``max_batch_tokens``)."""
 CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, scratch_bytes=0, budget_bytes=None)
@@ -137,7 +142,7 @@ class InProcessStream:
     """A Session stream into ``shard``: what the servicer runs per stream, minus the wire."""
 
     def __init__(self, shard: AnyShard, timeout: float | None) -> None:
-        self.address = shard.identity.address
+        self.address = shard.record.address
         self._frames = _Frames()
         self._answers = _Answers()
         self._severed = False
@@ -206,7 +211,7 @@ class InProcessRing:
     servicer's ``RingReturn`` serves it."""
 
     def __init__(self, tail: AnyShard, session_id: SessionId, request_id: RequestId) -> None:
-        self.address = tail.identity.address
+        self.address = tail.record.address
         self._answers = _Answers()
         self._serving = asyncio.ensure_future(self._serve(tail, session_id, request_id))
 
@@ -251,7 +256,7 @@ class Route:
         return backend
 
     def hops(self) -> tuple[HopSpec, ...]:
-        return tuple(HopSpec(s.identity.address, s.shape.layers, FINGERPRINT) for s in self.shards[1:])
+        return tuple(HopSpec(s.record.address, s.shape.layers, FINGERPRINT) for s in self.shards[1:])
 
     def sender(self, timeout: float | None = None) -> InProcessStream:
         """A stream into the head, as the route driver opens one."""
@@ -296,13 +301,30 @@ async def start_route(
         loop = EngineLoop(lambda layers=layers: Backend(layers))  # type: ignore[misc]
         await asyncio.to_thread(loop.start)
         address = f"shard-{index}"
-        identity = ShardIdentity(NodeId(address), address, FINGERPRINT, "fake", "1", 4 * 1024 * 1024)
+        record = shard_record(address, loop.backend.shape)
         admission = policy or admission_policy(2)
-        shard = build_shard(identity, loop, admission, CAPACITY, connect, open_ring=open_ring, clock=clock)
+        shard = build_shard(
+            NodeId(address), record, loop, admission, CAPACITY, connect, open_ring=open_ring, clock=clock
+        )
         by_address[address] = shard
         route.shards.append(shard)
         route.loops.append(loop)
     return route
+
+
+def shard_record(address: str, shape: ShardShape) -> NodeRecord:
+    """The record a fake worker of this shape registers, with its fake engine's real certification."""
+    capability = NodeCapability(
+        n_ctx_per_session=shape.n_ctx_per_slot,
+        prefill_chunk_tokens=shape.max_batch_tokens,
+        max_tokens_per_frame=shape.n_ctx_per_slot,
+        max_frame_bytes=4 * 1024 * 1024,
+        n_embd=shape.n_embd,
+        max_sessions=shape.max_slots,
+    )
+    certification = certify_fake_engine(N_LAYERS, RECIPE.n_embd, 64).bound_to(FINGERPRINT)
+    hardware = HardwareSummary(cpu_count=2, memory_bytes=1 << 30)
+    return NodeRecord(address, RECIPE, FINGERPRINT, "fake", "none", shape.layers, hardware, capability, certification)
 
 
 def opening(

@@ -85,13 +85,14 @@ async def test_the_audit_queue_is_bounded_and_submitting_never_blocks() -> None:
     from meshnet.core.generation import GenerationRequest
     from meshnet.core.ids import RequestId
     from meshnet.core.layers import LayerRange
+    from meshnet.core.node_record import NodeCapability
     from meshnet.core.tracking import Route
     from meshnet.membership.tracker_client import TrackerClient
     from meshnet.route.audit import AuditCase, AuditConfig, Auditor
     from meshnet.route.driver import RouteDriver
     from meshnet.route.shard_stream import ChannelPool
 
-    hop = RouteHop(NodeId("h1"), "127.0.0.1:1", LayerRange(0, 4))
+    hop = RouteHop(NodeId("h1"), "127.0.0.1:1", LayerRange(0, 4), NodeCapability(64, 8, 64, 1 << 20, 8, 1))
     route = Route(hops=(hop,), epoch=1, model="m", quantization="Q8_0", fingerprint="rcp-1", n_layers=4, ms_per_token=1)
     request = GenerationRequest((1, 2, 3), 4)
     pool = ChannelPool(1 << 20)
@@ -118,12 +119,13 @@ async def test_an_audit_replay_holds_a_gateway_slot_and_waits_for_one() -> None:
     from meshnet.core.generation import GenerationRequest
     from meshnet.core.ids import RequestId
     from meshnet.core.layers import LayerRange
+    from meshnet.core.node_record import NodeCapability
     from meshnet.core.tracking import Route
     from meshnet.gateway.admission import Admission
     from meshnet.route.audit import AuditCase, AuditConfig, Auditor
 
     def route(node: str) -> Route:
-        hop = RouteHop(NodeId(node), "127.0.0.1:1", LayerRange(0, 4))
+        hop = RouteHop(NodeId(node), "127.0.0.1:1", LayerRange(0, 4), NodeCapability(64, 8, 64, 1 << 20, 8, 1))
         return Route(
             hops=(hop,), epoch=1, model="m", quantization="Q8_0", fingerprint="rcp-1", n_layers=4, ms_per_token=1
         )

@@ -21,6 +21,7 @@ from meshnet.core.events import RouteAccepted, RouteHealth, RouteHop, TokenGener
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeCapability
 from meshnet.core.tracking import Route, WorkRecord
 from meshnet.route import swarm as swarm_module
 from meshnet.route.audit import AuditCase
@@ -29,13 +30,17 @@ from meshnet.route.outbox import WorkOutbox
 from meshnet.route.swarm import SwarmClient, SwarmConfig
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
-HEAD, TAIL = RouteHop(NodeId("head"), "h:1", LayerRange(0, 2)), RouteHop(NodeId("tail"), "t:1", LayerRange(4, 6))
-MIDDLES = {name: RouteHop(NodeId(name), f"{name}:1", LayerRange(2, 4)) for name in ("a", "b", "c")}
 REQUEST = GenerationRequest((1, 2, 3), max_tokens=6, model="tiny")
 
 
-def route_via(middle: str, epoch: int) -> Route:
-    return Route((HEAD, MIDDLES[middle], TAIL), epoch, "tiny", "Q8_0", "rcp-x", 6, 1.0)
+def hop(name: str, start: int, stop: int, context: int) -> RouteHop:
+    capability = NodeCapability(context, 64, context, 1 << 20, 8, 4)
+    return RouteHop(NodeId(name), f"{name}:1", LayerRange(start, stop), capability)
+
+
+def route_via(middle: str, epoch: int, context: int = 512) -> Route:
+    hops = (hop("head", 0, 2, context), hop(middle, 2, 4, context), hop("tail", 4, 6, context))
+    return Route(hops, epoch, "tiny", "Q8_0", "rcp-x", 6, 1.0)
 
 
 @dataclass
@@ -45,6 +50,8 @@ class FakeTracker:
 
     listed: Sequence[str] = ("a", "b", "c")
     report_failures: int = 0
+    context: int = 512
+    """Positions a session holds on every hop of the routes planned (each hop's capability)."""
     excludes: list[frozenset[NodeId]] = field(default_factory=list)
     reports: list[WorkRecord] = field(default_factory=list)
     attempts: int = 0
@@ -52,8 +59,8 @@ class FakeTracker:
     async def choose_route(self, model: str, *, session_id: Any = None, exclude: Any = ()) -> Route:
         self.excludes.append(frozenset(exclude))
         for epoch, name in enumerate(self.listed, start=1):
-            if MIDDLES[name].node_id not in self.excludes[-1]:
-                return route_via(name, epoch + len(self.excludes))
+            if NodeId(name) not in self.excludes[-1]:
+                return route_via(name, epoch + len(self.excludes), self.context)
         raise NoRoute("layers 2:4 have no live shard")
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> None:
@@ -63,23 +70,14 @@ class FakeTracker:
         self.reports.append(record)
 
 
-@dataclass(frozen=True)
-class Capability:
-    n_ctx_per_session: int = 512
-
-
 class FakeDriver:
     """Generates token = position; a route through a middle in ``failing`` raises its error
     after ``fail_after`` tokens."""
 
-    def __init__(self, failing: Mapping[NodeId, MeshnetError], fail_after: int = 2, context: int = 512) -> None:
+    def __init__(self, failing: Mapping[NodeId, MeshnetError], fail_after: int = 2) -> None:
         self.failing = failing
         self.fail_after = fail_after
-        self.context = context
         self.histories: list[tuple[int, ...]] = []
-
-    async def capability(self, address: str, node_id: str | None = None) -> Capability:
-        return Capability(self.context)
 
     async def run(self, session: Any, request: GenerationRequest, *, history: Sequence[int] = ()) -> AsyncIterator[Any]:
         self.histories.append(tuple(history))
@@ -91,12 +89,10 @@ class FakeDriver:
 
 
 def client(tracker: FakeTracker, driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, dead: set[str]) -> SwarmClient:
-    async def probe(pool: object, address: str, timeout_s: float = 0.0, node_id: str | None = None) -> Capability:
-        if address.split(":")[0] in dead:
-            raise Unavailable(f"{address} refused the connection")
-        return Capability()
+    async def serving(pool: object, address: str, timeout_s: float = 0.0, node_id: str | None = None) -> bool:
+        return address.split(":")[0] not in dead  # the health check of a dead hop fails
 
-    monkeypatch.setattr(swarm_module, "fetch_capability", probe)
+    monkeypatch.setattr(swarm_module, "is_serving", serving)
     config = SwarmConfig(reports=ReportPolicy(backoff_s=(0.001, 0.001)))
     return SwarmClient(tracker, object(), driver, config)  # type: ignore[arg-type]
 
@@ -183,8 +179,8 @@ async def test_work_record_is_retried_until_the_tracker_takes_it(monkeypatch: py
 
 
 async def test_prompt_beyond_the_shards_context_is_refused_before_any_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    tracker = FakeTracker()
-    swarm = client(tracker, FakeDriver({}, context=8), monkeypatch, dead=set())
+    tracker = FakeTracker(context=8)
+    swarm = client(tracker, FakeDriver({}), monkeypatch, dead=set())
     items = await collect(swarm)  # 3 prompt + 6 new > 8 positions
     assert len(items) == 1
     error = failure(items)

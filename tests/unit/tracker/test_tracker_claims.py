@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from meshnet.core.ids import NodeId
-from meshnet.core.layers import LayerRange
+from dataclasses import replace
+
+from tracker_samples import MODEL, OTHER_RECIPE, RECIPE, view
+
+from meshnet.core.recipe import Recipe
 from meshnet.tracker.claims import credible_views
 from meshnet.tracker.routing import NodeView, choose_model_route
 
+SIX_LAYERS = replace(RECIPE, n_layers=6)
 
-def node(node_id: str, start: int, stop: int, rate: float, fingerprint: str = "rcp") -> NodeView:
-    return NodeView(
-        NodeId(node_id), f"h:{start}{stop}", "m", "q", fingerprint, 6, LayerRange(start, stop), True, rate, 4
-    )
+
+def node(node_id: str, start: int, stop: int, rate: float, recipe: Recipe = SIX_LAYERS) -> NodeView:
+    return view(node_id, start, stop, rate=rate, recipe=recipe)
 
 
 def test_an_outlandish_claim_counts_as_the_lower_median() -> None:
@@ -24,12 +27,16 @@ def test_an_outlandish_claim_counts_as_the_lower_median() -> None:
 
 def test_the_liar_no_longer_wins_the_route() -> None:
     views = credible_views([node("a", 0, 3, 100.0), node("b", 3, 6, 120.0), node("rogue", 3, 6, 1e9)])
-    plan = choose_model_route(views, "m")
+    plan = choose_model_route(views, MODEL)
     assert "rogue" not in {hop.node_id for hop in plan.hops}
 
 
 def test_plausible_differences_and_lone_nodes_are_believed() -> None:
-    views = [node("a", 0, 3, 100.0), node("b", 3, 6, 2500.0), node("solo", 0, 6, 1e6, fingerprint="other")]
+    views = [
+        node("a", 0, 3, 100.0),
+        node("b", 3, 6, 2500.0),
+        node("solo", 0, 6, 1e6, recipe=replace(OTHER_RECIPE, n_layers=6)),
+    ]
     assert [v.decode_tokens_per_s for v in credible_views(views)] == [100.0, 2500.0, 1e6]
 
 

@@ -1,13 +1,14 @@
-"""The node table with a fake clock: expiry, the epoch, sticky routes, failover, rejoining."""
+"""The node table with a fake clock: expiry, the epoch, sticky routes, failover, rejoining,
+certification at the door."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
-from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, registration
+from tracker_samples import MODEL, N_LAYERS, OTHER_RECIPE, certification, registration
 
-from meshnet.core.errors import InvalidArgument, NoRoute
+from meshnet.core.errors import InvalidArgument, NoRoute, Uncertified
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeLoad, RouteQuery
@@ -112,27 +113,21 @@ def test_a_dead_node_invalidates_sticky_routes_with_a_larger_epoch(registry: Nod
     assert second.epoch > first.epoch
 
 
-def test_failover_of_a_sub_span_keeps_the_head_and_bumps_the_epoch(registry: NodeRegistry) -> None:
+def test_failover_replans_the_whole_route_keeping_the_healthy_head_and_bumps_the_epoch(
+    registry: NodeRegistry,
+) -> None:
+    # A lost tail is replaced by a whole new route (the client replays onto it); the planner
+    # keeps the healthy head because it is still the cheapest, not because it was there.
     head = registry.register(registration(0, 10, address="h:1"))
+    slower_head = registry.register(registration(0, 10, address="h:2", decode_tokens_per_s=50))
     tail = registry.register(registration(10, 20, address="t:1", decode_tokens_per_s=500))
     spare = registry.register(registration(10, 20, address="s:1", decode_tokens_per_s=50))
     first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
     assert first.node_ids == (head, tail)
-    sub = registry.choose_route(RouteQuery(FINGERPRINT, SessionId("s1"), exclude=frozenset({tail}), start_layer=10))
-    assert sub.node_ids == (spare,) and sub.epoch == first.epoch + 1
-    assert str(sub.layers) == "10:20"
-    whole = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
-    assert whole.node_ids == (head, spare) and whole.epoch == sub.epoch
-
-
-def test_a_sub_span_request_on_a_healthy_route_returns_its_tail_unchanged(
-    registry: NodeRegistry,
-) -> None:
-    registry.register(registration(0, 10, address="h:1"))
-    tail = registry.register(registration(10, 20, address="t:1"))
-    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
-    sub = registry.choose_route(RouteQuery(MODEL, SessionId("s1"), start_layer=10))
-    assert sub.node_ids == (tail,) and sub.epoch == first.epoch
+    moved = registry.choose_route(RouteQuery(MODEL, SessionId("s1"), exclude=frozenset({tail})))
+    assert moved.node_ids == (head, spare) and moved.epoch == first.epoch + 1
+    assert str(moved.layers) == "0:20" and slower_head not in moved.node_ids
+    assert registry.choose_route(RouteQuery(MODEL, SessionId("s1"))) == moved  # now the sticky one
 
 
 def test_sessions_routed_between_heartbeats_count_against_free_room(
@@ -199,15 +194,13 @@ def test_list_models_reports_routability(registry: NodeRegistry) -> None:
     (model,) = registry.list_models()
     assert (model.name, model.nodes, model.routable, model.n_layers) == (MODEL, 1, False, N_LAYERS)
     registry.register(registration(10, 20, address="b:1"))
-    registry.register(registration(10, 20, address="c:1", certified=False))
     (model,) = registry.list_models()
     assert (model.nodes, model.routable) == (2, True)
 
 
-def test_list_models_counts_the_session_slots_of_certified_heads(registry: NodeRegistry) -> None:
+def test_list_models_counts_the_session_slots_of_the_heads(registry: NodeRegistry) -> None:
     registry.register(registration(0, 10, address="a:1", max_sessions=8))
     registry.register(registration(0, 10, address="b:1", max_sessions=4))
-    registry.register(registration(0, 10, address="c:1", max_sessions=16, certified=False))
     registry.register(registration(10, 20, address="d:1", max_sessions=32))
     (model,) = registry.list_models()
     assert model.head_sessions == 12  # the gateway's default admission: what the heads can hold
@@ -261,3 +254,62 @@ def test_peer_latencies_are_bounded_values() -> None:
         NodeLoad(peer_rtt_ms=(("a:1", -1.0),))
     with pytest.raises(InvalidArgument):
         NodeLoad(peer_rtt_ms=tuple((f"a:{i}", 1.0) for i in range(65)))
+
+
+# -- certification at the door --------------------------------------------------------------------
+
+
+def test_a_registration_whose_report_certifies_another_recipe_is_refused(registry: NodeRegistry) -> None:
+    other = registration(0, 20, address="a:1", report=certification(OTHER_RECIPE))
+    with pytest.raises(Uncertified, match=f"certification is of recipe {OTHER_RECIPE.fingerprint()}"):
+        registry.register(other)
+    assert registry.entries() == ()
+
+
+def test_a_node_whose_split_differs_from_whole_is_refused(registry: NodeRegistry) -> None:
+    broken = registration(0, 20, address="a:1", report=certification(split="cd" * 32))
+    with pytest.raises(Uncertified, match="does not split bit-identically"):
+        registry.register(broken)
+
+
+def test_a_node_computing_other_numbers_than_its_recipes_nodes_is_refused_with_evidence(
+    registry: NodeRegistry,
+) -> None:
+    first = registry.register(registration(0, 10, address="a:1"))
+    odd = registration(10, 20, address="b:1", report=certification(whole="cd" * 32))
+    with pytest.raises(Uncertified) as refused:
+        registry.register(odd)
+    assert f"node {first} at a:1" in refused.value.message and "ab" * 32 in refused.value.message
+    assert "cd" * 32 in refused.value.message
+    # Agreeing nodes join; another recipe's nodes are not compared with this one's.
+    registry.register(registration(10, 20, address="c:1"))
+    registry.register(
+        registration(0, 20, address="d:1", recipe=OTHER_RECIPE, report=certification(OTHER_RECIPE, whole="cd" * 32))
+    )
+    assert len(registry.entries()) == 3
+
+
+def test_once_a_recipes_nodes_have_left_a_new_digest_is_judged_afresh(registry: NodeRegistry) -> None:
+    # The reference is the live nodes': one that left cannot lock its recipe out for good.
+    gone = registry.register(registration(0, 20, address="a:1"))
+    registry.deregister(gone)
+    registry.register(registration(0, 20, address="b:1", report=certification(whole="cd" * 32)))
+    assert len(registry.entries()) == 1
+
+
+def test_a_refused_re_registration_still_takes_the_old_entry_out_of_routes(registry: NodeRegistry) -> None:
+    # Whatever answers at that address now is not the node that was certified there.
+    registry.register(registration(0, 20, address="a:1"))
+    registry.register(registration(0, 20, address="b:1"))
+    with pytest.raises(Uncertified):
+        registry.register(registration(0, 20, address="a:1", report=certification(whole="cd" * 32)))
+    assert [entry.record.address for entry in registry.entries()] == ["b:1"] and registry.epoch == 8
+
+
+def test_a_restarted_node_with_another_context_is_routed_with_its_new_record(registry: NodeRegistry) -> None:
+    node = registry.register(registration(0, 20, address="a:1", context=64))
+    first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert first.context_tokens == 64
+    registry.register(registration(0, 20, address="a:1", context=512), node_id_hint=node)
+    again = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
+    assert again.context_tokens == 512 and again.hops[0].capability.n_ctx_per_session == 512

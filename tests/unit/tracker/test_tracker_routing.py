@@ -1,11 +1,20 @@
-"""Route planning as pure functions: speed, compatibility, KV room, certification, explanations."""
+"""Route planning as pure functions: speed, compatibility, KV room, capability, explanations."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tracker_samples import FINGERPRINT, MODEL, N_LAYERS, OTHER_FINGERPRINT, view
+from tracker_samples import (
+    FINGERPRINT,
+    MODEL,
+    N_LAYERS,
+    OTHER_FINGERPRINT,
+    OTHER_RECIPE,
+    SMALL_OTHER_RECIPE,
+    SMALL_RECIPE,
+    view,
+)
 
 from meshnet.core.errors import NoRoute
 from meshnet.core.events import RouteHop
@@ -43,7 +52,7 @@ def test_measured_seam_latency_changes_the_choice() -> None:
 
 
 def test_never_mixes_fingerprints() -> None:
-    nodes = [view("a", 0, 10), view("b", 10, 20, fingerprint=OTHER_FINGERPRINT)]
+    nodes = [view("a", 0, 10), view("b", 10, 20, recipe=OTHER_RECIPE)]
     with pytest.raises(NoRoute, match="10:20"):
         choose_route(nodes, N_LAYERS, FINGERPRINT)
     with pytest.raises(NoRoute):
@@ -55,11 +64,11 @@ def test_model_name_picks_the_fastest_complete_recipe_without_mixing() -> None:
     nodes = [
         view("a", 0, 10, rate=50),
         view("b", 10, 20, rate=50),
-        view("x", 0, 10, rate=500, fingerprint=OTHER_FINGERPRINT),
+        view("x", 0, 10, rate=500, recipe=OTHER_RECIPE),
     ]
     plan = choose_model_route(nodes, MODEL)
     assert plan.fingerprint == FINGERPRINT and ids(plan.hops) == ["a", "b"]
-    nodes.append(view("y", 10, 20, rate=500, fingerprint=OTHER_FINGERPRINT))
+    nodes.append(view("y", 10, 20, rate=500, recipe=OTHER_RECIPE))
     plan = choose_model_route(nodes, MODEL)
     assert plan.fingerprint == OTHER_FINGERPRINT and ids(plan.hops) == ["x", "y"]
     assert choose_model_route(nodes, FINGERPRINT).fingerprint == FINGERPRINT
@@ -94,21 +103,14 @@ def test_names_uncovered_layers() -> None:
     nodes = [view("a", 0, 10), view("b", 15, 18)]
     with pytest.raises(NoRoute) as caught:
         choose_route(nodes, N_LAYERS, FINGERPRINT)
-    assert "layers 10:15, 18:20 have no live certified shard" in caught.value.message
-    assert uncovered_layers(nodes, 0, N_LAYERS) == (LayerRange(10, 15), LayerRange(18, 20))
+    assert "layers 10:15, 18:20 have no live shard" in caught.value.message
+    assert uncovered_layers(nodes, N_LAYERS) == (LayerRange(10, 15), LayerRange(18, 20))
 
 
 def test_ranges_that_overlap_without_meeting_are_explained() -> None:
     nodes = [view("a", 0, 10), view("b", 5, 20)]
     with pytest.raises(NoRoute, match="no shard starts at layer 10"):
         choose_route(nodes, N_LAYERS, FINGERPRINT)
-
-
-def test_ignores_uncertified_nodes() -> None:
-    nodes = [view("rogue", 0, 20, rate=1000, certified=False), view("ok", 0, 20, rate=10)]
-    assert ids(choose_route(nodes, N_LAYERS, FINGERPRINT).hops) == ["ok"]
-    with pytest.raises(NoRoute, match="1 uncertified"):
-        choose_route(nodes[:1], N_LAYERS, FINGERPRINT)
 
 
 def test_excluded_nodes_are_not_used() -> None:
@@ -119,10 +121,14 @@ def test_excluded_nodes_are_not_used() -> None:
         choose_route(nodes, N_LAYERS, FINGERPRINT, exclude={NodeId("a"), NodeId("b")})
 
 
-def test_start_layer_plans_only_the_tail_and_never_enters_mid_range() -> None:
-    nodes = [view("a", 0, 10), view("whole", 0, 20, rate=1000), view("b", 10, 20)]
-    plan = choose_route(nodes, N_LAYERS, FINGERPRINT, start_layer=10)
-    assert ids(plan.hops) == ["b"]
+def test_every_hop_carries_its_nodes_capability() -> None:
+    # The route client sizes frames and checks the context from the hops: no call to the nodes.
+    nodes = [view("a", 0, 10), view("b", 10, 20)]
+    plan = choose_route(nodes, N_LAYERS, FINGERPRINT)
+    by_id = {node.node_id: node for node in nodes}
+    for hop in plan.hops:
+        record = by_id[hop.node_id].record
+        assert (hop.address, hop.layers, hop.capability) == (record.address, record.layers, record.capability)
 
 
 def test_ties_break_on_fewer_hops_then_node_id() -> None:
@@ -152,10 +158,8 @@ def swarms(draw: st.DrawFn) -> list[NodeView]:
                 f"n{index}",
                 start,
                 stop,
-                n_layers=8,
                 rate=draw(st.sampled_from([0.0, 10.0, 100.0])),
-                fingerprint=draw(st.sampled_from([FINGERPRINT, OTHER_FINGERPRINT])),
-                certified=draw(st.booleans()),
+                recipe=draw(st.sampled_from([SMALL_RECIPE, SMALL_OTHER_RECIPE])),
                 free_sessions=draw(st.integers(min_value=0, max_value=2)),
             )
         )
@@ -163,7 +167,7 @@ def swarms(draw: st.DrawFn) -> list[NodeView]:
 
 
 def _chain_exists(nodes: list[NodeView]) -> bool:
-    usable = [n for n in nodes if n.fingerprint == FINGERPRINT and n.certified]
+    usable = [n for n in nodes if n.fingerprint == SMALL_RECIPE.fingerprint()]
     reachable, changed = {0}, True
     while changed:
         changed = False
@@ -176,10 +180,10 @@ def _chain_exists(nodes: list[NodeView]) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(swarms())
-def test_any_route_is_a_contiguous_certified_single_recipe_cover(nodes: list[NodeView]) -> None:
+def test_any_route_is_a_contiguous_single_recipe_cover(nodes: list[NodeView]) -> None:
     by_id = {node.node_id: node for node in nodes}
     try:
-        plan = choose_route(nodes, 8, FINGERPRINT)
+        plan = choose_route(nodes, 8, SMALL_RECIPE.fingerprint())
     except NoRoute:
         assert not _chain_exists(nodes)
         return
@@ -188,7 +192,7 @@ def test_any_route_is_a_contiguous_certified_single_recipe_cover(nodes: list[Nod
     for before, after in zip(plan.hops, plan.hops[1:], strict=False):
         assert before.layers.stop == after.layers.start
     for hop in plan.hops:
-        assert by_id[hop.node_id].fingerprint == FINGERPRINT and by_id[hop.node_id].certified
+        assert by_id[hop.node_id].fingerprint == SMALL_RECIPE.fingerprint()
 
 
 def test_an_unknown_model_names_what_the_live_shards_serve() -> None:

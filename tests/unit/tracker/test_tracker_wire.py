@@ -11,7 +11,7 @@ import pytest
 from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
-from tracker_samples import FINGERPRINT, MODEL, OTHER_FINGERPRINT, registration, work_record
+from tracker_samples import FINGERPRINT, MODEL, OTHER_FINGERPRINT, capability, registration, work_record
 
 from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.events import RouteHop
@@ -56,8 +56,8 @@ def test_registration_round_trips_with_its_hint() -> None:
 def test_route_round_trips() -> None:
     route = Route(
         hops=(
-            RouteHop(NodeId("a"), "a:1", LayerRange(0, 7)),
-            RouteHop(NodeId("b"), "b:1", LayerRange(7, 20)),
+            RouteHop(NodeId("a"), "a:1", LayerRange(0, 7), capability(context=512)),
+            RouteHop(NodeId("b"), "b:1", LayerRange(7, 20), capability(context=2048, max_sessions=2)),
         ),
         epoch=12,
         model=MODEL,
@@ -89,30 +89,19 @@ def test_work_record_round_trips() -> None:
     assert work_wire.work_from_proto(over_the_wire(work_wire.work_to_proto(anonymous))) == anonymous
 
 
-def test_route_query_decodes_the_optional_start_layer() -> None:
+def test_route_query_decodes_its_session_and_exclusions() -> None:
     plain = wire.route_query_from_proto(pb.RouteRequest(model=MODEL))
-    assert plain.start_layer is None and plain.session_id is None
-    failover = wire.route_query_from_proto(
-        pb.RouteRequest(model=MODEL, session_id="s-1", exclude_node_ids=["x"], require_start_layer=0)
-    )
-    assert failover.start_layer == 0 and failover.session_id == SessionId("s-1")
-    assert failover.exclude == {"x"}
+    assert plain.session_id is None and plain.exclude == frozenset()
+    failover = wire.route_query_from_proto(pb.RouteRequest(model=MODEL, session_id="s-1", exclude_node_ids=["x"]))
+    assert failover.session_id == SessionId("s-1") and failover.exclude == {"x"}
 
 
-@given(
-    model=ids,
-    session_id=st.none() | ids,
-    exclude=st.frozensets(ids, max_size=8),
-    start_layer=st.none() | st.integers(0, 1000),
-)
-def test_route_query_round_trips(
-    model: str, session_id: str | None, exclude: frozenset[str], start_layer: int | None
-) -> None:
+@given(model=ids, session_id=st.none() | ids, exclude=st.frozensets(ids, max_size=8))
+def test_route_query_round_trips(model: str, session_id: str | None, exclude: frozenset[str]) -> None:
     query = RouteQuery(
         model,
         None if session_id is None else SessionId(session_id),
         frozenset(NodeId(node_id) for node_id in exclude),
-        start_layer,
     )
     assert wire.route_query_from_proto(over_the_wire(wire.route_query_to_proto(query))) == query
 
@@ -189,7 +178,7 @@ def test_a_deregistration_without_node_id_is_refused() -> None:
 def _tampered(**fields: object) -> pb.NodeRegistration:
     message = wire.registration_to_proto(registration(0, 10))
     for name, value in fields.items():
-        target = message
+        target = message.record if name != "node_id_hint" else message
         *path, leaf = name.split("__")
         for part in path:
             target = getattr(target, part)
@@ -204,9 +193,21 @@ def _tampered(**fields: object) -> pb.NodeRegistration:
         {"recipe__n_layers": 40},  # changes the recipe under the same fingerprint
         {"layer_start": 10, "layer_stop": 10},  # empty range
         {"layer_stop": 21},  # past the model's last layer
-        {"max_sessions": 0},
-        {"measured__decode_tokens_per_s": math.nan},
-        {"measured__decode_tokens_per_s": -1.0},
+        {"capability__max_sessions": 0},
+        {"capability__decode_tokens_per_s": math.nan},
+        {"capability__decode_tokens_per_s": -1.0},
+        {"capability__n_ctx_per_session": 0},
+        {"capability__n_ctx_per_session": 2**31},  # past int32 positions
+        {"capability__prefill_chunk_tokens": 0},
+        {"capability__max_tokens_per_frame": 0},
+        {"capability__max_frame_bytes": 2**40},
+        {"capability__n_embd": 65},  # the recipe's is 64
+        {"capability__device": "tpu"},
+        {"capability__device": ""},
+        {"certification__whole_sha256": "ab"},  # not a sha256
+        {"certification__digest": "AB" * 32},  # not lowercase hex
+        {"certification__fingerprint": ""},
+        {"certification__backend_version": "x" * 1000},
         {"address": ""},
         {"address": "x" * 1000},
         {"model": "bad\nname"},
@@ -219,11 +220,36 @@ def test_malformed_registrations_are_invalid_arguments(fields: dict[str, object]
         wire.registration_from_proto(_tampered(**fields))
 
 
-def test_a_registration_without_recipe_is_refused() -> None:
+@pytest.mark.parametrize("part", ["recipe", "hardware", "capability", "certification"])
+def test_a_record_without_one_of_its_parts_is_refused(part: str) -> None:
     message = wire.registration_to_proto(registration(0, 10))
-    message.ClearField("recipe")
-    with pytest.raises(InvalidArgument, match="no recipe"):
+    message.record.ClearField(part)
+    with pytest.raises(InvalidArgument, match=f"no {part}"):
         wire.registration_from_proto(message)
+    message.ClearField("record")
+    with pytest.raises(InvalidArgument, match="no node record"):
+        wire.registration_from_proto(message)
+
+
+def test_a_certification_listing_too_many_checks_is_refused() -> None:
+    message = wire.registration_to_proto(registration(0, 10))
+    message.record.certification.checks.extend(["bit-identical"] * 300)
+    with pytest.raises(InvalidArgument, match="certification checks"):
+        wire.registration_from_proto(message)
+
+
+def test_a_route_hop_without_its_capability_is_the_trackers_fault() -> None:
+    route = Route(
+        (RouteHop(NodeId("a"), "a:1", LayerRange(0, 20), capability()),), 1, MODEL, "Q4_1", FINGERPRINT, 20, 1.0
+    )
+    message = wire.route_to_proto(route)
+    message.hops[0].ClearField("capability")
+    with pytest.raises(Unavailable, match="carries no capability"):
+        wire.route_from_proto(message)
+    message = wire.route_to_proto(route)
+    message.hops[0].capability.n_ctx_per_session = 0
+    with pytest.raises(Unavailable, match="n_ctx_per_session"):
+        wire.route_from_proto(message)
 
 
 @pytest.mark.parametrize(
@@ -259,24 +285,17 @@ def test_malformed_heartbeats_are_invalid_arguments(fields: dict[str, Any]) -> N
 
 
 def test_the_client_refuses_a_route_that_mixes_recipes() -> None:
-    reply = pb.RouteReply(
-        hops=[
-            pb.RouteReply.Hop(node_id="a", address="a:1", layer_start=0, layer_stop=10, fingerprint=FINGERPRINT),
-            pb.RouteReply.Hop(
-                node_id="b",
-                address="b:1",
-                layer_start=10,
-                layer_stop=20,
-                fingerprint=OTHER_FINGERPRINT,
-            ),
-        ],
-        n_layers=20,
+    hops = (
+        RouteHop(NodeId("a"), "a:1", LayerRange(0, 10), capability()),
+        RouteHop(NodeId("b"), "b:1", LayerRange(10, 20), capability()),
     )
+    reply = wire.route_to_proto(Route(hops, 1, MODEL, "Q4_1", FINGERPRINT, 20, 1.0))
+    reply.hops[1].fingerprint = OTHER_FINGERPRINT
     with pytest.raises(Unavailable, match="recipes"):
         wire.route_from_proto(reply)
     del reply.hops[1]
-    with pytest.raises(Unavailable, match="malformed"):
-        wire.route_from_proto(reply)  # ends at 10 of 20 layers
+    with pytest.raises(Unavailable, match="malformed route: route ends at layer 10, not 20"):
+        wire.route_from_proto(reply)
 
 
 def test_an_expert_group_front_round_trips_with_its_nodes() -> None:
@@ -292,6 +311,6 @@ def test_an_expert_group_front_round_trips_with_its_nodes() -> None:
 )
 def test_malformed_expert_group_fronts_are_invalid_arguments(start: int, stop: int, nodes: tuple[str, ...]) -> None:
     message = wire.registration_to_proto(registration(start, stop))
-    message.expert_group_nodes.extend(nodes)
+    message.record.expert_group_nodes.extend(nodes)
     with pytest.raises(InvalidArgument):
         wire.registration_from_proto(message)

@@ -11,6 +11,8 @@ from meshnet.core.errors import InvalidArgument, ResourceExhausted
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
+from meshnet.core.recipe import Recipe
 from meshnet.wire.frames import (
     FRAME_OVERHEAD_BYTES,
     CacheExpectation,
@@ -25,6 +27,7 @@ from meshnet.wire.shard_wire import frame_from_proto
 
 N_EMBD = 8
 N_LAYERS = 12
+RECIPE = Recipe("cd" * 32, "llama", "1", "Q8_0", "f32", "f16", "llama.cpp", "0.3.36", N_LAYERS, N_EMBD)
 FINGERPRINT = "rcp-" + "ab" * 16
 HEAD_LAYERS = LayerRange(0, 4)
 LIMITS = FrameLimits(
@@ -117,3 +120,19 @@ def decode_bytes(raw: bytes, limits: FrameLimits = LIMITS) -> StepFrame:
     except DecodeError as error:
         raise InvalidArgument(f"the frame is not a valid StepRequest: {error}") from None
     return frame_from_proto(message, limits)
+
+
+def sample_record(layers: LayerRange = HEAD_LAYERS, *, context: int = 2048) -> NodeRecord:
+    """A node's record as a worker of ``RECIPE`` serving ``layers`` would register it."""
+    fingerprint = RECIPE.fingerprint()
+    return NodeRecord(
+        address="10.0.0.2:7000",
+        recipe=RECIPE,
+        fingerprint=fingerprint,
+        model="tiny",
+        quantization="Q8_0",
+        layers=layers,
+        hardware=HardwareSummary(cpu_count=4, memory_bytes=8 << 30),
+        capability=NodeCapability(context, 256, context, 4 << 20, N_EMBD, 8, "cpu", 900.0, 90.0),
+        certification=Certification.seal(fingerprint, "0.3.36", ("prefill bit-identical",), "ab" * 32, "ab" * 32),
+    )

@@ -48,6 +48,10 @@ def newer_schema_classes() -> tuple[Any, Any]:
         if message_proto.name == "StepResponse":
             message_proto.field.add(name="kv_bytes", number=42, type=4, label=1)  # uint64
     pool = descriptor_pool.DescriptorPool()
+    for dependency in pb.DESCRIPTOR.dependencies:  # node.proto: the record GetCapability carries
+        dependency_proto = descriptor_pb2.FileDescriptorProto()
+        dependency.CopyToProto(dependency_proto)
+        pool.Add(dependency_proto)
     pool.Add(file_proto)
     return (
         message_factory.GetMessageClass(pool.FindMessageTypeByName("meshnet.v1.StepRequest")),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from protocol_samples import LIMITS, N_EMBD, decode_bytes, hidden_frame, token_frame
+from protocol_samples import LIMITS, N_EMBD, decode_bytes, hidden_frame, sample_record, token_frame
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, SessionId
@@ -141,47 +141,27 @@ def test_any_step_result_roundtrips(
 def sample_capability(layers: LayerRange = MIDDLE_LAYERS) -> CapabilityInfo:
     return CapabilityInfo(
         node_id=NodeId("node-a"),
-        fingerprint="rcp-x",
-        layers=layers,
-        n_layers=12,
-        n_embd=N_EMBD,
-        vocab_size=1000,
+        record=sample_record(layers),
         schema_versions=SUPPORTED_SCHEMA_VERSIONS,
-        backend="llama.cpp",
-        backend_version="0.3.36",
-        max_sessions=8,
         free_sessions=6,
         active_sessions=2,
-        n_ctx_per_session=2048,
-        max_frame_bytes=4 << 20,
-        max_tokens_per_frame=512,
-        certified=True,
     )
 
 
-@pytest.mark.parametrize(
-    ("layers", "role", "proto_role"),
-    [
-        (LayerRange(0, 4), "head", pb.SHARD_ROLE_HEAD),
-        (LayerRange(4, 8), "middle", pb.SHARD_ROLE_MIDDLE),
-        (LayerRange(8, 12), "tail", pb.SHARD_ROLE_TAIL),
-        (LayerRange(0, 12), "full", pb.SHARD_ROLE_FULL),
-    ],
-)
-def test_capability_roundtrip_and_role(layers: LayerRange, role: str, proto_role: int) -> None:
+@pytest.mark.parametrize("layers", [LayerRange(0, 4), LayerRange(4, 8), LayerRange(8, 12), LayerRange(0, 12)])
+def test_capability_roundtrip_carries_the_nodes_record(layers: LayerRange) -> None:
     info = sample_capability(layers)
     message = capability_to_proto(info)
-    assert message.role == proto_role
-    assert info.role == role
     assert capability_from_proto(pb.Capability.FromString(message.SerializeToString())) == info
-    limits = info.limits()
-    assert limits.vocab_size == (1000 if layers.start == 0 else None)
 
 
-def test_capability_with_contradicting_role_is_refused() -> None:
-    message = capability_to_proto(sample_capability(LayerRange(4, 8)))
-    message.role = pb.SHARD_ROLE_TAIL
-    with pytest.raises(InvalidArgument, match="role"):
+def test_a_capability_without_its_record_or_with_more_room_than_sessions_is_refused() -> None:
+    message = capability_to_proto(sample_capability())
+    message.free_sessions = 9  # the record says 8 sessions
+    with pytest.raises(InvalidArgument, match="free_sessions"):
+        capability_from_proto(message)
+    message.ClearField("record")
+    with pytest.raises(InvalidArgument, match="no node record"):
         capability_from_proto(message)
 
 

@@ -50,24 +50,28 @@ class NodeMemory:
 
 
 def node_json(node: NodeStatus, health: NodeHealth) -> dict[str, Any]:
+    record = node.record
+    capability = record.capability
     return {
         "node_id": node.node_id,
-        "address": node.address,
-        "model": node.model,
-        "layers": [node.layers.start, node.layers.stop],
-        "n_layers": node.n_layers,
-        "cpu_count": node.cpu_count,
-        "memory_bytes": node.memory_bytes,
-        "memory_used_bytes": node.memory_used_bytes,
-        "memory_budget_bytes": node.memory_budget_bytes,
-        "max_sessions": node.max_sessions,
-        "active_sessions": node.active_sessions,
-        "queue_depth": node.queue_depth,
-        "kv_used_fraction": node.kv_used_fraction,
-        "prefill_tokens_per_s": node.prefill_tokens_per_s,
-        "decode_tokens_per_s": node.decode_tokens_per_s,
+        "address": record.address,
+        "model": record.model,
+        "layers": [record.layers.start, record.layers.stop],
+        "n_layers": record.n_layers,
+        "cpu_count": record.hardware.cpu_count,
+        "memory_bytes": record.hardware.memory_bytes,
+        "memory_used_bytes": node.load.memory_used_bytes,
+        "memory_budget_bytes": node.load.memory_budget_bytes,
+        "max_sessions": capability.max_sessions,
+        "context_tokens": capability.n_ctx_per_session,
+        "device": capability.device,
+        "active_sessions": node.load.active_sessions,
+        "queue_depth": node.load.queue_depth,
+        "kv_used_fraction": node.load.kv_used_fraction,
+        "prefill_tokens_per_s": capability.prefill_tokens_per_s,
+        "decode_tokens_per_s": capability.decode_tokens_per_s,
         "seconds_since_heartbeat": round(node.seconds_since_heartbeat, 3),
-        "certified": node.certified,
+        "certification": record.certification.digest[:16],
         "health": health,
     }
 

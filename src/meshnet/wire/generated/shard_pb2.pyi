@@ -1,3 +1,4 @@
+from meshnet.wire.generated import node_pb2 as _node_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -37,14 +38,6 @@ class ByteOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BYTE_ORDER_UNSPECIFIED: _ClassVar[ByteOrder]
     BYTE_ORDER_LITTLE: _ClassVar[ByteOrder]
     BYTE_ORDER_BIG: _ClassVar[ByteOrder]
-
-class ShardRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    SHARD_ROLE_UNSPECIFIED: _ClassVar[ShardRole]
-    SHARD_ROLE_HEAD: _ClassVar[ShardRole]
-    SHARD_ROLE_MIDDLE: _ClassVar[ShardRole]
-    SHARD_ROLE_TAIL: _ClassVar[ShardRole]
-    SHARD_ROLE_FULL: _ClassVar[ShardRole]
 PHASE_UNSPECIFIED: Phase
 PHASE_PREFILL: Phase
 PHASE_DECODE: Phase
@@ -61,11 +54,6 @@ DTYPE_INT32: DType
 BYTE_ORDER_UNSPECIFIED: ByteOrder
 BYTE_ORDER_LITTLE: ByteOrder
 BYTE_ORDER_BIG: ByteOrder
-SHARD_ROLE_UNSPECIFIED: ShardRole
-SHARD_ROLE_HEAD: ShardRole
-SHARD_ROLE_MIDDLE: ShardRole
-SHARD_ROLE_TAIL: ShardRole
-SHARD_ROLE_FULL: ShardRole
 
 class LayerSpan(_message.Message):
     __slots__ = ("start", "stop")
@@ -296,44 +284,18 @@ class CapabilityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Capability(_message.Message):
-    __slots__ = ("node_id", "fingerprint", "layers", "n_layers", "n_embd", "vocab_size", "role", "schema_versions", "backend", "backend_version", "max_sessions", "free_sessions", "active_sessions", "n_ctx_per_session", "max_frame_bytes", "certified", "max_tokens_per_frame", "prefill_chunk_tokens")
+    __slots__ = ("node_id", "record", "schema_versions", "free_sessions", "active_sessions")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
-    LAYERS_FIELD_NUMBER: _ClassVar[int]
-    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
-    N_EMBD_FIELD_NUMBER: _ClassVar[int]
-    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
-    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSIONS_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
-    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
-    N_CTX_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
-    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
-    CERTIFIED_FIELD_NUMBER: _ClassVar[int]
-    MAX_TOKENS_PER_FRAME_FIELD_NUMBER: _ClassVar[int]
-    PREFILL_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    fingerprint: str
-    layers: LayerSpan
-    n_layers: int
-    n_embd: int
-    vocab_size: int
-    role: ShardRole
+    record: _node_pb2.NodeRecord
     schema_versions: _containers.RepeatedScalarFieldContainer[int]
-    backend: str
-    backend_version: str
-    max_sessions: int
     free_sessions: int
     active_sessions: int
-    n_ctx_per_session: int
-    max_frame_bytes: int
-    certified: bool
-    max_tokens_per_frame: int
-    prefill_chunk_tokens: int
-    def __init__(self, node_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., vocab_size: _Optional[int] = ..., role: _Optional[_Union[ShardRole, str]] = ..., schema_versions: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., max_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ..., n_ctx_per_session: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., certified: _Optional[bool] = ..., max_tokens_per_frame: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., schema_versions: _Optional[_Iterable[int]] = ..., free_sessions: _Optional[int] = ..., active_sessions: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id", "reason")

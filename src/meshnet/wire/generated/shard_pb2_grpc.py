@@ -72,7 +72,8 @@ class ShardServicer:
     """
 
     def GetCapability(self, request, context):
-        """What this shard serves and how much room it has; cheap, safe to poll.
+        """What this shard serves and how much room it has: an admin and diagnostic call. Routes carry
+        each hop's capability and liveness is grpc.health.v1, so no request asks this.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

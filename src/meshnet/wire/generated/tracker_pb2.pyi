@@ -1,3 +1,4 @@
+from meshnet.wire.generated import node_pb2 as _node_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -8,73 +9,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeRegistration(_message.Message):
-    __slots__ = ("address", "recipe", "fingerprint", "model", "quantization", "layer_start", "layer_stop", "hardware", "max_sessions", "measured", "certified", "node_id_hint", "expert_group_nodes")
-    class Recipe(_message.Message):
-        __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema")
-        MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
-        ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
-        ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
-        WEIGHT_QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
-        ACTIVATION_DTYPE_FIELD_NUMBER: _ClassVar[int]
-        KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
-        BACKEND_FIELD_NUMBER: _ClassVar[int]
-        BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
-        N_LAYERS_FIELD_NUMBER: _ClassVar[int]
-        N_EMBD_FIELD_NUMBER: _ClassVar[int]
-        BOUNDARY_SCHEMA_FIELD_NUMBER: _ClassVar[int]
-        model_sha256: str
-        architecture: str
-        adapter_version: str
-        weight_quantization: str
-        activation_dtype: str
-        kv_dtype: str
-        backend: str
-        backend_version: str
-        n_layers: int
-        n_embd: int
-        boundary_schema: str
-        def __init__(self, model_sha256: _Optional[str] = ..., architecture: _Optional[str] = ..., adapter_version: _Optional[str] = ..., weight_quantization: _Optional[str] = ..., activation_dtype: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., boundary_schema: _Optional[str] = ...) -> None: ...
-    class Hardware(_message.Message):
-        __slots__ = ("cpu_count", "memory_bytes")
-        CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
-        MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
-        cpu_count: int
-        memory_bytes: int
-        def __init__(self, cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
-    class Measured(_message.Message):
-        __slots__ = ("prefill_tokens_per_s", "decode_tokens_per_s")
-        PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
-        DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
-        prefill_tokens_per_s: float
-        decode_tokens_per_s: float
-        def __init__(self, prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ...) -> None: ...
-    ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    RECIPE_FIELD_NUMBER: _ClassVar[int]
-    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
-    LAYER_START_FIELD_NUMBER: _ClassVar[int]
-    LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
-    HARDWARE_FIELD_NUMBER: _ClassVar[int]
-    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
-    MEASURED_FIELD_NUMBER: _ClassVar[int]
-    CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("record", "node_id_hint")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_HINT_FIELD_NUMBER: _ClassVar[int]
-    EXPERT_GROUP_NODES_FIELD_NUMBER: _ClassVar[int]
-    address: str
-    recipe: NodeRegistration.Recipe
-    fingerprint: str
-    model: str
-    quantization: str
-    layer_start: int
-    layer_stop: int
-    hardware: NodeRegistration.Hardware
-    max_sessions: int
-    measured: NodeRegistration.Measured
-    certified: bool
+    record: _node_pb2.NodeRecord
     node_id_hint: str
-    expert_group_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, address: _Optional[str] = ..., recipe: _Optional[_Union[NodeRegistration.Recipe, _Mapping]] = ..., fingerprint: _Optional[str] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., hardware: _Optional[_Union[NodeRegistration.Hardware, _Mapping]] = ..., max_sessions: _Optional[int] = ..., measured: _Optional[_Union[NodeRegistration.Measured, _Mapping]] = ..., certified: _Optional[bool] = ..., node_id_hint: _Optional[str] = ..., expert_group_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id_hint: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")
@@ -127,32 +67,32 @@ class HeartbeatReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ..., revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "session_id", "exclude_node_ids", "require_start_layer")
+    __slots__ = ("model", "session_id", "exclude_node_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
-    REQUIRE_START_LAYER_FIELD_NUMBER: _ClassVar[int]
     model: str
     session_id: str
     exclude_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    require_start_layer: int
-    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., require_start_layer: _Optional[int] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteReply(_message.Message):
     __slots__ = ("hops", "epoch", "model", "quantization", "n_layers", "estimated_ms_per_token")
     class Hop(_message.Message):
-        __slots__ = ("node_id", "address", "layer_start", "layer_stop", "fingerprint")
+        __slots__ = ("node_id", "address", "layer_start", "layer_stop", "fingerprint", "capability")
         NODE_ID_FIELD_NUMBER: _ClassVar[int]
         ADDRESS_FIELD_NUMBER: _ClassVar[int]
         LAYER_START_FIELD_NUMBER: _ClassVar[int]
         LAYER_STOP_FIELD_NUMBER: _ClassVar[int]
         FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+        CAPABILITY_FIELD_NUMBER: _ClassVar[int]
         node_id: str
         address: str
         layer_start: int
         layer_stop: int
         fingerprint: str
-        def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+        capability: _node_pb2.NodeCapability
+        def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., fingerprint: _Optional[str] = ..., capability: _Optional[_Union[_node_pb2.NodeCapability, _Mapping]] = ...) -> None: ...
     HOPS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
