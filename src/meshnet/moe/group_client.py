@@ -19,9 +19,10 @@ import grpc
 from meshnet.core.errors import EngineError, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.membership.channel import RenewingBlockingChannel
 from meshnet.moe import wire as expert_wire
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, blocking_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity
 
 PROBE_INTERVAL_S = 0.5
 """How long a step may run before the driver starts asking its pending nodes whether they live."""
@@ -38,8 +39,7 @@ class ExpertGroupClient:
         self._addresses = list(addresses)
         self._timeout_s = step_timeout_s
         options = expert_wire.CHANNEL_OPTIONS
-        self._channels = [blocking_channel(a, security, ANY_WORKER_NAME, options) for a in self._addresses]
-        self._stubs = [expert_wire.ExpertGroupStub(c) for c in self._channels]
+        self._channels = [RenewingBlockingChannel(a, security, ANY_WORKER_NAME, options) for a in self._addresses]
         self.nodes = [self._describe(i) for i in range(len(self._stubs))]
         self._check_group()
         first = self.nodes[0]
@@ -55,6 +55,11 @@ class ExpertGroupClient:
             1,
         )
         self._step = first.next_step  # a group outlives its drivers: continue its step sequence
+
+    @property
+    def _stubs(self) -> list[expert_wire.ExpertGroupStub]:
+        """Stubs over each node's channel of the current certificate (``RenewingBlockingChannel``)."""
+        return [channel.stub(expert_wire.ExpertGroupStub) for channel in self._channels]
 
     def _describe(self, index: int) -> expert_wire.ExpertNodeDescription:
         try:

@@ -23,7 +23,6 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
-from meshnet.core.ids import NodeId
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import HardwareSummary, NodeRegistration
 from meshnet.engine.backend import Backend
@@ -32,6 +31,7 @@ from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
+from meshnet.membership.join import own_node_id
 from meshnet.moe.front import ExpertGroupBackend, group_capacity, open_group_backend
 from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.node.calibrate import ShardSpeed, measure_speed
@@ -103,10 +103,9 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         server, port = _bind(config, security)
         address = config.advertise or f"{config.host}:{port}"
         recipe = model.recipe
-        # Secured, the node id is the certificate's: the id the tracker registers and routes pin.
-        local_id = f"shard-{config.layers.start}-{config.layers.stop}-{port}"
+        # The node's one id (``NodeId``): registration, routes, hop pinning and work records.
         identity = ShardIdentity(
-            NodeId(local_id if security is None else security.identity.node_id),
+            own_node_id(security),
             address,
             recipe.fingerprint(),
             recipe.backend,
@@ -132,9 +131,9 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     services.add_shard_servicer(ShardServicer(shard, security), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     registration = _registration(config, identity, model, capacity.max_sessions, speed)
-    held = (
-        None if fetched is None else serve_fetched_artifacts(fetched, config.layers, identity.address, server, security)
-    )
+    held = None
+    if fetched is not None:
+        held = serve_fetched_artifacts(fetched, config.layers, identity.address, identity.node_id, server, security)
     return AssembledWorker(config, loop, shard, server, health, links, registration, held, security, group)
 
 

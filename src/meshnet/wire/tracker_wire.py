@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import RouteHop
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.ids import NodeId, SessionId, check_node_id
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import (
@@ -81,7 +81,7 @@ def recipe_from_proto(message: pb.NodeRegistration.Recipe) -> Recipe:
     return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, **texts)
 
 
-def registration_to_proto(registration: NodeRegistration, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
+def registration_to_proto(registration: NodeRegistration, node_id: NodeId) -> pb.NodeRegistration:
     return pb.NodeRegistration(
         address=registration.address,
         recipe=recipe_to_proto(registration.recipe),
@@ -100,13 +100,13 @@ def registration_to_proto(registration: NodeRegistration, node_id_hint: NodeId |
             decode_tokens_per_s=registration.decode_tokens_per_s,
         ),
         certified=registration.certified,
-        node_id_hint=node_id_hint or "",
+        node_id=node_id,
         expert_group_nodes=registration.expert_group,
     )
 
 
-def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRegistration, NodeId | None]:
-    """The registration and the node id the worker asks to keep, if any."""
+def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRegistration, NodeId]:
+    """The registration and the node's id (one DNS label, see ``NodeId``)."""
     if not message.HasField("recipe"):
         raise InvalidArgument("registration has no recipe")
     registration = NodeRegistration(
@@ -123,8 +123,9 @@ def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRegistrat
         certified=message.certified,
         expert_group=tuple(message.expert_group_nodes),
     )
-    hint = node_id_from_proto(message.node_id_hint) if message.node_id_hint else None
-    return registration, hint
+    if not message.node_id:
+        raise InvalidArgument("a registration names its node id")
+    return registration, check_node_id(message.node_id)
 
 
 def registered_to_proto(registered: Registered) -> pb.RegisterReply:
@@ -170,15 +171,32 @@ def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
 
 
 def heartbeat_status_to_proto(status: HeartbeatStatus) -> pb.HeartbeatReply:
-    return pb.HeartbeatReply(
-        known=status.known, epoch=status.epoch, probe=status.probe, revoked_node_ids=status.revoked
-    )
+    return pb.HeartbeatReply(known=status.known, epoch=status.epoch, probe=status.probe)
 
 
 def heartbeat_status_from_proto(message: pb.HeartbeatReply) -> HeartbeatStatus:
-    return HeartbeatStatus(
-        message.known, message.epoch, tuple(message.probe[:MAX_PEERS]), tuple(message.revoked_node_ids)
-    )
+    return HeartbeatStatus(message.known, message.epoch, tuple(message.probe[:MAX_PEERS]))
+
+
+# --- WatchRevocations ---------------------------------------------------------------------------
+
+
+def watch_revocations_to_proto() -> pb.WatchRevocationsRequest:
+    return pb.WatchRevocationsRequest()
+
+
+def revocations_to_proto(revoked: frozenset[str]) -> pb.RevocationList:
+    return pb.RevocationList(revoked_node_ids=sorted(revoked))
+
+
+def revocations_from_proto(message: pb.RevocationList) -> frozenset[str]:
+    """The revoked node ids; a list the tracker garbled is its fault, so ``Unavailable``."""
+    try:
+        for node_id in message.revoked_node_ids:
+            check_text("revoked node id", node_id)
+    except InvalidArgument as error:
+        raise Unavailable(f"the tracker sent a malformed revocation list: {error.message}") from None
+    return frozenset(message.revoked_node_ids)
 
 
 # --- ChooseRoute --------------------------------------------------------------------------------

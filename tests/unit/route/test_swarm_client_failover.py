@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshnet.route import swarm as swarm_module
 
 from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
 from meshnet.core.events import Finished, RouteAccepted, RouteHealth, RouteHop, TokenGenerated
@@ -23,6 +22,7 @@ from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import Route, WorkRecord
+from meshnet.route import swarm as swarm_module
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.swarm import SwarmClient, SwarmConfig
 from meshnet.route.work_reports import ReportPolicy, WorkReporter

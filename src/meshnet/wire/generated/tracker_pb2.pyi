@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeRegistration(_message.Message):
-    __slots__ = ("address", "recipe", "fingerprint", "model", "quantization", "layer_start", "layer_stop", "hardware", "max_sessions", "measured", "certified", "node_id_hint", "expert_group_nodes")
+    __slots__ = ("address", "recipe", "fingerprint", "model", "quantization", "layer_start", "layer_stop", "hardware", "max_sessions", "measured", "certified", "node_id", "expert_group_nodes")
     class Recipe(_message.Message):
         __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema")
         MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -59,7 +59,7 @@ class NodeRegistration(_message.Message):
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     CERTIFIED_FIELD_NUMBER: _ClassVar[int]
-    NODE_ID_HINT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EXPERT_GROUP_NODES_FIELD_NUMBER: _ClassVar[int]
     address: str
     recipe: NodeRegistration.Recipe
@@ -72,9 +72,9 @@ class NodeRegistration(_message.Message):
     max_sessions: int
     measured: NodeRegistration.Measured
     certified: bool
-    node_id_hint: str
+    node_id: str
     expert_group_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, address: _Optional[str] = ..., recipe: _Optional[_Union[NodeRegistration.Recipe, _Mapping]] = ..., fingerprint: _Optional[str] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., hardware: _Optional[_Union[NodeRegistration.Hardware, _Mapping]] = ..., max_sessions: _Optional[int] = ..., measured: _Optional[_Union[NodeRegistration.Measured, _Mapping]] = ..., certified: _Optional[bool] = ..., node_id_hint: _Optional[str] = ..., expert_group_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, address: _Optional[str] = ..., recipe: _Optional[_Union[NodeRegistration.Recipe, _Mapping]] = ..., fingerprint: _Optional[str] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_stop: _Optional[int] = ..., hardware: _Optional[_Union[NodeRegistration.Hardware, _Mapping]] = ..., max_sessions: _Optional[int] = ..., measured: _Optional[_Union[NodeRegistration.Measured, _Mapping]] = ..., certified: _Optional[bool] = ..., node_id: _Optional[str] = ..., expert_group_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")
@@ -115,16 +115,24 @@ class PeerLatency(_message.Message):
     def __init__(self, address: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "epoch", "probe", "revoked_node_ids")
+    __slots__ = ("known", "epoch", "probe")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
-    REVOKED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     epoch: int
     probe: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchRevocationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RevocationList(_message.Message):
+    __slots__ = ("revoked_node_ids",)
+    REVOKED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     revoked_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ..., revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ("model", "session_id", "exclude_node_ids", "require_start_layer")
