@@ -25,7 +25,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch.commands import INSECURE, seed_command
 from meshnet.deploy.launch.ready_lines import SeedLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
-from meshnet.fetch.holders import find_holders
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.node.artifact_server import SeedConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.security.signing import load_or_create_key
@@ -41,8 +41,9 @@ def start_seeder(folder: Path, name: str, directory: Path, tracker: str) -> Chil
 
 
 async def wait_holders(tracker: str, model_id: str, count: int) -> None:
-    while len((await find_holders(tracker, model_id)).holders) != count:
-        await asyncio.sleep(0.1)
+    async with TrackerClient(tracker) as client:
+        while len((await client.find_holders(model_id)).holders) != count:
+            await asyncio.sleep(0.1)
 
 
 async def run(model: Path, rounds: int, folder: Path) -> dict[str, object]:

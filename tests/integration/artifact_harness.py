@@ -94,12 +94,12 @@ async def wait_for_holders(
     """Until ``count`` holders announced ``model_id``'s manifest (announcements are asynchronous)."""
     import asyncio
 
-    from meshnet.fetch.holders import find_holders
+    from meshnet.membership.tracker_client import TrackerClient
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = await find_holders(tracker, model_id, security=security)
-        if len(found.holders) >= count:
-            return
-        await asyncio.sleep(0.1)
+    async with TrackerClient(tracker, security=security) as client:
+        while time.monotonic() < deadline:
+            if len((await client.find_holders(model_id)).holders) >= count:
+                return
+            await asyncio.sleep(0.1)
     raise TimeoutError(f"{count} holders of {model_id} never announced themselves")

@@ -27,11 +27,13 @@ from meshnet.core.errors import PermissionDenied, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch.ready_lines import SeedLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
-from meshnet.fetch.holders import announce, artifact_channel, fetch_bytes, find_holders
+from meshnet.fetch.holders import artifact_channel, fetch_bytes
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import create_authority, mint_node
 from meshnet.security.signing import load_or_create_key
 from meshnet.security.swarm_dir import load_authority
-from meshnet.wire.tls import ANY_WORKER_NAME, TRACKER_NAME, LinkSecurity, channel_options, hop_server_name
+from meshnet.wire import artifact_wire, services
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, channel_options, hop_server_name
 
 pytestmark = pytest.mark.timeout(120)
 MODEL_ID = "tiny-llama"
@@ -178,9 +180,14 @@ async def test_without_a_swarm_certificate_nothing_is_fetched(published: Publish
             stranger = LinkSecurity(
                 mint_node(create_authority("other", time.time()), node_id="w-x", role="worker", now_unix_s=time.time())
             )
+            async with grpc.aio.secure_channel(seeder, ca_only, options=channel_options(ANY_WORKER_NAME)) as raw:
+                request = artifact_wire.fetch_to_proto(artifact_wire.FetchRange(entry.sha256, 0, entry.size, 1 << 16))
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    async for _ in services.ArtifactsStub(raw).Fetch(request, timeout=5.0):
+                        pass
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # no handshake without a certificate
             for channel in (
-                grpc.aio.insecure_channel(seeder),
-                grpc.aio.secure_channel(seeder, ca_only, options=channel_options(ANY_WORKER_NAME)),
+                artifact_channel(seeder),  # plaintext
                 artifact_channel(seeder, stranger),
                 # A swarm certificate, but expecting another holder than the one at that address.
                 artifact_channel(seeder, tracker.security, hop_server_name("w-someone-else")),
@@ -202,12 +209,12 @@ async def test_a_holder_advertises_only_itself_and_only_as_a_worker(tmp_path: Pa
     async with running_tracker(tmp_path) as tracker:
         worker = tracker.identity("holder")
         own = Advertisement(worker.identity.node_id, "127.0.0.1:9", frozenset({"ab" * 32}))
-        async with artifact_channel(tracker.address, worker, TRACKER_NAME) as channel:
-            assert await announce(channel, own) > 0
+        async with TrackerClient(tracker.address, security=worker) as client:
+            assert await client.advertise(own) > 0
             with pytest.raises(PermissionDenied, match="may not advertise"):
-                await announce(channel, replace(own, holder_id="w-someone-else"))
-        async with artifact_channel(tracker.address, tracker.identity("gw", "gateway"), TRACKER_NAME) as channel:
+                await client.advertise(replace(own, holder_id="w-someone-else"))
+        async with TrackerClient(tracker.address, security=tracker.identity("gw", "gateway")) as client:
             with pytest.raises(PermissionDenied):
-                await announce(channel, replace(own, holder_id="gw"))
-        found = await find_holders(tracker.address, "", ("ab" * 32,), tracker.identity("gw", "gateway"))
+                await client.advertise(replace(own, holder_id="gw"))
+            found = await client.find_holders("", ("ab" * 32,))
         assert [h.holder_id for h in found.holders] == [worker.identity.node_id]

@@ -5,7 +5,8 @@ Node 0's certificate lives 45 s; the group decodes bit-identical to whole-model 
 after that certificate has expired a fresh handshake with node 0 still succeeds (it renewed over
 the tracker, and stored the new certificate). Then `meshnet swarm revoke` names node 1, whose row
 streams carried every token's hidden state: node 0 accepted one from it, node 2 opened one to it.
-Within a few polls every node reports no peer connected (node 0 ended the stream it accepted,
+Within moments (the nodes follow the tracker's revocation watch; they never heartbeat, since
+they are not routable nodes) every node reports no peer connected (node 0 ended the stream it accepted,
 node 2 cancelled the one it opened), the group's next step fails, nodes 0 and 2 refuse every
 later step with UNAUTHENTICATED (they left the group for good), and a new row stream with node
 1's certificate is refused as revoked.
@@ -72,6 +73,15 @@ def _describe(address: str, node_id: str, security: LinkSecurity) -> expert_wire
     return on_node(address, security, lambda stub: stub.DescribeExpertNode(query, timeout=10), hop_server_name(node_id))
 
 
+def _assert_watched_without_heartbeats(swarm: Swarm, log_dir: Path, names: list[str]) -> None:
+    """The nodes learnt the list from the revocation watch, and never heartbeated: they are not
+    routable nodes (the tracker logs every heartbeat of a node it has not registered)."""
+    tracker_log = (swarm.root / "tracker.log").read_text()
+    for name in names:
+        assert f"heartbeat from node {name}" not in tracker_log, f"{name} heartbeated"
+        assert "following the tracker's revocation list" in (log_dir / f"{name}.log").read_text()
+
+
 def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:
     model = write_synthetic_model(tmp_path / "moe.gguf", SPEC)
     swarm = Swarm(root=tmp_path / "data", model=model)
@@ -117,6 +127,7 @@ def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:
         node_1 = LinkSecurity(load_identity(swarm_dir(swarm.root) / "nodes" / "expert-3-1"))
         rows = rows_call(peers[0], node_1, 1, group.nodes[0].model_sha256)
         assert rows == grpc.StatusCode.UNAUTHENTICATED
+        _assert_watched_without_heartbeats(swarm, tmp_path, names)
     finally:
         if group is not None:
             group.close()

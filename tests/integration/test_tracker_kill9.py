@@ -124,7 +124,7 @@ async def test_kill_9_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> 
     processes = [first]
     try:
         async with TrackerClient(f"127.0.0.1:{port}", timeout_s=2.0) as client:
-            registered = await client.register(REGISTRATION)
+            registered = await client.register(REGISTRATION, NodeId("w-kill9"))
             writers = Writers(client)
             tasks = [asyncio.create_task(writers.run(index)) for index in range(WRITERS)]
             await writers.until(60)
@@ -144,7 +144,7 @@ async def test_kill_9_mid_write_loses_and_duplicates_nothing(tmp_path: Path) -> 
 
             # The restarted tracker forgot the node; it rejoins under the same id, newer epoch.
             assert not heartbeat.known and heartbeat.epoch > registered.epoch
-            again = await client.register(REGISTRATION, node_id_hint=registered.node_id)
+            again = await client.register(REGISTRATION, registered.node_id)
             assert again.node_id == registered.node_id and again.epoch > registered.epoch
             route = await client.choose_route("tiny")
             assert route.node_ids == (registered.node_id,)

@@ -25,7 +25,8 @@ from meshnet.core.tracking import (
     Registered,
     WorkRecord,
 )
-from meshnet.membership.tracker_client import TrackerClient, heartbeat_loop
+from meshnet.membership.heartbeats import heartbeat_loop
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.certificates import mint_node
 from meshnet.security.swarm_dir import load_authority
@@ -80,8 +81,8 @@ async def client(tracker: RunningTracker) -> AsyncIterator[TrackerClient]:
 
 
 async def test_register_route_report_list_deregister(client: TrackerClient) -> None:
-    head = await client.register(registration(0, 4, "127.0.0.1:9001"))
-    tail = await client.register(registration(4, 8, "127.0.0.1:9002"))
+    head = await client.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-9001"))
+    tail = await client.register(registration(4, 8, "127.0.0.1:9002"), NodeId("w-9002"))
     assert head.heartbeat_interval_s == pytest.approx(0.2)
     assert (await client.heartbeat(head.node_id, NodeLoad(free_sessions=4))).known
     route = await client.choose_route("tiny", session_id=SessionId("s-1"))
@@ -98,7 +99,7 @@ async def test_register_route_report_list_deregister(client: TrackerClient) -> N
 
 
 async def test_errors_arrive_typed(client: TrackerClient) -> None:
-    await client.register(registration(0, 4, "127.0.0.1:9001"))
+    await client.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-9001"))
     with pytest.raises(NoRoute, match="4:8"):
         await client.choose_route("tiny")
     with pytest.raises(NoRoute, match="no live shard serves model 'other'"):
@@ -113,7 +114,7 @@ async def test_malformed_registration_is_invalid_argument(tracker: RunningTracke
     async with grpc.aio.insecure_channel(tracker.address) as channel:
         stub = pb_grpc.TrackerStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Register(pb.NodeRegistration(node_id_hint="n-1"), timeout=2)
+            await stub.Register(pb.NodeRegistration(node_id="w-1"), timeout=2)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -128,8 +129,8 @@ async def test_a_node_whose_certification_does_not_hold_is_refused_naming_why(tr
             ),
         )
         with pytest.raises(Uncertified, match="does not split bit-identically"):
-            await client.register(unsplit)
-        first = await client.register(honest)
+            await client.register(unsplit, NodeId("w-9001"))
+        first = await client.register(honest, NodeId("w-9001"))
         # Another build of the same recipe: its whole-model logits differ from the live node's.
         other_build = replace(
             registration(4, 8, "127.0.0.1:9002"),
@@ -138,7 +139,7 @@ async def test_a_node_whose_certification_does_not_hold_is_refused_naming_why(tr
             ),
         )
         with pytest.raises(Uncertified) as refused:
-            await client.register(other_build)
+            await client.register(other_build, NodeId("w-9002"))
         assert f"node {first.node_id} at 127.0.0.1:9001" in refused.value.message
         assert broken.whole_sha256 in refused.value.message
         with pytest.raises(NoRoute):
@@ -179,7 +180,7 @@ async def test_a_silent_node_leaves_routes_within_three_intervals(
     tracker: RunningTracker, client: TrackerClient
 ) -> None:
     # K4 in-process: no calls arrive, the sweeper alone must expire the node and move the epoch.
-    registered = await client.register(registration(0, 8, "127.0.0.1:9001"))
+    registered = await client.register(registration(0, 8, "127.0.0.1:9001"), NodeId("w-9001"))
     await asyncio.sleep(0.2 * 3 + 0.1)
     # Read the persisted epoch straight from the file: every RPC would sweep by itself.
     stored = sqlite3.connect(tracker.config.db_path).execute("SELECT value FROM meta WHERE key = 'epoch'")
@@ -209,6 +210,7 @@ async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(
         loop_task = asyncio.create_task(
             heartbeat_loop(
                 client,
+                NodeId("w-9001"),
                 registration(0, 8, "127.0.0.1:9001"),
                 load,
                 stop,
@@ -251,9 +253,9 @@ async def test_a_quarantined_node_is_out_of_routes_and_its_record_unverified(
     tracker: RunningTracker, config: TrackerConfig
 ) -> None:
     async with TrackerClient(tracker.address, timeout_s=2.0) as client:
-        rogue = await client.register(registration(0, 4, "127.0.0.1:9001"))
-        honest = await client.register(registration(0, 4, "127.0.0.1:9003"))
-        tail = await client.register(registration(4, 8, "127.0.0.1:9002"))
+        rogue = await client.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-9001"))
+        honest = await client.register(registration(0, 4, "127.0.0.1:9003"), NodeId("w-9003"))
+        tail = await client.register(registration(4, 8, "127.0.0.1:9002"), NodeId("w-9002"))
         await client.report_work(record("req-1"))
         answer = await client.quarantine(QuarantineOrder(rogue.node_id, "audit: tokens differ", RequestId("req-1")))
         assert answer.known and answer.record_marked and answer.epoch > rogue.epoch
@@ -265,7 +267,7 @@ async def test_a_quarantined_node_is_out_of_routes_and_its_record_unverified(
         # A retried report of the original record is still the duplicate it is.
         assert (await client.report_work(record("req-1"))).duplicate
         with pytest.raises(FailedPrecondition, match="quarantined"):
-            await client.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
+            await client.register(registration(0, 4, "127.0.0.1:9001"), rogue.node_id)
         again = await client.quarantine(QuarantineOrder(rogue.node_id, "again"))
         assert not again.known and not again.record_marked  # idempotent; nothing left to remove
     await tracker.stop(grace_s=0)
@@ -274,7 +276,7 @@ async def test_a_quarantined_node_is_out_of_routes_and_its_record_unverified(
     try:
         async with TrackerClient(restarted.address, timeout_s=2.0) as client:
             with pytest.raises(FailedPrecondition):
-                await client.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
+                await client.register(registration(0, 4, "127.0.0.1:9001"), rogue.node_id)
             # The operator's command, as its own process (the tracker serves on this event loop).
             command = meshnet_command(config.db_path.parent, "swarm", "quarantine", "clear", rogue.node_id)
             child = await asyncio.create_subprocess_exec(
@@ -282,7 +284,7 @@ async def test_a_quarantined_node_is_out_of_routes_and_its_record_unverified(
             )
             output, _ = await asyncio.wait_for(child.communicate(), timeout=30)
             assert child.returncode == 0 and b"quarantine cleared" in output
-            back = await client.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
+            back = await client.register(registration(0, 4, "127.0.0.1:9001"), rogue.node_id)
             assert back.node_id == rogue.node_id
     finally:
         await restarted.stop(grace_s=0)
@@ -318,7 +320,9 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
     gateway = LinkSecurity(mint_node(authority, node_id="gw-audit", role="gateway", now_unix_s=now))
     try:
         async with TrackerClient(tracker.address, timeout_s=3.0, security=worker) as as_worker:
-            rogue = await as_worker.register(registration(0, 4, "127.0.0.1:9001"))
+            with pytest.raises(PermissionDenied, match="w-rogue may not register"):
+                await as_worker.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-honest"))
+            rogue = await as_worker.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-rogue"))
             with pytest.raises(PermissionDenied):
                 await as_worker.quarantine(QuarantineOrder(NodeId("w-other"), "a worker's accusation"))
             with pytest.raises(PermissionDenied):
@@ -333,7 +337,7 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
         code, output = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id)
         assert code == 0 and b"quarantine cleared" in output, output
         async with TrackerClient(tracker.address, timeout_s=3.0, security=worker) as as_worker:
-            back = await as_worker.register(registration(0, 4, "127.0.0.1:9001"), node_id_hint=rogue.node_id)
+            back = await as_worker.register(registration(0, 4, "127.0.0.1:9001"), rogue.node_id)
             assert back.node_id == rogue.node_id
     finally:
         await tracker.stop(grace_s=0)

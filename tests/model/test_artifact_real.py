@@ -32,7 +32,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch.commands import tracker_command
 from meshnet.deploy.launch.ready_lines import SeedLine, TrackerLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
-from meshnet.fetch.holders import artifact_channel, fetch_bytes, find_holders
+from meshnet.fetch.holders import artifact_channel, fetch_bytes
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.route.driver import RouteSession
@@ -160,12 +160,13 @@ async def test_workers_serve_what_they_fetched(
 ) -> None:
     block = next(e for e in manifest.of_kind("layer") if e.layer == 15)
     deadline = time.monotonic() + 20
-    while True:
-        found = await find_holders(tracker.address, "", (block.sha256,), tracker.security)
-        addresses = {h.address for h in found.holders}
-        if workers[1].address in addresses or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)
+    async with TrackerClient(tracker.address, security=tracker.security) as client:
+        while True:
+            found = await client.find_holders("", (block.sha256,))
+            addresses = {h.address for h in found.holders}
+            if workers[1].address in addresses or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
     assert workers[1].address in addresses and len(addresses) == 2  # the seeder and the 10:20 worker
     async with artifact_channel(workers[1].address, tracker.security) as channel:
         data = await fetch_bytes(channel, block.sha256, 0, block.size)

@@ -196,8 +196,6 @@ class HeartbeatStatus:
     epoch: int
     probe: tuple[str, ...] = ()
     """Candidate next hops whose round trip this node should measure and report."""
-    revoked: tuple[str, ...] = ()
-    """Node ids whose certificates this node must refuse from now on (the whole list)."""
 
 
 @dataclass(frozen=True)

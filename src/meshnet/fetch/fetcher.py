@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc.aio
-
 from meshnet.artifact.assemble import PieceRef, PieceRejected, SliceBuilder
 from meshnet.artifact.cache import HEADER_ONLY_SUFFIX, ShardFiles, SliceCache
 from meshnet.artifact.directory import FoundHolders
@@ -34,8 +32,10 @@ from meshnet.artifact.manifest_codec import decode_manifest, verify_manifest_sig
 from meshnet.artifact.trust import TrustStore, UntrustedPublisher, judge_publisher
 from meshnet.core.errors import IntegrityError, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.fetch.holders import artifact_channel, fetch_bytes, fetch_to_end, find_holders
+from meshnet.fetch.holders import artifact_channel, fetch_bytes, fetch_to_end
 from meshnet.fetch.schedule import PieceSchedule
+from meshnet.membership.channel import RenewingChannel
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class FetchedRange:
 @dataclass
 class _Counter:
     received: int = 0
-    channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    channels: dict[str, RenewingChannel] = field(default_factory=dict)
     security: LinkSecurity | None = None
     holder_ids: dict[str, str] = field(default_factory=dict)
     """address -> the holder the directory names there (secured, its certificate's node id)."""
@@ -87,7 +87,7 @@ class _Counter:
         self.holder_ids.update((holder.address, holder.holder_id) for holder in found.holders)
         return found
 
-    def channel(self, address: str) -> grpc.aio.Channel:
+    def channel(self, address: str) -> RenewingChannel:
         if address not in self.channels:
             # Pinned to the holder's own name: another node at that address fails the handshake.
             name = hop_server_name(self.holder_ids.get(address)) if self.security else ANY_WORKER_NAME
@@ -249,12 +249,12 @@ async def fetch_range(
     ``security``: the swarm identity every link (tracker and holders) uses; None is plaintext."""
     started = time.monotonic()
     counter = _Counter(security=security)
+    tracker = TrackerClient(config.tracker, security=security)
     try:
-        manifest, manifest_data = await _trusted_manifest(
-            config, counter.learn(await find_holders(config.tracker, config.model_id, security=security)), counter
-        )
+        found = counter.learn(await tracker.find_holders(config.model_id))
+        manifest, manifest_data = await _trusted_manifest(config, found, counter)
         needed = needed_artifacts(manifest, config.layers)
-        holders = counter.learn(await find_holders(config.tracker, "", tuple(e.sha256 for e in needed), security))
+        holders = counter.learn(await tracker.find_holders("", tuple(e.sha256 for e in needed)))
         folder = model_folder(config.data_dir, manifest.model_id)
         folder.mkdir(parents=True, exist_ok=True)
         manifest_path = folder / "manifest.json"
@@ -270,6 +270,7 @@ async def fetch_range(
         with contextlib.suppress(OSError):
             (folder / "partial").rmdir()  # empty unless another range is half-fetched
     finally:
+        await tracker.close()
         await counter.close()
     return FetchedRange(
         manifest,

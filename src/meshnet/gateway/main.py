@@ -85,7 +85,7 @@ async def run_gateway(
     )
     server = _http_server(app, config)
     stop_renewing = asyncio.Event()
-    renewal = None if security is None else asyncio.create_task(renew_forever(config.tracker, security, stop_renewing))
+    renewal = None if security is None else asyncio.create_task(renew_forever(tracker, security, stop_renewing))
     try:
         swarm.reports.replay()
         auditor.start()

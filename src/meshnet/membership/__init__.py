@@ -1,2 +1,3 @@
-"""A node's or client's standing with the tracker: the tracker client, registration and heartbeats,
-joining with an invite and renewing certificates."""
+"""A process's standing with the swarm: the one channel that follows certificate renewal
+(``channel``), the tracker client, registration and heartbeats, joining and renewal, the
+revocation watch, artifact announcements, and the upkeep every secured member runs."""

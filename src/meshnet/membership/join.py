@@ -1,8 +1,11 @@
-"""Getting and keeping a swarm identity: join with a token, renew, revoke, and pick the mode.
+"""Getting and keeping a swarm identity: join with a token, renew, pick the mode, the node id.
 
 ``resolve_security`` is what every process's command line calls once: it returns the
 ``LinkSecurity`` the process serves and dials with (from ``--identity``, a stored identity, or
 a fresh ``--join``), or ``None`` for ``--insecure``, which it allows only on loopback.
+``own_node_id`` is the one id the process goes by. Renewal runs over the process's tracker
+client (``TrackerClient.renew``); joining has no certificate yet, so it dials the join port
+once with the CA the token pins.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import grpc.aio
 
 from meshnet.core.addresses import require_loopback
 from meshnet.core.errors import FailedPrecondition, MeshnetError
+from meshnet.core.ids import NodeId, new_node_id
 from meshnet.core.swarm_options import SecurityOptions
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import (
     CertificateRefused,
     NodeCertificate,
@@ -28,6 +33,7 @@ from meshnet.security.certificates import (
     new_key_and_csr,
     read_peer,
 )
+from meshnet.security.identity import Role
 from meshnet.security.invites import JoinToken, parse_token
 from meshnet.security.swarm_dir import joined_identity_dir, load_identity, save_identity
 from meshnet.wire import services
@@ -106,50 +112,25 @@ async def _join_call(token: JoinToken, ca_pem: bytes, csr_pem: bytes) -> wire.Is
     return wire.issued_from_proto(reply)
 
 
-class SwarmClient:
-    """Renew and Revoke on the tracker's main (mTLS) port. Create it inside its event loop."""
-
-    def __init__(self, address: str, security: LinkSecurity, *, timeout_s: float = JOIN_TIMEOUT_S) -> None:
-        self.address = address
-        self._timeout_s = timeout_s
-        self._channel = grpc.aio.secure_channel(
-            address, security.channel_credentials(), options=channel_options(TRACKER_NAME)
-        )
-        self._stub = services.SwarmStub(self._channel)
-
-    async def __aenter__(self) -> SwarmClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._channel.close()
-
-    async def revoke(self, node_id: str) -> tuple[bool, bool]:
-        """(newly revoked, was routed)."""
-        try:
-            reply = await self._stub.Revoke(wire.revoke_to_proto(node_id), timeout=self._timeout_s)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
-        return wire.revoked_from_proto(reply)
-
-    async def renew(self, node: NodeCertificate) -> NodeCertificate:
-        key_pem, csr_pem = new_key_and_csr()
-        try:
-            reply = await self._stub.Renew(wire.renew_to_proto(csr_pem), timeout=self._timeout_s)
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
-        issued = wire.issued_from_proto(reply)
-        return replace(node, key_pem=key_pem, cert_pem=issued.cert_pem)
-
-
 def renew_due_in(node: NodeCertificate, now_unix_s: float) -> float:
     """Seconds until ``node`` should be renewed: half its remaining life (0: now)."""
     return max(certificate_expiry(node.cert_pem) - now_unix_s, 0.0) * RENEW_AT_FRACTION
 
 
-async def renew_once(tracker: str, security: LinkSecurity) -> NodeCertificate:
-    """Renew now: the new certificate is in use (and stored, with its key) when this returns."""
-    async with SwarmClient(tracker, security) as client:
-        node = await client.renew(security.node)
+def own_node_id(security: LinkSecurity | None, role: Role = "worker") -> NodeId:
+    """This process's one node id (``NodeId`` says why): its certificate's when secured, else
+    a fresh one, made once per process by the caller and kept for its whole life."""
+    return new_node_id(role) if security is None else NodeId(security.identity.node_id)
+
+
+async def renew_once(client: TrackerClient, security: LinkSecurity) -> NodeCertificate:
+    """Renew now: the new certificate is in use (and stored, with its key) when this returns.
+
+    ``client`` is a client of the tracker made with ``security``: it moves to the new
+    certificate by itself (``RenewingChannel``), as does every other client of this process."""
+    key_pem, csr_pem = new_key_and_csr()
+    issued = await client.renew(csr_pem, timeout_s=JOIN_TIMEOUT_S)
+    node = replace(security.node, key_pem=key_pem, cert_pem=issued.cert_pem)
     if security.store is not None:
         save_identity(security.store, node)
     security.replace_node(node)
@@ -157,7 +138,7 @@ async def renew_once(tracker: str, security: LinkSecurity) -> NodeCertificate:
     return node
 
 
-async def renew_forever(tracker: str, security: LinkSecurity, stop: asyncio.Event) -> None:
+async def renew_forever(client: TrackerClient, security: LinkSecurity, stop: asyncio.Event) -> None:
     """Renew at half the remaining life until ``stop``; a failed attempt is retried sooner."""
     delay = renew_due_in(security.node, time.time())
     while not stop.is_set():
@@ -166,8 +147,8 @@ async def renew_forever(tracker: str, security: LinkSecurity, stop: asyncio.Even
         if stop.is_set():
             return
         try:
-            await renew_once(tracker, security)
+            await renew_once(client, security)
             delay = renew_due_in(security.node, time.time())
         except MeshnetError as error:
-            logger.warning("could not renew the node certificate at %s: %s", tracker, error.message)
+            logger.warning("could not renew the node certificate at %s: %s", client.address, error.message)
             delay = min(RENEW_RETRY_S, renew_due_in(security.node, time.time()))

@@ -1,27 +1,30 @@
-"""Async client of the tracker, and the worker's register-and-heartbeat loop.
+"""Async client of the tracker: every call a process makes to the tracker's port, over one channel.
 
-Workers keep themselves routable with ``heartbeat_loop``; the gateway asks ``choose_route`` and
-files ``report_work``. Every call carries a deadline, and every failure arrives as a typed core
-error (``meshnet.wire.status``): ``NoRoute`` when the swarm cannot serve the model,
-``Unavailable`` when the tracker cannot be reached, ``DeadlineExceeded`` when it is too slow.
+Workers register and heartbeat (``membership.heartbeats``), renew (``membership.join``), follow
+revocations (``membership.revocations``) and announce what they hold (``membership.announce``);
+the gateway asks ``choose_route`` and files ``report_work``; fetchers ask ``find_holders``;
+operators list nodes, quarantine and revoke. All of it goes through the one ``RenewingChannel``,
+so after a renewal every call presents the new certificate. Every unary call carries a deadline,
+and every failure arrives as a typed core error (``meshnet.wire.status``): ``NoRoute`` when the
+swarm cannot serve the model, ``Unavailable`` when the tracker cannot be reached,
+``DeadlineExceeded`` when it is too slow.
 
-Messages are built and read by ``meshnet.wire.tracker_wire``, the module the tracker uses
-for the other side of each call; the values exchanged are those of ``meshnet.core.tracking``.
+Messages are built and read by the ``meshnet.wire`` conversion modules the tracker uses for the
+other side of each call; the values exchanged are those of ``meshnet.core``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
+from meshnet.artifact.directory import Advertisement, FoundHolders
+from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
@@ -38,17 +41,23 @@ from meshnet.core.tracking import (
     WorkAck,
     WorkRecord,
 )
-from meshnet.wire import placement_wire, services, work_wire
+from meshnet.membership.channel import RenewingChannel
+from meshnet.wire import artifact_wire, placement_wire, services, swarm_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import error_from_rpc
 from meshnet.wire.status_wire import node_table_from_proto
-from meshnet.wire.tls import TRACKER_NAME, LinkSecurity, secure_or_plain_channel
+from meshnet.wire.swarm_wire import IssuedCertificate
+from meshnet.wire.tls import TRACKER_NAME, LinkSecurity
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
 RECONNECT_BACKOFF_MS = (100, 1000)
 """First and longest wait between attempts to reconnect to the tracker."""
+KEEPALIVE_MS = (10_000, 5_000)
+"""Ping every 10 s while a call is open, give up 5 s after an unanswered ping: a revocation watch
+carries no data for hours and must still notice a tracker that vanished (the tracker's
+``SERVER_OPTIONS`` accept these pings)."""
 
 # gRPC retries a call transparently only under this policy. Only idempotent calls get one:
 # ReportWork is keyed by request id, so a retry after a lost reply is stored once. UNAVAILABLE
@@ -73,10 +82,29 @@ _SERVICE_CONFIG = json.dumps(
         ]
     }
 )
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.service_config", _SERVICE_CONFIG),
+    ("grpc.enable_retries", 1),
+    # gRPC's default reconnect backoff grows toward 120 s; after a tracker restart every
+    # worker must be back within a heartbeat or two, so retry the connection briskly.
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS[0]),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS[1]),
+    # Measured on grpc 1.85 with a frozen (SIGSTOPped) tracker under an open watch: by default
+    # only 2 pings go out while no data flows (the watch then went unnoticed for 90 s and more),
+    # and a ping waits ``ping_timeout_ms`` (60 s), not the keepalive timeout (69 s); with both
+    # set, the watch ended 13 s after the freeze.
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_MS[1]),
+]
 
 
 class TrackerClient:
-    """One channel to one tracker. Create it inside the event loop that uses it."""
+    """Every call to one tracker, over one channel that follows certificate renewal.
+
+    Create it inside the event loop that uses it."""
 
     def __init__(
         self,
@@ -86,23 +114,9 @@ class TrackerClient:
         security: LinkSecurity | None = None,
     ) -> None:
         self.address = address
+        self.security = security
         self._timeout_s = timeout_s
-        options = [
-            ("grpc.service_config", _SERVICE_CONFIG),
-            ("grpc.enable_retries", 1),
-            # gRPC's default reconnect backoff grows toward 120 s; after a tracker restart every
-            # worker must be back within a heartbeat or two, so retry the connection briskly.
-            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
-            ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
-            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
-        ]
-        self._security = security
-        self._options = options
-        self._generation = 0 if security is None else security.generation
-        self._channel = secure_or_plain_channel(address, security, TRACKER_NAME, options)
-        self._stub = services.TrackerStub(self._channel)
-        self._retired: list[grpc.aio.Channel] = []
-        self._status_stub = services.SwarmStatusStub(self._channel)
+        self._channel = RenewingChannel(address, security, TRACKER_NAME, CHANNEL_OPTIONS)
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -111,33 +125,61 @@ class TrackerClient:
         await self.close()
 
     async def close(self) -> None:
-        for retired in self._retired:
-            await retired.close()
         await self._channel.close()
 
-    def _current_stub(self) -> services.TrackerStub:
-        """The stub over a channel made with this process's current certificate."""
-        if self._security is not None and self._security.generation != self._generation:
-            self._generation = self._security.generation
-            self._retired.append(self._channel)
-            self._channel = secure_or_plain_channel(self.address, self._security, TRACKER_NAME, self._options)
-            self._stub = services.TrackerStub(self._channel)
-            self._status_stub = services.SwarmStatusStub(self._channel)
-        return self._stub
+    def _tracker(self) -> services.TrackerStub:
+        return self._channel.stub(services.TrackerStub)
+
+    # --- membership ------------------------------------------------------------------------
 
     async def register(
-        self,
-        registration: NodeRecord,
-        *,
-        node_id_hint: NodeId | None = None,
-        timeout_s: float | None = None,
+        self, registration: NodeRecord, node_id: NodeId, *, timeout_s: float | None = None
     ) -> Registered:
-        request = wire.registration_to_proto(registration, node_id_hint)
-        return wire.registered_from_proto(await self._call(self._current_stub().Register, request, timeout_s))
+        """Register ``registration`` under the node's one id (``NodeId``)."""
+        request = wire.registration_to_proto(registration, node_id)
+        return wire.registered_from_proto(await self._call(self._tracker().Register, request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
         request = wire.heartbeat_to_proto(node_id, load)
-        return wire.heartbeat_status_from_proto(await self._call(self._current_stub().Heartbeat, request, timeout_s))
+        return wire.heartbeat_status_from_proto(await self._call(self._tracker().Heartbeat, request, timeout_s))
+
+    async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
+        reply = await self._call(self._tracker().Deregister, wire.deregister_to_proto(node_id), timeout_s)
+        return wire.deregistered_from_proto(reply).known
+
+    async def suggest_layers(self, question: LayerQuestion, *, timeout_s: float | None = None) -> LayerAdvice:
+        """The range the swarm needs most that fits ``question``'s budget (``--layers auto``)."""
+        request = placement_wire.question_to_proto(question)
+        reply = await self._call(self._tracker().SuggestLayers, request, timeout_s)
+        return placement_wire.advice_from_proto(reply, question.costs.n_layers)
+
+    async def watch_revocations(self) -> AsyncIterator[frozenset[str]]:
+        """The swarm's revoked node ids now, then again after every change (no deadline: it
+        runs until the caller stops iterating or the tracker ends it). ``membership.revocations``
+        keeps one open for a process."""
+        call = self._tracker().WatchRevocations(wire.watch_revocations_to_proto())
+        try:
+            async for message in call:
+                yield wire.revocations_from_proto(message)
+        except grpc.RpcError as rpc_error:
+            raise self._error(rpc_error) from rpc_error
+        finally:
+            call.cancel()
+
+    # --- certificates (the Swarm service on the same port) -----------------------------------
+
+    async def renew(self, csr_pem: bytes, *, timeout_s: float | None = None) -> IssuedCertificate:
+        """A certificate for ``csr_pem``'s key, with this client's node id and role."""
+        stub = self._channel.stub(services.SwarmStub)
+        return swarm_wire.issued_from_proto(await self._call(stub.Renew, swarm_wire.renew_to_proto(csr_pem), timeout_s))
+
+    async def revoke(self, node_id: str, *, timeout_s: float | None = None) -> tuple[bool, bool]:
+        """(newly revoked, was routed)."""
+        stub = self._channel.stub(services.SwarmStub)
+        reply = await self._call(stub.Revoke, swarm_wire.revoke_to_proto(node_id), timeout_s)
+        return swarm_wire.revoked_from_proto(reply)
+
+    # --- routing and billing -----------------------------------------------------------------
 
     async def choose_route(
         self,
@@ -149,135 +191,53 @@ class TrackerClient:
     ) -> Route:
         """A route for ``model`` (name or fingerprint); each hop carries its node's capability."""
         request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude)))
-        return wire.route_from_proto(await self._call(self._current_stub().ChooseRoute, request, timeout_s))
+        return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
-        reply = await self._call(self._current_stub().ReportWork, work_wire.work_to_proto(record), timeout_s)
+        reply = await self._call(self._tracker().ReportWork, work_wire.work_to_proto(record), timeout_s)
         return work_wire.work_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
-        reply = await self._call(self._current_stub().ListModels, wire.list_models_request_to_proto(), timeout_s)
+        reply = await self._call(self._tracker().ListModels, wire.list_models_request_to_proto(), timeout_s)
         models, _epoch = wire.models_from_proto(reply)
         return models
 
-    async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
-        """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""
-        reply = await self._call(self._status_stub.ListNodes, services.ListNodesRequest(), timeout_s)
-        return node_table_from_proto(reply)
-
-    async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
-        reply = await self._call(self._current_stub().Deregister, wire.deregister_to_proto(node_id), timeout_s)
-        return wire.deregistered_from_proto(reply).known
-
     async def quarantine(self, order: QuarantineOrder, *, timeout_s: float | None = None) -> Quarantined:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
-        reply = await self._call(self._stub.Quarantine, work_wire.quarantine_to_proto(order), timeout_s)
+        reply = await self._call(self._tracker().Quarantine, work_wire.quarantine_to_proto(order), timeout_s)
         return work_wire.quarantined_from_proto(reply)
 
-    async def suggest_layers(self, question: LayerQuestion, *, timeout_s: float | None = None) -> LayerAdvice:
-        """The range the swarm needs most that fits ``question``'s budget (``--layers auto``)."""
-        reply = await self._call(self._stub.SuggestLayers, placement_wire.question_to_proto(question), timeout_s)
-        return placement_wire.advice_from_proto(reply, question.costs.n_layers)
+    async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
+        """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""
+        stub = self._channel.stub(services.SwarmStatusStub)
+        return node_table_from_proto(await self._call(stub.ListNodes, services.ListNodesRequest(), timeout_s))
+
+    # --- artifact directory --------------------------------------------------------------------
+
+    async def advertise(self, advertisement: Advertisement, *, timeout_s: float | None = None) -> float:
+        """Announce what a holder holds; the seconds until the next announcement is due."""
+        stub = self._channel.stub(services.ArtifactDirectoryStub)
+        request = artifact_wire.advertisement_to_proto(advertisement)
+        return artifact_wire.advertisement_ack_from_proto(await self._call(stub.Advertise, request, timeout_s))
+
+    async def find_holders(
+        self, model_id: str, artifacts: tuple[str, ...] = (), *, timeout_s: float | None = None
+    ) -> FoundHolders:
+        """Who holds ``artifacts`` (and ``model_id``'s manifests, when named)."""
+        stub = self._channel.stub(services.ArtifactDirectoryStub)
+        request = artifact_wire.find_to_proto(model_id, artifacts)
+        return artifact_wire.found_from_proto(await self._call(stub.FindHolders, request, timeout_s))
 
     async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
         try:
             return await method(request, timeout=timeout_s or self._timeout_s)
         except grpc.RpcError as rpc_error:
-            error = error_from_rpc(rpc_error)
-            raise _with_context(error, f"tracker {self.address}: {error.message}") from rpc_error
+            raise self._error(rpc_error) from rpc_error
 
-
-async def heartbeat_loop(
-    client: TrackerClient,
-    registration: NodeRecord,
-    load_fn: Callable[[], NodeLoad],
-    stop_event: asyncio.Event,
-    *,
-    on_registered: Callable[[Registered], None] | None = None,
-    on_epoch: Callable[[int], None] | None = None,
-    on_probe: Callable[[tuple[str, ...]], None] | None = None,
-    on_revoked: Callable[[frozenset[str]], None] | None = None,
-) -> None:
-    """Keep ``registration`` routable until ``stop_event`` is set, then deregister.
-
-    Registers, heartbeats every interval the tracker asks for, and registers again (keeping
-    the node id) whenever the tracker says it forgot us, which is how a worker rejoins after
-    a tracker restart. An unreachable tracker is logged and retried; it never stops the worker.
-    """
-    membership = _Membership(client, registration, load_fn, on_registered, on_probe, on_revoked)
-    last_epoch: int | None = None
-    while not stop_event.is_set():
-        try:
-            epoch = await membership.step()
-            if epoch is None:
-                continue  # forgotten: register again at once
-            if on_epoch is not None and epoch != last_epoch:
-                on_epoch(epoch)
-            last_epoch = epoch
-        except (Unavailable, DeadlineExceeded) as error:
-            logger.warning("tracker %s unreachable: %s", client.address, error.message)
-        except FailedPrecondition as error:
-            # Refused for good (a quarantined id): retrying cannot help, and this node must stay dark.
-            logger.error("tracker %s refuses this node: %s", client.address, error.message)
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s)
-    await membership.leave()
-
-
-class _Membership:
-    """One worker's standing with one tracker: registered or not, under which id, how often to beat."""
-
-    def __init__(
-        self,
-        client: TrackerClient,
-        registration: NodeRecord,
-        load_fn: Callable[[], NodeLoad],
-        on_registered: Callable[[Registered], None] | None,
-        on_probe: Callable[[tuple[str, ...]], None] | None,
-        on_revoked: Callable[[frozenset[str]], None] | None = None,
-    ) -> None:
-        self._client = client
-        self._on_revoked = on_revoked
-        self._registration = registration
-        self._load_fn = load_fn
-        self._on_registered = on_registered
-        self._on_probe = on_probe
-        self._registered: Registered | None = None
-        self._node_id_hint: NodeId | None = None
-        """The id to ask for when registering again, so a rejoining worker keeps its identity."""
-        self.interval_s = 1.0
-
-    async def step(self) -> int | None:
-        """Register or heartbeat once: the tracker's epoch, or None when it forgot this node."""
-        if self._registered is None:
-            return await self._register()
-        # A reply later than one interval is worth nothing: the next beat is due.
-        status = await self._client.heartbeat(self._registered.node_id, self._load_fn(), timeout_s=self.interval_s)
-        if not status.known:
-            logger.warning("tracker %s forgot %s; registering again", self._client.address, self._registered.node_id)
-            self._registered = None
-            return None
-        if self._on_probe is not None:
-            self._on_probe(status.probe)
-        if self._on_revoked is not None:
-            self._on_revoked(frozenset(status.revoked))
-        return status.epoch
-
-    async def _register(self) -> int:
-        registered = await self._client.register(self._registration, node_id_hint=self._node_id_hint)
-        self._registered = registered
-        self._node_id_hint, self.interval_s = registered.node_id, registered.heartbeat_interval_s
-        logger.info("registered with tracker %s as %s", self._client.address, registered.node_id)
-        if self._on_registered is not None:
-            self._on_registered(registered)
-        return registered.epoch
-
-    async def leave(self) -> None:
-        if self._registered is not None:
-            with contextlib.suppress(MeshnetError):
-                await self._client.deregister(self._registered.node_id, timeout_s=min(self.interval_s, 1.0))
+    def _error(self, rpc_error: grpc.RpcError) -> MeshnetError:
+        error = error_from_rpc(rpc_error)
+        return _with_context(error, f"tracker {self.address}: {error.message}")
 
 
 def _with_context(error: MeshnetError, message: str) -> MeshnetError:

@@ -22,10 +22,11 @@ import grpc.aio
 from meshnet.core.errors import EngineError, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.membership.channel import RenewingChannel
 from meshnet.moe import wire as expert_wire
 from meshnet.moe.loop_thread import LoopThread
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, secure_or_plain_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity
 
 PROBE_INTERVAL_S = 0.5
 """How long a step may run before the driver starts asking its pending nodes whether they live."""
@@ -44,9 +45,9 @@ class ExpertGroupClient:
         self._addresses = list(addresses)
         self._timeout_s = step_timeout_s
         self._loop = LoopThread("expert-driver")
-        self._channels: list[grpc.aio.Channel] = []
+        self._channels: list[RenewingChannel] = []
         try:
-            self._stubs = self._loop.call(self._open(security))
+            self._loop.call(self._open(security))
             self.nodes = self.describe()
             self._check_group()
         except BaseException:
@@ -66,13 +67,16 @@ class ExpertGroupClient:
         )
         self._step = first.next_step  # a group outlives its drivers: continue its step sequence
 
-    async def _open(self, security: LinkSecurity | None) -> list[expert_wire.ExpertGroupStub]:
+    async def _open(self, security: LinkSecurity | None) -> None:
         """The nodes' channels, made on the driver's loop (an aio channel belongs to one loop)."""
         for address in self._addresses:
-            self._channels.append(
-                secure_or_plain_channel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS)
-            )
-        return [expert_wire.ExpertGroupStub(channel) for channel in self._channels]
+            self._channels.append(RenewingChannel(address, security, ANY_WORKER_NAME, expert_wire.CHANNEL_OPTIONS))
+
+    @property
+    def _stubs(self) -> list[expert_wire.ExpertGroupStub]:
+        """Stubs over each node's channel of the current certificate; read on the driver's loop
+        only (a renewal opens the new channel there)."""
+        return [channel.stub(expert_wire.ExpertGroupStub) for channel in self._channels]
 
     async def _describe(self, index: int, timeout_s: float) -> expert_wire.ExpertNodeDescription:
         reply = await self._stubs[index].DescribeExpertNode(expert_wire.ExpertNodeQuery(), timeout=timeout_s)
@@ -193,7 +197,7 @@ async def _outcome(call: grpc.aio.UnaryUnaryCall) -> Outcome:
         return error_from_rpc(error)
 
 
-async def _close_channels(channels: list[grpc.aio.Channel]) -> None:
+async def _close_channels(channels: list[RenewingChannel]) -> None:
     for channel in channels:
         await channel.close()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +22,14 @@ from meshnet.artifact.directory import Advertisement, HeldManifest
 from meshnet.artifact.holdings import Holdings, published_holdings, range_holdings
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.fetch.fetcher import FetchConfig, FetchedRange, fetch_range
-from meshnet.fetch.holders import announce_forever, artifact_channel_options
+from meshnet.fetch.holders import artifact_channel_options
+from meshnet.membership.announce import announce_forever
+from meshnet.membership.join import own_node_id
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.membership.upkeep import upkeep_tasks
 from meshnet.node.config import WorkerConfig
 from meshnet.security.policy import authorize_artifacts
 from meshnet.wire import artifact_wire as wire
@@ -88,11 +92,6 @@ def advertisement_of(holdings: Holdings, holder_id: str, address: str) -> Advert
     )
 
 
-def holder_id(security: LinkSecurity | None, prefix: str) -> str:
-    """The id a holder announces: its certificate's node id when secured (the directory insists)."""
-    return f"{prefix}-{secrets.token_hex(6)}" if security is None else security.identity.node_id
-
-
 async def fetch_worker_range(config: WorkerConfig, security: LinkSecurity | None = None) -> FetchedRange:
     """Fetch a worker's range by model id (``--model-id``), showing progress in the log."""
     if config.model_id is None or config.tracker is None:
@@ -110,14 +109,16 @@ def serve_fetched_artifacts(
     fetched: FetchedRange,
     layers: LayerRange,
     address: str,
+    node_id: NodeId,
     server: grpc.aio.Server,
     security: LinkSecurity | None = None,
 ) -> Advertisement:
-    """Serve the artifacts inside a fetched range's slice on ``server``; what to announce."""
+    """Serve the artifacts inside a fetched range's slice on ``server``; what to announce (as
+    ``node_id``, the worker's one id)."""
     files = fetched.files
     holdings = range_holdings(fetched.manifest_path, fetched.header, files.slice, files.embeddings, layers)
     services.add_artifacts_servicer(ArtifactsServicer(holdings, security), server)
-    return advertisement_of(holdings, holder_id(security, "worker"), address)
+    return advertisement_of(holdings, node_id, address)
 
 
 @dataclass(frozen=True)
@@ -142,21 +143,29 @@ async def serve_seeder(
 ) -> None:
     """Serve ``config.directory`` until ``stop`` is set, announcing it to the tracker.
 
-    ``security``: the seeder's swarm identity (a worker-role certificate); None is plaintext."""
+    ``security``: the seeder's swarm identity (a worker-role certificate); None is plaintext.
+    Secured, with a tracker, it renews its certificate and refuses revoked peers like every
+    member (``membership.upkeep``)."""
     holdings = await asyncio.to_thread(published_holdings, config.directory)
     server, port = artifact_server(config.host, config.port, security)
     services.add_artifacts_servicer(ArtifactsServicer(holdings, security), server)
     await server.start()
     address = config.advertise or f"{config.host}:{port}"
-    announcer = None
-    if config.tracker is not None:
-        advertisement = advertisement_of(holdings, holder_id(security, "seed"), address)
-        announcer = asyncio.create_task(announce_forever(config.tracker, advertisement, security))
+    tracker = None if config.tracker is None else TrackerClient(config.tracker, security=security)
+    tasks: list[asyncio.Task[None]] = []
+    if tracker is not None:
+        # One id for the seeder: its certificate's when secured (the directory insists).
+        advertisement = advertisement_of(holdings, own_node_id(security), address)
+        tasks = [
+            asyncio.create_task(announce_forever(tracker, advertisement, stop)),
+            *upkeep_tasks(tracker, security, stop),
+        ]
     if on_ready is not None:
         on_ready(address, holdings)
     try:
         await stop.wait()
     finally:
-        if announcer is not None:
-            announcer.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if tracker is not None:
+            await tracker.close()
         await server.stop(1.0)

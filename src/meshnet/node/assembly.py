@@ -24,7 +24,6 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
-from meshnet.core.ids import NodeId
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.engine.backend import Backend, ShardShape
@@ -33,6 +32,7 @@ from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
+from meshnet.membership.join import own_node_id
 from meshnet.moe.config import ExpertFrontConfig
 from meshnet.moe.front import ExpertGroupBackend, group_capacity, open_group_backend
 from meshnet.moe.ownership import ExpertNumerics
@@ -107,9 +107,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         model = model_identity(config, cache, description)
         server, port = _bind(config, security)
         address = config.advertise or f"{config.host}:{port}"
-        # Secured, the node id is the certificate's: the id the tracker registers and routes pin.
-        local_id = f"shard-{config.layers.start}-{config.layers.stop}-{port}"
-        node_id = NodeId(local_id if security is None else security.identity.node_id)
+        # The node's one id (``NodeId``): registration, routes, hop pinning and work records.
+        node_id = own_node_id(security)
         record = _registration(config, address, model, loop.backend.shape, speed, certification)
         links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
@@ -122,7 +121,9 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     health = HealthServicer()
     services.add_shard_servicer(ShardServicer(shard, security), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    held = None if fetched is None else serve_fetched_artifacts(fetched, config.layers, address, server, security)
+    held = None
+    if fetched is not None:
+        held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
     return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group)
 
 

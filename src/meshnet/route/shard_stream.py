@@ -17,47 +17,42 @@ import grpc.aio
 
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.ids import RequestId, SessionId
+from meshnet.membership.channel import RenewingChannel
 from meshnet.wire import services
 from meshnet.wire.frames import StepFrame, StepResult
 from meshnet.wire.shard_wire import frame_to_proto, result_from_proto, ring_open_to_proto
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
+from meshnet.wire.tls import LinkSecurity, hop_server_name, link_options
 
 
 class ChannelPool:
     """One channel per peer (address and the node expected there), reused by every stream to it.
 
     Secured, each channel pins the node id the route names for that address in the TLS
-    handshake (``protocol.tls``), so a different node at that address fails the handshake."""
+    handshake (``wire.tls``), so a different node at that address fails the handshake. Each is a
+    ``RenewingChannel``: after a renewal new streams go over a channel with the new certificate,
+    while the streams already open finish on the old one, which closes with the pool."""
 
     def __init__(self, max_frame_bytes: int, security: LinkSecurity | None = None) -> None:
         self._options = link_options(max_frame_bytes)
         self._security = security
-        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
-        self._retired: list[grpc.aio.Channel] = []
-        self._generation = 0 if security is None else security.generation
+        self._channels: dict[tuple[str, str], RenewingChannel] = {}
 
     def stub(self, address: str, node_id: str | None = None) -> services.ShardStub:
         return services.ShardStub(self.channel(address, node_id))
 
     def channel(self, address: str, node_id: str | None = None) -> grpc.aio.Channel:
-        """The channel to the node ``node_id`` at ``address`` (the health service shares it)."""
-        if self._security is not None and self._security.generation != self._generation:
-            # A renewed certificate: new streams go over new channels; the old ones serve the
-            # streams already on them and close with the pool.
-            self._generation = self._security.generation
-            self._retired += self._channels.values()
-            self._channels = {}
+        """The channel of the current certificate to the node ``node_id`` at ``address`` (the
+        health service shares it)."""
         key = (address, node_id or "")
         channel = self._channels.get(key)
         if channel is None:
-            channel = secure_or_plain_channel(address, self._security, hop_server_name(node_id), self._options)
+            channel = RenewingChannel(address, self._security, hop_server_name(node_id), self._options)
             self._channels[key] = channel
-        return channel
+        return channel.channel()
 
     async def close(self) -> None:
-        channels, self._channels = [*self._retired, *self._channels.values()], {}
-        self._retired = []
+        channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
 
 

@@ -11,12 +11,11 @@ Peers dial by IP, so no certificate needs an IP SAN: the pinned names replace th
 
 from __future__ import annotations
 
-import re
-import secrets
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.ids import check_node_id
 
 Role = Literal["worker", "gateway", "admin", "tracker"]
 ROLES: tuple[Role, ...] = get_args(Role)
@@ -29,9 +28,6 @@ TRACKER_NAME = "tracker.meshnet"
 ANY_WORKER_NAME = "node.meshnet"
 NODE_NAME_SUFFIX = ".node.meshnet"
 
-_NODE_ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-"""A node id is one DNS label, so it can be a TLS server name."""
-
 
 @dataclass(frozen=True)
 class PeerIdentity:
@@ -41,17 +37,6 @@ class PeerIdentity:
     role: Role
     serial: int
     not_after_unix_s: float
-
-
-def new_node_id(role: Role) -> str:
-    """A fresh node id; its first letter says the role to a reader of logs."""
-    return f"{role[0]}-{secrets.token_hex(6)}"
-
-
-def check_node_id(node_id: str) -> str:
-    if not _NODE_ID.match(node_id):
-        raise InvalidArgument(f"node id {node_id!r} is not one lowercase DNS label (a-z, 0-9, '-')")
-    return node_id
 
 
 def check_role(role: str) -> Role:

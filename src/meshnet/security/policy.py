@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from meshnet.security.identity import PeerIdentity, Role
+from meshnet.security.identity import ROLES, PeerIdentity, Role
 
 TrackerRpc = Literal[
     "Register",
@@ -27,6 +27,7 @@ TrackerRpc = Literal[
     "Advertise",
     "FindHolders",
     "SuggestLayers",
+    "WatchRevocations",
 ]
 ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
 ArtifactRpc = Literal["Fetch"]
@@ -52,6 +53,9 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # Artifact directory: holders (workers, seeders joined as workers) announce themselves only.
     "Advertise": frozenset({"worker"}),
     "FindHolders": frozenset({"worker", "gateway", "admin"}),
+    # Every member refuses revoked peers, so every member may follow the list (an expert node,
+    # which does not register, watches it too).
+    "WatchRevocations": frozenset(ROLES),
 }
 _SHARD_ROLES: dict[str, frozenset[Role]] = {
     # Workers open sessions on their downstream neighbour; gateways on the head.
@@ -111,8 +115,9 @@ def authorize_tracker(
     caller, verdict = _by_role(peer, rpc, _TRACKER_ROLES, revoked)
     if caller is None:
         return verdict
-    # Membership is bound to the certificate: a node speaks only for itself (admins may evict).
-    if rpc in ("Heartbeat", "Deregister") and caller.role != "admin" and subject_node_id != caller.node_id:
+    # Membership is bound to the certificate: a node registers under its own node id and speaks
+    # only for itself (admins may evict).
+    if rpc in ("Register", "Heartbeat", "Deregister") and caller.role != "admin" and subject_node_id != caller.node_id:
         return _deny(f"node {caller.node_id} may not {rpc.lower()} node {subject_node_id}")
     # A holder announces only what it holds itself, under its certificate's node id.
     if rpc == "Advertise" and subject_node_id != caller.node_id:

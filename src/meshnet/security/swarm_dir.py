@@ -15,13 +15,14 @@ import secrets
 from pathlib import Path
 
 from meshnet.core.errors import FailedPrecondition
+from meshnet.core.ids import new_node_id
 from meshnet.security.certificates import (
     NodeCertificate,
     SwarmAuthority,
     create_authority,
     mint_node,
 )
-from meshnet.security.identity import Role, new_node_id
+from meshnet.security.identity import Role
 
 SWARM_DIR = "swarm"
 TRACKER_IDENTITY = "tracker"

@@ -18,7 +18,6 @@ throws away its KV cache and costs a full replay.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -45,10 +44,6 @@ logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 """Seconds on a monotonic scale; ``time.monotonic`` in production, a fake in tests."""
-
-
-def random_node_id() -> NodeId:
-    return NodeId("n-" + secrets.token_hex(6))
 
 
 @dataclass(frozen=True)
@@ -93,7 +88,6 @@ class NodeRegistry:
         epoch: int = 0,
         session_ttl_s: float = 600.0,
         max_sticky_sessions: int = 100_000,
-        new_node_id: Callable[[], NodeId] = random_node_id,
         costs: RoutingCosts = DEFAULT_COSTS,
         quarantined: Iterable[NodeId] = (),
     ) -> None:
@@ -105,7 +99,6 @@ class NodeRegistry:
         self._epoch = epoch
         self._session_ttl_s = session_ttl_s
         self._max_sticky = max_sticky_sessions
-        self._new_node_id = new_node_id
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
         self._sticky: OrderedDict[SessionId, _StickyRoute] = OrderedDict()
@@ -134,25 +127,21 @@ class NodeRegistry:
         # Self-declared speeds are checked against the recipe's other nodes (tracker.claims).
         return credible_views(tuple(entry.view() for entry in self._nodes.values()))
 
-    def register(self, record: NodeRecord, node_id_hint: NodeId | None = None) -> NodeId:
-        """Add a node and return its id: the hint when it is free or already this address's.
+    def register(self, record: NodeRecord, node_id: NodeId) -> NodeId:
+        """Add the node ``node_id`` (its own id, see ``NodeId``; the registry makes none up).
 
         Raises ``Uncertified`` when the record's certification does not certify what it
         registers, or disagrees with the recipe's live nodes (``tracker.certification``)."""
         self.sweep()
-        if node_id_hint in self._quarantined:
+        if node_id in self._quarantined:
             raise FailedPrecondition(
-                f"node {node_id_hint} is quarantined (its output disagreed with other nodes' in an audit); "
+                f"node {node_id} is quarantined (its output disagreed with other nodes' in an audit); "
                 "it stays out of routes until an operator clears it"
             )
-        held = self._nodes.get(node_id_hint) if node_id_hint else None
-        if node_id_hint and (held is None or held.record.address == record.address):
-            node_id = node_id_hint
-        else:
-            node_id = self._fresh_node_id()
-        # One address is one live node: a worker that re-registers has restarted or changed, and
-        # either way the sessions routed to its old entry are gone, so that entry leaves routes,
-        # even when the new one is refused (whatever answers at that address is not the old node).
+        # One id is one live node, and so is one address: a node that registers again (restarted,
+        # or on another port) or another node now at its address replaces the old entry, and the
+        # sessions routed to that entry are gone either way, so it leaves routes, even when the
+        # new one is refused (whatever answers at that address is not the old node).
         stale = [
             entry.node_id
             for entry in self._nodes.values()
@@ -321,12 +310,6 @@ class NodeRegistry:
         for hop in plan.hops:
             entry = self._nodes[hop.node_id]
             self._nodes[hop.node_id] = replace(entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1)
-
-    def _fresh_node_id(self) -> NodeId:
-        while True:
-            node_id = self._new_node_id()
-            if node_id not in self._nodes:
-                return node_id
 
 
 def route_slots(holdings: Sequence[tuple[LayerRange, int]], n_layers: int) -> int:

@@ -24,6 +24,7 @@ from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.status_service import SwarmStatusServicer
 from meshnet.tracker.store import SqliteTrackerStore
@@ -40,6 +41,16 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 20
 """Tracker messages are small; refusing big ones early bounds what a bad peer can make us parse."""
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Without this Linux lets a second tracker bind the same port and split the traffic.
+    ("grpc.so_reuseport", 0),
+    # Clients ping every 10 s while a call is open (TrackerClient): a WatchRevocations stream
+    # carries no data for hours, and must find a dead tracker. Accept those pings, or gRPC
+    # answers GOAWAY too_many_pings after a few and ends the stream.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 class RunningTracker:
@@ -53,6 +64,7 @@ class RunningTracker:
         health_servicer: health.aio.HealthServicer,
         store: StoreRunner,
         sweeper: asyncio.Task[None],
+        revocations: RevocationFeed,
     ) -> None:
         self.config = config
         self.registry: NodeRegistry | None = None
@@ -63,6 +75,7 @@ class RunningTracker:
         self._health = health_servicer
         self._store = store
         self._sweeper = sweeper
+        self._revocations = revocations
         self._stopped = False
         self.join_server: grpc.aio.Server | None = None
 
@@ -81,6 +94,7 @@ class RunningTracker:
         self._stopped = True
         # NOT_SERVING first, so load balancers and health watchers move away before we refuse (G9).
         await self._health.enter_graceful_shutdown()
+        self._revocations.close()  # watches end now, not at the end of the grace
         self._sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._sweeper
@@ -127,22 +141,17 @@ async def start_tracker(
     registry = _restored_registry(store, config, clock)
     epoch = registry.epoch
     runner = StoreRunner(store)
-    servicer = TrackerServicer(registry, runner, wall_clock, None if security is None else security.link)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            # Without this Linux lets a second tracker bind the same port and split the traffic.
-            ("grpc.so_reuseport", 0),
-        ]
-    )
-    services.add_tracker_servicer(servicer, server)
     link = None if security is None else security.link
+    feed = RevocationFeed(None if link is None else link.revocations)
+    servicer = TrackerServicer(registry, runner, wall_clock, link, feed)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    services.add_tracker_servicer(servicer, server)
     add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats, link)
     services.add_swarm_status_servicer(SwarmStatusServicer(registry, link), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        port, join = _listen(server, config, security, registry)
+        port, join = _listen(server, config, security, registry, feed)
     except RuntimeError as error:
         runner.close()
         # Not Unavailable ([worker_lost]): nothing was lost, the port is taken.
@@ -156,7 +165,7 @@ async def start_tracker(
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(_background(servicer, config, security))
     logger.info("tracker serving on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
-    running = RunningTracker(config, server, port, health_servicer, runner, sweeper)
+    running = RunningTracker(config, server, port, health_servicer, runner, sweeper, feed)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
     if join is not None:
         running.join_server, running.join_port = join
@@ -172,23 +181,26 @@ async def _background(servicer: TrackerServicer, config: TrackerConfig, security
 
 
 def _listen(
-    server: grpc.aio.Server, config: TrackerConfig, security: TrackerSecurity | None, registry: NodeRegistry
+    server: grpc.aio.Server,
+    config: TrackerConfig,
+    security: TrackerSecurity | None,
+    registry: NodeRegistry,
+    feed: RevocationFeed,
 ) -> tuple[int, tuple[grpc.aio.Server, int] | None]:
     """Bind the main port (mTLS when secured) and, secured, the join port: (port, join server)."""
     port = bind(server, f"{config.host}:{config.port}", None if security is None else security.link)
     if security is None:
         return port, None
     security.refresh_revocations()
-    services.add_swarm_servicer(SwarmServicer(security, registry), server)
-    return port, _join_server(config, security, registry)
+    swarm = SwarmServicer(security, registry, feed)
+    services.add_swarm_servicer(swarm, server)
+    return port, _join_server(config, security, swarm)
 
 
-def _join_server(
-    config: TrackerConfig, security: TrackerSecurity, registry: NodeRegistry
-) -> tuple[grpc.aio.Server, int]:
+def _join_server(config: TrackerConfig, security: TrackerSecurity, swarm: SwarmServicer) -> tuple[grpc.aio.Server, int]:
     """The port a node without a certificate can reach: TLS (server side only), Join only."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024), ("grpc.so_reuseport", 0)])
-    services.add_swarm_servicer(SwarmServicer(security, registry), server)
+    services.add_swarm_servicer(swarm, server)
     credentials = security.link.server_credentials(require_client_cert=False)
     return server, server.add_secure_port(f"{config.host}:{config.join_port}", credentials)
 

@@ -11,19 +11,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
 
-from meshnet.core.errors import MeshnetError, Uncertified
-from meshnet.core.ids import NodeId
+from meshnet.core.errors import MeshnetError, Unauthenticated, Uncertified
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.registry import Clock, NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import TrackerStore
 from meshnet.wire import placement_wire, services, work_wire
 from meshnet.wire import tracker_wire as wire
@@ -86,11 +86,17 @@ class StoreRunner:
 
 class TrackerServicer(services.TrackerServicer):
     def __init__(
-        self, registry: NodeRegistry, store: StoreRunner, wall_clock: Clock, security: LinkSecurity | None = None
+        self,
+        registry: NodeRegistry,
+        store: StoreRunner,
+        wall_clock: Clock,
+        security: LinkSecurity | None = None,
+        revocations: RevocationFeed | None = None,
     ) -> None:
         self._registry = registry
         self._security = security
         """None only on a loopback development tracker (``--insecure``): then nobody is checked."""
+        self.revocations = revocations or RevocationFeed(None if security is None else security.revocations)
         self._store = store
         self._wall_clock = wall_clock
         self._saved_epoch = registry.epoch
@@ -115,16 +121,11 @@ class TrackerServicer(services.TrackerServicer):
     async def Register(
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
-        record, hint = wire.registration_from_proto(request)
-        peer = self.admit(context, "Register")
-        if peer is not None:
-            # The node id is the certificate's, whatever the request hints: one node, one id.
-            hint = NodeId(peer.node_id)
-            held = self._registry.get(hint)
-            if held is not None and held.record.address != record.address:
-                self._registry.deregister(hint)  # the same node, restarted on another port
+        record, node_id = wire.registration_from_proto(request)
+        # Secured, the id must be the certificate's (``authorize_tracker``): one node, one id.
+        self.admit(context, "Register", node_id)
         try:
-            node_id = self._registry.register(record, hint)
+            self._registry.register(record, node_id)
         except Uncertified as refused:
             await self.persist_epoch()  # a stale entry at its address may have left routes
             logger.warning("%s", refused.message)
@@ -148,10 +149,24 @@ class TrackerServicer(services.TrackerServicer):
         node_id, load = wire.heartbeat_from_proto(request)
         self.admit(context, "Heartbeat", node_id)
         known = self._registry.heartbeat(node_id, load)
+        if not known:  # expired, or this tracker restarted: the node registers again at once
+            logger.info("heartbeat from node %s, which is not registered", node_id)
         await self.persist_epoch()
         probe = self._registry.probe_targets(node_id) if known else ()
-        revoked = tuple(sorted(self._security.revocations.current())) if self._security is not None else ()
-        return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe, revoked))
+        return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe))
+
+    async def WatchRevocations(
+        self, request: services.WatchRevocationsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[services.RevocationList]:
+        """The whole list now and after every change; a watcher revoked itself is ended."""
+        try:
+            peer = self.admit(context, "WatchRevocations")
+            async for revoked in self.revocations.updates():
+                if peer is not None and peer.node_id in revoked:
+                    raise Unauthenticated(f"node {peer.node_id} is revoked")
+                yield wire.revocations_to_proto(revoked)
+        except MeshnetError as error:
+            await abort_with(context, error)
 
     @maps_errors
     async def ChooseRoute(

@@ -1,7 +1,7 @@
 """The Swarm service: Join with an invite (join port), Renew and Revoke (main, mTLS port).
 
 The tracker is the swarm's CA at run time: it signs CSRs of invited joiners, re-signs those of
-nodes renewing, and keeps the revocation list every worker learns from its heartbeat replies.
+nodes renewing, and keeps the revocation list every member follows (Tracker.WatchRevocations).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from meshnet.core.ids import NodeId
+from meshnet.core.ids import NodeId, new_node_id
 from meshnet.security.certificates import (
     DEFAULT_NODE_LIFETIME_S,
     SwarmAuthority,
@@ -21,11 +21,12 @@ from meshnet.security.certificates import (
     mint_node,
     sign_csr,
 )
-from meshnet.security.identity import PeerIdentity, Role, new_node_id
+from meshnet.security.identity import PeerIdentity, Role
 from meshnet.security.invites import SwarmBook
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
 from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.service import maps_errors
 from meshnet.wire import services
 from meshnet.wire import swarm_wire as wire
@@ -83,9 +84,10 @@ def read_join_address(data_dir: Path) -> str | None:
 
 
 class SwarmServicer(services.SwarmServicer):
-    def __init__(self, security: TrackerSecurity, registry: NodeRegistry) -> None:
+    def __init__(self, security: TrackerSecurity, registry: NodeRegistry, revocations: RevocationFeed) -> None:
         self._security = security
         self._registry = registry
+        self._revocations = revocations
         self._lock = asyncio.Lock()  # one SQLite connection: its transactions must not interleave
 
     @maps_errors
@@ -118,8 +120,9 @@ class SwarmServicer(services.SwarmServicer):
         async with self._lock:
             newly = self._security.book.revoke(node_id, self._security.link.clock())
             self._security.refresh_revocations()
-        # Out of routing at once; its certificate is refused here from now and by every worker
-        # from its next heartbeat reply.
+        self._revocations.changed()
+        # Out of routing at once; its certificate is refused here from now and by every member
+        # as soon as its revocation watch delivers the new list.
         was_routed = self._registry.deregister(NodeId(node_id))
         logger.warning("node %s revoked by %s", node_id, peer.node_id)
         return wire.revoked_to_proto(newly, was_routed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import RouteHop
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.ids import NodeId, SessionId, check_node_id
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import (
@@ -42,16 +42,17 @@ def node_id_from_proto(text: str) -> NodeId:
 # --- Register -----------------------------------------------------------------------------------
 
 
-def registration_to_proto(record: NodeRecord, node_id_hint: NodeId | None = None) -> pb.NodeRegistration:
-    return pb.NodeRegistration(record=record_to_proto(record), node_id_hint=node_id_hint or "")
+def registration_to_proto(record: NodeRecord, node_id: NodeId) -> pb.NodeRegistration:
+    return pb.NodeRegistration(record=record_to_proto(record), node_id=node_id)
 
 
-def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRecord, NodeId | None]:
-    """The node's record and the node id it asks to keep, if any."""
+def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRecord, NodeId]:
+    """The node's record and its id (one DNS label, see ``NodeId``)."""
     if not message.HasField("record"):
         raise InvalidArgument("the registration carries no node record")
-    hint = node_id_from_proto(message.node_id_hint) if message.node_id_hint else None
-    return record_from_proto(message.record), hint
+    if not message.node_id:
+        raise InvalidArgument("a registration names its node id")
+    return record_from_proto(message.record), check_node_id(message.node_id)
 
 
 def registered_to_proto(registered: Registered) -> pb.RegisterReply:
@@ -97,15 +98,32 @@ def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
 
 
 def heartbeat_status_to_proto(status: HeartbeatStatus) -> pb.HeartbeatReply:
-    return pb.HeartbeatReply(
-        known=status.known, epoch=status.epoch, probe=status.probe, revoked_node_ids=status.revoked
-    )
+    return pb.HeartbeatReply(known=status.known, epoch=status.epoch, probe=status.probe)
 
 
 def heartbeat_status_from_proto(message: pb.HeartbeatReply) -> HeartbeatStatus:
-    return HeartbeatStatus(
-        message.known, message.epoch, tuple(message.probe[:MAX_PEERS]), tuple(message.revoked_node_ids)
-    )
+    return HeartbeatStatus(message.known, message.epoch, tuple(message.probe[:MAX_PEERS]))
+
+
+# --- WatchRevocations ---------------------------------------------------------------------------
+
+
+def watch_revocations_to_proto() -> pb.WatchRevocationsRequest:
+    return pb.WatchRevocationsRequest()
+
+
+def revocations_to_proto(revoked: frozenset[str]) -> pb.RevocationList:
+    return pb.RevocationList(revoked_node_ids=sorted(revoked))
+
+
+def revocations_from_proto(message: pb.RevocationList) -> frozenset[str]:
+    """The revoked node ids; a list the tracker garbled is its fault, so ``Unavailable``."""
+    try:
+        for node_id in message.revoked_node_ids:
+            check_text("revoked node id", node_id)
+    except InvalidArgument as error:
+        raise Unavailable(f"the tracker sent a malformed revocation list: {error.message}") from None
+    return frozenset(message.revoked_node_ids)
 
 
 # --- ChooseRoute --------------------------------------------------------------------------------

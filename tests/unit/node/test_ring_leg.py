@@ -41,6 +41,7 @@ def reported_errors() -> Iterator[list[dict[str, Any]]]:
     task exception there when the task is collected)."""
     loop = asyncio.get_running_loop()
     reported: list[dict[str, Any]] = []
+    gc.collect()  # what earlier tests left for the collector is theirs, not this test's
     loop.set_exception_handler(lambda _, context: reported.append(context))
     try:
         yield reported

@@ -52,6 +52,10 @@ NONE: frozenset[str] = frozenset()
         ("gateway", "FindHolders", True),
         ("admin", "FindHolders", True),
         ("tracker", "FindHolders", False),
+        ("worker", "WatchRevocations", True),
+        ("gateway", "WatchRevocations", True),
+        ("admin", "WatchRevocations", True),
+        ("tracker", "WatchRevocations", True),
     ],
 )
 def test_tracker_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
@@ -73,8 +77,11 @@ def test_a_revoked_node_is_unauthenticated_everywhere() -> None:
     )
 
 
-def test_a_worker_heartbeats_and_deregisters_only_itself() -> None:
+def test_a_worker_registers_heartbeats_and_deregisters_only_itself() -> None:
     me = peer("worker", "n-1")
+    assert authorize_tracker(me, "Register", subject_node_id="n-1", revoked=NONE).allowed
+    refused = authorize_tracker(me, "Register", subject_node_id="n-2", revoked=NONE)
+    assert (refused.allowed, refused.status) == (False, "permission_denied")
     assert authorize_tracker(me, "Heartbeat", subject_node_id="n-1", revoked=NONE).allowed
     assert not authorize_tracker(me, "Heartbeat", subject_node_id="n-2", revoked=NONE).allowed
     assert not authorize_tracker(me, "Deregister", subject_node_id="n-2", revoked=NONE).allowed

@@ -46,11 +46,32 @@ def over_the_wire(message: M) -> M:
     return type(message).FromString(message.SerializeToString())
 
 
-def test_registration_round_trips_with_its_hint() -> None:
+NODE = NodeId("w-9")
+
+
+def test_registration_round_trips_with_its_node_id() -> None:
     sent = registration(3, 17, address="10.0.0.2:7000")
-    decoded, hint = wire.registration_from_proto(over_the_wire(wire.registration_to_proto(sent, NodeId("n-9"))))
-    assert decoded == sent and hint == "n-9"
-    assert wire.registration_from_proto(wire.registration_to_proto(sent))[1] is None
+    decoded, node_id = wire.registration_from_proto(over_the_wire(wire.registration_to_proto(sent, NODE)))
+    assert decoded == sent and node_id == "w-9"
+
+
+@pytest.mark.parametrize("node_id", ["", "W-9", "w_9", "-w9", "w" * 64, "tracker.meshnet"])
+def test_a_registration_without_one_dns_label_for_its_id_is_refused(node_id: str) -> None:
+    """The id is what a caller pins in TLS (``<id>.node.meshnet``): it must be one DNS label."""
+    message = wire.registration_to_proto(registration(0, 10), NODE)
+    message.node_id = node_id
+    with pytest.raises(InvalidArgument, match="node id"):
+        wire.registration_from_proto(message)
+
+
+@given(revoked=st.frozensets(ids, max_size=20))
+def test_revocation_lists_round_trip(revoked: frozenset[str]) -> None:
+    assert wire.revocations_from_proto(over_the_wire(wire.revocations_to_proto(revoked))) == revoked
+
+
+def test_a_garbled_revocation_list_is_the_trackers_fault() -> None:
+    with pytest.raises(Unavailable, match="revocation list"):
+        wire.revocations_from_proto(pb.RevocationList(revoked_node_ids=["w-1", "bad\nid"]))
 
 
 def test_route_round_trips() -> None:
@@ -176,9 +197,9 @@ def test_a_deregistration_without_node_id_is_refused() -> None:
 
 
 def _tampered(**fields: object) -> pb.NodeRegistration:
-    message = wire.registration_to_proto(registration(0, 10))
+    message = wire.registration_to_proto(registration(0, 10), NODE)
     for name, value in fields.items():
-        target = message.record if name != "node_id_hint" else message
+        target = message.record if name != "node_id" else message
         *path, leaf = name.split("__")
         for part in path:
             target = getattr(target, part)
@@ -211,7 +232,7 @@ def _tampered(**fields: object) -> pb.NodeRegistration:
         {"address": ""},
         {"address": "x" * 1000},
         {"model": "bad\nname"},
-        {"node_id_hint": "\x00"},
+        {"node_id": "\x00"},
         {"recipe__architecture": ""},
     ],
 )
@@ -222,7 +243,7 @@ def test_malformed_registrations_are_invalid_arguments(fields: dict[str, object]
 
 @pytest.mark.parametrize("part", ["recipe", "hardware", "capability", "certification"])
 def test_a_record_without_one_of_its_parts_is_refused(part: str) -> None:
-    message = wire.registration_to_proto(registration(0, 10))
+    message = wire.registration_to_proto(registration(0, 10), NODE)
     message.record.ClearField(part)
     with pytest.raises(InvalidArgument, match=f"no {part}"):
         wire.registration_from_proto(message)
@@ -232,7 +253,7 @@ def test_a_record_without_one_of_its_parts_is_refused(part: str) -> None:
 
 
 def test_a_certification_listing_too_many_checks_is_refused() -> None:
-    message = wire.registration_to_proto(registration(0, 10))
+    message = wire.registration_to_proto(registration(0, 10), NODE)
     message.record.certification.checks.extend(["bit-identical"] * 300)
     with pytest.raises(InvalidArgument, match="certification checks"):
         wire.registration_from_proto(message)
@@ -300,8 +321,8 @@ def test_the_client_refuses_a_route_that_mixes_recipes() -> None:
 
 def test_an_expert_group_front_round_trips_with_its_nodes() -> None:
     front = replace(registration(0, 20), expert_group=("127.0.0.1:7001", "127.0.0.1:7002"))
-    assert wire.registration_from_proto(over_the_wire(wire.registration_to_proto(front)))[0] == front
-    assert wire.registration_from_proto(wire.registration_to_proto(registration(0, 20)))[0].expert_group == ()
+    assert wire.registration_from_proto(over_the_wire(wire.registration_to_proto(front, NODE)))[0] == front
+    assert wire.registration_from_proto(wire.registration_to_proto(registration(0, 20), NODE))[0].expert_group == ()
 
 
 @pytest.mark.parametrize(
@@ -310,7 +331,7 @@ def test_an_expert_group_front_round_trips_with_its_nodes() -> None:
     ids=["not-every-layer", "empty-address", "bad-address", "too-many"],
 )
 def test_malformed_expert_group_fronts_are_invalid_arguments(start: int, stop: int, nodes: tuple[str, ...]) -> None:
-    message = wire.registration_to_proto(registration(start, stop))
+    message = wire.registration_to_proto(registration(start, stop), NODE)
     message.record.expert_group_nodes.extend(nodes)
     with pytest.raises(InvalidArgument):
         wire.registration_from_proto(message)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
-from meshnet.membership.join import SwarmClient, resolve_security
+from meshnet.membership.join import resolve_security
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import ca_fingerprint
 from meshnet.security.invites import JoinToken, SwarmBook
 from meshnet.security.swarm_dir import book_path, init_swarm, load_authority, mint_identity, swarm_dir
@@ -71,7 +72,7 @@ def admin_security(data_dir: Path) -> LinkSecurity:
 
 
 async def _revoke(tracker: str, security: LinkSecurity, node_id: str) -> tuple[bool, bool]:
-    async with SwarmClient(tracker, security) as client:
+    async with TrackerClient(tracker, security=security, timeout_s=10.0) as client:
         return await client.revoke(node_id)
 
 

@@ -9,12 +9,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeRegistration(_message.Message):
-    __slots__ = ("record", "node_id_hint")
+    __slots__ = ("record", "node_id")
     RECORD_FIELD_NUMBER: _ClassVar[int]
-    NODE_ID_HINT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     record: _node_pb2.NodeRecord
-    node_id_hint: str
-    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id_hint: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")
@@ -55,16 +55,24 @@ class PeerLatency(_message.Message):
     def __init__(self, address: _Optional[str] = ..., rtt_ms: _Optional[float] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known", "epoch", "probe", "revoked_node_ids")
+    __slots__ = ("known", "epoch", "probe")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
-    REVOKED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     known: bool
     epoch: int
     probe: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchRevocationsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RevocationList(_message.Message):
+    __slots__ = ("revoked_node_ids",)
+    REVOKED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     revoked_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ..., probe: _Optional[_Iterable[str]] = ..., revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ("model", "session_id", "exclude_node_ids")

@@ -74,14 +74,20 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionReply.FromString,
                 _registered_method=True)
+        self.WatchRevocations = channel.unary_stream(
+                '/meshnet.v1.Tracker/WatchRevocations',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.RevocationList.FromString,
+                _registered_method=True)
 
 
 class TrackerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Register(self, request, context):
-        """A worker announces itself. Pass the previous node id as node_id_hint when re-registering
-        (after HeartbeatReply.known == false or a tracker restart) to keep the same id.
+        """A worker announces itself under its node id (NodeRegistration.node_id): on a secured tracker
+        the id its certificate carries, and nothing else; the tracker never makes ids up. Register
+        again under the same id after HeartbeatReply.known == false or a tracker restart.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,6 +142,16 @@ class TrackerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchRevocations(self, request, context):
+        """The swarm's revoked node ids, for every member to refuse (any swarm role may watch): the
+        whole list at once, then the whole list again after every change, until the caller cancels
+        or the tracker stops. A watcher whose own certificate gets revoked is ended UNAUTHENTICATED.
+        A plaintext (loopback) tracker sends one empty list.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrackerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +194,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.SuggestLayers,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionReply.SerializeToString,
+            ),
+            'WatchRevocations': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRevocations,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.RevocationList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +417,33 @@ class Tracker:
             '/meshnet.v1.Tracker/SuggestLayers',
             meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRevocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshnet.v1.Tracker/WatchRevocations',
+            meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.RevocationList.FromString,
             options,
             channel_credentials,
             insecure,

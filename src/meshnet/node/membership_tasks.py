@@ -1,0 +1,75 @@
+"""A worker's standing with the tracker while it serves, all through ``meshnet.membership``.
+
+With ``--tracker`` the worker, under its one node id:
+- registers and heartbeats its load, with the round trips to the candidate next hops the
+  tracker asks it to measure (``PeerProber``), and deregisters when it stops;
+- renews its certificate and follows the revocation list (secured only, ``membership.upkeep``);
+- keeps the artifacts it fetched announced to the tracker's directory.
+Every call goes over one ``TrackerClient``, so all of it follows a renewal at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from meshnet.core.tracking import NodeLoad, Registered
+from meshnet.membership.announce import announce_forever
+from meshnet.membership.heartbeats import heartbeat_loop
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.membership.upkeep import upkeep_tasks
+from meshnet.node.assembly import AssembledWorker
+from meshnet.node.peers import PeerProber
+from meshnet.route.shard_stream import ChannelPool
+
+log = logging.getLogger(__name__)
+
+
+async def keep_membership(
+    worker: AssembledWorker, stop: asyncio.Event, on_registered: Callable[[Registered], None] | None = None
+) -> None:
+    """Run every membership task of ``worker`` until ``stop`` (nothing without a tracker)."""
+    if not worker.config.tracker:
+        return
+    client = TrackerClient(worker.config.tracker, security=worker.security)
+    probes = ChannelPool(worker.config.max_frame_bytes, worker.security)
+    prober = PeerProber(probes)
+    tasks = [
+        asyncio.create_task(_heartbeats(worker, client, prober, stop, on_registered), name="heartbeats"),
+        asyncio.create_task(prober.run(stop), name="peer-probes"),
+        *upkeep_tasks(client, worker.security, stop),
+    ]
+    if worker.held_artifacts is not None:
+        tasks.append(asyncio.create_task(announce_forever(client, worker.held_artifacts, stop), name="announce"))
+    try:
+        for task, outcome in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
+            if isinstance(outcome, Exception):
+                log.error("membership task %s failed: %r", task.get_name(), outcome)
+    finally:
+        await probes.close()
+        await client.close()
+
+
+async def _heartbeats(
+    worker: AssembledWorker,
+    client: TrackerClient,
+    prober: PeerProber,
+    stop: asyncio.Event,
+    on_registered: Callable[[Registered], None] | None,
+) -> None:
+    shard = worker.shard
+
+    def load() -> NodeLoad:
+        return shard.metrics().node_load(prober.latest())
+
+    await heartbeat_loop(
+        client,
+        shard.node_id,
+        worker.registration,
+        load,
+        stop,
+        on_registered=on_registered,
+        on_epoch=shard.raise_min_epoch,
+        on_probe=prober.set_targets,
+    )
