@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshnet.artifact.cache import SliceCache
@@ -94,3 +95,13 @@ def test_certification_of_a_q4_0_model_loaded_without_repacking(tmp_path: Path) 
     report = certification.certify_llama_engine(model=served, repack=False)
     assert "Q4_0" in report.weight_types
     assert any(check.startswith("llama Q4_0: ") for check in report.checks)
+
+
+def test_certification_compares_bits_not_values() -> None:
+    """-0.0 == 0.0 as values; a split that flips a zero's sign is not bit-identical and fails."""
+    whole = np.zeros((1, 8), np.float32)
+    split = whole.copy()
+    split[0, 3] = -0.0
+    certification._require(whole, whole.copy(), "same bits")
+    with pytest.raises(CertificationFailed, match="signed zeros or NaNs"):
+        certification._require(whole, split, "signed zero")
