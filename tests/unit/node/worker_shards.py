@@ -36,7 +36,7 @@ def admission_policy(
 
 N_LAYERS = 6
 FINGERPRINT = "fake-recipe"
-CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, scratch_bytes=0, budget_bytes=None)
+CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, other_bytes=0, budget_bytes=None)
 
 
 class Clock:
