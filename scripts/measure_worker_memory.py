@@ -1,6 +1,6 @@
-"""Measure what real workers hold resident, to calibrate the memory cost model (core/memory_costs).
+"""Measure what real workers hold resident, to calibrate the memory cost model (core/layer_costs).
 
-    python scripts/measure_worker_memory.py --out bench/results/worker-memory.json
+    python scripts/measure_worker_memory.py --models .data/models --out bench/results/worker-memory.json
 
 For each configuration it starts a tracker, ``meshnet worker`` processes covering the model and
 a gateway (plaintext, loopback), runs one completion per session at once (each prompt
@@ -32,7 +32,6 @@ from meshnet.deploy.up import GATEWAY_READY, TRACKER_READY, WORKER_READY
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
 
-MODELS = Path("/work/main/.data/models")
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
 SYNTHETIC = SyntheticSpec(
@@ -160,6 +159,7 @@ def _load(base: str, key: str, sessions: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--models", type=Path, default=Path(".data/models"), help="folder holding SmolLM2 and Gemma 3")
     parser.add_argument("--only", help="measure only the points of this model file (or 'synthetic')")
     args = parser.parse_args()
     results = []
@@ -170,7 +170,7 @@ def main() -> None:
         for index, point in enumerate(POINTS):
             if args.only and point.model != args.only:
                 continue
-            model = synthetic if point.model == "synthetic" else MODELS / point.model
+            model = synthetic if point.model == "synthetic" else args.models / point.model
             # What the cost model reads from the header, so its test needs no model file.
             footprints[point.model] = dataclasses.asdict(memory_footprint(model))
             root = folder / f"point-{index}"
