@@ -22,6 +22,7 @@ import numpy as np
 from meshnet.deploy.expert_launch import expert_group_specs, expert_node
 from meshnet.deploy.up_moe import minted_security, minted_worker_identity
 from meshnet.engine.backend import Backend, StepInput
+from meshnet.engine.bitwise import bit_identical
 from meshnet.moe import wire as expert_wire
 from meshnet.process.launcher import ChildProcess, launch_all
 from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, secure_or_plain_channel
@@ -52,7 +53,7 @@ def decode_bitwise(
     for step in range(steps):
         want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
         assert want is not None and got is not None
-        assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), f"step {step} differs"
+        assert bit_identical(want, got), f"step {step} differs"
         batch = [StepInput(0, position, tokens=np.array([int(np.argmax(want[-1]))], np.int32))]
         position += 1
         between(step)

@@ -34,6 +34,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
+from meshnet.core.sampling_options import TokenLogprobs
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.core.tracking import ModelSummary
 from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
@@ -370,9 +371,15 @@ class Reference:
         return tuple(self.tokenizer.encode(prompt, add_special=True))
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None) -> list[int]:
+        return [token for token, _ in self.choices(prompt, max_tokens, sampling)]
+
+    def choices(
+        self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None
+    ) -> list[tuple[int, TokenLogprobs | None]]:
+        """Each token with its logprobs, chosen by the tail's own sampler (penalties, logit_bias)."""
         eos = self.tokenizer.eos_token_ids
         request = GenerationRequest(tuple(prompt), max_tokens, sampling or SamplingParams(), eos)
-        return list(self.route.generate(request))
+        return list(self.route.choices(request))
 
     def text(self, tokens: Sequence[int]) -> str:
         """The client-visible text: EOS is not text, and generation ends there."""

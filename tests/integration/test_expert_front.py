@@ -31,6 +31,7 @@ from meshnet.deploy.expert_launch import expert_group_specs, expert_node
 from meshnet.deploy.launch.commands import INSECURE, worker_command
 from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.engine.backend import StepInput
+from meshnet.engine.bitwise import bit_identical
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.group_client import ExpertGroupClient
@@ -121,7 +122,7 @@ def _assert_fresh_slot_matches_whole_model(root: Path, model: Path, peers: list[
         batch = [StepInput(0, 0, tokens=prompt, want_logits="all")]
         want, got = whole.run(batch)[0].logits, group.run(batch)[0].logits
         assert want is not None and got is not None
-        assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+        assert bit_identical(want, got)
     finally:
         group.close()
         whole.close()

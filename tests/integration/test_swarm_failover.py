@@ -15,6 +15,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ from swarm_harness import (
 from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import new_request_id
+from meshnet.core.sampling_options import LogitAdjustments, LogprobRequest, TokenLogprobs
+from meshnet.gateway.logprob_format import chat_logprobs, logprob_entry
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import RouteDriver
 from meshnet.route.life import Failure, LifeItem, Outcome, TextPiece, TokenText
@@ -267,23 +270,38 @@ def test_w2_failover_rebuilds_the_tails_penalties_and_logprobs(
     swarm: Swarm, base_url: str, reference: Reference
 ) -> None:
     """The replacement tail re-samples the replayed history, so its penalty counts (and a
-    grammar's state) end up where the lost tail's were: same tokens, same logprobs."""
+    grammar's state) end up where the lost tail's were: the answer and its logprobs equal the
+    in-process whole model's, which chooses with the tail's own sampler."""
     with_middle_workers(swarm, 2)
+    eos = sorted(reference.tokenizer.eos_token_ids)
+    # No end of text, so the answer runs long enough to lose a worker in the middle.
+    no_eos = tuple((token, -100.0) for token in eos)
+    penalties = LogitAdjustments(presence_penalty=0.3, frequency_penalty=0.4, logit_bias=no_eos)
+    sampling = SamplingParams(temperature=0.8, seed=SAMPLED_SEED, adjustments=penalties, logprobs=LogprobRequest(3))
+    prompt = reference.chat_tokens(PROMPT)
+    expected = reference.choices(prompt, MAX_TOKENS, sampling)
+    unpenalised = replace(sampling, adjustments=LogitAdjustments(logit_bias=no_eos))
+    # Were penalties ignored on either side, the two sides would differ: the oracle's answer
+    # with them is not its answer without them.
+    assert [token for token, _ in expected] != reference.generate(prompt, MAX_TOKENS, unpenalised)
     body = {
         **chat_body(MAX_TOKENS, temperature=0.8, seed=SAMPLED_SEED),
         "frequency_penalty": 0.4,
         "presence_penalty": 0.3,
         "logprobs": True,
         "top_logprobs": 3,
-        # No end of text, so the answer runs long enough to lose a worker in the middle.
-        "logit_bias": {str(eos): -100 for eos in reference.tokenizer.eos_token_ids},
+        "logit_bias": {str(token): -100 for token in eos},
     }
-    undisturbed = read_sse(base_url, "/v1/chat/completions", body, headers=swarm.auth)
-    assert not undisturbed.telemetry("route_health")
-    assert len(_logprobs(undisturbed)) > 60, "the answer is too short to fail over in the middle"
     killer = MiddleKiller(swarm, 50)
     result = read_sse(base_url, "/v1/chat/completions", body, on_item=killer, headers=swarm.auth)
     assert [event["status"] for event in result.telemetry("route_health")] == ["failover"]
     assert not [item for item in result.items if item.kind == "error"]
-    assert result.text == undisturbed.text
-    assert _logprobs(result) == _logprobs(undisturbed)
+    assert result.text == reference.text([token for token, _ in expected])
+    assert _logprobs(result) == _oracle_logprobs(reference, expected)
+
+
+def _oracle_logprobs(reference: Reference, expected: list[tuple[int, TokenLogprobs | None]]) -> list[Any]:
+    """The oracle's logprobs as the gateway reports them (its own formatter, over the oracle's values)."""
+    entries = [logprob_entry(logprobs, reference.tokenizer) for _, logprobs in expected if logprobs is not None]
+    assert len(entries) == len(expected)
+    return chat_logprobs(entries)["content"]  # type: ignore[no-any-return]

@@ -20,6 +20,8 @@ import openai
 import pytest
 from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm, write_tiny_model
 
+from meshnet.core.generation import SamplingParams
+from meshnet.core.sampling_options import LogitAdjustments
 from meshnet.route.life import PREFILL_WEIGHT, billing_units
 
 pytestmark = pytest.mark.timeout(300)
@@ -177,15 +179,29 @@ def test_streamed_logprobs_equal_the_whole_reply(answers: dict[str, dict[str, An
     assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(logprobs["text_offset"])
 
 
-def test_penalties_and_logit_bias_change_the_greedy_answer(
+def test_penalties_and_logit_bias_change_the_greedy_answer_as_in_the_oracle(
     answers: dict[str, dict[str, Any]], reference: Reference, greedy_tokens: list[int]
 ) -> None:
+    """The in-process whole model samples with the tail's own sampler, so it is the oracle of
+    penalised and biased answers too, not just of plain ones."""
     three = answers["three"]
     plain = three["plain"]["choices"][0]["message"]["content"]
     assert plain == reference.text(greedy_tokens)
-    assert three["penalised"]["choices"][0]["message"]["content"] != plain
-    banned = three["banned"]["choices"][0]["message"]["content"]
+    prompt = reference.chat_tokens(PROMPT)
+    penalties = LogitAdjustments(presence_penalty=0.5, frequency_penalty=1.5)
+    penalised = reference.text(reference.generate(prompt, MAX_TOKENS, SamplingParams(adjustments=penalties)))
+    assert penalised != plain  # else a swarm ignoring penalties would pass
+    assert three["penalised"]["choices"][0]["message"]["content"] == penalised
+    ban = LogitAdjustments(logit_bias=((greedy_tokens[0], -100.0),))
+    banned = reference.text(reference.generate(prompt, MAX_TOKENS, SamplingParams(adjustments=ban)))
     assert not banned.startswith(reference.text(greedy_tokens[:1])) and banned != plain
+    assert three["banned"]["choices"][0]["message"]["content"] == banned
+
+
+def test_seeded_answers_equal_the_oracle(answers: dict[str, dict[str, Any]], reference: Reference) -> None:
+    sampled = SamplingParams(temperature=0.9, seed=7)
+    expected = reference.text(reference.generate(reference.chat_tokens(PROMPT), MAX_TOKENS, sampled))
+    assert answers["three"]["sampled_one"]["choices"][0]["message"]["content"] == expected
 
 
 def test_n_choices_are_independent_seeded_sessions(answers: dict[str, dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
+from meshnet.engine.bitwise import bit_identical
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
@@ -84,7 +85,7 @@ def test_prefill_logits_are_bit_identical(routes: dict[str, LocalRoute], tokeniz
     for split in SPLITS:
         actual = routes[split].forward(0, 0, tokens, rows)
         routes[split].release(0)
-        assert float(np.abs(actual - expected).max()) == 0.0, split
+        assert bit_identical(actual, expected), split
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))

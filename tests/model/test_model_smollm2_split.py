@@ -21,6 +21,7 @@ from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.artifact.provision import model_path
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
+from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
@@ -121,10 +122,11 @@ def test_split_is_bit_identical_to_whole(
     assert prefill.shape == (len(tokens), 49152) and np.isfinite(prefill).all()
     for layout in ("2 shards", "3 shards"):
         split_prefill, split_chosen, split_decode = _prefill_and_greedy(routes[layout], tokens)
-        difference = float(np.abs(split_prefill - prefill).max())
-        assert difference == 0.0, f"{layout}: prefill logits of {len(tokens)} rows differ by {difference}"
+        assert bit_identical(split_prefill, prefill), (
+            f"{layout}: prefill logits of {len(tokens)} rows: {describe_difference(prefill, split_prefill)}"
+        )
         assert split_chosen == chosen, f"{layout}: greedy tokens diverge"
-        assert float(np.abs(split_decode - decode).max()) == 0.0, f"{layout}: decode logits differ"
+        assert bit_identical(split_decode, decode), f"{layout}: decode logits differ"
         del split_prefill
     print(
         f"{name}: {len(tokens)} prompt tokens, {GREEDY_STEPS} greedy tokens x 3 routes in "

@@ -59,7 +59,7 @@ def describe_model(path: Path) -> ModelDescription:
         )
     except ValueError:
         quantization = f"file_type_{file_type}"
-    n_head = _widest(model.get(f"{adapter.name}.attention.head_count", 1))
+    n_head = widest(model.get(f"{adapter.name}.attention.head_count", 1))
     template = model.get("tokenizer.chat_template")
     return ModelDescription(
         path=Path(path),
@@ -71,15 +71,15 @@ def describe_model(path: Path) -> ModelDescription:
         context_length=int(model.get(f"{adapter.name}.context_length", DEFAULT_CONTEXT_LENGTH)),
         quantization=quantization,
         n_head=n_head,
-        n_head_kv=_widest(model.get(f"{adapter.name}.attention.head_count_kv", n_head)),
+        n_head_kv=widest(model.get(f"{adapter.name}.attention.head_count_kv", n_head)),
         has_tokenizer=model.get("tokenizer.ggml.model") not in (None, "none"),
         chat_template=template if isinstance(template, str) else None,
     )
 
 
-def _widest(value: object) -> int:
-    """A head count stored as a scalar or per layer (qwen3moe, gemma3 may store arrays): the
-    largest, so KV sizing from it never undercounts a layer."""
+def widest(value: object) -> int:
+    """A count stored as a scalar or per layer (qwen3moe, gemma3 may store arrays): the
+    largest, so sizing from it never undercounts a layer."""
     values = value if isinstance(value, list) else [value]
     return max(int(v) for v in values)  # type: ignore[arg-type]
 

@@ -23,7 +23,7 @@ from meshnet.core.errors import MeshnetError
 from meshnet.core.generation import SamplingParams
 from meshnet.engine.backend import StepInput
 from meshnet.engine.local_route import LocalRoute
-from meshnet.engine.sampling import sample_token
+from meshnet.engine.tail_sampler import TailSampler
 
 GREEDY = SamplingParams()
 
@@ -104,10 +104,12 @@ class CachedLane(_RouteLane):
         """Prefill each session in its own slot, then decode every session in lock-step."""
         slots = list(range(len(prompts)))
         positions, current = [], []
+        # One sampler per session, as a tail keeps one: the distributed lanes' token choice.
+        samplers = [TailSampler(GREEDY) for _ in slots]
         for slot, prompt in zip(slots, prompts, strict=True):
             logits = self.route.forward(slot, 0, np.asarray(prompt, np.int32))[-1]
             positions.append(len(prompt))
-            current.append(sample_token(logits, GREEDY, len(prompt)))
+            current.append(samplers[slot].choose(logits, len(prompt))[0])
             streams[slot].add(current[-1], time.perf_counter())
             if logits_log is not None and slot == 0:
                 logits_log.append(logits.copy())
@@ -116,7 +118,7 @@ class CachedLane(_RouteLane):
             stamp = time.perf_counter()
             for slot, logits in zip(slots, rows, strict=True):
                 positions[slot] += 1
-                current[slot] = sample_token(logits, GREEDY, positions[slot])
+                current[slot] = samplers[slot].choose(logits, positions[slot])[0]
                 streams[slot].add(current[slot], stamp)
             if logits_log is not None:
                 logits_log.append(rows[0].copy())
@@ -144,7 +146,7 @@ class RecomputeLane(_RouteLane):
             logits = self.route.forward(slot, 0, np.asarray(sequence, np.int32))[-1]
         finally:
             self.route.release(slot)
-        return sample_token(logits, GREEDY, len(sequence))
+        return TailSampler(GREEDY).choose(logits, len(sequence))[0]
 
     def run(self, prompts: Sequence[tuple[int, ...]], indices: Sequence[int], max_tokens: int) -> InProcessRun:
         """Streams run one after another: without a KV cache there is nothing to batch."""

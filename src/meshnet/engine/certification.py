@@ -31,6 +31,7 @@ from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.node_record import Certification
 from meshnet.engine.backend import StepInput
+from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
@@ -193,9 +194,8 @@ def _check_isolation(whole: LocalRoute, split: LocalRoute, digests: LogitDigests
 def _require(expected: np.ndarray | None, actual: np.ndarray | None, what: str) -> None:
     if expected is None or actual is None or expected.shape != actual.shape:
         raise CertificationFailed(f"{what}: split output has the wrong shape")
-    difference = float(np.abs(expected - actual).max())
-    if difference != 0.0:
+    if not bit_identical(expected, actual):
         raise CertificationFailed(
-            f"{what}: split output differs from the whole model by {difference:g}; this llama.cpp build "
-            "breaks the split engine's assumptions, refusing to serve"
+            f"{what}: split output differs from the whole model ({describe_difference(expected, actual)}); "
+            "this llama.cpp build breaks the split engine's assumptions, refusing to serve"
         )

@@ -21,6 +21,7 @@ from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
+from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.backend import ExpertParallelBackend, RoutingRecord
 from meshnet.moe.group import ExpertGroup
@@ -97,9 +98,8 @@ def _compare(whole: ExpertParallelBackend, group: ExpertGroup) -> str:
 def _require(expected: np.ndarray | None, actual: np.ndarray | None, what: str) -> None:
     if expected is None or actual is None or expected.shape != actual.shape:
         raise CertificationFailed(f"{what}: the expert group's output has the wrong shape")
-    if not np.array_equal(expected.view(np.uint32), actual.view(np.uint32)):
-        difference = float(np.abs(expected - actual).max())
+    if not bit_identical(expected, actual):
         raise CertificationFailed(
-            f"{what}: the expert group differs from the whole model by {difference:g}; this llama.cpp build "
-            "breaks the expert-parallel mechanism's assumptions, refusing to serve"
+            f"{what}: the expert group differs from the whole model ({describe_difference(expected, actual)}); "
+            "this llama.cpp build breaks the expert-parallel mechanism's assumptions, refusing to serve"
         )

@@ -23,7 +23,9 @@ from grpc_health.v1._async import HealthServicer
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
-from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.artifact.footprint import memory_footprint
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.engine.backend import Backend, ShardShape
@@ -42,14 +44,10 @@ from meshnet.node.config import FakeModel, WorkerConfig
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.shard import AnyShard, build_shard
 from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
-from meshnet.session.admission import CapacityPlan, kv_bytes_per_session, plan_capacity
+from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity, bind, link_options
-
-SCRATCH_BASE_BYTES = 64 * 2**20
-"""llama.cpp's compute buffers for one batch, measured well under this for the default chunk;
-the tail adds its logits buffer (see plan_worker_capacity)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     cache = SliceCache(config.data_dir / "cache")
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
-    capacity = await asyncio.to_thread(plan_worker_capacity, config, cache, description)
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, description)
     # Raises CertificationFailed before any engine opens: a worker that serves is certified.
     certification = await asyncio.to_thread(certify_engine, config, description)
     # A group front's backend waits on its nodes inside ``run``: its steps must not block the loop.
@@ -273,23 +271,26 @@ def fake_recipe(fake: FakeModel) -> Recipe:
     )
 
 
-def plan_worker_capacity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> CapacityPlan:
-    """Sessions this worker can hold: the configured number, cut to its memory budget."""
+def plan_worker_capacity(config: WorkerConfig, description: ModelDescription | None) -> CapacityPlan:
+    """Sessions this worker can hold: the configured number, cut to its memory budget by the one
+    memory cost model (``core.layer_costs``, the one ``--layers auto`` and the tracker use).
+
+    Refuses (ResourceExhausted) when not even one session fits: a shard that cannot hold a
+    session must not register as if it could.
+    """
     if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
         return CapacityPlan(config.max_sessions, 0, 0, 0, None)
-    files = cache.shard_files(description.path, config.layers, description.n_layers)
-    weights = files.slice.stat().st_size
-    scratch = SCRATCH_BASE_BYTES
-    if config.layers.is_tail(description.n_layers):
-        scratch += 4 * config.prefill_chunk * 65536  # logits rows, generous for vocabularies to 64K
-    kv = kv_bytes_per_session(
-        config.n_ctx_per_session, len(config.layers), description.n_embd, description.n_head, description.n_head_kv
-    )
-    budget = None if config.memory_budget_mb is None else int(config.memory_budget_mb * 2**20)
-    return plan_capacity(
-        requested_sessions=config.max_sessions,
-        weight_bytes=weights,
-        kv_per_session=kv,
-        scratch_bytes=scratch,
-        budget_bytes=budget,
-    )
+    footprint = memory_footprint(description.path)
+    load, layers, budget = config.memory_load(), config.layers, config.memory_budget_bytes()
+    sessions = load.sessions if budget is None else sessions_within(footprint, layers, load, budget)
+    planned = replace(load, sessions=max(sessions, 1))
+    weights = sum(footprint.block_bytes[layers.start : layers.stop])
+    kv = kv_bytes_per_layer(footprint, load.context) * len(layers)
+    other = worker_bytes(footprint, layers, planned) - weights - kv * planned.sessions
+    if budget is not None and sessions < 1:
+        raise ResourceExhausted(
+            f"memory budget {budget / 2**20:.0f} MiB cannot hold layers {layers}: their weights "
+            f"({weights / 2**20:.0f} MiB), the runtime, scratch and what the range carries besides "
+            f"({other / 2**20:.0f} MiB) and one session's KV ({kv / 2**20:.1f} MiB)"
+        )
+    return CapacityPlan(sessions, weights, kv, other, budget)

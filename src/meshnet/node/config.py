@@ -12,6 +12,7 @@ from pathlib import Path
 from meshnet.core.addresses import check_advertise_address
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.engine.llama_config import LlamaConfig
@@ -72,7 +73,8 @@ class WorkerConfig:
     max_sessions: int = 8
     """Sessions holding KV at once (llama sequences); cut to fit memory_budget_mb."""
     memory_budget_mb: float | None = None
-    """Memory this shard may use for weights, KV and scratch; max_sessions is cut to fit it."""
+    """Resident memory this worker may use, all of it (runtime, weights, KV, scratch; a head's
+    token table, a tail's LM head and vocabulary); max_sessions is cut to fit it."""
     n_ctx_per_session: int = field(default=2048, metadata=cli("context"))
     """Positions (prompt plus output) each session may hold."""
     prefill_chunk: int = 256
@@ -159,6 +161,13 @@ class WorkerConfig:
             use_mmap=self.mmap,
             repack=self.repack,
         )
+
+    def memory_load(self) -> WorkerLoad:
+        """What this worker holds besides its layers, for the memory cost model (``core.layer_costs``)."""
+        return WorkerLoad(self.max_sessions, self.n_ctx_per_session, self.prefill_chunk)
+
+    def memory_budget_bytes(self) -> int | None:
+        return None if self.memory_budget_mb is None else int(self.memory_budget_mb * 2**20)
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
         """Admission for the session table, with the capacity plan's session count."""

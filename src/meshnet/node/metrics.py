@@ -28,6 +28,9 @@ class ShardMetrics:
     draining: bool
     kv_bytes_per_session: int
     weight_bytes: int
+    other_bytes: int = 0
+    """What the shard holds besides weights and KV (runtime, scratch, a head's table, a tail's LM
+    head and vocabulary), by the memory cost model's plan."""
     seam_messages: int = 0
     """Messages this shard sent to another shard: frames forwarded, answers to an upstream shard,
     ring answers to the head. Summed over a route and divided by decode tokens: seam crossings
@@ -79,6 +82,8 @@ class ShardMetrics:
             queue_depth=self.queue_depth,
             kv_used_fraction=self.kv_used_fraction,
             peer_rtt_ms=peer_rtt_ms,
-            memory_used_bytes=int(self.weight_bytes + self.kv_bytes_in_use),
-            memory_budget_bytes=int(self.weight_bytes + self.kv_bytes_per_session * self.max_sessions),
+            memory_used_bytes=int(self.weight_bytes + self.other_bytes + self.kv_bytes_in_use),
+            memory_budget_bytes=int(
+                self.weight_bytes + self.other_bytes + self.kv_bytes_per_session * self.max_sessions
+            ),
         )

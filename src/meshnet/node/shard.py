@@ -263,6 +263,7 @@ class Shard(Generic[S]):
             draining=self._draining,
             kv_bytes_per_session=self._capacity.kv_bytes_per_session,
             weight_bytes=self._capacity.weight_bytes,
+            other_bytes=self._capacity.other_bytes,
             seam_messages=self._seam_messages,
             capability_calls=self._capability_calls,
         )

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from meshnet.core.errors import ResourceExhausted
-
 
 @dataclass(frozen=True)
 class SlotUse:
@@ -63,39 +61,13 @@ def expired_sessions(uses: Sequence[SlotUse], policy: AdmissionPolicy, now: floa
 
 @dataclass(frozen=True)
 class CapacityPlan:
-    """How many sessions a shard can hold within its memory budget, and why."""
+    """How many sessions a shard holds within its memory budget, and what it holds for them
+    (figures of the memory cost model, ``core.layer_costs``; ``node.assembly`` plans it)."""
 
     max_sessions: int
     weight_bytes: int
     kv_bytes_per_session: int
-    scratch_bytes: int
+    other_bytes: int
+    """Everything else at ``max_sessions``: runtime, scratch, a head's table, a tail's LM head
+    and vocabulary."""
     budget_bytes: int | None
-
-
-def kv_bytes_per_session(
-    n_ctx: int, n_layers: int, n_embd: int, n_head: int, n_head_kv: int, bytes_per_value: int = 2
-) -> int:
-    """K and V for every owned layer and position: [n_ctx, n_embd * n_head_kv / n_head] each, f16."""
-    n_embd_kv = n_embd * n_head_kv // max(n_head, 1)
-    return 2 * n_ctx * n_layers * n_embd_kv * bytes_per_value
-
-
-def plan_capacity(
-    *, requested_sessions: int, weight_bytes: int, kv_per_session: int, scratch_bytes: int, budget_bytes: int | None
-) -> CapacityPlan:
-    """Sessions = the requested number, cut to what the budget leaves after weights and scratch.
-
-    Refuses (ResourceExhausted) when not even one session fits: a shard that cannot hold a
-    session must not register as if it could.
-    """
-    sessions = requested_sessions
-    if budget_bytes is not None:
-        room = budget_bytes - weight_bytes - scratch_bytes
-        sessions = min(sessions, room // kv_per_session if kv_per_session > 0 else sessions)
-        if sessions < 1:
-            raise ResourceExhausted(
-                f"memory budget {budget_bytes / 2**20:.0f} MiB cannot hold the weights "
-                f"({weight_bytes / 2**20:.0f} MiB), scratch ({scratch_bytes / 2**20:.0f} MiB) "
-                f"and one session's KV ({kv_per_session / 2**20:.1f} MiB)"
-            )
-    return CapacityPlan(sessions, weight_bytes, kv_per_session, scratch_bytes, budget_bytes)

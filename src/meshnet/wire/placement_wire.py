@@ -26,6 +26,7 @@ def question_to_proto(question: LayerQuestion) -> pb.LayerSuggestionRequest:
         tail_bytes=costs.tail_bytes,
         fixed_bytes=costs.fixed_bytes,
         budget_bytes=question.budget_bytes,
+        tied_bytes=costs.tied_bytes,
     )
 
 
@@ -34,14 +35,17 @@ def question_from_proto(message: pb.LayerSuggestionRequest) -> LayerQuestion:
     if not 1 <= len(message.block_bytes) <= MAX_LAYERS:
         raise InvalidArgument(f"block_bytes must list 1..{MAX_LAYERS} layers, got {len(message.block_bytes)}")
     figures = (*message.block_bytes, message.kv_bytes_per_layer, message.head_bytes, message.tail_bytes)
-    for value in (*figures, message.fixed_bytes, message.budget_bytes):
+    for value in (*figures, message.fixed_bytes, message.budget_bytes, message.tied_bytes):
         check_count("a byte figure", value, MAX_BYTES)
+    if message.tied_bytes > min(message.head_bytes, message.tail_bytes):
+        raise InvalidArgument("tied_bytes counts bytes in both head_bytes and tail_bytes: it cannot exceed either")
     costs = LayerCosts(
         block_bytes=tuple(message.block_bytes),
         kv_bytes_per_layer=message.kv_bytes_per_layer,
         head_bytes=message.head_bytes,
         tail_bytes=message.tail_bytes,
         fixed_bytes=message.fixed_bytes,
+        tied_bytes=message.tied_bytes,
     )
     return LayerQuestion(message.model, costs, message.budget_bytes)
 

@@ -17,6 +17,7 @@ from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.errors import InvalidArgument, ProvenanceMismatch, ResourceExhausted
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
+from meshnet.engine.bitwise import bit_identical
 from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
@@ -107,7 +108,7 @@ def test_malformed_input_is_invalid_and_leaves_kv_untouched(split: LocalRoute, c
     for backend in split.backends:
         assert isinstance(backend, LlamaBackend)
         assert [backend.slot_length(s) for s in range(4)] == [0, 0, 0, 0], case
-    assert np.array_equal(split.forward(0, 0, TOKENS, "all"), expected)
+    assert bit_identical(split.forward(0, 0, TOKENS, "all"), expected)
 
 
 def test_duplicate_and_gapped_steps_after_a_prefill(split: LocalRoute) -> None:

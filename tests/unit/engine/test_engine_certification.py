@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshnet.artifact.cache import SliceCache
@@ -132,3 +133,13 @@ def test_the_fake_certification_refuses_a_fake_whose_split_differs(monkeypatch: 
     monkeypatch.setattr(certification, "FakeBackend", Drifting)
     with pytest.raises(CertificationFailed, match="split output differs from the whole model"):
         certification.certify_fake_engine(6, 16, 64)
+
+
+def test_certification_compares_bits_not_values() -> None:
+    """-0.0 == 0.0 as values; a split that flips a zero's sign is not bit-identical and fails."""
+    whole = np.zeros((1, 8), np.float32)
+    split = whole.copy()
+    split[0, 3] = -0.0
+    certification._require(whole, whole.copy(), "same bits")
+    with pytest.raises(CertificationFailed, match="signed zeros or NaNs"):
+        certification._require(whole, split, "signed zero")

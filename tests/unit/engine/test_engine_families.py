@@ -17,6 +17,7 @@ from engine_routes import batched_step, greedy
 from family_models import FamilyRoutes, OpenModel, grid, n_vocab_of, prompt_for
 
 from meshnet.artifact.synthetic import SyntheticSpec
+from meshnet.engine.bitwise import bit_identical
 from meshnet.engine.llama_backend import LlamaConfig
 
 SLOTS = 8
@@ -41,11 +42,6 @@ def model(request: pytest.FixtureRequest, family_routes: FamilyRoutes) -> Iterat
     family_routes.release(SLOTS)
 
 
-def _max_difference(a: np.ndarray, b: np.ndarray) -> float:
-    assert a.shape == b.shape
-    return float(np.abs(a - b).max())
-
-
 @pytest.mark.parametrize("cell", GRID, ids=IDS)
 def test_prefill_logits_are_bit_identical(model: OpenModel, cell: tuple[str, str, str]) -> None:
     family, _, cut = cell
@@ -54,7 +50,7 @@ def test_prefill_logits_are_bit_identical(model: OpenModel, cell: tuple[str, str
         tokens = prompt_for(family, n_vocab, length, seed)
         expected = model.whole.forward(0, 0, tokens, "all")
         assert np.isfinite(expected).all() and not np.array_equal(expected[0], expected[-1])
-        assert _max_difference(model.splits[cut].forward(0, 0, tokens, "all"), expected) == 0.0
+        assert bit_identical(model.splits[cut].forward(0, 0, tokens, "all"), expected)
         model.whole.release(0)
         model.splits[cut].release(0)
 
@@ -66,7 +62,7 @@ def test_32_greedy_tokens_are_identical(model: OpenModel, cell: tuple[str, str, 
     expected = greedy(model.whole, tokens, 32)
     actual = greedy(model.splits[cut], tokens, 32, slot=1)
     assert actual.tokens == expected.tokens
-    assert _max_difference(actual.logits, expected.logits) == 0.0
+    assert bit_identical(actual.logits, expected.logits)
     assert not np.array_equal(expected.logits[0], expected.logits[-1])  # the state really moves
 
 
@@ -91,6 +87,6 @@ def test_8_batched_sessions_match_the_whole_model(model: OpenModel, cell: tuple[
         steps = [(slot, len(prompts[slot]) + step, np.array([int(np.argmax(last[slot]))], np.int32)) for slot in last]
         batched, expected = batched_step(split, steps), batched_step(whole, steps)
         for slot in last:
-            assert _max_difference(batched[slot], expected[slot]) == 0.0, f"session {slot} vs the whole model batched"
-            assert _max_difference(batched[slot][-1], solo[slot][step + 1]) == 0.0, f"session {slot} vs solo"
+            assert bit_identical(batched[slot], expected[slot]), f"session {slot} vs the whole model batched"
+            assert bit_identical(batched[slot][-1], solo[slot][step + 1]), f"session {slot} vs solo"
             last[slot] = batched[slot][-1]

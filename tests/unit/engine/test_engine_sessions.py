@@ -12,6 +12,7 @@ from engine_routes import batched_step, greedy, open_routes, prompt, release_all
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.core.layers import LayerRange
+from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
@@ -46,7 +47,7 @@ def test_release_then_reuse_gives_identical_results(routes: dict[str, LocalRoute
     assert not np.array_equal(other[-1], first[-1])
     route.release(0)
     again = route.forward(0, 0, SESSION_PROMPTS[1], "all")
-    assert np.array_equal(again, first)
+    assert bit_identical(again, first)
     route.release(0)
     # and the generate() path, which releases by itself
     run = greedy(route, SESSION_PROMPTS[2], 12, slot=0)
@@ -80,8 +81,8 @@ def test_batched_decode_of_three_sessions_equals_each_alone(routes: dict[str, Lo
         for slot, logits in batched_step(route, steps).items():
             rows[slot].append(logits[-1])
     for slot in range(3):
-        difference = float(np.abs(np.stack(rows[slot]) - np.stack(solo[slot])).max())
-        assert difference == 0.0, f"session {slot}: batched differs from solo by {difference}"
+        batched, alone = np.stack(rows[slot]), np.stack(solo[slot])
+        assert bit_identical(batched, alone), f"session {slot}: batched {describe_difference(alone, batched)}"
     assert not np.array_equal(rows[0][-1], rows[1][-1])
 
 
@@ -96,9 +97,9 @@ def test_a_batch_mixing_a_prefill_and_decode_steps_equals_solo(routes: dict[str,
         (1, len(SESSION_PROMPTS[1]), np.array([int(np.argmax(solo[1][0]))], np.int32)),
     ]
     out = batched_step(route, steps)
-    assert np.array_equal(out[0][-1], solo[0][1])
-    assert np.array_equal(out[1][-1], solo[1][1])
-    assert np.array_equal(out[2][-1], solo[2][0])
+    assert bit_identical(out[0][-1], solo[0][1])
+    assert bit_identical(out[1][-1], solo[1][1])
+    assert bit_identical(out[2][-1], solo[2][0])
 
 
 def test_a_session_does_not_see_its_neighbours(routes: dict[str, LocalRoute]) -> None:
@@ -107,7 +108,7 @@ def test_a_session_does_not_see_its_neighbours(routes: dict[str, LocalRoute]) ->
     route.release(0)
     route.forward(1, 0, SESSION_PROMPTS[1], "all")
     route.forward(3, 0, SESSION_PROMPTS[2], "all")
-    assert np.array_equal(route.forward(0, 0, SESSION_PROMPTS[0], "all"), alone)
+    assert bit_identical(route.forward(0, 0, SESSION_PROMPTS[0], "all"), alone)
 
 
 @pytest.mark.parametrize("layout", ["whole", "split"])
@@ -124,5 +125,5 @@ def test_truncate_and_replay_reproduces_the_session(routes: dict[str, LocalRoute
     for backend in route.backends:
         backend.truncate(0, 20)
     assert slot_lengths(route, 0) == [20] * len(route.backends)
-    assert np.array_equal(route.forward(0, 20, tokens[20:], "all"), expected)
+    assert bit_identical(route.forward(0, 20, tokens[20:], "all"), expected)
     assert slot_lengths(route, 0) == [len(tokens)] * len(route.backends)

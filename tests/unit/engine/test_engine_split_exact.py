@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Quant
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
@@ -68,9 +69,7 @@ def test_prefill_logits_of_every_row_are_bit_identical(routes: dict[str, LocalRo
         assert not np.array_equal(expected[0], expected[-1])  # rows really differ: nothing degenerate
     for split in SPLITS:
         actual = routes[split].forward(0, 0, tokens, "all")
-        assert actual.shape == expected.shape
-        difference = float(np.abs(actual - expected).max())
-        assert difference == 0.0, f"{split}: prefill logits differ by {difference}"
+        assert bit_identical(actual, expected), f"{split}: prefill logits {describe_difference(expected, actual)}"
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))
@@ -81,7 +80,7 @@ def test_32_greedy_tokens_and_their_logits_are_identical(routes: dict[str, Local
     for split in SPLITS:
         actual = greedy(routes[split], PROMPTS[name], 32, slot=1)
         assert actual.tokens == expected.tokens, split
-        assert float(np.abs(actual.logits - expected.logits).max()) == 0.0, split
+        assert bit_identical(actual.logits, expected.logits), split
 
 
 def test_different_prompts_give_different_continuations(routes: dict[str, LocalRoute]) -> None:
@@ -110,4 +109,4 @@ def test_last_row_mode_returns_one_row_identical_across_routes(routes: dict[str,
     expected = routes["whole"].forward(2, 0, tokens, "last")
     assert expected.shape == (1, 293)
     for split in SPLITS:
-        assert np.array_equal(routes[split].forward(2, 0, tokens, "last"), expected), split
+        assert bit_identical(routes[split].forward(2, 0, tokens, "last"), expected), split

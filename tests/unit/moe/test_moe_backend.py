@@ -21,6 +21,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
+from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.backend import ExpertParallelBackend, RoutingRecord
@@ -75,9 +76,8 @@ class Reference:
 
 
 def _require_bits(a: np.ndarray | None, b: np.ndarray | None, what: str) -> None:
-    assert a is not None and b is not None and a.shape == b.shape, what
-    differing = int((a.view(np.uint32) != b.view(np.uint32)).sum())
-    assert differing == 0, f"{what}: {differing} of {a.size} logits differ (max {float(np.abs(a - b).max())})"
+    assert a is not None and b is not None, what
+    assert bit_identical(a, b), f"{what}: {describe_difference(a, b)}"
 
 
 def _run_group(group: ExpertGroup, batch: list[StepInput]) -> tuple[list[np.ndarray], list[RoutingRecord]]:

@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as Quant
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import CertificationFailed
 from meshnet.engine.llama_config import LlamaConfig
+from meshnet.moe import certification as moe_certification
 from meshnet.moe.certification import certify_expert_parallel
 from meshnet.moe.ownership import ExpertOwnership
 
@@ -58,3 +59,14 @@ def test_certification_loads_as_the_node_serves(tmp_path: Path, monkeypatch: pyt
             certify_expert_parallel(model, 2, served)
     else:
         assert len(certify_expert_parallel(model, 2, served)) == 2  # F32 and Q4_0, 2 nodes
+
+
+def test_the_group_is_compared_by_bits() -> None:
+    """The same comparison as the engine's certification (``engine.bitwise``): a NaN reproduced
+    exactly passes, one with another payload does not."""
+    whole = np.array([[0.5, np.nan]], np.float32)
+    moe_certification._require(whole, whole.copy(), "same NaN")
+    other = whole.copy()
+    other.view(np.uint32)[0, 1] = 0x7FC00001
+    with pytest.raises(CertificationFailed, match="signed zeros or NaNs"):
+        moe_certification._require(whole, other, "other NaN payload")

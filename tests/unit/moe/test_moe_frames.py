@@ -14,6 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from meshnet.engine.bitwise import bit_identical
 from meshnet.moe.frames import HEADER_BYTES, MAX_EXPERT_FRAME_BYTES, decode_slot_rows, encode_slot_rows
 from meshnet.moe.ownership import (
     ExchangeGeometry,
@@ -61,11 +62,11 @@ def test_round_trip_and_placement_rebuild_the_whole_slots() -> None:
     theirs, _, _ = _rows(1)
     decoded = decode_slot_rows(encode_slot_rows(theirs, GEOMETRY), GEOMETRY)
     assert (decoded.sequence, decoded.layer, decoded.sender) == (9, 1, 1)
-    assert np.array_equal(decoded.rows.view(np.uint32), theirs.rows.view(np.uint32))
+    assert bit_identical(decoded.rows, theirs.rows)
     target = weighted.copy()
     target[~ExpertOwnership(0, 2).owned_mask(selected)] = np.nan
     place_rows(ExpertOwnership(0, 2), selected, [decoded], target)
-    assert np.array_equal(target.view(np.uint32), weighted.view(np.uint32))
+    assert bit_identical(target, weighted)
     assert mine.n_terms + theirs.n_terms == selected.size
 
 

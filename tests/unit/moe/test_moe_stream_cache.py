@@ -21,6 +21,7 @@ from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import EngineError
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
+from meshnet.engine.bitwise import bit_identical
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.backend import ExpertParallelBackend
@@ -86,8 +87,8 @@ def test_bounded_cache_is_bit_identical_and_streams(tmp_path: Path, spec: Synthe
     finally:
         group.close()
     for step, (a, b, c) in enumerate(zip(want, got, in_group, strict=True)):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"step {step} differs"
-        assert np.array_equal(a.view(np.uint32), c.view(np.uint32)), f"step {step} differs in the group of 2"
+        assert bit_identical(a, b), f"step {step} differs"
+        assert bit_identical(a, c), f"step {step} differs in the group of 2"
     assert all(c is not None and c.misses > 0 and c.resident_bytes <= capacity // 2 for c in group_counters)
     assert counters is not None
     print(counters, f"hit rate {counters.hit_rate:.2f}")

@@ -89,6 +89,8 @@ def test_the_heartbeat_load_carries_the_same_figures() -> None:
     assert (load.active_sessions, load.free_sessions, load.queue_depth) == (3, 1, 7)
     assert load.kv_used_fraction == 0.75
     assert load.peer_rtt_ms == (("127.0.0.1:1", 2.5),)
+    # Memory against the plan: weights, what the cost model counts besides, and the KV in use.
+    assert (load.memory_used_bytes, load.memory_budget_bytes) == (1000 + 500 + 3 * 100, 1000 + 500 + 4 * 100)
 
 
 def sample() -> ShardMetrics:
@@ -107,4 +109,5 @@ def sample() -> ShardMetrics:
         draining=False,
         kv_bytes_per_session=100,
         weight_bytes=1000,
+        other_bytes=500,
     )

@@ -60,7 +60,7 @@ RECIPE = fake_recipe(FakeModel(n_layers=N_LAYERS))
 FINGERPRINT = RECIPE.fingerprint()
 CHUNK_TOKENS = 4
 """Every shard's prefill chunk (the fake backend's ``max_batch_tokens``)."""
-CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, scratch_bytes=0, budget_bytes=None)
+CAPACITY = CapacityPlan(max_sessions=2, weight_bytes=1000, kv_bytes_per_session=300, other_bytes=0, budget_bytes=None)
 STEP_DEADLINE_MS = 5000
 """Every ring frame's deadline unless a test gives another: a lost answer fails its test in
 seconds instead of hanging it."""

@@ -1,10 +1,7 @@
-"""Pure scheduling, admission and capacity decisions."""
+"""Pure scheduling and admission decisions (capacity: tests/unit/core/test_layer_costs.py)."""
 
 from __future__ import annotations
 
-import pytest
-
-from meshnet.core.errors import ResourceExhausted
 from meshnet.session.admission import (
     AdmissionPolicy,
     Admit,
@@ -12,8 +9,6 @@ from meshnet.session.admission import (
     SlotUse,
     decide_admission,
     expired_sessions,
-    kv_bytes_per_session,
-    plan_capacity,
 )
 from meshnet.session.scheduler import PendingWork, plan_tick
 
@@ -65,20 +60,3 @@ def test_admission_rejects_when_the_queue_is_full() -> None:
 def test_expiry_spares_busy_sessions() -> None:
     uses = [SlotUse("old", 0.0, False), SlotUse("busy", 0.0, True), SlotUse("new", 590.0, False)]
     assert expired_sessions(uses, _policy(4, ttl=600.0), now=700.0) == ["old"]
-
-
-def test_capacity_follows_the_memory_budget() -> None:
-    kv = kv_bytes_per_session(n_ctx=2048, n_layers=10, n_embd=576, n_head=9, n_head_kv=3)
-    assert kv == 2 * 2048 * 10 * 192 * 2
-    plan = plan_capacity(
-        requested_sessions=8, weight_bytes=100, kv_per_session=kv, scratch_bytes=50, budget_bytes=150 + 3 * kv + 1
-    )
-    assert plan.max_sessions == 3
-    assert (
-        plan_capacity(
-            requested_sessions=8, weight_bytes=1, kv_per_session=kv, scratch_bytes=1, budget_bytes=None
-        ).max_sessions
-        == 8
-    )
-    with pytest.raises(ResourceExhausted, match="one session"):
-        plan_capacity(requested_sessions=8, weight_bytes=100, kv_per_session=kv, scratch_bytes=50, budget_bytes=200)

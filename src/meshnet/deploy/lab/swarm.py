@@ -13,6 +13,7 @@ from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
 from meshnet.core.errors import InvalidArgument, Unavailable
+from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.lab.lab import (
@@ -27,7 +28,7 @@ from meshnet.deploy.launch.commands import gateway_command, minted_identity, tra
 from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, TrackerLine
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import ensure_client_key
-from meshnet.node.auto_layers import layer_costs
+from meshnet.node.auto_layers import model_costs
 from meshnet.node.config import LayerChoice, WorkerConfig
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
@@ -70,7 +71,8 @@ def auto_budget_mb(config: LabConfig, n_nodes: int) -> int:
     takes the next range and the N nodes cover the model as the balanced plan does."""
     if config.memory_mb is None:
         raise InvalidArgument("--layers auto in the lab needs a memory cap to budget from")
-    costs = layer_costs(config.model, config.sessions, config.context)
+    # The workers' own cost model: their sessions and context, the worker's default prefill chunk.
+    costs = model_costs(config.model, WorkerLoad(config.sessions, config.context, WorkerConfig.prefill_chunk))
     ranges = plan_ranges(costs, [config.memory_mb * 2**20] * n_nodes)
     need = max(costs.range_bytes(layers) for layers in ranges)
     return min(config.memory_mb, -(-need // 2**20))

@@ -236,7 +236,7 @@ class QuarantineReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., record_marked: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class LayerSuggestionRequest(_message.Message):
-    __slots__ = ("model", "block_bytes", "kv_bytes_per_layer", "head_bytes", "tail_bytes", "fixed_bytes", "budget_bytes")
+    __slots__ = ("model", "block_bytes", "kv_bytes_per_layer", "head_bytes", "tail_bytes", "fixed_bytes", "budget_bytes", "tied_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +244,7 @@ class LayerSuggestionRequest(_message.Message):
     TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
     FIXED_BYTES_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIED_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     block_bytes: _containers.RepeatedScalarFieldContainer[int]
     kv_bytes_per_layer: int
@@ -251,7 +252,8 @@ class LayerSuggestionRequest(_message.Message):
     tail_bytes: int
     fixed_bytes: int
     budget_bytes: int
-    def __init__(self, model: _Optional[str] = ..., block_bytes: _Optional[_Iterable[int]] = ..., kv_bytes_per_layer: _Optional[int] = ..., head_bytes: _Optional[int] = ..., tail_bytes: _Optional[int] = ..., fixed_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
+    tied_bytes: int
+    def __init__(self, model: _Optional[str] = ..., block_bytes: _Optional[_Iterable[int]] = ..., kv_bytes_per_layer: _Optional[int] = ..., head_bytes: _Optional[int] = ..., tail_bytes: _Optional[int] = ..., fixed_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., tied_bytes: _Optional[int] = ...) -> None: ...
 
 class LayerSuggestionReply(_message.Message):
     __slots__ = ("layer_start", "layer_stop", "reason")

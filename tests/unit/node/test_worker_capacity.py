@@ -1,0 +1,80 @@
+"""A worker's capacity plan counts with the one memory cost model, budget and all: the range
+``--layers auto`` gets holds the sessions the worker asked for, and a budget too small for one
+session stops the worker with the figures that did not fit."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from meshnet.artifact.describe import describe_model
+from meshnet.artifact.footprint import memory_footprint
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.core.errors import ResourceExhausted
+from meshnet.core.layer_costs import MIB, kv_bytes_per_layer, sessions_within, worker_bytes
+from meshnet.core.layers import LayerRange
+from meshnet.node.assembly import plan_worker_capacity
+from meshnet.node.auto_layers import model_costs
+from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.tracker.placement import ServedSpan, suggest_layers
+
+SPEC = SyntheticSpec(n_layers=8, n_embd=256, n_ff=512, n_head=8, n_head_kv=2)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_model(tmp_path_factory.mktemp("model") / "model.gguf", SPEC)
+
+
+def _config(model: Path, layers: LayerRange | None, budget_mib: float | None, sessions: int = 8) -> WorkerConfig:
+    return WorkerConfig(
+        model,
+        LayerChoice(layers),
+        Path("."),
+        tracker="127.0.0.1:1",
+        max_sessions=sessions,
+        memory_budget_mb=budget_mib,
+        n_ctx_per_session=4096,
+    )
+
+
+def test_the_plan_is_the_cost_models_figures(model: Path) -> None:
+    config = _config(model, LayerRange(2, 5), None)
+    footprint, load = memory_footprint(model), config.memory_load()
+    plan = plan_worker_capacity(config, describe_model(model))
+    assert plan.max_sessions == 8 and plan.budget_bytes is None
+    assert plan.weight_bytes == sum(footprint.block_bytes[2:5])
+    assert plan.kv_bytes_per_session == 3 * kv_bytes_per_layer(footprint, 4096)
+    total = plan.weight_bytes + plan.other_bytes + 8 * plan.kv_bytes_per_session
+    assert total == worker_bytes(footprint, LayerRange(2, 5), load)
+
+
+def test_a_budget_cuts_the_sessions_to_what_fits(model: Path) -> None:
+    footprint, layers = memory_footprint(model), LayerRange(0, 4)
+    three = worker_bytes(footprint, layers, dataclasses.replace(_config(model, layers, None).memory_load(), sessions=3))
+    plan = plan_worker_capacity(_config(model, layers, three / MIB), describe_model(model))
+    assert plan.max_sessions == 3 and plan.budget_bytes == three
+
+
+def test_a_budget_below_one_session_stops_the_worker(model: Path) -> None:
+    with pytest.raises(ResourceExhausted, match=r"memory budget 60 MiB cannot hold layers 0:4: their weights"):
+        plan_worker_capacity(_config(model, LayerRange(0, 4), 60), describe_model(model))
+
+
+@pytest.mark.parametrize("budget_mib", [150, 200, 300])
+def test_auto_layers_get_a_range_whose_plan_keeps_every_session(model: Path, budget_mib: int) -> None:
+    """What ``resolve_layers`` does, without the tracker's transport: the worker's costs go to
+    ``suggest_layers``; the range that comes back is planned with the budget still set."""
+    asking = _config(model, None, budget_mib)
+    costs = model_costs(model, asking.memory_load())
+    served: list[ServedSpan] = []
+    while len(served) < 3:
+        layers = suggest_layers(costs, int(budget_mib * MIB), served).layers
+        plan = plan_worker_capacity(
+            dataclasses.replace(asking, layer_choice=LayerChoice(layers)), describe_model(model)
+        )
+        assert plan.max_sessions == asking.max_sessions, layers
+        assert sessions_within(memory_footprint(model), layers, asking.memory_load(), int(budget_mib * MIB)) == 8
+        served.append(ServedSpan(layers, 1.0))
