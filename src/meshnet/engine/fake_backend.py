@@ -3,6 +3,11 @@
 It keeps real per-slot KV bookkeeping (positions must continue, truncation forgets), and its
 output depends on every earlier token of the session, so protocol, batching, isolation and
 failover tests catch cross-talk and lost state in seconds, without llama.cpp.
+
+What it cannot show is what llama.cpp computes: its numerics, that a split or a batch equals the
+whole model bit for bit, isolation between sequences inside one real context, and what a step
+costs. Tests that rely on it say so; tests/unit/engine and tests/model show those on the real
+backend.
 """
 
 from __future__ import annotations
