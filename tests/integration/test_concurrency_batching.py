@@ -3,6 +3,11 @@
 Pass figure: each session equals its solo run (0 lost, 0 cross-talk); two sessions cancelled
 midway leave the other six unaffected; KV back to idle on every worker; and the workers
 really batched (decode steps per engine batch > 1 during the concurrent run).
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. It cannot show llama.cpp's KV isolation or numerics under
+batching: eight concurrent sessions on llama.cpp workers, each equal to the whole model alone, are
+tests/integration/test_family_worker_routes.py and tests/model/test_distributed_real.py.
 """
 
 from __future__ import annotations

@@ -44,6 +44,18 @@ def _wait_records(db: Path, wanted: set[str]) -> list[tuple[str, str, int]]:
     raise AssertionError(f"records never arrived: {sorted(wanted)}")
 
 
+def _wait_failed_attempts(log: Path, request_ids: set[str]) -> None:
+    """Until the gateway's log shows a failed attempt to file each record (the tracker is down)."""
+    deadline = time.monotonic() + ARRIVE_WITHIN_S
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        failed = {rid for rid in request_ids if f"work record {rid} not filed yet" in text}
+        if failed == request_ids:
+            return
+        assert time.monotonic() < deadline, f"the gateway never tried to replay {sorted(request_ids - failed)}"
+        time.sleep(0.05)
+
+
 def _streams_started(base_url: str, count: int, auth: dict[str, str]) -> tuple[list[SseResult], list[threading.Thread]]:
     """``count`` streams, returned once each has produced text (its route is running)."""
     results: list[SseResult] = []
@@ -94,7 +106,7 @@ def test_sigterm_with_reports_queued_and_the_tracker_down_loses_nothing(tmp_path
         assert code == 0, f"the shutdown path did not run (exit {code}); log:\n{gateway.log_tail()}"
 
         swarm.start_gateway(data_dir=home)  # replays the outbox; the tracker is still down
-        time.sleep(1.0)
+        _wait_failed_attempts(swarm.gateways[-1].spec.log_path, completed)
         swarm.start_tracker(port=swarm.tracker_port)
         rows = _wait_records(swarm.db_path, completed)
         counts = Counter(row[0] for row in rows)

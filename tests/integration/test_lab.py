@@ -1,6 +1,7 @@
 """The multi-host lab for real: namespaces, a bridge, shaped veth links, delay relays and
-memory-capped cgroups, with a real swarm of the tiny model inside. Skips (saying why) where the
-machine does not allow namespaces."""
+memory-capped cgroups (v1 or v2, whichever the host has), with a real swarm of the tiny model
+inside. Skips (saying why) where the machine does not allow namespaces or has no cgroup
+hierarchy with the memory and cpuset controllers."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from openai import OpenAI
 from swarm_harness import MODEL_NAME, PROMPT, Reference, meshnet_command, write_tiny_model
 
+from meshnet.deploy.lab import cgroups
+from meshnet.deploy.lab.plan import PREFIX
 from meshnet.deploy.lab.system import LabUnavailable, check_privileges, run
 
 TAG = "t9"
@@ -23,6 +26,7 @@ TAG = "t9"
 def _lab_allowed() -> str | None:
     try:
         check_privileges()
+        cgroups.detect_layout()
     except LabUnavailable as error:
         return error.message
     return None
@@ -36,7 +40,7 @@ def _lab_objects() -> list[str]:
     links = json.loads(run(["ip", "-j", "link"], check=False).stdout or "[]")
     found = [line.split()[0] for line in names.splitlines() if line.startswith(f"mnlab-{TAG}-")]
     found += [entry["ifname"] for entry in links if entry["ifname"].startswith(f"mnlab{TAG}")]
-    found += [str(p) for p in Path("/sys/fs/cgroup/memory").glob(f"mnlab-{TAG}*")]
+    found += [str(top) for top in cgroups.group_tops() if top.name == f"{PREFIX}-{TAG}"]
     return found
 
 
@@ -88,8 +92,8 @@ def test_lab_serves_across_namespaces_and_removes_everything(tmp_path: Path, mod
         for index in range(3):
             listening = run(["ip", "netns", "exec", f"mnlab-{TAG}-n{index}", "ss", "-ltn"]).stdout
             assert "10." in listening and ":7000" in listening and "127.0.0.1:7000" not in listening
-            limit = Path(f"/sys/fs/cgroup/memory/mnlab-{TAG}/n{index}-worker/memory.limit_in_bytes")
-            assert int(limit.read_text()) == 400 * 1024 * 1024
+            group = cgroups.node_group_name(f"{PREFIX}-{TAG}", index, "worker")
+            assert int(cgroups.detect_layout().memory_limit_file(group).read_text()) == 400 * 1024 * 1024
         _a_live_lab_is_never_torn_down(tmp_path, model)
         again = client.chat.completions.create(
             model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0

@@ -1,7 +1,12 @@
 """The ring keeps the chain's failure handling: a shard killed mid-decode ends the request at
 the driver within seconds with a retryable error (the head learns it from its watch on the
 downstream stream or from the tail's RingReturn stream), and the surviving shards free the
-session. Each test starts its own route, since it kills one of its workers."""
+session. Each test starts its own route, since it kills one of its workers.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. A worker killed under a real model, with failover or worker_lost
+at the gateway: test_swarm_failover.py.
+"""
 
 from __future__ import annotations
 

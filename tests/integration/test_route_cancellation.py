@@ -2,6 +2,11 @@
 
 The workers slow each engine batch a little, so the driver is surely mid-decode when the test
 cancels it, closes it, kills its process, or lets its deadline pass.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. KV freed after cancellation on llama.cpp workers:
+test_swarm_admission.py (closed streams free every worker's session) and
+tests/model/test_lab_real.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Observed latency between nodes: workers probe the candidate next hops the tracker names and
-report round trips in their heartbeats; the tracker costs seams with them."""
+report round trips in their heartbeats; the tracker costs seams with them.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. The engine plays no part in the probes measured here.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -176,18 +177,43 @@ async def test_an_unreachable_tracker_is_unavailable_quickly() -> None:
     assert time.monotonic() - started < 2.0
 
 
-async def test_a_silent_node_leaves_routes_within_three_intervals(
-    tracker: RunningTracker, client: TrackerClient
-) -> None:
-    # K4 in-process: no calls arrive, the sweeper alone must expire the node and move the epoch.
-    registered = await client.register(registration(0, 8, "127.0.0.1:9001"), NodeId("w-9001"))
-    await asyncio.sleep(0.2 * 3 + 0.1)
-    # Read the persisted epoch straight from the file: every RPC would sweep by itself.
-    stored = sqlite3.connect(tracker.config.db_path).execute("SELECT value FROM meta WHERE key = 'epoch'")
-    assert stored.fetchone() == (registered.epoch + 1,)
-    assert await client.list_models() == ()
-    status = await client.heartbeat(registered.node_id, NodeLoad())
-    assert not status.known and status.epoch == registered.epoch + 1
+class ManualClock:
+    """The tracker's monotonic clock, moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stored_epoch(db_path: Path) -> int:
+    """The epoch the tracker persisted, read from its file (every RPC would sweep by itself)."""
+    with contextlib.closing(sqlite3.connect(db_path)) as db:
+        (epoch,) = db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+    return int(epoch)
+
+
+async def test_a_silent_node_leaves_routes_within_three_intervals(config: TrackerConfig) -> None:
+    # K4 in-process, on the tracker's own clock: a node silent for just under three heartbeat
+    # intervals is still routed; just past them the sweeper alone (no call arrives) expires it
+    # and persists the next epoch.
+    clock = ManualClock()
+    tracker = await start_tracker(config, clock=clock)
+    try:
+        async with TrackerClient(tracker.address, timeout_s=2.0) as client:
+            registered = await client.register(registration(0, 8, "127.0.0.1:9001"), NodeId("w-9001"))
+            silent_since, interval = clock.now, config.heartbeat_interval_s
+            clock.now = silent_since + 3 * interval - 0.001
+            assert [model.nodes for model in await client.list_models()] == [1]
+            assert stored_epoch(config.db_path) == registered.epoch
+            clock.now = silent_since + 3 * interval + 0.001
+            await _eventually(lambda: stored_epoch(config.db_path) == registered.epoch + 1)
+            assert await client.list_models() == ()
+            status = await client.heartbeat(registered.node_id, NodeLoad())
+            assert not status.known and status.epoch == registered.epoch + 1
+    finally:
+        await tracker.stop(grace_s=0)
 
 
 async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(

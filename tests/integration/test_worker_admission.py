@@ -3,6 +3,11 @@
 Pass figure: exactly 2 refused with RESOURCE_EXHAUSTED, fast (target < 50 ms from their opening
 frame; measured and printed), the 4 admitted produce exactly their solo tokens, and the KV is
 idle afterwards. A refusal must not queue: the worker answers it while its engine is busy.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. Admission is the session table's decision, taken before the
+engine; that admitted sessions on llama.cpp each equal their solo runs is
+tests/model/test_distributed_real.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""S5: a worker started with no address options listens on loopback only."""
+"""S5: a worker started with no address options listens on loopback only.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. The engine plays no part in where the worker listens.
+"""
 
 from __future__ import annotations
 

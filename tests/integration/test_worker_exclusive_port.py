@@ -2,6 +2,9 @@
 
 gRPC sets SO_REUSEPORT by default, so without ``grpc.so_reuseport`` 0 the second worker bound
 beside the first, printed ready and took half of its connections.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. The engine plays no part in binding the port.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ afterwards), 0 hangs (every call ends well inside its 2 s budget), 0 KV mutation
 frame runs nothing on the engine and leaves no session), and every status is one the status
 contract names for bad input, never UNKNOWN or INTERNAL. The cases are derandomized
 (a fixed sequence every run), so a failure reproduces.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. Malformed frames are refused before any engine step, so the fake
+engine hides nothing of the refusal; llama.cpp's own input checks are
+tests/unit/engine/test_engine_backend_validation.py.
 """
 
 from __future__ import annotations

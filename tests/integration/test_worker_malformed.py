@@ -3,6 +3,11 @@
 Each frame is sent as raw bytes (identity serializers, so nothing on our side can tidy it up)
 to a shard of a live 3-worker route while another session decodes through that same shard;
 that session must still produce exactly its solo tokens, and no KV may be left behind.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. Malformed frames are refused before any engine step; that a
+bystander session on llama.cpp keeps its exact tokens is shown for concurrent sessions by
+tests/model/test_distributed_real.py.
 """
 
 from __future__ import annotations

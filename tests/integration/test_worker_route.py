@@ -5,6 +5,9 @@ run is compared with the same ranges chained in process (``LocalRoute``), and wi
 Protocol refusals (W7, W8): a repeated step is answered again without touching the KV; a gap,
 a stale epoch, a foreign recipe or the wrong layers is FAILED_PRECONDITION; a session the shard
 never opened is NOT_FOUND. A refused frame ends its stream, and the session is freed everywhere.
+
+The same kind of route on llama.cpp workers, equal to the whole model (which the fake model cannot
+be): tests/integration/test_family_worker_routes.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Pass figure: health NOT_SERVING within 1 s; new sessions refused with UNAVAILABLE (directly and
 through the route); every in-flight session finishes with exactly its solo tokens; the process
 exits 0 within its drain grace; no KV is left on the shards that keep running.
+
+The workers run the fake backend (``worker_harness``'s default): real processes, gRPC, engine loops
+and batching, without llama.cpp. The drain does not depend on the engine; sessions of llama.cpp
+workers under failures are test_swarm_failover.py's.
 """
 
 from __future__ import annotations

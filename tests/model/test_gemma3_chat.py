@@ -1,6 +1,11 @@
 """Gemma 3 270M is a base model with no chat template: through the real gateway app and its
 real tokenizer, chat is a clear 400 (``chat_template_missing``) while completions are served,
-and a template given with --chat-template makes chat work."""
+and a template given with --chat-template makes chat work.
+
+Only the tokenizer and the chat template are Gemma 3's here: the route behind the gateway is the
+scripted double of ``gateway_doubles``, so answers are not the model's. Gemma 3 answering through
+real workers, equal to the whole model: test_distributed_gemma3.py.
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ Needs root (namespaces, cgroups) and MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 with 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,12 +32,14 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
+from meshnet.core.swarm_status import node_health
 from meshnet.deploy.lab import cgroups, system
 from meshnet.deploy.lab.lab import Lab, LabConfig
 from meshnet.deploy.lab.swarm import LabSwarm, admin_security, ca_dir, client_auth, restart_tracker, start_swarm
 from meshnet.deploy.lab.sweep import measure_point
 from meshnet.deploy.launch.commands import minted_identity, worker_command
 from meshnet.deploy.launch.ready_lines import WorkerLine
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.node.auto_layers import model_costs
 from meshnet.node.config import LayerChoice, WorkerConfig
 from meshnet.process.launcher import StartupFailed
@@ -61,6 +65,7 @@ TOKENS = 48
 def _no_lab_reason() -> str | None:
     try:
         system.check_privileges()
+        cgroups.detect_layout()
     except system.LabUnavailable as error:
         return error.message
     return None
@@ -105,8 +110,7 @@ def _lab_objects(tag: str) -> list[str]:
     links = json.loads(system.run(["ip", "-j", "link"], check=False).stdout or "[]")
     found = [name for name in namespaces if name.startswith(f"mnlab-{tag}-")]
     found += [entry["ifname"] for entry in links if entry["ifname"].startswith(f"mnlab{tag}")]
-    for root in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
-        found += [str(path) for path in root.glob(f"mnlab-{tag}*")]
+    found += [str(top) for top in cgroups.group_tops() if top.name == f"mnlab-{tag}"]
     return found
 
 
@@ -139,7 +143,23 @@ def _auth(swarm: LabSwarm) -> dict[str, str]:
     return client_auth(swarm)
 
 
-def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[str, object]], str | None]:
+@dataclass
+class Streamed:
+    """One streamed chat completion as the client saw it."""
+
+    text: str = ""
+    events: list[dict[str, object]] = field(default_factory=list)
+    """Telemetry events, each with ``received`` (time.monotonic() when its line was read)."""
+    error: str | None = None
+    """The code of a streamed error event, if one came."""
+    done: bool = False
+    """Whether ``data: [DONE]`` ended the stream."""
+
+    def of_kind(self, kind: str) -> list[dict[str, object]]:
+        return [event for event in self.events if event["kind"] == kind]
+
+
+def _stream(swarm: LabSwarm, on_token: object = None) -> Streamed:
     body = {
         "model": "smol",
         "messages": [{"role": "user", "content": PROMPT}],
@@ -147,7 +167,7 @@ def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[st
         "temperature": 0,
         "stream": True,
     }
-    text, events, error, count = "", [], None, 0
+    seen, count = Streamed(), 0
     url = f"{swarm.gateway_url}/v1/chat/completions"
     with httpx.stream("POST", url, json=body, headers=_auth(swarm), timeout=60) as response:
         assert response.status_code == 200
@@ -155,19 +175,21 @@ def _stream(swarm: LabSwarm, on_token: object = None) -> tuple[str, list[dict[st
             if line.startswith(": telemetry "):
                 event = json.loads(line[len(": telemetry ") :])
                 event["received"] = time.monotonic()
-                events.append(event)
-            elif line.startswith("data: ") and line != "data: [DONE]":
+                seen.events.append(event)
+            elif line == "data: [DONE]":
+                seen.done = True
+            elif line.startswith("data: "):
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    error = chunk["error"]["code"]
+                    seen.error = chunk["error"]["code"]
                     continue
                 for choice in chunk["choices"]:
                     piece = choice["delta"].get("content") or ""
-                    text += piece
+                    seen.text += piece
                     count += bool(piece)
                     if callable(on_token):
-                        on_token(count, events)
-    return text, events, error
+                        on_token(count, seen.events)
+    return seen
 
 
 def _middle_node(swarm: LabSwarm, events: list[dict[str, object]]) -> int:
@@ -179,9 +201,9 @@ def _middle_node(swarm: LabSwarm, events: list[dict[str, object]]) -> int:
 
 def test_capped_nodes_serve_the_whole_model_output(lab: tuple[Lab, LabSwarm], expected: str) -> None:
     the_lab, swarm = lab
-    text, events, error = _stream(swarm)
-    assert error is None and text == expected
-    hops = next(e for e in events if e["kind"] == "accepted")["hops"]
+    seen = _stream(swarm)
+    assert seen.error is None and seen.text == expected
+    hops = seen.of_kind("accepted")[0]["hops"]
     assert [h["layers"] for h in hops] == [str(swarm.ranges[i]) for i in range(3)] or len(hops) == 3
     for index, (peak, kills) in the_lab.worker_memory().items():
         assert kills == 0 and peak <= CAP_MB * 2**20 + FORCED_CHARGE_BYTES, (index, peak)
@@ -323,7 +345,22 @@ def test_restarting_the_tracker_loses_no_completed_work_record(lab: tuple[Lab, L
     assert before < after
 
 
+LINK_DOWN_ENDS_WITHIN_S = 5.0
+"""The README's promise for a node whose link goes down with its process alive."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known bug: the failover's replay is refused by the tail with permission_denied ('this session "
+    "belongs to another party'): the tail still holds the session the cut middle opened (no FIN/RST crosses "
+    "a downed link), so the spare's opening frame is another opener's. Remove this mark with the fix.",
+)
 def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: str) -> None:
+    # The status contract (reliability.md) for a worker lost mid-stream: fail over, or, only
+    # if recovery fails, the SSE error `worker_lost` (UNAVAILABLE) and [DONE]; within 5 s
+    # either way. Any other outcome (another error, a hang, a text unlike the whole model's)
+    # fails, whichever branch the route took.
     the_lab, swarm = lab
     plan = the_lab.plan
     assert plan is not None
@@ -339,24 +376,46 @@ def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: 
             down_at.append(time.monotonic())
 
     try:
-        text, events, error = _stream(swarm, cut)
+        seen = _stream(swarm, cut)
         ended = time.monotonic()
     finally:
         for index in cut_nodes:
             system.set_link(plan.nodes[index], up=True)
-    assert down_at, f"the stream ended before the link went down: error {error!r}, text {text!r}, {events}"
-    failover = [e for e in events if e["kind"] == "route_health"]
-    if error is None:
-        assert text == expected and failover  # failed over to the spare, with identical output
-        waited = float(failover[0]["received"]) - down_at[0]  # type: ignore[arg-type]
-        assert waited <= 5.0, f"the failover came {waited:.1f} s after the cut"
+    assert down_at, f"the stream ended before the link went down: {seen}"
+    assert seen.done, f"the stream did not end with [DONE]: {seen}"
+    if seen.error is not None:
+        assert seen.error == "worker_lost", f"a lost link must end as worker_lost, got {seen.error!r}: {seen.events}"
+        assert not seen.of_kind("completed"), seen.events
+        waited = ended - down_at[0]
     else:
-        assert ended - down_at[0] <= 5.0, f"structured error {error} came {ended - down_at[0]:.1f} s after the cut"
+        assert [e["status"] for e in seen.of_kind("route_health")] == ["failover"], seen.events
+        replacement = seen.of_kind("accepted")[-1]["hops"]
+        assert replacement[1]["address"] != swarm.advertised[cut_nodes[0]], "the route kept the cut node"  # type: ignore[index]
+        assert seen.text == expected  # the spare continued with identical output
+        waited = float(seen.of_kind("route_health")[0]["received"]) - down_at[0]  # type: ignore[arg-type]
+    assert waited <= LINK_DOWN_ENDS_WITHIN_S, f"the {seen.error or 'failover'} came {waited:.1f} s after the cut"
+
+
+def _wait_every_node_healthy(the_lab: Lab, swarm: LabSwarm, within_s: float = 30.0) -> None:
+    """Until the tracker lists every node's worker with its heartbeats on time (a node whose link
+    was down comes back on its next heartbeats), so a route and a spare for it can be chosen."""
+    admin = _admin(the_lab)
+
+    async def healthy() -> set[str]:
+        async with TrackerClient(swarm.tracker, timeout_s=2.0, security=admin) as client:
+            table = await client.list_nodes()
+        return {n.address for n in table.nodes if node_health(n, table.heartbeat_interval_s) == "healthy"}
+
+    deadline = time.monotonic() + within_s
+    while not set(swarm.advertised.values()) <= (found := asyncio.run(healthy())):
+        assert time.monotonic() < deadline, f"nodes never healthy again: {sorted(found)} of {swarm.advertised}"
+        time.sleep(0.2)
 
 
 def test_a_killed_worker_fails_over_to_the_spare(lab: tuple[Lab, LabSwarm], expected: str) -> None:
     the_lab, swarm = lab
-    time.sleep(4)  # the middle node's link is back: let heartbeats make it routable again
+    _wait_every_node_healthy(the_lab, swarm)  # the cut node's link is back (previous test)
+    wait_sessions_freed(list(swarm.advertised.values()), within_s=30.0, security=_admin(the_lab))
     victims: list[int] = []
 
     def kill(count: int, events: list[dict[str, object]]) -> None:
@@ -365,8 +424,8 @@ def test_a_killed_worker_fails_over_to_the_spare(lab: tuple[Lab, LabSwarm], expe
             worker = next(c for c in the_lab.components if c.name == f"worker-n{victims[0]}")
             worker.send_signal(signal.SIGKILL)
 
-    text, events, error = _stream(swarm, kill)
+    seen = _stream(swarm, kill)
     assert victims
-    assert error is None, events
-    assert any(e["kind"] == "route_health" for e in events)
-    assert text == expected
+    assert seen.error is None, seen.events
+    assert seen.of_kind("route_health")
+    assert seen.text == expected

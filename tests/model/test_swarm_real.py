@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct (Q4_1) served end to end: ``meshnet up`` and a 3-worker swarm behind the gateway.
 
-``meshnet up --demo-only`` must start tracker, workers and gateway, stream its demo and exit 0.
+``meshnet up --demo-only`` must start tracker, workers and gateway, stream its demo and exit 0;
+the demo's answer must be the whole model's greedy answer, token for token.
 Then the official ``openai`` client streams a greedy chat answer through tracker + 3 workers
 (layers 0:10, 10:20, 20:30) + gateway, and its text must equal the whole model run in process.
 
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from swarm_harness import Reference, Swarm, chat_body, meshnet_command, read_sse
 
 from meshnet.artifact.provision import DEFAULT_MODEL, model_path
+from meshnet.deploy.config import LocalSwarmConfig
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
 MODEL = model_path(DATA_DIR / "models")
@@ -42,15 +45,24 @@ pytestmark = [
 CHAT = "What is the capital of France? Answer in one sentence."
 MAX_TOKENS = 32
 UP_TIMEOUT_S = 120
+DEMO_PROMPT = next(str(f.default) for f in fields(LocalSwarmConfig) if f.name == "prompt")
+"""What ``meshnet up`` asks when no --prompt is given."""
+DEMO_TOKENS = 24
 
 
-def test_meshnet_up_demo_only_exits_0(tmp_path: Path) -> None:
+def test_meshnet_up_demo_only_streams_the_whole_models_answer_and_exits_0(tmp_path: Path) -> None:
+    reference = Reference(MODEL, tmp_path / "reference-cache")
+    try:
+        tokens = reference.generate(reference.chat_tokens(DEMO_PROMPT), DEMO_TOKENS)
+        expected = reference.text(tokens)
+    finally:
+        reference.close()
     # A data dir of its own (logs, slice cache), with the provisioned model linked in, so `up`
     # finds the default model exactly as a user's would.
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / MODEL.name).symlink_to(MODEL.resolve())
     done = subprocess.run(
-        meshnet_command(tmp_path, "up", "--demo-only", "--port", "0", "--max-tokens", "24"),
+        meshnet_command(tmp_path, "up", "--demo-only", "--port", "0", "--max-tokens", str(DEMO_TOKENS)),
         capture_output=True,
         text=True,
         timeout=UP_TIMEOUT_S,
@@ -62,13 +74,14 @@ def test_meshnet_up_demo_only_exits_0(tmp_path: Path) -> None:
     assert out.count("\nworker    ") + out.startswith("worker    ") == 3, out
     assert "tracker   127.0.0.1:" in out and "gateway   http://127.0.0.1:" in out, out
     assert f"model {DEFAULT_MODEL.name!r}" in out, out
-    assert "> Write a haiku" in out, out
-    demo = out.split("> Write a haiku", 1)[1]
+    assert f"> {DEMO_PROMPT}" in out, out
+    demo = out.split(f"> {DEMO_PROMPT}", 1)[1]
     assert "[accepted: " in demo and "[completed: " in demo, out
-    answer = demo.split("[decode_started", 1)[1].split("\n", 1)[1].split("  [completed: ", 1)[0]
-    assert len(answer.strip()) > 10, f"the demo printed no answer: {out}"
+    # The streamed text sits between the decode_started line and the completed line.
+    answer = demo.split("[decode_started", 1)[1].split("\n", 1)[1].split("\n  [completed: ", 1)[0]
+    assert answer == expected, f"the demo's answer is not the whole model's:\n{answer!r}\n{expected!r}"
     completion = re.search(r'"completion_tokens":(\d+)', demo)
-    assert completion is not None and 0 < int(completion.group(1)) <= 24, out  # EOS may end it early
+    assert completion is not None and int(completion.group(1)) == len(tokens), out  # EOS included
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,11 @@ Like the real engine, it splits bit-identically: each layer has its own weights 
 per-slot state, and the residual is rounded to float32 after every layer (what a seam carries),
 so any cut of a fake model computes what the whole fake model computes. That is what lets a
 fake worker certify itself (``engine.certification``) and join a swarm like a real one.
+
+What it cannot show is what llama.cpp computes: its numerics, that llama.cpp's split or batch
+equals its whole model bit for bit, isolation between sequences inside one real context, and what
+a step costs. Tests that rely on it say so; tests/unit/engine and tests/model show those on the
+real backend.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ serve, when two nodes of a group started together).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,17 +22,26 @@ from meshnet.core.layers import LayerRange
 def test_a_slice_being_cut_is_waited_for_not_cut_again(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = cache_module.write_slice
+    real_write, real_exclusive = cache_module.write_slice, cache_module._exclusive
     calls: list[int] = []
-    cutting = threading.Event()
+    cutting, second_at_the_lock = threading.Event(), threading.Event()
+    lockers: list[int] = []
 
-    def slow_write(*args: object, **kwargs: object) -> object:
+    def noting_exclusive(path: Path) -> contextlib.AbstractContextManager[None]:
+        lockers.append(threading.get_ident())
+        if len(lockers) == 2:
+            second_at_the_lock.set()
+        return real_exclusive(path)
+
+    def held_write(*args: object, **kwargs: object) -> object:
         calls.append(threading.get_ident())
         cutting.set()
-        time.sleep(0.3)  # a window for the second caller to arrive while the first still cuts
+        # The first cut goes on only once the second caller has come for the slice's lock.
+        assert second_at_the_lock.wait(10), "the second caller never reached the slice's lock"
         return real_write(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cache_module, "write_slice", slow_write)
+    monkeypatch.setattr(cache_module, "write_slice", held_write)
+    monkeypatch.setattr(cache_module, "_exclusive", noting_exclusive)
     n_layers = describe_model(tiny_model).n_layers
     whole = LayerRange(0, n_layers)
     cache = SliceCache(tmp_path / "cache")

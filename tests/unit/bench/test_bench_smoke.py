@@ -2,7 +2,10 @@
 processes on loopback, the context phase, the results file, the report and the gate.
 
 It runs in seconds and exists so a harness that rots (a renamed field, a lane that no longer
-starts, a schema slip) fails ``make test`` instead of the next real benchmark.
+starts, a schema slip) fails ``make test`` instead of the next real benchmark. It holds whatever
+verdict the gate reaches on a toy model to be the gate's verdict over these very results, well
+formed, in the report and from ``meshnet gate``; which verdict a result deserves is
+test_bench_gate.py's subject.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from meshnet.bench.gate import EXIT_CODES, evaluate, load_contract, render
 from meshnet.bench.results_file import schema_problems
 from meshnet.cli.main import main
 
@@ -97,11 +101,29 @@ def test_report_and_plots_are_written(bench_run: tuple[dict[str, Any], Path, int
     _, report, _ = bench_run
     text = (report / "report.md").read_text()
     assert "## Headline" in text and "| meshnet-2 |" in text
-    # On a toy model the verdict is not the point (its route can lose to recompute on tiny
-    # contexts); that the gate ran on the fresh results is.
-    assert "## Gate: optimize" in text or "## Gate: stop" in text
     for plot in ("concurrency.png", "context.png", "lanes.png"):
         assert (report / plot).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_gate_judges_these_results_and_the_report_shows_its_verdict(
+    bench_run: tuple[dict[str, Any], Path, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # On a toy model any verdict may come (its route can lose to recompute on tiny contexts):
+    # what must hold is that the gate judged every check of the contract on the fresh results,
+    # and that the report and `meshnet gate` say the same.
+    results, report, _ = bench_run
+    contract = load_contract()
+    verdict = evaluate(results, contract)
+    assert verdict.verdict in EXIT_CODES and verdict.contract_version == contract["version"]
+    entries = contract["stop_conditions"] + contract["requirements"]
+    assert [check.id for check in verdict.checks] == [entry["id"] for entry in entries]
+    assert any(check.values for check in verdict.checks), "the gate found no measured value in the results"
+    section = "\n".join([f"## Gate: {verdict.verdict}", "", "```", *render(verdict), "```"])
+    assert section in (report / "report.md").read_text()
+    capsys.readouterr()
+    code = main(["gate", str(report.parent / "results.json")])
+    assert code == verdict.exit_code
+    assert capsys.readouterr().out.splitlines() == render(verdict)
 
 
 def test_prefill_phase_times_the_long_prompt_on_three_subjects(bench_run: tuple[dict[str, Any], Path, int]) -> None:

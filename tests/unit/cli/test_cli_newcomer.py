@@ -1,4 +1,8 @@
-"""Rough edges a newcomer hits first: --data-dir placement, --version, --advertise, a missing model."""
+"""Rough edges a newcomer hits first: --data-dir placement, --version, --advertise, a missing model.
+
+Workers here run the fake model (``--fake-layers``): these tests are about flags and addresses,
+which do not depend on the engine.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,14 @@ swarm client runs, so every finish the gateway shows is decided by the real code
 every request, how each event iterator ended (ran to the end, ``aclose``d, cancelled) and can be
 told to fail before or after a given token, to wait on a gate, or to go slowly, so each gateway
 path can be driven on purpose.
+
+What the doubles cannot show: the text is bytes, not a model's tokens (``ByteCodec`` is no
+tokenizer, no chat template), and no tracker, shard, gRPC status, failover or timing of a real
+route stands behind the scripted events. Those are covered with real worker processes behind a
+real gateway in tests/integration (test_swarm_openai*.py for the API and tokenizer,
+test_swarm_failover.py for failures and failover, test_swarm_admission.py and
+test_gateway_queue_load.py for admission under load) and with SmolLM2 in
+tests/model/test_swarm_real.py.
 """
 
 from __future__ import annotations
@@ -14,7 +22,8 @@ import asyncio
 import codecs
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from meshnet.core.events import (
@@ -187,8 +196,16 @@ def test_config(**overrides: object) -> GatewayConfig:
     return GatewayConfig(**base)  # type: ignore[arg-type]
 
 
-def make_app(generator: ScriptedGenerator, codec: ByteCodec | None = None, **overrides: object):  # type: ignore[no-untyped-def]
-    return create_app(generator, {MODEL: codec or ByteCodec()}, test_config(**overrides))
+def make_app(  # type: ignore[no-untyped-def]
+    generator: ScriptedGenerator,
+    codec: ByteCodec | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    **overrides: object,
+):
+    """The real gateway app over the double; ``clock`` is its monotonic clock (inject one to
+    move time in a test instead of sleeping)."""
+    return create_app(generator, {MODEL: codec or ByteCodec()}, test_config(**overrides), clock=clock)
 
 
 @contextlib.asynccontextmanager

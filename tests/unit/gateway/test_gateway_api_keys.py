@@ -1,5 +1,11 @@
 """API keys: the hashed store, the pure verdicts, and a real uvicorn gateway refusing, admitting and
-hiding telemetry per key (plain HTTP and HTTPS), driven by httpx and the official openai client."""
+hiding telemetry per key (plain HTTP and HTTPS), driven by httpx and the official openai client.
+
+The route behind the app is the scripted double of ``gateway_doubles``, which cannot show a real
+route (its docstring says what it cannot show). Keys in front of real workers:
+tests/integration/test_up_lifecycle.py (a wrong key is refused by the official client) and every
+secured swarm test.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """``n`` > 1 at the gateway: one route session per choice with its own seed, merged answers,
-and a failing choice ending the others (no route left running), streamed or not."""
+and a failing choice ending the others (no route left running), streamed or not.
+
+The route behind the app is the scripted double of ``gateway_doubles``, which cannot show a real
+route (its docstring says what it cannot show). Choices of real sampled tokens, each equal to its
+own whole-model run: tests/integration/test_swarm_openai_params.py.
+"""
 
 from __future__ import annotations
 

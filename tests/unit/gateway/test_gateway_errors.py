@@ -1,6 +1,12 @@
 """Errors: every bad input is a 4xx OpenAI-style error (never a 500), each typed route failure
 maps to its status before the first byte and to an SSE error event + [DONE] after it, and the
-per-request deadline gives 504 or a streamed timeout (H2 and the status contract)."""
+per-request deadline gives 504 or a streamed timeout (H2 and the status contract).
+
+The route behind the app is the scripted double of ``gateway_doubles``, which cannot show a real
+route (its docstring says what it cannot show). Failures of real routes:
+tests/integration/test_swarm_failover.py (a killed worker: failover or worker_lost) and
+test_swarm_admission.py (bad input refused before any worker).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
 """Request lifecycle on a real uvicorn server: a client that disconnects cancels its route
 session (the double sees its iterator closed), admission admits exactly the cap under a burst
-and answers the rest 503 + Retry-After at once (H3), and every slot comes back afterwards."""
+and answers the rest 503 + Retry-After at once (H3), and every slot comes back afterwards.
+
+The route behind the app is the scripted double of ``gateway_doubles``, which cannot show a real
+route (its docstring says what it cannot show). That a client going away frees real sessions on
+real workers: tests/integration/test_swarm_admission.py and tests/model/test_lab_real.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """The official openai client against a real uvicorn server on 127.0.0.1: chat and completions,
-streaming and not, stop sequences, usage, models, and typed errors raised in the client."""
+streaming and not, stop sequences, usage, models, and typed errors raised in the client.
+
+The route behind the app is the scripted double of ``gateway_doubles``, which cannot show a real
+route (its docstring says what it cannot show). The same client against real workers, every answer
+equal to the whole model: tests/integration/test_swarm_openai.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
 """The admission queue: FIFO places with a deadline, 503 beyond the bound with a spread
-Retry-After, telemetry of the wait, and limits derived from the swarm's slots when unset."""
+Retry-After, telemetry of the wait, and limits derived from the swarm's slots when unset.
+
+Order is shown by waiting on the state it leads to (``wait_until``) or by letting woken tasks
+take their next step (``settle``), and time by injected clocks, never by sleeping. The apps
+run over the scripted route of ``gateway_doubles`` (see its docstring for what it cannot show);
+the queue under real load is test_gateway_queue_load.py's.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,20 @@ async def wait_until(condition, timeout: float = 5.0) -> None:  # type: ignore[n
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.005)
+
+
+async def settle() -> None:
+    """Let every task woken so far run up to its next await; no time passes."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def test_waiters_are_admitted_in_order_as_slots_free() -> None:
@@ -64,8 +84,8 @@ async def test_background_work_takes_a_slot_only_when_no_request_waits_and_never
     audit = asyncio.create_task(admission.spare_slot())
     user.release()
     second = await waiting  # the queued request goes first
-    await asyncio.sleep(0.02)
-    assert not audit.done()
+    await settle()  # the audit, woken by the release too, looked again and found no slot
+    assert not audit.done() and admission.in_flight == 1
     second.release()
     background = await audit
     assert admission.in_flight == 1
@@ -81,7 +101,8 @@ async def test_a_cancelled_background_wait_leaves_no_trace() -> None:
     admission = Admission(1, 2, clock=asyncio.get_running_loop().time, rng=random.Random(0))
     user = await admission.acquire(1.0, lambda position: None)
     audit = asyncio.create_task(admission.spare_slot())
-    await asyncio.sleep(0.01)
+    await settle()
+    assert not audit.done()  # waiting for a spare slot
     audit.cancel()
     with pytest.raises(asyncio.CancelledError):
         await audit
@@ -144,9 +165,14 @@ async def test_queued_requests_stream_after_the_busy_one_with_wait_in_telemetry(
 
 
 async def test_unset_limits_are_read_from_the_swarm_and_follow_it() -> None:
-    generator = ScriptedGenerator(slots=3)
+    generator, clock = ScriptedGenerator(slots=3), ManualClock()
     app = make_app(
-        generator, max_in_flight=None, max_queue=None, telemetry_max_requests=64, capacity_refresh_seconds=0.01
+        generator,
+        clock=clock,
+        max_in_flight=None,
+        max_queue=None,
+        telemetry_max_requests=64,
+        capacity_refresh_seconds=30.0,
     )
     admission = app.state.admission
     async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
@@ -155,7 +181,10 @@ async def test_unset_limits_are_read_from_the_swarm_and_follow_it() -> None:
         health = (await http.get(f"{base}/health")).json()
         assert (health["capacity"], health["queue_limit"]) == (3, 24)
         generator.slots = 5  # a worker joined
-        await asyncio.sleep(0.02)
+        assert (await http.post(url, json=body)).status_code == 200
+        await settle()
+        assert admission.capacity == 3  # the limits are fresh for 30 s: nobody asked the tracker
+        clock.now += 30.0
         assert (await http.post(url, json=body)).status_code == 200
         await wait_until(lambda: admission.capacity == 5)
     assert admission.queue_limit == 40

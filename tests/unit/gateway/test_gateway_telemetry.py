@@ -1,5 +1,10 @@
 """Generation Telemetry: order and rising counts in the completion stream (as a raw SSE parser
-reads it), the polling snapshot, the separate events stream, and the hub's bounds."""
+reads it), the polling snapshot, the separate events stream, and the hub's bounds.
+
+The route behind the app is the scripted double of ``gateway_doubles``, which cannot show a real
+route (its docstring says what it cannot show). Telemetry of real routes (raw stream, polling,
+replay): tests/integration/test_swarm_openai.py and test_prefill_progress.py.
+"""
 
 from __future__ import annotations
 

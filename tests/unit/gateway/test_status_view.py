@@ -1,4 +1,9 @@
-"""The status document, the lost-node memory, the terminal table and the routes."""
+"""The status document, the lost-node memory, the terminal table and the routes.
+
+The node table is a fixed view and the route the scripted double of ``gateway_doubles``; the
+status of a live swarm (real workers killed, gaps appearing) is
+tests/integration/test_prefill_progress.py and test_status_page_browser.py.
+"""
 
 from __future__ import annotations
 

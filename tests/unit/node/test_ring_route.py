@@ -1,6 +1,11 @@
 """The ring on a three-shard route wired as production wires it (``worker_shards``): a decode
 token crosses N seams, prefill chunks pipeline with a bounded number in flight, a failed or
-stalled hop ends the step at the head, and a frame off the ring after the opening one is refused."""
+stalled hop ends the step at the head, and a frame off the ring after the opening one is refused.
+
+The shards run ``FakeBackend`` (see ``worker_shards`` for what stands in for what): it shows the
+protocol, not llama.cpp numerics or KV isolation, which tests/unit/engine/test_engine_sessions.py
+and test_engine_split_exact.py show on real llama.cpp, and tests/model over real worker processes.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
 """One ShardMetrics value, read after known work on a route wired as production wires it
 (``worker_shards``), and the three views of it: the GetMetrics figures, the Prometheus
-exposition and the heartbeat's NodeLoad."""
+exposition and the heartbeat's NodeLoad.
+
+The shards run ``FakeBackend`` (see ``worker_shards`` for what stands in for what): it shows the
+protocol, not llama.cpp numerics or KV isolation, which tests/unit/engine/test_engine_sessions.py
+and test_engine_split_exact.py show on real llama.cpp, and tests/model over real worker processes.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,11 @@
 """Each shard stage driven through real shards on fake backends, wired as production wires them
 (``worker_shards``): opening, decode on the ring, idempotent repeats, refusals, teardown down the
-route, and the head's own decode loop."""
+route, and the head's own decode loop.
+
+The shards run ``FakeBackend`` (see ``worker_shards`` for what stands in for what): it shows the
+protocol, not llama.cpp numerics or KV isolation, which tests/unit/engine/test_engine_sessions.py
+and test_engine_split_exact.py show on real llama.cpp, and tests/model over real worker processes.
+"""
 
 from __future__ import annotations
 

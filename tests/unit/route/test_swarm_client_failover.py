@@ -4,6 +4,9 @@ The end-to-end tests (tests/integration/test_swarm_failover.py) kill real worker
 interesting cases depend on timing; here each is forced: a dead hop that the tracker still lists,
 an untyped error relayed by a shard whose neighbour died, a tracker down for longer than one
 report attempt, a prompt that does not fit the shards' context.
+
+The tracker and the route driver are doubles (``FakeTracker``, ``FakeDriver``): they cannot show
+gRPC statuses, deadlines or when a real failure is noticed; those are the end-to-end tests'.
 """
 
 from __future__ import annotations

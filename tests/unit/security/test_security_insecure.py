@@ -1,4 +1,8 @@
-"""``--insecure`` is plaintext for loopback development only: any other bind or peer is refused."""
+"""``--insecure`` is plaintext for loopback development only: any other bind or peer is refused.
+
+Workers here run the fake model (``--fake-layers``): what is refused is the bind and the peer,
+before any engine runs.
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,32 @@
 """Inline decode: a lone decode step runs on the caller's thread, anything that could batch
-or must wait its turn goes through the engine thread as before."""
+or must wait its turn goes through the engine thread as before.
+
+Which thread runs what is shown on the fake backend (``ThreadRecorder``), whose arithmetic
+cannot show numerics: that a step run inline gives the engine thread's output bit for bit is
+shown on real llama.cpp shards of the tiny synthetic model.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
+from meshnet.artifact.cache import SliceCache
+from meshnet.artifact.describe import describe_model
 from meshnet.core.errors import DeadlineExceeded, EngineError
 from meshnet.core.layers import LayerRange
-from meshnet.engine.backend import StepInput, StepOutput
-from meshnet.engine.bitwise import bit_identical
+from meshnet.engine.backend import Backend, ShardShape, StepInput, StepOutput
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.session.engine_loop import EngineLoop
+
+if TYPE_CHECKING:
+    from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.session.scheduler import INLINE_MAX_CALL_S, runs_inline
 
 N_EMBD = 8
@@ -88,19 +99,69 @@ async def test_a_second_decoding_session_sends_both_through_the_engine_thread(en
     assert recorder(engine).threads[-1] == caller
 
 
-async def test_inline_output_equals_the_engine_threads(engine: EngineLoop) -> None:
-    queued = EngineLoop(ThreadRecorder)
+class ThreadNoting:
+    """Any backend, noting which thread ran each call (here: a real llama.cpp shard)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.threads: list[int] = []
+
+    @property
+    def shape(self) -> ShardShape:
+        return self.backend.shape
+
+    def run(self, batch: list[StepInput]) -> list[StepOutput]:
+        self.threads.append(threading.get_ident())
+        return self.backend.run(batch)
+
+    def truncate(self, slot: int, position: int) -> None:
+        self.backend.truncate(slot, position)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def noted(loop: EngineLoop) -> ThreadNoting:
+    backend = loop.backend
+    if not isinstance(backend, ThreadNoting):
+        raise TypeError(f"expected the thread-noting backend, got {backend!r}")
+    return backend
+
+
+def emitted(output: StepOutput) -> bytes:
+    """What the shard hands on (a head's hidden rows, a full model's logits), as raw bytes."""
+    rows = output.hidden if output.hidden is not None else output.logits
+    assert rows is not None and rows.dtype == np.float32
+    return rows.tobytes()
+
+
+@pytest.mark.parametrize("layers", [LayerRange(0, 2), LayerRange(0, 4)], ids=["head-hidden", "full-logits"])
+async def test_inline_output_equals_the_engine_threads(
+    layers: LayerRange, tiny_model: Path, small_llama_config: LlamaConfig, tmp_path: Path
+) -> None:
+    # The same llama.cpp shard, twice: one loop runs the lone decode steps on this thread, the
+    # other on its engine thread. Their outputs must agree to the bit at every step.
+    from meshnet.engine.shards import open_llama_shard
+
+    source, cache = describe_model(tiny_model), SliceCache(tmp_path / "cache")
+
+    def shard() -> Callable[[], Backend]:
+        return lambda: ThreadNoting(open_llama_shard(source, layers, cache, small_llama_config))
+
+    inline, queued = EngineLoop(shard(), inline_decode=True), EngineLoop(shard())
+    await asyncio.to_thread(inline.start)
     await asyncio.to_thread(queued.start)
     try:
-        for loop in (engine, queued):
-            await loop.run_step(step(0, 0, 1, 2))
-        inline = await engine.run_step(step(0, 2, 5))
-        through_queue = await queued.run_step(step(0, 2, 5))
-        assert inline.hidden is not None and through_queue.hidden is not None
-        assert inline.hidden is not None and through_queue.hidden is not None
-        assert bit_identical(inline.hidden, through_queue.hidden)
-        assert recorder(engine).threads[-1] != recorder(queued).threads[-1]
+        caller = threading.get_ident()
+        prompt = step(0, 0, 11, 12, 13, 14, 15)
+        assert emitted(await inline.run_step(prompt)) == emitted(await queued.run_step(prompt))
+        for position, token in enumerate((21, 7, 99, 3, 64), start=5):
+            decode = step(0, position, token)
+            assert emitted(await inline.run_step(decode)) == emitted(await queued.run_step(decode)), position
+        assert noted(inline).threads[1:] == [caller] * 5  # the decode steps did run inline
+        assert caller not in noted(queued).threads
     finally:
+        await asyncio.to_thread(inline.stop)
         await asyncio.to_thread(queued.stop)
 
 

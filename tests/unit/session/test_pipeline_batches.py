@@ -1,6 +1,11 @@
 """Batches on a pipelined route: a shard of a longer route runs every ready decode step at once
 (work-conserving), while a shard that is a whole route by itself still waits briefly for the
-steps its last batch answered; the expected-session count that sizes that wait."""
+steps its last batch answered; the expected-session count that sizes that wait.
+
+``FakeBackend`` stands in for llama.cpp: it shows the loop's scheduling (chunks, batches,
+deadlines, failures), not numerics or KV isolation; that a batch computes exactly what each step
+computes alone is tests/unit/engine/test_engine_sessions.py, on real llama.cpp.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,10 @@ truncation, failures and shutdown, with the counters metrics read.
 
 The loop thread drains its whole inbox before it plans a tick, so tests that need several
 items in one tick hold the thread in a ``call`` (``Held``) while they queue them.
+
+``FakeBackend`` stands in for llama.cpp: it shows the loop's scheduling (chunks, batches,
+deadlines, failures), not numerics or KV isolation; that a batch computes exactly what each step
+computes alone is tests/unit/engine/test_engine_sessions.py, on real llama.cpp.
 """
 
 from __future__ import annotations

@@ -88,6 +88,8 @@ class Lab:
         """Held from ``build`` to ``close``: while it is, no other lab removes or reuses this tag."""
         self.plan: LabPlan | None = None
         self.groups: dict[tuple[int, str], cgroups.NodeGroups] = {}
+        self.layout: cgroups.CgroupLayout | None = None
+        """The host's cgroup hierarchy (v1 or v2), found before anything is built."""
         self.components: list[ChildProcess] = []
         self.logs = config.data_dir / "lab" / config.tag / "logs"
 
@@ -95,6 +97,7 @@ class Lab:
 
     def build(self) -> LabPlan:
         system.check_privileges()
+        self.layout = cgroups.detect_layout()  # refused here, before half a lab exists
         config = self.config
         check_tag(config.tag)
         # Claim first: what carries this tag's names is then a dead lab's leftovers, never a live lab.
@@ -112,9 +115,11 @@ class Lab:
             )
             system.build_network(self.plan)
         for node in self.plan.nodes:
-            self.groups[node.index, "worker"] = cgroups.make_node_groups(self.plan, node)
+            self.groups[node.index, "worker"] = cgroups.make_node_groups(self.plan, node, layout=self.layout)
         head = self.plan.nodes[0]
-        self.groups[head.index, "control"] = cgroups.make_node_groups(self.plan, head, role="control")
+        self.groups[head.index, "control"] = cgroups.make_node_groups(
+            self.plan, head, role="control", layout=self.layout
+        )
         self.logs.mkdir(parents=True, exist_ok=True)
         return self.plan
 
@@ -122,7 +127,7 @@ class Lab:
         """Another group on ``node`` with the node's cap, for a process apart from its worker."""
         if self.plan is None:
             raise Unavailable("the lab's network is not built")
-        groups = cgroups.make_node_groups(self.plan, node, role=role)
+        groups = cgroups.make_node_groups(self.plan, node, role=role, layout=self.layout)
         self.groups[node.index, role] = groups
         return groups
 
