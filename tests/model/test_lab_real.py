@@ -404,7 +404,7 @@ def _wait_every_node_healthy(the_lab: Lab, swarm: LabSwarm, within_s: float = 30
     async def healthy() -> set[str]:
         async with TrackerClient(swarm.tracker, timeout_s=2.0, security=admin) as client:
             table = await client.list_nodes()
-        return {n.address for n in table.nodes if node_health(n, table.heartbeat_interval_s) == "healthy"}
+        return {n.record.address for n in table.nodes if node_health(n, table.heartbeat_interval_s) == "healthy"}
 
     deadline = time.monotonic() + within_s
     while not set(swarm.advertised.values()) <= (found := asyncio.run(healthy())):
