@@ -349,13 +349,6 @@ LINK_DOWN_ENDS_WITHIN_S = 5.0
 """The README's promise for a node whose link goes down with its process alive."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known bug: the failover's replay is refused by the tail with permission_denied ('this session "
-    "belongs to another party'): the tail still holds the session the cut middle opened (no FIN/RST crosses "
-    "a downed link), so the spare's opening frame is another opener's. Remove this mark with the fix.",
-)
 def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: str) -> None:
     # The status contract (reliability.md) for a worker lost mid-stream: fail over, or, only
     # if recovery fails, the SSE error `worker_lost` (UNAVAILABLE) and [DONE]; within 5 s

@@ -40,8 +40,9 @@ class ShardServicer(pb.ShardServicer):
         self.shard = shard
         self._security = security
         """None only on a loopback development worker (``--insecure``): then nobody is checked."""
-        self._openers: dict[SessionId, str] = {}
-        """Who opened each live session (its stream's peer): the only party that may end it."""
+        self._openers: dict[SessionId, tuple[str, int]] = {}
+        """Who opened each live session (its stream's peer), on which route epoch: the only party
+        that may end it, or open it again, unless a newer route takes it over."""
 
     async def _admit(
         self, context: grpc.aio.ServicerContext, rpc: str, session_id: SessionId | None = None
@@ -51,7 +52,8 @@ class ShardServicer(pb.ShardServicer):
             return None
         try:
             peer = self._security.peer(context)
-            opener = self._openers.get(session_id) if session_id is not None else None
+            held = self._openers.get(session_id) if session_id is not None else None
+            opener = None if held is None else held[0]
             revoked = self._security.revocations.current()
             enforce(authorize_shard(peer, rpc, session_opener=opener, revoked=revoked))
         except MeshnetError as error:
@@ -86,6 +88,13 @@ class ShardServicer(pb.ShardServicer):
         await self._admit(context, rpc, end.session_id)
         return await self.shard.end(end.session_id, end.reason or default_reason)
 
+    def _check_owner(self, key: SessionId, epoch: int, opener: str | None) -> None:
+        """A session held here belongs to the party that opened it; only an opening frame of a
+        newer route epoch may take its id over (``Shard._supersede``: the failover of its route)."""
+        held = self._openers.get(key)
+        if held is not None and held[0] != opener and epoch <= held[1]:
+            raise PermissionDenied("this session belongs to another party")
+
     async def RingReturn(self, request: pb.RingOpen, context: grpc.aio.ServicerContext) -> None:
         # Only a swarm worker (the route's head) reads a ring; the request id it must name is
         # known only to the route's own shards. A coroutine writing with ``context.write`` (not
@@ -111,13 +120,13 @@ class ShardServicer(pb.ShardServicer):
             while (message := await stream.next_frame(frames)) is not None:
                 frame = frame_from_proto(message, self.shard.limits)
                 if stream.session_id is None:  # the opening frame: whose session, and may it start here
-                    if self._openers.get(frame.meta.session_id, opener) != opener:
-                        raise PermissionDenied("this session belongs to another party")
+                    self._check_owner(frame.meta.session_id, frame.meta.route_epoch, opener)
                     if caller is not None:
                         enforce(authorize_opening(caller, frame.meta.layers.start))
+                opening = stream.session_id is None
                 result = await stream.run(frame)
-                if opener is not None:
-                    self._openers[frame.meta.session_id] = opener
+                if opener is not None and opening and stream.epoch is not None:
+                    self._openers[frame.meta.session_id] = (opener, stream.epoch)
                 async for answer in stream.answers(frame, result):
                     yield result_to_proto(answer)
         except MeshnetError as error:
@@ -127,8 +136,8 @@ class ShardServicer(pb.ShardServicer):
             # the sender's malformed input (INVALID_ARGUMENT), not a server fault (UNKNOWN).
             failure = InvalidArgument(f"the frame is not a valid StepRequest: {error}")
         finally:
-            if stream.session_id is not None:
-                self._openers.pop(stream.session_id, None)
+            if stream.session_id is not None and self._openers.get(stream.session_id) == (opener, stream.epoch):
+                del self._openers[stream.session_id]  # unless a newer route took the id over
             await stream.end(failure)
         if failure is not None:
             log.info("session %s failed: [%s] %s", stream.session_id, failure.code, failure.message)

@@ -34,6 +34,8 @@ class SessionStream:
         self._deadline = stream_deadline
         self.session_id: SessionId | None = None
         """Set once a frame of this stream succeeded: only then does the session belong to it."""
+        self.epoch: int | None = None
+        """The route epoch the session was opened on: a newer route may take the id over here."""
 
     async def next_frame(self, frames: AsyncIterator[M]) -> M | None:
         """The next upstream frame (None at the end of the stream); raises why the downstream
@@ -53,7 +55,7 @@ class SessionStream:
         if self.session_id is not None and frame.meta.session_id != self.session_id:
             raise InvalidArgument("one stream carries one session; open a new stream for another")
         result = await self._shard.handle(frame, self._deadline)
-        self.session_id = frame.meta.session_id
+        self.session_id, self.epoch = frame.meta.session_id, frame.meta.route_epoch
         return result
 
     async def answers(self, frame: StepFrame, result: StepResult) -> AsyncIterator[StepResult]:
@@ -73,9 +75,9 @@ class SessionStream:
         if key is None:
             return
         if failure is not None:
-            self._shard.fail_ring(key, failure)
+            self._shard.fail_ring(key, failure, epoch=self.epoch)
         reason = "stream ended" if failure is None else f"stream failed: {failure.code}"
         try:
-            await self._shard.end(key, reason)
+            await self._shard.end(key, reason, epoch=self.epoch)
         except MeshnetError:
             log.exception("releasing session %s failed", key)

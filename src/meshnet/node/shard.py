@@ -84,6 +84,8 @@ class Shard(Generic[S]):
         """Run one frame of a session; the caller owns the stream the session lives on."""
         meta = frame.meta
         self._check(frame)
+        if meta.cache == "new" and meta.step == 0:
+            await self._supersede(meta.session_id, meta.route_epoch)
         if meta.cache == "new" and meta.step == 0 and meta.session_id not in self._table:
             session = await self._open(frame, stream_deadline)
             try:
@@ -92,6 +94,18 @@ class Shard(Generic[S]):
                 await self.end(meta.session_id, "its opening frame failed")
                 raise
         return await self._run(self._table.get(meta.session_id), frame)
+
+    async def _supersede(self, key: SessionId, epoch: int) -> None:
+        """An opening frame of a newer route for a session held here ends the held one.
+
+        The tracker moves the epoch on whenever a session's route changes, and a failover replays
+        the session onto its new route under the same id; a shard kept on the new route may still
+        hold the session the lost route opened (nothing reaches it over a link that went down), and
+        its KV and links are worthless now. A repeated opening frame (same epoch) is not a newer
+        route: it is answered again as any repeated step."""
+        held = self._table.find(key)
+        if held is not None and epoch > held.epoch:
+            await self.end(key, f"superseded by the session's route of epoch {epoch}")
 
     def continue_decoding(
         self, frame: StepFrame, result: StepResult, stream_deadline: float | None
@@ -187,16 +201,22 @@ class Shard(Generic[S]):
     def _state(self, key: SessionId) -> S | None:
         return self._table.get(key).state if key in self._table else None
 
-    def fail_ring(self, key: SessionId, error: MeshnetError) -> None:
-        """The session's stream failed on this tail: tell the head reading its ring why."""
-        state = self._state(key)
-        if isinstance(state, TailState):
-            state.ring.fail(error)
+    def fail_ring(self, key: SessionId, error: MeshnetError, *, epoch: int | None = None) -> None:
+        """The session's stream failed on this tail: tell the head reading its ring why (with
+        ``epoch``, only if the session held here is the one opened on that route epoch)."""
+        session = self._table.find(key)
+        if session is not None and epoch in (None, session.epoch) and isinstance(session.state, TailState):
+            session.state.ring.fail(error)
 
     # -- session ends -------------------------------------------------------------------
 
-    async def end(self, key: SessionId, reason: str) -> bool:
-        """Free the session's KV here and let go of its state; False if it was not here."""
+    async def end(self, key: SessionId, reason: str, *, epoch: int | None = None) -> bool:
+        """Free the session's KV here and let go of its state; False if it was not here. With
+        ``epoch``, only the session opened on that route epoch: a stream ends its own session,
+        never the one a newer route opened under the same id (``_supersede``)."""
+        held = self._table.find(key)
+        if held is None or (epoch is not None and held.epoch != epoch):
+            return False
         session = self._table.close(key, reason=reason)
         if session is None:
             return False

@@ -113,6 +113,10 @@ class SessionTable(Generic[S]):
         self._gone.pop(key, None)
         return session, evicted
 
+    def find(self, key: SessionId) -> Session[S] | None:
+        """The session if it is held here (``get`` raises ``CacheMiss`` instead)."""
+        return self._sessions.get(key)
+
     def get(self, key: SessionId) -> Session[S]:
         session = self._sessions.get(key)
         if session is None:

@@ -1,0 +1,93 @@
+"""A failover reopens a session under its id on a newer route: a shard kept on the new route that
+still holds the lost route's session (nothing reached it over a link that went down) gives it up
+to the newer route, and the lost route's stream, when it finally ends, frees nothing of the new one.
+
+The tail here runs ``FakeBackend`` (``worker_shards``): it shows the session bookkeeping, not
+llama.cpp numerics; tests/model/test_lab_real.py takes a real link down in the lab and checks the
+failover's output against the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from worker_shards import FINGERPRINT, Route, start_route
+
+from meshnet.core.errors import PermissionDenied, RouteStale
+from meshnet.core.generation import SamplingParams
+from meshnet.core.ids import RequestId, SessionId
+from meshnet.node.servicer import ShardServicer
+from meshnet.node.session_stream import SessionStream
+from meshnet.wire.frames import FrameMeta, StepFrame
+
+SESSION = SessionId("s-takeover")
+ROWS = 3
+
+
+@pytest.fixture
+async def route() -> AsyncIterator[Route]:
+    started = await start_route(((0, 3), (3, 6)))
+    yield started
+    await started.close()
+
+
+def tail_frame(route: Route, epoch: int, *, step: int = 0, position: int = 0, rows: int = ROWS) -> StepFrame:
+    """A frame into the tail as a middle forwards it: the opening one down the chain, later ones
+    on the ring."""
+    tail = route.shards[1]
+    opening = step == 0
+    meta = FrameMeta(
+        RequestId("r-takeover"),
+        SESSION,
+        epoch,
+        FINGERPRINT,
+        tail.shape.layers,
+        "prefill" if opening else "decode",
+        position,
+        step,
+        "new" if opening else "continue",
+        deadline_ms=5000,
+    )
+    hidden = np.full((rows, tail.shape.n_embd), 0.25 * (position + 1), np.float32)
+    return StepFrame(
+        meta, hidden=hidden, sampling=SamplingParams() if opening else None, final_chunk=True, ring=not opening
+    )
+
+
+async def test_a_newer_route_takes_the_session_over_and_the_lost_streams_end_frees_nothing_of_it(
+    route: Route,
+) -> None:
+    tail = route.shards[1]
+    lost = SessionStream(tail, None)
+    first = await lost.run(tail_frame(route, epoch=1))
+    replacement = SessionStream(tail, None)
+    again = await replacement.run(tail_frame(route, epoch=2))
+    assert again.token_id == first.token_id and tail.open_sessions == 1
+    await lost.end(None)  # the lost route's stream ends at last: the session is the new route's now
+    assert tail.open_sessions == 1
+    await replacement.run(tail_frame(route, epoch=2, step=1, position=ROWS, rows=1))
+    await replacement.end(None)
+    assert tail.open_sessions == 0
+
+
+async def test_an_older_or_repeated_opening_takes_nothing_over(route: Route) -> None:
+    tail = route.shards[1]
+    held = SessionStream(tail, None)
+    first = await held.run(tail_frame(route, epoch=2))
+    with pytest.raises(RouteStale):
+        await SessionStream(tail, None).run(tail_frame(route, epoch=1))
+    repeated = await SessionStream(tail, None).run(tail_frame(route, epoch=2))
+    assert repeated == first  # answered again, not run again
+    assert tail.open_sessions == 1
+    await held.end(None)
+
+
+def test_only_a_newer_route_may_open_another_partys_session_again(route: Route) -> None:
+    servicer = ShardServicer(route.shards[1], None)
+    servicer._openers[SESSION] = ("w-a", 2)
+    with pytest.raises(PermissionDenied):
+        servicer._check_owner(SESSION, 2, "w-b")
+    servicer._check_owner(SESSION, 3, "w-b")  # the failover's new route
+    servicer._check_owner(SESSION, 2, "w-a")  # the opener itself, repeating its opening frame
