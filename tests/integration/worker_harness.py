@@ -74,7 +74,8 @@ class WorkerSpec:
     def config(self, data_dir: Path) -> WorkerConfig:
         """``data_dir`` is this worker's own: workers starting at once in one data dir race on the
         slice cache's source-hash index (a shared ``.partial`` file)."""
-        given = {
+        given: dict[str, Any] = {"port": 0}
+        given |= {
             name: value
             for name, value in (
                 ("max_sessions", self.max_sessions),
@@ -89,7 +90,6 @@ class WorkerSpec:
             model=self.model,
             layer_choice=LayerChoice(self.layers),
             data_dir=data_dir,
-            port=0,
             fake=fake,
             **{**given, **self.settings},
         )

@@ -54,4 +54,4 @@ def _feed_forward_width(model: GGUFFile, adapter: ArchitectureAdapter) -> int:
     """The dense feed-forward width, or the active experts' together when wider (MoE)."""
     dense = widest(model.get(adapter.key("feed_forward_length"), 0))
     used = widest(model.get(adapter.key("expert_used_count"), 0))
-    return max(dense, int(model.get(adapter.key("expert_feed_forward_length"), 0)) * used)
+    return max(dense, widest(model.get(adapter.key("expert_feed_forward_length"), 0)) * used)

@@ -78,3 +78,15 @@ def test_auto_layers_get_a_range_whose_plan_keeps_every_session(model: Path, bud
         assert plan.max_sessions == asking.max_sessions, layers
         assert sessions_within(memory_footprint(model), layers, asking.memory_load(), int(budget_mib * MIB)) == 8
         served.append(ServedSpan(layers, 1.0))
+
+
+@pytest.mark.parametrize("architecture", ["qwen3moe", "gemma3"])
+def test_per_layer_counts_are_read_at_their_widest(architecture: str, tmp_path: Path) -> None:
+    # qwen3moe and gemma3 may store counts per layer (arrays): the footprint sizes from the
+    # widest layer, so a worker of such a model plans its capacity instead of failing to start.
+    spec = SyntheticSpec(architecture=architecture, per_layer_arrays=True, tied_embeddings=False)
+    path = write_synthetic_model(tmp_path / f"{architecture}.gguf", spec)
+    footprint = memory_footprint(path)
+    assert footprint.n_ff >= spec.n_ff
+    config = _config(path, LayerRange(0, describe_model(path).n_layers), None, sessions=2)
+    assert plan_worker_capacity(config, describe_model(path)).max_sessions == 2
