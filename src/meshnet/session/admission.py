@@ -108,10 +108,8 @@ def decide_admission(
         own = [u for u in stale if u.opener == opener]
         if own:
             return Admit(evict=_least_recent(own))
-        if held[opener] == len(uses):  # alone on the shard: its own sessions are all active
-            return Reject(f"all {policy.max_sessions} KV slots hold active sessions")
         return Reject(
-            f"this peer holds {held[opener]} of the shard's {policy.max_sessions} sessions, at or over its bound "
+            f"all {policy.max_sessions} KV slots are taken, {held[opener]} by this peer: at or over its bound "
             f"of {bound} (session share {peers.share:g})"
         )
     if stale:

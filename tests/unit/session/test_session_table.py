@@ -94,7 +94,7 @@ def test_a_busy_session_is_never_evicted() -> None:
     first, _ = open_session(table, "a")
     first.busy = True
     clock.now = 100.0
-    with pytest.raises(ResourceExhausted, match="KV slots hold active sessions"):
+    with pytest.raises(ResourceExhausted, match="KV slots are taken"):
         open_session(table, "b")
     assert table.get(SessionId("a")) is first
 
