@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from meshnet.core.errors import MeshnetError, Unauthenticated, Uncertified
+from meshnet.core.errors import MeshnetError, StorageUnavailable, Unauthenticated, Uncertified
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
@@ -122,6 +122,7 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
         record, node_id = wire.registration_from_proto(request)
+        known_epoch = wire.known_epoch_from_proto(request)
         # Secured, the id must be the certificate's (``authorize_tracker``): one node, one id.
         self.admit(context, "Register", node_id)
         try:
@@ -130,7 +131,13 @@ class TrackerServicer(services.TrackerServicer):
             await self.persist_epoch()  # a stale entry at its address may have left routes
             logger.warning("%s", refused.message)
             raise
-        await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
+        self._registry.adopt_epoch(known_epoch)  # after a restart without our state: above the node's
+        try:
+            await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
+        except StorageUnavailable as error:
+            # The table of nodes seen is history, not what routes read: a full disk must not
+            # keep a node out. The epoch below is what must be durable before the reply.
+            logger.warning("node %s registered but not recorded: %s", node_id, error.message)
         await self.persist_epoch()
         logger.info(
             "node %s registered: %s layers %s of %s (certification %s)",
