@@ -167,6 +167,7 @@ class WorkReporter:
 
     async def _persist(self, record: WorkRecord) -> None:
         await _uninterrupted(asyncio.to_thread(self._outbox.put, record))  # on disk before it is sent
+        self._note(await asyncio.to_thread(self._outbox.stats))  # /metrics counts it while the flusher waits
         self._kick()
 
     def _kick(self) -> None:

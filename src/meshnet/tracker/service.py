@@ -107,11 +107,21 @@ class TrackerServicer(services.TrackerServicer):
         epoch = self._registry.epoch
         if epoch > self._saved_epoch:
             self._saved_epoch = epoch
-            self._epoch_write = asyncio.ensure_future(self._store.call(self._store.store.save_epoch, epoch))
+            self._epoch_write = asyncio.ensure_future(self._save_epoch(epoch))
         if self._epoch_write is not None:
             # The latest write covers every smaller epoch (writes run in order); shield it so a
             # cancelled caller does not cancel a write another reply is waiting for.
             await asyncio.shield(self._epoch_write)
+
+    async def _save_epoch(self, epoch: int) -> None:
+        try:
+            await self._store.call(self._store.store.save_epoch, epoch)
+        except StorageUnavailable:
+            # Not durable (a full disk): the next reply writes it again, rather than every reply
+            # failing on this one write for ever once the disk is back.
+            if self._saved_epoch == epoch:
+                self._saved_epoch = epoch - 1
+            raise
 
     def admit(self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None) -> PeerIdentity | None:
         """The caller, if ``rpc`` is allowed to it (raises Unauthenticated / PermissionDenied)."""

@@ -157,7 +157,7 @@ async def test_metrics_show_the_depth_the_age_and_the_limit(tmp_path: Path) -> N
     reporter = WorkReporter(tracker, policy, outbox, clock=lambda: now[0])
     for name in "xyz":
         reporter.file(record(name))
-    await until(lambda: reporter.figures()["outbox_records"] == 3)
+    await until(lambda: reporter.figures()["outbox_records"] == 3 and reporter.counts["retried"] >= 3)
     now[0] += 30.0
     figures = reporter.figures()
     assert (figures["outbox_oldest_seconds"], figures["outbox_limit"], figures["outbox_over_limit"]) == (30, 2, 1)
