@@ -77,6 +77,13 @@ class IntegrityError(MeshnetError):
     code = "integrity_error"
 
 
+class StorageDamaged(IntegrityError):
+    """A database that fails its integrity check: it is never served or written to, so an
+    operator can restore or recover it (the message names the file and what to do)."""
+
+    code = "storage_damaged"
+
+
 class FailedPrecondition(MeshnetError):
     """A well-formed request that does not fit the current state (stale epoch, position gap)."""
 
@@ -120,6 +127,14 @@ class Unreachable(Unavailable):
     """A control-plane service (tracker, gateway) cannot be reached: nothing was lost."""
 
     code = "unreachable"
+
+
+class StorageUnavailable(Unavailable):
+    """A component's own storage failed (disk full, I/O error, database locked): nothing was
+    stored, and the same call succeeds once the disk is back, so callers keep what they sent
+    and retry it."""
+
+    code = "storage_unavailable"
 
 
 class NoRoute(Unavailable):
