@@ -10,7 +10,10 @@ for each step by what the route's nodes measured (``core.step_budget``) and fail
 
 - with spares for every range, the client sees the failover and the answer equals the
   whole-model reference; the lost route's sessions, the wedged one included, are freed;
-- without spares, the stream ends with a typed ``worker_lost`` error and ``[DONE]``.
+- without spares, the stream ends with a typed ``worker_lost`` error and ``[DONE]``;
+- an honest slow step is not cut: a middle that measured itself slow (``slow_worker.py``) runs a
+  230-token prefill chunk in ~7 s, longer than the budget's floor, and the answer comes through
+  without a failover, because the budget grows with what the step's tokens take at that speed.
 
 Real processes and certificates from the swarm CA (``swarm_harness``); the wedged tails run
 ``wedged_worker.py``, which wedges its first ring step 40 once the test removes a marker file.
@@ -21,11 +24,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from swarm_harness import (
+    LONG_PROMPT,
     PROMPT,
     Reference,
     SseResult,
@@ -42,6 +47,7 @@ from meshnet.core.step_budget import StepBudget
 pytestmark = pytest.mark.timeout(240)
 
 WEDGED = (sys.executable, str(Path(__file__).with_name("wedged_worker.py")))
+SLOW = (sys.executable, str(Path(__file__).with_name("slow_worker.py")))
 HEAD, MIDDLE, TAIL = "0:2", "2:4", "4:6"
 MAX_TOKENS = 120
 SEEN_WITHIN_S = 3 * StepBudget().floor_s
@@ -88,10 +94,15 @@ def base_url(swarm: Swarm) -> str:
 
 
 @pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[str]:
+def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
     ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref.text(ref.generate(ref.chat_tokens(PROMPT), MAX_TOKENS))
+    yield ref
     ref.close()
+
+
+@pytest.fixture(scope="module")
+def expected(reference: Reference) -> str:
+    return reference.text(reference.generate(reference.chat_tokens(PROMPT), MAX_TOKENS))
 
 
 def wedged_request(swarm: Swarm, base_url: str, marker: Path) -> tuple[SseResult, float]:
@@ -146,3 +157,24 @@ def test_a_wedged_tail_without_spares_ends_with_a_typed_error(swarm: Swarm, base
     assert error["code"] == "worker_lost" and error["retryable"], error
     assert seen_s <= SEEN_WITHIN_S
     wait_sessions_freed([worker.address for worker in swarm.live_workers()], 5.0, swarm.security)
+
+
+def test_an_honest_slow_prefill_chunk_is_not_cut(swarm: Swarm, base_url: str, reference: Reference) -> None:
+    max_tokens = 8
+    prompt = reference.chat_tokens(LONG_PROMPT)
+    expected = reference.text(reference.generate(prompt, max_tokens))
+    swarm.settle()
+    for middle in swarm.live_workers(MIDDLE):
+        middle.component.stop()
+    swarm.start_workers(MIDDLE, program=SLOW)
+    swarm.wait_routable(nodes=len(swarm.live_workers()))
+
+    body = chat_body(max_tokens, content=LONG_PROMPT)
+    started = time.monotonic()
+    result = read_sse(base_url, "/v1/chat/completions", body, headers=swarm.auth)
+    first_token_s = next(item.at for item in result.items if item.kind == "chunk" and item.text) - started
+    print(f"\nslow middle: {len(prompt)}-token prompt, first token after {first_token_s:.1f} s, no failover")
+    assert first_token_s > StepBudget().floor_s, "the prefill chunk must take longer than the budget's floor"
+    assert result.telemetry("route_health") == []
+    assert not [item for item in result.items if item.kind == "error"]
+    assert result.text == expected
