@@ -61,7 +61,7 @@ async def test_a_step_past_its_budget_fails_the_route_naming_it() -> None:
     with pytest.raises(Unavailable) as caught:
         await run_on(route()).within(answered_after(30.0), 41, 1, prefill=False)
     waited = time.monotonic() - started
-    assert 0.1 <= waited < 1.0, waited
+    assert 0.1 <= waited < 2.0, waited
     assert "step 41" in caught.value.message and "head:1, middle:1, tail:1" in caught.value.message
 
 
