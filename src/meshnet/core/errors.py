@@ -123,6 +123,12 @@ class Unavailable(MeshnetError):
     retryable = True
 
 
+class StepTimedOut(Unavailable):
+    """A route gave no answer to a step within the budget its nodes' measured speeds allow
+    (``core.step_budget``): a hop on it is hung, perhaps alive and answering health checks but
+    not computing. The client sees a lost worker (failed over, else ``worker_lost``)."""
+
+
 class Unreachable(Unavailable):
     """A control-plane service (tracker, gateway) cannot be reached: nothing was lost."""
 
