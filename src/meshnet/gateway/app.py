@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshnet.core.ids import RequestId, new_request_id
 from meshnet.gateway.admission import Admission
-from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read
+from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read, request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig, admission_limits
 from meshnet.gateway.errors import (
@@ -278,7 +278,7 @@ def _add_telemetry_routes(app: FastAPI, hub: TelemetryHub, guard: list[Any]) -> 
     def readable(request: Request, request_id: str) -> RequestId:
         # Another key's request is answered exactly like an unknown one: ids must not leak.
         wanted = RequestId(request_id)
-        if wanted not in hub or not may_read(hub.owner(wanted), request.state.api_key_name):
+        if wanted not in hub or not may_read(hub.owner(wanted), request_caller(request)):
             raise _telemetry_not_found(request_id)
         return wanted
 
