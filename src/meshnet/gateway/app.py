@@ -32,6 +32,8 @@ from meshnet.gateway.errors import (
     internal_error,
     validation_error,
 )
+from meshnet.gateway.grammars import GrammarBuilder
+from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
@@ -224,6 +226,8 @@ def _add_completion_routes(
     guard: list[Any],
 ) -> None:
     config = service.config
+    grammars = GrammarBuilder(config.grammar_timeout_seconds)
+    app.state.grammars = grammars
 
     async def cards() -> list[dict[str, Any]]:
         # The context a session really gets: the smaller of the model's and the current route's.
@@ -251,14 +255,14 @@ def _add_completion_routes(
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = service.resolve(body.model)
-        prepared = prepare_chat(body, codec, limits, config)
+        prepared = prepare_chat(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
 
     @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Response:
         body = parse_body(CompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = service.resolve(body.model)
-        prepared = prepare_text(body, codec, limits, config)
+        prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
 
 
