@@ -118,6 +118,15 @@ def _status(base_url: str, key: str) -> dict[str, Any]:
     return document
 
 
+def _first_streamed_status(base_url: str, key: str) -> dict[str, Any]:
+    """The first document of ``/v1/status/stream`` (the status page's feed) as ``key`` sees it."""
+    with httpx.stream("GET", base_url + "/v1/status/stream", headers=_bearer(key), timeout=30) as answer:
+        assert answer.status_code == 200
+        line = next(line for line in answer.iter_lines() if line.startswith("data: "))
+    document: dict[str, Any] = json.loads(line.removeprefix("data: "))
+    return document
+
+
 def _complete(base_url: str, key: str) -> str:
     answer = httpx.post(base_url + CHAT, json=chat_body(4, stream=False), headers=_bearer(key), timeout=60)
     assert answer.status_code == 200, answer.text
@@ -225,6 +234,8 @@ def test_status_and_telemetry_show_a_key_only_its_own_requests(gateway: tuple[st
     seen_by_bob = _status(base_url, bob)
     assert made not in _shown_request_ids(seen_by_bob)
     assert not seen_by_bob["billing"].get("prompt_tokens_total")  # bob made no request
+    assert made not in _shown_request_ids(_first_streamed_status(base_url, bob))
+    assert made in _shown_request_ids(_first_streamed_status(base_url, alice))
     for path in (f"/v1/telemetry/{made}", f"/v1/telemetry/{made}/events"):
         assert httpx.get(base_url + path, headers=_bearer(bob), timeout=30).status_code == 404
         assert httpx.get(base_url + path, headers=_bearer(alice), timeout=30).status_code == 200

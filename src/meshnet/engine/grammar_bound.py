@@ -15,6 +15,7 @@ once each, as the converter builds each referenced rule once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,8 +39,13 @@ class _Part:
     what: str = ""
 
 
+class _Exceeded(Exception):
+    """The running estimate passed the limit: the walk stops there (its cost is bounded too)."""
+
+
 class _Estimate:
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.total = BUILTIN_RULES_CHARS
         self.largest = _Part()
 
@@ -48,6 +54,8 @@ class _Estimate:
         self.total = min(self.total + chars, _CAP)
         if chars > self.largest.chars:
             self.largest = _Part(chars, what)
+        if self.total > self.limit:
+            raise _Exceeded
 
     def visit(self, schema: Any, name: str, depth: int) -> None:
         if depth > MAX_SCHEMA_DEPTH:
@@ -67,7 +75,7 @@ class _Estimate:
         if "const" in schema:
             self.add(2 * _json_chars(schema["const"]) + 8, f"const at {name}")
         if isinstance(schema.get("enum"), list):
-            self.add(sum(2 * _json_chars(value) + 4 for value in schema["enum"]), f"enum at {name}")
+            self.add(_bounded_sum(schema["enum"], self.limit), f"enum at {name}")
         self._visit_object(schema, name, depth)
         self._visit_array(schema, name, depth)
         self._visit_string(schema, name)
@@ -116,55 +124,60 @@ class _Estimate:
             self.add(_count(schema.get(keyword)) * 8, f"{keyword} {schema.get(keyword)} at {name}")
         pattern = schema.get("pattern")
         if isinstance(pattern, str):
-            self.add(pattern_chars(pattern), f"pattern {pattern[:40]!r} at {name}")
+            self.add(pattern_chars(pattern, self.limit), f"pattern {pattern[:40]!r} at {name}")
 
 
-def grammar_chars_estimate(schema: Mapping[str, Any]) -> tuple[int, str]:
-    """An upper estimate of the characters of ``schema``'s grammar, and its largest part."""
-    estimate = _Estimate()
-    estimate.visit(schema, "root", 0)
+def grammar_chars_estimate(schema: Mapping[str, Any], limit: int = _CAP) -> tuple[int, str]:
+    """An upper estimate of the characters of ``schema``'s grammar, and its largest part; the
+    walk stops as soon as the estimate passes ``limit`` (then only "more than ``limit``" is known)."""
+    estimate = _Estimate(limit)
+    with contextlib.suppress(_Exceeded):
+        estimate.visit(schema, "root", 0)
     return estimate.total, estimate.largest.what
 
 
 def check_grammar_size(schema: Mapping[str, Any], limit: int = MAX_GRAMMAR_CHARS) -> None:
-    """Refuse ``schema`` with ``GrammarTooLarge`` when its grammar would pass ``limit`` characters."""
-    total, largest = grammar_chars_estimate(schema)
+    """Refuse ``schema`` with ``GrammarTooLarge`` when its grammar would pass ``limit`` characters.
+
+    Every part of a schema adds at least 16 characters, so the walk stops within a few thousand
+    nodes however large the schema: the check costs milliseconds on the event loop."""
+    total, largest = grammar_chars_estimate(schema, limit)
     if total > limit:
         shown = f"{total}" if total < _CAP else f"over {_CAP}"
         raise GrammarTooLarge(
-            f"the JSON schema's grammar would be about {shown} characters (largest part: {largest}); "
+            f"the JSON schema's grammar would be at least about {shown} characters (largest part: {largest}); "
             f"this server builds grammars of at most {limit} characters: lower {', '.join(_REPEATED_KEYWORDS)}, "
             "pattern quantifiers, enums or optional properties"
         )
 
 
-def pattern_chars(pattern: str) -> int:
+def pattern_chars(pattern: str, limit: int = _CAP) -> int:
     """An upper estimate of the grammar of a ``pattern``: a quantifier repeats its atom (a group:
-    everything in it, so nested quantifiers multiply)."""
+    everything in it, so nested quantifiers multiply). Stops once past ``limit``."""
     groups = [0]
     last = 0  # the cost of the atom a quantifier would repeat
+    spent = 0  # everything added so far, each part once: the early stop's measure
     index = 0
-    while index < len(pattern):
+    while index < len(pattern) and spent <= limit:
         char = pattern[index]
-        if char == "{":
-            end = pattern.find("}", index)
-            end = len(pattern) - 1 if end < 0 else end
-            times = max((_count(part) for part in pattern[index + 1 : end].split(",")), default=0)
-            groups[-1] = min(groups[-1] + last * max(times, 1), _CAP)
-            last, index = min(last * max(times, 1), _CAP), end + 1
-            continue
-        if char in "*+?":
-            groups[-1] += last + 4
-            index += 1
-            continue
-        if char == "(":
+        end = pattern.find("}", index, index + 40) if char == "{" else -1
+        if end > 0:
+            times = max(1, max(_count(part) for part in pattern[index + 1 : end].split(",")))
+            added, last, index = min(last * times, _CAP), min(last * times, _CAP), end + 1
+        elif char in "*+?":
+            added, index = last + 4, index + 1
+        elif char == "(":
             groups.append(0)
-            last, index = 0, index + 1
+            last, index, spent = 0, index + 1, spent + 2  # the group's own brackets
             continue
-        atom, index = _atom(pattern, index, groups)
-        groups[-1] = min(groups[-1] + atom, _CAP)
-        last = atom
-    return min(sum(groups) + len(pattern), _CAP)
+        else:
+            closing = char == ")"
+            last, index = _atom(pattern, index, groups)
+            added = last
+            spent -= last - 4 if closing else 0  # a group's inside was counted as it came
+        groups[-1] = min(groups[-1] + added, _CAP)
+        spent = min(spent + added, _CAP)
+    return min(max(sum(groups), spent) + len(pattern), _CAP)
 
 
 def _atom(pattern: str, index: int, groups: list[int]) -> tuple[int, int]:
@@ -196,3 +209,13 @@ def _count(value: Any) -> int:
 
 def _json_chars(value: Any) -> int:
     return len(json.dumps(value))
+
+
+def _bounded_sum(values: list[Any], limit: int) -> int:
+    """The grammar of an enum's alternatives (each a quoted literal), counted until past ``limit``."""
+    total = 0
+    for value in values:
+        total += 2 * _json_chars(value) + 4
+        if total > limit:
+            break
+    return total

@@ -42,9 +42,8 @@ class GrammarBuilder:
         portal) starts over there, leaving the old child to the old loop's end."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._child is not None and self._child.returncode is None:
-                self._child.kill()  # its pipes die with the old loop; the child watcher reaps it
-            self._loop, self._child, self._lock = loop, None, asyncio.Lock()
+            self._abandon()  # its pipes die with the old loop
+            self._loop, self._lock = loop, asyncio.Lock()
 
     async def json_schema(self, schema: Mapping[str, Any]) -> OutputConstraint:
         """The constraint of ``schema``; typed errors (InvalidArgument and its kinds) for bad ones."""
@@ -62,6 +61,11 @@ class GrammarBuilder:
             except (OSError, ValueError, asyncio.IncompleteReadError) as error:
                 await self._stop()
                 raise EngineError(f"the grammar process failed: {error!r}") from None
+            except asyncio.CancelledError:
+                # The caller went away mid-build: the answer still on its way must never be read
+                # as the next schema's, so that child goes.
+                self._abandon()
+                raise
         return _constraint(reply)
 
     async def _ask(self, request: bytes) -> dict[str, Any]:
@@ -86,6 +90,11 @@ class GrammarBuilder:
         if not isinstance(reply, dict):
             raise ValueError("the grammar process answered something other than an object")
         return reply
+
+    def _abandon(self) -> None:
+        child, self._child = self._child, None
+        if child is not None and child.returncode is None:
+            child.kill()  # reaped by asyncio's child watcher
 
     async def _stop(self) -> None:
         child, self._child = self._child, None

@@ -77,3 +77,24 @@ def test_odd_values_are_counted_as_the_converter_would_or_not_at_all() -> None:
     # Non-integer counts repeat nothing in the estimate (the converter itself refuses them).
     for odd in ({"minItems": True}, {"minItems": "x"}, {"maxLength": -5}, {"pattern": "^((((a$"}, {"items": [1, 2]}):
         check_grammar_size(odd)
+
+
+BODY_SIZED: dict[str, dict[str, Any]] = {
+    "properties": {"type": "object", "properties": {f"a{i}": {} for i in range(80_000)}},
+    "enum": {"enum": list(range(150_000))},
+    "alternatives": {"anyOf": [{} for _ in range(200_000)]},
+    "groups": {"type": "string", "pattern": "^" + "(a)" * 300_000 + "$"},
+    "nesting": {"type": "string", "pattern": "^" + "(" * 400_000 + "a" + ")" * 400_000 + "$"},
+    "braces": {"type": "string", "pattern": "^" + "{" * 900_000 + "$"},
+}
+
+
+@pytest.mark.parametrize("kind", BODY_SIZED)
+def test_the_check_of_a_body_sized_schema_stops_early(kind: str) -> None:
+    # Run on the event loop, so its cost must stay small however large the schema (~1 MB each;
+    # a full walk took 0.3-2 s). Every part adds to the estimate: the walk stops past the limit.
+    schema = BODY_SIZED[kind]
+    started = time.perf_counter()
+    with pytest.raises(GrammarTooLarge):
+        check_grammar_size(schema)
+    assert time.perf_counter() - started < 0.25
