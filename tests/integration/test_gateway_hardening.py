@@ -51,6 +51,8 @@ STALL_BOUND_S = 3.0
 """Longest pause allowed in another client's stream while hostile schemas arrive. The tiny model
 streams a token every few ms; the old gateway paused ~4 s per hostile request (one build each;
 23.6 s for these three on a loaded machine)."""
+RSS_BOUND_MIB = 256
+"""Growth allowed of the gateway's memory over the hostile requests (the old gateway: +1 GiB each)."""
 GRAMMAR_TIMEOUT_S = 5.0
 """The grammar deadline of the gateway whose grammar process the test freezes."""
 SMALL_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -160,14 +162,18 @@ def test_a_hostile_schema_is_refused_naming_the_limit_and_never_stalls_another_c
                 sender.start()
 
     senders = [threading.Thread(target=send_hostile) for _ in range(3)]
+    gateway_process = psutil.Process(swarm.gateways[0].pid)
+    rss_before = _tree_rss(gateway_process)
     stream = read_sse(base_url, CHAT, chat_body(200), on_item=on_item, headers=swarm.auth)
     for sender in senders:
         sender.join(timeout=60)
     assert stream.status == 200 and stream.items[-1].kind == "done"
     assert len([item for item in stream.items if item.kind == "chunk"]) > 150  # the whole answer came
     gaps = [later.at - earlier.at for earlier, later in zip(stream.items, stream.items[1:], strict=False)]
-    print(f"\nother client's stream: {len(stream.items)} items, longest gap {max(gaps):.3f} s")
+    grown_mib = (_tree_rss(gateway_process) - rss_before) / 2**20
+    print(f"\nother client: {len(stream.items)} items, longest gap {max(gaps):.3f} s; RSS +{grown_mib:.0f} MiB")
     assert max(gaps) < STALL_BOUND_S
+    assert grown_mib < RSS_BOUND_MIB
     assert len(refusals) == 3
     for refusal in refusals:
         assert refusal.status_code == 400, refusal.text
@@ -177,6 +183,11 @@ def test_a_hostile_schema_is_refused_naming_the_limit_and_never_stalls_another_c
     # A schema of ordinary size is still served under its grammar.
     small = httpx.post(base_url + CHAT, json=_schema_body(SMALL_SCHEMA), headers=swarm.auth, timeout=60)
     assert small.status_code == 200, small.text
+
+
+def _tree_rss(process: psutil.Process) -> int:
+    """Resident bytes of a gateway and its children (the grammar process)."""
+    return sum(member.memory_info().rss for member in [process, *process.children(recursive=True)])
 
 
 def _grammar_process(gateway_pid: int) -> psutil.Process:
