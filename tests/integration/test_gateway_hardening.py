@@ -285,6 +285,18 @@ def test_an_unreachable_tracker_is_labelled_unreachable(swarm: Swarm, gateway: t
     finally:
         swarm.start_tracker(swarm.tracker_port)
         swarm.wait_routable(nodes=2)
+        _wait_served(base_url, swarm.auth)
+
+
+def _wait_served(base_url: str, auth: dict[str, str], timeout_s: float = 20.0) -> None:
+    """Until the gateway serves again: its channel reconnects to a restarted tracker with backoff."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = httpx.post(base_url + CHAT, json=chat_body(2, stream=False), headers=auth, timeout=60)
+        if answer.status_code == 200 or time.monotonic() > deadline:
+            assert answer.status_code == 200, answer.text
+            return
+        time.sleep(0.1)
 
 
 def test_a_worker_lost_with_the_tracker_unreachable_stays_worker_lost(swarm: Swarm, gateway: tuple[str, Path]) -> None:
