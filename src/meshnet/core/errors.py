@@ -65,6 +65,18 @@ class ChatTemplateMissing(InvalidArgument):
     code = "chat_template_missing"
 
 
+class GrammarTooLarge(InvalidArgument):
+    """A JSON schema whose grammar would exceed the size limit (refused before it is built)."""
+
+    code = "grammar_too_large"
+
+
+class GrammarTooComplex(InvalidArgument):
+    """A JSON schema whose grammar could not be built within the gateway's deadline."""
+
+    code = "grammar_too_complex"
+
+
 class ContextLengthExceeded(InvalidArgument):
     """Prompt plus max_tokens do not fit the per-session context of the shards on the route."""
 

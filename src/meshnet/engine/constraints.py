@@ -22,9 +22,10 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from meshnet.core.errors import EngineError, InvalidArgument
+from meshnet.core.errors import EngineError, GrammarTooLarge, InvalidArgument
 from meshnet.core.sampling_options import MAX_GRAMMAR_CHARS, OutputConstraint
 from meshnet.engine import llama_ffi
+from meshnet.engine.grammar_bound import check_grammar_size
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 """The layout of llama.cpp's ``llama_token_data``."""
@@ -39,14 +40,18 @@ def json_schema_constraint(schema: Mapping[str, Any]) -> OutputConstraint:
     """``response_format: {"type": "json_schema"}``: JSON that matches ``schema``.
 
     InvalidArgument when llama.cpp's converter cannot express the schema (for example a remote
-    ``$ref``), so the client hears it before any generation starts.
+    ``$ref``), so the client hears it before any generation starts; ``GrammarTooLarge`` when the
+    grammar would pass ``MAX_GRAMMAR_CHARS``, estimated from the schema before anything is built
+    (``grammar_bound``). The build is CPU work: a server runs it off its event loop
+    (``meshnet.engine.grammar_process``).
     """
+    check_grammar_size(schema)
     try:
         grammar = json_schema_to_gbnf(json.dumps(schema))
     except Exception as err:  # the converter raises ValueError, KeyError, AssertionError ...
         raise InvalidArgument(f"the JSON schema cannot be turned into a grammar: {err!r}") from None
     if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise InvalidArgument(f"the JSON schema's grammar is {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS}")
+        raise GrammarTooLarge(f"the JSON schema's grammar is {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS}")
     return OutputConstraint(grammar)
 
 

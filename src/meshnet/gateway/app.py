@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshnet.core.ids import RequestId, new_request_id
 from meshnet.gateway.admission import Admission
-from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read
+from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read, request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig, admission_limits
 from meshnet.gateway.errors import (
@@ -32,6 +32,8 @@ from meshnet.gateway.errors import (
     internal_error,
     validation_error,
 )
+from meshnet.gateway.grammars import GrammarBuilder
+from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
@@ -224,6 +226,8 @@ def _add_completion_routes(
     guard: list[Any],
 ) -> None:
     config = service.config
+    grammars = GrammarBuilder(config.grammar_timeout_seconds)
+    app.state.grammars = grammars
 
     async def cards() -> list[dict[str, Any]]:
         # The context a session really gets: the smaller of the model's and the current route's.
@@ -251,14 +255,14 @@ def _add_completion_routes(
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = service.resolve(body.model)
-        prepared = prepare_chat(body, codec, limits, config)
+        prepared = prepare_chat(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
 
     @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Response:
         body = parse_body(CompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = service.resolve(body.model)
-        prepared = prepare_text(body, codec, limits, config)
+        prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
 
 
@@ -278,7 +282,7 @@ def _add_telemetry_routes(app: FastAPI, hub: TelemetryHub, guard: list[Any]) -> 
     def readable(request: Request, request_id: str) -> RequestId:
         # Another key's request is answered exactly like an unknown one: ids must not leak.
         wanted = RequestId(request_id)
-        if wanted not in hub or not may_read(hub.owner(wanted), request.state.api_key_name):
+        if wanted not in hub or not may_read(hub.owner(wanted), request_caller(request)):
             raise _telemetry_not_found(request_id)
         return wanted
 

@@ -44,6 +44,9 @@ class GatewayConfig:
     """Retry-After on retryable 503s; the least one on overload, which adds the expected wait."""
     request_timeout_seconds: float = 300.0
     """Deadline of one request, from admission to its last token: 504 or a streamed timeout."""
+    grammar_timeout_seconds: float = 10.0
+    """Longest a ``json_schema`` grammar may take to build (in a child process, after the size
+    bound from the schema): then a 400 ``grammar_too_complex``, and the child is replaced."""
     cancel_grace_seconds: float = 2.0
     """How long closing a route session (on disconnect, stop sequence, deadline) may take."""
     progress_every_tokens: int = 8
@@ -81,6 +84,7 @@ class GatewayConfig:
                 raise InvalidArgument(f"gateway config: {name} must be at least 1, got {value}")
         positive_floats = {
             "request_timeout_seconds": self.request_timeout_seconds,
+            "grammar_timeout_seconds": self.grammar_timeout_seconds,
             "cancel_grace_seconds": self.cancel_grace_seconds,
             "progress_interval_seconds": self.progress_interval_seconds,
             "queue_timeout_seconds": self.queue_timeout_seconds,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.sampling_options import LogitAdjustments, LogprobRequest, OutputConstraint
-from meshnet.engine.constraints import json_object_constraint, json_schema_constraint
+from meshnet.engine.constraints import json_object_constraint
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import bad_request
+from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 
 Body = ChatCompletionBody | CompletionBody
@@ -54,17 +55,27 @@ def logit_adjustments(body: Body, vocab_size: int) -> LogitAdjustments:
         raise bad_request(err.code, err.message, "logit_bias") from None
 
 
-def output_constraint(body: Body) -> OutputConstraint | None:
+def output_constraint(body: Body, schema_constraint: OutputConstraint | None) -> OutputConstraint | None:
+    """The grammar ``response_format`` asks for; ``schema_constraint`` is the one
+    ``build_schema_constraint`` built for a ``json_schema``."""
     response_format = body.response_format
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
         return json_object_constraint()
-    if response_format.json_schema is None:
+    if schema_constraint is None:
         raise bad_request(
             "invalid_parameter", "response_format json_schema needs a json_schema object", "response_format"
         )
+    return schema_constraint
+
+
+async def build_schema_constraint(body: Body, grammars: GrammarBuilder) -> OutputConstraint | None:
+    """The grammar of a ``json_schema`` response format, built off the event loop; None otherwise."""
+    response_format = body.response_format
+    if response_format is None or response_format.type != "json_schema" or response_format.json_schema is None:
+        return None
     try:
-        return json_schema_constraint(response_format.json_schema.schema_)
+        return await grammars.json_schema(response_format.json_schema.schema_)
     except InvalidArgument as err:
         raise bad_request(err.code, err.message, "response_format") from None

@@ -14,6 +14,7 @@ from typing import Literal
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest, SamplingParams
+from meshnet.core.sampling_options import OutputConstraint
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import HttpError, bad_request
 from meshnet.gateway.openai_options import choice_count, logit_adjustments, logprob_request, output_constraint
@@ -68,8 +69,13 @@ def model_limits(model: str, codec: TextCodec, cards: Sequence[ModelCard]) -> Mo
 
 
 def prepare_chat(
-    body: ChatCompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig
+    body: ChatCompletionBody,
+    codec: TextCodec,
+    limits: ModelLimits,
+    config: GatewayConfig,
+    schema_constraint: OutputConstraint | None = None,
 ) -> PreparedRequest:
+    """The chat request the route serves; ``schema_constraint``: the built ``json_schema`` grammar."""
     _reject_unsupported(body)
     messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
     # Only the template's own markers become control tokens: text a user sends stays text.
@@ -78,13 +84,21 @@ def prepare_chat(
     except InvalidArgument as err:  # the template refused these messages
         raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
-    return _prepare(body, "chat", tokens, requested, codec, limits, config)
+    constraint = output_constraint(body, schema_constraint)
+    return _prepare(body, "chat", tokens, requested, codec, limits, config, constraint)
 
 
-def prepare_text(body: CompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig) -> PreparedRequest:
+def prepare_text(
+    body: CompletionBody,
+    codec: TextCodec,
+    limits: ModelLimits,
+    config: GatewayConfig,
+    schema_constraint: OutputConstraint | None = None,
+) -> PreparedRequest:
     _reject_unsupported(body)
     tokens = _prompt_tokens(body, codec)
-    return _prepare(body, "text", tokens, body.max_tokens, codec, limits, config)
+    constraint = output_constraint(body, schema_constraint)
+    return _prepare(body, "text", tokens, body.max_tokens, codec, limits, config, constraint)
 
 
 def _prepare(
@@ -95,6 +109,7 @@ def _prepare(
     codec: TextCodec,
     limits: ModelLimits,
     config: GatewayConfig,
+    constraint: OutputConstraint | None,
 ) -> PreparedRequest:
     if not tokens:
         raise bad_request("empty_prompt", "the prompt encodes to no tokens", "prompt")
@@ -103,7 +118,7 @@ def _prepare(
         generation = GenerationRequest(
             prompt_tokens=tuple(tokens),
             max_tokens=max_tokens,
-            sampling=_sampling(body, codec.vocab_size),
+            sampling=_sampling(body, codec.vocab_size, constraint),
             stop_tokens=codec.eos_token_ids,
             model=body.model,
             timeout_s=config.request_timeout_seconds,
@@ -150,7 +165,9 @@ def _completion_budget(prompt_tokens: int, requested: int | None, limits: ModelL
     return requested
 
 
-def _sampling(body: ChatCompletionBody | CompletionBody, vocab_size: int) -> SamplingParams:
+def _sampling(
+    body: ChatCompletionBody | CompletionBody, vocab_size: int, constraint: OutputConstraint | None
+) -> SamplingParams:
     temperature = 1.0 if body.temperature is None else body.temperature
     # Without a seed a sampled answer should differ between calls, as OpenAI's does; the seed is
     # drawn per request, never from shared state.
@@ -163,7 +180,7 @@ def _sampling(body: ChatCompletionBody | CompletionBody, vocab_size: int) -> Sam
         seed=seed,
         adjustments=logit_adjustments(body, vocab_size),
         logprobs=logprob_request(body),
-        constraint=output_constraint(body),
+        constraint=constraint,
     )
 
 

@@ -53,6 +53,8 @@ class GatewayServer:
         tls_key: Path | None = None,
     ) -> None:
         self._handle_signals = handle_signals
+        self._grammars = getattr(app.state, "grammars", None)
+        """The app's grammar child (``gateway.grammars``), stopped with the server."""
         self._config = uvicorn.Config(
             app,
             host=host,
@@ -120,6 +122,8 @@ class GatewayServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         finally:
+            if self._grammars is not None:
+                await self._grammars.close()
             if self._socket is not None:
                 self._socket.close()
             if self._handle_signals:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from meshnet.core.errors import Cancelled
 from meshnet.core.ids import RequestId
 from meshnet.gateway.admission import Admission, Lease, Refused
+from meshnet.gateway.auth import request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.choice_view import ChoiceView, ShownItem, TextDelta
 from meshnet.gateway.choices import RequestRun, choice_request_id
@@ -136,7 +137,7 @@ class CompletionService:
         logs of the requests being served.
         """
         preamble: list[ShownItem] = []
-        owner: str | None = getattr(request.state, "api_key_name", None)
+        owner = request_caller(request).key_id
 
         def on_queued(position: int) -> None:
             self.hub.open(request_id, model, owner)

@@ -163,6 +163,8 @@ class TelemetryHub:
     ) -> None:
         self.totals: dict[str, float] = {}
         """Counters over finished requests, for /metrics."""
+        self._owner_totals: dict[str | None, dict[str, float]] = {}
+        """The same counters per owner (API key id): what a key's own status page shows."""
         self._max_requests = max_requests
         self._max_events = max_events_per_request
         self._clock = clock
@@ -178,7 +180,7 @@ class TelemetryHub:
     def open(self, request_id: RequestId, model: str, owner: str | None = None) -> None:
         """Start the log of a newly admitted request, evicting to stay within the bound.
 
-        ``owner`` names the API key that made the request (None: made without keys).
+        ``owner`` is the id of the API key that made the request (None: made without keys).
         """
         while len(self._logs) >= self._max_requests:
             self._evict_one()
@@ -206,27 +208,29 @@ class TelemetryHub:
         if kind in TERMINAL_KINDS:
             log.finished = True
             self._finished_order[request_id] = None
-            self.totals[f"requests_{kind}_total"] = self.totals.get(f"requests_{kind}_total", 0.0) + 1
-            usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else None
-            if usage is not None:
-                for key in ("prompt_tokens", "completion_tokens", "billing_units"):
-                    value = usage.get(key)
-                    if isinstance(value, int | float):
-                        self.totals[f"{key}_total"] = self.totals.get(f"{key}_total", 0.0) + float(value)
+            for totals in (self.totals, self._owner_totals.setdefault(log.owner, {})):
+                _count_finished(totals, kind, data)
         log.wake_followers()
         return event
+
+    def totals_of(self, owner: str | None) -> dict[str, float]:
+        """The counters over the finished requests of one owner."""
+        return dict(self._owner_totals.get(owner, {}))
 
     def snapshot(self, request_id: RequestId) -> TelemetrySnapshot | None:
         log = self._logs.get(request_id)
         return None if log is None else log.snapshot
 
-    def recent(self, limit: int) -> list[tuple[TelemetrySnapshot, float]]:
-        """Up to ``limit`` requests with their age in seconds: live ones first, then the latest
-        finished ones (the status page's view)."""
+    def recent(
+        self, limit: int, visible: Callable[[str | None], bool] = lambda owner: True
+    ) -> list[tuple[TelemetrySnapshot, float]]:
+        """Up to ``limit`` requests whose owner is ``visible``, with their age in seconds: live
+        ones first, then the latest finished ones (the status page's view)."""
         now = self._clock()
         live = [log for log in self._logs.values() if not log.finished]
         done = [self._logs[rid] for rid in reversed(self._finished_order) if rid in self._logs]
-        return [(log.snapshot, now - log.started_at) for log in [*live, *done][:limit]]
+        shown = [log for log in [*live, *done] if visible(log.owner)]
+        return [(log.snapshot, now - log.started_at) for log in shown[:limit]]
 
     async def follow(self, request_id: RequestId) -> AsyncIterator[TelemetryEvent]:
         """Yield the request's kept events, then new ones live, until its terminal event."""
@@ -265,3 +269,14 @@ class TelemetryHub:
         log = self._logs.pop(victim)
         log.finished = True
         log.wake_followers()
+
+
+def _count_finished(totals: dict[str, float], kind: str, data: Mapping[str, Any]) -> None:
+    """Add one finished request (its terminal ``kind`` and usage) to ``totals``."""
+    totals[f"requests_{kind}_total"] = totals.get(f"requests_{kind}_total", 0.0) + 1
+    usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else None
+    if usage is not None:
+        for key in ("prompt_tokens", "completion_tokens", "billing_units"):
+            value = usage.get(key)
+            if isinstance(value, int | float):
+                totals[f"{key}_total"] = totals.get(f"{key}_total", 0.0) + float(value)

@@ -6,7 +6,7 @@ the gateway asks ``choose_route`` and files ``report_work``; fetchers ask ``find
 operators list nodes, quarantine and revoke. All of it goes through the one ``RenewingChannel``,
 so after a renewal every call presents the new certificate. Every unary call carries a deadline,
 and every failure arrives as a typed core error (``meshnet.wire.status``): ``NoRoute`` when the
-swarm cannot serve the model, ``Unavailable`` when the tracker cannot be reached,
+swarm cannot serve the model, ``Unreachable`` (an ``Unavailable``) when the tracker cannot be reached,
 ``DeadlineExceeded`` when it is too slow.
 
 Messages are built and read by the ``meshnet.wire`` conversion modules the tracker uses for the
@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
-from meshnet.core.errors import MeshnetError
+from meshnet.core.errors import MeshnetError, Unreachable
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
@@ -237,7 +237,7 @@ class TrackerClient:
             raise self._error(rpc_error) from rpc_error
 
     def _error(self, rpc_error: grpc.RpcError) -> MeshnetError:
-        error = error_from_rpc(rpc_error)
+        error = error_from_rpc(rpc_error, unreachable=Unreachable)
         return _with_context(error, f"tracker {self.address}: {error.message}")
 
 

@@ -27,6 +27,7 @@ from meshnet.core.errors import (
     RouteStale,
     StepTimedOut,
     Unavailable,
+    Unreachable,
 )
 from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest
@@ -247,8 +248,9 @@ class SwarmClient:
         log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
         try:
             return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
-        except NoRoute as no_route:
-            # The client-visible fact is the lost worker; the missing replacement is why it stays lost.
+        except (NoRoute, Unreachable) as no_route:
+            # The client-visible fact is the lost worker (the status contract's ``worker_lost``);
+            # no route, or no tracker to ask for one, is why it stays lost.
             raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:

@@ -83,12 +83,19 @@ async def abort_with(context: grpc.aio.ServicerContext, error: MeshnetError) -> 
     raise error
 
 
-def error_from_rpc(err: grpc.RpcError) -> MeshnetError:
-    """Rebuild the typed error a peer (or the gRPC library) ended a call with."""
+def error_from_rpc(err: grpc.RpcError, *, unreachable: type[Unavailable] = Unavailable) -> MeshnetError:
+    """Rebuild the typed error a peer (or the gRPC library) ended a call with.
+
+    ``unreachable`` is the error of an UNAVAILABLE the library raised itself (the peer could not
+    be reached): a lost worker for shard calls, ``Unreachable`` for control-plane services
+    (the tracker), where nothing was lost.
+    """
     status = _call(err, "code")
     details = _call(err, "details") or ""
     code = _metadata_value(_call(err, "trailing_metadata"), ERROR_CODE_KEY)
     error_type = _type_for_code(code) if code else None
+    if error_type is None and status == grpc.StatusCode.UNAVAILABLE:
+        error_type = unreachable
     if error_type is None:
         error_type = _TYPE_BY_STATUS.get(status, MeshnetError) if status else MeshnetError
     message = details or f"the peer ended the call with {getattr(status, 'name', 'no status')}"

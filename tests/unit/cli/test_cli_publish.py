@@ -29,7 +29,8 @@ def test_publish_makes_a_private_key_once_and_signs_with_it(tiny_model: Path, tm
 def test_fetch_without_a_tracker_is_a_typed_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fetch = ["--data-dir", str(tmp_path), "fetch", "--model-id", "tiny", "--layers", "0:2", "--tracker", "127.0.0.1:1"]
     assert main([*fetch, "--insecure"]) == 2
-    assert "meshnet fetch: error [worker_lost]" in capsys.readouterr().err
+    # README: a tracker that cannot be reached is `[unreachable]`, never `[worker_lost]`.
+    assert "meshnet fetch: error [unreachable]" in capsys.readouterr().err
     # Secured by default: with no identity and no invite it says how to get one.
     assert main(fetch) == 2
     assert "meshnet fetch: error [failed_precondition]: this node has no swarm identity" in capsys.readouterr().err

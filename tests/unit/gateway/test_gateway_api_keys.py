@@ -9,6 +9,7 @@ secured swarm test.
 
 from __future__ import annotations
 
+import sqlite3
 import ssl
 import subprocess
 from pathlib import Path
@@ -21,12 +22,14 @@ from gateway_doubles import test_config as gateway_config
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.gateway.app import create_app
-from meshnet.gateway.auth import bearer_token, may_read
+from meshnet.gateway.auth import OPERATOR, Caller, bearer_token, may_read
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import (
     KEY_PREFIX,
     ApiKeyStore,
+    KeyIdentity,
     ensure_client_key,
+    key_digest,
     read_client_key,
     store_path,
 )
@@ -37,6 +40,10 @@ pytestmark = pytest.mark.timeout(30)
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
+def _name(identity: KeyIdentity | None) -> str | None:
+    return None if identity is None else identity.name
+
+
 # -- the store -----------------------------------------------------------------------------------
 
 
@@ -44,14 +51,14 @@ def test_a_created_key_verifies_is_stored_only_hashed_and_revokes(tmp_path: Path
     store = ApiKeyStore(store_path(tmp_path))
     key = store.create("alice")
     assert key.startswith(KEY_PREFIX) and len(key) > 40
-    assert store.verify(key) == "alice"
+    assert _name(store.verify(key)) == "alice"
     assert store.verify(key + "x") is None and store.verify("") is None and store.verify(key[:-1]) is None
     assert store.path.stat().st_mode & 0o777 == 0o600
     assert key.encode() not in store.path.read_bytes()  # only the digest is kept
     other = store.create("bob")
-    assert other != key and store.verify(other) == "bob"
+    assert other != key and _name(store.verify(other)) == "bob"
     store.revoke("alice")
-    assert store.verify(key) is None and store.verify(other) == "bob"
+    assert store.verify(key) is None and _name(store.verify(other)) == "bob"
     assert [(info.name, info.active) for info in store.list()] == [("alice", False), ("bob", True)]
 
 
@@ -68,7 +75,36 @@ def test_store_refuses_bad_names_duplicates_and_unknown_revocations(tmp_path: Pa
     store.revoke("ci")
     with pytest.raises(InvalidArgument):
         store.revoke("ci")
-    assert store.verify(store.create("ci")) == "ci"  # a revoked name may be reused with a new key
+    assert _name(store.verify(store.create("ci"))) == "ci"  # a revoked name may be reused with a new key
+
+
+def test_keys_have_ids_never_reused_and_a_new_key_under_an_old_name_is_another_key(tmp_path: Path) -> None:
+    store = ApiKeyStore(store_path(tmp_path))
+    old = store.verify(store.create("carol"))
+    store.revoke("carol")
+    new = store.verify(store.create("carol", admin=True))
+    assert old is not None and new is not None
+    assert old.key_id.startswith("key-") and new.key_id != old.key_id
+    assert (old.admin, new.admin) == (False, True)
+    listed = [(info.name, info.key_id, info.admin, info.active) for info in store.list()]
+    assert listed == [("carol", old.key_id, False, False), ("carol", new.key_id, True, True)]
+
+
+def test_a_store_written_before_key_ids_keeps_its_keys_with_fresh_ids(tmp_path: Path) -> None:
+    path = store_path(tmp_path)
+    key, revoked = "mn-" + "a" * 43, "mn-" + "b" * 43
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE api_keys (name TEXT PRIMARY KEY, digest BLOB NOT NULL, created_at REAL NOT NULL, "
+            "revoked_at REAL)"
+        )
+        db.execute("INSERT INTO api_keys VALUES ('local', ?, 1.0, NULL)", (key_digest(key),))
+        db.execute("INSERT INTO api_keys VALUES ('old', ?, 2.0, 3.0)", (key_digest(revoked),))
+    store = ApiKeyStore(path)
+    local = store.verify(key)
+    assert local is not None and local.name == "local" and local.admin  # the operator's key
+    assert store.verify(revoked) is None
+    assert [(info.name, info.active) for info in store.list()] == [("local", True), ("old", False)]
 
 
 def test_client_key_file_is_private_reused_and_replaced_once_revoked(tmp_path: Path) -> None:
@@ -76,12 +112,12 @@ def test_client_key_file_is_private_reused_and_replaced_once_revoked(tmp_path: P
     assert path == tmp_path / "api-key" and path.stat().st_mode & 0o777 == 0o600
     key = read_client_key(tmp_path)
     store = ApiKeyStore(store_path(tmp_path))
-    assert store.verify(key) == "local"
+    assert _name(store.verify(key)) == "local" and store.verify(key).admin  # type: ignore[union-attr]
     assert ensure_client_key(tmp_path) == path and read_client_key(tmp_path) == key
     store.revoke("local")
     ensure_client_key(tmp_path)
     fresh = read_client_key(tmp_path)
-    assert fresh != key and store.verify(fresh) == "local" and store.verify(key) is None
+    assert fresh != key and _name(store.verify(fresh)) == "local" and store.verify(key) is None
 
 
 def test_reading_a_missing_client_key_is_a_clear_error(tmp_path: Path) -> None:
@@ -100,10 +136,12 @@ def test_bearer_token_parsing() -> None:
 
 
 def test_only_the_owner_reads_telemetry_and_anonymous_requests_are_open() -> None:
-    assert may_read("alice", "alice")
-    assert not may_read("alice", "bob")
-    assert not may_read("alice", None)
-    assert may_read(None, "bob") and may_read(None, None)
+    alice, bob = Caller("key-a"), Caller("key-b")
+    assert may_read("key-a", alice)
+    assert not may_read("key-a", bob)
+    assert not may_read("key-a", Caller(None))
+    assert may_read(None, bob) and may_read(None, Caller(None))
+    assert may_read("key-a", Caller("key-ops", admin=True)) and may_read("key-a", OPERATOR)
 
 
 def test_anonymous_serving_is_refused_off_loopback(tmp_path: Path) -> None:

@@ -157,6 +157,20 @@ def test_hub_evicts_oldest_finished_first() -> None:
     assert len(hub) == 3
 
 
+def test_hub_shows_and_counts_each_owner_its_own_requests() -> None:
+    hub = _hub(max_requests=8)
+    for request_id, owner, tokens in (("req-a", "key-a", 5), ("req-b", "key-b", 7), ("req-c", "key-a", 1)):
+        hub.open(RequestId(request_id), MODEL, owner)
+        hub.publish(RequestId(request_id), "completed", {"usage": {"prompt_tokens": tokens}})
+    hub.open(RequestId("req-live"), MODEL, "key-b")
+    shown = {snapshot.request_id for snapshot, _ in hub.recent(10, lambda owner: owner == "key-a")}
+    assert shown == {"req-a", "req-c"}
+    assert len(hub.recent(10)) == 4  # an admin's view: everything
+    assert hub.totals_of("key-a") == {"requests_completed_total": 2.0, "prompt_tokens_total": 6.0}
+    assert hub.totals_of("key-b")["prompt_tokens_total"] == 7.0 and hub.totals_of("key-new") == {}
+    assert hub.totals["prompt_tokens_total"] == 13.0
+
+
 def test_hub_keeps_milestones_when_dropping_progress() -> None:
     hub = _hub(max_events=5)
     request_id = RequestId("req-x")

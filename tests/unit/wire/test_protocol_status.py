@@ -28,6 +28,7 @@ from meshnet.core.errors import (
     StorageDamaged,
     StorageUnavailable,
     Unavailable,
+    Unreachable,
     UnsupportedArchitecture,
 )
 from meshnet.core.ids import SessionId
@@ -223,3 +224,14 @@ async def test_cache_miss_and_deadline_cross_the_wire(shard_stub: pb_grpc.ShardS
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await shard_stub.Release(pb.ReleaseRequest(session_id="s-1"), timeout=0.05)
     assert type(error_from_rpc(caught.value)) is DeadlineExceeded
+
+
+def test_a_control_plane_that_cannot_be_reached_is_unreachable_not_a_lost_worker() -> None:
+    # The tracker client asks for Unreachable when the library itself says UNAVAILABLE (README:
+    # an unreachable tracker is `[unreachable]`); what the tracker answers keeps its own type.
+    refused = FakeRpcError(S.UNAVAILABLE, "failed to connect to all addresses")
+    assert type(error_from_rpc(refused, unreachable=Unreachable)) is Unreachable
+    assert type(error_from_rpc(refused)) is Unavailable  # a shard's peer: a lost worker
+    for answered in (NoRoute("no route"), Unavailable("storage")):
+        rebuilt = error_from_rpc(FakeRpcError(S.UNAVAILABLE, "x", error_metadata(answered)), unreachable=Unreachable)
+        assert type(rebuilt) is type(answered)

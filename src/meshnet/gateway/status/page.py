@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.responses import StreamingResponse
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.swarm_status import NodeTable, SwarmHealth, judge_health
 from meshnet.gateway.admission import Admission
+from meshnet.gateway.auth import OPERATOR, Caller, may_read, request_caller
 from meshnet.gateway.ports import SwarmView
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, data_frame
 from meshnet.gateway.status.view import NodeMemory, StatusInputs, status_document
@@ -114,7 +115,9 @@ class SwarmStatus:
             "rejected_total": admission.rejected,
         }
 
-    async def document(self) -> dict[str, Any]:
+    async def document(self, caller: Caller = OPERATOR) -> dict[str, Any]:
+        """The status document as ``caller`` may see it: the swarm's nodes and load, but only its
+        own requests, errors and billing unless it is an admin."""
         table, error = await self.table()
         now = self._clock()
         lost = self._memory.update(table, now) if table is not None else ()
@@ -124,9 +127,9 @@ class SwarmStatus:
             tracker_error=error,
             lost=lost,
             health=await self.health(),
-            requests=self._hub.recent(MAX_REQUESTS_SHOWN),
+            requests=self._hub.recent(MAX_REQUESTS_SHOWN, lambda owner: may_read(owner, caller)),
             admission=self.admission_figures(),
-            totals=dict(self._hub.totals),
+            totals=dict(self._hub.totals) if caller.admin else self._hub.totals_of(caller.key_id),
             now=now,
         )
         return status_document(inputs)
@@ -158,14 +161,16 @@ def status_router(status: SwarmStatus, *, interval_seconds: float, guard: Sequen
         return Response(text, media_type=media)
 
     @router.get("/v1/status", dependencies=list(guard))
-    async def status_json() -> JSONResponse:
-        return JSONResponse(await status.document())
+    async def status_json(request: Request) -> JSONResponse:
+        return JSONResponse(await status.document(request_caller(request)))
 
     @router.get("/v1/status/stream", dependencies=list(guard))
-    async def status_stream() -> StreamingResponse:
+    async def status_stream(request: Request) -> StreamingResponse:
+        caller = request_caller(request)
+
         async def frames() -> AsyncIterator[bytes]:
             while True:
-                yield data_frame(await status.document())
+                yield data_frame(await status.document(caller))
                 await asyncio.sleep(interval_seconds)
 
         return StreamingResponse(frames(), media_type=MEDIA_TYPE, headers=HEADERS)
