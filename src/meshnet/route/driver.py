@@ -33,6 +33,7 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.tickets import SealedTicket
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
@@ -61,6 +62,9 @@ class RouteSession:
     hops: tuple[RouteHop, ...]
     fingerprint: str
     epoch: int
+    ticket: SealedTicket | None = None
+    """The tracker's ticket for this session's route, carried in the opening frame: every shard
+    refuses to open the session without a valid one (``core.tickets``)."""
 
 
 class RouteDriver:
@@ -177,6 +181,7 @@ async def _prefill(
             tokens=np.ascontiguousarray(chunk.payload),
             downstream=downstream if step == 0 else (),
             sampling=run.request.sampling if step == 0 else None,
+            ticket=run.route.ticket if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.

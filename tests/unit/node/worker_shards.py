@@ -35,6 +35,7 @@ from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
+from meshnet.core.tickets import DEFAULT_TICKET_S, SealedTicket
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.engine.certification import certify_fake_engine
 from meshnet.engine.fake_backend import FakeBackend
@@ -43,9 +44,11 @@ from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard, build_shard
+from meshnet.node.tickets import TicketGate
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
+from meshnet.wire.ticket_wire import issue_ticket
 
 
 def admission_policy(
@@ -256,7 +259,31 @@ class Route:
         return backend
 
     def hops(self) -> tuple[HopSpec, ...]:
-        return tuple(HopSpec(s.record.address, s.shape.layers, FINGERPRINT) for s in self.shards[1:])
+        return tuple(HopSpec(s.record.address, s.shape.layers, FINGERPRINT, s.node_id) for s in self.shards[1:])
+
+    def ticket(
+        self,
+        session: str,
+        *,
+        request: str | None = None,
+        epoch: int = 0,
+        seconds: float = DEFAULT_TICKET_S,
+        age_s: float = 0.0,
+    ) -> SealedTicket:
+        """An unsigned ticket for ``session`` on this whole route, as an unsecured tracker issues
+        it, issued ``age_s`` ago and lasting ``seconds``."""
+        placed = (HopSpec(self.head.record.address, self.head.shape.layers, FINGERPRINT, self.head.node_id),)
+        return issue_ticket(
+            placed + self.hops(),
+            session_id=SessionId(session),
+            request_id=None if request is None else RequestId(request),
+            epoch=epoch,
+            fingerprint=FINGERPRINT,
+            holder=None,
+            now_unix_s=time.time() - age_s,
+            seconds=seconds,
+            signer=None,
+        )
 
     def sender(self, timeout: float | None = None) -> InProcessStream:
         """A stream into the head, as the route driver opens one."""
@@ -303,8 +330,17 @@ async def start_route(
         address = f"shard-{index}"
         record = shard_record(address, loop.backend.shape)
         admission = policy or admission_policy(2)
+        tickets = TicketGate(None)
         shard = build_shard(
-            NodeId(address), record, loop, admission, CAPACITY, connect, open_ring=open_ring, clock=clock
+            NodeId(address),
+            record,
+            loop,
+            admission,
+            CAPACITY,
+            connect,
+            open_ring=open_ring,
+            tickets=tickets,
+            clock=clock,
         )
         by_address[address] = shard
         route.shards.append(shard)
@@ -349,6 +385,7 @@ def opening(
         sampling=sampling or SamplingParams(),
         final_chunk=final_chunk,
         continuation=continuation,
+        ticket=route.ticket(session, epoch=epoch),
     )
 
 
