@@ -247,6 +247,8 @@ class Route:
     loops: list[EngineLoop]
     streams: list[InProcessStream] = field(default_factory=list)
     rings: list[InProcessRing] = field(default_factory=list)
+    wall_clock: Callable[[], float] = time.time
+    """Unix seconds, as the shards' ticket gates read them: tickets are issued on this clock."""
 
     @property
     def head(self) -> AnyShard:
@@ -280,7 +282,7 @@ class Route:
             epoch=epoch,
             fingerprint=FINGERPRINT,
             holder=None,
-            now_unix_s=time.time() - age_s,
+            now_unix_s=self.wall_clock() - age_s,
             seconds=seconds,
             signer=None,
         )
@@ -307,8 +309,10 @@ async def start_route(
     *,
     policy: AdmissionPolicy | None = None,
     clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
 ) -> Route:
-    route = Route([], [])
+    """Shards of ``ranges`` wired into one route; ``clock`` times sessions, ``wall_clock`` tickets."""
+    route = Route([], [], wall_clock=wall_clock)
     by_address: dict[str, AnyShard] = {}
 
     def connect(address: str, timeout: float | None, node_id: str | None = None) -> InProcessStream:
@@ -330,7 +334,7 @@ async def start_route(
         address = f"shard-{index}"
         record = shard_record(address, loop.backend.shape)
         admission = policy or admission_policy(2)
-        tickets = TicketGate(None)
+        tickets = TicketGate(None, wall_clock)
         shard = build_shard(
             NodeId(address),
             record,
@@ -372,8 +376,10 @@ def opening(
     epoch: int = 0,
     sampling: SamplingParams | None = None,
     final_chunk: bool = True,
+    ticket_seconds: float = DEFAULT_TICKET_S,
 ) -> StepFrame:
-    """Step 0 of a session at the head: the frame that travels down the chain and opens it."""
+    """Step 0 of a session at the head: the frame that travels down the chain and opens it, with
+    the route's ticket lasting ``ticket_seconds``."""
     head = route.head
     meta = FrameMeta(
         RequestId("r-" + session), SessionId(session), epoch, FINGERPRINT, head.shape.layers, "prefill", 0, 0, "new"
@@ -385,7 +391,7 @@ def opening(
         sampling=sampling or SamplingParams(),
         final_chunk=final_chunk,
         continuation=continuation,
-        ticket=route.ticket(session, epoch=epoch),
+        ticket=route.ticket(session, epoch=epoch, seconds=ticket_seconds),
     )
 
 
