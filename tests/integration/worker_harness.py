@@ -196,6 +196,17 @@ async def route_session(
     return RouteSession(request_id, session, hops, fingerprint, epoch, ticket)
 
 
+def workers_ticket(workers: Sequence[RunningWorker], session_id: str, request_id: str | None = None) -> SealedTicket:
+    """An unsigned ticket for ``session_id`` on ``workers`` in order; a route that does not start at
+    layer 0 gets a head that is never dialled (insecure shards check no sender), so a test can
+    open a session on a tail directly, as the shard before it would."""
+    placed = [HopSpec(w.address, w.layers, w.fingerprint, w.node_id) for w in workers]
+    start = workers[0].layers.start
+    if start:
+        placed.insert(0, HopSpec("127.0.0.1:1", LayerRange(0, start), workers[0].fingerprint, "w-elsewhere"))
+    return unsigned_ticket(placed, session_id, fingerprint=workers[0].fingerprint, request_id=request_id)
+
+
 def unsigned_ticket(
     hops: Sequence[PlacedHop],
     session_id: str,
