@@ -247,10 +247,10 @@ class Shard(Generic[S]):
         keys = self._table.expired()
         for key in keys:
             await self.end(key, "expired after its time to live")
-        lapsed = self._tickets.expired()
-        for key, epoch in lapsed:
-            await self.end(key, "its route ticket expired", epoch=epoch)
-        return len(keys) + len(lapsed)
+        lapsed = 0
+        for key, epoch in self._tickets.expired():
+            lapsed += await self.end(key, "its route ticket expired", epoch=epoch)
+        return len(keys) + lapsed
 
     async def close(self) -> None:
         for session in self._table.sessions():

@@ -74,6 +74,11 @@ class TicketGate:
             del self._expiry[key]
 
     def expired(self) -> list[tuple[SessionId, int]]:
-        """Held sessions whose tickets have run out: (session, the epoch it was opened on)."""
+        """Held sessions whose tickets have run out: (session, the epoch it was opened on). They
+        are forgotten here as they are returned, so one the shard let go of otherwise (an
+        eviction) is not asked about again."""
         now = self._clock()
-        return [(key, epoch) for key, (epoch, expires) in self._expiry.items() if now > expires + CLOCK_SKEW_S]
+        lapsed = [(key, epoch) for key, (epoch, expires) in self._expiry.items() if now > expires + CLOCK_SKEW_S]
+        for key, _ in lapsed:
+            del self._expiry[key]
+        return lapsed
