@@ -19,24 +19,31 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from owned_address import answering_node
 from swarm_harness import MODEL_NAME, Swarm, chat_body, write_tiny_model
+from worker_harness import fake_record
 
 from meshnet.core.errors import AddressUnproven, PermissionDenied
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, new_request_id, new_session_id
+from meshnet.core.layers import LayerRange
 from meshnet.core.tickets import DEFAULT_TICKET_S, SealedTicket
-from meshnet.core.tracking import Route
+from meshnet.core.tracking import NodeLoad, Route
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.shard_admin import fetch_capability, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.security.certificates import create_authority, mint_node, read_peer
 from meshnet.security.identity import Role
-from meshnet.security.swarm_dir import load_identity, local_identity
+from meshnet.security.swarm_dir import load_authority, load_identity, local_identity
 from meshnet.security.tickets import TicketSigner
+from meshnet.tracker.dial_back import DIAL_BACK_TIMEOUT_S
+from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.swarm_service import load_tracker_security
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
 from meshnet.wire.ticket_wire import issue_ticket
 from meshnet.wire.tls import LinkSecurity
@@ -62,10 +69,13 @@ def identity(swarm: Swarm, name: str, role: Role) -> LinkSecurity:
 
 
 class Listener:
-    """A TCP socket that only counts who connects: where a frame asks a worker to dial."""
+    """A TCP socket that only counts who connects: where a frame asks a worker to dial. With
+    ``hold`` it keeps each connection open and silent (a handshake that never completes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold: bool = False) -> None:
         self.connections = 0
+        self._hold = hold
+        self._held: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
@@ -73,13 +83,18 @@ class Listener:
         return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def __aexit__(self, *exc: object) -> None:
+        for writer in self._held:
+            writer.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        writer.close()
+        if self._hold:
+            self._held.append(writer)
+        else:
+            writer.close()
 
 
 async def session_route(swarm: Swarm) -> tuple[Route, str, str]:
@@ -223,3 +238,44 @@ async def test_a_worker_certificate_cannot_open_a_session_on_a_shard_without_its
         assert metrics.get("active_sessions", 0) == 0, metrics
     finally:
         await pool.close()
+
+
+async def test_a_dial_back_in_progress_holds_up_no_heartbeat_and_ends_within_its_bound(tmp_path: Path) -> None:
+    """A registration whose address swallows the handshake (a socket that accepts and says
+    nothing) is refused once the dial-back's bound passed, while the tracker answers a member's
+    heartbeats at once meanwhile: the check is off its hot path."""
+    now = time.time()
+    security = load_tracker_security(tmp_path, now)
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.2)
+    tracker = await start_tracker(config, security=security)
+    authority = load_authority(tmp_path)
+    member = LinkSecurity(mint_node(authority, node_id="w-member", role="worker", now_unix_s=now))
+    stalling = LinkSecurity(mint_node(authority, node_id="w-stalling", role="worker", now_unix_s=now))
+    hole = Listener(hold=True)
+    try:
+        async with (
+            answering_node(member) as owned,
+            hole as swallowed,
+            TrackerClient(tracker.address, timeout_s=10.0, security=member) as as_member,
+            TrackerClient(tracker.address, timeout_s=10.0, security=stalling) as as_stalling,
+        ):
+            await as_member.register(fake_record(LayerRange(0, 6), owned), NodeId("w-member"))
+            started = time.monotonic()
+            claim = fake_record(LayerRange(0, 6), swallowed)
+            refused = asyncio.create_task(as_stalling.register(claim, NodeId("w-stalling")))
+            beats = []
+            while not refused.done():
+                sent = time.monotonic()
+                assert (await as_member.heartbeat(NodeId("w-member"), NodeLoad(free_sessions=1))).known
+                beats.append(time.monotonic() - sent)
+                await asyncio.sleep(0.05)
+            with pytest.raises(AddressUnproven):
+                await refused
+            took = time.monotonic() - started
+        slowest = max(beats) * 1000
+        print(f"\ndial-back refused after {took:.2f} s; {len(beats)} heartbeats meanwhile, slowest {slowest:.0f} ms")
+        assert DIAL_BACK_TIMEOUT_S - 0.1 <= took < DIAL_BACK_TIMEOUT_S + 2.0
+        assert len(beats) >= 5 and max(beats) < 1.0
+    finally:
+        await tracker.stop(grace_s=0)
+        security.book.close()
