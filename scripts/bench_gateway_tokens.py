@@ -42,7 +42,7 @@ HOP = RouteHop(NodeId("node-a"), "127.0.0.1:1", LayerRange(0, 2))
 
 
 class _Tracker:
-    async def choose_route(self, model: str, *, session_id: Any = None, exclude: Any = ()) -> Route:
+    async def choose_route(self, model: str, *, session_id: Any = None, exclude: Any = (), **_: object) -> Route:
         return Route((HOP,), 1, MODEL, "Q8_0", "rcp-bench", 2, 1.0)
 
     async def report_work(self, record: object, *, timeout_s: float | None = None) -> None:

@@ -87,8 +87,9 @@ async def test_closing_the_event_stream_frees_every_shard(pool: ChannelPool, rou
 
 
 CLIENT = """
-import asyncio, json, sys
+import asyncio, json, sys, time
 from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.wire.ticket_wire import issue_ticket
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
@@ -101,7 +102,11 @@ async def main():
     hops = tuple(
         RouteHop(NodeId(h[0]), h[1], LayerRange(h[2], h[3]), NodeCapability(**h[4])) for h in spec["hops"]
     )
-    route = RouteSession(RequestId("req-doomed"), SessionId("s-doomed"), hops, spec["fingerprint"], 0)
+    ticket = issue_ticket(
+        hops, session_id=SessionId("s-doomed"), request_id=None, epoch=0, fingerprint=spec["fingerprint"],
+        holder=None, now_unix_s=time.time(), seconds=600.0, signer=None,
+    )
+    route = RouteSession(RequestId("req-doomed"), SessionId("s-doomed"), hops, spec["fingerprint"], 0, ticket)
     driver = RouteDriver(ChannelPool(4 << 20), max_frame_bytes=4 << 20)
     async for event in driver.run(route, GenerationRequest(tuple(spec["prompt"]), 10_000)):
         if isinstance(event, TokenGenerated):

@@ -214,6 +214,14 @@ async def test_fuzzed_join_calls_get_typed_statuses(swarm: Swarm) -> None:
     assert await list_models_as(swarm, swarm.security)
 
 
+async def ticketed_session(swarm: Swarm) -> RouteSession:
+    """A new session on the route the tracker chooses, with its ticket (given to the test's gateway)."""
+    request_id, session_id = new_request_id(), new_session_id()
+    async with TrackerClient(swarm.tracker_address, security=swarm.security) as tracker:
+        route = await tracker.choose_route(MODEL_NAME, session_id=session_id, request_id=request_id)
+    return RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch, route.ticket)
+
+
 async def _generate(pool: ChannelPool, session: RouteSession, max_tokens: int, started: asyncio.Event) -> int:
     driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
     count = 0
@@ -225,16 +233,14 @@ async def _generate(pool: ChannelPool, session: RouteSession, max_tokens: int, s
 
 
 async def test_only_the_opener_may_cancel_a_session(swarm: Swarm) -> None:
-    async with TrackerClient(swarm.tracker_address, security=swarm.security) as tracker:
-        route = await tracker.choose_route(MODEL_NAME)
-    session = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+    session = await ticketed_session(swarm)
     owner = ChannelPool(DEFAULT_MAX_FRAME_BYTES, swarm.security)
     intruder = ChannelPool(DEFAULT_MAX_FRAME_BYTES, identity(swarm, "other-gateway", "gateway"))
     try:
         started = asyncio.Event()
         running = asyncio.create_task(_generate(owner, session, 120, started))
         await asyncio.wait_for(started.wait(), timeout=30)
-        head = route.hops[0]
+        head = session.hops[0]
         cancel = services.CancelRequest(session_id=session.session_id, reason="hostile")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await intruder.stub(head.address, head.node_id).Cancel(cancel, timeout=3.0)
@@ -248,15 +254,13 @@ async def test_only_the_opener_may_cancel_a_session(swarm: Swarm) -> None:
 async def test_a_worker_certificate_cannot_drive_a_routes_head(swarm: Swarm) -> None:
     """Workers open sessions on their downstream neighbour only: the head refuses a worker's first
     frame (PERMISSION_DENIED before it runs anything), while a gateway's same request is served."""
-    async with TrackerClient(swarm.tracker_address, security=swarm.security) as tracker:
-        route = await tracker.choose_route(MODEL_NAME)
     rogue = ChannelPool(DEFAULT_MAX_FRAME_BYTES, identity(swarm, "worker-as-client", "worker"))
     gateway = ChannelPool(DEFAULT_MAX_FRAME_BYTES, swarm.security)
     try:
-        session = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+        session = await ticketed_session(swarm)
         with pytest.raises(PermissionDenied, match="never on a route's head"):
             await _generate(rogue, session, 4, asyncio.Event())
-        served = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+        served = await ticketed_session(swarm)
         assert await _generate(gateway, served, 4, asyncio.Event()) == 4
     finally:
         await rogue.close()

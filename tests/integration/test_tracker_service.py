@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from owned_address import answering_node
 from worker_harness import fake_record
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, PermissionDenied, Unavailable, Uncertified
@@ -89,7 +90,9 @@ async def test_register_route_report_list_deregister(client: TrackerClient) -> N
     route = await client.choose_route("tiny", session_id=SessionId("s-1"))
     assert route.node_ids == (head.node_id, tail.node_id)
     assert route.fingerprint == RECIPE_FINGERPRINT and route.epoch == head.epoch
-    assert await client.choose_route(RECIPE_FINGERPRINT, session_id=SessionId("s-1")) == route
+    again = await client.choose_route(RECIPE_FINGERPRINT, session_id=SessionId("s-1"))
+    assert replace(again, ticket=None) == replace(route, ticket=None)
+    assert route.ticket is not None and again.ticket is not None and not route.ticket.signed  # an insecure tracker
     (model,) = await client.list_models()
     assert (model.name, model.nodes, model.routable) == ("tiny", 2, True)
     ack = await client.report_work(record("req-1"))
@@ -345,26 +348,27 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
     worker = LinkSecurity(mint_node(authority, node_id="w-rogue", role="worker", now_unix_s=now))
     gateway = LinkSecurity(mint_node(authority, node_id="gw-audit", role="gateway", now_unix_s=now))
     try:
-        async with TrackerClient(tracker.address, timeout_s=3.0, security=worker) as as_worker:
-            with pytest.raises(PermissionDenied, match="w-rogue may not register"):
-                await as_worker.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-honest"))
-            rogue = await as_worker.register(registration(0, 4, "127.0.0.1:9001"), NodeId("w-rogue"))
-            with pytest.raises(PermissionDenied):
-                await as_worker.quarantine(QuarantineOrder(NodeId("w-other"), "a worker's accusation"))
-            with pytest.raises(PermissionDenied):
-                await as_worker.quarantine(QuarantineOrder(rogue.node_id, "lifting my own", clear=True))
-        async with TrackerClient(tracker.address, timeout_s=3.0, security=gateway) as as_gateway:
-            assert (await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "audit: tokens differ"))).known
-            with pytest.raises(PermissionDenied):
-                await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "a gateway's pardon", clear=True))
-        # A plaintext client cannot even talk to the secured port; the default is the admin identity.
-        code, _ = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id, "--insecure")
-        assert code != 0
-        code, output = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id)
-        assert code == 0 and b"quarantine cleared" in output, output
-        async with TrackerClient(tracker.address, timeout_s=3.0, security=worker) as as_worker:
-            back = await as_worker.register(registration(0, 4, "127.0.0.1:9001"), rogue.node_id)
-            assert back.node_id == rogue.node_id
+        async with answering_node(worker) as address:  # the tracker dials a registration's address back
+            async with TrackerClient(tracker.address, timeout_s=5.0, security=worker) as as_worker:
+                with pytest.raises(PermissionDenied, match="w-rogue may not register"):
+                    await as_worker.register(registration(0, 4, address), NodeId("w-honest"))
+                rogue = await as_worker.register(registration(0, 4, address), NodeId("w-rogue"))
+                with pytest.raises(PermissionDenied):
+                    await as_worker.quarantine(QuarantineOrder(NodeId("w-other"), "a worker's accusation"))
+                with pytest.raises(PermissionDenied):
+                    await as_worker.quarantine(QuarantineOrder(rogue.node_id, "lifting my own", clear=True))
+            async with TrackerClient(tracker.address, timeout_s=3.0, security=gateway) as as_gateway:
+                assert (await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "audit: tokens differ"))).known
+                with pytest.raises(PermissionDenied):
+                    await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "a gateway's pardon", clear=True))
+            # A plaintext client cannot even talk to the secured port; the default is the admin identity.
+            code, _ = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id, "--insecure")
+            assert code != 0
+            code, output = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id)
+            assert code == 0 and b"quarantine cleared" in output, output
+            async with TrackerClient(tracker.address, timeout_s=5.0, security=worker) as as_worker:
+                back = await as_worker.register(registration(0, 4, address), rogue.node_id)
+                assert back.node_id == rogue.node_id
     finally:
         await tracker.stop(grace_s=0)
         security.book.close()

@@ -37,6 +37,7 @@ from worker_harness import (
     opening_frame,
     raw_channel,
     raw_session,
+    workers_ticket,
 )
 
 from meshnet.core.generation import SamplingParams
@@ -61,6 +62,8 @@ BAD_INPUT = {
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.NOT_FOUND,
+    # An opening frame whose header or hops no longer match its route ticket (ticket_refused).
+    grpc.StatusCode.PERMISSION_DENIED,
 }
 U64 = st.integers(0, 2**64 - 1)
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -100,7 +103,12 @@ def valid_frames(targets: dict[str, RunningWorker]) -> dict[str, pb.StepRequest]
     return {
         "full": frame_to_proto(opening_frame([full], "fuzz", [1, 2, 3, 4, 5])),
         "tail": frame_to_proto(
-            StepFrame(tail_meta, hidden=np.ones((3, N_EMBD), np.float32), sampling=SamplingParams())
+            StepFrame(
+                tail_meta,
+                hidden=np.ones((3, N_EMBD), np.float32),
+                sampling=SamplingParams(),
+                ticket=workers_ticket([tail], "fuzz"),
+            )
         ),
     }
 

@@ -35,6 +35,7 @@ from worker_harness import (
     raw_session,
     route_session,
     wait_idle,
+    workers_ticket,
 )
 
 from meshnet.core.events import TokenGenerated
@@ -64,7 +65,8 @@ def hidden_opening(worker: RunningWorker, session: str, hidden: np.ndarray) -> p
     meta = FrameMeta(
         RequestId("req-" + session), SessionId(session), 0, worker.fingerprint, worker.layers, "prefill", 0, 0, "new"
     )
-    return frame_to_proto(StepFrame(meta, hidden=hidden, sampling=SamplingParams()))
+    ticket = workers_ticket([worker], session)
+    return frame_to_proto(StepFrame(meta, hidden=hidden, sampling=SamplingParams(), ticket=ticket))
 
 
 def _tensor(message: pb.StepRequest) -> pb.NamedTensor:

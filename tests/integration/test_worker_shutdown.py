@@ -32,6 +32,7 @@ from worker_harness import (
     raw_channel,
     raw_session,
     route_session,
+    unsigned_ticket,
     wait_idle,
 )
 
@@ -84,7 +85,7 @@ async def test_sigterm_drains_in_flight_sessions_and_refuses_new_ones(tmp_path: 
             terminated = time.monotonic()
             not_serving_after = await _not_serving(health_channel, terminated)
             # Refused at the draining shard itself, and through a route that crosses it.
-            direct = await raw_session(health_channel, [_middle_opening(middle, route[2])])
+            direct = await raw_session(health_channel, [_middle_opening(route[0], middle, route[2])])
             with pytest.raises(Unavailable):
                 await generate(pool, new_driver(pool), route, greedy_request([1, 2, 3], 5))
             capability = await fetch_capability(pool, middle.address)
@@ -121,10 +122,13 @@ async def _not_serving(channel: grpc.aio.Channel, since: float) -> float:
         await asyncio.sleep(0.01)
 
 
-def _middle_opening(middle: RunningWorker, tail: RunningWorker) -> bytes:
+def _middle_opening(head: RunningWorker, middle: RunningWorker, tail: RunningWorker) -> bytes:
     meta = FrameMeta(
         RequestId("req-late"), SessionId("s-late"), 0, middle.fingerprint, middle.layers, "prefill", 0, 0, "new"
     )
-    hops = (HopSpec(tail.address, tail.layers, tail.fingerprint),)
-    frame = StepFrame(meta, hidden=np.ones((2, 16), np.float32), downstream=hops, sampling=SamplingParams())
+    hops = (HopSpec(tail.address, tail.layers, tail.fingerprint, tail.node_id),)
+    placed = [HopSpec(w.address, w.layers, w.fingerprint, w.node_id) for w in (head, middle, tail)]
+    ticket = unsigned_ticket(placed, "s-late", fingerprint=middle.fingerprint)
+    hidden = np.ones((2, 16), np.float32)
+    frame = StepFrame(meta, hidden=hidden, downstream=hops, sampling=SamplingParams(), ticket=ticket)
     return frame_to_proto(frame).SerializeToString()

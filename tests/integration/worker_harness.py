@@ -34,6 +34,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_s
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.swarm_options import SecurityOptions
+from meshnet.core.tickets import DEFAULT_TICKET_S, SealedTicket
 from meshnet.deploy.launch.commands import INSECURE, worker_command
 from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.engine.certification import certify_fake_engine
@@ -46,6 +47,7 @@ from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
+from meshnet.wire.ticket_wire import PlacedHop, issue_ticket
 
 START_TIMEOUT_S = 20.0
 """A fake worker is ready in well under a second; a real one loads and certifies llama.cpp."""
@@ -184,12 +186,47 @@ def fake_specs(ranges: Iterable[tuple[int, int]], **options: object) -> list[Wor
 async def route_session(
     pool: ChannelPool, workers: Sequence[RunningWorker], *, epoch: int = 0, session_id: str | None = None
 ) -> RouteSession:
-    return RouteSession(
-        request_id=new_request_id(),
-        session_id=SessionId(session_id) if session_id else new_session_id(),
-        hops=tuple([await worker.hop(pool) for worker in workers]),
-        fingerprint=workers[0].fingerprint,
+    """A session on ``workers`` (head first) with its ticket: unsigned, as the unsecured tracker
+    of these insecure workers would issue it."""
+    hops = tuple([await worker.hop(pool) for worker in workers])
+    request_id = new_request_id()
+    session = SessionId(session_id) if session_id else new_session_id()
+    fingerprint = workers[0].fingerprint
+    ticket = unsigned_ticket(hops, session, request_id=request_id, epoch=epoch, fingerprint=fingerprint)
+    return RouteSession(request_id, session, hops, fingerprint, epoch, ticket)
+
+
+def workers_ticket(workers: Sequence[RunningWorker], session_id: str, request_id: str | None = None) -> SealedTicket:
+    """An unsigned ticket for ``session_id`` on ``workers`` in order; a route that does not start at
+    layer 0 gets a head that is never dialled (insecure shards check no sender), so a test can
+    open a session on a tail directly, as the shard before it would."""
+    placed = [HopSpec(w.address, w.layers, w.fingerprint, w.node_id) for w in workers]
+    start = workers[0].layers.start
+    if start:
+        placed.insert(0, HopSpec("127.0.0.1:1", LayerRange(0, start), workers[0].fingerprint, "w-elsewhere"))
+    return unsigned_ticket(placed, session_id, fingerprint=workers[0].fingerprint, request_id=request_id)
+
+
+def unsigned_ticket(
+    hops: Sequence[PlacedHop],
+    session_id: str,
+    *,
+    fingerprint: str,
+    request_id: str | None = None,
+    epoch: int = 0,
+    seconds: float = DEFAULT_TICKET_S,
+) -> SealedTicket:
+    """The ticket an unsecured tracker issues for ``session_id`` on ``hops`` (head first)."""
+    return issue_ticket(
+        hops,
+        session_id=SessionId(session_id),
+        request_id=None if request_id is None else RequestId(request_id),
         epoch=epoch,
+        fingerprint=fingerprint,
+        holder=None,
+        now_unix_s=time.time(),
+        seconds=seconds,
+        signer=None,
     )
 
 
@@ -289,15 +326,22 @@ def opening_frame(
     # well formed and reaches the shard's own checks.
     layers, fingerprint = fields["layers"], str(fields["fingerprint"])
     downstream = tuple(
-        HopSpec(w.address, w.layers, fingerprint)
+        HopSpec(w.address, w.layers, fingerprint, w.node_id)
         for w in workers[1:]
         if w.layers.start >= layers.stop  # type: ignore[attr-defined]
     )
+    meta = FrameMeta(**fields)
+    # The ticket of the route ``workers`` make: a misrouted frame fails the shard's own checks,
+    # which come before the ticket's.
+    placed = [HopSpec(w.address, w.layers, w.fingerprint, w.node_id) for w in workers]
+    epoch = meta.route_epoch
+    ticket = unsigned_ticket(placed, session_id, fingerprint=head.fingerprint, request_id=meta.request_id, epoch=epoch)
     return StepFrame(
-        FrameMeta(**fields),
+        meta,
         tokens=np.asarray(tokens, np.int32),  # type: ignore[arg-type]
         downstream=downstream,
         sampling=SamplingParams(),
+        ticket=ticket,
     )
 
 

@@ -139,10 +139,11 @@ async def test_workers_started_from_the_model_id_equal_the_whole_model(
     # The tracker plans the route over the three workers, with its current epoch (asked as a gateway).
     gateway = tracker.identity("gateway", "gateway")
     client = TrackerClient(tracker.address, security=gateway)
-    route = await client.choose_route(workers[0].fingerprint)
+    session_id = new_session_id()
+    route = await client.choose_route(workers[0].fingerprint, session_id=session_id)
     await client.close()
     assert [hop.address for hop in route.hops] == [worker.address for worker in workers]
-    session = RouteSession(new_request_id(), new_session_id(), route.hops, route.fingerprint, route.epoch)
+    session = RouteSession(new_request_id(), session_id, route.hops, route.fingerprint, route.epoch, route.ticket)
     pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, gateway)
     try:
         tokens = [

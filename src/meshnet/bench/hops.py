@@ -58,6 +58,7 @@ async def probe_hops(
                 tokens=np.ascontiguousarray(chunk.payload),
                 downstream=downstream if step == 0 else (),
                 sampling=SamplingParams() if step == 0 else None,
+                ticket=route.ticket if step == 0 else None,
                 final_chunk=chunk.final_chunk,
                 ring=step > 0,
             )

@@ -15,11 +15,11 @@ import time
 from collections.abc import Sequence
 
 from meshnet.bench.stats import RequestTrace, RunRecord
+from meshnet.bench.tickets import LaneTickets
 from meshnet.bench.workers import WorkerSet
 from meshnet.core.errors import MeshnetError
 from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
-from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
@@ -28,11 +28,14 @@ IDLE_WAIT_S = 3.0
 
 
 class MeshnetLane:
-    def __init__(self, workers: WorkerSet, pool: ChannelPool, driver: RouteDriver, *, timeout_s: float) -> None:
+    def __init__(
+        self, workers: WorkerSet, pool: ChannelPool, driver: RouteDriver, *, timeout_s: float, tickets: LaneTickets
+    ) -> None:
         self.workers = workers
         self.pool = pool
         self.driver = driver
         self.timeout_s = timeout_s
+        self.tickets = tickets
         self._hops: tuple[RouteHop, ...] | None = None
 
     async def hops(self) -> tuple[RouteHop, ...]:
@@ -43,7 +46,7 @@ class MeshnetLane:
         return self._hops
 
     async def session(self) -> RouteSession:
-        return RouteSession(new_request_id(), new_session_id(), await self.hops(), self.workers.fingerprint, 0)
+        return self.tickets.session(await self.hops(), self.workers.fingerprint)
 
     async def metrics(self) -> list[dict[str, float]]:
         addresses = [address for address, _ in self.workers.endpoints]

@@ -28,6 +28,7 @@ from meshnet.bench.pinning import decode_split
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import CpuSample, Drift, LaneResult, Measures
 from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
+from meshnet.bench.tickets import LaneTickets
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.core.errors import MeshnetError
 from meshnet.core.layers import LayerRange
@@ -89,7 +90,9 @@ class LaneSet:
         """Where the layers split: each shard as busy as the others for the work measured, per
         decoded token (the LM head counted on the tail) or, for a prefill phase, per prompt."""
         self.progress = progress
-        self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
+        security = client_security(config.data_dir)
+        self.pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, security)
+        self.tickets = LaneTickets(config.data_dir, security)
         self.driver = RouteDriver(self.pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
         self.llama = config.llama_config()
         self.lanes = [LaneState(name) for name in config.lane_names()]
@@ -131,7 +134,9 @@ class LaneSet:
                 pin=self.config.pin_workers,
             )
             lane.workers = WorkerSet(lane.label, self.ranges(shards), options, self.config.worker_start_timeout_s)
-            lane.engine = MeshnetLane(lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s)
+            lane.engine = MeshnetLane(
+                lane.workers, self.pool, self.driver, timeout_s=self.config.request_timeout_s, tickets=self.tickets
+            )
             lane.rss_note = "resident memory of each worker process"
             addresses = ", ".join(address for address, _ in lane.workers.endpoints)
             self.progress(f"{lane.label}: {shards} worker(s) at {addresses}")

@@ -37,6 +37,7 @@ from meshnet.bench.runner import (
     median_foreign,
 )
 from meshnet.bench.stats import RunRecord
+from meshnet.bench.tickets import LaneTickets
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.bench.workload import build_prompts, context_prompts, prefill_prompt
 from meshnet.engine.local_route import LocalRoute
@@ -173,13 +174,15 @@ async def _context_route(
     stack: AsyncExitStack, config: BenchConfig, lane: LaneName, room: int, timeout_s: float
 ) -> CachedRunner:
     """The context phase's cached lane as worker processes: one session each, ``room`` positions."""
-    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir))
+    security = client_security(config.data_dir)
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, security)
     stack.push_async_callback(pool.close)
     options = WorkerOptions(config.model, config.data_dir, config.threads, 1, room, config.prefill_chunk)
     ranges = decode_work(config.model).split(lane.shards)  # one stream, unpinned: each process its own share
     workers = WorkerSet(f"context-{lane}", ranges, options, config.worker_start_timeout_s)
     stack.callback(workers.stop)
-    remote = MeshnetLane(workers, pool, RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), timeout_s=timeout_s)
+    driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
+    remote = MeshnetLane(workers, pool, driver, timeout_s=timeout_s, tickets=LaneTickets(config.data_dir, security))
 
     async def cached(prompt: tuple[int, ...], n: int) -> RunRecord:
         return await remote.run((prompt,), [0], n)

@@ -21,6 +21,7 @@ import numpy as np
 from meshnet.artifact.describe import describe_model
 from meshnet.bench.hops import probe_hops
 from meshnet.bench.remote import MeshnetLane
+from meshnet.bench.tickets import LaneTickets
 from meshnet.bench.tls_config import TlsCostConfig
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
 from meshnet.core.layers import split_evenly
@@ -39,9 +40,11 @@ async def _one_round(config: TlsCostConfig, secure: bool) -> dict[str, float | N
     workers = await asyncio.to_thread(
         WorkerSet, label, split_evenly(n_layers, config.shards), options, config.start_timeout_s
     )
-    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, client_security(config.data_dir, secure))
+    security = client_security(config.data_dir, secure)
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, security)
     try:
-        lane = MeshnetLane(workers, pool, RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES), timeout_s=300)
+        driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
+        lane = MeshnetLane(workers, pool, driver, timeout_s=300, tickets=LaneTickets(config.data_dir, security))
         await lane.run((PROMPT,), [0], 4)  # warm: connections made, handshakes done, caches hot
         record = await lane.run((PROMPT,), [0], config.tokens)
         times = record.requests[0].token_times

@@ -153,6 +153,12 @@ class StorageUnavailable(Unavailable):
     and retry it."""
 
     code = "storage_unavailable"
+class AddressUnproven(Unavailable):
+    """A registration whose declared address does not answer under the registering node's own
+    certificate (the tracker's dial-back): nothing of that address is taken from a node serving
+    there. Retryable: a node still starting, or a link that is down for now, is refused likewise."""
+
+    code = "address_unproven"
 
 
 class NoRoute(Unavailable):
@@ -192,3 +198,11 @@ class PermissionDenied(MeshnetError):
     """A known peer asking for what its role or identity does not allow."""
 
     code = "permission_denied"
+
+
+class TicketRefused(PermissionDenied):
+    """An opening frame whose route ticket is missing, not the tracker's, expired, or does not
+    name this session, this hop, its next hop or its sender: the shard opens nothing and dials
+    nothing (``core.tickets``)."""
+
+    code = "ticket_refused"

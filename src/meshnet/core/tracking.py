@@ -17,6 +17,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.tickets import SealedTicket
 
 MAX_TOKENS = 2**53
 """Token counts stay exact in a float64 (JSON, SQLite REAL) below this."""
@@ -75,6 +76,9 @@ class Route:
     n_layers: int
     ms_per_token: float
     """The planner's estimate, for telemetry; not a promise."""
+    ticket: SealedTicket | None = None
+    """The tracker's ticket for the session the route was asked for (``core.tickets``); None for
+    a route asked without a session (a probe), which opens nothing."""
 
     def __post_init__(self) -> None:
         if not self.hops:
@@ -176,6 +180,11 @@ class RouteQuery:
     """Model name or recipe fingerprint."""
     session_id: SessionId | None = None
     exclude: frozenset[NodeId] = frozenset()
+    request_id: RequestId | None = None
+    """With ``session_id``: the one request the route's ticket is for (None: any of the session)."""
+    ticket_seconds: float = 0.0
+    """With ``session_id``: how long the ticket should last (``core.tickets.ticket_seconds``); 0:
+    the tracker's default."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
 from meshnet.core.errors import MeshnetError, Unreachable
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.swarm_status import NodeTable
@@ -189,9 +189,16 @@ class TrackerClient:
         session_id: SessionId | None = None,
         exclude: Iterable[NodeId] = (),
         timeout_s: float | None = None,
+        request_id: RequestId | None = None,
+        ticket_seconds: float = 0.0,
     ) -> Route:
-        """A route for ``model`` (name or fingerprint); each hop carries its node's capability."""
-        request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude)))
+        """A route for ``model`` (name or fingerprint); each hop carries its node's capability.
+
+        With ``session_id`` it carries the route's ticket for that session (and ``request_id``),
+        lasting ``ticket_seconds`` (0: the tracker's default), which every shard checks before
+        it opens the session (``core.tickets``)."""
+        query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds)
+        request = wire.route_query_to_proto(query)
         return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:

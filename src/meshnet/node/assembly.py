@@ -43,7 +43,9 @@ from meshnet.node.calibrate import ShardSpeed, measure_speed
 from meshnet.node.config import FakeModel, WorkerConfig
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.shard import AnyShard, build_shard
+from meshnet.node.tickets import TicketGate
 from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
+from meshnet.security.tickets import TicketVerifier
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire import services
@@ -112,7 +114,10 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
         connect, ring = partial(ShardStream, links), partial(RingStream, links)
-        shard = build_shard(node_id, record, loop, policy, capacity, connect, open_ring=ring, grammars=grammars)
+        tickets = ticket_gate(security)
+        shard = build_shard(
+            node_id, record, loop, policy, capacity, connect, open_ring=ring, tickets=tickets, grammars=grammars
+        )
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
@@ -123,6 +128,14 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     if fetched is not None:
         held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
     return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group)
+
+
+def ticket_gate(security: LinkSecurity | None) -> TicketGate:
+    """What checks the route tickets of this worker's sessions: signed by a tracker of the swarm's
+    CA when secured; unsigned tickets on an unsecured (loopback) worker."""
+    if security is None:
+        return TicketGate(None)
+    return TicketGate(TicketVerifier(security.node.ca_pem, security.clock), security.clock)
 
 
 def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:

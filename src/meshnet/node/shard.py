@@ -29,6 +29,7 @@ from meshnet.node.stages import (
     OutputStage,
     SampleStage,
 )
+from meshnet.node.tickets import TicketGate
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.table import Session, SessionTable
@@ -58,6 +59,7 @@ class Shard(Generic[S]):
         capacity: CapacityPlan,
         output: OutputStage[S],
         continuation: Continuation,
+        tickets: TicketGate,
     ) -> None:
         self.node_id = node_id
         self.record = record
@@ -67,6 +69,7 @@ class Shard(Generic[S]):
         self._capacity = capacity
         self._output = output
         self._continuation = continuation
+        self._tickets = tickets
         self._draining = False
         self._seam_messages = 0
         self._capability_calls = 0
@@ -81,14 +84,31 @@ class Shard(Generic[S]):
     # -- frames ---------------------------------------------------------------------------
 
     async def handle(self, frame: StepFrame, stream_deadline: float | None, opener: str | None = None) -> StepResult:
+<<<<<<< HEAD
         """Run one frame of a session; the caller owns the stream the session lives on, and
         ``opener`` is the certificate (node id) that sent it (None: nobody is checked)."""
+=======
+        """Run one frame of a session; the caller owns the stream the session lives on.
+
+        ``opener``: the node id of the stream's sender, which an opening frame's route ticket must
+        name (None on an unsecured shard, where nobody's identity is checked)."""
+>>>>>>> t29c
         meta = frame.meta
         self._check(frame)
-        if meta.cache == "new" and meta.step == 0:
+        if meta.cache != "new":
+            return await self._run(self._table.get(meta.session_id), frame)
+        # Before anything is taken over, opened or dialled: the tracker's word for this route.
+        ticket = self._tickets.admit(frame, self.node_id, self.record.address, self.shape.layers, opener)
+        if meta.step == 0:
             await self._supersede(meta.session_id, meta.route_epoch)
+<<<<<<< HEAD
         if meta.cache == "new" and meta.step == 0 and meta.session_id not in self._table:
             session = await self._open(frame, stream_deadline, opener)
+=======
+        if meta.step == 0 and meta.session_id not in self._table:
+            session = await self._open(frame, stream_deadline)
+            self._tickets.hold(meta.session_id, meta.route_epoch, ticket)
+>>>>>>> t29c
             try:
                 return await self._run(session, frame)
             except BaseException:
@@ -97,7 +117,8 @@ class Shard(Generic[S]):
         return await self._run(self._table.get(meta.session_id), frame)
 
     async def _supersede(self, key: SessionId, epoch: int) -> None:
-        """An opening frame of a newer route for a session held here ends the held one.
+        """An opening frame of a newer route for a session held here ends the held one (only once
+        the frame's ticket, of that newer epoch, was admitted: nobody else can take a session over).
 
         The tracker moves the epoch on whenever a session's route changes, and a failover replays
         the session onto its new route under the same id; a shard kept on the new route may still
@@ -222,6 +243,7 @@ class Shard(Generic[S]):
         session = self._table.close(key, reason=reason)
         if session is None:
             return False
+        self._tickets.release(key, session.epoch)
         await self._teardown(session)
         return True
 
@@ -232,10 +254,14 @@ class Shard(Generic[S]):
             await self._output.release(session.state)
 
     async def expire_idle(self) -> int:
+        """Free the sessions idle past their time to live, and those whose route ticket expired."""
         keys = self._table.expired()
         for key in keys:
             await self.end(key, "expired after its time to live")
-        return len(keys)
+        lapsed = 0
+        for key, epoch in self._tickets.expired():
+            lapsed += await self.end(key, "its route ticket expired", epoch=epoch)
+        return len(keys) + lapsed
 
     async def close(self) -> None:
         for session in self._table.sessions():
@@ -304,6 +330,7 @@ def build_shard(
     connect: Connect,
     *,
     open_ring: OpenRing,
+    tickets: TicketGate,
     clock: Callable[[], float] = time.monotonic,
     grammars: GrammarVocabulary | None = None,
 ) -> AnyShard:
@@ -313,16 +340,18 @@ def build_shard(
     stream of a session (used only if this shard forwards; ``open_ring`` only by a head, which
     reads the tail's answers to every frame after the opening one there); ``clock`` times
     sessions for eviction and expiry; ``grammars`` lets a tail constrain output to a grammar
-    (response_format), None refuses such sessions.
+    (response_format), None refuses such sessions; ``tickets`` checks every opening frame's
+    route ticket (``node.tickets``).
     """
     shape = loop.backend.shape
     continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
     if shape.emits_logits:
         sampling_table = SessionTable[TailState](policy, clock=clock)
         stage = SampleStage(grammars, is_head=shape.takes_tokens)
-        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation)
+        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation, tickets)
     forward = ForwardStage(shape.n_layers, connect, open_ring=open_ring if shape.takes_tokens else None)
-    return Shard(node_id, record, loop, SessionTable[Downstream](policy, clock=clock), capacity, forward, continuation)
+    table = SessionTable[Downstream](policy, clock=clock)
+    return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets)
 
 
 def _engine_input(slot: int, frame: StepFrame) -> StepInput:

@@ -189,6 +189,8 @@ class ForwardStage:
         return None  # ``check`` already insists on the hops in every opening frame
 
     def open_state(self, frame: StepFrame, stream_deadline: float | None) -> Downstream:
+        # The shard admitted the frame's ticket first (``node.tickets``): these hops are the
+        # ticket's, so this dials only the next hop the tracker put on the session's route.
         timeout = None if stream_deadline is None else max(stream_deadline - time.monotonic(), 0.001)
         first = frame.downstream[0]
         link = self._connect(first.address, timeout, first.node_id or None)
@@ -211,6 +213,7 @@ class ForwardStage:
             ring=frame.ring,
             want_timings=frame.want_timings,
             timings=(*frame.timings, timing) if frame.ring and timing is not None else (),
+            ticket=frame.ticket if opening else None,  # each shard down the route checks it too
         )
         if frame.ring:
             return await self._ring_step(state, frame, outgoing, deadline)

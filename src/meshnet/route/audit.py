@@ -202,7 +202,7 @@ class Auditor:
         generated = case.generated
         request = replace(case.request, max_tokens=len(generated))
         audit_id = RequestId(f"{case.request_id}-audit")
-        session = RouteSession(audit_id, session_id, route.hops, route.fingerprint, route.epoch)
+        session = RouteSession(audit_id, session_id, route.hops, route.fingerprint, route.epoch, route.ticket)
         last: int | None = None
         try:
             async for event in self._driver.run(session, request, history=generated[:-1]):

@@ -38,7 +38,11 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
+<<<<<<< HEAD
 from meshnet.core.step_budget import StepBudget
+=======
+from meshnet.core.tickets import SealedTicket
+>>>>>>> t29c
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
@@ -71,6 +75,9 @@ class RouteSession:
     hops: tuple[RouteHop, ...]
     fingerprint: str
     epoch: int
+    ticket: SealedTicket | None = None
+    """The tracker's ticket for this session's route, carried in the opening frame: every shard
+    refuses to open the session without a valid one (``core.tickets``)."""
 
 
 class RouteDriver:
@@ -211,6 +218,7 @@ async def _prefill(
             tokens=np.ascontiguousarray(chunk.payload),
             downstream=downstream if step == 0 else (),
             sampling=run.request.sampling if step == 0 else None,
+            ticket=run.route.ticket if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.

@@ -32,6 +32,7 @@ from meshnet.core.errors import (
 from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
+from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
@@ -118,7 +119,10 @@ class SwarmClient:
         try:
             async with lifetime(life):
                 session_id = new_session_id()
-                route = await self.tracker.choose_route(request.model, session_id=session_id)
+                lasting = ticket_seconds(request.timeout_s)
+                route = await self.tracker.choose_route(
+                    request.model, session_id=session_id, request_id=request_id, ticket_seconds=lasting
+                )
                 # Before anything is streamed: a request that cannot fit would otherwise run until
                 # the first shard runs out of positions and fail as a retryable overload.
                 self._check_context(route, request)
@@ -146,7 +150,9 @@ class SwarmClient:
         while True:
             run.attempts.append((run.route, len(life.tokens)))
             route, produced = run.route, len(life.tokens)
-            session = RouteSession(run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch)
+            session = RouteSession(
+                run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch, route.ticket
+            )
             events = self._driver.run(session, run.request, history=tuple(life.tokens))
             try:
                 async with contextlib.aclosing(events):
@@ -175,7 +181,7 @@ class SwarmClient:
                 await self._fail_over(run, error, excluded)
 
     async def _fail_over(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> None:
-        run.route = await self._replace(run.request, run.session_id, run.route, error, excluded)
+        run.route = await self._replace(run, error, excluded)
         replay = f"{error.message}; replaying {len(run.life.tokens)} token(s) onto a new route"
         run.life.note(RouteHealth("failover", replay))
         run.life.note(_accepted(run.request_id, run.session_id, run.route))
@@ -236,21 +242,29 @@ class SwarmClient:
             return frozenset(hop.node_id for hop in route.hops)
         return None if untyped and not dead else dead
 
-    async def _replace(
-        self,
-        request: GenerationRequest,
-        session_id: SessionId,
-        route: Route,
-        error: MeshnetError,
-        excluded: frozenset[NodeId],
-    ) -> Route:
-        hops = [hop.address for hop in route.hops]
+    async def _replace(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> Route:
+        hops = [hop.address for hop in run.route.hops]
         log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
+        # A new route has a new ticket, of its newer epoch: the only way it may take the session
+        # over on a shard still holding the lost route's (``Shard._supersede``).
+        request = run.request
         try:
+<<<<<<< HEAD
             return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
         except (NoRoute, Unreachable) as no_route:
             # The client-visible fact is the lost worker (the status contract's ``worker_lost``);
             # no route, or no tracker to ask for one, is why it stays lost.
+=======
+            return await self.tracker.choose_route(
+                request.model,
+                session_id=run.session_id,
+                exclude=excluded,
+                request_id=run.request_id,
+                ticket_seconds=ticket_seconds(request.timeout_s),
+            )
+        except NoRoute as no_route:
+            # The client-visible fact is the lost worker; the missing replacement is why it stays lost.
+>>>>>>> t29c
             raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:

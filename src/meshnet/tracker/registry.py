@@ -131,17 +131,16 @@ class NodeRegistry:
         """Add the node ``node_id`` (its own id, see ``NodeId``; the registry makes none up).
 
         Raises ``Uncertified`` when the record's certification does not certify what it
-        registers, or disagrees with the recipe's live nodes (``tracker.certification``)."""
+        registers, or disagrees with the recipe's live nodes (``tracker.certification``). A
+        secured tracker calls this only once the node answered at its address under its own
+        certificate (``tracker.dial_back``)."""
         self.sweep()
-        if node_id in self._quarantined:
-            raise FailedPrecondition(
-                f"node {node_id} is quarantined (its output disagreed with other nodes' in an audit); "
-                "it stays out of routes until an operator clears it"
-            )
+        self.check_admissible(node_id)
         # One id is one live node, and so is one address: a node that registers again (restarted,
         # or on another port) or another node now at its address replaces the old entry, and the
         # sessions routed to that entry are gone either way, so it leaves routes, even when the
-        # new one is refused (whatever answers at that address is not the old node).
+        # new one is refused (whatever answers at that address is not the old node: on a secured
+        # tracker the dial-back proved that the new one does).
         stale = [
             entry.node_id
             for entry in self._nodes.values()
@@ -153,6 +152,7 @@ class NodeRegistry:
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now)
         return node_id
 
+<<<<<<< HEAD
     def adopt_epoch(self, known_epoch: int) -> bool:
         """Move above ``known_epoch``, an epoch a registering node says it was told, if this one
         is not above it yet; True if it moved.
@@ -172,6 +172,15 @@ class NodeRegistry:
         )
         self._epoch = known_epoch + 1
         return True
+=======
+    def check_admissible(self, node_id: NodeId) -> None:
+        """Refuse (FailedPrecondition) an id an audit quarantined."""
+        if node_id in self._quarantined:
+            raise FailedPrecondition(
+                f"node {node_id} is quarantined (its output disagreed with other nodes' in an audit); "
+                "it stays out of routes until an operator clears it"
+            )
+>>>>>>> t29c
 
     def heartbeat(self, node_id: NodeId, load: NodeLoad) -> bool:
         """Record a heartbeat; False means the node is unknown (expired or never registered)."""

@@ -21,10 +21,13 @@ from meshnet.core.errors import MeshnetError, StorageUnavailable, Unauthenticate
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
+from meshnet.security.tickets import TicketSigner
+from meshnet.tracker.dial_back import AddressProof
 from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import TrackerStore
+from meshnet.tracker.tickets import TicketIssuer
 from meshnet.wire import placement_wire, services, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import abort_with
@@ -99,6 +102,8 @@ class TrackerServicer(services.TrackerServicer):
         self.revocations = revocations or RevocationFeed(None if security is None else security.revocations)
         self._store = store
         self._wall_clock = wall_clock
+        self._tickets = TicketIssuer(None if security is None else TicketSigner(lambda: security.node), wall_clock)
+        self._addresses = AddressProof(security)
         self._saved_epoch = registry.epoch
         self._epoch_write: asyncio.Future[None] | None = None
 
@@ -135,6 +140,10 @@ class TrackerServicer(services.TrackerServicer):
         known_epoch = wire.known_epoch_from_proto(request)
         # Secured, the id must be the certificate's (``authorize_tracker``): one node, one id.
         self.admit(context, "Register", node_id)
+        self._registry.check_admissible(node_id)
+        # And the address must be the node's: it answers there under that id (``dial_back``).
+        # Until then nothing changes, so a refused claim evicts no node serving there.
+        await self._addresses.check(record.address, node_id)
         try:
             self._registry.register(record, node_id)
         except Uncertified as refused:
@@ -190,9 +199,11 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.RouteRequest, context: grpc.aio.ServicerContext
     ) -> services.RouteReply:
         query = wire.route_query_from_proto(request)
-        self.admit(context, "ChooseRoute")
+        caller = self.admit(context, "ChooseRoute")
         route = self._registry.choose_route(query)
         await self.persist_epoch()
+        # Its ticket is given to the caller: only it may open the route's head session.
+        route = self._tickets.issue(route, query, None if caller is None else caller.node_id)
         return wire.route_to_proto(route)
 
     @maps_errors

@@ -20,6 +20,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.sampling_options import TokenLogprobs
+from meshnet.core.tickets import SealedTicket
 
 SCHEMA_VERSION = 1
 """The frame schema this code writes."""
@@ -201,6 +202,9 @@ class StepFrame:
     """A probe asks every shard on the way for its ``HopTiming``."""
     timings: tuple[HopTiming, ...] = ()
     """On a ring frame with ``want_timings``: the timings of the shards it has passed."""
+    ticket: SealedTicket | None = None
+    """Opening frame only: the tracker's ticket for the session's route (``core.tickets``), which
+    every shard verifies before it opens the session or dials the next hop."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -223,6 +227,8 @@ class StepFrame:
             raise InvalidArgument("the opening frame travels on the chain, not on the ring")
         if self.timings and not (self.ring and self.want_timings):
             raise InvalidArgument("only a ring frame that asks for timings carries them")
+        if self.ticket is not None and meta.cache != "new":
+            raise InvalidArgument("only a session's opening frame carries its route ticket")
 
     def _check_payload(self) -> int:
         is_head = self.meta.layers.start == 0

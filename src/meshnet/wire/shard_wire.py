@@ -49,6 +49,7 @@ from meshnet.wire.frames import (
 from meshnet.wire.generated import shard_pb2 as pb
 from meshnet.wire.node_wire import record_from_proto, record_to_proto
 from meshnet.wire.payload import decode_hidden, decode_tokens, encode_tokens, write_hidden
+from meshnet.wire.ticket_wire import sealed_from_proto, sealed_to_proto
 
 _PHASE_TO_PROTO: dict[Phase, int] = {"prefill": pb.PHASE_PREFILL, "decode": pb.PHASE_DECODE}
 _PHASE_FROM_PROTO: dict[int, Phase] = {v: k for k, v in _PHASE_TO_PROTO.items()}
@@ -103,6 +104,8 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     if frame.want_timings:
         message.want_timings = True
         _add_timings(message.timings, frame.timings)
+    if frame.ticket is not None:
+        message.ticket.CopyFrom(sealed_to_proto(frame.ticket))
     return message
 
 
@@ -148,6 +151,7 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         ring=message.ring,
         want_timings=message.want_timings,
         timings=_timings_from_proto(message.timings, limits.max_hops) if message.timings else (),
+        ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
     )
 
 

@@ -12,10 +12,12 @@ is the tracker's fault, not the caller's, so the client-side decoder reports it 
 
 from __future__ import annotations
 
+import math
+
 from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import RouteHop
-from meshnet.core.ids import NodeId, SessionId, check_node_id
+from meshnet.core.ids import NodeId, RequestId, SessionId, check_node_id
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import (
@@ -30,11 +32,16 @@ from meshnet.core.tracking import (
 )
 from meshnet.wire.generated import tracker_pb2 as pb
 from meshnet.wire.node_wire import capability_from_proto, capability_to_proto, record_from_proto, record_to_proto
+from meshnet.wire.ticket_wire import sealed_from_proto, sealed_to_proto
 
 MAX_EXCLUDED = 1024
+<<<<<<< HEAD
 MAX_KNOWN_EPOCH = 2**62
 """Half a frame's largest route epoch (``frames.MAX_EPOCH``): moving above a reported epoch
 leaves the epoch room to grow for ever."""
+=======
+MAX_TICKET_SECONDS = 2**32 - 1
+>>>>>>> t29c
 
 
 def node_id_from_proto(text: str) -> NodeId:
@@ -140,7 +147,13 @@ def revocations_from_proto(message: pb.RevocationList) -> frozenset[str]:
 
 
 def route_query_to_proto(query: RouteQuery) -> pb.RouteRequest:
-    return pb.RouteRequest(model=query.model, session_id=query.session_id or "", exclude_node_ids=sorted(query.exclude))
+    return pb.RouteRequest(
+        model=query.model,
+        session_id=query.session_id or "",
+        exclude_node_ids=sorted(query.exclude),
+        request_id=query.request_id or "",
+        ticket_seconds=min(math.ceil(query.ticket_seconds), MAX_TICKET_SECONDS),
+    )
 
 
 def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
@@ -149,10 +162,14 @@ def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
         raise InvalidArgument(f"at most {MAX_EXCLUDED} excluded nodes, got {len(message.exclude_node_ids)}")
     if message.session_id:
         check_text("session_id", message.session_id)
+    if message.request_id:
+        check_text("request_id", message.request_id)
     return RouteQuery(
         model=message.model,
         session_id=SessionId(message.session_id) if message.session_id else None,
         exclude=frozenset(node_id_from_proto(node_id) for node_id in message.exclude_node_ids),
+        request_id=RequestId(message.request_id) if message.request_id else None,
+        ticket_seconds=float(message.ticket_seconds),
     )
 
 
@@ -174,6 +191,7 @@ def route_to_proto(route: Route) -> pb.RouteReply:
         quantization=route.quantization,
         n_layers=route.n_layers,
         estimated_ms_per_token=route.ms_per_token,
+        ticket=None if route.ticket is None else sealed_to_proto(route.ticket),
     )
 
 
@@ -191,6 +209,7 @@ def route_from_proto(message: pb.RouteReply) -> Route:
             fingerprint=fingerprints.pop(),
             n_layers=message.n_layers,
             ms_per_token=message.estimated_ms_per_token,
+            ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
         )
     except MeshnetError as error:
         raise Unavailable(f"the tracker sent a malformed route: {error.message}") from error

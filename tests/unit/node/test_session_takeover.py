@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from worker_shards import FINGERPRINT, Route, start_route
 
-from meshnet.core.errors import PermissionDenied, RouteStale
+from meshnet.core.errors import PermissionDenied, RouteStale, TicketRefused
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.tickets import CLOCK_SKEW_S, SealedTicket
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.session_stream import SessionStream
 from meshnet.wire.frames import FrameMeta, StepFrame
@@ -33,7 +34,9 @@ async def route() -> AsyncIterator[Route]:
     await started.close()
 
 
-def tail_frame(route: Route, epoch: int, *, step: int = 0, position: int = 0, rows: int = ROWS) -> StepFrame:
+def tail_frame(
+    route: Route, epoch: int, *, step: int = 0, position: int = 0, rows: int = ROWS, ticket: SealedTicket | None = None
+) -> StepFrame:
     """A frame into the tail as a middle forwards it: the opening one down the chain, later ones
     on the ring."""
     tail = route.shards[1]
@@ -51,8 +54,15 @@ def tail_frame(route: Route, epoch: int, *, step: int = 0, position: int = 0, ro
         deadline_ms=5000,
     )
     hidden = np.full((rows, tail.shape.n_embd), 0.25 * (position + 1), np.float32)
+    if opening and ticket is None:
+        ticket = route.ticket(SESSION, epoch=epoch)
     return StepFrame(
-        meta, hidden=hidden, sampling=SamplingParams() if opening else None, final_chunk=True, ring=not opening
+        meta,
+        hidden=hidden,
+        sampling=SamplingParams() if opening else None,
+        final_chunk=True,
+        ring=not opening,
+        ticket=ticket if opening else None,
     )
 
 
@@ -70,6 +80,24 @@ async def test_a_newer_route_takes_the_session_over_and_the_lost_streams_end_fre
     await replacement.run(tail_frame(route, epoch=2, step=1, position=ROWS, rows=1))
     await replacement.end(None)
     assert tail.open_sessions == 0
+
+
+@pytest.mark.parametrize("wrong", ["older epoch", "another session", "expired"])
+async def test_a_newer_opening_without_its_own_routes_ticket_takes_nothing_over(route: Route, wrong: str) -> None:
+    tail = route.shards[1]
+    held = SessionStream(tail, None)
+    first = await held.run(tail_frame(route, epoch=1))
+    tickets = {
+        "older epoch": route.ticket(SESSION, epoch=1),
+        "another session": route.ticket("s-other", epoch=2),
+        "expired": route.ticket(SESSION, epoch=2, seconds=1.0, age_s=CLOCK_SKEW_S + 2),
+    }
+    with pytest.raises(TicketRefused):
+        await SessionStream(tail, None).run(tail_frame(route, epoch=2, ticket=tickets[wrong]))
+    assert tail.open_sessions == 1  # the held session is still the first route's
+    again = await held.run(tail_frame(route, epoch=1, step=1, position=ROWS, rows=1))
+    assert again.token_id is not None and first.token_id is not None
+    await held.end(None)
 
 
 async def test_an_older_or_repeated_opening_takes_nothing_over(route: Route) -> None:

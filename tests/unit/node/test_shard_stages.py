@@ -161,18 +161,20 @@ async def test_each_output_stage_insists_on_what_its_sessions_need(route: Route)
         await route.head.handle(StepFrame(step1.meta, tokens=step1.tokens, downstream=route.hops(), ring=True), None)
     tail = route.shards[2]
     with pytest.raises(InvalidArgument, match="sampling parameters for the tail"):
-        await tail.handle(tail_opening("t", sampling=None), None)
+        await tail.handle(tail_opening(route, "t", sampling=None), None)
     beyond = (HopSpec("elsewhere", LayerRange(6, 7), FINGERPRINT),)
     with pytest.raises(InvalidArgument, match="only in the opening frame of a non-tail shard"):
-        await tail.handle(tail_opening("t", downstream=beyond), None)
+        await tail.handle(tail_opening(route, "t", downstream=beyond), None)
     assert [s.open_sessions for s in route.shards] == [1, 1, 1]  # only the route's own session
 
 
 def tail_opening(
-    session: str, *, sampling: SamplingParams | None = GREEDY, downstream: tuple[HopSpec, ...] = ()
+    route: Route, session: str, *, sampling: SamplingParams | None = GREEDY, downstream: tuple[HopSpec, ...] = ()
 ) -> StepFrame:
+    """The opening frame the middle forwards to the tail, with the route's ticket."""
     meta = FrameMeta(RequestId("r"), SessionId(session), 0, FINGERPRINT, LayerRange(4, 6), "prefill", 0, 0, "new")
-    return StepFrame(meta, hidden=np.zeros((1, 16), np.float32), sampling=sampling, downstream=downstream)
+    hidden = np.zeros((1, 16), np.float32)
+    return StepFrame(meta, hidden=hidden, sampling=sampling, downstream=downstream, ticket=route.ticket(session))
 
 
 async def test_the_head_loop_stops_at_max_steps(route: Route) -> None:
@@ -220,7 +222,7 @@ async def test_ending_a_session_at_the_head_frees_it_on_every_shard(route: Route
 async def test_a_failed_opening_frame_leaves_no_session_behind() -> None:
     route = await start_route(THREE, policy=admission_policy(1, evict_idle_after=600.0))
     try:
-        await route.shards[2].handle(tail_opening("other"), None)  # the tail is now full
+        await route.shards[2].handle(tail_opening(route, "other"), None)  # the tail is now full
         # Head and middle admit "b", the tail refuses it: head and middle must let it go again.
         with pytest.raises(ResourceExhausted):
             await route.head.handle(opening(route, "b", PROMPT), None)
@@ -263,14 +265,14 @@ async def test_a_tail_without_a_vocabulary_refuses_grammar_sessions(route: Route
     tail = route.shards[2]
     constrained = SamplingParams(constraint=OutputConstraint('root ::= "{}"'))
     with pytest.raises(InvalidArgument, match="no vocabulary to apply a grammar"):
-        await tail.handle(tail_opening("g", sampling=constrained), None)
+        await tail.handle(tail_opening(route, "g", sampling=constrained), None)
     assert tail.open_sessions == 0
 
 
 async def test_the_tail_reports_logprobs_only_when_asked(route: Route) -> None:
     tail = route.shards[2]
-    plain = await tail.handle(tail_opening("p"), None)
-    asked = await tail.handle(tail_opening("q", sampling=SamplingParams(logprobs=LogprobRequest(2))), None)
+    plain = await tail.handle(tail_opening(route, "p"), None)
+    asked = await tail.handle(tail_opening(route, "q", sampling=SamplingParams(logprobs=LogprobRequest(2))), None)
     assert plain.logprobs is None
     assert asked.logprobs is not None and asked.token_id == plain.token_id
     assert asked.logprobs.chosen.token_id == asked.token_id and len(asked.logprobs.top) == 2

@@ -35,6 +35,7 @@ from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
+from meshnet.core.tickets import DEFAULT_TICKET_S, SealedTicket
 from meshnet.engine.backend import ShardShape, StepInput, StepOutput
 from meshnet.engine.certification import certify_fake_engine
 from meshnet.engine.fake_backend import FakeBackend
@@ -43,9 +44,15 @@ from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard, build_shard
+<<<<<<< HEAD
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan, PeerBounds
+=======
+from meshnet.node.tickets import TicketGate
+from meshnet.session.admission import AdmissionPolicy, CapacityPlan
+>>>>>>> t29c
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
+from meshnet.wire.ticket_wire import issue_ticket
 
 USUAL_PEERS = PeerBounds(share=0.5, min_token_rate=0.5, grace=60.0)
 """The worker's default peer bounds (``WorkerConfig.session_*``)."""
@@ -252,6 +259,8 @@ class Route:
     loops: list[EngineLoop]
     streams: list[InProcessStream] = field(default_factory=list)
     rings: list[InProcessRing] = field(default_factory=list)
+    wall_clock: Callable[[], float] = time.time
+    """Unix seconds, as the shards' ticket gates read them: tickets are issued on this clock."""
 
     @property
     def head(self) -> AnyShard:
@@ -264,7 +273,31 @@ class Route:
         return backend
 
     def hops(self) -> tuple[HopSpec, ...]:
-        return tuple(HopSpec(s.record.address, s.shape.layers, FINGERPRINT) for s in self.shards[1:])
+        return tuple(HopSpec(s.record.address, s.shape.layers, FINGERPRINT, s.node_id) for s in self.shards[1:])
+
+    def ticket(
+        self,
+        session: str,
+        *,
+        request: str | None = None,
+        epoch: int = 0,
+        seconds: float = DEFAULT_TICKET_S,
+        age_s: float = 0.0,
+    ) -> SealedTicket:
+        """An unsigned ticket for ``session`` on this whole route, as an unsecured tracker issues
+        it, issued ``age_s`` ago and lasting ``seconds``."""
+        placed = (HopSpec(self.head.record.address, self.head.shape.layers, FINGERPRINT, self.head.node_id),)
+        return issue_ticket(
+            placed + self.hops(),
+            session_id=SessionId(session),
+            request_id=None if request is None else RequestId(request),
+            epoch=epoch,
+            fingerprint=FINGERPRINT,
+            holder=None,
+            now_unix_s=self.wall_clock() - age_s,
+            seconds=seconds,
+            signer=None,
+        )
 
     def sender(self, timeout: float | None = None) -> InProcessStream:
         """A stream into the head, as the route driver opens one."""
@@ -288,8 +321,10 @@ async def start_route(
     *,
     policy: AdmissionPolicy | None = None,
     clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
 ) -> Route:
-    route = Route([], [])
+    """Shards of ``ranges`` wired into one route; ``clock`` times sessions, ``wall_clock`` tickets."""
+    route = Route([], [], wall_clock=wall_clock)
     by_address: dict[str, AnyShard] = {}
 
     def connect(address: str, timeout: float | None, node_id: str | None = None) -> InProcessStream:
@@ -311,8 +346,17 @@ async def start_route(
         address = f"shard-{index}"
         record = shard_record(address, loop.backend.shape)
         admission = policy or admission_policy(2)
+        tickets = TicketGate(None, wall_clock)
         shard = build_shard(
-            NodeId(address), record, loop, admission, CAPACITY, connect, open_ring=open_ring, clock=clock
+            NodeId(address),
+            record,
+            loop,
+            admission,
+            CAPACITY,
+            connect,
+            open_ring=open_ring,
+            tickets=tickets,
+            clock=clock,
         )
         by_address[address] = shard
         route.shards.append(shard)
@@ -344,8 +388,10 @@ def opening(
     epoch: int = 0,
     sampling: SamplingParams | None = None,
     final_chunk: bool = True,
+    ticket_seconds: float = DEFAULT_TICKET_S,
 ) -> StepFrame:
-    """Step 0 of a session at the head: the frame that travels down the chain and opens it."""
+    """Step 0 of a session at the head: the frame that travels down the chain and opens it, with
+    the route's ticket lasting ``ticket_seconds``."""
     head = route.head
     meta = FrameMeta(
         RequestId("r-" + session), SessionId(session), epoch, FINGERPRINT, head.shape.layers, "prefill", 0, 0, "new"
@@ -357,6 +403,7 @@ def opening(
         sampling=sampling or SamplingParams(),
         final_chunk=final_chunk,
         continuation=continuation,
+        ticket=route.ticket(session, epoch=epoch, seconds=ticket_seconds),
     )
 
 

@@ -22,6 +22,7 @@ from protocol_samples import FINGERPRINT, LIMITS, N_EMBD, decode_bytes, hidden_f
 
 from meshnet.core.errors import IntegrityError, InvalidArgument, MeshnetError, ResourceExhausted
 from meshnet.core.layers import LayerRange
+from meshnet.core.tickets import MAX_SIGNER_BYTES, MAX_TICKET_BODY_BYTES
 from meshnet.wire.frames import MAX_POSITION, SUPPORTED_SCHEMA_VERSIONS, StepFrame
 from meshnet.wire.generated import shard_pb2 as pb
 from meshnet.wire.shard_wire import frame_from_proto, frame_to_proto
@@ -326,6 +327,24 @@ def bad_downstream(data: st.DataObject, m: pb.StepRequest) -> Outcome:
     return invalid(m)
 
 
+def bad_ticket(data: st.DataObject, m: pb.StepRequest) -> Outcome:
+    """A route ticket's parts are bounded and whole, and only an opening frame carries one."""
+    opening = m.header.cache == pb.CACHE_EXPECTATION_NEW
+    kinds = ["empty body", "oversized body", "signature without signer", "oversized signer"]
+    kind = data.draw(st.sampled_from(kinds if opening else [*kinds, "not an opening frame"]))
+    body, signature, signer = b"\x0a\x01s", b"", b""
+    if kind == "empty body":
+        body = b""
+    elif kind == "oversized body":
+        body = b"\x00" * (MAX_TICKET_BODY_BYTES + 1)
+    elif kind == "signature without signer":
+        signature = b"\x30" * 70
+    elif kind == "oversized signer":
+        signature, signer = b"\x30" * 70, b"-" * (MAX_SIGNER_BYTES + 1)
+    m.ticket.body, m.ticket.signature, m.ticket.signer_certificate = body, signature, signer
+    return invalid(m)
+
+
 # --- bytes ----------------------------------------------------------------------------------------
 
 
@@ -364,6 +383,7 @@ MUTATIONS: list[Mutation] = [
     bad_bundle,
     bad_sampling,
     bad_downstream,
+    bad_ticket,
     truncated,
 ]
 

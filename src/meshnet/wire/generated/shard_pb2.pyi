@@ -1,4 +1,5 @@
 from meshnet.wire.generated import node_pb2 as _node_pb2
+from meshnet.wire.generated import ticket_pb2 as _ticket_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -184,7 +185,7 @@ class GrammarConstraintSpec(_message.Message):
     def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ring", "want_timings", "timings")
+    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +193,7 @@ class StepRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     FINAL_CHUNK_FIELD_NUMBER: _ClassVar[int]
     CONTINUATION_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     RING_FIELD_NUMBER: _ClassVar[int]
     WANT_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -202,10 +204,11 @@ class StepRequest(_message.Message):
     sampling: SamplingSpec
     final_chunk: bool
     continuation: Continuation
+    ticket: _ticket_pb2.RouteTicket
     ring: bool
     want_timings: bool
     timings: _containers.RepeatedCompositeFieldContainer[HopTiming]
-    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ...) -> None: ...
 
 class RingOpen(_message.Message):
     __slots__ = ("session_id", "request_id")

@@ -80,9 +80,9 @@ class ShardServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Session(self, request_iterator, context):
-        """One long-lived stream per route session per seam. The opening frame carries the downstream
-        hops and the sampling spec; every frame is answered by exactly one StepResponse (a ChunkAck
-        for a non-final prefill chunk, the sampled token otherwise).
+        """One long-lived stream per route session per seam. The opening frame carries the route's
+        ticket, the downstream hops and the sampling spec; every frame is answered by exactly one
+        StepResponse (a ChunkAck for a non-final prefill chunk, the sampled token otherwise).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,4 +1,5 @@
 from meshnet.wire.generated import node_pb2 as _node_pb2
+from meshnet.wire.generated import ticket_pb2 as _ticket_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -77,17 +78,21 @@ class RevocationList(_message.Message):
     def __init__(self, revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "session_id", "exclude_node_ids")
+    __slots__ = ("model", "session_id", "exclude_node_ids", "request_id", "ticket_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     session_id: str
     exclude_node_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    request_id: str
+    ticket_seconds: int
+    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., ticket_seconds: _Optional[int] = ...) -> None: ...
 
 class RouteReply(_message.Message):
-    __slots__ = ("hops", "epoch", "model", "quantization", "n_layers", "estimated_ms_per_token")
+    __slots__ = ("hops", "epoch", "model", "quantization", "n_layers", "estimated_ms_per_token", "ticket")
     class Hop(_message.Message):
         __slots__ = ("node_id", "address", "layer_start", "layer_stop", "fingerprint", "capability")
         NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -109,13 +114,15 @@ class RouteReply(_message.Message):
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     N_LAYERS_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_MS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     hops: _containers.RepeatedCompositeFieldContainer[RouteReply.Hop]
     epoch: int
     model: str
     quantization: str
     n_layers: int
     estimated_ms_per_token: float
-    def __init__(self, hops: _Optional[_Iterable[_Union[RouteReply.Hop, _Mapping]]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., n_layers: _Optional[int] = ..., estimated_ms_per_token: _Optional[float] = ...) -> None: ...
+    ticket: _ticket_pb2.RouteTicket
+    def __init__(self, hops: _Optional[_Iterable[_Union[RouteReply.Hop, _Mapping]]] = ..., epoch: _Optional[int] = ..., model: _Optional[str] = ..., quantization: _Optional[str] = ..., n_layers: _Optional[int] = ..., estimated_ms_per_token: _Optional[float] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ...) -> None: ...
 
 class WorkRecord(_message.Message):
     __slots__ = ("request_id", "session_id", "model", "status", "tokens_in", "tokens_out", "attribution", "billing_units", "started_at_unix_s", "finished_at_unix_s")

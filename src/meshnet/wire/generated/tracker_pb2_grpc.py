@@ -87,7 +87,10 @@ class TrackerServicer:
     def Register(self, request, context):
         """A worker announces itself under its node id (NodeRegistration.node_id): on a secured tracker
         the id its certificate carries, and nothing else; the tracker never makes ids up. Register
-        again under the same id after HeartbeatReply.known == false or a tracker restart.
+        again under the same id after HeartbeatReply.known == false or a tracker restart. A secured
+        tracker first dials the record's address pinned to that id (mTLS) and answers UNAVAILABLE
+        (code address_unproven) unless the node answers there under its own certificate; a refused
+        registration takes nothing from a node serving at that address.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
