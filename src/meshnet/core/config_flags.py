@@ -271,6 +271,9 @@ def _option_words(flag: Flag, value: Any) -> list[str]:
     if value is None:
         raise InvalidArgument(f"{flag.option} defaults to {show_value(flag.default)}: none cannot be written")
     text = _text(flag, kind, value)
+    if text == "--":
+        # argparse reads "--" as the end of options even after "=" and drops it from the value.
+        raise InvalidArgument(f"{flag.option}: the value '--' cannot be passed on a command line")
     # A value that starts with a dash would read as a flag of its own.
     return [f"{flag.option}={text}"] if text.startswith("-") else [flag.option, text]
 

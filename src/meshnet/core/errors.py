@@ -153,6 +153,8 @@ class StorageUnavailable(Unavailable):
     and retry it."""
 
     code = "storage_unavailable"
+
+
 class AddressUnproven(Unavailable):
     """A registration whose declared address does not answer under the registering node's own
     certificate (the tracker's dial-back): nothing of that address is taken from a node serving

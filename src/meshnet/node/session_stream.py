@@ -29,20 +29,13 @@ M = TypeVar("M")
 class SessionStream:
     """The session one stream carries on ``shard``, and the stream's deadline (monotonic).
 
-<<<<<<< HEAD
-=======
     ``opener``: the node id of the stream's sender (its certificate's), which the session's route
     ticket must name; None on an unsecured shard."""
 
->>>>>>> t29c
     def __init__(self, shard: AnyShard, stream_deadline: float | None, opener: str | None = None) -> None:
         self._shard = shard
         self._deadline = stream_deadline
         self._opener = opener
-<<<<<<< HEAD
-        """The certificate (node id) on the other end of the stream; None: nobody is checked."""
-=======
->>>>>>> t29c
         self.session_id: SessionId | None = None
         """Set once a frame of this stream succeeded: only then does the session belong to it."""
         self.epoch: int | None = None

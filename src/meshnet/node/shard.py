@@ -84,15 +84,10 @@ class Shard(Generic[S]):
     # -- frames ---------------------------------------------------------------------------
 
     async def handle(self, frame: StepFrame, stream_deadline: float | None, opener: str | None = None) -> StepResult:
-<<<<<<< HEAD
-        """Run one frame of a session; the caller owns the stream the session lives on, and
-        ``opener`` is the certificate (node id) that sent it (None: nobody is checked)."""
-=======
         """Run one frame of a session; the caller owns the stream the session lives on.
 
         ``opener``: the node id of the stream's sender, which an opening frame's route ticket must
         name (None on an unsecured shard, where nobody's identity is checked)."""
->>>>>>> t29c
         meta = frame.meta
         self._check(frame)
         if meta.cache != "new":
@@ -101,14 +96,9 @@ class Shard(Generic[S]):
         ticket = self._tickets.admit(frame, self.node_id, self.record.address, self.shape.layers, opener)
         if meta.step == 0:
             await self._supersede(meta.session_id, meta.route_epoch)
-<<<<<<< HEAD
-        if meta.cache == "new" and meta.step == 0 and meta.session_id not in self._table:
-            session = await self._open(frame, stream_deadline, opener)
-=======
         if meta.step == 0 and meta.session_id not in self._table:
-            session = await self._open(frame, stream_deadline)
+            session = await self._open(frame, stream_deadline, opener)
             self._tickets.hold(meta.session_id, meta.route_epoch, ticket)
->>>>>>> t29c
             try:
                 return await self._run(session, frame)
             except BaseException:

@@ -38,11 +38,8 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
-<<<<<<< HEAD
 from meshnet.core.step_budget import StepBudget
-=======
 from meshnet.core.tickets import SealedTicket
->>>>>>> t29c
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (

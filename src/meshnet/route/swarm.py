@@ -249,12 +249,6 @@ class SwarmClient:
         # over on a shard still holding the lost route's (``Shard._supersede``).
         request = run.request
         try:
-<<<<<<< HEAD
-            return await self.tracker.choose_route(request.model, session_id=session_id, exclude=excluded)
-        except (NoRoute, Unreachable) as no_route:
-            # The client-visible fact is the lost worker (the status contract's ``worker_lost``);
-            # no route, or no tracker to ask for one, is why it stays lost.
-=======
             return await self.tracker.choose_route(
                 request.model,
                 session_id=run.session_id,
@@ -262,9 +256,9 @@ class SwarmClient:
                 request_id=run.request_id,
                 ticket_seconds=ticket_seconds(request.timeout_s),
             )
-        except NoRoute as no_route:
-            # The client-visible fact is the lost worker; the missing replacement is why it stays lost.
->>>>>>> t29c
+        except (NoRoute, Unreachable) as no_route:
+            # The client-visible fact is the lost worker (the status contract's ``worker_lost``);
+            # no route, or no tracker to ask for one, is why it stays lost.
             raise Unavailable(f"{error.message}; no replacement route: {no_route.message}") from None
 
     async def _probe_dead(self, route: Route) -> set[NodeId]:

@@ -152,7 +152,6 @@ class NodeRegistry:
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now)
         return node_id
 
-<<<<<<< HEAD
     def adopt_epoch(self, known_epoch: int) -> bool:
         """Move above ``known_epoch``, an epoch a registering node says it was told, if this one
         is not above it yet; True if it moved.
@@ -172,7 +171,7 @@ class NodeRegistry:
         )
         self._epoch = known_epoch + 1
         return True
-=======
+
     def check_admissible(self, node_id: NodeId) -> None:
         """Refuse (FailedPrecondition) an id an audit quarantined."""
         if node_id in self._quarantined:
@@ -180,7 +179,6 @@ class NodeRegistry:
                 f"node {node_id} is quarantined (its output disagreed with other nodes' in an audit); "
                 "it stays out of routes until an operator clears it"
             )
->>>>>>> t29c
 
     def heartbeat(self, node_id: NodeId, load: NodeLoad) -> bool:
         """Record a heartbeat; False means the node is unknown (expired or never registered)."""

@@ -35,13 +35,10 @@ from meshnet.wire.node_wire import capability_from_proto, capability_to_proto, r
 from meshnet.wire.ticket_wire import sealed_from_proto, sealed_to_proto
 
 MAX_EXCLUDED = 1024
-<<<<<<< HEAD
 MAX_KNOWN_EPOCH = 2**62
 """Half a frame's largest route epoch (``frames.MAX_EPOCH``): moving above a reported epoch
 leaves the epoch room to grow for ever."""
-=======
 MAX_TICKET_SECONDS = 2**32 - 1
->>>>>>> t29c
 
 
 def node_id_from_proto(text: str) -> NodeId:

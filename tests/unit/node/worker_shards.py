@@ -44,12 +44,8 @@ from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard, build_shard
-<<<<<<< HEAD
-from meshnet.session.admission import AdmissionPolicy, CapacityPlan, PeerBounds
-=======
 from meshnet.node.tickets import TicketGate
-from meshnet.session.admission import AdmissionPolicy, CapacityPlan
->>>>>>> t29c
+from meshnet.session.admission import AdmissionPolicy, CapacityPlan, PeerBounds
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
 from meshnet.wire.ticket_wire import issue_ticket
