@@ -47,7 +47,10 @@ def tail_frame(route: Route, session: str, *, step: int = 0) -> StepFrame:
         "new" if opening else "continue",
     )
     hidden = np.full((ROWS if opening else 1, tail.shape.n_embd), 0.5, np.float32)
-    return StepFrame(meta, hidden=hidden, sampling=SamplingParams() if opening else None, ring=not opening)
+    ticket = route.ticket(session, request=f"r-{session}") if opening else None
+    return StepFrame(
+        meta, hidden=hidden, sampling=SamplingParams() if opening else None, ring=not opening, ticket=ticket
+    )
 
 
 async def test_an_opener_over_its_share_is_refused_at_its_bound_and_gives_a_slot_back(route: Route) -> None:
