@@ -15,6 +15,11 @@ slots for as long as it liked and every user request got 503.
   lasts (``GRACE_S`` + positions / ``MIN_RATE``, ~7 s here), then served.
 
 Every served answer equals the whole model's (``Reference``).
+
+Since route tickets, a certificate opens a session on a shard only with a tracker-signed ticket
+that names it as the hop before: the squatter here holds such tickets (signed with a tracker
+identity of the swarm CA, as a head worker of real routes receives them), the strongest position
+the bounds must hold against.
 """
 
 from __future__ import annotations
@@ -31,11 +36,16 @@ from swarm_harness import PROMPT, Reference, Swarm, Worker, chat_body, wait_sess
 
 from meshnet.core.errors import MeshnetError, ResourceExhausted
 from meshnet.core.generation import SamplingParams
-from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.tickets import DEFAULT_TICKET_S, SealedTicket
 from meshnet.route.shard_admin import fetch_capability
 from meshnet.route.shard_stream import ChannelPool, ShardStream
+from meshnet.security.certificates import read_peer
 from meshnet.security.swarm_dir import load_identity, local_identity
-from meshnet.wire.frames import FrameMeta, StepFrame
+from meshnet.security.tickets import TicketSigner
+from meshnet.wire.frames import FrameMeta, HopSpec, StepFrame
+from meshnet.wire.ticket_wire import issue_ticket
 from meshnet.wire.tls import LinkSecurity
 
 pytestmark = pytest.mark.timeout(240)
@@ -93,15 +103,37 @@ class Squatter:
     pool: ChannelPool
     fingerprint: str
     n_embd: int
+    node_id: NodeId
+    signer: TicketSigner
     held: list[Held] = field(default_factory=list)
 
     @classmethod
     async def start(cls, swarm: Swarm, name: str, shard: Worker) -> Squatter:
-        security = LinkSecurity(load_identity(local_identity(swarm.root, name, "worker", time.time())))
+        identity = load_identity(local_identity(swarm.root, name, "worker", time.time()))
+        security = LinkSecurity(identity)
         pool = ChannelPool(4 * 1024 * 1024, security)
         capability = await fetch_capability(pool, shard.address, node_id=shard.node_id)
         record = capability.record
-        return cls(name, shard, pool, record.fingerprint, record.capability.n_embd)
+        node_id = NodeId(read_peer(identity.cert_pem, identity.ca_pem, time.time()).node_id)
+        tracker = load_identity(local_identity(swarm.root, "squatter-tickets", "tracker", time.time()))
+        signer = TicketSigner(lambda: tracker)
+        return cls(name, shard, pool, record.fingerprint, record.capability.n_embd, node_id, signer)
+
+    def _ticket(self, meta: FrameMeta) -> SealedTicket:
+        """A tracker-signed ticket naming this certificate as the hop before the shard."""
+        before = HopSpec("127.0.0.1:1", LayerRange(0, self.shard.layers.start), self.fingerprint, self.node_id)
+        at = HopSpec(self.shard.address, self.shard.layers, self.fingerprint, NodeId(self.shard.node_id))
+        return issue_ticket(
+            (before, at),
+            session_id=meta.session_id,
+            request_id=meta.request_id,
+            epoch=meta.route_epoch,
+            fingerprint=self.fingerprint,
+            holder=self.node_id,
+            now_unix_s=time.time(),
+            seconds=DEFAULT_TICKET_S,
+            signer=self.signer,
+        )
 
     def _frame(self, held: Held, rows: int, *, opening: bool) -> StepFrame:
         meta = FrameMeta(
@@ -117,7 +149,7 @@ class Squatter:
         )
         hidden = np.random.default_rng(held.step).standard_normal((rows, self.n_embd)).astype(np.float32)
         if opening:
-            return StepFrame(meta, hidden=hidden, sampling=SamplingParams())
+            return StepFrame(meta, hidden=hidden, sampling=SamplingParams(), ticket=self._ticket(meta))
         return StepFrame(meta, hidden=hidden, ring=True)
 
     async def open(self, index: int) -> Held:
