@@ -25,7 +25,7 @@ import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
 from meshnet.core.errors import MeshnetError
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.swarm_status import NodeTable
@@ -38,6 +38,7 @@ from meshnet.core.tracking import (
     Registered,
     Route,
     RouteQuery,
+    SessionTokens,
     WorkAck,
     WorkRecord,
 )
@@ -187,16 +188,28 @@ class TrackerClient:
         *,
         session_id: SessionId | None = None,
         exclude: Iterable[NodeId] = (),
+        request_id: RequestId | None = None,
         timeout_s: float | None = None,
     ) -> Route:
-        """A route for ``model`` (name or fingerprint); each hop carries its node's capability."""
-        request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude)))
+        """A route for ``model`` (name or fingerprint); each hop carries its node's capability.
+
+        ``request_id``: the user request it serves, so the tracker can check (and, if this
+        gateway dies, complete) its work record against what the route's shards count."""
+        request = wire.route_query_to_proto(RouteQuery(model, session_id, frozenset(exclude), request_id))
         return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
         reply = await self._call(self._tracker().ReportWork, work_wire.work_to_proto(record), timeout_s)
         return work_wire.work_ack_from_proto(reply)
+
+    async def report_session_tokens(
+        self, node_id: NodeId, sessions: tuple[SessionTokens, ...], *, timeout_s: float | None = None
+    ) -> int:
+        """Tell the tracker what this worker computed for sessions that ended; returns how many it counted."""
+        request = work_wire.session_tokens_to_proto(node_id, sessions)
+        reply = await self._call(self._tracker().ReportSessionTokens, request, timeout_s)
+        return work_wire.session_tokens_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._tracker().ListModels, wire.list_models_request_to_proto(), timeout_s)

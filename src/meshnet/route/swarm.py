@@ -116,7 +116,9 @@ class SwarmClient:
         try:
             async with lifetime(life):
                 session_id = new_session_id()
-                route = await self.tracker.choose_route(request.model, session_id=session_id)
+                # The request id lets the tracker hold the record to the route it issued (a
+                # failover's route joins it under the same session id).
+                route = await self.tracker.choose_route(request.model, session_id=session_id, request_id=request_id)
                 # Before anything is streamed: a request that cannot fit would otherwise run until
                 # the first shard runs out of positions and fail as a retryable overload.
                 self._check_context(route, request)

@@ -25,10 +25,11 @@ from meshnet.core.errors import FailedPrecondition
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
-from meshnet.core.tracking import NodeWork, WorkRecord
+from meshnet.core.tracking import NodeWork, WorkRecord, WorkStatus
 
-SCHEMA_VERSION = 2
-"""2: work records may be ``unverified`` (DGR-013); a version-1 file is migrated on open."""
+SCHEMA_VERSION = 3
+"""2: work records may be ``unverified`` (DGR-013); 3: ``disputed`` and ``completed_by_shards``
+(``tracker.work_checks``). An older file is migrated on open."""
 
 
 def _work_records_table(name: str) -> str:
@@ -37,7 +38,9 @@ CREATE TABLE IF NOT EXISTS {name} (
     request_id TEXT PRIMARY KEY,
     session_id TEXT,
     model TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('completed', 'cancelled', 'failed', 'unverified')),
+    status TEXT NOT NULL CHECK (
+        status IN ('completed', 'cancelled', 'failed', 'unverified', 'disputed', 'completed_by_shards')
+    ),
     tokens_in INTEGER NOT NULL,
     tokens_out INTEGER NOT NULL,
     billing_units REAL NOT NULL,
@@ -77,6 +80,10 @@ CREATE TABLE IF NOT EXISTS work_shares (
     PRIMARY KEY (request_id, position)
 );
 CREATE INDEX IF NOT EXISTS work_shares_by_node ON work_shares(node_id);
+CREATE TABLE IF NOT EXISTS work_disputes (
+    request_id TEXT PRIMARY KEY REFERENCES work_records(request_id),
+    reason TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS quarantined_nodes (
     node_id TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
@@ -103,6 +110,23 @@ class TrackerStore(Protocol):
 
         Raises ``FailedPrecondition`` if its request id was stored with different content.
         """
+        ...
+
+    def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
+        """Store ``judged``, the tracker's verdict on ``reported`` (``tracker.work_checks``), with
+        ``reason`` when it is not as reported; idempotent by ``reported``'s content, as ``record_work``."""
+        ...
+
+    def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
+        """A disputed record borne out after all: ``status`` now, its dispute forgotten."""
+        ...
+
+    def work_dispute(self, request_id: RequestId) -> str | None:
+        """Why the record is not stored as reported; None: it is."""
+        ...
+
+    def node_seen(self, node_id: NodeId) -> bool:
+        """Whether ``node_id`` ever registered with this tracker (its database)."""
         ...
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None: ...
@@ -234,6 +258,49 @@ class SqliteTrackerStore:
                     connection.execute("ROLLBACK")
                 raise
         return True
+
+    def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
+        digest = work_fingerprint(reported)
+        with self._lock:
+            connection = self._connection
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                row = connection.execute(
+                    "SELECT content_sha256 FROM work_records WHERE request_id = ?", (reported.request_id,)
+                ).fetchone()
+                if row is not None:
+                    connection.execute("ROLLBACK")
+                    if row[0] != digest:
+                        raise FailedPrecondition(f"work record {reported.request_id} was stored with other content")
+                    return False
+                self._insert_work(judged, recorded_at, digest)
+                if reason:
+                    connection.execute(
+                        "INSERT INTO work_disputes(request_id, reason) VALUES (?, ?)", (judged.request_id, reason)
+                    )
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+        return True
+
+    def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
+        with self._lock, self._connection as connection:
+            connection.execute("UPDATE work_records SET status = ? WHERE request_id = ?", (status, request_id))
+            connection.execute("DELETE FROM work_disputes WHERE request_id = ?", (request_id,))
+
+    def work_dispute(self, request_id: RequestId) -> str | None:
+        with self._lock:
+            row = self._connection.execute(
+                "SELECT reason FROM work_disputes WHERE request_id = ?", (request_id,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def node_seen(self, node_id: NodeId) -> bool:
+        with self._lock:
+            row = self._connection.execute("SELECT 1 FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return row is not None
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None:
         with self._lock:

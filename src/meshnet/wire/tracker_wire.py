@@ -15,7 +15,7 @@ from __future__ import annotations
 from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.events import RouteHop
-from meshnet.core.ids import NodeId, SessionId, check_node_id
+from meshnet.core.ids import NodeId, RequestId, SessionId, check_node_id
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import (
@@ -130,7 +130,12 @@ def revocations_from_proto(message: pb.RevocationList) -> frozenset[str]:
 
 
 def route_query_to_proto(query: RouteQuery) -> pb.RouteRequest:
-    return pb.RouteRequest(model=query.model, session_id=query.session_id or "", exclude_node_ids=sorted(query.exclude))
+    return pb.RouteRequest(
+        model=query.model,
+        session_id=query.session_id or "",
+        exclude_node_ids=sorted(query.exclude),
+        request_id=query.request_id or "",
+    )
 
 
 def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
@@ -139,10 +144,13 @@ def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
         raise InvalidArgument(f"at most {MAX_EXCLUDED} excluded nodes, got {len(message.exclude_node_ids)}")
     if message.session_id:
         check_text("session_id", message.session_id)
+    if message.request_id:
+        check_text("request_id", message.request_id)
     return RouteQuery(
         model=message.model,
         session_id=SessionId(message.session_id) if message.session_id else None,
         exclude=frozenset(node_id_from_proto(node_id) for node_id in message.exclude_node_ids),
+        request_id=RequestId(message.request_id) if message.request_id else None,
     )
 
 

@@ -59,7 +59,9 @@ class FakeTracker:
     reports: list[WorkRecord] = field(default_factory=list)
     attempts: int = 0
 
-    async def choose_route(self, model: str, *, session_id: Any = None, exclude: Any = ()) -> Route:
+    async def choose_route(
+        self, model: str, *, session_id: Any = None, exclude: Any = (), request_id: Any = None
+    ) -> Route:
         self.excludes.append(frozenset(exclude))
         for epoch, name in enumerate(self.listed, start=1):
             if NodeId(name) not in self.excludes[-1]:

@@ -79,6 +79,11 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.RevocationList.FromString,
                 _registered_method=True)
+        self.ReportSessionTokens = channel.unary_unary(
+                '/meshnet.v1.Tracker/ReportSessionTokens',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensReport.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensAck.FromString,
+                _registered_method=True)
 
 
 class TrackerServicer:
@@ -152,6 +157,15 @@ class TrackerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSessionTokens(self, request, context):
+        """A worker's count of what it computed for the sessions that ended on it (only its own node id):
+        the tracker checks gateways' work records against these and completes, from them, the record
+        of a request whose gateway died before filing it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrackerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +213,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.WatchRevocations,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.RevocationList.SerializeToString,
+            ),
+            'ReportSessionTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSessionTokens,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensReport.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +463,33 @@ class Tracker:
             '/meshnet.v1.Tracker/WatchRevocations',
             meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.RevocationList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSessionTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Tracker/ReportSessionTokens',
+            meshnet_dot_v1_dot_tracker__pb2.SessionTokensReport.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.SessionTokensAck.FromString,
             options,
             channel_credentials,
             insecure,
