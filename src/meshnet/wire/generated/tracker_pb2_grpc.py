@@ -112,6 +112,8 @@ class TrackerServicer:
 
     def ReportWork(self, request, context):
         """Idempotent: the same record (same request_id, same content) reported twice is stored once.
+        A secured tracker stores it as reported only if it holds up against the route it issued for
+        the session and the shards' counts (ReportSessionTokens); else as disputed, with the reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
