@@ -158,6 +158,13 @@ def _stream_then_kill(base_url: str, auth: dict[str, str], kill: Callable[[], No
 
 
 def test_a_gateway_killed_mid_stream_leaves_a_record_counted_by_the_shards(swarm: Swarm, tmp_path: Path) -> None:
+    probe = httpx.post(
+        swarm.gateways[0].ready_line.split()[3] + "/v1/chat/completions",
+        json=chat_body(1, stream=False),
+        headers=swarm.auth,
+        timeout=60,
+    )
+    prompt_tokens = probe.json()["usage"]["prompt_tokens"]  # the same prompt as the stream's
     home = tmp_path / "doomed-gateway"
     base_url = swarm.start_gateway(data_dir=home)
     doomed = swarm.gateways[-1]
@@ -172,7 +179,7 @@ def test_a_gateway_killed_mid_stream_leaves_a_record_counted_by_the_shards(swarm
     row = _wait_row(swarm, request_id, lambda row: row[0] == "completed_by_shards")
     print(f"\nrecord filed from the shards {time.monotonic() - killed_at:.2f} s after the kill: {row}; streamed {seen}")
     _, tokens_in, tokens_out, units, reason = row
-    assert tokens_in > 0 and tokens_out >= seen >= STREAMED and reason is None
+    assert tokens_in == prompt_tokens and tokens_out >= seen >= STREAMED and reason is None
     assert units == billing_units(tokens_in, tokens_out)
 
     # Its successor files the record it wrote ahead (unverified, no tokens): the shards' stands.

@@ -15,8 +15,8 @@ counted it: once they have been quiet for a grace period, the tracker files the 
 
 ``WorkLedger`` keeps what this needs, bounded: the sessions routed lately (the routes issued for
 each, its request and gateway) and their shards' counts. It is the tracker process's memory: a
-record for a route issued before this tracker started (it restarted) is held to the static checks
-only (formula, nodes known).
+record of a request started before the ledger remembers (routed by the tracker before a restart,
+or forgotten past the bound) is held to the static checks only (formula, nodes ever registered).
 """
 
 from __future__ import annotations
@@ -179,9 +179,9 @@ class WorkLedger:
         self._limit = limit
         self._sessions: OrderedDict[SessionId, RoutedSession] = OrderedDict()
         self._counted = asyncio.Event()
-        self.started_at = wall_clock()
-        """Records of requests started before this (routed by a predecessor tracker) are held to
-        the static checks only."""
+        self.remembered_since = wall_clock()
+        """Records of requests started before this are held to the static checks only: they were
+        routed by a predecessor tracker, or their sessions were forgotten (the ledger is bounded)."""
 
     def issue(self, query: RouteQuery, route: Route, gateway: str | None) -> None:
         """Remember the route handed out for ``query``'s session (a failover's joins the first)."""
@@ -200,6 +200,9 @@ class WorkLedger:
         routed.context_tokens = min(routed.context_tokens, route.context_tokens)
         while len(self._sessions) > self._limit:
             self._sessions.popitem(last=False)
+            # What is left was routed since its oldest: a record started before was perhaps forgotten.
+            oldest = next(iter(self._sessions.values()))
+            self.remembered_since = max(self.remembered_since, oldest.issued_at)
 
     def count(self, node_id: NodeId, sessions: Iterable[SessionTokens]) -> tuple[int, list[WorkRecord]]:
         """Take a worker's counts (only for sessions routed through it): how many were taken, and
@@ -224,7 +227,7 @@ class WorkLedger:
     def judge(self, record: WorkRecord, gateway: str | None, known: Callable[[NodeId], bool]) -> Verdict:
         """How ``record``, reported by ``gateway``, is to be stored now."""
         routed = self._sessions.get(record.session_id) if record.session_id is not None else None
-        if routed is None and record.started_at >= self.started_at:
+        if routed is None and record.started_at >= self.remembered_since:
             return Verdict("disputed", record, f"no route was issued for session {record.session_id}")
         if routed is not None and routed.gateway != gateway and record.status != "unverified":
             # (A written-ahead record may come from the dead gateway's successor under another
@@ -234,7 +237,7 @@ class WorkLedger:
         if problem is not None:
             return Verdict("disputed", record, problem)
         if routed is None:
-            return Verdict(record.status, record)  # routed before this tracker started
+            return Verdict(record.status, record)  # routed before this tracker remembers
         tally = Tally.of(routed.counts.values())
         if record.status == "unverified":
             # The written-ahead record of a gateway that died, filed by its successor: the

@@ -197,3 +197,13 @@ def test_the_ledger_is_bounded(clock: Clock) -> None:
         ledger.issue(RouteQuery("tiny", SessionId(f"s-{index}"), request_id=REQUEST), route("head"), GATEWAY)
     assert ledger.count(HEAD, [SessionTokens(SessionId("s-0"), 1, 3, 2)]) == (0, [])
     assert ledger.count(HEAD, [SessionTokens(SessionId("s-2"), 1, 3, 2)]) == (1, [])
+
+
+def test_a_forgotten_sessions_record_gets_the_static_checks_only(clock: Clock) -> None:
+    ledger = WorkLedger(grace_s=5.0, clock=clock, wall_clock=lambda: STARTED + clock.now, limit=1)
+    ledger.issue(RouteQuery("tiny", SESSION, request_id=REQUEST), route("head", "tail"), GATEWAY)
+    clock.now = 10.0
+    ledger.issue(RouteQuery("tiny", SessionId("s-later")), route("head", "tail"), GATEWAY)  # forgets s-1
+    assert ledger.remembered_since == STARTED + 10
+    assert ledger.judge(record(), GATEWAY, known).status == "completed"  # started (STARTED + 1) before
+    assert ledger.judge(record(started_at=STARTED + 20, finished_at=STARTED + 21), GATEWAY, known).status == "disputed"
