@@ -115,19 +115,15 @@ class TrackerStore(Protocol):
     def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
         """Store ``judged``, the tracker's verdict on ``reported`` (``tracker.work_checks``), with
         ``reason`` when it is not as reported; idempotent by ``reported``'s content, as ``record_work``."""
-        ...
 
     def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
         """A disputed record borne out after all: ``status`` now, its dispute forgotten."""
-        ...
 
     def work_dispute(self, request_id: RequestId) -> str | None:
         """Why the record is not stored as reported; None: it is."""
-        ...
 
     def node_seen(self, node_id: NodeId) -> bool:
         """Whether ``node_id`` ever registered with this tracker (its database)."""
-        ...
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None: ...
 
