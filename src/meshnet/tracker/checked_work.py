@@ -52,13 +52,14 @@ class CheckedWork:
         nodes = {share.node_id for share in record.attribution}
         seen = {node for node in nodes if self._known(node) or await self._call(self._store.node_seen, node)}
         verdict = await self.ledger.judge_waiting(record, gateway, seen.__contains__)
+        if self.ledger.settled_by_shards(record):  # its grace ran out while it was being judged
+            return WorkAck(record.request_id, duplicate=True)
+        self.ledger.stored(verdict)  # settled before the write, so the grace's filing cannot race it
         stored = await self._call(
             self._store.record_judged_work, record, verdict.judged, verdict.reason, self._wall_clock()
         )
-        if stored:
-            self.ledger.stored(verdict)
-            if verdict.status == "disputed":
-                logger.warning("work record %s disputed: %s", record.request_id, verdict.reason)
+        if stored and verdict.status == "disputed":
+            logger.warning("work record %s disputed: %s", record.request_id, verdict.reason)
         return WorkAck(record.request_id, duplicate=not stored)
 
     async def counted(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> int:

@@ -267,10 +267,11 @@ class WorkLedger:
                 continue
 
     def stored(self, verdict: Verdict) -> None:
-        """``verdict``'s record is stored: the session is settled (a short one stays open to its counts)."""
+        """``verdict``'s record is being stored: its session is settled (a record short of the
+        shards' counts stays open to them). Another request's record settles nothing of it."""
         session_id = verdict.record.session_id
         routed = self._sessions.get(session_id) if session_id is not None else None
-        if routed is None:
+        if routed is None or routed.request_id not in (None, verdict.record.request_id):
             return
         routed.settled = True
         routed.by_shards = verdict.status == "completed_by_shards"
