@@ -152,17 +152,18 @@ class Swarm:
     def db_path(self) -> Path:
         return self.tracker_db or self.root / "tracker.sqlite3"
 
-    def start_tracker(self, port: int = 0) -> str:
-        """Start (or restart, on the same port and database) the tracker; returns its address."""
-        config = TrackerConfig(
-            port=port,
-            db_path=self.db_path,
-            heartbeat_interval_s=self.heartbeat_s,
-            missed_heartbeats=MISSED_HEARTBEATS,
-            shutdown_grace_s=0.5,
-            join_port=0,
-            insecure=not self.secure,
-        )
+    def start_tracker(self, port: int = 0, **fields: Any) -> str:
+        """Start (or restart, on the same port and database) the tracker; returns its address.
+
+        ``fields`` set ``TrackerConfig`` fields over the harness's own (``work_grace_s``)."""
+        own: dict[str, Any] = {
+            "heartbeat_interval_s": self.heartbeat_s,
+            "missed_heartbeats": MISSED_HEARTBEATS,
+            "shutdown_grace_s": 0.5,
+            "join_port": 0,
+            "insecure": not self.secure,
+        }
+        config = TrackerConfig(port=port, db_path=self.db_path, **{**own, **fields})
         component = start_component("tracker", tracker_command(config, self.root), self._log("tracker"), TrackerLine)
         self.tracker = component
         self.tracker_address = TrackerLine.read(component.await_ready(time.monotonic() + START_TIMEOUT_S)).address

@@ -22,11 +22,25 @@ from meshnet.core.tickets import SealedTicket
 MAX_TOKENS = 2**53
 """Token counts stay exact in a float64 (JSON, SQLite REAL) below this."""
 MAX_ATTRIBUTION = 1024
+MAX_SESSIONS_PER_REPORT = 4096
+"""Sessions one ``ReportSessionTokens`` call may count."""
 
-WorkStatus = Literal["completed", "cancelled", "failed", "unverified"]
+WorkStatus = Literal["completed", "cancelled", "failed", "unverified", "disputed", "completed_by_shards"]
 """``unverified``: the reporter stopped mid-request (a gateway crash), so nobody can vouch for the
-outcome; its counts are what was known when the request was accepted, lower bounds (DGR-013)."""
-WORK_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed", "unverified")
+outcome; its counts are what was known when the request was accepted, lower bounds (DGR-013).
+The last two only the tracker sets (``tracker.work_checks``): ``disputed``, a gateway's record
+that does not hold up (its reason stored beside it); ``completed_by_shards``, a request whose
+gateway never filed a record, counted from what its route's shards reported."""
+WORK_STATUSES: tuple[WorkStatus, ...] = (
+    "completed",
+    "cancelled",
+    "failed",
+    "unverified",
+    "disputed",
+    "completed_by_shards",
+)
+REPORTED_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed", "unverified")
+"""The statuses a gateway may file; the others are the tracker's verdicts."""
 
 MAX_PEERS = 64
 """Peer latencies one heartbeat may carry."""
@@ -181,10 +195,29 @@ class RouteQuery:
     session_id: SessionId | None = None
     exclude: frozenset[NodeId] = frozenset()
     request_id: RequestId | None = None
-    """With ``session_id``: the one request the route's ticket is for (None: any of the session)."""
+    """With ``session_id``: the user request the route serves (its work record's id), the one
+    request its ticket is for; None: an audit replay, or any request of the session."""
     ticket_seconds: float = 0.0
     """With ``session_id``: how long the ticket should last (``core.tickets.ticket_seconds``); 0:
     the tracker's default."""
+
+
+@dataclass(frozen=True)
+class SessionTokens:
+    """What one shard computed for one session that ended on it (``ReportSessionTokens``)."""
+
+    session_id: SessionId
+    route_epoch: int
+    positions: int
+    """Positions it appended to the session's KV: the prompt and every token fed back."""
+    prompt_tokens: int
+    """Positions before the first sampled token (0: it saw no token sampled)."""
+
+    def __post_init__(self) -> None:
+        check_text("session_id", self.session_id)
+        check_count("route_epoch", self.route_epoch, MAX_TOKENS)
+        check_count("positions", self.positions, MAX_TOKENS)
+        check_count("prompt_tokens", self.prompt_tokens, self.positions)
 
 
 @dataclass(frozen=True)

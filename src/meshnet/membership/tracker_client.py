@@ -38,6 +38,7 @@ from meshnet.core.tracking import (
     Registered,
     Route,
     RouteQuery,
+    SessionTokens,
     WorkAck,
     WorkRecord,
 )
@@ -188,15 +189,16 @@ class TrackerClient:
         *,
         session_id: SessionId | None = None,
         exclude: Iterable[NodeId] = (),
-        timeout_s: float | None = None,
         request_id: RequestId | None = None,
+        timeout_s: float | None = None,
         ticket_seconds: float = 0.0,
     ) -> Route:
         """A route for ``model`` (name or fingerprint); each hop carries its node's capability.
 
         With ``session_id`` it carries the route's ticket for that session (and ``request_id``),
         lasting ``ticket_seconds`` (0: the tracker's default), which every shard checks before
-        it opens the session (``core.tickets``)."""
+        it opens the session (``core.tickets``). ``request_id`` also lets the tracker check (and,
+        if this gateway dies, complete) the request's work record against what the shards count."""
         query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds)
         request = wire.route_query_to_proto(query)
         return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
@@ -205,6 +207,14 @@ class TrackerClient:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
         reply = await self._call(self._tracker().ReportWork, work_wire.work_to_proto(record), timeout_s)
         return work_wire.work_ack_from_proto(reply)
+
+    async def report_session_tokens(
+        self, node_id: NodeId, sessions: tuple[SessionTokens, ...], *, timeout_s: float | None = None
+    ) -> int:
+        """Tell the tracker what this worker computed for sessions that ended; returns how many it counted."""
+        request = work_wire.session_tokens_to_proto(node_id, sessions)
+        reply = await self._call(self._tracker().ReportSessionTokens, request, timeout_s)
+        return work_wire.session_tokens_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._tracker().ListModels, wire.list_models_request_to_proto(), timeout_s)

@@ -4,16 +4,20 @@ With ``--tracker`` the worker, under its one node id:
 - registers and heartbeats its load, with the round trips to the candidate next hops the
   tracker asks it to measure (``PeerProber``), and deregisters when it stops;
 - renews its certificate and follows the revocation list (secured only, ``membership.upkeep``);
-- keeps the artifacts it fetched announced to the tracker's directory.
+- keeps the artifacts it fetched announced to the tracker's directory;
+- reports what each session computed here once it ended (``node.session_counts``), the counts
+  the tracker holds gateways' work records to.
 Every call goes over one ``TrackerClient``, so all of it follows a renewal at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
+from meshnet.core.errors import MeshnetError
 from meshnet.core.tracking import NodeLoad, Registered
 from meshnet.membership.announce import announce_forever
 from meshnet.membership.heartbeats import heartbeat_loop
@@ -38,6 +42,7 @@ async def keep_membership(
     tasks = [
         asyncio.create_task(_heartbeats(worker, client, prober, stop, on_registered), name="heartbeats"),
         asyncio.create_task(prober.run(stop), name="peer-probes"),
+        asyncio.create_task(_report_session_tokens(worker, client, stop), name="session-tokens"),
         *upkeep_tasks(client, worker.security, stop),
     ]
     if worker.held_artifacts is not None:
@@ -73,3 +78,34 @@ async def _heartbeats(
         on_epoch=shard.raise_min_epoch,
         on_probe=prober.set_targets,
     )
+
+
+REPORT_BACKOFF_S = (0.2, 5.0)
+"""First and longest wait before reporting session counts again after a failed report."""
+
+
+async def _report_session_tokens(worker: AssembledWorker, client: TrackerClient, stop: asyncio.Event) -> None:
+    """Send each batch of ended sessions' counts as soon as there is one; keep it on failure."""
+    shard = worker.shard
+    counts = shard.counts
+    delay, longest = REPORT_BACKOFF_S
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            ready = asyncio.ensure_future(counts.ready.wait())
+            await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            batch = counts.take()
+            if not batch:
+                continue
+            try:
+                await client.report_session_tokens(shard.node_id, batch, timeout_s=5.0)
+                delay = REPORT_BACKOFF_S[0]
+            except MeshnetError as error:
+                counts.put_back(batch)
+                log.warning("could not report %d session count(s) to the tracker: %s", len(batch), error.message)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(stopping), delay)
+                delay = min(delay * 2, longest)
+    finally:
+        stopping.cancel()

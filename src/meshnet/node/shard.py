@@ -19,6 +19,7 @@ from meshnet.engine.backend import StepInput
 from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.node.metrics import ShardMetrics
 from meshnet.node.ring import OpenRing, RingMailbox, TailState
+from meshnet.node.session_counts import SessionCounts
 from meshnet.node.stages import (
     Connect,
     Continuation,
@@ -73,6 +74,8 @@ class Shard(Generic[S]):
         self._draining = False
         self._seam_messages = 0
         self._capability_calls = 0
+        self.counts = SessionCounts()
+        """What each session computed here, for the tracker's check of work records."""
         capability = record.capability
         self.limits = FrameLimits(
             n_embd=capability.n_embd,
@@ -182,6 +185,8 @@ class Shard(Generic[S]):
         finally:
             session.busy = False
         self._table.record(session, step=meta.step, next_position=meta.position + frame.n_tokens, result=result)
+        if result.token_id is not None:
+            self.counts.sampled(session.key, session.epoch, meta.position + frame.n_tokens)
         if isinstance(session.state, Downstream) or (frame.ring and not self.shape.takes_tokens):
             self._seam_messages += 1  # forwarded downstream, or answered round the ring
         return result
@@ -238,6 +243,7 @@ class Shard(Generic[S]):
         return True
 
     async def _teardown(self, session: Session[S]) -> None:
+        self.counts.ended(session.key, session.epoch, session.next_position)
         try:
             await self._loop.truncate(session.slot, 0)
         finally:

@@ -119,6 +119,8 @@ class SwarmClient:
         try:
             async with lifetime(life):
                 session_id = new_session_id()
+                # The request id lets the tracker hold the record to the route it issued (a
+                # failover's route joins it under the same session id) and names its ticket's request.
                 lasting = ticket_seconds(request.timeout_s)
                 route = await self.tracker.choose_route(
                     request.model, session_id=session_id, request_id=request_id, ticket_seconds=lasting

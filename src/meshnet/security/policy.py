@@ -28,6 +28,7 @@ TrackerRpc = Literal[
     "FindHolders",
     "SuggestLayers",
     "WatchRevocations",
+    "ReportSessionTokens",
 ]
 ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
 ArtifactRpc = Literal["Fetch"]
@@ -56,6 +57,8 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # Every member refuses revoked peers, so every member may follow the list (an expert node,
     # which does not register, watches it too).
     "WatchRevocations": frozenset(ROLES),
+    # What a shard computed, the check on gateways' work records: a worker counts only its own.
+    "ReportSessionTokens": frozenset({"worker"}),
 }
 _SHARD_ROLES: dict[str, frozenset[Role]] = {
     # Workers open sessions on their downstream neighbour; gateways on the head.
@@ -122,6 +125,9 @@ def authorize_tracker(
     # A holder announces only what it holds itself, under its certificate's node id.
     if rpc == "Advertise" and subject_node_id != caller.node_id:
         return _deny(f"node {caller.node_id} may not advertise as holder {subject_node_id}")
+    # A worker counts only the work it did itself.
+    if rpc == "ReportSessionTokens" and subject_node_id != caller.node_id:
+        return _deny(f"node {caller.node_id} may not report tokens as node {subject_node_id}")
     return ALLOW
 
 

@@ -32,6 +32,9 @@ class TrackerConfig:
     """Seconds after which a session's sticky route is forgotten without a route request."""
     shutdown_grace_s: float = field(default=5.0, metadata=cli("shutdown-grace"))
     """Seconds in-flight calls may take to finish after shutdown starts."""
+    work_grace_s: float = field(default=30.0, metadata=cli("work-grace"))
+    """Seconds a routed request's shards stay quiet, with no record from its gateway, before the
+    tracker files the record from their counts (``completed_by_shards``; secured trackers)."""
     join_port: int = 7071
     """TCP port of the join service: TLS without a client certificate, serving only Join (0: any)."""
     insecure: bool = False
@@ -41,7 +44,7 @@ class TrackerConfig:
         for name in ("port", "join_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise InvalidArgument(f"{name} must be in [0, 65535], got {getattr(self, name)}")
-        for name in ("heartbeat_interval_s", "session_ttl_s"):
+        for name in ("heartbeat_interval_s", "session_ttl_s", "work_grace_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise InvalidArgument(f"{name} must be a positive number of seconds, got {value}")

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from meshnet.core.addresses import require_loopback
 from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
+from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
@@ -34,6 +35,7 @@ from meshnet.tracker.swarm_service import (
     load_tracker_security,
     write_join_address,
 )
+from meshnet.tracker.work_checks import WorkLedger
 from meshnet.wire import services
 from meshnet.wire.tls import bind
 
@@ -143,7 +145,8 @@ async def start_tracker(
     runner = StoreRunner(store)
     link = None if security is None else security.link
     feed = RevocationFeed(None if link is None else link.revocations)
-    servicer = TrackerServicer(registry, runner, wall_clock, link, feed)
+    work = None if link is None else _checked_work(config, registry, runner, wall_clock)
+    servicer = TrackerServicer(registry, runner, wall_clock, link, feed, work)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     services.add_tracker_servicer(servicer, server)
     add_artifact_directory(server, clock, config.heartbeat_interval_s, config.missed_heartbeats, link)
@@ -175,9 +178,16 @@ async def start_tracker(
 async def _background(servicer: TrackerServicer, config: TrackerConfig, security: TrackerSecurity | None) -> None:
     """Expiry sweeps, and on a secured tracker the freshness of its own certificate."""
     tasks = [servicer.sweep_forever(config.heartbeat_interval_s / 4)]
+    if servicer.work is not None:
+        tasks.append(servicer.work.file_from_shards_forever(min(1.0, config.work_grace_s / 4)))
     if security is not None:
         tasks.append(security.keep_own_certificate_fresh())
     await asyncio.gather(*tasks)
+
+
+def _checked_work(config: TrackerConfig, registry: NodeRegistry, runner: StoreRunner, wall_clock: Clock) -> CheckedWork:
+    ledger = WorkLedger(grace_s=config.work_grace_s, wall_clock=wall_clock)
+    return CheckedWork(ledger, runner.store, runner.call, lambda node: registry.get(node) is not None, wall_clock)
 
 
 def _listen(

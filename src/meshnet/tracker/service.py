@@ -22,6 +22,7 @@ from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Re
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.tickets import TicketSigner
+from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.dial_back import AddressProof
 from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.registry import Clock, NodeRegistry
@@ -95,8 +96,12 @@ class TrackerServicer(services.TrackerServicer):
         wall_clock: Clock,
         security: LinkSecurity | None = None,
         revocations: RevocationFeed | None = None,
+        work: CheckedWork | None = None,
     ) -> None:
         self._registry = registry
+        self.work = work
+        """Judges work records against routes and shards' counts (secured trackers: on a plaintext
+        one every caller may claim any identity, so there is nothing to hold a record to)."""
         self._security = security
         """None only on a loopback development tracker (``--insecure``): then nobody is checked."""
         self.revocations = revocations or RevocationFeed(None if security is None else security.revocations)
@@ -202,6 +207,8 @@ class TrackerServicer(services.TrackerServicer):
         caller = self.admit(context, "ChooseRoute")
         route = self._registry.choose_route(query)
         await self.persist_epoch()
+        if self.work is not None:
+            self.work.routed(query, route, None if caller is None else caller.node_id)
         # Its ticket is given to the caller: only it may open the route's head session.
         route = self._tickets.issue(route, query, None if caller is None else caller.node_id)
         return wire.route_to_proto(route)
@@ -209,9 +216,21 @@ class TrackerServicer(services.TrackerServicer):
     @maps_errors
     async def ReportWork(self, request: services.WorkRecord, context: grpc.aio.ServicerContext) -> services.WorkAck:
         record = work_wire.work_from_proto(request)
-        self.admit(context, "ReportWork")
+        peer = self.admit(context, "ReportWork")
+        if self.work is not None:
+            ack = await self.work.report(record, None if peer is None else peer.node_id)
+            return work_wire.work_ack_to_proto(ack)
         stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
         return work_wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
+
+    @maps_errors
+    async def ReportSessionTokens(
+        self, request: services.SessionTokensReport, context: grpc.aio.ServicerContext
+    ) -> services.SessionTokensAck:
+        node_id, sessions = work_wire.session_tokens_from_proto(request)
+        self.admit(context, "ReportSessionTokens", node_id)
+        counted = 0 if self.work is None else await self.work.counted(node_id, sessions)
+        return work_wire.session_tokens_ack_to_proto(counted)
 
     @maps_errors
     async def ListModels(

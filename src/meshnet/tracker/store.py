@@ -32,70 +32,12 @@ from meshnet.core.errors import FailedPrecondition
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
-from meshnet.core.tracking import NodeWork, WorkRecord
+from meshnet.core.tracking import NodeWork, WorkRecord, WorkStatus
 from meshnet.tracker.epoch_file import EpochFile, epoch_file_beside
 from meshnet.tracker.sqlite_guard import check_integrity, translated
+from meshnet.tracker.store_schema import create_schema
 
 logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 2
-"""2: work records may be ``unverified`` (DGR-013); a version-1 file is migrated on open."""
-
-
-def _work_records_table(name: str) -> str:
-    return f"""
-CREATE TABLE IF NOT EXISTS {name} (
-    request_id TEXT PRIMARY KEY,
-    session_id TEXT,
-    model TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('completed', 'cancelled', 'failed', 'unverified')),
-    tokens_in INTEGER NOT NULL,
-    tokens_out INTEGER NOT NULL,
-    billing_units REAL NOT NULL,
-    started_at REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    recorded_at REAL NOT NULL,
-    content_sha256 TEXT NOT NULL
-);
-"""
-
-
-_SCHEMA = (
-    _work_records_table("work_records")
-    + """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS nodes (
-    node_id TEXT PRIMARY KEY,
-    address TEXT NOT NULL,
-    model TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    layer_start INTEGER NOT NULL,
-    layer_stop INTEGER NOT NULL,
-    registration_json TEXT NOT NULL,
-    first_seen REAL NOT NULL,
-    last_registered REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS work_shares (
-    request_id TEXT NOT NULL REFERENCES work_records(request_id),
-    position INTEGER NOT NULL,
-    node_id TEXT NOT NULL,
-    layer_start INTEGER NOT NULL,
-    layer_stop INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    PRIMARY KEY (request_id, position)
-);
-CREATE INDEX IF NOT EXISTS work_shares_by_node ON work_shares(node_id);
-CREATE TABLE IF NOT EXISTS quarantined_nodes (
-    node_id TEXT PRIMARY KEY,
-    reason TEXT NOT NULL,
-    request_id TEXT,
-    since REAL NOT NULL
-);
-"""
-)
 
 
 class TrackerStore(Protocol):
@@ -115,6 +57,19 @@ class TrackerStore(Protocol):
         Raises ``FailedPrecondition`` if its request id was stored with different content.
         """
         ...
+
+    def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
+        """Store ``judged``, the tracker's verdict on ``reported`` (``tracker.work_checks``), with
+        ``reason`` when it is not as reported; idempotent by ``reported``'s content, as ``record_work``."""
+
+    def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
+        """A disputed record borne out after all: ``status`` now, its dispute forgotten."""
+
+    def work_dispute(self, request_id: RequestId) -> str | None:
+        """Why the record is not stored as reported; None: it is."""
+
+    def node_seen(self, node_id: NodeId) -> bool:
+        """Whether ``node_id`` ever registered with this tracker (its database)."""
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None: ...
 
@@ -181,12 +136,7 @@ class SqliteTrackerStore:
         # FULL: a commit is on disk before we acknowledge it (reliability.md, K1).
         connection.execute("PRAGMA synchronous=FULL")
         connection.execute("PRAGMA foreign_keys=ON")
-        connection.executescript(_SCHEMA)
-        connection.execute(
-            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?), ('epoch', 0)",
-            (SCHEMA_VERSION,),
-        )
-        self._migrate()
+        create_schema(connection)
         return bool(fresh)
 
     @contextlib.contextmanager
@@ -194,28 +144,6 @@ class SqliteTrackerStore:
         """The connection, held alone, with SQLite's storage failures typed."""
         with self._lock, translated(self.path):
             yield self._connection
-
-    def _migrate(self) -> None:
-        """Bring a version-1 file to this schema: SQLite cannot alter a CHECK, so the table of
-        work records is rebuilt (the documented 12-step way), keeping rows and their order."""
-        connection = self._connection
-        (version,) = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if version >= SCHEMA_VERSION:
-            return
-        connection.execute("PRAGMA foreign_keys=OFF")  # only takes effect outside a transaction
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            connection.execute(_work_records_table("work_records_next"))
-            connection.execute("INSERT INTO work_records_next SELECT * FROM work_records ORDER BY rowid")
-            connection.execute("DROP TABLE work_records")
-            connection.execute("ALTER TABLE work_records_next RENAME TO work_records")
-            connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
-            connection.execute("COMMIT")
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        finally:
-            connection.execute("PRAGMA foreign_keys=ON")
 
     def load_epoch(self) -> int:
         """The larger of the database's epoch and the epoch file's."""
@@ -256,25 +184,33 @@ class SqliteTrackerStore:
             )
 
     def record_work(self, record: WorkRecord, recorded_at: float) -> bool:
-        digest = work_fingerprint(record)
+        return self.record_judged_work(record, record, "", recorded_at)
+
+    def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
+        """Store ``judged`` for ``reported`` (with the dispute's ``reason``, if any), once: a
+        resend of the same report is a duplicate (False), another under its id is refused."""
+        digest = work_fingerprint(reported)
         with self._using() as connection:
             # IMMEDIATE takes the write lock now, so the duplicate check and the insert are atomic
             # even against another process writing the same file.
             connection.execute("BEGIN IMMEDIATE")
             try:
                 row = connection.execute(
-                    "SELECT content_sha256 FROM work_records WHERE request_id = ?",
-                    (record.request_id,),
+                    "SELECT content_sha256 FROM work_records WHERE request_id = ?", (reported.request_id,)
                 ).fetchone()
                 if row is not None:
                     connection.execute("ROLLBACK")
                     if row[0] != digest:
                         raise FailedPrecondition(
-                            f"work record {record.request_id} was stored with other content: "
+                            f"work record {reported.request_id} was stored with other content: "
                             "a request is reported once (a new request needs a new id)"
                         )
                     return False
-                self._insert_work(record, recorded_at, digest)
+                self._insert_work(judged, recorded_at, digest)
+                if reason:
+                    connection.execute(
+                        "INSERT INTO work_disputes(request_id, reason) VALUES (?, ?)", (judged.request_id, reason)
+                    )
                 connection.execute("COMMIT")
             except BaseException:
                 # A failed disk may fail the rollback too; SQLite rolls back on its own then.
@@ -283,6 +219,21 @@ class SqliteTrackerStore:
                         connection.execute("ROLLBACK")
                 raise
         return True
+
+    def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
+        with self._using() as held, held as connection:
+            connection.execute("UPDATE work_records SET status = ? WHERE request_id = ?", (status, request_id))
+            connection.execute("DELETE FROM work_disputes WHERE request_id = ?", (request_id,))
+
+    def work_dispute(self, request_id: RequestId) -> str | None:
+        with self._using() as connection:
+            row = connection.execute("SELECT reason FROM work_disputes WHERE request_id = ?", (request_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def node_seen(self, node_id: NodeId) -> bool:
+        with self._using() as connection:
+            row = connection.execute("SELECT 1 FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return row is not None
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None:
         with self._using() as connection:

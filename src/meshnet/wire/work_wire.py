@@ -5,12 +5,14 @@ the audit's verdicts on them (``Quarantine``). The membership and routing messag
 from __future__ import annotations
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import (
+    MAX_SESSIONS_PER_REPORT,
     NodeWork,
     Quarantined,
     QuarantineOrder,
+    SessionTokens,
     WorkAck,
     WorkRecord,
     WorkStatus,
@@ -31,12 +33,19 @@ _STATUS_FROM_PROTO: dict[int, WorkStatus] = {value: name for name, value in _STA
 # --- ReportWork ---------------------------------------------------------------------------------
 
 
+def _status_to_proto(status: WorkStatus) -> pb.WorkRecord.Status:
+    encoded = _STATUS_TO_PROTO.get(status)
+    if encoded is None:
+        raise InvalidArgument(f"work status {status!r} is a verdict only the tracker sets, never a report")
+    return encoded
+
+
 def work_to_proto(record: WorkRecord) -> pb.WorkRecord:
     return pb.WorkRecord(
         request_id=record.request_id,
         session_id=record.session_id or "",
         model=record.model,
-        status=_STATUS_TO_PROTO[record.status],
+        status=_status_to_proto(record.status),
         tokens_in=record.tokens_in,
         tokens_out=record.tokens_out,
         attribution=[
@@ -112,3 +121,38 @@ def quarantined_to_proto(reply: Quarantined) -> pb.QuarantineReply:
 
 def quarantined_from_proto(message: pb.QuarantineReply) -> Quarantined:
     return Quarantined(message.known, message.record_marked, message.epoch)
+
+
+# --- ReportSessionTokens ------------------------------------------------------------------------
+
+
+def session_tokens_to_proto(node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> pb.SessionTokensReport:
+    return pb.SessionTokensReport(
+        node_id=node_id,
+        sessions=[
+            pb.SessionTokensReport.Session(
+                session_id=count.session_id,
+                route_epoch=count.route_epoch,
+                positions=count.positions,
+                prompt_tokens=count.prompt_tokens,
+            )
+            for count in sessions
+        ],
+    )
+
+
+def session_tokens_from_proto(message: pb.SessionTokensReport) -> tuple[NodeId, tuple[SessionTokens, ...]]:
+    if len(message.sessions) > MAX_SESSIONS_PER_REPORT:
+        raise InvalidArgument(f"at most {MAX_SESSIONS_PER_REPORT} sessions in one report, got {len(message.sessions)}")
+    return node_id_from_proto(message.node_id), tuple(
+        SessionTokens(SessionId(count.session_id), count.route_epoch, count.positions, count.prompt_tokens)
+        for count in message.sessions
+    )
+
+
+def session_tokens_ack_to_proto(counted: int) -> pb.SessionTokensAck:
+    return pb.SessionTokensAck(counted=counted)
+
+
+def session_tokens_ack_from_proto(message: pb.SessionTokensAck) -> int:
+    return message.counted

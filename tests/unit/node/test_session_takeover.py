@@ -19,6 +19,7 @@ from meshnet.core.errors import PermissionDenied, RouteStale, TicketRefused
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.tickets import CLOCK_SKEW_S, SealedTicket
+from meshnet.core.tracking import SessionTokens
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.session_stream import SessionStream
 from meshnet.wire.frames import FrameMeta, StepFrame
@@ -119,3 +120,23 @@ def test_only_a_newer_route_may_open_another_partys_session_again(route: Route) 
         servicer._check_owner(SESSION, 2, "w-b")
     servicer._check_owner(SESSION, 3, "w-b")  # the failover's new route
     servicer._check_owner(SESSION, 2, "w-a")  # the opener itself, repeating its opening frame
+
+
+async def test_each_routes_session_is_counted_for_the_tracker_when_it_ends(route: Route) -> None:
+    """What the tracker holds work records to (``node.session_counts``): positions filled and
+    where sampling began, per route epoch, queued once the session leaves the shard."""
+    tail = route.shards[1]
+    lost = SessionStream(tail, None)
+    await lost.run(tail_frame(route, epoch=1))
+    assert tail.counts.take() == ()  # nothing ended yet
+    replacement = SessionStream(tail, None)
+    await replacement.run(tail_frame(route, epoch=2))  # takes the session over: epoch 1's ends
+    await replacement.run(tail_frame(route, epoch=2, step=1, position=ROWS, rows=1))
+    await replacement.end(None)
+    assert tail.counts.take() == (
+        SessionTokens(SESSION, 1, ROWS, ROWS),
+        SessionTokens(SESSION, 2, ROWS + 1, ROWS),
+    )
+    assert not tail.counts.ready.is_set()
+    tail.counts.put_back((SessionTokens(SESSION, 2, ROWS + 1, ROWS),))  # a report that failed: sent again
+    assert tail.counts.ready.is_set() and tail.counts.take() == (SessionTokens(SESSION, 2, ROWS + 1, ROWS),)

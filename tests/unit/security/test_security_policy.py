@@ -56,6 +56,9 @@ NONE: frozenset[str] = frozenset()
         ("gateway", "WatchRevocations", True),
         ("admin", "WatchRevocations", True),
         ("tracker", "WatchRevocations", True),
+        ("worker", "ReportSessionTokens", True),
+        ("gateway", "ReportSessionTokens", False),
+        ("admin", "ReportSessionTokens", False),
     ],
 )
 def test_tracker_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
@@ -98,6 +101,12 @@ def test_only_the_opener_ends_a_session() -> None:
 
 def test_a_tracker_certificate_cannot_open_sessions() -> None:
     assert not authorize_shard(peer("tracker", "tracker"), "Session", session_opener=None, revoked=NONE).allowed
+
+
+def test_a_worker_reports_only_its_own_session_counts() -> None:
+    own = authorize_tracker(peer("worker", "w-1"), "ReportSessionTokens", subject_node_id="w-1", revoked=NONE)
+    other = authorize_tracker(peer("worker", "w-1"), "ReportSessionTokens", subject_node_id="w-2", revoked=NONE)
+    assert own.allowed and (other.allowed, other.status) == (False, "permission_denied")
 
 
 def test_a_holder_advertises_only_under_its_own_id() -> None:

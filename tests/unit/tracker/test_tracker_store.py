@@ -126,3 +126,26 @@ def test_every_status_is_stored_and_a_version_1_file_is_migrated(db_path: Path) 
     assert migrated.list_work() == [work_record("old-1"), *records]
     version = sqlite3.connect(db_path).execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     assert version == (SCHEMA_VERSION,)
+
+
+def test_a_judged_record_keeps_its_verdict_and_reason_and_stays_idempotent(db_path: Path) -> None:
+    store = SqliteTrackerStore(db_path)
+    reported = work_record("req-1")
+    disputed = replace(reported, status="disputed")
+    assert store.record_judged_work(reported, disputed, "claims more than the shards computed", 1.0)
+    assert store.get_work(RequestId("req-1")) == disputed
+    assert store.work_dispute(RequestId("req-1")) == "claims more than the shards computed"
+    # The gateway retrying its report is a duplicate of what it reported, not of the verdict.
+    assert store.record_judged_work(reported, disputed, "claims more than the shards computed", 2.0) is False
+    assert store.record_work(reported, recorded_at=2.0) is False
+    with pytest.raises(FailedPrecondition):
+        store.record_judged_work(replace(reported, tokens_out=99), disputed, "", 2.0)
+    store.settle_work(RequestId("req-1"), "completed")
+    assert store.get_work(RequestId("req-1")) == reported
+    assert store.work_dispute(RequestId("req-1")) is None
+
+
+def test_nodes_once_registered_are_seen(db_path: Path) -> None:
+    store = SqliteTrackerStore(db_path)
+    store.record_node(NodeId("n-1"), registration(0, 10), seen_at=1.0)
+    assert store.node_seen(NodeId("n-1")) and not store.node_seen(NodeId("ghost"))

@@ -19,7 +19,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import (
     MAX_PEERS,
-    WORK_STATUSES,
+    REPORTED_STATUSES,
     Deregistered,
     HeartbeatStatus,
     ModelSummary,
@@ -27,6 +27,7 @@ from meshnet.core.tracking import (
     Registered,
     Route,
     RouteQuery,
+    SessionTokens,
     WorkAck,
     WorkStatus,
 )
@@ -90,10 +91,24 @@ def test_route_round_trips() -> None:
     assert wire.route_from_proto(over_the_wire(wire.route_to_proto(route))) == route
 
 
-@pytest.mark.parametrize("status", WORK_STATUSES)
+@pytest.mark.parametrize("status", REPORTED_STATUSES)
 def test_every_work_status_round_trips(status: WorkStatus) -> None:
     record = replace(work_record("req-8"), status=status)
     assert work_wire.work_from_proto(over_the_wire(work_wire.work_to_proto(record))) == record
+
+
+@pytest.mark.parametrize("status", ["disputed", "completed_by_shards"])
+def test_the_trackers_verdicts_are_no_status_a_gateway_can_report(status: WorkStatus) -> None:
+    with pytest.raises(InvalidArgument, match="only the tracker sets"):
+        work_wire.work_to_proto(replace(work_record("req-9"), status=status))
+
+
+def test_route_queries_and_session_counts_round_trip() -> None:
+    query = RouteQuery(MODEL, SessionId("s-1"), frozenset({NodeId("w-1")}), RequestId("req-1"))
+    assert wire.route_query_from_proto(over_the_wire(wire.route_query_to_proto(query))) == query
+    counts = (SessionTokens(SessionId("s-1"), 3, 27, 7), SessionTokens(SessionId("s-2"), 1, 5, 0))
+    message = over_the_wire(work_wire.session_tokens_to_proto(NodeId("w-1"), counts))
+    assert work_wire.session_tokens_from_proto(message) == (NodeId("w-1"), counts)
 
 
 def test_model_list_carries_the_head_session_slots() -> None:

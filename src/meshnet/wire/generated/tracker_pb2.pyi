@@ -171,6 +171,31 @@ class WorkRecord(_message.Message):
     finished_at_unix_s: float
     def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[WorkRecord.Status, str]] = ..., tokens_in: _Optional[int] = ..., tokens_out: _Optional[int] = ..., attribution: _Optional[_Iterable[_Union[WorkRecord.NodeShare, _Mapping]]] = ..., billing_units: _Optional[float] = ..., started_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ...) -> None: ...
 
+class SessionTokensReport(_message.Message):
+    __slots__ = ("node_id", "sessions")
+    class Session(_message.Message):
+        __slots__ = ("session_id", "route_epoch", "positions", "prompt_tokens")
+        SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+        ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+        POSITIONS_FIELD_NUMBER: _ClassVar[int]
+        PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+        session_id: str
+        route_epoch: int
+        positions: int
+        prompt_tokens: int
+        def __init__(self, session_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., positions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionTokensReport.Session]
+    def __init__(self, node_id: _Optional[str] = ..., sessions: _Optional[_Iterable[_Union[SessionTokensReport.Session, _Mapping]]] = ...) -> None: ...
+
+class SessionTokensAck(_message.Message):
+    __slots__ = ("counted",)
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
+    counted: int
+    def __init__(self, counted: _Optional[int] = ...) -> None: ...
+
 class WorkAck(_message.Message):
     __slots__ = ("request_id", "duplicate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

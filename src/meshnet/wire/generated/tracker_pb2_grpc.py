@@ -79,6 +79,11 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.RevocationList.FromString,
                 _registered_method=True)
+        self.ReportSessionTokens = channel.unary_unary(
+                '/meshnet.v1.Tracker/ReportSessionTokens',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensReport.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensAck.FromString,
+                _registered_method=True)
 
 
 class TrackerServicer:
@@ -110,6 +115,8 @@ class TrackerServicer:
 
     def ReportWork(self, request, context):
         """Idempotent: the same record (same request_id, same content) reported twice is stored once.
+        A secured tracker stores it as reported only if it holds up against the route it issued for
+        the session and the shards' counts (ReportSessionTokens); else as disputed, with the reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +157,15 @@ class TrackerServicer:
         whole list at once, then the whole list again after every change, until the caller cancels
         or the tracker stops. A watcher whose own certificate gets revoked is ended UNAUTHENTICATED.
         A plaintext (loopback) tracker sends one empty list.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportSessionTokens(self, request, context):
+        """A worker's count of what it computed for the sessions that ended on it (only its own node id):
+        the tracker checks gateways' work records against these and completes, from them, the record
+        of a request whose gateway died before filing it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,6 +218,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.WatchRevocations,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.RevocationList.SerializeToString,
+            ),
+            'ReportSessionTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSessionTokens,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensReport.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.SessionTokensAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,6 +468,33 @@ class Tracker:
             '/meshnet.v1.Tracker/WatchRevocations',
             meshnet_dot_v1_dot_tracker__pb2.WatchRevocationsRequest.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.RevocationList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSessionTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Tracker/ReportSessionTokens',
+            meshnet_dot_v1_dot_tracker__pb2.SessionTokensReport.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.SessionTokensAck.FromString,
             options,
             channel_credentials,
             insecure,

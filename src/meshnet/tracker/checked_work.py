@@ -1,0 +1,89 @@
+"""The secured tracker's work records: each report judged (``work_checks``) before it is stored,
+the shards' counts taken in, and records of requests whose gateway died filed from those counts.
+
+The servicer hands ``ReportWork``, ``ReportSessionTokens`` and its routes to one ``CheckedWork``;
+the store is reached through the servicer's one store thread (``call``), like every other write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from meshnet.core.ids import NodeId
+from meshnet.core.tracking import Route, RouteQuery, SessionTokens, WorkAck, WorkRecord
+from meshnet.tracker.store import TrackerStore
+from meshnet.tracker.work_checks import WorkLedger
+
+logger = logging.getLogger(__name__)
+
+StoreCall = Callable[..., Awaitable[Any]]
+
+
+class CheckedWork:
+    """Judges and files work records against a ``WorkLedger``; owned by the tracker's event loop."""
+
+    def __init__(
+        self,
+        ledger: WorkLedger,
+        store: TrackerStore,
+        call: StoreCall,
+        known: Callable[[NodeId], bool],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.ledger = ledger
+        self._store = store
+        self._call = call
+        self._known = known
+        self._wall_clock = wall_clock
+
+    def routed(self, query: RouteQuery, route: Route, gateway: str | None) -> None:
+        self.ledger.issue(query, route, gateway)
+
+    async def report(self, record: WorkRecord, gateway: str | None) -> WorkAck:
+        """Store ``record`` as judged; a retry of a stored record is a duplicate, as ever."""
+        if self.ledger.settled_by_shards(record):
+            logger.info("work record %s arrived after the tracker filed it from its shards' counts", record.request_id)
+            return WorkAck(record.request_id, duplicate=True)
+        # Known: live now, or registered with this tracker's database once (a node may leave, or
+        # the tracker restart, between the work and its record).
+        nodes = {share.node_id for share in record.attribution}
+        seen = {node for node in nodes if self._known(node) or await self._call(self._store.node_seen, node)}
+        verdict = await self.ledger.judge_waiting(record, gateway, seen.__contains__)
+        if self.ledger.settled_by_shards(record):  # its grace ran out while it was being judged
+            return WorkAck(record.request_id, duplicate=True)
+        self.ledger.stored(verdict)  # settled before the write, so the grace's filing cannot race it
+        stored = await self._call(
+            self._store.record_judged_work, record, verdict.judged, verdict.reason, self._wall_clock()
+        )
+        if stored and verdict.status == "disputed":
+            logger.warning("work record %s disputed: %s", record.request_id, verdict.reason)
+        return WorkAck(record.request_id, duplicate=not stored)
+
+    async def counted(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> int:
+        """Take a worker's counts; a disputed record they now bear out gets its reported status."""
+        taken, borne_out = self.ledger.count(node_id, sessions)
+        for record in borne_out:
+            await self._call(self._store.settle_work, record.request_id, record.status)
+            logger.info("work record %s borne out by its shards' late counts: %s", record.request_id, record.status)
+        return taken
+
+    async def file_from_shards_forever(self, period_s: float) -> None:
+        """File, from their shards' counts, the records of requests whose gateway never did."""
+        while True:
+            await asyncio.sleep(period_s)
+            for record in self.ledger.due():
+                try:
+                    await self._call(self._store.record_work, record, self._wall_clock())
+                except Exception:
+                    # Disk trouble: the next report of this request (a gateway's successor) files it.
+                    logger.exception("could not file work record %s from its shards' counts", record.request_id)
+                    continue
+                logger.warning(
+                    "work record %s filed from its shards' counts (%d in, %d out): its gateway filed none",
+                    record.request_id,
+                    record.tokens_in,
+                    record.tokens_out,
+                )
