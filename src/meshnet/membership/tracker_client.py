@@ -38,11 +38,12 @@ from meshnet.core.tracking import (
     Registered,
     Route,
     RouteQuery,
+    RouteTiming,
     WorkAck,
     WorkRecord,
 )
 from meshnet.membership.channel import RenewingChannel
-from meshnet.wire import artifact_wire, placement_wire, services, swarm_wire, work_wire
+from meshnet.wire import artifact_wire, placement_wire, services, speed_wire, swarm_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import error_from_rpc
 from meshnet.wire.status_wire import node_table_from_proto
@@ -197,6 +198,11 @@ class TrackerClient:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
         reply = await self._call(self._tracker().ReportWork, work_wire.work_to_proto(record), timeout_s)
         return work_wire.work_ack_from_proto(reply)
+
+    async def report_route_timing(self, timing: RouteTiming, *, timeout_s: float | None = None) -> bool:
+        """Tell the tracker how fast a route served; True: taken into its measure of node speeds."""
+        reply = await self._call(self._tracker().ReportRouteTiming, speed_wire.timing_to_proto(timing), timeout_s)
+        return speed_wire.timing_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._tracker().ListModels, wire.list_models_request_to_proto(), timeout_s)

@@ -1,38 +1,117 @@
-"""How far the tracker believes a node's self-declared speed: outlier claims are not trusted.
+"""How far the tracker believes a node's self-declared speed: measurement first, claims capped.
 
-A worker reports the decode rate it measured itself; nothing stops a rogue (or a misconfigured)
-node from claiming 1e9 tok/s and winning every route. Until the tracker measures compute
-itself, a claim is judged against the other nodes of the same recipe: per layer, a node may
-claim at most ``MAX_CLAIM_RATIO`` times the lower median of its peers' claims; a claim beyond
-that counts as the lower median. The lower median is taken so that one liar among two nodes
-cannot drag the reference up. A node alone with its recipe has nothing to be checked against.
+A worker reports the decode rate it measured itself, and the round trips to its peers; nothing
+stops a rogue (or a misconfigured) node from claiming 1e9 tok/s and 0.01 ms and winning every
+route. So the tracker believes, in this order:
+
+1. What routes measured (``tracker.speeds``): a node on a route a gateway timed is believed at
+   the time per token the fit of the measured routes gives it, whatever it claims. The routes'
+   times are taken less the seams the planner charges them (with the round trips the nodes
+   reported), so the fit gives every measured route exactly its measured cost: a lie about a
+   round trip only moves time from the seam into the liar's own hop, and a measured route costs
+   what it measured whatever its nodes report.
+2. Before a node is measured, its claim, capped per layer at the lower median of its recipe's
+   claims once any node of the recipe was measured: a new boaster is then believed at a typical
+   node's own claim, which may win it one route, and that request measures it (so may an honest
+   newcomer: that is how it gets measured). The median of claims rather than of measured nodes,
+   because a measured boaster would drag the latter down to itself and tie with the honest
+   newcomer that should replace it. While nothing of the recipe is measured (a swarm's first
+   request), claims up to ``MAX_CLAIM_RATIO`` times that median are believed, so honestly faster
+   nodes are preferred from the start; an outlier claim counts as the median. Lower medians, so
+   one liar among two nodes cannot drag the reference up; a node alone with its recipe has
+   nothing to be checked against.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from meshnet.tracker.routing import NodeView
+from meshnet.core.ids import NodeId
+from meshnet.tracker.routing import (
+    DEFAULT_COSTS,
+    NO_LATENCIES,
+    LatencyTable,
+    NodeView,
+    RoutingCosts,
+    seam_cost_ms,
+)
+from meshnet.tracker.speeds import RouteMeasure, fit_hop_ms, measured_nodes
 
 MAX_CLAIM_RATIO = 32.0
 """Generous: a GPU node beside CPU nodes may honestly be 10-30x faster per layer. What it stops
 is the unbounded claim (1e9 tok/s) that would win every route whatever the others offer."""
 
 
+def believed_views(
+    views: Sequence[NodeView],
+    routes: Sequence[RouteMeasure] = (),
+    *,
+    latency_ms: LatencyTable = NO_LATENCIES,
+    costs: RoutingCosts = DEFAULT_COSTS,
+    max_ratio: float = MAX_CLAIM_RATIO,
+) -> tuple[NodeView, ...]:
+    """``views`` with each node's decode rate as the tracker believes it (see the module doc)."""
+    capped = {view.node_id: view for view in credible_views(views, max_ratio)}
+    in_hops = [
+        RouteMeasure(route.hops, max(route.ms_per_token - _seams_ms(route.hops, latency_ms, costs), 0.0))
+        for route in routes
+        if all(hop in capped for hop in route.hops)
+    ]
+    measured = measured_nodes(in_hops, capped)
+    if not measured:
+        return tuple(capped.values())
+    fitted = fit_hop_ms(_even_split(in_hops, capped), in_hops)
+    claimed = _lower_medians(views)
+    tried = {capped[node_id].fingerprint for node_id in measured}
+    believed = []
+    for view in capped.values():
+        if view.node_id in measured:
+            view = replace(view, decode_tokens_per_s=1000.0 / fitted[view.node_id])
+        elif view.fingerprint in tried:
+            view = _capped(view, claimed, 1.0)
+        believed.append(view)
+    return tuple(believed)
+
+
 def credible_views(views: Sequence[NodeView], max_ratio: float = MAX_CLAIM_RATIO) -> tuple[NodeView, ...]:
     """``views`` with every implausible decode-rate claim replaced by its recipe's lower median."""
+    reference = _lower_medians(views)
+    return tuple(_capped(view, reference, max_ratio) for view in views)
+
+
+def _lower_medians(views: Iterable[NodeView]) -> dict[str, float]:
+    """Per recipe, the lower median of the nodes' rates per layer (layers per second)."""
     per_layer: dict[str, list[float]] = {}
     for view in views:
         if view.decode_tokens_per_s > 0:
             per_layer.setdefault(view.fingerprint, []).append(view.decode_tokens_per_s * len(view.layers))
-    reference = {fingerprint: statistics.median_low(rates) for fingerprint, rates in per_layer.items()}
-    believed = []
-    for view in views:
-        median = reference.get(view.fingerprint)
-        claimed = view.decode_tokens_per_s * len(view.layers)
-        if median is not None and claimed > max_ratio * median:
-            view = replace(view, decode_tokens_per_s=median / len(view.layers))
-        believed.append(view)
-    return tuple(believed)
+    return {fingerprint: statistics.median_low(rates) for fingerprint, rates in per_layer.items()}
+
+
+def _capped(view: NodeView, reference: dict[str, float], max_ratio: float) -> NodeView:
+    median = reference.get(view.fingerprint)
+    if median is not None and view.decode_tokens_per_s * len(view.layers) > max_ratio * median:
+        return replace(view, decode_tokens_per_s=median / len(view.layers))
+    return view
+
+
+def _even_split(routes: Sequence[RouteMeasure], views: Mapping[NodeId, NodeView]) -> dict[NodeId, float]:
+    """Where the fit starts: per recipe, the routes' median time per layer, for every layer alike.
+    Claims play no part: a measured node is believed from measurement alone."""
+    per_layer: dict[str, list[float]] = {}
+    for route in routes:
+        layers = sum(len(views[hop].layers) for hop in route.hops)
+        per_layer.setdefault(views[route.hops[0]].fingerprint, []).append(route.ms_per_token / max(layers, 1))
+    typical = {fingerprint: statistics.median(times) for fingerprint, times in per_layer.items()}
+    start: dict[NodeId, float] = {}
+    for route in routes:
+        for hop in route.hops:
+            start[hop] = typical[views[route.hops[0]].fingerprint] * len(views[hop].layers)
+    return start
+
+
+def _seams_ms(hops: Sequence[NodeId], latency_ms: LatencyTable, costs: RoutingCosts) -> float:
+    return sum(seam_cost_ms(before, after, latency_ms, costs) for before, after in itertools.pairwise(hops))

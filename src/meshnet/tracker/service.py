@@ -25,7 +25,7 @@ from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import TrackerStore
-from meshnet.wire import placement_wire, services, work_wire
+from meshnet.wire import placement_wire, services, speed_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import abort_with
 from meshnet.wire.tls import LinkSecurity, enforce
@@ -184,6 +184,14 @@ class TrackerServicer(services.TrackerServicer):
         self.admit(context, "ReportWork")
         stored = await self._store.call(self._store.store.record_work, record, self._wall_clock())
         return work_wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
+
+    @maps_errors
+    async def ReportRouteTiming(
+        self, request: services.RouteTiming, context: grpc.aio.ServicerContext
+    ) -> services.RouteTimingAck:
+        timing = speed_wire.timing_from_proto(request)
+        self.admit(context, "ReportRouteTiming")
+        return speed_wire.timing_ack_to_proto(self._registry.observe_route(timing))
 
     @maps_errors
     async def ListModels(

@@ -162,6 +162,22 @@ class WorkRecord(_message.Message):
     finished_at_unix_s: float
     def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[WorkRecord.Status, str]] = ..., tokens_in: _Optional[int] = ..., tokens_out: _Optional[int] = ..., attribution: _Optional[_Iterable[_Union[WorkRecord.NodeShare, _Mapping]]] = ..., billing_units: _Optional[float] = ..., started_at_unix_s: _Optional[float] = ..., finished_at_unix_s: _Optional[float] = ...) -> None: ...
 
+class RouteTiming(_message.Message):
+    __slots__ = ("node_ids", "decode_ms_per_token", "tokens")
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    decode_ms_per_token: float
+    tokens: int
+    def __init__(self, node_ids: _Optional[_Iterable[str]] = ..., decode_ms_per_token: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class RouteTimingAck(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
 class WorkAck(_message.Message):
     __slots__ = ("request_id", "duplicate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
