@@ -24,6 +24,7 @@ import asyncio
 import statistics
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,35 @@ def _claim_of(swarm: Swarm, layers: str) -> float:
     return asyncio.run(table())
 
 
+@dataclass(frozen=True)
+class Speed:
+    """One node's decode rate as the tracker's table shows it."""
+
+    layers: str
+    claimed: float
+    routed: float
+    measured: bool
+
+
+def _speeds(swarm: Swarm) -> dict[str, Speed]:
+    """Per node address: what it claims and what the tracker routes it by."""
+
+    async def table() -> dict[str, Speed]:
+        async with TrackerClient(swarm.tracker_address, security=swarm.security) as client:
+            nodes = (await client.list_nodes()).nodes
+        return {
+            n.record.address: Speed(
+                str(n.record.layers),
+                n.record.capability.decode_tokens_per_s,
+                n.routed_decode_tokens_per_s,
+                n.speed_measured,
+            )
+            for n in nodes
+        }
+
+    return asyncio.run(table())
+
+
 def _ask(swarm: Swarm) -> tuple[str, float]:
     """One streamed request: the address of its first hop, and its seconds per decoded token."""
     base_url = swarm.gateways[0].ready_line.split()[3]
@@ -150,4 +180,17 @@ def test_a_boaster_there_before_any_measurement_loses_the_routes_once_measured(
         boaster = _start_boaster(fresh, boast)
         fresh.start_gateway()
         served = [_ask(fresh) for _ in range(REQUESTS)]
+        speeds = _speeds(fresh)
+    for address, speed in speeds.items():
+        role = "boaster" if address == boaster.address else "honest"
+        print(
+            f"{boast}: {role} {speed.layers}: claims {speed.claimed:.0f} tok/s, routed by {speed.routed:.0f} "
+            f"({'measured' if speed.measured else 'claim'})"
+        )
     _check_share(boast, boaster, served)
+    if any(head == boaster.address for head, _ in served):
+        # Served, so measured: ranked by what it served, below its honest peer (measured too).
+        mine = speeds[boaster.address]
+        (peer,) = [speed for address, speed in speeds.items() if address != boaster.address and speed.layers == "0:3"]
+        assert mine.measured and peer.measured, speeds
+        assert mine.routed < peer.routed and mine.routed < mine.claimed / 10, speeds

@@ -40,7 +40,7 @@ from meshnet.tracker.routing import (
     choose_model_route,
     choose_route,
 )
-from meshnet.tracker.speeds import RouteMeasurements
+from meshnet.tracker.speeds import RouteMeasurements, measured_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,10 @@ class NodeRegistry:
             return False
         self._measured.observe(timing, self._clock())
         return True
+
+    def measured_nodes(self) -> frozenset[NodeId]:
+        """Live nodes believed at what routes measured rather than at what they claim."""
+        return measured_nodes(self._measured.recent(self._clock()), self._nodes)
 
     def _believed_rates(self, views: tuple[NodeView, ...]) -> dict[NodeId, float]:
         latency = self.latency_table()

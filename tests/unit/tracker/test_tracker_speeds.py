@@ -18,6 +18,8 @@ from meshnet.tracker.claims import believed_views
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.routing import NodeView, choose_model_route, seam_cost_ms
 from meshnet.tracker.speeds import SAMPLES_PER_ROUTE, RouteMeasure, RouteMeasurements, fit_hop_ms
+from meshnet.tracker.status_service import node_table
+from meshnet.wire.status_wire import node_table_from_proto, node_table_to_proto
 
 SIX = replace(RECIPE, n_layers=6)
 SEAM_MS = seam_cost_ms(NodeId("x"), NodeId("y"), {})
@@ -159,3 +161,17 @@ def test_the_registry_routes_by_the_timings_it_was_given_and_ignores_impossible_
     assert registry.choose_route(RouteQuery(model=MODEL)).node_ids == (honest, tail)
     assert registry.observe_route(RouteTiming((honest, tail), 12.0, tokens=8))
     assert registry.choose_route(RouteQuery(model=MODEL)).node_ids == (honest, tail)
+
+
+def test_the_node_table_shows_what_each_node_claims_and_what_it_is_routed_by() -> None:
+    registry = NodeRegistry(clock=Clock(), heartbeat_interval_s=2.0)
+    registry.register(registration(0, 10, address="h:1", decode_tokens_per_s=100), NodeId("honest"))
+    registry.register(registration(0, 10, address="b:1", decode_tokens_per_s=3000), NodeId("boaster"))
+    registry.register(registration(10, 20, address="t:1", decode_tokens_per_s=100), NodeId("tail"))
+    assert registry.observe_route(RouteTiming(ids("boaster", "tail"), 40.0, tokens=8))
+    table = node_table_from_proto(node_table_to_proto(node_table(registry)))
+    shown = {node.node_id: (node.record.capability.decode_tokens_per_s, node.speed_measured) for node in table.nodes}
+    assert shown == {"honest": (100, False), "boaster": (3000, True), "tail": (100, True)}
+    routed = {node.node_id: node.routed_decode_tokens_per_s for node in table.nodes}
+    assert routed["boaster"] == pytest.approx(1000.0 / ((40.0 - SEAM_MS) / 2))
+    assert routed["honest"] == 100.0  # unmeasured: its claim, within the recipe's median
