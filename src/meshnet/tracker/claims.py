@@ -40,6 +40,9 @@ from meshnet.tracker.routing import (
 )
 from meshnet.tracker.speeds import RouteMeasure, fit_hop_ms, measured_nodes
 
+NEWCOMER_EDGE = 0.9
+"""An unmeasured node is believed this fraction of the time of the best measured node of its
+layers (if its capped claim is not better): tried once, which measures it."""
 MAX_CLAIM_RATIO = 32.0
 """Generous: a GPU node beside CPU nodes may honestly be 10-30x faster per layer. What it stops
 is the unbounded claim (1e9 tok/s) that would win every route whatever the others offer."""
@@ -64,16 +67,23 @@ def believed_views(
     if not measured:
         return tuple(capped.values())
     fitted = fit_hop_ms(_even_split(in_hops, capped), in_hops)
+    served = {node_id: replace(capped[node_id], decode_tokens_per_s=1000.0 / fitted[node_id]) for node_id in measured}
     claimed = _lower_medians(views)
-    tried = {capped[node_id].fingerprint for node_id in measured}
-    believed = []
-    for view in capped.values():
-        if view.node_id in measured:
-            view = replace(view, decode_tokens_per_s=1000.0 / fitted[view.node_id])
-        elif view.fingerprint in tried:
-            view = _capped(view, claimed, 1.0)
-        believed.append(view)
-    return tuple(believed)
+    known = tuple(served.values())
+    return tuple(served.get(view.node_id) or _newcomer(view, claimed, known) for view in capped.values())
+
+
+def _newcomer(view: NodeView, claimed: dict[str, float], served: Sequence[NodeView]) -> NodeView:
+    """An unmeasured node beside measured ones: its claim capped at its recipe's lower median
+    claim, but just ahead of the best measured node of its very layers, so that it is tried."""
+    recipe = [other for other in served if other.fingerprint == view.fingerprint]
+    if not recipe:
+        return view  # nothing of its recipe measured yet: claims are all there is (the 32x cap)
+    view = _capped(view, claimed, 1.0)
+    peers = [other.decode_tokens_per_s for other in recipe if other.layers == view.layers]
+    if peers:
+        return replace(view, decode_tokens_per_s=max(view.decode_tokens_per_s, max(peers) / NEWCOMER_EDGE))
+    return view
 
 
 def credible_views(views: Sequence[NodeView], max_ratio: float = MAX_CLAIM_RATIO) -> tuple[NodeView, ...]:
@@ -99,17 +109,15 @@ def _capped(view: NodeView, reference: dict[str, float], max_ratio: float) -> No
 
 
 def _even_split(routes: Sequence[RouteMeasure], views: Mapping[NodeId, NodeView]) -> dict[NodeId, float]:
-    """Where the fit starts: per recipe, the routes' median time per layer, for every layer alike.
-    Claims play no part: a measured node is believed from measurement alone."""
-    per_layer: dict[str, list[float]] = {}
-    for route in routes:
-        layers = sum(len(views[hop].layers) for hop in route.hops)
-        per_layer.setdefault(views[route.hops[0]].fingerprint, []).append(route.ms_per_token / max(layers, 1))
-    typical = {fingerprint: statistics.median(times) for fingerprint, times in per_layer.items()}
+    """Where the fit starts: each node at its layers' share of the fastest route it served on (a
+    node on a fast route cannot be the slow part of a slower one). Claims play no part: a
+    measured node is believed from measurement alone."""
     start: dict[NodeId, float] = {}
     for route in routes:
+        per_layer = route.ms_per_token / max(sum(len(views[hop].layers) for hop in route.hops), 1)
         for hop in route.hops:
-            start[hop] = typical[views[route.hops[0]].fingerprint] * len(views[hop].layers)
+            share = per_layer * len(views[hop].layers)
+            start[hop] = min(start.get(hop, share), share)
     return start
 
 

@@ -8,11 +8,13 @@ Estimator. The tracker knows sums (a route's time) and wants terms (each hop's t
 routes that share hops, the sums identify differences (two heads before the same tail differ
 by exactly what their routes differ by), never a full split: a head and a tail seen only
 together can split their sum any way. ``fit_hop_ms`` therefore solves the routes' equations
-(least squares, by Kaczmarz sweeps) from a starting split, which converges to the solution
-*nearest to that start*; the caller (``tracker.claims``) starts from an even time per layer, so
-what the measurements leave open is split by layers, never by what nodes claim, and any split
-that fits gives every measured route exactly its measured time, which is what the planner
-compares. Splitting a route's time in proportion to the hops' claims (the obvious alternative)
+by least squares for the change from a starting split of smallest norm: the solution *nearest
+to that start* (numpy's ``lstsq`` gives the minimum-norm change; nodes it would drive below
+``MIN_HOP_MS`` are held there and the rest solved again). The caller (``tracker.claims``)
+starts each node at its layers' share of the fastest route it served on, so what the
+measurements leave open is split by layers and by the best each node has shown, never by what
+nodes claim, and any split that fits gives every measured route exactly its measured time,
+which is what the planner compares. Splitting a route's time in proportion to the hops' claims (the obvious alternative)
 was rejected: a boaster's tiny claimed time would get a tiny share of its own slowness, and its
 honest neighbour the rest. Each route keeps the median of its last few timings, robust to one
 stalled request, and forgets a route not timed for ``horizon_s``, so a node changes its measure
@@ -29,6 +31,8 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import RouteTiming
 
@@ -36,7 +40,6 @@ SAMPLES_PER_ROUTE = 5
 """Timings a route keeps; their median is its measure."""
 MIN_HOP_MS = 0.001
 """No hop is believed faster than this, whatever the fit says (a fit may drive a term to 0)."""
-FIT_SWEEPS = 40
 
 
 @dataclass(frozen=True)
@@ -85,18 +88,38 @@ def fit_hop_ms(prior_ms: Mapping[NodeId, float], routes: Sequence[RouteMeasure])
     """
     usable = [route for route in routes if all(hop in prior_ms for hop in route.hops)]
     estimate = dict(prior_ms)
-    ceiling: dict[NodeId, float] = {}
-    for route in usable:
-        for hop in route.hops:
-            ceiling[hop] = min(ceiling.get(hop, route.ms_per_token), route.ms_per_token)
-    for _ in range(FIT_SWEEPS):
-        for route in usable:
-            # Kaczmarz: move the route's hops equally until their sum is the measured time;
-            # from the prior, repeated sweeps reach the fitting split nearest to it.
-            share = (route.ms_per_token - sum(estimate[hop] for hop in route.hops)) / len(route.hops)
-            for hop in route.hops:
-                estimate[hop] = min(max(estimate[hop] + share, MIN_HOP_MS), max(ceiling[hop], MIN_HOP_MS))
+    if not usable:
+        return estimate
+    nodes = sorted({hop for route in usable for hop in route.hops})
+    column = {node_id: index for index, node_id in enumerate(nodes)}
+    incidence = np.zeros((len(usable), len(nodes)))
+    for row, route in enumerate(usable):
+        incidence[row, [column[hop] for hop in route.hops]] = 1.0
+    start = np.array([prior_ms[node_id] for node_id in nodes])
+    measured = np.array([route.ms_per_token for route in usable])
+    fitted = _nearest_fit(incidence, measured, start)
+    ceiling = {hop: min(r.ms_per_token for r in usable if hop in r.hops) for hop in nodes}
+    for node_id, value in zip(nodes, fitted, strict=True):
+        estimate[node_id] = min(max(float(value), MIN_HOP_MS), max(ceiling[node_id], MIN_HOP_MS))
     return estimate
+
+
+def _nearest_fit(incidence: np.ndarray, measured: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """The times nearest to ``start`` whose route sums fit ``measured`` best, none below
+    ``MIN_HOP_MS``: the least-squares change of smallest norm (exact when the routes agree),
+    with any node it would drive below the floor held at the floor and the rest solved again."""
+    values = start.astype(float)
+    free = np.ones(len(start), dtype=bool)
+    for _ in range(len(start)):
+        fixed_sum = incidence[:, ~free] @ values[~free]
+        rest = measured - fixed_sum - incidence[:, free] @ start[free]
+        values[free] = start[free] + np.linalg.lstsq(incidence[:, free], rest, rcond=None)[0]
+        low = free & (values < MIN_HOP_MS)
+        if not low.any():
+            break
+        values[low] = MIN_HOP_MS
+        free &= ~low
+    return values
 
 
 def measured_nodes(routes: Sequence[RouteMeasure], live: Mapping[NodeId, object]) -> frozenset[NodeId]:

@@ -14,7 +14,7 @@ from tracker_samples import MODEL, RECIPE, registration, view
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import RouteQuery, RouteTiming
-from meshnet.tracker.claims import believed_views
+from meshnet.tracker.claims import NEWCOMER_EDGE, believed_views
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.routing import NodeView, choose_model_route, seam_cost_ms
 from meshnet.tracker.speeds import SAMPLES_PER_ROUTE, RouteMeasure, RouteMeasurements, fit_hop_ms
@@ -119,11 +119,18 @@ def test_a_measured_route_costs_what_it_measured_whatever_round_trips_its_nodes_
     assert chosen(believed, lie) == ("honest", "tail")
 
 
-def test_before_it_is_measured_a_newcomer_is_believed_at_most_at_its_recipes_median_claim() -> None:
+@pytest.mark.parametrize("honest_route_ms", [9.0, 30.0])
+def test_a_newcomer_is_believed_at_its_recipes_median_claim_or_just_ahead_of_its_measured_peer(
+    honest_route_ms: float,
+) -> None:
     views = swarm(boast=30.0)
-    measured = [route("honest", "tail", ms=9.0 + SEAM_MS)]
+    measured = [route("honest", "tail", ms=honest_route_ms + SEAM_MS)]
     believed = {v.node_id: v.decode_tokens_per_s for v in believed_views(views, measured)}
-    assert believed[NodeId("boaster")] == 100.0  # the lower median of 100, 3000 and 100 per 3 layers
+    peer = believed[NodeId("honest")]
+    # Never its 3000 tok/s claim: the lower median claim (100 tok/s: 100, 3000 and 100 over 3
+    # layers), or, when its measured peer is faster than that, just ahead of it: tried once.
+    assert believed[NodeId("boaster")] == pytest.approx(max(100.0, peer / NEWCOMER_EDGE))
+    assert chosen(believed_views(views, measured))[0] == "boaster"  # once: that request measures it
 
 
 def test_an_honest_newcomer_replaces_a_measured_boaster() -> None:
