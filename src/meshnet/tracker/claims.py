@@ -11,14 +11,15 @@ route. So the tracker believes, in this order:
    round trip only moves time from the seam into the liar's own hop, and a measured route costs
    what it measured whatever its nodes report.
 2. Before a node is measured, its claim, capped per layer at the lower median of its recipe's
-   claims once any node of the recipe was measured: a new boaster is then believed at a typical
-   node's own claim, which may win it one route, and that request measures it (so may an honest
-   newcomer: that is how it gets measured). The median of claims rather than of measured nodes,
-   because a measured boaster would drag the latter down to itself and tie with the honest
-   newcomer that should replace it. While nothing of the recipe is measured (a swarm's first
-   request), claims up to ``MAX_CLAIM_RATIO`` times that median are believed, so honestly faster
-   nodes are preferred from the start; an outlier claim counts as the median. Lower medians, so
-   one liar among two nodes cannot drag the reference up; a node alone with its recipe has
+   claims once any node of the recipe was measured, but believed just ahead of the best
+   measured node of its very layers (``NEWCOMER_EDGE``) when the cap leaves it behind: a
+   newcomer is tried once, and that request measures it. So a new boaster gets one route, not
+   all of them, and an honest newcomer is never stuck behind a measured boaster whose
+   slowness the fit shared with its route's other hops (nor behind its own pessimistic
+   start-up benchmark). While nothing of the recipe is measured (a swarm's first request),
+   claims up to ``MAX_CLAIM_RATIO`` times that median are believed, so honestly faster nodes
+   are preferred from the start; an outlier claim counts as the median. Lower medians, so one
+   liar among two nodes cannot drag the reference up; a node alone with its recipe has
    nothing to be checked against.
 """
 
