@@ -1,21 +1,21 @@
 """Claimed speed and round trips do not win traffic: what routes measured does (issue 29, finding 2).
 
 A real swarm over mTLS (tracker, one honest worker per half of a synthetic model large enough
-that a step's compute outweighs a loopback seam, a gateway) serves a few requests, then a
-boasting worker joins for the first half: the normal worker process with an altered record
-(``boasting_worker.py``) that claims 30 times the decode rate its honest peer of the same
-layers claims (inside the 32x the tracker used to believe), or 1e9 tok/s with a 0.01 ms round
-trip to every peer (the claim capped to the recipe's median, the round trip believed). It
-computes honestly, but every step it runs waits ``STEP_DELAY_MS`` first, so its served speed is
-far below its claim and below its honest peer's: a router that believes measurement owes it no
-route beyond the ones that measure it.
+that a step's compute outweighs a loopback seam, a gateway) and a boasting worker for the first
+half: the normal worker process with an altered record (``boasting_worker.py``) that claims 30
+times the decode rate its honest peer of the same layers claims (inside the 32x the tracker
+believes of claims alone), or 1e9 tok/s (capped to the recipe's median) with a 0.01 ms round
+trip to every peer. It computes honestly, but every step it runs waits ``STEP_DELAY_MS`` first,
+so its served speed is far below its claim and below its honest peer's: a router that believes
+measurement owes it no route beyond the one that measures it. The boaster joins either after
+the honest pair was measured (the module's swarm) or before any request (a fresh swarm, where
+its claim alone wins the first route).
 
 Its measured share is therefore 0, and the test checks that premise with its own clock (the
 per-token time of the requests each node served, from the stream's chunk arrival times). The
-tolerance is ``TOLERATED_ROUTES`` of ``REQUESTS``: a node nobody has measured yet is believed at
-most at its recipe's median, which may still route it once (that request measures it), and one
-more for a measurement that is still on its way to the tracker when the next request is routed.
-Before the tracker measured anything (the code before issue 29), the boaster got every request.
+tolerance is ``TOLERATED_ROUTES`` of ``REQUESTS``: an unmeasured node is tried once (that request
+measures it; ``tracker.claims``), and one more for a measurement that is still on its way to the
+tracker when the next request is routed. The code before issue 29 gave the boaster every request.
 """
 
 from __future__ import annotations
