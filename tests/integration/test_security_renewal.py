@@ -25,7 +25,7 @@ from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerCosts, LayerQuestion
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeLoad, NodeWork, QuarantineOrder, SessionTokens, WorkRecord
+from meshnet.core.tracking import NodeLoad, NodeWork, QuarantineOrder, RouteTiming, SessionTokens, WorkRecord
 from meshnet.membership.join import renew_once
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import NodeCertificate, certificate_expiry, mint_node, new_key_and_csr
@@ -119,6 +119,7 @@ def every_call(client: TrackerClient, me: NodeId) -> dict[str, Callable[[], Awai
         "choose_route": lambda: client.choose_route("tiny", session_id=SessionId("s-1")),
         "report_work": lambda: client.report_work(record),
         "report_session_tokens": lambda: client.report_session_tokens(me, (SessionTokens(SessionId("s-1"), 1, 8, 3),)),
+        "report_route_timing": lambda: client.report_route_timing(RouteTiming((me,), 1.0, tokens=2)),
         "list_models": client.list_models,
         "quarantine": lambda: client.quarantine(QuarantineOrder(NodeId("w-other"), "audit")),
         "list_nodes": client.list_nodes,

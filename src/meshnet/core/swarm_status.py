@@ -32,10 +32,15 @@ class NodeStatus:
     load: NodeLoad
     """Without peer latencies: those are the tracker's routing input, not an operator's."""
     seconds_since_heartbeat: float
+    routed_decode_tokens_per_s: float = 0.0
+    """The decode rate the tracker routes this node by (``tracker.claims``): measured on the
+    routes through it when ``speed_measured``, else its claim as far as the tracker believes it."""
+    speed_measured: bool = False
 
     def __post_init__(self) -> None:
         check_text("node_id", self.node_id)
         check_finite("seconds_since_heartbeat", self.seconds_since_heartbeat)
+        check_finite("routed_decode_tokens_per_s", self.routed_decode_tokens_per_s)
 
 
 @dataclass(frozen=True)

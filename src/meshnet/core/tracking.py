@@ -285,3 +285,32 @@ class Quarantined:
     record_marked: bool
     """The order's work record exists and is now ``unverified``."""
     epoch: int
+
+
+MAX_ROUTE_HOPS = 256
+"""Hops one route timing may name: far more than any route has (one per layer at most)."""
+
+
+@dataclass(frozen=True)
+class RouteTiming:
+    """What a gateway measured serving one request on one route: its decode time per token.
+
+    The tracker's measure of node speeds (``tracker.speeds``): a route the tracker chose, timed
+    end to end by the party that drove it, bounds what its hops can claim together."""
+
+    hops: tuple[NodeId, ...]
+    """The route's nodes, head first, as the tracker handed them out."""
+    decode_ms_per_token: float
+    """Milliseconds between consecutive generated tokens, averaged over the request."""
+    tokens: int
+    """Generated tokens the average spans (at least 2: one gap)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.hops) <= MAX_ROUTE_HOPS:
+            raise InvalidArgument(f"a route timing names 1 to {MAX_ROUTE_HOPS} hops, got {len(self.hops)}")
+        for node_id in self.hops:
+            check_text("hop node_id", node_id)
+        if len(set(self.hops)) != len(self.hops):
+            raise InvalidArgument("a route timing names a node twice")
+        check_finite("decode_ms_per_token", self.decode_ms_per_token, high=600_000.0)
+        check_count("tokens", self.tokens, MAX_TOKENS, low=2)

@@ -38,12 +38,13 @@ from meshnet.core.tracking import (
     Registered,
     Route,
     RouteQuery,
+    RouteTiming,
     SessionTokens,
     WorkAck,
     WorkRecord,
 )
 from meshnet.membership.channel import RenewingChannel
-from meshnet.wire import artifact_wire, placement_wire, services, swarm_wire, work_wire
+from meshnet.wire import artifact_wire, placement_wire, services, speed_wire, swarm_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import error_from_rpc
 from meshnet.wire.status_wire import node_table_from_proto
@@ -215,6 +216,11 @@ class TrackerClient:
         request = work_wire.session_tokens_to_proto(node_id, sessions)
         reply = await self._call(self._tracker().ReportSessionTokens, request, timeout_s)
         return work_wire.session_tokens_ack_from_proto(reply)
+
+    async def report_route_timing(self, timing: RouteTiming, *, timeout_s: float | None = None) -> bool:
+        """Tell the tracker how fast a route served; True: taken into its measure of node speeds."""
+        reply = await self._call(self._tracker().ReportRouteTiming, speed_wire.timing_to_proto(timing), timeout_s)
+        return speed_wire.timing_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
         reply = await self._call(self._tracker().ListModels, wire.list_models_request_to_proto(), timeout_s)

@@ -33,7 +33,7 @@ from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tickets import ticket_seconds
-from meshnet.core.tracking import NodeWork, Route, WorkRecord, WorkStatus
+from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, WorkStatus
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
@@ -45,6 +45,8 @@ from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 0.5
+TIMING_REPORT_TIMEOUT_S = 2.0
+"""A route timing is a measurement, not a record: one try, and it is dropped if the tracker is slow."""
 BUSY_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 """Waits before reopening a route whose shard was full at the opening (1.55 s in all): long
 enough for a lagging release to land, short enough to stay inside any client's patience."""
@@ -70,6 +72,28 @@ class _Run:
         self.started = time.time()
         self.attempts: list[tuple[Route, int]] = []
         """Each route tried, with how many tokens had been generated when it started."""
+        self._first_token: tuple[int, float] | None = None
+        self._last_token: tuple[int, float] | None = None
+        """(tokens generated, monotonic time) when the first and the latest token arrived."""
+
+    def clock(self, tokens: int) -> None:
+        """Note the time if ``tokens`` (the count generated so far) moved since the last call."""
+        if tokens == 0 or (self._last_token is not None and self._last_token[0] == tokens):
+            return
+        self._last_token = (tokens, time.monotonic())
+        if self._first_token is None:
+            self._first_token = self._last_token
+
+    def timing(self) -> RouteTiming | None:
+        """The route's decode time per token, measured after the first token (its prefill), when
+        one route served the whole request and generated at least two tokens."""
+        if len(self.attempts) != 1 or self._first_token is None or self._last_token is None:
+            return None
+        (first, started), (last, ended) = self._first_token, self._last_token
+        if last <= first:
+            return None
+        per_token_ms = (ended - started) * 1000.0 / (last - first)
+        return RouteTiming(self.route.node_ids, per_token_ms, last - first + 1)
 
     def record(self, status: WorkStatus, finished_at: float) -> WorkRecord:
         """The work record: tokens and billing are the life's usage, the very numbers the client got."""
@@ -106,6 +130,7 @@ class SwarmClient:
         self._driver = driver
         self._config = config
         self.reports = WorkReporter(tracker, config.reports, outbox)
+        self._timings: set[asyncio.Task[None]] = set()
 
     async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
         """Serve ``request`` to its end, pushing its items into ``sink`` as they happen.
@@ -137,6 +162,7 @@ class SwarmClient:
                 self.reports.file(run.record(life.status, time.time()))
                 if life.status == "completed":
                     self._offer_audit(run)
+                    self._report_timing(run.timing())
 
     async def _follow(self, run: _Run) -> None:
         """Drive ``run`` until its life is finished, replaying it onto a new route when a shard is lost.
@@ -159,7 +185,9 @@ class SwarmClient:
             try:
                 async with contextlib.aclosing(events):
                     async for event in events:
-                        if life.observe(event):
+                        done = life.observe(event)
+                        run.clock(len(life.tokens))
+                        if done:
                             return
                 return
             except ResourceExhausted:
@@ -194,8 +222,25 @@ class SwarmClient:
         if self.auditor is not None and len(run.attempts) == 1:
             self.auditor.submit(AuditCase(run.request_id, run.request, run.route, tuple(run.life.tokens)))
 
+    def _report_timing(self, timing: RouteTiming | None) -> None:
+        """Tell the tracker how fast the route served, in the background: the speeds it routes by
+        are what requests measured, not what nodes claim (tracker.speeds)."""
+        if timing is not None:
+            task = asyncio.get_running_loop().create_task(self._send_timing(timing))
+            self._timings.add(task)
+            task.add_done_callback(self._timings.discard)
+
+    async def _send_timing(self, timing: RouteTiming) -> None:
+        try:
+            await self.tracker.report_route_timing(timing, timeout_s=TIMING_REPORT_TIMEOUT_S)
+        except MeshnetError as error:
+            log.info("route timing not reported: %s", error.message)
+
     async def drain_reports(self, timeout_s: float | None = None) -> None:
-        """Wait for work records still being reported (at shutdown), at most ``timeout_s``."""
+        """Wait for work records (and route timings) still being reported, at most ``timeout_s``
+        for the records; the timings, sent once with a short deadline of their own, end first."""
+        if self._timings:
+            await asyncio.wait(set(self._timings), timeout=TIMING_REPORT_TIMEOUT_S)
         await self.reports.drain(timeout_s)
 
     async def route_context(self, model: str) -> int | None:

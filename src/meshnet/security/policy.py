@@ -18,6 +18,7 @@ TrackerRpc = Literal[
     "Deregister",
     "ChooseRoute",
     "ReportWork",
+    "ReportRouteTiming",
     "ListModels",
     "Revoke",
     "Renew",
@@ -42,6 +43,8 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # Routing and billing: only the parties that serve users.
     "ChooseRoute": frozenset({"gateway", "admin"}),
     "ReportWork": frozenset({"gateway"}),
+    # Node speeds are measured by the party that drives routes, never reported by the nodes.
+    "ReportRouteTiming": frozenset({"gateway"}),
     "ListModels": frozenset({"gateway", "admin", "worker"}),
     "Revoke": frozenset({"admin"}),
     "SuggestLayers": frozenset({"worker", "admin"}),

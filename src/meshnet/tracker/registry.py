@@ -17,6 +17,7 @@ throws away its KV cache and costs a full replay.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -27,9 +28,9 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
-from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery
+from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
 from meshnet.tracker.certification import check_certified
-from meshnet.tracker.claims import credible_views
+from meshnet.tracker.claims import believed_views
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     LatencyTable,
@@ -39,6 +40,7 @@ from meshnet.tracker.routing import (
     choose_model_route,
     choose_route,
 )
+from meshnet.tracker.speeds import RouteMeasurements, measured_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +106,10 @@ class NodeRegistry:
         self._sticky: OrderedDict[SessionId, _StickyRoute] = OrderedDict()
         self._quarantined: set[NodeId] = set(quarantined)
         """Nodes an audit caught: never registered again under these ids until cleared."""
+        self._measured = RouteMeasurements()
+        """Routes' decode times as gateways measured them: what node speeds are believed from."""
+        self._beliefs: tuple[object, dict[NodeId, float]] | None = None
+        """The last believed rates and what they were computed from (the fit is not free)."""
 
     @property
     def epoch(self) -> int:
@@ -124,8 +130,34 @@ class NodeRegistry:
         return self._clock()
 
     def node_views(self) -> tuple[NodeView, ...]:
-        # Self-declared speeds are checked against the recipe's other nodes (tracker.claims).
-        return credible_views(tuple(entry.view() for entry in self._nodes.values()))
+        # Speeds are believed from what routes measured, self-declared ones capped (tracker.claims).
+        views = tuple(entry.view() for entry in self._nodes.values())
+        rates = self._believed_rates(views)
+        return tuple(replace(view, decode_tokens_per_s=rates[view.node_id]) for view in views)
+
+    def observe_route(self, timing: RouteTiming) -> bool:
+        """Take a gateway's timing of a route; False (ignored) unless its hops are live and chain."""
+        self.sweep()
+        entries = [self._nodes.get(node_id) for node_id in timing.hops]
+        live = [entry for entry in entries if entry is not None]
+        if len(live) != len(entries) or not _chains(live):
+            return False
+        self._measured.observe(timing, self._clock())
+        return True
+
+    def measured_nodes(self) -> frozenset[NodeId]:
+        """Live nodes believed at what routes measured rather than at what they claim."""
+        return measured_nodes(self._measured.recent(self._clock()), self._nodes)
+
+    def _believed_rates(self, views: tuple[NodeView, ...]) -> dict[NodeId, float]:
+        latency = self.latency_table()
+        routes = self._measured.recent(self._clock())
+        claims = tuple((view.node_id, view.decode_tokens_per_s, view.layers, view.fingerprint) for view in views)
+        key = (self._measured.version, claims, tuple(sorted(latency.items())))
+        if self._beliefs is None or self._beliefs[0] != key:
+            believed = believed_views(views, routes, latency_ms=latency, costs=self._costs)
+            self._beliefs = (key, {view.node_id: view.decode_tokens_per_s for view in believed})
+        return self._beliefs[1]
 
     def register(self, record: NodeRecord, node_id: NodeId) -> NodeId:
         """Add the node ``node_id`` (its own id, see ``NodeId``; the registry makes none up).
@@ -346,6 +378,14 @@ def route_slots(holdings: Sequence[tuple[LayerRange, int]], n_layers: int) -> in
     if n_layers <= 0:
         return 0
     return min(sum(sessions for layers, sessions in holdings if layer in layers) for layer in range(n_layers))
+
+
+def _chains(entries: Sequence[NodeEntry]) -> bool:
+    """The entries form a whole route of one recipe: layer 0 to the last, each meeting the next."""
+    first, last = entries[0].record, entries[-1].record
+    meet = all(a.record.layers.stop == b.record.layers.start for a, b in itertools.pairwise(entries))
+    same = all(entry.record.fingerprint == first.fingerprint for entry in entries)
+    return meet and same and first.layers.start == 0 and last.layers.stop == last.n_layers
 
 
 def _serves(route: Route, model: str) -> bool:

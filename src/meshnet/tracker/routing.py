@@ -47,13 +47,13 @@ class NodeView:
     """What the planner knows about one live node: its record, and what the registry adds to it.
 
     A type of its own because two of its values are the tracker's, not the node's: the decode
-    rate the tracker believes (``tracker.claims`` caps implausible claims) and the room the
+    rate the tracker believes (``tracker.claims``: what routes measured, else a capped claim) and the room the
     node's last load report left, less the sessions routed to it since."""
 
     node_id: NodeId
     record: NodeRecord
     decode_tokens_per_s: float
-    """Believed single-sequence decode rate over the node's layers; 0 when not measured."""
+    """Believed single-sequence decode rate over the node's layers; 0 when neither measured nor claimed."""
     free_sessions: int
     queue_depth: int = 0
 
@@ -114,16 +114,19 @@ class RoutePlan:
     ms_per_token: float
 
 
-def node_cost_ms(node: NodeView, costs: RoutingCosts = DEFAULT_COSTS) -> float:
-    """Estimated milliseconds one decoded token spends on ``node``, including its queue."""
+def compute_ms(node: NodeView, costs: RoutingCosts = DEFAULT_COSTS) -> float:
+    """Estimated milliseconds one decoded token spends computing on ``node``, queue aside."""
     if node.decode_tokens_per_s > 0:
         # The rate was measured over the node's own range, so its reciprocal is the time for
         # exactly the layers this edge covers: no per-layer scaling is needed.
-        compute_ms = 1000.0 / node.decode_tokens_per_s
-    else:
-        compute_ms = costs.unmeasured_layer_ms * len(node.layers)
+        return 1000.0 / node.decode_tokens_per_s
+    return costs.unmeasured_layer_ms * len(node.layers)
+
+
+def node_cost_ms(node: NodeView, costs: RoutingCosts = DEFAULT_COSTS) -> float:
+    """Estimated milliseconds one decoded token spends on ``node``, including its queue."""
     # Each queued request is taken to add about one step of this node before ours runs.
-    cost = compute_ms * (1 + node.queue_depth)
+    cost = compute_ms(node, costs) * (1 + node.queue_depth)
     if node.free_sessions <= 0:
         cost += costs.full_node_penalty_ms
     return cost

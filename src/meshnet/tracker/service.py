@@ -29,7 +29,7 @@ from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import TrackerStore
 from meshnet.tracker.tickets import TicketIssuer
-from meshnet.wire import placement_wire, services, work_wire
+from meshnet.wire import placement_wire, services, speed_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import abort_with
 from meshnet.wire.tls import LinkSecurity, enforce
@@ -231,6 +231,13 @@ class TrackerServicer(services.TrackerServicer):
         self.admit(context, "ReportSessionTokens", node_id)
         counted = 0 if self.work is None else await self.work.counted(node_id, sessions)
         return work_wire.session_tokens_ack_to_proto(counted)
+
+    async def ReportRouteTiming(
+        self, request: services.RouteTiming, context: grpc.aio.ServicerContext
+    ) -> services.RouteTimingAck:
+        timing = speed_wire.timing_from_proto(request)
+        self.admit(context, "ReportRouteTiming")
+        return speed_wire.timing_ack_to_proto(self._registry.observe_route(timing))
 
     @maps_errors
     async def ListModels(

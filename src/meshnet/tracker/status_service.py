@@ -20,21 +20,27 @@ from meshnet.wire.tls import LinkSecurity
 def node_table(registry: NodeRegistry) -> NodeTable:
     """The registry as operators see it: every live node with its last load report."""
     now = registry.now()
+    routed = {view.node_id: view.decode_tokens_per_s for view in registry.node_views()}
+    measured = registry.measured_nodes()
     return NodeTable(
-        nodes=tuple(_node_status(entry, now) for entry in registry.entries()),
+        nodes=tuple(
+            _node_status(entry, now, routed[entry.node_id], entry.node_id in measured) for entry in registry.entries()
+        ),
         epoch=registry.epoch,
         heartbeat_interval_s=registry.heartbeat_interval_s,
         expire_after_s=registry.expire_after_s,
     )
 
 
-def _node_status(entry: NodeEntry, now: float) -> NodeStatus:
+def _node_status(entry: NodeEntry, now: float, routed_rate: float, measured: bool) -> NodeStatus:
     load = entry.load or NodeLoad(free_sessions=entry.record.capability.max_sessions)
     return NodeStatus(
         node_id=entry.node_id,
         record=entry.record,
         load=replace(load, peer_rtt_ms=()),
         seconds_since_heartbeat=max(0.0, now - entry.last_seen),
+        routed_decode_tokens_per_s=routed_rate,
+        speed_measured=measured,
     )
 
 

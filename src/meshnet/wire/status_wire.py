@@ -45,6 +45,8 @@ def _node_to_proto(node: NodeStatus) -> pb.NodeStatusList.Node:
         queue_depth=load.queue_depth,
         kv_used_fraction=load.kv_used_fraction,
         seconds_since_heartbeat=node.seconds_since_heartbeat,
+        routed_decode_tokens_per_s=node.routed_decode_tokens_per_s,
+        speed_measured=node.speed_measured,
     )
 
 
@@ -59,4 +61,11 @@ def _node_from_proto(message: pb.NodeStatusList.Node) -> NodeStatus:
         memory_used_bytes=message.memory_used_bytes,
         memory_budget_bytes=message.memory_budget_bytes,
     )
-    return NodeStatus(message.node_id, record_from_proto(message.record), load, message.seconds_since_heartbeat)
+    return NodeStatus(
+        message.node_id,
+        record_from_proto(message.record),
+        load,
+        message.seconds_since_heartbeat,
+        routed_decode_tokens_per_s=message.routed_decode_tokens_per_s,
+        speed_measured=message.speed_measured,
+    )

@@ -32,7 +32,7 @@ from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeCapability
-from meshnet.core.tracking import Route, WorkRecord
+from meshnet.core.tracking import Route, RouteTiming, WorkRecord
 from meshnet.route import swarm as swarm_module
 from meshnet.route.audit import AuditCase
 from meshnet.route.life import Failure, LifeItem, NoText, Outcome, TextPiece, TokenText, billing_units
@@ -64,6 +64,7 @@ class FakeTracker:
     """Positions a session holds on every hop of the routes planned (each hop's capability)."""
     excludes: list[frozenset[NodeId]] = field(default_factory=list)
     reports: list[WorkRecord] = field(default_factory=list)
+    timings: list[RouteTiming] = field(default_factory=list)
     attempts: int = 0
 
     async def choose_route(self, model: str, *, session_id: Any = None, exclude: Any = (), **_: object) -> Route:
@@ -78,6 +79,10 @@ class FakeTracker:
         if self.attempts <= self.report_failures:
             raise Unavailable("tracker unreachable")
         self.reports.append(record)
+
+    async def report_route_timing(self, timing: RouteTiming, *, timeout_s: float | None = None) -> bool:
+        self.timings.append(timing)
+        return True
 
 
 class FakeDriver:
@@ -143,6 +148,23 @@ async def test_a_hop_found_dead_stays_excluded_across_failovers(monkeypatch: pyt
     assert driver.histories == [(), (100, 101), (100, 101)]
     assert events[-1] == Outcome("length", events[-1].usage) and events[-1].usage.completion_tokens == 6
     assert tracker.reports[0].status == "completed"
+
+
+async def test_a_request_served_by_one_route_reports_the_routes_decode_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tracker = FakeTracker()
+    await collect(client(tracker, FakeDriver({}), monkeypatch, dead=set()))
+    (timing,) = tracker.timings
+    assert timing.hops == (NodeId("head"), NodeId("a"), NodeId("tail"))
+    assert timing.tokens == 6 and timing.decode_ms_per_token >= 0  # 5 gaps after the first token
+
+
+async def test_a_request_that_failed_over_reports_no_route_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It ran on two routes: its time per token is neither's.
+    tracker = FakeTracker()
+    await collect(client(tracker, FakeDriver({NodeId("a"): Unavailable("a lost")}), monkeypatch, dead={"a"}))
+    assert tracker.reports[0].status == "completed" and tracker.timings == []
 
 
 async def test_untyped_error_with_a_dead_hop_fails_over(monkeypatch: pytest.MonkeyPatch) -> None:

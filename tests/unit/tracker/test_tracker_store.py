@@ -13,7 +13,8 @@ from tracker_samples import registration, work_record
 from meshnet.core.errors import FailedPrecondition
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.tracking import WORK_STATUSES
-from meshnet.tracker.store import SCHEMA_VERSION, SqliteTrackerStore
+from meshnet.tracker.store import SqliteTrackerStore
+from meshnet.tracker.store_schema import SCHEMA_VERSION
 
 
 @pytest.fixture

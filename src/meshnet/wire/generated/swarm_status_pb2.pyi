@@ -14,7 +14,7 @@ class ListNodesRequest(_message.Message):
 class NodeStatusList(_message.Message):
     __slots__ = ("nodes", "epoch", "heartbeat_interval_s", "expire_after_s")
     class Node(_message.Message):
-        __slots__ = ("node_id", "record", "memory_used_bytes", "memory_budget_bytes", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "seconds_since_heartbeat")
+        __slots__ = ("node_id", "record", "memory_used_bytes", "memory_budget_bytes", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "seconds_since_heartbeat", "routed_decode_tokens_per_s", "speed_measured")
         NODE_ID_FIELD_NUMBER: _ClassVar[int]
         RECORD_FIELD_NUMBER: _ClassVar[int]
         MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,8 @@ class NodeStatusList(_message.Message):
         QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
         KV_USED_FRACTION_FIELD_NUMBER: _ClassVar[int]
         SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+        ROUTED_DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+        SPEED_MEASURED_FIELD_NUMBER: _ClassVar[int]
         node_id: str
         record: _node_pb2.NodeRecord
         memory_used_bytes: int
@@ -33,7 +35,9 @@ class NodeStatusList(_message.Message):
         queue_depth: int
         kv_used_fraction: float
         seconds_since_heartbeat: float
-        def __init__(self, node_id: _Optional[str] = ..., record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ...) -> None: ...
+        routed_decode_tokens_per_s: float
+        speed_measured: bool
+        def __init__(self, node_id: _Optional[str] = ..., record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., routed_decode_tokens_per_s: _Optional[float] = ..., speed_measured: _Optional[bool] = ...) -> None: ...
     NODES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]

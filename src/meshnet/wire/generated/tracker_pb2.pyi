@@ -196,6 +196,22 @@ class SessionTokensAck(_message.Message):
     counted: int
     def __init__(self, counted: _Optional[int] = ...) -> None: ...
 
+class RouteTiming(_message.Message):
+    __slots__ = ("node_ids", "decode_ms_per_token", "tokens")
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    decode_ms_per_token: float
+    tokens: int
+    def __init__(self, node_ids: _Optional[_Iterable[str]] = ..., decode_ms_per_token: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class RouteTimingAck(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
 class WorkAck(_message.Message):
     __slots__ = ("request_id", "duplicate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.WorkRecord.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.WorkAck.FromString,
                 _registered_method=True)
+        self.ReportRouteTiming = channel.unary_unary(
+                '/meshnet.v1.Tracker/ReportRouteTiming',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.RouteTiming.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.RouteTimingAck.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/meshnet.v1.Tracker/ListModels',
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.ListModelsRequest.SerializeToString,
@@ -117,6 +122,14 @@ class TrackerServicer:
         """Idempotent: the same record (same request_id, same content) reported twice is stored once.
         A secured tracker stores it as reported only if it holds up against the route it issued for
         the session and the shards' counts (ReportSessionTokens); else as disputed, with the reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportRouteTiming(self, request, context):
+        """A gateway's timing of a route the tracker chose it, measured while serving a request: what
+        the tracker believes node speeds from (a node's own claims only until it is measured).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -193,6 +206,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.ReportWork,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.WorkRecord.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.WorkAck.SerializeToString,
+            ),
+            'ReportRouteTiming': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRouteTiming,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.RouteTiming.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.RouteTimingAck.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -333,6 +351,33 @@ class Tracker:
             '/meshnet.v1.Tracker/ReportWork',
             meshnet_dot_v1_dot_tracker__pb2.WorkRecord.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.WorkAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRouteTiming(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Tracker/ReportRouteTiming',
+            meshnet_dot_v1_dot_tracker__pb2.RouteTiming.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.RouteTimingAck.FromString,
             options,
             channel_credentials,
             insecure,
