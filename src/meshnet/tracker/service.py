@@ -22,6 +22,7 @@ from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Re
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.tracker.placement import served_spans, suggest_layers
+from meshnet.tracker.quarantine import check_quarantine_order
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import TrackerStore
@@ -209,7 +210,9 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.QuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineReply:
         order = work_wire.quarantine_from_proto(request)
-        self.admit(context, "ClearQuarantine" if order.clear else "Quarantine")
+        peer = self.admit(context, "ClearQuarantine" if order.clear else "Quarantine")
+        if not order.clear:
+            check_quarantine_order(peer, order)
         store = self._store.store
         if order.clear:
             known = self._registry.clear_quarantine(order.node_id)
@@ -218,7 +221,7 @@ class TrackerServicer(services.TrackerServicer):
             return work_wire.quarantined_to_proto(Quarantined(known, False, self._registry.epoch))
         # Durable first: a tracker restart must not let the node back in.
         marked = await self._store.call(
-            store.quarantine_node, order.node_id, order.reason, order.request_id, self._wall_clock()
+            store.quarantine_node, order.node_id, order.reason, order.request_id, self._wall_clock(), order.evidence
         )
         known = self._registry.quarantine(order.node_id)
         await self.persist_epoch()

@@ -214,16 +214,42 @@ class DeregisterReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class QuarantineRequest(_message.Message):
-    __slots__ = ("node_id", "reason", "request_id", "clear")
+    __slots__ = ("node_id", "reason", "request_id", "clear", "evidence")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLEAR_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reason: str
     request_id: str
     clear: bool
-    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., clear: _Optional[bool] = ...) -> None: ...
+    evidence: QuarantineEvidence
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., clear: _Optional[bool] = ..., evidence: _Optional[_Union[QuarantineEvidence, _Mapping]] = ...) -> None: ...
+
+class QuarantineEvidence(_message.Message):
+    __slots__ = ("rule", "audits")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    AUDITS_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    audits: _containers.RepeatedCompositeFieldContainer[AuditedRequest]
+    def __init__(self, rule: _Optional[str] = ..., audits: _Optional[_Iterable[_Union[AuditedRequest, _Mapping]]] = ...) -> None: ...
+
+class AuditedRequest(_message.Message):
+    __slots__ = ("request_id", "runs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    runs: _containers.RepeatedCompositeFieldContainer[AuditRun]
+    def __init__(self, request_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[AuditRun, _Mapping]]] = ...) -> None: ...
+
+class AuditRun(_message.Message):
+    __slots__ = ("nodes", "output")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    output: str
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., output: _Optional[str] = ...) -> None: ...
 
 class QuarantineReply(_message.Message):
     __slots__ = ("known", "record_marked", "epoch")
