@@ -268,7 +268,7 @@ async def test_a_quarantined_node_keeps_asking_and_rejoins_by_itself_once_cleare
     # Issue 29: the loop used to return on the refusal, so a cleared node never came back
     # (its process lived on, so nothing restarted it). Now it asks again with a bounded backoff.
     stop, joined = asyncio.Event(), []
-    backoff = RefusalBackoff(first_s=0.2, max_s=0.4)
+    backoff = RefusalBackoff(max_beats=2)  # of the tracker's 0.2 s
     node = NodeId("w-9001")
     async with TrackerClient(tracker.address, timeout_s=1.0) as client:
         loop_task = asyncio.create_task(
@@ -298,9 +298,9 @@ async def test_a_quarantined_node_keeps_asking_and_rejoins_by_itself_once_cleare
 
 
 def test_a_refused_node_backs_off_with_jitter_within_bounds() -> None:
-    backoff = RefusalBackoff(first_s=1.0, max_s=8.0)
-    assert [backoff.wait_s(n, lambda: 1.0) for n in range(1, 7)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    assert backoff.wait_s(3, lambda: 0.0) == 2.0  # half of it at least
+    backoff = RefusalBackoff(max_beats=4)
+    assert [backoff.wait_s(n, 2.0, lambda: 1.0) for n in range(1, 6)] == [2.0, 4.0, 8.0, 8.0, 8.0]
+    assert backoff.wait_s(2, 2.0, lambda: 0.0) == 2.0  # half of it at least
 
 
 async def _eventually(condition: object, timeout_s: float = 3.0) -> None:

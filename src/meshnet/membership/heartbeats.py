@@ -26,16 +26,16 @@ logger = logging.getLogger(__name__)
 class RefusalBackoff:
     """How a refused node (quarantined, say) asks again: never a silent exit, never a flood.
 
-    The n-th refusal in a row waits ``first_s * 2**(n-1)``, at most ``max_s``, each wait drawn
-    between half and all of it (jitter: nodes refused together do not come back in step). An
-    operator's ``swarm quarantine clear`` thus lets the node in within ``max_s`` at worst.
+    In heartbeat intervals (the tracker's pace): the n-th refusal in a row waits ``2**(n-1)``
+    intervals, at most ``max_beats``, each wait drawn between half and all of it (jitter: nodes
+    refused together do not come back in step). So ``swarm quarantine clear`` lets the node back
+    within ``max_beats`` heartbeats, and a refused node costs the tracker a call every few beats.
     """
 
-    first_s: float = 1.0
-    max_s: float = 8.0
+    max_beats: float = 4.0
 
-    def wait_s(self, refusals: int, draw: Callable[[], float] = random.random) -> float:
-        full = min(self.first_s * 2 ** max(refusals - 1, 0), self.max_s)
+    def wait_s(self, refusals: int, interval_s: float, draw: Callable[[], float] = random.random) -> float:
+        full = interval_s * min(2.0 ** max(refusals - 1, 0), self.max_beats)
         return full * (0.5 + 0.5 * draw())
 
 
@@ -77,7 +77,7 @@ async def heartbeat_loop(
         except FailedPrecondition as error:
             # Refused (a quarantined id): out of routes until an operator clears it, then back.
             refusals += 1
-            wait_s = backoff.wait_s(refusals)
+            wait_s = backoff.wait_s(refusals, membership.interval_s)
             logger.error(
                 "tracker %s refuses this node (asking again in %.1f s): %s", client.address, wait_s, error.message
             )

@@ -249,9 +249,9 @@ class Auditor:
             culprit = blame_across([judge(audit.runs).suspects for audit in window])
             if culprit is not None:
                 evidence = QuarantineEvidence("across_requests", tuple(window))
-        kind = "unchecked" if len(runs) == 1 else ("caught" if culprit is not None else verdict.kind)
-        self.counts[kind] += 1
         if culprit is None or evidence is None:
+            kind = "unchecked" if len(runs) == 1 else verdict.kind
+            self.counts[kind] += 1
             if kind == "undecided":
                 log.warning("audit of %s undecided; suspects %s", case.request_id, sorted(verdict.suspects))
             return AuditOutcome(case.request_id, verdict, runs)
@@ -266,6 +266,7 @@ class Auditor:
         )
         order = QuarantineOrder(culprit, reason, case.request_id if on_original else None, evidence=evidence)
         marked = await self._quarantine(order)
+        self.counts["caught"] += 1  # counted once the tracker has it: a caught audit is concluded
         log.warning("quarantined node %s: %s", culprit, reason)
         return AuditOutcome(case.request_id, verdict, runs, culprit, record_marked=marked)
 
