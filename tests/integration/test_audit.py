@@ -47,7 +47,8 @@ pytestmark = pytest.mark.timeout(240)
 
 ROGUE = (sys.executable, str(Path(__file__).with_name("rogue_worker.py")))
 MAX_TOKENS = 32
-HONEST_REQUESTS = 3
+HONEST_REQUESTS = 50
+"""Audited requests on the honest swarm: the audit's false-positive rate is measured over them."""
 WAIT_S = 60.0
 
 
@@ -102,9 +103,10 @@ def _base_url(swarm: Swarm) -> str:
     return swarm.gateways[0].ready_line.split()[3]
 
 
-def _ask(swarm: Swarm) -> tuple[str, list[str], str]:
-    """One streamed chat request: its id, the addresses of its route, its text."""
-    result = read_sse(_base_url(swarm), "/v1/chat/completions", chat_body(MAX_TOKENS), headers=swarm.auth)
+def _ask(swarm: Swarm, body: dict[str, Any] | None = None) -> tuple[str, list[str], str]:
+    """One streamed chat request (PROMPT, greedy, unless ``body``): its id, its route's addresses, its text."""
+    body = chat_body(MAX_TOKENS) if body is None else body
+    result = read_sse(_base_url(swarm), "/v1/chat/completions", body, headers=swarm.auth)
     assert result.status == 200, result.items
     hops = [hop["address"] for hop in result.telemetry("accepted")[0]["hops"]]
     return result.request_id, hops, result.text
@@ -145,8 +147,8 @@ def _settled(audits: dict[str, float]) -> bool:
     return audits.get("sampled", 0) == sum(audits.get(kind, 0) for kind in concluded)
 
 
-def _wait(what: str, done: object) -> None:
-    deadline = time.monotonic() + WAIT_S
+def _wait(what: str, done: object, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while not done():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"never: {what}"
         time.sleep(0.1)
@@ -186,19 +188,25 @@ def test_honest_swarm_audits_clean(swarm: Swarm, expected: str) -> None:
     # runs before the rogue joins, which is the only test that quarantines anyone.
     _wait("the audits of earlier requests concluded", lambda: _settled(_audits(swarm)))
     before = _audits(swarm)
-    ids = []
-    for _ in range(HONEST_REQUESTS):
-        request_id, _, text = _ask(swarm)
-        assert text == expected
+    ids, started = [], time.monotonic()
+    for index in range(HONEST_REQUESTS):
+        # Greedy PROMPT (checked against the whole model) and, in between, other prompts sampled
+        # at temperature 0.8 with a seed the gateway draws: a replay must reproduce those too.
+        greedy = index % 2 == 0
+        body = chat_body(MAX_TOKENS, temperature=0.0 if greedy else 0.8, content=f"{PROMPT} ({index})")
+        request_id, _, text = _ask(swarm, chat_body(MAX_TOKENS) if greedy else body)
+        assert text == expected or not greedy
         ids.append(request_id)
     clean = before.get("clean", 0) + HONEST_REQUESTS
-    _wait("every honest audit finished", lambda: _audits(swarm).get("clean", 0) == clean)
+    _wait("every honest audit finished", lambda: _settled(_audits(swarm)), timeout_s=4 * WAIT_S)
+    assert _audits(swarm).get("clean", 0) == clean, _audits(swarm)
     _wait("every record reported", lambda: set(ids) <= set(_statuses(swarm)))
     assert {_statuses(swarm)[rid] for rid in ids} == {"completed"}
     assert _quarantined(swarm) == []
     after = _audits(swarm)
     for verdict in ("caught", "undecided"):
         assert after.get(verdict, 0) == before.get(verdict, 0)
+    print(f"\nhonest swarm: {HONEST_REQUESTS} audited requests, 0 blamed, {time.monotonic() - started:.0f} s")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
