@@ -368,7 +368,11 @@ async def test_malformed_quarantine_orders_are_invalid_argument(tracker: Running
 
 
 async def _clear_with_cli(data_dir: Path, tracker: str, node_id: str, *flags: str) -> tuple[int, bytes]:
-    command = meshnet_command(data_dir, "swarm", "quarantine", "clear", node_id, "--tracker", tracker, *flags)
+    return await _quarantine_cli(data_dir, tracker, "clear", node_id, *flags)
+
+
+async def _quarantine_cli(data_dir: Path, tracker: str, *words: str) -> tuple[int, bytes]:
+    command = meshnet_command(data_dir, "swarm", "quarantine", *words, "--tracker", tracker)
     child = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -416,6 +420,12 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
             assert (await as_gateway.quarantine(order)).known
             with pytest.raises(PermissionDenied):
                 await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "a gateway's pardon", clear=True))
+        # The operator sees the evidence the order carried (and the gateway's refused orders left none).
+        code, listed = await _quarantine_cli(tmp_path, tracker.address, "list")
+        assert code == 0, listed
+        text = listed.decode()
+        assert f"node {rogue.node_id}" in text and "evidence (one_request)" in text and "request req-1" in text
+        assert f"replay 3  {rogue.node_id} -> w-t2" in text and text.count("differs") == 2, text
         # A plaintext client cannot even talk to the secured port; the default is the admin identity.
         code, _ = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id, "--insecure")
         assert code != 0

@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
+from meshnet.core.audit_evidence import QuarantineEntry
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
@@ -207,6 +208,11 @@ class TrackerClient:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
         reply = await self._call(self._tracker().Quarantine, work_wire.quarantine_to_proto(order), timeout_s)
         return work_wire.quarantined_from_proto(reply)
+
+    async def list_quarantine(self, *, timeout_s: float | None = None) -> tuple[QuarantineEntry, ...]:
+        """Every quarantined node, with why, since when and the audit's evidence."""
+        reply = await self._call(self._tracker().ListQuarantine, services.ListQuarantineRequest(), timeout_s)
+        return work_wire.quarantine_list_from_proto(reply)
 
     async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
         """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""

@@ -23,6 +23,7 @@ TrackerRpc = Literal[
     "Renew",
     "Quarantine",
     "ClearQuarantine",
+    "ListQuarantine",
     "ListNodes",
     "Advertise",
     "FindHolders",
@@ -49,6 +50,7 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # (``authorize_quarantine``); only a person lifts it.
     "Quarantine": frozenset({"gateway", "admin"}),
     "ClearQuarantine": frozenset({"admin"}),
+    "ListQuarantine": frozenset({"gateway", "admin"}),
     # The node table names every node's address and load: for the operators' views only.
     "ListNodes": frozenset({"gateway", "admin"}),
     # Artifact directory: holders (workers, seeders joined as workers) announce themselves only.

@@ -229,6 +229,14 @@ class TrackerServicer(services.TrackerServicer):
         return work_wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
 
     @maps_errors
+    async def ListQuarantine(
+        self, request: services.ListQuarantineRequest, context: grpc.aio.ServicerContext
+    ) -> services.QuarantineList:
+        self.admit(context, "ListQuarantine")
+        entries = await self._store.call(self._store.store.quarantine_entries)
+        return work_wire.quarantine_list_to_proto(entries)
+
+    @maps_errors
     async def SuggestLayers(
         self, request: services.LayerSuggestionRequest, context: grpc.aio.ServicerContext
     ) -> services.LayerSuggestionReply:

@@ -4,6 +4,7 @@ the audit's verdicts on them (``Quarantine``). The membership and routing messag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 from meshnet.core.audit_evidence import (
@@ -12,6 +13,7 @@ from meshnet.core.audit_evidence import (
     VERDICT_RULES,
     AuditedRequest,
     AuditRun,
+    QuarantineEntry,
     QuarantineEvidence,
     VerdictRule,
 )
@@ -118,6 +120,31 @@ def quarantine_from_proto(message: pb.QuarantineRequest) -> QuarantineOrder:
         request_id=RequestId(message.request_id) if message.request_id else None,
         clear=message.clear,
         evidence=evidence_from_proto(message.evidence) if message.HasField("evidence") else None,
+    )
+
+
+def quarantine_list_to_proto(entries: Sequence[QuarantineEntry]) -> pb.QuarantineList:
+    nodes = []
+    for entry in entries:
+        node = pb.QuarantinedNode(
+            node_id=entry.node_id, reason=entry.reason, request_id=entry.request_id or "", since_unix_s=entry.since
+        )
+        if entry.evidence is not None:
+            node.evidence.CopyFrom(evidence_to_proto(entry.evidence))
+        nodes.append(node)
+    return pb.QuarantineList(nodes=nodes)
+
+
+def quarantine_list_from_proto(message: pb.QuarantineList) -> tuple[QuarantineEntry, ...]:
+    return tuple(
+        QuarantineEntry(
+            node_id_from_proto(node.node_id),
+            node.reason,
+            RequestId(node.request_id) if node.request_id else None,
+            node.since_unix_s,
+            evidence_from_proto(node.evidence) if node.HasField("evidence") else None,
+        )
+        for node in message.nodes
     )
 
 

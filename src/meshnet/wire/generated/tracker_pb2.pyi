@@ -227,6 +227,30 @@ class QuarantineRequest(_message.Message):
     evidence: QuarantineEvidence
     def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., clear: _Optional[bool] = ..., evidence: _Optional[_Union[QuarantineEvidence, _Mapping]] = ...) -> None: ...
 
+class ListQuarantineRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QuarantinedNode(_message.Message):
+    __slots__ = ("node_id", "reason", "request_id", "since_unix_s", "evidence")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    request_id: str
+    since_unix_s: float
+    evidence: QuarantineEvidence
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., since_unix_s: _Optional[float] = ..., evidence: _Optional[_Union[QuarantineEvidence, _Mapping]] = ...) -> None: ...
+
+class QuarantineList(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[QuarantinedNode]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[QuarantinedNode, _Mapping]]] = ...) -> None: ...
+
 class QuarantineEvidence(_message.Message):
     __slots__ = ("rule", "audits")
     RULE_FIELD_NUMBER: _ClassVar[int]
