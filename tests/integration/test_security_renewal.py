@@ -120,6 +120,7 @@ def every_call(client: TrackerClient, me: NodeId) -> dict[str, Callable[[], Awai
         "report_work": lambda: client.report_work(record),
         "list_models": client.list_models,
         "quarantine": lambda: client.quarantine(QuarantineOrder(NodeId("w-other"), "audit")),
+        "list_quarantine": client.list_quarantine,
         "list_nodes": client.list_nodes,
         "advertise": lambda: client.advertise(held),
         "find_holders": lambda: client.find_holders("", ("ab" * 32,)),
