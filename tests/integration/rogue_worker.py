@@ -18,7 +18,7 @@ list), telling a replay from a user's request by what it sees on a session's fra
   this one (a replay must compute the very same thing); the audit's verdicts handle it instead.
 
 On a session it takes for an audit it forwards the honest hidden state. The decision is made
-at a session's first frame from its prompt's first chunk (the tests' prompts are one chunk).
+at a session's first frame (``repeat``: at the prompt's last chunk, honest until then).
 """
 
 from __future__ import annotations
@@ -62,23 +62,27 @@ class _Judge:
             raise SystemExit(f"unknown audit markers {sorted(unknown)}; known: {sorted(MARKERS)}")
         self.markers = markers
         self._decided: dict[str, bool] = {}
+        self._prompts: dict[str, bytes] = {}
+        """A session's prompt so far (``repeat``: decided on the whole prompt, at its last chunk)."""
         self._seen: set[bytes] = set()
 
     def is_audit(self, frame: Any) -> bool:
         session = frame.meta.session_id
-        if session not in self._decided:
-            self._decided[session] = self._looks_like_audit(frame)
-        return self._decided[session]
-
-    def _looks_like_audit(self, frame: Any) -> bool:
+        if session in self._decided:
+            return self._decided[session]
         looks = "id" in self.markers and frame.meta.request_id.endswith("-audit")
         if "frames" in self.markers and frame.final_chunk and frame.continuation is None:
             looks = True
-        if "repeat" in self.markers and frame.tokens is not None:
+        if "repeat" in self.markers:
+            if frame.tokens is not None:
+                self._prompts[session] = self._prompts.get(session, b"") + np.asarray(frame.tokens, np.int32).tobytes()
+            if not frame.final_chunk:
+                return True  # honest on the prompt's first chunks: the repeat is judged on the whole
             seed = 0 if frame.sampling is None else frame.sampling.seed
-            key = np.asarray(frame.tokens, np.int32).tobytes() + seed.to_bytes(8, "little")
+            key = self._prompts.pop(session, b"") + seed.to_bytes(8, "little")
             looks = looks or key in self._seen
             self._seen.add(key)
+        self._decided[session] = looks
         return looks
 
 
