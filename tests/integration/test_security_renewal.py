@@ -122,6 +122,7 @@ def every_call(client: TrackerClient, me: NodeId) -> dict[str, Callable[[], Awai
         "report_route_timing": lambda: client.report_route_timing(RouteTiming((me,), 1.0, tokens=2)),
         "list_models": client.list_models,
         "quarantine": lambda: client.quarantine(QuarantineOrder(NodeId("w-other"), "audit")),
+        "list_quarantine": client.list_quarantine,
         "list_nodes": client.list_nodes,
         "advertise": lambda: client.advertise(held),
         "find_holders": lambda: client.find_holders("", ("ab" * 32,)),

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from owned_address import answering_node
 from worker_harness import fake_record
 
+from meshnet.core.audit_evidence import AuditedRequest, AuditRun, QuarantineEvidence
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute, PermissionDenied, Unavailable, Uncertified
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -27,7 +28,7 @@ from meshnet.core.tracking import (
     Registered,
     WorkRecord,
 )
-from meshnet.membership.heartbeats import heartbeat_loop
+from meshnet.membership.heartbeats import RefusalBackoff, heartbeat_loop
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.certificates import mint_node
@@ -266,6 +267,45 @@ async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(
             await second.stop(grace_s=0)
 
 
+async def test_a_quarantined_node_keeps_asking_and_rejoins_by_itself_once_cleared(tracker: RunningTracker) -> None:
+    # Issue 29: the loop used to return on the refusal, so a cleared node never came back
+    # (its process lived on, so nothing restarted it). Now it asks again with a bounded backoff.
+    stop, joined = asyncio.Event(), []
+    backoff = RefusalBackoff(max_beats=2)  # of the tracker's 0.2 s
+    node = NodeId("w-9001")
+    async with TrackerClient(tracker.address, timeout_s=1.0) as client:
+        loop_task = asyncio.create_task(
+            heartbeat_loop(
+                client,
+                node,
+                registration(0, 8, "127.0.0.1:9001"),
+                lambda: NodeLoad(4),
+                stop,
+                on_registered=joined.append,
+                backoff=backoff,
+            )
+        )
+        try:
+            await _eventually(lambda: len(joined) == 1)
+            await client.quarantine(QuarantineOrder(node, "an operator's decision"))  # plaintext: no roles
+            with pytest.raises(NoRoute):
+                await client.choose_route("tiny")
+            await asyncio.sleep(1.0)  # refused several times over: the loop must still be asking
+            assert not loop_task.done() and len(joined) == 1
+            await client.quarantine(QuarantineOrder(node, "cleared", clear=True))
+            await _eventually(lambda: len(joined) == 2, timeout_s=2.0)
+            assert (await client.choose_route("tiny")).node_ids == (node,)
+        finally:
+            stop.set()
+            await asyncio.wait_for(loop_task, timeout=3.0)
+
+
+def test_a_refused_node_backs_off_with_jitter_within_bounds() -> None:
+    backoff = RefusalBackoff(max_beats=4)
+    assert [backoff.wait_s(n, 2.0, lambda: 1.0) for n in range(1, 6)] == [2.0, 4.0, 8.0, 8.0, 8.0]
+    assert backoff.wait_s(2, 2.0, lambda: 0.0) == 2.0  # half of it at least
+
+
 async def _eventually(condition: object, timeout_s: float = 3.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():  # type: ignore[operator]
@@ -331,12 +371,28 @@ async def test_malformed_quarantine_orders_are_invalid_argument(tracker: Running
 
 
 async def _clear_with_cli(data_dir: Path, tracker: str, node_id: str, *flags: str) -> tuple[int, bytes]:
-    command = meshnet_command(data_dir, "swarm", "quarantine", "clear", node_id, "--tracker", tracker, *flags)
+    return await _quarantine_cli(data_dir, tracker, "clear", node_id, *flags)
+
+
+async def _quarantine_cli(data_dir: Path, tracker: str, *words: str) -> tuple[int, bytes]:
+    command = meshnet_command(data_dir, "swarm", "quarantine", *words, "--tracker", tracker)
     child = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     output, _ = await asyncio.wait_for(child.communicate(), timeout=30)
     return child.returncode or 0, output
+
+
+def _evidence(liar: str) -> QuarantineEvidence:
+    """One audited request whose runs isolate ``liar``: it lied on the original and on a replay."""
+    runs = [
+        ((liar, "w-t1"), "wrong"),
+        (("w-h2", "w-t2"), "right"),
+        (("w-h3", "w-t1"), "right"),
+        ((liar, "w-t2"), "wrong"),
+    ]
+    audit = AuditedRequest(RequestId("req-1"), tuple(AuditRun(tuple(map(NodeId, n)), out) for n, out in runs))
+    return QuarantineEvidence("one_request", (audit,))
 
 
 async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_clear(tmp_path: Path) -> None:
@@ -358,9 +414,22 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
                 with pytest.raises(PermissionDenied):
                     await as_worker.quarantine(QuarantineOrder(rogue.node_id, "lifting my own", clear=True))
             async with TrackerClient(tracker.address, timeout_s=3.0, security=gateway) as as_gateway:
-                assert (await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "audit: tokens differ"))).known
+                # An accusation without the audit's evidence is refused (issue 29), and so is evidence
+                # that isolates another node or none.
+                with pytest.raises(PermissionDenied, match="only with the audit's evidence"):
+                    await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "audit: tokens differ"))
+                with pytest.raises(InvalidArgument, match="isolates node w-other"):
+                    await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "framed", evidence=_evidence("w-other")))
+                order = QuarantineOrder(rogue.node_id, "audit: tokens differ", evidence=_evidence(rogue.node_id))
+                assert (await as_gateway.quarantine(order)).known
                 with pytest.raises(PermissionDenied):
                     await as_gateway.quarantine(QuarantineOrder(rogue.node_id, "a gateway's pardon", clear=True))
+            # The operator sees the evidence the order carried (and the gateway's refused orders left none).
+            code, listed = await _quarantine_cli(tmp_path, tracker.address, "list")
+            assert code == 0, listed
+            text = listed.decode()
+            assert f"node {rogue.node_id}" in text and "evidence (one_request)" in text and "request req-1" in text
+            assert f"replay 3  {rogue.node_id} -> w-t2" in text and text.count("differs") == 2, text
             # A plaintext client cannot even talk to the secured port; the default is the admin identity.
             code, _ = await _clear_with_cli(tmp_path, tracker.address, rogue.node_id, "--insecure")
             assert code != 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from meshnet.core.audit_evidence import QuarantineEvidence
 from meshnet.core.checks import MAX_SESSIONS, check_count, check_finite, check_text
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.events import RouteHop
@@ -200,6 +201,9 @@ class RouteQuery:
     ticket_seconds: float = 0.0
     """With ``session_id``: how long the ticket should last (``core.tickets.ticket_seconds``); 0:
     the tracker's default."""
+    unbilled: bool = False
+    """An audit replay: no work record follows, so the tracker expects (and bills) none. Nothing
+    of it reaches the route's nodes, whose ticket is a user request's."""
 
 
 @dataclass(frozen=True)
@@ -268,9 +272,13 @@ class QuarantineOrder:
     request_id: RequestId | None = None
     """The audited request, whose work record becomes ``unverified``; None: no record to mark."""
     clear: bool = False
+    evidence: QuarantineEvidence | None = None
+    """The audit's runs that isolate the node; a gateway's order without it is refused."""
 
     def __post_init__(self) -> None:
         check_text("node_id", self.node_id)
+        if self.clear and self.evidence is not None:
+            raise InvalidArgument("lifting a quarantine carries no evidence")
         check_text("reason", self.reason, allow_empty=True)
         if self.request_id is not None:
             check_text("request_id", self.request_id)

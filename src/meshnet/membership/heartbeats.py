@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId
@@ -18,6 +20,23 @@ from meshnet.core.tracking import NodeLoad, Registered
 from meshnet.membership.tracker_client import TrackerClient
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefusalBackoff:
+    """How a refused node (quarantined, say) asks again: never a silent exit, never a flood.
+
+    In heartbeat intervals (the tracker's pace): the n-th refusal in a row waits ``2**(n-1)``
+    intervals, at most ``max_beats``, each wait drawn between half and all of it (jitter: nodes
+    refused together do not come back in step). So ``swarm quarantine clear`` lets the node back
+    within ``max_beats`` heartbeats, and a refused node costs the tracker a call every few beats.
+    """
+
+    max_beats: float = 4.0
+
+    def wait_s(self, refusals: int, interval_s: float, draw: Callable[[], float] = random.random) -> float:
+        full = interval_s * min(2.0 ** max(refusals - 1, 0), self.max_beats)
+        return full * (0.5 + 0.5 * draw())
 
 
 async def heartbeat_loop(
@@ -30,16 +49,21 @@ async def heartbeat_loop(
     on_registered: Callable[[Registered], None] | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_probe: Callable[[tuple[str, ...]], None] | None = None,
+    backoff: RefusalBackoff = RefusalBackoff(),
 ) -> None:
     """Keep ``registration`` routable under ``node_id`` until ``stop_event`` is set, then deregister.
 
     Registers, heartbeats every interval the tracker asks for, and registers again (under the
     same id) whenever the tracker says it forgot us, which is how a worker rejoins after a
-    tracker restart. An unreachable tracker is logged and retried; it never stops the worker.
+    tracker restart. An unreachable tracker is logged and retried; it never stops the worker. A
+    refusal (a quarantined id) is retried with ``backoff``: the node stays out of routes while
+    refused and rejoins by itself once an operator clears it.
     """
     membership = _Membership(client, node_id, registration, load_fn, on_registered, on_probe)
     last_epoch: int | None = None
+    refusals = 0
     while not stop_event.is_set():
+        wait_s: float | None = None  # the tracker's interval, once this step has learnt it
         try:
             epoch = await membership.step()
             if epoch is None:
@@ -47,14 +71,18 @@ async def heartbeat_loop(
             if on_epoch is not None and epoch != last_epoch:
                 on_epoch(epoch)
             last_epoch = epoch
+            refusals = 0
         except (Unavailable, DeadlineExceeded) as error:
             logger.warning("tracker %s unreachable: %s", client.address, error.message)
         except FailedPrecondition as error:
-            # Refused for good (a quarantined id): retrying cannot help, and this node must stay dark.
-            logger.error("tracker %s refuses this node: %s", client.address, error.message)
-            return
+            # Refused (a quarantined id): out of routes until an operator clears it, then back.
+            refusals += 1
+            wait_s = backoff.wait_s(refusals, membership.interval_s)
+            logger.error(
+                "tracker %s refuses this node (asking again in %.1f s): %s", client.address, wait_s, error.message
+            )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s)
+            await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s if wait_s is None else wait_s)
     await membership.leave()
 
 

@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
+from meshnet.core.audit_evidence import QuarantineEntry
 from meshnet.core.errors import MeshnetError, Unreachable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
@@ -193,14 +194,16 @@ class TrackerClient:
         request_id: RequestId | None = None,
         timeout_s: float | None = None,
         ticket_seconds: float = 0.0,
+        unbilled: bool = False,
     ) -> Route:
         """A route for ``model`` (name or fingerprint); each hop carries its node's capability.
 
         With ``session_id`` it carries the route's ticket for that session (and ``request_id``),
         lasting ``ticket_seconds`` (0: the tracker's default), which every shard checks before
         it opens the session (``core.tickets``). ``request_id`` also lets the tracker check (and,
-        if this gateway dies, complete) the request's work record against what the shards count."""
-        query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds)
+        if this gateway dies, complete) the request's work record against what the shards count,
+        unless ``unbilled`` (an audit replay, whose ticket still names its request)."""
+        query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds, unbilled)
         request = wire.route_query_to_proto(query)
         return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
 
@@ -231,6 +234,11 @@ class TrackerClient:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
         reply = await self._call(self._tracker().Quarantine, work_wire.quarantine_to_proto(order), timeout_s)
         return work_wire.quarantined_from_proto(reply)
+
+    async def list_quarantine(self, *, timeout_s: float | None = None) -> tuple[QuarantineEntry, ...]:
+        """Every quarantined node, with why, since when and the audit's evidence."""
+        reply = await self._call(self._tracker().ListQuarantine, services.ListQuarantineRequest(), timeout_s)
+        return work_wire.quarantine_list_from_proto(reply)
 
     async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
         """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""

@@ -1,27 +1,52 @@
 """The audit's decisions, as pure functions: which request to sample, which route to try next,
-and which node to blame.
+and which node to blame, from one request's runs or from many requests' suspects.
 
 Splits are bit-identical (certified engines, one recipe fingerprint per route), so two honest
 routes produce exactly the same tokens for the same prompt and sampling; a difference means a
-node computed something else. The audit replays a finished request on other routes and records,
-for each one, only whether it agreed with the original. Blame assumes one deterministic culprit:
-every route through it produces the same wrong tokens, every route around it the right ones.
-A node ``c`` explains the observations exactly when, for every route tried, "agrees with the
-original" equals "``c`` is on it" if ``c`` was on the original route, and "``c`` is not on it"
-otherwise. When exactly one node explains them, it is the culprit; when several do (two nodes
-for the same layers disagreeing, with no third to side with one), more routes are tried.
+node computed something else. The audit runs a finished request again on other routes; each
+run (the user's original first) is its route's nodes and a digest of its tokens
+(``core.audit_evidence``).
+
+A faulty node need not be consistent: it may compute honestly on some runs (those it takes
+for audits, say: a prompt it saw before) and lie on others. So no run is believed for what it
+is, and blame assumes only that one node is faulty among those a request's runs touched:
+
+- The *reference* (the right output) is established only by two runs on disjoint node sets
+  that agree: one of them avoided the faulty node, so both are right. Two different such
+  outputs mean more than one fault: no reference, nobody blamed.
+- Every run that differs from the reference went through the faulty node, which is therefore
+  in the intersection of their routes: that intersection is the *suspects*. One suspect is
+  the culprit (rule ``one_request``). Runs that agree with the reference clear nobody (a liar
+  may have computed honestly on them).
+- Several suspects (the original alone differs: a node honest on every replay) is
+  ``undecided``, never ``clean``; the audit tries more routes, and keeps the request as an
+  *unreproducible original*. Across requests (rule ``across_requests``), the one node on the
+  route of every unreproducible original in the window (at least ``ACROSS_MIN`` of them) is
+  the culprit.
+
+On an honest swarm every run of a request agrees, so no request is ever unreproducible and no
+node is ever blamed, by either rule. Two colluding faulty nodes could frame an honest one that
+shares their routes; the rules assume they do not (and say nothing then, rather than guess,
+when they contradict each other).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+from meshnet.core.audit_evidence import AuditedRequest, AuditRun, QuarantineEvidence
 from meshnet.core.ids import NodeId
 
 SAMPLE_RESOLUTION = 1 << 32
+ACROSS_MIN = 2
+"""Unreproducible originals that must share exactly one node before it is blamed across requests."""
+
+VerdictKind = Literal["clean", "caught", "undecided"]
 
 
 def should_audit(request_id: str, fraction: float) -> bool:
@@ -35,43 +60,83 @@ def should_audit(request_id: str, fraction: float) -> bool:
     return int.from_bytes(digest[:4], "big") < fraction * SAMPLE_RESOLUTION
 
 
-@dataclass(frozen=True)
-class Trial:
-    """One replay: the nodes of the route it ran on, and whether its tokens equalled the original's."""
-
-    nodes: frozenset[NodeId]
-    agreed: bool
+def output_digest(key: bytes, tokens: Sequence[int]) -> str:
+    """The keyed digest of a run's tokens: equal iff the tokens are, for one audit's ``key``."""
+    body = b"".join(int(token).to_bytes(4, "little", signed=True) for token in tokens)
+    return hmac.new(key, body, hashlib.sha256).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the trials so far say about one audited request."""
+    """What the runs so far say about one audited request."""
 
+    kind: VerdictKind = "clean"
     culprit: NodeId | None = None
-    """The one node that explains every disagreement; None when clean or undecided."""
+    """The one node the evidence isolates (``caught``)."""
     suspects: frozenset[NodeId] = frozenset()
-    """Nodes that still explain the observations (empty when every trial agreed)."""
+    """Nodes that may be at fault (empty when clean, or when faults contradict each other)."""
+    reference: str | None = None
+    """The output established right (two disjoint runs agree), if any."""
+    unreproducible: bool = False
+    """The original differs from the established reference: some node of its route lied on it."""
 
     @property
     def clean(self) -> bool:
-        return self.culprit is None and not self.suspects
+        return self.kind == "clean"
 
 
-def explains(candidate: NodeId, original: frozenset[NodeId], trials: Iterable[Trial]) -> bool:
-    """Whether ``candidate`` being the one faulty node predicts every trial's outcome."""
-    on_original = candidate in original
-    return all(trial.agreed == ((candidate in trial.nodes) == on_original) for trial in trials)
+def reference_of(runs: Sequence[AuditRun]) -> str | None:
+    """The output two runs on disjoint node sets agree on, if exactly one such output exists."""
+    agreed = {
+        first.output
+        for first, second in itertools.combinations(runs, 2)
+        if first.output == second.output and not (first.members & second.members)
+    }
+    return next(iter(agreed)) if len(agreed) == 1 else None
 
 
-def judge(original: frozenset[NodeId], trials: Sequence[Trial]) -> Verdict:
-    """The verdict of ``trials`` against the original route's nodes ``original``."""
-    if all(trial.agreed for trial in trials):
+def judge(runs: Sequence[AuditRun]) -> Verdict:
+    """The verdict of ``runs``: the original first, then every replay that finished."""
+    if len({run.output for run in runs}) <= 1:
         return Verdict()
-    seen = set(original).union(*(trial.nodes for trial in trials))
-    suspects = frozenset(node for node in seen if explains(node, original, trials))
+    seen = frozenset().union(*(run.members for run in runs))
+    reference = reference_of(runs)
+    if reference is None:
+        return Verdict("undecided", suspects=seen)
+    wrong = [run.members for run in runs if run.output != reference]
+    suspects = frozenset.intersection(*wrong)
+    unreproducible = runs[0].output != reference
     if len(suspects) == 1:
-        return Verdict(culprit=next(iter(suspects)), suspects=suspects)
-    return Verdict(suspects=suspects)
+        return Verdict("caught", next(iter(suspects)), suspects, reference, unreproducible)
+    return Verdict("undecided", None, suspects, reference, unreproducible)
+
+
+def blame_across(suspect_sets: Sequence[frozenset[NodeId]]) -> NodeId | None:
+    """The one node on the route of every unreproducible original (at least ``ACROSS_MIN``)."""
+    if len(suspect_sets) < ACROSS_MIN:
+        return None
+    common = frozenset.intersection(*suspect_sets)
+    return next(iter(common)) if len(common) == 1 else None
+
+
+def evidence_blames(evidence: QuarantineEvidence) -> NodeId | None:
+    """The node ``evidence`` isolates by its own rule, or None: what the tracker checks an order by."""
+    verdicts = [judge(audit.runs) for audit in evidence.audits]
+    if evidence.rule == "one_request":
+        return verdicts[0].culprit
+    if not all(v.kind == "undecided" and v.unreproducible and v.suspects for v in verdicts):
+        return None
+    return blame_across([v.suspects for v in verdicts])
+
+
+def unexplained(audits: Iterable[AuditedRequest]) -> list[AuditedRequest]:
+    """The audits whose original no replay reproduced and no one request explains."""
+    kept = []
+    for audit in audits:
+        verdict = judge(audit.runs)
+        if verdict.kind == "undecided" and verdict.unreproducible and verdict.suspects:
+            kept.append(audit)
+    return kept
 
 
 def first_exclusion(original: frozenset[NodeId]) -> frozenset[NodeId]:
@@ -80,17 +145,23 @@ def first_exclusion(original: frozenset[NodeId]) -> frozenset[NodeId]:
 
 
 def next_exclusions(
-    original: frozenset[NodeId], verdict: Verdict, tried: Iterable[frozenset[NodeId]]
+    runs: Sequence[AuditRun], verdict: Verdict, tried: Iterable[frozenset[NodeId]]
 ) -> tuple[frozenset[NodeId], ...]:
     """Exclusion sets worth asking the tracker for next, most telling first.
 
-    While nothing disagreed (no route around all of the original was available), each original
-    node is left out alone, so each hop is checked against another node for the same layers.
-    After a disagreement, each suspect is left out alone, then each pair of suspects (leaving
-    out both nodes of a disagreeing pair brings in a third opinion for their layers).
+    Without a reference: routes around each run so far (a disjoint run that agrees makes one),
+    then around each node seen, then each pair (a third opinion for a pair's layers). With one:
+    around each suspect, then each pair of suspects, so the wrong runs' common nodes shrink.
     """
     done = set(tried)
-    pool = sorted(verdict.suspects if verdict.suspects else original)
+    seen = sorted(frozenset().union(*(run.members for run in runs)))
+    if verdict.reference is None:
+        pool = seen
+        arounds = [run.members for run in runs]
+    else:
+        pool = sorted(verdict.suspects) if verdict.suspects else seen
+        arounds = []
     singles = [frozenset({node}) for node in pool]
-    pairs = [frozenset(pair) for pair in itertools.combinations(pool, 2)] if verdict.suspects else []
-    return tuple(exclusion for exclusion in [*singles, *pairs] if exclusion not in done)
+    pairs = [frozenset(pair) for pair in itertools.combinations(pool, 2)]
+    ordered = dict.fromkeys(exclusion for exclusion in [*arounds, *singles, *pairs] if exclusion not in done)
+    return tuple(ordered)

@@ -24,6 +24,7 @@ TrackerRpc = Literal[
     "Renew",
     "Quarantine",
     "ClearQuarantine",
+    "ListQuarantine",
     "ListNodes",
     "Advertise",
     "FindHolders",
@@ -49,9 +50,11 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     "Revoke": frozenset({"admin"}),
     "SuggestLayers": frozenset({"worker", "admin"}),
     "Renew": frozenset({"worker", "gateway", "admin"}),
-    # The audit's verdict: the gateway that caught a node may quarantine it; only a person lifts it.
+    # The audit's verdict: the gateway that caught a node may quarantine it, with the evidence
+    # (``authorize_quarantine``); only a person lifts it.
     "Quarantine": frozenset({"gateway", "admin"}),
     "ClearQuarantine": frozenset({"admin"}),
+    "ListQuarantine": frozenset({"gateway", "admin"}),
     # The node table names every node's address and load: for the operators' views only.
     "ListNodes": frozenset({"gateway", "admin"}),
     # Artifact directory: holders (workers, seeders joined as workers) announce themselves only.
@@ -132,6 +135,17 @@ def authorize_tracker(
     if rpc == "ReportSessionTokens" and subject_node_id != caller.node_id:
         return _deny(f"node {caller.node_id} may not report tokens as node {subject_node_id}")
     return ALLOW
+
+
+def authorize_quarantine(peer: PeerIdentity, *, with_evidence: bool) -> Verdict:
+    """May ``peer`` (already admitted to ``Quarantine``) quarantine a node, with or without evidence?
+
+    A gateway speaks for its auditor, whose order carries the runs that isolate the node (the
+    tracker checks them); an order with none is an accusation, and only a person (admin) may
+    take a node out on their own word."""
+    if peer.role == "admin" or with_evidence:
+        return ALLOW
+    return _deny(f"a {peer.role} certificate quarantines a node only with the audit's evidence")
 
 
 def authorize_artifacts(peer: PeerIdentity | None, rpc: str, *, revoked: frozenset[str]) -> Verdict:

@@ -25,6 +25,7 @@ from meshnet.security.tickets import TicketSigner
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.dial_back import AddressProof
 from meshnet.tracker.placement import served_spans, suggest_layers
+from meshnet.tracker.quarantine import check_quarantine_order
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import TrackerStore
@@ -207,7 +208,7 @@ class TrackerServicer(services.TrackerServicer):
         caller = self.admit(context, "ChooseRoute")
         route = self._registry.choose_route(query)
         await self.persist_epoch()
-        if self.work is not None:
+        if self.work is not None and not query.unbilled:
             self.work.routed(query, route, None if caller is None else caller.node_id)
         # Its ticket is given to the caller: only it may open the route's head session.
         route = self._tickets.issue(route, query, None if caller is None else caller.node_id)
@@ -263,7 +264,9 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.QuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineReply:
         order = work_wire.quarantine_from_proto(request)
-        self.admit(context, "ClearQuarantine" if order.clear else "Quarantine")
+        peer = self.admit(context, "ClearQuarantine" if order.clear else "Quarantine")
+        if not order.clear:
+            check_quarantine_order(peer, order)
         store = self._store.store
         if order.clear:
             known = self._registry.clear_quarantine(order.node_id)
@@ -272,12 +275,20 @@ class TrackerServicer(services.TrackerServicer):
             return work_wire.quarantined_to_proto(Quarantined(known, False, self._registry.epoch))
         # Durable first: a tracker restart must not let the node back in.
         marked = await self._store.call(
-            store.quarantine_node, order.node_id, order.reason, order.request_id, self._wall_clock()
+            store.quarantine_node, order.node_id, order.reason, order.request_id, self._wall_clock(), order.evidence
         )
         known = self._registry.quarantine(order.node_id)
         await self.persist_epoch()
         logger.warning("node %s quarantined: %s", order.node_id, order.reason)
         return work_wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
+
+    @maps_errors
+    async def ListQuarantine(
+        self, request: services.ListQuarantineRequest, context: grpc.aio.ServicerContext
+    ) -> services.QuarantineList:
+        self.admit(context, "ListQuarantine")
+        entries = await self._store.call(self._store.store.quarantine_entries)
+        return work_wire.quarantine_list_to_proto(entries)
 
     @maps_errors
     async def SuggestLayers(

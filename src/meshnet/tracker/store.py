@@ -28,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from meshnet.core.audit_evidence import QuarantineEntry, QuarantineEvidence, evidence_from_json, evidence_to_json
 from meshnet.core.errors import FailedPrecondition
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -77,8 +78,16 @@ class TrackerStore(Protocol):
         """Every stored record, in the order they were stored."""
         ...
 
-    def quarantine_node(self, node_id: NodeId, reason: str, request_id: RequestId | None, at: float) -> bool:
-        """Remember ``node_id`` as quarantined and mark ``request_id``'s record unverified.
+    def quarantine_node(
+        self,
+        node_id: NodeId,
+        reason: str,
+        request_id: RequestId | None,
+        at: float,
+        evidence: QuarantineEvidence | None = None,
+    ) -> bool:
+        """Remember ``node_id`` as quarantined (with the audit's ``evidence``) and mark
+        ``request_id``'s record unverified.
 
         Returns whether that record existed (and is now unverified).
         """
@@ -87,6 +96,10 @@ class TrackerStore(Protocol):
     def clear_quarantine(self, node_id: NodeId) -> None: ...
 
     def quarantined_nodes(self) -> tuple[NodeId, ...]: ...
+
+    def quarantine_entries(self) -> tuple[QuarantineEntry, ...]:
+        """Every quarantined node with why, since when and the evidence, oldest first."""
+        ...
 
     def close(self) -> None: ...
 
@@ -247,12 +260,25 @@ class SqliteTrackerStore:
             rows = connection.execute(f"SELECT {_WORK_COLUMNS} FROM work_records ORDER BY rowid").fetchall()
             return [self._work_from_row(row) for row in rows]
 
-    def quarantine_node(self, node_id: NodeId, reason: str, request_id: RequestId | None, at: float) -> bool:
+    def quarantine_node(
+        self,
+        node_id: NodeId,
+        reason: str,
+        request_id: RequestId | None,
+        at: float,
+        evidence: QuarantineEvidence | None = None,
+    ) -> bool:
         with self._using() as held, held as connection:
+            connection.execute("DELETE FROM quarantine_evidence WHERE node_id = ?", (node_id,))
             connection.execute(
                 "INSERT OR REPLACE INTO quarantined_nodes (node_id, reason, request_id, since) VALUES (?, ?, ?, ?)",
                 (node_id, reason, request_id, at),
             )
+            if evidence is not None:
+                connection.execute(
+                    "INSERT INTO quarantine_evidence (node_id, evidence_json) VALUES (?, ?)",
+                    (node_id, evidence_to_json(evidence)),
+                )
             if request_id is None:
                 return False
             # Only the status changes: content_sha256 stays, so a retried report of the original
@@ -264,12 +290,31 @@ class SqliteTrackerStore:
 
     def clear_quarantine(self, node_id: NodeId) -> None:
         with self._using() as held, held as connection:
+            connection.execute("DELETE FROM quarantine_evidence WHERE node_id = ?", (node_id,))
             connection.execute("DELETE FROM quarantined_nodes WHERE node_id = ?", (node_id,))
 
     def quarantined_nodes(self) -> tuple[NodeId, ...]:
         with self._using() as connection:
             rows = connection.execute("SELECT node_id FROM quarantined_nodes ORDER BY since").fetchall()
         return tuple(NodeId(row[0]) for row in rows)
+
+    def quarantine_entries(self) -> tuple[QuarantineEntry, ...]:
+        with self._lock:
+            rows = self._connection.execute(
+                """SELECT q.node_id, q.reason, q.request_id, q.since, e.evidence_json
+                   FROM quarantined_nodes q LEFT JOIN quarantine_evidence e ON e.node_id = q.node_id
+                   ORDER BY q.since"""
+            ).fetchall()
+        return tuple(
+            QuarantineEntry(
+                NodeId(node_id),
+                reason,
+                None if request_id is None else RequestId(request_id),
+                float(since),
+                None if evidence is None else evidence_from_json(evidence),
+            )
+            for node_id, reason, request_id, since, evidence in rows
+        )
 
     def close(self) -> None:
         with self._lock:

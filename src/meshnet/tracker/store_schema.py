@@ -67,6 +67,10 @@ CREATE TABLE IF NOT EXISTS quarantined_nodes (
     request_id TEXT,
     since REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quarantine_evidence (
+    node_id TEXT PRIMARY KEY REFERENCES quarantined_nodes(node_id) ON DELETE CASCADE,
+    evidence_json TEXT NOT NULL
+);
 """
 )
 

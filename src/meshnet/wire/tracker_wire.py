@@ -150,6 +150,7 @@ def route_query_to_proto(query: RouteQuery) -> pb.RouteRequest:
         exclude_node_ids=sorted(query.exclude),
         request_id=query.request_id or "",
         ticket_seconds=min(math.ceil(query.ticket_seconds), MAX_TICKET_SECONDS),
+        unbilled=query.unbilled,
     )
 
 
@@ -167,6 +168,7 @@ def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
         exclude=frozenset(node_id_from_proto(node_id) for node_id in message.exclude_node_ids),
         request_id=RequestId(message.request_id) if message.request_id else None,
         ticket_seconds=float(message.ticket_seconds),
+        unbilled=message.unbilled,
     )
 
 

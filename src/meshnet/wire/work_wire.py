@@ -4,6 +4,19 @@ the audit's verdicts on them (``Quarantine``). The membership and routing messag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
+from meshnet.core.audit_evidence import (
+    MAX_AUDITS,
+    MAX_RUNS,
+    VERDICT_RULES,
+    AuditedRequest,
+    AuditRun,
+    QuarantineEntry,
+    QuarantineEvidence,
+    VerdictRule,
+)
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -101,9 +114,12 @@ def work_ack_from_proto(message: pb.WorkAck) -> WorkAck:
 
 
 def quarantine_to_proto(order: QuarantineOrder) -> pb.QuarantineRequest:
-    return pb.QuarantineRequest(
+    message = pb.QuarantineRequest(
         node_id=order.node_id, reason=order.reason, request_id=order.request_id or "", clear=order.clear
     )
+    if order.evidence is not None:
+        message.evidence.CopyFrom(evidence_to_proto(order.evidence))
+    return message
 
 
 def quarantine_from_proto(message: pb.QuarantineRequest) -> QuarantineOrder:
@@ -112,7 +128,62 @@ def quarantine_from_proto(message: pb.QuarantineRequest) -> QuarantineOrder:
         reason=message.reason,
         request_id=RequestId(message.request_id) if message.request_id else None,
         clear=message.clear,
+        evidence=evidence_from_proto(message.evidence) if message.HasField("evidence") else None,
     )
+
+
+def quarantine_list_to_proto(entries: Sequence[QuarantineEntry]) -> pb.QuarantineList:
+    nodes = []
+    for entry in entries:
+        node = pb.QuarantinedNode(
+            node_id=entry.node_id, reason=entry.reason, request_id=entry.request_id or "", since_unix_s=entry.since
+        )
+        if entry.evidence is not None:
+            node.evidence.CopyFrom(evidence_to_proto(entry.evidence))
+        nodes.append(node)
+    return pb.QuarantineList(nodes=nodes)
+
+
+def quarantine_list_from_proto(message: pb.QuarantineList) -> tuple[QuarantineEntry, ...]:
+    return tuple(
+        QuarantineEntry(
+            node_id_from_proto(node.node_id),
+            node.reason,
+            RequestId(node.request_id) if node.request_id else None,
+            node.since_unix_s,
+            evidence_from_proto(node.evidence) if node.HasField("evidence") else None,
+        )
+        for node in message.nodes
+    )
+
+
+def evidence_to_proto(evidence: QuarantineEvidence) -> pb.QuarantineEvidence:
+    return pb.QuarantineEvidence(
+        rule=evidence.rule,
+        audits=[
+            pb.AuditedRequest(
+                request_id=audit.request_id,
+                runs=[pb.AuditRun(nodes=list(run.nodes), output=run.output) for run in audit.runs],
+            )
+            for audit in evidence.audits
+        ],
+    )
+
+
+def evidence_from_proto(message: pb.QuarantineEvidence) -> QuarantineEvidence:
+    """Validated at the edge: sizes, ids and the rule's name (``core.audit_evidence``)."""
+    if not 1 <= len(message.audits) <= MAX_AUDITS or any(not 1 <= len(a.runs) <= MAX_RUNS for a in message.audits):
+        raise InvalidArgument(f"evidence lists 1 to {MAX_AUDITS} requests of 1 to {MAX_RUNS} runs each")
+    audits = tuple(
+        AuditedRequest(
+            RequestId(audit.request_id),
+            tuple(AuditRun(tuple(NodeId(node) for node in run.nodes), run.output) for run in audit.runs),
+        )
+        for audit in message.audits
+    )
+    if message.rule not in VERDICT_RULES:
+        raise InvalidArgument(f"unknown verdict rule {message.rule!r}; known: {', '.join(VERDICT_RULES)}")
+    return QuarantineEvidence(cast(VerdictRule, message.rule), audits)
 
 
 def quarantined_to_proto(reply: Quarantined) -> pb.QuarantineReply:

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
-from meshnet.core.ids import NodeId
-from meshnet.route.audit_verdicts import Trial, Verdict, judge, next_exclusions, should_audit
+from meshnet.core.audit_evidence import AuditedRequest, AuditRun, QuarantineEvidence
+from meshnet.core.ids import NodeId, RequestId
+from meshnet.route.audit_verdicts import (
+    Verdict,
+    blame_across,
+    evidence_blames,
+    judge,
+    next_exclusions,
+    should_audit,
+)
 
 H1, H2, H3, T1, T2, T3 = (NodeId(name) for name in ("h1", "h2", "h3", "t1", "t2", "t3"))
+RIGHT, WRONG = "right", "wrong"
 
 
-def trial(*nodes: NodeId, agreed: bool) -> Trial:
-    return Trial(frozenset(nodes), agreed)
+def run(*nodes: NodeId, output: str = RIGHT) -> AuditRun:
+    return AuditRun(nodes, output)
 
 
 def test_sampling_is_a_deterministic_share_of_request_ids() -> None:
@@ -27,48 +37,96 @@ def test_sampling_is_a_deterministic_share_of_request_ids() -> None:
     assert all(should_audit(rid, 0.5) for rid in ids if should_audit(rid, 0.1))
 
 
-def test_agreeing_replays_are_clean() -> None:
-    verdict = judge(frozenset({H1, T1}), [trial(H2, T2, agreed=True)])
-    assert verdict.clean and verdict.culprit is None
+def test_agreeing_runs_are_clean() -> None:
+    verdict = judge([run(H1, T1), run(H2, T2)])
+    assert verdict.clean and verdict.culprit is None and verdict.kind == "clean"
 
 
-def test_one_disagreeing_disjoint_replay_leaves_every_node_a_suspect() -> None:
-    verdict = judge(frozenset({H1, T1}), [trial(H2, T2, agreed=False)])
-    assert verdict.culprit is None and verdict.suspects == {H1, T1, H2, T2}
+def test_one_disagreeing_disjoint_replay_is_undecided_not_clean() -> None:
+    verdict = judge([run(H1, T1, output=WRONG), run(H2, T2)])
+    assert verdict.kind == "undecided" and verdict.reference is None and verdict.suspects == {H1, T1, H2, T2}
 
 
-def test_a_culprit_on_the_original_route_is_named_with_a_third_opinion() -> None:
-    original = frozenset({H1, T1})  # H1 lies
-    trials = [trial(H2, T2, agreed=False), trial(H2, T1, agreed=False)]
-    assert judge(original, trials).suspects == {H1, H2}  # H1 vs H2: two nodes, no majority yet
-    trials.append(trial(H3, T1, agreed=False))
-    assert judge(original, trials) == Verdict(culprit=H1, suspects=frozenset({H1}))
+def test_a_head_honest_on_every_replay_is_never_answered_by_blaming_its_tail() -> None:
+    # Issue 29: H1 lies on the user's request only. Every replay, through H1 or not, is right.
+    runs = [run(H1, T1, output=WRONG), run(H2, T2), run(H3, T1), run(H1, T2)]
+    verdict = judge(runs)
+    assert verdict == Verdict("undecided", None, frozenset({H1, T1}), RIGHT, unreproducible=True)
+    # The old rule named T1 here: the one node whose presence "explained" the agreements.
+    # Every way of telling the two apart within this request is spent: the window across requests decides.
+    assert next_exclusions(runs, verdict, [frozenset({H1, T1}), frozenset({H1}), frozenset({T1})]) == ()
 
 
-def test_a_culprit_on_an_audit_route_is_named_and_the_original_cleared() -> None:
-    original = frozenset({H1, T1})  # the original is honest; H2 lies
-    trials = [trial(H2, T2, agreed=False), trial(H2, T1, agreed=False), trial(H3, T1, agreed=True)]
-    verdict = judge(original, trials)
-    assert verdict.culprit == H2 and H2 not in original
+def test_a_culprit_lying_on_every_run_is_isolated_by_one_request() -> None:
+    runs = [run(H1, T1, output=WRONG), run(H2, T2), run(H3, T1), run(H1, T2, output=WRONG)]
+    verdict = judge(runs)
+    assert (verdict.kind, verdict.culprit, verdict.unreproducible) == ("caught", H1, True)
 
 
-def test_two_disagreeing_replicas_stay_undecided_until_a_third_sides_with_one() -> None:
-    original = frozenset({H1, T1})  # T1 lies
-    trials = [trial(H2, T2, agreed=False), trial(H1, T2, agreed=False), trial(H2, T1, agreed=True)]
-    # The heads are cleared, but T1 against T2 is one word against another.
-    assert judge(original, trials) == Verdict(suspects=frozenset({T1, T2}))
-    trials.append(trial(H1, T3, agreed=False))
-    assert judge(original, trials).culprit == T1
+def test_a_culprit_off_the_original_route_is_named_and_the_original_stands() -> None:
+    runs = [run(H1, T1), run(H2, T2, output=WRONG), run(H3, T2), run(H2, T1, output=WRONG)]
+    verdict = judge(runs)
+    assert (verdict.culprit, verdict.reference, verdict.unreproducible) == (H2, RIGHT, False)
 
 
-def test_next_exclusions_single_out_each_node_then_pairs_of_suspects() -> None:
-    original = frozenset({H1, T1})
-    first = next_exclusions(original, Verdict(), [original])
-    assert first == (frozenset({H1}), frozenset({T1}))
-    suspects = Verdict(suspects=frozenset({H1, H2}))
-    after = next_exclusions(original, suspects, [original, frozenset({H1})])
-    assert after == (frozenset({H2}), frozenset({H1, H2}))
-    assert next_exclusions(original, suspects, [frozenset({H1}), frozenset({H2}), frozenset({H1, H2})]) == ()
+def test_two_faults_that_contradict_each_other_blame_nobody() -> None:
+    # Two disjoint pairs agree on different outputs: more than one node lies; no guessing.
+    runs = [run(H1, T1, output=WRONG), run(H2, T2, output=WRONG), run(H3, T1), run(H1, T3)]
+    verdict = judge(runs)
+    assert verdict.kind == "undecided" and verdict.culprit is None
+
+
+def test_across_requests_the_one_node_on_every_unreproducible_original_is_blamed() -> None:
+    assert blame_across([frozenset({H1, T1})]) is None  # one request is never enough
+    assert blame_across([frozenset({H1, T1}), frozenset({H1, T1})]) is None  # always together: undecided
+    assert blame_across([frozenset({H1, T1}), frozenset({H1, T2})]) == H1
+    assert blame_across([frozenset({H1, T1}), frozenset({H2, T2})]) is None  # two faults: nobody
+
+
+def _replays(original: tuple[NodeId, ...]) -> list[tuple[NodeId, ...]]:
+    return [(h, t) for h in (H1, H2, H3) for t in (T1, T2) if (h, t) != original]
+
+
+def test_no_honest_node_is_ever_blamed_whatever_one_liar_does() -> None:
+    # Every original route, every liar, every set of replays, every choice of runs it lies on.
+    nodes = (H1, H2, H3, T1, T2)
+    for original in [(h, t) for h in (H1, H2, H3) for t in (T1, T2)]:
+        replays = _replays(original)
+        for chosen in itertools.chain.from_iterable(itertools.combinations(replays, k) for k in range(1, 6)):
+            routes = [original, *chosen]
+            assert judge([run(*route) for route in routes]).clean  # an honest swarm: always clean
+            for liar in nodes:
+                through = [i for i, route in enumerate(routes) if liar in route]
+                for lies in itertools.product((False, True), repeat=len(through)):
+                    told = dict(zip(through, lies, strict=True))
+                    runs = [run(*route, output=WRONG if told.get(i) else RIGHT) for i, route in enumerate(routes)]
+                    verdict = judge(runs)
+                    assert verdict.culprit in (None, liar), (routes, liar, lies)
+                    if verdict.unreproducible:
+                        assert liar in verdict.suspects
+
+
+def test_the_tracker_rechecks_an_order_by_the_evidence_it_carries() -> None:
+    caught = AuditedRequest(
+        RequestId("req-1"), (run(H1, T1, output=WRONG), run(H2, T2), run(H3, T1), run(H1, T2, output=WRONG))
+    )
+    assert evidence_blames(QuarantineEvidence("one_request", (caught,))) == H1
+    honest = AuditedRequest(RequestId("req-2"), (run(H1, T1), run(H2, T2)))
+    assert evidence_blames(QuarantineEvidence("one_request", (honest,))) is None
+    first = AuditedRequest(RequestId("req-3"), (run(H1, T1, output=WRONG), run(H2, T2), run(H3, T1), run(H1, T2)))
+    second = AuditedRequest(RequestId("req-4"), (run(H1, T2, output=WRONG), run(H2, T1), run(H3, T2), run(H1, T1)))
+    assert evidence_blames(QuarantineEvidence("across_requests", (first, second))) == H1
+    assert evidence_blames(QuarantineEvidence("across_requests", (first, first))) is None  # {H1, T1} both times
+    assert evidence_blames(QuarantineEvidence("across_requests", (first, honest))) is None
+
+
+def test_next_exclusions_go_around_each_run_then_single_out_nodes() -> None:
+    runs = [run(H1, T1, output=WRONG), run(H2, T2)]
+    verdict = judge(runs)
+    first = next_exclusions(runs, verdict, [frozenset({H1, T1})])
+    assert first[:3] == (frozenset({H2, T2}), frozenset({H1}), frozenset({H2}))
+    settled = Verdict("undecided", None, frozenset({H1, T1}), RIGHT, unreproducible=True)
+    assert next_exclusions(runs, settled, [frozenset({H1})]) == (frozenset({T1}), frozenset({H1, T1}))
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.5])
@@ -140,9 +198,11 @@ async def test_an_audit_replay_holds_a_gateway_slot_and_waits_for_one() -> None:
     class Driver:
         async def run(self, session: object, request: object, *, history: object = ()):  # type: ignore[no-untyped-def]
             seen_in_flight.append(admission.in_flight)
+            yield TokenGenerated(5, 0, 1.0)
             yield TokenGenerated(6, 1, 1.0)
 
-    auditor = Auditor(Tracker(), Driver(), AuditConfig(fraction=1.0), slot=admission.spare_slot)  # type: ignore[arg-type]
+    config = AuditConfig(fraction=1.0, max_delay_s=0)
+    auditor = Auditor(Tracker(), Driver(), config, slot=admission.spare_slot)  # type: ignore[arg-type]
     case = AuditCase(RequestId("req-1"), GenerationRequest((1, 2, 3), 2), route("h1"), (5, 6))
     user = await admission.acquire(1.0, lambda position: None)
     audit = asyncio.create_task(auditor.audit(case))

@@ -9,6 +9,7 @@ from meshnet.security.policy import (
     authorize_artifacts,
     authorize_expert,
     authorize_opening,
+    authorize_quarantine,
     authorize_shard,
     authorize_tracker,
 )
@@ -178,3 +179,10 @@ def test_only_parties_serving_users_open_sessions_on_a_head() -> None:
     assert authorize_opening(peer("worker"), 1).allowed  # its downstream neighbour
     assert authorize_opening(peer("gateway"), 0).allowed and authorize_opening(peer("admin"), 0).allowed
     assert authorize_opening(peer("gateway"), 12).allowed
+
+
+def test_only_an_admin_quarantines_without_the_audits_evidence() -> None:
+    assert authorize_quarantine(peer("admin"), with_evidence=False).allowed
+    assert authorize_quarantine(peer("gateway"), with_evidence=True).allowed
+    refused = authorize_quarantine(peer("gateway"), with_evidence=False)
+    assert (refused.allowed, refused.status) == (False, "permission_denied")

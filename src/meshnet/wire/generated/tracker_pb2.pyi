@@ -78,18 +78,20 @@ class RevocationList(_message.Message):
     def __init__(self, revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "session_id", "exclude_node_ids", "request_id", "ticket_seconds")
+    __slots__ = ("model", "session_id", "exclude_node_ids", "request_id", "ticket_seconds", "unbilled")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UNBILLED_FIELD_NUMBER: _ClassVar[int]
     model: str
     session_id: str
     exclude_node_ids: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
     ticket_seconds: int
-    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., ticket_seconds: _Optional[int] = ...) -> None: ...
+    unbilled: bool
+    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., ticket_seconds: _Optional[int] = ..., unbilled: _Optional[bool] = ...) -> None: ...
 
 class RouteReply(_message.Message):
     __slots__ = ("hops", "epoch", "model", "quantization", "n_layers", "estimated_ms_per_token", "ticket")
@@ -264,16 +266,66 @@ class DeregisterReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class QuarantineRequest(_message.Message):
-    __slots__ = ("node_id", "reason", "request_id", "clear")
+    __slots__ = ("node_id", "reason", "request_id", "clear", "evidence")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLEAR_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     reason: str
     request_id: str
     clear: bool
-    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., clear: _Optional[bool] = ...) -> None: ...
+    evidence: QuarantineEvidence
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., clear: _Optional[bool] = ..., evidence: _Optional[_Union[QuarantineEvidence, _Mapping]] = ...) -> None: ...
+
+class ListQuarantineRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QuarantinedNode(_message.Message):
+    __slots__ = ("node_id", "reason", "request_id", "since_unix_s", "evidence")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    request_id: str
+    since_unix_s: float
+    evidence: QuarantineEvidence
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., since_unix_s: _Optional[float] = ..., evidence: _Optional[_Union[QuarantineEvidence, _Mapping]] = ...) -> None: ...
+
+class QuarantineList(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[QuarantinedNode]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[QuarantinedNode, _Mapping]]] = ...) -> None: ...
+
+class QuarantineEvidence(_message.Message):
+    __slots__ = ("rule", "audits")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    AUDITS_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    audits: _containers.RepeatedCompositeFieldContainer[AuditedRequest]
+    def __init__(self, rule: _Optional[str] = ..., audits: _Optional[_Iterable[_Union[AuditedRequest, _Mapping]]] = ...) -> None: ...
+
+class AuditedRequest(_message.Message):
+    __slots__ = ("request_id", "runs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    runs: _containers.RepeatedCompositeFieldContainer[AuditRun]
+    def __init__(self, request_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[AuditRun, _Mapping]]] = ...) -> None: ...
+
+class AuditRun(_message.Message):
+    __slots__ = ("nodes", "output")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    output: str
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., output: _Optional[str] = ...) -> None: ...
 
 class QuarantineReply(_message.Message):
     __slots__ = ("known", "record_marked", "epoch")

@@ -74,6 +74,11 @@ class TrackerStub:
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.FromString,
                 _registered_method=True)
+        self.ListQuarantine = channel.unary_unary(
+                '/meshnet.v1.Tracker/ListQuarantine',
+                request_serializer=meshnet_dot_v1_dot_tracker__pb2.ListQuarantineRequest.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineList.FromString,
+                _registered_method=True)
         self.SuggestLayers = channel.unary_unary(
                 '/meshnet.v1.Tracker/SuggestLayers',
                 request_serializer=meshnet_dot_v1_dot_tracker__pb2.LayerSuggestionRequest.SerializeToString,
@@ -156,6 +161,13 @@ class TrackerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQuarantine(self, request, context):
+        """Every quarantined node with why, since when and the audit's evidence (operators' view).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SuggestLayers(self, request, context):
         """A worker started with `--layers auto` asks which range the swarm needs most (uncovered
         layers first, then the fewest replicas, then the slowest) within its memory budget.
@@ -226,6 +238,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.Quarantine,
                     request_deserializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.SerializeToString,
+            ),
+            'ListQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuarantine,
+                    request_deserializer=meshnet_dot_v1_dot_tracker__pb2.ListQuarantineRequest.FromString,
+                    response_serializer=meshnet_dot_v1_dot_tracker__pb2.QuarantineList.SerializeToString,
             ),
             'SuggestLayers': grpc.unary_unary_rpc_method_handler(
                     servicer.SuggestLayers,
@@ -459,6 +476,33 @@ class Tracker:
             '/meshnet.v1.Tracker/Quarantine',
             meshnet_dot_v1_dot_tracker__pb2.QuarantineRequest.SerializeToString,
             meshnet_dot_v1_dot_tracker__pb2.QuarantineReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Tracker/ListQuarantine',
+            meshnet_dot_v1_dot_tracker__pb2.ListQuarantineRequest.SerializeToString,
+            meshnet_dot_v1_dot_tracker__pb2.QuarantineList.FromString,
             options,
             channel_credentials,
             insecure,
