@@ -154,7 +154,7 @@ async def _served_on_a_route(swarm: Swarm, max_tokens: int) -> tuple[SessionId, 
         async with TrackerClient(swarm.tracker_address, timeout_s=10.0, security=swarm.security) as client:
             session, request = new_session_id(), new_request_id()
             route = await client.choose_route("tiny", session_id=session, request_id=request)
-        served = RouteSession(request, session, route.hops, route.fingerprint, route.epoch)
+        served = RouteSession(request, session, route.hops, route.fingerprint, route.epoch, route.ticket)
         driver = RouteDriver(pool, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES)
         generated = 0
         async for event in driver.run(served, GenerationRequest(PROMPT_IDS, max_tokens, SamplingParams())):
