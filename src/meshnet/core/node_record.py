@@ -19,7 +19,6 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from meshnet.core.checks import (
     MAX_LAYERS,
@@ -29,13 +28,14 @@ from meshnet.core.checks import (
     check_finite,
     check_text,
 )
+from meshnet.core.devices import DEVICE_KINDS, DeviceKind
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 
-Device = Literal["cpu"]
-"""Where a node computes. Only CPUs today; a GPU node will name its device here."""
-DEVICES: tuple[Device, ...] = ("cpu",)
+Device = DeviceKind
+"""Where a node computes (``core.devices``): its device class is in its recipe too."""
+DEVICES: tuple[Device, ...] = DEVICE_KINDS
 MAX_EXPERT_GROUP_NODES = 256
 """Nodes one expert-parallel group's front may name (a group is at most one node per expert)."""
 MAX_CHECKS = 256

@@ -153,7 +153,7 @@ def choose_route(
         for node in nodes
         if node.fingerprint == fingerprint and node.n_layers == n_layers and node.node_id not in exclude
     ]
-    found = _shortest_chain(usable, n_layers, latency_ms, costs)
+    found = shortest_chain(usable, n_layers, latency_ms, costs)
     if found is None:
         raise NoRoute(_explain_no_route(nodes, usable, n_layers, fingerprint, exclude))
     chain, total_ms = found
@@ -198,8 +198,48 @@ def choose_model_route(
         except NoRoute as error:
             reasons.append(error.message)
     if not plans:
-        raise NoRoute("; ".join(reasons))
+        mixed = mixed_device_problem(nodes, fingerprints, exclude)
+        raise NoRoute("; ".join([mixed] if mixed else reasons))
     return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint))
+
+
+def mixed_device_problem(
+    nodes: Sequence[NodeView], fingerprints: Collection[str], exclude: Collection[NodeId] = frozenset()
+) -> str | None:
+    """A recipe's device class (``Recipe.device_class``) selects llama.cpp's kernels, so shards of
+    two classes chained match neither device's whole model: refused by default. When no single
+    recipe covers a model but its family (the recipe on any device) does, this says what keeps
+    the layers apart instead of a bare "layers missing".
+
+    Why a model served under ``fingerprints`` (none of which routes alone) has no route,
+    when shards of one recipe family on two or more device classes would cover it together;
+    None when they would not either (then the layers really are missing)."""
+    candidates = [node for node in nodes if node.fingerprint in fingerprints and node.node_id not in exclude]
+    families: dict[str, list[NodeView]] = {}
+    for node in candidates:
+        families.setdefault(node.record.recipe.family.fingerprint(), []).append(node)
+    for members in families.values():
+        if len({node.record.recipe.device_class for node in members}) < 2:
+            continue
+        found = shortest_chain(members, members[0].n_layers, NO_LATENCIES, DEFAULT_COSTS)
+        if found is None:
+            continue
+        chain, _ = found
+        parts: dict[str, list[str]] = {}
+        for node in chain:
+            parts.setdefault(node.record.recipe.device_label, []).append(str(node.layers))
+        if len(parts) < 2:
+            continue
+        classes = "; ".join(
+            f"{label} (recipe {next(n.fingerprint for n in chain if n.record.recipe.device_label == label)}, "
+            f"layers {', '.join(ranges)})"
+            for label, ranges in parts.items()
+        )
+        return (
+            f"a route would need two device classes, whose kernels compute different numbers: {classes}; "
+            "mixed-device routes are off in this swarm (serve every range on one device class)"
+        )
+    return None
 
 
 def uncovered_layers(nodes: Iterable[NodeView], n_layers: int) -> tuple[LayerRange, ...]:
@@ -220,7 +260,7 @@ def uncovered_layers(nodes: Iterable[NodeView], n_layers: int) -> tuple[LayerRan
     return tuple(gaps)
 
 
-def _shortest_chain(
+def shortest_chain(
     usable: Sequence[NodeView],
     n_layers: int,
     latency_ms: LatencyTable,

@@ -39,6 +39,7 @@ def recipe_to_proto(recipe: Recipe) -> pb.Recipe:
         n_layers=recipe.n_layers,
         n_embd=recipe.n_embd,
         boundary_schema=recipe.boundary_schema,
+        device_class=recipe.device_class,
     )
 
 
@@ -58,7 +59,8 @@ def recipe_from_proto(message: pb.Recipe) -> Recipe:
         check_text(f"recipe.{name}", value)
     check_count("recipe.n_layers", message.n_layers, MAX_LAYERS, low=1)
     check_count("recipe.n_embd", message.n_embd, 1 << 20)
-    return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, **texts)
+    check_text("recipe.device_class", message.device_class, allow_empty=True)
+    return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, device_class=message.device_class, **texts)
 
 
 def capability_to_proto(capability: NodeCapability) -> pb.NodeCapability:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from tracker_samples import (
     N_LAYERS,
     OTHER_FINGERPRINT,
     OTHER_RECIPE,
+    RECIPE,
     SMALL_OTHER_RECIPE,
     SMALL_RECIPE,
     view,
@@ -199,3 +202,26 @@ def test_an_unknown_model_names_what_the_live_shards_serve() -> None:
     [served] = {node.model for node in [view("a", 0, 20)]}
     with pytest.raises(NoRoute, match=f"live shards serve '{served}'; check --model-name"):
         choose_model_route([view("a", 0, 20)], "nope")
+
+
+def test_a_route_needing_two_device_classes_is_refused_naming_both() -> None:
+    """A CUDA head and a CPU tail of one model cover every layer, but their kernels compute
+    different numbers: no route, and the reason names both device classes and their layers."""
+    cuda = replace(RECIPE, device_class="cuda:NVIDIA H200 gpu_layers=all")
+    nodes = [view("head", 0, 10, recipe=cuda), view("tail", 10, 20)]
+    with pytest.raises(NoRoute) as refused:
+        choose_model_route(nodes, MODEL)
+    message = refused.value.message
+    assert "two device classes" in message
+    assert f"cuda:NVIDIA H200 gpu_layers=all (recipe {cuda.fingerprint()}, layers 0:10)" in message
+    assert f"cpu (recipe {RECIPE.fingerprint()}, layers 10:20)" in message
+    # Each class on its own covers nothing: the old explanation would only have said "missing".
+    nodes.append(view("gpu-tail", 10, 20, recipe=cuda))
+    assert ids(choose_model_route(nodes, MODEL).hops) == ["head", "gpu-tail"]
+
+
+def test_layers_really_missing_are_not_blamed_on_devices() -> None:
+    cuda = replace(RECIPE, device_class="cuda:NVIDIA H200 gpu_layers=all")
+    with pytest.raises(NoRoute, match="15:20") as refused:
+        choose_model_route([view("head", 0, 10, recipe=cuda), view("tail", 10, 15)], MODEL)
+    assert "device classes" not in refused.value.message

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Recipe(_message.Message):
-    __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema")
+    __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema", "device_class")
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class Recipe(_message.Message):
     N_LAYERS_FIELD_NUMBER: _ClassVar[int]
     N_EMBD_FIELD_NUMBER: _ClassVar[int]
     BOUNDARY_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     model_sha256: str
     architecture: str
     adapter_version: str
@@ -30,7 +31,8 @@ class Recipe(_message.Message):
     n_layers: int
     n_embd: int
     boundary_schema: str
-    def __init__(self, model_sha256: _Optional[str] = ..., architecture: _Optional[str] = ..., adapter_version: _Optional[str] = ..., weight_quantization: _Optional[str] = ..., activation_dtype: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., boundary_schema: _Optional[str] = ...) -> None: ...
+    device_class: str
+    def __init__(self, model_sha256: _Optional[str] = ..., architecture: _Optional[str] = ..., adapter_version: _Optional[str] = ..., weight_quantization: _Optional[str] = ..., activation_dtype: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., boundary_schema: _Optional[str] = ..., device_class: _Optional[str] = ...) -> None: ...
 
 class Hardware(_message.Message):
     __slots__ = ("cpu_count", "memory_bytes")
