@@ -50,6 +50,6 @@ done
 echo "building $PIN with $SWITCH ${MESHNET_CMAKE_ARGS:-} (minutes)"
 CMAKE_ARGS="$SWITCH ${MESHNET_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "$VENV/bin/pip" install --no-cache-dir "$WORK/$SDIST"
-"$VENV/bin/pip" install --quiet -e "$ROOT[dev]"
+"$VENV/bin/pip" install --quiet -e "$ROOT"
 echo "$STAMP_TEXT" > "$VENV/.meshnet-backend"
 echo "llama-cpp-python with $BACKEND built in $VENV"

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from meshnet.core.checks import check_count, check_text
+from meshnet.core.checks import check_count, check_finite, check_text
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.recipe import FAMILY_PREFIX
 
 DeviceKind = Literal["cpu", "cuda", "metal", "vulkan", "rocm"]
 DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
@@ -110,3 +111,49 @@ def choose_device(request: DeviceRequest, offered: tuple[DeviceInfo, ...]) -> De
         f"--device {request}: this build of llama.cpp offers no such device (GPUs offered: {there}); "
         f"build one with MESHNET_BACKEND={request.kind} (see the README)"
     )
+
+
+@dataclass(frozen=True)
+class DeviceDrift:
+    """How far a device's numbers are from the CPU's on the synthetic model, measured through the
+    mixed splits its worker can run (``engine.device_drift``): the evidence a mixed route needs."""
+
+    top1_agreement: float
+    """Fraction of compared positions whose most likely token is the CPU's."""
+    max_abs_logit_diff: float
+    """Largest |logit difference| from the CPU's whole model over every compared logit."""
+    positions: int
+    """Positions compared (prefill rows and greedy decode steps)."""
+
+    def __post_init__(self) -> None:
+        check_finite("drift top1_agreement", self.top1_agreement, high=1.0)
+        check_finite("drift max_abs_logit_diff", self.max_abs_logit_diff, high=1e9)
+        check_count("drift positions", self.positions, 1 << 20, low=1)
+
+    def __str__(self) -> str:
+        return f"top-1 agreement {self.top1_agreement:.3f}, max |logit diff| {self.max_abs_logit_diff:.3g}"
+
+
+def route_drift(drifts: tuple[DeviceDrift | None, ...]) -> DeviceDrift | None:
+    """The drift a route of these hops' devices is labelled with (None: every hop on the CPU's
+    numbers, or a hop's device unmeasured). Logit differences add along a route at worst (each
+    measured against the same CPU reference); agreement is at least the worst hop's less what
+    the others can disagree."""
+    measured = [drift for drift in drifts if drift is not None]
+    if not measured:
+        return None
+    disagreement = sum(1.0 - drift.top1_agreement for drift in measured)
+    return DeviceDrift(
+        top1_agreement=max(0.0, 1.0 - disagreement),
+        max_abs_logit_diff=sum(drift.max_abs_logit_diff for drift in measured),
+        positions=min(drift.positions for drift in measured),
+    )
+
+
+def route_numerics(fingerprint: str, drifts: tuple[DeviceDrift | None, ...]) -> str:
+    """What a route's numbers are, for the request's telemetry: ``exact`` (one recipe: any split
+    equals that device's whole model) or ``mixed`` with the drift its hops measured."""
+    if not fingerprint.startswith(FAMILY_PREFIX):
+        return "exact"
+    drift = route_drift(drifts)
+    return "mixed" if drift is None else f"mixed ({drift})"

@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
 
+FAMILY_PREFIX = "rcf-"
+"""Starts a recipe family's fingerprint: a route whose frames carry one is a mixed-device route."""
 BOUNDARY_SCHEMA = "residual-f32-v1"
 """The seam carries the unnormalized residual after the last owned layer, float32, row-major."""
 
@@ -40,6 +42,14 @@ class Recipe:
             del fields["device_class"]  # a CPU recipe keeps the fingerprint it had before GPUs
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "rcp-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+    def family_fingerprint(self) -> str:
+        """The fingerprint a mixed-device route's frames carry: every device class of this
+        family accepts it, and no exact route ever uses it (``rcf-`` against ``rcp-``)."""
+        fields = asdict(self)
+        del fields["device_class"]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return FAMILY_PREFIX + hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
     @property
     def family(self) -> Recipe:

@@ -36,6 +36,13 @@ def find_device(request: DeviceRequest) -> DeviceInfo:
     return choose_device(request, offered_devices())
 
 
+def loaded_device(device: DeviceInfo) -> DeviceInfo:
+    """``device`` as the build sees it now (its free memory with an engine loaded on it)."""
+    if not device.is_gpu:
+        return device
+    return next((d for d in offered_devices() if (d.kind, d.index) == (device.kind, device.index)), device)
+
+
 def device_handle(device: DeviceInfo) -> ctypes.c_void_p:
     """ggml's handle of ``device`` (a GPU), to place a model on."""
     for info, handle in _enumerate():
@@ -71,4 +78,4 @@ def _enumerate() -> list[tuple[DeviceInfo, ctypes.c_void_p]]:
     return found
 
 
-__all__ = ["CPU", "device_handle", "find_device", "offered_devices"]
+__all__ = ["CPU", "device_handle", "find_device", "loaded_device", "offered_devices"]

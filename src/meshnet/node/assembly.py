@@ -24,7 +24,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
-from meshnet.core.devices import CPU, DeviceInfo
+from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
@@ -32,7 +32,8 @@ from meshnet.core.recipe import Recipe
 from meshnet.engine.backend import Backend, ShardShape
 from meshnet.engine.certification import CertificationReport, certify_fake_engine, certify_llama_engine
 from meshnet.engine.constraints import GrammarVocabulary
-from meshnet.engine.devices import find_device
+from meshnet.engine.device_drift import measure_device_drift
+from meshnet.engine.devices import find_device, loaded_device
 from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
@@ -95,6 +96,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     device = CPU if description is None else await asyncio.to_thread(find_device, config.device)
     # Raises CertificationFailed before any engine opens: a worker that serves is certified.
     certification = await asyncio.to_thread(certify_engine, config, description, device)
+    # A GPU's drift from the CPU: the evidence a mixed-device route needs (the tracker's opt-in).
+    drift = await asyncio.to_thread(measure_device_drift, device, repack=config.repack) if device.is_gpu else None
     # A group front's backend waits on its nodes inside ``run``: its steps must not block the loop.
     inline = config.fake is None and not config.expert_group
     loop = EngineLoop(
@@ -112,7 +115,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         address = config.advertise or f"{config.host}:{port}"
         # The node's one id (``NodeId``): registration, routes, hop pinning and work records.
         node_id = own_node_id(security)
-        record = _registration(config, address, model, loop.backend.shape, speed, certification, device)
+        device = await asyncio.to_thread(loaded_device, device)  # its memory with the engine in
+        record = _registration(config, address, model, loop.backend.shape, speed, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
@@ -161,9 +165,11 @@ def _registration(
     shape: ShardShape,
     speed: ShardSpeed,
     certification: CertificationReport,
-    device: DeviceInfo,
+    on: tuple[DeviceInfo, DeviceDrift | None],
 ) -> NodeRecord:
-    """The node's record, from what the running engine is (its shape), measured and certified."""
+    """The node's record, from what the running engine is (its shape), measured and certified,
+    ``on`` its device (with the device's drift from the CPU, for a GPU)."""
+    device, drift = on
     capability = NodeCapability(
         n_ctx_per_session=shape.n_ctx_per_slot,
         prefill_chunk_tokens=shape.max_batch_tokens,
@@ -174,6 +180,10 @@ def _registration(
         device=device.kind,
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_tokens_per_s=speed.decode_tokens_per_s,
+        device_name=device.description if device.is_gpu else "",
+        device_memory_total=device.memory_total,
+        device_memory_free=min(device.memory_free, device.memory_total),
+        drift=drift,
     )
     fingerprint = model.recipe.fingerprint()
     return NodeRecord(

@@ -70,6 +70,9 @@ class Shard(Generic[S]):
         self._draining = False
         self._seam_messages = 0
         self._capability_calls = 0
+        # Its own recipe, and its family's for a mixed-device route (the tracker plans one only
+        # where the swarm opted in and the device's drift was measured).
+        self._recipes = (record.fingerprint, record.recipe.family_fingerprint())
         capability = record.capability
         self.limits = FrameLimits(
             n_embd=capability.n_embd,
@@ -118,7 +121,7 @@ class Shard(Generic[S]):
 
     def _check(self, frame: StepFrame) -> None:
         meta = frame.meta
-        if meta.fingerprint != self.record.fingerprint:
+        if meta.fingerprint not in self._recipes:
             raise FailedPrecondition(
                 f"frame for recipe {meta.fingerprint} reached a shard serving {self.record.fingerprint}"
             )

@@ -175,12 +175,15 @@ def choose_model_route(
     latency_ms: LatencyTable = NO_LATENCIES,
     exclude: Collection[NodeId] = frozenset(),
     costs: RoutingCosts = DEFAULT_COSTS,
+    mixed_devices: bool = False,
 ) -> RoutePlan:
     """The cheapest route for ``model``, given as a name or a recipe fingerprint.
 
     One name may be served under several recipes (say two quantizations): each is planned on
     its own, since chaining shards of different recipes corrupts the hidden state, and the
-    fastest complete one wins.
+    fastest complete one wins. Only when none routes, and the swarm opted in
+    (``mixed_devices``), a route over one recipe family on several device classes is planned
+    (``choose_mixed_route``).
     """
     fingerprints = sorted({node.fingerprint for node in nodes if model in (node.model, node.fingerprint)})
     if not fingerprints:
@@ -197,8 +200,12 @@ def choose_model_route(
             plans.append(plan)
         except NoRoute as error:
             reasons.append(error.message)
+    if not plans and mixed_devices:
+        mixed_plan = choose_mixed_route(nodes, fingerprints, latency_ms=latency_ms, exclude=exclude, costs=costs)
+        if mixed_plan is not None:
+            return mixed_plan
     if not plans:
-        mixed = mixed_device_problem(nodes, fingerprints, exclude)
+        mixed = None if mixed_devices else mixed_device_problem(nodes, fingerprints, exclude)
         raise NoRoute("; ".join([mixed] if mixed else reasons))
     return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint))
 
@@ -240,6 +247,36 @@ def mixed_device_problem(
             "mixed-device routes are off in this swarm (serve every range on one device class)"
         )
     return None
+
+
+def choose_mixed_route(
+    nodes: Sequence[NodeView],
+    fingerprints: Collection[str],
+    *,
+    latency_ms: LatencyTable = NO_LATENCIES,
+    exclude: Collection[NodeId] = frozenset(),
+    costs: RoutingCosts = DEFAULT_COSTS,
+) -> RoutePlan | None:
+    """The cheapest route over one recipe family on any device classes, or None.
+
+    Only nodes whose numbers are measured against the CPU take part: CPU nodes (the reference)
+    and GPU nodes carrying a ``drift``. The plan's fingerprint is the family's (``rcf-``), which
+    every member accepts and no exact route uses, so its frames say what the route is."""
+    families: dict[str, list[NodeView]] = {}
+    for node in nodes:
+        recipe = node.record.recipe
+        measured = not recipe.device_class or node.record.capability.drift is not None
+        if node.fingerprint in fingerprints and node.node_id not in exclude and measured:
+            families.setdefault(recipe.family_fingerprint(), []).append(node)
+    plans = []
+    for family, members in sorted(families.items()):
+        found = shortest_chain(members, members[0].n_layers, latency_ms, costs)
+        if found is not None:
+            chain, total_ms = found
+            first = chain[0].record
+            hops = tuple(node.hop() for node in chain)
+            plans.append(RoutePlan(first.model, first.quantization, family, first.n_layers, hops, total_ms))
+    return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint), default=None)
 
 
 def uncovered_layers(nodes: Iterable[NodeView], n_layers: int) -> tuple[LayerRange, ...]:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest, choose_device
+from meshnet.core.devices import (
+    AUTO,
+    CPU,
+    DeviceDrift,
+    DeviceInfo,
+    DeviceRequest,
+    choose_device,
+    route_drift,
+    route_numerics,
+)
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 
 VULKAN0 = DeviceInfo("vulkan", 0, "Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 2**33, 2**32)
@@ -65,3 +74,21 @@ def test_device_values_off_the_wire_are_bounded() -> None:
         DeviceInfo("tpu", 0, "TPU0", "", 0, 0)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
         DeviceInfo("cuda", 0, "CUDA0", "x" * 300, 0, 0)
+
+
+def test_a_routes_drift_bound_adds_its_hops_drifts() -> None:
+    one = DeviceDrift(top1_agreement=0.9, max_abs_logit_diff=0.5, positions=16)
+    two = DeviceDrift(top1_agreement=0.95, max_abs_logit_diff=0.25, positions=12)
+    assert route_drift((None, None)) is None
+    assert route_drift((one, None)) == one
+    both = route_drift((one, two))
+    assert both is not None
+    assert (both.top1_agreement, both.max_abs_logit_diff, both.positions) == (pytest.approx(0.85), 0.75, 12)
+
+
+def test_only_a_family_fingerprint_makes_a_route_mixed() -> None:
+    drift = DeviceDrift(top1_agreement=1.0, max_abs_logit_diff=0.0625, positions=16)
+    assert route_numerics("rcp-" + "0" * 32, (drift,)) == "exact"
+    assert route_numerics("rcf-" + "0" * 32, (drift, None)) == "mixed (top-1 agreement 1.000, max |logit diff| 0.0625)"
+    with pytest.raises(InvalidArgument):
+        DeviceDrift(top1_agreement=1.5, max_abs_logit_diff=0.0, positions=1)

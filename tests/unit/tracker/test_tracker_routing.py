@@ -19,6 +19,7 @@ from tracker_samples import (
     view,
 )
 
+from meshnet.core.devices import DeviceDrift, route_numerics
 from meshnet.core.errors import NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
@@ -225,3 +226,30 @@ def test_layers_really_missing_are_not_blamed_on_devices() -> None:
     with pytest.raises(NoRoute, match="15:20") as refused:
         choose_model_route([view("head", 0, 10, recipe=cuda), view("tail", 10, 15)], MODEL)
     assert "device classes" not in refused.value.message
+
+
+def _on_gpu(node: NodeView, drift: DeviceDrift | None) -> NodeView:
+    capability = replace(node.record.capability, device="cuda", device_name="NVIDIA H200", drift=drift)
+    return replace(node, record=replace(node.record, capability=capability))
+
+
+def test_with_the_opt_in_a_mixed_route_is_planned_over_measured_nodes_only() -> None:
+    cuda = replace(RECIPE, device_class="cuda:NVIDIA H200 gpu_layers=all")
+    drift = DeviceDrift(top1_agreement=0.95, max_abs_logit_diff=0.25, positions=16)
+    head = _on_gpu(view("head", 0, 10, recipe=cuda), drift)
+    nodes = [head, view("tail", 10, 20)]
+    plan = choose_model_route(nodes, MODEL, mixed_devices=True)
+    assert ids(plan.hops) == ["head", "tail"]
+    assert plan.fingerprint == RECIPE.family_fingerprint() == cuda.family_fingerprint()
+    assert plan.fingerprint not in (RECIPE.fingerprint(), cuda.fingerprint())
+    assert route_numerics(plan.fingerprint, tuple(h.capability.drift for h in plan.hops)).startswith(
+        "mixed (top-1 agreement 0.950, max |logit diff| 0.25"
+    )
+    # A GPU node that never measured its drift takes no part in a mixed route.
+    with pytest.raises(NoRoute):
+        choose_model_route([_on_gpu(view("head", 0, 10, recipe=cuda), None), nodes[1]], MODEL, mixed_devices=True)
+    # An exact route still wins whenever one exists.
+    exact = [*nodes, view("cpu-head", 0, 10)]
+    plan = choose_model_route(exact, MODEL, mixed_devices=True)
+    assert plan.fingerprint == RECIPE.fingerprint() and ids(plan.hops) == ["cpu-head", "tail"]
+    assert route_numerics(plan.fingerprint, tuple(h.capability.drift for h in plan.hops)) == "exact"
