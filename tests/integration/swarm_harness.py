@@ -120,6 +120,8 @@ class Swarm:
     """The client key every gateway of this swarm accepts (written to each one's data dir)."""
     secure: bool = True
     """mTLS on every link with identities minted from ``root``'s swarm CA (as ``meshnet up``)."""
+    tracker_db: Path | None = None
+    """The tracker's database (default ``root/tracker.sqlite3``): a test may put it on a disk of its own."""
     _count: int = 0
     _security: LinkSecurity | None = None
 
@@ -148,7 +150,7 @@ class Swarm:
 
     @property
     def db_path(self) -> Path:
-        return self.root / "tracker.sqlite3"
+        return self.tracker_db or self.root / "tracker.sqlite3"
 
     def start_tracker(self, port: int = 0, **fields: Any) -> str:
         """Start (or restart, on the same port and database) the tracker; returns its address.

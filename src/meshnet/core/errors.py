@@ -77,6 +77,13 @@ class IntegrityError(MeshnetError):
     code = "integrity_error"
 
 
+class StorageDamaged(IntegrityError):
+    """A database that fails its integrity check: it is never served or written to, so an
+    operator can restore or recover it (the message names the file and what to do)."""
+
+    code = "storage_damaged"
+
+
 class FailedPrecondition(MeshnetError):
     """A well-formed request that does not fit the current state (stale epoch, position gap)."""
 
@@ -116,10 +123,24 @@ class Unavailable(MeshnetError):
     retryable = True
 
 
+class StepTimedOut(Unavailable):
+    """A route gave no answer to a step within the budget its nodes' measured speeds allow
+    (``core.step_budget``): a hop on it is hung, perhaps alive and answering health checks but
+    not computing. The client sees a lost worker (failed over, else ``worker_lost``)."""
+
+
 class Unreachable(Unavailable):
     """A control-plane service (tracker, gateway) cannot be reached: nothing was lost."""
 
     code = "unreachable"
+
+
+class StorageUnavailable(Unavailable):
+    """A component's own storage failed (disk full, I/O error, database locked): nothing was
+    stored, and the same call succeeds once the disk is back, so callers keep what they sent
+    and retry it."""
+
+    code = "storage_unavailable"
 
 
 class NoRoute(Unavailable):

@@ -144,6 +144,10 @@ class GatewayProcessConfig:
     1 audits every one); a node whose output disagrees is quarantined by the tracker."""
     audit_queue: int = 64
     """Sampled requests waiting for their audit; beyond it audits are dropped, never requests."""
+    outbox_limit: int = 100_000
+    """Work records waiting for the tracker's acknowledgement past which /metrics shows
+    outbox_over_limit and a warning is logged. Records are still kept beyond it (none is ever
+    dropped) and requests still served: refusing users would not file one record more."""
     allow_anonymous: bool = False
     """Serve /v1 without API keys. Loopback binds only (development); by default every /v1
     request needs a key of DATA_DIR/api-keys.sqlite3 (`meshnet swarm api-key create`)."""
@@ -151,6 +155,8 @@ class GatewayProcessConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.audit_fraction <= 1 or self.audit_queue < 1:
             raise InvalidArgument("gateway config: --audit-fraction must be in [0, 1] and --audit-queue at least 1")
+        if self.outbox_limit < 1:
+            raise InvalidArgument(f"gateway config: --outbox-limit must be at least 1, got {self.outbox_limit}")
         if self.allow_anonymous and not is_loopback(self.http.host):
             raise InvalidArgument(
                 f"gateway config: --allow-anonymous is for loopback only, not for host {self.http.host!r}"

@@ -1,9 +1,10 @@
 """Run the gateway process: load the model's codec, connect to the tracker, serve HTTP.
 
-Work records not yet acknowledged live in an outbox under the data directory: those an
-earlier process left are replayed before serving, and on SIGTERM/SIGINT the server stops,
-in-flight requests finish within the grace period, and queued records get a last chance to
-reach the tracker before the process exits (the rest wait in the outbox).
+Work records not yet acknowledged live in an outbox under the data directory (its depth and
+age are on ``/metrics``): those an earlier process left are replayed before serving, and on
+SIGTERM/SIGINT the server stops, in-flight requests finish within the grace period, and queued
+records get a last chance to reach the tracker before the process exits (the rest wait in the
+outbox).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from meshnet.route.driver import RouteDriver
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.route.swarm import SwarmClient, SwarmConfig
+from meshnet.route.work_reports import ReportPolicy
 from meshnet.wire.tls import LinkSecurity
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,8 @@ async def run_gateway(
     admission = new_admission(config.http)
     audit_config = AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue)
     auditor = Auditor(tracker, driver, audit_config, slot=admission.spare_slot)
-    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(), outbox=outbox, auditor=auditor)
+    reports = ReportPolicy(outbox_limit=config.outbox_limit)
+    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(reports=reports), outbox=outbox, auditor=auditor)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
     keys = None if config.allow_anonymous else ApiKeyStore(store_path(config.data_dir))
     if keys is None:
@@ -79,7 +82,10 @@ async def run_gateway(
         {name: tokenizer},
         config.http,
         api_keys=keys,
-        extra_figures=lambda: {f"audits_{kind}_total": float(count) for kind, count in auditor.counts.items()},
+        extra_figures=lambda: {
+            **{f"audits_{kind}_total": float(count) for kind, count in auditor.counts.items()},
+            **swarm.reports.figures(),
+        },
         view=generator,
         admission=admission,
     )

@@ -78,6 +78,9 @@ class _Membership:
         self._on_probe = on_probe
         self._registered = False
         self.interval_s = 1.0
+        self.known_epoch = 0
+        """The highest epoch the tracker told us: the routes this node refuses are older, so a
+        tracker that restarted without its state must move above it (sent at registration)."""
 
     async def step(self) -> int | None:
         """Register or heartbeat once: the tracker's epoch, or None when it forgot this node."""
@@ -91,16 +94,18 @@ class _Membership:
             return None
         if self._on_probe is not None:
             self._on_probe(status.probe)
+        self.known_epoch = max(self.known_epoch, status.epoch)
         return status.epoch
 
     async def _register(self) -> int:
-        registered = await self._client.register(self._registration, self._node_id)
+        registered = await self._client.register(self._registration, self._node_id, known_epoch=self.known_epoch)
         if registered.node_id != self._node_id:  # a tracker that renames nodes breaks every pinned hop
             raise FailedPrecondition(f"tracker registered node {self._node_id} as {registered.node_id}")
         self._registered, self.interval_s = True, registered.heartbeat_interval_s
         logger.info("registered with tracker %s as %s", self._client.address, registered.node_id)
         if self._on_registered is not None:
             self._on_registered(registered)
+        self.known_epoch = max(self.known_epoch, registered.epoch)
         return registered.epoch
 
     async def leave(self) -> None:

@@ -133,10 +133,11 @@ class TrackerClient:
     # --- membership ------------------------------------------------------------------------
 
     async def register(
-        self, registration: NodeRecord, node_id: NodeId, *, timeout_s: float | None = None
+        self, registration: NodeRecord, node_id: NodeId, *, known_epoch: int = 0, timeout_s: float | None = None
     ) -> Registered:
-        """Register ``registration`` under the node's one id (``NodeId``)."""
-        request = wire.registration_to_proto(registration, node_id)
+        """Register ``registration`` under the node's one id (``NodeId``), saying the highest
+        route epoch the node was told (a tracker that lost its state moves above it)."""
+        request = wire.registration_to_proto(registration, node_id, known_epoch)
         return wire.registered_from_proto(await self._call(self._tracker().Register, request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:

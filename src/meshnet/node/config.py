@@ -18,7 +18,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.ownership import ExpertOwnership
-from meshnet.session.admission import AdmissionPolicy
+from meshnet.session.admission import AdmissionPolicy, PeerBounds
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,15 @@ class WorkerConfig:
     """Seconds without a step after which a session may be evicted for a newcomer."""
     session_ttl: float = 600.0
     """Seconds without a step after which a session is expired even without pressure."""
+    session_share: float = 0.5
+    """Share of this shard's sessions one peer certificate may hold once the shard is full: at
+    that bound it is refused, and a peer under it may take a slot back from one over it. While
+    slots are free anyone takes them, so a lone gateway or upstream worker fills the shard."""
+    session_min_rate: float = 0.5
+    """Positions per second a session must average (after --session-grace) to keep its slot
+    when a newcomer needs it: a trickle of steps cannot hold a slot for ever."""
+    session_grace: float = 60.0
+    """Seconds every session may hold its slot whatever its progress."""
     metrics_port: int | None = None
     """Serve Prometheus /metrics on this port (0 picks one); none serves none."""
     model_id: str | None = None
@@ -144,6 +153,8 @@ class WorkerConfig:
             raise InvalidArgument("a worker needs --model or --model-id (or a fake model)")
         if self.model_id is not None and self.tracker is None:
             raise InvalidArgument("a worker started with --model-id needs --tracker to find the model's holders")
+        if not 0 < self.session_share <= 1 or self.session_min_rate <= 0 or self.session_grace < 0:
+            raise InvalidArgument("--session-share takes (0, 1], --session-min-rate > 0, --session-grace >= 0")
         if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
             raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
         if self.gpu_layers is not None and self.gpu_layers < 0:
@@ -184,4 +195,5 @@ class WorkerConfig:
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
         """Admission for the session table, with the capacity plan's session count."""
-        return AdmissionPolicy(max_sessions, self.max_queue, self.evict_idle_after, self.session_ttl)
+        peers = PeerBounds(self.session_share, self.session_min_rate, self.session_grace)
+        return AdmissionPolicy(max_sessions, self.max_queue, self.evict_idle_after, self.session_ttl, peers)

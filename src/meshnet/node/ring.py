@@ -212,11 +212,16 @@ class RingLeg:
             self.back.cancel()
         if self.watch is None:
             return
-        await link.finish_writing()
-        # The downstream ends its side once it has released the session; wait briefly for that.
-        await asyncio.wait({self.watch}, timeout=1.0)
-        self.watch.cancel()
-        link.cancel()
+        try:
+            await link.finish_writing()
+            # The downstream ends its side once it has released the session; wait briefly for that.
+            await asyncio.wait({self.watch}, timeout=1.0)
+        finally:
+            # Even when this wait is cancelled (the upstream gives up on this shard as this shard
+            # gives up on the next, after the same grace): a link left open would keep the
+            # session on a next shard that is hung in a step, and its KV with it, for good.
+            self.watch.cancel()
+            link.cancel()
 
 
 def _observe(watch: asyncio.Task[StepResult]) -> None:

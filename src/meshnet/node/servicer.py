@@ -113,7 +113,7 @@ class ShardServicer(pb.ShardServicer):
         caller = await self._admit(context, "Session")
         opener = None if caller is None else caller.node_id
         remaining = context.time_remaining()
-        stream = SessionStream(self.shard, None if remaining is None else time.monotonic() + remaining)
+        stream = SessionStream(self.shard, None if remaining is None else time.monotonic() + remaining, opener)
         failure: MeshnetError | None = None
         frames = aiter(request_iterator)
         try:

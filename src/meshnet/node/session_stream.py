@@ -29,9 +29,11 @@ M = TypeVar("M")
 class SessionStream:
     """The session one stream carries on ``shard``, and the stream's deadline (monotonic)."""
 
-    def __init__(self, shard: AnyShard, stream_deadline: float | None) -> None:
+    def __init__(self, shard: AnyShard, stream_deadline: float | None, opener: str | None = None) -> None:
         self._shard = shard
         self._deadline = stream_deadline
+        self._opener = opener
+        """The certificate (node id) on the other end of the stream; None: nobody is checked."""
         self.session_id: SessionId | None = None
         """Set once a frame of this stream succeeded: only then does the session belong to it."""
         self.epoch: int | None = None
@@ -54,7 +56,7 @@ class SessionStream:
         """Run one frame of this stream's session on the shard."""
         if self.session_id is not None and frame.meta.session_id != self.session_id:
             raise InvalidArgument("one stream carries one session; open a new stream for another")
-        result = await self._shard.handle(frame, self._deadline)
+        result = await self._shard.handle(frame, self._deadline, self._opener)
         self.session_id, self.epoch = frame.meta.session_id, frame.meta.route_epoch
         return result
 

@@ -83,14 +83,15 @@ class Shard(Generic[S]):
 
     # -- frames ---------------------------------------------------------------------------
 
-    async def handle(self, frame: StepFrame, stream_deadline: float | None) -> StepResult:
-        """Run one frame of a session; the caller owns the stream the session lives on."""
+    async def handle(self, frame: StepFrame, stream_deadline: float | None, opener: str | None = None) -> StepResult:
+        """Run one frame of a session; the caller owns the stream the session lives on, and
+        ``opener`` is the certificate (node id) that sent it (None: nobody is checked)."""
         meta = frame.meta
         self._check(frame)
         if meta.cache == "new" and meta.step == 0:
             await self._supersede(meta.session_id, meta.route_epoch)
         if meta.cache == "new" and meta.step == 0 and meta.session_id not in self._table:
-            session = await self._open(frame, stream_deadline)
+            session = await self._open(frame, stream_deadline, opener)
             try:
                 return await self._run(session, frame)
             except BaseException:
@@ -133,7 +134,7 @@ class Shard(Generic[S]):
             raise InvalidArgument("every frame after a session's opening one must be a ring frame")
         self._output.check(frame)
 
-    async def _open(self, frame: StepFrame, stream_deadline: float | None) -> Session[S]:
+    async def _open(self, frame: StepFrame, stream_deadline: float | None, opener: str | None) -> Session[S]:
         if self._draining:
             raise Unavailable("this shard is draining for shutdown and takes no new sessions")
         self._output.check_opening(frame)
@@ -143,6 +144,7 @@ class Shard(Generic[S]):
             meta.route_epoch,
             self._loop.queue_depth,
             lambda: self._output.open_state(frame, stream_deadline),
+            opener=opener,  # peers are bounded per certificate (``session.admission``)
         )
         if evicted is not None:
             await self._teardown(evicted)

@@ -5,23 +5,28 @@ samples, and the token travels back: straight to the head (the ring, ``node.ring
 frame after the opening one, which also lets prefill chunks pipeline along the route. The last
 frame sent asks the head to go on decoding by itself (a ``Continuation``), so after the prefill
 the driver only reads one answer per token. Every frame carries the remaining budget, so the
-route never works past the request's deadline. The driver stops at the end ``route.life``
-decides for a token it can see (a stop token, the budget); closing the iterator earlier (a stop
-string, a cancelled task) cancels the head stream, which frees the session's KV on every shard
-down the route. Frames are sized from the capability each hop of the route carries
-(``RouteHop``): the driver asks no shard anything before it starts.
+route never works past the request's deadline, and every wait for an answer is bounded by what
+that step should take on the route's hops, as their nodes measured it (``core.step_budget``): a
+hop that stops answering fails the route with ``StepTimedOut`` within seconds, which the swarm
+client fails over like a lost hop, instead of holding the request until its deadline. The
+driver stops at the end ``route.life`` decides for a token it can see (a stop token, the
+budget); closing the iterator earlier (a stop string, a cancelled task) cancels the head
+stream, which frees the session's KV on every shard down the route. Frames are sized from the
+capability each hop of the route carries (``RouteHop``): the driver asks no shard anything
+before it starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument
+from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument, StepTimedOut
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
@@ -33,6 +38,7 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.step_budget import StepBudget
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
@@ -50,6 +56,10 @@ RATE_WINDOW = 16
 """Tokens over which the rolling tokens/s is measured."""
 REPLAY_PROGRESS_TOKENS = 16
 """A failover replay reports progress every this many re-fed tokens (each is one step)."""
+CHUNKS_AHEAD = 2
+"""Prefill chunks that may still be on their way through the route ahead of the one just sent:
+the head forwards chunk c only once the tail answered chunk c - 2 (``node.ring``'s
+MAX_CHUNKS_IN_FLIGHT), so a chunk's answer may wait for those too."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +74,10 @@ class RouteSession:
 
 
 class RouteDriver:
-    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int) -> None:
+    def __init__(self, pool: ChannelPool, *, max_frame_bytes: int, budget: StepBudget | None = None) -> None:
         self._pool = pool
         self._max_frame_bytes = max_frame_bytes
+        self._budget = budget or StepBudget()
 
     async def run(
         self,
@@ -89,7 +100,7 @@ class RouteDriver:
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
-            run = _Run(route, request, deadline, stream, _continuation(request, len(history)))
+            run = _Run(route, request, deadline, stream, _continuation(request, len(history)), self._budget)
             progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event
@@ -101,7 +112,8 @@ class RouteDriver:
                 produced += 1
                 if finish_for(request, produced, token) is not None or run.plan is None:
                     return
-                result = await stream.read()
+                step = progress.step - 1 + produced - len(history)  # the head's steps go on from our last
+                result = await run.within(stream.read(), step, 1, prefill=False)
         finally:
             stream.cancel()
 
@@ -144,9 +156,31 @@ class _Run:
     stream: ShardStream
     plan: Continuation | None
     """Head-driven decode: set on the last frame we send; None when that frame's token is the last."""
+    budget: StepBudget = field(default_factory=StepBudget)
 
     def meta(self, step: int, position: int, phase: Phase) -> FrameMeta:
         return route_frame_meta(self.route, step, position, phase, self.deadline)
+
+    async def within(self, answer: Awaitable[StepResult], step: int, tokens: int, *, prefill: bool) -> StepResult:
+        """``answer``, unless the route takes longer for step ``step`` (``tokens`` tokens through
+        every hop) than its nodes' measured speeds allow: then the route failed (``StepTimedOut``)."""
+        capabilities = [hop.capability for hop in self.route.hops]
+        budget_s = self.budget.seconds(capabilities, tokens, prefill=prefill)
+        if budget_s is None:
+            return await answer  # unmeasured hops: only the request's deadline and keepalive bound it
+        timer = asyncio.timeout(budget_s)
+        try:
+            async with timer:
+                return await answer
+        except TimeoutError:
+            if not timer.expired():
+                raise
+        head = self.route.hops[0]
+        raise StepTimedOut(
+            f"the route through {', '.join(h.address for h in self.route.hops)} gave no answer to step {step} "
+            f"within {budget_s:.1f} s (the step budget its nodes' measured speeds allow): the head {head.address} "
+            "or a hop after it is hung"
+        )
 
 
 class _PrefillTally:
@@ -182,7 +216,10 @@ async def _prefill(
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.
             ring=step > 0,
         )
-        yield tally.advance(len(chunk.payload), await run.stream.exchange(frame), replay=False)
+        # The answer may wait for the chunks still ahead of this one on the route (pipelined).
+        tokens = sum(len(ahead.payload) for ahead in chunks[max(0, step - CHUNKS_AHEAD) : step + 1])
+        answer = await run.within(run.stream.exchange(frame), step, tokens, prefill=True)
+        yield tally.advance(len(chunk.payload), answer, replay=False)
 
 
 async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step: int) -> AsyncIterator[PrefillProgress]:
@@ -207,7 +244,8 @@ async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step:
             continuation=run.plan if last else None,
             ring=True,
         )
-        event = tally.advance(1, await run.stream.exchange(frame), replay=True)
+        answer = await run.within(run.stream.exchange(frame), tally.step, 1, prefill=False)
+        event = tally.advance(1, answer, replay=True)
         if last or (index + 1) % REPLAY_PROGRESS_TOKENS == 0:
             yield event
 

@@ -128,7 +128,8 @@ class ShardStream:
             await asyncio.wait_for(self._call.read(), timeout=1.0)
         except (grpc.RpcError, asyncio.InvalidStateError, RuntimeError, TimeoutError):
             pass
-        self._call.cancel()
+        finally:
+            self._call.cancel()  # even when the wait is cancelled: the next shard must let go
 
     def cancel(self) -> None:
         self._call.cancel()

@@ -26,6 +26,7 @@ from meshnet.core.errors import (
     NoRoute,
     ResourceExhausted,
     RouteStale,
+    StepTimedOut,
     Unavailable,
 )
 from meshnet.core.events import RouteAccepted, RouteHealth
@@ -220,11 +221,19 @@ class SwarmClient:
         transport with INTERNAL), and the probe, not the relayed code, tells a lost hop. A stale
         route epoch is recovered the same way: the tracker moved the epoch on because a node
         left (a link down shows up here first), so the route is planned again and replayed.
+
+        A route that answered no step within its measured budget (``StepTimedOut``) has a hung
+        hop; a hop hung in its engine still answers its health check, and nothing outside it
+        tells which hop that is. Then the whole route is avoided: replayed onto the same shards
+        (the tracker keeps a session's route while its nodes live) it would meet the hung hop, and
+        the lost route's session, again.
         """
         untyped = type(error) is MeshnetError
         if not (untyped or isinstance(error, Unavailable | CacheMiss | RouteStale)):
             return None
         dead = frozenset(await self._probe_dead(route))
+        if isinstance(error, StepTimedOut) and not dead:
+            return frozenset(hop.node_id for hop in route.hops)
         return None if untyped and not dead else dead
 
     async def _replace(

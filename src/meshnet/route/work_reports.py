@@ -1,24 +1,43 @@
-"""Filing work records with the tracker: written ahead to the outbox, retried, replayed at start.
+"""Filing work records with the tracker: written ahead to the outbox, sent until acknowledged.
 
 ``WorkReporter`` owns every record between the end of a request and the tracker's
-acknowledgement. A record is persisted first (when an outbox is given), then sent with backoff
-while the tracker is unreachable, and removed once acknowledged; at start-up ``replay`` sends
-whatever an earlier process left. Records are idempotent by request id, so a send that may
-have reached the tracker is always safe to repeat.
+acknowledgement that it is stored. A record is persisted first, then one background task (the
+flusher) sends the outbox's due records, oldest first, a batch at a time, and removes each one
+the tracker acknowledges. Records are idempotent by request id, so a send that may have reached
+the tracker is always safe to repeat.
+
+What ends a record's stay, and what does not:
+
+- acknowledged (stored, or stored before): removed;
+- refused for what it is (``InvalidArgument``; ``FailedPrecondition``: another record under its
+  request id): moved to the outbox's ``refused`` table, logged; never deleted;
+- anything else (unreachable, deadline, the tracker's disk full or damaged, an unexpected error,
+  a revoked certificate an operator will replace): kept, and sent again after a backoff that
+  doubles up to a ceiling, each wait drawn between half and all of it (jitter), so gateways that
+  lost the tracker together do not come back in step. There is no give-up time: a record leaves
+  only through the tracker.
+
+A full tracker disk once answered UNKNOWN, which this module took for a refusal and deleted the
+record: 6 of 6 lost (issue 29, finding 8). The outbox has a soft limit (``outbox_limit``): past
+it records are still written (the outbox is the safety net, and refusing users would not file
+one record more) but ``/metrics`` says so (``outbox_over_limit``) and a warning is logged; memory
+stays bounded whatever the depth, since the flusher reads one batch at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
 from meshnet.core.tracking import WorkRecord
-from meshnet.route.outbox import WorkOutbox
+from meshnet.route.outbox import OutboxStats, WorkOutbox
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +48,17 @@ class ReportPolicy:
 
     timeout_s: float = 5.0
     """Budget of one attempt to file a work record."""
-    retry_for_s: float = 600.0
-    """How long a record is retried while the tracker is unreachable (it restarts, or is moved)
-    before this process gives up on it. With an outbox it is not lost then: the next start-up
-    sends it again."""
     backoff_s: tuple[float, float] = (0.25, 5.0)
-    """First and longest wait between attempts to file a record."""
+    """First and longest wait between passes that left records unfiled; each wait is drawn
+    between half and all of the current step (jitter)."""
+    batch: int = 16
+    """Records sent at once, oldest first (each its own call)."""
     drain_s: float = 2.0
-    """At shutdown, how long records still queued may try to reach the tracker; with an outbox
-    the rest wait on disk for the next start, so this only bounds how long stopping takes."""
+    """At shutdown, how long due records may still try to reach the tracker; the rest wait in
+    the outbox for the next start, so this only bounds how long stopping takes."""
+    outbox_limit: int = 100_000
+    """Due records past which ``/metrics`` shows ``outbox_over_limit`` and a warning is logged;
+    records are still written beyond it."""
 
 
 class WorkSink(Protocol):
@@ -46,91 +67,181 @@ class WorkSink(Protocol):
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> object: ...
 
 
+def is_refusal(error: MeshnetError) -> bool:
+    """Whether the tracker refused the record itself, so that sending it again cannot help."""
+    return isinstance(error, (InvalidArgument, FailedPrecondition)) and not error.retryable
+
+
 class WorkReporter:
     """Files records in the background; owned by one event loop."""
 
-    def __init__(self, tracker: WorkSink, policy: ReportPolicy, outbox: WorkOutbox | None = None) -> None:
+    def __init__(
+        self,
+        tracker: WorkSink,
+        policy: ReportPolicy,
+        outbox: WorkOutbox | None = None,
+        *,
+        jitter: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """``jitter`` draws in [0, 1); ``clock`` is wall time (the records' age); ``sleep`` waits
+        out a backoff. Tests inject them; the outbox is made in memory when none is given."""
         self._tracker = tracker
         self._policy = policy
-        self._outbox = outbox
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def pending(self) -> int:
-        """Records being filed by this process now."""
-        return len(self._tasks)
+        self._outbox = outbox if outbox is not None else WorkOutbox.in_memory(clock=clock)
+        self._jitter = jitter
+        self._clock = clock
+        self._sleep = sleep
+        self._writes: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._stats = OutboxStats(0, 0, None, 0)
+        self.counts = {"acknowledged": 0, "retried": 0, "refused": 0}
+        """Attempts by outcome since start: acknowledged, failed (kept, sent again), refused."""
 
     async def write_ahead(self, provisional: WorkRecord) -> None:
         """Persist a request's record before its work starts, so a crash leaves it (unverified)."""
-        if self._outbox is not None:
-            await asyncio.to_thread(self._outbox.put, provisional)
+        await asyncio.to_thread(self._outbox.put, provisional, provisional=True)
 
     def file(self, record: WorkRecord) -> None:
-        """Persist and send ``record`` in the background; returns at once (it runs in a ``finally``)."""
-        self._spawn(record, persist=True)
+        """Persist ``record`` and have it sent; returns at once (it runs in a ``finally``)."""
+        # Persisting must not be lost to the caller's cancellation, nor hold it up.
+        task = asyncio.get_running_loop().create_task(self._persist(record))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     def replay(self) -> int:
-        """Send every record an earlier process left in the outbox; returns how many."""
-        if self._outbox is None:
-            return 0
-        left = self._outbox.pending()
-        for record in left:
-            self._spawn(record, persist=False)
-        if left:
-            log.info("replaying %d work record(s) from %s", len(left), self._outbox.path)
-        return len(left)
+        """Send what an earlier process left in the outbox (its unfinished requests' records
+        as written ahead); returns how many records are due now."""
+        orphans = self._outbox.release_orphans()
+        self._stats = self._outbox.stats()
+        if self._stats.due:
+            log.info(
+                "replaying %d work record(s) from %s (%d written ahead by a process that ended mid-request)",
+                self._stats.due,
+                self._outbox.path or "memory",
+                orphans,
+            )
+        self._kick()
+        return self._stats.due
+
+    def figures(self) -> dict[str, float]:
+        """The outbox's depth and age and the attempts' outcomes, for the gateway's ``/metrics``."""
+        stats, limit = self._stats, self._policy.outbox_limit
+        oldest = 0.0 if stats.oldest_due_at is None else max(self._clock() - stats.oldest_due_at, 0.0)
+        return {
+            "outbox_records": float(stats.due),
+            "outbox_provisional_records": float(stats.provisional),
+            "outbox_oldest_seconds": oldest,
+            "outbox_refused_records": float(stats.refused),
+            "outbox_limit": float(limit),
+            "outbox_over_limit": float(stats.due > limit),
+            **{f"work_reports_{outcome}_total": float(count) for outcome, count in self.counts.items()},
+        }
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        """Wait for records still being filed (at shutdown), at most ``timeout_s``."""
-        if not self._tasks:
-            return
+        """At shutdown: let due records reach the tracker for at most ``timeout_s``, then stop;
+        whatever is left stays in the outbox for the next start."""
         budget = self._policy.drain_s if timeout_s is None else timeout_s
-        _, unfinished = await asyncio.wait(set(self._tasks), timeout=budget)
-        for task in unfinished:
-            task.cancel()
-        if unfinished:
-            await asyncio.wait(unfinished)
-            where = "kept in the outbox for the next start" if self._outbox is not None else "lost"
-            log.error("shutting down with %d work record(s) not acknowledged: %s", len(unfinished), where)
+        deadline = asyncio.get_running_loop().time() + budget
+        if self._writes:
+            _, unfinished = await asyncio.wait(set(self._writes), timeout=budget)
+            for task in unfinished:
+                task.cancel()  # the write itself finishes (``_uninterrupted``)
+            if unfinished:
+                await asyncio.wait(unfinished)
+        if self._flusher is None:
+            return
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout=remaining)
+        self._flusher.cancel()
+        await asyncio.gather(self._flusher, return_exceptions=True)
+        self._flusher = None
+        left = (await asyncio.to_thread(self._outbox.stats)).due
+        if left:
+            where = "kept in the outbox for the next start" if self._outbox.path else "lost (no outbox file)"
+            log.error("shutting down with %d work record(s) not acknowledged: %s", left, where)
 
-    def _spawn(self, record: WorkRecord, *, persist: bool) -> None:
-        # Reporting must not be lost to the caller's cancellation, nor hold it up.
-        task = asyncio.get_running_loop().create_task(self._deliver(record, persist=persist))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _persist(self, record: WorkRecord) -> None:
+        await _uninterrupted(asyncio.to_thread(self._outbox.put, record))  # on disk before it is sent
+        self._note(await asyncio.to_thread(self._outbox.stats))  # /metrics counts it while the flusher waits
+        self._kick()
 
-    async def _deliver(self, record: WorkRecord, *, persist: bool) -> None:
-        outbox = self._outbox
-        if persist and outbox is not None:
-            await _uninterrupted(asyncio.to_thread(outbox.put, record))  # on disk before it is sent
-        if await self._send(record) and outbox is not None:
-            await _uninterrupted(asyncio.to_thread(outbox.remove, record.request_id))
+    def _kick(self) -> None:
+        """Wake the flusher (starting it on first use): there is something to send."""
+        self._idle.clear()
+        self._wake.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
 
-    async def _send(self, record: WorkRecord) -> bool:
-        """Send until acknowledged (True), refused (True: retrying cannot help) or out of time."""
-        deadline = time.monotonic() + self._policy.retry_for_s
-        delay, longest = self._policy.backoff_s
+    async def _flush_forever(self) -> None:
+        first, longest = self._policy.backoff_s
+        step = first
         while True:
+            self._wake.clear()
             try:
-                await self._tracker.report_work(record, timeout_s=self._policy.timeout_s)
-                return True
-            except (Unavailable, DeadlineExceeded) as error:
-                if time.monotonic() + delay > deadline:
-                    log.error(
-                        "work record %s not acknowledged: the tracker was unreachable for %.0f s (%s)",
-                        record.request_id,
-                        self._policy.retry_for_s,
-                        error.message,
-                    )
-                    return False
-                log.warning(
-                    "work record %s not filed yet (%s); retry in %.2f s", record.request_id, error.message, delay
+                done = await self._pass()
+            except Exception:
+                # The gateway's own disk failing (an outbox write), or a bug: nothing is lost by
+                # waiting, everything by stopping.
+                log.exception("filing work records failed; retrying")
+                done = False
+            if done is None:
+                if not self._wake.is_set():  # a record filed during the pass is not sent yet
+                    self._idle.set()
+                await self._wake.wait()
+                continue
+            if done:
+                step = first
+                continue
+            await self._sleep(step * (0.5 + self._jitter() / 2))
+            step = min(step * 2, longest)
+
+    async def _pass(self) -> bool | None:
+        """Send one batch of due records: None if there was none, else whether all were settled."""
+        batch = await asyncio.to_thread(self._outbox.due, self._policy.batch)
+        outcomes = await asyncio.gather(*(self._attempt(record) for record in batch))
+        self._note(await asyncio.to_thread(self._outbox.stats))
+        return all(outcomes) if batch else None
+
+    async def _attempt(self, record: WorkRecord) -> bool:
+        """One try at filing ``record``: True once it left the outbox (acknowledged or refused)."""
+        outbox = self._outbox
+        try:
+            await self._tracker.report_work(record, timeout_s=self._policy.timeout_s)
+        except MeshnetError as error:
+            if is_refusal(error):
+                log.error(
+                    "work record %s refused by the tracker [%s]: %s; kept in %s's refused table",
+                    record.request_id,
+                    error.code,
+                    error.message,
+                    outbox.path or "the in-memory outbox",
                 )
-            except MeshnetError as error:
-                log.error("work record %s refused by the tracker: %s", record.request_id, error.message)
+                await _uninterrupted(asyncio.to_thread(outbox.refuse, record, error.code, error.message))
+                self.counts["refused"] += 1
                 return True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, longest)
+            log.warning("work record %s not filed yet [%s]: %s; retrying", record.request_id, error.code, error.message)
+            await _uninterrupted(asyncio.to_thread(outbox.count_attempt, record.request_id))
+            self.counts["retried"] += 1
+            return False
+        await _uninterrupted(asyncio.to_thread(outbox.remove, record.request_id))
+        self.counts["acknowledged"] += 1
+        return True
+
+    def _note(self, stats: OutboxStats) -> None:
+        limit = self._policy.outbox_limit
+        if stats.due > limit >= self._stats.due:
+            log.warning(
+                "%d work records wait for the tracker, over the outbox limit of %d: they are kept, "
+                "but the tracker has not stored any of them yet",
+                stats.due,
+                limit,
+            )
+        self._stats = stats
 
 
 async def _uninterrupted(write: Coroutine[Any, Any, None]) -> None:

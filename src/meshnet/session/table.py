@@ -50,13 +50,16 @@ class Session(Generic[S]):
     state: S
     """What the owner fixed for this session when it opened; never replaced."""
     last_used: float
+    opener: str | None
+    """The certificate that opened it (``admission``: peers are bounded by it)."""
+    opened_at: float
     next_position: int = 0
     answered: Answered | None = None
     busy: bool = False
     """A step of this session is queued or running: it must not be evicted or expired."""
 
     def use(self) -> SlotUse:
-        return SlotUse(self.key, self.last_used, self.busy)
+        return SlotUse(self.key, self.last_used, self.busy, self.opener, self.opened_at, self.next_position)
 
 
 class SessionTable(Generic[S]):
@@ -87,9 +90,10 @@ class SessionTable(Generic[S]):
         return list(self._sessions.values())
 
     def open(
-        self, key: SessionId, epoch: int, queue_depth: int, state: Callable[[], S]
+        self, key: SessionId, epoch: int, queue_depth: int, state: Callable[[], S], *, opener: str | None = None
     ) -> tuple[Session[S], Session[S] | None]:
-        """Admit a new session; returns it and the session evicted to make room (if any).
+        """Admit a new session that ``opener`` opens; returns it and the session evicted to make
+        room (if any).
 
         ``state`` is called only once the session is admitted (it may open a connection), and
         before anything is evicted, so a failing ``state`` leaves the table as it was.
@@ -99,16 +103,19 @@ class SessionTable(Generic[S]):
         if epoch < self.min_epoch:
             raise RouteStale(f"route epoch {epoch} is older than this shard's {self.min_epoch}: refresh the route")
         now = self._clock()
-        decision = decide_admission([s.use() for s in self._sessions.values()], queue_depth, self.policy, now)
+        uses = [s.use() for s in self._sessions.values()]
+        decision = decide_admission(uses, opener, queue_depth, self.policy, now)
         if not isinstance(decision, Admit):
             self.rejections += 1
             raise ResourceExhausted(f"shard full: {decision.reason}")
         owned = state()
         evicted = None
         if decision.evict is not None:
-            evicted = self.close(SessionId(decision.evict), reason="evicted to make room (least recently used)")
+            evicted = self.close(
+                SessionId(decision.evict), reason="evicted to make room (idle, out of budget or over its peer's share)"
+            )
             self.evictions += 1
-        session = Session(key, heapq.heappop(self._free), epoch, owned, now)
+        session = Session(key, heapq.heappop(self._free), epoch, owned, now, opener, now)
         self._sessions[key] = session
         self._gone.pop(key, None)
         return session, evicted

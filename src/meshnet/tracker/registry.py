@@ -156,6 +156,26 @@ class NodeRegistry:
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now)
         return node_id
 
+    def adopt_epoch(self, known_epoch: int) -> bool:
+        """Move above ``known_epoch``, an epoch a registering node says it was told, if this one
+        is not above it yet; True if it moved.
+
+        A node only knows epochs a tracker handed out, so a larger one means this tracker lost
+        the state it had (an emptied database and epoch file): without moving, every route it
+        plans is older than what the nodes accept. A node can push the epoch up this way, as it
+        can by registering again; it cannot push it down.
+        """
+        if known_epoch < self._epoch:
+            return False
+        logger.warning(
+            "a node was told epoch %d, this tracker is at %d: its state was lost; moving to %d",
+            known_epoch,
+            self._epoch,
+            known_epoch + 1,
+        )
+        self._epoch = known_epoch + 1
+        return True
+
     def heartbeat(self, node_id: NodeId, load: NodeLoad) -> bool:
         """Record a heartbeat; False means the node is unknown (expired or never registered)."""
         self.sweep()

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from meshnet.core.errors import MeshnetError, Unauthenticated, Uncertified
+from meshnet.core.errors import MeshnetError, StorageUnavailable, Unauthenticated, Uncertified
 from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
@@ -107,11 +107,21 @@ class TrackerServicer(services.TrackerServicer):
         epoch = self._registry.epoch
         if epoch > self._saved_epoch:
             self._saved_epoch = epoch
-            self._epoch_write = asyncio.ensure_future(self._store.call(self._store.store.save_epoch, epoch))
+            self._epoch_write = asyncio.ensure_future(self._save_epoch(epoch))
         if self._epoch_write is not None:
             # The latest write covers every smaller epoch (writes run in order); shield it so a
             # cancelled caller does not cancel a write another reply is waiting for.
             await asyncio.shield(self._epoch_write)
+
+    async def _save_epoch(self, epoch: int) -> None:
+        try:
+            await self._store.call(self._store.store.save_epoch, epoch)
+        except StorageUnavailable:
+            # Not durable (a full disk): the next reply writes it again, rather than every reply
+            # failing on this one write for ever once the disk is back.
+            if self._saved_epoch == epoch:
+                self._saved_epoch = epoch - 1
+            raise
 
     def admit(self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None) -> PeerIdentity | None:
         """The caller, if ``rpc`` is allowed to it (raises Unauthenticated / PermissionDenied)."""
@@ -122,6 +132,7 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
         record, node_id = wire.registration_from_proto(request)
+        known_epoch = wire.known_epoch_from_proto(request)
         # Secured, the id must be the certificate's (``authorize_tracker``): one node, one id.
         self.admit(context, "Register", node_id)
         try:
@@ -130,7 +141,13 @@ class TrackerServicer(services.TrackerServicer):
             await self.persist_epoch()  # a stale entry at its address may have left routes
             logger.warning("%s", refused.message)
             raise
-        await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
+        self._registry.adopt_epoch(known_epoch)  # after a restart without our state: above the node's
+        try:
+            await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
+        except StorageUnavailable as error:
+            # The table of nodes seen is history, not what routes read: a full disk must not
+            # keep a node out. The epoch below is what must be durable before the reply.
+            logger.warning("node %s registered but not recorded: %s", node_id, error.message)
         await self.persist_epoch()
         logger.info(
             "node %s registered: %s layers %s of %s (certification %s)",

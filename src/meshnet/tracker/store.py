@@ -9,14 +9,21 @@ retryable across a tracker crash.
 
 Live node state (heartbeats, load) is deliberately not stored: after a restart nodes
 re-register within one heartbeat, and stale liveness would only route to the dead.
+
+The file is checked before first use and refused when damaged, and SQLite's storage failures
+leave as typed errors (``sqlite_guard``): a full disk is "retry", never "refused". The epoch is
+kept a second time beside the file (``epoch_file``), so an emptied database does not restart it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +33,10 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import NodeWork, WorkRecord
+from meshnet.tracker.epoch_file import EpochFile, epoch_file_beside
+from meshnet.tracker.sqlite_guard import check_integrity, translated
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 """2: work records may be ``unverified`` (DGR-013); a version-1 file is migrated on open."""
@@ -132,24 +143,57 @@ def work_fingerprint(record: WorkRecord) -> str:
 
 
 class SqliteTrackerStore:
-    """``TrackerStore`` in one SQLite file. Safe to call from any one thread at a time."""
+    """``TrackerStore`` in one SQLite file. Safe to call from any one thread at a time.
+
+    Opening refuses a damaged file (``StorageDamaged``); every call raises ``StorageUnavailable``
+    when the disk fails it (full, I/O error, locked), having stored nothing.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN ourselves, so each write is exactly one transaction.
-        self._connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.path = path
+        self._epoch_file = EpochFile(epoch_file_beside(path))
         self._lock = threading.Lock()
-        with self._lock:
-            self._connection.execute("PRAGMA journal_mode=WAL")
-            # FULL: a commit is on disk before we acknowledge it (reliability.md, K1).
-            self._connection.execute("PRAGMA synchronous=FULL")
-            self._connection.execute("PRAGMA foreign_keys=ON")
-            self._connection.executescript(_SCHEMA)
-            self._connection.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?), ('epoch', 0)",
-                (SCHEMA_VERSION,),
+        with translated(path):
+            # isolation_level=None: we issue BEGIN ourselves, so each write is exactly one transaction.
+            self._connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            try:
+                fresh = self._open()
+            except BaseException:
+                self._connection.close()
+                raise
+        self._file_epoch = self._epoch_file.load()
+        if fresh and self._file_epoch > 0:
+            logger.warning(
+                "the tracker database %s is new or empty, but %s says the epoch was %d: the epoch "
+                "continues from there; work records and quarantines stored before are not in this file",
+                path,
+                self._epoch_file.path,
+                self._file_epoch,
             )
-            self._migrate()
+
+    def _open(self) -> bool:
+        """Check, configure and bring the file to this schema; True if it held no tables yet."""
+        connection = self._connection
+        check_integrity(connection, self.path)  # before anything reads or writes it
+        fresh = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        connection.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit is on disk before we acknowledge it (reliability.md, K1).
+        connection.execute("PRAGMA synchronous=FULL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        connection.executescript(_SCHEMA)
+        connection.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?), ('epoch', 0)",
+            (SCHEMA_VERSION,),
+        )
+        self._migrate()
+        return bool(fresh)
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held alone, with SQLite's storage failures typed."""
+        with self._lock, translated(self.path):
+            yield self._connection
 
     def _migrate(self) -> None:
         """Bring a version-1 file to this schema: SQLite cannot alter a CHECK, so the table of
@@ -174,17 +218,21 @@ class SqliteTrackerStore:
             connection.execute("PRAGMA foreign_keys=ON")
 
     def load_epoch(self) -> int:
-        with self._lock:
-            row = self._connection.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
-        return int(row[0])
+        """The larger of the database's epoch and the epoch file's."""
+        with self._using() as connection:
+            row = connection.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+        return max(int(row[0]), self._file_epoch)
 
     def save_epoch(self, epoch: int) -> None:
-        with self._lock:
-            self._connection.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'epoch'", (epoch,))
+        with self._using() as connection:
+            connection.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'epoch'", (epoch,))
+            if epoch > self._file_epoch:
+                self._epoch_file.save(epoch)
+                self._file_epoch = epoch
 
     def record_node(self, node_id: NodeId, record: NodeRecord, seen_at: float) -> None:
-        with self._lock:
-            self._connection.execute(
+        with self._using() as connection:
+            connection.execute(
                 """INSERT INTO nodes(node_id, address, model, fingerprint, layer_start, layer_stop,
                                      registration_json, first_seen, last_registered)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -209,8 +257,7 @@ class SqliteTrackerStore:
 
     def record_work(self, record: WorkRecord, recorded_at: float) -> bool:
         digest = work_fingerprint(record)
-        with self._lock:
-            connection = self._connection
+        with self._using() as connection:
             # IMMEDIATE takes the write lock now, so the duplicate check and the insert are atomic
             # even against another process writing the same file.
             connection.execute("BEGIN IMMEDIATE")
@@ -230,25 +277,27 @@ class SqliteTrackerStore:
                 self._insert_work(record, recorded_at, digest)
                 connection.execute("COMMIT")
             except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
+                # A failed disk may fail the rollback too; SQLite rolls back on its own then.
+                with contextlib.suppress(sqlite3.Error):
+                    if connection.in_transaction:
+                        connection.execute("ROLLBACK")
                 raise
         return True
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None:
-        with self._lock:
-            row = self._connection.execute(
+        with self._using() as connection:
+            row = connection.execute(
                 f"SELECT {_WORK_COLUMNS} FROM work_records WHERE request_id = ?", (request_id,)
             ).fetchone()
             return None if row is None else self._work_from_row(row)
 
     def list_work(self) -> list[WorkRecord]:
-        with self._lock:
-            rows = self._connection.execute(f"SELECT {_WORK_COLUMNS} FROM work_records ORDER BY rowid").fetchall()
+        with self._using() as connection:
+            rows = connection.execute(f"SELECT {_WORK_COLUMNS} FROM work_records ORDER BY rowid").fetchall()
             return [self._work_from_row(row) for row in rows]
 
     def quarantine_node(self, node_id: NodeId, reason: str, request_id: RequestId | None, at: float) -> bool:
-        with self._lock, self._connection as connection:
+        with self._using() as held, held as connection:
             connection.execute(
                 "INSERT OR REPLACE INTO quarantined_nodes (node_id, reason, request_id, since) VALUES (?, ?, ?, ?)",
                 (node_id, reason, request_id, at),
@@ -263,12 +312,12 @@ class SqliteTrackerStore:
             return bool(marked)
 
     def clear_quarantine(self, node_id: NodeId) -> None:
-        with self._lock, self._connection as connection:
+        with self._using() as held, held as connection:
             connection.execute("DELETE FROM quarantined_nodes WHERE node_id = ?", (node_id,))
 
     def quarantined_nodes(self) -> tuple[NodeId, ...]:
-        with self._lock:
-            rows = self._connection.execute("SELECT node_id FROM quarantined_nodes ORDER BY since").fetchall()
+        with self._using() as connection:
+            rows = connection.execute("SELECT node_id FROM quarantined_nodes ORDER BY since").fetchall()
         return tuple(NodeId(row[0]) for row in rows)
 
     def close(self) -> None:

@@ -4,6 +4,11 @@ A servicer aborts with the status of the reliability design's status contract an
 error's machine-readable ``code`` and ``retryable`` in trailing metadata; a caller rebuilds the
 same typed error from a ``grpc.RpcError``. gRPC's own DEADLINE_EXCEEDED / UNAVAILABLE / CANCELLED
 (raised by the library, so without our metadata) become DeadlineExceeded / Unavailable / Cancelled.
+
+Storage failures are typed too (the tracker's store turns SQLite's errors into them): a disk
+that is full, failing or locked is UNAVAILABLE with code ``storage_unavailable`` (retry: nothing
+was stored), a database that fails its integrity check DATA_LOSS with code ``storage_damaged``.
+Neither is a refusal of what the caller sent, so a caller keeps it and tries again.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from meshnet.core.errors import (
     MeshnetError,
     PermissionDenied,
     ResourceExhausted,
+    StorageDamaged,
+    StorageUnavailable,
     Unauthenticated,
     Unavailable,
 )
@@ -32,8 +39,12 @@ ERROR_CODE_KEY = "meshnet-error-code"
 RETRYABLE_KEY = "meshnet-retryable"
 
 # Order matters only between a class and its subclasses; these bases are disjoint, and
-# ArtifactError, RouteStale and NoRoute follow their bases.
+# ArtifactError, RouteStale and NoRoute follow their bases. The storage errors are listed for
+# the reader (their bases map them the same way); they come first so the reverse map below
+# keeps the bases for a bare status.
 _STATUS_BY_TYPE: tuple[tuple[type[MeshnetError], grpc.StatusCode], ...] = (
+    (StorageUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (StorageDamaged, grpc.StatusCode.DATA_LOSS),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (IntegrityError, grpc.StatusCode.DATA_LOSS),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),

@@ -29,17 +29,29 @@ from meshnet.security.policy import Revocations, Verdict
 __all__ = ["ANY_WORKER_NAME", "TRACKER_NAME", "LinkSecurity", "fetch_pinned_ca", "hop_server_name"]
 
 
+KEEPALIVE_TIME_MS = 1_000
+"""A link pings its peer after this long without hearing from it."""
+PING_TIMEOUT_MS = 1_500
+"""An unanswered ping ends the link (every stream on it UNAVAILABLE) after this long."""
+
+
 def link_options(max_frame_bytes: int) -> list[tuple[str, Any]]:
     """Options of every channel and server that carries frames of up to ``max_frame_bytes``."""
     return [
         ("grpc.max_send_message_length", max_frame_bytes),
         ("grpc.max_receive_message_length", max_frame_bytes),
-        # Find a silently dead peer (a link down, black-holed traffic) within ~2.5 s, not at the
-        # TCP timeout: a failover must start well inside the 5 s a user will wait (measured in the
-        # lab: with 10 s + 5 s a cut link ended its request only after 6.4 s). A PING a second
-        # per connection is a few bytes.
-        ("grpc.keepalive_time_ms", 1_000),
-        ("grpc.keepalive_timeout_ms", 1_500),
+        # Find a silently dead peer (a link down, black-holed traffic, a frozen process whose
+        # kernel still acknowledges its TCP segments) within ~2.5 s, not at the TCP timeout: a
+        # failover must start well inside the 5 s a user will wait. A PING a second per
+        # connection is a few bytes; the peer's gRPC threads answer it without its Python, so a
+        # busy engine never misses one.
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", PING_TIMEOUT_MS),
+        # grpc 1.85 ends an unanswered keepalive ping after ``ping_timeout_ms`` (60 s by default),
+        # not after ``keepalive_timeout_ms``: measured with a SIGSTOPped peer under an open stream,
+        # without it the stream ended 61.0 s after the freeze (a hung middle went unnoticed for 61 s
+        # mid-request), with it 2.5 s after.
+        ("grpc.http2.ping_timeout_ms", PING_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # Worker servers take these options too: they must accept the pings above, or after ~30 s

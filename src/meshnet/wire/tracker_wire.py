@@ -32,6 +32,9 @@ from meshnet.wire.generated import tracker_pb2 as pb
 from meshnet.wire.node_wire import capability_from_proto, capability_to_proto, record_from_proto, record_to_proto
 
 MAX_EXCLUDED = 1024
+MAX_KNOWN_EPOCH = 2**62
+"""Half a frame's largest route epoch (``frames.MAX_EPOCH``): moving above a reported epoch
+leaves the epoch room to grow for ever."""
 
 
 def node_id_from_proto(text: str) -> NodeId:
@@ -42,8 +45,8 @@ def node_id_from_proto(text: str) -> NodeId:
 # --- Register -----------------------------------------------------------------------------------
 
 
-def registration_to_proto(record: NodeRecord, node_id: NodeId) -> pb.NodeRegistration:
-    return pb.NodeRegistration(record=record_to_proto(record), node_id=node_id)
+def registration_to_proto(record: NodeRecord, node_id: NodeId, known_epoch: int = 0) -> pb.NodeRegistration:
+    return pb.NodeRegistration(record=record_to_proto(record), node_id=node_id, known_epoch=known_epoch)
 
 
 def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRecord, NodeId]:
@@ -53,6 +56,13 @@ def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRecord, N
     if not message.node_id:
         raise InvalidArgument("a registration names its node id")
     return record_from_proto(message.record), check_node_id(message.node_id)
+
+
+def known_epoch_from_proto(message: pb.NodeRegistration) -> int:
+    """The highest epoch the registering node was told (0: none), at most ``MAX_KNOWN_EPOCH``."""
+    if message.known_epoch > MAX_KNOWN_EPOCH:
+        raise InvalidArgument(f"known_epoch {message.known_epoch} is beyond any epoch a tracker hands out")
+    return int(message.known_epoch)
 
 
 def registered_to_proto(registered: Registered) -> pb.RegisterReply:

@@ -104,7 +104,16 @@ def _parse(command: tuple[str, ...]) -> Any:
 
 @st.composite
 def workers(draw: st.DrawFn) -> WorkerConfig:
-    values = draw(_fields(WorkerConfig, advertise=st.none() | ADDRESS, port=st.integers(0, 65535)))
+    values = draw(
+        _fields(
+            WorkerConfig,
+            advertise=st.none() | ADDRESS,
+            port=st.integers(0, 65535),
+            session_share=st.floats(min_value=1e-3, max_value=1.0),
+            session_min_rate=POSITIVE,
+            session_grace=POSITIVE,
+        )
+    )
     # The worker's own rules, met rather than filtered out: auto asks a tracker within a budget,
     # --model-id fetches through a tracker, a fake model needs no GGUF.
     if values["layer_choice"].fixed is None or values["model_id"] is not None:

@@ -95,3 +95,25 @@ async def test_without_the_fix_asyncio_would_report_it() -> None:
         del task
         await collected()
         assert [c["message"] for c in reported] == ["Task exception was never retrieved"]
+
+
+class HungLink(ClosingLink):
+    """A downstream stream whose next shard is hung in a step: it never ends its side."""
+
+    async def finish_writing(self) -> None:
+        return None
+
+
+async def test_a_close_cancelled_during_its_grace_still_cancels_the_downstream_stream() -> None:
+    # The upstream gives up on this shard after the same 1 s grace this shard gives the next
+    # one; cancelled then, the close must still cancel the link, or a hung next shard keeps the
+    # session (and its KV) until it shuts down.
+    link = HungLink()
+    leg = RingLeg()
+    leg.start(link)
+    closing = asyncio.ensure_future(leg.close(link))
+    await asyncio.sleep(0.05)
+    closing.cancel()
+    await asyncio.wait({closing})
+    assert link.cancelled
+    assert leg.watch is not None and leg.watch.cancelled()

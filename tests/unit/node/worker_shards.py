@@ -43,16 +43,24 @@ from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard, build_shard
-from meshnet.session.admission import AdmissionPolicy, CapacityPlan
+from meshnet.session.admission import AdmissionPolicy, CapacityPlan, PeerBounds
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
 
+USUAL_PEERS = PeerBounds(share=0.5, min_token_rate=0.5, grace=60.0)
+"""The worker's default peer bounds (``WorkerConfig.session_*``)."""
+
 
 def admission_policy(
-    max_sessions: int, *, max_queue: int = 64, evict_idle_after: float = 30.0, ttl: float = 600.0
+    max_sessions: int,
+    *,
+    max_queue: int = 64,
+    evict_idle_after: float = 30.0,
+    ttl: float = 600.0,
+    peers: PeerBounds = USUAL_PEERS,
 ) -> AdmissionPolicy:
     """An admission policy with the worker's usual limits unless a test says otherwise."""
-    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl)
+    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl, peers)
 
 
 N_LAYERS = 6

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from meshnet.core.errors import ContextLengthExceeded, InvalidArgument, MeshnetError, NoRoute, Unavailable
+from meshnet.core.errors import (
+    ContextLengthExceeded,
+    InvalidArgument,
+    MeshnetError,
+    NoRoute,
+    StepTimedOut,
+    Unavailable,
+)
 from meshnet.core.events import RouteAccepted, RouteHealth, RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
@@ -157,6 +164,25 @@ async def test_untyped_error_with_every_hop_alive_fails_the_request(monkeypatch:
     assert "a bug" in str(failure(await collect(swarm)))
     assert tracker.excludes == [frozenset()]
     assert tracker.reports[0].status == "failed" and tracker.reports[0].tokens_out == 2
+
+
+async def test_a_step_timeout_with_every_hop_alive_avoids_the_whole_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A hop hung in its engine still answers its health check: the route as a whole is avoided,
+    # else the tracker would hand the session the same shards (and the hung hop) again.
+    tracker = FakeTracker()
+    driver = FakeDriver({NodeId("a"): StepTimedOut("no answer to step 3 within 5.9 s")})
+    events = await collect(client(tracker, driver, monkeypatch, dead=set()))
+    assert tracker.excludes == [frozenset(), {NodeId("head"), NodeId("a"), NodeId("tail")}]
+    assert [e.hops[1].node_id for e in events if isinstance(e, RouteAccepted)] == ["a", "b"]
+    assert tokens(events) == 6 and driver.histories == [(), (100, 101)]
+
+
+async def test_a_step_timeout_with_a_dead_hop_avoids_only_that_hop(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracker = FakeTracker()
+    driver = FakeDriver({NodeId("a"): StepTimedOut("no answer to step 3 within 5.9 s")})
+    events = await collect(client(tracker, driver, monkeypatch, dead={"a"}))
+    assert tracker.excludes == [frozenset(), {NodeId("a")}]
+    assert tokens(events) == 6
 
 
 async def test_client_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:

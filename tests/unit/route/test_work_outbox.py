@@ -4,7 +4,7 @@ removed once acknowledged; a request cut off mid-way leaves an ``unverified`` re
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from meshnet.core.tracking import NodeWork, WorkRecord
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
-FAST = ReportPolicy(timeout_s=0.1, retry_for_s=0.2, backoff_s=(0.01, 0.02), drain_s=0.5)
+FAST = ReportPolicy(timeout_s=0.1, backoff_s=(0.01, 0.02), drain_s=0.5)
 
 
 def record(request_id: str, status: str = "completed", tokens_out: int = 4) -> WorkRecord:
@@ -94,7 +94,7 @@ async def test_a_replayed_record_the_tracker_already_has_is_stored_once(tmp_path
 
 async def test_cancelling_the_drain_still_leaves_the_record_on_disk(tmp_path: Path) -> None:
     outbox = WorkOutbox(tmp_path / "outbox.sqlite3")
-    reporter = WorkReporter(Tracker(down=True), replace(FAST, retry_for_s=60.0), outbox)
+    reporter = WorkReporter(Tracker(down=True), FAST, outbox)
     reporter.file(record("late"))
     await asyncio.sleep(0)
     await reporter.drain(timeout_s=0.0)

@@ -6,16 +6,24 @@ import pytest
 
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
 from meshnet.core.ids import SessionId
-from meshnet.session.admission import AdmissionPolicy
+from meshnet.session.admission import AdmissionPolicy, PeerBounds
 from meshnet.session.table import Session, SessionTable
 from meshnet.wire.frames import StepResult
 
+USUAL_PEERS = PeerBounds(share=0.5, min_token_rate=0.5, grace=60.0)
+"""The worker's default peer bounds (``WorkerConfig.session_*``)."""
+
 
 def admission_policy(
-    max_sessions: int, *, max_queue: int = 64, evict_idle_after: float = 30.0, ttl: float = 600.0
+    max_sessions: int,
+    *,
+    max_queue: int = 64,
+    evict_idle_after: float = 30.0,
+    ttl: float = 600.0,
+    peers: PeerBounds = USUAL_PEERS,
 ) -> AdmissionPolicy:
     """An admission policy with the worker's usual limits unless a test says otherwise."""
-    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl)
+    return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl, peers)
 
 
 class Clock:
@@ -86,7 +94,7 @@ def test_a_busy_session_is_never_evicted() -> None:
     first, _ = open_session(table, "a")
     first.busy = True
     clock.now = 100.0
-    with pytest.raises(ResourceExhausted, match="KV slots hold active sessions"):
+    with pytest.raises(ResourceExhausted, match="KV slots are taken"):
         open_session(table, "b")
     assert table.get(SessionId("a")) is first
 
@@ -148,3 +156,40 @@ def test_expiry_names_idle_sessions_past_their_ttl_but_not_busy_ones() -> None:
     assert table.expired() == [SessionId("idle")]
     table.record(idle, step=0, next_position=1, result=result("idle", 0, 1))  # a step renews it
     assert table.expired() == []
+
+
+def test_one_certificate_is_bounded_and_its_trickle_cannot_hold_a_slot_for_ever() -> None:
+    """Finding 4 of issue 29: a worker certificate filled a shard and kept every slot with one
+    step every 10 s. Here it may fill the free slots, gives one back to a newcomer under its
+    share, is refused at its bound, and its trickled session is evicted once out of budget."""
+    clock = Clock()
+    peers = PeerBounds(share=0.5, min_token_rate=1.0, grace=10.0)
+    table = SessionTable[str](admission_policy(2, evict_idle_after=30.0, peers=peers), clock=clock)
+    first, _ = table.open(SessionId("a1"), 0, 0, lambda: "a", opener="attacker")
+    second, _ = table.open(SessionId("a2"), 0, 0, lambda: "a", opener="attacker")  # past its share: a slot was free
+    assert first.opener == "attacker" and table.free_slots == 0
+    clock.now = 1.0
+    table.record(first, step=0, next_position=1, result=result("a1", 0, 1))
+    table.record(second, step=0, next_position=1, result=result("a2", 0, 1))
+    _, evicted = table.open(SessionId("u1"), 0, 0, lambda: "user", opener="head")
+    assert evicted is first  # the attacker was over its bound of 1: its least recently used goes
+    with pytest.raises(ResourceExhausted, match="at or over its bound of 1"):
+        table.open(SessionId("a3"), 0, 0, lambda: "a", opener="attacker")
+    table.close(SessionId("u1"))
+    user, _ = table.open(SessionId("u1"), 0, 0, lambda: "user", opener="head")
+    # The user's session decodes on (10 positions/s); the attacker's sends one position every 5 s:
+    # never idle for the 30 s eviction, but slower than 1 position/s.
+    refused_at = []
+    for step in range(1, 10):
+        clock.now = 1.0 + 5.0 * step
+        table.record(second, step=step, next_position=1 + step, result=result("a2", step, 1 + step))
+        table.record(user, step=step, next_position=50 * step, result=result("u1", step, 50 * step))
+        try:
+            _, evicted = table.open(SessionId(f"v{step}"), 0, 0, lambda: "user", opener="other")
+        except ResourceExhausted:
+            refused_at.append(clock.now)
+            continue
+        break
+    assert evicted is second
+    # Out of budget once now - 0 > 10 + positions / 1: at 16 s it holds 4 positions (14 s of budget).
+    assert refused_at == [6.0, 11.0] and clock.now == 16.0

@@ -25,6 +25,8 @@ from meshnet.core.errors import (
     NoRoute,
     ResourceExhausted,
     RouteStale,
+    StorageDamaged,
+    StorageUnavailable,
     Unavailable,
     UnsupportedArchitecture,
 )
@@ -59,6 +61,8 @@ CONTRACT = [
     (CacheMiss, S.NOT_FOUND),
     (Unavailable, S.UNAVAILABLE),
     (NoRoute, S.UNAVAILABLE),
+    (StorageUnavailable, S.UNAVAILABLE),  # a full disk is "retry", never a refusal (issue 29, #8)
+    (StorageDamaged, S.DATA_LOSS),
     (DeadlineExceeded, S.DEADLINE_EXCEEDED),
     (Cancelled, S.CANCELLED),
     (CertificationFailed, S.INTERNAL),

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from meshnet.wire.generated import node_pb2 as meshnet_dot_v1_dot_node__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18meshnet/v1/tracker.proto\x12\nmeshnet.v1\x1a\x15meshnet/v1/node.proto\"\xe4\x01\n\x10NodeRegistration\x12&\n\x06record\x18\r \x01(\x0b\x32\x16.meshnet.v1.NodeRecord\x12\x0f\n\x07node_id\x18\x0c \x01(\tJ\x04\x08\x01\x10\x0cJ\x04\x08<\x10=R\x07\x61\x64\x64ressR\x06recipeR\x0b\x66ingerprintR\x05modelR\x0cquantizationR\x0blayer_startR\nlayer_stopR\x08hardwareR\x0cmax_sessionsR\x08measuredR\tcertifiedR\x12\x65xpert_group_nodes\"N\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\xeb\x01\n\rNodeHeartbeat\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63tive_sessions\x18\x02 \x01(\r\x12\x15\n\rfree_sessions\x18\x03 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x18\n\x10kv_used_fraction\x18\x05 \x01(\x01\x12&\n\x05peers\x18\x07 \x03(\x0b\x32\x17.meshnet.v1.PeerLatency\x12\x19\n\x11memory_used_bytes\x18\x32 \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x33 \x01(\x04J\x04\x08\x06\x10\x07R\x04load\".\n\x0bPeerLatency\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\"U\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05probe\x18\x03 \x03(\tJ\x04\x08\x14\x10\x15R\x10revoked_node_ids\"\x19\n\x17WatchRevocationsRequest\"*\n\x0eRevocationList\x12\x18\n\x10revoked_node_ids\x18\x01 \x03(\t\"f\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x18\n\x10\x65xclude_node_ids\x18\x03 \x03(\tJ\x04\x08\x04\x10\x05R\x13require_start_layer\"\xb4\x02\n\nRouteReply\x12(\n\x04hops\x18\x01 \x03(\x0b\x32\x1a.meshnet.v1.RouteReply.Hop\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0cquantization\x18\x04 \x01(\t\x12\x10\n\x08n_layers\x18\x05 \x01(\r\x12\x1e\n\x16\x65stimated_ms_per_token\x18\x06 \x01(\x01\x1a\x95\x01\n\x03Hop\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x12\n\nlayer_stop\x18\x04 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12.\n\ncapability\x18\x06 \x01(\x0b\x32\x1a.meshnet.v1.NodeCapability\"\xed\x03\n\nWorkRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.meshnet.v1.WorkRecord.Status\x12\x11\n\ttokens_in\x18\x05 \x01(\x04\x12\x12\n\ntokens_out\x18\x06 \x01(\x04\x12\x35\n\x0b\x61ttribution\x18\x07 \x03(\x0b\x32 .meshnet.v1.WorkRecord.NodeShare\x12\x15\n\rbilling_units\x18\x08 \x01(\x01\x12\x19\n\x11started_at_unix_s\x18\t \x01(\x01\x12\x1a\n\x12\x66inished_at_unix_s\x18\n \x01(\x01\x1aU\n\tNodeShare\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0blayer_start\x18\x02 \x01(\r\x12\x12\n\nlayer_stop\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"v\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10STATUS_COMPLETED\x10\x01\x12\x14\n\x10STATUS_CANCELLED\x10\x02\x12\x11\n\rSTATUS_FAILED\x10\x03\x12\x15\n\x11STATUS_UNVERIFIED\x10\x04\"0\n\x07WorkAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xd4\x01\n\tModelList\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.meshnet.v1.ModelList.Model\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x1a\x8a\x01\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x14\n\x0cquantization\x18\x03 \x01(\t\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x01(\r\x12\x10\n\x08routable\x18\x06 \x01(\x08\x12\x15\n\rhead_sessions\x18\x07 \x01(\r\"$\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"/\n\x0f\x44\x65registerReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"W\n\x11QuarantineRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"F\n\x0fQuarantineReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x15\n\rrecord_marked\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\xbf\x01\n\x16LayerSuggestionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x03(\x04\x12\x1a\n\x12kv_bytes_per_layer\x18\x03 \x01(\x04\x12\x12\n\nhead_bytes\x18\x04 \x01(\x04\x12\x12\n\ntail_bytes\x18\x05 \x01(\x04\x12\x13\n\x0b\x66ixed_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62udget_bytes\x18\x07 \x01(\x04\x12\x12\n\ntied_bytes\x18\x08 \x01(\x04\"O\n\x14LayerSuggestionReply\x12\x13\n\x0blayer_start\x18\x01 \x01(\r\x12\x12\n\nlayer_stop\x18\x02 \x01(\r\x12\x0e\n\x06reason\x18\x03 \x01(\t2\x94\x05\n\x07Tracker\x12\x43\n\x08Register\x12\x1c.meshnet.v1.NodeRegistration\x1a\x19.meshnet.v1.RegisterReply\x12\x42\n\tHeartbeat\x12\x19.meshnet.v1.NodeHeartbeat\x1a\x1a.meshnet.v1.HeartbeatReply\x12?\n\x0b\x43hooseRoute\x12\x18.meshnet.v1.RouteRequest\x1a\x16.meshnet.v1.RouteReply\x12\x39\n\nReportWork\x12\x16.meshnet.v1.WorkRecord\x1a\x13.meshnet.v1.WorkAck\x12\x42\n\nListModels\x12\x1d.meshnet.v1.ListModelsRequest\x1a\x15.meshnet.v1.ModelList\x12H\n\nDeregister\x12\x1d.meshnet.v1.DeregisterRequest\x1a\x1b.meshnet.v1.DeregisterReply\x12H\n\nQuarantine\x12\x1d.meshnet.v1.QuarantineRequest\x1a\x1b.meshnet.v1.QuarantineReply\x12U\n\rSuggestLayers\x12\".meshnet.v1.LayerSuggestionRequest\x1a .meshnet.v1.LayerSuggestionReply\x12U\n\x10WatchRevocations\x12#.meshnet.v1.WatchRevocationsRequest\x1a\x1a.meshnet.v1.RevocationList0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18meshnet/v1/tracker.proto\x12\nmeshnet.v1\x1a\x15meshnet/v1/node.proto\"\xf9\x01\n\x10NodeRegistration\x12&\n\x06record\x18\r \x01(\x0b\x32\x16.meshnet.v1.NodeRecord\x12\x0f\n\x07node_id\x18\x0c \x01(\t\x12\x13\n\x0bknown_epoch\x18\x0e \x01(\x04J\x04\x08\x01\x10\x0cJ\x04\x08<\x10=R\x07\x61\x64\x64ressR\x06recipeR\x0b\x66ingerprintR\x05modelR\x0cquantizationR\x0blayer_startR\nlayer_stopR\x08hardwareR\x0cmax_sessionsR\x08measuredR\tcertifiedR\x12\x65xpert_group_nodes\"N\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\xeb\x01\n\rNodeHeartbeat\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x63tive_sessions\x18\x02 \x01(\r\x12\x15\n\rfree_sessions\x18\x03 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x18\n\x10kv_used_fraction\x18\x05 \x01(\x01\x12&\n\x05peers\x18\x07 \x03(\x0b\x32\x17.meshnet.v1.PeerLatency\x12\x19\n\x11memory_used_bytes\x18\x32 \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x33 \x01(\x04J\x04\x08\x06\x10\x07R\x04load\".\n\x0bPeerLatency\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06rtt_ms\x18\x02 \x01(\x01\"U\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05probe\x18\x03 \x03(\tJ\x04\x08\x14\x10\x15R\x10revoked_node_ids\"\x19\n\x17WatchRevocationsRequest\"*\n\x0eRevocationList\x12\x18\n\x10revoked_node_ids\x18\x01 \x03(\t\"f\n\x0cRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x18\n\x10\x65xclude_node_ids\x18\x03 \x03(\tJ\x04\x08\x04\x10\x05R\x13require_start_layer\"\xb4\x02\n\nRouteReply\x12(\n\x04hops\x18\x01 \x03(\x0b\x32\x1a.meshnet.v1.RouteReply.Hop\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0cquantization\x18\x04 \x01(\t\x12\x10\n\x08n_layers\x18\x05 \x01(\r\x12\x1e\n\x16\x65stimated_ms_per_token\x18\x06 \x01(\x01\x1a\x95\x01\n\x03Hop\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x12\n\nlayer_stop\x18\x04 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\x12.\n\ncapability\x18\x06 \x01(\x0b\x32\x1a.meshnet.v1.NodeCapability\"\xed\x03\n\nWorkRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12-\n\x06status\x18\x04 \x01(\x0e\x32\x1d.meshnet.v1.WorkRecord.Status\x12\x11\n\ttokens_in\x18\x05 \x01(\x04\x12\x12\n\ntokens_out\x18\x06 \x01(\x04\x12\x35\n\x0b\x61ttribution\x18\x07 \x03(\x0b\x32 .meshnet.v1.WorkRecord.NodeShare\x12\x15\n\rbilling_units\x18\x08 \x01(\x01\x12\x19\n\x11started_at_unix_s\x18\t \x01(\x01\x12\x1a\n\x12\x66inished_at_unix_s\x18\n \x01(\x01\x1aU\n\tNodeShare\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0blayer_start\x18\x02 \x01(\r\x12\x12\n\nlayer_stop\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\"v\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10STATUS_COMPLETED\x10\x01\x12\x14\n\x10STATUS_CANCELLED\x10\x02\x12\x11\n\rSTATUS_FAILED\x10\x03\x12\x15\n\x11STATUS_UNVERIFIED\x10\x04\"0\n\x07WorkAck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xd4\x01\n\tModelList\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.meshnet.v1.ModelList.Model\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x1a\x8a\x01\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x14\n\x0cquantization\x18\x03 \x01(\t\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x01(\r\x12\x10\n\x08routable\x18\x06 \x01(\x08\x12\x15\n\rhead_sessions\x18\x07 \x01(\r\"$\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"/\n\x0f\x44\x65registerReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"W\n\x11QuarantineRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05\x63lear\x18\x04 \x01(\x08\"F\n\x0fQuarantineReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x15\n\rrecord_marked\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\xbf\x01\n\x16LayerSuggestionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x03(\x04\x12\x1a\n\x12kv_bytes_per_layer\x18\x03 \x01(\x04\x12\x12\n\nhead_bytes\x18\x04 \x01(\x04\x12\x12\n\ntail_bytes\x18\x05 \x01(\x04\x12\x13\n\x0b\x66ixed_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62udget_bytes\x18\x07 \x01(\x04\x12\x12\n\ntied_bytes\x18\x08 \x01(\x04\"O\n\x14LayerSuggestionReply\x12\x13\n\x0blayer_start\x18\x01 \x01(\r\x12\x12\n\nlayer_stop\x18\x02 \x01(\r\x12\x0e\n\x06reason\x18\x03 \x01(\t2\x94\x05\n\x07Tracker\x12\x43\n\x08Register\x12\x1c.meshnet.v1.NodeRegistration\x1a\x19.meshnet.v1.RegisterReply\x12\x42\n\tHeartbeat\x12\x19.meshnet.v1.NodeHeartbeat\x1a\x1a.meshnet.v1.HeartbeatReply\x12?\n\x0b\x43hooseRoute\x12\x18.meshnet.v1.RouteRequest\x1a\x16.meshnet.v1.RouteReply\x12\x39\n\nReportWork\x12\x16.meshnet.v1.WorkRecord\x1a\x13.meshnet.v1.WorkAck\x12\x42\n\nListModels\x12\x1d.meshnet.v1.ListModelsRequest\x1a\x15.meshnet.v1.ModelList\x12H\n\nDeregister\x12\x1d.meshnet.v1.DeregisterRequest\x1a\x1b.meshnet.v1.DeregisterReply\x12H\n\nQuarantine\x12\x1d.meshnet.v1.QuarantineRequest\x1a\x1b.meshnet.v1.QuarantineReply\x12U\n\rSuggestLayers\x12\".meshnet.v1.LayerSuggestionRequest\x1a .meshnet.v1.LayerSuggestionReply\x12U\n\x10WatchRevocations\x12#.meshnet.v1.WatchRevocationsRequest\x1a\x1a.meshnet.v1.RevocationList0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,51 +33,51 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshnet.v1.tracker_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODEREGISTRATION']._serialized_start=64
-  _globals['_NODEREGISTRATION']._serialized_end=292
-  _globals['_REGISTERREPLY']._serialized_start=294
-  _globals['_REGISTERREPLY']._serialized_end=372
-  _globals['_NODEHEARTBEAT']._serialized_start=375
-  _globals['_NODEHEARTBEAT']._serialized_end=610
-  _globals['_PEERLATENCY']._serialized_start=612
-  _globals['_PEERLATENCY']._serialized_end=658
-  _globals['_HEARTBEATREPLY']._serialized_start=660
-  _globals['_HEARTBEATREPLY']._serialized_end=745
-  _globals['_WATCHREVOCATIONSREQUEST']._serialized_start=747
-  _globals['_WATCHREVOCATIONSREQUEST']._serialized_end=772
-  _globals['_REVOCATIONLIST']._serialized_start=774
-  _globals['_REVOCATIONLIST']._serialized_end=816
-  _globals['_ROUTEREQUEST']._serialized_start=818
-  _globals['_ROUTEREQUEST']._serialized_end=920
-  _globals['_ROUTEREPLY']._serialized_start=923
-  _globals['_ROUTEREPLY']._serialized_end=1231
-  _globals['_ROUTEREPLY_HOP']._serialized_start=1082
-  _globals['_ROUTEREPLY_HOP']._serialized_end=1231
-  _globals['_WORKRECORD']._serialized_start=1234
-  _globals['_WORKRECORD']._serialized_end=1727
-  _globals['_WORKRECORD_NODESHARE']._serialized_start=1522
-  _globals['_WORKRECORD_NODESHARE']._serialized_end=1607
-  _globals['_WORKRECORD_STATUS']._serialized_start=1609
-  _globals['_WORKRECORD_STATUS']._serialized_end=1727
-  _globals['_WORKACK']._serialized_start=1729
-  _globals['_WORKACK']._serialized_end=1777
-  _globals['_LISTMODELSREQUEST']._serialized_start=1779
-  _globals['_LISTMODELSREQUEST']._serialized_end=1798
-  _globals['_MODELLIST']._serialized_start=1801
-  _globals['_MODELLIST']._serialized_end=2013
-  _globals['_MODELLIST_MODEL']._serialized_start=1875
-  _globals['_MODELLIST_MODEL']._serialized_end=2013
-  _globals['_DEREGISTERREQUEST']._serialized_start=2015
-  _globals['_DEREGISTERREQUEST']._serialized_end=2051
-  _globals['_DEREGISTERREPLY']._serialized_start=2053
-  _globals['_DEREGISTERREPLY']._serialized_end=2100
-  _globals['_QUARANTINEREQUEST']._serialized_start=2102
-  _globals['_QUARANTINEREQUEST']._serialized_end=2189
-  _globals['_QUARANTINEREPLY']._serialized_start=2191
-  _globals['_QUARANTINEREPLY']._serialized_end=2261
-  _globals['_LAYERSUGGESTIONREQUEST']._serialized_start=2264
-  _globals['_LAYERSUGGESTIONREQUEST']._serialized_end=2455
-  _globals['_LAYERSUGGESTIONREPLY']._serialized_start=2457
-  _globals['_LAYERSUGGESTIONREPLY']._serialized_end=2536
-  _globals['_TRACKER']._serialized_start=2539
-  _globals['_TRACKER']._serialized_end=3199
+  _globals['_NODEREGISTRATION']._serialized_end=313
+  _globals['_REGISTERREPLY']._serialized_start=315
+  _globals['_REGISTERREPLY']._serialized_end=393
+  _globals['_NODEHEARTBEAT']._serialized_start=396
+  _globals['_NODEHEARTBEAT']._serialized_end=631
+  _globals['_PEERLATENCY']._serialized_start=633
+  _globals['_PEERLATENCY']._serialized_end=679
+  _globals['_HEARTBEATREPLY']._serialized_start=681
+  _globals['_HEARTBEATREPLY']._serialized_end=766
+  _globals['_WATCHREVOCATIONSREQUEST']._serialized_start=768
+  _globals['_WATCHREVOCATIONSREQUEST']._serialized_end=793
+  _globals['_REVOCATIONLIST']._serialized_start=795
+  _globals['_REVOCATIONLIST']._serialized_end=837
+  _globals['_ROUTEREQUEST']._serialized_start=839
+  _globals['_ROUTEREQUEST']._serialized_end=941
+  _globals['_ROUTEREPLY']._serialized_start=944
+  _globals['_ROUTEREPLY']._serialized_end=1252
+  _globals['_ROUTEREPLY_HOP']._serialized_start=1103
+  _globals['_ROUTEREPLY_HOP']._serialized_end=1252
+  _globals['_WORKRECORD']._serialized_start=1255
+  _globals['_WORKRECORD']._serialized_end=1748
+  _globals['_WORKRECORD_NODESHARE']._serialized_start=1543
+  _globals['_WORKRECORD_NODESHARE']._serialized_end=1628
+  _globals['_WORKRECORD_STATUS']._serialized_start=1630
+  _globals['_WORKRECORD_STATUS']._serialized_end=1748
+  _globals['_WORKACK']._serialized_start=1750
+  _globals['_WORKACK']._serialized_end=1798
+  _globals['_LISTMODELSREQUEST']._serialized_start=1800
+  _globals['_LISTMODELSREQUEST']._serialized_end=1819
+  _globals['_MODELLIST']._serialized_start=1822
+  _globals['_MODELLIST']._serialized_end=2034
+  _globals['_MODELLIST_MODEL']._serialized_start=1896
+  _globals['_MODELLIST_MODEL']._serialized_end=2034
+  _globals['_DEREGISTERREQUEST']._serialized_start=2036
+  _globals['_DEREGISTERREQUEST']._serialized_end=2072
+  _globals['_DEREGISTERREPLY']._serialized_start=2074
+  _globals['_DEREGISTERREPLY']._serialized_end=2121
+  _globals['_QUARANTINEREQUEST']._serialized_start=2123
+  _globals['_QUARANTINEREQUEST']._serialized_end=2210
+  _globals['_QUARANTINEREPLY']._serialized_start=2212
+  _globals['_QUARANTINEREPLY']._serialized_end=2282
+  _globals['_LAYERSUGGESTIONREQUEST']._serialized_start=2285
+  _globals['_LAYERSUGGESTIONREQUEST']._serialized_end=2476
+  _globals['_LAYERSUGGESTIONREPLY']._serialized_start=2478
+  _globals['_LAYERSUGGESTIONREPLY']._serialized_end=2557
+  _globals['_TRACKER']._serialized_start=2560
+  _globals['_TRACKER']._serialized_end=3220
 # @@protoc_insertion_point(module_scope)

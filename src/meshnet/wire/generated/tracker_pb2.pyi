@@ -9,12 +9,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeRegistration(_message.Message):
-    __slots__ = ("record", "node_id")
+    __slots__ = ("record", "node_id", "known_epoch")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EPOCH_FIELD_NUMBER: _ClassVar[int]
     record: _node_pb2.NodeRecord
     node_id: str
-    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id: _Optional[str] = ...) -> None: ...
+    known_epoch: int
+    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id: _Optional[str] = ..., known_epoch: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")
