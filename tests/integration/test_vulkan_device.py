@@ -8,23 +8,27 @@
   worker its route is refused by default naming both device classes, and served labelled
   ``mixed`` with its drift when the tracker opts in (``--allow-mixed-routes``).
 lavapipe is slow (about 1.6 tok/s on SmolLM2 under load), so the models are tiny synthetic ones
-but for one short SmolLM2 check.
+but for one short SmolLM2 check; llama.cpp offers it only when ``GGML_VK_VISIBLE_DEVICES`` names it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from swarm_harness import PROMPT, Swarm, read_sse, write_tiny_model
+from swarm_harness import PROMPT, Swarm, list_models, read_sse, write_tiny_model
 
 from meshnet.artifact.provision import model_path
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.core.devices import DeviceRequest
+from meshnet.core.errors import MeshnetError
 
 VULKAN_VENV = Path(__file__).resolve().parents[2] / ".venv-vulkan"
 VULKAN_MESHNET = (str(VULKAN_VENV / "bin" / "python"), "-m", "meshnet")
@@ -38,6 +42,13 @@ pytestmark = pytest.mark.skipif(
     not (VULKAN_VENV / ".meshnet-backend").exists(),
     reason="no Vulkan build of llama.cpp: `make vulkan` (root with apt-get) installs lavapipe, builds .venv-vulkan",
 )
+
+
+@pytest.fixture(autouse=True)
+def lavapipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp hides CPU-type Vulkan devices (lavapipe) unless named: name it, for every
+    process these tests start."""
+    monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", "0")
 
 
 def vulkan_meshnet(data_dir: Path, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
@@ -93,6 +104,22 @@ def mixed_swarm(tmp_path: Path) -> Iterator[Swarm]:
         yield swarm
 
 
+def wait_recipes(swarm: Swarm, count: int, timeout_s: float = 30.0) -> None:
+    """Until the tracker lists ``count`` recipes of the model (a CPU one and a Vulkan one)."""
+    deadline = time.monotonic() + timeout_s
+    seen: object = None
+    while time.monotonic() < deadline:
+        try:
+            seen = asyncio.run(list_models(swarm.tracker_address, swarm.security))
+        except MeshnetError as error:  # the tracker may be restarting; the deadline bounds this
+            seen = error
+        else:
+            if sum(model.name == swarm.model_name for model in seen) == count:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the tracker never listed {count} recipes of {swarm.model_name}: {seen!r}")
+
+
 def _ask(url: str, swarm: Swarm) -> httpx.Response:
     body = {"model": swarm.model_name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
     return httpx.post(f"{url}/v1/completions", json=body, headers=swarm.auth, timeout=120)
@@ -101,9 +128,9 @@ def _ask(url: str, swarm: Swarm) -> httpx.Response:
 def test_a_cpu_and_vulkan_route_is_refused_by_default_and_served_mixed_with_the_opt_in(mixed_swarm: Swarm) -> None:
     swarm = mixed_swarm
     swarm.start_tracker()
-    swarm.start_workers("0:3", device="cpu")
-    (gpu,) = swarm.start_workers("3:6", program=VULKAN_MESHNET, device="vulkan", timeout_s=START_S)
-    swarm.wait_routable(2, routable=False)
+    swarm.start_workers("0:3", device=DeviceRequest("cpu"))
+    (gpu,) = swarm.start_workers("3:6", program=VULKAN_MESHNET, device=DeviceRequest("vulkan"), timeout_s=START_S)
+    wait_recipes(swarm, 2)
     url = swarm.start_gateway()
     refused = _ask(url, swarm)
     assert refused.status_code == 503, refused.text
@@ -113,7 +140,7 @@ def test_a_cpu_and_vulkan_route_is_refused_by_default_and_served_mixed_with_the_
 
     # The same nodes under a tracker that opts in: served, and labelled mixed with the drift.
     swarm.restart_tracker(allow_mixed_routes=True)
-    swarm.wait_routable(2, routable=False, timeout_s=30)
+    wait_recipes(swarm, 2)
     body = {"model": swarm.model_name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True}
     result = read_sse(url, "/v1/completions", body, headers=swarm.auth, timeout_s=120)
     assert result.status == 200, result.items
