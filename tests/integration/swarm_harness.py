@@ -173,11 +173,25 @@ class Swarm:
     def tracker_port(self) -> int:
         return int(self.tracker_address.rsplit(":", 1)[1])
 
-    def start_workers(self, *ranges: str, program: Sequence[str] | None = None, **fields: Any) -> list[Worker]:
+    def restart_tracker(self, **fields: Any) -> str:
+        """Stop the tracker and start it again on its port and database (``fields`` as
+        ``start_tracker``'s); the live workers re-register with it by their heartbeats."""
+        if self.tracker is not None:
+            self.tracker.stop()
+        return self.start_tracker(self.tracker_port, **fields)
+
+    def start_workers(
+        self,
+        *ranges: str,
+        program: Sequence[str] | None = None,
+        timeout_s: float = START_TIMEOUT_S,
+        **fields: Any,
+    ) -> list[Worker]:
         """Start one worker per ``A:B`` range at once; return them once each printed ready.
 
-        ``program`` replaces ``python -m meshnet`` (a test's altered worker, say); ``fields`` set
-        ``WorkerConfig`` fields over the harness's own (``n_ctx_per_session``, ``port``).
+        ``program`` replaces ``python -m meshnet`` (a test's altered worker, or another build's
+        meshnet); ``fields`` set ``WorkerConfig`` fields over the harness's own
+        (``n_ctx_per_session``, ``port``, ``device``); ``timeout_s`` bounds the wait for ready.
         """
         started = []
         for text in ranges:
@@ -201,7 +215,7 @@ class Swarm:
             worker = Worker(component, layers)
             self.workers.append(worker)
             started.append(worker)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         for worker in started:
             ready = WorkerLine.read(worker.component.await_ready(deadline))
             worker.address, worker.node_id = ready.address, ready.node_id

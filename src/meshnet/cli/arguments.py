@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.layers import LayerRange
@@ -82,9 +83,39 @@ class GenerateConfig:
     repack: bool = True
     """Let llama.cpp repack weights at load (Q4_0 here): it changes Q4_0 results, so compare with
     workers run with the same setting (--no-repack as theirs)."""
+    device: DeviceRequest = AUTO
+    """Where every shard runs: auto (the build's first GPU, else the CPU), cpu, cuda, metal, vulkan
+    or rocm, with an optional index (cuda:1)."""
+    gpu_layers: int | None = None
+    """On a GPU, offload only this many layers of each shard; none offloads them all."""
 
-    def llama_config(self) -> LlamaConfig:
-        return LlamaConfig(self.threads, self.max_sessions, self.context, self.prefill_chunk, repack=self.repack)
+    def llama_config(self, device: DeviceInfo = CPU) -> LlamaConfig:
+        return LlamaConfig(
+            self.threads,
+            self.max_sessions,
+            self.context,
+            self.prefill_chunk,
+            repack=self.repack,
+            device=device,
+            gpu_layers=self.gpu_layers,
+        )
+
+
+@dataclass(frozen=True)
+class CertifyArguments:
+    """``meshnet certify``: split == whole on this build, on one device."""
+
+    device: DeviceRequest = AUTO
+    """The device to certify: auto (the build's first GPU, else the CPU), cpu, cuda, metal, vulkan
+    or rocm, with an optional index (cuda:1)."""
+
+
+@dataclass(frozen=True)
+class DevicesArguments:
+    """``meshnet devices``: what this build offers and what certification says of each."""
+
+    certify: bool = True
+    """Certify each device (a tiny synthetic model, whole vs split); --no-certify only lists them."""
 
 
 @dataclass(frozen=True)

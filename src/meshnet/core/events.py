@@ -35,6 +35,9 @@ class RouteAccepted:
     quantization: str
     hops: tuple[RouteHop, ...]
     epoch: int
+    numerics: str = "exact"
+    """``exact``, or ``mixed`` with the measured drift of a route over several device classes
+    (``core.devices.route_numerics``)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from meshnet.core.checks import (
     MAX_LAYERS,
@@ -29,13 +28,14 @@ from meshnet.core.checks import (
     check_finite,
     check_text,
 )
+from meshnet.core.devices import DEVICE_KINDS, MAX_DEVICE_BYTES, DeviceDrift, DeviceKind
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 
-Device = Literal["cpu"]
-"""Where a node computes. Only CPUs today; a GPU node will name its device here."""
-DEVICES: tuple[Device, ...] = ("cpu",)
+Device = DeviceKind
+"""Where a node computes (``core.devices``): its device class is in its recipe too."""
+DEVICES: tuple[Device, ...] = DEVICE_KINDS
 MAX_EXPERT_GROUP_NODES = 256
 """Nodes one expert-parallel group's front may name (a group is at most one node per expert)."""
 MAX_CHECKS = 256
@@ -78,6 +78,14 @@ class NodeCapability:
     """Measured over the node's own layer range; 0 means not measured."""
     decode_tokens_per_s: float = 0.0
     """Measured over the node's own layer range, one sequence; 0 means not measured."""
+    device_name: str = ""
+    """A GPU node's device model as its driver names it; empty on the CPU."""
+    device_memory_total: int = 0
+    device_memory_free: int = 0
+    """A GPU node's device memory once its engine loaded (weights, KV and compute buffers in)."""
+    drift: DeviceDrift | None = None
+    """A GPU node's measured drift from the CPU (``engine.device_drift``); a mixed-device route
+    may include only nodes that carry one."""
 
     def __post_init__(self) -> None:
         check_count("n_ctx_per_session", self.n_ctx_per_session, MAX_POSITIONS, low=1)
@@ -90,6 +98,9 @@ class NodeCapability:
             raise InvalidArgument(f"device must be one of {DEVICES}, got {self.device!r}")
         check_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
         check_finite("decode_tokens_per_s", self.decode_tokens_per_s)
+        check_text("device_name", self.device_name, allow_empty=True)
+        check_count("device_memory_total", self.device_memory_total, MAX_DEVICE_BYTES)
+        check_count("device_memory_free", self.device_memory_free, self.device_memory_total)
 
 
 @dataclass(frozen=True)

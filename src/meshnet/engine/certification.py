@@ -27,6 +27,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.certification_models import DEFAULT_SPEC, certification_cut, certification_specs
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.core.devices import CPU, DeviceInfo
 from meshnet.core.errors import CertificationFailed, MeshnetError
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.node_record import Certification
@@ -74,15 +75,18 @@ class LogitDigests:
 
 
 def certify_llama_engine(
-    config: LlamaConfig | None = None, *, model: Path | None = None, repack: bool = True
+    config: LlamaConfig | None = None, *, model: Path | None = None, repack: bool = True, device: DeviceInfo = CPU
 ) -> CertificationReport:
     """Raise ``CertificationFailed`` unless split execution is bit-identical on this build.
 
     With ``model``, certify that model's architecture and every weight type it uses (and refuse
     one whose family or types cannot be certified); without, the default llama model.
-    ``repack``: the served load setting (``LlamaConfig.repack``), which picks the kernels.
+    ``repack``: the served load setting (``LlamaConfig.repack``), which picks the kernels;
+    ``device``: the device the worker serves on (its kernels are certified, not the CPU's).
     """
-    config = config or LlamaConfig(max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1, repack=repack)
+    config = config or LlamaConfig(
+        max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1, repack=repack, device=device
+    )
     specs = [DEFAULT_SPEC]
     if model is not None:
         try:

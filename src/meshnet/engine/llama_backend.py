@@ -24,6 +24,7 @@ from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
 from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
+from meshnet.engine.devices import device_handle
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
@@ -44,6 +45,8 @@ class _NativeCapture:
 
 
 _NATIVE = _NativeCapture()
+_ALL_LAYERS = 1 << 30
+"""``n_gpu_layers`` past a model's layer count offloads every layer and the output."""
 
 
 class LlamaBackend:
@@ -96,7 +99,7 @@ class LlamaBackend:
     def _load(self, path: Path, config: LlamaConfig) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = 0
+        self._place(model_params, config)
         # This llama.cpp chooses mmap through load_mode (AUTO maps on CPU); NONE reads into memory.
         if not config.use_mmap:
             model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
@@ -116,12 +119,30 @@ class LlamaBackend:
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         params.no_perf = True
+        # llama.cpp would send a large batch's ops on CPU-held weights to a GPU: never on a CPU
+        # recipe (it changes the arithmetic), and on a GPU recipe only as its certification ran.
+        params.op_offload = config.device.is_gpu
         self._install_capture(params)
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             llama_cpp.llama_model_free(model)
             raise EngineError(f"llama.cpp could not create a context for {path.name}")
         return model, ctx
+
+    def _place(self, model_params: llama_cpp.llama_model_params, config: LlamaConfig) -> None:
+        """Put the owned layers on ``config.device``: a NULL-terminated list naming only it, so
+        llama.cpp uses no other device (an empty list on the CPU: nothing is offloaded)."""
+        device = config.device
+        handles = [device_handle(device).value] if device.is_gpu else []
+        # Kept on self: llama.cpp reads the list while loading the model.
+        self._devices = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+        # The binding declares the field an array it never fills; the C side reads a pointer.
+        model_params.devices = ctypes.cast(self._devices, ctypes.c_void_p)  # type: ignore[assignment]
+        model_params.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+        model_params.main_gpu = 0
+        model_params.n_gpu_layers = (
+            0 if not device.is_gpu else config.gpu_layers if config.gpu_layers is not None else _ALL_LAYERS
+        )
 
     def _install_capture(self, params: llama_cpp.llama_context_params) -> None:
         """Point the eval callback at the boundary tensor: in C when possible (see native_capture)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshnet.core.devices import CPU, DeviceInfo
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -29,3 +31,9 @@ class LlamaConfig:
     """Let llama.cpp repack weights at load into its CPU kernels' layouts (its "extra buffer
     types", Q4_0 here): a copy in anonymous memory the kernels read instead of the mapping. It
     changes Q4_0 results, so it is part of the recipe; off reads every weight from the mapping."""
+    device: DeviceInfo = CPU
+    """Where the owned layers run (``engine.devices.find_device``). On the CPU nothing is offloaded,
+    not even one large op, so a CPU recipe computes what it did before GPUs were offered."""
+    gpu_layers: int | None = None
+    """On a GPU, how many of the range's layers to offload (the rest run on the CPU, when device
+    memory is short); None offloads them all."""

@@ -28,6 +28,15 @@ def _load_ggml_base() -> ctypes.CDLL:
     raise OSError(f"libggml-base not found in {lib_dir}")
 
 
+def _load_ggml() -> ctypes.CDLL:
+    """libggml: the backend registry (which devices this build offers)."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        if (lib_dir / name).exists():
+            return ctypes.CDLL(str(lib_dir / name))
+    raise OSError(f"libggml not found in {lib_dir}")
+
+
 _ggml = _load_ggml_base()
 ggml_get_name = _ggml.ggml_get_name
 ggml_get_name.argtypes = [ctypes.c_void_p]
@@ -38,6 +47,35 @@ ggml_nbytes.restype = ctypes.c_size_t
 ggml_backend_tensor_get = _ggml.ggml_backend_tensor_get
 ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
 ggml_backend_tensor_get.restype = None
+
+_registry = _load_ggml()
+ggml_backend_dev_count = _registry.ggml_backend_dev_count
+ggml_backend_dev_count.argtypes = []
+ggml_backend_dev_count.restype = ctypes.c_size_t
+ggml_backend_dev_get = _registry.ggml_backend_dev_get
+ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+ggml_backend_dev_get.restype = ctypes.c_void_p
+ggml_backend_dev_name = _ggml.ggml_backend_dev_name
+ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+ggml_backend_dev_name.restype = ctypes.c_char_p
+ggml_backend_dev_description = _ggml.ggml_backend_dev_description
+ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+ggml_backend_dev_description.restype = ctypes.c_char_p
+ggml_backend_dev_type = _ggml.ggml_backend_dev_type
+ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+ggml_backend_dev_type.restype = ctypes.c_int
+ggml_backend_dev_memory = _ggml.ggml_backend_dev_memory
+ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+ggml_backend_dev_memory.restype = None
+ggml_backend_dev_backend_reg = _ggml.ggml_backend_dev_backend_reg
+ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+ggml_backend_reg_name = _ggml.ggml_backend_reg_name
+ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+ggml_backend_reg_name.restype = ctypes.c_char_p
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+GGML_BACKEND_DEVICE_TYPE_ACCEL = 3
+"""ggml-backend.h's ``enum ggml_backend_dev_type``: CPU, GPU, IGPU, ACCEL, META."""
 
 EvalCallback = llama_cpp.ggml_backend_sched_eval_callback
 LLAMA_CPP_PYTHON_VERSION: str = llama_cpp.__version__

@@ -75,7 +75,11 @@ def accepted_payload(event: RouteAccepted, queue_seconds: float = 0.0) -> dict[s
         "model": event.model,
         "quantization": event.quantization,
         "epoch": event.epoch,
-        "hops": [{"node_id": hop.node_id, "address": hop.address, "layers": str(hop.layers)} for hop in event.hops],
+        "numerics": event.numerics,
+        "hops": [
+            {"node_id": hop.node_id, "address": hop.address, "layers": str(hop.layers), "device": hop.capability.device}
+            for hop in event.hops
+        ],
     }
 
 

@@ -24,6 +24,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
+from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
@@ -31,6 +32,8 @@ from meshnet.core.recipe import Recipe
 from meshnet.engine.backend import Backend, ShardShape
 from meshnet.engine.certification import CertificationReport, certify_fake_engine, certify_llama_engine
 from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.device_drift import measure_device_drift
+from meshnet.engine.devices import find_device, loaded_device
 from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.shards import open_llama_shard
@@ -91,12 +94,17 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
     capacity = await asyncio.to_thread(plan_worker_capacity, config, description)
+    # Resolved once: certification, the engine and the recipe all name this one device.
+    device = CPU if description is None else await asyncio.to_thread(find_device, config.device)
     # Raises CertificationFailed before any engine opens: a worker that serves is certified.
-    certification = await asyncio.to_thread(certify_engine, config, description)
+    certification = await asyncio.to_thread(certify_engine, config, description, device)
+    # A GPU's drift from the CPU: the evidence a mixed-device route needs (the tracker's opt-in).
+    drift = await asyncio.to_thread(measure_device_drift, device, repack=config.repack) if device.is_gpu else None
     # A group front's backend waits on its nodes inside ``run``: its steps must not block the loop.
     inline = config.fake is None and not config.expert_group
     loop = EngineLoop(
-        partial(open_backend, config, cache, description, capacity.max_sessions, security), inline_decode=inline
+        partial(open_backend, config, cache, description, capacity.max_sessions, security, device),
+        inline_decode=inline,
     )
     await asyncio.to_thread(loop.start)
     group = loop.backend if isinstance(loop.backend, ExpertGroupBackend) else None
@@ -104,12 +112,13 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         capacity = group_capacity(group.shape)  # the group's sessions, known once it is reached
     try:
         speed = await loop.call(measure_speed)
-        model = model_identity(config, cache, description)
+        model = model_identity(config, cache, description, device)
         server, port = _bind(config, security)
         address = config.advertise or f"{config.host}:{port}"
         # The node's one id (``NodeId``): registration, routes, hop pinning and work records.
         node_id = own_node_id(security)
-        record = _registration(config, address, model, loop.backend.shape, speed, certification)
+        device = await asyncio.to_thread(loaded_device, device)  # its memory with the engine in
+        record = _registration(config, address, model, loop.backend.shape, speed, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
         policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
@@ -146,7 +155,9 @@ def tail_grammars(config: WorkerConfig, description: ModelDescription | None) ->
     return GrammarVocabulary(description.path)
 
 
-def certify_engine(config: WorkerConfig, description: ModelDescription | None) -> CertificationReport:
+def certify_engine(
+    config: WorkerConfig, description: ModelDescription | None, device: DeviceInfo = CPU
+) -> CertificationReport:
     """Certify the engine this worker runs: the family and weight types of its model on this
     build, or its fake engine. Raises ``CertificationFailed``, and the worker never listens.
 
@@ -157,7 +168,7 @@ def certify_engine(config: WorkerConfig, description: ModelDescription | None) -
         return certify_fake_engine(config.fake.n_layers, config.fake.n_embd, config.fake.n_vocab)
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
-    return certify_llama_engine(model=description.path, repack=config.repack)
+    return certify_llama_engine(model=description.path, repack=config.repack, device=device)
 
 
 def _registration(
@@ -167,8 +178,11 @@ def _registration(
     shape: ShardShape,
     speed: ShardSpeed,
     certification: CertificationReport,
+    on: tuple[DeviceInfo, DeviceDrift | None],
 ) -> NodeRecord:
-    """The node's record, from what the running engine is (its shape), measured and certified."""
+    """The node's record, from what the running engine is (its shape), measured and certified,
+    ``on`` its device (with the device's drift from the CPU, for a GPU)."""
+    device, drift = on
     capability = NodeCapability(
         n_ctx_per_session=shape.n_ctx_per_slot,
         prefill_chunk_tokens=shape.max_batch_tokens,
@@ -176,9 +190,13 @@ def _registration(
         max_frame_bytes=config.max_frame_bytes,
         n_embd=shape.n_embd,
         max_sessions=shape.max_slots,
-        device="cpu",
+        device=device.kind,
         prefill_tokens_per_s=speed.prefill_tokens_per_s,
         decode_tokens_per_s=speed.decode_tokens_per_s,
+        device_name=device.description if device.is_gpu else "",
+        device_memory_total=device.memory_total,
+        device_memory_free=min(device.memory_free, device.memory_total),
+        drift=drift,
     )
     fingerprint = model.recipe.fingerprint()
     return NodeRecord(
@@ -213,6 +231,7 @@ def open_backend(
     description: ModelDescription | None,
     max_sessions: int,
     security: LinkSecurity | None = None,
+    device: DeviceInfo = CPU,
 ) -> Backend:
     """The engine for ``config``'s layers; runs on the engine loop's own thread."""
     if config.fake is not None:
@@ -233,7 +252,7 @@ def open_backend(
     if config.expert_group:  # the group's nodes certified themselves; this process loads no weights
         front = expert_front_config(config)
         return open_group_backend(front, description, cache.source_sha256(description.path), security)
-    return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions))
+    return open_llama_shard(description, config.layers, cache, config.llama_config(max_sessions, device))
 
 
 def expert_front_config(config: WorkerConfig) -> ExpertFrontConfig:
@@ -246,11 +265,20 @@ def expert_front_config(config: WorkerConfig) -> ExpertFrontConfig:
 def backend_label(config: WorkerConfig) -> str:
     # Settings that change llama.cpp's arithmetic are part of the recipe identity.
     label = f"llama.cpp(flash_attn={'on' if config.flash_attn else 'off'},prefill_chunk={config.prefill_chunk}"
-    # Named only when off, so the default recipe's fingerprint stays what it was.
-    return label + (")" if config.repack else ",repack=off)")
+    # Named only when they differ from the CPU default, so a CPU recipe's fingerprint stays what it was.
+    return label + ("" if config.repack else ",repack=off") + ")"
 
 
-def model_identity(config: WorkerConfig, cache: SliceCache, description: ModelDescription | None) -> ModelIdentity:
+def device_class(config: WorkerConfig, device: DeviceInfo) -> str:
+    """The recipe's device part: the device model, and how much of the range it runs."""
+    if not device.is_gpu:
+        return ""
+    return f"{device.numerics_class} gpu_layers={'all' if config.gpu_layers is None else config.gpu_layers}"
+
+
+def model_identity(
+    config: WorkerConfig, cache: SliceCache, description: ModelDescription | None, device: DeviceInfo = CPU
+) -> ModelIdentity:
     """The recipe this worker serves and the names it registers under."""
     if description is None:
         return ModelIdentity(fake_recipe(config.fake or FakeModel()), config.model_name or "fake", "none")
@@ -265,6 +293,7 @@ def model_identity(config: WorkerConfig, cache: SliceCache, description: ModelDe
         backend_version=LLAMA_CPP_PYTHON_VERSION,
         n_layers=description.n_layers,
         n_embd=description.n_embd,
+        device_class=device_class(config, device),
     )
     return ModelIdentity(recipe, config.model_name or description.name, description.quantization)
 

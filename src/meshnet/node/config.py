@@ -11,6 +11,7 @@ from pathlib import Path
 
 from meshnet.core.addresses import check_advertise_address
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
@@ -70,6 +71,13 @@ class WorkerConfig:
     """Tracker address to register and heartbeat with; none runs the worker standalone."""
     threads: int = 2
     """llama.cpp threads for this shard's decode and prefill."""
+    device: DeviceRequest = AUTO
+    """Where the layers run: auto (the build's first GPU, else the CPU), cpu, cuda, metal, vulkan
+    or rocm, with an optional index (cuda:1). Part of the recipe: a GPU's kernels compute other
+    numbers than the CPU's, so routes chain only shards of one device class."""
+    gpu_layers: int | None = None
+    """On a GPU, offload only this many of the range's layers (the rest run on the CPU) when
+    device memory is short; none offloads them all."""
     max_sessions: int = 8
     """Sessions holding KV at once (llama sequences); cut to fit memory_budget_mb."""
     memory_budget_mb: float | None = None
@@ -149,6 +157,8 @@ class WorkerConfig:
             raise InvalidArgument("--session-share takes (0, 1], --session-min-rate > 0, --session-grace >= 0")
         if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
             raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
+        if self.gpu_layers is not None and self.gpu_layers < 0:
+            raise InvalidArgument(f"--gpu-layers takes a count of layers (0 or more), got {self.gpu_layers}")
         if self.expert_group and (
             self.experts is not None or self.fake is not None or self.model is None or self.model_id is not None
         ):
@@ -161,8 +171,9 @@ class WorkerConfig:
             raise InvalidArgument("--layers auto must be resolved with the tracker before the worker starts")
         return self.layer_choice.fixed
 
-    def llama_config(self, max_sessions: int) -> LlamaConfig:
-        """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)."""
+    def llama_config(self, max_sessions: int, device: DeviceInfo = CPU) -> LlamaConfig:
+        """The engine's settings; ``max_sessions`` is the capacity plan's (cut to the memory budget)
+        and ``device`` what ``device`` resolved to on this build (``engine.devices.find_device``)."""
         return LlamaConfig(
             n_threads=self.threads,
             max_slots=max_sessions,
@@ -171,6 +182,8 @@ class WorkerConfig:
             flash_attn=self.flash_attn,
             use_mmap=self.mmap,
             repack=self.repack,
+            device=device,
+            gpu_layers=self.gpu_layers,
         )
 
     def memory_load(self) -> WorkerLoad:

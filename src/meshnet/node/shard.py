@@ -76,6 +76,9 @@ class Shard(Generic[S]):
         self._capability_calls = 0
         self.counts = SessionCounts()
         """What each session computed here, for the tracker's check of work records."""
+        # Its own recipe, and its family's for a mixed-device route (the tracker plans one only
+        # where the swarm opted in and the device's drift was measured).
+        self._recipes = (record.fingerprint, record.recipe.family_fingerprint())
         capability = record.capability
         self.limits = FrameLimits(
             n_embd=capability.n_embd,
@@ -133,7 +136,7 @@ class Shard(Generic[S]):
 
     def _check(self, frame: StepFrame) -> None:
         meta = frame.meta
-        if meta.fingerprint != self.record.fingerprint:
+        if meta.fingerprint not in self._recipes:
             raise FailedPrecondition(
                 f"frame for recipe {meta.fingerprint} reached a shard serving {self.record.fingerprint}"
             )

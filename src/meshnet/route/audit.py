@@ -37,6 +37,7 @@ from meshnet.core.errors import InvalidArgument, MeshnetError, NoRoute
 from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, new_request_id, new_session_id
+from meshnet.core.recipe import FAMILY_PREFIX
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import QuarantineOrder, Route
 from meshnet.membership.tracker_client import TrackerClient
@@ -138,6 +139,8 @@ class Auditor:
         """Queue ``case`` if it is sampled and there is room; never blocks."""
         if not case.generated or not should_audit(case.request_id, self.config.fraction):
             return False
+        if case.route.fingerprint.startswith(FAMILY_PREFIX):
+            return False  # a mixed-device route is not exact: a replay on another split may differ
         try:
             self._queue.put_nowait(case)
         except asyncio.QueueFull:

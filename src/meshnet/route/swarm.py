@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from meshnet.core.devices import route_numerics
 from meshnet.core.errors import (
     CacheMiss,
     ContextLengthExceeded,
@@ -317,7 +318,8 @@ class SwarmClient:
 
 
 def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:
-    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch)
+    numerics = route_numerics(route.fingerprint, tuple(hop.capability.drift for hop in route.hops))
+    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch, numerics)
 
 
 def _attribution(attempts: list[tuple[Route, int]], prompt: int, generated: int) -> tuple[NodeWork, ...]:

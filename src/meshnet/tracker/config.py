@@ -39,6 +39,11 @@ class TrackerConfig:
     """TCP port of the join service: TLS without a client certificate, serving only Join (0: any)."""
     insecure: bool = False
     """Plaintext, unauthenticated gRPC and no join port: loopback development only."""
+    allow_mixed_routes: bool = False
+    """Chain shards of one model on different device classes (a CUDA head, a CPU tail) when no
+    one class covers it: such a route is not bit-identical to either device's whole model, so it
+    is served only with this opt-in, only over GPU nodes that measured their drift from the CPU,
+    and labelled ``mixed`` with that drift in the request's telemetry."""
 
     def __post_init__(self) -> None:
         for name in ("port", "join_port"):

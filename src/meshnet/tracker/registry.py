@@ -92,10 +92,13 @@ class NodeRegistry:
         max_sticky_sessions: int = 100_000,
         costs: RoutingCosts = DEFAULT_COSTS,
         quarantined: Iterable[NodeId] = (),
+        mixed_devices: bool = False,
     ) -> None:
         if heartbeat_interval_s <= 0 or missed_heartbeats < 1 or epoch < 0:
             raise InvalidArgument("heartbeat interval must be > 0, missed heartbeats >= 1, epoch >= 0")
         self._clock = clock
+        # Plan routes over several device classes of a recipe (``--allow-mixed-routes``).
+        self._mixed_devices = mixed_devices
         self.heartbeat_interval_s = heartbeat_interval_s
         self._expire_after_s = heartbeat_interval_s * missed_heartbeats
         self._epoch = epoch
@@ -301,7 +304,12 @@ class NodeRegistry:
             self._touch(query.session_id, sticky.route)
             return sticky.route
         plan = choose_model_route(
-            self.node_views(), query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs
+            self.node_views(),
+            query.model,
+            latency_ms=latency_ms,
+            exclude=query.exclude,
+            costs=self._costs,
+            mixed_devices=self._mixed_devices,
         )
         if sticky is not None:
             self._epoch += 1  # the session's route changed: frames of its old route are now stale

@@ -156,7 +156,7 @@ def choose_route(
         for node in nodes
         if node.fingerprint == fingerprint and node.n_layers == n_layers and node.node_id not in exclude
     ]
-    found = _shortest_chain(usable, n_layers, latency_ms, costs)
+    found = shortest_chain(usable, n_layers, latency_ms, costs)
     if found is None:
         raise NoRoute(_explain_no_route(nodes, usable, n_layers, fingerprint, exclude))
     chain, total_ms = found
@@ -178,12 +178,15 @@ def choose_model_route(
     latency_ms: LatencyTable = NO_LATENCIES,
     exclude: Collection[NodeId] = frozenset(),
     costs: RoutingCosts = DEFAULT_COSTS,
+    mixed_devices: bool = False,
 ) -> RoutePlan:
     """The cheapest route for ``model``, given as a name or a recipe fingerprint.
 
     One name may be served under several recipes (say two quantizations): each is planned on
     its own, since chaining shards of different recipes corrupts the hidden state, and the
-    fastest complete one wins.
+    fastest complete one wins. Only when none routes, and the swarm opted in
+    (``mixed_devices``), a route over one recipe family on several device classes is planned
+    (``choose_mixed_route``).
     """
     fingerprints = sorted({node.fingerprint for node in nodes if model in (node.model, node.fingerprint)})
     if not fingerprints:
@@ -200,9 +203,83 @@ def choose_model_route(
             plans.append(plan)
         except NoRoute as error:
             reasons.append(error.message)
+    if not plans and mixed_devices:
+        mixed_plan = choose_mixed_route(nodes, fingerprints, latency_ms=latency_ms, exclude=exclude, costs=costs)
+        if mixed_plan is not None:
+            return mixed_plan
     if not plans:
-        raise NoRoute("; ".join(reasons))
+        mixed = None if mixed_devices else mixed_device_problem(nodes, fingerprints, exclude)
+        raise NoRoute("; ".join([mixed] if mixed else reasons))
     return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint))
+
+
+def mixed_device_problem(
+    nodes: Sequence[NodeView], fingerprints: Collection[str], exclude: Collection[NodeId] = frozenset()
+) -> str | None:
+    """A recipe's device class (``Recipe.device_class``) selects llama.cpp's kernels, so shards of
+    two classes chained match neither device's whole model: refused by default. When no single
+    recipe covers a model but its family (the recipe on any device) does, this says what keeps
+    the layers apart instead of a bare "layers missing".
+
+    Why a model served under ``fingerprints`` (none of which routes alone) has no route,
+    when shards of one recipe family on two or more device classes would cover it together;
+    None when they would not either (then the layers really are missing)."""
+    candidates = [node for node in nodes if node.fingerprint in fingerprints and node.node_id not in exclude]
+    families: dict[str, list[NodeView]] = {}
+    for node in candidates:
+        families.setdefault(node.record.recipe.family.fingerprint(), []).append(node)
+    for members in families.values():
+        if len({node.record.recipe.device_class for node in members}) < 2:
+            continue
+        found = shortest_chain(members, members[0].n_layers, NO_LATENCIES, DEFAULT_COSTS)
+        if found is None:
+            continue
+        chain, _ = found
+        parts: dict[str, list[str]] = {}
+        for node in chain:
+            parts.setdefault(node.record.recipe.device_label, []).append(str(node.layers))
+        if len(parts) < 2:
+            continue
+        classes = "; ".join(
+            f"{label} (recipe {next(n.fingerprint for n in chain if n.record.recipe.device_label == label)}, "
+            f"layers {', '.join(ranges)})"
+            for label, ranges in parts.items()
+        )
+        return (
+            f"a route would need two device classes, whose kernels compute different numbers: {classes}; "
+            "mixed-device routes are off in this swarm (serve every range on one device class)"
+        )
+    return None
+
+
+def choose_mixed_route(
+    nodes: Sequence[NodeView],
+    fingerprints: Collection[str],
+    *,
+    latency_ms: LatencyTable = NO_LATENCIES,
+    exclude: Collection[NodeId] = frozenset(),
+    costs: RoutingCosts = DEFAULT_COSTS,
+) -> RoutePlan | None:
+    """The cheapest route over one recipe family on any device classes, or None.
+
+    Only nodes whose numbers are measured against the CPU take part: CPU nodes (the reference)
+    and GPU nodes carrying a ``drift``. The plan's fingerprint is the family's (``rcf-``), which
+    every member accepts and no exact route uses, so its frames say what the route is."""
+    families: dict[str, list[NodeView]] = {}
+    for node in nodes:
+        recipe = node.record.recipe
+        measured = not recipe.device_class or node.record.capability.drift is not None
+        if node.fingerprint in fingerprints and node.node_id not in exclude and measured:
+            families.setdefault(recipe.family_fingerprint(), []).append(node)
+    plans = []
+    for family, members in sorted(families.items()):
+        found = shortest_chain(members, members[0].n_layers, latency_ms, costs)
+        if found is not None:
+            chain, total_ms = found
+            first = chain[0].record
+            hops = tuple(node.hop() for node in chain)
+            plans.append(RoutePlan(first.model, first.quantization, family, first.n_layers, hops, total_ms))
+    return min(plans, key=lambda plan: (plan.ms_per_token, plan.fingerprint), default=None)
 
 
 def uncovered_layers(nodes: Iterable[NodeView], n_layers: int) -> tuple[LayerRange, ...]:
@@ -223,7 +300,7 @@ def uncovered_layers(nodes: Iterable[NodeView], n_layers: int) -> tuple[LayerRan
     return tuple(gaps)
 
 
-def _shortest_chain(
+def shortest_chain(
     usable: Sequence[NodeView],
     n_layers: int,
     latency_ms: LatencyTable,

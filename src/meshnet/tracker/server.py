@@ -122,6 +122,7 @@ def _restored_registry(store: SqliteTrackerStore, config: TrackerConfig, clock: 
         epoch=epoch,
         session_ttl_s=config.session_ttl_s,
         quarantined=store.quarantined_nodes(),
+        mixed_devices=config.allow_mixed_routes,
     )
 
 

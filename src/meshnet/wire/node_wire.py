@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import cast
 
 from meshnet.core.checks import MAX_LAYERS, check_count, check_text
+from meshnet.core.devices import DeviceDrift
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import (
@@ -39,6 +40,7 @@ def recipe_to_proto(recipe: Recipe) -> pb.Recipe:
         n_layers=recipe.n_layers,
         n_embd=recipe.n_embd,
         boundary_schema=recipe.boundary_schema,
+        device_class=recipe.device_class,
     )
 
 
@@ -58,7 +60,8 @@ def recipe_from_proto(message: pb.Recipe) -> Recipe:
         check_text(f"recipe.{name}", value)
     check_count("recipe.n_layers", message.n_layers, MAX_LAYERS, low=1)
     check_count("recipe.n_embd", message.n_embd, 1 << 20)
-    return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, **texts)
+    check_text("recipe.device_class", message.device_class, allow_empty=True)
+    return Recipe(n_layers=message.n_layers, n_embd=message.n_embd, device_class=message.device_class, **texts)
 
 
 def capability_to_proto(capability: NodeCapability) -> pb.NodeCapability:
@@ -72,11 +75,22 @@ def capability_to_proto(capability: NodeCapability) -> pb.NodeCapability:
         device=capability.device,
         prefill_tokens_per_s=capability.prefill_tokens_per_s,
         decode_tokens_per_s=capability.decode_tokens_per_s,
+        device_name=capability.device_name,
+        device_memory_total=capability.device_memory_total,
+        device_memory_free=capability.device_memory_free,
+        drift=None if capability.drift is None else _drift_to_proto(capability.drift),
+    )
+
+
+def _drift_to_proto(drift: DeviceDrift) -> pb.DeviceDrift:
+    return pb.DeviceDrift(
+        top1_agreement=drift.top1_agreement, max_abs_logit_diff=drift.max_abs_logit_diff, positions=drift.positions
     )
 
 
 def capability_from_proto(message: pb.NodeCapability) -> NodeCapability:
     check_text("device", message.device)
+    check_text("device_name", message.device_name, allow_empty=True)
     return NodeCapability(
         n_ctx_per_session=message.n_ctx_per_session,
         prefill_chunk_tokens=message.prefill_chunk_tokens,
@@ -87,6 +101,14 @@ def capability_from_proto(message: pb.NodeCapability) -> NodeCapability:
         device=cast(Device, message.device),  # checked against DEVICES by NodeCapability
         prefill_tokens_per_s=message.prefill_tokens_per_s,
         decode_tokens_per_s=message.decode_tokens_per_s,
+        device_name=message.device_name,
+        device_memory_total=message.device_memory_total,
+        device_memory_free=message.device_memory_free,
+        drift=(
+            DeviceDrift(message.drift.top1_agreement, message.drift.max_abs_logit_diff, message.drift.positions)
+            if message.HasField("drift")
+            else None
+        ),
     )
 
 

@@ -25,6 +25,7 @@ from meshnet.cli import main as cli
 from meshnet.cli.commands.serve import gateway_config, tracker_config, worker_config
 from meshnet.cli.flags import config_from_arguments
 from meshnet.core.config_flags import flag_spec, is_nested, render_arguments, unwrap_optional
+from meshnet.core.devices import DEVICE_KINDS, DeviceRequest
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_options import SecurityOptions
@@ -78,6 +79,9 @@ def _value(kind: Any) -> st.SearchStrategy[Any]:
         strategy = st.one_of(st.just(LayerChoice(None)), RANGE.map(LayerChoice))
     elif inner is ExpertOwnership:
         strategy = st.integers(1, 8).flatmap(lambda n: st.integers(0, n - 1).map(lambda i: ExpertOwnership(i, n)))
+    elif inner is DeviceRequest:
+        gpu = st.builds(DeviceRequest, st.sampled_from(DEVICE_KINDS[1:]), st.none() | st.integers(0, 7))
+        strategy = st.one_of(st.just(DeviceRequest("auto")), st.just(DeviceRequest("cpu")), gpu)
     elif is_nested(inner):
         strategy = _fields(inner).map(lambda values: inner(**values))
     else:

@@ -7,7 +7,7 @@ tests/integration/test_prefill_progress.py and test_status_page_browser.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 import pytest
@@ -89,11 +89,33 @@ def test_the_terminal_table_shows_coverage_gaps_nodes_and_its_exit_status() -> N
     assert lines[0] == "meshnet status of tracker 127.0.0.1:7070, epoch 3"
     assert lines[1].startswith("no_route: no node serves layers 2:4 of 'tiny'")
     assert lines[2] == "coverage tiny (6 layers) [11--11] gaps 2:4"
-    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY"]
+    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE"]
     assert lines[3].split() == [*header, "PREFILL/s", "DECODE/s"]
     assert lines[4].split()[:4] == ["127.0.0.1:7000", "0:2/6", "healthy", "0.1s"]
     assert lines[5].split()[:4] == ["127.0.0.1:7004", "4:6/6", "late", "2.0s"]
+    assert lines[4].split()[8] == "cpu"
     assert exit_status(document) == 1
+
+
+def test_a_gpu_node_shows_its_device_and_device_memory() -> None:
+    """A GPU node's device memory (weights, KV and buffers of every process on it) next to its total."""
+    cpu = node("0:3")
+    capability = replace(
+        cpu.record.capability,
+        device="vulkan",
+        device_name="llvmpipe (LLVM 15.0.6, 256 bits)",
+        device_memory_total=8 << 30,
+        device_memory_free=6 << 30,
+    )
+    gpu = node("3:6", record=replace(node("3:6").record, capability=capability))
+    document = status_document(
+        StatusInputs("tiny", table(cpu, gpu), "", (), tracker_health(table(cpu, gpu)), (), {}, {}, 0.0)
+    )
+    shown = {n["address"]: n for n in document["nodes"]}
+    assert shown[gpu.record.address]["device_memory_used"] == 2 << 30
+    assert shown[gpu.record.address]["device_name"].startswith("llvmpipe")
+    rows = render_status(document, "tracker").splitlines()
+    assert any(row.split()[0] == gpu.record.address and "vulkan" in row.split() for row in rows)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,11 +13,13 @@ from tracker_samples import (
     N_LAYERS,
     OTHER_FINGERPRINT,
     OTHER_RECIPE,
+    RECIPE,
     SMALL_OTHER_RECIPE,
     SMALL_RECIPE,
     view,
 )
 
+from meshnet.core.devices import DeviceDrift, route_numerics
 from meshnet.core.errors import NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
@@ -199,3 +203,53 @@ def test_an_unknown_model_names_what_the_live_shards_serve() -> None:
     [served] = {node.model for node in [view("a", 0, 20)]}
     with pytest.raises(NoRoute, match=f"live shards serve '{served}'; check --model-name"):
         choose_model_route([view("a", 0, 20)], "nope")
+
+
+def test_a_route_needing_two_device_classes_is_refused_naming_both() -> None:
+    """A CUDA head and a CPU tail of one model cover every layer, but their kernels compute
+    different numbers: no route, and the reason names both device classes and their layers."""
+    cuda = replace(RECIPE, device_class="cuda:NVIDIA H200 gpu_layers=all")
+    nodes = [view("head", 0, 10, recipe=cuda), view("tail", 10, 20)]
+    with pytest.raises(NoRoute) as refused:
+        choose_model_route(nodes, MODEL)
+    message = refused.value.message
+    assert "two device classes" in message
+    assert f"cuda:NVIDIA H200 gpu_layers=all (recipe {cuda.fingerprint()}, layers 0:10)" in message
+    assert f"cpu (recipe {RECIPE.fingerprint()}, layers 10:20)" in message
+    # Each class on its own covers nothing: the old explanation would only have said "missing".
+    nodes.append(view("gpu-tail", 10, 20, recipe=cuda))
+    assert ids(choose_model_route(nodes, MODEL).hops) == ["head", "gpu-tail"]
+
+
+def test_layers_really_missing_are_not_blamed_on_devices() -> None:
+    cuda = replace(RECIPE, device_class="cuda:NVIDIA H200 gpu_layers=all")
+    with pytest.raises(NoRoute, match="15:20") as refused:
+        choose_model_route([view("head", 0, 10, recipe=cuda), view("tail", 10, 15)], MODEL)
+    assert "device classes" not in refused.value.message
+
+
+def _on_gpu(node: NodeView, drift: DeviceDrift | None) -> NodeView:
+    capability = replace(node.record.capability, device="cuda", device_name="NVIDIA H200", drift=drift)
+    return replace(node, record=replace(node.record, capability=capability))
+
+
+def test_with_the_opt_in_a_mixed_route_is_planned_over_measured_nodes_only() -> None:
+    cuda = replace(RECIPE, device_class="cuda:NVIDIA H200 gpu_layers=all")
+    drift = DeviceDrift(top1_agreement=0.95, max_abs_logit_diff=0.25, positions=16)
+    head = _on_gpu(view("head", 0, 10, recipe=cuda), drift)
+    nodes = [head, view("tail", 10, 20)]
+    plan = choose_model_route(nodes, MODEL, mixed_devices=True)
+    assert ids(plan.hops) == ["head", "tail"]
+    assert plan.fingerprint == RECIPE.family_fingerprint() == cuda.family_fingerprint()
+    assert plan.fingerprint not in (RECIPE.fingerprint(), cuda.fingerprint())
+    assert route_numerics(plan.fingerprint, tuple(h.capability.drift for h in plan.hops)).startswith(
+        "mixed (top-1 agreement 0.950, max |logit diff| 0.25"
+    )
+    # A GPU node that never measured its drift takes no part in a mixed route.
+    with pytest.raises(NoRoute):
+        choose_model_route([_on_gpu(view("head", 0, 10, recipe=cuda), None), nodes[1]], MODEL, mixed_devices=True)
+    # An exact route still wins whenever one exists.
+    exact = [*nodes, view("cpu-head", 0, 10)]
+    plan = choose_model_route(exact, MODEL, mixed_devices=True)
+    assert plan.fingerprint == RECIPE.fingerprint() and ids(plan.hops) == ["cpu-head", "tail"]
+    assert route_numerics(plan.fingerprint, tuple(h.capability.drift for h in plan.hops)) == "exact"

@@ -8,9 +8,16 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from meshnet.cli.arguments import GenerateConfig, ProvisionArguments, SliceArguments
+from meshnet.cli.arguments import (
+    CertifyArguments,
+    DevicesArguments,
+    GenerateConfig,
+    ProvisionArguments,
+    SliceArguments,
+)
 from meshnet.cli.common import Command, progress_printer, provisioned_model
 from meshnet.cli.flags import config_from_arguments
+from meshnet.core.errors import FailedPrecondition
 
 if TYPE_CHECKING:
     from meshnet.artifact.cache import SliceCache
@@ -46,11 +53,39 @@ def cmd_slice(args: argparse.Namespace) -> int:
 
 def cmd_certify(args: argparse.Namespace) -> int:
     from meshnet.engine.certification import certify_llama_engine
+    from meshnet.engine.devices import find_device
 
-    report = certify_llama_engine()
-    print(f"llama-cpp-python {report.backend_version}: certified")
+    device = find_device(config_from_arguments(CertifyArguments, args).device)
+    report = certify_llama_engine(device=device)
+    print(f"llama-cpp-python {report.backend_version} on {device}: certified")
     for check in report.checks:
         print(f"  ok  {check}")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    """Every device the build offers (the CPU first), its memory, and its certification verdict:
+    a device that fails is listed with the evidence, and ``--device`` on it would refuse to serve."""
+    from meshnet.core.devices import CPU
+    from meshnet.core.errors import CertificationFailed
+    from meshnet.engine.certification import certify_llama_engine
+    from meshnet.engine.devices import offered_devices
+
+    certify = config_from_arguments(DevicesArguments, args).certify
+    for device in (CPU, *offered_devices()):
+        memory = (
+            "host memory"
+            if not device.is_gpu
+            else f"{device.memory_free / 2**20:.0f} of {device.memory_total / 2**20:.0f} MiB free"
+        )
+        verdict = ""
+        if certify:
+            try:
+                report = certify_llama_engine(device=device)
+                verdict = f"  certified ({len(report.checks)} checks, whole logits {report.whole_sha256[:16]})"
+            except CertificationFailed as error:
+                verdict = f"  REFUSED: {error.message}"
+        print(f"{device.kind:7s} {device.name:10s} {device.description or '-':40s} {memory}{verdict}")
     return 0
 
 
@@ -59,12 +94,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from meshnet.artifact.describe import describe_model
     from meshnet.core.generation import GenerationRequest
     from meshnet.engine.certification import certify_llama_engine
+    from meshnet.engine.devices import find_device
     from meshnet.engine.shards import open_local_route
     from meshnet.engine.tokenizer import Tokenizer
 
     config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
+    device = find_device(config.device)
     # Its family and weight types, not just the default model's, loaded as the route will load them.
-    certify_llama_engine(model=config.model, repack=config.repack)
+    certify_llama_engine(model=config.model, repack=config.repack, device=device)
     source = describe_model(config.model)
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = Tokenizer(source, chat_template=template)
@@ -73,12 +110,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         tokens = tokenizer.encode_chat([{"role": "user", "content": config.prompt}])
     if config.expert_parallel > 0:
+        if device.is_gpu:
+            raise FailedPrecondition("an expert-parallel group runs on the CPU only: give --device cpu")
         route = _expert_route(source, config, SliceCache(args.data_dir / "cache"))
         print(f"[{config.expert_parallel}-node expert-parallel group; prompt {len(tokens)} tokens]", file=sys.stderr)
     else:
-        route = open_local_route(source, config.shards, SliceCache(args.data_dir / "cache"), config.llama_config())
+        cache = SliceCache(args.data_dir / "cache")
+        route = open_local_route(source, config.shards, cache, config.llama_config(device))
         ranges = ", ".join(str(b.shape.layers) for b in route.backends)
-        print(f"[{config.shards} in-process shard(s): {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr)
+        print(
+            f"[{config.shards} in-process shard(s) on {device}: {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr
+        )
     request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()
     started, count = time.perf_counter(), 0
@@ -126,6 +168,9 @@ def model_commands() -> dict[str, Command]:
             (ProvisionArguments,),
         ),
         "slice": Command(cmd_slice, "write the GGUF slice for a layer range", (SliceArguments,)),
-        "certify": Command(cmd_certify, "check this llama.cpp build runs split models bit-identically"),
+        "certify": Command(
+            cmd_certify, "check this llama.cpp build runs split models bit-identically", (CertifyArguments,)
+        ),
+        "devices": Command(cmd_devices, "list the devices this llama.cpp build offers, certified", (DevicesArguments,)),
         "generate": Command(cmd_generate, "run a prompt through an in-process N-shard route", (GenerateConfig,)),
     }

@@ -107,7 +107,8 @@ def _coverage_lines(document: Mapping[str, Any]) -> list[str]:
 
 
 def _node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
-    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "PREFILL/s", "DECODE/s"]
+    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE", "PREFILL/s"]
+    header.append("DECODE/s")
     rows = [header]
     for node in nodes:
         start, stop = node["layers"]
@@ -121,11 +122,19 @@ def _node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
                 str(node["queue_depth"]),
                 f"{100 * node['kv_used_fraction']:.0f}%",
                 f"{_size(node['memory_used_bytes'])}/{_size(node['memory_budget_bytes'])}",
+                _device(node),
                 f"{node['prefill_tokens_per_s']:.0f}",
                 f"{node['decode_tokens_per_s']:.0f}",
             ]
         )
     return _columns(rows)
+
+
+def _device(node: Mapping[str, Any]) -> str:
+    """``cpu``, or a GPU's kind and its memory in use of its total (what every process holds)."""
+    if node.get("device", "cpu") == "cpu":
+        return "cpu"
+    return f"{node['device']} {_size(node['device_memory_used'])}/{_size(node['device_memory_total'])}"
 
 
 def _load_lines(document: Mapping[str, Any]) -> list[str]:

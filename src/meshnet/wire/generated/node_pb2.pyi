@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Recipe(_message.Message):
-    __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema")
+    __slots__ = ("model_sha256", "architecture", "adapter_version", "weight_quantization", "activation_dtype", "kv_dtype", "backend", "backend_version", "n_layers", "n_embd", "boundary_schema", "device_class")
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class Recipe(_message.Message):
     N_LAYERS_FIELD_NUMBER: _ClassVar[int]
     N_EMBD_FIELD_NUMBER: _ClassVar[int]
     BOUNDARY_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     model_sha256: str
     architecture: str
     adapter_version: str
@@ -30,7 +31,8 @@ class Recipe(_message.Message):
     n_layers: int
     n_embd: int
     boundary_schema: str
-    def __init__(self, model_sha256: _Optional[str] = ..., architecture: _Optional[str] = ..., adapter_version: _Optional[str] = ..., weight_quantization: _Optional[str] = ..., activation_dtype: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., boundary_schema: _Optional[str] = ...) -> None: ...
+    device_class: str
+    def __init__(self, model_sha256: _Optional[str] = ..., architecture: _Optional[str] = ..., adapter_version: _Optional[str] = ..., weight_quantization: _Optional[str] = ..., activation_dtype: _Optional[str] = ..., kv_dtype: _Optional[str] = ..., backend: _Optional[str] = ..., backend_version: _Optional[str] = ..., n_layers: _Optional[int] = ..., n_embd: _Optional[int] = ..., boundary_schema: _Optional[str] = ..., device_class: _Optional[str] = ...) -> None: ...
 
 class Hardware(_message.Message):
     __slots__ = ("cpu_count", "memory_bytes")
@@ -41,7 +43,7 @@ class Hardware(_message.Message):
     def __init__(self, cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeCapability(_message.Message):
-    __slots__ = ("n_ctx_per_session", "prefill_chunk_tokens", "max_tokens_per_frame", "max_frame_bytes", "n_embd", "max_sessions", "device", "prefill_tokens_per_s", "decode_tokens_per_s")
+    __slots__ = ("n_ctx_per_session", "prefill_chunk_tokens", "max_tokens_per_frame", "max_frame_bytes", "n_embd", "max_sessions", "device", "prefill_tokens_per_s", "decode_tokens_per_s", "device_name", "device_memory_total", "device_memory_free", "drift")
     N_CTX_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_FRAME_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +53,10 @@ class NodeCapability(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MEMORY_FREE_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
     n_ctx_per_session: int
     prefill_chunk_tokens: int
     max_tokens_per_frame: int
@@ -60,7 +66,21 @@ class NodeCapability(_message.Message):
     device: str
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    def __init__(self, n_ctx_per_session: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ..., max_tokens_per_frame: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., n_embd: _Optional[int] = ..., max_sessions: _Optional[int] = ..., device: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ...) -> None: ...
+    device_name: str
+    device_memory_total: int
+    device_memory_free: int
+    drift: DeviceDrift
+    def __init__(self, n_ctx_per_session: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ..., max_tokens_per_frame: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., n_embd: _Optional[int] = ..., max_sessions: _Optional[int] = ..., device: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., device_name: _Optional[str] = ..., device_memory_total: _Optional[int] = ..., device_memory_free: _Optional[int] = ..., drift: _Optional[_Union[DeviceDrift, _Mapping]] = ...) -> None: ...
+
+class DeviceDrift(_message.Message):
+    __slots__ = ("top1_agreement", "max_abs_logit_diff", "positions")
+    TOP1_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_LOGIT_DIFF_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    top1_agreement: float
+    max_abs_logit_diff: float
+    positions: int
+    def __init__(self, top1_agreement: _Optional[float] = ..., max_abs_logit_diff: _Optional[float] = ..., positions: _Optional[int] = ...) -> None: ...
 
 class Certification(_message.Message):
     __slots__ = ("fingerprint", "backend_version", "checks", "whole_sha256", "split_sha256", "digest")

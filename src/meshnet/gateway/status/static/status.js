@@ -79,6 +79,7 @@ function drawNodes(doc) {
     el("td", { "data-testid": "node-health" }, badge(n.health)),
     cell(n.health === "lost" ? "gone" : seconds(n.seconds_since_heartbeat) + " ago", "num"),
     cell(`${n.cpu_count} CPU, ${bytes(n.memory_bytes)}`),
+    cell(n.device === "cpu" ? "cpu" : `${n.device} ${n.device_name}: ${bytes(n.device_memory_used)} / ${bytes(n.device_memory_total)}`),
     cell(`${bytes(n.memory_used_bytes)} / ${bytes(n.memory_budget_bytes)}`, "num"),
     cell(`${(100 * n.kv_used_fraction).toFixed(0)} %`, "num"),
     cell(`${n.active_sessions} / ${n.max_sessions}`, "num"),
