@@ -126,3 +126,12 @@ def _largest_stop(costs: LayerCosts, start: int, budget_bytes: int) -> int:
     while stop < costs.n_layers and costs.range_bytes(LayerRange(start, stop + 1)) <= budget_bytes:
         stop += 1
     return stop
+
+
+def route_slots(holdings: Sequence[tuple[LayerRange, int]], n_layers: int) -> int:
+    """Sessions the swarm can run at once: every session holds KV on some node for each layer,
+    so the layer whose covering nodes admit the fewest sessions between them bounds them all
+    (counting only the heads overstates it when a spare doubles a later range)."""
+    if n_layers <= 0:
+        return 0
+    return min(sum(sessions for layers, sessions in holdings if layer in layers) for layer in range(n_layers))

@@ -17,20 +17,19 @@ throws away its KV cache and costs a full replay.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
-from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
 from meshnet.tracker.certification import check_certified
 from meshnet.tracker.claims import believed_views
+from meshnet.tracker.placement import route_slots
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     LatencyTable,
@@ -40,7 +39,7 @@ from meshnet.tracker.routing import (
     choose_model_route,
     choose_route,
 )
-from meshnet.tracker.speeds import RouteMeasurements, measured_nodes
+from meshnet.tracker.speeds import RouteMeasurements, forms_route, measured_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +142,7 @@ class NodeRegistry:
         self.sweep()
         entries = [self._nodes.get(node_id) for node_id in timing.hops]
         live = [entry for entry in entries if entry is not None]
-        if len(live) != len(entries) or not _chains(live):
+        if len(live) != len(entries) or not forms_route(tuple(entry.record for entry in live)):
             return False
         self._measured.observe(timing, self._clock())
         return True
@@ -377,23 +376,6 @@ class NodeRegistry:
         for hop in plan.hops:
             entry = self._nodes[hop.node_id]
             self._nodes[hop.node_id] = replace(entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1)
-
-
-def route_slots(holdings: Sequence[tuple[LayerRange, int]], n_layers: int) -> int:
-    """Sessions the swarm can run at once: every session holds KV on some node for each layer,
-    so the layer whose covering nodes admit the fewest sessions between them bounds them all
-    (counting only the heads overstates it when a spare doubles a later range)."""
-    if n_layers <= 0:
-        return 0
-    return min(sum(sessions for layers, sessions in holdings if layer in layers) for layer in range(n_layers))
-
-
-def _chains(entries: Sequence[NodeEntry]) -> bool:
-    """The entries form a whole route of one recipe: layer 0 to the last, each meeting the next."""
-    first, last = entries[0].record, entries[-1].record
-    meet = all(a.record.layers.stop == b.record.layers.start for a, b in itertools.pairwise(entries))
-    same = all(entry.record.fingerprint == first.fingerprint for entry in entries)
-    return meet and same and first.layers.start == 0 and last.layers.stop == last.n_layers
 
 
 def _serves(route: Route, model: str) -> bool:

@@ -26,6 +26,7 @@ function of its arguments.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshnet.core.ids import NodeId
+from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import RouteTiming
 
 SAMPLES_PER_ROUTE = 5
@@ -125,3 +127,12 @@ def _nearest_fit(incidence: np.ndarray, measured: np.ndarray, start: np.ndarray)
 def measured_nodes(routes: Sequence[RouteMeasure], live: Mapping[NodeId, object]) -> frozenset[NodeId]:
     """The live nodes some route of live nodes measured."""
     return frozenset(hop for route in routes if all(h in live for h in route.hops) for hop in route.hops)
+
+
+def forms_route(records: Sequence[NodeRecord]) -> bool:
+    """The nodes form a whole route of one recipe: layer 0 to the last, each meeting the next
+    (only such a timing measures anything)."""
+    first, last = records[0], records[-1]
+    meet = all(a.layers.stop == b.layers.start for a, b in itertools.pairwise(records))
+    same = all(record.fingerprint == first.fingerprint for record in records)
+    return meet and same and first.layers.start == 0 and last.layers.stop == last.n_layers

@@ -13,7 +13,8 @@ from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import NodeLoad, RouteQuery
-from meshnet.tracker.registry import NodeRegistry, route_slots
+from meshnet.tracker.placement import route_slots
+from meshnet.tracker.registry import NodeRegistry
 
 INTERVAL = 2.0
 
