@@ -35,7 +35,7 @@ browser:
 
 # The GPU tests run on a real Vulkan device without a GPU: Mesa's lavapipe, on the CPU. Its
 # packages are installed when missing and we may (root with apt-get), then llama-cpp-python is
-# built with -DGGML_VULKAN=on into $(VULKAN_VENV) (about 7 minutes on 2 cores, once); elsewhere
+# built with -DGGML_VULKAN=on into $(VULKAN_VENV) (minutes, once); elsewhere
 # the Vulkan tests skip and say why.
 VULKAN_PACKAGES := mesa-vulkan-drivers libvulkan-dev glslc spirv-headers
 vulkan: $(INSTALLED)
