@@ -48,11 +48,11 @@ def test_the_device_class_is_part_of_a_gpu_recipe_and_absent_from_a_cpu_one(tmp_
     lavapipe = DeviceInfo("vulkan", 0, "Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 2**33, 2**33)
     worker, partial = _worker(tmp_path, "--device", "cuda"), _worker(tmp_path, "--device", "cuda", "--gpu-layers", "1")
     assert worker.device == DeviceRequest("cuda") and partial.gpu_layers == 1
-    assert backend_label(worker, CPU) == "llama.cpp(flash_attn=on,prefill_chunk=256)"
-    assert (
-        backend_label(worker, h200)
-        == "llama.cpp(flash_attn=on,prefill_chunk=256,device=cuda:NVIDIA H200,gpu_layers=all)"
-    )
+    assert backend_label(worker) == "llama.cpp(flash_attn=on,prefill_chunk=256)"
+    on_h200 = model_identity(worker, cache, description, h200).recipe
+    assert on_h200.device_class == "cuda:NVIDIA H200 gpu_layers=all"
+    assert on_h200.family == model_identity(worker, cache, description, CPU).recipe
+    assert on_h200.family_fingerprint() != on_h200.family.fingerprint()  # rcf- never names an exact route
     assert worker.llama_config(1, h200).device == h200 and partial.llama_config(1, h200).gpu_layers == 1
     fingerprints = {
         model_identity(config, cache, description, device).recipe.fingerprint()
