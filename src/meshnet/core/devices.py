@@ -157,3 +157,19 @@ def route_numerics(fingerprint: str, drifts: tuple[DeviceDrift | None, ...]) -> 
         return "exact"
     drift = route_drift(drifts)
     return "mixed" if drift is None else f"mixed ({drift})"
+
+
+DEVICE_HEADROOM = 0.9
+"""Share of a GPU's free memory a range may plan to fill: the backend's own buffers, the driver
+and the display take the rest."""
+
+
+def placement_budget(host_budget: int | None, device: DeviceInfo, gpu_layers: int | None) -> int | None:
+    """The bytes a worker's layer range (weights, KV, compute buffers) must fit, for ``--layers
+    auto``: on a GPU that takes every layer, its free device memory (``DEVICE_HEADROOM`` of it),
+    and the host budget too when one is set; on the CPU, or when only some layers are offloaded
+    (the rest live in host memory), the host budget."""
+    if not device.is_gpu or gpu_layers is not None or device.memory_free <= 0:
+        return host_budget
+    on_device = int(device.memory_free * DEVICE_HEADROOM)
+    return on_device if host_budget is None else min(host_budget, on_device)

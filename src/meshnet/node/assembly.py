@@ -24,7 +24,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
-from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo
+from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
@@ -93,9 +93,9 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     cache = SliceCache(config.data_dir / "cache")
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
-    capacity = await asyncio.to_thread(plan_worker_capacity, config, description)
-    # Resolved once: certification, the engine and the recipe all name this one device.
+    # Resolved once: capacity, certification, the engine and the recipe all name this one device.
     device = CPU if description is None else await asyncio.to_thread(find_device, config.device)
+    capacity = await asyncio.to_thread(plan_worker_capacity, config, description, device)
     # Raises CertificationFailed before any engine opens: a worker that serves is certified.
     certification = await asyncio.to_thread(certify_engine, config, description, device)
     # A GPU's drift from the CPU: the evidence a mixed-device route needs (the tracker's opt-in).
@@ -313,9 +313,12 @@ def fake_recipe(fake: FakeModel) -> Recipe:
     )
 
 
-def plan_worker_capacity(config: WorkerConfig, description: ModelDescription | None) -> CapacityPlan:
+def plan_worker_capacity(
+    config: WorkerConfig, description: ModelDescription | None, device: DeviceInfo = CPU
+) -> CapacityPlan:
     """Sessions this worker can hold: the configured number, cut to its memory budget by the one
-    memory cost model (``core.layer_costs``, the one ``--layers auto`` and the tracker use).
+    memory cost model (``core.layer_costs``, the one ``--layers auto`` and the tracker use); on a
+    GPU that takes every layer, cut to its device memory too (``core.devices.placement_budget``).
 
     Refuses (ResourceExhausted) when not even one session fits: a shard that cannot hold a
     session must not register as if it could.
@@ -323,7 +326,8 @@ def plan_worker_capacity(config: WorkerConfig, description: ModelDescription | N
     if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
         return CapacityPlan(config.max_sessions, 0, 0, 0, None)
     footprint = memory_footprint(description.path)
-    load, layers, budget = config.memory_load(), config.layers, config.memory_budget_bytes()
+    load, layers = config.memory_load(), config.layers
+    budget = placement_budget(config.memory_budget_bytes(), device, config.gpu_layers)
     sessions = load.sessions if budget is None else sessions_within(footprint, layers, load, budget)
     planned = replace(load, sessions=max(sessions, 1))
     weights = sum(footprint.block_bytes[layers.start : layers.stop])

@@ -19,8 +19,10 @@ from pathlib import Path
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
+from meshnet.core.devices import CPU, placement_budget
 from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from meshnet.core.layer_costs import LayerAdvice, LayerCosts, LayerQuestion, WorkerLoad, layer_costs
+from meshnet.engine.devices import find_device
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.node.assembly import model_identity
 from meshnet.node.config import LayerChoice, WorkerConfig
@@ -41,12 +43,16 @@ async def resolve_layers(config: WorkerConfig, security: LinkSecurity | None = N
     """``config`` with a fixed range: as given, or the one the tracker suggests for its budget."""
     if config.layer_choice.fixed is not None:
         return config
-    budget = config.memory_budget_bytes()
+    device = CPU if config.fake is not None else await asyncio.to_thread(find_device, config.device)
+    # A GPU that takes every layer must hold the range: its device memory decides first.
+    budget = placement_budget(config.memory_budget_bytes(), device, config.gpu_layers)
     if config.model is None or config.fake is not None or config.tracker is None or budget is None:
         raise InvalidArgument("--layers auto needs a GGUF --model, --tracker and --memory-budget-mb")
     model = config.model
     description = await asyncio.to_thread(describe_model, model)
-    identity = await asyncio.to_thread(model_identity, config, SliceCache(config.data_dir / "cache"), description)
+    cache = SliceCache(config.data_dir / "cache")
+    # The recipe on its device: the ranges the swarm needs are counted among that recipe's nodes.
+    identity = await asyncio.to_thread(model_identity, config, cache, description, device)
     costs = await asyncio.to_thread(model_costs, model, config.memory_load())
     question = LayerQuestion(identity.recipe.fingerprint(), costs, budget)
     advice = await _ask(config.tracker, question, security)

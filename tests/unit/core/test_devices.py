@@ -7,10 +7,12 @@ import pytest
 from meshnet.core.devices import (
     AUTO,
     CPU,
+    DEVICE_HEADROOM,
     DeviceDrift,
     DeviceInfo,
     DeviceRequest,
     choose_device,
+    placement_budget,
     route_drift,
     route_numerics,
 )
@@ -92,3 +94,16 @@ def test_only_a_family_fingerprint_makes_a_route_mixed() -> None:
     assert route_numerics("rcf-" + "0" * 32, (drift, None)) == "mixed (top-1 agreement 1.000, max |logit diff| 0.0625)"
     with pytest.raises(InvalidArgument):
         DeviceDrift(top1_agreement=1.5, max_abs_logit_diff=0.0, positions=1)
+
+
+def test_a_gpu_taking_every_layer_plans_within_its_device_memory() -> None:
+    """``--layers auto`` and the capacity plan fit a GPU worker's range to the device first."""
+    gib = 2**30
+    assert placement_budget(4 * gib, CPU, None) == 4 * gib  # the CPU: host memory, as before
+    assert placement_budget(None, CPU, None) is None
+    on_device = int(CUDA1.memory_free * DEVICE_HEADROOM)
+    assert placement_budget(None, CUDA1, None) == on_device
+    assert placement_budget(64 * gib, CUDA1, None) == on_device  # the smaller of the two
+    assert placement_budget(4 * gib, CUDA1, None) == 4 * gib
+    # Some layers left on the CPU live in host memory: the host budget plans them.
+    assert placement_budget(64 * gib, CUDA1, 10) == 64 * gib
