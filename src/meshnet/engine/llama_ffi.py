@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 from llama_cpp import _logger as llama_logger
@@ -20,59 +21,37 @@ from meshnet.core.errors import ArtifactError
 llama_logger.logger.setLevel(logging.ERROR)
 
 
-def _load_ggml_base() -> ctypes.CDLL:
+def _load(library: str) -> ctypes.CDLL:
+    """One of the wheel's own ggml libraries (``ggml-base``: tensors; ``ggml``: the registry)."""
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+    for name in (f"lib{library}.so", f"lib{library}.dylib", f"{library}.dll"):
         if (lib_dir / name).exists():
             return ctypes.CDLL(str(lib_dir / name))
-    raise OSError(f"libggml-base not found in {lib_dir}")
+    raise OSError(f"lib{library} not found in {lib_dir}")
 
 
-def _load_ggml() -> ctypes.CDLL:
-    """libggml: the backend registry (which devices this build offers)."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
-        if (lib_dir / name).exists():
-            return ctypes.CDLL(str(lib_dir / name))
-    raise OSError(f"libggml not found in {lib_dir}")
+def _bind(library: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+    function = getattr(library, name)
+    function.argtypes = list(argtypes)
+    function.restype = restype
+    return function
 
 
-_ggml = _load_ggml_base()
-ggml_get_name = _ggml.ggml_get_name
-ggml_get_name.argtypes = [ctypes.c_void_p]
-ggml_get_name.restype = ctypes.c_char_p
-ggml_nbytes = _ggml.ggml_nbytes
-ggml_nbytes.argtypes = [ctypes.c_void_p]
-ggml_nbytes.restype = ctypes.c_size_t
-ggml_backend_tensor_get = _ggml.ggml_backend_tensor_get
-ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-ggml_backend_tensor_get.restype = None
-
-_registry = _load_ggml()
-ggml_backend_dev_count = _registry.ggml_backend_dev_count
-ggml_backend_dev_count.argtypes = []
-ggml_backend_dev_count.restype = ctypes.c_size_t
-ggml_backend_dev_get = _registry.ggml_backend_dev_get
-ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-ggml_backend_dev_get.restype = ctypes.c_void_p
-ggml_backend_dev_name = _ggml.ggml_backend_dev_name
-ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-ggml_backend_dev_name.restype = ctypes.c_char_p
-ggml_backend_dev_description = _ggml.ggml_backend_dev_description
-ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-ggml_backend_dev_description.restype = ctypes.c_char_p
-ggml_backend_dev_type = _ggml.ggml_backend_dev_type
-ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-ggml_backend_dev_type.restype = ctypes.c_int
-ggml_backend_dev_memory = _ggml.ggml_backend_dev_memory
-ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-ggml_backend_dev_memory.restype = None
-ggml_backend_dev_backend_reg = _ggml.ggml_backend_dev_backend_reg
-ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
-ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
-ggml_backend_reg_name = _ggml.ggml_backend_reg_name
-ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-ggml_backend_reg_name.restype = ctypes.c_char_p
+_base, _registry = _load("ggml-base"), _load("ggml")
+_P, _SIZE = ctypes.c_void_p, ctypes.c_size_t
+ggml_get_name = _bind(_base, "ggml_get_name", ctypes.c_char_p, _P)
+ggml_nbytes = _bind(_base, "ggml_nbytes", _SIZE, _P)
+ggml_backend_tensor_get = _bind(_base, "ggml_backend_tensor_get", None, _P, _P, _SIZE, _SIZE)
+ggml_backend_dev_count = _bind(_registry, "ggml_backend_dev_count", _SIZE)
+ggml_backend_dev_get = _bind(_registry, "ggml_backend_dev_get", _P, _SIZE)
+ggml_backend_dev_name = _bind(_base, "ggml_backend_dev_name", ctypes.c_char_p, _P)
+ggml_backend_dev_description = _bind(_base, "ggml_backend_dev_description", ctypes.c_char_p, _P)
+ggml_backend_dev_type = _bind(_base, "ggml_backend_dev_type", ctypes.c_int, _P)
+ggml_backend_dev_memory = _bind(
+    _base, "ggml_backend_dev_memory", None, _P, ctypes.POINTER(_SIZE), ctypes.POINTER(_SIZE)
+)
+ggml_backend_dev_backend_reg = _bind(_base, "ggml_backend_dev_backend_reg", _P, _P)
+ggml_backend_reg_name = _bind(_base, "ggml_backend_reg_name", ctypes.c_char_p, _P)
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
 GGML_BACKEND_DEVICE_TYPE_ACCEL = 3
 """ggml-backend.h's ``enum ggml_backend_dev_type``: CPU, GPU, IGPU, ACCEL, META."""
