@@ -5,10 +5,15 @@ It is the normal ``meshnet worker`` on an engine that takes ``SECONDS_PER_TOKEN`
 token of every call, its start-up speed measurement included, so the speeds it registers are
 the ones it serves at: a 230-token prefill chunk takes it about 7 s, longer than any fixed
 per-step timeout of a few seconds would allow.
+
+``MESHNET_SLOW_SECONDS_PER_TOKEN`` sets another delay: a few milliseconds make an honest node
+several times slower than its peers on the test machine, not unusably slow (the honest heads of
+tests/integration/test_audit.py, which a faster rogue must beat to win users' routes).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -16,7 +21,7 @@ from typing import Any
 from meshnet.cli import main as cli
 from meshnet.engine import llama_backend
 
-SECONDS_PER_TOKEN = 0.03
+SECONDS_PER_TOKEN = float(os.environ.get("MESHNET_SLOW_SECONDS_PER_TOKEN", "0.03"))
 _run = llama_backend.LlamaBackend.run
 
 

@@ -5,8 +5,10 @@ pair and agrees, and every work record stays ``completed``. A completion ended b
 is one of them (issue 28: it used to be closed as a cancellation, stored ``cancelled`` and never
 audited): stored ``completed`` with the very tokens and billing units the client was told, and
 audited. Then a rogue joins (the normal
-worker with its forwarded hidden state shifted by 1% and a boasting decode rate, so the
-tracker routes users to it): within the next requests the audit names it, the tracker
+worker with its forwarded hidden state shifted by 1%, and a boasting decode rate the tracker
+does not believe): the honest heads run on slower machines (tests/integration/slow_worker.py),
+so the tracker, which routes by the speeds gateways measured, routes users to the faster rogue
+(its boast wins it nothing). Within the next requests the audit names it, the tracker
 quarantines it, the record of the request it served is marked ``unverified``, and the requests
 after that are served by honest nodes only, with the whole model's answer.
 """
@@ -20,6 +22,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,13 @@ from meshnet.route.life import billing_units
 pytestmark = pytest.mark.timeout(240)
 
 ROGUE = (sys.executable, str(Path(__file__).with_name("rogue_worker.py")))
+SLOW = (sys.executable, str(Path(__file__).with_name("slow_worker.py")))
+"""The honest heads' program: slower than a rogue head, which so wins users' routes honestly (by
+the speeds gateways measure). A boast cannot: an unmeasured newcomer is routed once, then
+believed at what that route measured (tracker/claims.py), and a rogue no replay can route
+through with another tail is never isolated by one request."""
+HONEST_HEAD_S_PER_TOKEN = 0.003
+"""The honest heads' added engine time per token: several times a tiny-model hop's own."""
 MAX_TOKENS = 32
 HONEST_REQUESTS = 50
 """Audited requests on the honest swarm: the audit's false-positive rate is measured over them."""
@@ -59,9 +69,12 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swarm]:
-    with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
+    with Swarm(tmp_path_factory.mktemp("swarm"), model) as running, pytest.MonkeyPatch.context() as env:
         running.start_tracker()
-        running.start_workers("0:3", "0:3", "3:6", "3:6")
+        env.setenv("MESHNET_SLOW_SECONDS_PER_TOKEN", str(HONEST_HEAD_S_PER_TOKEN))
+        running.start_workers("0:3", "0:3", program=SLOW)
+        env.delenv("MESHNET_SLOW_SECONDS_PER_TOKEN")
+        running.start_workers("3:6", "3:6")
         running.start_gateway(audit_fraction=1.0)
         running.wait_routable(nodes=4)
         yield running
@@ -173,6 +186,18 @@ def _quarantined(swarm: Swarm) -> list[str]:
     return [row[0] for row in query_db(swarm.db_path, "SELECT node_id FROM quarantined_nodes")]
 
 
+@contextmanager
+def _rogue(swarm: Swarm) -> Iterator[Worker]:
+    """A rogue head for the block, stopped when it ends, passed or failed: never two rogues live
+    at once (the audit assumes one faulty node among those it compares: two liars sharing an
+    honest tail would make that tail the one node every wrong original went through)."""
+    (rogue,) = swarm.start_workers("0:3", program=ROGUE)
+    try:
+        yield rogue
+    finally:
+        rogue.component.stop()
+
+
 def _tracker_id(swarm: Swarm, address: str) -> str:
     """The id the tracker gave the worker at ``address`` (a worker's own id is another).
 
@@ -232,32 +257,32 @@ def test_a_worker_altering_its_boundary_output_is_caught_and_no_longer_routed(
 ) -> None:
     # The rogue sizes its boast from what the honest nodes claimed (tests/integration/rogue_worker.py).
     monkeypatch.setenv("MESHNET_ROGUE_TRACKER_DB", str(swarm.db_path))
-    (rogue,) = swarm.start_workers("0:3", program=ROGUE)
-    swarm.wait_routable(nodes=5)
-    rogue_id = _tracker_id(swarm, rogue.address)
-    # Until the rogue has reported its seams (a heartbeat after the tracker asked it to probe),
-    # the planner charges them a pessimistic default and prefers the honest pairs; after that
-    # its boasts win it the users' requests. No user request goes out before that: the audit of
-    # one served by honest nodes could replay on the rogue and catch it there first, leaving no
-    # record of its own to mark (the product is right; this test wants the record).
-    _wait(
-        "the tracker routes users to the rogue",
-        lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
-    )
-    request_id, hops, _ = _ask(swarm)
-    assert rogue.address in hops, "the boasting rogue should have been routed user traffic"
-    served_by_rogue = [request_id]
-    _wait("the audit named the rogue", lambda: rogue_id in _quarantined(swarm))
-    assert _quarantined(swarm) == [rogue_id], "only the rogue is blamed"
-    _wait("its record was marked", lambda: _statuses(swarm).get(served_by_rogue[0]) == "unverified")
-    assert _audits(swarm)["caught"] >= 1
+    with _rogue(swarm) as rogue:
+        swarm.wait_routable(nodes=5)
+        rogue_id = _tracker_id(swarm, rogue.address)
+        # Until the rogue has reported its seams (a heartbeat after the tracker asked it to probe),
+        # the planner charges them a pessimistic default and prefers the honest pairs; after that
+        # its boasts win it the users' requests. No user request goes out before that: the audit of
+        # one served by honest nodes could replay on the rogue and catch it there first, leaving no
+        # record of its own to mark (the product is right; this test wants the record).
+        _wait(
+            "the tracker routes users to the rogue",
+            lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+        )
+        request_id, hops, _ = _ask(swarm)
+        assert rogue.address in hops, "the boasting rogue should have been routed user traffic"
+        served_by_rogue = [request_id]
+        _wait("the audit named the rogue", lambda: rogue_id in _quarantined(swarm))
+        assert _quarantined(swarm) == [rogue_id], "only the rogue is blamed"
+        _wait("its record was marked", lambda: _statuses(swarm).get(served_by_rogue[0]) == "unverified")
+        assert _audits(swarm)["caught"] >= 1
 
-    # Out of routing: the tracker counts the 4 honest nodes, and users get the honest answer.
-    models = asyncio.run(list_models(swarm.tracker_address, swarm.security))
-    assert models[0].nodes == 4
-    for _ in range(2):
-        request_id, hops, text = _ask(swarm)
-        assert rogue.address not in hops and text == expected
+        # Out of routing: the tracker counts the 4 honest nodes, and users get the honest answer.
+        models = asyncio.run(list_models(swarm.tracker_address, swarm.security))
+        assert models[0].nodes == 4
+        for _ in range(2):
+            request_id, hops, text = _ask(swarm)
+            assert rogue.address not in hops and text == expected
 
 
 # -- issue 29: audits no node can tell from users' requests; blame only what the evidence isolates;
@@ -319,36 +344,35 @@ def test_an_audit_aware_rogue_head_is_caught_and_no_honest_node_is_blamed(
     monkeypatch.setenv("MESHNET_ROGUE_TRACKER_DB", str(swarm.db_path))
     monkeypatch.setenv("MESHNET_ROGUE_AUDIT_MARKERS", AWARE_MARKERS)
     honest = {_tracker_id(swarm, worker.address) for worker in swarm.workers[:4]}
-    (rogue,) = swarm.start_workers("0:3", program=ROGUE)
-    rogue_id = _tracker_id(swarm, rogue.address)
-    everyone = _routable(swarm)  # the honest nodes and this rogue (an earlier test's stays out)
-    caught, rejoin_s, rules, started = 0, [], Counter[str](), time.monotonic()
-    for run in range(AWARE_RUNS):
-        _wait(
-            "the tracker routes users to the rogue",
-            lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+    with _rogue(swarm) as rogue:
+        rogue_id = _tracker_id(swarm, rogue.address)
+        everyone = _routable(swarm)  # the honest nodes and this rogue (an earlier test's stays out)
+        caught, rejoin_s, rules, started = 0, [], Counter[str](), time.monotonic()
+        for run in range(AWARE_RUNS):
+            _wait(
+                "the tracker routes users to the rogue",
+                lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+            )
+            was_caught, request_id, served = _run_against(swarm, rogue, rogue_id, expected)
+            blamed = set(_quarantined(swarm))
+            assert not blamed & honest, f"run {run}: an honest node was quarantined"
+            if not was_caught:
+                continue
+            caught += 1
+            rules[f"{_evidence_rules(swarm)[rogue_id]}, {'its own request' if served else 'a replay'}"] += 1
+            if served:
+                _wait("its record marked", lambda rid=request_id: _statuses(swarm).get(rid) == "unverified")
+            cleared_at = time.monotonic()
+            _clear(swarm, rogue_id)
+            _wait("the cleared rogue routable again", lambda: _routable(swarm) == everyone)
+            rejoin_s.append(time.monotonic() - cleared_at)
+        print(
+            f"\naudit-aware rogue ({AWARE_MARKERS}): caught in {caught}/{AWARE_RUNS} runs {dict(rules)}, "
+            f"{time.monotonic() - started:.0f} s; rejoined after clear in {max(rejoin_s, default=0):.1f} s at most"
         )
-        was_caught, request_id, served = _run_against(swarm, rogue, rogue_id, expected)
-        blamed = set(_quarantined(swarm))
-        assert not blamed & honest, f"run {run}: an honest node was quarantined"
-        if not was_caught:
-            continue
-        caught += 1
-        rules[f"{_evidence_rules(swarm)[rogue_id]}, {'its own request' if served else 'a replay'}"] += 1
-        if served:
-            _wait("its record marked", lambda rid=request_id: _statuses(swarm).get(rid) == "unverified")
-        cleared_at = time.monotonic()
-        _clear(swarm, rogue_id)
-        _wait("the cleared rogue routable again", lambda: _routable(swarm) == everyone)
-        rejoin_s.append(time.monotonic() - cleared_at)
-    print(
-        f"\naudit-aware rogue ({AWARE_MARKERS}): caught in {caught}/{AWARE_RUNS} runs {dict(rules)}, "
-        f"{time.monotonic() - started:.0f} s; rejoined after clear in {max(rejoin_s, default=0):.1f} s at most"
-    )
-    assert caught >= AWARE_RUNS - 1
-    # A cleared node is back within a few heartbeats (RefusalBackoff: at most 4, jitter aside).
-    assert max(rejoin_s) < 6 * swarm.heartbeat_s + 3.0
-    rogue.component.stop()
+        assert caught >= AWARE_RUNS - 1
+        # A cleared node is back within a few heartbeats (RefusalBackoff: at most 4, jitter aside).
+        assert max(rejoin_s) < 6 * swarm.heartbeat_s + 3.0
 
 
 REPEAT_REQUESTS = 6
@@ -365,29 +389,28 @@ def test_a_rogue_honest_on_every_repeated_prompt_is_never_answered_by_blaming_an
     monkeypatch.setenv("MESHNET_ROGUE_TRACKER_DB", str(swarm.db_path))
     monkeypatch.setenv("MESHNET_ROGUE_AUDIT_MARKERS", "repeat")
     honest = {_tracker_id(swarm, worker.address) for worker in swarm.workers[:4]}
-    (rogue,) = swarm.start_workers("0:3", program=ROGUE)
-    rogue_id = _tracker_id(swarm, rogue.address)
-    before, served, started = _audits(swarm), 0, time.monotonic()
-    for index in range(REPEAT_REQUESTS):
-        if rogue_id in _quarantined(swarm):
-            break
-        _wait(
-            "the tracker routes users to the rogue",
-            lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+    with _rogue(swarm) as rogue:
+        rogue_id = _tracker_id(swarm, rogue.address)
+        before, served, started = _audits(swarm), 0, time.monotonic()
+        for index in range(REPEAT_REQUESTS):
+            if rogue_id in _quarantined(swarm):
+                break
+            _wait(
+                "the tracker routes users to the rogue",
+                lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+            )
+            # A prompt of its own each time: the rogue's first sight of it is this user's request
+            # when it serves it (and lies), else a replay of it (and it lies there, and is caught).
+            content = f"{PROMPT} (repeat {index})"
+            _, _, was_served = _run_against(swarm, rogue, rogue_id, None, content=content)
+            served += was_served
+            assert not set(_quarantined(swarm)) & honest, "an honest node was quarantined"
+        after = _audits(swarm)
+        grew = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in ("clean", "undecided", "caught")}
+        print(
+            f"\nrepeat-aware rogue: served {served} request(s), audits {grew}, "
+            f"caught: {rogue_id in _quarantined(swarm)}, {time.monotonic() - started:.0f} s"
         )
-        # A prompt of its own each time: the rogue's first sight of it is this user's request
-        # when it serves it (and lies), else a replay of it (and it lies there, and is caught).
-        content = f"{PROMPT} (repeat {index})"
-        _, _, was_served = _run_against(swarm, rogue, rogue_id, None, content=content)
-        served += was_served
-        assert not set(_quarantined(swarm)) & honest, "an honest node was quarantined"
-    after = _audits(swarm)
-    grew = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in ("clean", "undecided", "caught")}
-    print(
-        f"\nrepeat-aware rogue: served {served} request(s), audits {grew}, "
-        f"caught: {rogue_id in _quarantined(swarm)}, {time.monotonic() - started:.0f} s"
-    )
-    # A 1% shift does not change every greedy answer: a request it served may audit clean (its
-    # tokens were right). Those it changed are never clean, and never blamed on another node.
-    assert served >= 1 and grew["undecided"] + grew["caught"] >= 1
-    rogue.component.stop()
+        # A 1% shift does not change every greedy answer: a request it served may audit clean (its
+        # tokens were right). Those it changed are never clean, and never blamed on another node.
+        assert served >= 1 and grew["undecided"] + grew["caught"] >= 1
