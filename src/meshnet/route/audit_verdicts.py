@@ -25,9 +25,12 @@ is, and blame assumes only that one node is faulty among those a request's runs 
   the culprit.
 
 On an honest swarm every run of a request agrees, so no request is ever unreproducible and no
-node is ever blamed, by either rule. Two colluding faulty nodes could frame an honest one that
-shares their routes; the rules assume they do not (and say nothing then, rather than guess,
-when they contradict each other).
+node is ever blamed, by either rule. The rules assume one faulty node among the nodes a
+request's runs used (and say nothing, rather than guess, when faults contradict each other).
+Two faulty nodes break that: colluding or not, two rogues whose unreproducible originals each
+shared one honest node (their common tail, say) make ``across_requests`` name that node, since
+{R1, T}, {R2, T} reads exactly as {R, T1}, {R, T2}. Measured in the lab by accident (two rogues
+left live at once); not yet answered here.
 """
 
 from __future__ import annotations
