@@ -28,6 +28,7 @@ from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeCapability
 from meshnet.core.tracking import Route
 from meshnet.gateway.app import create_app
 from meshnet.gateway.config import GatewayConfig
@@ -38,7 +39,7 @@ from meshnet.route.swarm import SwarmClient, SwarmConfig
 MODEL = "bench"
 OFFSET = 2
 """Token id = byte + 2 (0 and 1 are BOS and EOS), as the gateway's unit-test codec."""
-HOP = RouteHop(NodeId("node-a"), "127.0.0.1:1", LayerRange(0, 2))
+HOP = RouteHop(NodeId("node-a"), "127.0.0.1:1", LayerRange(0, 2), NodeCapability(1 << 20, 256, 1 << 20, 4 << 20, 64, 8))
 
 
 class _Tracker:
