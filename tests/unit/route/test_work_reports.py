@@ -144,7 +144,9 @@ async def test_a_record_that_keeps_failing_does_not_hold_back_the_ones_behind_it
     reporter = WorkReporter(tracker, ReportPolicy(backoff_s=(0.001, 0.002), batch=1))
     for name in ("poison", "a", "b", "c"):
         reporter.file(record(name))
-    await until(lambda: set(tracker.stored) == {"a", "b", "c"})
+    # Acknowledged, not only stored: the tracker stores a record before the reporter hears so.
+    await until(lambda: reporter.counts["acknowledged"] == 3)
+    assert set(tracker.stored) == {"a", "b", "c"}
     assert reporter.figures()["outbox_records"] == 1  # poison, kept
     await reporter.drain(timeout_s=0.0)
 
@@ -176,7 +178,8 @@ async def test_a_provisional_record_is_not_sent_while_its_request_runs(tmp_path:
     reporter = WorkReporter(tracker, FAST, outbox)
     await reporter.write_ahead(record("running", "unverified", 0))
     reporter.file(record("other"))
-    await until(lambda: "other" in tracker.stored)
+    await until(lambda: reporter.counts["acknowledged"] == 1)  # stored, and the outbox told
+    assert "other" in tracker.stored
     await reporter.drain()
     assert "running" not in tracker.attempts
     assert outbox.pending() == [record("running", "unverified", 0)]
