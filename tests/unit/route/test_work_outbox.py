@@ -8,30 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from work_samples import record
 
 from meshnet.core.errors import FailedPrecondition, Unavailable
-from meshnet.core.ids import NodeId, RequestId, SessionId
-from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeWork, WorkRecord
+from meshnet.core.ids import RequestId
+from meshnet.core.tracking import WorkRecord
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
 FAST = ReportPolicy(timeout_s=0.1, backoff_s=(0.01, 0.02), drain_s=0.5)
-
-
-def record(request_id: str, status: str = "completed", tokens_out: int = 4) -> WorkRecord:
-    return WorkRecord(
-        request_id=RequestId(request_id),
-        model="tiny",
-        status=status,  # type: ignore[arg-type]
-        tokens_in=3,
-        tokens_out=tokens_out,
-        attribution=(NodeWork(NodeId("n-a"), LayerRange(0, 6), 3 + tokens_out),),
-        billing_units=0.75 + tokens_out,
-        started_at=100.0,
-        finished_at=101.0,
-        session_id=SessionId("s-1"),
-    )
 
 
 @dataclass

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from work_samples import record
+
 from meshnet.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -21,29 +23,12 @@ from meshnet.core.errors import (
     StorageUnavailable,
     Unavailable,
 )
-from meshnet.core.ids import NodeId, RequestId, SessionId
-from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeWork, WorkRecord
+from meshnet.core.tracking import WorkRecord
 from meshnet.route.outbox import WorkOutbox, record_to_json
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
 FAST = ReportPolicy(timeout_s=0.1, backoff_s=(0.001, 0.002), drain_s=2.0)
 WITHIN_S = 5.0
-
-
-def record(request_id: str, status: str = "completed", tokens_out: int = 4) -> WorkRecord:
-    return WorkRecord(
-        request_id=RequestId(request_id),
-        model="tiny",
-        status=status,  # type: ignore[arg-type]
-        tokens_in=3,
-        tokens_out=tokens_out,
-        attribution=(NodeWork(NodeId("n-a"), LayerRange(0, 6), 3 + tokens_out),),
-        billing_units=0.75 + tokens_out,
-        started_at=100.0,
-        finished_at=101.0,
-        session_id=SessionId("s-1"),
-    )
 
 
 @dataclass
