@@ -96,6 +96,13 @@ class StorageDamaged(IntegrityError):
     code = "storage_damaged"
 
 
+class SnapshotRefused(IntegrityError):
+    """A KV snapshot that is corrupt, of another recipe or layer range, or of other tokens than
+    the session's: never restored (the session replays its tokens instead)."""
+
+    code = "snapshot_refused"
+
+
 class FailedPrecondition(MeshnetError):
     """A well-formed request that does not fit the current state (stale epoch, position gap)."""
 
@@ -126,6 +133,13 @@ class CacheMiss(MeshnetError):
 
     code = "cache_miss"
     retryable = True
+
+
+class PrefixEvicted(CacheMiss):
+    """The KV a session was opened to reuse (a prompt prefix, a snapshot) is no longer held
+    here; the sender opens it again without reuse, and the route computes it from the tokens."""
+
+    code = "prefix_evicted"
 
 
 class Unavailable(MeshnetError):

@@ -133,4 +133,14 @@ class Backend(Protocol):
         """Forget positions >= ``position`` of ``slot`` (0 forgets the whole sequence)."""
         ...
 
+    def export_slot(self, slot: int) -> bytes:
+        """The KV ``slot`` holds (every position it has), as bytes ``import_slot`` takes back:
+        what the shard keeps to reuse a prompt's prefix or to resume a session elsewhere."""
+        ...
+
+    def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
+        """Replace ``slot``'s KV with ``blob`` (an ``export_slot`` of a shard of this recipe and
+        layer range) holding positions ``[0, tokens)``; SnapshotRefused when it does not load."""
+        ...
+
     def close(self) -> None: ...

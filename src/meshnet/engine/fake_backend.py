@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from meshnet.core.errors import InvalidArgument, ResourceExhausted
+from meshnet.core.errors import InvalidArgument, ResourceExhausted, SnapshotRefused
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
 
@@ -120,6 +120,18 @@ class FakeBackend:
         if position == 0:
             self._state[slot] = 0.0
         self._length[slot] = min(self._length[slot], position)
+
+    def export_slot(self, slot: int) -> bytes:
+        header = np.array([self._length[slot], *self._state[slot].shape], np.int64)
+        return header.tobytes() + self._state[slot].tobytes()
+
+    def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
+        expected = 8 * (3 + self._state[slot].size)
+        header = np.frombuffer(blob[:24], np.int64) if len(blob) == expected else None
+        if header is None or tuple(header[1:]) != self._state[slot].shape or int(header[0]) != tokens:
+            raise SnapshotRefused("not a state of this fake shard's layers at that length")
+        self._state[slot] = np.frombuffer(blob[24:], np.float64).reshape(self._state[slot].shape)
+        self._length[slot] = tokens
 
     def close(self) -> None:
         pass

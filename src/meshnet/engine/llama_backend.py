@@ -21,7 +21,7 @@ import numpy as np
 
 from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
-from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted
+from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted, SnapshotRefused
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
 from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
 from meshnet.engine.devices import device_handle
@@ -345,6 +345,32 @@ class LlamaBackend:
         if not 0 <= slot < self._shape.max_slots or position < 0:
             raise InvalidArgument(f"cannot truncate slot {slot} at {position}")
         llama_cpp.llama_memory_seq_rm(self._memory, slot, position, -1)
+
+    def export_slot(self, slot: int) -> bytes:
+        # llama.cpp's per-sequence state: the slot's cells of every owned layer (and, under a
+        # sliding window, of the window cache as it stands), in llama.cpp's own format.
+        if not 0 <= slot < self._shape.max_slots:
+            raise InvalidArgument(f"cannot export slot {slot}")
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, slot)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, slot)
+        if written == 0:
+            raise EngineError(f"llama.cpp could not export the KV of slot {slot}")
+        return bytes(memoryview(buffer)[:written])
+
+    def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
+        if not 0 <= slot < self._shape.max_slots or not 0 < tokens <= self._shape.n_ctx_per_slot:
+            raise InvalidArgument(f"cannot import {tokens} positions into slot {slot}")
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
+        data = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, data, len(blob), slot)
+        held = self.slot_length(slot)
+        if read != len(blob) or held != tokens:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
+            raise SnapshotRefused(
+                f"llama.cpp did not load the KV state ({read} of {len(blob)} bytes read, {held} positions "
+                f"where {tokens} were expected): it is not a state of this shard's layers"
+            )
 
     def slot_length(self, slot: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._memory, slot)) + 1

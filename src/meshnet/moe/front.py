@@ -71,6 +71,12 @@ class ExpertGroupBackend:
             raise self.failure
         return self._guarded(lambda: self._group.run(batch))
 
+    def export_slot(self, slot: int) -> bytes:
+        raise FailedPrecondition("an expert group's KV lives on its nodes: it keeps no prefixes or snapshots")
+
+    def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
+        raise FailedPrecondition("an expert group's KV lives on its nodes: it keeps no prefixes or snapshots")
+
     def truncate(self, slot: int, position: int) -> None:
         if self.failure is None:  # a broken group has nothing to free: its nodes refuse every call
             self._guarded(lambda: self._group.truncate(slot, position))
