@@ -38,11 +38,15 @@ class RouteAccepted:
     numerics: str = "exact"
     """``exact``, or ``mixed`` with the measured drift of a route over several device classes
     (``core.devices.route_numerics``)."""
+    cached_tokens: int = 0
+    """Prompt tokens the route holds KV for and will not compute again (``route.kv_plan``)."""
 
 
 @dataclass(frozen=True)
 class PrefillStarted:
     prompt_tokens: int
+    cached_tokens: int = 0
+    """Prompt tokens whose KV every shard of the route restored instead of computing."""
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ class GenerationRequest:
     """Model name (or recipe fingerprint) to route to; empty means the only model served."""
     timeout_s: float | None = None
     """Whole-request budget; every hop gets what is left of it."""
+    cache_salt: str = ""
+    """Reuse stored prompt KV only with requests of the same salt (``core.prefix``): a tenant
+    whose prompts must not be confirmed by another's timing gives one of its own."""
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None and not 0 < self.timeout_s <= 86_400:
@@ -66,3 +69,5 @@ class GenerationRequest:
             raise InvalidArgument("the prompt is empty: give at least one token")
         if self.max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if len(self.cache_salt) > 256:
+            raise InvalidArgument("cache_salt must be at most 256 characters")

@@ -12,9 +12,7 @@ The key of a prefix of ``k`` chunks is ``chain[k - 1]``: block ``i``'s hash cove
 token ids and the hash before it, the first one a seed binding recipe, chunk size and namespace.
 So equal keys mean equal token prefixes of one recipe, a middle shard (which never sees a
 token) can key what it holds by the chain the head vouches for, and a longest match is a walk
-down the chain. The namespace keeps apart KV that equal tokens do not make equal: a session's
-snapshot, whose rows after its prompt were decode steps (``snapshot_namespace``), and tenants that
-must not share a cache (``cache_salt``).
+down the chain. The namespace keeps apart tenants that must not share a cache (``cache_salt``).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ BLOCK_HASH_BYTES = 16
 MAX_CHAIN_BLOCKS = 16384
 """The longest chain a frame or a probe may carry (a million positions at a 64-token chunk)."""
 PROMPT_NAMESPACE = "prompt"
+MAX_NAMESPACE_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,6 @@ def prompt_namespace(cache_salt: str = "") -> str:
     if not cache_salt:
         return PROMPT_NAMESPACE
     return f"{PROMPT_NAMESPACE}|salt:{hashlib.sha256(cache_salt.encode()).hexdigest()}"
-
-
-def snapshot_namespace(prompt_tokens: int, cache_salt: str = "") -> str:
-    """The namespace of a session's snapshots: KV whose rows from ``prompt_tokens`` on were
-    written by decode steps, reusable only by a replay of that same session."""
-    return f"session|prompt:{prompt_tokens}|{prompt_namespace(cache_salt)}"
 
 
 def next_link(previous: bytes, block: np.ndarray) -> bytes:
@@ -137,3 +130,39 @@ class ChainVerifier:
             self._verified += 1
             self._pending = [rest] if len(rest) else []
             self._pending_rows = len(rest)
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """What a session's opening frame tells each shard about reusable KV.
+
+    ``chain`` links the prompt's whole chunks (as the head checks them, ``ChainVerifier``); the
+    session starts at position ``reused_blocks * chunk`` with the KV stored for
+    ``chain[:reused_blocks]``, and each shard keeps its KV of ``chain[:save_blocks]`` once the
+    prefill has written it (0: keeps nothing).
+    """
+
+    chain: tuple[bytes, ...]
+    reused_blocks: int = 0
+    save_blocks: int = 0
+    namespace: str = PROMPT_NAMESPACE
+    """The chain's namespace (``prompt_namespace``): the head checks the chain from its seed."""
+
+    def __post_init__(self) -> None:
+        check_chain(self.chain)
+        if not self.namespace.startswith(PROMPT_NAMESPACE) or len(self.namespace) > MAX_NAMESPACE_CHARS:
+            raise InvalidArgument(f"a KV plan's namespace must be a prompt namespace, got {self.namespace[:40]!r}")
+        if not 0 <= self.reused_blocks <= len(self.chain) or not 0 <= self.save_blocks <= len(self.chain):
+            raise InvalidArgument(
+                f"a KV plan reusing {self.reused_blocks} and keeping {self.save_blocks} of {len(self.chain)} blocks"
+            )
+        if self.save_blocks and self.save_blocks <= self.reused_blocks:
+            raise InvalidArgument("a KV plan keeps a prefix longer than the one it reuses, or none")
+
+    @property
+    def reused_chain(self) -> tuple[bytes, ...]:
+        return self.chain[: self.reused_blocks]
+
+    @property
+    def saved_chain(self) -> tuple[bytes, ...]:
+        return self.chain[: self.save_blocks]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.node.config import WorkerConfig
 
 
 @dataclass(frozen=True)
@@ -49,3 +50,9 @@ class LocalSwarmConfig:
     """Let llama.cpp repack weights at load (Q4_0 here); part of the recipe, passed to every
     worker, node and front. --no-repack reads them from the mapping, so --expert-cache-mb can
     bound Q4_0 experts."""
+    prefix_cache_mb: float = WorkerConfig.prefix_cache_mb
+    """Each worker's store of recent prompts' KV, reused by a prompt that starts the same way
+    (a conversation's next turn prefills only what is new); 0 turns reuse off."""
+    prefill_chunk: int = WorkerConfig.prefill_chunk
+    """Tokens per prefill call on every worker (part of the recipe); stored prompt KV is reused in
+    whole chunks, so a smaller chunk reuses more of each turn."""

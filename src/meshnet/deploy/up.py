@@ -92,6 +92,8 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
         threads=config.threads,
         metrics_port=0,
         repack=config.repack,
+        prefix_cache_mb=config.prefix_cache_mb,
+        prefill_chunk=config.prefill_chunk,
     )
     command = worker_command(worker, _security(config, name, "worker"))
     return Supervised(LaunchSpec(f"worker {layers}", command, logs / f"{name}.log", WorkerLine.PREFIX, _child_env()))

@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from meshnet.core.errors import FailedPrecondition
 from meshnet.core.layers import LayerRange
 
 ShardRole = Literal["full", "head", "middle", "tail"]
@@ -119,6 +120,17 @@ def join_pieces(outputs: list[StepOutput]) -> StepOutput:
         return StepOutput(slot, hidden=np.concatenate(hidden))
     logits = [o.logits for o in outputs if o.logits is not None]
     return StepOutput(slot, logits=np.concatenate(logits) if logits else None)
+
+
+class KeepsNoKv:
+    """For a backend whose KV lives elsewhere (an expert group's nodes): nothing to export or
+    restore, so its shard keeps no prefixes or snapshots (its store's budget is 0)."""
+
+    def export_slot(self, slot: int) -> bytes:
+        raise FailedPrecondition("an expert group's KV lives on its nodes: it keeps no prefixes or snapshots")
+
+    def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
+        raise FailedPrecondition("an expert group's KV lives on its nodes: it keeps no prefixes or snapshots")
 
 
 class Backend(Protocol):

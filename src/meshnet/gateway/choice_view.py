@@ -76,6 +76,7 @@ def accepted_payload(event: RouteAccepted, queue_seconds: float = 0.0) -> dict[s
         "quantization": event.quantization,
         "epoch": event.epoch,
         "numerics": event.numerics,
+        "cached_tokens": event.cached_tokens,
         "hops": [
             {"node_id": hop.node_id, "address": hop.address, "layers": str(hop.layers), "device": hop.capability.device}
             for hop in event.hops
@@ -150,7 +151,8 @@ class ChoiceView:
         if isinstance(note, RouteAccepted):
             return self.telemetry("accepted", accepted_payload(note, self._queue_seconds))
         if isinstance(note, PrefillStarted):
-            return self.telemetry("prefill_started", {"prompt_tokens": note.prompt_tokens})
+            data = {"prompt_tokens": note.prompt_tokens, "cached_tokens": note.cached_tokens}
+            return self.telemetry("prefill_started", data)
         if isinstance(note, PrefillProgress):
             return self.telemetry("prefill_progress", prefill_progress_payload(note))
         if isinstance(note, PrefillCompleted):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.engine.backend import KeepsNoKv, ShardShape, StepInput, StepOutput
 from meshnet.moe.config import ExpertFrontConfig
 from meshnet.moe.group_client import ExpertGroupClient
 from meshnet.moe.ownership import numerics_mismatch
@@ -48,7 +48,7 @@ GROUP_STEP_TIMEOUT_S = 30.0
 driver's stream loss and liveness probe, ``moe/group_client.py``)."""
 
 
-class ExpertGroupBackend:
+class ExpertGroupBackend(KeepsNoKv):
     """The ``Backend`` a front's engine loop owns: the group driver, cut to the front's chunk.
 
     Prompts are cut at the front's ``prefill_chunk`` (aligned to absolute positions, as every
@@ -70,12 +70,6 @@ class ExpertGroupBackend:
         if self.failure is not None:
             raise self.failure
         return self._guarded(lambda: self._group.run(batch))
-
-    def export_slot(self, slot: int) -> bytes:
-        raise FailedPrecondition("an expert group's KV lives on its nodes: it keeps no prefixes or snapshots")
-
-    def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
-        raise FailedPrecondition("an expert group's KV lives on its nodes: it keeps no prefixes or snapshots")
 
     def truncate(self, slot: int, position: int) -> None:
         if self.failure is None:  # a broken group has nothing to free: its nodes refuse every call

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from meshnet.core.errors import DeadlineExceeded, EngineError, MeshnetError, Unavailable
-from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.engine.backend import KeepsNoKv, ShardShape, StepInput, StepOutput
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.backend import ExpertParallelBackend, RowExchange
 from meshnet.moe.ownership import ExpertOwnership, SlotRows
@@ -82,7 +82,7 @@ class _BoardEndpoint:
         self._board.abort(reason)
 
 
-class ExpertGroup:
+class ExpertGroup(KeepsNoKv):
     """N expert-parallel nodes driven together: every ``run`` runs on all of them at once.
 
     Each node computes the whole backbone, so every node's logits are the group's; they are

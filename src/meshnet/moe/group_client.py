@@ -21,7 +21,7 @@ import grpc.aio
 
 from meshnet.core.errors import EngineError, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
-from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.engine.backend import KeepsNoKv, ShardShape, StepInput, StepOutput
 from meshnet.membership.channel import RenewingChannel
 from meshnet.moe import wire as expert_wire
 from meshnet.moe.loop_thread import LoopThread
@@ -36,7 +36,7 @@ PROBE_TIMEOUT_S = 1.0
 Outcome = expert_wire.ExpertStepReply | MeshnetError
 
 
-class ExpertGroupClient:
+class ExpertGroupClient(KeepsNoKv):
     def __init__(
         self, addresses: Sequence[str], step_timeout_s: float = 30.0, *, security: LinkSecurity | None = None
     ) -> None:

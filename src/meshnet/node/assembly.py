@@ -51,6 +51,7 @@ from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
 from meshnet.security.tickets import TicketVerifier
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
+from meshnet.session.kv_store import KvStore
 from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity, bind, link_options
 
@@ -124,8 +125,18 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         grammars = await asyncio.to_thread(tail_grammars, config, description)
         connect, ring = partial(ShardStream, links), partial(RingStream, links)
         tickets = ticket_gate(security)
+        store = KvStore(capacity.prefix_cache_bytes)
         shard = build_shard(
-            node_id, record, loop, policy, capacity, connect, open_ring=ring, tickets=tickets, grammars=grammars
+            node_id,
+            record,
+            loop,
+            policy,
+            capacity,
+            connect,
+            open_ring=ring,
+            tickets=tickets,
+            kv_store=store,
+            grammars=grammars,
         )
     except BaseException:
         await asyncio.to_thread(loop.stop)
@@ -324,7 +335,7 @@ def plan_worker_capacity(
     session must not register as if it could.
     """
     if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
-        return CapacityPlan(config.max_sessions, 0, 0, 0, None)
+        return CapacityPlan(config.max_sessions, 0, 0, 0, None, config.prefix_cache_bytes)
     footprint = memory_footprint(description.path)
     load, layers = config.memory_load(), config.layers
     budget = placement_budget(config.memory_budget_bytes(), device, config.gpu_layers)
@@ -339,4 +350,7 @@ def plan_worker_capacity(
             f"({weights / 2**20:.0f} MiB), the runtime, scratch and what the range carries besides "
             f"({other / 2**20:.0f} MiB) and one session's KV ({kv / 2**20:.1f} MiB)"
         )
-    return CapacityPlan(sessions, weights, kv, other, budget)
+    # The sessions come first; the reuse store gets what the budget has left, up to its own.
+    left = None if budget is None else budget - (weights + other + kv * planned.sessions)
+    store = config.prefix_cache_bytes if left is None else max(0, min(config.prefix_cache_bytes, left))
+    return CapacityPlan(sessions, weights, kv, other, budget, store)

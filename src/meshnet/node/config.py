@@ -86,7 +86,12 @@ class WorkerConfig:
     n_ctx_per_session: int = field(default=2048, metadata=cli("context"))
     """Positions (prompt plus output) each session may hold."""
     prefill_chunk: int = 256
-    """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics."""
+    """Tokens per prefill llama_decode call. Part of the recipe: chunking fixes numerics, and
+    stored prompt KV is reused in whole chunks (a smaller chunk reuses more of a conversation)."""
+    prefix_cache_mb: float = 256.0
+    """KV of recent prompts' chunk-aligned prefixes kept to reuse (least recently used goes
+    first): a prompt that starts the same way prefills only the rest. Counted in
+    --memory-budget-mb; 0 turns reuse off."""
     flash_attn: bool = True
     """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
     mmap: bool = True
@@ -157,6 +162,10 @@ class WorkerConfig:
             raise InvalidArgument("--session-share takes (0, 1], --session-min-rate > 0, --session-grace >= 0")
         if self.expert_cache_mb is not None and (self.experts is None or self.expert_cache_mb <= 0):
             raise InvalidArgument("--expert-cache-mb takes a positive size, on an expert-parallel node (--experts I/N)")
+        if self.prefix_cache_mb < 0:
+            raise InvalidArgument(
+                f"--prefix-cache-mb takes a size in MB (0 turns reuse off), got {self.prefix_cache_mb}"
+            )
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise InvalidArgument(f"--gpu-layers takes a count of layers (0 or more), got {self.gpu_layers}")
         if self.expert_group and (
@@ -192,6 +201,11 @@ class WorkerConfig:
 
     def memory_budget_bytes(self) -> int | None:
         return None if self.memory_budget_mb is None else int(self.memory_budget_mb * 2**20)
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        """The reuse store's budget; an expert group keeps no KV of its own (its nodes do)."""
+        return 0 if self.expert_group else int(self.prefix_cache_mb * 2**20)
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
         """Admission for the session table, with the capacity plan's session count."""

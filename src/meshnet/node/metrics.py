@@ -38,6 +38,16 @@ class ShardMetrics:
     capability_calls: int = 0
     """GetCapability calls answered: an admin call, which no request should make (routes carry
     each hop's capability)."""
+    prefix_hits: int = 0
+    """Sessions opened on stored KV of their prompt's prefix (``session.kv_store``)."""
+    prefix_misses: int = 0
+    prefix_reused_tokens: int = 0
+    """Prompt positions restored instead of computed, summed over hits."""
+    prefix_bytes: int = 0
+    """KV held for reuse now (within ``prefix_budget_bytes``)."""
+    prefix_budget_bytes: int = 0
+    prefix_entries: int = 0
+    prefix_evictions: int = 0
 
     @property
     def kv_used_fraction(self) -> float:
@@ -72,6 +82,13 @@ class ShardMetrics:
             "weight_bytes": float(self.weight_bytes),
             "seam_messages_total": float(self.seam_messages),
             "capability_calls_total": float(self.capability_calls),
+            "prefix_hits_total": float(self.prefix_hits),
+            "prefix_misses_total": float(self.prefix_misses),
+            "prefix_reused_tokens_total": float(self.prefix_reused_tokens),
+            "prefix_bytes": float(self.prefix_bytes),
+            "prefix_budget_bytes": float(self.prefix_budget_bytes),
+            "prefix_entries": float(self.prefix_entries),
+            "prefix_evictions_total": float(self.prefix_evictions),
         }
 
     def node_load(self, peer_rtt_ms: tuple[tuple[str, float], ...] = ()) -> NodeLoad:
@@ -82,8 +99,11 @@ class ShardMetrics:
             queue_depth=self.queue_depth,
             kv_used_fraction=self.kv_used_fraction,
             peer_rtt_ms=peer_rtt_ms,
-            memory_used_bytes=int(self.weight_bytes + self.other_bytes + self.kv_bytes_in_use),
+            memory_used_bytes=int(self.weight_bytes + self.other_bytes + self.kv_bytes_in_use + self.prefix_bytes),
             memory_budget_bytes=int(
-                self.weight_bytes + self.other_bytes + self.kv_bytes_per_session * self.max_sessions
+                self.weight_bytes
+                + self.other_bytes
+                + self.kv_bytes_per_session * self.max_sessions
+                + self.prefix_budget_bytes
             ),
         )

@@ -23,6 +23,7 @@ from meshnet.wire.shard_wire import (
     cancel_reply_to_proto,
     capability_to_proto,
     frame_from_proto,
+    held_kv_from_proto,
     metrics_to_proto,
     release_reply_to_proto,
     result_to_proto,
@@ -67,6 +68,14 @@ class ShardServicer(pb.ShardServicer):
     async def GetMetrics(self, request: pb.MetricsRequest, context: grpc.aio.ServicerContext) -> pb.MetricsSnapshot:
         await self._admit(context, "GetMetrics")
         return metrics_to_proto(self.shard.metrics().values())
+
+    async def HeldKv(self, request: pb.HeldKvRequest, context: grpc.aio.ServicerContext) -> pb.HeldKvReply:
+        await self._admit(context, "HeldKv")
+        try:
+            fingerprint, chain = held_kv_from_proto(request)
+        except MeshnetError as error:
+            await abort_with(context, error)
+        return pb.HeldKvReply(blocks=self.shard.held_kv(fingerprint, chain))
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         return release_reply_to_proto(await self._end(request, context, "Release", "released"))

@@ -17,6 +17,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.node_record import NodeRecord
 from meshnet.engine.backend import StepInput
 from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.node.kv_reuse import KvReuse
 from meshnet.node.metrics import ShardMetrics
 from meshnet.node.ring import OpenRing, RingMailbox, TailState
 from meshnet.node.session_counts import SessionCounts
@@ -33,6 +34,7 @@ from meshnet.node.stages import (
 from meshnet.node.tickets import TicketGate
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
+from meshnet.session.kv_store import KvStore
 from meshnet.session.table import Session, SessionTable
 from meshnet.wire.frames import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -61,6 +63,7 @@ class Shard(Generic[S]):
         output: OutputStage[S],
         continuation: Continuation,
         tickets: TicketGate,
+        kv: KvReuse,
     ) -> None:
         self.node_id = node_id
         self.record = record
@@ -71,6 +74,7 @@ class Shard(Generic[S]):
         self._output = output
         self._continuation = continuation
         self._tickets = tickets
+        self.kv = kv
         self._draining = False
         self._seam_messages = 0
         self._capability_calls = 0
@@ -106,6 +110,7 @@ class Shard(Generic[S]):
             session = await self._open(frame, stream_deadline, opener)
             self._tickets.hold(meta.session_id, meta.route_epoch, ticket)
             try:
+                await self._reuse(session, frame)
                 return await self._run(session, frame)
             except BaseException:
                 await self.end(meta.session_id, "its opening frame failed")
@@ -164,6 +169,19 @@ class Shard(Generic[S]):
             await self._teardown(evicted)
         return session
 
+    async def _reuse(self, session: Session[S], frame: StepFrame) -> None:
+        """Restore the KV the opening frame's plan reuses (exact routes only: a mixed-device
+        route's hops computed what they hold on other devices than this route's)."""
+        meta = frame.meta
+        if frame.kv is not None and meta.fingerprint != self.record.fingerprint:
+            raise InvalidArgument("only an exact route (one device class) reuses stored KV")
+        position = await self.kv.open(session.key, session.slot, meta.position, frame.kv, meta.fingerprint)
+        self._table.start_at(session, position)
+
+    def held_kv(self, fingerprint: str, chain: tuple[bytes, ...]) -> int:
+        """How many blocks of ``chain`` this shard holds KV for (0 for another recipe)."""
+        return self.kv.held(chain) if fingerprint == self.record.fingerprint else 0
+
     async def _run(
         self, session: Session[S], frame: StepFrame, computed: asyncio.Future[None] | None = None
     ) -> StepResult:
@@ -175,7 +193,8 @@ class Shard(Generic[S]):
         deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
         session.busy = True
         try:
-            output = await self._loop.run_step(_engine_input(session.slot, frame), deadline=deadline)
+            step = _engine_input(session.slot, frame)
+            output = await self.kv.run(session.key, step, deadline, prefill=meta.phase == "prefill")
             if computed is not None:
                 # Whoever waits on this runs once the emit below has sent the frame on (its
                 # first suspension), so the frame leaves before the waiter's own work.
@@ -247,6 +266,7 @@ class Shard(Generic[S]):
 
     async def _teardown(self, session: Session[S]) -> None:
         self.counts.ended(session.key, session.epoch, session.next_position)
+        self.kv.close(session.key)
         try:
             await self._loop.truncate(session.slot, 0)
         finally:
@@ -294,7 +314,7 @@ class Shard(Generic[S]):
         )
 
     def metrics(self) -> ShardMetrics:
-        stats, table = self._loop.stats, self._table
+        stats, table, store = self._loop.stats, self._table, self.kv.store
         return ShardMetrics(
             active_sessions=len(table),
             free_sessions=table.free_slots,
@@ -313,6 +333,13 @@ class Shard(Generic[S]):
             other_bytes=self._capacity.other_bytes,
             seam_messages=self._seam_messages,
             capability_calls=self._capability_calls,
+            prefix_hits=store.stats.hits,
+            prefix_misses=store.stats.misses,
+            prefix_reused_tokens=store.stats.reused_tokens,
+            prefix_bytes=store.bytes_held,
+            prefix_budget_bytes=store.budget_bytes,
+            prefix_entries=len(store),
+            prefix_evictions=store.stats.evictions,
         )
 
 
@@ -330,6 +357,7 @@ def build_shard(
     *,
     open_ring: OpenRing,
     tickets: TicketGate,
+    kv_store: KvStore,
     clock: Callable[[], float] = time.monotonic,
     grammars: GrammarVocabulary | None = None,
 ) -> AnyShard:
@@ -344,13 +372,14 @@ def build_shard(
     """
     shape = loop.backend.shape
     continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
+    kv = KvReuse(kv_store, loop, takes_tokens=shape.takes_tokens)
     if shape.emits_logits:
         sampling_table = SessionTable[TailState](policy, clock=clock)
         stage = SampleStage(grammars, is_head=shape.takes_tokens)
-        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation, tickets)
+        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation, tickets, kv)
     forward = ForwardStage(shape.n_layers, connect, open_ring=open_ring if shape.takes_tokens else None)
     table = SessionTable[Downstream](policy, clock=clock)
-    return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets)
+    return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets, kv)
 
 
 def _engine_input(slot: int, frame: StepFrame) -> StepInput:

@@ -214,6 +214,7 @@ class ForwardStage:
             want_timings=frame.want_timings,
             timings=(*frame.timings, timing) if frame.ring and timing is not None else (),
             ticket=frame.ticket if opening else None,  # each shard down the route checks it too
+            kv=frame.kv if opening else None,  # the chain this head checked against the tokens
         )
         if frame.ring:
             return await self._ring_step(state, frame, outgoing, deadline)

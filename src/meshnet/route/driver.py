@@ -22,11 +22,12 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
-from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument, StepTimedOut
+from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument, PrefixEvicted, StepTimedOut
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
@@ -38,8 +39,10 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.prefix import KvPlan
 from meshnet.core.step_budget import StepBudget
 from meshnet.core.tickets import SealedTicket
+from meshnet.route.kv_plan import plan_for
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.wire.frames import (
@@ -89,22 +92,43 @@ class RouteDriver:
         request: GenerationRequest,
         *,
         history: Sequence[int] = (),
+        kv: KvPlan | Literal["probe"] | None = "probe",
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Yield prefill/decode events and one TokenGenerated per new token.
 
         ``history`` holds tokens already generated on an earlier route: they are replayed after
         the prompt, so a failover continues exactly where the lost route stopped. The decode
         loop is this generator's own: one frame per token between the stream and the caller.
+        ``kv``: the prompt KV to reuse (``plan``), or "probe" to ask the hops here.
         """
         if not route.hops:
             raise InvalidArgument("a route needs at least one hop")
+        plan = await self.plan(route, request) if kv == "probe" else kv
+        try:
+            async for event in self._attempt(route, request, history, plan):
+                yield event
+        except PrefixEvicted:
+            if plan is None or not plan.reused_blocks:
+                raise
+            # A hop let the prefix go between the probe and the opening (its lease ran out):
+            # nothing ran past the opening frame, so open the session again computing it all.
+            async for event in self._attempt(route, request, history, replace(plan, reused_blocks=0)):
+                yield event
+
+    async def plan(self, route: RouteSession, request: GenerationRequest) -> KvPlan | None:
+        """The prompt KV ``route``'s hops hold for ``request`` now (``route.kv_plan``)."""
+        return await plan_for(self._pool, route.hops, route.fingerprint, request)
+
+    async def _attempt(
+        self, route: RouteSession, request: GenerationRequest, history: Sequence[int], plan: KvPlan | None
+    ) -> AsyncGenerator[GenerationEvent, None]:
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
         stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
-            run = _Run(route, request, deadline, stream, _continuation(request, len(history)), self._budget)
+            run = _Run(route, request, deadline, stream, _continuation(request, len(history)), self._budget, plan)
             progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event
@@ -124,8 +148,10 @@ class RouteDriver:
     async def _prefill_and_replay(
         self, run: _Run, history: Sequence[int], progress: _PrefillTally
     ) -> AsyncIterator[GenerationEvent]:
-        chunks = self._prefill_chunks(run.request, run.route.hops)
-        yield PrefillStarted(progress.total)
+        cached = run.cached_tokens
+        chunks = self._prefill_chunks(run.request, run.route.hops, cached)
+        progress.done = cached
+        yield PrefillStarted(progress.total, cached)
         async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
             yield chunk_done
         async for replayed in _replay(run, history, progress, len(chunks)):
@@ -133,8 +159,9 @@ class RouteDriver:
         yield PrefillCompleted(progress.total, time.perf_counter() - progress.started)
         yield DecodeStarted()
 
-    def _prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop]) -> list[PrefillChunk]:
-        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
+    def _prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop], start: int) -> list[PrefillChunk]:
+        """The prompt from ``start`` (where the reused KV ends) in frames."""
+        prompt = np.asarray(request.prompt_tokens[start:], dtype=np.int32)
         head = hops[0].capability
         # Every frame of the prompt crosses every hop (as token ids into the head, as hidden rows
         # after it), so it must fit the smallest frame any of them, or this driver, accepts; the
@@ -147,7 +174,7 @@ class RouteDriver:
         chunk = head.prefill_chunk_tokens
         if chunk <= rows:
             rows = chunk
-        return split_prefill(prompt, 0, frame_bytes, max_tokens=rows)
+        return split_prefill(prompt, start, frame_bytes, max_tokens=rows)
 
 
 @dataclass(frozen=True)
@@ -161,6 +188,12 @@ class _Run:
     plan: Continuation | None
     """Head-driven decode: set on the last frame we send; None when that frame's token is the last."""
     budget: StepBudget = field(default_factory=StepBudget)
+    kv: KvPlan | None = None
+    """What the opening frame reuses and asks each shard to keep (``route.kv_plan``)."""
+
+    @property
+    def cached_tokens(self) -> int:
+        return 0 if self.kv is None else self.kv.reused_blocks * self.route.hops[0].capability.prefill_chunk_tokens
 
     def meta(self, step: int, position: int, phase: Phase) -> FrameMeta:
         return route_frame_meta(self.route, step, position, phase, self.deadline)
@@ -216,6 +249,7 @@ async def _prefill(
             downstream=downstream if step == 0 else (),
             sampling=run.request.sampling if step == 0 else None,
             ticket=run.route.ticket if step == 0 else None,
+            kv=run.kv if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.

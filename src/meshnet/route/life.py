@@ -68,17 +68,22 @@ class Usage:
     completion_tokens: int
     """Every generated token, the stop token included: each was computed on the route."""
     billing_units: float
+    cached_tokens: int = 0
+    """Prompt tokens whose KV the route restored instead of computing (OpenAI's
+    ``prompt_tokens_details.cached_tokens``)."""
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
-        return cls(prompt_tokens, completion_tokens, billing_units(prompt_tokens, completion_tokens))
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+        return cls(prompt_tokens, completion_tokens, billing_units(prompt_tokens, completion_tokens), cached_tokens)
 
     def __add__(self, other: Usage) -> Usage:
-        """Two choices of one request: the prompt once, the completions and billing summed."""
+        """Two choices of one request: the prompt once, the completions and billing summed; the
+        prompt cached as far as every choice found it so."""
         return Usage(
             self.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.billing_units + other.billing_units,
+            min(self.cached_tokens, other.cached_tokens),
         )
 
 
@@ -178,6 +183,7 @@ class RequestLife:
         self._sink = sink
         self._text_tokens = 0
         self._closed = False
+        self._cached = 0
 
     @property
     def finished(self) -> bool:
@@ -185,7 +191,7 @@ class RequestLife:
 
     @property
     def usage(self) -> Usage:
-        return Usage.of(len(self.request.prompt_tokens), len(self.tokens))
+        return Usage.of(len(self.request.prompt_tokens), len(self.tokens), self._cached)
 
     @property
     def status(self) -> WorkStatus:
@@ -205,6 +211,8 @@ class RequestLife:
         """
         if isinstance(event, TokenGenerated):
             return self._token(event)
+        if isinstance(event, PrefillStarted):
+            self._cached = event.cached_tokens  # the route that serves the request now
         self.note(event)
         return self.finished
 

@@ -33,6 +33,7 @@ from meshnet.core.errors import (
 from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
+from meshnet.core.prefix import KvPlan
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, WorkStatus
 from meshnet.membership.tracker_client import TrackerClient
@@ -175,14 +176,18 @@ class SwarmClient:
         life, failovers = run.life, 0
         excluded: frozenset[NodeId] = frozenset()
         busy_waits = iter(BUSY_BACKOFF_S)
-        life.note(_accepted(run.request_id, run.session_id, run.route))
+        accepted = True  # each route is noted accepted once, with the prompt KV its hops hold
         while True:
             run.attempts.append((run.route, len(life.tokens)))
             route, produced = run.route, len(life.tokens)
             session = RouteSession(
                 run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch, route.ticket
             )
-            events = self._driver.run(session, run.request, history=tuple(life.tokens))
+            plan = await self._driver.plan(session, run.request)
+            if accepted:
+                life.note(_accepted(run.request_id, run.session_id, route, plan))
+                accepted = False
+            events = self._driver.run(session, run.request, history=tuple(life.tokens), kv=plan)
             try:
                 async with contextlib.aclosing(events):
                     async for event in events:
@@ -210,12 +215,12 @@ class SwarmClient:
                 # it until it misses enough heartbeats, and routing onto it again wastes a failover.
                 excluded |= lost
                 await self._fail_over(run, error, excluded)
+                accepted = True
 
     async def _fail_over(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> None:
         run.route = await self._replace(run, error, excluded)
         replay = f"{error.message}; replaying {len(run.life.tokens)} token(s) onto a new route"
         run.life.note(RouteHealth("failover", replay))
-        run.life.note(_accepted(run.request_id, run.session_id, run.route))
 
     def _offer_audit(self, run: _Run) -> None:
         # A request that failed over ran on a mix of routes; its replay would need the same mix,
@@ -317,9 +322,12 @@ class SwarmClient:
         return {hop.node_id for hop, serving in zip(route.hops, answers, strict=True) if not serving}
 
 
-def _accepted(request_id: RequestId, session_id: SessionId, route: Route) -> RouteAccepted:
+def _accepted(request_id: RequestId, session_id: SessionId, route: Route, plan: KvPlan | None) -> RouteAccepted:
     numerics = route_numerics(route.fingerprint, tuple(hop.capability.drift for hop in route.hops))
-    return RouteAccepted(request_id, session_id, route.model, route.quantization, route.hops, route.epoch, numerics)
+    cached = 0 if plan is None else plan.reused_blocks * route.hops[0].capability.prefill_chunk_tokens
+    return RouteAccepted(
+        request_id, session_id, route.model, route.quantization, route.hops, route.epoch, numerics, cached
+    )
 
 
 def _attribution(attempts: list[tuple[Route, int]], prompt: int, generated: int) -> tuple[NodeWork, ...]:

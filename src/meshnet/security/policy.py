@@ -32,7 +32,7 @@ TrackerRpc = Literal[
     "WatchRevocations",
     "ReportSessionTokens",
 ]
-ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn"]
+ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn", "HeldKv"]
 ArtifactRpc = Literal["Fetch"]
 ExpertRpc = Literal["ExchangeRows", "ExpertStep", "ExpertRelease", "DescribeExpertNode"]
 
@@ -70,6 +70,8 @@ _SHARD_ROLES: dict[str, frozenset[Role]] = {
     # Workers open sessions on their downstream neighbour; gateways on the head.
     "Session": frozenset({"gateway", "worker", "admin"}),
     "RingReturn": frozenset({"worker"}),
+    # Whether a prefix is held: asked by whoever opens sessions, before it opens one.
+    "HeldKv": frozenset({"gateway", "worker", "admin"}),
     "Cancel": frozenset({"gateway", "worker", "admin"}),
     "Release": frozenset({"gateway", "worker", "admin"}),
     "GetCapability": frozenset({"gateway", "worker", "admin", "tracker"}),

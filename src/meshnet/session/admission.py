@@ -140,3 +140,6 @@ class CapacityPlan:
     """Everything else at ``max_sessions``: runtime, scratch, a head's table, a tail's LM head
     and vocabulary."""
     budget_bytes: int | None
+    prefix_cache_bytes: int = 0
+    """The reuse store's budget (``session.kv_store``): what the memory budget leaves after the
+    sessions, up to ``--prefix-cache-mb``."""

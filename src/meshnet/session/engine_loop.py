@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, MeshnetError
+from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, InvalidArgument, MeshnetError
 from meshnet.engine.backend import Backend, StepInput, StepOutput, join_pieces, prefill_pieces
 from meshnet.session.arrivals import Arrivals
 from meshnet.session.scheduler import (
@@ -58,6 +58,9 @@ class _Work:
     """The step cut into prefill chunks (one piece for a decode step); one runs per tick."""
     outputs: list[StepOutput] = field(default_factory=list)
     """One per piece run so far."""
+    export_at: int | None = None
+    """Export the slot's KV once its pieces have run up to this position (a piece boundary)."""
+    exported: bytes | None = None
     arrived: float = field(default_factory=time.monotonic)
     """Real time of arrival (the gather window is real time whatever ``clock`` the loop has)."""
 
@@ -156,12 +159,38 @@ class EngineLoop:
             output = self._run_inline(step, deadline)
             if output is not None:
                 return output
+        output, _ = await self._submit(step, deadline, None)
+        return output
+
+    async def run_exporting(
+        self, step: StepInput, export_at: int, *, deadline: float | None = None
+    ) -> tuple[StepOutput, bytes | None]:
+        """``run_step``, and the slot's KV exported the moment it reaches ``export_at``: an
+        absolute multiple of the prefill chunk within the step, so a piece boundary (or its start).
+        None instead of the KV when the export failed (the step itself ran: only reuse is lost)."""
+        end = step.position + step.n_tokens
+        if not step.position <= export_at <= end or export_at % self.backend.shape.max_batch_tokens:
+            raise InvalidArgument(f"cannot export at {export_at} during positions {step.position}..{end}")
+        if export_at == step.position:
+            blob: bytes | None = None
+            try:
+                blob = await self.call(lambda backend: backend.export_slot(step.slot))
+            except MeshnetError as error:
+                log.warning("could not keep the KV of slot %d: %s", step.slot, error)
+            return await self.run_step(step, deadline=deadline), blob
+        return await self._submit(step, deadline, export_at)
+
+    async def _submit(
+        self, step: StepInput, deadline: float | None, export_at: int | None
+    ) -> tuple[StepOutput, bytes | None]:
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
         work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk))
+        work.export_at = export_at
         self._inbox.put(work)
-        return await future
+        output = await future
+        return output, work.exported
 
     async def call(self, function: Callable[[Backend], T]) -> T:
         """Run ``function(backend)`` on the loop thread between ticks."""
@@ -333,7 +362,13 @@ class EngineLoop:
             self._fail(running, error)
             return
         for work, output in zip(running, outputs, strict=True):
+            piece = work.next_piece
             work.outputs.append(output)
+            if work.export_at is not None and piece.position + piece.n_tokens == work.export_at:
+                try:
+                    work.exported = self.backend.export_slot(piece.slot)
+                except MeshnetError as error:
+                    log.warning("could not keep the KV of slot %d: %s", piece.slot, error)
             if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
                 self._settle(work.future, value=join_pieces(work.outputs))

@@ -150,6 +150,12 @@ class SessionTable(Generic[S]):
             )
         return None
 
+    def start_at(self, session: Session[S], position: int) -> None:
+        """A session just opened holds KV up to ``position`` already (restored, not computed)."""
+        if session.answered is not None:
+            raise FailedPrecondition(f"session {session.key} has run steps: its KV cannot be replaced")
+        session.next_position = position
+
     def record(self, session: Session[S], *, step: int, next_position: int, result: StepResult) -> None:
         """``step`` ran: the session's KV now ends at ``next_position`` (this shard's own count, not
         the downstream answer's), and ``result`` is what a repeat of ``step`` gets."""

@@ -19,6 +19,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.prefix import KvPlan
 from meshnet.core.sampling_options import TokenLogprobs
 from meshnet.core.tickets import SealedTicket
 
@@ -136,9 +137,9 @@ class FrameMeta:
             raise InvalidArgument(f"cache must be one of {_CACHE_EXPECTATIONS}, got {self.cache!r}")
         if self.compression != "none":
             raise InvalidArgument(f"compression {self.compression!r} is not supported; use 'none'")
-        if self.cache == "new" and (self.position != 0 or self.phase != "prefill"):
-            # A fresh KV can only be filled from its first position, by a prefill.
-            raise InvalidArgument(f"cache 'new' needs a prefill at position 0, got {self.phase} at {self.position}")
+        if self.cache == "new" and self.phase != "prefill":
+            # A fresh KV can only be filled by a prefill (from 0, or where reused KV ends: StepFrame).
+            raise InvalidArgument(f"cache 'new' needs a prefill, got {self.phase} at {self.position}")
         if self.deadline_ms is not None:
             _check_int("deadline_ms", self.deadline_ms, 1, MAX_DEADLINE_MS)
 
@@ -205,6 +206,9 @@ class StepFrame:
     ticket: SealedTicket | None = None
     """Opening frame only: the tracker's ticket for the session's route (``core.tickets``), which
     every shard verifies before it opens the session or dials the next hop."""
+    kv: KvPlan | None = None
+    """Opening frame only: the KV the session reuses and the prefix each shard keeps
+    (``core.prefix``); its position is where the reused KV ends."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -229,6 +233,11 @@ class StepFrame:
             raise InvalidArgument("only a ring frame that asks for timings carries them")
         if self.ticket is not None and meta.cache != "new":
             raise InvalidArgument("only a session's opening frame carries its route ticket")
+        if self.kv is not None and meta.cache != "new":
+            raise InvalidArgument("only a session's opening frame carries its KV plan")
+        if meta.cache == "new" and meta.position != 0 and (self.kv is None or not self.kv.reused_blocks):
+            # A fresh KV is filled from its first position, unless the plan restores what precedes.
+            raise InvalidArgument(f"cache 'new' needs a prefill at position 0, got one at {meta.position}")
 
     def _check_payload(self) -> int:
         is_head = self.meta.layers.start == 0

@@ -22,6 +22,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.prefix import KvPlan, check_chain
 from meshnet.core.sampling_options import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_TOP_LOGPROBS,
@@ -106,6 +107,11 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         _add_timings(message.timings, frame.timings)
     if frame.ticket is not None:
         message.ticket.CopyFrom(sealed_to_proto(frame.ticket))
+    if frame.kv is not None:
+        message.kv.chain.extend(frame.kv.chain)
+        message.kv.reused_blocks = frame.kv.reused_blocks
+        message.kv.save_blocks = frame.kv.save_blocks
+        message.kv.namespace = frame.kv.namespace
     return message
 
 
@@ -152,7 +158,21 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         want_timings=message.want_timings,
         timings=_timings_from_proto(message.timings, limits.max_hops) if message.timings else (),
         ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
+        kv=kv_plan_from_proto(message.kv) if message.HasField("kv") else None,
     )
+
+
+def kv_plan_from_proto(message: pb.KvPlan) -> KvPlan:
+    """A received KvPlan, its chain checked link by link (``core.prefix.check_chain``)."""
+    return KvPlan(check_chain(list(message.chain)), message.reused_blocks, message.save_blocks, message.namespace)
+
+
+def held_kv_to_proto(fingerprint: str, chain: tuple[bytes, ...]) -> pb.HeldKvRequest:
+    return pb.HeldKvRequest(fingerprint=fingerprint, chain=list(chain))
+
+
+def held_kv_from_proto(message: pb.HeldKvRequest) -> tuple[str, tuple[bytes, ...]]:
+    return message.fingerprint, check_chain(list(message.chain))
 
 
 def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:

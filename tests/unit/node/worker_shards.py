@@ -47,6 +47,7 @@ from meshnet.node.shard import AnyShard, build_shard
 from meshnet.node.tickets import TicketGate
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan, PeerBounds
 from meshnet.session.engine_loop import EngineLoop
+from meshnet.session.kv_store import KvStore
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
 from meshnet.wire.ticket_wire import issue_ticket
 
@@ -318,6 +319,7 @@ async def start_route(
     policy: AdmissionPolicy | None = None,
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
+    kv_budget: int = 0,
 ) -> Route:
     """Shards of ``ranges`` wired into one route; ``clock`` times sessions, ``wall_clock`` tickets."""
     route = Route([], [], wall_clock=wall_clock)
@@ -352,6 +354,7 @@ async def start_route(
             connect,
             open_ring=open_ring,
             tickets=tickets,
+            kv_store=KvStore(kv_budget),
             clock=clock,
         )
         by_address[address] = shard

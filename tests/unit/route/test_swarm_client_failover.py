@@ -94,7 +94,12 @@ class FakeDriver:
         self.fail_after = fail_after
         self.histories: list[tuple[int, ...]] = []
 
-    async def run(self, session: Any, request: GenerationRequest, *, history: Sequence[int] = ()) -> AsyncIterator[Any]:
+    async def plan(self, session: Any, request: GenerationRequest) -> None:
+        return None  # these routes hold no prompt KV
+
+    async def run(
+        self, session: Any, request: GenerationRequest, *, history: Sequence[int] = (), kv: Any = "probe"
+    ) -> AsyncIterator[Any]:
         self.histories.append(tuple(history))
         middle = session.hops[1].node_id
         for index in range(len(history), request.max_tokens):

@@ -56,6 +56,32 @@ BYTE_ORDER_UNSPECIFIED: ByteOrder
 BYTE_ORDER_LITTLE: ByteOrder
 BYTE_ORDER_BIG: ByteOrder
 
+class KvPlan(_message.Message):
+    __slots__ = ("chain", "reused_blocks", "save_blocks", "namespace")
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    REUSED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SAVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    chain: _containers.RepeatedScalarFieldContainer[bytes]
+    reused_blocks: int
+    save_blocks: int
+    namespace: str
+    def __init__(self, chain: _Optional[_Iterable[bytes]] = ..., reused_blocks: _Optional[int] = ..., save_blocks: _Optional[int] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class HeldKvRequest(_message.Message):
+    __slots__ = ("fingerprint", "chain")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    chain: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, fingerprint: _Optional[str] = ..., chain: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class HeldKvReply(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    def __init__(self, blocks: _Optional[int] = ...) -> None: ...
+
 class LayerSpan(_message.Message):
     __slots__ = ("start", "stop")
     START_FIELD_NUMBER: _ClassVar[int]
@@ -185,7 +211,7 @@ class GrammarConstraintSpec(_message.Message):
     def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings")
+    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +223,7 @@ class StepRequest(_message.Message):
     RING_FIELD_NUMBER: _ClassVar[int]
     WANT_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
     header: FrameHeader
     tokens: TokenIds
     hidden: TensorBundle
@@ -208,7 +235,8 @@ class StepRequest(_message.Message):
     ring: bool
     want_timings: bool
     timings: _containers.RepeatedCompositeFieldContainer[HopTiming]
-    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ...) -> None: ...
+    kv: KvPlan
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ...) -> None: ...
 
 class RingOpen(_message.Message):
     __slots__ = ("session_id", "request_id")

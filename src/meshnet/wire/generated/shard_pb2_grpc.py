@@ -65,6 +65,11 @@ class ShardStub:
                 request_serializer=meshnet_dot_v1_dot_shard__pb2.RingOpen.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_shard__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.HeldKv = channel.unary_unary(
+                '/meshnet.v1.Shard/HeldKv',
+                request_serializer=meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_shard__pb2.HeldKvReply.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -117,6 +122,14 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeldKv(self, request, context):
+        """How much of a prompt's prefix chain this shard holds KV for (and keeps it a while for the
+        session about to open with it): the sender reuses what every hop of the route holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +162,11 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.RingReturn,
                     request_deserializer=meshnet_dot_v1_dot_shard__pb2.RingOpen.FromString,
                     response_serializer=meshnet_dot_v1_dot_shard__pb2.StepResponse.SerializeToString,
+            ),
+            'HeldKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.HeldKv,
+                    request_deserializer=meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.FromString,
+                    response_serializer=meshnet_dot_v1_dot_shard__pb2.HeldKvReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +332,33 @@ class Shard:
             '/meshnet.v1.Shard/RingReturn',
             meshnet_dot_v1_dot_shard__pb2.RingOpen.SerializeToString,
             meshnet_dot_v1_dot_shard__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeldKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Shard/HeldKv',
+            meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.SerializeToString,
+            meshnet_dot_v1_dot_shard__pb2.HeldKvReply.FromString,
             options,
             channel_credentials,
             insecure,

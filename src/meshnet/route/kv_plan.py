@@ -1,0 +1,63 @@
+"""How much of a prompt's KV a route reuses: ask every hop what it holds, reuse what all hold.
+
+A prefix reused on one shard is useless without it on every shard after it (their rows for it
+are never computed), so the session starts where the shortest held prefix ends, and every hop
+restores exactly that (``node.kv_reuse``). Each hop leases what it answered for the session
+about to open; if one evicted it anyway, its opening fails with ``PrefixEvicted`` and the driver
+opens the session again without reuse. A hop that does not answer the probe in time counts as
+holding nothing: a probe never fails a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+
+from meshnet.core.events import RouteHop
+from meshnet.core.generation import GenerationRequest
+from meshnet.core.prefix import KvPlan, PrefixKey, prefix_chain, prompt_namespace
+from meshnet.core.recipe import FAMILY_PREFIX
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.shard_wire import held_kv_to_proto
+
+PROBE_TIMEOUT_S = 1.0
+
+
+def reuse_plan(chain: tuple[bytes, ...], held: Sequence[int], prompt_tokens: int, chunk: int, namespace: str) -> KvPlan:
+    """The plan for a prompt of ``prompt_tokens`` whose whole chunks link as ``chain``, when the
+    hops hold ``held`` blocks of it: reuse what all hold, but leave the prompt's last token to
+    compute (the tail samples from its logits); keep the whole chain where it is not all reused."""
+    reused = min(held, default=0)
+    if reused * chunk >= prompt_tokens:
+        reused = max(0, (prompt_tokens - 1) // chunk)
+    save = len(chain) if len(chain) > reused else 0
+    return KvPlan(chain, reused, save, namespace)
+
+
+async def plan_for(
+    pool: ChannelPool, hops: Sequence[RouteHop], fingerprint: str, request: GenerationRequest
+) -> KvPlan | None:
+    """The route's plan for ``request``'s prompt; None where nothing can be reused or kept (a
+    prompt shorter than a chunk, a mixed-device route, hops cutting prompts differently)."""
+    chunks = {hop.capability.prefill_chunk_tokens for hop in hops}
+    if fingerprint.startswith(FAMILY_PREFIX) or len(chunks) != 1:
+        return None
+    chunk = chunks.pop()
+    namespace = prompt_namespace(request.cache_salt)
+    chain = prefix_chain(PrefixKey(fingerprint, chunk, namespace), request.prompt_tokens)
+    if not chain:
+        return None
+    held = await asyncio.gather(*(_held(pool, hop, fingerprint, chain) for hop in hops))
+    return reuse_plan(chain, held, len(request.prompt_tokens), chunk, namespace)
+
+
+async def _held(pool: ChannelPool, hop: RouteHop, fingerprint: str, chain: tuple[bytes, ...]) -> int:
+    try:
+        reply = await pool.stub(hop.address, hop.node_id).HeldKv(
+            held_kv_to_proto(fingerprint, chain), timeout=PROBE_TIMEOUT_S
+        )
+    except grpc.RpcError:
+        return 0
+    return min(int(reply.blocks), len(chain))
