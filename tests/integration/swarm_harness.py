@@ -376,7 +376,11 @@ class Reference:
 
         description = describe_model(model)
         self.tokenizer = Tokenizer(description)
-        config = LlamaConfig(max_batch_tokens=256, n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT)
+        from meshnet.node.config import WorkerConfig
+
+        # The workers' chunking (their default): the arithmetic of a prompt's rows follows it.
+        chunk = WorkerConfig.prefill_chunk
+        config = LlamaConfig(max_batch_tokens=chunk, n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT)
         self.route = open_local_route(description, 1, SliceCache(cache_dir), config)
 
     def chat_tokens(self, content: str) -> tuple[int, ...]:

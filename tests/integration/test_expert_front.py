@@ -85,7 +85,7 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
         record = asyncio.run(_capability(WorkerLine.read(front.await_ready(time.monotonic() + 120)).address)).record
         assert (record.layers, record.n_layers) == (LayerRange(0, SPEC.n_layers), SPEC.n_layers)
         assert (record.capability.max_sessions, record.capability.n_ctx_per_session) == (2, 512)
-        assert record.capability.prefill_chunk_tokens == 256
+        assert record.capability.prefill_chunk_tokens == WorkerConfig.prefill_chunk
         # It certified the recipe it fronts on its own build, as a full worker of it would.
         certification = record.certification
         assert certification.whole_sha256 == certification.split_sha256 and certification.checks
@@ -105,7 +105,7 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
         refused = subprocess.run(other_numerics, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "error [failed_precondition]" in refused.stderr
-        assert "computes with --prefill-chunk 256 --flash-attn --repack" in refused.stderr
+        assert f"computes with --prefill-chunk {WorkerConfig.prefill_chunk} --flash-attn --repack" in refused.stderr
     finally:
         if front is not None:
             front.stop()
@@ -113,7 +113,7 @@ def test_front_serves_the_groups_capacity_under_the_layer_recipe_and_refuses_oth
 
 
 def _assert_fresh_slot_matches_whole_model(root: Path, model: Path, peers: list[str], prompt: np.ndarray) -> None:
-    config = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=256)  # the nodes' settings
+    config = LlamaConfig(n_threads=1, max_slots=2, n_ctx_per_slot=512, max_batch_tokens=WorkerConfig.prefill_chunk)
     whole = LlamaBackend(
         SliceCache(root / "ref").shard_files(model, LayerRange(0, SPEC.n_layers), SPEC.n_layers).slice, config
     )

@@ -14,6 +14,7 @@ from typing import Literal
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.engine.llama_config import LlamaConfig
+from meshnet.node.config import WorkerConfig
 
 LaneKind = Literal["llama-whole", "split", "meshnet", "recompute"]
 REFERENCE_LANE = "llama-whole"
@@ -84,7 +85,7 @@ class BenchConfig:
     """KV slots per context (and per worker): the largest concurrency the bench may ask for."""
     n_ctx_per_slot: int = field(default=2048, metadata=cli("context"))
     """Positions per session in every lane."""
-    prefill_chunk: int = 256
+    prefill_chunk: int = WorkerConfig.prefill_chunk
     """Tokens per prefill llama_decode call: the same in process and in workers (fixes numerics)."""
     contexts: tuple[int, ...] = (128, 512, 2048, 8000)
     """Context lengths for decode-latency scaling (clamped to the model's context)."""

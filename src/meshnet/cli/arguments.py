@@ -15,6 +15,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_config import LlamaConfig
+from meshnet.node.config import WorkerConfig
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class GenerateConfig:
     """Sessions with KV at once per shard."""
     context: int = 2048
     """Positions (prompt plus output) per session."""
-    prefill_chunk: int = 256
+    prefill_chunk: int = WorkerConfig.prefill_chunk
     """Tokens per prefill llama_decode call (part of the recipe: chunking fixes numerics)."""
     expert_parallel: int = 0
     """Run a MoE model as an in-process expert-parallel group of this many nodes (each the whole

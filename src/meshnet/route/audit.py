@@ -29,7 +29,7 @@ import random
 import secrets
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from meshnet.core.audit_evidence import MAX_AUDITS, AuditedRequest, AuditRun, QuarantineEvidence
@@ -239,7 +239,12 @@ class Auditor:
         wanted = len(case.generated)
         tokens: list[int] = []
         try:
-            async with contextlib.aclosing(self._driver.run(session, case.request)) as events:
+            # Probed as any request is, but computed from the first token: what a node keeps is
+            # what the audit checks, so a replay never reuses it (and no hop can tell: a user's
+            # route reuses nothing whenever any one of its hops holds nothing).
+            plan = await self._driver.plan(session, case.request)
+            computed = None if plan is None else replace(plan, reused_blocks=0)
+            async with contextlib.aclosing(self._driver.run(session, case.request, kv=computed)) as events:
                 async for event in events:
                     if isinstance(event, TokenGenerated):
                         tokens.append(event.token_id)

@@ -43,6 +43,7 @@ from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.shard_admin import is_serving
 from meshnet.route.shard_stream import ChannelPool
+from meshnet.route.warmup import TurnWarmer
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class SwarmConfig:
     """Replacement routes tried after a shard is lost, before the request fails."""
     reports: ReportPolicy = field(default_factory=ReportPolicy)
     """How work records are filed with the tracker."""
+    warm_turns: bool = True
+    """Once a turn completes, keep its answer's KV as prompt KV for the next turn (``route.warmup``)."""
 
 
 class _Run:
@@ -133,6 +136,7 @@ class SwarmClient:
         self._config = config
         self.reports = WorkReporter(tracker, config.reports, outbox)
         self._timings: set[asyncio.Task[None]] = set()
+        self._warmer = TurnWarmer(tracker, driver, enabled=config.warm_turns)
 
     async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
         """Serve ``request`` to its end, pushing its items into ``sink`` as they happen.
@@ -145,6 +149,7 @@ class SwarmClient:
         run: _Run | None = None
         try:
             async with lifetime(life):
+                await self._warmer.settle(request.prompt_tokens)  # its history's rows, if being kept
                 session_id = new_session_id()
                 # The request id lets the tracker hold the record to the route it issued (a
                 # failover's route joins it under the same session id) and names its ticket's request.
@@ -165,6 +170,7 @@ class SwarmClient:
                 if life.status == "completed":
                     self._offer_audit(run)
                     self._report_timing(run.timing())
+                    self._warmer.offer(request, life.tokens, run.route)
 
     async def _follow(self, run: _Run) -> None:
         """Drive ``run`` until its life is finished, replaying it onto a new route when a shard is lost.
@@ -244,7 +250,9 @@ class SwarmClient:
 
     async def drain_reports(self, timeout_s: float | None = None) -> None:
         """Wait for work records (and route timings) still being reported, at most ``timeout_s``
-        for the records; the timings, sent once with a short deadline of their own, end first."""
+        for the records; the timings, sent once with a short deadline of their own, end first.
+        Turn warm-ups are not waited for: they are cancelled (nobody is waiting on them)."""
+        await self._warmer.close()
         if self._timings:
             await asyncio.wait(set(self._timings), timeout=TIMING_REPORT_TIMEOUT_S)
         await self.reports.drain(timeout_s)

@@ -62,6 +62,9 @@ class Swarm:
         self.orders.append(order)
         return Quarantined(True, order.request_id is not None, 1)
 
+    async def plan(self, session: RouteSession, request: GenerationRequest) -> None:
+        return None  # these routes hold no prompt KV
+
     async def run(
         self, session: RouteSession, request: GenerationRequest, **_: object
     ) -> AsyncIterator[TokenGenerated]:

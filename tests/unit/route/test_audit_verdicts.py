@@ -196,7 +196,10 @@ async def test_an_audit_replay_holds_a_gateway_slot_and_waits_for_one() -> None:
             return route("h2")
 
     class Driver:
-        async def run(self, session: object, request: object, *, history: object = ()):  # type: ignore[no-untyped-def]
+        async def plan(self, session: object, request: object) -> None:
+            return None
+
+        async def run(self, session: object, request: object, *, history: object = (), kv: object = None):  # type: ignore[no-untyped-def]
             seen_in_flight.append(admission.in_flight)
             yield TokenGenerated(5, 0, 1.0)
             yield TokenGenerated(6, 1, 1.0)
