@@ -13,9 +13,12 @@ import asyncio
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+from swarm_harness import MODEL_NAME, Reference, Swarm, write_tiny_model
 from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, greedy_request, metrics, new_driver, route_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "engine"))
@@ -31,6 +34,7 @@ from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
+from meshnet.node.config import WorkerConfig
 from meshnet.route.driver import RouteDriver
 from meshnet.route.shard_stream import ChannelPool
 
@@ -157,3 +161,48 @@ def test_a_worker_without_a_store_makes_the_route_compute_everything(
     served = asyncio.run(scenario())
     assert [tokens for tokens, _ in served] == expected
     assert [cached for _, cached in served] == [0, 0]
+
+
+@pytest.fixture(scope="module")
+def chat_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Swarm, str, Reference]]:
+    model = write_tiny_model(tmp_path_factory.mktemp("model"))
+    reference = Reference(model, tmp_path_factory.mktemp("reference-cache"))
+    with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
+        running.start_tracker()
+        running.start_workers("0:2", "2:4", "4:6")
+        base_url = running.start_gateway()
+        running.wait_routable(nodes=3)
+        yield running, base_url, reference
+    reference.close()
+
+
+def _chat(base_url: str, swarm: Swarm, messages: list[dict[str, str]], **extra: object) -> dict[str, Any]:
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 16, "temperature": 0, **extra}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=swarm.auth, timeout=60)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_a_conversations_next_turn_reports_the_prompt_tokens_it_reused(
+    chat_swarm: tuple[Swarm, str, Reference],
+) -> None:
+    """Through the gateway of a secured swarm: turn 2 resends turn 1 and its answer; the route
+    reused at least turn 1's whole chunks (``usage.prompt_tokens_details.cached_tokens``), and
+    both answers are the whole model's. A request with its own ``cache_salt`` reuses nothing."""
+    swarm, base_url, reference = chat_swarm
+    messages = [{"role": "user", "content": "the house and the dog " * 5}]
+    first = _chat(base_url, swarm, messages)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    answer = first["choices"][0]["message"]["content"]
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "and the cat " * 3}]
+    second = _chat(base_url, swarm, messages)
+    prompt = reference.tokenizer.encode_chat(messages)
+    expected = reference.text(reference.generate(prompt, 16))
+    assert second["choices"][0]["message"]["content"] == expected
+    usage = second["usage"]
+    assert usage["prompt_tokens"] == len(prompt)
+    chunk = WorkerConfig.prefill_chunk
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= (first["usage"]["prompt_tokens"] // chunk) * chunk > 0
+    salted = _chat(base_url, swarm, messages, cache_salt="tenant-b")
+    assert salted["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert salted["choices"][0]["message"]["content"] == expected

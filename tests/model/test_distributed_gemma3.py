@@ -21,13 +21,14 @@ from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, g
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.core.layers import LayerRange
+from meshnet.node.config import WorkerConfig
 from meshnet.route.shard_stream import ChannelPool
 
 pytestmark = [*MARKS, pytest.mark.timeout(600)]
 
 RANGES = [(0, 7), (7, 13), (13, 18)]
 CONTEXT = 1024
-PREFILL_CHUNK = 256
+PREFILL_CHUNK = WorkerConfig.prefill_chunk
 """The worker's default; the reference must cut prompts at the same places."""
 GREEDY_TOKENS = 64
 PROMPTS = {

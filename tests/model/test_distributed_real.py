@@ -38,6 +38,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.core.layers import LayerRange
+from meshnet.node.config import WorkerConfig
 from meshnet.route.shard_stream import ChannelPool
 
 DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
@@ -54,7 +55,7 @@ pytestmark = [
 RANGES = [(0, 10), (10, 20), (20, 30)]
 CONTEXT = 2048
 MAX_SESSIONS = 8
-PREFILL_CHUNK = 256
+PREFILL_CHUNK = WorkerConfig.prefill_chunk
 """The worker's default; the reference must cut prompts at the same places."""
 GREEDY_TOKENS = 64
 WORKER_THREADS = 1

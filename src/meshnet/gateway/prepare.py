@@ -122,6 +122,7 @@ def _prepare(
             stop_tokens=codec.eos_token_ids,
             model=body.model,
             timeout_s=config.request_timeout_seconds,
+            cache_salt=body.cache_salt or "",
         )
     except InvalidArgument as err:  # the core re-checks ranges; report its words as a 400
         raise bad_request(err.code, err.message) from None

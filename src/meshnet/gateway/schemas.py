@@ -80,6 +80,9 @@ class _CompletionBody(_Body):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     response_format: ResponseFormat | None = None
     """``text``, ``json_object`` or ``json_schema``: the tail samples under llama.cpp's grammar."""
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    """Extension (vLLM's name): reuse stored prompt KV only with requests of the same salt, so
+    nobody without it can tell from their time to first token whether a prompt was seen."""
 
 
 class ChatCompletionBody(_CompletionBody):
