@@ -47,6 +47,10 @@ class _NativeCapture:
 _NATIVE = _NativeCapture()
 _ALL_LAYERS = 1 << 30
 """``n_gpu_layers`` past a model's layer count offloads every layer and the output."""
+SPLIT_KV_FROM = 128
+"""A one-token step from this position on runs on one thread (see ``_threads_for``): ggml's CPU
+flash attention splits a lone query's KV across the threads once the KV view holds 512 cells
+(more than 256 positions, padded), so its rounding would follow the thread count."""
 
 
 class LlamaBackend:
@@ -88,6 +92,7 @@ class LlamaBackend:
             ),
         )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._threads = config.n_threads
         self._allocate_batch(config.max_batch_tokens, n_embd)
 
     @property
@@ -260,6 +265,7 @@ class LlamaBackend:
                 )
             spans.append((index, step, row))
             row += n
+        self._threads_for(call)
         uses_tokens = call[0][1].tokens is not None and self._embeddings is None
         batch = self._batches[uses_tokens]
         batch.n_tokens = row
@@ -274,6 +280,22 @@ class LlamaBackend:
         if status != 0:
             raise EngineError(f"llama_decode failed with status {status}")
         self._collect(spans, row, pieces)
+
+    def _threads_for(self, call: list[tuple[int, StepInput]]) -> None:
+        """One thread for a lone one-token step over a long KV, the configured ones otherwise.
+
+        Past 256 positions ggml's CPU attention for a single query row cuts the KV into one part
+        per thread and sums the parts (its split-KV path), so the step's logits would depend on
+        the thread count: nodes with other ``--threads`` would compute other tokens, and the same
+        step batched with another session's (which takes the per-row path) would differ from it
+        alone (measured on SmolLM2 at 2 threads: 0.49 apart at 300 positions, equal at 1 thread).
+        On one thread the split path is one part, which is the per-row path's arithmetic."""
+        _, step = call[0]
+        alone = len(call) == 1 and step.n_tokens == 1 and step.position >= SPLIT_KV_FROM
+        threads = 1 if alone and not self._config.device.is_gpu else self._config.n_threads
+        if threads != self._threads:
+            llama_cpp.llama_set_n_threads(self._ctx, threads, self._config.n_threads)
+            self._threads = threads
 
     def _collect(self, spans: list[tuple[int, StepInput, int]], rows: int, pieces: dict[int, list[StepOutput]]) -> None:
         if not self._shape.emits_logits:
