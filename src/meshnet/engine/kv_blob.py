@@ -7,11 +7,12 @@ count in front, and ``unseal`` refuses a blob that is not this shard's, at this 
 
 llama.cpp also trusts the cells' positions: a forged state with a negative position loads and
 leaves a cell ``seq_rm`` cannot remove, and duplicated positions load as if valid. Before a blob
-reaches llama.cpp, ``check_cells`` walks its layout (``llama_kv_cache::state_write``: per cache
-the stream count, then per stream the cell count, each cell's position and sequence ids, and
+reaches llama.cpp, ``restorable`` walks its layout (``llama_kv_cache::state_write``: per cache
+the stream count, then per stream the cell count, each cell's position and sequence id, and
 the layers' K and V rows) and requires what an export of an aligned prefill holds: the first
 cache exactly positions ``[0, tokens)``, any further one (a sliding window's) a contiguous run
-ending at ``tokens - 1``, in one stream, and nothing after the last cache.
+ending at ``tokens - 1``, in one stream, and nothing after the last cache. (Layers without V
+rows and M-RoPE cell extensions, which no certified family has, do not parse: refused.)
 """
 
 from __future__ import annotations
@@ -70,57 +71,75 @@ class _Reader:
         self.offset += layout.size
         return values
 
-    def skip(self, size: int) -> None:
+    def raw(self, size: int) -> bytes:
         if size < 0 or self.offset + size > len(self.data):
             raise SnapshotRefused("the KV snapshot ends inside its layers' rows")
         self.offset += size
+        return self.data[self.offset - size : self.offset]
 
 
-def check_cells(state: bytes, tokens: int) -> None:
-    """SnapshotRefused unless llama.cpp's sequence ``state`` holds exactly what an export of
-    positions ``[0, tokens)`` holds (see the module docstring)."""
+def restorable(state: bytes, tokens: int) -> bytes:
+    """llama.cpp's sequence ``state``, checked to hold exactly what an export of positions
+    ``[0, tokens)`` holds (see the module docstring), with each window cache given back the
+    cells its export left out.
+
+    llama.cpp exports a window cache without the cells the window has passed, so it would load
+    the rest from cell 0 where a cold run holds position p in cell p. Attention skips masked
+    cells, but a one-row step over 512 cells or more splits the cells among the threads
+    (ggml's split-KV flash attention), so another layout rounds differently (gemma3 270M, 2
+    threads: logits moved by 0.6). Zero-filled cells at the passed positions, masked for every
+    later position exactly as the cold run's are, restore the cold layout.
+    """
     reader = _Reader(state)
-    reader.take("Ii")  # llama.cpp's magic and the exporting sequence id (llama.cpp checks the one, drops the other)
-    first = True
+    parts = [
+        reader.raw(8)
+    ]  # llama.cpp's magic and the exporting sequence id (llama.cpp checks the one, drops the other)
     while reader.offset < len(state):
-        positions = _read_cache(reader)
-        full = list(range(tokens)) if first else list(range(tokens - len(positions), tokens))
-        if not positions or positions != full:
-            raise SnapshotRefused(f"the KV snapshot's cells are not the positions of a {tokens}-token prefix")
-        first = False
-    if first:
+        parts.append(_restorable_cache(reader, tokens, first=len(parts) == 1))
+    if len(parts) == 1:
         raise SnapshotRefused("the KV snapshot holds no cache")
+    return b"".join(parts)
 
 
-def _read_cache(reader: _Reader) -> list[int]:
-    """One cache's cells (positions, in order), the reader past its rows."""
+def _restorable_cache(reader: _Reader, tokens: int, *, first: bool) -> bytes:
+    """One cache, the reader past it: its one filled stream checked and padded to position 0."""
     (n_stream,) = reader.take("I")
-    positions: list[int] = []
+    parts, filled = [struct.pack("<I", n_stream)], False
     for _ in range(n_stream):
-        (cell_count,) = reader.take("I")
-        if cell_count == 0:
+        (count,) = reader.take("I")
+        if count == 0:
+            parts.append(struct.pack("<I", 0))
             continue
-        if positions:
+        if filled:
             raise SnapshotRefused("the KV snapshot fills more than one stream")
-        for _ in range(cell_count):
-            position, n_seq_id = reader.take("iI")
-            if n_seq_id != 1:
-                raise SnapshotRefused("a KV snapshot cell names other than one sequence")
-            reader.take("i")
-            positions.append(position)
-        _skip_rows(reader, cell_count)
-    return positions
+        filled, passed = True, tokens - count
+        table = reader.raw(12 * count)
+        cells = [struct.unpack_from("<iIi", table, 12 * i) for i in range(count)]
+        if [(p, n) for p, n, _ in cells] != [(p, 1) for p in range(passed, tokens)] or (first and passed):
+            raise SnapshotRefused(f"the KV snapshot's cells are not the positions of a {tokens}-token prefix")
+        filler = b"".join(struct.pack("<iIi", p, 1, 0) for p in range(passed))
+        parts += [struct.pack("<I", tokens), filler, table, _padded_rows(reader, count, passed)]
+    if not filled:
+        raise SnapshotRefused("the KV snapshot holds a cache without cells")
+    return b"".join(parts)
 
 
-def _skip_rows(reader: _Reader, cells: int) -> None:
+def _padded_rows(reader: _Reader, cells: int, passed: int) -> bytes:
+    """The layers' K and V rows of ``cells`` cells, ``passed`` zero cells put in front."""
     v_trans, n_layer = reader.take("II")
+    parts = [struct.pack("<II", v_trans, n_layer)]
     for _ in range(n_layer):
-        _, row = reader.take("iQ")
-        reader.skip(row * cells)
+        kind, row = reader.take("iQ")
+        parts += [struct.pack("<iQ", kind, row), bytes(row * passed), reader.raw(row * cells)]
     for _ in range(n_layer):
-        if v_trans:
-            _, element, width = reader.take("iII")
-            reader.skip(element * width * cells)
-        else:
-            _, row = reader.take("iQ")
-            reader.skip(row * cells)
+        if not v_trans:
+            kind, row = reader.take("iQ")
+            parts += [struct.pack("<iQ", kind, row), bytes(row * passed), reader.raw(row * cells)]
+            continue
+        # Transposed V: per embedding dimension, one element per cell.
+        kind, element, width = reader.take("iII")
+        values = reader.raw(element * width * cells)
+        parts.append(struct.pack("<iII", kind, element, width))
+        for j in range(width):
+            parts += [bytes(element * passed), values[j * element * cells : (j + 1) * element * cells]]
+    return b"".join(parts)

@@ -25,7 +25,7 @@ from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted,
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
 from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
 from meshnet.engine.devices import device_handle
-from meshnet.engine.kv_blob import KvOwner, check_cells, seal, unseal
+from meshnet.engine.kv_blob import KvOwner, restorable, seal, unseal
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
@@ -365,8 +365,7 @@ class LlamaBackend:
             raise InvalidArgument(f"cannot import {tokens} positions into slot {slot}")
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
         # Checked before llama.cpp sees it: llama.cpp trusts the cells' positions (kv_blob).
-        state = unseal(self._owner, tokens, blob)
-        check_cells(state, tokens)
+        state = restorable(unseal(self._owner, tokens, blob), tokens)
         data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         read = llama_cpp.llama_state_seq_set_data(self._ctx, data, len(state), slot)
         held = self.slot_length(slot)

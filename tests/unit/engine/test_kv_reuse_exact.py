@@ -78,6 +78,41 @@ def test_restored_prefix_continues_like_the_cold_whole_model(
         split.close()
 
 
+# One-row steps over 512 cells or more split the cells among the threads (ggml's split-KV flash
+# attention): a restored window cache must sit in the cells the cold run's does, or those steps
+# round differently. A long context, two threads, a boundary past 512 positions and a window
+# wide enough to span both threads' cells reach it.
+LONG = LlamaConfig(n_threads=2, max_slots=2, n_ctx_per_slot=1024, max_batch_tokens=64)
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash", "transposed-v"])
+def test_a_restored_window_cache_decodes_like_the_cold_run_on_two_threads(
+    flash_attn: bool, synthetic_model_factory: Callable[[SyntheticSpec], Path], tmp_path: Path
+) -> None:
+    config = replace(LONG, flash_attn=flash_attn)
+    spec = replace(spec_for("gemma3", "q4_0"), sliding_window=300)
+    source = describe_model(synthetic_model_factory(spec))
+    whole = LocalRoute([open_llama_shard(source, LayerRange(0, spec.n_layers), SliceCache(tmp_path), config)])
+    boundary, length = 9 * 64, 9 * 64 + 40
+    tokens = prompt_for("gemma3", whole.backends[-1].shape.n_vocab, length, 8)
+    try:
+        expected = [whole.forward(0, 0, tokens)[-1]]
+        for step in range(DECODE):
+            expected.append(whole.forward(0, length + step, np.array([int(np.argmax(expected[-1]))], np.int32))[-1])
+        whole.release(0)
+        whole.forward(0, 0, tokens[:boundary])
+        blob = whole.backends[0].export_slot(0)
+        whole.release(0)
+        whole.backends[0].import_slot(1, blob, boundary)
+        actual = [whole.forward(1, boundary, tokens[boundary:])[-1]]
+        for step in range(DECODE):
+            actual.append(whole.forward(1, length + step, np.array([int(np.argmax(actual[-1]))], np.int32))[-1])
+    finally:
+        whole.close()
+    for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
+        assert bit_identical(got, want), f"row {index}"
+
+
 def _forged_position(blob: bytes) -> bytes:
     """The first cell's position made -5 (52-byte meshnet header, llama magic, seq, streams, count)."""
     forged = bytearray(blob)
