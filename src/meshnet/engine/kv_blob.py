@@ -43,7 +43,7 @@ def seal(owner: KvOwner, tokens: int, state: bytes) -> bytes:
     return _HEADER.pack(_MAGIC, _VERSION, digest, owner.layers.start, owner.layers.stop, tokens) + state
 
 
-def unseal(owner: KvOwner, tokens: int, blob: bytes) -> bytes:
+def unseal(owner: KvOwner, tokens: int, blob: bytes) -> memoryview:
     """The state inside ``blob``; SnapshotRefused unless it is ``owner``'s, holding ``tokens``."""
     if len(blob) < _HEADER.size:
         raise SnapshotRefused(f"a KV snapshot of {len(blob)} bytes is shorter than its header")
@@ -56,12 +56,13 @@ def unseal(owner: KvOwner, tokens: int, blob: bytes) -> bytes:
         raise SnapshotRefused(f"the KV snapshot is of layers {start}..{stop}, this shard runs {owner.layers}")
     if held != tokens:
         raise SnapshotRefused(f"the KV snapshot holds {held} positions, not the {tokens} claimed")
-    return blob[_HEADER.size :]
+    return memoryview(blob)[_HEADER.size :]
 
 
 class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.offset = data, 0
+    def __init__(self, data: bytes | memoryview) -> None:
+        # A view: the rows are passed along by reference, never sliced into copies.
+        self.data, self.offset = memoryview(data), 0
 
     def take(self, fmt: str) -> tuple[int, ...]:
         layout = struct.Struct("<" + fmt)
@@ -71,14 +72,14 @@ class _Reader:
         self.offset += layout.size
         return values
 
-    def raw(self, size: int) -> bytes:
+    def raw(self, size: int) -> memoryview:
         if size < 0 or self.offset + size > len(self.data):
             raise SnapshotRefused("the KV snapshot ends inside its layers' rows")
         self.offset += size
         return self.data[self.offset - size : self.offset]
 
 
-def restorable(state: bytes, tokens: int) -> bytes:
+def restorable(state: bytes | memoryview, tokens: int) -> bytes:
     """llama.cpp's sequence ``state``, checked to hold exactly what an export of positions
     ``[0, tokens)`` holds (see the module docstring), with each window cache given back the
     cells its export left out.
@@ -91,9 +92,8 @@ def restorable(state: bytes, tokens: int) -> bytes:
     later position exactly as the cold run's are, restore the cold layout.
     """
     reader = _Reader(state)
-    parts = [
-        reader.raw(8)
-    ]  # llama.cpp's magic and the exporting sequence id (llama.cpp checks the one, drops the other)
+    # llama.cpp's magic and the exporting sequence id (llama.cpp checks the one, drops the other)
+    parts: list[bytes | memoryview] = [reader.raw(8)]
     while reader.offset < len(state):
         parts.append(_restorable_cache(reader, tokens, first=len(parts) == 1))
     if len(parts) == 1:
@@ -104,7 +104,8 @@ def restorable(state: bytes, tokens: int) -> bytes:
 def _restorable_cache(reader: _Reader, tokens: int, *, first: bool) -> bytes:
     """One cache, the reader past it: its one filled stream checked and padded to position 0."""
     (n_stream,) = reader.take("I")
-    parts, filled = [struct.pack("<I", n_stream)], False
+    parts: list[bytes | memoryview] = [struct.pack("<I", n_stream)]
+    filled = False
     for _ in range(n_stream):
         (count,) = reader.take("I")
         if count == 0:
@@ -127,7 +128,7 @@ def _restorable_cache(reader: _Reader, tokens: int, *, first: bool) -> bytes:
 def _padded_rows(reader: _Reader, cells: int, passed: int) -> bytes:
     """The layers' K and V rows of ``cells`` cells, ``passed`` zero cells put in front."""
     v_trans, n_layer = reader.take("II")
-    parts = [struct.pack("<II", v_trans, n_layer)]
+    parts: list[bytes | memoryview] = [struct.pack("<II", v_trans, n_layer)]
     for _ in range(n_layer):
         kind, row = reader.take("iQ")
         parts += [struct.pack("<iQ", kind, row), bytes(row * passed), reader.raw(row * cells)]

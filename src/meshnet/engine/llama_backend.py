@@ -366,7 +366,8 @@ class LlamaBackend:
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
         # Checked before llama.cpp sees it: llama.cpp trusts the cells' positions (kv_blob).
         state = restorable(unseal(self._owner, tokens, blob), tokens)
-        data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        # llama.cpp only reads the buffer: it is passed where the bytes lie, not copied.
+        data = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
         read = llama_cpp.llama_state_seq_set_data(self._ctx, data, len(state), slot)
         held = self.slot_length(slot)
         if read != len(state) or held != tokens:
