@@ -78,6 +78,35 @@ def test_restored_prefix_continues_like_the_cold_whole_model(
         split.close()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_session_snapshot_resumes_on_other_shards_like_the_uninterrupted_session(
+    family: str, synthetic_model_factory: Callable[[SyntheticSpec], Path], tmp_path: Path
+) -> None:
+    """Failover: a session's KV after prefill and decode steps (decode rows included), exported
+    from one route's shards and imported by another route's own contexts, continues exactly as
+    the session would have where it was."""
+    spec = spec_for(family, "q4_k")
+    _, first = _routes(synthetic_model_factory, tmp_path / "first", spec)
+    _, second = _routes(synthetic_model_factory, tmp_path / "second", spec)
+    try:
+        tokens = prompt_for(family, first.backends[-1].shape.n_vocab, 40, 9)
+        logits = first.forward(0, 0, tokens)[-1]
+        for step in range(3):
+            logits = first.forward(0, len(tokens) + step, np.array([int(np.argmax(logits))], np.int32))[-1]
+        held = len(tokens) + 3
+        for source, target in zip(first.backends, second.backends, strict=True):
+            target.import_slot(1, source.export_slot(0), held)
+        expected, actual = logits, logits
+        for step in range(DECODE):
+            token = np.array([int(np.argmax(expected))], np.int32)
+            expected = first.forward(0, held + step, token)[-1]
+            actual = second.forward(1, held + step, token)[-1]
+            assert bit_identical(actual, expected), f"step {step} after the move"
+    finally:
+        first.close()
+        second.close()
+
+
 # One-row steps over 512 cells or more split the cells among the threads (ggml's split-KV flash
 # attention): a restored window cache must sit in the cells the cold run's does, or those steps
 # round differently. A long context, two threads, a boundary past 512 positions and a window
