@@ -20,6 +20,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+
 from meshnet.core.errors import SnapshotRefused
 from meshnet.core.layers import LayerRange
 
@@ -79,30 +81,35 @@ class _Reader:
         return self.data[self.offset - size : self.offset]
 
 
-def restorable(state: bytes | memoryview, tokens: int) -> bytes:
+def restorable(state: bytes | memoryview, tokens: int, window: int) -> bytes:
     """llama.cpp's sequence ``state``, checked to hold exactly what an export of positions
-    ``[0, tokens)`` holds (see the module docstring), with each window cache given back the
-    cells its export left out.
+    ``[0, tokens)`` by a model of sliding ``window`` (0: none) holds (see the module docstring),
+    with each window cache given back the cells its export left out.
 
     llama.cpp exports a window cache without the cells the window has passed, so it would load
     the rest from cell 0 where a cold run holds position p in cell p. Attention skips masked
     cells, but a one-row step over 512 cells or more splits the cells among the threads
     (ggml's split-KV flash attention), so another layout rounds differently (gemma3 270M, 2
     threads: logits moved by 0.6). Zero-filled cells at the passed positions, masked for every
-    later position exactly as the cold run's are, restore the cold layout.
+    later position exactly as the cold run's are, restore the cold layout. A window cache must
+    hold exactly the window's cells, which also bounds the padding a forged blob could ask for.
     """
     reader = _Reader(state)
     # llama.cpp's magic and the exporting sequence id (llama.cpp checks the one, drops the other)
     parts: list[bytes | memoryview] = [reader.raw(8)]
     while reader.offset < len(state):
-        parts.append(_restorable_cache(reader, tokens, first=len(parts) == 1))
+        first = len(parts) == 1
+        if not first and not window:
+            raise SnapshotRefused("the KV snapshot holds a window cache; this shard's model has no window")
+        parts.append(_restorable_cache(reader, tokens if first else min(tokens, window), tokens))
     if len(parts) == 1:
         raise SnapshotRefused("the KV snapshot holds no cache")
     return b"".join(parts)
 
 
-def _restorable_cache(reader: _Reader, tokens: int, *, first: bool) -> bytes:
-    """One cache, the reader past it: its one filled stream checked and padded to position 0."""
+def _restorable_cache(reader: _Reader, held: int, tokens: int) -> bytes:
+    """One cache of ``held`` cells, the reader past it: its one filled stream checked and padded
+    to position 0."""
     (n_stream,) = reader.take("I")
     parts: list[bytes | memoryview] = [struct.pack("<I", n_stream)]
     filled = False
@@ -111,12 +118,12 @@ def _restorable_cache(reader: _Reader, tokens: int, *, first: bool) -> bytes:
         if count == 0:
             parts.append(struct.pack("<I", 0))
             continue
-        if filled:
-            raise SnapshotRefused("the KV snapshot fills more than one stream")
+        if filled or count != held:
+            raise SnapshotRefused(f"the KV snapshot's cells are not those of a {tokens}-token prefix")
         filled, passed = True, tokens - count
         table = reader.raw(12 * count)
         cells = [struct.unpack_from("<iIi", table, 12 * i) for i in range(count)]
-        if [(p, n) for p, n, _ in cells] != [(p, 1) for p in range(passed, tokens)] or (first and passed):
+        if [(p, n) for p, n, _ in cells] != [(p, 1) for p in range(passed, tokens)]:
             raise SnapshotRefused(f"the KV snapshot's cells are not the positions of a {tokens}-token prefix")
         filler = b"".join(struct.pack("<iIi", p, 1, 0) for p in range(passed))
         parts += [struct.pack("<I", tokens), filler, table, _padded_rows(reader, count, passed)]
@@ -126,21 +133,24 @@ def _restorable_cache(reader: _Reader, tokens: int, *, first: bool) -> bytes:
 
 
 def _padded_rows(reader: _Reader, cells: int, passed: int) -> bytes:
-    """The layers' K and V rows of ``cells`` cells, ``passed`` zero cells put in front."""
+    """The layers' K and V rows of ``cells`` cells, ``passed`` zero cells put in front (each
+    layer's rows are read, so bounded by the blob, before any padding is made)."""
     v_trans, n_layer = reader.take("II")
     parts: list[bytes | memoryview] = [struct.pack("<II", v_trans, n_layer)]
     for _ in range(n_layer):
         kind, row = reader.take("iQ")
-        parts += [struct.pack("<iQ", kind, row), bytes(row * passed), reader.raw(row * cells)]
+        rows = reader.raw(row * cells)
+        parts += [struct.pack("<iQ", kind, row), bytes(row * passed), rows]
     for _ in range(n_layer):
         if not v_trans:
             kind, row = reader.take("iQ")
-            parts += [struct.pack("<iQ", kind, row), bytes(row * passed), reader.raw(row * cells)]
+            rows = reader.raw(row * cells)
+            parts += [struct.pack("<iQ", kind, row), bytes(row * passed), rows]
             continue
         # Transposed V: per embedding dimension, one element per cell.
         kind, element, width = reader.take("iII")
-        values = reader.raw(element * width * cells)
-        parts.append(struct.pack("<iII", kind, element, width))
-        for j in range(width):
-            parts += [bytes(element * passed), values[j * element * cells : (j + 1) * element * cells]]
+        values = np.frombuffer(reader.raw(element * width * cells), np.uint8).reshape(width, element * cells)
+        padded = np.zeros((width, element * (passed + cells)), np.uint8)
+        padded[:, element * passed :] = values
+        parts += [struct.pack("<iII", kind, element, width), padded.tobytes()]
     return b"".join(parts)

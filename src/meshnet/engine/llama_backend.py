@@ -89,6 +89,7 @@ class LlamaBackend:
             ),
         )
         self._owner = KvOwner(provenance.source_sha256, provenance.layers)
+        self._window = int(llama_cpp.llama_model_n_swa(self._model))
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._allocate_batch(config.max_batch_tokens, n_embd)
 
@@ -365,7 +366,7 @@ class LlamaBackend:
             raise InvalidArgument(f"cannot import {tokens} positions into slot {slot}")
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
         # Checked before llama.cpp sees it: llama.cpp trusts the cells' positions (kv_blob).
-        state = restorable(unseal(self._owner, tokens, blob), tokens)
+        state = restorable(unseal(self._owner, tokens, blob), tokens, self._window)
         # llama.cpp only reads the buffer: it is passed where the bytes lie, not copied.
         data = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
         read = llama_cpp.llama_state_seq_set_data(self._ctx, data, len(state), slot)

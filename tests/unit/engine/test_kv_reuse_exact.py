@@ -199,6 +199,41 @@ def test_a_bad_blob_is_refused_and_harms_no_session(
             route.release(slot)
 
 
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash", "transposed-v"])
+def test_mutated_blobs_never_crash_and_leave_the_slot_whole_or_empty(
+    flash_attn: bool, synthetic_model_factory: Callable[[SyntheticSpec], Path], tmp_path: Path
+) -> None:
+    """Seeded byte flips, overwritten words and truncations of every shard's blob (gemma3: a
+    full and a window cache): each import loads all positions or is refused with the slot left
+    empty; none raises anything else (a forged row size once asked for gigabytes of padding)."""
+    spec = spec_for("gemma3", "q4_0")
+    config = replace(CONFIG, flash_attn=flash_attn)
+    source = describe_model(synthetic_model_factory(spec))
+    split = LocalRoute([open_llama_shard(source, r, SliceCache(tmp_path), config) for r in certification_cut(spec)])
+    rng = np.random.default_rng(31)
+    try:
+        split.forward(0, 0, prompt_for("gemma3", split.backends[-1].shape.n_vocab, BOUNDARY, 4))
+        for backend in split.backends:
+            blob = backend.export_slot(0)
+            for _ in range(300):
+                mutated = bytearray(blob)
+                at = int(rng.integers(52, len(blob) - 4))
+                kind = rng.integers(3)
+                if kind == 0:
+                    mutated[min(at, 52 + 16 + 12 * BOUNDARY)] ^= 1 << int(rng.integers(8))
+                elif kind == 1:
+                    mutated[at : at + 4] = rng.integers(0, 2**32, dtype=np.uint64).tobytes()[:4]
+                else:
+                    del mutated[at:]
+                try:
+                    backend.import_slot(1, bytes(mutated), BOUNDARY)
+                    assert backend.slot_length(1) == BOUNDARY
+                except SnapshotRefused:
+                    assert backend.slot_length(1) == 0
+    finally:
+        split.close()
+
+
 def test_the_fake_engine_restores_exactly_and_refuses_another_range() -> None:
     def fake(layers: LayerRange) -> FakeBackend:
         return FakeBackend(layers, 4, max_slots=3, n_ctx_per_slot=128)
