@@ -5,7 +5,8 @@
 For SmolLM2-135M and Gemma 3 270M, whole and a head shard of about a third of the layers, it
 prefills aligned prompts of several lengths on slot 0 (chunk 256, as served), exports the slot
 (``Backend.export_slot``), imports it into slot 1 (``import_slot``) and records the snapshot's
-bytes, the best of a few export, import and prefill times, and bytes per position. Gemma's
+bytes, bytes per position, and the best wall and process-CPU milliseconds of a few exports,
+imports and prefills (CPU time sums the threads: on a shared machine it is the steadier figure). Gemma's
 windowed layers keep only their window, so its bytes per position fall past 512 positions.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 import time
@@ -36,13 +38,16 @@ LENGTHS = (256, 512, 1024)
 CHUNK = 256
 
 
-def _best(action: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
+def _best(action: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Best wall and best process CPU milliseconds of ``repeats`` runs (CPU time, summed over
+    threads, is what a loaded machine distorts least)."""
+    wall, cpu = float("inf"), float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         action()
-        best = min(best, time.perf_counter() - started)
-    return best * 1000.0
+        wall = min(wall, time.perf_counter() - started)
+        cpu = min(cpu, time.process_time() - started_cpu)
+    return round(wall * 1000.0, 2), round(cpu * 1000.0, 2)
 
 
 def measure(models: Path, threads: int, repeats: int) -> list[dict[str, object]]:
@@ -68,19 +73,22 @@ def _point(backend: LlamaBackend, name: str, layers: LayerRange, tokens: np.ndar
         backend.truncate(0, 0)
         backend.run([StepInput(0, 0, tokens=tokens)])
 
-    prefill_ms = _best(prefill, repeats)
+    prefill_ms, prefill_cpu_ms = _best(prefill, repeats)
     blob = backend.export_slot(0)
-    export_ms = _best(lambda: backend.export_slot(0), repeats)
-    import_ms = _best(lambda: backend.import_slot(1, blob, length), repeats)
+    export_ms, export_cpu_ms = _best(lambda: backend.export_slot(0), repeats)
+    import_ms, import_cpu_ms = _best(lambda: backend.import_slot(1, blob, length), repeats)
     return {
         "model": name,
         "layers": f"{layers.start}-{layers.stop}",
         "positions": length,
         "snapshot_bytes": len(blob),
         "bytes_per_position": round(len(blob) / length, 1),
-        "export_ms": round(export_ms, 2),
-        "import_ms": round(import_ms, 2),
-        "prefill_ms": round(prefill_ms, 1),
+        "export_ms": export_ms,
+        "import_ms": import_ms,
+        "prefill_ms": prefill_ms,
+        "export_cpu_ms": export_cpu_ms,
+        "import_cpu_ms": import_cpu_ms,
+        "prefill_cpu_ms": prefill_cpu_ms,
     }
 
 
@@ -91,10 +99,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     rows = measure(args.models, args.threads, args.repeats)
     report = {
         "what": "a shard's KV snapshot (export_slot/import_slot) against the prefill it replaces",
         "machine": {"python": platform.python_version(), "machine": platform.machine()},
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "threads": args.threads,
         "prefill_chunk": CHUNK,
         "points": rows,

@@ -10,9 +10,10 @@ leaves a cell ``seq_rm`` cannot remove, and duplicated positions load as if vali
 reaches llama.cpp, ``restorable`` walks its layout (``llama_kv_cache::state_write``: per cache
 the stream count, then per stream the cell count, each cell's position and sequence id, and
 the layers' K and V rows) and requires what an export of an aligned prefill holds: the first
-cache exactly positions ``[0, tokens)``, any further one (a sliding window's) a contiguous run
-ending at ``tokens - 1``, in one stream, and nothing after the last cache. (Layers without V
-rows and M-RoPE cell extensions, which no certified family has, do not parse: refused.)
+cache exactly positions ``[0, tokens)``, any further one (a sliding window's) exactly the last
+``min(tokens, window)`` positions, each in one stream, and nothing after the last cache.
+(Layers without V rows and M-RoPE cell extensions, which no certified family has, do not parse:
+refused.)
 """
 
 from __future__ import annotations
