@@ -167,6 +167,7 @@ def _compare(whole: LocalRoute, split: LocalRoute, digests: LogitDigests) -> tup
         digests.require(solo[output.slot], output.logits, f"batched step of session {output.slot}")
     checks.append("batched decode of 2 sessions bit-identical to solo")
     checks.append(_check_isolation(whole, split, digests))
+    checks.append(_check_restore(whole, split, digests))
     return tuple(checks)
 
 
@@ -193,6 +194,40 @@ def _check_isolation(whole: LocalRoute, split: LocalRoute, digests: LogitDigests
     for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
         digests.require(want, got, f"isolation step {index}")
     return "a session's output unchanged by other sessions freeing and reusing KV"
+
+
+def _check_restore(whole: LocalRoute, split: LocalRoute, digests: LogitDigests) -> str:
+    """KV exported at a prefill-chunk boundary and imported into another slot must continue
+    exactly as the whole model's cold run: what prefix reuse and session snapshots serve with.
+
+    Each shard's slot 0 holds exactly one aligned chunk; its export goes into the free slot 1
+    of the same shard, slot 0 is freed, and slot 1 continues past another chunk boundary, then
+    decodes. The cold side is the whole model prefilling the whole prompt.
+    """
+    chunk = split.backends[0].shape.max_batch_tokens
+    prompt = np.array((PROMPTS[0] + PROMPTS[1]) * (2 * chunk // len(PROMPTS[0] + PROMPTS[1]) + 1), np.int32)
+    prompt = prompt[: 2 * chunk + len(PROMPTS[1])]
+    for route in (whole, split):
+        route.release(0)
+        route.release(1)
+    expected = whole.forward(0, 0, prompt, "all")
+    split.forward(0, 0, prompt[:chunk])
+    try:
+        blobs = [backend.export_slot(0) for backend in split.backends]
+        split.release(0)
+        for backend, blob in zip(split.backends, blobs, strict=True):
+            backend.import_slot(1, blob, chunk)
+    except MeshnetError as error:
+        raise CertificationFailed(f"a shard's KV does not export and import back on this build: {error}") from error
+    digests.require(expected[chunk:], split.forward(1, chunk, prompt[chunk:], "all"), "prefill after a KV restore")
+    for step in range(DECODE_STEPS // 2):
+        token = np.array([int(np.argmax(expected[-1]))], np.int32)
+        expected = whole.forward(0, len(prompt) + step, token)
+        digests.require(expected, split.forward(1, len(prompt) + step, token), f"decode step {step} after a KV restore")
+    for route in (whole, split):
+        route.release(0)
+        route.release(1)
+    return "KV exported at a chunk boundary, imported into another slot, continues bit-identically"
 
 
 def _require(expected: np.ndarray | None, actual: np.ndarray | None, what: str) -> None:

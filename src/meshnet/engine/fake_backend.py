@@ -17,6 +17,7 @@ real backend.
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
@@ -24,6 +25,7 @@ import numpy as np
 from meshnet.core.errors import InvalidArgument, ResourceExhausted, SnapshotRefused
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput
+from meshnet.engine.kv_blob import KvOwner, seal, unseal
 
 FAKE_BACKEND_VERSION = "2"
 """Bumped when the fake's arithmetic changes: it names the fake recipe's backend version."""
@@ -58,6 +60,9 @@ class FakeBackend:
         )
         self._vocab = n_vocab
         self._step_delay = step_delay
+        # The fake model is its dimensions: its KV snapshots name them as a real one names its source.
+        model = hashlib.sha256(f"fake {FAKE_BACKEND_VERSION} {n_layers} {n_embd} {n_vocab}".encode()).hexdigest()
+        self._owner = KvOwner(model, layers)
         # state[slot, layer]: a running summary of everything the slot has seen (its "KV").
         self._state = np.zeros((max_slots, len(layers), n_embd), np.float64)
         self._length = np.zeros(max_slots, np.int64)
@@ -121,16 +126,19 @@ class FakeBackend:
             self._state[slot] = 0.0
         self._length[slot] = min(self._length[slot], position)
 
+    def slot_length(self, slot: int) -> int:
+        return int(self._length[slot])
+
     def export_slot(self, slot: int) -> bytes:
-        header = np.array([self._length[slot], *self._state[slot].shape], np.int64)
-        return header.tobytes() + self._state[slot].tobytes()
+        return seal(self._owner, int(self._length[slot]), self._state[slot].tobytes())
 
     def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
-        expected = 8 * (3 + self._state[slot].size)
-        header = np.frombuffer(blob[:24], np.int64) if len(blob) == expected else None
-        if header is None or tuple(header[1:]) != self._state[slot].shape or int(header[0]) != tokens:
-            raise SnapshotRefused("not a state of this fake shard's layers at that length")
-        self._state[slot] = np.frombuffer(blob[24:], np.float64).reshape(self._state[slot].shape)
+        self._state[slot] = 0.0
+        self._length[slot] = 0
+        state = unseal(self._owner, tokens, blob)
+        if len(state) != self._state[slot].nbytes:
+            raise SnapshotRefused("not a state of this fake shard's width")
+        self._state[slot] = np.frombuffer(state, np.float64).reshape(self._state[slot].shape)
         self._length[slot] = tokens
 
     def close(self) -> None:

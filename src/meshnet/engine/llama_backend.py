@@ -25,6 +25,7 @@ from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted,
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
 from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
 from meshnet.engine.devices import device_handle
+from meshnet.engine.kv_blob import KvOwner, restorable, seal, unseal
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
@@ -91,6 +92,8 @@ class LlamaBackend:
                 max_slots=config.max_slots,
             ),
         )
+        self._owner = KvOwner(provenance.source_sha256, provenance.layers)
+        self._window = int(llama_cpp.llama_model_n_swa(self._model))
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._threads = config.n_threads
         self._allocate_batch(config.max_batch_tokens, n_embd)
@@ -370,7 +373,7 @@ class LlamaBackend:
 
     def export_slot(self, slot: int) -> bytes:
         # llama.cpp's per-sequence state: the slot's cells of every owned layer (and, under a
-        # sliding window, of the window cache as it stands), in llama.cpp's own format.
+        # sliding window, of the window cache as it stands), sealed with whose KV it is.
         if not 0 <= slot < self._shape.max_slots:
             raise InvalidArgument(f"cannot export slot {slot}")
         size = llama_cpp.llama_state_seq_get_size(self._ctx, slot)
@@ -378,19 +381,22 @@ class LlamaBackend:
         written = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, slot)
         if written == 0:
             raise EngineError(f"llama.cpp could not export the KV of slot {slot}")
-        return bytes(memoryview(buffer)[:written])
+        return seal(self._owner, self.slot_length(slot), bytes(memoryview(buffer)[:written]))
 
     def import_slot(self, slot: int, blob: bytes, tokens: int) -> None:
         if not 0 <= slot < self._shape.max_slots or not 0 < tokens <= self._shape.n_ctx_per_slot:
             raise InvalidArgument(f"cannot import {tokens} positions into slot {slot}")
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
-        data = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        read = llama_cpp.llama_state_seq_set_data(self._ctx, data, len(blob), slot)
+        # Checked before llama.cpp sees it: llama.cpp trusts the cells' positions (kv_blob).
+        state = restorable(unseal(self._owner, tokens, blob), tokens, self._window)
+        # llama.cpp only reads the buffer: it is passed where the bytes lie, not copied.
+        data = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        read = llama_cpp.llama_state_seq_set_data(self._ctx, data, len(state), slot)
         held = self.slot_length(slot)
-        if read != len(blob) or held != tokens:
+        if read != len(state) or held != tokens:
             llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
             raise SnapshotRefused(
-                f"llama.cpp did not load the KV state ({read} of {len(blob)} bytes read, {held} positions "
+                f"llama.cpp did not load the KV state ({read} of {len(state)} bytes read, {held} positions "
                 f"where {tokens} were expected): it is not a state of this shard's layers"
             )
 

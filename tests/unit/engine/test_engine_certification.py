@@ -13,7 +13,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.cli import main as cli
-from meshnet.core.errors import CertificationFailed, MeshnetError
+from meshnet.core.errors import CertificationFailed, MeshnetError, SnapshotRefused
 from meshnet.core.layers import LayerRange
 from meshnet.engine import certification
 from meshnet.engine.backend import StepInput, StepOutput
@@ -23,7 +23,8 @@ from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
 def test_certification_passes_on_the_pinned_build() -> None:
     report = certification.certify_llama_engine()
     assert report.backend_version
-    assert len(report.checks) == len(certification.PROMPTS) + 2  # + batched decode, + isolation under KV churn
+    # + batched decode, + isolation under KV churn, + KV exported and imported back
+    assert len(report.checks) == len(certification.PROMPTS) + 3
     assert any("batched" in check for check in report.checks)
 
 
@@ -114,7 +115,7 @@ def test_the_report_digests_every_compared_logit_and_is_the_same_on_every_run(tm
 def test_the_fake_engine_certifies_like_the_real_one() -> None:
     report = certification.certify_fake_engine(6, 16, 64)
     assert report.whole_sha256 == report.split_sha256 == certification.certify_fake_engine(6, 16, 64).whole_sha256
-    assert len(report.checks) == len(certification.PROMPTS) + 2
+    assert len(report.checks) == len(certification.PROMPTS) + 3
     assert certification.certify_fake_engine(6, 32, 64).whole_sha256 != report.whole_sha256
     with pytest.raises(CertificationFailed, match="cannot be split"):
         certification.certify_fake_engine(1, 16, 64)
@@ -132,6 +133,29 @@ def test_the_fake_certification_refuses_a_fake_whose_split_differs(monkeypatch: 
 
     monkeypatch.setattr(certification, "FakeBackend", Drifting)
     with pytest.raises(CertificationFailed, match="split output differs from the whole model"):
+        certification.certify_fake_engine(6, 16, 64)
+
+
+def test_certification_refuses_a_build_whose_kv_does_not_import_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise SnapshotRefused("simulated: llama.cpp did not load the state")
+
+    monkeypatch.setattr(LlamaBackend, "import_slot", refuse)
+    with pytest.raises(CertificationFailed, match="does not export and import back on this build: simulated"):
+        certification.certify_llama_engine()
+
+
+def test_certification_refuses_a_restore_that_is_not_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Lossy(certification.FakeBackend):  # type: ignore[misc]
+        """A fake whose exported KV flips a low bit of one value (and loads back)."""
+
+        def export_slot(self, slot: int) -> bytes:
+            blob = bytearray(super().export_slot(slot))
+            blob[-3] ^= 1  # a mantissa bit of the last float64, well above float32 rounding
+            return bytes(blob)
+
+    monkeypatch.setattr(certification, "FakeBackend", Lossy)
+    with pytest.raises(CertificationFailed, match="prefill after a KV restore: split output differs"):
         certification.certify_fake_engine(6, 16, 64)
 
 
