@@ -30,7 +30,7 @@ def test_no_repack_reaches_the_engine_and_changes_the_fingerprint(tmp_path: Path
     model = write_synthetic_model(tmp_path / "m.gguf", SyntheticSpec(n_layers=2))
     default, off = _worker(tmp_path), _worker(tmp_path, "--no-repack")
     assert default.llama_config(1).repack and not off.llama_config(1).repack
-    assert backend_label(default) == "llama.cpp(flash_attn=on,prefill_chunk=256)"  # the default recipe is unchanged
+    assert backend_label(default) == "llama.cpp(flash_attn=on,prefill_chunk=64)"  # the default recipe is unchanged
     assert backend_label(off) == "llama.cpp(flash_attn=on,prefill_chunk=256,repack=off)"
     cache, description = SliceCache(tmp_path / "cache"), describe_model(model)
     recipes = [model_identity(c, cache, description).recipe for c in (default, off)]
@@ -48,7 +48,7 @@ def test_the_device_class_is_part_of_a_gpu_recipe_and_absent_from_a_cpu_one(tmp_
     lavapipe = DeviceInfo("vulkan", 0, "Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 2**33, 2**33)
     worker, partial = _worker(tmp_path, "--device", "cuda"), _worker(tmp_path, "--device", "cuda", "--gpu-layers", "1")
     assert worker.device == DeviceRequest("cuda") and partial.gpu_layers == 1
-    assert backend_label(worker) == "llama.cpp(flash_attn=on,prefill_chunk=256)"
+    assert backend_label(worker) == "llama.cpp(flash_attn=on,prefill_chunk=64)"
     on_h200 = model_identity(worker, cache, description, h200).recipe
     assert on_h200.device_class == "cuda:NVIDIA H200 gpu_layers=all"
     assert on_h200.family == model_identity(worker, cache, description, CPU).recipe
