@@ -99,11 +99,12 @@ def heartbeat_to_proto(node_id: NodeId, load: NodeLoad) -> pb.NodeHeartbeat:
         memory_used_bytes=load.memory_used_bytes,
         memory_budget_bytes=load.memory_budget_bytes,
         prefix_tips=[pb.PrefixTip(link=link, blocks=blocks) for link, blocks in load.prefix_tips],
-        **_prefix_figures_to_proto(load.prefix),
+        **prefix_figures_fields(load.prefix),
     )
 
 
-def _prefix_figures_to_proto(figures: PrefixFigures | None) -> dict[str, Any]:
+def prefix_figures_fields(figures: PrefixFigures | None) -> dict[str, Any]:
+    """A message's prefix store fields (``NodeHeartbeat``'s, ``NodeStatusList.Node``'s)."""
     if figures is None:
         return {}
     return {
@@ -126,13 +127,16 @@ def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
         memory_used_bytes=message.memory_used_bytes,
         memory_budget_bytes=message.memory_budget_bytes,
         prefix_tips=tuple((tip.link, tip.blocks) for tip in message.prefix_tips[: MAX_PREFIX_TIPS + 1]),
-        prefix=PrefixFigures(
-            message.prefix_bytes, message.prefix_budget_bytes, message.prefix_hits, message.prefix_misses
-        )
-        if message.prefix_reported
-        else None,
+        prefix=prefix_figures_from(message),
     )
     return node_id_from_proto(message.node_id), load
+
+
+def prefix_figures_from(message: pb.NodeHeartbeat | Any) -> PrefixFigures | None:
+    """The prefix store figures of a message with ``prefix_figures_fields``; None: not reported."""
+    if not message.prefix_reported:
+        return None
+    return PrefixFigures(message.prefix_bytes, message.prefix_budget_bytes, message.prefix_hits, message.prefix_misses)
 
 
 def heartbeat_status_to_proto(status: HeartbeatStatus) -> pb.HeartbeatReply:
