@@ -8,9 +8,11 @@ starts on whichever route the tracker picks; B starts while A's route is full (t
 of A hold both its sessions), so on the other route; then their turns alternate, and each must
 land on its own route. Without prefix-aware routes the tracker sends every turn to its fastest
 route, so one conversation's turns leave the route that holds them. Finally, with A's route full
-again, A's next turn goes to the other route and is served cold, with the whole model's tokens.
+again, A's turn goes to the other route and is served cold, with the whole model's tokens.
+Last, the tracker is restarted: the new one remembers no conversation, so a turn finds its
+route by what each head announces it holds (its heartbeat's prefix tips).
 
-Both workers wait ``STEP_DELAY_MS`` per step (``boasting_worker.py`` with no boast), so the
+Both workers wait ``STEP_DELAY_MS`` per step (``boasting_worker.py``, claiming one speed), so the
 holding requests are still running when the next request is routed, even on an idle machine.
 The tracker counts the sessions it routed to a node since its last heartbeat against the room
 that heartbeat reported (a finished one too, until the next heartbeat), so between phases the
@@ -38,6 +40,9 @@ pytestmark = pytest.mark.timeout(300)
 
 BOASTER = Path(__file__).with_name("boasting_worker.py")
 STEP_DELAY_MS = 4.0
+CLAIMED_RATE = 200.0
+"""What both workers claim (tok/s): about what they serve at STEP_DELAY_MS a step, and equal, so
+a new tracker that measured nothing yet sees two equal routes."""
 CHUNK = 16
 TOKENS = 8
 HOLD_TOKENS = 150
@@ -132,7 +137,8 @@ def test_conversations_stick_to_the_route_holding_their_prefix_and_leave_it_when
     def expected(messages: list[dict[str, str]]) -> str:
         return reference.text(reference.generate(reference.tokenizer.encode_chat(messages), TOKENS))
 
-    program = (sys.executable, str(BOASTER), "--step-delay-ms", str(STEP_DELAY_MS), "--")
+    lag = ("--step-delay-ms", str(STEP_DELAY_MS), "--claim-rate", str(CLAIMED_RATE))
+    program = (sys.executable, str(BOASTER), *lag, "--")
     with Swarm(tmp_path / "swarm", model) as swarm:
         swarm.start_tracker()
         swarm.start_workers("0:6", "0:6", program=program, prefill_chunk=CHUNK, max_sessions=SESSIONS)
@@ -153,10 +159,22 @@ def test_conversations_stick_to_the_route_holding_their_prefix_and_leave_it_when
                 served[name, turn] = _ask(swarm, url, turns[turn])
         _settle(swarm, time.monotonic())
         with _holding(swarm, url, a_turns[0], SESSIONS) as held:
-            cold = _ask(swarm, url, a_turns[TURNS])
+            cold = _ask(swarm, url, a_turns[1])
+        # A new tracker remembers no conversation: the heads' announcements route the turns. Both
+        # claim one speed and none is measured yet, so without tips the planner's tie goes to the
+        # lower node id: ask the conversation held by the other one (B's route holds A's turn 1
+        # now, but A's route holds its longer last turn).
+        swarm.restart_tracker()
+        swarm.wait_routable(nodes=2)
+        _settle(swarm, time.monotonic())
+        ids = {worker.address: worker.node_id for worker in swarm.workers}
+        asked, turns, holder = max(
+            (("a", a_turns, a_first.head), ("b", b_turns, b_first.head)), key=lambda c: ids[c[2]]
+        )
+        announced = _ask(swarm, url, turns[TURNS])
     try:
         wanted = {(name, turn): expected((a_turns if name == "a" else b_turns)[turn]) for name, turn in served}
-        wanted_cold = expected(a_turns[TURNS])
+        wanted_cold = expected(a_turns[1])
     finally:
         reference.close()
     heads = {key: s.head for key, s in served.items()}
@@ -169,3 +187,4 @@ def test_conversations_stick_to_the_route_holding_their_prefix_and_leave_it_when
     assert held == [a_first.head] * SESSIONS
     assert cold.head == b_first.head and cold.cached_tokens == 0, cold
     assert cold.text == wanted_cold
+    assert announced.head == holder and announced.cached_tokens > 0, f"{asked}: after the restart only tips tell"
