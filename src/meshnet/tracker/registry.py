@@ -12,7 +12,8 @@ it invalidates no route.
 
 Stickiness: a session keeps its route while every node on it is alive, not excluded by the
 caller and unchanged, even if the epoch moved for another reason, because moving a live session
-throws away its KV cache and costs a full replay.
+throws away its KV cache and costs a full replay. A new session whose prompt continues an
+earlier one's keeps that one's route too while it has room (``tracker.affinity``).
 """
 
 from __future__ import annotations
@@ -333,6 +334,8 @@ class NodeRegistry:
             costs=self._costs,
             mixed_devices=self._mixed_devices,
         )
+        if not chain:
+            return base
         # Tips live in each node's last load report: memory only, gone with the node.
         tips = {node_id: dict(entry.load.prefix_tips) for node_id, entry in self._nodes.items() if entry.load}
         prefix = PrefixRouting(chain, tips)
