@@ -316,6 +316,8 @@ class SwarmClient:
                 exclude=excluded,
                 request_id=run.request_id,
                 ticket_seconds=ticket_seconds(request.timeout_s),
+                # A replacement whose head holds a prefix of the prompt replays less of it.
+                prefix_chain=self._chains.chain(request),
             )
         except (NoRoute, Unreachable) as no_route:
             # The client-visible fact is the lost worker (the status contract's ``worker_lost``);
