@@ -27,9 +27,10 @@ from typing import Any
 
 import httpx
 
+from meshnet.deploy.launch.ready_lines import UpLine
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / ".data" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-READY = "Serving the OpenAI-compatible API at"
 SYSTEM = "You are a careful assistant helping an engineer plan a small distributed inference cluster."
 TOPICS = (
     "the network between three old laptops in one flat, one of them on wifi",
@@ -64,7 +65,7 @@ def _start_up(model: Path, data_dir: Path, port: int, chunk: int, cache_mb: floa
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     for line in child.stdout or ():
-        if READY in line:
+        if UpLine.PREFIX in line:
             return child
         if time.monotonic() > deadline:
             break

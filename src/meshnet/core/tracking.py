@@ -18,6 +18,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.prefix import MAX_CHAIN_BLOCKS, check_chain
 from meshnet.core.tickets import SealedTicket
 
 MAX_TOKENS = 2**53
@@ -45,6 +46,26 @@ REPORTED_STATUSES: tuple[WorkStatus, ...] = ("completed", "cancelled", "failed",
 
 MAX_PEERS = 64
 """Peer latencies one heartbeat may carry."""
+MAX_PREFIX_TIPS = 64
+"""Prefix tips one heartbeat may carry: a head's most recently used stored prompt prefixes."""
+MAX_ROUTE_CHAIN = 256
+"""Prefix chain links one route request may carry (a prompt's first 256 chunks)."""
+
+
+@dataclass(frozen=True)
+class PrefixFigures:
+    """A node's store of reusable prompt KV (``session.kv_store``) as its heartbeat reports it."""
+
+    bytes_held: int = 0
+    budget_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+
+    def __post_init__(self) -> None:
+        check_count("prefix bytes", self.bytes_held, 1 << 60)
+        check_count("prefix budget bytes", self.budget_bytes, 1 << 60)
+        check_count("prefix hits", self.hits, MAX_TOKENS)
+        check_count("prefix misses", self.misses, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -62,8 +83,18 @@ class NodeLoad:
     """Weights plus the KV of the sessions held now; 0: not reported."""
     memory_budget_bytes: int = 0
     """Weights plus the KV of every session the node admits; 0: not reported."""
+    prefix_tips: tuple[tuple[bytes, int], ...] = ()
+    """A head's most recently used stored prompt prefixes: each one's last chain link and its
+    length in blocks (``session.kv_store``); hashes of prompts, never their content."""
+    prefix: PrefixFigures | None = None
+    """The node's prefix store figures, for the status page (None: not reported)."""
 
     def __post_init__(self) -> None:
+        if len(self.prefix_tips) > MAX_PREFIX_TIPS:
+            raise InvalidArgument(f"at most {MAX_PREFIX_TIPS} prefix tips, got {len(self.prefix_tips)}")
+        for link, blocks in self.prefix_tips:
+            check_chain((link,))
+            check_count("prefix tip blocks", blocks, MAX_CHAIN_BLOCKS, low=1)
         if len(self.peer_rtt_ms) > MAX_PEERS:
             raise InvalidArgument(f"at most {MAX_PEERS} peer latencies, got {len(self.peer_rtt_ms)}")
         for address, rtt in self.peer_rtt_ms:
@@ -204,6 +235,14 @@ class RouteQuery:
     unbilled: bool = False
     """An audit replay: no work record follows, so the tracker expects (and bills) none. Nothing
     of it reaches the route's nodes, whose ticket is a user request's."""
+    prefix_chain: tuple[bytes, ...] = ()
+    """The prompt's prefix chain (``core.prefix``), at most ``MAX_ROUTE_CHAIN`` links: the
+    tracker prefers a route whose head holds a prefix of it, and keeps a conversation on its route."""
+
+    def __post_init__(self) -> None:
+        if len(self.prefix_chain) > MAX_ROUTE_CHAIN:
+            raise InvalidArgument(f"a route request carries at most {MAX_ROUTE_CHAIN} prefix links")
+        check_chain(self.prefix_chain)
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,7 @@ class TrackerClient:
         timeout_s: float | None = None,
         ticket_seconds: float = 0.0,
         unbilled: bool = False,
+        prefix_chain: tuple[bytes, ...] = (),
     ) -> Route:
         """A route for ``model`` (name or fingerprint); each hop carries its node's capability.
 
@@ -202,8 +203,10 @@ class TrackerClient:
         lasting ``ticket_seconds`` (0: the tracker's default), which every shard checks before
         it opens the session (``core.tickets``). ``request_id`` also lets the tracker check (and,
         if this gateway dies, complete) the request's work record against what the shards count,
-        unless ``unbilled`` (an audit replay, whose ticket still names its request)."""
-        query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds, unbilled)
+        unless ``unbilled`` (an audit replay, whose ticket still names its request).
+        ``prefix_chain`` (the prompt's, ``core.prefix``) lets the tracker prefer a route whose
+        head holds a prefix of the prompt and keep a conversation on its route."""
+        query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds, unbilled, prefix_chain)
         request = wire.route_query_to_proto(query)
         return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 
 from meshnet.core.errors import MeshnetError
-from meshnet.core.tracking import NodeLoad, Registered
+from meshnet.core.tracking import MAX_PREFIX_TIPS, NodeLoad, Registered
 from meshnet.membership.announce import announce_forever
 from meshnet.membership.heartbeats import heartbeat_loop
 from meshnet.membership.tracker_client import TrackerClient
@@ -66,7 +66,9 @@ async def _heartbeats(
     shard = worker.shard
 
     def load() -> NodeLoad:
-        return shard.metrics().node_load(prober.latest())
+        # Only a head announces what it holds: routes are chosen by their head (tracker.affinity).
+        tips = tuple(shard.kv.store.tips(MAX_PREFIX_TIPS)) if shard.shape.takes_tokens else ()
+        return shard.metrics().node_load(prober.latest(), tips)
 
     await heartbeat_loop(
         client,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.tracking import NodeLoad, PrefixFigures
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,10 @@ class ShardMetrics:
             "prefix_evictions_total": float(self.prefix_evictions),
         }
 
-    def node_load(self, peer_rtt_ms: tuple[tuple[str, float], ...] = ()) -> NodeLoad:
-        """The heartbeat's view of these figures."""
+    def node_load(
+        self, peer_rtt_ms: tuple[tuple[str, float], ...] = (), prefix_tips: tuple[tuple[bytes, int], ...] = ()
+    ) -> NodeLoad:
+        """The heartbeat's view of these figures, with a head's ``prefix_tips``."""
         return NodeLoad(
             active_sessions=self.active_sessions,
             free_sessions=self.free_sessions,
@@ -106,4 +108,6 @@ class ShardMetrics:
                 + self.kv_bytes_per_session * self.max_sessions
                 + self.prefix_budget_bytes
             ),
+            prefix_tips=prefix_tips,
+            prefix=PrefixFigures(self.prefix_bytes, self.prefix_budget_bytes, self.prefix_hits, self.prefix_misses),
         )

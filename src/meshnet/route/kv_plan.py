@@ -6,11 +6,16 @@ restores exactly that (``node.kv_reuse``). Each hop leases what it answered for 
 about to open; if one evicted it anyway, its opening fails with ``PrefixEvicted`` and the driver
 opens the session again without reuse. A hop that does not answer the probe in time counts as
 holding nothing: a probe never fails a request.
+
+Before there is a route, the tracker is sent the prompt's chain too (``RouteChains``), so it can
+prefer a route whose head holds a prefix of it; the chain's recipe and chunk are learnt from the
+routes given before for the same model (the first request of a model sends none).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import grpc
@@ -19,10 +24,38 @@ from meshnet.core.events import RouteHop
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.prefix import KvPlan, PrefixKey, prefix_chain, prompt_namespace
 from meshnet.core.recipe import FAMILY_PREFIX
+from meshnet.core.tracking import MAX_ROUTE_CHAIN, Route
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.shard_wire import held_kv_to_proto
 
 PROBE_TIMEOUT_S = 1.0
+MAX_KNOWN_MODELS = 64
+
+
+class RouteChains:
+    """The prefix chain a route request carries, by the recipe and chunk last routed per model."""
+
+    def __init__(self, max_models: int = MAX_KNOWN_MODELS) -> None:
+        self._max = max_models
+        self._keys: OrderedDict[str, tuple[str, int]] = OrderedDict()
+
+    def learn(self, model: str, route: Route) -> None:
+        """Note how ``route`` (given for ``model``) keys prompts; a mixed-device route keys none."""
+        if route.fingerprint.startswith(FAMILY_PREFIX) or not route.hops:
+            return
+        self._keys[model] = (route.fingerprint, route.hops[0].capability.prefill_chunk_tokens)
+        self._keys.move_to_end(model)
+        while len(self._keys) > self._max:
+            self._keys.popitem(last=False)
+
+    def chain(self, request: GenerationRequest) -> tuple[bytes, ...]:
+        """``request``'s prompt chain, at most ``MAX_ROUTE_CHAIN`` links; empty: model not seen yet."""
+        known = self._keys.get(request.model)
+        if known is None:
+            return ()
+        fingerprint, chunk = known
+        key = PrefixKey(fingerprint, chunk, prompt_namespace(request.cache_salt))
+        return prefix_chain(key, request.prompt_tokens, limit=MAX_ROUTE_CHAIN * chunk)
 
 
 def reuse_plan(chain: tuple[bytes, ...], held: Sequence[int], prompt_tokens: int, chunk: int, namespace: str) -> KvPlan:

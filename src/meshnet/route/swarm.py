@@ -39,6 +39,7 @@ from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, Work
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.kv_plan import RouteChains
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.shard_admin import is_serving
@@ -136,7 +137,8 @@ class SwarmClient:
         self._config = config
         self.reports = WorkReporter(tracker, config.reports, outbox)
         self._timings: set[asyncio.Task[None]] = set()
-        self._warmer = TurnWarmer(tracker, driver, enabled=config.warm_turns)
+        self._chains = RouteChains()
+        self._warmer = TurnWarmer(tracker, driver, self._chains, enabled=config.warm_turns)
 
     async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
         """Serve ``request`` to its end, pushing its items into ``sink`` as they happen.
@@ -155,8 +157,13 @@ class SwarmClient:
                 # failover's route joins it under the same session id) and names its ticket's request.
                 lasting = ticket_seconds(request.timeout_s)
                 route = await self.tracker.choose_route(
-                    request.model, session_id=session_id, request_id=request_id, ticket_seconds=lasting
+                    request.model,
+                    session_id=session_id,
+                    request_id=request_id,
+                    ticket_seconds=lasting,
+                    prefix_chain=self._chains.chain(request),
                 )
+                self._chains.learn(request.model, route)
                 # Before anything is streamed: a request that cannot fit would otherwise run until
                 # the first shard runs out of positions and fail as a retryable overload.
                 self._check_context(route, request)
@@ -263,6 +270,7 @@ class SwarmClient:
             route = await self.tracker.choose_route(model)
         except NoRoute:
             return None
+        self._chains.learn(model, route)
         return route.context_tokens
 
     def _check_context(self, route: Route, request: GenerationRequest) -> None:
@@ -316,6 +324,8 @@ class SwarmClient:
                 exclude=excluded,
                 request_id=run.request_id,
                 ticket_seconds=ticket_seconds(request.timeout_s),
+                # A replacement whose head holds a prefix of the prompt replays less of it.
+                prefix_chain=self._chains.chain(request),
             )
         except (NoRoute, Unreachable) as no_route:
             # The client-visible fact is the lost worker (the status contract's ``worker_lost``);

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from meshnet.core.errors import InvalidArgument
+from meshnet.core.errors import InvalidArgument, NoRoute
 from meshnet.core.layer_costs import LayerAdvice, LayerCosts
 from meshnet.core.layers import LayerRange
-from meshnet.tracker.routing import NodeView
+from meshnet.core.tracking import ModelSummary
+from meshnet.tracker.routing import NodeView, RoutingCosts, choose_route
 
 
 def plan_ranges(costs: LayerCosts, budgets: Sequence[int]) -> list[LayerRange]:
@@ -135,3 +136,30 @@ def route_slots(holdings: Sequence[tuple[LayerRange, int]], n_layers: int) -> in
     if n_layers <= 0:
         return 0
     return min(sum(sessions for layers, sessions in holdings if layer in layers) for layer in range(n_layers))
+
+
+def model_summaries(views: Sequence[NodeView], costs: RoutingCosts) -> tuple[ModelSummary, ...]:
+    """What ``ListModels`` says of each recipe the live nodes serve: its nodes, whether it routes,
+    how many sessions its heads can take."""
+    summaries = []
+    for fingerprint in sorted({view.fingerprint for view in views}):
+        recipe_nodes = sorted((v for v in views if v.fingerprint == fingerprint), key=lambda v: v.node_id)
+        first = recipe_nodes[0]
+        try:
+            choose_route(recipe_nodes, first.n_layers, fingerprint, costs=costs)
+            routable = True
+        except NoRoute:
+            routable = False
+        holdings = [(view.layers, view.record.capability.max_sessions) for view in recipe_nodes]
+        summaries.append(
+            ModelSummary(
+                name=first.model,
+                fingerprint=fingerprint,
+                quantization=first.record.quantization,
+                n_layers=first.n_layers,
+                nodes=len(recipe_nodes),
+                routable=routable,
+                head_sessions=route_slots(holdings, first.n_layers),
+            )
+        )
+    return tuple(sorted(summaries, key=lambda summary: (summary.name, summary.fingerprint)))

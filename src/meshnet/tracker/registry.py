@@ -12,7 +12,8 @@ it invalidates no route.
 
 Stickiness: a session keeps its route while every node on it is alive, not excluded by the
 caller and unchanged, even if the epoch moved for another reason, because moving a live session
-throws away its KV cache and costs a full replay.
+throws away its KV cache and costs a full replay. A new session whose prompt continues an
+earlier one's keeps that one's route too while it has room (``tracker.affinity``).
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, NoRoute
+from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
+from meshnet.tracker.affinity import ConversationRoutes, PrefixRouting, plan_of, prefer_held_prefix
 from meshnet.tracker.certification import check_certified
 from meshnet.tracker.claims import believed_views
-from meshnet.tracker.placement import route_slots
+from meshnet.tracker.placement import model_summaries
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     LatencyTable,
@@ -37,7 +39,6 @@ from meshnet.tracker.routing import (
     RoutePlan,
     RoutingCosts,
     choose_model_route,
-    choose_route,
 )
 from meshnet.tracker.speeds import RouteMeasurements, forms_route, measured_nodes
 
@@ -108,6 +109,8 @@ class NodeRegistry:
         self._sticky: OrderedDict[SessionId, _StickyRoute] = OrderedDict()
         self._quarantined: set[NodeId] = set(quarantined)
         """Nodes an audit caught: never registered again under these ids until cleared."""
+        self._conversations = ConversationRoutes()
+        """Routes issued for conversations' last prefix links (``tracker.affinity``): memory only."""
         self._measured = RouteMeasurements()
         """Routes' decode times as gateways measured them: what node speeds are believed from."""
         self._beliefs: tuple[object, dict[NodeId, float]] | None = None
@@ -302,14 +305,7 @@ class NodeRegistry:
         if sticky is not None and self._all_alive(sticky.route.hops, query.exclude):
             self._touch(query.session_id, sticky.route)
             return sticky.route
-        plan = choose_model_route(
-            self.node_views(),
-            query.model,
-            latency_ms=latency_ms,
-            exclude=query.exclude,
-            costs=self._costs,
-            mixed_devices=self._mixed_devices,
-        )
+        plan = self._plan(query, latency_ms)
         if sticky is not None:
             self._epoch += 1  # the session's route changed: frames of its old route are now stale
         route = _route_of(plan, self._epoch)
@@ -317,33 +313,37 @@ class NodeRegistry:
             return route  # a probe (what context does a route have?): it opens no session
         self._count_routed(plan)
         self._touch(query.session_id, route)
+        if not query.unbilled:
+            self._conversations.remember(query.prefix_chain, route.node_ids, self._clock())
         return route
+
+    def _plan(self, query: RouteQuery, latency_ms: LatencyTable) -> RoutePlan:
+        """The route the request's conversation was given, while it holds and has room; else the
+        planner's, or one whose head holds a prefix of the prompt (``tracker.affinity``)."""
+        views, chain = self.node_views(), query.prefix_chain
+        known = self._conversations.recall(chain, self._clock()) if chain else None
+        if known is not None:
+            kept = plan_of(known, views, query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
+            if kept is not None:
+                return kept
+        base = choose_model_route(
+            views,
+            query.model,
+            latency_ms=latency_ms,
+            exclude=query.exclude,
+            costs=self._costs,
+            mixed_devices=self._mixed_devices,
+        )
+        if not chain:
+            return base
+        # Tips live in each node's last load report: memory only, gone with the node.
+        tips = {node_id: dict(entry.load.prefix_tips) for node_id, entry in self._nodes.items() if entry.load}
+        prefix = PrefixRouting(chain, tips)
+        return prefer_held_prefix(base, views, prefix, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
 
     def list_models(self) -> tuple[ModelSummary, ...]:
         self.sweep()
-        views = self.node_views()
-        summaries = []
-        for fingerprint in sorted({view.fingerprint for view in views}):
-            recipe_nodes = sorted((v for v in views if v.fingerprint == fingerprint), key=lambda v: v.node_id)
-            first = recipe_nodes[0]
-            try:
-                choose_route(recipe_nodes, first.n_layers, fingerprint, costs=self._costs)
-                routable = True
-            except NoRoute:
-                routable = False
-            holdings = [(view.layers, view.record.capability.max_sessions) for view in recipe_nodes]
-            summaries.append(
-                ModelSummary(
-                    name=first.model,
-                    fingerprint=fingerprint,
-                    quantization=first.record.quantization,
-                    n_layers=first.n_layers,
-                    nodes=len(recipe_nodes),
-                    routable=routable,
-                    head_sessions=route_slots(holdings, first.n_layers),
-                )
-            )
-        return tuple(sorted(summaries, key=lambda summary: (summary.name, summary.fingerprint)))
+        return model_summaries(self.node_views(), self._costs)
 
     def _remove(self, node_ids: Iterable[NodeId], reason: str) -> None:
         gone = {node_id for node_id in node_ids if node_id in self._nodes}

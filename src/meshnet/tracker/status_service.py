@@ -37,7 +37,8 @@ def _node_status(entry: NodeEntry, now: float, routed_rate: float, measured: boo
     return NodeStatus(
         node_id=entry.node_id,
         record=entry.record,
-        load=replace(load, peer_rtt_ms=()),
+        # Routing inputs, not an operator's: peer latencies and the prefix tips (prompt hashes).
+        load=replace(load, peer_rtt_ms=(), prefix_tips=()),
         seconds_since_heartbeat=max(0.0, now - entry.last_seen),
         routed_decode_tokens_per_s=routed_rate,
         speed_measured=measured,

@@ -10,6 +10,7 @@ from meshnet.core.swarm_status import NodeStatus, NodeTable
 from meshnet.core.tracking import NodeLoad
 from meshnet.wire.generated import swarm_status_pb2 as pb
 from meshnet.wire.node_wire import record_from_proto, record_to_proto
+from meshnet.wire.tracker_wire import prefix_figures_fields, prefix_figures_from
 
 MAX_NODES = 10_000
 """Nodes one reply may list: a bound on what a bad peer can make a status tool hold."""
@@ -47,6 +48,7 @@ def _node_to_proto(node: NodeStatus) -> pb.NodeStatusList.Node:
         seconds_since_heartbeat=node.seconds_since_heartbeat,
         routed_decode_tokens_per_s=node.routed_decode_tokens_per_s,
         speed_measured=node.speed_measured,
+        **prefix_figures_fields(load.prefix),
     )
 
 
@@ -60,6 +62,7 @@ def _node_from_proto(message: pb.NodeStatusList.Node) -> NodeStatus:
         kv_used_fraction=message.kv_used_fraction,
         memory_used_bytes=message.memory_used_bytes,
         memory_budget_bytes=message.memory_budget_bytes,
+        prefix=prefix_figures_from(message),
     )
     return NodeStatus(
         message.node_id,

@@ -13,6 +13,7 @@ is the tracker's fault, not the caller's, so the client-side decoder reports it 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
@@ -22,10 +23,13 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import (
     MAX_PEERS,
+    MAX_PREFIX_TIPS,
+    MAX_ROUTE_CHAIN,
     Deregistered,
     HeartbeatStatus,
     ModelSummary,
     NodeLoad,
+    PrefixFigures,
     Registered,
     Route,
     RouteQuery,
@@ -94,7 +98,22 @@ def heartbeat_to_proto(node_id: NodeId, load: NodeLoad) -> pb.NodeHeartbeat:
         peers=[pb.PeerLatency(address=address, rtt_ms=rtt) for address, rtt in load.peer_rtt_ms],
         memory_used_bytes=load.memory_used_bytes,
         memory_budget_bytes=load.memory_budget_bytes,
+        prefix_tips=[pb.PrefixTip(link=link, blocks=blocks) for link, blocks in load.prefix_tips],
+        **prefix_figures_fields(load.prefix),
     )
+
+
+def prefix_figures_fields(figures: PrefixFigures | None) -> dict[str, Any]:
+    """A message's prefix store fields (``NodeHeartbeat``'s, ``NodeStatusList.Node``'s)."""
+    if figures is None:
+        return {}
+    return {
+        "prefix_reported": True,
+        "prefix_bytes": figures.bytes_held,
+        "prefix_budget_bytes": figures.budget_bytes,
+        "prefix_hits": figures.hits,
+        "prefix_misses": figures.misses,
+    }
 
 
 def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
@@ -107,8 +126,17 @@ def heartbeat_from_proto(message: pb.NodeHeartbeat) -> tuple[NodeId, NodeLoad]:
         peer_rtt_ms=tuple((peer.address, peer.rtt_ms) for peer in message.peers[: MAX_PEERS + 1]),
         memory_used_bytes=message.memory_used_bytes,
         memory_budget_bytes=message.memory_budget_bytes,
+        prefix_tips=tuple((tip.link, tip.blocks) for tip in message.prefix_tips[: MAX_PREFIX_TIPS + 1]),
+        prefix=prefix_figures_from(message),
     )
     return node_id_from_proto(message.node_id), load
+
+
+def prefix_figures_from(message: pb.NodeHeartbeat | Any) -> PrefixFigures | None:
+    """The prefix store figures of a message with ``prefix_figures_fields``; None: not reported."""
+    if not message.prefix_reported:
+        return None
+    return PrefixFigures(message.prefix_bytes, message.prefix_budget_bytes, message.prefix_hits, message.prefix_misses)
 
 
 def heartbeat_status_to_proto(status: HeartbeatStatus) -> pb.HeartbeatReply:
@@ -151,6 +179,7 @@ def route_query_to_proto(query: RouteQuery) -> pb.RouteRequest:
         request_id=query.request_id or "",
         ticket_seconds=min(math.ceil(query.ticket_seconds), MAX_TICKET_SECONDS),
         unbilled=query.unbilled,
+        prefix_chain=query.prefix_chain,
     )
 
 
@@ -169,6 +198,8 @@ def route_query_from_proto(message: pb.RouteRequest) -> RouteQuery:
         request_id=RequestId(message.request_id) if message.request_id else None,
         ticket_seconds=float(message.ticket_seconds),
         unbilled=message.unbilled,
+        # One past the limit, so an oversized chain is refused by RouteQuery rather than cut short.
+        prefix_chain=tuple(message.prefix_chain[: MAX_ROUTE_CHAIN + 1]),
     )
 
 

@@ -18,6 +18,7 @@ from status_samples import node, table
 from meshnet.core.errors import Unavailable
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable, judge_health
+from meshnet.core.tracking import NodeLoad, PrefixFigures
 from meshnet.gateway.app import create_app
 from meshnet.gateway.status.table import exit_status, render_status, tracker_health
 from meshnet.gateway.status.view import NodeMemory, StatusInputs, status_document
@@ -90,11 +91,24 @@ def test_the_terminal_table_shows_coverage_gaps_nodes_and_its_exit_status() -> N
     assert lines[1].startswith("no_route: no node serves layers 2:4 of 'tiny'")
     assert lines[2] == "coverage tiny (6 layers) [11--11] gaps 2:4"
     header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE"]
-    assert lines[3].split() == [*header, "PREFILL/s", "DECODE/s"]
+    assert lines[3].split() == [*header, "PREFILL/s", "DECODE/s", "PREFIX"]
     assert lines[4].split()[:4] == ["127.0.0.1:7000", "0:2/6", "healthy", "0.1s"]
     assert lines[5].split()[:4] == ["127.0.0.1:7004", "4:6/6", "late", "2.0s"]
     assert lines[4].split()[8] == "cpu"
     assert exit_status(document) == 1
+
+
+def test_each_node_shows_its_prefix_store_where_it_reports_one() -> None:
+    figures = PrefixFigures(bytes_held=3 << 20, budget_bytes=8 << 20, hits=5, misses=2)
+    nodes = table(node("0:3", load=NodeLoad(1, 7, prefix=figures)), node("3:6"))
+    document = status_document(StatusInputs("tiny", nodes, "", (), tracker_health(nodes), (), {}, {}, 0.0))
+    reported, silent = document["nodes"]
+    assert (reported["prefix_bytes"], reported["prefix_budget_bytes"]) == (3 << 20, 8 << 20)
+    assert (reported["prefix_hits"], reported["prefix_misses"]) == (5, 2)
+    assert silent["prefix_budget_bytes"] is None
+    lines = render_status(document, "tracker").splitlines()
+    assert lines[3].split()[-1] == "PREFIX"
+    assert lines[4].split()[-1] == "3.0M/8.0M,5/7hit" and lines[5].split()[-1] == "-"
 
 
 def test_a_gpu_node_shows_its_device_and_device_memory() -> None:

@@ -6,7 +6,7 @@ from status_samples import node, recipe, table
 
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_status import coverage, judge_health, node_health, runs_where
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.tracking import NodeLoad, PrefixFigures
 from meshnet.wire.status_wire import node_table_from_proto, node_table_to_proto
 
 
@@ -57,5 +57,6 @@ def test_a_node_is_late_after_one_and_a_half_intervals() -> None:
 
 
 def test_the_table_survives_the_wire() -> None:
-    original = table(node("0:2"), node("2:6", model="other", load=NodeLoad(2, 6, 1, 0.5)))
+    figures = PrefixFigures(bytes_held=3 << 20, budget_bytes=8 << 20, hits=5, misses=2)
+    original = table(node("0:2"), node("2:6", model="other", load=NodeLoad(2, 6, 1, 0.5, prefix=figures)))
     assert node_table_from_proto(node_table_to_proto(original)) == original

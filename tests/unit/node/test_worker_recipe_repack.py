@@ -31,7 +31,7 @@ def test_no_repack_reaches_the_engine_and_changes_the_fingerprint(tmp_path: Path
     default, off = _worker(tmp_path), _worker(tmp_path, "--no-repack")
     assert default.llama_config(1).repack and not off.llama_config(1).repack
     assert backend_label(default) == "llama.cpp(flash_attn=on,prefill_chunk=64)"  # the default recipe is unchanged
-    assert backend_label(off) == "llama.cpp(flash_attn=on,prefill_chunk=256,repack=off)"
+    assert backend_label(off) == "llama.cpp(flash_attn=on,prefill_chunk=64,repack=off)"
     cache, description = SliceCache(tmp_path / "cache"), describe_model(model)
     recipes = [model_identity(c, cache, description).recipe for c in (default, off)]
     assert recipes[0].fingerprint() != recipes[1].fingerprint()

@@ -17,13 +17,17 @@ from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
+from meshnet.core.prefix import PrefixKey, prefix_chain
 from meshnet.core.tracking import (
     MAX_PEERS,
+    MAX_PREFIX_TIPS,
+    MAX_ROUTE_CHAIN,
     REPORTED_STATUSES,
     Deregistered,
     HeartbeatStatus,
     ModelSummary,
     NodeLoad,
+    PrefixFigures,
     Registered,
     Route,
     RouteQuery,
@@ -109,6 +113,21 @@ def test_route_queries_and_session_counts_round_trip() -> None:
     counts = (SessionTokens(SessionId("s-1"), 3, 27, 7), SessionTokens(SessionId("s-2"), 1, 5, 0))
     message = over_the_wire(work_wire.session_tokens_to_proto(NodeId("w-1"), counts))
     assert work_wire.session_tokens_from_proto(message) == (NodeId("w-1"), counts)
+
+
+def test_prefix_chains_tips_and_prefix_figures_round_trip() -> None:
+    chain = prefix_chain(PrefixKey(FINGERPRINT, 4), list(range(12)))
+    query = RouteQuery(MODEL, SessionId("s-1"), prefix_chain=chain)
+    assert wire.route_query_from_proto(over_the_wire(wire.route_query_to_proto(query))) == query
+    load = NodeLoad(free_sessions=2, prefix_tips=((chain[2], 3), (chain[0], 1)), prefix=PrefixFigures(10, 20, 3, 4))
+    message = over_the_wire(wire.heartbeat_to_proto(NodeId("n-1"), load))
+    assert wire.heartbeat_from_proto(message) == ("n-1", load)
+    assert wire.heartbeat_from_proto(over_the_wire(wire.heartbeat_to_proto(NodeId("n-1"), NodeLoad()))) == (
+        "n-1",
+        NodeLoad(),
+    ), "no figures reported reads as none, not as zeros"
+    with pytest.raises(InvalidArgument):
+        wire.route_query_from_proto(pb.RouteRequest(model=MODEL, prefix_chain=[chain[0]] * (MAX_ROUTE_CHAIN + 1)))
 
 
 def test_model_list_carries_the_head_session_slots() -> None:
@@ -313,6 +332,8 @@ def test_malformed_work_records_are_invalid_arguments(fields: dict[str, object])
         {"kv_used_fraction": math.nan},
         {"peers": [pb.PeerLatency(address="a:1", rtt_ms=-1.0)]},
         {"peers": [pb.PeerLatency(address="a:1", rtt_ms=1.0)] * (MAX_PEERS + 1)},
+        {"prefix_tips": [pb.PrefixTip(link=b"short", blocks=1)]},
+        {"prefix_tips": [pb.PrefixTip(link=bytes(16), blocks=1)] * (MAX_PREFIX_TIPS + 1)},
     ],
 )
 def test_malformed_heartbeats_are_invalid_arguments(fields: dict[str, Any]) -> None:

@@ -108,7 +108,7 @@ def _coverage_lines(document: Mapping[str, Any]) -> list[str]:
 
 def _node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
     header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE", "PREFILL/s"]
-    header.append("DECODE/s")
+    header += ["DECODE/s", "PREFIX"]
     rows = [header]
     for node in nodes:
         start, stop = node["layers"]
@@ -125,9 +125,18 @@ def _node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
                 _device(node),
                 f"{node['prefill_tokens_per_s']:.0f}",
                 f"{node['decode_tokens_per_s']:.0f}",
+                _prefix(node),
             ]
         )
     return _columns(rows)
+
+
+def _prefix(node: Mapping[str, Any]) -> str:
+    """The prefix store: held of budget, and sessions that reused a prefix of all that looked."""
+    if node.get("prefix_budget_bytes") is None:
+        return "-"
+    looked = node["prefix_hits"] + node["prefix_misses"]
+    return f"{_size(node['prefix_bytes'])}/{_size(node['prefix_budget_bytes'])},{node['prefix_hits']}/{looked}hit"
 
 
 def _device(node: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshnet.core.swarm_status import NodeHealth, NodeStatus, NodeTable, SwarmHealth, coverage, node_health
+from meshnet.core.tracking import PrefixFigures
 from meshnet.gateway.telemetry_hub import TelemetrySnapshot
 
 PHASES = {
@@ -62,6 +63,7 @@ def node_json(node: NodeStatus, health: NodeHealth) -> dict[str, Any]:
         "memory_bytes": record.hardware.memory_bytes,
         "memory_used_bytes": node.load.memory_used_bytes,
         "memory_budget_bytes": node.load.memory_budget_bytes,
+        **_prefix_json(node.load.prefix),
         "max_sessions": capability.max_sessions,
         "context_tokens": capability.n_ctx_per_session,
         "device": capability.device,
@@ -147,4 +149,16 @@ def status_document(inputs: StatusInputs) -> dict[str, Any]:
         "errors": errors,
         "gateway": dict(inputs.admission),
         "billing": {key: value for key, value in inputs.totals.items()},
+    }
+
+
+def _prefix_json(figures: PrefixFigures | None) -> dict[str, Any]:
+    """The node's prefix store: bytes held of its budget, hits and misses (None: not reported)."""
+    if figures is None:
+        return {"prefix_bytes": None, "prefix_budget_bytes": None, "prefix_hits": None, "prefix_misses": None}
+    return {
+        "prefix_bytes": figures.bytes_held,
+        "prefix_budget_bytes": figures.budget_bytes,
+        "prefix_hits": figures.hits,
+        "prefix_misses": figures.misses,
     }

@@ -30,7 +30,7 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
-    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "peers", "memory_used_bytes", "memory_budget_bytes")
+    __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "peers", "memory_used_bytes", "memory_budget_bytes", "prefix_tips", "prefix_reported", "prefix_bytes", "prefix_budget_bytes", "prefix_hits", "prefix_misses")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FREE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,12 @@ class NodeHeartbeat(_message.Message):
     PEERS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TIPS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_REPORTED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MISSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     active_sessions: int
     free_sessions: int
@@ -47,7 +53,21 @@ class NodeHeartbeat(_message.Message):
     peers: _containers.RepeatedCompositeFieldContainer[PeerLatency]
     memory_used_bytes: int
     memory_budget_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ...) -> None: ...
+    prefix_tips: _containers.RepeatedCompositeFieldContainer[PrefixTip]
+    prefix_reported: bool
+    prefix_bytes: int
+    prefix_budget_bytes: int
+    prefix_hits: int
+    prefix_misses: int
+    def __init__(self, node_id: _Optional[str] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., peers: _Optional[_Iterable[_Union[PeerLatency, _Mapping]]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., prefix_tips: _Optional[_Iterable[_Union[PrefixTip, _Mapping]]] = ..., prefix_reported: _Optional[bool] = ..., prefix_bytes: _Optional[int] = ..., prefix_budget_bytes: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ...) -> None: ...
+
+class PrefixTip(_message.Message):
+    __slots__ = ("link", "blocks")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    link: bytes
+    blocks: int
+    def __init__(self, link: _Optional[bytes] = ..., blocks: _Optional[int] = ...) -> None: ...
 
 class PeerLatency(_message.Message):
     __slots__ = ("address", "rtt_ms")
@@ -78,20 +98,22 @@ class RevocationList(_message.Message):
     def __init__(self, revoked_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("model", "session_id", "exclude_node_ids", "request_id", "ticket_seconds", "unbilled")
+    __slots__ = ("model", "session_id", "exclude_node_ids", "request_id", "ticket_seconds", "unbilled", "prefix_chain")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_SECONDS_FIELD_NUMBER: _ClassVar[int]
     UNBILLED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CHAIN_FIELD_NUMBER: _ClassVar[int]
     model: str
     session_id: str
     exclude_node_ids: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
     ticket_seconds: int
     unbilled: bool
-    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., ticket_seconds: _Optional[int] = ..., unbilled: _Optional[bool] = ...) -> None: ...
+    prefix_chain: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, model: _Optional[str] = ..., session_id: _Optional[str] = ..., exclude_node_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., ticket_seconds: _Optional[int] = ..., unbilled: _Optional[bool] = ..., prefix_chain: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class RouteReply(_message.Message):
     __slots__ = ("hops", "epoch", "model", "quantization", "n_layers", "estimated_ms_per_token", "ticket")

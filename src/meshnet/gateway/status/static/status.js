@@ -85,7 +85,14 @@ function drawNodes(doc) {
     cell(`${n.active_sessions} / ${n.max_sessions}`, "num"),
     cell(n.queue_depth, "num"),
     cell(rate(n.prefill_tokens_per_s), "num"),
-    cell(rate(n.decode_tokens_per_s), "num"))));
+    cell(rate(n.decode_tokens_per_s), "num"),
+    el("td", { class: "num", "data-testid": "prefix" }, prefixStore(n)))));
+}
+
+function prefixStore(n) {
+  if (n.prefix_budget_bytes === null || n.prefix_budget_bytes === undefined) return "–";
+  const looked = n.prefix_hits + n.prefix_misses;
+  return `${bytes(n.prefix_bytes)} / ${bytes(n.prefix_budget_bytes)} (${n.prefix_hits} / ${looked})`;
 }
 
 function prefillCell(r) {
