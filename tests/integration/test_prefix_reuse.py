@@ -19,7 +19,15 @@ import httpx
 import numpy as np
 import pytest
 from swarm_harness import MODEL_NAME, Reference, Swarm, write_tiny_model
-from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, greedy_request, metrics, new_driver, route_session
+from worker_harness import (
+    RunningWorker,
+    WorkerCluster,
+    WorkerSpec,
+    generate_reusing,
+    greedy_request,
+    metrics,
+    new_driver,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "engine"))
 
@@ -29,13 +37,11 @@ from family_models import spec_for
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec
-from meshnet.core.events import PrefillStarted, TokenGenerated
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.node.config import WorkerConfig
-from meshnet.route.driver import RouteDriver
 from meshnet.route.shard_stream import ChannelPool
 
 pytestmark = pytest.mark.timeout(240)
@@ -76,18 +82,6 @@ def _cold(source: Path, cache: Path, seeds: Sequence[int], turns: int) -> tuple[
         whole.close()
 
 
-async def _serve(
-    driver: RouteDriver, pool: ChannelPool, route: Sequence[RunningWorker], prompt: tuple[int, ...]
-) -> tuple[list[int], int]:
-    tokens, cached = [], -1
-    async for event in driver.run(await route_session(pool, route), greedy_request(prompt, TOKENS)):
-        if isinstance(event, PrefillStarted):
-            cached = event.cached_tokens
-        if isinstance(event, TokenGenerated):
-            tokens.append(event.token_id)
-    return tokens, cached
-
-
 def _start(cluster: WorkerCluster, source: Path, n_layers: int, **settings: object) -> list[RunningWorker]:
     options = {"fake_layers": None, "model": source, "max_sessions": 2, "context": CONTEXT, "threads": 1}
     specs = [
@@ -110,7 +104,7 @@ def test_interleaved_conversations_reuse_their_prefixes_and_equal_cold_runs(
         pool = ChannelPool(16 << 20)
         driver = new_driver(pool)
         try:
-            served = [await _serve(driver, pool, route, prompt) for prompt in turns]
+            served = [await generate_reusing(pool, driver, route, greedy_request(prompt, TOKENS)) for prompt in turns]
             return served, await metrics(pool, route)
         finally:
             await pool.close()
@@ -154,7 +148,7 @@ def test_a_worker_without_a_store_makes_the_route_compute_everything(
         pool = ChannelPool(16 << 20)
         driver = new_driver(pool)
         try:
-            return [await _serve(driver, pool, route, prompt) for prompt in prompts]
+            return [await generate_reusing(pool, driver, route, greedy_request(prompt, TOKENS)) for prompt in prompts]
         finally:
             await pool.close()
 

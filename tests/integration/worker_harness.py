@@ -28,7 +28,7 @@ import grpc.aio
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshnet.core.events import RouteHop, TokenGenerated
+from meshnet.core.events import PrefillStarted, RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
@@ -243,6 +243,19 @@ async def generate(
         if isinstance(event, TokenGenerated):
             tokens.append(event.token_id)
     return tokens
+
+
+async def generate_reusing(
+    pool: ChannelPool, driver: RouteDriver, workers: Sequence[RunningWorker], request: GenerationRequest
+) -> tuple[list[int], int]:
+    """Run ``request`` over ``workers``: its tokens, and the prompt tokens the route reused."""
+    tokens, cached = [], -1
+    async for event in driver.run(await route_session(pool, workers), request):
+        if isinstance(event, PrefillStarted):
+            cached = event.cached_tokens
+        elif isinstance(event, TokenGenerated):
+            tokens.append(event.token_id)
+    return tokens, cached
 
 
 def new_driver(pool: ChannelPool) -> RouteDriver:

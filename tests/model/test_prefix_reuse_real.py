@@ -20,12 +20,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from gemma3_model import MODEL as GEMMA3
-from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, greedy_request, new_driver, route_session
+from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate_reusing, greedy_request, new_driver
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
-from meshnet.core.events import PrefillStarted, TokenGenerated
 from meshnet.core.layers import split_evenly
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.shards import open_local_route
@@ -76,13 +75,7 @@ async def _serve(route: Sequence[RunningWorker], turns: Sequence[tuple[int, ...]
     served = []
     try:
         for prompt in turns:
-            tokens, cached = [], -1
-            async for event in driver.run(await route_session(pool, route), greedy_request(prompt, TOKENS)):
-                if isinstance(event, PrefillStarted):
-                    cached = event.cached_tokens
-                elif isinstance(event, TokenGenerated):
-                    tokens.append(event.token_id)
-            served.append((tokens, cached))
+            served.append(await generate_reusing(pool, driver, route, greedy_request(prompt, TOKENS)))
     finally:
         await pool.close()
     return served
