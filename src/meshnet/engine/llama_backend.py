@@ -22,13 +22,14 @@ import numpy as np
 from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted, SnapshotRefused
-from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, prefill_pieces
+from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, join_pieces, prefill_pieces
 from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
 from meshnet.engine.devices import device_handle
 from meshnet.engine.kv_blob import KvOwner, restorable, seal, unseal
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
 from meshnet.engine.native_capture import CaptureState, load_native_capture
+from meshnet.engine.step_checks import check_batch
 
 
 class _NativeCapture:
@@ -242,7 +243,7 @@ class LlamaBackend:
             if batch[index].n_tokens > 1:
                 for piece in prefill_pieces(batch[index], self._shape.max_batch_tokens):
                     self._decode([(index, piece)], pieces)
-        return [self._join(batch[i].slot, pieces[i]) for i in range(len(batch))]
+        return [join_pieces(pieces[i]) for i in range(len(batch))]
 
     def _decode(self, call: list[tuple[int, StepInput]], pieces: dict[int, list[StepOutput]]) -> None:
         row = 0
@@ -320,48 +321,10 @@ class LlamaBackend:
             pieces[index].append(StepOutput(step.slot, logits=logits[out_row : out_row + count].copy()))
             out_row += count
 
-    @staticmethod
-    def _join(slot: int, parts: list[StepOutput]) -> StepOutput:
-        if len(parts) == 1:
-            return parts[0]
-        if parts[0].hidden is not None:
-            return StepOutput(slot, hidden=np.concatenate([p.hidden for p in parts if p.hidden is not None]))
-        return StepOutput(slot, logits=np.concatenate([p.logits for p in parts if p.logits is not None]))
-
     def _validate(self, batch: list[StepInput]) -> None:
-        shape = self._shape
-        seen: set[int] = set()
+        vocab = self._embeddings.n_vocab if self._embeddings is not None else self._shape.n_vocab
+        check_batch(batch, self._shape, vocab)
         for step in batch:
-            if not 0 <= step.slot < shape.max_slots or step.slot in seen:
-                raise InvalidArgument(f"slot {step.slot} is out of range or repeated in one batch")
-            seen.add(step.slot)
-            if (step.tokens is None) == (step.hidden is None):
-                raise InvalidArgument("give either token ids or a hidden state, not both or neither")
-            if shape.takes_tokens != (step.tokens is not None):
-                wanted = "token ids" if shape.takes_tokens else "a boundary hidden state"
-                raise InvalidArgument(f"this {shape.role} shard takes {wanted}")
-            if step.hidden is not None and (
-                step.hidden.dtype != np.float32 or step.hidden.ndim != 2 or step.hidden.shape[1] != shape.n_embd
-            ):
-                got = f"{step.hidden.dtype} {step.hidden.shape}"
-                raise InvalidArgument(f"boundary hidden state must be float32 [n, {shape.n_embd}], got {got}")
-            if step.tokens is not None:
-                if step.tokens.ndim != 1 or step.tokens.dtype != np.int32:
-                    raise InvalidArgument("token ids must be int32 [n]")
-                vocab = self._embeddings.n_vocab if self._embeddings is not None else shape.n_vocab
-                if step.tokens.size and (int(step.tokens.min()) < 0 or int(step.tokens.max()) >= vocab):
-                    raise InvalidArgument(f"token ids must lie in [0, {vocab})")
-            if step.hidden is not None and not np.isfinite(step.hidden).all():
-                raise InvalidArgument("boundary hidden state holds NaN or infinity")
-            if step.n_tokens == 0:
-                raise InvalidArgument("an input with no tokens")
-            if step.position < 0:
-                raise InvalidArgument(f"position {step.position} is negative")
-            if step.position + step.n_tokens > shape.n_ctx_per_slot:
-                raise ResourceExhausted(
-                    f"positions {step.position}..{step.position + step.n_tokens} exceed the "
-                    f"{shape.n_ctx_per_slot}-token context of a session"
-                )
             expected = llama_cpp.llama_memory_seq_pos_max(self._memory, step.slot) + 1
             if step.position != expected:
                 raise InvalidArgument(f"slot {step.slot} is at position {expected}, input starts at {step.position}")

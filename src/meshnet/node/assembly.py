@@ -26,6 +26,7 @@ from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from meshnet.core.ids import NodeId
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
@@ -121,23 +122,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         device = await asyncio.to_thread(loaded_device, device)  # its memory with the engine in
         record = _registration(config, address, model, loop.backend.shape, speed, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
-        policy = config.admission_policy(capacity.max_sessions)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
-        connect, ring = partial(ShardStream, links), partial(RingStream, links)
-        tickets = ticket_gate(security)
-        store = KvStore(capacity.prefix_cache_bytes)
-        shard = build_shard(
-            node_id,
-            record,
-            loop,
-            policy,
-            capacity,
-            connect,
-            open_ring=ring,
-            tickets=tickets,
-            kv_store=store,
-            grammars=grammars,
-        )
+        shard = _shard(config, (node_id, record), loop, capacity, links, security, grammars)
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
@@ -148,6 +134,31 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     if fetched is not None:
         held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
     return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group)
+
+
+def _shard(
+    config: WorkerConfig,
+    node: tuple[NodeId, NodeRecord],
+    loop: EngineLoop,
+    capacity: CapacityPlan,
+    links: ChannelPool,
+    security: LinkSecurity | None,
+    grammars: GrammarVocabulary | None,
+) -> AnyShard:
+    """The shard over ``loop``'s engine: admission, links to the next hops, tickets, reuse store."""
+    node_id, record = node
+    return build_shard(
+        node_id,
+        record,
+        loop,
+        config.admission_policy(capacity.max_sessions),
+        capacity,
+        partial(ShardStream, links),
+        open_ring=partial(RingStream, links),
+        tickets=ticket_gate(security),
+        kv_store=KvStore(capacity.prefix_cache_bytes),
+        grammars=grammars,
+    )
 
 
 def ticket_gate(security: LinkSecurity | None) -> TicketGate:

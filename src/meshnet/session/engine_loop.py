@@ -26,12 +26,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, InvalidArgument, MeshnetError
 from meshnet.engine.backend import Backend, StepInput, StepOutput, join_pieces, prefill_pieces
 from meshnet.session.arrivals import Arrivals
+from meshnet.session.loop_items import Call, LoopStats, Truncate, Work, resolve
 from meshnet.session.scheduler import (
     GatherPolicy,
     PendingWork,
@@ -45,53 +45,6 @@ from meshnet.session.scheduler import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass
-class _Work:
-    ticket: int
-    step: StepInput
-    deadline: float | None
-    enqueued_at: float
-    future: asyncio.Future[StepOutput]
-    pieces: list[StepInput]
-    """The step cut into prefill chunks (one piece for a decode step); one runs per tick."""
-    outputs: list[StepOutput] = field(default_factory=list)
-    """One per piece run so far."""
-    export_at: int | None = None
-    """Export the slot's KV once its pieces have run up to this position (a piece boundary)."""
-    exported: bytes | None = None
-    arrived: float = field(default_factory=time.monotonic)
-    """Real time of arrival (the gather window is real time whatever ``clock`` the loop has)."""
-
-    @property
-    def next_piece(self) -> StepInput:
-        return self.pieces[len(self.outputs)]
-
-
-@dataclass
-class _Truncate:
-    slot: int
-    position: int
-    future: asyncio.Future[None]
-
-
-@dataclass
-class _Call:
-    function: Callable[[Backend], Any]
-    future: asyncio.Future[Any]
-
-
-@dataclass
-class LoopStats:
-    """Counters read by metrics; written only by the loop thread (ints are atomic enough)."""
-
-    decode_steps: int = 0
-    decode_batches: int = 0
-    prefill_tokens: int = 0
-    busy_seconds: float = 0.0
-    expired: int = 0
-    queue_depth: int = 0
 
 
 class EngineLoop:
@@ -111,8 +64,8 @@ class EngineLoop:
         """Moving average of the decode calls' duration (sizes the gather window)."""
         self._arrivals = Arrivals(self._gather)
         self._clock = clock
-        self._inbox: queue.SimpleQueue[_Work | _Truncate | _Call | None] = queue.SimpleQueue()
-        self._pending: list[_Work] = []
+        self._inbox: queue.SimpleQueue[Work | Truncate | Call | None] = queue.SimpleQueue()
+        self._pending: list[Work] = []
         self._tickets = 0
         self._thread: threading.Thread | None = None
         self._backend: Backend | None = None
@@ -186,7 +139,7 @@ class EngineLoop:
         future: asyncio.Future[StepOutput] = asyncio.get_running_loop().create_future()
         self._tickets += 1
         chunk = self.backend.shape.max_batch_tokens
-        work = _Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk))
+        work = Work(self._tickets, step, deadline, self._clock(), future, prefill_pieces(step, chunk))
         work.export_at = export_at
         self._inbox.put(work)
         output = await future
@@ -195,13 +148,13 @@ class EngineLoop:
     async def call(self, function: Callable[[Backend], T]) -> T:
         """Run ``function(backend)`` on the loop thread between ticks."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._inbox.put(_Call(function, future))
+        self._inbox.put(Call(function, future))
         return await future
 
     async def truncate(self, slot: int, position: int = 0) -> None:
         """Drop ``slot``'s KV from ``position`` on; queued work of that slot fails as Cancelled."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inbox.put(_Truncate(slot, position, future))
+        self._inbox.put(Truncate(slot, position, future))
         await future
 
     def _run_inline(self, step: StepInput, deadline: float | None) -> StepOutput | None:
@@ -272,18 +225,18 @@ class EngineLoop:
             self._using_backend.release()
             settled, self._settled = self._settled, []
             for future, value, error in settled:
-                _resolve(future, value=value, error=error)
+                resolve(future, value=value, error=error)
 
     def _settle(self, future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
         self._settled.append((future, value, error))
 
-    def _apply_all(self, item: _Work | _Truncate | _Call | None) -> bool:
+    def _apply_all(self, item: Work | Truncate | Call | None) -> bool:
         while True:
             if item is None:
                 return False
-            if isinstance(item, _Truncate):
+            if isinstance(item, Truncate):
                 self._apply_truncate(item)
-            elif isinstance(item, _Call):
+            elif isinstance(item, Call):
                 self._apply_call(item)
             else:
                 self._pending.append(item)
@@ -320,7 +273,7 @@ class EngineLoop:
             decode_call_s=self._decode_call_s,
         )
 
-    def _apply_truncate(self, item: _Truncate) -> None:
+    def _apply_truncate(self, item: Truncate) -> None:
         if item.position == 0:
             self._arrivals.release(item.slot)
         for work in [w for w in self._pending if w.step.slot == item.slot]:
@@ -332,7 +285,7 @@ class EngineLoop:
         except MeshnetError as error:
             self._settle(item.future, error=error)
 
-    def _apply_call(self, item: _Call) -> None:
+    def _apply_call(self, item: Call) -> None:
         try:
             self._settle(item.future, value=item.function(self.backend))
         except Exception as error:
@@ -386,7 +339,7 @@ class EngineLoop:
         self._account(chunks, time.perf_counter() - started)
         return outputs
 
-    def _fail(self, running: list[_Work], error: MeshnetError) -> None:
+    def _fail(self, running: list[Work], error: MeshnetError) -> None:
         for work in running:
             self._pending.remove(work)
             self._settle(work.future, error=error)
@@ -402,17 +355,3 @@ class EngineLoop:
             stats.decode_batches += 1
             stats.decode_steps += decode
         stats.prefill_tokens += sum(c.n_tokens for c in chunks if c.n_tokens > 1)
-
-
-def _resolve(future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
-    def settle() -> None:
-        if future.done():
-            return  # the awaiting task was cancelled; nobody wants the result
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
-
-    # A closed event loop means the process is shutting down: nobody is waiting any more.
-    with contextlib.suppress(RuntimeError):
-        future.get_loop().call_soon_threadsafe(settle)
