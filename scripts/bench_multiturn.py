@@ -43,6 +43,7 @@ TOPICS = (
     "what the first week of running such a cluster should look like",
 )
 MAX_TOKENS = 32
+TELEMETRY = ": telemetry "
 
 
 def _message(turn: int) -> str:
@@ -84,10 +85,14 @@ def _turn(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> d
     }
     sent = time.perf_counter()
     first: float | None = None
-    text, usage = "", {}
+    text, usage, seen = "", {}, {}
     with client.stream("POST", "/chat/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
+            if line.startswith(TELEMETRY):
+                event = json.loads(line[len(TELEMETRY) :])
+                seen.setdefault(event["kind"], event)
+                continue
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
@@ -103,6 +108,11 @@ def _turn(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> d
         "total_s": time.perf_counter() - sent,
         "prompt_tokens": usage.get("prompt_tokens"),
         "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens"),
+        # Where the time to the first token went, from the gateway's own telemetry: until the
+        # route was accepted (queue, a warm-up of this history, the tracker, the KV probe),
+        # then the prefill on the route.
+        "accepted_at_s": seen.get("accepted", {}).get("at"),
+        "prefill_s": seen.get("prefill_completed", {}).get("seconds"),
         "text": text,
     }
 
