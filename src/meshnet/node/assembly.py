@@ -44,6 +44,7 @@ from meshnet.moe.ownership import ExpertNumerics
 from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.node.calibrate import ShardSpeed, measure_speed
 from meshnet.node.config import FakeModel, WorkerConfig
+from meshnet.node.kv_snapshots import SnapshotSettings
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.shard import AnyShard, build_shard
 from meshnet.node.tickets import TicketGate
@@ -52,6 +53,7 @@ from meshnet.security.tickets import TicketVerifier
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.kv_store import KvStore
+from meshnet.session.snapshot_disk import SnapshotDisk
 from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity, bind, link_options
 
@@ -126,6 +128,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         connect, ring = partial(ShardStream, links), partial(RingStream, links)
         tickets = ticket_gate(security)
         store = KvStore(capacity.prefix_cache_bytes)
+        disk = await asyncio.to_thread(SnapshotDisk, config.snapshot_directory(node_id), config.snapshot_bytes)
         shard = build_shard(
             node_id,
             record,
@@ -136,6 +139,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
             open_ring=ring,
             tickets=tickets,
             kv_store=store,
+            snapshots=SnapshotSettings(disk, config.snapshot_every),
             grammars=grammars,
         )
     except BaseException:

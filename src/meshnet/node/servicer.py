@@ -24,6 +24,7 @@ from meshnet.wire.shard_wire import (
     capability_to_proto,
     frame_from_proto,
     held_kv_from_proto,
+    held_snapshots_from_proto,
     metrics_to_proto,
     release_reply_to_proto,
     result_to_proto,
@@ -76,6 +77,16 @@ class ShardServicer(pb.ShardServicer):
         except MeshnetError as error:
             await abort_with(context, error)
         return pb.HeldKvReply(blocks=self.shard.held_kv(fingerprint, chain))
+
+    async def HeldSnapshots(
+        self, request: pb.HeldSnapshotsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeldSnapshotsReply:
+        await self._admit(context, "HeldSnapshots")
+        try:
+            fingerprint, session_id = held_snapshots_from_proto(request)
+        except MeshnetError as error:
+            await abort_with(context, error)
+        return pb.HeldSnapshotsReply(positions=self.shard.kv.snapshots.held(fingerprint, session_id))
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         return release_reply_to_proto(await self._end(request, context, "Release", "released"))

@@ -32,7 +32,9 @@ TrackerRpc = Literal[
     "WatchRevocations",
     "ReportSessionTokens",
 ]
-ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn", "HeldKv"]
+ShardRpc = Literal[
+    "Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn", "HeldKv", "HeldSnapshots"
+]
 ArtifactRpc = Literal["Fetch"]
 ExpertRpc = Literal["ExchangeRows", "ExpertStep", "ExpertRelease", "DescribeExpertNode"]
 
@@ -72,6 +74,8 @@ _SHARD_ROLES: dict[str, frozenset[Role]] = {
     "RingReturn": frozenset({"worker"}),
     # Whether a prefix is held: asked by whoever opens sessions, before it opens one.
     "HeldKv": frozenset({"gateway", "worker", "admin"}),
+    # Which snapshots of a session are held: asked by whoever fails a session over.
+    "HeldSnapshots": frozenset({"gateway", "worker", "admin"}),
     "Cancel": frozenset({"gateway", "worker", "admin"}),
     "Release": frozenset({"gateway", "worker", "admin"}),
     "GetCapability": frozenset({"gateway", "worker", "admin", "tracker"}),

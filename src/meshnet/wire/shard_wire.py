@@ -32,6 +32,7 @@ from meshnet.core.sampling_options import (
     TokenLogprob,
     TokenLogprobs,
 )
+from meshnet.core.snapshot import SnapshotPlan
 from meshnet.wire.frames import (
     MAX_ID_CHARS,
     CacheExpectation,
@@ -112,6 +113,11 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         message.kv.reused_blocks = frame.kv.reused_blocks
         message.kv.save_blocks = frame.kv.save_blocks
         message.kv.namespace = frame.kv.namespace
+    if frame.snapshot is not None:
+        restore = frame.snapshot
+        message.snapshot.position = restore.position
+        message.snapshot.tokens_link = restore.tokens_link
+        message.snapshot.sampled.extend(restore.sampled)
     return message
 
 
@@ -159,7 +165,12 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         timings=_timings_from_proto(message.timings, limits.max_hops) if message.timings else (),
         ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
         kv=kv_plan_from_proto(message.kv) if message.HasField("kv") else None,
+        snapshot=snapshot_plan_from_proto(message.snapshot) if message.HasField("snapshot") else None,
     )
+
+
+def snapshot_plan_from_proto(message: pb.SnapshotRestore) -> SnapshotPlan:
+    return SnapshotPlan(message.position, bytes(message.tokens_link), tuple(message.sampled))
 
 
 def kv_plan_from_proto(message: pb.KvPlan) -> KvPlan:
@@ -169,6 +180,16 @@ def kv_plan_from_proto(message: pb.KvPlan) -> KvPlan:
 
 def held_kv_to_proto(fingerprint: str, chain: tuple[bytes, ...]) -> pb.HeldKvRequest:
     return pb.HeldKvRequest(fingerprint=fingerprint, chain=list(chain))
+
+
+def held_snapshots_to_proto(fingerprint: str, session_id: SessionId) -> pb.HeldSnapshotsRequest:
+    return pb.HeldSnapshotsRequest(fingerprint=fingerprint, session_id=session_id)
+
+
+def held_snapshots_from_proto(message: pb.HeldSnapshotsRequest) -> tuple[str, SessionId]:
+    if not message.session_id or len(message.session_id) > MAX_ID_CHARS:
+        raise InvalidArgument("a snapshot probe names one session")
+    return message.fingerprint, SessionId(message.session_id)
 
 
 def held_kv_from_proto(message: pb.HeldKvRequest) -> tuple[str, tuple[bytes, ...]]:
