@@ -47,6 +47,7 @@ from meshnet.node.config import FakeModel, WorkerConfig
 from meshnet.node.kv_snapshots import SnapshotSettings
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.shard import AnyShard, build_shard
+from meshnet.node.snapshot_peers import SnapshotPeers
 from meshnet.node.tickets import TicketGate
 from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
 from meshnet.security.tickets import TicketVerifier
@@ -129,6 +130,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         tickets = ticket_gate(security)
         store = KvStore(capacity.prefix_cache_bytes)
         disk = await asyncio.to_thread(SnapshotDisk, config.snapshot_directory(node_id), config.snapshot_bytes)
+        peers = SnapshotPeers(links, node_id, record.fingerprint, loop.backend.shape.layers)
         shard = build_shard(
             node_id,
             record,
@@ -139,7 +141,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
             open_ring=ring,
             tickets=tickets,
             kv_store=store,
-            snapshots=SnapshotSettings(disk, config.snapshot_every),
+            snapshots=SnapshotSettings(disk, config.snapshot_every, peers),
             grammars=grammars,
         )
     except BaseException:

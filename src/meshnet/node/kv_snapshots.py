@@ -23,9 +23,11 @@ from meshnet.core.ids import SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.snapshot import TOKENS_SEED, UNBOUND, SnapshotPlan, token_chain
 from meshnet.engine.backend import StepInput, StepOutput
+from meshnet.node.metrics import SnapshotFigures
+from meshnet.node.snapshot_peers import SnapshotPeers
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.snapshot_disk import SnapshotDisk
-from meshnet.session.snapshots import Expected, pack, unpack
+from meshnet.session.snapshots import Expected, pack, read_header, unpack
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ class SnapshotSettings:
     disk: SnapshotDisk
     every: int
     """Positions between snapshots (a multiple of the prefill chunk); 0: none taken."""
+    peers: SnapshotPeers | None = None
+    """Where each snapshot is copied too (``node.snapshot_peers``); None: nowhere."""
 
 
 @dataclass
@@ -43,6 +47,8 @@ class SnapshotStats:
     restored: int = 0
     refused: int = 0
     bytes_written: int = 0
+    copies_kept: int = 0
+    """Peers' snapshots kept here."""
 
 
 class KvSnapshots:
@@ -60,17 +66,34 @@ class KvSnapshots:
         self._takes_tokens = loop.backend.shape.takes_tokens
         self._links: dict[SessionId, bytes | None] = {}
         self._writes: dict[SessionId, asyncio.Task[None]] = {}
+        self.peers: SnapshotPeers | None = None
 
     @classmethod
     def of(cls, settings: SnapshotSettings | None, loop: EngineLoop, fingerprint: str) -> KvSnapshots:
         """The snapshots of a shard running ``loop``'s layers of recipe ``fingerprint``."""
         settings = settings or SnapshotSettings(SnapshotDisk(Path(), 0), 0)
         layers = loop.backend.shape.layers
-        return cls(settings.disk, loop, every=settings.every, fingerprint=fingerprint, layers=layers)
+        kept = cls(settings.disk, loop, every=settings.every, fingerprint=fingerprint, layers=layers)
+        kept.peers = settings.peers
+        return kept
 
     @property
     def enabled(self) -> bool:
         return self._every > 0 and self.disk.enabled
+
+    def figures(self) -> SnapshotFigures:
+        stats, disk, peers = self.stats, self.disk, self.peers
+        return SnapshotFigures(
+            taken=stats.taken,
+            restored=stats.restored,
+            refused=stats.refused,
+            copies_sent=0 if peers is None else peers.copies_sent,
+            copies_kept=stats.copies_kept,
+            disk_bytes=disk.bytes_held,
+            disk_budget_bytes=disk.budget_bytes,
+            disk_evictions=disk.evictions,
+            has_peer=peers is not None and peers.peer is not None,
+        )
 
     def held(self, fingerprint: str, key: SessionId) -> list[int]:
         """Positions of the session's snapshots held here, newest first (none for another recipe)."""
@@ -136,11 +159,24 @@ class KvSnapshots:
 
     async def _write(self, key: SessionId, at: int, link: bytes, blob: bytes) -> None:
         data = await asyncio.to_thread(pack, self._fingerprint, self._layers, key, at, link, blob)
-        if await asyncio.to_thread(self.disk.put, key, at, data):
-            self.stats.taken += 1
-            self.stats.bytes_written += len(data)
-        else:
+        if not await asyncio.to_thread(self.disk.put, key, at, data):
             log.info("snapshot of %d positions (%d bytes) exceeds the snapshot disk budget", at, len(data))
+            return
+        self.stats.taken += 1
+        self.stats.bytes_written += len(data)
+        if self.peers is not None:
+            await self.peers.send(data)
+
+    async def keep_copy(self, data: bytes) -> bool:
+        """Keep a peer's snapshot, refused (SnapshotRefused) unless whole and of this shard's
+        recipe and layers; False when this shard keeps no snapshots or it exceeds the budget."""
+        if not self.disk.enabled:
+            return False
+        header, _ = read_header(data)
+        await asyncio.to_thread(unpack, data, Expected(self._fingerprint, self._layers, header.session_id))
+        kept = await asyncio.to_thread(self.disk.put, header.session_id, header.positions, data)
+        self.stats.copies_kept += int(kept)
+        return kept
 
     def close(self, key: SessionId) -> None:
         self._links.pop(key, None)

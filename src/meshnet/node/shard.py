@@ -345,6 +345,7 @@ class Shard(Generic[S]):
             prefix_budget_bytes=store.budget_bytes,
             prefix_entries=len(store),
             prefix_evictions=store.stats.evictions,
+            snapshots=self.kv.snapshots.figures(),
         )
 
 

@@ -38,6 +38,8 @@ from meshnet.wire.generated.shard_pb2 import (
     ReleaseRequest,
     ReleaseResponse,
     RingOpen,
+    SnapshotKept,
+    SnapshotPiece,
     StepRequest,
     StepResponse,
 )
@@ -162,6 +164,8 @@ __all__ = [
     "SessionTokensReport",
     "ShardServicer",
     "ShardStub",
+    "SnapshotKept",
+    "SnapshotPiece",
     "StepRequest",
     "StepResponse",
     "SwarmCertificateReply",

@@ -56,6 +56,18 @@ BYTE_ORDER_UNSPECIFIED: ByteOrder
 BYTE_ORDER_LITTLE: ByteOrder
 BYTE_ORDER_BIG: ByteOrder
 
+class SnapshotPiece(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotKept(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    def __init__(self, kept: _Optional[bool] = ...) -> None: ...
+
 class SnapshotRestore(_message.Message):
     __slots__ = ("position", "tokens_link", "sampled")
     POSITION_FIELD_NUMBER: _ClassVar[int]
