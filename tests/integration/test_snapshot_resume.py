@@ -95,7 +95,7 @@ def setup(
         whole.close()
     data_dir = tmp_path_factory.mktemp("workers")
     options = {"fake_layers": None, "model": source, "max_sessions": 2, "context": CONTEXT, "threads": 1}
-    settings = {"prefill_chunk": CHUNK, "snapshot_every": EVERY, "snapshot_disk_mb": DISK_MB, "prefix_cache_mb": 0}
+    settings = {"prefill_chunk": CHUNK, "snapshot_every": EVERY, "snapshot_disk_mb": DISK_MB, "prefix_cache_mb": 8}
     with WorkerCluster(data_dir) as cluster:
         specs = [
             WorkerSpec(layers, settings=settings, drain_grace=0, **options) for layers in split_evenly(spec.n_layers, 3)
@@ -122,10 +122,10 @@ def _computed(before: Sequence[dict[str, float]], after: Sequence[dict[str, floa
 
 
 async def _run_whole(
-    driver: RouteDriver, pool: ChannelPool, setup: Setup, request: GenerationRequest, session: SessionId
+    driver: RouteDriver, pool: ChannelPool, setup: Setup, request: GenerationRequest, session: SessionId, reuse: bool
 ) -> list[int]:
     route = await route_session(pool, setup.route, session_id=session)
-    tokens, _ = await _collect(driver.run(route, request, kv=None))
+    tokens, _ = await _collect(driver.run(route, request, kv="probe" if reuse else None))
     return tokens
 
 
@@ -135,6 +135,7 @@ async def _resume(
     generated: int,
     tamper: Callable[[int], None] | None = None,
     sampling: SamplingParams | None = None,
+    reuse: bool = False,
 ) -> tuple[int | None, list[int], list[RouteHealth], list[int]]:
     """Run ``session`` whole, then fail it over after ``generated`` tokens; returns the resume
     point, the tokens the resumed route generated, its route notes and what each worker computed."""
@@ -145,7 +146,7 @@ async def _resume(
         request = GenerationRequest(setup.prompt, TOKENS, sampling)
     expected = setup.expected if sampling is None else setup.sampled
     try:
-        assert await _run_whole(driver, pool, setup, request, session) == expected
+        assert await _run_whole(driver, pool, setup, request, session, reuse) == expected
         history = tuple(expected[:generated])
         route = await route_session(pool, setup.route, session_id=session, epoch=1)
         plan = await driver.resume(route, request, history)
@@ -181,6 +182,25 @@ def test_resume_advances_the_tails_penalties_past_the_snapshot(setup: Setup) -> 
     point, tokens, health, _ = asyncio.run(_resume(setup, new_session_id(), 70, sampling=SAMPLED))
     assert point == 96 and [note.status for note in health] == ["resumed"]
     assert tokens == setup.sampled[70:]
+
+
+def test_a_session_opened_on_a_reused_prompt_prefix_resumes_too(setup: Setup) -> None:
+    """The head holds a reused prefix's chain, not its tokens: it links the session's tokens on
+    from the link the driver sends with the prefix, so its snapshots bind as a cold session's."""
+    asyncio.run(_resume(setup, new_session_id(), 70, reuse=True))  # keeps the prompt's prefix
+
+    async def hits() -> list[float]:
+        pool = ChannelPool(16 << 20)
+        try:
+            return [values["prefix_hits_total"] for values in await metrics(pool, setup.route)]
+        finally:
+            await pool.close()
+
+    before = asyncio.run(hits())
+    point, tokens, health, _ = asyncio.run(_resume(setup, new_session_id(), 70, reuse=True))
+    assert [a - b for a, b in zip(asyncio.run(hits()), before, strict=True)] == [1, 1, 1], "the prefix was not reused"
+    assert point == 96 and [note.status for note in health] == ["resumed"]
+    assert tokens == setup.expected[70:]
 
 
 def _snapshot_files(setup: Setup, session: SessionId, point: int) -> dict[LayerRange, Path]:

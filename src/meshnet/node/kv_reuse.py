@@ -64,7 +64,7 @@ class KvReuse:
         if snapshot is not None:
             await self.snapshots.restore(key, slot, snapshot)
             return snapshot.position
-        self.snapshots.opened(key, position)
+        self.snapshots.opened(key, position, b"" if plan is None else plan.tokens_link)
         if plan is None:
             if position != 0:
                 raise InvalidArgument(f"a session opened without reused KV starts at 0, not {position}")

@@ -7,8 +7,9 @@ engine loop exports the slot between its ticks, and the file is packed (hashed) 
 the event loop. Snapshots are keyed by session and position; the head, the one shard that sees
 tokens, binds each to the session's token link (``core.snapshot``), carried on from the link the
 session opened with, and checks it against the resuming driver's; the shards after it write
-``UNBOUND``. A session the head opened on a reused prompt prefix has no link it can vouch for,
-so the head snapshots nothing of it (and no route can resume it from a snapshot).
+``UNBOUND``. A session the head opened on a reused prompt prefix links on from the prefix's link
+the route's driver sent with it (``KvPlan.tokens_link``: the head holds the prefix's chain, not its
+tokens); one opened there without a link is not snapshotted on the head (nor resumed from one).
 """
 
 from __future__ import annotations
@@ -99,9 +100,10 @@ class KvSnapshots:
         """Positions of the session's snapshots held here, newest first (none for another recipe)."""
         return self.disk.positions(key) if fingerprint == self._fingerprint and self.disk.enabled else []
 
-    def opened(self, key: SessionId, position: int) -> None:
-        """A session opened without a snapshot: from 0 the head links its tokens from the seed."""
-        self._links[key] = TOKENS_SEED if position == 0 else None
+    def opened(self, key: SessionId, position: int, link: bytes) -> None:
+        """A session opened without a snapshot: the head links its tokens on from the seed (at
+        0) or from the reused prefix's link the driver sent (none: it snapshots nothing)."""
+        self._links[key] = TOKENS_SEED if position == 0 else (link or None)
 
     async def restore(self, key: SessionId, slot: int, plan: SnapshotPlan) -> None:
         """Import the session's snapshot at ``plan.position`` into ``slot``: PrefixEvicted when

@@ -138,7 +138,7 @@ class RouteDriver:
                 raise
             # A hop let the prefix go between the probe and the opening (its lease ran out):
             # nothing ran past the opening frame, so open the session again computing it all.
-            async for event in self._attempt(route, request, history, replace(plan, reused_blocks=0)):
+            async for event in self._attempt(route, request, history, replace(plan, reused_blocks=0, tokens_link=b"")):
                 yield event
 
     async def plan(self, route: RouteSession, request: GenerationRequest) -> KvPlan | None:

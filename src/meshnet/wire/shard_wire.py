@@ -113,6 +113,7 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         message.kv.reused_blocks = frame.kv.reused_blocks
         message.kv.save_blocks = frame.kv.save_blocks
         message.kv.namespace = frame.kv.namespace
+        message.kv.tokens_link = frame.kv.tokens_link
     if frame.snapshot is not None:
         restore = frame.snapshot
         message.snapshot.position = restore.position
@@ -175,7 +176,8 @@ def snapshot_plan_from_proto(message: pb.SnapshotRestore) -> SnapshotPlan:
 
 def kv_plan_from_proto(message: pb.KvPlan) -> KvPlan:
     """A received KvPlan, its chain checked link by link (``core.prefix.check_chain``)."""
-    return KvPlan(check_chain(list(message.chain)), message.reused_blocks, message.save_blocks, message.namespace)
+    chain = check_chain(list(message.chain))
+    return KvPlan(chain, message.reused_blocks, message.save_blocks, message.namespace, bytes(message.tokens_link))
 
 
 def held_kv_to_proto(fingerprint: str, chain: tuple[bytes, ...]) -> pb.HeldKvRequest:

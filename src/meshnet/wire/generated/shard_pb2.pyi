@@ -93,16 +93,18 @@ class HeldSnapshotsReply(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class KvPlan(_message.Message):
-    __slots__ = ("chain", "reused_blocks", "save_blocks", "namespace")
+    __slots__ = ("chain", "reused_blocks", "save_blocks", "namespace", "tokens_link")
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     REUSED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SAVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LINK_FIELD_NUMBER: _ClassVar[int]
     chain: _containers.RepeatedScalarFieldContainer[bytes]
     reused_blocks: int
     save_blocks: int
     namespace: str
-    def __init__(self, chain: _Optional[_Iterable[bytes]] = ..., reused_blocks: _Optional[int] = ..., save_blocks: _Optional[int] = ..., namespace: _Optional[str] = ...) -> None: ...
+    tokens_link: bytes
+    def __init__(self, chain: _Optional[_Iterable[bytes]] = ..., reused_blocks: _Optional[int] = ..., save_blocks: _Optional[int] = ..., namespace: _Optional[str] = ..., tokens_link: _Optional[bytes] = ...) -> None: ...
 
 class HeldKvRequest(_message.Message):
     __slots__ = ("fingerprint", "chain")
