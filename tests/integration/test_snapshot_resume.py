@@ -2,10 +2,10 @@
 model run cold in process: the route restores the newest snapshot every hop holds and replays
 only the tokens after it, and what it generates is the uninterrupted run's, bit for bit.
 
-Each test plays a failover as the swarm client does: a session runs whole on a 3-way split whose
-workers snapshot every ``EVERY`` positions (``--snapshot-every``), then the same session (same
-id, a newer route epoch) is opened again with the history a lost route would have generated up
-to some token, resumed from the snapshot ``RouteDriver.resume`` finds. A snapshot tampered with
+Each test plays a failover as the swarm client does: a session runs up to some token on a 3-way
+split whose workers snapshot every ``EVERY`` positions (``--snapshot-every``), then the same
+session (same id, a newer route epoch) is opened again with the history that lost route
+generated, resumed from the snapshot ``RouteDriver.resume`` finds. A snapshot tampered with
 on disk (corrupt, another recipe, range, session or token binding) is refused with the typed
 error, and the session completes by replaying from its first token instead.
 """
@@ -137,7 +137,7 @@ async def _resume(
     sampling: SamplingParams | None = None,
     reuse: bool = False,
 ) -> tuple[int | None, list[int], list[RouteHealth], list[int]]:
-    """Run ``session`` whole, then fail it over after ``generated`` tokens; returns the resume
+    """Run ``session`` up to ``generated`` tokens, then fail it over after ``generated`` tokens; returns the resume
     point, the tokens the resumed route generated, its route notes and what each worker computed."""
     pool = ChannelPool(16 << 20)
     driver = new_driver(pool)
@@ -146,7 +146,10 @@ async def _resume(
         request = GenerationRequest(setup.prompt, TOKENS, sampling)
     expected = setup.expected if sampling is None else setup.sampled
     try:
-        assert await _run_whole(driver, pool, setup, request, session, reuse) == expected
+        # The lost route: it generated ``generated`` tokens (at least one: a prompt's prefill ends
+        # in one) and its shards snapshotted what it fed, keeping each session's newest two.
+        lost = replace(request, max_tokens=max(generated, 1))
+        assert await _run_whole(driver, pool, setup, lost, session, reuse) == expected[: lost.max_tokens]
         history = tuple(expected[:generated])
         route = await route_session(pool, setup.route, session_id=session, epoch=1)
         plan = await driver.resume(route, request, history)

@@ -11,6 +11,7 @@ the shard makes them off its event loop, so the index is guarded by a lock.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -19,6 +20,11 @@ from pathlib import Path
 
 from meshnet.core.ids import SessionId
 
+log = logging.getLogger(__name__)
+
+KEPT_PER_SESSION = 2
+"""A session's newest snapshots kept (a resume takes the newest every hop holds: one more covers a
+hop whose latest was still being written when its route was lost); older ones only take room."""
 SUFFIX = ".kvsnap"
 _TEMPORARY = ".partial"
 
@@ -64,21 +70,29 @@ class SnapshotDisk:
         return self._bytes
 
     def put(self, session_id: SessionId, positions: int, data: bytes) -> bool:
-        """Keep ``data`` as the session's snapshot at ``positions``; False when it exceeds the budget."""
+        """Keep ``data`` as the session's snapshot at ``positions``; False when it exceeds the
+        budget or the disk refuses it (full, gone: a snapshot is never worth failing a step)."""
         if not self.enabled or len(data) > self.budget_bytes:
             return False
         key = (_session_key(session_id), positions)
         path = self._path(key)
         temporary = path.with_name(path.name + _TEMPORARY)
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(data)
+        except OSError as error:
+            log.warning("snapshot not written to %s: %s", self.directory, error)
+            temporary.unlink(missing_ok=True)
+            return False
         with self._lock:
             self._drop(key)
             self._evict(len(data))
             os.replace(temporary, path)
             self._files[key] = len(data)
             self._bytes += len(data)
+            for older in sorted(n for s, n in self._files if s == key[0])[:-KEPT_PER_SESSION]:
+                self._drop((key[0], older))
         return True
 
     def positions(self, session_id: SessionId) -> list[int]:

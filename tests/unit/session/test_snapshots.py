@@ -74,11 +74,22 @@ def test_disk_budget_lru_modes_and_restart(tmp_path: Path) -> None:
         assert disk.put(S, positions, b"x" * 1000)
         assert disk.bytes_held <= 2500
     assert disk.positions(S) == [1536, 1024] and disk.evictions == 1
+    assert disk.put(SessionId("s-2"), 512, b"y" * 100) and disk.put(SessionId("s-2"), 1024, b"y" * 100)
+    assert disk.put(SessionId("s-2"), 1536, b"y" * 100)  # a session keeps its two newest
+    assert disk.positions(SessionId("s-2")) == [1536, 1024]
     assert not disk.put(S, 2048, b"x" * 3000)  # larger than the whole budget
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in directory.iterdir())
     (directory / "junk.kvsnap.partial").write_bytes(b"half")
     again = SnapshotDisk(directory, budget_bytes=1500)  # a restart with a smaller budget
     assert again.positions(S) == [1536] and again.get(S, 1536) == b"x" * 1000
-    assert sorted(p.name.endswith(".kvsnap") for p in directory.iterdir()) == [True]
-    assert again.get(SessionId("s-2"), 1536) is None
+    assert [p.name.endswith(".kvsnap") for p in directory.iterdir()] == [True] * 3  # the partial is gone
+    assert again.get(SessionId("s-3"), 1536) is None
+
+
+def test_a_disk_that_refuses_the_write_costs_the_snapshot_only(tmp_path: Path) -> None:
+    directory = tmp_path / "snapshots"
+    disk = SnapshotDisk(directory, budget_bytes=2500)
+    directory.rmdir()  # gone under the worker (a full or unmounted disk fails the same way)
+    assert not disk.put(S, 512, b"x" * 10)
+    assert disk.positions(S) == [] and disk.bytes_held == 0
