@@ -1,18 +1,19 @@
 """Long-session failover: time to the next token resumed from a KV snapshot vs replayed from 0.
 
     python scripts/bench_snapshot_failover.py [--model GGUF] [--prompt 500] [--tokens 1500]
-        [--at 1500] [--every 512] [--out bench/results/snapshot_failover.json]
+        [--at 1500] [--every 256] [--out bench/results/snapshot_failover.json]
 
-Three ``meshnet worker`` processes (loopback, the model split evenly, ``--snapshot-every``) serve
-one greedy session of ``--prompt`` random prompt tokens and ``--tokens`` generated ones. Then the
-session is failed over as the swarm client does after losing a hop once ``--at`` positions were
-fed: opened again under its id on a newer route epoch with the history generated so far, once
-resumed from the newest snapshot every hop holds (``RouteDriver.resume``) and once replayed from
-its first token. Each is timed from the opening to its first new token, which must be the
-uninterrupted run's. The failure's detection and the tracker's new route are not in these
-figures (they are the same either way), and the replacement restores its snapshot from its own
-disk here, as a spare restores the copy its lost peer sent it. The export's own cost (one slot's
-KV copied out between engine ticks) is measured in process on the head's layers.
+Three ``meshnet worker`` processes (loopback, the model split evenly, ``--snapshot-every``)
+serve one greedy session of ``--prompt`` random prompt tokens and ``--tokens`` to generate,
+whose route is lost once it fed ``--at`` positions (its shards snapshotted what it fed). The
+session is then failed over as the swarm client does: opened again under its id on a newer route
+epoch with the history generated so far, once resumed from the newest snapshot every hop holds
+(``RouteDriver.resume``) and once replayed from its first token. Each is timed from the opening
+to its first new token, which must be the uninterrupted run's. The failure's detection and the
+tracker's new route are not in these figures (they are the same either way), and the replacement
+restores its snapshot from its own disk here, as a spare restores the copy its lost peer sent
+it. The export's own cost (one slot's KV copied out between engine ticks) is measured in process
+on the head's layers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +115,13 @@ async def _measure(workers: Sequence[ChildProcess], prompt: tuple[int, ...], tok
     session = new_session_id()
     request = GenerationRequest(prompt, tokens, SamplingParams())
     try:
+        # The lost route: it generated up to position ``at`` (what it fed was snapshotted) and died.
         route = await _route(pool, workers, session, 0)
         started, generated = time.perf_counter(), []
-        async for event in driver.run(route, request, kv=None):
+        async for event in driver.run(route, replace(request, max_tokens=at - len(prompt) + 1), kv=None):
             if isinstance(event, TokenGenerated):
                 generated.append(event.token_id)
-        whole_s = time.perf_counter() - started
+        lost_s = time.perf_counter() - started
         history = tuple(generated[: at - len(prompt)])
         resumed_route = await _route(pool, workers, session, 1)
         plan = await driver.resume(resumed_route, request, history)
@@ -130,7 +133,8 @@ async def _measure(workers: Sequence[ChildProcess], prompt: tuple[int, ...], tok
     finally:
         await pool.close()
     return {
-        "whole_session_s": round(whole_s, 3),
+        "session_tokens": len(prompt) + tokens,
+        "lost_route_s": round(lost_s, 3),
         "failed_at_position": len(prompt) + len(history),
         "snapshot_position": None if plan is None else plan.position,
         "next_token_with_snapshot_s": round(snapshot_s, 3),
@@ -173,7 +177,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=500)
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--at", type=int, default=1500)
-    parser.add_argument("--every", type=int, default=512)
+    parser.add_argument("--every", type=int, default=256)
     parser.add_argument("--out", type=Path, default=Path("bench/results/snapshot_failover.json"))
     args = parser.parse_args()
     n_layers = describe_model(args.model).n_layers

@@ -26,6 +26,7 @@ from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from meshnet.core.ids import NodeId
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
@@ -129,8 +130,6 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         connect, ring = partial(ShardStream, links), partial(RingStream, links)
         tickets = ticket_gate(security)
         store = KvStore(capacity.prefix_cache_bytes)
-        disk = await asyncio.to_thread(SnapshotDisk, config.snapshot_directory(node_id), config.snapshot_bytes)
-        peers = SnapshotPeers(links, node_id, record.fingerprint, loop.backend.shape.layers)
         shard = build_shard(
             node_id,
             record,
@@ -141,7 +140,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
             open_ring=ring,
             tickets=tickets,
             kv_store=store,
-            snapshots=SnapshotSettings(disk, config.snapshot_every, peers),
+            snapshots=await _snapshot_settings(config, node_id, links, record),
             grammars=grammars,
         )
     except BaseException:
@@ -154,6 +153,15 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     if fetched is not None:
         held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
     return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group)
+
+
+async def _snapshot_settings(
+    config: WorkerConfig, node_id: NodeId, links: ChannelPool, record: NodeRecord
+) -> SnapshotSettings:
+    """Where the worker's KV snapshots go: its own folder of the data dir, and one peer."""
+    disk = await asyncio.to_thread(SnapshotDisk, config.snapshot_directory(node_id), config.snapshot_bytes)
+    peers = SnapshotPeers(links, node_id, record.fingerprint, record.layers)
+    return SnapshotSettings(disk, config.snapshot_every, peers)
 
 
 def ticket_gate(security: LinkSecurity | None) -> TicketGate:

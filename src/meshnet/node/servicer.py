@@ -19,12 +19,11 @@ from meshnet.node.shard import AnyShard
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_opening, authorize_shard
 from meshnet.wire import services as pb
+from meshnet.wire.kv_wire import held_kv_from_proto, held_snapshots_from_proto
 from meshnet.wire.shard_wire import (
     cancel_reply_to_proto,
     capability_to_proto,
     frame_from_proto,
-    held_kv_from_proto,
-    held_snapshots_from_proto,
     metrics_to_proto,
     release_reply_to_proto,
     result_to_proto,

@@ -22,7 +22,7 @@ from meshnet.core.prefix import KvPlan, PrefixKey, prefix_chain, prompt_namespac
 from meshnet.core.recipe import FAMILY_PREFIX
 from meshnet.core.snapshot import tokens_link
 from meshnet.route.shard_stream import ChannelPool
-from meshnet.wire.shard_wire import held_kv_to_proto
+from meshnet.wire.kv_wire import held_kv_to_proto
 
 PROBE_TIMEOUT_S = 1.0
 

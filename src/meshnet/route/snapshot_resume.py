@@ -19,7 +19,7 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import SessionId
 from meshnet.core.snapshot import SnapshotPlan, tokens_link
 from meshnet.route.shard_stream import ChannelPool
-from meshnet.wire.shard_wire import held_snapshots_to_proto
+from meshnet.wire.kv_wire import held_snapshots_to_proto
 
 PROBE_TIMEOUT_S = 1.0
 

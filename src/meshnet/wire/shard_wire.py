@@ -22,7 +22,6 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.prefix import KvPlan, check_chain
 from meshnet.core.sampling_options import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_TOP_LOGPROBS,
@@ -32,7 +31,6 @@ from meshnet.core.sampling_options import (
     TokenLogprob,
     TokenLogprobs,
 )
-from meshnet.core.snapshot import SnapshotPlan
 from meshnet.wire.frames import (
     MAX_ID_CHARS,
     CacheExpectation,
@@ -49,6 +47,7 @@ from meshnet.wire.frames import (
     check_schema_version,
 )
 from meshnet.wire.generated import shard_pb2 as pb
+from meshnet.wire.kv_wire import kv_plan_from_proto, kv_plan_to_proto, snapshot_plan_from_proto, snapshot_plan_to_proto
 from meshnet.wire.node_wire import record_from_proto, record_to_proto
 from meshnet.wire.payload import decode_hidden, decode_tokens, encode_tokens, write_hidden
 from meshnet.wire.ticket_wire import sealed_from_proto, sealed_to_proto
@@ -109,16 +108,9 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     if frame.ticket is not None:
         message.ticket.CopyFrom(sealed_to_proto(frame.ticket))
     if frame.kv is not None:
-        message.kv.chain.extend(frame.kv.chain)
-        message.kv.reused_blocks = frame.kv.reused_blocks
-        message.kv.save_blocks = frame.kv.save_blocks
-        message.kv.namespace = frame.kv.namespace
-        message.kv.tokens_link = frame.kv.tokens_link
+        message.kv.CopyFrom(kv_plan_to_proto(frame.kv))
     if frame.snapshot is not None:
-        restore = frame.snapshot
-        message.snapshot.position = restore.position
-        message.snapshot.tokens_link = restore.tokens_link
-        message.snapshot.sampled.extend(restore.sampled)
+        message.snapshot.CopyFrom(snapshot_plan_to_proto(frame.snapshot))
     return message
 
 
@@ -168,34 +160,6 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         kv=kv_plan_from_proto(message.kv) if message.HasField("kv") else None,
         snapshot=snapshot_plan_from_proto(message.snapshot) if message.HasField("snapshot") else None,
     )
-
-
-def snapshot_plan_from_proto(message: pb.SnapshotRestore) -> SnapshotPlan:
-    return SnapshotPlan(message.position, bytes(message.tokens_link), tuple(message.sampled))
-
-
-def kv_plan_from_proto(message: pb.KvPlan) -> KvPlan:
-    """A received KvPlan, its chain checked link by link (``core.prefix.check_chain``)."""
-    chain = check_chain(list(message.chain))
-    return KvPlan(chain, message.reused_blocks, message.save_blocks, message.namespace, bytes(message.tokens_link))
-
-
-def held_kv_to_proto(fingerprint: str, chain: tuple[bytes, ...]) -> pb.HeldKvRequest:
-    return pb.HeldKvRequest(fingerprint=fingerprint, chain=list(chain))
-
-
-def held_snapshots_to_proto(fingerprint: str, session_id: SessionId) -> pb.HeldSnapshotsRequest:
-    return pb.HeldSnapshotsRequest(fingerprint=fingerprint, session_id=session_id)
-
-
-def held_snapshots_from_proto(message: pb.HeldSnapshotsRequest) -> tuple[str, SessionId]:
-    if not message.session_id or len(message.session_id) > MAX_ID_CHARS:
-        raise InvalidArgument("a snapshot probe names one session")
-    return message.fingerprint, SessionId(message.session_id)
-
-
-def held_kv_from_proto(message: pb.HeldKvRequest) -> tuple[str, tuple[bytes, ...]]:
-    return message.fingerprint, check_chain(list(message.chain))
 
 
 def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:
