@@ -5,7 +5,8 @@ only the tokens after it, and what it generates is the uninterrupted run's, bit 
 Each test plays a failover as the swarm client does: a session runs up to some token on a 3-way
 split whose workers snapshot every ``EVERY`` positions (``--snapshot-every``), then the same
 session (same id, a newer route epoch) is opened again with the history that lost route
-generated, resumed from the snapshot ``RouteDriver.resume`` finds. A snapshot tampered with
+generated, resumed from the snapshot ``RouteDriver.resume`` finds. Two families: llama and gemma3,
+whose synthetic model's 8-token sliding window the restored KV reaches far past. A snapshot tampered with
 on disk (corrupt, another recipe, range, session or token binding) is refused with the typed
 error, and the session completes by replaying from its first token instead.
 """
@@ -69,11 +70,13 @@ class Setup:
     """The whole model's tokens for ``SAMPLED`` (seeded draws, penalties over what it chose)."""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
 def setup(
-    tmp_path_factory: pytest.TempPathFactory, synthetic_model_factory: Callable[[SyntheticSpec], Path]
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    synthetic_model_factory: Callable[[SyntheticSpec], Path],
 ) -> Iterator[Setup]:
-    spec = spec_for("llama", "q8_0")
+    spec = spec_for(request.param, "q8_0")  # gemma3's has an 8-token sliding window
     source = synthetic_model_factory(spec)
     description = describe_model(source)
     whole = LocalRoute(
