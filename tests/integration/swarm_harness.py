@@ -505,3 +505,29 @@ def chat_body(
     if seed is not None:
         body["seed"] = seed
     return body
+
+
+class MiddleKiller:
+    """Reads the stream; after ``after`` text chunks, SIGKILLs the middle hop of the accepted route."""
+
+    def __init__(self, swarm: Swarm, after: int) -> None:
+        self.swarm = swarm
+        self.after = after
+        self.hops: list[dict[str, Any]] = []
+        self.killed_at: float | None = None
+        self.killed_address = ""
+        self._chunks = 0
+
+    def __call__(self, item: SseItem, items: list[SseItem]) -> None:
+        if item.kind == "telemetry" and item.payload["kind"] == "accepted" and not self.hops:
+            self.hops = item.payload["hops"]
+        if item.kind == "chunk" and item.text:
+            self._chunks += 1
+            if self._chunks == self.after and self.killed_at is None:
+                self.killed_address = self.hops[1]["address"]
+                self.swarm.worker_at(self.killed_address).component.kill(signal.SIGKILL)
+                self.killed_at = time.monotonic()
+
+    def after_kill(self, result: SseResult) -> list[SseItem]:
+        assert self.killed_at is not None, "the stream ended before the kill"
+        return [item for item in result.items if item.at >= self.killed_at]

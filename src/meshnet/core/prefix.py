@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshnet.core.errors import IntegrityError, InvalidArgument
+from meshnet.core.snapshot import TOKEN_LINK_BYTES
 
 BLOCK_HASH_BYTES = 16
 """Each chain link: 128 bits of sha256, so two different prefixes never share a key in practice."""
@@ -147,6 +148,9 @@ class KvPlan:
     save_blocks: int = 0
     namespace: str = PROMPT_NAMESPACE
     """The chain's namespace (``prompt_namespace``): the head checks the chain from its seed."""
+    tokens_link: bytes = b""
+    """The token link (``core.snapshot``) of the reused prefix's tokens, which the head carries
+    on to bind the session's KV snapshots; empty when nothing is reused."""
 
     def __post_init__(self) -> None:
         check_chain(self.chain)
@@ -156,6 +160,8 @@ class KvPlan:
             raise InvalidArgument(
                 f"a KV plan reusing {self.reused_blocks} and keeping {self.save_blocks} of {len(self.chain)} blocks"
             )
+        if len(self.tokens_link) not in (0, TOKEN_LINK_BYTES):
+            raise InvalidArgument(f"a KV plan's token link of {len(self.tokens_link)} bytes")
         if self.save_blocks and self.save_blocks <= self.reused_blocks:
             raise InvalidArgument("a KV plan keeps a prefix longer than the one it reuses, or none")
 

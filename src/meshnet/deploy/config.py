@@ -53,6 +53,13 @@ class LocalSwarmConfig:
     prefix_cache_mb: float = WorkerConfig.prefix_cache_mb
     """Each worker's store of recent prompts' KV, reused by a prompt that starts the same way
     (a conversation's next turn prefills only what is new); 0 turns reuse off."""
+    snapshot_every: int = WorkerConfig.snapshot_every
+    """Each worker snapshots its sessions' KV every this many positions (a multiple of
+    --prefill-chunk; 0: never) under --data-dir, and copies each to a peer of its range if one
+    serves: a failover whose new route holds a snapshot of the session on every hop resumes from
+    it instead of replaying the whole session."""
+    snapshot_disk_mb: float = WorkerConfig.snapshot_disk_mb
+    """Disk each worker's snapshots may take (least recently used goes first)."""
     prefill_chunk: int = WorkerConfig.prefill_chunk
     """Tokens per prefill call on every worker (part of the recipe); stored prompt KV is reused in
     whole chunks, so a smaller chunk reuses more of each turn."""

@@ -93,6 +93,8 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
         metrics_port=0,
         repack=config.repack,
         prefix_cache_mb=config.prefix_cache_mb,
+        snapshot_every=config.snapshot_every,
+        snapshot_disk_mb=config.snapshot_disk_mb,
         prefill_chunk=config.prefill_chunk,
     )
     command = worker_command(worker, _security(config, name, "worker"))

@@ -40,6 +40,14 @@ class TailSampler:
             self._matcher.accept(token)
         return token, logprobs
 
+    def advance(self, tokens: tuple[int, ...]) -> None:
+        """Take ``tokens`` as chosen already (a session resumed past them): the state choosing
+        them would leave, without sampling."""
+        for token in tokens:
+            self._counts[token] += 1
+            if self._matcher is not None:
+                self._matcher.accept(token)
+
     def _pick(self, logits: np.ndarray, position: int) -> int:
         matcher = self._matcher
         if matcher is None:

@@ -45,14 +45,17 @@ from meshnet.moe.ownership import ExpertNumerics
 from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.node.calibrate import ShardSpeed, measure_speed
 from meshnet.node.config import FakeModel, WorkerConfig
+from meshnet.node.kv_snapshots import SnapshotSettings
 from meshnet.node.servicer import ShardServicer
 from meshnet.node.shard import AnyShard, build_shard
+from meshnet.node.snapshot_peers import SnapshotPeers
 from meshnet.node.tickets import TicketGate
 from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
 from meshnet.security.tickets import TicketVerifier
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.kv_store import KvStore
+from meshnet.session.snapshot_disk import SnapshotDisk
 from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity, bind, link_options
 
@@ -123,7 +126,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         record = _registration(config, address, model, loop.backend.shape, speed, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
-        shard = _shard(config, (node_id, record), loop, capacity, links, security, grammars)
+        snapshots = await _snapshot_settings(config, node_id, links, record)
+        shard = _shard(config, (node_id, record), loop, capacity, links, security, grammars, snapshots)
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
@@ -144,8 +148,10 @@ def _shard(
     links: ChannelPool,
     security: LinkSecurity | None,
     grammars: GrammarVocabulary | None,
+    snapshots: SnapshotSettings,
 ) -> AnyShard:
-    """The shard over ``loop``'s engine: admission, links to the next hops, tickets, reuse store."""
+    """The shard over ``loop``'s engine: admission, links to the next hops, tickets, reuse store
+    and where its snapshots go."""
     node_id, record = node
     return build_shard(
         node_id,
@@ -157,8 +163,18 @@ def _shard(
         open_ring=partial(RingStream, links),
         tickets=ticket_gate(security),
         kv_store=KvStore(capacity.prefix_cache_bytes),
+        snapshots=snapshots,
         grammars=grammars,
     )
+
+
+async def _snapshot_settings(
+    config: WorkerConfig, node_id: NodeId, links: ChannelPool, record: NodeRecord
+) -> SnapshotSettings:
+    """Where the worker's KV snapshots go: its own folder of the data dir, and one peer."""
+    disk = await asyncio.to_thread(SnapshotDisk, config.snapshot_directory(node_id), config.snapshot_bytes)
+    peers = SnapshotPeers(links, node_id, record.fingerprint, record.layers)
+    return SnapshotSettings(disk, config.snapshot_every, peers)
 
 
 def ticket_gate(security: LinkSecurity | None) -> TicketGate:

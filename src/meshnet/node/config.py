@@ -6,6 +6,7 @@ The engine's ``LlamaConfig`` and the session table's ``AdmissionPolicy`` are der
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,12 @@ class WorkerConfig:
     """KV of recent prompts' chunk-aligned prefixes kept to reuse (least recently used goes
     first): a prompt that starts the same way prefills only the rest. Counted in
     --memory-budget-mb; 0 turns reuse off."""
+    snapshot_every: int = 0
+    """Snapshot each session's KV every this many positions (a multiple of --prefill-chunk; 0:
+    never), to this worker's disk: a failover onto a route whose hops all hold a snapshot of the
+    session resumes from it instead of replaying the session from its first token."""
+    snapshot_disk_mb: float = 1024.0
+    """Disk the snapshots may take under --data-dir (least recently used goes first)."""
     flash_attn: bool = True
     """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
     mmap: bool = True
@@ -168,6 +175,11 @@ class WorkerConfig:
             raise InvalidArgument(
                 f"--prefix-cache-mb takes a size in MB (0 turns reuse off), got {self.prefix_cache_mb}"
             )
+        if self.snapshot_every < 0 or self.snapshot_every % self.prefill_chunk or self.snapshot_disk_mb < 0:
+            raise InvalidArgument(
+                f"--snapshot-every takes a multiple of --prefill-chunk ({self.prefill_chunk}; 0 takes none), got "
+                f"{self.snapshot_every}; --snapshot-disk-mb a size in MB, got {self.snapshot_disk_mb}"
+            )
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise InvalidArgument(f"--gpu-layers takes a count of layers (0 or more), got {self.gpu_layers}")
         if self.expert_group and (
@@ -208,6 +220,15 @@ class WorkerConfig:
     def prefix_cache_bytes(self) -> int:
         """The reuse store's budget; an expert group keeps no KV of its own (its nodes do)."""
         return 0 if self.expert_group else int(self.prefix_cache_mb * 2**20)
+
+    def snapshot_directory(self, node_id: str) -> Path:
+        """Where this worker's snapshots live: its own folder, which no other process shares."""
+        return self.data_dir / "snapshots" / hashlib.sha256(node_id.encode()).hexdigest()[:16]
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """The snapshot disk's budget; none where no snapshot is ever taken."""
+        return 0 if self.expert_group or not self.snapshot_every else int(self.snapshot_disk_mb * 2**20)
 
     def admission_policy(self, max_sessions: int) -> AdmissionPolicy:
         """Admission for the session table, with the capacity plan's session count."""

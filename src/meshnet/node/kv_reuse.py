@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from meshnet.core.errors import InvalidArgument, PrefixEvicted
 from meshnet.core.ids import SessionId
 from meshnet.core.prefix import ChainVerifier, KvPlan, PrefixKey
+from meshnet.core.snapshot import SnapshotPlan
 from meshnet.engine.backend import StepInput, StepOutput
+from meshnet.node.kv_snapshots import KvSnapshots
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.kv_store import KvEntry, KvStore
 
@@ -29,8 +31,9 @@ class _Planned:
 class KvReuse:
     """The KV a shard keeps for reuse, and what each open session planned with it."""
 
-    def __init__(self, store: KvStore, loop: EngineLoop, *, takes_tokens: bool) -> None:
+    def __init__(self, store: KvStore, loop: EngineLoop, snapshots: KvSnapshots, *, takes_tokens: bool) -> None:
         self.store = store
+        self.snapshots = snapshots
         self._loop = loop
         self._takes_tokens = takes_tokens
         self._chunk = loop.backend.shape.max_batch_tokens
@@ -44,10 +47,24 @@ class KvReuse:
         """Blocks of ``chain`` held (the entry is leased to the session about to open with it)."""
         return self.store.held_blocks(chain, pin=True) if self.store.enabled else 0
 
-    async def open(self, key: SessionId, slot: int, position: int, plan: KvPlan | None, fingerprint: str) -> int:
-        """Set the new session's slot up as ``plan`` says; returns where its KV now ends.
+    async def open(
+        self,
+        key: SessionId,
+        slot: int,
+        position: int,
+        plan: KvPlan | None,
+        fingerprint: str,
+        snapshot: SnapshotPlan | None,
+    ) -> int:
+        """Set the new session's slot up as ``plan`` (or ``snapshot``) says; returns where its KV
+        now ends.
 
-        PrefixEvicted when the reused prefix is no longer held (the sender opens again without)."""
+        PrefixEvicted when the reused prefix or snapshot is no longer held (the sender opens again
+        without); SnapshotRefused when the snapshot fails its checks."""
+        if snapshot is not None:
+            await self.snapshots.restore(key, slot, snapshot)
+            return snapshot.position
+        self.snapshots.opened(key, position, b"" if plan is None else plan.tokens_link)
         if plan is None:
             if position != 0:
                 raise InvalidArgument(f"a session opened without reused KV starts at 0, not {position}")
@@ -81,12 +98,13 @@ class KvReuse:
         if planned is None or not prefill:
             if planned is not None:
                 planned.saved = True
-            return await self._loop.run_step(step, deadline=deadline)
+            return await self.snapshots.run(key, step, deadline)
         if planned.verifier is not None and step.tokens is not None:
             planned.verifier.feed(step.position, step.tokens)  # before the rows leave this shard
         save_at = planned.plan.save_blocks * self._chunk
         if planned.saved or not step.position <= save_at <= step.position + step.n_tokens:
-            return await self._loop.run_step(step, deadline=deadline)
+            return await self.snapshots.run(key, step, deadline)
+        self.snapshots.advance(key, step)  # one export per step: the prefix's, this time
         output, blob = await self._loop.run_exporting(step, save_at, deadline=deadline)
         planned.saved = True
         if blob is not None:
@@ -95,3 +113,4 @@ class KvReuse:
 
     def close(self, key: SessionId) -> None:
         self._sessions.pop(key, None)
+        self.snapshots.close(key)

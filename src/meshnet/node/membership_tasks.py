@@ -25,6 +25,7 @@ from meshnet.membership.tracker_client import TrackerClient
 from meshnet.membership.upkeep import upkeep_tasks
 from meshnet.node.assembly import AssembledWorker
 from meshnet.node.peers import PeerProber
+from meshnet.node.snapshot_peers import SnapshotPeers
 from meshnet.route.shard_stream import ChannelPool
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ async def keep_membership(
         asyncio.create_task(_report_session_tokens(worker, client, stop), name="session-tokens"),
         *upkeep_tasks(client, worker.security, stop),
     ]
+    peers = worker.shard.kv.snapshots.peers
+    if peers is not None and worker.shard.kv.snapshots.enabled:
+        tasks.append(asyncio.create_task(_snapshot_peers(peers, client, stop), name="snapshot-peers"))
     if worker.held_artifacts is not None:
         tasks.append(asyncio.create_task(announce_forever(client, worker.held_artifacts, stop), name="announce"))
     try:
@@ -80,6 +84,22 @@ async def _heartbeats(
         on_epoch=shard.raise_min_epoch,
         on_probe=prober.set_targets,
     )
+
+
+PEER_REFRESH_S = 5.0
+"""How often the peer that keeps copies of this worker's snapshots is looked up again."""
+
+
+async def _snapshot_peers(peers: SnapshotPeers, client: TrackerClient, stop: asyncio.Event) -> None:
+    """Keep the snapshot peer current from the tracker's node table (``node.snapshot_peers``)."""
+    while not stop.is_set():
+        try:
+            peers.update(await client.list_nodes(timeout_s=PEER_REFRESH_S))
+        except MeshnetError as error:
+            log.info("snapshot peer not looked up: %s", error.message)
+        with contextlib.suppress(TimeoutError):
+            # Sooner while none is known: the peer may be a worker that is still registering.
+            await asyncio.wait_for(stop.wait(), PEER_REFRESH_S if peers.peer is not None else 1.0)
 
 
 REPORT_BACKOFF_S = (0.2, 5.0)

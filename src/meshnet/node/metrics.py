@@ -9,6 +9,35 @@ from meshnet.core.tracking import NodeLoad, PrefixFigures
 
 
 @dataclass(frozen=True)
+class SnapshotFigures:
+    """A shard's KV snapshots (``node.kv_snapshots``)."""
+
+    taken: int = 0
+    restored: int = 0
+    refused: int = 0
+    copies_sent: int = 0
+    copies_kept: int = 0
+    disk_bytes: int = 0
+    disk_budget_bytes: int = 0
+    disk_evictions: int = 0
+    has_peer: bool = False
+    """Whether a peer of this recipe and range is known to copy snapshots to."""
+
+    def values(self) -> dict[str, float]:
+        return {
+            "snapshots_taken_total": float(self.taken),
+            "snapshots_restored_total": float(self.restored),
+            "snapshots_refused_total": float(self.refused),
+            "snapshot_copies_sent_total": float(self.copies_sent),
+            "snapshot_copies_kept_total": float(self.copies_kept),
+            "snapshot_disk_bytes": float(self.disk_bytes),
+            "snapshot_disk_budget_bytes": float(self.disk_budget_bytes),
+            "snapshot_disk_evictions_total": float(self.disk_evictions),
+            "snapshot_peer": float(self.has_peer),
+        }
+
+
+@dataclass(frozen=True)
 class ShardMetrics:
     active_sessions: int
     free_sessions: int
@@ -48,6 +77,7 @@ class ShardMetrics:
     prefix_budget_bytes: int = 0
     prefix_entries: int = 0
     prefix_evictions: int = 0
+    snapshots: SnapshotFigures = SnapshotFigures()
 
     @property
     def kv_used_fraction(self) -> float:
@@ -89,6 +119,7 @@ class ShardMetrics:
             "prefix_budget_bytes": float(self.prefix_budget_bytes),
             "prefix_entries": float(self.prefix_entries),
             "prefix_evictions_total": float(self.prefix_evictions),
+            **self.snapshots.values(),
         }
 
     def node_load(

@@ -12,18 +12,18 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied
+from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied, ResourceExhausted
 from meshnet.core.ids import SessionId
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_opening, authorize_shard
 from meshnet.wire import services as pb
+from meshnet.wire.kv_wire import held_kv_from_proto, held_snapshots_from_proto
 from meshnet.wire.shard_wire import (
     cancel_reply_to_proto,
     capability_to_proto,
     frame_from_proto,
-    held_kv_from_proto,
     metrics_to_proto,
     release_reply_to_proto,
     result_to_proto,
@@ -76,6 +76,29 @@ class ShardServicer(pb.ShardServicer):
         except MeshnetError as error:
             await abort_with(context, error)
         return pb.HeldKvReply(blocks=self.shard.held_kv(fingerprint, chain))
+
+    async def KeepSnapshot(
+        self, request_iterator: AsyncIterator[pb.SnapshotPiece], context: grpc.aio.ServicerContext
+    ) -> pb.SnapshotKept:
+        await self._admit(context, "KeepSnapshot")
+        snapshots = self.shard.kv.snapshots
+        if not snapshots.disk.enabled:
+            return pb.SnapshotKept(kept=False)  # this worker keeps no snapshots (--snapshot-every 0)
+        try:
+            data = await _joined(request_iterator, snapshots.disk.budget_bytes)
+            return pb.SnapshotKept(kept=await snapshots.keep_copy(data))
+        except MeshnetError as error:
+            await abort_with(context, error)
+
+    async def HeldSnapshots(
+        self, request: pb.HeldSnapshotsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeldSnapshotsReply:
+        await self._admit(context, "HeldSnapshots")
+        try:
+            fingerprint, session_id = held_snapshots_from_proto(request)
+        except MeshnetError as error:
+            await abort_with(context, error)
+        return pb.HeldSnapshotsReply(positions=self.shard.kv.snapshots.held(fingerprint, session_id))
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         return release_reply_to_proto(await self._end(request, context, "Release", "released"))
@@ -151,3 +174,13 @@ class ShardServicer(pb.ShardServicer):
         if failure is not None:
             log.info("session %s failed: [%s] %s", stream.session_id, failure.code, failure.message)
             await abort_with(context, failure)
+
+
+async def _joined(pieces: AsyncIterator[pb.SnapshotPiece], limit: int) -> bytes:
+    """A peer's snapshot file from its pieces; refused past ``limit`` bytes (the disk budget)."""
+    data = bytearray()
+    async for piece in pieces:
+        data += piece.data
+        if len(data) > limit:
+            raise ResourceExhausted(f"a snapshot copy past this worker's {limit}-byte snapshot disk")
+    return bytes(data)

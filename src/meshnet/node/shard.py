@@ -18,6 +18,7 @@ from meshnet.core.node_record import NodeRecord
 from meshnet.engine.backend import StepInput
 from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.node.kv_reuse import KvReuse
+from meshnet.node.kv_snapshots import KvSnapshots, SnapshotSettings
 from meshnet.node.metrics import ShardMetrics
 from meshnet.node.ring import OpenRing, RingMailbox, TailState
 from meshnet.node.session_counts import SessionCounts
@@ -175,7 +176,11 @@ class Shard(Generic[S]):
         meta = frame.meta
         if frame.kv is not None and meta.fingerprint != self.record.fingerprint:
             raise InvalidArgument("only an exact route (one device class) reuses stored KV")
-        position = await self.kv.open(session.key, session.slot, meta.position, frame.kv, meta.fingerprint)
+        if frame.snapshot is not None and meta.fingerprint != self.record.fingerprint:
+            raise InvalidArgument("only an exact route (one device class) restores a snapshot")
+        position = await self.kv.open(
+            session.key, session.slot, meta.position, frame.kv, meta.fingerprint, frame.snapshot
+        )
         self._table.start_at(session, position)
 
     def held_kv(self, fingerprint: str, chain: tuple[bytes, ...]) -> int:
@@ -340,6 +345,7 @@ class Shard(Generic[S]):
             prefix_budget_bytes=store.budget_bytes,
             prefix_entries=len(store),
             prefix_evictions=store.stats.evictions,
+            snapshots=self.kv.snapshots.figures(),
         )
 
 
@@ -358,6 +364,7 @@ def build_shard(
     open_ring: OpenRing,
     tickets: TicketGate,
     kv_store: KvStore,
+    snapshots: SnapshotSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     grammars: GrammarVocabulary | None = None,
 ) -> AnyShard:
@@ -368,11 +375,13 @@ def build_shard(
     reads the tail's answers to every frame after the opening one there); ``clock`` times
     sessions for eviction and expiry; ``grammars`` lets a tail constrain output to a grammar
     (response_format), None refuses such sessions; ``tickets`` checks every opening frame's
-    route ticket (``node.tickets``).
+    route ticket (``node.tickets``); ``snapshots`` where and how often it snapshots sessions
+    (``node.kv_snapshots``; none: never).
     """
     shape = loop.backend.shape
     continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
-    kv = KvReuse(kv_store, loop, takes_tokens=shape.takes_tokens)
+    kept = KvSnapshots.of(snapshots, loop, record.fingerprint)
+    kv = KvReuse(kv_store, loop, kept, takes_tokens=shape.takes_tokens)
     if shape.emits_logits:
         sampling_table = SessionTable[TailState](policy, clock=clock)
         stage = SampleStage(grammars, is_head=shape.takes_tokens)

@@ -109,7 +109,11 @@ class SampleStage:
         constraint = params.constraint
         grammars = self._grammars
         matcher = None if constraint is None or grammars is None else grammars.matcher(constraint)
-        return TailState(TailSampler(params, matcher), frame.meta.request_id, RingMailbox())
+        sampler = TailSampler(params, matcher)
+        if frame.snapshot is not None:
+            # Resumed from a snapshot: the tokens chosen before it are counted, not sampled again.
+            sampler.advance(frame.snapshot.sampled)
+        return TailState(sampler, frame.meta.request_id, RingMailbox())
 
     async def emit(
         self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
@@ -215,6 +219,7 @@ class ForwardStage:
             timings=(*frame.timings, timing) if frame.ring and timing is not None else (),
             ticket=frame.ticket if opening else None,  # each shard down the route checks it too
             kv=frame.kv if opening else None,  # the chain this head checked against the tokens
+            snapshot=frame.snapshot if opening else None,
         )
         if frame.ring:
             return await self._ring_step(state, frame, outgoing, deadline)

@@ -19,6 +19,7 @@ before it starts.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
@@ -27,24 +28,34 @@ from typing import Literal
 
 import numpy as np
 
-from meshnet.core.errors import DeadlineExceeded, IntegrityError, InvalidArgument, PrefixEvicted, StepTimedOut
+from meshnet.core.errors import (
+    DeadlineExceeded,
+    IntegrityError,
+    InvalidArgument,
+    PrefixEvicted,
+    SnapshotRefused,
+    StepTimedOut,
+)
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
     PrefillCompleted,
     PrefillProgress,
     PrefillStarted,
+    RouteHealth,
     RouteHop,
     TokenGenerated,
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.prefix import KvPlan
+from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.step_budget import StepBudget
 from meshnet.core.tickets import SealedTicket
 from meshnet.route.kv_plan import plan_for
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
+from meshnet.route.snapshot_resume import plan_resume
 from meshnet.wire.frames import (
     FRAME_OVERHEAD_BYTES,
     Continuation,
@@ -55,6 +66,8 @@ from meshnet.wire.frames import (
     StepResult,
 )
 from meshnet.wire.prefill import PrefillChunk, split_prefill
+
+log = logging.getLogger(__name__)
 
 RATE_WINDOW = 16
 """Tokens over which the rolling tokens/s is measured."""
@@ -93,16 +106,29 @@ class RouteDriver:
         *,
         history: Sequence[int] = (),
         kv: KvPlan | Literal["probe"] | None = "probe",
+        snapshot: SnapshotPlan | None = None,
     ) -> AsyncGenerator[GenerationEvent, None]:
         """Yield prefill/decode events and one TokenGenerated per new token.
 
         ``history`` holds tokens already generated on an earlier route: they are replayed after
         the prompt, so a failover continues exactly where the lost route stopped. The decode
         loop is this generator's own: one frame per token between the stream and the caller.
-        ``kv``: the prompt KV to reuse (``plan``), or "probe" to ask the hops here.
+        ``kv``: the prompt KV to reuse (``plan``), or "probe" to ask the hops here; ``snapshot``:
+        the session's KV snapshot every hop restores (``route.snapshot_resume``), so only the
+        history after it is replayed; one a hop refuses or lost falls back to a replay from 0.
         """
         if not route.hops:
             raise InvalidArgument("a route needs at least one hop")
+        if snapshot is not None:
+            try:
+                async for event in self._attempt(route, request, history, None, snapshot):
+                    yield event
+                return
+            except (PrefixEvicted, SnapshotRefused) as refused:
+                # Refused at the opening frame (before any token): replay the session from 0.
+                reason = f"the snapshot at position {snapshot.position} was not restored ({refused.message})"
+                log.warning("%s: replaying from 0", reason)
+                yield RouteHealth(refused.code, f"{reason}; replaying the session from its first token")
         plan = await self.plan(route, request) if kv == "probe" else kv
         try:
             async for event in self._attempt(route, request, history, plan):
@@ -112,15 +138,28 @@ class RouteDriver:
                 raise
             # A hop let the prefix go between the probe and the opening (its lease ran out):
             # nothing ran past the opening frame, so open the session again computing it all.
-            async for event in self._attempt(route, request, history, replace(plan, reused_blocks=0)):
+            async for event in self._attempt(route, request, history, replace(plan, reused_blocks=0, tokens_link=b"")):
                 yield event
 
     async def plan(self, route: RouteSession, request: GenerationRequest) -> KvPlan | None:
         """The prompt KV ``route``'s hops hold for ``request`` now (``route.kv_plan``)."""
         return await plan_for(self._pool, route.hops, route.fingerprint, request)
 
+    async def resume(
+        self, route: RouteSession, request: GenerationRequest, history: Sequence[int]
+    ) -> SnapshotPlan | None:
+        """The snapshot of the session ``route``'s hops all hold, to resume it from after a
+        failover (``route.snapshot_resume``); None: replay it from 0."""
+        prompt = request.prompt_tokens
+        return await plan_resume(self._pool, route.hops, route.fingerprint, route.session_id, prompt, history)
+
     async def _attempt(
-        self, route: RouteSession, request: GenerationRequest, history: Sequence[int], plan: KvPlan | None
+        self,
+        route: RouteSession,
+        request: GenerationRequest,
+        history: Sequence[int],
+        plan: KvPlan | None,
+        snapshot: SnapshotPlan | None = None,
     ) -> AsyncGenerator[GenerationEvent, None]:
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
@@ -128,7 +167,8 @@ class RouteDriver:
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
-            run = _Run(route, request, deadline, stream, _continuation(request, len(history)), self._budget, plan)
+            continuation = _continuation(request, len(history))
+            run = _Run(route, request, deadline, stream, continuation, self._budget, plan, snapshot)
             progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event
@@ -148,11 +188,19 @@ class RouteDriver:
     async def _prefill_and_replay(
         self, run: _Run, history: Sequence[int], progress: _PrefillTally
     ) -> AsyncIterator[GenerationEvent]:
-        cached = run.cached_tokens
-        chunks = self._prefill_chunks(run.request, run.route.hops, cached)
-        progress.done = cached
+        cached, prompt = run.cached_tokens, len(run.request.prompt_tokens)
+        start = cached if run.snapshot is None else run.snapshot.position
+        if start < prompt:
+            chunks = self._prefill_chunks(run.request, run.route.hops, start)
+        else:  # resumed past the prompt: the token at the snapshot's end opens the session
+            token = np.array([history[start - prompt]], np.int32)
+            chunks = [PrefillChunk(start, token, final_chunk=True)]
+            history = history[start - prompt + 1 :]
+        progress.done = start
         yield PrefillStarted(progress.total, cached)
         async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
+            if run.snapshot is not None and progress.step == 1:  # the opening frame restored it
+                yield RouteHealth("resumed", f"every hop restored the session's snapshot of {start} positions")
             yield chunk_done
         async for replayed in _replay(run, history, progress, len(chunks)):
             yield replayed
@@ -190,6 +238,8 @@ class _Run:
     budget: StepBudget = field(default_factory=StepBudget)
     kv: KvPlan | None = None
     """What the opening frame reuses and asks each shard to keep (``route.kv_plan``)."""
+    snapshot: SnapshotPlan | None = None
+    """The snapshot the opening frame restores on every shard (``route.snapshot_resume``)."""
 
     @property
     def cached_tokens(self) -> int:
@@ -250,6 +300,7 @@ async def _prefill(
             sampling=run.request.sampling if step == 0 else None,
             ticket=run.route.ticket if step == 0 else None,
             kv=run.kv if step == 0 else None,
+            snapshot=run.snapshot if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.

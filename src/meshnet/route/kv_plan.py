@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 
 import grpc
 
@@ -24,9 +25,10 @@ from meshnet.core.events import RouteHop
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.prefix import KvPlan, PrefixKey, prefix_chain, prompt_namespace
 from meshnet.core.recipe import FAMILY_PREFIX
+from meshnet.core.snapshot import tokens_link
 from meshnet.core.tracking import MAX_ROUTE_CHAIN, Route
 from meshnet.route.shard_stream import ChannelPool
-from meshnet.wire.shard_wire import held_kv_to_proto
+from meshnet.wire.kv_wire import held_kv_to_proto
 
 PROBE_TIMEOUT_S = 1.0
 MAX_KNOWN_MODELS = 64
@@ -83,7 +85,11 @@ async def plan_for(
     if not chain:
         return None
     held = await asyncio.gather(*(_held(pool, hop, fingerprint, chain) for hop in hops))
-    return reuse_plan(chain, held, len(request.prompt_tokens), chunk, namespace)
+    plan = reuse_plan(chain, held, len(request.prompt_tokens), chunk, namespace)
+    if not plan.reused_blocks:
+        return plan
+    # The head binds the session's KV snapshots to its tokens from where the reused KV ends.
+    return replace(plan, tokens_link=tokens_link(request.prompt_tokens[: plan.reused_blocks * chunk]))
 
 
 async def _held(pool: ChannelPool, hop: RouteHop, fingerprint: str, chain: tuple[bytes, ...]) -> int:

@@ -34,6 +34,7 @@ from meshnet.core.events import RouteAccepted, RouteHealth
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.prefix import KvPlan
+from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, WorkStatus
 from meshnet.membership.tracker_client import TrackerClient
@@ -196,11 +197,12 @@ class SwarmClient:
             session = RouteSession(
                 run.request_id, run.session_id, route.hops, route.fingerprint, route.epoch, route.ticket
             )
-            plan = await self._driver.plan(session, run.request)
+            history = tuple(life.tokens)
+            plan, snapshot = await self._kv_for(session, run.request, history, resuming=failovers > 0)
             if accepted:
                 life.note(_accepted(run.request_id, run.session_id, route, plan))
                 accepted = False
-            events = self._driver.run(session, run.request, history=tuple(life.tokens), kv=plan)
+            events = self._driver.run(session, run.request, history=history, kv=plan, snapshot=snapshot)
             try:
                 async with contextlib.aclosing(events):
                     async for event in events:
@@ -229,6 +231,14 @@ class SwarmClient:
                 excluded |= lost
                 await self._fail_over(run, error, excluded)
                 accepted = True
+
+    async def _kv_for(
+        self, session: RouteSession, request: GenerationRequest, history: tuple[int, ...], *, resuming: bool
+    ) -> tuple[KvPlan | None, SnapshotPlan | None]:
+        """What the route restores: after a failover, the newest snapshot of the session every
+        new hop holds (sparing the replay of the history before it); else the prompt KV it holds."""
+        snapshot = await self._driver.resume(session, request, history) if resuming else None
+        return (None if snapshot is not None else await self._driver.plan(session, request)), snapshot
 
     async def _fail_over(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> None:
         run.route = await self._replace(run, error, excluded)

@@ -32,7 +32,17 @@ TrackerRpc = Literal[
     "WatchRevocations",
     "ReportSessionTokens",
 ]
-ShardRpc = Literal["Session", "Cancel", "Release", "GetCapability", "GetMetrics", "RingReturn", "HeldKv"]
+ShardRpc = Literal[
+    "Session",
+    "Cancel",
+    "Release",
+    "GetCapability",
+    "GetMetrics",
+    "RingReturn",
+    "HeldKv",
+    "HeldSnapshots",
+    "KeepSnapshot",
+]
 ArtifactRpc = Literal["Fetch"]
 ExpertRpc = Literal["ExchangeRows", "ExpertStep", "ExpertRelease", "DescribeExpertNode"]
 
@@ -55,8 +65,9 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     "Quarantine": frozenset({"gateway", "admin"}),
     "ClearQuarantine": frozenset({"admin"}),
     "ListQuarantine": frozenset({"gateway", "admin"}),
-    # The node table names every node's address and load: for the operators' views only.
-    "ListNodes": frozenset({"gateway", "admin"}),
+    # The node table names every node's address and load: for the operators' views, and for a
+    # worker finding the peer of its own recipe and layers that keeps copies of its KV snapshots.
+    "ListNodes": frozenset({"gateway", "admin", "worker"}),
     # Artifact directory: holders (workers, seeders joined as workers) announce themselves only.
     "Advertise": frozenset({"worker"}),
     "FindHolders": frozenset({"worker", "gateway", "admin"}),
@@ -72,6 +83,10 @@ _SHARD_ROLES: dict[str, frozenset[Role]] = {
     "RingReturn": frozenset({"worker"}),
     # Whether a prefix is held: asked by whoever opens sessions, before it opens one.
     "HeldKv": frozenset({"gateway", "worker", "admin"}),
+    # Which snapshots of a session are held: asked by whoever fails a session over.
+    "HeldSnapshots": frozenset({"gateway", "worker", "admin"}),
+    # A snapshot holds prompt content: only a worker of the swarm copies one to a peer.
+    "KeepSnapshot": frozenset({"worker"}),
     "Cancel": frozenset({"gateway", "worker", "admin"}),
     "Release": frozenset({"gateway", "worker", "admin"}),
     "GetCapability": frozenset({"gateway", "worker", "admin", "tracker"}),

@@ -21,6 +21,7 @@ from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.prefix import KvPlan
 from meshnet.core.sampling_options import TokenLogprobs
+from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.tickets import SealedTicket
 
 SCHEMA_VERSION = 1
@@ -209,6 +210,9 @@ class StepFrame:
     kv: KvPlan | None = None
     """Opening frame only: the KV the session reuses and the prefix each shard keeps
     (``core.prefix``); its position is where the reused KV ends."""
+    snapshot: SnapshotPlan | None = None
+    """Opening frame only: the snapshot of this session every shard restores (``core.snapshot``);
+    its position is where the restored KV ends."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -235,7 +239,12 @@ class StepFrame:
             raise InvalidArgument("only a session's opening frame carries its route ticket")
         if self.kv is not None and meta.cache != "new":
             raise InvalidArgument("only a session's opening frame carries its KV plan")
-        if meta.cache == "new" and meta.position != 0 and (self.kv is None or not self.kv.reused_blocks):
+        if self.snapshot is not None and (meta.cache != "new" or self.kv is not None):
+            raise InvalidArgument("only an opening frame without a KV plan restores a snapshot")
+        if self.snapshot is not None and self.snapshot.position != meta.position:
+            raise InvalidArgument(f"a frame at {meta.position} restoring a snapshot of {self.snapshot.position}")
+        restored = self.snapshot is not None or (self.kv is not None and self.kv.reused_blocks)
+        if meta.cache == "new" and meta.position != 0 and not restored:
             # A fresh KV is filled from its first position, unless the plan restores what precedes.
             raise InvalidArgument(f"cache 'new' needs a prefill at position 0, got one at {meta.position}")
 

@@ -22,7 +22,6 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.prefix import KvPlan, check_chain
 from meshnet.core.sampling_options import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_TOP_LOGPROBS,
@@ -48,6 +47,7 @@ from meshnet.wire.frames import (
     check_schema_version,
 )
 from meshnet.wire.generated import shard_pb2 as pb
+from meshnet.wire.kv_wire import kv_plan_from_proto, kv_plan_to_proto, snapshot_plan_from_proto, snapshot_plan_to_proto
 from meshnet.wire.node_wire import record_from_proto, record_to_proto
 from meshnet.wire.payload import decode_hidden, decode_tokens, encode_tokens, write_hidden
 from meshnet.wire.ticket_wire import sealed_from_proto, sealed_to_proto
@@ -108,10 +108,9 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     if frame.ticket is not None:
         message.ticket.CopyFrom(sealed_to_proto(frame.ticket))
     if frame.kv is not None:
-        message.kv.chain.extend(frame.kv.chain)
-        message.kv.reused_blocks = frame.kv.reused_blocks
-        message.kv.save_blocks = frame.kv.save_blocks
-        message.kv.namespace = frame.kv.namespace
+        message.kv.CopyFrom(kv_plan_to_proto(frame.kv))
+    if frame.snapshot is not None:
+        message.snapshot.CopyFrom(snapshot_plan_to_proto(frame.snapshot))
     return message
 
 
@@ -159,20 +158,8 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         timings=_timings_from_proto(message.timings, limits.max_hops) if message.timings else (),
         ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
         kv=kv_plan_from_proto(message.kv) if message.HasField("kv") else None,
+        snapshot=snapshot_plan_from_proto(message.snapshot) if message.HasField("snapshot") else None,
     )
-
-
-def kv_plan_from_proto(message: pb.KvPlan) -> KvPlan:
-    """A received KvPlan, its chain checked link by link (``core.prefix.check_chain``)."""
-    return KvPlan(check_chain(list(message.chain)), message.reused_blocks, message.save_blocks, message.namespace)
-
-
-def held_kv_to_proto(fingerprint: str, chain: tuple[bytes, ...]) -> pb.HeldKvRequest:
-    return pb.HeldKvRequest(fingerprint=fingerprint, chain=list(chain))
-
-
-def held_kv_from_proto(message: pb.HeldKvRequest) -> tuple[str, tuple[bytes, ...]]:
-    return message.fingerprint, check_chain(list(message.chain))
 
 
 def _meta_from_proto(header: pb.FrameHeader) -> FrameMeta:

@@ -128,6 +128,8 @@ def workers(draw: st.DrawFn) -> WorkerConfig:
     # An expert node and a group's front serve the whole model, which the CLI reads from the GGUF
     # (test below, with a real file): here every other field.
     values.update(experts=None, expert_cache_mb=None, expert_group=())
+    # Snapshots are taken at whole prefill chunks.
+    values["snapshot_every"] = values["prefill_chunk"] * draw(st.integers(0, 4))
     return WorkerConfig(**values, data_dir=DATA_DIR)
 
 

@@ -93,14 +93,28 @@ class FakeDriver:
         self.failing = failing
         self.fail_after = fail_after
         self.histories: list[tuple[int, ...]] = []
+        self.resumes: list[tuple[int, ...]] = []
+        """The histories a failover asked the new route's snapshots for."""
+        self.snapshots: list[Any] = []
 
     async def plan(self, session: Any, request: GenerationRequest) -> None:
         return None  # these routes hold no prompt KV
 
+    async def resume(self, session: Any, request: GenerationRequest, history: Sequence[int]) -> Any:
+        self.resumes.append(tuple(history))
+        return ("snapshot", len(history))  # what run must be handed to restore
+
     async def run(
-        self, session: Any, request: GenerationRequest, *, history: Sequence[int] = (), kv: Any = "probe"
+        self,
+        session: Any,
+        request: GenerationRequest,
+        *,
+        history: Sequence[int] = (),
+        kv: Any = "probe",
+        snapshot: Any = None,
     ) -> AsyncIterator[Any]:
         self.histories.append(tuple(history))
+        self.snapshots.append(snapshot)
         middle = session.hops[1].node_id
         for index in range(len(history), request.max_tokens):
             if middle in self.failing and index >= self.fail_after:
@@ -151,6 +165,10 @@ async def test_a_hop_found_dead_stays_excluded_across_failovers(monkeypatch: pyt
     assert [e.hops[1].node_id for e in events if isinstance(e, RouteAccepted)] == ["a", "b", "c"]
     assert tokens(events) == 6
     assert driver.histories == [(), (100, 101), (100, 101)]
+    # Each failover asks the new route for a snapshot to resume from and hands it to the driver;
+    # the first route has none to ask for.
+    assert driver.resumes == [(100, 101), (100, 101)]
+    assert driver.snapshots == [None, ("snapshot", 2), ("snapshot", 2)]
     assert events[-1] == Outcome("length", events[-1].usage) and events[-1].usage.completion_tokens == 6
     assert tracker.reports[0].status == "completed"
 

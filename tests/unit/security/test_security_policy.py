@@ -48,7 +48,8 @@ NONE: frozenset[str] = frozenset()
         ("worker", "ClearQuarantine", False),
         ("gateway", "ListNodes", True),
         ("admin", "ListNodes", True),
-        ("worker", "ListNodes", False),
+        ("worker", "ListNodes", True),  # the peer that keeps copies of its KV snapshots
+        ("tracker", "ListNodes", False),
         ("worker", "Advertise", True),
         ("gateway", "Advertise", False),
         ("admin", "Advertise", False),
@@ -101,6 +102,13 @@ def test_only_the_opener_ends_a_session() -> None:
     other = authorize_shard(peer("gateway", "g-2"), "Cancel", session_opener="g-1", revoked=NONE)
     assert (other.allowed, other.status) == (False, "permission_denied")
     assert not authorize_shard(peer("worker", "n-9"), "Release", session_opener="g-1", revoked=NONE).allowed
+
+
+def test_only_workers_copy_snapshots_to_a_peer() -> None:
+    """A snapshot holds prompt content: a worker copies its own to a peer; nobody else may."""
+    assert authorize_shard(peer("worker", "n-1"), "KeepSnapshot", session_opener=None, revoked=NONE).allowed
+    for role in ("gateway", "admin", "tracker"):
+        assert not authorize_shard(peer(role), "KeepSnapshot", session_opener=None, revoked=NONE).allowed
 
 
 def test_a_tracker_certificate_cannot_open_sessions() -> None:

@@ -56,17 +56,55 @@ BYTE_ORDER_UNSPECIFIED: ByteOrder
 BYTE_ORDER_LITTLE: ByteOrder
 BYTE_ORDER_BIG: ByteOrder
 
+class SnapshotPiece(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotKept(_message.Message):
+    __slots__ = ("kept",)
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    def __init__(self, kept: _Optional[bool] = ...) -> None: ...
+
+class SnapshotRestore(_message.Message):
+    __slots__ = ("position", "tokens_link", "sampled")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LINK_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    tokens_link: bytes
+    sampled: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, position: _Optional[int] = ..., tokens_link: _Optional[bytes] = ..., sampled: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HeldSnapshotsRequest(_message.Message):
+    __slots__ = ("fingerprint", "session_id")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    session_id: str
+    def __init__(self, fingerprint: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class HeldSnapshotsReply(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, positions: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class KvPlan(_message.Message):
-    __slots__ = ("chain", "reused_blocks", "save_blocks", "namespace")
+    __slots__ = ("chain", "reused_blocks", "save_blocks", "namespace", "tokens_link")
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     REUSED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SAVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LINK_FIELD_NUMBER: _ClassVar[int]
     chain: _containers.RepeatedScalarFieldContainer[bytes]
     reused_blocks: int
     save_blocks: int
     namespace: str
-    def __init__(self, chain: _Optional[_Iterable[bytes]] = ..., reused_blocks: _Optional[int] = ..., save_blocks: _Optional[int] = ..., namespace: _Optional[str] = ...) -> None: ...
+    tokens_link: bytes
+    def __init__(self, chain: _Optional[_Iterable[bytes]] = ..., reused_blocks: _Optional[int] = ..., save_blocks: _Optional[int] = ..., namespace: _Optional[str] = ..., tokens_link: _Optional[bytes] = ...) -> None: ...
 
 class HeldKvRequest(_message.Message):
     __slots__ = ("fingerprint", "chain")
@@ -211,7 +249,7 @@ class GrammarConstraintSpec(_message.Message):
     def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv")
+    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv", "snapshot")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +262,7 @@ class StepRequest(_message.Message):
     WANT_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     header: FrameHeader
     tokens: TokenIds
     hidden: TensorBundle
@@ -236,7 +275,8 @@ class StepRequest(_message.Message):
     want_timings: bool
     timings: _containers.RepeatedCompositeFieldContainer[HopTiming]
     kv: KvPlan
-    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ...) -> None: ...
+    snapshot: SnapshotRestore
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotRestore, _Mapping]] = ...) -> None: ...
 
 class RingOpen(_message.Message):
     __slots__ = ("session_id", "request_id")

@@ -70,6 +70,16 @@ class ShardStub:
                 request_serializer=meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_shard__pb2.HeldKvReply.FromString,
                 _registered_method=True)
+        self.HeldSnapshots = channel.unary_unary(
+                '/meshnet.v1.Shard/HeldSnapshots',
+                request_serializer=meshnet_dot_v1_dot_shard__pb2.HeldSnapshotsRequest.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_shard__pb2.HeldSnapshotsReply.FromString,
+                _registered_method=True)
+        self.KeepSnapshot = channel.stream_unary(
+                '/meshnet.v1.Shard/KeepSnapshot',
+                request_serializer=meshnet_dot_v1_dot_shard__pb2.SnapshotPiece.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_shard__pb2.SnapshotKept.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -130,6 +140,23 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeldSnapshots(self, request, context):
+        """The positions of this shard's KV snapshots of a session (newest first): a failover resumes
+        from the largest one every hop of its new route holds (session/snapshots.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepSnapshot(self, request_iterator, context):
+        """A peer's copy of one of its snapshots (the whole file, in pieces): kept by a worker of the
+        same recipe and layer range, within its own snapshot disk, so a route that replaces the
+        sender can still resume the session. Workers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +194,16 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.HeldKv,
                     request_deserializer=meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.FromString,
                     response_serializer=meshnet_dot_v1_dot_shard__pb2.HeldKvReply.SerializeToString,
+            ),
+            'HeldSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.HeldSnapshots,
+                    request_deserializer=meshnet_dot_v1_dot_shard__pb2.HeldSnapshotsRequest.FromString,
+                    response_serializer=meshnet_dot_v1_dot_shard__pb2.HeldSnapshotsReply.SerializeToString,
+            ),
+            'KeepSnapshot': grpc.stream_unary_rpc_method_handler(
+                    servicer.KeepSnapshot,
+                    request_deserializer=meshnet_dot_v1_dot_shard__pb2.SnapshotPiece.FromString,
+                    response_serializer=meshnet_dot_v1_dot_shard__pb2.SnapshotKept.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -359,6 +396,60 @@ class Shard:
             '/meshnet.v1.Shard/HeldKv',
             meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.SerializeToString,
             meshnet_dot_v1_dot_shard__pb2.HeldKvReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeldSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshnet.v1.Shard/HeldSnapshots',
+            meshnet_dot_v1_dot_shard__pb2.HeldSnapshotsRequest.SerializeToString,
+            meshnet_dot_v1_dot_shard__pb2.HeldSnapshotsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepSnapshot(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/meshnet.v1.Shard/KeepSnapshot',
+            meshnet_dot_v1_dot_shard__pb2.SnapshotPiece.SerializeToString,
+            meshnet_dot_v1_dot_shard__pb2.SnapshotKept.FromString,
             options,
             channel_credentials,
             insecure,
