@@ -152,6 +152,10 @@ class GatewayProcessConfig:
     """Work records waiting for the tracker's acknowledgement past which /metrics shows
     outbox_over_limit and a warning is logged. Records are still kept beyond it (none is ever
     dropped) and requests still served: refusing users would not file one record more."""
+    warm_turns: bool = True
+    """Once a turn completes, send its prompt and answer through the route once more as a prompt
+    (unbilled, in the user's reading time), so the next turn of the conversation prefills only its
+    new message (``route.warmup``); off, each turn prefills the last answer again."""
     allow_anonymous: bool = False
     """Serve /v1 without API keys. Loopback binds only (development); by default every /v1
     request needs a key of DATA_DIR/api-keys.sqlite3 (`meshnet swarm api-key create`)."""

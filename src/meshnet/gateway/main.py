@@ -72,7 +72,8 @@ async def run_gateway(
     audit_config = AuditConfig(fraction=config.audit_fraction, queue_limit=config.audit_queue)
     auditor = Auditor(tracker, driver, audit_config, slot=admission.spare_slot)
     reports = ReportPolicy(outbox_limit=config.outbox_limit)
-    swarm = SwarmClient(tracker, pool, driver, SwarmConfig(reports=reports), outbox=outbox, auditor=auditor)
+    swarm_config = SwarmConfig(reports=reports, warm_turns=config.warm_turns)
+    swarm = SwarmClient(tracker, pool, driver, swarm_config, outbox=outbox, auditor=auditor)
     generator = SwarmGenerator(swarm, {name: tokenizer}, {name: description})
     keys = None if config.allow_anonymous else ApiKeyStore(store_path(config.data_dir))
     if keys is None:
