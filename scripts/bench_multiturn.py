@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,12 +118,12 @@ def _turn(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> d
     }
 
 
-def _conversation(port: int, data_dir: Path, think_s: float) -> list[dict[str, Any]]:
+def _conversation(port: int, data_dir: Path, think_s: float, run: int) -> list[dict[str, Any]]:
     key = (data_dir / "api-key").read_text().strip()
     headers = {"Authorization": f"Bearer {key}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", headers=headers, timeout=600) as client:
         model = client.get("/models").json()["data"][0]["id"]
-        messages = [{"role": "system", "content": SYSTEM}]
+        messages = [{"role": "system", "content": f"{SYSTEM} (Conversation {run + 1}.)"}]
         turns = []
         for turn in range(len(TOPICS)):
             if turn:
@@ -134,23 +135,27 @@ def _conversation(port: int, data_dir: Path, think_s: float) -> list[dict[str, A
         return turns
 
 
-def _lane(model: Path, chunk: int, cache_mb: float, think_s: float, port: int) -> dict[str, Any]:
+def _lane(model: Path, chunk: int, cache_mb: float, think_s: float, options: argparse.Namespace) -> dict[str, Any]:
+    """The conversation ``--repeats`` times on one ``up``; the ratio of the per-turn medians."""
     with tempfile.TemporaryDirectory(prefix="meshnet-multiturn-") as raw:
         data_dir = Path(raw)
-        child = _start_up(model, data_dir, port, chunk, cache_mb)
+        child = _start_up(model, data_dir, options.port, chunk, cache_mb)
         try:
-            turns = _conversation(port, data_dir, think_s)
+            # Each repeat adds its run's number to the system prompt: nothing of one is reused by the next.
+            repeats = [_conversation(options.port, data_dir, think_s, run) for run in range(options.repeats)]
         finally:
             child.terminate()
             child.wait(timeout=60)
-    ttft = [t["ttft_s"] for t in turns]
+    medians = [statistics.median(run[turn]["ttft_s"] for run in repeats) for turn in range(len(TOPICS))]
     return {
         "prefill_chunk": chunk,
         "prefix_cache_mb": cache_mb,
         "think_s": think_s,
-        "turns": turns,
-        "ttft_turn8_over_turn1": ttft[-1] / ttft[0] if ttft[0] and ttft[-1] else None,
-        "prompt_growth": turns[-1]["prompt_tokens"] / turns[0]["prompt_tokens"],
+        "turns": repeats[0],
+        "repeats": repeats[1:],
+        "ttft_median_s": medians,
+        "ttft_turn8_over_turn1": medians[-1] / medians[0],
+        "prompt_growth": repeats[0][-1]["prompt_tokens"] / repeats[0][0]["prompt_tokens"],
     }
 
 
@@ -158,18 +163,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--think", type=float, nargs="+", default=[0.0, 3.0])
+    parser.add_argument("--think", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument("--repeats", type=int, default=3, help="conversations per lane (medians per turn)")
     parser.add_argument("--port", type=int, default=18089)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "multiturn.json")
     options = parser.parse_args()
     lanes = []
     for chunk in options.chunks:
         plan = [(256.0, think) for think in options.think] + [(0.0, 0.0)]
-        runs = [_lane(options.model, chunk, cache_mb, think, options.port) for cache_mb, think in plan]
+        runs = [_lane(options.model, chunk, cache_mb, think, options) for cache_mb, think in plan]
         cold = [t["text"] for t in runs[-1]["turns"]]
         for lane in runs:
             lane["texts_equal_cache_off"] = [t["text"] for t in lane["turns"]] == cold
-            ttft = [round(t["ttft_s"] or 0, 3) for t in lane["turns"]]
+            ttft = [round(t, 3) for t in lane["ttft_median_s"]]
             print(chunk, lane["prefix_cache_mb"], lane["think_s"], ttft, lane["ttft_turn8_over_turn1"])
         lanes += runs
     result = {

@@ -86,6 +86,9 @@ class NodeCapability:
     drift: DeviceDrift | None = None
     """A GPU node's measured drift from the CPU (``engine.device_drift``); a mixed-device route
     may include only nodes that carry one."""
+    prefix_cache_bytes: int = 0
+    """Prompt KV the node keeps for reuse (``session.kv_store``); 0: none, so a route through it
+    reuses no prompt and warming a turn's answer on it is wasted (``route.warmup``)."""
 
     def __post_init__(self) -> None:
         check_count("n_ctx_per_session", self.n_ctx_per_session, MAX_POSITIONS, low=1)
@@ -101,6 +104,7 @@ class NodeCapability:
         check_text("device_name", self.device_name, allow_empty=True)
         check_count("device_memory_total", self.device_memory_total, MAX_DEVICE_BYTES)
         check_count("device_memory_free", self.device_memory_free, self.device_memory_total)
+        check_count("prefix_cache_bytes", self.prefix_cache_bytes, MAX_DEVICE_BYTES)
 
 
 @dataclass(frozen=True)

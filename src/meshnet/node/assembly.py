@@ -123,7 +123,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         # The node's one id (``NodeId``): registration, routes, hop pinning and work records.
         node_id = own_node_id(security)
         device = await asyncio.to_thread(loaded_device, device)  # its memory with the engine in
-        record = _registration(config, address, model, loop.backend.shape, speed, certification, (device, drift))
+        measured = (speed, capacity.prefix_cache_bytes)
+        record = _registration(config, address, model, loop.backend.shape, measured, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
         snapshots = await _snapshot_settings(config, node_id, links, record)
@@ -214,13 +215,14 @@ def _registration(
     address: str,
     model: ModelIdentity,
     shape: ShardShape,
-    speed: ShardSpeed,
+    measured: tuple[ShardSpeed, int],
     certification: CertificationReport,
     on: tuple[DeviceInfo, DeviceDrift | None],
 ) -> NodeRecord:
-    """The node's record, from what the running engine is (its shape), measured and certified,
-    ``on`` its device (with the device's drift from the CPU, for a GPU)."""
+    """The node's record, from what the running engine is (its shape), measured (its speed, the
+    prompt KV it keeps) and certified, ``on`` its device (with its drift from the CPU, for a GPU)."""
     device, drift = on
+    speed, prefix_cache_bytes = measured
     capability = NodeCapability(
         n_ctx_per_session=shape.n_ctx_per_slot,
         prefill_chunk_tokens=shape.max_batch_tokens,
@@ -235,6 +237,7 @@ def _registration(
         device_memory_total=device.memory_total,
         device_memory_free=min(device.memory_free, device.memory_total),
         drift=drift,
+        prefix_cache_bytes=prefix_cache_bytes,
     )
     fingerprint = model.recipe.fingerprint()
     return NodeRecord(

@@ -61,6 +61,8 @@ class TurnWarmer:
         sequence = (*request.prompt_tokens, *generated)
         if not self._enabled or len(self._warming) >= MAX_WARMUPS or not generated:
             return
+        if any(hop.capability.prefix_cache_bytes == 0 for hop in route.hops):
+            return  # a hop that keeps no prompt KV: the route would compute it all and keep nothing
         if len(sequence) // chunk <= len(request.prompt_tokens) // chunk:
             return  # the answer completes no chunk the prompt had not: nothing new to keep
         warm = GenerationRequest(

@@ -79,6 +79,7 @@ def capability_to_proto(capability: NodeCapability) -> pb.NodeCapability:
         device_memory_total=capability.device_memory_total,
         device_memory_free=capability.device_memory_free,
         drift=None if capability.drift is None else _drift_to_proto(capability.drift),
+        prefix_cache_bytes=capability.prefix_cache_bytes,
     )
 
 
@@ -109,6 +110,7 @@ def capability_from_proto(message: pb.NodeCapability) -> NodeCapability:
             if message.HasField("drift")
             else None
         ),
+        prefix_cache_bytes=message.prefix_cache_bytes,
     )
 
 
