@@ -45,6 +45,7 @@ TOPICS = (
 )
 MAX_TOKENS = 32
 TELEMETRY = ": telemetry "
+BETWEEN_CONVERSATIONS_S = 10.0
 
 
 def _message(turn: int) -> str:
@@ -141,8 +142,12 @@ def _lane(model: Path, chunk: int, cache_mb: float, think_s: float, options: arg
         data_dir = Path(raw)
         child = _start_up(model, data_dir, options.port, chunk, cache_mb)
         try:
-            # Each repeat adds its run's number to the system prompt: nothing of one is reused by the next.
-            repeats = [_conversation(options.port, data_dir, think_s, run) for run in range(options.repeats)]
+            # Each repeat adds its run's number to the system prompt: nothing of one is reused by
+            # the next; a pause between them lets the last turn's warm-up end first.
+            repeats = []
+            for run in range(options.repeats):
+                time.sleep(BETWEEN_CONVERSATIONS_S if run else 0.0)
+                repeats.append(_conversation(options.port, data_dir, think_s, run))
         finally:
             child.terminate()
             child.wait(timeout=60)
