@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -164,6 +164,10 @@ class KvPlan:
             raise InvalidArgument(f"a KV plan's token link of {len(self.tokens_link)} bytes")
         if self.save_blocks and self.save_blocks <= self.reused_blocks:
             raise InvalidArgument("a KV plan keeps a prefix longer than the one it reuses, or none")
+
+    def reusing_nothing(self) -> KvPlan:
+        """This plan with every position computed (nothing restored, no reused prefix's link)."""
+        return replace(self, reused_blocks=0, tokens_link=b"")
 
     @property
     def reused_chain(self) -> tuple[bytes, ...]:

@@ -39,10 +39,6 @@ class KvReuse:
         self._chunk = loop.backend.shape.max_batch_tokens
         self._sessions: dict[SessionId, _Planned] = {}
 
-    @property
-    def chunk(self) -> int:
-        return self._chunk
-
     def held(self, chain: tuple[bytes, ...]) -> int:
         """Blocks of ``chain`` held (the entry is leased to the session about to open with it)."""
         return self.store.held_blocks(chain, pin=True) if self.store.enabled else 0

@@ -29,7 +29,7 @@ import random
 import secrets
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from meshnet.core.audit_evidence import MAX_AUDITS, AuditedRequest, AuditRun, QuarantineEvidence
@@ -243,7 +243,7 @@ class Auditor:
             # what the audit checks, so a replay never reuses it (and no hop can tell: a user's
             # route reuses nothing whenever any one of its hops holds nothing).
             plan = await self._driver.plan(session, case.request)
-            computed = None if plan is None else replace(plan, reused_blocks=0)
+            computed = None if plan is None else plan.reusing_nothing()
             async with contextlib.aclosing(self._driver.run(session, case.request, kv=computed)) as events:
                 async for event in events:
                     if isinstance(event, TokenGenerated):

@@ -23,7 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -138,7 +138,7 @@ class RouteDriver:
                 raise
             # A hop let the prefix go between the probe and the opening (its lease ran out):
             # nothing ran past the opening frame, so open the session again computing it all.
-            async for event in self._attempt(route, request, history, replace(plan, reused_blocks=0, tokens_link=b"")):
+            async for event in self._attempt(route, request, history, plan.reusing_nothing()):
                 yield event
 
     async def plan(self, route: RouteSession, request: GenerationRequest) -> KvPlan | None:

@@ -53,11 +53,20 @@ class RouteChains:
     def chain(self, request: GenerationRequest) -> tuple[bytes, ...]:
         """``request``'s prompt chain, at most ``MAX_ROUTE_CHAIN`` links; empty: model not seen yet."""
         known = self._keys.get(request.model)
-        if known is None:
-            return ()
-        fingerprint, chunk = known
-        key = PrefixKey(fingerprint, chunk, prompt_namespace(request.cache_salt))
-        return prefix_chain(key, request.prompt_tokens, limit=MAX_ROUTE_CHAIN * chunk)
+        return () if known is None else _route_chain(*known, request)
+
+
+def route_chain(route: Route, request: GenerationRequest) -> tuple[bytes, ...]:
+    """``request``'s prompt chain as ``route`` keys prompts (what a route request carries), at most
+    ``MAX_ROUTE_CHAIN`` links; empty on a mixed-device route, which keys none."""
+    if route.fingerprint.startswith(FAMILY_PREFIX) or not route.hops:
+        return ()
+    return _route_chain(route.fingerprint, route.hops[0].capability.prefill_chunk_tokens, request)
+
+
+def _route_chain(fingerprint: str, chunk: int, request: GenerationRequest) -> tuple[bytes, ...]:
+    key = PrefixKey(fingerprint, chunk, prompt_namespace(request.cache_salt))
+    return prefix_chain(key, request.prompt_tokens, limit=MAX_ROUTE_CHAIN * chunk)
 
 
 def reuse_plan(chain: tuple[bytes, ...], held: Sequence[int], prompt_tokens: int, chunk: int, namespace: str) -> KvPlan:

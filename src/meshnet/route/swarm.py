@@ -139,7 +139,7 @@ class SwarmClient:
         self.reports = WorkReporter(tracker, config.reports, outbox)
         self._timings: set[asyncio.Task[None]] = set()
         self._chains = RouteChains()
-        self._warmer = TurnWarmer(tracker, driver, self._chains, enabled=config.warm_turns)
+        self._warmer = TurnWarmer(tracker, driver, enabled=config.warm_turns)
 
     async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
         """Serve ``request`` to its end, pushing its items into ``sink`` as they happen.
@@ -190,7 +190,7 @@ class SwarmClient:
         life, failovers = run.life, 0
         excluded: frozenset[NodeId] = frozenset()
         busy_waits = iter(BUSY_BACKOFF_S)
-        accepted = True  # each route is noted accepted once, with the prompt KV its hops hold
+        noted: Route | None = None  # each route is noted accepted once, with the prompt KV its hops hold
         while True:
             run.attempts.append((run.route, len(life.tokens)))
             route, produced = run.route, len(life.tokens)
@@ -199,9 +199,9 @@ class SwarmClient:
             )
             history = tuple(life.tokens)
             plan, snapshot = await self._kv_for(session, run.request, history, resuming=failovers > 0)
-            if accepted:
+            if route is not noted:
                 life.note(_accepted(run.request_id, run.session_id, route, plan))
-                accepted = False
+                noted = route
             events = self._driver.run(session, run.request, history=history, kv=plan, snapshot=snapshot)
             try:
                 async with contextlib.aclosing(events):
@@ -230,7 +230,6 @@ class SwarmClient:
                 # it until it misses enough heartbeats, and routing onto it again wastes a failover.
                 excluded |= lost
                 await self._fail_over(run, error, excluded)
-                accepted = True
 
     async def _kv_for(
         self, session: RouteSession, request: GenerationRequest, history: tuple[int, ...], *, resuming: bool

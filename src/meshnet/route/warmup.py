@@ -28,7 +28,7 @@ from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import Route
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import RouteDriver, RouteSession
-from meshnet.route.kv_plan import RouteChains
+from meshnet.route.kv_plan import route_chain
 
 log = logging.getLogger(__name__)
 WARMUP_TIMEOUT_S = 120.0
@@ -45,12 +45,9 @@ class _Warming:
 
 
 class TurnWarmer:
-    def __init__(
-        self, tracker: TrackerClient, driver: RouteDriver, chains: RouteChains, *, enabled: bool = True
-    ) -> None:
+    def __init__(self, tracker: TrackerClient, driver: RouteDriver, *, enabled: bool = True) -> None:
         self._tracker = tracker
         self._driver = driver
-        self._chains = chains
         self._enabled = enabled
         self._warming: list[_Warming] = []
 
@@ -68,8 +65,8 @@ class TurnWarmer:
         warm = GenerationRequest(
             sequence, 1, model=route.fingerprint, timeout_s=WARMUP_TIMEOUT_S, cache_salt=request.cache_salt
         )
-        self._chains.learn(route.fingerprint, route)  # so its route request names the prefix it extends
-        task = asyncio.get_running_loop().create_task(self._warm(warm))
+        # Its route request names the prefix it extends: the route that holds the prompt.
+        task = asyncio.get_running_loop().create_task(self._warm(warm, route_chain(route, warm)))
         entry = _Warming(sequence, task)
         self._warming.append(entry)
         task.add_done_callback(lambda _: self._warming.remove(entry))
@@ -80,7 +77,7 @@ class TurnWarmer:
         if mine:
             await asyncio.wait(mine, timeout=WAIT_FOR_WARMUP_S)
 
-    async def _warm(self, request: GenerationRequest) -> None:
+    async def _warm(self, request: GenerationRequest, chain: tuple[bytes, ...]) -> None:
         request_id, session_id = new_request_id(), new_session_id()
         try:
             # By fingerprint: the very recipe that keeps the prompt; unbilled, as nobody asked.
@@ -90,7 +87,7 @@ class TurnWarmer:
                 request_id=request_id,
                 ticket_seconds=ticket_seconds(request.timeout_s),
                 unbilled=True,
-                prefix_chain=self._chains.chain(request),  # the route that holds its prompt
+                prefix_chain=chain,
             )
             session = RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch, route.ticket)
             async with contextlib.aclosing(self._driver.run(session, request)) as events:
