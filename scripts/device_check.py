@@ -16,6 +16,7 @@ speed; the JSON is the record (``bench/results/``).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import platform
@@ -80,6 +81,10 @@ class Run:
     decode_tok_s: float
 
 
+def keep_copy(rows: list[np.ndarray], row: np.ndarray) -> None:
+    rows.append(np.array(row, np.float32))  # the engine may reuse its logits buffer
+
+
 def run_route(route: LocalRoute, prompt: tuple[int, ...], decode: int, repetitions: int) -> Run:
     best: Run | None = None
     for _ in range(repetitions):
@@ -88,12 +93,11 @@ def run_route(route: LocalRoute, prompt: tuple[int, ...], decode: int, repetitio
         started = time.perf_counter()
         first = started
         tokens: list[int] = []
-        for token in route.generate(request, on_logits=rows.append):
+        for token in route.generate(request, on_logits=functools.partial(keep_copy, rows)):
             if not tokens:
                 first = time.perf_counter()
             tokens.append(token)
         ended = time.perf_counter()
-        rows = [np.array(row, np.float32) for row in rows]
         digest = hashlib.sha256(b"".join(row.tobytes() for row in rows)).hexdigest()
         decode_rate = (len(tokens) - 1) / max(ended - first, 1e-9)
         run = Run(tokens, digest, rows, first - started, decode_rate)
