@@ -83,7 +83,8 @@ def random_payload(
     if qtype in _K_LAYOUT:
         return _random_blocks(rng, shape, qtype, scale, _K_LAYOUT[qtype]), qtype
     if random_blocks and qtype in _LEGACY_RANDOM:
-        return _random_blocks(rng, shape, qtype, scale, _LEGACY_RANDOM[qtype]), qtype
+        blocks = _random_blocks(rng, shape, qtype, scale, _LEGACY_RANDOM[qtype])
+        return _signed_scales(blocks.reshape(-1, GGML_QUANT_SIZES[qtype][1])).reshape(blocks.shape), qtype
     values = (rng.standard_normal(shape) * scale).astype(np.float32)
     if qtype == GGMLQuantizationType.F32:
         return values, qtype
@@ -107,6 +108,18 @@ def _random_blocks(
     if min_offset is not None:
         blocks[:, min_offset : min_offset + 2] = np.frombuffer(np.float16(d * min_ratio).tobytes(), np.uint8)
     return blocks.reshape(*shape[:-1], shape[-1] // block_size * type_size)
+
+
+def _signed_scales(blocks: np.ndarray) -> np.ndarray:
+    """Flip the scale's sign in about half the blocks (by a bit of the block's own random quants).
+
+    Uniform unsigned quants average (q - 8) = -0.5, so every block of one scale leans negative:
+    a matrix of them adds a common all-ones component that grows along the residual stream
+    until every position's hidden state points the same way and greedy decoding repeats one
+    token whatever the prompt. Random signs centre each matrix on zero."""
+    negative = (blocks[:, 2] & 1).astype(bool)
+    blocks[negative, 1] |= 0x80  # the fp16 sign bit of the scale at offset 0 (little-endian)
+    return blocks
 
 
 def _names() -> str:
