@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,9 +17,13 @@ import pytest
 from openai import OpenAI
 from swarm_harness import MODEL_NAME, PROMPT, Reference, meshnet_command, write_tiny_model
 
+from meshnet.artifact.manifest import needed_artifacts
+from meshnet.artifact.publish import PublishOptions, publish
+from meshnet.core.layers import LayerRange
 from meshnet.deploy.lab import cgroups
 from meshnet.deploy.lab.plan import PREFIX
 from meshnet.deploy.lab.system import LabUnavailable, check_privileges, run
+from meshnet.security.signing import load_or_create_key
 
 TAG = "t9"
 
@@ -44,12 +49,12 @@ def _lab_objects() -> list[str]:
     return found
 
 
-def _start_lab(tmp_path: Path, model: Path, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+def _start_lab(tmp_path: Path, model: Path, delay_ms: float, *extra: str) -> tuple[subprocess.Popen[str], str]:
     command = meshnet_command(
         tmp_path / "data",
         *("lab", "up", "--model", str(model), "--nodes", "3", "--delay-ms", str(delay_ms)),
         *("--bandwidth-mbit", "100", "--memory-mb", "400", "--context", "512", "--sessions", "2"),
-        *("--model-name", MODEL_NAME, "--tag", TAG, "--ranges", "0:2,2:4,4:6"),
+        *("--model-name", MODEL_NAME, "--tag", TAG, "--ranges", "0:2,2:4,4:6", *extra),
     )
     process = subprocess.Popen(
         command,
@@ -102,6 +107,35 @@ def test_lab_serves_across_namespaces_and_removes_everything(tmp_path: Path, mod
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
+    assert _lab_objects() == []
+
+
+def test_lab_workers_fetch_only_their_range_by_model_id(tmp_path: Path, model: Path) -> None:
+    """``--published``: node 0 seeds what ``meshnet publish`` wrote and each worker fetches its
+    range by model id (no source GGUF cut on any worker), with output equal to the whole model's."""
+    key, _ = load_or_create_key(tmp_path / "publisher.key")
+    manifest = publish(model, tmp_path / "published", PublishOptions("tiny-published", "test"), key)
+    reference = Reference(model, tmp_path / "ref")
+    expected = reference.text(reference.generate(reference.chat_tokens(PROMPT), 24))
+    process, base_url = _start_lab(tmp_path, model, 0, "--published", str(tmp_path / "published"))
+    try:
+        key_text = (tmp_path / "data" / "lab" / TAG / "n0" / "api-key").read_text().strip()
+        client = OpenAI(base_url=base_url, api_key=key_text, max_retries=0, timeout=60)
+        answer = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0
+        )
+        assert answer.choices[0].message.content == expected
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    logs = tmp_path / "data" / "lab" / TAG / "logs"
+    for index, layers in enumerate((LayerRange(0, 2), LayerRange(2, 4), LayerRange(4, 6))):
+        found = re.search(
+            r"fetched layers \S+ of tiny-published: (\d+) bytes", (logs / f"worker-n{index}.log").read_text()
+        )
+        assert found is not None, f"worker-n{index} did not fetch by model id"
+        needed = sum(entry.size for entry in needed_artifacts(manifest, layers))
+        assert needed <= int(found[1]) < model.stat().st_size  # its range (+ protocol), never the whole file
     assert _lab_objects() == []
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 
 from meshnet.artifact.hashing import partial_path
-from meshnet.artifact.synthetic_quants import random_payload
+from meshnet.artifact.synthetic_quants import payload_layout, random_payload
 
 Family = Literal["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"]
 FAMILIES: tuple[Family, ...] = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
@@ -59,6 +59,12 @@ class SyntheticSpec:
     sliding_window: int = 8
     window_pattern: int | tuple[bool, ...] | None = None
     """gemma3: a period, a per-layer array, or None for llama.cpp's default period (6)."""
+    n_vocab: int | None = None
+    """Pad the SentencePiece vocabulary with plain pieces to this many tokens (None: ~300)."""
+    output_type: GGMLQuantizationType | None = None
+    """The untied LM head's type; None uses ``weight_type``."""
+    random_blocks: bool = False
+    """Write Q4_0/Q8_0 tensors as random blocks too (no quantization pass): fast at full size."""
 
     @property
     def n_embd_head(self) -> int:
@@ -78,6 +84,15 @@ def _spm_vocabulary(specials: list[tuple[str, TokenType]]) -> tuple[list[str], l
     return tokens, scores, [int(t) for t in types]
 
 
+def _pad_vocabulary(vocabulary: tuple[list[str], list[float], list[int]], size: int | None) -> None:
+    """Grow the vocabulary to ``size`` with distinct plain pieces ("▁w0", "▁w1", ...)."""
+    tokens, scores, types = vocabulary
+    extra = max(0, (size or 0) - len(tokens))
+    tokens += [f"▁w{i}" for i in range(extra)]
+    scores += [-float(len(scores) + i) for i in range(extra)]
+    types += [int(TokenType.NORMAL)] * extra
+
+
 def _write_vocabulary(writer: GGUFWriter, spec: SyntheticSpec) -> int:
     """A SentencePiece ("llama") vocabulary; Gemma's special-token layout for gemma3. Returns its size."""
     control, unknown = TokenType.CONTROL, TokenType.UNKNOWN
@@ -87,7 +102,9 @@ def _write_vocabulary(writer: GGUFWriter, spec: SyntheticSpec) -> int:
         bos, eos = 2, 1
     else:
         specials, bos, eos = [("<unk>", unknown), ("<s>", control), ("</s>", control)], 1, 2
-    tokens, scores, types = _spm_vocabulary(specials)
+    vocabulary = _spm_vocabulary(specials)
+    _pad_vocabulary(vocabulary, spec.n_vocab)
+    tokens, scores, types = vocabulary
     writer.add_vocab_size(len(tokens))
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
@@ -173,16 +190,44 @@ def _feed_forward(add: Add, spec: SyntheticSpec, prefix: str) -> None:
     add(prefix + "ffn_down.weight", (spec.n_embd, spec.n_ff))
 
 
-def _write_tensors(writer: GGUFWriter, spec: SyntheticSpec, n_vocab: int) -> None:
+@dataclass(frozen=True)
+class _Tensor:
+    """A tensor announced before its bytes exist: drawn only when its turn to be written comes."""
+
+    name: str
+    shape: tuple[int, ...]
+    """numpy order of the payload (quantized: rows of block bytes)."""
+    dtype: np.dtype
+    raw_type: GGMLQuantizationType | None
+    draw: Callable[[], np.ndarray]
+
+
+def _plan_tensors(spec: SyntheticSpec, n_vocab: int) -> list[_Tensor]:
+    """Every tensor in file order. Draws happen in this order at write time, from one seeded
+    generator, so a spec always writes the same bytes and only one tensor is in memory at once."""
     rng = np.random.default_rng(spec.seed)
+    planned: list[_Tensor] = []
 
     def add(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType | None = None, scale: float = 0.08) -> None:
         # shape is numpy order: (rows, row_length)
-        payload, used = random_payload(rng, shape, spec.weight_type if qtype is None else qtype, scale)
-        writer.add_tensor(name, payload, raw_dtype=None if used == GGMLQuantizationType.F32 else used)
+        wanted = spec.weight_type if qtype is None else qtype
+        stored, dtype, used = payload_layout(shape, wanted)
+        raw = None if used == GGMLQuantizationType.F32 else used
+        planned.append(
+            _Tensor(name, stored, dtype, raw, lambda: random_payload(rng, shape, wanted, scale, spec.random_blocks)[0])
+        )
 
     def add_norm(name: str, width: int | None = None) -> None:
-        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(width or spec.n_embd)).astype(np.float32))
+        size = width or spec.n_embd
+        planned.append(
+            _Tensor(
+                name,
+                (size,),
+                np.dtype(np.float32),
+                None,
+                lambda: (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float32),
+            )
+        )
 
     add("token_embd.weight", (n_vocab, spec.n_embd), spec.embedding_type, scale=0.5)
     for layer in range(spec.n_layers):
@@ -197,21 +242,27 @@ def _write_tensors(writer: GGUFWriter, spec: SyntheticSpec, n_vocab: int) -> Non
             add_norm(prefix + "post_ffw_norm.weight")
     add_norm("output_norm.weight")
     if not spec.tied_embeddings:
-        add("output.weight", (n_vocab, spec.n_embd))
+        add("output.weight", (n_vocab, spec.n_embd), spec.output_type)
+    return planned
 
 
 def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
-    """Write a tiny model to ``path`` (atomically) and return the path."""
+    """Write a model to ``path`` (atomically, streaming one tensor at a time) and return the path."""
     writer = GGUFWriter(path=None, arch=spec.architecture)
     _write_hyperparameters(writer, spec)
     n_vocab = _write_vocabulary(writer, spec)
-    _write_tensors(writer, spec, n_vocab)
+    tensors = _plan_tensors(spec, n_vocab)
+    for tensor in tensors:
+        nbytes = int(np.prod(tensor.shape)) * tensor.dtype.itemsize
+        writer.add_tensor_info(tensor.name, tensor.shape, tensor.dtype, nbytes, raw_dtype=tensor.raw_type)
     path = Path(path)
     partial = partial_path(path)
     try:
         writer.write_header_to_file(path=partial)
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for tensor in tensors:
+            writer.write_tensor_data(tensor.draw())
         writer.close()
         os.replace(partial, path)
     finally:
@@ -231,4 +282,26 @@ def tinyllama_shaped_spec() -> SyntheticSpec:
         weight_type=GGMLQuantizationType.Q4_0,
         embedding_type=GGMLQuantizationType.Q8_0,
         seed=1,
+    )
+
+
+def llama3_8b_shaped_spec() -> SyntheticSpec:
+    """Llama-3-8B's shape (32 layers, n_embd 4096, 32/8 heads, n_ff 14336, 128,256 tokens, an
+    untied LM head) as llama.cpp's Q4_0 file stores it (Q4_0 blocks and token table, a Q6_K LM
+    head), written as random blocks: ~4.65 GB (4.33 GiB). The vocabulary is SentencePiece padded
+    with plain pieces to Llama 3's size, not Llama 3's BPE, so token ids and widths match only."""
+    return SyntheticSpec(
+        n_layers=32,
+        n_embd=4096,
+        n_head=32,
+        n_head_kv=8,
+        n_ff=14336,
+        n_ctx_train=8192,
+        weight_type=GGMLQuantizationType.Q4_0,
+        embedding_type=GGMLQuantizationType.Q4_0,
+        output_type=GGMLQuantizationType.Q6_K,
+        tied_embeddings=False,
+        n_vocab=128256,
+        random_blocks=True,
+        seed=8,
     )

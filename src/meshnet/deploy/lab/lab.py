@@ -32,6 +32,7 @@ TRACKER_PORT = 7100
 WORKER_PORT = 7000
 RELAY_PORT = 7001
 GATEWAY_PORT = 8080
+SEED_PORT = 7200
 READY_TIMEOUT_S = 180.0
 
 
@@ -65,6 +66,10 @@ class LabConfig:
     """Names this lab's namespaces, links and cgroups (1-6 letters or digits), so labs can coexist."""
     ranges: tuple[LayerRange, ...] = ()
     """Layers for each serving node; empty chooses them for each node's memory."""
+    published: Path | None = None
+    """A directory ``meshnet publish`` wrote from --model: node 0 seeds it and each worker fetches
+    only its range by the manifest's model id instead of cutting it from --model (needs --ranges
+    when nodes are capped); the gateway still reads its tokenizer from --model."""
 
 
 def _enter_node(plan: LabPlan, node: LabNode, groups: cgroups.NodeGroups, argv: Sequence[str]) -> list[str]:

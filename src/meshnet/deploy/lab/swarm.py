@@ -6,28 +6,40 @@ byte between nodes crosses a shaped link with its delay.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
+from meshnet.artifact.manifest_codec import decode_manifest
+from meshnet.artifact.publish import MANIFEST_NAME
 from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.lab.lab import (
     GATEWAY_PORT,
+    SEED_PORT,
     TRACKER_PORT,
     WORKER_PORT,
     Lab,
     LabConfig,
 )
 from meshnet.deploy.lab.plan import LabNode
-from meshnet.deploy.launch.commands import gateway_command, minted_identity, tracker_command, worker_command
-from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, TrackerLine
+from meshnet.deploy.launch.commands import (
+    gateway_command,
+    minted_identity,
+    seed_command,
+    tracker_command,
+    worker_command,
+)
+from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, SeedLine, TrackerLine
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import ensure_client_key
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.node.artifact_server import SeedConfig
 from meshnet.node.auto_layers import model_costs
 from meshnet.node.config import LayerChoice, WorkerConfig
 from meshnet.security.identity import Role
@@ -105,16 +117,19 @@ def start_swarm(lab: Lab) -> LabSwarm:
     tracker = start_tracker(lab)
     serving, spares = plan.serving(), plan.spares()
     fixed = fixed_ranges(lab.config, len(serving))
+    if fixed is None and lab.config.published is not None:
+        raise InvalidArgument("workers fetching by model id cannot choose layers for a cap: give --ranges")
+    model_id = None if lab.config.published is None else start_seeder(lab, tracker)
     budget = None if fixed is not None else auto_budget_mb(lab.config, len(serving))
     advertised, chosen = {}, []
     for position, node in enumerate(serving):
         layers = fixed[position] if fixed is not None else None
-        advertised[node.index], served = _start_worker(lab, node, layers, tracker, budget)
+        advertised[node.index], served = _start_worker(lab, node, layers, tracker, budget, model_id)
         chosen.append(served)
     ranges = choose_ranges(chosen, len(spares))
     for node, layers in zip(spares, ranges[len(serving) :], strict=True):
         # Spares get the range they stand in for, so which node they back is fixed (the middle).
-        advertised[node.index], _ = _start_worker(lab, node, layers, tracker, None)
+        advertised[node.index], _ = _start_worker(lab, node, layers, tracker, None, model_id)
     api_key_path = ensure_client_key(lab.node_data_dir(head))
     gateway = GatewayProcessConfig(
         tracker=tracker,
@@ -134,14 +149,48 @@ def start_swarm(lab: Lab) -> LabSwarm:
     )
 
 
+def start_seeder(lab: Lab, tracker: str, timeout_s: float = 30.0) -> str:
+    """Seed ``published`` from node 0 and wait until the tracker names it a holder; returns the
+    manifest's model id (what each worker fetches its range by)."""
+    if lab.plan is None or lab.config.published is None:
+        raise Unavailable("the lab's network is not built or has nothing published")
+    head = lab.plan.nodes[0]
+    model_id = decode_manifest((lab.config.published / MANIFEST_NAME).read_bytes()).model_id
+    config = SeedConfig(lab.config.published, tracker=tracker, host=head.address, port=SEED_PORT)
+    command = seed_command(config, lab.node_data_dir(head) / "seed", _identity(lab, "seed", "worker"))
+    lab.start(head, "seed", command, SeedLine.PREFIX, role="control")
+
+    async def announced() -> None:
+        # Announcing runs after the seeder is ready; a worker asking before would find no holder.
+        client = TrackerClient(tracker, security=admin_security(lab, "lab-seed-check"))
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not (await client.find_holders(model_id)).holders:
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"the lab's seeder never announced {model_id}")
+                await asyncio.sleep(0.1)
+        finally:
+            await client.close()
+
+    asyncio.run(announced())
+    return model_id
+
+
 def _start_worker(
-    lab: Lab, node: LabNode, layers: LayerRange | None, tracker: str, budget_mb: int | None
+    lab: Lab,
+    node: LabNode,
+    layers: LayerRange | None,
+    tracker: str,
+    budget_mb: int | None,
+    model_id: str | None = None,
 ) -> tuple[str, LayerRange]:
     """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
-    until the tracker has registered it, so the next auto worker counts its range."""
+    until the tracker has registered it, so the next auto worker counts its range. With
+    ``model_id`` it fetches its range from the lab's seeder instead of cutting it from --model."""
     address = lab.start_relay(node)
     worker = WorkerConfig(
-        model=lab.config.model,
+        model=None if model_id is not None else lab.config.model,
+        model_id=model_id,
         layer_choice=LayerChoice(layers),  # None: auto, within the budget
         memory_budget_mb=budget_mb if layers is None else None,
         data_dir=lab.node_data_dir(node),
