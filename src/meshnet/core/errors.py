@@ -40,7 +40,7 @@ class SplitSetInvalid(ArtifactError):
 
     code = "invalid_split_set"
 
-    def __init__(self, message: str, part: str) -> None:
+    def __init__(self, message: str, part: str = "") -> None:
         super().__init__(message)
         self.part = part
 
