@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from swarm_harness import TINY_SPEC
 from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, greedy_request, new_driver
@@ -49,7 +50,7 @@ def _whole_model(source: Path, cache: Path) -> tuple[tuple[int, ...], list[int]]
     whole = LocalRoute([open_llama_shard(description, LayerRange(0, description.n_layers), SliceCache(cache), CONFIG)])
     try:
         prompt = tuple(int(t) for t in prompt_for("llama", whole.backends[-1].shape.n_vocab, 12, seed=1))
-        return prompt, greedy(whole, prompt, TOKENS).tokens  # type: ignore[arg-type]
+        return prompt, greedy(whole, np.asarray(prompt), TOKENS).tokens
     finally:
         whole.close()
 
