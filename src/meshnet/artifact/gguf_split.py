@@ -146,6 +146,8 @@ def model_sha256(model: GGUFFile, progress: Callable[[int, int], None] | None = 
 
 def source_files(path: Path) -> tuple[Path, ...]:
     """The files whose bytes make up the model at ``path``, in order (for cache keys)."""
+    if Path(path).is_file() and not _FIRST_PART.match(Path(path).name):
+        return (Path(path),)  # not named as a first part: one file (its header is not read)
     return tuple(part.path for part in open_model(path).files)
 
 
