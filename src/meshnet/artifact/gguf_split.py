@@ -59,11 +59,6 @@ def first_part(path: Path) -> Path:
     return firsts[0]
 
 
-def is_split_set(path: Path) -> bool:
-    """Whether ``path`` (a file or a directory) names a set of more than one part."""
-    return len(open_model(path).parts) > 1
-
-
 def open_model(path: Path) -> GGUFFile:
     """A single GGUF, or every part of the set ``path`` names checked and merged into one model."""
     first = first_part(path)
