@@ -104,10 +104,12 @@ def _write_artifact(directory: Path, chunks: Iterator[bytes], piece_size: int) -
 
 def _tensor_chunks(view: Callable[[TensorInfo], memoryview], tensors: tuple[TensorInfo, ...]) -> Iterator[bytes]:
     for info in tensors:
-        payload = view(info)
         for offset in range(0, info.nbytes, _COPY):
-            yield bytes(payload[offset : offset + _COPY])
-        payload.release()
+            # No view of the maps is held across a yield: a failed write (a full disk) must
+            # not leave one exported, or closing the maps hides the real error.
+            with view(info) as payload:
+                chunk = bytes(payload[offset : offset + _COPY])
+            yield chunk
 
 
 def tokenizer_digest(model: GGUFFile) -> str:
