@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshnet.artifact.hashing import file_sha256, partial_path
+from meshnet.artifact.gguf_split import model_sha256, open_model, source_files
+from meshnet.artifact.hashing import partial_path
 from meshnet.artifact.slicing import slice_role, verify_slice, write_embedding_table, write_slice
 from meshnet.core.errors import ArtifactError, MeshnetError
 from meshnet.core.layers import LayerRange
@@ -39,7 +40,7 @@ class SliceCache:
     def source_sha256(self, source: Path) -> str:
         key, index = self._index(source)
         if key not in index:
-            index[key] = file_sha256(source)
+            index[key] = model_sha256(open_model(source))
             self._save_index(index)
         return index[key]
 
@@ -49,8 +50,8 @@ class SliceCache:
         self._save_index({**index, key: sha256})
 
     def _index(self, source: Path) -> tuple[str, dict[str, str]]:
-        stat = Path(source).stat()
-        key = f"{Path(source).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        # Every part of a gguf-split set is in the key: replacing any one must re-hash the set.
+        key = "+".join(f"{p.resolve()}|{p.stat().st_size}|{p.stat().st_mtime_ns}" for p in source_files(source))
         index_path = self.root / "source-hashes.json"
         index: dict[str, str] = {}
         if index_path.exists():

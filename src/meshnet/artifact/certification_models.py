@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType
 
-from meshnet.artifact.gguf_file import parse_gguf
+from meshnet.artifact.gguf_split import open_model
 from meshnet.artifact.slicing import model_dimensions
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.artifact.synthetic_quants import K_QUANTS, WRITABLE
@@ -44,7 +44,7 @@ def certification_cut(spec: SyntheticSpec) -> tuple[LayerRange, ...]:
 
 def served_types(path: Path) -> tuple[str, tuple[GGMLQuantizationType, ...], GGMLQuantizationType]:
     """(architecture, weight types of the blocks' matrices, token-table type) of a source model."""
-    model = parse_gguf(path)
+    model = open_model(path)
     adapter, _, _ = model_dimensions(model)
     weights = sorted(
         {

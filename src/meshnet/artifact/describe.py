@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gguf import LlamaFileType
 
-from meshnet.artifact.gguf_file import parse_gguf
+from meshnet.artifact.gguf_split import open_model
 from meshnet.artifact.slicing import model_dimensions
 from meshnet.core.layers import LayerRange, split_by_work
 
@@ -50,7 +50,7 @@ class ModelDescription:
 
 def describe_model(path: Path) -> ModelDescription:
     """Parse the header of ``path`` (no tensor data is read)."""
-    model = parse_gguf(path)
+    model = open_model(path)
     adapter, n_layers, n_embd = model_dimensions(model)
     file_type = model.get("general.file_type")
     try:
@@ -62,7 +62,7 @@ def describe_model(path: Path) -> ModelDescription:
     n_head = widest(model.get(f"{adapter.name}.attention.head_count", 1))
     template = model.get("tokenizer.chat_template")
     return ModelDescription(
-        path=Path(path),
+        path=model.path,
         name=str(model.get("general.name") or Path(path).stem),
         architecture=adapter.name,
         adapter_version=adapter.version,
@@ -110,7 +110,7 @@ class DecodeWork:
 
 def decode_work(path: Path) -> DecodeWork:
     """Read ``path``'s header for its ``DecodeWork`` (no tensor data is read)."""
-    model = parse_gguf(path)
+    model = open_model(path)
     _, n_layers, _ = model_dimensions(model)
     layers = [0] * n_layers
     tail = 0

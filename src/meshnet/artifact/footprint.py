@@ -12,14 +12,15 @@ from pathlib import Path
 from meshnet.artifact.architectures.base import ArchitectureAdapter
 from meshnet.artifact.certification_models import served_types
 from meshnet.artifact.describe import widest
-from meshnet.artifact.gguf_file import GGUFFile, parse_gguf
+from meshnet.artifact.gguf_file import GGUFFile
+from meshnet.artifact.gguf_split import open_model
 from meshnet.artifact.slicing import model_dimensions
 from meshnet.core.layer_costs import ModelFootprint
 
 
 def memory_footprint(path: Path) -> ModelFootprint:
     """Read ``path``'s header for its ``ModelFootprint`` (no tensor data is read)."""
-    model = parse_gguf(path)
+    model = open_model(path)
     adapter, n_layers, n_embd = model_dimensions(model)
     blocks = [0] * n_layers
     for tensor in model.tensors.values():

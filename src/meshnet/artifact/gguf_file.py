@@ -85,6 +85,8 @@ class TensorInfo:
     offset: int
     """Relative to the start of the data section."""
     nbytes: int
+    part: int = 0
+    """Index of the file holding the bytes in its model's ``parts`` (0 for a single file)."""
 
     @property
     def n_elements(self) -> int:
@@ -92,6 +94,15 @@ class TensorInfo:
         for dim in self.shape:
             count *= dim
         return count
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One file holding tensor bytes: its path, data-section offset and size."""
+
+    path: Path
+    data_offset: int
+    file_size: int
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,13 @@ class GGUFFile:
     data_offset: int
     """Absolute file offset of the data section."""
     file_size: int
+    parts: tuple[PartFile, ...] = ()
+    """Every file of a ``gguf-split`` set in order (``gguf_split.open_model``); empty for one file."""
+
+    @property
+    def files(self) -> tuple[PartFile, ...]:
+        """Where tensor bytes live: ``tensor.part`` indexes this."""
+        return self.parts or (PartFile(self.path, self.data_offset, self.file_size),)
 
     def get(self, key: str, default: Any = None) -> Any:
         entry = self.metadata.get(key)

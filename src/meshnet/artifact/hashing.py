@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 CHUNK = 1 << 22
@@ -22,6 +22,24 @@ def file_sha256(path: Path, progress: Callable[[int, int], None] | None = None) 
             done += len(chunk)
             if progress is not None:
                 progress(done, total)
+    return digest.hexdigest()
+
+
+def set_sha256(parts: Sequence[Path], progress: Callable[[int, int], None] | None = None) -> str:
+    """Identity of a ``gguf-split`` set: a hash over each part's sha256, in part order.
+
+    It differs from every single part's hash and from the unsplit file's: the parts' bytes are
+    not the unsplit file's (split keys, offsets), and proving their tensors equal would mean
+    reading both. So a set and an unsplit file are two sources; slices carry the identity they
+    were cut from and a route never mixes the two."""
+    total = sum(Path(part).stat().st_size for part in parts)
+    digest = hashlib.sha256(f"gguf-split|{len(parts)}\n".encode())
+    done = 0
+    for number, part in enumerate(parts):
+        base = done
+        report = None if progress is None else (lambda d, _t, base=base: progress(base + d, total))
+        digest.update(f"{number}|{file_sha256(part, report)}\n".encode())
+        done += Path(part).stat().st_size
     return digest.hexdigest()
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import mmap
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,8 +20,9 @@ from pathlib import Path
 
 from meshnet.artifact.architectures import ArchitectureAdapter
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.gguf_file import GGUFFile, TensorInfo, parse_gguf
-from meshnet.artifact.hashing import file_sha256, partial_path
+from meshnet.artifact.gguf_file import GGUFFile, TensorInfo
+from meshnet.artifact.gguf_split import merged_header, merged_size, model_sha256, open_model, tensor_views
+from meshnet.artifact.hashing import partial_path
 from meshnet.artifact.manifest import SCHEMA, ArtifactEntry, ArtifactKind, KvFormat, Manifest, SourceInfo, TensorEntry
 from meshnet.artifact.manifest_codec import manifest_json, sign_manifest
 from meshnet.artifact.pieces import PIECE_SIZE, PieceDigests, digest_stream
@@ -102,11 +102,14 @@ def _write_artifact(directory: Path, chunks: Iterator[bytes], piece_size: int) -
     return digests
 
 
-def _tensor_chunks(model: GGUFFile, view: mmap.mmap, tensors: tuple[TensorInfo, ...]) -> Iterator[bytes]:
+def _tensor_chunks(view: Callable[[TensorInfo], memoryview], tensors: tuple[TensorInfo, ...]) -> Iterator[bytes]:
     for info in tensors:
-        start = model.data_offset + info.offset
-        for offset in range(start, start + info.nbytes, _COPY):
-            yield view[offset : min(offset + _COPY, start + info.nbytes)]
+        for offset in range(0, info.nbytes, _COPY):
+            # No view of the maps is held across a yield: a failed write (a full disk) must
+            # not leave one exported, or closing the maps hides the real error.
+            with view(info) as payload:
+                chunk = bytes(payload[offset : offset + _COPY])
+            yield chunk
 
 
 def tokenizer_digest(model: GGUFFile) -> str:
@@ -128,25 +131,32 @@ def _entry(kind: ArtifactKind, layer: int | None, d: PieceDigests, tensors: tupl
 def publish(
     source: Path, out: Path, options: PublishOptions, key: PublisherKey, progress: Progress | None = None
 ) -> Manifest:
-    """Write the artifacts and the signed manifest of ``source`` under ``out``; return the manifest."""
-    source, out = Path(source), Path(out)
-    model = parse_gguf(source)
+    """Write the artifacts and the signed manifest of ``source`` under ``out``; return the manifest.
+
+    A gguf-split set publishes as the single file it stands for: the header artifact is the
+    merged header (``gguf_split.merged_header``), so a fetcher's sparse copy is one GGUF; the
+    source's identity is the set's (``model_sha256``)."""
+    out = Path(out)
+    model = open_model(source)
+    source = model.path
     adapter, n_layers, n_embd = model_dimensions(model)
     if model.get("meshnet.slice.role") is not None:
         raise ArtifactError(f"{source.name} is already a meshnet slice; publish the source model instead")
     groups = group_tensors(model, adapter, n_layers)
-    source_sha256 = file_sha256(source, None if progress is None else lambda d, t: progress("hash", d, t))
+    source_sha256 = model_sha256(model, None if progress is None else lambda d, t: progress("hash", d, t))
+    header_bytes, source_size = _source_header(model)
     entries: list[ArtifactEntry] = []
-    with open(source, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        header = _write_artifact(out, iter([view[: model.data_offset]]), options.piece_size)
+    with tensor_views(model) as view:
+        header = _write_artifact(out, iter([header_bytes]), options.piece_size)
         entries.append(_entry("metadata", None, header, ()))
         total = header.size + sum(info.nbytes for group in groups for info in group.tensors)
         for group in groups:
-            digests = _write_artifact(out, _tensor_chunks(model, view, group.tensors), options.piece_size)
+            digests = _write_artifact(out, _tensor_chunks(view, group.tensors), options.piece_size)
             entries.append(_entry(group.kind, group.layer, digests, group.tensors))
             if progress is not None:
                 progress("publish", sum(entry.size for entry in entries), total)
-    manifest = _manifest(model, adapter, source, source_sha256, n_layers, n_embd, options, tuple(entries))
+    source_info = SourceInfo(source.name, options.repo, options.revision, source_sha256, source_size)
+    manifest = _manifest(model, adapter, source_info, n_layers, n_embd, options, tuple(entries))
     signed = sign_manifest(manifest, key)
     partial = partial_path(out / MANIFEST_NAME)
     try:
@@ -157,17 +167,25 @@ def publish(
     return signed
 
 
+def _source_header(model: GGUFFile) -> tuple[bytes, int]:
+    """The header artifact's bytes and the size of the source file it heads."""
+    if not model.parts:
+        with open(model.path, "rb") as handle:
+            return handle.read(model.data_offset), model.file_size
+    header = merged_header(model)
+    return header, merged_size(model, header)
+
+
 def _manifest(
     model: GGUFFile,
     adapter: ArchitectureAdapter,
-    source: Path,
-    source_sha256: str,
+    source: SourceInfo,
     n_layers: int,
     n_embd: int,
     options: PublishOptions,
     artifacts: tuple[ArtifactEntry, ...],
 ) -> Manifest:
-    described = describe_model(source)
+    described = describe_model(model.path)
     head_dim = n_embd // max(described.n_head, 1)
     key_length = int(model.get(adapter.key("attention.key_length"), head_dim))
     value_length = int(model.get(adapter.key("attention.value_length"), head_dim))
@@ -175,7 +193,7 @@ def _manifest(
         schema=SCHEMA,
         model_id=options.model_id,
         model_version=options.model_version,
-        source=SourceInfo(source.name, options.repo, options.revision, source_sha256, model.file_size),
+        source=source,
         license=options.license,
         architecture=adapter.name,
         adapter=adapter.label,

@@ -19,7 +19,7 @@ import hashlib
 import mmap
 import os
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -29,7 +29,8 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from meshnet.artifact.architectures import ArchitectureAdapter, adapter_for
 from meshnet.artifact.gguf_file import GGUFFile, MetadataValue, TensorInfo, ValueType, parse_gguf
-from meshnet.artifact.hashing import file_sha256, partial_path, tensors_sha256
+from meshnet.artifact.gguf_split import model_sha256, open_model, tensor_views
+from meshnet.artifact.hashing import partial_path, tensors_sha256
 from meshnet.core.errors import ArtifactError, ProvenanceMismatch
 from meshnet.core.layers import LayerRange
 
@@ -132,18 +133,18 @@ def _plan_metadata(
     return metadata
 
 
-def _payloads(model: GGUFFile, planned: list[_PlannedTensor], view: mmap.mmap) -> Iterator[memoryview]:
+def _payloads(planned: list[_PlannedTensor], view: Callable[[TensorInfo], memoryview]) -> Iterator[memoryview]:
     for tensor in planned:
         if tensor.source is not None:
-            start = model.data_offset + tensor.source.offset
-            yield memoryview(view)[start : start + tensor.source.nbytes]
+            yield view(tensor.source)
         elif tensor.synthetic is not None:
             yield memoryview(tensor.synthetic.tobytes())
 
 
 def write_slice(source: Path, layers: LayerRange, out: Path, *, source_sha256: str | None = None) -> Provenance:
-    """Write the slice of ``source`` for ``layers`` to ``out`` atomically and return its provenance."""
-    model = parse_gguf(source)
+    """Write the slice of ``source`` (a GGUF or a gguf-split set) for ``layers`` to ``out``
+    atomically and return its provenance."""
+    model = open_model(source)
     adapter, n_layers, n_embd = model_dimensions(model)
     _refuse_slice_of_slice(model)
     layers.check_within(n_layers)
@@ -156,7 +157,7 @@ def write_slice(source: Path, layers: LayerRange, out: Path, *, source_sha256: s
 
 def write_embedding_table(source: Path, out: Path, *, source_sha256: str | None = None) -> Provenance:
     """Write only the source's token embedding table, still quantized, for a head to look rows up in."""
-    model = parse_gguf(source)
+    model = open_model(source)
     adapter, n_layers, _ = model_dimensions(model)
     _refuse_slice_of_slice(model)
     info = model.tensors.get(adapter.token_embedding)
@@ -185,11 +186,11 @@ def _write(
     source_sha256: str | None,
 ) -> Provenance:
     out = Path(out)
-    source_hash = source_sha256 or file_sha256(model.path)
-    with open(model.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+    source_hash = source_sha256 or model_sha256(model)
+    with tensor_views(model) as view:
         tensors = tensors_sha256(
             (t.name, t.ggml_type, t.shape, payload)
-            for t, payload in zip(planned, _payloads(model, planned, view), strict=True)
+            for t, payload in zip(planned, _payloads(planned, view), strict=True)
         )
         claimed = Provenance(source_hash, n_layers, layers, role, adapter.label, SLICER_VERSION, "")
         written = {
@@ -204,7 +205,7 @@ def _write(
         provenance = replace(claimed, content_sha256=_content_hash(tensors, written))
         partial = partial_path(out)
         try:
-            _emit(model, adapter, planned, metadata, provenance, partial, view)
+            _emit(adapter, planned, metadata, provenance, partial, view)
             os.replace(partial, out)
         except BaseException as error:
             # The failed frames still hold views of the source mmap; drop them, or closing the
@@ -217,13 +218,12 @@ def _write(
 
 
 def _emit(
-    model: GGUFFile,
     adapter: ArchitectureAdapter,
     planned: list[_PlannedTensor],
     metadata: dict[str, MetadataValue],
     provenance: Provenance,
     path: Path,
-    view: mmap.mmap,
+    view: Callable[[TensorInfo], memoryview],
 ) -> None:
     writer = GGUFWriter(path=None, arch=adapter.name)
     for key, entry in metadata.items():
@@ -244,7 +244,7 @@ def _emit(
     writer.write_header_to_file(path=path)
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for payload in _payloads(model, planned, view):
+    for payload in _payloads(planned, view):
         writer.write_tensor_data(np.frombuffer(payload, dtype=np.uint8))
     fout = writer.fout[0] if writer.fout else None
     if fout is not None:

@@ -33,6 +33,18 @@ class ArtifactError(InvalidArgument):
     code = "invalid_artifact"
 
 
+class SplitSetInvalid(ArtifactError):
+    """A ``gguf-split`` set with a part missing, truncated, out of order or from another set.
+
+    ``part`` names the file at fault, so the user knows which download to repeat."""
+
+    code = "invalid_split_set"
+
+    def __init__(self, message: str, part: str = "") -> None:
+        super().__init__(message)
+        self.part = part
+
+
 class UnsupportedArchitecture(ArtifactError):
     """The model's architecture has no certified adapter: we fail closed rather than guess."""
 

@@ -16,7 +16,8 @@ from gguf.quants import dequantize
 from meshnet.artifact import cache as cache_module
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.embedding import EmbeddingTable
-from meshnet.artifact.gguf_file import parse_gguf
+from meshnet.artifact.gguf_file import GGUFFile, parse_gguf
+from meshnet.artifact.gguf_split import model_sha256
 from meshnet.artifact.hashing import file_sha256
 from meshnet.artifact.slicing import verify_slice, write_embedding_table, write_slice
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
@@ -131,11 +132,11 @@ def test_cache_hashes_a_source_once_and_again_when_it_changes(
 ) -> None:
     hashed: list[Path] = []
 
-    def counting_sha256(path: Path) -> str:
-        hashed.append(Path(path))
-        return file_sha256(path)
+    def counting_sha256(model: GGUFFile) -> str:
+        hashed.append(model.path)
+        return model_sha256(model)
 
-    monkeypatch.setattr(cache_module, "file_sha256", counting_sha256)
+    monkeypatch.setattr(cache_module, "model_sha256", counting_sha256)
     cache = SliceCache(tmp_path / "cache")
     first = cache.source_sha256(private_source)
     assert SliceCache(tmp_path / "cache").source_sha256(private_source) == first  # index survives a new cache object

@@ -36,12 +36,12 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 def cmd_slice(args: argparse.Namespace) -> int:
     from meshnet.artifact.describe import describe_model
-    from meshnet.artifact.hashing import file_sha256
+    from meshnet.artifact.gguf_split import model_sha256, open_model
     from meshnet.artifact.slicing import slice_role, write_embedding_table, write_slice
 
     command = config_from_arguments(SliceArguments, args)
     source, layers, output = command.source, command.layers, command.output
-    source_hash = file_sha256(source)
+    source_hash = model_sha256(open_model(source))
     provenance = write_slice(source, layers, output, source_sha256=source_hash)
     print(f"{output}: {provenance.role} slice of layers {layers}, {output.stat().st_size / 1e6:.1f} MB")
     if slice_role(layers, describe_model(source).n_layers) == "head":
