@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from meshnet.core.addresses import require_loopback
+from meshnet.core.addresses import dialable_address, require_loopback
 from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
@@ -249,7 +249,9 @@ def run_tracker(config: TrackerConfig, data_dir: Path, on_ready: Callable[[Runni
 
     def announce(running: RunningTracker) -> None:
         if running.join_address is not None:
-            write_join_address(data_dir, running.join_address)
+            # What invites carry: on a wildcard bind, the address of the interface of the default
+            # route (`swarm invite --join-address` overrides it), never 0.0.0.0.
+            write_join_address(data_dir, dialable_address(running.join_address, flag="swarm invite --join-address"))
         on_ready(running)
 
     asyncio.run(serve_tracker(config, on_ready=announce, security=security))
