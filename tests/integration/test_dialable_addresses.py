@@ -20,7 +20,7 @@ import pytest
 from swarm_harness import Swarm, route_addresses, write_tiny_model
 from worker_harness import fake_record
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.membership.tracker_client import TrackerClient
@@ -88,14 +88,3 @@ async def test_the_tracker_refuses_a_registration_at_a_wildcard(tmp_path: Path) 
                     await client.register(fake_record(LayerRange(0, 4), address), NodeId("w-1"))
     finally:
         await running.stop(grace_s=0)
-
-
-def test_a_wildcard_with_no_route_is_refused_naming_advertise() -> None:
-    from meshnet.core.addresses import dialable_address
-
-    def no_route(target: str, family: int) -> str:
-        raise OSError(101, "Network is unreachable")
-
-    assert dialable_address("10.1.2.3:7000", source_of=no_route) == "10.1.2.3:7000"
-    with pytest.raises(FailedPrecondition, match="give --advertise HOST:PORT"):
-        dialable_address("0.0.0.0:7000", toward="192.0.2.9:7070", source_of=no_route)
