@@ -235,6 +235,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     reporter.supervisor = supervisor
     try:
         if config.expert_parallel > 0:
+            _serves_chat(config)  # the group's demo is a completion too when there is no template
             served = _start_expert_swarm(config, supervisor, logs)
             if served is None:
                 return 0
