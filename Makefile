@@ -14,7 +14,10 @@ MESHNET_BACKEND ?=
 RUN_BIN := $(if $(MESHNET_BACKEND),.venv-$(MESHNET_BACKEND)/bin,$(BIN))
 VULKAN_VENV := .venv-vulkan
 
-.PHONY: run test install browser vulkan provision lint proto bench clean
+PREFIX ?= $(HOME)/.local
+LAUNCHER := $(PREFIX)/bin/meshnet
+
+.PHONY: run test install launcher browser vulkan provision lint proto bench clean
 
 run: $(MODEL_STAMP)
 	$(if $(MESHNET_BACKEND),scripts/build_backend.sh $(MESHNET_BACKEND) .venv-$(MESHNET_BACKEND))
@@ -23,7 +26,13 @@ run: $(MODEL_STAMP)
 test: $(MODEL_STAMP) $(GEMMA_STAMP) lint browser vulkan
 	MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 MESHNET_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q $(PYTEST_ARGS)
 
-install: $(INSTALLED)
+# `meshnet` on PATH for every command after `make run`: a launcher in $(PREFIX)/bin (~/.local/bin)
+# that runs this checkout's venv (MESHNET_BACKEND's, as `make run`) with --data-dir $(DATA_DIR), the data dir
+# `make run` serves from.
+install: $(INSTALLED) launcher
+
+launcher:
+	scripts/install_launcher.sh $(abspath $(RUN_BIN))/meshnet $(abspath $(DATA_DIR)) $(abspath $(LAUNCHER))
 
 # The status page's browser test drives Debian's Chromium (Playwright downloads no browser).
 # Installed when it is missing and we may (root with apt-get); elsewhere the test skips and says why.

@@ -49,6 +49,8 @@ class SyntheticSpec:
     embedding_type: GGMLQuantizationType = GGMLQuantizationType.Q8_0
     tied_embeddings: bool = True
     seed: int = 0
+    chat_template: str | None = TINY_CHAT_TEMPLATE
+    """None writes a base model: no ``tokenizer.chat_template`` (chat is refused, completions served)."""
     head_dim: int | None = None
     """Per-head width; None means ``n_embd // n_head`` (Gemma 3 and Qwen3 decouple the two)."""
     per_layer_arrays: bool = False
@@ -117,7 +119,8 @@ def _write_vocabulary(writer: GGUFWriter, spec: SyntheticSpec) -> int:
         writer.add_pad_token_id(0)
         writer.add_unk_token_id(3)
         writer.add_add_space_prefix(False)
-    writer.add_chat_template(TINY_CHAT_TEMPLATE)
+    if spec.chat_template is not None:
+        writer.add_chat_template(spec.chat_template)
     return len(tokens)
 
 

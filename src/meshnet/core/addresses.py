@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
+from collections.abc import Callable
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 
@@ -47,3 +49,63 @@ def require_loopback(addresses: tuple[str, ...], *, flag: str = "--insecure") ->
                 f"{flag} is for loopback development only, and {address} is not loopback: "
                 "run `meshnet swarm init` and join nodes with `meshnet swarm invite` tokens instead"
             )
+
+
+DEFAULT_ROUTE_PROBE = {socket.AF_INET: "203.0.113.1", socket.AF_INET6: "2001:db8::1"}
+"""Documentation addresses (RFC 5737, RFC 3849): off every LAN, so the route to them is the default one."""
+
+
+def is_unspecified_host(host: str) -> bool:
+    """True for a bind-everything wildcard (``0.0.0.0``, ``::``, or no host at all)."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if not host:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False  # a host name
+
+
+def route_source_host(target: str, family: int) -> str:
+    """The address of this machine's interface that routes toward ``target`` (an IP or a name).
+
+    Connecting a UDP socket sends nothing: it only makes the kernel choose the route and so the
+    source address, which is what peers on that route can dial back. Raises ``OSError`` when no
+    route leads there."""
+    infos = socket.getaddrinfo(target, 9, family, socket.SOCK_DGRAM)
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(infos[0][4])
+        return str(probe.getsockname()[0])
+
+
+def dialable_address(
+    bound: str,
+    *,
+    toward: str | None = None,
+    flag: str = "--advertise",
+    source_of: Callable[[str, int], str] = route_source_host,
+) -> str:
+    """``bound`` itself when its host can be dialled; for a wildcard bind, the same port on the
+    address of the interface that routes toward ``toward`` (a ``host:port``, e.g. the tracker),
+    or toward the default route when there is none.
+
+    A wildcard is where to listen, never where to connect: an invite or a registration carrying
+    ``0.0.0.0`` sends every peer to its own machine. When no route gives an address, refuse with
+    the fix (``flag HOST:PORT``) rather than hand out one nobody can reach."""
+    host, _, port = bound.rpartition(":")
+    if not is_unspecified_host(host):
+        return bound
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    target = DEFAULT_ROUTE_PROBE[family] if toward is None else toward.rpartition(":")[0].strip("[]")
+    try:
+        derived = source_of(target, family)
+    except OSError as error:
+        derived, reason = "", f"no route to {target} gives this machine an address ({error})"
+    else:
+        reason = f"the route to {target} leaves from a wildcard"
+    if not derived or is_unspecified_host(derived):
+        raise FailedPrecondition(
+            f"{bound} binds every interface but is no address peers can dial, and {reason}: "
+            f"give {flag} HOST:PORT with the name or IP peers reach this machine at"
+        )
+    return f"[{derived}]:{port}" if ":" in derived else f"{derived}:{port}"

@@ -29,6 +29,10 @@ class LocalSwarmConfig:
     """Stop after the demo answer instead of serving."""
     model_name: str | None = None
     """Name the workers and gateway serve the model under; none uses the GGUF's general.name."""
+    chat_template: Path | None = None
+    """Jinja chat template file the gateway uses instead of the GGUF's (as ``meshnet gateway
+    --chat-template``): a base model has none, so without one its chat endpoint answers 400 and
+    the demo is a plain completion."""
     threads: int = 1
     """llama.cpp threads per worker. Workers share this machine's cores, so one each keeps
     three pipelined shards from competing for two cores."""

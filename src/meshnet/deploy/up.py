@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from meshnet.artifact.cache import SliceCache
-from meshnet.core.errors import MeshnetError, Unavailable
+from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.config import LocalSwarmConfig
@@ -122,7 +122,12 @@ def _expert_front(config: LocalSwarmConfig, logs: Path, tracker: str, peers: lis
 def _gateway(config: LocalSwarmConfig, logs: Path, tracker: str) -> Supervised:
     http = GatewayConfig(port=config.gateway_port, max_in_flight=config.max_in_flight, max_queue=config.max_queue)
     gateway = GatewayProcessConfig(
-        tracker=tracker, model=config.model, http=http, data_dir=config.data_dir, model_name=config.model_name
+        tracker=tracker,
+        model=config.model,
+        http=http,
+        data_dir=config.data_dir,
+        model_name=config.model_name,
+        chat_template=config.chat_template,
     )
     security = _security(config, "gateway", "gateway")
 
@@ -230,16 +235,18 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
     reporter.supervisor = supervisor
     try:
         if config.expert_parallel > 0:
+            _serves_chat(config)  # the group's demo is a completion too when there is no template
             served = _start_expert_swarm(config, supervisor, logs)
             if served is None:
                 return 0
             base_url, model = served
             _wait_routable(base_url, model, auth)
         else:
+            chat = _serves_chat(config)
             base_url, model = _start_swarm(config, supervisor, logs)
             print(f"logs in {logs}")
             _wait_routable(base_url, model, auth)
-            _demo(base_url, model, config, auth)
+            _demo(base_url, model, config, auth, chat=chat)
             if config.demo_only:
                 return 0
         print(f"\n{UpLine(base_url + '/v1')} — press Ctrl-C to stop.", flush=True)
@@ -288,18 +295,35 @@ def _wait_routable(base_url: str, model: str, auth: dict[str, str]) -> None:
     raise Unavailable("the swarm never became routable; see the logs")
 
 
-def _demo(base_url: str, model: str, config: LocalSwarmConfig, auth: dict[str, str]) -> None:
+def _serves_chat(config: LocalSwarmConfig) -> bool:
+    """Whether the gateway will serve chat; a base model's refusal is said now, with its fix."""
+    from meshnet.artifact.describe import describe_model  # parsing the GGUF header: only when `up` runs
+
+    if config.chat_template is not None:
+        if not config.chat_template.is_file():
+            raise InvalidArgument(f"--chat-template {config.chat_template}: no such file")
+        return True
+    if describe_model(config.model).chat_template is not None:
+        return True
+    print(
+        f"chat      off: {config.model.name} has no chat template (a base model), so /v1/chat/completions "
+        "answers 400 and /v1/completions serves; give one with --chat-template FILE"
+    )
+    return False
+
+
+def _demo(base_url: str, model: str, config: LocalSwarmConfig, auth: dict[str, str], *, chat: bool) -> None:
+    """Stream the demo answer: a chat turn, or a plain completion of the prompt for a base model."""
     print(f"\n> {config.prompt}\n")
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": config.prompt}],
-        "max_tokens": config.max_tokens,
-        "temperature": 0,
-        "stream": True,
-    }
+    asked = {"messages": [{"role": "user", "content": config.prompt}]} if chat else {"prompt": config.prompt}
+    body = {"model": model, **asked, "max_tokens": config.max_tokens, "temperature": 0, "stream": True}
+    endpoint = f"{base_url}/v1/{'chat/completions' if chat else 'completions'}"
     telemetry: list[str] = []
     mid_line = False
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, headers=auth, timeout=120) as response:
+    with httpx.stream("POST", endpoint, json=body, headers=auth, timeout=120) as response:
+        if response.status_code != 200:  # said, never silent; the swarm still serves
+            print(f"demo refused ({response.status_code}): {response.read().decode(errors='replace')}", file=sys.stderr)
+            return
         for line in response.iter_lines():
             if line.startswith(": telemetry "):
                 event = json.loads(line[len(": telemetry ") :])
@@ -314,7 +338,7 @@ def _demo(base_url: str, model: str, config: LocalSwarmConfig, auth: dict[str, s
             elif line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
                 for choice in chunk.get("choices", []):
-                    text = choice.get("delta", {}).get("content") or ""
+                    text = choice.get("delta", {}).get("content") or choice.get("text") or ""
                     print(text, end="", flush=True)
                     mid_line = mid_line or bool(text)
     print()

@@ -135,7 +135,9 @@ def run_demo(config: LocalSwarmConfig, peers: list[str]) -> DemoResult:
     from meshnet.engine.tokenizer import Tokenizer
     from meshnet.moe.group_client import ExpertGroupClient
 
+    template = None if config.chat_template is None else config.chat_template.read_text()
     source = describe_model(config.model)
+    source = replace(source, chat_template=template or source.chat_template)  # --chat-template, as the gateway
     tokenizer = Tokenizer(source)
     prompt = demo_prompt(tokenizer, source, config.prompt)
     request = GenerationRequest(tuple(prompt), config.max_tokens, SamplingParams(), tokenizer.eos_token_ids)

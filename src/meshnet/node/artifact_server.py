@@ -20,6 +20,7 @@ import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, HeldManifest
 from meshnet.artifact.holdings import Holdings, published_holdings, range_holdings
+from meshnet.core.addresses import dialable_address
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
 from meshnet.core.ids import NodeId
@@ -150,7 +151,7 @@ async def serve_seeder(
     server, port = artifact_server(config.host, config.port, security)
     services.add_artifacts_servicer(ArtifactsServicer(holdings, security), server)
     await server.start()
-    address = config.advertise or f"{config.host}:{port}"
+    address = config.advertise or dialable_address(f"{config.host}:{port}", toward=config.tracker)
     tracker = None if config.tracker is None else TrackerClient(config.tracker, security=security)
     tasks: list[asyncio.Task[None]] = []
     if tracker is not None:

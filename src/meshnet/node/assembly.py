@@ -24,6 +24,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
+from meshnet.core.addresses import dialable_address
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.ids import NodeId
@@ -119,7 +120,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         speed = await loop.call(measure_speed)
         model = model_identity(config, cache, description, device)
         server, port = _bind(config, security)
-        address = config.advertise or f"{config.host}:{port}"
+        # A wildcard bind registers the address of the interface that routes to the tracker.
+        address = config.advertise or dialable_address(f"{config.host}:{port}", toward=config.tracker)
         # The node's one id (``NodeId``): registration, routes, hop pinning and work records.
         node_id = own_node_id(security)
         device = await asyncio.to_thread(loaded_device, device)  # its memory with the engine in

@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from meshnet.core.addresses import require_loopback
+from meshnet.core.addresses import dialable_address, require_loopback
+from meshnet.core.errors import FailedPrecondition
 from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
@@ -249,8 +250,19 @@ def run_tracker(config: TrackerConfig, data_dir: Path, on_ready: Callable[[Runni
 
     def announce(running: RunningTracker) -> None:
         if running.join_address is not None:
-            write_join_address(data_dir, running.join_address)
+            write_join_address(data_dir, _invited_address(running.join_address))
         on_ready(running)
 
     asyncio.run(serve_tracker(config, on_ready=announce, security=security))
     return 0
+
+
+def _invited_address(join_address: str) -> str:
+    """What invites carry: on a wildcard bind, the address of the default route's interface. With
+    no route (an isolated LAN) the wildcard is kept, and `swarm invite` refuses it naming
+    --join-address, rather than the tracker refusing to start."""
+    try:
+        return dialable_address(join_address, flag="swarm invite --join-address")
+    except FailedPrecondition as error:
+        logger.warning("%s", error.message)
+        return join_address

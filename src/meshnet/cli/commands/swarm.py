@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from meshnet.core.addresses import check_advertise_address
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
 from meshnet.membership.join import resolve_security
@@ -55,6 +56,8 @@ def run_swarm(arguments: SwarmArguments, data_dir: Path, say: Callable[[str], No
 def create_invite(arguments: SwarmArguments, data_dir: Path) -> JoinToken:
     authority = load_authority(data_dir)
     join_address = arguments.join_address or read_join_address(data_dir) or "127.0.0.1:7071"
+    # A joiner dials this: a wildcard (a tracker on 0.0.0.0 before it announced) would send it home.
+    check_advertise_address(join_address, flag="--join-address")
     expires_at = time.time() + parse_duration(arguments.expires)
     book = SwarmBook(book_path(data_dir))
     try:
