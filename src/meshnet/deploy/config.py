@@ -28,7 +28,7 @@ class LocalSwarmConfig:
     demo_only: bool = False
     """Stop after the demo answer instead of serving."""
     model_name: str | None = None
-    """Name the workers and gateway serve the model under; none uses the GGUF's general.name."""
+    """Name the workers and gateway serve the model under; none: the file's stem."""
     threads: int = 1
     """llama.cpp threads per worker. Workers share this machine's cores, so one each keeps
     three pipelined shards from competing for two cores."""
