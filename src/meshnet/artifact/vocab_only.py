@@ -19,7 +19,9 @@ from meshnet.core.errors import ArtifactError
 
 _WRITTEN_BY_WRITER = ("general.architecture", "general.alignment")
 """Keys GGUFWriter writes itself (the architecture; the default alignment for no tensors)."""
-_SLICE_KEYS = "meshnet.slice."
+_DROPPED_PREFIXES = ("meshnet.slice.", "split.")
+"""Slice provenance, and ``gguf-split``'s part numbering: the vocabulary-only file is one whole
+file (llama.cpp would look for the other parts of a file that says it is part 1 of N)."""
 
 
 def write_vocab_only(model: GGUFFile, out: Path) -> Path:
@@ -29,7 +31,7 @@ def write_vocab_only(model: GGUFFile, out: Path) -> Path:
     out = Path(out)
     writer = GGUFWriter(path=None, arch=model.architecture)
     for key, entry in model.metadata.items():
-        if key in _WRITTEN_BY_WRITER or key.startswith(_SLICE_KEYS):
+        if key in _WRITTEN_BY_WRITER or key.startswith(_DROPPED_PREFIXES):
             continue
         sub_type = GGUFValueType(int(entry.item_type)) if entry.item_type is not None else None
         writer.add_key_value(key, entry.value, GGUFValueType(int(entry.type)), sub_type=sub_type)

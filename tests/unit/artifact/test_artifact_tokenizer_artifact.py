@@ -136,3 +136,24 @@ def test_the_served_model_id_is_the_published_name_else_the_stem(
 
 def test_a_local_file_is_described_under_its_served_id(tiny_model: Path) -> None:
     assert describe_model(tiny_model).name == served_model_id(tiny_model) == tiny_model.stem
+
+
+def test_the_first_part_of_a_split_set_gives_a_whole_vocabulary_file(tiny_model: Path, tmp_path: Path) -> None:
+    from meshnet.artifact.gguf_file import MetadataValue, ValueType
+
+    source = parse_gguf(tiny_model)
+    # What gguf-split writes into every part: kept, llama.cpp would go looking for parts 2 and 3.
+    split = {
+        "split.no": MetadataValue(ValueType.UINT16, 0),
+        "split.count": MetadataValue(ValueType.UINT16, 3),
+        "split.tensors.count": MetadataValue(ValueType.INT32, len(source.tensors)),
+    }
+    first_part = replace(source, metadata={**source.metadata, **split})
+    vocab = write_vocab_only(first_part, tmp_path / "model-00001-of-00003.gguf")
+    assert not [key for key in parse_gguf(vocab).metadata if key.startswith("split.")]
+    whole, alone = Tokenizer(describe_model(tiny_model)), Tokenizer(describe_model(vocab))
+    try:
+        assert alone.encode_chat(MESSAGES) == whole.encode_chat(MESSAGES)
+    finally:
+        whole.close()
+        alone.close()
