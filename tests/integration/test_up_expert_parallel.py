@@ -54,7 +54,7 @@ SPEC = SyntheticSpec(
 )
 PROMPT = "the quick brown fox"
 MAX_TOKENS = 16
-MODEL = "meshnet-synthetic-qwen3moe-2L"
+MODEL = "moe"  # served under its file's stem (moe.gguf)
 TEXT_PROMPT = "zebra quantum"
 OTHER_PROMPTS = ("the quick brown fox", "a b c d e f g")
 ANSWER_TOKENS = 24

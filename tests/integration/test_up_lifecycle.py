@@ -149,6 +149,7 @@ def test_a_stop_string_completion_is_stored_completed_with_its_tokens_and_billin
     base = f"http://127.0.0.1:{port}/v1"
     auth = {"Authorization": f"Bearer {(tmp_path / 'api-key').read_text().strip()}"}
     model = httpx.get(f"{base}/models", headers=auth, timeout=10).json()["data"][0]["id"]
+    assert model == "tiny"  # the file's stem (served_model_id), not its general.name, for workers and gateway alike
     body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0}
     free = httpx.post(f"{base}/chat/completions", json=body, headers=auth, timeout=30).json()
     text = free["choices"][0]["message"]["content"]

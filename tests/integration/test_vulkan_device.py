@@ -79,7 +79,7 @@ def _generate(model: Path, data_dir: Path, shards: int, max_tokens: int) -> str:
     args += ["--max-tokens", str(max_tokens), "--threads", "1", "--max-sessions", "1", "--context", "128"]
     done = vulkan_meshnet(data_dir, *args)
     assert done.returncode == 0, done.stderr
-    assert f"{shards} in-process shard(s) on vulkan:0" in done.stderr
+    assert f": {shards} in-process shard(s) on vulkan:0" in done.stderr
     return done.stdout
 
 

@@ -1,5 +1,6 @@
 """SmolLM2 from its artifacts: a seeder holds the published model, workers start from the model
-id with empty data dirs, fetch only their range, and the route equals the whole model.
+id with empty data dirs, fetch only their range, and the route equals the whole model; a gateway
+started by the model id fetches only the tokenizer artifact and serves the whole model's output.
 
 Needs MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 and the provisioned model (see test_distributed_real).
 """
@@ -29,10 +30,11 @@ from meshnet.artifact.slicing import verify_slice, write_slice
 from meshnet.core.events import TokenGenerated
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.launch.commands import tracker_command
-from meshnet.deploy.launch.ready_lines import SeedLine, TrackerLine
+from meshnet.deploy.launch.commands import gateway_command, tracker_command
+from meshnet.deploy.launch.ready_lines import GatewayLine, SeedLine, TrackerLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
 from meshnet.fetch.holders import artifact_channel, fetch_bytes
+from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.route.driver import RouteSession
@@ -172,3 +174,64 @@ async def test_workers_serve_what_they_fetched(
     async with artifact_channel(workers[1].address, tracker.security) as channel:
         data = await fetch_bytes(channel, block.sha256, 0, block.size)
     assert hashlib.sha256(data).hexdigest() == block.sha256
+
+
+@pytest.fixture(scope="module")
+def gateway_by_id(folder: Path, tracker: ArtifactSwarm, workers: list[RunningWorker]) -> Iterator[tuple[str, Path]]:
+    """``meshnet gateway --model-id`` with an empty data dir: it fetches the tokenizer artifact only."""
+    home = folder / "gateway-home"
+    home.mkdir()
+    config = GatewayProcessConfig(
+        tracker=tracker.address,
+        model_id=MODEL_ID,
+        http=GatewayConfig(port=0),
+        data_dir=home,
+        audit_fraction=0.0,
+        allow_anonymous=True,
+    )
+    command = gateway_command(config, tracker.identity_options("gateway", "gateway"))
+    child = ChildProcess(LaunchSpec("gateway", command, folder / "gateway.log", GatewayLine.PREFIX))
+    try:
+        yield GatewayLine.read(child.await_ready(time.monotonic() + 60)).url, home
+    finally:
+        stop_all([child])
+
+
+def test_a_gateway_by_model_id_serves_the_whole_models_output_without_weights(
+    folder: Path, gateway_by_id: tuple[str, Path], manifest: Manifest
+) -> None:
+    import openai
+
+    from meshnet.core.generation import GenerationRequest, SamplingParams
+    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.shards import open_local_route
+    from meshnet.engine.tokenizer import Tokenizer
+
+    url, home = gateway_by_id
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name two planets."}]
+    whole = Tokenizer(describe_model(MODEL))
+    prompt = whole.encode_chat(messages)
+    config = LlamaConfig(n_threads=1, max_slots=1, n_ctx_per_slot=512, max_batch_tokens=256)
+    route = open_local_route(describe_model(MODEL), 1, SliceCache(folder / "reference"), config)
+    request = GenerationRequest(tuple(prompt), 24, SamplingParams(), whole.eos_token_ids)
+    expected = whole.decode([t for t in route.generate(request) if t not in whole.eos_token_ids])
+    route.close()
+    whole.close()
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    # One stable served id: the published name, from the workers and the gateway alike.
+    assert [model.id for model in client.models.list().data] == [MODEL_ID]
+    answer = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=messages,
+        max_tokens=24,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert answer.choices[0].message.content == expected
+    assert answer.usage is not None and answer.usage.prompt_tokens == len(prompt)
+    # No weights on the gateway's disk: its one GGUF is the signed tokenizer artifact.
+    tokenizer = manifest.tokenizer()
+    files = [path for path in home.rglob("*") if path.is_file()]
+    ggufs = [path for path in files if path.suffix == ".gguf"]
+    assert [hashlib.sha256(path.read_bytes()).hexdigest() for path in ggufs] == [tokenizer.sha256]
+    assert max(path.stat().st_size for path in files) <= tokenizer.size < manifest.source.size // 10
+    print(f"\ngateway data dir: {sum(p.stat().st_size for p in files):,} bytes; source {manifest.source.size:,}")

@@ -74,7 +74,7 @@ def test_meshnet_up_demo_only_streams_the_whole_models_answer_and_exits_0(tmp_pa
     out = done.stdout
     assert out.count("\nworker    ") + out.startswith("worker    ") == 3, out
     assert "tracker   127.0.0.1:" in out and "gateway   http://127.0.0.1:" in out, out
-    assert f"model {DEFAULT_MODEL.name!r}" in out, out
+    assert f"model {MODEL.stem!r}" in out, out  # served under the file's stem, as a worker given the file is
     assert f"> {DEMO_PROMPT}" in out, out
     demo = out.split(f"> {DEMO_PROMPT}", 1)[1]
     assert "[accepted: " in demo and "[completed: " in demo, out

@@ -13,6 +13,7 @@ from pathlib import Path
 from gguf import LlamaFileType
 
 from meshnet.artifact.gguf_split import open_model
+from meshnet.artifact.model_id import served_model_id
 from meshnet.artifact.slicing import model_dimensions
 from meshnet.core.layers import LayerRange, split_by_work
 
@@ -25,7 +26,7 @@ class ModelDescription:
     path: Path
     """The GGUF file described."""
     name: str
-    """``general.name``, or the file's stem when the header has none."""
+    """The name it is served under: the file's stem as a model id (``model_id.served_model_id``)."""
     architecture: str
     """Adapter name (``llama``, ...): the certified family the file belongs to."""
     adapter_version: str
@@ -63,7 +64,7 @@ def describe_model(path: Path) -> ModelDescription:
     template = model.get("tokenizer.chat_template")
     return ModelDescription(
         path=model.path,
-        name=str(model.get("general.name") or Path(path).stem),
+        name=served_model_id(model.path),
         architecture=adapter.name,
         adapter_version=adapter.version,
         n_layers=n_layers,

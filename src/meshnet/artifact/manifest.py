@@ -2,10 +2,12 @@
 
 A publisher cuts a source GGUF into content-addressed artifacts (``publish.py``): the source
 header (``metadata``), one artifact per transformer block (``layer``), the tensors every slice
-carries (``global``), the token embedding table (``token_embedding``) and the output norm and
-LM head (``output``). The manifest lists each with its size, sha256, the sha256 of every
-``piece_size`` piece and the Merkle root over them (``pieces.py``), and which tensors it holds,
-in order, so a node can fetch only what its layer range needs and check every piece.
+carries (``global``), the token embedding table (``token_embedding``), the output norm and
+LM head (``output``), and (schema 2) the tokenizer: a vocabulary-only GGUF of the source's
+metadata (``tokenizer``, ``vocab_only.py``) that a gateway serves from without any weights.
+The manifest lists each with its size, sha256, the sha256 of every ``piece_size`` piece and the
+Merkle root over them (``pieces.py``), and which tensors it holds, in order, so a node can
+fetch only what its layer range needs and check every piece.
 
 The manifest is signed with the publisher's Ed25519 key over its canonical JSON without the
 ``signature`` member; ``manifest_codec.py`` encodes, parses strictly, signs and verifies.
@@ -20,15 +22,28 @@ from meshnet.core.errors import ArtifactError
 from meshnet.core.layers import LayerRange
 from meshnet.security.signing import fingerprint
 
-SCHEMA = "meshnet.manifest/1"
-ArtifactKind = Literal["metadata", "layer", "global", "token_embedding", "output"]
-ARTIFACT_KINDS: tuple[str, ...] = ("metadata", "layer", "global", "token_embedding", "output")
+SCHEMA_V1 = "meshnet.manifest/1"
+"""Manifests before the tokenizer artifact: still parsed and served, but a gateway cannot use them."""
+SCHEMA = "meshnet.manifest/2"
+"""What ``publish`` writes: schema 1 plus at most one ``tokenizer`` artifact."""
+SCHEMAS = (SCHEMA_V1, SCHEMA)
+ArtifactKind = Literal["metadata", "layer", "global", "token_embedding", "output", "tokenizer"]
+ARTIFACT_KINDS: tuple[str, ...] = ("metadata", "layer", "global", "token_embedding", "output", "tokenizer")
+TENSORLESS_KINDS = ("metadata", "tokenizer")
+"""Artifacts that are GGUF bytes of their own (a header, a vocabulary-only file), not packed tensors."""
 
 
 class ManifestError(ArtifactError):
     """A manifest that is not valid JSON, misses or mistypes a field, or contradicts itself."""
 
     code = "manifest_invalid"
+
+
+class TokenizerArtifactMissing(ArtifactError):
+    """The manifest lists no tokenizer artifact (a schema-1 manifest, or a source without a
+    vocabulary), so a gateway cannot be served from it by model id."""
+
+    code = "tokenizer_artifact_missing"
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,16 @@ class Manifest:
     def tensor_layers(self) -> dict[str, int | str]:
         """The tensor -> layer map: a block index, or the kind of shared artifact holding it."""
         return {t.name: (e.layer if e.layer is not None else e.kind) for e in self.artifacts for t in e.tensors}
+
+    def tokenizer(self) -> ArtifactEntry:
+        """The vocabulary-only GGUF a gateway serves from, or a typed error naming the fix."""
+        found = self.of_kind("tokenizer")
+        if not found:
+            raise TokenizerArtifactMissing(
+                f"manifest of {self.model_id} ({self.schema}) has no tokenizer artifact: republish the model "
+                "with this meshnet (`meshnet publish`), or give the gateway the model file with --model"
+            )
+        return found[0]
 
     @property
     def publisher(self) -> str | None:

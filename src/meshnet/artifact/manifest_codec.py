@@ -18,7 +18,9 @@ from typing import Any, TypeVar, cast
 
 from meshnet.artifact.manifest import (
     ARTIFACT_KINDS,
-    SCHEMA,
+    SCHEMA_V1,
+    SCHEMAS,
+    TENSORLESS_KINDS,
     ArtifactEntry,
     KvFormat,
     Manifest,
@@ -131,8 +133,8 @@ def _check_artifact(entry: ArtifactEntry, where: str) -> None:
         raise ManifestError(f"{where}: {len(entry.pieces)} piece hashes for {entry.size} bytes")
     if merkle_root([bytes.fromhex(p) for p in entry.pieces]).hex() != entry.merkle_root:
         raise ManifestError(f"{where}.merkle_root is not the root of its piece hashes")
-    if (entry.kind == "metadata") != (not entry.tensors):
-        raise ManifestError(f"{where}: the metadata artifact holds no tensors, every other artifact some")
+    if (entry.kind in TENSORLESS_KINDS) != (not entry.tensors):
+        raise ManifestError(f"{where}: the metadata and tokenizer artifacts hold no tensors, every other one some")
     offset = 0
     for tensor in entry.tensors:
         if tensor.offset != offset:
@@ -178,6 +180,9 @@ def _check_manifest(manifest: Manifest) -> None:
     counts = {kind: len(manifest.of_kind(kind)) for kind in ARTIFACT_KINDS}  # type: ignore[arg-type]
     if counts["metadata"] != 1 or counts["token_embedding"] != 1 or counts["output"] > 1 or counts["global"] > 1:
         raise ManifestError("manifest needs one metadata and one token_embedding artifact, at most one output/global")
+    tokenizers = 0 if manifest.schema == SCHEMA_V1 else 1
+    if counts["tokenizer"] > tokenizers:
+        raise ManifestError(f"a {manifest.schema} manifest holds at most {tokenizers} tokenizer artifact")
     layers = sorted(e.layer for e in manifest.of_kind("layer") if e.layer is not None)
     if layers != list(range(manifest.n_layers)):
         raise ManifestError(f"manifest must hold one layer artifact for each of its {manifest.n_layers} layers")
@@ -196,8 +201,8 @@ def decode_manifest(data: bytes | str) -> Manifest:
         raise ManifestError(f"manifest is not valid JSON: {str(error)[:120]}") from None
     reader = _Reader(document, "manifest")
     schema = reader.text("schema")
-    if schema != SCHEMA:
-        raise ManifestError(f"manifest schema {schema[:40]!r} is not {SCHEMA!r}")
+    if schema not in SCHEMAS:
+        raise ManifestError(f"manifest schema {schema[:40]!r} is not one of {', '.join(SCHEMAS)}")
     signature = reader.take("signature")
     manifest = Manifest(
         schema=schema,

@@ -3,7 +3,8 @@
 ``DIR/manifest.json`` plus ``DIR/artifacts/<sha256>`` for: the source header (every metadata key
 and the tensor table, ``metadata``), one artifact per block (``layer``), the tensors every
 slice carries (``global``, e.g. llama3 ``rope_freqs``), the token table (``token_embedding``)
-and the final norm with the LM head (``output``). Which tensor goes where is the family
+and the final norm with the LM head (``output``), and the source's vocabulary-only GGUF
+(``tokenizer``, ``vocab_only.py``: what a gateway serving by model id loads). Which tensor goes where is the family
 adapter's answer (``architectures/``), the same one ``slicing`` uses, so a slice assembled from
 artifacts (``assemble.py``) is the slice ``meshnet slice`` cuts. Tensor bytes are copied
 unchanged, packed in source order; each artifact is written atomically under its own hash.
@@ -27,6 +28,7 @@ from meshnet.artifact.manifest import SCHEMA, ArtifactEntry, ArtifactKind, KvFor
 from meshnet.artifact.manifest_codec import manifest_json, sign_manifest
 from meshnet.artifact.pieces import PIECE_SIZE, PieceDigests, digest_stream
 from meshnet.artifact.slicing import model_dimensions
+from meshnet.artifact.vocab_only import write_vocab_only
 from meshnet.core.errors import ArtifactError
 from meshnet.security.signing import PublisherKey
 
@@ -128,6 +130,18 @@ def _entry(kind: ArtifactKind, layer: int | None, d: PieceDigests, tensors: tupl
     return ArtifactEntry(kind, layer, d.size, d.sha256, d.piece_size, d.pieces, d.merkle_root, tuple(packed))
 
 
+def _tokenizer_entry(model: GGUFFile, out: Path, piece_size: int) -> ArtifactEntry:
+    """The vocabulary-only GGUF of ``model``, written under its hash like every artifact."""
+    staged = partial_path(Path(out) / ARTIFACTS_DIR / "tokenizer.gguf")
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_vocab_only(model, staged)
+        digests = _write_artifact(out, iter([staged.read_bytes()]), piece_size)
+    finally:
+        staged.unlink(missing_ok=True)
+    return _entry("tokenizer", None, digests, ())
+
+
 def publish(
     source: Path, out: Path, options: PublishOptions, key: PublisherKey, progress: Progress | None = None
 ) -> Manifest:
@@ -155,6 +169,8 @@ def publish(
             entries.append(_entry(group.kind, group.layer, digests, group.tensors))
             if progress is not None:
                 progress("publish", sum(entry.size for entry in entries), total)
+    if model.get("tokenizer.ggml.model") not in (None, "none"):
+        entries.append(_tokenizer_entry(model, out, options.piece_size))
     source_info = SourceInfo(source.name, options.repo, options.revision, source_sha256, source_size)
     manifest = _manifest(model, adapter, source_info, n_layers, n_embd, options, tuple(entries))
     signed = sign_manifest(manifest, key)

@@ -28,7 +28,7 @@ class LocalSwarmConfig:
     demo_only: bool = False
     """Stop after the demo answer instead of serving."""
     model_name: str | None = None
-    """Name the workers and gateway serve the model under; none uses the GGUF's general.name."""
+    """Name the workers and gateway serve the model under; none: the file's stem."""
     chat_template: Path | None = None
     """Jinja chat template file the gateway uses instead of the GGUF's (as ``meshnet gateway
     --chat-template``): a base model has none, so without one its chat endpoint answers 400 and

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from meshnet.artifact.assemble import PieceRef, PieceRejected, SliceBuilder
 from meshnet.artifact.cache import HEADER_ONLY_SUFFIX, ShardFiles, SliceCache
@@ -76,7 +77,7 @@ class FetchedRange:
 
 
 @dataclass
-class _Counter:
+class Counter:
     received: int = 0
     channels: dict[str, RenewingChannel] = field(default_factory=dict)
     security: LinkSecurity | None = None
@@ -102,7 +103,18 @@ def model_folder(data_dir: Path, model_id: str) -> Path:
     return Path(data_dir) / MODELS_DIR / model_id
 
 
-async def _trusted_manifest(config: FetchConfig, found: FoundHolders, counter: _Counter) -> tuple[Manifest, bytes]:
+@dataclass(frozen=True)
+class ManifestWanted:
+    """Which model's manifest to accept, and whose signature: what every fetch starts from."""
+
+    model_id: str
+    data_dir: Path
+    trust_publisher: str | None = None
+
+
+async def trusted_manifest(
+    config: FetchConfig | ManifestWanted, found: FoundHolders, counter: Counter
+) -> tuple[Manifest, bytes]:
     """The trusted manifest most holders hold, checked and (on first use) recorded."""
     trust = TrustStore(config.data_dir)
     reasons: list[str] = []
@@ -133,7 +145,7 @@ async def _trusted_manifest(config: FetchConfig, found: FoundHolders, counter: _
     return manifest, data
 
 
-async def _manifest_bytes(digest: str, addresses: list[str], counter: _Counter) -> bytes | None:
+async def _manifest_bytes(digest: str, addresses: list[str], counter: Counter) -> bytes | None:
     for address in addresses:
         try:
             data = await fetch_to_end(counter.channel(address), digest)
@@ -146,14 +158,19 @@ async def _manifest_bytes(digest: str, addresses: list[str], counter: _Counter) 
     return None
 
 
-async def _pull(
-    builder: SliceBuilder,
+class PiecePlacer(Protocol):
+    def place(self, piece: PieceRef, data: bytes) -> None: ...
+
+
+async def pull(
+    builder: PiecePlacer,
     pieces: tuple[PieceRef, ...],
     holders: FoundHolders,
-    counter: _Counter,
-    config: FetchConfig,
+    counter: Counter,
+    requests_per_holder: int,
     progress: Progress | None,
 ) -> PieceSchedule:
+    """Fetch ``pieces`` from every holder at once, each placed (and verified) by ``builder``."""
     holders_of: dict[str, set[str]] = {}
     for holder in holders.holders:
         for artifact in holder.artifacts:
@@ -184,7 +201,7 @@ async def _pull(
     try:
         async with asyncio.TaskGroup() as group:
             for address in addresses:
-                for _ in range(config.requests_per_holder):
+                for _ in range(requests_per_holder):
                     group.create_task(worker(address))
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None  # the typed error itself, not its group
@@ -198,7 +215,7 @@ async def _pull(
 
 
 async def _deliver(
-    builder: SliceBuilder, counter: _Counter, schedule: PieceSchedule, address: str, piece: PieceRef
+    builder: PiecePlacer, counter: Counter, schedule: PieceSchedule, address: str, piece: PieceRef
 ) -> bool:
     """Fetch ``piece`` from ``address`` and place it; on failure tell the schedule whose fault it was."""
     try:
@@ -248,22 +265,23 @@ async def fetch_range(
 
     ``security``: the swarm identity every link (tracker and holders) uses; None is plaintext."""
     started = time.monotonic()
-    counter = _Counter(security=security)
+    counter = Counter(security=security)
     tracker = TrackerClient(config.tracker, security=security)
     try:
         found = counter.learn(await tracker.find_holders(config.model_id))
-        manifest, manifest_data = await _trusted_manifest(config, found, counter)
+        manifest, manifest_data = await trusted_manifest(config, found, counter)
         needed = needed_artifacts(manifest, config.layers)
         holders = counter.learn(await tracker.find_holders("", tuple(e.sha256 for e in needed)))
         folder = model_folder(config.data_dir, manifest.model_id)
         folder.mkdir(parents=True, exist_ok=True)
         manifest_path = folder / "manifest.json"
-        _atomic_write(manifest_path, manifest_data)
+        atomic_write(manifest_path, manifest_data)
         cache = SliceCache(Path(config.data_dir) / "cache")
         with SliceBuilder(manifest, config.layers, folder / "partial") as builder:
-            header = await _pull(builder, builder.missing(builder.header_pieces()), holders, counter, config, None)
+            requests = config.requests_per_holder
+            header = await pull(builder, builder.missing(builder.header_pieces()), holders, counter, requests, None)
             builder.locate_tensors()
-            body = await _pull(builder, builder.missing(builder.body_pieces()), holders, counter, config, progress)
+            body = await pull(builder, builder.missing(builder.body_pieces()), holders, counter, requests, progress)
             header_path = _write_header_only(builder, folder)
             files = await asyncio.to_thread(builder.finish, cache)
         cache.remember_source(header_path, manifest.source.sha256)
@@ -285,7 +303,7 @@ async def fetch_range(
     )
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     partial = partial_path(path)
     try:
         with open(partial, "wb") as handle:

@@ -129,15 +129,21 @@ class GatewayProcessConfig:
 
     tracker: str
     """Tracker address (host:port) that routes requests to workers."""
-    model: Path = field(metadata=cli(shown_default=PROVISIONED_MODEL))
-    """Source GGUF the tokenizer and chat template are read from (no tensors are loaded)."""
     http: GatewayConfig
     """The HTTP app's limits, deadlines and bind address."""
     data_dir: Path
     """Holds the outbox of work records (``gateway/outbox.sqlite3``); one gateway per directory.
     Set from the global --data-dir."""
+    model: Path | None = field(default=None, metadata=cli(shown_default=PROVISIONED_MODEL))
+    """GGUF the tokenizer and chat template are read from (no tensors are loaded): the source,
+    or its vocabulary-only copy. Not with --model-id."""
+    model_id: str | None = None
+    """Serve this published model: fetch only its tokenizer artifact (a vocabulary-only GGUF of a
+    few MB) from the holders the tracker names, checked against the signed manifest."""
+    trust_publisher: str | None = None
+    """With --model-id: accept only manifests this key fingerprint signed; none trusts the first key seen."""
     model_name: str | None = None
-    """Name the model is served under; none uses the GGUF's general.name."""
+    """Name the model is served under; none: the published name (--model-id), else the file's stem."""
     max_frame_bytes: int = MAX_FRAME_BYTES
     """Largest gRPC message sent to or accepted from a shard."""
     chat_template: Path | None = None
@@ -161,6 +167,10 @@ class GatewayProcessConfig:
     request needs a key of DATA_DIR/api-keys.sqlite3 (`meshnet swarm api-key create`)."""
 
     def __post_init__(self) -> None:
+        if (self.model is None) == (self.model_id is None):
+            raise InvalidArgument("gateway config: give either --model or --model-id (not both)")
+        if self.trust_publisher is not None and self.model_id is None:
+            raise InvalidArgument("gateway config: --trust-publisher goes with --model-id")
         if not 0 <= self.audit_fraction <= 1 or self.audit_queue < 1:
             raise InvalidArgument("gateway config: --audit-fraction must be in [0, 1] and --audit-queue at least 1")
         if self.outbox_limit < 1:

@@ -1,4 +1,5 @@
-"""Run the gateway process: load the model's codec, connect to the tracker, serve HTTP.
+"""Run the gateway process: load the model's codec (from a local GGUF, or the tokenizer artifact
+fetched by model id), connect to the tracker, serve HTTP.
 
 Work records not yet acknowledged live in an outbox under the data directory (its depth and
 age are on ``/metrics``): those an earlier process left are replayed before serving, and on
@@ -17,8 +18,12 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from meshnet.artifact.describe import describe_model
+from meshnet.artifact.describe import ModelDescription, describe_model
+from meshnet.artifact.model_id import served_model_id
+from meshnet.core.errors import InvalidArgument
 from meshnet.engine.tokenizer import Tokenizer
+from meshnet.fetch.fetcher import ManifestWanted
+from meshnet.fetch.tokenizer import fetch_tokenizer
 from meshnet.gateway.app import create_app, new_admission
 from meshnet.gateway.config import GatewayProcessConfig
 from meshnet.gateway.keys import ApiKeyStore, store_path
@@ -54,14 +59,28 @@ def _http_server(app: FastAPI, config: GatewayProcessConfig) -> GatewayServer:
     )
 
 
+async def _served_model(config: GatewayProcessConfig, security: LinkSecurity | None) -> tuple[ModelDescription, str]:
+    """The file the tokenizer loads from and the model's served name: a local ``--model``, or
+    the verified tokenizer artifact of ``--model-id`` (no weights), named as it was published."""
+    if config.model is not None:
+        description = await asyncio.to_thread(describe_model, config.model)
+        return description, served_model_id(config.model, config.model_name)
+    if config.model_id is None:
+        raise InvalidArgument("the gateway needs --model or --model-id")
+    wanted = ManifestWanted(config.model_id, config.data_dir, config.trust_publisher)
+    fetched = await fetch_tokenizer(wanted, config.tracker, security)
+    log.info("tokenizer of %s: %s (%d bytes fetched)", config.model_id, fetched.path, fetched.fetched_bytes)
+    description = await asyncio.to_thread(describe_model, fetched.path)
+    return description, served_model_id(fetched.path, config.model_name or fetched.manifest.model_id)
+
+
 async def run_gateway(
     config: GatewayProcessConfig,
     *,
     on_ready: Callable[[str, str], None] | None = None,
     security: LinkSecurity | None = None,
 ) -> None:
-    description = describe_model(config.model)
-    name = config.model_name or description.name
+    description, name = await _served_model(config, security)
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = await asyncio.to_thread(partial(Tokenizer, description, chat_template=template))
     outbox = WorkOutbox(outbox_path(config.data_dir))

@@ -24,6 +24,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
+from meshnet.artifact.model_id import served_model_id
 from meshnet.core.addresses import dialable_address
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -95,7 +96,8 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     if config.model_id is not None and config.fake is None:
         fetched = await fetch_worker_range(config, security)
         # The header-only copy describes the model; the fetched slice is already in the cache.
-        config = replace(config, model=fetched.header)
+        # Served under the published name, not the header copy's file name.
+        config = replace(config, model=fetched.header, model_name=config.model_name or fetched.manifest.model_id)
     cache = SliceCache(config.data_dir / "cache")
     # Parsed once: capacity planning, the engine and the recipe all read this one description.
     description = None if config.fake or config.model is None else await asyncio.to_thread(describe_model, config.model)
@@ -338,7 +340,7 @@ def model_identity(
         n_embd=description.n_embd,
         device_class=device_class(config, device),
     )
-    return ModelIdentity(recipe, config.model_name or description.name, description.quantization)
+    return ModelIdentity(recipe, served_model_id(description.path, config.model_name), description.quantization)
 
 
 def fake_recipe(fake: FakeModel) -> Recipe:

@@ -61,7 +61,7 @@ class WorkerConfig:
     data_dir: Path
     """Holds the slice cache."""
     model_name: str | None = None
-    """Name served to clients; none uses the GGUF's general.name."""
+    """Name served to clients; none: the published name (--model-id), else the file's stem."""
     host: str = "127.0.0.1"
     """Bind address: loopback unless told otherwise, so a bare worker is never exposed."""
     port: int = 0

@@ -168,6 +168,13 @@ def gateways(draw: st.DrawFn) -> GatewayProcessConfig:
     values["http"] = GatewayConfig(**http)
     if values["allow_anonymous"] and http["host"] not in ("127.0.0.1", "::1", "localhost"):
         values["allow_anonymous"] = False
+    # A local model file or a published model id, never both; a trusted publisher only with an id.
+    if values["model_id"] is not None:
+        values["model"] = None
+    elif values["model"] is None:
+        values["model"] = draw(PATH)
+    if values["model_id"] is None:
+        values["trust_publisher"] = None
     return GatewayProcessConfig(**values, data_dir=DATA_DIR)
 
 

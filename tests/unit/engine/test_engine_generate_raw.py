@@ -24,7 +24,7 @@ def test_generate_raw_completes_text_on_a_certified_family(
     tokenizer = Tokenizer(describe_model(model))
     expected = len(tokenizer.encode("the a is", add_special=True))  # the text as is: no chat template
     tokenizer.close()
-    assert f"[2 in-process shard(s) on cpu: 0:2, 2:4; prompt {expected} tokens]" in err
+    assert f"[{family}: 2 in-process shard(s) on cpu: 0:2, 2:4; prompt {expected} tokens]" in err  # its served id
     assert "; decode 4 tokens in" in err  # 5 tokens: the first ends the prefill
 
 

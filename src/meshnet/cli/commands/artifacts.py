@@ -11,13 +11,12 @@ from meshnet.cli.flags import config_from_arguments
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    import re
-
+    from meshnet.artifact.model_id import served_model_id
     from meshnet.artifact.publish import PublishOptions, publish
     from meshnet.security.signing import load_or_create_key
 
     command = config_from_arguments(PublishArguments, args)
-    model_id = command.name or re.sub(r"[^A-Za-z0-9._-]+", "-", command.source.stem).strip("-.")
+    model_id = served_model_id(command.source, command.name)
     key_path = command.key or args.data_dir / "keys" / "publisher.key"
     key, created = load_or_create_key(key_path)
     if created:

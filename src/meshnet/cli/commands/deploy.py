@@ -23,20 +23,17 @@ if TYPE_CHECKING:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from meshnet.artifact.provision import DEFAULT_MODEL
     from meshnet.deploy.config import LocalSwarmConfig
     from meshnet.deploy.up import run_local_swarm
 
     given = given_arguments(LocalSwarmConfig, args)
     if "model" not in given:
-        # The provisioned model is served under its catalogue name by every component alike.
+        # Served under its file's stem, as a worker or gateway given the same file names it.
         given["model"] = provisioned_model(args.data_dir)
-        given.setdefault("model_name", DEFAULT_MODEL.name)
     return run_local_swarm(LocalSwarmConfig(**given, data_dir=args.data_dir))
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from meshnet.artifact.provision import DEFAULT_MODEL
     from meshnet.deploy.lab.lab import LabConfig
 
     given = given_arguments(LabConfig, args)
@@ -45,7 +42,6 @@ def cmd_lab(args: argparse.Namespace) -> int:
         return lab_down(given.get("tag"))
     if "model" not in given:
         given["model"] = provisioned_model(args.data_dir)
-        given.setdefault("model_name", DEFAULT_MODEL.name)
     if arguments.action == "sweep":
         return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments.sweep_output)
     return lab_up(LabConfig(**given, data_dir=args.data_dir))

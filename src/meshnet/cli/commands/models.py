@@ -113,13 +113,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if device.is_gpu:
             raise FailedPrecondition("an expert-parallel group runs on the CPU only: give --device cpu")
         route = _expert_route(source, config, SliceCache(args.data_dir / "cache"))
-        print(f"[{config.expert_parallel}-node expert-parallel group; prompt {len(tokens)} tokens]", file=sys.stderr)
+        group = f"{config.expert_parallel}-node expert-parallel group"
+        print(f"[{source.name}: {group}; prompt {len(tokens)} tokens]", file=sys.stderr)
     else:
         cache = SliceCache(args.data_dir / "cache")
         route = open_local_route(source, config.shards, cache, config.llama_config(device))
         ranges = ", ".join(str(b.shape.layers) for b in route.backends)
         print(
-            f"[{config.shards} in-process shard(s) on {device}: {ranges}; prompt {len(tokens)} tokens]", file=sys.stderr
+            f"[{source.name}: {config.shards} in-process shard(s) on {device}: {ranges}; prompt {len(tokens)} tokens]",
+            file=sys.stderr,
         )
     request = GenerationRequest(tuple(tokens), config.max_tokens, config.sampling, tokenizer.eos_token_ids)
     decoder = tokenizer.new_decoder()

@@ -118,10 +118,12 @@ def tracker_config(args: argparse.Namespace) -> TrackerConfig:
 
 
 def gateway_config(args: argparse.Namespace) -> GatewayProcessConfig:
-    """The gateway's config from its flags; ``--model`` defaults to the provisioned model."""
+    """The gateway's config from its flags; ``--model`` defaults to the provisioned model unless
+    ``--model-id`` serves a published one."""
     from meshnet.gateway.config import GatewayProcessConfig
 
-    computed = {"model": lambda: provisioned_model(args.data_dir)}
+    by_id = "model_id" in given_arguments(GatewayProcessConfig, args)
+    computed = {} if by_id else {"model": lambda: provisioned_model(args.data_dir)}
     return config_from_arguments(GatewayProcessConfig, args, computed=computed, fixed={"data_dir": args.data_dir})
 
 

@@ -61,7 +61,7 @@ class LabConfig:
     threads: int = 1
     """llama.cpp threads per worker (each node is pinned to one core)."""
     model_name: str | None = None
-    """Name served to clients; defaults to the GGUF's general.name."""
+    """Name served to clients; none: the file's stem (``served_model_id``)."""
     tag: str = "lab"
     """Names this lab's namespaces, links and cgroups (1-6 letters or digits), so labs can coexist."""
     ranges: tuple[LayerRange, ...] = ()

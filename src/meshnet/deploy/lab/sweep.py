@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from meshnet.artifact.describe import describe_model
+from meshnet.artifact.model_id import served_model_id
 from meshnet.core.errors import InvalidArgument
 from meshnet.deploy.lab.lab import Lab, LabConfig
 from meshnet.deploy.lab.plan import LabNode
@@ -126,7 +126,7 @@ def measure_point(lab: Lab, swarm: LabSwarm, n_embd: int) -> SweepPoint:
     config, plan = lab.config, lab.plan
     if plan is None:
         raise RuntimeError("the lab is not built")
-    model = config.model_name or describe_model(config.model).name
+    model = served_model_id(config.model, config.model_name)
     _stream(swarm, model, PROMPT, SHORT_TOKENS)  # warm-up: connections, first page faults
     ttfts, gaps = [], []
     route = list(swarm.advertised.values())

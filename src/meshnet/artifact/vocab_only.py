@@ -1,0 +1,51 @@
+"""The tokenizer artifact: a vocabulary-only GGUF cut from a source model.
+
+Every metadata key of the source (its ``tokenizer.*`` keys, chat template, hyperparameters and
+name) and no tensor: what llama.cpp reads under ``vocab_only``, so a gateway tokenizes and
+renders chats exactly as the whole file would, without holding a byte of weights. The bytes
+depend on the source's metadata only, so the same source always gives the same artifact hash.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gguf import GGUFValueType, GGUFWriter
+
+from meshnet.artifact.gguf_file import GGUFFile
+from meshnet.artifact.hashing import partial_path
+from meshnet.core.errors import ArtifactError
+
+_WRITTEN_BY_WRITER = ("general.architecture", "general.alignment")
+"""Keys GGUFWriter writes itself (the architecture; the default alignment for no tensors)."""
+_DROPPED_PREFIXES = ("meshnet.slice.", "split.")
+"""Slice provenance, and ``gguf-split``'s part numbering: the vocabulary-only file is one whole
+file (llama.cpp would look for the other parts of a file that says it is part 1 of N)."""
+
+
+def write_vocab_only(model: GGUFFile, out: Path) -> Path:
+    """Write ``model``'s metadata with an empty tensor table to ``out`` (atomically)."""
+    if model.get("tokenizer.ggml.model") in (None, "none"):
+        raise ArtifactError(f"{model.path.name} carries no tokenizer to publish")
+    out = Path(out)
+    writer = GGUFWriter(path=None, arch=model.architecture)
+    for key, entry in model.metadata.items():
+        if key in _WRITTEN_BY_WRITER or key.startswith(_DROPPED_PREFIXES):
+            continue
+        sub_type = GGUFValueType(int(entry.item_type)) if entry.item_type is not None else None
+        writer.add_key_value(key, entry.value, GGUFValueType(int(entry.type)), sub_type=sub_type)
+    partial = partial_path(out)
+    try:
+        writer.write_header_to_file(path=partial)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        handle = writer.fout[0] if writer.fout else None
+        if handle is not None:
+            handle.flush()
+            os.fsync(handle.fileno())
+        writer.close()
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return out
