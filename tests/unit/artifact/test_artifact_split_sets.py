@@ -49,7 +49,10 @@ def test_a_set_opens_as_the_unsplit_model(unsplit: Path, parts: list[Path]) -> N
     assert {t.part for t in merged.tensors.values()} == {0, 1, 2, 3}
     assert merged.metadata == whole.metadata  # the first part's, without split.*
     assert open_model(parts[0].parent) == merged  # the directory holding the set
-    assert replace(describe_model(parts[0]), path=unsplit) == describe_model(unsplit)
+    described = describe_model(parts[0])
+    # Served under the set's name (the first part's stem without its part suffix), else the same.
+    assert described.name == parts[0].name.removesuffix("-00001-of-00004.gguf")
+    assert replace(described, path=unsplit, name=describe_model(unsplit).name) == describe_model(unsplit)
     assert describe_model(parts[0].parent).path == parts[0]
     assert memory_footprint(parts[0]) == memory_footprint(unsplit)
     assert decode_work(parts[0]) == decode_work(unsplit)

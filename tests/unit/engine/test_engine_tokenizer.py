@@ -80,8 +80,8 @@ def test_a_head_slice_has_no_tokenizer(tiny_model: Path, tmp_path: Path) -> None
 
 
 def _model_with_template(template: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(synthetic, "TINY_CHAT_TEMPLATE", template)
-    return synthetic.write_synthetic_model(folder / "templated.gguf", synthetic.SyntheticSpec(n_layers=1))
+    spec = synthetic.SyntheticSpec(n_layers=1, chat_template=template)
+    return synthetic.write_synthetic_model(folder / "templated.gguf", spec)
 
 
 def test_template_code_runs_sandboxed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
