@@ -64,7 +64,7 @@ async def _served_model(config: GatewayProcessConfig, security: LinkSecurity | N
     the verified tokenizer artifact of ``--model-id`` (no weights), named as it was published."""
     if config.model is not None:
         description = await asyncio.to_thread(describe_model, config.model)
-        return description, served_model_id(config.model, config.model_name)
+        return description, served_model_id(description.path, config.model_name)  # a set: its first part
     if config.model_id is None:
         raise InvalidArgument("the gateway needs --model or --model-id")
     wanted = ManifestWanted(config.model_id, config.data_dir, config.trust_publisher)

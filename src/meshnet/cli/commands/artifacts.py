@@ -11,12 +11,13 @@ from meshnet.cli.flags import config_from_arguments
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    from meshnet.artifact.gguf_split import first_part
     from meshnet.artifact.model_id import served_model_id
     from meshnet.artifact.publish import PublishOptions, publish
     from meshnet.security.signing import load_or_create_key
 
     command = config_from_arguments(PublishArguments, args)
-    model_id = served_model_id(command.source, command.name)
+    model_id = served_model_id(first_part(command.source), command.name)  # a set's directory: its first part
     key_path = command.key or args.data_dir / "keys" / "publisher.key"
     key, created = load_or_create_key(key_path)
     if created:
