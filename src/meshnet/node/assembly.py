@@ -28,6 +28,7 @@ from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.ids import NodeId
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
+from meshnet.core.limits import served_context
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.engine.backend import Backend, ShardShape
@@ -364,6 +365,8 @@ def plan_worker_capacity(
     Refuses (ResourceExhausted) when not even one session fits: a shard that cannot hold a
     session must not register as if it could.
     """
+    if description is not None:  # never past what the model was trained for, nor 128K
+        served_context(description.context_length, config.n_ctx_per_session)
     if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
         return CapacityPlan(config.max_sessions, 0, 0, 0, None, config.prefix_cache_bytes)
     footprint = memory_footprint(description.path)
