@@ -13,6 +13,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.errors import InvalidArgument, ResourceExhausted
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import MIB, kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.layers import LayerRange
 from meshnet.node.assembly import plan_worker_capacity
@@ -96,3 +97,17 @@ def test_a_context_past_the_models_trained_length_is_refused(model: Path) -> Non
     config = dataclasses.replace(_config(model, LayerRange(0, 4), None), n_ctx_per_session=4097)
     with pytest.raises(InvalidArgument, match="--context 4097: a session holds 1 to 4096 positions"):
         plan_worker_capacity(config, describe_model(model))
+
+
+def test_a_quantized_kv_admits_more_sessions_in_the_same_budget(model: Path) -> None:
+    """Sessions are admitted by their KV bytes within the budget: the KV type counts."""
+    layers = LayerRange(0, 4)
+    f16 = _config(model, layers, None, sessions=32)
+    budget = worker_bytes(memory_footprint(model), layers, dataclasses.replace(f16.memory_load(), sessions=4))
+    planned = {}
+    for kv_type in KvType:
+        config = dataclasses.replace(f16, memory_budget_mb=budget / MIB, kv_type=kv_type)
+        plan = plan_worker_capacity(config, describe_model(model))
+        assert plan.kv_bytes_per_session == 4 * kv_bytes_per_layer(memory_footprint(model), 4096, kv_type)
+        planned[kv_type] = plan.max_sessions
+    assert planned[KvType.F16] == 4 < planned[KvType.Q8_0] < planned[KvType.Q4_0]
