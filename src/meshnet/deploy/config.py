@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.kv_type import KvType
 from meshnet.node.config import WorkerConfig
 
@@ -71,3 +72,7 @@ class LocalSwarmConfig:
     prefill_chunk: int = WorkerConfig.prefill_chunk
     """Tokens per prefill call on every worker (part of the recipe); stored prompt KV is reused in
     whole chunks, so a smaller chunk reuses more of each turn."""
+
+    def __post_init__(self) -> None:
+        if self.expert_parallel > 0 and (self.context is not None or self.kv_type is not KvType.F16):
+            raise InvalidArgument("--context and --kv-type set layer shards; an expert-parallel group keeps its own")
