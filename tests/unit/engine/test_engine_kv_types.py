@@ -14,7 +14,7 @@ from engine_routes import greedy, open_routes, prompt
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.core.errors import InvalidArgument
+from meshnet.core.errors import InvalidArgument, SnapshotRefused
 from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import kv_bytes_per_layer
 from meshnet.core.layers import LayerRange, split_evenly
@@ -99,3 +99,19 @@ def test_a_quantized_v_cache_needs_flash_attention() -> None:
         LlamaConfig(
             n_threads=1, max_slots=1, n_ctx_per_slot=64, max_batch_tokens=8, flash_attn=False, kv_type=KvType.Q8_0
         )
+
+
+def test_a_quantized_sessions_kv_is_refused_by_an_f16_shard(
+    routes: tuple[KvType, dict[str, LocalRoute]],
+) -> None:
+    """A snapshot or reused prefix of one KV type never loads into a shard of another."""
+    _, opened = routes
+    quantized, f16 = opened["whole"], opened["f16 whole"]
+    quantized.forward(1, 0, prompt(40, 9))
+    try:
+        blob = quantized.backends[0].export_slot(1)
+        with pytest.raises(SnapshotRefused, match="did not load the KV state"):
+            f16.backends[0].import_slot(1, blob, 40)
+    finally:
+        quantized.release(1)
+        f16.release(1)
