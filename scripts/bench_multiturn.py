@@ -64,6 +64,7 @@ def _start_up(model: Path, data_dir: Path, port: int, chunk: int, cache_mb: floa
         sys.executable, "-m", "meshnet", "up", "--data-dir", str(data_dir), "--model", str(model),
         "--shards", "3", "--port", str(port), "--max-tokens", "4", "--prompt", "hi",
         "--prefill-chunk", str(chunk), "--prefix-cache-mb", str(cache_mb),
+        "--context", "2048",  # the committed figures' context (up now defaults to the trained length)
     ]  # fmt: skip
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300

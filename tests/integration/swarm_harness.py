@@ -368,7 +368,7 @@ def query_db(db_path: Path, sql: str) -> list[tuple[Any, ...]]:
 class Reference:
     """The whole model in one in-process llama.cpp shard, with the gateway's own tokenizer."""
 
-    def __init__(self, model: Path, cache_dir: Path) -> None:
+    def __init__(self, model: Path, cache_dir: Path, context: int = CONTEXT) -> None:
         from meshnet.artifact.cache import SliceCache
         from meshnet.engine.llama_backend import LlamaConfig
         from meshnet.engine.shards import open_local_route
@@ -380,7 +380,7 @@ class Reference:
 
         # The workers' chunking (their default): the arithmetic of a prompt's rows follows it.
         chunk = WorkerConfig.prefill_chunk
-        config = LlamaConfig(max_batch_tokens=chunk, n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT)
+        config = LlamaConfig(max_batch_tokens=chunk, n_threads=1, max_slots=1, n_ctx_per_slot=context)
         self.route = open_local_route(description, 1, SliceCache(cache_dir), config)
 
     def chat_tokens(self, content: str) -> tuple[int, ...]:

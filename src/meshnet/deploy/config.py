@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 from meshnet.node.config import WorkerConfig
 
 
@@ -64,6 +66,17 @@ class LocalSwarmConfig:
     it instead of replaying the whole session."""
     snapshot_disk_mb: float = WorkerConfig.snapshot_disk_mb
     """Disk each worker's snapshots may take (least recently used goes first)."""
+    context: int | None = None
+    """Positions (prompt plus output) each session holds on every worker; none: the model's
+    trained length, at most 131,072. Each worker allocates its sessions' KV for it at start, so
+    a long context costs memory whether used or not (--kv-type q8_0 or q4_0 halves or quarters it)."""
+    kv_type: KvType = KvType.F16
+    """What every worker stores keys and values as: f16, q8_0 or q4_0 (part of the recipe,
+    certified split == whole at each worker's start)."""
     prefill_chunk: int = WorkerConfig.prefill_chunk
     """Tokens per prefill call on every worker (part of the recipe); stored prompt KV is reused in
     whole chunks, so a smaller chunk reuses more of each turn."""
+
+    def __post_init__(self) -> None:
+        if self.expert_parallel > 0 and (self.context is not None or self.kv_type is not KvType.F16):
+            raise InvalidArgument("--context and --kv-type set layer shards; an expert-parallel group keeps its own")

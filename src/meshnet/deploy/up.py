@@ -27,6 +27,7 @@ import httpx
 from meshnet.artifact.cache import SliceCache
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
+from meshnet.core.limits import served_context
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.config import LocalSwarmConfig
 from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
@@ -96,6 +97,8 @@ def _worker(config: LocalSwarmConfig, logs: Path, tracker: str, layers: LayerRan
         snapshot_every=config.snapshot_every,
         snapshot_disk_mb=config.snapshot_disk_mb,
         prefill_chunk=config.prefill_chunk,
+        kv_type=config.kv_type,
+        n_ctx_per_session=WorkerConfig.n_ctx_per_session if config.context is None else config.context,
     )
     command = worker_command(worker, _security(config, name, "worker"))
     return Supervised(LaunchSpec(f"worker {layers}", command, logs / f"{name}.log", WorkerLine.PREFIX, _child_env()))
@@ -209,7 +212,10 @@ def _start_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -
     ensure_port_free(LOOPBACK, config.gateway_port, "gateway")
     from meshnet.artifact.describe import describe_model  # parsing the GGUF header: only when `up` runs
 
-    ranges = split_evenly(describe_model(config.model).n_layers, config.shards)
+    description = describe_model(config.model)
+    ranges = split_evenly(description.n_layers, config.shards)
+    # Every worker holds the same context: --context, else the model's trained length (<= 128K).
+    config = replace(config, context=served_context(description.context_length, config.context))
     # Hash the source once here rather than in every worker at once (each would hash it).
     SliceCache(config.data_dir / "cache").source_sha256(config.model)
     tracker = _tracker(config, logs)

@@ -30,6 +30,7 @@ from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.ids import NodeId
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
+from meshnet.core.limits import served_context
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.engine.backend import Backend, ShardShape
@@ -211,7 +212,7 @@ def certify_engine(
         return certify_fake_engine(config.fake.n_layers, config.fake.n_embd, config.fake.n_vocab)
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
-    return certify_llama_engine(model=description.path, repack=config.repack, device=device)
+    return certify_llama_engine(model=description.path, repack=config.repack, device=device, kv_type=config.kv_type)
 
 
 def _registration(
@@ -333,7 +334,7 @@ def model_identity(
         adapter_version=description.adapter_version,
         weight_quantization=description.quantization,
         activation_dtype="f32",
-        kv_dtype="f16",
+        kv_dtype=str(config.kv_type),
         backend=backend_label(config),
         backend_version=LLAMA_CPP_PYTHON_VERSION,
         n_layers=description.n_layers,
@@ -368,6 +369,8 @@ def plan_worker_capacity(
     Refuses (ResourceExhausted) when not even one session fits: a shard that cannot hold a
     session must not register as if it could.
     """
+    if description is not None:  # never past what the model was trained for, nor 128K
+        served_context(description.context_length, config.n_ctx_per_session)
     if description is None or config.expert_group:  # a group's capacity is its nodes' (group_capacity)
         return CapacityPlan(config.max_sessions, 0, 0, 0, None, config.prefix_cache_bytes)
     footprint = memory_footprint(description.path)
@@ -376,7 +379,7 @@ def plan_worker_capacity(
     sessions = load.sessions if budget is None else sessions_within(footprint, layers, load, budget)
     planned = replace(load, sessions=max(sessions, 1))
     weights = sum(footprint.block_bytes[layers.start : layers.stop])
-    kv = kv_bytes_per_layer(footprint, load.context) * len(layers)
+    kv = kv_bytes_per_layer(footprint, load.context, load.kv_type) * len(layers)
     other = worker_bytes(footprint, layers, planned) - weights - kv * planned.sessions
     if budget is not None and sessions < 1:
         raise ResourceExhausted(

@@ -75,11 +75,13 @@ def test_no_config_field_is_typed_twice_with_another_default() -> None:
     use_mmap too: how weights are loaded, not arithmetic, turned off only by a worker's --no-mmap;
     repack: llama.cpp's own default, part of the recipe like flash_attn, off only by --no-repack;
     device and gpu_layers: the CPU with nothing offloaded, what every CPU recipe computes on, set
-    only from a --device the caller resolved)."""
+    only from a --device the caller resolved; kv_type: f16, what every recipe stored before
+    --kv-type, set from a worker's or generate's --kv-type)."""
     from meshnet.engine.llama_config import LlamaConfig
     from meshnet.session.admission import AdmissionPolicy
 
     for derived in (LlamaConfig, AdmissionPolicy):
         with_defaults = [f.name for f in dataclasses.fields(derived) if f.default is not dataclasses.MISSING]
-        assert with_defaults in ([], ["flash_attn", "use_mmap", "repack", "device", "gpu_layers"]), derived
+        expected = ["flash_attn", "use_mmap", "repack", "device", "gpu_layers", "kv_type"]
+        assert with_defaults in ([], expected), derived
     assert typing.get_type_hints(LlamaConfig)["flash_attn"] is bool

@@ -27,6 +27,7 @@ from meshnet.cli.flags import config_from_arguments
 from meshnet.core.config_flags import flag_spec, is_nested, render_arguments, unwrap_optional
 from meshnet.core.devices import DEVICE_KINDS, DeviceRequest
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.expert_launch import expert_node
@@ -79,6 +80,8 @@ def _value(kind: Any) -> st.SearchStrategy[Any]:
         strategy = st.one_of(st.just(LayerChoice(None)), RANGE.map(LayerChoice))
     elif inner is ExpertOwnership:
         strategy = st.integers(1, 8).flatmap(lambda n: st.integers(0, n - 1).map(lambda i: ExpertOwnership(i, n)))
+    elif inner is KvType:
+        strategy = st.sampled_from(list(KvType))
     elif inner is DeviceRequest:
         gpu = st.builds(DeviceRequest, st.sampled_from(DEVICE_KINDS[1:]), st.none() | st.integers(0, 7))
         strategy = st.one_of(st.just(DeviceRequest("auto")), st.just(DeviceRequest("cpu")), gpu)
@@ -128,6 +131,8 @@ def workers(draw: st.DrawFn) -> WorkerConfig:
     # An expert node and a group's front serve the whole model, which the CLI reads from the GGUF
     # (test below, with a real file): here every other field.
     values.update(experts=None, expert_cache_mb=None, expert_group=())
+    # A quantized V cache is read only by flash attention.
+    values["flash_attn"] = values["flash_attn"] or values["kv_type"].quantized
     # Snapshots are taken at whole prefill chunks.
     values["snapshot_every"] = values["prefill_chunk"] * draw(st.integers(0, 4))
     return WorkerConfig(**values, data_dir=DATA_DIR)

@@ -12,7 +12,8 @@ import pytest
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.core.errors import ResourceExhausted
+from meshnet.core.errors import InvalidArgument, ResourceExhausted
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import MIB, kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.layers import LayerRange
 from meshnet.node.assembly import plan_worker_capacity
@@ -20,7 +21,7 @@ from meshnet.node.auto_layers import model_costs
 from meshnet.node.config import LayerChoice, WorkerConfig
 from meshnet.tracker.placement import ServedSpan, suggest_layers
 
-SPEC = SyntheticSpec(n_layers=8, n_embd=256, n_ff=512, n_head=8, n_head_kv=2)
+SPEC = SyntheticSpec(n_layers=8, n_embd=256, n_ff=512, n_head=8, n_head_kv=2, n_ctx_train=4096)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +85,29 @@ def test_auto_layers_get_a_range_whose_plan_keeps_every_session(model: Path, bud
 def test_per_layer_counts_are_read_at_their_widest(architecture: str, tmp_path: Path) -> None:
     # qwen3moe and gemma3 may store counts per layer (arrays): the footprint sizes from the
     # widest layer, so a worker of such a model plans its capacity instead of failing to start.
-    spec = SyntheticSpec(architecture=architecture, per_layer_arrays=True, tied_embeddings=False)
+    spec = SyntheticSpec(architecture=architecture, per_layer_arrays=True, tied_embeddings=False, n_ctx_train=4096)
     path = write_synthetic_model(tmp_path / f"{architecture}.gguf", spec)
     footprint = memory_footprint(path)
     assert footprint.n_ff >= spec.n_ff
     config = _config(path, LayerRange(0, describe_model(path).n_layers), None, sessions=2)
     assert plan_worker_capacity(config, describe_model(path)).max_sessions == 2
+
+
+def test_a_context_past_the_models_trained_length_is_refused(model: Path) -> None:
+    config = dataclasses.replace(_config(model, LayerRange(0, 4), None), n_ctx_per_session=4097)
+    with pytest.raises(InvalidArgument, match="--context 4097: a session holds 1 to 4096 positions"):
+        plan_worker_capacity(config, describe_model(model))
+
+
+def test_a_quantized_kv_admits_more_sessions_in_the_same_budget(model: Path) -> None:
+    """Sessions are admitted by their KV bytes within the budget: the KV type counts."""
+    layers = LayerRange(0, 4)
+    f16 = _config(model, layers, None, sessions=32)
+    budget = worker_bytes(memory_footprint(model), layers, dataclasses.replace(f16.memory_load(), sessions=4))
+    planned = {}
+    for kv_type in KvType:
+        config = dataclasses.replace(f16, memory_budget_mb=budget / MIB, kv_type=kv_type)
+        plan = plan_worker_capacity(config, describe_model(model))
+        assert plan.kv_bytes_per_session == 4 * kv_bytes_per_layer(memory_footprint(model), 4096, kv_type)
+        planned[kv_type] = plan.max_sessions
+    assert planned[KvType.F16] == 4 < planned[KvType.Q8_0] < planned[KvType.Q4_0]
