@@ -90,6 +90,11 @@ class NodeShare:
     def fits(self) -> bool:
         return self.total <= self.budget_bytes
 
+    def reuse_store(self, prefix_cache_bytes: int) -> int:
+        """What the worker's prompt-reuse store may fill: the budget the plan leaves, up to its
+        size (``assembly.plan_worker_capacity`` gives it exactly this)."""
+        return max(0, min(prefix_cache_bytes, self.budget_bytes - self.total))
+
 
 @dataclass(frozen=True)
 class SwarmPlan:

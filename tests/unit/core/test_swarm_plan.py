@@ -118,3 +118,9 @@ def test_bad_loads_and_node_counts_are_refused() -> None:
         plan_swarm(SMOL, [2**30], replace(LOAD, sessions=0), TRAINED)
     with pytest.raises(InvalidArgument):
         plan_swarm(SMOL, [2**30] * 31, LOAD, TRAINED)
+
+
+def test_the_reuse_store_gets_what_the_budget_leaves_up_to_its_size() -> None:
+    node = plan_swarm(SMOL, [340 * MIB] * 3, LOAD, TRAINED).nodes[1]
+    assert node.reuse_store(2**40) == node.budget_bytes - node.total > 0
+    assert node.reuse_store(MIB) == MIB

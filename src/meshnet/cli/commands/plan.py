@@ -20,6 +20,8 @@ from meshnet.node.config import WorkerConfig
 MIB = 2**20
 _WORKER: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
 """A worker's defaults: a plan with no --sessions, --context or --prefill-chunk plans for them."""
+STORE_BYTES = int(_WORKER["prefix_cache_mb"] * MIB)
+"""A worker's default reuse store, which fills what its budget leaves (up to this)."""
 PARTS = ("weights", "kv", "scratch", "runtime", "head_table", "tail", "total")
 
 
@@ -67,6 +69,7 @@ def _document(name: str, device: str, plan: SwarmPlan, fixes: Remedies | None) -
     nodes = [
         {"layers": str(node.layers), "budget_bytes": node.budget_bytes, "fits": node.fits}
         | {part: getattr(node, part) for part in PARTS}
+        | {"reuse_store": node.reuse_store(STORE_BYTES)}
         for node in plan.nodes
     ]
     return {
@@ -98,6 +101,8 @@ def _lines(name: str, device: str, plan: SwarmPlan, fixes: Remedies | None) -> l
     lines.append(f"largest context with {load.sessions} session(s): {context}{trained}")
     lines.append(f"most sessions of {load.context:,} positions: {plan.most_sessions or 'none'}")
     if fixes is None:
+        store = ", ".join(f"{node.reuse_store(STORE_BYTES) / MIB:.0f}" for node in plan.nodes)
+        lines.append(f"prompt-reuse store in what each budget leaves (--prefix-cache-mb): {store} MiB")
         lines.append("fits: start each worker with --layers and --memory-budget-mb as above")
         return lines
     lines.append("DOES NOT FIT. Any one of these would:")
