@@ -13,6 +13,7 @@ from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
+from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.node.config import WorkerConfig
@@ -89,6 +90,8 @@ class GenerateConfig:
     or rocm, with an optional index (cuda:1)."""
     gpu_layers: int | None = None
     """On a GPU, offload only this many layers of each shard; none offloads them all."""
+    kv_type: KvType = KvType.F16
+    """What keys and values are stored as: f16, q8_0 or q4_0 (as the workers' --kv-type)."""
 
     def llama_config(self, device: DeviceInfo = CPU) -> LlamaConfig:
         return LlamaConfig(
@@ -99,6 +102,7 @@ class GenerateConfig:
             repack=self.repack,
             device=device,
             gpu_layers=self.gpu_layers,
+            kv_type=self.kv_type,
         )
 
 

@@ -12,8 +12,9 @@ A:B with S sessions of C positions holds (``layer_costs``):
   source's header parsed into Python objects (its vocabulary is most of it), and a little per
   session (its streams and frame buffers);
 - **weights** of its blocks: llama.cpp maps the slice and populates the mapping, so all of it;
-- **KV**: f16 keys and values of every owned layer for C positions of each of S sessions
-  (llama.cpp allocates and clears them at start, so all of it is resident from the start);
+- **KV**: keys and values of every owned layer for C positions of each of S sessions, stored
+  as the worker's KV type (``core.kv_type``: f16, or q8_0/q4_0 blocks); llama.cpp allocates
+  and clears them at start, so all of it is resident from the start;
 - **scratch**: llama.cpp's compute buffers for one prefill chunk (the feed-forward and
   attention activations of its rows and the attention mask over C positions);
 - a **head** (layer 0, not the whole model): the token table it maps and looks rows up in. Each
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
 
 MIB = 2**20
@@ -94,6 +96,8 @@ class WorkerLoad:
     """Positions per session."""
     prefill_chunk: int
     """Rows per llama_decode call."""
+    kv_type: KvType = KvType.F16
+    """What the keys and values are stored as."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,10 @@ class LayerCosts:
         return total - (self.tied_bytes if head and tail else 0)
 
 
-def kv_bytes_per_layer(footprint: ModelFootprint, context: int) -> int:
-    """One session's f16 keys and values in one layer: [context, n_kv] x 2 bytes."""
-    return context * footprint.n_kv * 2
+def kv_bytes_per_layer(footprint: ModelFootprint, context: int, kv_type: KvType = KvType.F16) -> int:
+    """One session's keys and values in one layer: ``context`` rows of ``n_kv`` values stored as
+    ``kv_type`` (f16: 2 bytes a value; q8_0: 34 bytes per 32; q4_0: 18 bytes per 32)."""
+    return context * kv_type.row_bytes(footprint.n_kv)
 
 
 def scratch_bytes(footprint: ModelFootprint, load: WorkerLoad) -> int:
@@ -148,7 +153,7 @@ def layer_costs(footprint: ModelFootprint, load: WorkerLoad) -> LayerCosts:
     table = min(footprint.table_bytes, HEAD_TABLE_RESIDENT_BYTES)
     return LayerCosts(
         block_bytes=footprint.block_bytes,
-        kv_bytes_per_layer=load.sessions * kv_bytes_per_layer(footprint, load.context),
+        kv_bytes_per_layer=load.sessions * kv_bytes_per_layer(footprint, load.context, load.kv_type),
         head_bytes=table,
         tail_bytes=footprint.tail_weight_bytes + VOCAB_COPIES * entries * VOCAB_ENTRY_BYTES + logits,
         fixed_bytes=runtime + load.sessions * SESSION_BYTES + scratch_bytes(footprint, load),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
 from meshnet.core.devices import CPU, DeviceInfo
 from meshnet.core.errors import CertificationFailed, MeshnetError
+from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.node_record import Certification
 from meshnet.engine.backend import StepInput
@@ -75,17 +76,23 @@ class LogitDigests:
 
 
 def certify_llama_engine(
-    config: LlamaConfig | None = None, *, model: Path | None = None, repack: bool = True, device: DeviceInfo = CPU
+    config: LlamaConfig | None = None,
+    *,
+    model: Path | None = None,
+    repack: bool = True,
+    device: DeviceInfo = CPU,
+    kv_type: KvType = KvType.F16,
 ) -> CertificationReport:
     """Raise ``CertificationFailed`` unless split execution is bit-identical on this build.
 
     With ``model``, certify that model's architecture and every weight type it uses (and refuse
     one whose family or types cannot be certified); without, the default llama model.
     ``repack``: the served load setting (``LlamaConfig.repack``), which picks the kernels;
-    ``device``: the device the worker serves on (its kernels are certified, not the CPU's).
+    ``device``: the device the worker serves on (its kernels are certified, not the CPU's);
+    ``kv_type``: what the KV is stored as (a quantized KV is certified split == whole too).
     """
     config = config or LlamaConfig(
-        max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1, repack=repack, device=device
+        max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1, repack=repack, device=device, kv_type=kv_type
     )
     specs = [DEFAULT_SPEC]
     if model is not None:
@@ -97,7 +104,8 @@ def certify_llama_engine(
     digests = LogitDigests()
     for spec in specs:
         found = _certify_spec(spec, config, digests)
-        checks += [f"{spec.architecture} {spec.weight_type.name}: {check}" for check in found]
+        kv = "" if config.kv_type is KvType.F16 else f" kv {config.kv_type}"
+        checks += [f"{spec.architecture} {spec.weight_type.name}{kv}: {check}" for check in found]
     return CertificationReport(
         LLAMA_CPP_PYTHON_VERSION,
         tuple(checks),
@@ -128,6 +136,9 @@ def certify_fake_engine(n_layers: int, n_embd: int, n_vocab: int) -> Certificati
 
 
 def _certify_spec(spec: SyntheticSpec, config: LlamaConfig, digests: LogitDigests) -> tuple[str, ...]:
+    block = config.kv_type.block_elements
+    if spec.n_embd_head % block:  # llama.cpp stores a quantized KV only in whole blocks per head
+        spec = replace(spec, head_dim=-(-spec.n_embd_head // block) * block)
     with tempfile.TemporaryDirectory(prefix="meshnet-certify-") as raw:
         folder = Path(raw)
         source = describe_model(write_synthetic_model(folder / "tiny.gguf", spec))

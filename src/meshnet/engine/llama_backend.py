@@ -22,6 +22,7 @@ import numpy as np
 from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted, SnapshotRefused
+from meshnet.core.kv_type import KvType
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, join_pieces, prefill_pieces
 from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
 from meshnet.engine.devices import device_handle
@@ -49,6 +50,12 @@ class _NativeCapture:
 _NATIVE = _NativeCapture()
 _ALL_LAYERS = 1 << 30
 """``n_gpu_layers`` past a model's layer count offloads every layer and the output."""
+_GGML_KV_TYPES = {
+    KvType.F16: llama_cpp.GGML_TYPE_F16,
+    KvType.Q8_0: llama_cpp.GGML_TYPE_Q8_0,
+    KvType.Q4_0: llama_cpp.GGML_TYPE_Q4_0,
+}
+"""ggml's type for each KV type (``llama_context_params.type_k`` / ``type_v``)."""
 SPLIT_KV_FROM = 128
 """A one-token step from this position on runs on one thread (see ``_threads_for``): ggml's CPU
 flash attention splits a lone query's KV across the threads once the KV view holds 512 cells
@@ -127,6 +134,7 @@ class LlamaBackend:
         params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
+        params.type_k = params.type_v = _GGML_KV_TYPES[config.kv_type]
         params.no_perf = True
         # llama.cpp would send a large batch's ops on CPU-held weights to a GPU: never on a CPU
         # recipe (it changes the arithmetic), and on a GPU recipe only as its certification ran.

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshnet.core.devices import CPU, DeviceInfo
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 
 
 @dataclass(frozen=True)
@@ -37,3 +39,13 @@ class LlamaConfig:
     gpu_layers: int | None = None
     """On a GPU, how many of the range's layers to offload (the rest run on the CPU, when device
     memory is short); None offloads them all."""
+    kv_type: KvType = KvType.F16
+    """What keys and values are stored as (llama.cpp's ``type_k`` and ``type_v``, both the same).
+    A quantized V cache is read only by flash attention, so a quantized type needs it."""
+
+    def __post_init__(self) -> None:
+        if self.kv_type.quantized and not self.flash_attn:
+            raise InvalidArgument(
+                f"--kv-type {self.kv_type} needs flash attention (llama.cpp reads a quantized V cache "
+                "only there): drop --no-flash-attn or use --kv-type f16"
+            )

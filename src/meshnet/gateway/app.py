@@ -35,7 +35,7 @@ from meshnet.gateway.errors import (
 from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
-from meshnet.gateway.prepare import prepare_chat, prepare_text
+from meshnet.gateway.prepare import ModelLimits, prepare_chat, prepare_text
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
@@ -251,17 +251,25 @@ def _add_completion_routes(
             raise HttpError(404, "model_not_found", f"no model {model_id!r} here; this gateway serves {known}")
         return card
 
+    async def resolve(model: str) -> tuple[TextCodec, ModelLimits]:
+        # A prompt is held to the context /v1/models shows: the route's when there is one.
+        codec, limits = service.resolve(model)
+        route_context = await status.route_context() if model == status.model else None
+        if route_context is not None and route_context < limits.context_length:
+            limits = replace(limits, context_length=route_context)
+        return codec, limits
+
     @app.post("/v1/chat/completions", dependencies=guard)
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
-        codec, limits = service.resolve(body.model)
+        codec, limits = await resolve(body.model)
         prepared = prepare_chat(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
 
     @app.post("/v1/completions", dependencies=guard)
     async def completions(request: Request) -> Response:
         body = parse_body(CompletionBody, await read_body(request, config.max_body_bytes))
-        codec, limits = service.resolve(body.model)
+        codec, limits = await resolve(body.model)
         prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
 

@@ -207,7 +207,7 @@ def certify_engine(
         return certify_fake_engine(config.fake.n_layers, config.fake.n_embd, config.fake.n_vocab)
     if description is None:
         raise InvalidArgument("a worker needs --model (or a fake model)")
-    return certify_llama_engine(model=description.path, repack=config.repack, device=device)
+    return certify_llama_engine(model=description.path, repack=config.repack, device=device, kv_type=config.kv_type)
 
 
 def _registration(
@@ -329,7 +329,7 @@ def model_identity(
         adapter_version=description.adapter_version,
         weight_quantization=description.quantization,
         activation_dtype="f32",
-        kv_dtype="f16",
+        kv_dtype=str(config.kv_type),
         backend=backend_label(config),
         backend_version=LLAMA_CPP_PYTHON_VERSION,
         n_layers=description.n_layers,
@@ -372,7 +372,7 @@ def plan_worker_capacity(
     sessions = load.sessions if budget is None else sessions_within(footprint, layers, load, budget)
     planned = replace(load, sessions=max(sessions, 1))
     weights = sum(footprint.block_bytes[layers.start : layers.stop])
-    kv = kv_bytes_per_layer(footprint, load.context) * len(layers)
+    kv = kv_bytes_per_layer(footprint, load.context, load.kv_type) * len(layers)
     other = worker_bytes(footprint, layers, planned) - weights - kv * planned.sessions
     if budget is not None and sessions < 1:
         raise ResourceExhausted(

@@ -14,6 +14,7 @@ from meshnet.core.addresses import check_advertise_address
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
@@ -103,6 +104,10 @@ class WorkerConfig:
     """Disk the snapshots may take under --data-dir (least recently used goes first)."""
     flash_attn: bool = True
     """Flash attention; part of the recipe. It keeps batched sessions bit-identical to solo ones."""
+    kv_type: KvType = KvType.F16
+    """What keys and values are stored as: f16, q8_0 (about half of f16's memory) or q4_0 (about
+    a quarter). Part of the recipe (a route never mixes KV types) and certified split == whole
+    at start-up; q8_0 and q4_0 need flash attention."""
     mmap: bool = True
     """Map the slice's weights from its file; --no-mmap copies them into the process, so a
     memory cap counts them (mapped pages are reclaimable and would always "fit")."""
@@ -180,6 +185,11 @@ class WorkerConfig:
                 f"--snapshot-every takes a multiple of --prefill-chunk ({self.prefill_chunk}; 0 takes none), got "
                 f"{self.snapshot_every}; --snapshot-disk-mb a size in MB, got {self.snapshot_disk_mb}"
             )
+        if self.kv_type.quantized and (not self.flash_attn or self.experts is not None or self.expert_group):
+            raise InvalidArgument(
+                f"--kv-type {self.kv_type} needs flash attention (drop --no-flash-attn) and a layer-range "
+                "worker (expert-parallel nodes keep f16 KV)"
+            )
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise InvalidArgument(f"--gpu-layers takes a count of layers (0 or more), got {self.gpu_layers}")
         if self.expert_group and (
@@ -207,11 +217,12 @@ class WorkerConfig:
             repack=self.repack,
             device=device,
             gpu_layers=self.gpu_layers,
+            kv_type=self.kv_type,
         )
 
     def memory_load(self) -> WorkerLoad:
         """What this worker holds besides its layers, for the memory cost model (``core.layer_costs``)."""
-        return WorkerLoad(self.max_sessions, self.n_ctx_per_session, self.prefill_chunk)
+        return WorkerLoad(self.max_sessions, self.n_ctx_per_session, self.prefill_chunk, self.kv_type)
 
     def memory_budget_bytes(self) -> int | None:
         return None if self.memory_budget_mb is None else int(self.memory_budget_mb * 2**20)

@@ -4,17 +4,20 @@ tracker's placement agree because they all count with it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import (
     MIB,
     LayerCosts,
     ModelFootprint,
     WorkerLoad,
+    kv_bytes_per_layer,
     layer_costs,
     sessions_within,
     worker_bytes,
@@ -112,3 +115,30 @@ def test_wire_costs_carry_the_tied_table() -> None:
     costs = LayerCosts(block_bytes=(1,) * 4, kv_bytes_per_layer=0, head_bytes=5, tail_bytes=9, tied_bytes=5)
     assert costs.range_bytes(LayerRange(0, 4)) == 4 + 9
     assert costs.range_bytes(LayerRange(0, 2)) == 2 + 5
+
+
+@pytest.mark.parametrize(
+    ("kv_type", "bytes_per_position"),
+    # SmolLM2 keys and values are 384 values a position and layer: f16 2 bytes each, q8_0 and q4_0
+    # 12 blocks of 32 at 34 and 18 bytes (ggml's block_q8_0 and block_q4_0).
+    [(KvType.F16, 384 * 2), (KvType.Q8_0, 12 * 34), (KvType.Q4_0, 12 * 18)],
+)
+def test_kv_bytes_follow_the_kv_type(kv_type: KvType, bytes_per_position: int) -> None:
+    assert kv_bytes_per_layer(SMOLLM2, 2048, kv_type) == 2048 * bytes_per_position
+    costs = layer_costs(SMOLLM2, WorkerLoad(sessions=3, context=2048, prefill_chunk=256, kv_type=kv_type))
+    assert costs.kv_bytes_per_layer == 3 * 2048 * bytes_per_position
+
+
+def test_a_quantized_kv_holds_more_sessions_in_the_same_budget() -> None:
+    layers, f16 = LayerRange(0, 30), WorkerLoad(sessions=64, context=8192, prefill_chunk=256)
+    budget = worker_bytes(SMOLLM2, layers, replace(f16, sessions=4))
+    assert sessions_within(SMOLLM2, layers, f16, budget) == 4
+    assert sessions_within(SMOLLM2, layers, replace(f16, kv_type=KvType.Q8_0), budget) == 7
+    assert sessions_within(SMOLLM2, layers, replace(f16, kv_type=KvType.Q4_0), budget) == 13
+
+
+def test_kv_types_parse_by_their_ggml_names() -> None:
+    assert [KvType.parse(name) for name in ("f16", "q8_0", "q4_0")] == list(KvType)
+    with pytest.raises(InvalidArgument, match="q8_0"):
+        KvType.parse("q8")
+    assert KvType.Q4_0.row_bytes(33) == 2 * 18  # a partial block is stored whole

@@ -191,3 +191,15 @@ async def test_the_page_its_files_and_the_status_document_are_served() -> None:
         assert (await http.get("/status/other.js")).status_code == 404
         document = (await http.get("/v1/status")).json()
     assert document["health"]["status"] == "ok" and len(document["nodes"]) == 1
+
+
+async def test_a_prompt_is_held_to_the_context_the_models_list_shows() -> None:
+    """The route's context, not the model's own, bounds a prompt: /v1/models and the refusal agree."""
+    app = create_app(ScriptedGenerator(), *_codecs(), view=FixedView(table(node("0:6", model=MODEL)), context=128))
+    body = {"model": MODEL, "prompt": "x" * 200, "max_tokens": 1}  # under the codec's 256, over the route's 128
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        shown = (await http.get(f"/v1/models/{MODEL}")).json()["context_length"]
+        refused = await http.post("/v1/completions", json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert f"context holds {shown}" in refused.json()["error"]["message"] and shown == 128

@@ -101,7 +101,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = config_from_arguments(GenerateConfig, args, computed={"model": lambda: provisioned_model(args.data_dir)})
     device = find_device(config.device)
     # Its family and weight types, not just the default model's, loaded as the route will load them.
-    certify_llama_engine(model=config.model, repack=config.repack, device=device)
+    certify_llama_engine(model=config.model, repack=config.repack, device=device, kv_type=config.kv_type)
     source = describe_model(config.model)
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = Tokenizer(source, chat_template=template)
