@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from meshnet.artifact.plan_source import planned_model
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import MIB, WorkerLoad
 from meshnet.core.swarm_plan import plan_swarm
 
@@ -41,6 +42,7 @@ pytestmark = [
     [
         ((300, 260, 260), WorkerLoad(sessions=4, context=2048, prefill_chunk=256)),
         ((420, 380), WorkerLoad(sessions=8, context=1024, prefill_chunk=256)),
+        ((300, 280, 280), WorkerLoad(sessions=8, context=2048, prefill_chunk=256, kv_type=KvType.Q8_0)),
     ],
 )
 def test_each_planned_node_peaks_within_ten_percent_of_the_plan(
@@ -49,7 +51,9 @@ def test_each_planned_node_peaks_within_ten_percent_of_the_plan(
     model = planned_model(str(MODEL), DATA)
     plan = plan_swarm(model.footprint, [mb * MIB for mb in nodes_mb], load, model.context_length)
     assert plan.fits
-    flags = tuple(("--memory-budget-mb", str(mb), "--prefix-cache-mb", "0") for mb in nodes_mb)
+    flags = tuple(
+        ("--memory-budget-mb", str(mb), "--prefix-cache-mb", "0", "--kv-type", str(load.kv_type)) for mb in nodes_mb
+    )
     point = Point(
         MODEL.name,
         tuple(str(node.layers) for node in plan.nodes),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import (
     LayerCosts,
     ModelFootprint,
@@ -129,6 +130,8 @@ class Remedies:
     """The most sessions of the context asked for that fit (0: not even one)."""
     single_session_context: int
     """The largest context one session may have (0: not even one position)."""
+    kv_type: KvType | None
+    """The largest KV type smaller than the one asked for that fits; None: none does."""
     extra_node: int | None
     """One more node of this many bytes (the largest given) makes it fit; None: not even that."""
 
@@ -166,15 +169,23 @@ def plan_swarm(footprint: ModelFootprint, budgets: Sequence[int], load: WorkerLo
 
 def remedies(footprint: ModelFootprint, budgets: Sequence[int], plan: SwarmPlan) -> Remedies:
     """What would make ``plan`` (for ``budgets``) fit: more memory where, a smaller context,
-    fewer sessions, or one more node like the largest."""
+    fewer sessions, a smaller KV type, or one more node like the largest."""
     extra = max(budgets)
     more = (*budgets, extra)
     with_one_more = len(more) <= footprint.n_layers and _fits(footprint, more, plan.load)
     one = replace(plan.load, sessions=1)
     single = _largest(lambda n: _fits(footprint, budgets, replace(one, context=n)), 1, plan.max_context)
-    return Remedies(
-        plan.shortfalls(), plan.largest_context, plan.most_sessions, single, extra if with_one_more else None
+    smaller = sorted(
+        (kind for kind in KvType if _kv_bytes(kind) < _kv_bytes(plan.load.kv_type)), key=_kv_bytes, reverse=True
     )
+    kv_type = next((kind for kind in smaller if _fits(footprint, budgets, replace(plan.load, kv_type=kind))), None)
+    return Remedies(
+        plan.shortfalls(), plan.largest_context, plan.most_sessions, single, kv_type, extra if with_one_more else None
+    )
+
+
+def _kv_bytes(kind: KvType) -> float:
+    return kind.block_bytes / kind.block_elements
 
 
 def _fits(footprint: ModelFootprint, budgets: Sequence[int], load: WorkerLoad) -> bool:

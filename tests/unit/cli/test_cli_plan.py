@@ -37,6 +37,11 @@ def _json(capsys: pytest.CaptureFixture[str], model: str, data_dir: Path) -> dic
     return document
 
 
+def _width(layers: str) -> int:
+    start, stop = layers.split(":")
+    return int(stop) - int(start)
+
+
 def _header_only(source: Path, target: Path) -> Path:
     """What a worker fetching by model id keeps: the header, then a hole to the source's size."""
     header = parse_gguf(source).data_offset
@@ -54,6 +59,13 @@ def test_every_way_to_name_a_model_gives_the_same_plan(tmp_path: Path, capsys: p
     assert [node["layers"] for node in whole["nodes"]] == [str(r) for r in plan_ranges(costs, budgets)]
     assert [node["total"] for node in whole["nodes"]] == [costs.range_bytes(r) for r in plan_ranges(costs, budgets)]
     assert whole["fits"] and whole["trained_context"] == 4096 and whole["largest_context"] > 2048
+
+    code, out = _plan(capsys, str(source), "--nodes", NODES, "--json", "--kv-type", "q4_0")
+    quantized = json.loads(out)
+    assert code == 0 and quantized["load"]["kv_type"] == "q4_0"
+    for mine, f16 in zip(quantized["nodes"], whole["nodes"], strict=True):
+        # q4_0 stores 32 values in 18 bytes, f16 in 64: per layer, KV shrinks by exactly that.
+        assert mine["kv"] * 64 * _width(f16["layers"]) == f16["kv"] * 18 * _width(mine["layers"])
 
     copy = _header_only(source, tmp_path / f"copy{HEADER_ONLY_SUFFIX}")
     assert _json(capsys, str(copy), tmp_path) == whole

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import MIB, ModelFootprint, WorkerLoad, layer_costs
 from meshnet.core.swarm_plan import SESSIONS_LIMIT, parse_size, plan_swarm, remedies
 from meshnet.tracker.placement import plan_ranges
@@ -124,3 +125,16 @@ def test_the_reuse_store_gets_what_the_budget_leaves_up_to_its_size() -> None:
     node = plan_swarm(SMOL, [340 * MIB] * 3, LOAD, TRAINED).nodes[1]
     assert node.reuse_store(2**40) == node.budget_bytes - node.total > 0
     assert node.reuse_store(MIB) == MIB
+
+
+def test_a_quantized_kv_type_is_counted_and_offered_when_it_fits() -> None:
+    budgets = [280 * MIB] * 3
+    f16 = plan_swarm(SMOL, budgets, LOAD, TRAINED)
+    q8 = plan_swarm(SMOL, budgets, replace(LOAD, kv_type=KvType.Q8_0), TRAINED)
+    assert sum(n.kv for n in q8.nodes) * 2 * 32 == sum(n.kv for n in f16.nodes) * 34
+    assert not f16.fits and q8.fits and q8.largest_context > f16.largest_context
+    fixes = remedies(SMOL, budgets, f16)
+    assert fixes.kv_type is KvType.Q8_0
+    q4 = remedies(SMOL, [250 * MIB] * 3, plan_swarm(SMOL, [250 * MIB] * 3, LOAD, TRAINED))
+    assert q4.kv_type is KvType.Q4_0 and _fits([250 * MIB] * 3, replace(LOAD, kv_type=KvType.Q4_0))
+    assert remedies(SMOL, [230 * MIB] * 3, plan_swarm(SMOL, [230 * MIB] * 3, LOAD, TRAINED)).kv_type is None

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from meshnet.cli.common import Command
 from meshnet.cli.flags import config_from_arguments
 from meshnet.core.config_flags import cli
+from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.swarm_plan import NodeShare, Remedies, SwarmPlan, parse_size
 from meshnet.node.config import WorkerConfig
@@ -39,6 +40,9 @@ class PlanArguments:
     """Positions per session (a worker's --context)."""
     prefill_chunk: int = _WORKER["prefill_chunk"]
     """Rows per llama_decode call (a worker's --prefill-chunk)."""
+    kv_type: KvType = _WORKER["kv_type"]
+    """What each worker stores keys and values as (a worker's --kv-type; q8_0 and q4_0 need
+    flash attention, a worker's default)."""
     device: Literal["cpu", "gpu"] = "cpu"
     """cpu: --nodes is each machine's memory budget; gpu: each GPU's free memory, of which a worker
     plans 90% (the rest is the driver's and the backend's)."""
@@ -55,7 +59,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     sizes = [parse_size(text) for text in command.nodes]
     budgets = [int(size * DEVICE_HEADROOM) if command.device == "gpu" else size for size in sizes]
     model = planned_model(command.model, args.data_dir)
-    load = WorkerLoad(command.sessions, command.context, command.prefill_chunk)
+    load = WorkerLoad(command.sessions, command.context, command.prefill_chunk, command.kv_type)
     plan = plan_swarm(model.footprint, budgets, load, model.context_length)
     fixes = None if plan.fits else remedies(model.footprint, budgets, plan)
     if command.json:
@@ -75,22 +79,26 @@ def _document(name: str, device: str, plan: SwarmPlan, fixes: Remedies | None) -
     return {
         "model": name,
         "device": device,
-        "kv_type": "f16",
-        "load": dataclasses.asdict(plan.load),
+        "load": dataclasses.asdict(plan.load) | {"kv_type": str(plan.load.kv_type)},
         "fits": plan.fits,
         "nodes": nodes,
         "largest_context": plan.largest_context,
         "most_sessions": plan.most_sessions,
         "trained_context": plan.max_context,
-        "would_fit": None if fixes is None else dataclasses.asdict(fixes),
+        "would_fit": None if fixes is None else dataclasses.asdict(fixes) | {"kv_type": _text(fixes.kv_type)},
     }
+
+
+def _text(kind: KvType | None) -> str | None:
+    return None if kind is None else str(kind)
 
 
 def _lines(name: str, device: str, plan: SwarmPlan, fixes: Remedies | None) -> list[str]:
     load = plan.load
     lines = [
         f"{name}: {sum(len(n.layers) for n in plan.nodes)} layers on {len(plan.nodes)} node(s) ({device}), "
-        f"{load.sessions} session(s) x {load.context:,} positions, f16 KV, prefill chunk {load.prefill_chunk}",
+        f"{load.sessions} session(s) x {load.context:,} positions, {load.kv_type} KV, "
+        f"prefill chunk {load.prefill_chunk}",
         "",
         f"{'node':<5}{'layers':>8}{'budget':>9}" + "".join(f"{p.replace('_', ' '):>11}" for p in PARTS) + "  (MiB)",
     ]
@@ -114,6 +122,8 @@ def _lines(name: str, device: str, plan: SwarmPlan, fixes: Remedies | None) -> l
         lines.append(f"  - --sessions {fixes.sessions} (instead of {load.sessions})")
     if not fixes.context and not fixes.sessions and fixes.single_session_context:
         lines.append(f"  - --sessions 1 --context {fixes.single_session_context:,}")
+    if fixes.kv_type is not None:
+        lines.append(f"  - --kv-type {fixes.kv_type} (instead of {load.kv_type})")
     if fixes.extra_node is not None:
         lines.append(f"  - one more node of {fixes.extra_node / MIB:,.0f} MiB")
     return lines
