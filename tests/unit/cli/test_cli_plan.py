@@ -100,3 +100,10 @@ def test_an_unknown_model_or_size_is_a_clear_error(tmp_path: Path, capsys: pytes
     source = write_synthetic_model(tmp_path / "tiny.gguf", SPEC)
     assert main(["plan", str(source), "--nodes", "lots"]) == 2
     assert "not a memory size" in capsys.readouterr().err
+
+
+def test_a_gpu_plans_ninety_percent_of_each_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = write_synthetic_model(tmp_path / "tiny.gguf", SPEC)
+    code, out = _plan(capsys, str(source), "--nodes", "1G,1G", "--device", "gpu", "--json")
+    assert code == 0
+    assert [node["budget_bytes"] for node in json.loads(out)["nodes"]] == [int(2**30 * 0.9)] * 2
