@@ -3,7 +3,9 @@ cost model's count, and every limit and remedy it reports is exactly the boundar
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,14 @@ def test_a_quantized_kv_type_is_counted_and_offered_when_it_fits() -> None:
     q4 = remedies(SMOL, [250 * MIB] * 3, plan_swarm(SMOL, [250 * MIB] * 3, LOAD, TRAINED))
     assert q4.kv_type is KvType.Q4_0 and _fits([250 * MIB] * 3, replace(LOAD, kv_type=KvType.Q4_0))
     assert remedies(SMOL, [230 * MIB] * 3, plan_swarm(SMOL, [230 * MIB] * 3, LOAD, TRAINED)).kv_type is None
+
+
+def test_the_readmes_auto_layers_example_covers_the_model_and_the_old_one_did_not() -> None:
+    """README, Across real machines: three machines of 340 MiB at a worker's defaults serve all of
+    SmolLM2 (``test_worker_auto_layers`` starts them); the 158 MiB it once gave holds nothing."""
+    recorded = Path(__file__).resolve().parents[3] / "bench" / "results" / "worker-memory.json"
+    figures = json.loads(recorded.read_text())["footprints"]["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    smollm2 = ModelFootprint(**{**figures, "block_bytes": tuple(figures["block_bytes"])})
+    assert plan_swarm(smollm2, [340 * MIB] * 3, LOAD, TRAINED).fits
+    old = plan_swarm(smollm2, [158 * MIB] * 3, LOAD, TRAINED)
+    assert not old.fits and old.largest_context == old.most_sessions == 0
