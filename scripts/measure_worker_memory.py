@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType
 
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
-from meshnet.deploy.up import GATEWAY_READY, TRACKER_READY, WORKER_READY
+from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine, WorkerLine
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
 
@@ -55,6 +55,8 @@ class Point:
     prefill_chunk: int = 256
     prompt_repeats: int = 12
     """Fillers in each prompt: more than one chunk of tokens, less than the context."""
+    worker_flags: tuple[tuple[str, ...], ...] = ()
+    """Extra flags for each worker, by range (``meshnet plan``'s --memory-budget-mb, for one)."""
 
 
 POINTS = (
@@ -92,19 +94,21 @@ def measure(point: Point, model: Path, root: Path, data_dir: Path) -> list[dict[
     children: list[ChildProcess] = []
     try:
         tracker, address = start(
-            "tracker", meshnet_command(root, "tracker", "--port", "0", "--insecure"), root, TRACKER_READY
+            "tracker", meshnet_command(root, "tracker", "--port", "0", "--insecure"), root, TrackerLine.PREFIX
         )
         children.append(tracker)
         workers = []
-        for text in point.ranges:
+        for index, text in enumerate(point.ranges):
             name = f"worker-{text.replace(':', '-')}"
+            extra = point.worker_flags[index] if point.worker_flags else ()
             command = meshnet_command(
                 data_dir,
                 *("worker", "--model", str(model), "--model-name", "m", "--layers", text, "--tracker", address),
                 *("--port", "0", "--threads", "1", "--insecure", "--max-sessions", str(point.sessions)),
                 *("--context", str(point.context), "--prefill-chunk", str(point.prefill_chunk)),
+                *extra,
             )
-            workers.append(start(name, command, root, WORKER_READY)[0])
+            workers.append(start(name, command, root, WorkerLine.PREFIX)[0])
             children.append(workers[-1])
         at_ready = [status(w.pid) for w in workers]
         key = new_api_key()
@@ -115,7 +119,7 @@ def measure(point: Point, model: Path, root: Path, data_dir: Path) -> list[dict[
         command = meshnet_command(
             home, "gateway", "--tracker", address, "--model", str(model), "--model-name", "m", "--port", "0"
         )
-        gateway, base = start("gateway", (*command, "--insecure", "--audit-fraction", "0"), root, GATEWAY_READY)
+        gateway, base = start("gateway", (*command, "--insecure", "--audit-fraction", "0"), root, GatewayLine.PREFIX)
         children.append(gateway)
         _load(base, key, point.sessions, point.prompt_repeats)
         after = [status(w.pid) for w in workers]

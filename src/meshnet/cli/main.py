@@ -21,6 +21,7 @@ from meshnet.cli.commands.artifacts import artifact_commands
 from meshnet.cli.commands.bench import bench_commands
 from meshnet.cli.commands.deploy import deploy_commands
 from meshnet.cli.commands.models import model_commands
+from meshnet.cli.commands.plan import plan_commands
 from meshnet.cli.commands.serve import serve_commands
 from meshnet.cli.commands.status import status_commands
 from meshnet.cli.commands.swarm_group import swarm_commands
@@ -40,6 +41,7 @@ def _commands() -> dict[str, Command]:
     # or grpc for every command. The order is the order of `meshnet --help`.
     return {
         **model_commands(),
+        **plan_commands(),
         **serve_commands(),
         **deploy_commands(),
         **swarm_commands(),

@@ -14,38 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 
 from meshnet.core.errors import InvalidArgument, NoRoute
 from meshnet.core.layer_costs import LayerAdvice, LayerCosts
 from meshnet.core.layers import LayerRange
+from meshnet.core.swarm_plan import best_ranges
 from meshnet.core.tracking import ModelSummary
 from meshnet.tracker.routing import NodeView, RoutingCosts, choose_route
 
 
 def plan_ranges(costs: LayerCosts, budgets: Sequence[int]) -> list[LayerRange]:
     """Contiguous ranges covering every layer, node i getting the i-th, minimising the largest
-    cost/budget ratio; raises if even the best split overfills some node."""
-    n_layers, n_nodes = len(costs.block_bytes), len(budgets)
-    if n_nodes < 1 or n_nodes > n_layers:
-        raise InvalidArgument(f"cannot place {n_layers} layers on {n_nodes} nodes")
-    if any(budget <= 0 for budget in budgets):
-        raise InvalidArgument("every node's memory budget must be positive")
-
-    @cache
-    def best(node: int, start: int) -> tuple[float, tuple[int, ...]]:
-        # Nodes node.. serve layers start..n_layers; returns (worst ratio, stops of each range).
-        if node == n_nodes - 1:
-            return costs.range_bytes(LayerRange(start, n_layers)) / budgets[node], (n_layers,)
-        options = []
-        for stop in range(start + 1, n_layers - (n_nodes - node - 1) + 1):
-            here = costs.range_bytes(LayerRange(start, stop)) / budgets[node]
-            rest, stops = best(node + 1, stop)
-            options.append((max(here, rest), (stop, *stops)))
-        return min(options)
-
-    ratio, stops = best(0, 0)
-    ranges = [LayerRange(a, b) for a, b in zip((0, *stops[:-1]), stops, strict=True)]
+    cost/budget ratio (``core.swarm_plan.best_ranges``); raises if even the best split overfills
+    some node."""
+    n_nodes = len(budgets)
+    ranges, ratio = best_ranges(costs, budgets)
     if ratio > 1.0:
         worst = max(range(n_nodes), key=lambda i: costs.range_bytes(ranges[i]) / budgets[i])
         need = costs.range_bytes(ranges[worst]) / 2**20
