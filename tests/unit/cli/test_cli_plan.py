@@ -107,3 +107,11 @@ def test_a_gpu_plans_ninety_percent_of_each_size(tmp_path: Path, capsys: pytest.
     code, out = _plan(capsys, str(source), "--nodes", "1G,1G", "--device", "gpu", "--json")
     assert code == 0
     assert [node["budget_bytes"] for node in json.loads(out)["nodes"]] == [int(2**30 * 0.9)] * 2
+
+
+def test_a_context_past_the_trained_length_is_refused_as_a_worker_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_synthetic_model(tmp_path / "tiny.gguf", SPEC)
+    assert main(["plan", str(source), "--nodes", "1G,1G", "--context", "8192"]) == 2
+    assert "--context 8192" in capsys.readouterr().err
