@@ -97,12 +97,19 @@ def call_status(
     return grpc.StatusCode.OK
 
 
-def rows_call(address: str, security: LinkSecurity | None, sender: int, model_sha256: str) -> grpc.StatusCode:
-    """Open ExchangeRows as node ``sender`` and read until the server ends the stream: its status."""
+def rows_call(
+    address: str, security: LinkSecurity | None, sender: int, model_sha256: str, *, opening: bool = True
+) -> grpc.StatusCode:
+    """Open ExchangeRows as node ``sender`` and read until the server ends the stream: its status.
+
+    ``opening=False`` sends nothing: for a certificate the node refuses as the stream opens. Had
+    we written the opening frame, the refusal could end the call while the frame was in flight,
+    and grpc then ends it INTERNAL ("Internal error from Core") instead of the node's status."""
 
     async def open_rows(stub: Stub) -> None:
         call = stub.ExchangeRows(timeout=CALL_TIMEOUT_S)
-        await call.write(expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256))
+        if opening:
+            await call.write(expert_wire.ExpertRowsFrame(sender=sender, model_sha256=model_sha256))
         # Our side stays open: only the server can end the call (a refusal raises from read).
         while await call.read() is not grpc.aio.EOF:
             pass

@@ -125,7 +125,7 @@ def test_expert_nodes_renew_and_cut_a_revoked_member(tmp_path: Path) -> None:
         for survivor in (0, 2):  # left for good
             assert step_call(peers[survivor], driver, "ExpertStep") == grpc.StatusCode.UNAUTHENTICATED
         node_1 = LinkSecurity(load_identity(swarm_dir(swarm.root) / "nodes" / "expert-3-1"))
-        rows = rows_call(peers[0], node_1, 1, group.nodes[0].model_sha256)
+        rows = rows_call(peers[0], node_1, 1, group.nodes[0].model_sha256, opening=False)  # refused as it opens
         assert rows == grpc.StatusCode.UNAUTHENTICATED
         _assert_watched_without_heartbeats(swarm, tmp_path, names)
     finally:

@@ -63,8 +63,9 @@ def _intrusions(peers: list[str], data: Path, foreign: Path, model_sha256: str) 
         "foreign describe": step_call(node, rogue, "DescribeExpertNode"),
         "plaintext rows": rows_call(node, None, 1, model_sha256),
         "plaintext step": step_call(node, None, "ExpertStep"),
-        "gateway rows": rows_call(node, gateway, 1, model_sha256),
-        "admin rows": rows_call(node, admin, 1, model_sha256),
+        # Refused by role as the stream opens, before any frame (see rows_call).
+        "gateway rows": rows_call(node, gateway, 1, model_sha256, opening=False),
+        "admin rows": rows_call(node, admin, 1, model_sha256, opening=False),
         "tracker step": step_call(node, tracker, "ExpertStep"),
         "impostor worker rows": rows_call(node, worker, 1, model_sha256),
         "node 1 rows": rows_call(node, node_1, 1, model_sha256),

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from meshnet.artifact.gguf_split import first_part
+
 MAX_MODEL_ID = 128
 """Longest model id a manifest accepts (``manifest_codec``)."""
 
@@ -25,6 +27,8 @@ def served_model_id(source: Path | str, published: str | None = None) -> str:
     ``-`` (what a manifest's model id may hold: letters, digits, ``.``, ``_``, ``-``)."""
     if published:
         return published
+    if Path(source).is_dir():  # a set given as its directory is named by its first part
+        source = first_part(Path(source))
     # A gguf-split set is one model: its first part's stem without the part suffix.
     whole = _SPLIT_SUFFIX.sub("", Path(source).stem)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", whole).strip("-._")[:MAX_MODEL_ID]

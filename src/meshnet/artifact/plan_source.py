@@ -1,5 +1,5 @@
-"""What ``meshnet plan`` reads a model's footprint from, without its weights: a GGUF (whole or a
-header-only copy), a published manifest (its metadata artifact beside it), or a model id whose
+"""What ``meshnet plan`` reads a model's footprint from, without its weights: a GGUF (whole, a
+gguf-split set or a header-only copy), a published manifest (its metadata artifact beside it), or a model id whose
 manifest and header a worker fetched into the data dir (``models-by-id/ID``).
 """
 
@@ -12,7 +12,9 @@ from pathlib import Path
 from meshnet.artifact.cache import HEADER_ONLY_SUFFIX
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
+from meshnet.artifact.gguf_split import first_part
 from meshnet.artifact.manifest_codec import decode_manifest
+from meshnet.artifact.model_id import served_model_id
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layer_costs import ModelFootprint
 
@@ -33,10 +35,13 @@ def planned_model(model: str, data_dir: Path) -> PlannedModel:
     """``model``'s footprint: a GGUF path, a manifest (file or its folder) or a model id."""
     path = Path(model)
     if path.is_file() and path.name != MANIFEST_FILE:
-        return _from_header(path, path.name.removesuffix(HEADER_ONLY_SUFFIX).removesuffix(".gguf"))
+        return _from_header(path, served_model_id(path.name.removesuffix(HEADER_ONLY_SUFFIX)))
     folder = path.parent if path.name == MANIFEST_FILE else path
     if not (folder / MANIFEST_FILE).is_file():
         folder = Path(data_dir) / MODELS_BY_ID / model
+    if not (folder / MANIFEST_FILE).is_file() and path.is_dir():
+        # A gguf-split set given as its directory, as slice, publish and the workers take it.
+        return _from_header(path, served_model_id(first_part(path)))
     if not (folder / MANIFEST_FILE).is_file():
         raise InvalidArgument(
             f"{model} is neither a GGUF file, a manifest nor a model id this data dir holds "

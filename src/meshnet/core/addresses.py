@@ -73,7 +73,7 @@ def route_source_host(target: str, family: int) -> str:
     source address, which is what peers on that route can dial back. Raises ``OSError`` when no
     route leads there."""
     infos = socket.getaddrinfo(target, 9, family, socket.SOCK_DGRAM)
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+    with socket.socket(infos[0][0], socket.SOCK_DGRAM) as probe:
         probe.connect(infos[0][4])
         return str(probe.getsockname()[0])
 
@@ -97,8 +97,10 @@ def dialable_address(
         return bound
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     target = DEFAULT_ROUTE_PROBE[family] if toward is None else toward.rpartition(":")[0].strip("[]")
+    # ``::`` listens on IPv4 too (dual stack), so an IPv4 tracker is reached over IPv4 from it.
+    asked = socket.AF_UNSPEC if family == socket.AF_INET6 and toward is not None else family
     try:
-        derived = source_of(target, family)
+        derived = source_of(target, asked)
     except OSError as error:
         derived, reason = "", f"no route to {target} gives this machine an address ({error})"
     else:

@@ -10,6 +10,7 @@ budget), so what it predicts is what the workers it proposes then hold.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -24,6 +25,7 @@ from meshnet.core.layer_costs import (
     scratch_bytes,
 )
 from meshnet.core.layers import LayerRange
+from meshnet.core.limits import MAX_CONTEXT
 
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 """Binary units, as ``free -h`` and llama.cpp print them: ``24G`` is 24 GiB."""
@@ -40,8 +42,8 @@ def parse_size(text: str) -> int:
         value = float(cleaned[: len(cleaned) - len(unit)])
     except ValueError:
         raise InvalidArgument(f"{text!r} is not a memory size (e.g. 24G, 512M)") from None
-    if value <= 0:
-        raise InvalidArgument(f"a memory size must be positive, got {text!r}")
+    if not 0 < value < math.inf:  # nan and inf parse as floats too
+        raise InvalidArgument(f"a memory size must be positive and finite, got {text!r}")
     return int(value * SIZE_UNITS[unit])
 
 
@@ -159,6 +161,7 @@ def plan_swarm(footprint: ModelFootprint, budgets: Sequence[int], load: WorkerLo
     """The plan for ``budgets`` (bytes each node may hold, in route order) holding ``load``."""
     if load.sessions < 1 or load.context < 1 or load.prefill_chunk < 1:
         raise InvalidArgument("sessions, context and prefill chunk must each be at least 1")
+    max_context = min(max_context, MAX_CONTEXT)  # a worker serves no session past 128K
     ranges, _ = best_ranges(layer_costs(footprint, load), budgets)
     nodes = tuple(node_share(footprint, load, r, b) for r, b in zip(ranges, budgets, strict=True))
 

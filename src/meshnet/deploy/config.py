@@ -67,9 +67,10 @@ class LocalSwarmConfig:
     snapshot_disk_mb: float = WorkerConfig.snapshot_disk_mb
     """Disk each worker's snapshots may take (least recently used goes first)."""
     context: int | None = None
-    """Positions (prompt plus output) each session holds on every worker; none: the model's
-    trained length, at most 131,072. Each worker allocates its sessions' KV for it at start, so
-    a long context costs memory whether used or not (--kv-type q8_0 or q4_0 halves or quarters it)."""
+    """Positions (prompt plus output) each session holds on every worker (at most the model's
+    trained length and 131,072); none: the trained length up to 8,192. Each worker allocates its
+    sessions' KV for it at start, so a long context costs memory whether used or not (--kv-type
+    q8_0 or q4_0 halves or quarters it)."""
     kv_type: KvType = KvType.F16
     """What every worker stores keys and values as: f16, q8_0 or q4_0 (part of the recipe,
     certified split == whole at each worker's start)."""

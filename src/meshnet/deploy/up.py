@@ -27,7 +27,7 @@ import httpx
 from meshnet.artifact.cache import SliceCache
 from meshnet.core.errors import InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange, split_evenly
-from meshnet.core.limits import served_context
+from meshnet.core.limits import up_context
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.config import LocalSwarmConfig
 from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
@@ -214,8 +214,8 @@ def _start_swarm(config: LocalSwarmConfig, supervisor: Supervisor, logs: Path) -
 
     description = describe_model(config.model)
     ranges = split_evenly(description.n_layers, config.shards)
-    # Every worker holds the same context: --context, else the model's trained length (<= 128K).
-    config = replace(config, context=served_context(description.context_length, config.context))
+    # Every worker holds the same context: --context, else the model's trained length up to 8,192.
+    config = replace(config, context=up_context(description.context_length, config.context))
     # Hash the source once here rather than in every worker at once (each would hash it).
     SliceCache(config.data_dir / "cache").source_sha256(config.model)
     tracker = _tracker(config, logs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,27 @@ def test_a_gpu_plans_ninety_percent_of_each_size(tmp_path: Path, capsys: pytest.
     code, out = _plan(capsys, str(source), "--nodes", "1G,1G", "--device", "gpu", "--json")
     assert code == 0
     assert [node["budget_bytes"] for node in json.loads(out)["nodes"]] == [int(2**30 * 0.9)] * 2
+
+
+def test_a_context_past_the_trained_length_is_refused_as_a_worker_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_synthetic_model(tmp_path / "tiny.gguf", SPEC)
+    assert main(["plan", str(source), "--nodes", "1G,1G", "--context", "8192"]) == 2
+    assert "--context 8192" in capsys.readouterr().err
+
+
+def test_a_split_set_plans_as_its_whole_file_by_directory_or_first_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "artifact"))
+    from artifact_split import write_split_set
+
+    source = write_synthetic_model(tmp_path / "tiny.gguf", SPEC)
+    parts = write_split_set(source, tmp_path / "set", max_tensors=8, stem="tiny")
+    assert len(parts) > 1
+    whole = _json(capsys, str(source), tmp_path)
+    assert _json(capsys, str(tmp_path / "set"), tmp_path) == whole
+    assert _json(capsys, str(parts[0]), tmp_path) == whole
+    code, out = _plan(capsys, str(tmp_path / "set"), "--nodes", NODES, "--json")
+    assert code == 0 and json.loads(out)["model"] == "tiny"

@@ -61,3 +61,9 @@ def test_no_route_or_a_wildcard_answer_is_refused_naming_the_flag(answers: dict[
 )
 def test_is_unspecified_host(host: str, wildcard: bool) -> None:
     assert is_unspecified_host(host) is wildcard
+
+
+def test_an_ipv6_wildcard_reaches_an_ipv4_tracker_over_ipv4() -> None:
+    # "::" is dual stack: a worker bound there and a tracker on an IPv4 address must not be
+    # refused because the tracker has no IPv6 address (the real route lookup, on loopback).
+    assert dialable_address("[::]:7000", toward="127.0.0.1:7070") == "127.0.0.1:7000"

@@ -12,6 +12,7 @@ import pytest
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import MIB, ModelFootprint, WorkerLoad, layer_costs
+from meshnet.core.limits import MAX_CONTEXT
 from meshnet.core.swarm_plan import SESSIONS_LIMIT, parse_size, plan_swarm, remedies
 from meshnet.tracker.placement import plan_ranges
 
@@ -45,7 +46,7 @@ def test_sizes_are_binary_units(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "G", "lots", "-1G", "0"])
+@pytest.mark.parametrize("text", ["", "G", "lots", "-1G", "0", "nan", "inf", "infG", "1e400"])
 def test_a_bad_size_is_refused(text: str) -> None:
     with pytest.raises(InvalidArgument):
         parse_size(text)
@@ -151,3 +152,9 @@ def test_the_readmes_auto_layers_example_covers_the_model_and_the_old_one_did_no
     assert plan_swarm(smollm2, [340 * MIB] * 3, LOAD, TRAINED).fits
     old = plan_swarm(smollm2, [158 * MIB] * 3, LOAD, TRAINED)
     assert not old.fits and old.largest_context == old.most_sessions == 0
+
+
+def test_the_context_stops_at_128k_whatever_the_model_was_trained_for() -> None:
+    # Workers refuse a session past MAX_CONTEXT (limits.served_context): the plan must not offer one.
+    plan = plan_swarm(SMOL, [2**40] * 2, replace(LOAD, sessions=1), 1_048_576)
+    assert plan.largest_context == plan.max_context == MAX_CONTEXT

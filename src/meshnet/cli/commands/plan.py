@@ -53,12 +53,14 @@ class PlanArguments:
 def cmd_plan(args: argparse.Namespace) -> int:
     from meshnet.artifact.plan_source import planned_model
     from meshnet.core.devices import DEVICE_HEADROOM
+    from meshnet.core.limits import served_context
     from meshnet.core.swarm_plan import plan_swarm, remedies
 
     command = config_from_arguments(PlanArguments, args)
     sizes = [parse_size(text) for text in command.nodes]
     budgets = [int(size * DEVICE_HEADROOM) if command.device == "gpu" else size for size in sizes]
     model = planned_model(command.model, args.data_dir)
+    served_context(model.context_length, command.context)  # what a worker would refuse, refused here
     load = WorkerLoad(command.sessions, command.context, command.prefill_chunk, command.kv_type)
     plan = plan_swarm(model.footprint, budgets, load, model.context_length)
     fixes = None if plan.fits else remedies(model.footprint, budgets, plan)

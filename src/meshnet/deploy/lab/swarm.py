@@ -14,6 +14,7 @@ from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.manifest_codec import decode_manifest
+from meshnet.artifact.model_id import served_model_id
 from meshnet.artifact.publish import MANIFEST_NAME
 from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.layer_costs import WorkerLoad
@@ -58,6 +59,15 @@ class LabSwarm:
     advertised: dict[int, str]
     api_key_path: Path
     """The client API key the gateway accepts (its data dir's ``api-key``, mode 0600)."""
+
+
+def served_name(config: LabConfig) -> str:
+    """The one name the lab's gateway, workers and sweep use: --model-name, else the published
+    manifest's model id (workers fetching by it serve under it), else the file's stem."""
+    published = None
+    if config.published is not None:
+        published = decode_manifest((config.published / MANIFEST_NAME).read_bytes()).model_id
+    return served_model_id(config.model, config.model_name or published)
 
 
 def choose_ranges(serving: list[LayerRange], spares: int) -> list[LayerRange]:
@@ -136,7 +146,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
         model=lab.config.model,
         http=GatewayConfig(host=head.address, port=GATEWAY_PORT),
         data_dir=lab.node_data_dir(head),
-        model_name=lab.config.model_name,
+        model_name=served_name(lab.config),
     )
     command = gateway_command(gateway, _identity(lab, "gateway", "gateway"))
     lab.start(head, "gateway", command, GatewayLine.PREFIX, role="control")

@@ -24,11 +24,10 @@ from pathlib import Path
 
 import httpx
 
-from meshnet.artifact.model_id import served_model_id
 from meshnet.core.errors import InvalidArgument
 from meshnet.deploy.lab.lab import Lab, LabConfig
 from meshnet.deploy.lab.plan import LabNode
-from meshnet.deploy.lab.swarm import LabSwarm, admin_security, client_auth, start_swarm
+from meshnet.deploy.lab.swarm import LabSwarm, admin_security, client_auth, served_name, start_swarm
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.tls import LinkSecurity
@@ -126,7 +125,7 @@ def measure_point(lab: Lab, swarm: LabSwarm, n_embd: int) -> SweepPoint:
     config, plan = lab.config, lab.plan
     if plan is None:
         raise RuntimeError("the lab is not built")
-    model = served_model_id(config.model, config.model_name)
+    model = served_name(config)
     _stream(swarm, model, PROMPT, SHORT_TOKENS)  # warm-up: connections, first page faults
     ttfts, gaps = [], []
     route = list(swarm.advertised.values())
