@@ -26,12 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
-from meshnet.artifact.synthetic import FAMILIES, SyntheticSpec, tinyllama_shaped_spec, write_synthetic_model
+from meshnet.artifact.synthetic import (
+    FAMILIES,
+    SyntheticSpec,
+    llama3_8b_shaped_spec,
+    tinyllama_shaped_spec,
+    write_synthetic_model,
+)
 from meshnet.core.devices import CPU, DeviceInfo, DeviceRequest
 from meshnet.core.generation import GenerationRequest
 from meshnet.engine.certification import certify_llama_engine
@@ -40,22 +45,6 @@ from meshnet.engine.devices import find_device, offered_devices
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
-
-
-def llama3_8b_shaped_spec() -> SyntheticSpec:
-    """Llama-3-8B's block shape (32 layers, n_embd 4096, 32/8 heads, n_ff 14336) in Q4_0, with the
-    synthetic vocabulary (small: the LM head is not 8B's)."""
-    return SyntheticSpec(
-        n_layers=32,
-        n_embd=4096,
-        n_head=32,
-        n_head_kv=8,
-        n_ff=14336,
-        n_ctx_train=8192,
-        weight_type=GGMLQuantizationType.Q4_0,
-        embedding_type=GGMLQuantizationType.Q8_0,
-        seed=3,
-    )
 
 
 def model_specs(names: list[str]) -> dict[str, SyntheticSpec]:
