@@ -198,6 +198,16 @@ def _rogue(swarm: Swarm) -> Iterator[Worker]:
         rogue.component.stop()
 
 
+def _routed_within(swarm: Swarm, rogue: Worker, timeout_s: float) -> bool:
+    """Whether the tracker gives users a route through ``rogue`` within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while rogue.address not in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _tracker_id(swarm: Swarm, address: str) -> str:
     """The id the tracker gave the worker at ``address`` (a worker's own id is another).
 
@@ -344,35 +354,40 @@ def test_an_audit_aware_rogue_head_is_caught_and_no_honest_node_is_blamed(
     monkeypatch.setenv("MESHNET_ROGUE_TRACKER_DB", str(swarm.db_path))
     monkeypatch.setenv("MESHNET_ROGUE_AUDIT_MARKERS", AWARE_MARKERS)
     honest = {_tracker_id(swarm, worker.address) for worker in swarm.workers[:4]}
-    with _rogue(swarm) as rogue:
-        rogue_id = _tracker_id(swarm, rogue.address)
-        everyone = _routable(swarm)  # the honest nodes and this rogue (an earlier test's stays out)
-        caught, rejoin_s, rules, started = 0, [], Counter[str](), time.monotonic()
-        for run in range(AWARE_RUNS):
+    base = _routable(swarm)  # the honest nodes (an earlier test's rogue stays out)
+    caught, rejoin_s, rules, started = 0, [], Counter[str](), time.monotonic()
+    for run in range(AWARE_RUNS):
+        # A fresh rogue each run: routes are the cheapest by measured speed, and a rogue measured
+        # slower than the honest heads (a loaded machine) is never chosen again for its horizon,
+        # so the same one cannot be relied on to serve ten users. A newcomer is believed at its
+        # recipe's claims and routed first.
+        with _rogue(swarm) as rogue:
+            rogue_id = _tracker_id(swarm, rogue.address)
+            _wait("the rogue routable", lambda: _routable(swarm) == base + 1)
             _wait(
                 "the tracker routes users to the rogue",
-                lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
+                lambda r=rogue: r.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
             )
             was_caught, request_id, served = _run_against(swarm, rogue, rogue_id, expected)
             blamed = set(_quarantined(swarm))
             assert not blamed & honest, f"run {run}: an honest node was quarantined"
-            if not was_caught:
-                continue
-            caught += 1
-            rules[f"{_evidence_rules(swarm)[rogue_id]}, {'its own request' if served else 'a replay'}"] += 1
-            if served:
-                _wait("its record marked", lambda rid=request_id: _statuses(swarm).get(rid) == "unverified")
-            cleared_at = time.monotonic()
-            _clear(swarm, rogue_id)
-            _wait("the cleared rogue routable again", lambda: _routable(swarm) == everyone)
-            rejoin_s.append(time.monotonic() - cleared_at)
-        print(
-            f"\naudit-aware rogue ({AWARE_MARKERS}): caught in {caught}/{AWARE_RUNS} runs {dict(rules)}, "
-            f"{time.monotonic() - started:.0f} s; rejoined after clear in {max(rejoin_s, default=0):.1f} s at most"
-        )
-        assert caught >= AWARE_RUNS - 1
-        # A cleared node is back within a few heartbeats (RefusalBackoff: at most 4, jitter aside).
-        assert max(rejoin_s) < 6 * swarm.heartbeat_s + 3.0
+            if was_caught:
+                caught += 1
+                rules[f"{_evidence_rules(swarm)[rogue_id]}, {'its own request' if served else 'a replay'}"] += 1
+                if served:
+                    _wait("its record marked", lambda rid=request_id: _statuses(swarm).get(rid) == "unverified")
+                cleared_at = time.monotonic()
+                _clear(swarm, rogue_id)
+                _wait("the cleared rogue routable again", lambda: _routable(swarm) == base + 1)
+                rejoin_s.append(time.monotonic() - cleared_at)
+        _wait("the rogue gone", lambda: _routable(swarm) == base)
+    print(
+        f"\naudit-aware rogue ({AWARE_MARKERS}): caught in {caught}/{AWARE_RUNS} runs {dict(rules)}, "
+        f"{time.monotonic() - started:.0f} s; rejoined after clear in {max(rejoin_s, default=0):.1f} s at most"
+    )
+    assert caught >= AWARE_RUNS - 1
+    # A cleared node is back within a few heartbeats (RefusalBackoff: at most 4, jitter aside).
+    assert max(rejoin_s) < 6 * swarm.heartbeat_s + 3.0
 
 
 REPEAT_REQUESTS = 6
@@ -395,10 +410,11 @@ def test_a_rogue_honest_on_every_repeated_prompt_is_never_answered_by_blaming_an
         for index in range(REPEAT_REQUESTS):
             if rogue_id in _quarantined(swarm):
                 break
-            _wait(
-                "the tracker routes users to the rogue",
-                lambda: rogue.address in asyncio.run(route_addresses(swarm.tracker_address, swarm.security)),
-            )
+            # Once measured, the rogue may be slower than the honest heads and no longer chosen
+            # (routes are the cheapest by measured speed): what is checked below needs one served.
+            if not _routed_within(swarm, rogue, WAIT_S if served == 0 else 10.0):
+                assert served >= 1, "never: the tracker routes users to the rogue"
+                break
             # A prompt of its own each time: the rogue's first sight of it is this user's request
             # when it serves it (and lies), else a replay of it (and it lies there, and is caught).
             content = f"{PROMPT} (repeat {index})"
