@@ -5,8 +5,13 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
+from meshnet.core.ids import NodeId, check_node_id
+
+RELAYED_SEPARATOR = "@"
+"""``NODE@RELAY_HOST:PORT``: a node behind NAT, reached through the relay it keeps a link to."""
 
 
 def check_advertise_address(address: str, *, flag: str = "advertise") -> None:
@@ -111,3 +116,41 @@ def dialable_address(
             f"give {flag} HOST:PORT with the name or IP peers reach this machine at"
         )
     return f"[{derived}]:{port}" if ":" in derived else f"{derived}:{port}"
+
+
+@dataclass(frozen=True)
+class RelayedAddress:
+    """Where a private node (behind NAT, nothing can dial in) is reached: through ``relay``.
+
+    Written ``NODE@RELAY_HOST:PORT`` wherever an address goes (records, routes, status), so every
+    reader that only passes addresses on keeps working; a dialer that meets one opens its channel
+    through the relay (``meshnet.relay``) and pins ``node_id``'s TLS name end to end."""
+
+    node_id: NodeId
+    relay: str
+    """The relay's own ``host:port``, as the relay advertises it."""
+
+    def __post_init__(self) -> None:
+        check_node_id(self.node_id)
+        check_advertise_address(self.relay, flag="the relay address")
+
+    def __str__(self) -> str:
+        return f"{self.node_id}{RELAYED_SEPARATOR}{self.relay}"
+
+
+def parse_relayed(address: str) -> RelayedAddress | None:
+    """The relayed address ``address`` spells, or None for a direct ``host:port``.
+
+    ``InvalidArgument`` when it has the separator but is not ``NODE@HOST:PORT``."""
+    node, separator, relay = address.strip().partition(RELAYED_SEPARATOR)
+    if not separator:
+        return None
+    try:
+        return RelayedAddress(check_node_id(node), relay)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"relayed address {address!r} must be NODE_ID@RELAY_HOST:PORT: {error.message}") from None
+
+
+def is_relayed(address: str) -> bool:
+    """True for ``NODE@RELAY_HOST:PORT`` (checked), False for a direct ``host:port``."""
+    return parse_relayed(address) is not None

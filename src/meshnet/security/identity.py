@@ -5,7 +5,8 @@ A node certificate names its holder three ways, each for one reader:
 - DNS SAN ``<id>.node.meshnet``: what a caller pins when it dials a hop whose node id the route
   gave it (``grpc.ssl_target_name_override``), so one node cannot answer for another;
 - DNS SAN ``node.meshnet`` (workers) or ``tracker.meshnet`` (the tracker): what a caller pins
-  when it only knows it wants *some* worker, or the tracker.
+  when it only knows it wants *some* worker, or the tracker. A relay (role ``relay``) carries
+  only its own ``<id>.node.meshnet``: whoever dials it learned its id with its address.
 Peers dial by IP, so no certificate needs an IP SAN: the pinned names replace the host check.
 """
 
@@ -17,9 +18,9 @@ from typing import Literal, get_args
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import check_node_id
 
-Role = Literal["worker", "gateway", "admin", "tracker"]
+Role = Literal["worker", "gateway", "admin", "tracker", "relay"]
 ROLES: tuple[Role, ...] = get_args(Role)
-INVITE_ROLES: tuple[Role, ...] = ("worker", "gateway", "admin")
+INVITE_ROLES: tuple[Role, ...] = ("worker", "gateway", "admin", "relay")
 """Roles an invite may grant: the tracker's certificate is made only by ``swarm init``."""
 
 NODE_URI_PREFIX = "meshnet://node/"
