@@ -11,12 +11,13 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter
 
 from meshnet.core.errors import ArtifactError
 
@@ -74,6 +75,18 @@ class MetadataValue:
     type: ValueType
     value: Any
     item_type: ValueType | None = None  # for arrays
+
+
+def copy_metadata(
+    writer: GGUFWriter, metadata: Mapping[str, MetadataValue], *, skip: Callable[[str], bool] = lambda key: False
+) -> None:
+    """Add every key of ``metadata`` (but those ``skip`` names) to ``writer`` with its on-disk
+    types, so the copy re-encodes each value byte for byte as the source stored it."""
+    for key, entry in metadata.items():
+        if skip(key):
+            continue
+        sub_type = GGUFValueType(int(entry.item_type)) if entry.item_type is not None else None
+        writer.add_key_value(key, entry.value, GGUFValueType(int(entry.type)), sub_type=sub_type)
 
 
 @dataclass(frozen=True)

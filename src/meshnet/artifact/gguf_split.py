@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
-from meshnet.artifact.gguf_file import GGUFFile, PartFile, TensorInfo, parse_gguf
+from meshnet.artifact.gguf_file import GGUFFile, PartFile, TensorInfo, copy_metadata, parse_gguf
 from meshnet.artifact.hashing import file_sha256, set_sha256
 from meshnet.core.errors import ArtifactError, SplitSetInvalid
 
@@ -169,11 +169,7 @@ def merged_header(model: GGUFFile) -> bytes:
     as ``GGUFWriter`` lays out one file: what a sparse copy of the source needs (``assemble``)."""
     writer = GGUFWriter(path=None, arch=model.architecture)
     writer.data_alignment = model.alignment
-    for key, entry in model.metadata.items():
-        if key == "general.architecture":
-            continue
-        sub_type = GGUFValueType(int(entry.item_type)) if entry.item_type is not None else None
-        writer.add_key_value(key, entry.value, GGUFValueType(int(entry.type)), sub_type=sub_type)
+    copy_metadata(writer, model.metadata, skip=lambda key: key == "general.architecture")
     for info in model.tensors.values():
         # GGUFWriter takes numpy order (outermost first); the dtype is ignored beside raw_dtype.
         writer.add_tensor_info(

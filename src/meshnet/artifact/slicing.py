@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from meshnet.artifact.architectures import ArchitectureAdapter, adapter_for
-from meshnet.artifact.gguf_file import GGUFFile, MetadataValue, TensorInfo, ValueType, parse_gguf
+from meshnet.artifact.gguf_file import GGUFFile, MetadataValue, TensorInfo, ValueType, copy_metadata, parse_gguf
 from meshnet.artifact.gguf_split import model_sha256, open_model, tensor_views
 from meshnet.artifact.hashing import partial_path, tensors_sha256
 from meshnet.core.errors import ArtifactError, ProvenanceMismatch
@@ -226,9 +226,7 @@ def _emit(
     view: Callable[[TensorInfo], memoryview],
 ) -> None:
     writer = GGUFWriter(path=None, arch=adapter.name)
-    for key, entry in metadata.items():
-        sub_type = GGUFValueType(int(entry.item_type)) if entry.item_type is not None else None
-        writer.add_key_value(key, entry.value, GGUFValueType(int(entry.type)), sub_type=sub_type)
+    copy_metadata(writer, metadata)
     for key, value in _provenance_metadata(provenance).items():
         writer.add_key_value(_PROVENANCE + key, value[1], value[0])
     for tensor in planned:

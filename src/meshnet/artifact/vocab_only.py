@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGUFWriter
 
-from meshnet.artifact.gguf_file import GGUFFile
+from meshnet.artifact.gguf_file import GGUFFile, copy_metadata
 from meshnet.artifact.hashing import partial_path
 from meshnet.core.errors import ArtifactError
 
@@ -24,17 +24,17 @@ _DROPPED_PREFIXES = ("meshnet.slice.", "split.")
 file (llama.cpp would look for the other parts of a file that says it is part 1 of N)."""
 
 
+def _dropped(key: str) -> bool:
+    return key in _WRITTEN_BY_WRITER or key.startswith(_DROPPED_PREFIXES)
+
+
 def write_vocab_only(model: GGUFFile, out: Path) -> Path:
     """Write ``model``'s metadata with an empty tensor table to ``out`` (atomically)."""
     if model.get("tokenizer.ggml.model") in (None, "none"):
         raise ArtifactError(f"{model.path.name} carries no tokenizer to publish")
     out = Path(out)
     writer = GGUFWriter(path=None, arch=model.architecture)
-    for key, entry in model.metadata.items():
-        if key in _WRITTEN_BY_WRITER or key.startswith(_DROPPED_PREFIXES):
-            continue
-        sub_type = GGUFValueType(int(entry.item_type)) if entry.item_type is not None else None
-        writer.add_key_value(key, entry.value, GGUFValueType(int(entry.type)), sub_type=sub_type)
+    copy_metadata(writer, model.metadata, skip=_dropped)
     partial = partial_path(out)
     try:
         writer.write_header_to_file(path=partial)
