@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -19,12 +18,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from artifact_harness import ArtifactSwarm, seeders, wait_for_holders
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, greedy_request, new_driver
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.manifest import Manifest, needed_artifacts
-from meshnet.artifact.provision import model_path
 from meshnet.artifact.publish import PublishOptions, publish
 from meshnet.artifact.slicing import verify_slice, write_slice
 from meshnet.core.events import TokenGenerated
@@ -43,16 +42,13 @@ from meshnet.security.signing import load_or_create_key
 from meshnet.tracker.config import TrackerConfig
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
 MODEL_ID = "smollm2-135m-instruct-q4_1"
 
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 

@@ -12,7 +12,6 @@ $MESHNET_DATA_DIR/models (default .data/models).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 # The worker harness lives with the integration tests; this directory is not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 from worker_harness import (
     RunningWorker,
     WorkerCluster,
@@ -36,20 +36,15 @@ from worker_harness import (
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.provision import model_path
 from meshnet.core.layers import LayerRange
 from meshnet.node.config import WorkerConfig
 from meshnet.route.shard_stream import ChannelPool
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
-
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 RANGES = [(0, 10), (10, 20), (20, 30)]

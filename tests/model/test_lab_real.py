@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -26,10 +25,10 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
+from smollm2_model import ENABLED, ENABLED_MARK, MODEL
 from swarm_harness import Reference, active_sessions, query_db, wait_sessions_freed
 
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.provision import model_path
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_status import node_health
@@ -47,9 +46,6 @@ from meshnet.tracker.config import DEFAULT_DB_NAME
 from meshnet.tracker.placement import plan_ranges
 from meshnet.wire.tls import LinkSecurity
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
 CAP_MB = 220
 """The smallest round cap at which three nodes hold SmolLM2 (one 2,048-position session each) by
 the memory cost model (a one-layer tail counts 202 MiB); the whole model counts 307 MiB."""
@@ -74,7 +70,7 @@ def _no_lab_reason() -> str | None:
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
+    ENABLED_MARK,
     pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned"),
     pytest.mark.skipif(_no_lab_reason() is not None, reason=f"no lab here: {_no_lab_reason()}"),
 ]

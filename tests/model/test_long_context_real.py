@@ -8,7 +8,6 @@ Needs MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 and the provisioned model.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import sys
 import time
@@ -19,21 +18,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 from swarm_harness import Reference, meshnet_command
 
-from meshnet.artifact.provision import model_path
 from meshnet.deploy.launch.ready_lines import UpLine
 from meshnet.process.launcher import ChildProcess, LaunchSpec
-
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
 
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(400),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 CONTEXT, PROMPT_TOKENS, ANSWER_TOKENS = 8192, 6000, 16

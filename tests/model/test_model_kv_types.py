@@ -7,7 +7,6 @@ Needs the provisioned model and MESHNET_ENABLE_REAL_INFERENCE_TESTS=1.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,11 +16,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "engine"))
 
 from engine_routes import greedy, open_routes
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
-from meshnet.artifact.provision import model_path
 from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import kv_bytes_per_layer
 from meshnet.core.layers import LayerRange
@@ -30,15 +29,11 @@ from meshnet.engine.certification import certify_llama_engine
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.tokenizer import Tokenizer
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
-
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 LAYOUTS = {

@@ -7,18 +7,16 @@ the model is looked up under $MESHNET_DATA_DIR/models (default .data/models).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_file import parse_gguf
-from meshnet.artifact.provision import model_path
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.bitwise import bit_identical, describe_difference
@@ -27,14 +25,10 @@ from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.engine.tokenizer import Tokenizer
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
-
 pytestmark = [
     pytest.mark.real_model,
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 N_LAYERS = 30

@@ -6,7 +6,6 @@ Needs the provisioned model and MESHNET_ENABLE_REAL_INFERENCE_TESTS=1.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,12 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "engine"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "artifact"))
 from artifact_split import write_split_set
 from engine_routes import greedy
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_split import model_sha256, open_model
 from meshnet.artifact.hashing import file_sha256
-from meshnet.artifact.provision import model_path
 from meshnet.artifact.slicing import write_slice
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_backend import LlamaConfig
@@ -30,15 +29,11 @@ from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.engine.tokenizer import Tokenizer
 
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
-
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 RANGES = (LayerRange(0, 10), LayerRange(10, 20), LayerRange(20, 30))

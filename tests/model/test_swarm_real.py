@@ -12,7 +12,6 @@ $MESHNET_DATA_DIR/models (default .data/models).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,21 +25,18 @@ import pytest
 # The swarm harness lives with the integration tests; this directory is not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
 from swarm_harness import Reference, Swarm, chat_body, meshnet_command, read_sse
 
-from meshnet.artifact.provision import DEFAULT_MODEL, model_path
+from meshnet.artifact.provision import DEFAULT_MODEL
 from meshnet.deploy.config import LocalSwarmConfig
 from meshnet.node.config import WorkerConfig
-
-DATA_DIR = Path(os.environ.get("MESHNET_DATA_DIR", Path(__file__).resolve().parents[2] / ".data"))
-MODEL = model_path(DATA_DIR / "models")
-ENABLED = os.environ.get("MESHNET_ENABLE_REAL_INFERENCE_TESTS") == "1"
 
 pytestmark = [
     pytest.mark.real_model,
     pytest.mark.timeout(180),
-    pytest.mark.skipif(not ENABLED, reason="set MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 to run real-model tests"),
-    pytest.mark.skipif(ENABLED and not MODEL.exists(), reason=f"{MODEL} is not provisioned (meshnet provision)"),
+    ENABLED_MARK,
+    PROVISIONED_MARK,
 ]
 
 CHAT = "What is the capital of France? Answer in one sentence."
