@@ -20,6 +20,8 @@ from meshnet.core.errors import MeshnetError
 
 if TYPE_CHECKING:
     from meshnet.deploy.lab.lab import LabConfig
+    from meshnet.deploy.lab.plan import LabNode
+    from meshnet.deploy.lab.swarm import LabSwarm
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -65,13 +67,7 @@ def lab_up(config: LabConfig) -> int:
         print(f"lab       {plan.subnet} on bridge {plan.bridge} ({len(plan.nodes)} nodes)", flush=True)
         swarm = start_swarm(lab)
         for node in plan.nodes:
-            role = "spare" if node.spare else "node"
-            cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
-            print(
-                f"{role:9s} {node.namespace} {node.address} cpu {node.cpu} {cap} "
-                f"layers {swarm.ranges[node.index]} via {swarm.advertised[node.index]}",
-                flush=True,
-            )
+            print(_node_line(node, swarm), flush=True)
         print(f"api key   {swarm.api_key_path}", flush=True)
         print(f"gateway   {swarm.gateway_url}/v1", flush=True)
         wait_forever(lab)
@@ -83,6 +79,16 @@ def lab_up(config: LabConfig) -> int:
         return 2
     finally:
         lab.close()
+
+
+def _node_line(node: LabNode, swarm: LabSwarm) -> str:
+    """One node as the operator reads it: its role, namespace, address, core, cap and what it serves."""
+    role = "relay" if node.relay else "spare" if node.spare else "private" if node.private else "node"
+    cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
+    behind = f" behind NAT {node.router.public_address}" if node.router is not None else ""
+    serves = "relay" if node.relay else f"layers {swarm.ranges[node.index]}"
+    where = f"{node.namespace} {node.address}{behind}"
+    return f"{role:9s} {where} cpu {node.cpu} {cap} {serves} via {swarm.advertised[node.index]}"
 
 
 def lab_down(tag: str | None) -> int:

@@ -153,7 +153,7 @@ def start_swarm(lab: Lab) -> LabSwarm:
     return LabSwarm(
         gateway_url=f"http://{head.address}:{GATEWAY_PORT}",
         tracker=tracker,
-        ranges={node.index: layers for node, layers in zip(plan.nodes, ranges, strict=True)},
+        ranges={node.index: layers for node, layers in zip(plan.workers(), ranges, strict=True)},
         advertised=advertised,
         api_key_path=api_key_path,
     )
@@ -197,7 +197,8 @@ def _start_worker(
     """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
     until the tracker has registered it, so the next auto worker counts its range. With
     ``model_id`` it fetches its range from the lab's seeder instead of cutting it from --model."""
-    address = lab.start_delay_line(node)
+    # A private node's inbound link is its relay's: nobody dials its own address.
+    address = f"{node.address}:{WORKER_PORT}" if node.private else lab.start_delay_line(node)
     worker = WorkerConfig(
         model=None if model_id is not None else lab.config.model,
         model_id=model_id,
