@@ -45,7 +45,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if "model" not in given:
         given["model"] = provisioned_model(args.data_dir)
     if arguments.action == "sweep":
-        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments.sweep_output)
+        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments)
     return lab_up(LabConfig(**given, data_dir=args.data_dir))
 
 
@@ -107,14 +107,25 @@ def lab_down(tag: str | None) -> int:
     return 0
 
 
-def lab_sweep(config: LabConfig, output: Path) -> int:
-    """The network sweep (``sweep.py``): JSON at ``output``, its plot beside it."""
+def lab_sweep(config: LabConfig, arguments: LabArguments) -> int:
+    """The network sweep (``sweep.py``): JSON at ``--sweep-output``, its plot beside it; with
+    ``--private 1`` the relayed middle against the direct one (``relay_sweep.py``), JSON only."""
     from meshnet.artifact.describe import describe_model
     from meshnet.bench.plots import write_lab_sweep_plot
+    from meshnet.deploy.lab.relay_sweep import run_relay_sweep
     from meshnet.deploy.lab.sweep import run_sweep
 
+    delays, rates = arguments.sweep_delays_ms, arguments.sweep_rates_mbit
+    relayed = config.private > 0
+    default = "lab-sweep-relay.json" if relayed else "lab-sweep.json"
+    output = arguments.sweep_output or Path("bench/results") / default
     try:
-        results = run_sweep(config, output, describe_model(config.model).n_embd)
+        n_embd = describe_model(config.model).n_embd
+        if relayed:
+            run_relay_sweep(config, output, n_embd, delays_ms=delays, rates_mbit=rates)
+            print(f"wrote {output}")
+            return 0
+        results = run_sweep(config, output, n_embd, delays_ms=delays, rates_mbit=rates)
     except MeshnetError as error:
         print(f"meshnet lab sweep: [{error.code}] {error.message}", file=sys.stderr)
         return 2

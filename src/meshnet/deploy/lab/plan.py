@@ -18,6 +18,10 @@ PREFIX = "mnlab"
 """Every namespace, link and cgroup the lab makes starts with this, so cleanup finds them all."""
 CANDIDATE_SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")
 FIRST_NODE_HOST = 10
+SWEEP_DELAYS_MS = (0.0, 1.0, 5.0, 20.0)
+"""The network sweep's one-way delays (``sweep.py``, ``relay_sweep.py``)."""
+SWEEP_RATES_MBIT = (100.0, 1000.0)
+"""The network sweep's link rates."""
 HOME_SUPERNET = ipaddress.IPv4Network("192.168.0.0/16")
 """Where private nodes' home networks come from: 192.168.<node index>.0/24, router .1, node .2.
 They exist only inside a router's and its node's namespaces (as every home's 192.168.x does), so
