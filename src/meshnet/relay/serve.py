@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc.aio
@@ -38,12 +37,3 @@ async def start_relay(config: RelayConfig, security: LinkSecurity | None) -> Run
     server.add_generic_rpc_handlers((servicer.handler(),))
     await server.start()
     return RunningRelay(advertise, port, server, servicer)
-
-
-async def serve_relay(
-    config: RelayConfig, security: LinkSecurity | None, on_ready: Callable[[RunningRelay], None]
-) -> None:
-    """Serve until the process ends."""
-    running = await start_relay(config, security)
-    on_ready(running)
-    await running.server.wait_for_termination()

@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from meshnet.core.addresses import check_advertise_address
 from meshnet.core.errors import AddressUnproven, InvalidArgument
 from meshnet.core.ids import NodeId
-from meshnet.relay import dial
+from meshnet.relay.dial import dial
 from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
