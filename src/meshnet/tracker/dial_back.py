@@ -33,7 +33,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from meshnet.core.addresses import check_advertise_address
 from meshnet.core.errors import AddressUnproven, InvalidArgument
 from meshnet.core.ids import NodeId
-from meshnet.wire.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
+from meshnet.relay.dial import dial
+from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class AddressProof:
             self._checking.discard(node_id)
 
     async def _answers(self, address: str, node_id: NodeId, security: LinkSecurity) -> bool:
-        channel = secure_or_plain_channel(address, security, hop_server_name(node_id), [])
+        channel = dial(address, security, hop_server_name(node_id), [])
         try:
             # Any answer will do: reaching the handler needs the handshake pinned to the node.
             await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
