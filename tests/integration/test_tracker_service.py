@@ -441,3 +441,56 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
     finally:
         await tracker.stop(grace_s=0)
         security.book.close()
+
+
+async def test_a_secured_tracker_registers_an_unanswering_or_declared_private_node_private_and_routes_around_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: a node the tracker cannot dial back is not refused any more: it is registered
+    ``private`` (listed with the words status uses, never routed, no address taken from
+    anyone); a node that answers is ``public``; a node may say it is private itself."""
+    now = time.time()
+    security = load_tracker_security(tmp_path, now)
+    # Slow heartbeats: nobody beats here, and the unanswering dial-back takes its 3 s bound.
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=10.0)
+    tracker = await start_tracker(config, security=security)
+    authority = load_authority(tmp_path)
+    names = ("w-public", "w-nat", "w-says")
+    members = {name: LinkSecurity(mint_node(authority, node_id=name, role="worker", now_unix_s=now)) for name in names}
+    try:
+        async with (
+            answering_node(members["w-public"]) as public_address,
+            answering_node(members["w-says"]) as says_address,
+        ):
+            replies: dict[str, Registered] = {}
+            for name, address, declared in (
+                ("w-public", public_address, "auto"),
+                ("w-nat", "127.0.0.1:9", "auto"),  # nothing listens there: behind NAT, say
+                ("w-says", says_address, "private"),  # answers, but says nobody else could dial it
+            ):
+                async with TrackerClient(tracker.address, timeout_s=10.0, security=members[name]) as client:
+                    replies[name] = await client.register(
+                        registration(0, N_LAYERS, address),
+                        NodeId(name),
+                        declared=declared,  # type: ignore[arg-type]
+                    )
+            assert {name: reply.reachability for name, reply in replies.items()} == {
+                "w-public": "public",
+                "w-nat": "private",
+                "w-says": "private",
+            }
+            gateway = LinkSecurity(mint_node(authority, node_id="gw-1", role="gateway", now_unix_s=now))
+            async with TrackerClient(tracker.address, timeout_s=5.0, security=gateway) as client:
+                table = await client.list_nodes()
+                words = {node.node_id: node.reachability_words for node in table.nodes}
+                assert words == {
+                    "w-public": "public",
+                    "w-nat": "private: behind NAT, no relay attached",
+                    "w-says": "private: behind NAT, no relay attached",
+                }
+                for session in range(5):
+                    route = await client.choose_route("tiny", session_id=SessionId(f"s-{session}"))
+                    assert route.node_ids == ("w-public",)
+    finally:
+        await tracker.stop(grace_s=0)
+        security.book.close()
