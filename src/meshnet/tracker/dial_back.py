@@ -44,7 +44,8 @@ from meshnet.core.reachability import (
     needs_dial_back,
     registered_reachability,
 )
-from meshnet.wire.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
+from meshnet.relay import dial
+from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +54,6 @@ DIAL_BACK_TIMEOUT_S = 3.0
 MAX_DIAL_BACKS = 32
 """Dial-backs in flight at once: a burst of registrations (a tracker restart) waits for a slot."""
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
-
-
-Dialer = Callable[[str, LinkSecurity, str], grpc.aio.Channel]
-"""Opens a channel to an address (direct or relayed) pinned to a TLS name."""
-
-
-def _direct_channel(address: str, security: LinkSecurity, server_name: str) -> grpc.aio.Channel:
-    return secure_or_plain_channel(address, security, server_name, [])
 
 
 class AddressProof:
@@ -72,10 +65,8 @@ class AddressProof:
         *,
         timeout_s: float = DIAL_BACK_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
-        dial: Dialer = _direct_channel,
     ) -> None:
         self._security = security
-        self._dial = dial
         self._timeout_s = timeout_s
         self._clock = clock
         self._slots = asyncio.Semaphore(MAX_DIAL_BACKS)
@@ -111,7 +102,7 @@ class AddressProof:
             self._checking.discard(node_id)
 
     async def _answers(self, address: str, node_id: NodeId, security: LinkSecurity) -> bool:
-        channel = self._dial(address, security, hop_server_name(node_id))
+        channel = dial(address, security, hop_server_name(node_id), [])
         try:
             # Any answer will do: reaching the handler needs the handshake pinned to the node.
             await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
