@@ -29,6 +29,7 @@ from meshnet.core.tracking import (
     WorkRecord,
 )
 from meshnet.membership.heartbeats import RefusalBackoff, heartbeat_loop
+from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.certificates import mint_node
@@ -494,3 +495,52 @@ async def test_a_secured_tracker_registers_an_unanswering_or_declared_private_no
     finally:
         await tracker.stop(grace_s=0)
         security.book.close()
+
+
+async def test_a_node_whose_relay_attachment_moves_registers_the_new_address_at_once(tmp_path: Path) -> None:
+    """A node behind NAT (``membership.reach``): registered private at its own address while no
+    relay carries it, then at each relay it is attached to, each time within a fraction of the
+    (10 s) heartbeat interval, and private again once no relay is left."""
+    config = TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=10.0)
+    tracker = await start_tracker(config)
+    reach = Reach("127.0.0.1:9001", "private", ("127.0.0.1:7401", "127.0.0.1:7402"))
+    joined: list[Registered] = []
+    stop = asyncio.Event()
+    try:
+        async with TrackerClient(tracker.address, timeout_s=2.0) as client:
+            beating = asyncio.create_task(
+                heartbeat_loop(
+                    client,
+                    NodeId("w-home"),
+                    registration(0, 8, "127.0.0.1:9001"),
+                    lambda: NodeLoad(free_sessions=4),
+                    stop,
+                    on_registered=joined.append,
+                    reach=reach,
+                )
+            )
+
+            async def registered_at() -> tuple[str, str]:
+                (node,) = (await client.list_nodes()).nodes
+                return node.record.address, node.reachability
+
+            await _eventually(lambda: len(joined) == 1)
+            assert await registered_at() == ("127.0.0.1:9001", "private") and reach.wants_relay
+            with pytest.raises(NoRoute):
+                await client.choose_route("tiny")
+            for relayed, count in (("w-home@127.0.0.1:7401", 2), ("w-home@127.0.0.1:7402", 3)):
+                moved = time.monotonic()
+                reach.moved(relayed)
+                await _eventually(lambda count=count: len(joined) == count, timeout_s=2.0)
+                took = time.monotonic() - moved
+                assert await registered_at() == (relayed, "relayed") and took < 1.0, took
+                route = await client.choose_route("tiny")
+                assert [hop.address for hop in route.hops] == [relayed]
+            reach.moved(None)
+            await _eventually(lambda: len(joined) == 4, timeout_s=2.0)
+            assert await registered_at() == ("127.0.0.1:9001", "private")
+            stop.set()
+            await asyncio.wait_for(beating, timeout=2.0)
+    finally:
+        stop.set()
+        await tracker.stop(grace_s=0)
