@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import grpc.aio
 
-from meshnet.relay import dial
+from meshnet.relay.dial import dial
 from meshnet.wire.tls import LinkSecurity
 
 StubT = TypeVar("StubT")

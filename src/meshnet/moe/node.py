@@ -31,7 +31,7 @@ from meshnet.moe.config import ExpertNodeConfig
 from meshnet.moe.links import GrpcRowExchange, PeerLink, open_link
 from meshnet.moe.ownership import ExchangeGeometry
 from meshnet.moe.shape import read_moe_shape
-from meshnet.relay import dial
+from meshnet.relay.dial import dial
 from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 log = logging.getLogger(__name__)

@@ -33,6 +33,10 @@ class RelayConfig:
     max_bytes_per_s: int = field(default=DEFAULT_BYTES_PER_S_PER_NODE, metadata=cli("max-bytes-per-s"))
     """Bytes a second one node's connections may carry, both ways together (bursts of a second's
     worth); a connection over it is closed with RESOURCE_EXHAUSTED."""
+    tracker: str | None = None
+    """The tracker (host:port) whose revocation list this relay enforces and which renews its
+    certificate (secured relays; without it a revoked node is refused only once its
+    certificate expires)."""
     capture_dir: Path | None = None
     """Write every spliced connection's bytes here, one file per connection and direction (for
     tests and audits: they hold only the inner TLS records)."""

@@ -26,24 +26,20 @@ class RunningRelay:
         await self.server.stop(grace)
 
 
-async def start_relay(config: RelayConfig, security: LinkSecurity | None) -> RunningRelay:
-    """Bind and start serving; call inside the event loop that will run it."""
+async def start_relay(
+    config: RelayConfig, security: LinkSecurity | None, *, on_crossing: Callable[[float], None] | None = None
+) -> RunningRelay:
+    """Bind and start serving; call inside the event loop that will run it (``on_crossing``:
+    ``RelayServicer``'s timing hook, for the crossing benchmark)."""
     server = grpc.aio.server(options=link_options(MAX_FRAME_BYTES))
     port = bind(server, config.listen, security)
     host = config.listen.rpartition(":")[0]
     advertise = config.advertise or dialable_address(f"{host}:{port}")
     if config.capture_dir is not None:
         config.capture_dir.mkdir(parents=True, exist_ok=True)
-    servicer = RelayServicer(security, advertise, config.bounds, capture_dir=config.capture_dir)
+    servicer = RelayServicer(
+        security, advertise, config.bounds, capture_dir=config.capture_dir, on_crossing=on_crossing
+    )
     server.add_generic_rpc_handlers((servicer.handler(),))
     await server.start()
     return RunningRelay(advertise, port, server, servicer)
-
-
-async def serve_relay(
-    config: RelayConfig, security: LinkSecurity | None, on_ready: Callable[[RunningRelay], None]
-) -> None:
-    """Serve until the process ends."""
-    running = await start_relay(config, security)
-    on_ready(running)
-    await running.server.wait_for_termination()

@@ -70,12 +70,16 @@ class RelayServicer:
         *,
         capture_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_crossing: Callable[[float], None] | None = None,
     ) -> None:
+        """``on_crossing``: called with the seconds each message spent in the relay, from its
+        read returning to its write to the other side returning (the crossing benchmark)."""
         self._security = security
         self._advertise = advertise
         self._bounds = bounds
         self._capture_dir = capture_dir
         self._clock = clock
+        self._on_crossing = on_crossing
         self._nodes: dict[NodeId, _Node] = {}
         self._pending: dict[int, _Pending] = {}
         self._counters = _Counters()
@@ -243,9 +247,10 @@ class RelayServicer:
         *,
         to_node: bool,
     ) -> None:
-        counters, budget, clock = self._counters, node.budget, self._clock
+        counters, budget, clock, timed = self._counters, node.budget, self._clock, self._on_crossing
         while (raw := await source.read()) is not grpc.aio.EOF:
-            budget.spend(target, len(raw), clock())
+            started = clock()
+            budget.spend(target, len(raw), started)
             if to_node:
                 counters.to_nodes += len(raw)
             else:
@@ -253,6 +258,8 @@ class RelayServicer:
             if capture is not None:
                 capture.write(relay_wire.chunk_data(raw))
             await sink.write(raw)
+            if timed is not None:
+                timed(clock() - started)
 
     def _captures(self, connection: int) -> tuple[BinaryIO | None, BinaryIO | None]:
         if self._capture_dir is None:

@@ -44,7 +44,7 @@ from meshnet.core.reachability import (
     needs_dial_back,
     registered_reachability,
 )
-from meshnet.relay import dial
+from meshnet.relay.dial import dial
 from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from meshnet.deploy.launch.ready_lines import (
     ReadyAnnouncement,
     RegisteredLine,
     RelayLine,
+    RelayServerLine,
     SeedLine,
     TrackerJoinLine,
     TrackerLine,
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[3]
 LINES: list[ReadyAnnouncement] = [
     TrackerLine("127.0.0.1:7070"),
     TrackerJoinLine("127.0.0.1:7071"),
+    RelayServerLine("203.0.113.7:7090", "r-1a2b3c4d5e6f"),
+    RelayServerLine("127.0.0.1:7090"),
     WorkerLine("127.0.0.1:4000", "n-1", "rcp-2", "http://127.0.0.1:9/metrics"),
     WorkerLine("10.0.0.2:7000", "n-2", "rcp-2"),
     RegisteredLine("n-1", LayerRange(3, 9), 4),

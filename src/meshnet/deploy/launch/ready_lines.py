@@ -108,6 +108,17 @@ class TrackerJoinLine(ReadyAnnouncement):
 
 
 @dataclass(frozen=True)
+class RelayServerLine(ReadyAnnouncement):
+    """``meshnet relay`` serves: private nodes attach and dialers reach them at ``NODE@address``."""
+
+    PREFIX: ClassVar[str] = "meshnet relay listening on"
+    address: str
+    """The advertised ``host:port`` (what relayed addresses name)."""
+    node_id: str | None = field(default=None, metadata=key("node"))
+    """The relay's own node id (its certificate's); None on a plaintext loopback swarm."""
+
+
+@dataclass(frozen=True)
 class WorkerLine(ReadyAnnouncement):
     """``meshnet worker`` serves a layer range (an expert group's front prints it too)."""
 
