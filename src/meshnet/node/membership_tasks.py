@@ -30,7 +30,7 @@ from meshnet.membership.upkeep import upkeep_tasks
 from meshnet.node.assembly import AssembledWorker
 from meshnet.node.peers import PeerProber
 from meshnet.node.snapshot_peers import SnapshotPeers
-from meshnet.relay import attach
+from meshnet.relay.attach import attach
 from meshnet.route.shard_stream import ChannelPool
 
 log = logging.getLogger(__name__)
