@@ -4,11 +4,12 @@ with its relay comes back at another one.
 A hop found dead stays excluded for the rest of the request (the tracker lists it until it
 misses enough heartbeats, and routing onto it again wastes a failover). But a node behind NAT
 (``NODE@RELAY``) is lost whenever its relay is, and it re-attaches to its next relay and
-registers there within about a second (``membership.reach``). So a relayed hop is avoided only
-at the address it was lost at: the replacement route may take the node again once it
-registered elsewhere, and the tracker is asked again (briefly) while it still lists the node at
-the dead relay. Once ``wait_s`` passed, or when no route takes it back, the node is excluded
-like any lost hop, so a node with no relay left ends the request with the usual typed error.
+registers there within about a second (``membership.reach``; in between it is registered
+private, at no relay). So a relayed hop is avoided only at the address it was lost at: the
+replacement route may take the node again once it registered elsewhere, and the tracker is
+asked again (briefly) while it lists the node at the dead relay or at none. Once ``wait_s``
+passed the node is excluded like any lost hop, so a node with no relay left ends the request
+with the usual typed error (after the wait).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ async def replacement_route(
         try:
             route = await ask(lenient)
         except NoRoute:
-            break  # the relayed node is registered nowhere routable: treat it as any lost hop
-        if not revisits_a_lost_hop(route, lost_at):
-            return route
+            pass  # moving: registered private between two relays
+        else:
+            if not revisits_a_lost_hop(route, lost_at):
+                return route
         await asyncio.sleep(poll_s)
     return await ask(strict)

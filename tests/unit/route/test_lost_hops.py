@@ -82,11 +82,14 @@ async def test_a_node_that_does_not_move_in_time_is_excluded_like_any_lost_hop()
     assert asked[-1] == {HOME, "n2"} and len(asked) == 4  # three looks within the wait, then strict
 
 
-async def test_a_node_with_no_relay_left_ends_in_no_route_at_once() -> None:
+async def test_a_node_between_two_relays_is_waited_for_and_one_with_none_left_ends_in_no_route() -> None:
+    moved = route("a:1", "w-home@r2:7400")
+    tracker = Tracker([None, moved])  # registered private for a moment, then at the next relay
+    assert await replacement_route(tracker, LOST, clock=Clock(), poll_s=0.0) == moved
     tracker = Tracker([None])
     with pytest.raises(NoRoute):
-        await replacement_route(tracker, LOST, clock=Clock(), poll_s=0.0)
-    assert tracker.asked == [frozenset({NodeId("n2")}), frozenset({HOME, NodeId("n2")})]
+        await replacement_route(tracker, LOST, wait_s=2.0, clock=Clock(), poll_s=0.0)
+    assert tracker.asked == [frozenset({NodeId("n2")})] * 3 + [frozenset({HOME, NodeId("n2")})]
 
 
 async def test_direct_hops_alone_are_asked_once_as_before() -> None:
