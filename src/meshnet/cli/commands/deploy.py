@@ -87,8 +87,8 @@ def _node_line(node: LabNode, swarm: LabSwarm) -> str:
     cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
     behind = f" behind NAT {node.router.public_address}" if node.router is not None else ""
     serves = "relay" if node.relay else f"layers {swarm.ranges[node.index]}"
-    where = f"{node.namespace} {node.address}{behind}"
-    return f"{role:9s} {where} cpu {node.cpu} {cap} {serves} via {swarm.advertised[node.index]}"
+    via = swarm.relays[node.index] if node.relay else swarm.advertised[node.index]
+    return f"{role:9s} {node.namespace} {node.address}{behind} cpu {node.cpu} {cap} {serves} via {via}"
 
 
 def lab_down(tag: str | None) -> int:

@@ -75,6 +75,9 @@ class LabConfig:
     """Names this lab's namespaces, links and cgroups (1-6 letters or digits), so labs can coexist."""
     ranges: tuple[LayerRange, ...] = ()
     """Layers for each serving node; empty chooses them for each node's memory."""
+    capture_dir: Path | None = None
+    """Each relay node's ``meshnet relay --capture-dir``: DIR/relay-n<i> gets every spliced
+    connection's bytes (tests read them to show the relay sees TLS records only)."""
     published: Path | None = None
     """A directory ``meshnet publish`` wrote from --model: node 0 seeds it and each worker fetches
     only its range by the manifest's model id instead of cutting it from --model (needs --ranges
