@@ -196,13 +196,17 @@ def start_relays(lab: Lab, tracker: str) -> dict[int, str]:
     return advertised
 
 
+async def _listed_address(client: TrackerClient, node_id: str) -> str | None:
+    table = await client.list_nodes()
+    return next((node.record.address for node in table.nodes if node.node_id == node_id), None)
+
+
 def registered_address(lab: Lab, tracker: str, node_id: str) -> str | None:
     """Where the tracker lists ``node_id`` now (a private node's moves with its relay); None if unlisted."""
 
     async def listed() -> str | None:
         async with TrackerClient(tracker, timeout_s=5.0, security=admin_security(lab, "lab-address")) as client:
-            table = await client.list_nodes()
-        return next((node.record.address for node in table.nodes if node.node_id == node_id), None)
+            return await _listed_address(client, node_id)
 
     return asyncio.run(listed())
 
@@ -211,12 +215,17 @@ def await_relayed(lab: Lab, tracker: str, node_id: str, timeout_s: float = READY
     """The ``NODE@RELAY`` address a private node is registered at, once it is: its first
     registration (its ready line) names its home address, private; it re-registers relayed as
     soon as a relay has taken it."""
-    deadline = time.monotonic() + timeout_s
-    while not is_relayed(address := registered_address(lab, tracker, node_id) or ""):
-        if time.monotonic() > deadline:
-            raise Unavailable(f"private node {node_id} never registered through a relay (listed at {address!r})")
-        time.sleep(0.1)
-    return address
+
+    async def relayed() -> str:
+        deadline = time.monotonic() + timeout_s
+        async with TrackerClient(tracker, timeout_s=5.0, security=admin_security(lab, "lab-address")) as client:
+            while not is_relayed(address := await _listed_address(client, node_id) or ""):
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"private node {node_id} never registered through a relay (at {address!r})")
+                await asyncio.sleep(0.1)
+        return address
+
+    return asyncio.run(relayed())
 
 
 def start_seeder(lab: Lab, tracker: str, timeout_s: float = 30.0) -> str:
