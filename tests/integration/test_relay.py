@@ -22,11 +22,11 @@ from relay_harness import PrivateServer, RelayProcess, attached, security_of, tl
 from meshnet.core.errors import PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable
 from meshnet.membership.channel import RenewingChannel
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.relay.dial import relay_channel
+from meshnet.relay.dial import RelayedChannel, dial, relay_channel
 from meshnet.security.certificates import NodeCertificate, create_authority, mint_node
 from meshnet.wire import relay_wire
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import LinkSecurity, hop_server_name
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name
 
 MARKER = b"PLAINTEXT-MARKER-relay-must-never-see-this"
 
@@ -37,6 +37,17 @@ async def _who(address: str, dialer: object, node_id: str, payload: bytes = b"hi
             return await who(channel.channel())(payload, timeout=timeout_s)  # type: ignore[no-any-return,operator]
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
+
+
+async def _forwarder_closes_with_its_channel(address: str, dialer: LinkSecurity) -> None:
+    channel = dial(address, dialer, ANY_WORKER_NAME, [])
+    assert isinstance(channel, RelayedChannel)
+    host, _, port = channel.forwarder.address.rpartition(":")
+    assert host == "127.0.0.1"
+    await who(channel)(b"hi", timeout=10)  # type: ignore[operator]
+    await channel.close()
+    with pytest.raises(OSError):
+        await asyncio.open_connection(host, int(port))
 
 
 async def _load(relay: str, security: object) -> relay_wire.RelayLoadFigures:
@@ -61,6 +72,7 @@ async def test_a_relayed_call_runs_end_to_end_and_the_relay_sees_only_tls_record
             assert address == f"{private.node_id}@{relay.address}"
             answer = await _who(address, dialer, private.node_id, MARKER * 100)
             assert answer == dialer.identity.node_id.encode() + b"|" + MARKER * 100
+            await _forwarder_closes_with_its_channel(address, dialer)
             load = await _closed(relay.address, dialer)
         assert load.attached_nodes == 1 and load.open_connections == 0
         assert load.bytes_to_nodes > len(MARKER) * 100 and load.bytes_from_nodes > len(MARKER) * 100
@@ -148,13 +160,16 @@ async def _attach_as(relay: str, security: object, node_id: str) -> None:
 
 
 async def _dial_raw(relay: str, security: object, target: str, payload: bytes = b"", *, timeout_s: float = 5.0) -> None:
-    """A Dial straight to the relay: its header, ``payload`` in chunks, then wait for its end."""
+    """A Dial straight to the relay: its header, ``payload`` as one message, then wait for its end.
+
+    One message: a write still in flight when the relay ends the call makes grpc's aio client
+    report INTERNAL ("Internal error from Core") instead of the status the relay sent."""
     async with relay_channel(relay, security) as channel:  # type: ignore[arg-type]
         call = relay_wire.dial_call(channel)()
         try:
             await call.write(relay_wire.dial_header(target))
-            for start in range(0, len(payload), relay_wire.CHUNK_BYTES):
-                await call.write(relay_wire.chunk(payload[start : start + relay_wire.CHUNK_BYTES]))
+            if payload:
+                await call.write(relay_wire.chunk(payload))
             await asyncio.wait_for(call.read(), timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
@@ -194,7 +209,7 @@ async def test_the_relay_bounds_nodes_connections_and_bytes(tmp_path: Path) -> N
             await asyncio.gather(held, return_exceptions=True)
             await _closed(relay.address, dialer)
             with pytest.raises(ResourceExhausted, match="--max-bytes-per-s"):
-                await _dial_raw(relay.address, dialer, node.identity.node_id, b"x" * (1024 * 1024), timeout_s=10)
+                await _dial_raw(relay.address, dialer, node.identity.node_id, b"x" * (512 * 1024), timeout_s=10)
             load = await _load(relay.address, dialer)
             assert load.refused >= 3 and load.attached_nodes == 1
     finally:
@@ -274,3 +289,39 @@ async def test_a_relay_joins_with_an_invite_of_role_relay(tmp_path: Path) -> Non
             assert answer == dialer.identity.node_id.encode() + b"|hi"
         finally:
             component.stop()
+
+
+async def test_a_real_worker_serves_through_the_relay_under_the_dialers_own_certificate(tmp_path: Path) -> None:
+    """The worker's own server (its TLS configuration, its servicers' authorization) behind a relay:
+    GetMetrics admits a gateway and refuses a relay certificate, so the worker sees who dialled."""
+    from swarm_harness import Swarm, write_tiny_model
+
+    from meshnet.core.errors import PermissionDenied
+    from meshnet.core.limits import MAX_FRAME_BYTES
+    from meshnet.route.shard_admin import fetch_metrics
+    from meshnet.route.shard_stream import ChannelPool
+    from meshnet.security.swarm_dir import load_identity, swarm_dir
+
+    with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
+        swarm.start_tracker()
+        (worker,) = swarm.start_workers("0:6")
+        relay = RelayProcess.start(tmp_path, "relay-1")
+        name = worker.component.spec.name
+        security = LinkSecurity(load_identity(swarm_dir(tmp_path) / "nodes" / name))
+        port = int(worker.address.rpartition(":")[2])
+        try:
+            async with attached([relay.address], port, security) as attachment:
+                address = await attachment.address()
+                assert address == f"{worker.node_id}@{relay.address}"
+                gateway = ChannelPool(MAX_FRAME_BYTES, security_of(tmp_path, "gateway", "gateway"))
+                stranger = ChannelPool(MAX_FRAME_BYTES, security_of(tmp_path, "another-relay", "relay"))
+                try:
+                    metrics = await fetch_metrics(gateway, address)
+                    assert metrics, "the worker answered no metrics"
+                    with pytest.raises(PermissionDenied):
+                        await fetch_metrics(stranger, address)
+                finally:
+                    await gateway.close()
+                    await stranger.close()
+        finally:
+            relay.component.stop()
