@@ -11,6 +11,7 @@ records only, every refusal is typed, and losing a relay moves the node to the n
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -173,7 +174,7 @@ async def _attach_as(relay: str, security: LinkSecurity | None, node_id: str) ->
 async def _dial_raw(
     relay: str, security: LinkSecurity | None, target: str, payload: bytes = b"", *, timeout_s: float = 5.0
 ) -> None:
-    """A Dial straight to the relay: its header, ``payload`` as one message, then wait for its end.
+    """A Dial straight to the relay: its header, ``payload`` as one message, then read until it ends.
 
     One message: a write still in flight when the relay ends the call makes grpc's aio client
     report INTERNAL ("Internal error from Core") instead of the status the relay sent."""
@@ -183,9 +184,14 @@ async def _dial_raw(
             await call.write(relay_wire.dial_header(NodeId(target)))
             if payload:
                 await call.write(relay_wire.chunk(payload))
-            await asyncio.wait_for(call.read(), timeout_s)
+            await asyncio.wait_for(_until_ended(call), timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
+
+
+async def _until_ended(call: grpc.aio.StreamStreamCall) -> None:
+    while await call.read() is not grpc.aio.EOF:
+        pass
 
 
 async def _until_refused(relay: str, dialer: LinkSecurity | None, node_id: str, timeout_s: float = 5.0) -> None:
@@ -265,6 +271,29 @@ async def test_a_lost_relay_moves_the_node_to_the_next_and_none_left_is_a_typed_
                 await _who(moved, dialer, private.node_id, timeout_s=30.0)
             assert time.monotonic() - started < 5.0
     finally:
+        first.component.stop()
+        second.component.stop()
+
+
+async def test_a_frozen_relay_is_found_by_keepalive_and_its_dialers_fail_within_5_s(tmp_path: Path) -> None:
+    """SIGSTOP: the kernel still accepts connections but nothing answers (a black-holed link)."""
+    first = RelayProcess.start(tmp_path, "relay-1")
+    second = RelayProcess.start(tmp_path, "relay-2")
+    try:
+        private = PrivateServer(security_of(tmp_path, "private", "worker"))
+        dialer = security_of(tmp_path, "gateway", "gateway")
+        async with private.attached([first.address, second.address]) as attachment:
+            address = await attachment.address()
+            first.component.kill(signal.SIGSTOP)
+            frozen = time.monotonic()
+            with pytest.raises(Unavailable):
+                await _who(address, dialer, private.node_id, timeout_s=30.0)
+            assert time.monotonic() - frozen < 5.0
+            moved = await attachment.address(timeout_s=5.0, other_than=address)
+            assert moved == f"{private.node_id}@{second.address}" and time.monotonic() - frozen < 5.0
+            assert await _who(moved, dialer, private.node_id) == dialer.identity.node_id.encode() + b"|hi"
+    finally:
+        first.component.kill(signal.SIGCONT)
         first.component.stop()
         second.component.stop()
 
