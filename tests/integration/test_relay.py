@@ -33,6 +33,7 @@ from meshnet.membership.tracker_client import TrackerClient
 from meshnet.relay.attach import attach
 from meshnet.relay.config import RelayConfig
 from meshnet.relay.dial import RelayedChannel, dial, relay_channel
+from meshnet.relay.load import fetch_load
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.certificates import NodeCertificate, create_authority, mint_node
@@ -65,14 +66,9 @@ async def _forwarder_closes_with_its_channel(address: str, dialer: LinkSecurity)
         await asyncio.open_connection(host, int(port))
 
 
-async def _load(relay: str, security: LinkSecurity | None) -> relay_wire.RelayLoadFigures:
-    async with relay_channel(relay, security) as channel:
-        return relay_wire.load_from_proto(await relay_wire.load_call(channel)(relay_wire.load_request(), timeout=5))
-
-
 async def _closed(relay: str, security: LinkSecurity | None, timeout_s: float = 5.0) -> relay_wire.RelayLoadFigures:
     deadline = time.monotonic() + timeout_s
-    while (load := await _load(relay, security)).open_connections and time.monotonic() < deadline:
+    while (load := await fetch_load(relay, security)).open_connections and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     return load
 
@@ -229,7 +225,7 @@ async def test_the_relay_bounds_nodes_connections_and_bytes(tmp_path: Path) -> N
             await _closed(relay.address, dialer)
             with pytest.raises(ResourceExhausted, match="--max-bytes-per-s"):
                 await _dial_raw(relay.address, dialer, node.identity.node_id, b"x" * (512 * 1024), timeout_s=10)
-            load = await _load(relay.address, dialer)
+            load = await fetch_load(relay.address, dialer)
             assert load.refused >= 3 and load.attached_nodes == 1
     finally:
         sink.close()
@@ -244,7 +240,7 @@ async def _discard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 async def _until_open(relay: str, security: LinkSecurity | None, count: int, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while (await _load(relay, security)).open_connections < count:
+    while (await fetch_load(relay, security)).open_connections < count:
         assert time.monotonic() < deadline, "the dial never opened"
         await asyncio.sleep(0.05)
 

@@ -126,6 +126,7 @@ class RelayServicer:
         node = self._nodes[node_id] = _Node(
             asyncio.Queue(), ByteBudget(self._bounds.bytes_per_s_per_node, self._clock())
         )
+        logger.info("node %s attached", node_id)
         try:
             await context.write(relay_wire.attached_event(f"{node_id}@{self._advertise}"))
             await self._announce(context, node)
