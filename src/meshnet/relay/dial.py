@@ -22,14 +22,18 @@ import grpc
 import grpc.aio
 
 from meshnet.core.addresses import RelayedAddress, parse_relayed
+from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.relay.pump import splice_socket
 from meshnet.security.identity import RELAY_NAME
 from meshnet.wire import relay_wire
-from meshnet.wire.tls import LinkSecurity, link_options, secure_or_plain_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
 
+DIAL_ACCEPT_TIMEOUT_S = 3.5
+"""How long a dialer waits for the relay to say the node took the connection: longer than the
+relay's own wait for the node (``server.SPLICE_TIMEOUT_S``), so its typed answer comes first."""
 RELAY_LINK_OPTIONS = link_options(MAX_FRAME_BYTES)
 """The channel to a relay: keepalive finds a dead relay within ~2.5 s, as on any link."""
 
@@ -42,6 +46,8 @@ def dial(
     relayed = parse_relayed(address)
     if relayed is None:
         return secure_or_plain_channel(address, security, server_name, options)
+    if server_name == ANY_WORKER_NAME:
+        server_name = hop_server_name(relayed.node_id)  # the address names the node: pin exactly it
     forwarder = Forwarder(relayed, security)
     return RelayedChannel(secure_or_plain_channel(forwarder.address, security, server_name, options), forwarder)
 
@@ -76,12 +82,21 @@ class Forwarder:
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         call = self._dial()
         try:
-            await call.write(relay_wire.dial_header(self._target))
+            # The relay answers once the node took the connection: a relay that is frozen or
+            # black-holed (no keepalive yet on a link still opening) fails this dial here.
+            accepted = await asyncio.wait_for(self._accepted(call), DIAL_ACCEPT_TIMEOUT_S)
+            if accepted is grpc.aio.EOF:
+                raise Unavailable(f"relay ended the dial to {self._target}")
+            writer.write(relay_wire.chunk_data(accepted))
             await splice_socket(reader, writer, call)
-        except (grpc.RpcError, OSError) as error:
-            logger.info("relay dial to %s failed: %s", self._target, error)
+        except (grpc.RpcError, OSError, TimeoutError, MeshnetError) as error:
+            logger.info("relay dial to %s failed: %s", self._target, error or "no answer in time")
             call.cancel()
             writer.close()
+
+    async def _accepted(self, call: grpc.aio.StreamStreamCall) -> Any:
+        await call.write(relay_wire.dial_header(self._target))
+        return await call.read()
 
     async def close(self) -> None:
         if self._serving.done() and not self._serving.cancelled() and self._serving.exception() is None:
@@ -100,7 +115,7 @@ class RelayedChannel(grpc.aio.Channel):
 
     def __init__(self, inner: grpc.aio.Channel, forwarder: Forwarder) -> None:
         self._inner = inner
-        self._forwarder = forwarder
+        self.forwarder = forwarder
 
     async def __aenter__(self) -> RelayedChannel:
         return self
@@ -113,7 +128,7 @@ class RelayedChannel(grpc.aio.Channel):
             await self._inner.close(grace)
         finally:
             with contextlib.suppress(Exception):
-                await self._forwarder.close()
+                await self.forwarder.close()
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         return self._inner.get_state(try_to_connect)
