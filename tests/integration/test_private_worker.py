@@ -29,6 +29,9 @@ from swarm_harness import PROMPT, Reference, SseItem, Swarm, Worker, chat_body, 
 
 from meshnet.core.swarm_status import NodeStatus
 from meshnet.membership.tracker_client import TrackerClient
+from meshnet.node.peers import PeerProber
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -89,6 +92,14 @@ def private_swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iter
                 relay.component.stop()
 
 
+async def round_trip_ms(address: str, swarm: Swarm) -> float | None:
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, swarm.security)
+    try:
+        return await PeerProber(pool).measure(address)
+    finally:
+        await pool.close()
+
+
 class RelayKiller:
     """Reads the stream; after ``after`` text chunks, SIGKILLs ``relay``."""
 
@@ -114,6 +125,9 @@ def test_the_private_worker_registers_its_relayed_address_and_serves_whole_model
     assert (node.record.address, node.reachability) == (at_first, "relayed")
     assert node.reachability_words == f"relayed via {private_swarm.relays[0].address}"
     swarm = private_swarm.swarm
+    rtt_ms = asyncio.run(round_trip_ms(at_first, swarm))  # what the head's probe reports of the seam
+    print(f"\nround trip through the relay: {rtt_ms} ms")
+    assert rtt_ms is not None and rtt_ms > 0
     result = read_sse(private_swarm.base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), headers=swarm.auth)
     assert result.text == expected, "the relayed route must equal the whole-model reference"
     hops = result.telemetry("accepted")[0]["hops"]
