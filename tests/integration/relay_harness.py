@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +124,7 @@ class Attachment:
         return await asyncio.wait_for(settled(), timeout_s)
 
 
-def who(channel: grpc.aio.Channel) -> Callable[..., object]:
+def who(channel: grpc.aio.Channel) -> grpc.aio.UnaryUnaryMultiCallable:
     return channel.unary_unary(WHO_METHOD)
 
 

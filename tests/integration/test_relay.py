@@ -18,33 +18,58 @@ from pathlib import Path
 import grpc
 import pytest
 from relay_harness import PrivateServer, RelayProcess, attached, security_of, tls_records, who
+from swarm_harness import Swarm, meshnet_command, start_component, write_tiny_model
 
+from meshnet.cli.commands.swarm import admin_security
 from meshnet.core.errors import PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable
+from meshnet.core.ids import NodeId
+from meshnet.core.limits import MAX_FRAME_BYTES
+from meshnet.core.swarm_options import SecurityOptions
+from meshnet.deploy.launch.commands import INSECURE, relay_command
+from meshnet.deploy.launch.ready_lines import RelayServerLine
 from meshnet.membership.channel import RenewingChannel
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.relay.dial import relay_channel
+from meshnet.relay.attach import attach
+from meshnet.relay.config import RelayConfig
+from meshnet.relay.dial import RelayedChannel, dial, relay_channel
+from meshnet.route.shard_admin import fetch_metrics
+from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.certificates import NodeCertificate, create_authority, mint_node
+from meshnet.security.swarm_dir import load_identity, swarm_dir
 from meshnet.wire import relay_wire
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import LinkSecurity, hop_server_name
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name
 
 MARKER = b"PLAINTEXT-MARKER-relay-must-never-see-this"
 
 
-async def _who(address: str, dialer: object, node_id: str, payload: bytes = b"hi", timeout_s: float = 10.0) -> bytes:
-    async with RenewingChannel(address, dialer, hop_server_name(node_id)) as channel:  # type: ignore[arg-type]
+async def _who(
+    address: str, dialer: LinkSecurity | None, node_id: str, payload: bytes = b"hi", timeout_s: float = 10.0
+) -> bytes:
+    async with RenewingChannel(address, dialer, hop_server_name(node_id)) as channel:
         try:
-            return await who(channel.channel())(payload, timeout=timeout_s)  # type: ignore[no-any-return,operator]
+            return await who(channel.channel())(payload, timeout=timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
 
-async def _load(relay: str, security: object) -> relay_wire.RelayLoadFigures:
-    async with relay_channel(relay, security) as channel:  # type: ignore[arg-type]
+async def _forwarder_closes_with_its_channel(address: str, dialer: LinkSecurity) -> None:
+    channel = dial(address, dialer, ANY_WORKER_NAME, [])
+    assert isinstance(channel, RelayedChannel)
+    host, _, port = channel.forwarder.address.rpartition(":")
+    assert host == "127.0.0.1"
+    await who(channel)(b"hi", timeout=10)
+    await channel.close()
+    with pytest.raises(OSError):
+        await asyncio.open_connection(host, int(port))
+
+
+async def _load(relay: str, security: LinkSecurity | None) -> relay_wire.RelayLoadFigures:
+    async with relay_channel(relay, security) as channel:
         return relay_wire.load_from_proto(await relay_wire.load_call(channel)(relay_wire.load_request(), timeout=5))
 
 
-async def _closed(relay: str, security: object, timeout_s: float = 5.0) -> relay_wire.RelayLoadFigures:
+async def _closed(relay: str, security: LinkSecurity | None, timeout_s: float = 5.0) -> relay_wire.RelayLoadFigures:
     deadline = time.monotonic() + timeout_s
     while (load := await _load(relay, security)).open_connections and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -61,6 +86,7 @@ async def test_a_relayed_call_runs_end_to_end_and_the_relay_sees_only_tls_record
             assert address == f"{private.node_id}@{relay.address}"
             answer = await _who(address, dialer, private.node_id, MARKER * 100)
             assert answer == dialer.identity.node_id.encode() + b"|" + MARKER * 100
+            await _forwarder_closes_with_its_channel(address, dialer)
             load = await _closed(relay.address, dialer)
         assert load.attached_nodes == 1 and load.open_connections == 0
         assert load.bytes_to_nodes > len(MARKER) * 100 and load.bytes_from_nodes > len(MARKER) * 100
@@ -77,7 +103,6 @@ async def test_a_relayed_call_runs_end_to_end_and_the_relay_sees_only_tls_record
 
 
 async def test_the_relay_refuses_the_unauthenticated_the_wrong_role_and_the_revoked(tmp_path: Path) -> None:
-    from swarm_harness import Swarm, write_tiny_model
 
     with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
         tracker = swarm.start_tracker()
@@ -127,14 +152,12 @@ def _of_another_ca(ours: LinkSecurity) -> LinkSecurity:
     return LinkSecurity(NodeCertificate(node.key_pem, node.cert_pem, ours.node.ca_pem))
 
 
-def _admin(root: Path) -> object:
-    from meshnet.cli.commands.swarm import admin_security
-
+def _admin(root: Path) -> LinkSecurity:
     return admin_security(root)
 
 
-async def _attach_as(relay: str, security: object, node_id: str) -> None:
-    async with relay_channel(relay, security) as channel:  # type: ignore[arg-type]
+async def _attach_as(relay: str, security: LinkSecurity | None, node_id: str) -> None:
+    async with relay_channel(relay, security) as channel:
         call = relay_wire.attach_call(channel)()
         try:
             await call.write(relay_wire.hello(node_id))
@@ -144,23 +167,28 @@ async def _attach_as(relay: str, security: object, node_id: str) -> None:
             raise error_from_rpc(error) from None
         status = await call.code()
         if status != grpc.StatusCode.OK:
-            raise error_from_rpc(call)  # type: ignore[arg-type]
+            raise error_from_rpc(call)
 
 
-async def _dial_raw(relay: str, security: object, target: str, payload: bytes = b"", *, timeout_s: float = 5.0) -> None:
-    """A Dial straight to the relay: its header, ``payload`` in chunks, then wait for its end."""
-    async with relay_channel(relay, security) as channel:  # type: ignore[arg-type]
+async def _dial_raw(
+    relay: str, security: LinkSecurity | None, target: str, payload: bytes = b"", *, timeout_s: float = 5.0
+) -> None:
+    """A Dial straight to the relay: its header, ``payload`` as one message, then wait for its end.
+
+    One message: a write still in flight when the relay ends the call makes grpc's aio client
+    report INTERNAL ("Internal error from Core") instead of the status the relay sent."""
+    async with relay_channel(relay, security) as channel:
         call = relay_wire.dial_call(channel)()
         try:
-            await call.write(relay_wire.dial_header(target))
-            for start in range(0, len(payload), relay_wire.CHUNK_BYTES):
-                await call.write(relay_wire.chunk(payload[start : start + relay_wire.CHUNK_BYTES]))
+            await call.write(relay_wire.dial_header(NodeId(target)))
+            if payload:
+                await call.write(relay_wire.chunk(payload))
             await asyncio.wait_for(call.read(), timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
 
-async def _until_refused(relay: str, dialer: object, node_id: str, timeout_s: float = 5.0) -> None:
+async def _until_refused(relay: str, dialer: LinkSecurity | None, node_id: str, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -194,7 +222,7 @@ async def test_the_relay_bounds_nodes_connections_and_bytes(tmp_path: Path) -> N
             await asyncio.gather(held, return_exceptions=True)
             await _closed(relay.address, dialer)
             with pytest.raises(ResourceExhausted, match="--max-bytes-per-s"):
-                await _dial_raw(relay.address, dialer, node.identity.node_id, b"x" * (1024 * 1024), timeout_s=10)
+                await _dial_raw(relay.address, dialer, node.identity.node_id, b"x" * (512 * 1024), timeout_s=10)
             load = await _load(relay.address, dialer)
             assert load.refused >= 3 and load.attached_nodes == 1
     finally:
@@ -208,7 +236,7 @@ async def _discard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     writer.close()
 
 
-async def _until_open(relay: str, security: object, count: int, timeout_s: float = 5.0) -> None:
+async def _until_open(relay: str, security: LinkSecurity | None, count: int, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while (await _load(relay, security)).open_connections < count:
         assert time.monotonic() < deadline, "the dial never opened"
@@ -242,12 +270,6 @@ async def test_a_lost_relay_moves_the_node_to_the_next_and_none_left_is_a_typed_
 
 
 async def test_a_relay_joins_with_an_invite_of_role_relay(tmp_path: Path) -> None:
-    from swarm_harness import Swarm, meshnet_command, start_component, write_tiny_model
-
-    from meshnet.core.swarm_options import SecurityOptions
-    from meshnet.deploy.launch.commands import relay_command
-    from meshnet.deploy.launch.ready_lines import RelayServerLine
-    from meshnet.relay.config import RelayConfig
 
     with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
         tracker = swarm.start_tracker()
@@ -274,3 +296,71 @@ async def test_a_relay_joins_with_an_invite_of_role_relay(tmp_path: Path) -> Non
             assert answer == dialer.identity.node_id.encode() + b"|hi"
         finally:
             component.stop()
+
+
+async def test_a_real_worker_serves_through_the_relay_under_the_dialers_own_certificate(tmp_path: Path) -> None:
+    """The worker's own server (its TLS configuration, its servicers' authorization) behind a relay:
+    GetMetrics admits a gateway and refuses a relay certificate, so the worker sees who dialled."""
+
+    with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
+        swarm.start_tracker()
+        (worker,) = swarm.start_workers("0:6")
+        relay = RelayProcess.start(tmp_path, "relay-1")
+        name = worker.component.spec.name
+        security = LinkSecurity(load_identity(swarm_dir(tmp_path) / "nodes" / name))
+        port = int(worker.address.rpartition(":")[2])
+        try:
+            async with attached([relay.address], port, security) as attachment:
+                address = await attachment.address()
+                assert address == f"{worker.node_id}@{relay.address}"
+                gateway = ChannelPool(MAX_FRAME_BYTES, security_of(tmp_path, "gateway", "gateway"))
+                stranger = ChannelPool(MAX_FRAME_BYTES, security_of(tmp_path, "another-relay", "relay"))
+                try:
+                    metrics = await fetch_metrics(gateway, address)
+                    assert metrics, "the worker answered no metrics"
+                    with pytest.raises(PermissionDenied):
+                        await fetch_metrics(stranger, address)
+                finally:
+                    await gateway.close()
+                    await stranger.close()
+        finally:
+            relay.component.stop()
+
+
+async def test_a_plaintext_loopback_swarm_relays_too(tmp_path: Path) -> None:
+    """``--insecure`` (loopback development): no certificates, the node names itself."""
+
+    command = relay_command(RelayConfig(listen="127.0.0.1:0"), tmp_path, INSECURE)
+    component = start_component("relay", command, tmp_path / "relay.log", RelayServerLine)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "meshnet.test.Private", {"Who": grpc.unary_unary_rpc_method_handler(_echo)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    addresses: list[str | None] = []
+    try:
+        line = RelayServerLine.read(component.await_ready(time.monotonic() + 30))
+        assert line.node_id is None
+        task = asyncio.create_task(
+            attach([line.address], f"127.0.0.1:{port}", None, addresses.append, node_id=NodeId("w-plain1"))
+        )
+        try:
+            while not addresses or addresses[-1] is None:
+                await asyncio.sleep(0.02)
+            assert addresses[-1] == f"w-plain1@{line.address}"
+            assert await _who(str(addresses[-1]), None, "w-plain1") == b"hi"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await server.stop(0)
+        component.stop()
+
+
+async def _echo(request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
+    return request

@@ -26,7 +26,7 @@ from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.relay.pump import splice_socket
 from meshnet.security.identity import RELAY_NAME
 from meshnet.wire import relay_wire
-from meshnet.wire.tls import LinkSecurity, link_options, secure_or_plain_channel
+from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ def dial(
     relayed = parse_relayed(address)
     if relayed is None:
         return secure_or_plain_channel(address, security, server_name, options)
+    if server_name == ANY_WORKER_NAME:
+        server_name = hop_server_name(relayed.node_id)  # the address names the node: pin exactly it
     forwarder = Forwarder(relayed, security)
     return RelayedChannel(secure_or_plain_channel(forwarder.address, security, server_name, options), forwarder)
 
@@ -100,7 +102,7 @@ class RelayedChannel(grpc.aio.Channel):
 
     def __init__(self, inner: grpc.aio.Channel, forwarder: Forwarder) -> None:
         self._inner = inner
-        self._forwarder = forwarder
+        self.forwarder = forwarder
 
     async def __aenter__(self) -> RelayedChannel:
         return self
@@ -113,7 +115,7 @@ class RelayedChannel(grpc.aio.Channel):
             await self._inner.close(grace)
         finally:
             with contextlib.suppress(Exception):
-                await self._forwarder.close()
+                await self.forwarder.close()
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         return self._inner.get_state(try_to_connect)
