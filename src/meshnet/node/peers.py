@@ -12,8 +12,6 @@ import asyncio
 import contextlib
 import time
 
-from meshnet.core.addresses import parse_relayed
-from meshnet.core.errors import InvalidArgument
 from meshnet.route.shard_admin import is_serving
 from meshnet.route.shard_stream import ChannelPool
 
@@ -36,17 +34,12 @@ class PeerProber:
         return tuple(sorted(self._rtt_ms.items()))
 
     async def measure(self, address: str) -> float | None:
-        """Best round trip to ``address`` in ms; through its relay for ``NODE@RELAY`` (pinned to
-        that node), which is what a seam into a node behind NAT costs."""
-        try:
-            relayed = parse_relayed(address)
-        except InvalidArgument:
-            return None
-        node_id = None if relayed is None else relayed.node_id
+        """Best round trip to ``address`` in ms; for ``NODE@RELAY`` through its relay, pinned to
+        that node (``meshnet.relay.dial``): what a seam into a node behind NAT costs."""
         best = None
         for _ in range(PROBES_PER_PEER):
             started = time.perf_counter()
-            if not await is_serving(self._pool, address, timeout_s=PROBE_TIMEOUT_S, node_id=node_id):
+            if not await is_serving(self._pool, address, timeout_s=PROBE_TIMEOUT_S):
                 return None  # unreachable or leaving: report nothing rather than a made-up distance
             elapsed = (time.perf_counter() - started) * 1000.0
             best = elapsed if best is None else min(best, elapsed)
