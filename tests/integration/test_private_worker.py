@@ -29,6 +29,9 @@ from swarm_harness import PROMPT, Reference, SseItem, Swarm, Worker, chat_body, 
 
 from meshnet.core.swarm_status import NodeStatus
 from meshnet.membership.tracker_client import TrackerClient
+from meshnet.node.peers import PeerProber
+from meshnet.route.shard_stream import ChannelPool
+from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,12 +48,26 @@ class PrivateSwarm:
     base_url: str
 
     def node(self) -> NodeStatus:
-        async def ask() -> NodeStatus:
+        found = self.listed()
+        assert found is not None, f"{self.private.node_id} is not registered"
+        return found
+
+    def listed(self) -> NodeStatus | None:
+        async def ask() -> NodeStatus | None:
             async with TrackerClient(self.swarm.tracker_address, security=self.swarm.security) as client:
                 table = await client.list_nodes()
-            return next(node for node in table.nodes if node.node_id == self.private.node_id)
+            return next((node for node in table.nodes if node.node_id == self.private.node_id), None)
 
         return asyncio.run(ask())
+
+    def await_reachability(self, reachability: str, timeout_s: float) -> NodeStatus:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = self.listed()
+            if found is not None and found.reachability == reachability:
+                return found
+            time.sleep(0.1)
+        return self.node()
 
     def relayed_at(self, relay: RelayProcess) -> str:
         return f"{self.private.node_id}@{relay.address}"
@@ -89,6 +106,14 @@ def private_swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iter
                 relay.component.stop()
 
 
+async def round_trip_ms(address: str, swarm: Swarm) -> float | None:
+    pool = ChannelPool(DEFAULT_MAX_FRAME_BYTES, swarm.security)
+    try:
+        return await PeerProber(pool).measure(address)
+    finally:
+        await pool.close()
+
+
 class RelayKiller:
     """Reads the stream; after ``after`` text chunks, SIGKILLs ``relay``."""
 
@@ -114,6 +139,9 @@ def test_the_private_worker_registers_its_relayed_address_and_serves_whole_model
     assert (node.record.address, node.reachability) == (at_first, "relayed")
     assert node.reachability_words == f"relayed via {private_swarm.relays[0].address}"
     swarm = private_swarm.swarm
+    rtt_ms = asyncio.run(round_trip_ms(at_first, swarm))  # what the head's probe reports of the seam
+    print(f"\nround trip through the relay: {rtt_ms} ms")
+    assert rtt_ms is not None and rtt_ms > 0
     result = read_sse(private_swarm.base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), headers=swarm.auth)
     assert result.text == expected, "the relayed route must equal the whole-model reference"
     hops = result.telemetry("accepted")[0]["hops"]
@@ -163,8 +191,26 @@ def test_with_no_relay_left_the_request_ends_with_a_typed_error_within_5_s(priva
     assert errors[0].payload["error"]["code"] in {"worker_lost", "no_route"}
     assert took <= ERROR_WITHIN_S
     assert [item.kind for item in result.items[-1:]] == ["done"]
-    deadline = time.monotonic() + 5.0
-    while private_swarm.node().reachability != "private" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    node = private_swarm.node()
+    node = private_swarm.await_reachability("private", timeout_s=5.0)
     assert node.reachability_words == "private: behind NAT, no relay attached"
+
+
+def test_an_auto_worker_whose_address_does_not_answer_is_found_private_and_attaches_to_its_relay(
+    private_swarm: PrivateSwarm, expected: str
+) -> None:
+    """``--reachability auto`` (the default) with an ``--advertise`` nothing answers at (a port
+    behind NAT, say): the tracker registers it private, it attaches to its relay and registers
+    again as relayed, and requests route through it with whole-model output."""
+    swarm = private_swarm.swarm
+    relay = RelayProcess.start(swarm.root, "relay-3")
+    try:
+        (auto,) = swarm.start_workers("2:4", advertise="127.0.0.1:9", relay=(relay.address,))
+        private_swarm.private = auto
+        node = private_swarm.await_reachability("relayed", timeout_s=20.0)
+        assert (node.record.address, node.reachability) == (private_swarm.relayed_at(relay), "relayed")
+        swarm.wait_routable(nodes=3)
+        result = read_sse(private_swarm.base_url, "/v1/chat/completions", chat_body(MAX_TOKENS), headers=swarm.auth)
+        assert result.text == expected
+        assert result.telemetry("accepted")[0]["hops"][1]["address"] == private_swarm.relayed_at(relay)
+    finally:
+        relay.component.stop()

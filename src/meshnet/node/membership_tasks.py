@@ -79,10 +79,18 @@ class _Relaying:
         self._stop = stop
         self._on_registered = on_registered
         self._task: asyncio.Task[None] | None = None
+        self._warned = False
         self._start_if_wanted()
 
     def registered(self, registered: Registered) -> None:
         self._start_if_wanted()  # ``auto``: the tracker's dial-back found the address unreachable
+        if registered.reachability == "private" and not self.reach.relays and not self._warned:
+            self._warned = True
+            log.warning(
+                "registered private: nobody can dial %s (behind NAT, or --reachability private) and no "
+                "--relay carries this worker, so no route passes through it; give --relay HOST:PORT[,...]",
+                self.reach.direct,
+            )
         if self._on_registered is not None:
             self._on_registered(registered)
 
