@@ -1,13 +1,13 @@
 """`meshnet lab`: a home network on one machine.
 
 N (+K spare) nodes, each a network namespace on a private bridge with its own address, a shaped
-link (``tbf`` for bandwidth, a userspace delay line for delay), a memory cap and a pinned core. Node 0
-runs the tracker and the gateway; every node runs one worker bound to its own address. Layers are
-chosen for each node's memory. With ``--private P``, P serving nodes (the middle ones first) sit
-behind a NAT router namespace of their own and are reached only through the ``--relays K`` relay
-nodes, public nodes that each run a ``meshnet relay``. Everything made is removed on exit, and whatever a SIGKILLed lab
-left behind is removed by the next ``lab up`` or ``lab down``. A running lab holds its tag
-(``claims.py``), so neither ever touches a live lab's objects.
+link (``tbf`` for bandwidth, a userspace delay line for delay), a memory cap and a pinned core.
+Node 0 runs the tracker and the gateway; every node runs one worker bound to its own address.
+Layers are chosen for each node's memory. With ``--private P``, P serving nodes (the middle ones
+first) sit behind a NAT router namespace of their own and are reached only through the
+``--relays`` nodes, public nodes that each run a ``meshnet relay``. Everything made is removed on
+exit, and whatever a SIGKILLed lab left behind is removed by the next ``lab up`` or ``lab down``.
+A running lab holds its tag (``claims.py``), so neither ever touches a live lab's objects.
 """
 
 from __future__ import annotations

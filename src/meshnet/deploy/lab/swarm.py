@@ -284,7 +284,7 @@ def _start_worker(
         threads=lab.config.threads,
         n_ctx_per_session=lab.config.context,
         max_sessions=lab.config.sessions,
-        reachability="private" if node.private else "public",
+        reachability="private" if node.private else "auto",
         relay=relays if node.private else (),
     )
     name = f"worker-n{node.index}"
