@@ -18,6 +18,7 @@ from meshnet.deploy.lab import cgroups
 from meshnet.deploy.lab.lab import Lab, LabConfig
 from meshnet.deploy.lab.plan import PREFIX
 from meshnet.deploy.lab.system import LabUnavailable, check_privileges, run
+from meshnet.process.launcher import meshnet_command
 
 TAG = "t33n"
 PORT = 9700
@@ -139,3 +140,18 @@ def test_private_nodes_without_iptables_are_refused_naming_the_fix(
     with pytest.raises(LabUnavailable, match=r"--private .*`make iptables`"):
         check_privileges(private=True)
     check_privileges(private=False)  # a lab without private nodes needs no iptables
+
+
+@needs_nat_lab
+def test_lab_up_refuses_what_cannot_be_private_in_one_sentence(tmp_path: Path) -> None:
+    """The CLI's --private and --relays reach the plan: node 0 (the tracker) is never private,
+    and private nodes without a relay could be reached by nobody; nothing is left behind."""
+    model = tmp_path / "model.gguf"  # never read: the plan refuses before anything starts
+    for flags, words in (
+        (("--nodes", "1", "--private", "1"), "--private must be 0..0"),
+        (("--nodes", "3", "--private", "1", "--relays", "0"), "reachable only through a relay"),
+    ):
+        command = meshnet_command(tmp_path, "lab", "up", "--model", str(model), "--tag", TAG, *flags)
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "[invalid_argument]" in refused.stderr and words in refused.stderr
+    assert _lab_names() == []
