@@ -90,6 +90,8 @@ async def test_a_relayed_call_runs_end_to_end_and_the_relay_sees_only_tls_record
     finally:
         relay.component.stop()
     assert relay.capture_dir is not None
+    with pytest.raises(ValueError):  # the parser does tell plaintext from records
+        tls_records(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
     captures = sorted(relay.capture_dir.iterdir())
     assert {path.name.split("-", 1)[1] for path in captures} == {"to-node.bin", "from-node.bin"}
     for path in captures:
