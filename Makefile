@@ -17,13 +17,13 @@ VULKAN_VENV := .venv-vulkan
 PREFIX ?= $(HOME)/.local
 LAUNCHER := $(PREFIX)/bin/meshnet
 
-.PHONY: run test install launcher browser vulkan provision lint proto bench clean
+.PHONY: run test install launcher browser vulkan iptables provision lint proto bench clean
 
 run: $(MODEL_STAMP)
 	$(if $(MESHNET_BACKEND),scripts/build_backend.sh $(MESHNET_BACKEND) .venv-$(MESHNET_BACKEND))
 	$(RUN_BIN)/meshnet --data-dir $(DATA_DIR) up
 
-test: $(MODEL_STAMP) $(GEMMA_STAMP) lint browser vulkan
+test: $(MODEL_STAMP) $(GEMMA_STAMP) lint browser vulkan iptables
 	MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 MESHNET_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q $(PYTEST_ARGS)
 
 # `meshnet` on PATH for every command after `make run`: a launcher in $(PREFIX)/bin (~/.local/bin)
@@ -41,6 +41,15 @@ browser:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "chromium missing and not root with apt-get: the browser test will skip"; fi
+
+# The lab's private nodes (`lab up --private N`) sit behind NAT routers made with iptables
+# (nf_tables backend). Installed when missing and we may (root with apt-get); elsewhere the
+# NAT lab tests skip and say why.
+iptables:
+	@if command -v iptables >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null; \
+	else echo "iptables missing and not root with apt-get: the NAT lab tests will skip"; fi
 
 # The GPU tests run on a real Vulkan device without a GPU: Mesa's lavapipe, on the CPU. Its
 # packages are installed when missing and we may (root with apt-get), then llama-cpp-python is

@@ -1,4 +1,4 @@
-"""The multi-host lab for real: namespaces, a bridge, shaped veth links, delay relays and
+"""The multi-host lab for real: namespaces, a bridge, shaped veth links, delay lines and
 memory-capped cgroups (v1 or v2, whichever the host has), with a real swarm of the tiny model
 inside. Skips (saying why) where the machine does not allow namespaces or has no cgroup
 hierarchy with the memory and cpuset controllers."""

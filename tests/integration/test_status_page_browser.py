@@ -77,6 +77,9 @@ def test_the_page_follows_nodes_coverage_requests_and_a_lost_worker(swarm: Swarm
     assert _cell_values(page, "[data-testid=layer]", "data-count") == ["1"] * 6
     for worker in swarm.workers:
         expect(page.locator(f"[data-testid=node][data-address='{worker.address}']")).to_have_count(1)
+    # Every worker answered the tracker's dial-back: public (issue 33: private, relayed via R).
+    expect(page.locator("[data-testid=node-reachability][data-reachability=public]")).to_have_count(3)
+    assert _cell_values(page, "[data-testid=node-reachability]") == ["public"] * 3
     # Each worker reports its prefix store (on by default): held of its budget, hits of lookups.
     expect(page.locator("[data-testid=prefix]")).to_have_count(3)
     assert all("(0 / 0)" in text for text in _cell_values(page, "[data-testid=prefix]")), "nothing looked up yet"

@@ -29,6 +29,7 @@ from meshnet.core.tracking import (
     WorkRecord,
 )
 from meshnet.membership.heartbeats import RefusalBackoff, heartbeat_loop
+from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.certificates import mint_node
@@ -441,3 +442,105 @@ async def test_on_a_secured_tracker_only_gateways_quarantine_and_only_admins_cle
     finally:
         await tracker.stop(grace_s=0)
         security.book.close()
+
+
+async def test_a_secured_tracker_registers_an_unanswering_or_declared_private_node_private_and_routes_around_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: a node the tracker cannot dial back is not refused any more: it is registered
+    ``private`` (listed with the words status uses, never routed, no address taken from
+    anyone); a node that answers is ``public``; a node may say it is private itself."""
+    now = time.time()
+    security = load_tracker_security(tmp_path, now)
+    # Slow heartbeats: nobody beats here, and the unanswering dial-back takes its 3 s bound.
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=10.0)
+    tracker = await start_tracker(config, security=security)
+    authority = load_authority(tmp_path)
+    names = ("w-public", "w-nat", "w-says")
+    members = {name: LinkSecurity(mint_node(authority, node_id=name, role="worker", now_unix_s=now)) for name in names}
+    try:
+        async with (
+            answering_node(members["w-public"]) as public_address,
+            answering_node(members["w-says"]) as says_address,
+        ):
+            replies: dict[str, Registered] = {}
+            for name, address, declared in (
+                ("w-public", public_address, "auto"),
+                ("w-nat", "127.0.0.1:9", "auto"),  # nothing listens there: behind NAT, say
+                ("w-says", says_address, "private"),  # answers, but says nobody else could dial it
+            ):
+                async with TrackerClient(tracker.address, timeout_s=10.0, security=members[name]) as client:
+                    replies[name] = await client.register(
+                        registration(0, N_LAYERS, address),
+                        NodeId(name),
+                        declared=declared,  # type: ignore[arg-type]
+                    )
+            assert {name: reply.reachability for name, reply in replies.items()} == {
+                "w-public": "public",
+                "w-nat": "private",
+                "w-says": "private",
+            }
+            gateway = LinkSecurity(mint_node(authority, node_id="gw-1", role="gateway", now_unix_s=now))
+            async with TrackerClient(tracker.address, timeout_s=5.0, security=gateway) as client:
+                table = await client.list_nodes()
+                words = {node.node_id: node.reachability_words for node in table.nodes}
+                assert words == {
+                    "w-public": "public",
+                    "w-nat": "private: behind NAT, no relay attached",
+                    "w-says": "private: behind NAT, no relay attached",
+                }
+                for session in range(5):
+                    route = await client.choose_route("tiny", session_id=SessionId(f"s-{session}"))
+                    assert route.node_ids == ("w-public",)
+    finally:
+        await tracker.stop(grace_s=0)
+        security.book.close()
+
+
+async def test_a_node_whose_relay_attachment_moves_registers_the_new_address_at_once(tmp_path: Path) -> None:
+    """A node behind NAT (``membership.reach``): registered private at its own address while no
+    relay carries it, then at each relay it is attached to, each time within a fraction of the
+    (10 s) heartbeat interval, and private again once no relay is left."""
+    config = TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=10.0)
+    tracker = await start_tracker(config)
+    reach = Reach("127.0.0.1:9001", "private", ("127.0.0.1:7401", "127.0.0.1:7402"))
+    joined: list[Registered] = []
+    stop = asyncio.Event()
+    try:
+        async with TrackerClient(tracker.address, timeout_s=2.0) as client:
+            beating = asyncio.create_task(
+                heartbeat_loop(
+                    client,
+                    NodeId("w-home"),
+                    registration(0, 8, "127.0.0.1:9001"),
+                    lambda: NodeLoad(free_sessions=4),
+                    stop,
+                    on_registered=joined.append,
+                    reach=reach,
+                )
+            )
+
+            async def registered_at() -> tuple[str, str]:
+                (node,) = (await client.list_nodes()).nodes
+                return node.record.address, node.reachability
+
+            await _eventually(lambda: len(joined) == 1)
+            assert await registered_at() == ("127.0.0.1:9001", "private") and reach.wants_relay
+            with pytest.raises(NoRoute):
+                await client.choose_route("tiny")
+            for relayed, count in (("w-home@127.0.0.1:7401", 2), ("w-home@127.0.0.1:7402", 3)):
+                moved = time.monotonic()
+                reach.moved(relayed)
+                await _eventually(lambda count=count: len(joined) == count, timeout_s=2.0)
+                took = time.monotonic() - moved
+                assert await registered_at() == (relayed, "relayed") and took < 1.0, took
+                route = await client.choose_route("tiny")
+                assert [hop.address for hop in route.hops] == [relayed]
+            reach.moved(None)
+            await _eventually(lambda: len(joined) == 4, timeout_s=2.0)
+            assert await registered_at() == ("127.0.0.1:9001", "private")
+            stop.set()
+            await asyncio.wait_for(beating, timeout=2.0)
+    finally:
+        stop.set()
+        await tracker.stop(grace_s=0)

@@ -15,6 +15,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
+from meshnet.deploy.lab.plan import SWEEP_DELAYS_MS, SWEEP_RATES_MBIT
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.node.config import WorkerConfig
 
@@ -166,5 +167,10 @@ class LabArguments:
     action: Literal["up", "down", "sweep"] = field(metadata=cli(positional=True))
     """up: build the lab and serve until SIGTERM (then remove it); down: remove what any lab left;
     sweep: one lab per delay x rate point, measured against the physical limit."""
-    sweep_output: Path = Path("bench/results/lab-sweep.json")
-    """sweep: results JSON (its plot is written beside it)."""
+    sweep_output: Path | None = None
+    """sweep: results JSON (its plot is written beside it); none: bench/results/lab-sweep.json, or with
+    --private 1 (the relayed middle against the direct one) bench/results/lab-sweep-relay.json."""
+    sweep_delays_ms: tuple[float, ...] = SWEEP_DELAYS_MS
+    """sweep: the one-way delays of the grid (each rate needs its 0 ms point)."""
+    sweep_rates_mbit: tuple[float, ...] = SWEEP_RATES_MBIT
+    """sweep: the link rates of the grid."""

@@ -182,9 +182,10 @@ class StorageUnavailable(Unavailable):
 
 
 class AddressUnproven(Unavailable):
-    """A registration whose declared address does not answer under the registering node's own
-    certificate (the tracker's dial-back): nothing of that address is taken from a node serving
-    there. Retryable: a node still starting, or a link that is down for now, is refused likewise."""
+    """A registration whose address cannot be checked now (another registration of the same node
+    is being dialled back): nothing of that address is taken from a node serving there.
+    Retryable. (A node that does not answer at its address is registered ``private`` instead:
+    ``core.reachability``.)"""
 
     code = "address_unproven"
 

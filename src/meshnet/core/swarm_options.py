@@ -31,7 +31,7 @@ class SwarmArguments:
     """init: create the swarm CA here; invite: print a join token; revoke: refuse a node everywhere."""
     node: str | None = field(default=None, metadata=cli(positional=True))
     """The node id to revoke (revoke only)."""
-    role: Literal["worker", "gateway", "admin"] = "worker"
+    role: Literal["worker", "gateway", "admin", "relay"] = "worker"
     """What the invite's holder may be (invite only)."""
     expires: str = "1h"
     """How long the invite is valid: a number with s, m, h or d (invite only)."""

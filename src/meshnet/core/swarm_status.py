@@ -14,6 +14,7 @@ from typing import Literal
 from meshnet.core.checks import check_finite, check_text
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.reachability import Reachability, describe, is_routable
 from meshnet.core.tracking import NodeLoad
 
 NodeHealth = Literal["healthy", "late", "lost"]
@@ -36,6 +37,17 @@ class NodeStatus:
     """The decode rate the tracker routes this node by (``tracker.claims``): measured on the
     routes through it when ``speed_measured``, else its claim as far as the tracker believes it."""
     speed_measured: bool = False
+    reachability: Reachability = "public"
+    """How others dial it (``core.reachability``): a ``private`` node is listed, never routed."""
+
+    @property
+    def routable(self) -> bool:
+        return is_routable(self.reachability)
+
+    @property
+    def reachability_words(self) -> str:
+        """``public``, ``relayed via HOST:PORT``, or ``private: behind NAT, no relay attached``."""
+        return describe(self.reachability, self.record.address)
 
     def __post_init__(self) -> None:
         check_text("node_id", self.node_id)
@@ -101,9 +113,12 @@ def runs_where(values: Sequence[int], predicate: Callable[[int], bool]) -> tuple
 
 
 def coverage(nodes: Iterable[NodeStatus]) -> tuple[Coverage, ...]:
-    """One coverage per recipe the nodes serve, ordered by model name."""
+    """One coverage per recipe the nodes serve, ordered by model name: a private node (nobody
+    can dial it) covers nothing."""
     by_recipe: dict[str, list[NodeRecord]] = {}
     for node in nodes:
+        if not node.routable:
+            continue
         by_recipe.setdefault(node.record.fingerprint, []).append(node.record)
     result = []
     for fingerprint, group in by_recipe.items():
@@ -152,7 +167,9 @@ def judge_health(model: str, table: NodeTable | None, error: str = "") -> SwarmH
     late = [
         n.record.address
         for n in table.nodes
-        if n.record.fingerprint in fingerprints and node_health(n, table.heartbeat_interval_s) != "healthy"
+        if n.routable
+        and n.record.fingerprint in fingerprints
+        and node_health(n, table.heartbeat_interval_s) != "healthy"
     ]
     if late:
         return SwarmHealth("degraded", f"a complete route exists, but {', '.join(late)} missed heartbeats")

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from meshnet.core.addresses import parse_relayed
 from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument, TicketRefused
 from meshnet.core.ids import NodeId, RequestId, SessionId, check_node_id
@@ -189,10 +190,22 @@ def _check_session(ticket: RouteTicket, opening: Opening, now_unix_s: float) -> 
         )
 
 
+def _reaches_this_shard(address: str, opening: Opening) -> bool:
+    """The shard's own address, or (a node behind NAT) its relayed address at whichever relay
+    carries it now: ``NODE@RELAY`` reaches only the node whose TLS name the dialer pinned."""
+    if address == opening.address:
+        return True
+    try:
+        relayed = parse_relayed(address)
+    except InvalidArgument:
+        return False
+    return relayed is not None and relayed.node_id == opening.node_id
+
+
 def _position(ticket: RouteTicket, opening: Opening) -> int:
     for index, hop in enumerate(ticket.hops):
         if hop.node_id == opening.node_id:
-            if hop.address != opening.address or hop.layers != opening.layers:
+            if not _reaches_this_shard(hop.address, opening) or hop.layers != opening.layers:
                 raise TicketRefused(
                     f"the ticket names node {hop.node_id} at {hop.address} for layers {hop.layers}; "
                     f"this shard is at {opening.address} with layers {opening.layers}"

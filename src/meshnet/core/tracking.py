@@ -19,6 +19,7 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.prefix import MAX_CHAIN_BLOCKS, check_chain
+from meshnet.core.reachability import Reachability
 from meshnet.core.tickets import SealedTicket
 
 MAX_TOKENS = 2**53
@@ -270,6 +271,9 @@ class Registered:
     node_id: NodeId
     heartbeat_interval_s: float
     epoch: int
+    reachability: Reachability = "public"
+    """What the tracker registered the node as (``core.reachability``): a node told ``private``
+    is not routed, and attaches to a relay if it has one (``--reachability auto``)."""
 
 
 @dataclass(frozen=True)

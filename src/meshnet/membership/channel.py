@@ -5,7 +5,9 @@ makes, reconnects included, so once ``LinkSecurity.replace_node`` installs a ren
 certificate (``generation`` moves) a client must dial over a new channel or it goes on
 presenting the old one until that expires and every call fails. This module is the only place
 that watches ``generation``: the tracker client, the shard channel pool, the artifact holder
-client and the expert group driver all dial through ``RenewingChannel``.
+client and the expert group driver all dial through ``RenewingChannel``, and it opens every
+channel with ``meshnet.relay.dial``: a relayed address (``NODE@RELAY_HOST:PORT``) is reached
+through its relay, end to end, exactly as a direct one.
 
 It hands out the channel of the current generation (and stubs over it), keeps the channels it
 replaced open, so calls already in flight on them finish there, and closes them all in
@@ -21,7 +23,8 @@ from typing import Any, TypeVar
 
 import grpc.aio
 
-from meshnet.wire.tls import LinkSecurity, secure_or_plain_channel
+from meshnet.relay.dial import dial
+from meshnet.wire.tls import LinkSecurity
 
 StubT = TypeVar("StubT")
 
@@ -50,7 +53,7 @@ class RenewingChannel:
         self._retired: list[grpc.aio.Channel] = []
 
     def _open(self) -> grpc.aio.Channel:
-        return secure_or_plain_channel(self.address, self._security, self._server_name, self._options)
+        return dial(self.address, self._security, self._server_name, self._options)
 
     def _follow(self) -> None:
         """Move to a new channel if the certificate was renewed since the current one opened."""

@@ -11,12 +11,14 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.reachability import DeclaredReachability
 from meshnet.core.tracking import NodeLoad, Registered
+from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ async def heartbeat_loop(
     on_epoch: Callable[[int], None] | None = None,
     on_probe: Callable[[tuple[str, ...]], None] | None = None,
     backoff: RefusalBackoff = RefusalBackoff(),
+    reach: Reach | None = None,
 ) -> None:
     """Keep ``registration`` routable under ``node_id`` until ``stop_event`` is set, then deregister.
 
@@ -57,13 +60,19 @@ async def heartbeat_loop(
     same id) whenever the tracker says it forgot us, which is how a worker rejoins after a
     tracker restart. An unreachable tracker is logged and retried; it never stops the worker. A
     refusal (a quarantined id) is retried with ``backoff``: the node stays out of routes while
-    refused and rejoins by itself once an operator clears it.
+    refused and rejoins by itself once an operator clears it. With ``reach`` the registered
+    address is its current one (``membership.reach``: a relay's, for a node behind NAT), and a
+    change registers again at once.
     """
-    membership = _Membership(client, node_id, registration, load_fn, on_registered, on_probe)
+    membership = _Membership(client, node_id, registration, load_fn, on_registered, on_probe, reach)
+    changed = None if reach is None else reach.changed
     last_epoch: int | None = None
     refusals = 0
     while not stop_event.is_set():
         wait_s: float | None = None  # the tracker's interval, once this step has learnt it
+        if changed is not None and changed.is_set():
+            changed.clear()
+            membership.forget()  # the address moved: register the new one now
         try:
             epoch = await membership.step()
             if epoch is None:
@@ -81,9 +90,18 @@ async def heartbeat_loop(
             logger.error(
                 "tracker %s refuses this node (asking again in %.1f s): %s", client.address, wait_s, error.message
             )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop_event.wait(), timeout=membership.interval_s if wait_s is None else wait_s)
+        await _pause(stop_event, changed, membership.interval_s if wait_s is None else wait_s)
     await membership.leave()
+
+
+async def _pause(stop: asyncio.Event, changed: asyncio.Event | None, timeout_s: float) -> None:
+    """Wait ``timeout_s``, or less once ``stop`` or ``changed`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in (stop, changed) if event is not None]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 class _Membership:
@@ -97,7 +115,9 @@ class _Membership:
         load_fn: Callable[[], NodeLoad],
         on_registered: Callable[[Registered], None] | None,
         on_probe: Callable[[tuple[str, ...]], None] | None,
+        reach: Reach | None = None,
     ) -> None:
+        self._reach = reach
         self._client = client
         self._node_id = node_id
         self._registration = registration
@@ -125,12 +145,28 @@ class _Membership:
         self.known_epoch = max(self.known_epoch, status.epoch)
         return status.epoch
 
+    def forget(self) -> None:
+        """Register again at the next step (the node's address moved)."""
+        self._registered = False
+
     async def _register(self) -> int:
-        registered = await self._client.register(self._registration, self._node_id, known_epoch=self.known_epoch)
+        record = self._registration
+        declared: DeclaredReachability = "auto"
+        if self._reach is not None:
+            record, declared = replace(record, address=self._reach.address), self._reach.declaring
+        registered = await self._client.register(record, self._node_id, known_epoch=self.known_epoch, declared=declared)
         if registered.node_id != self._node_id:  # a tracker that renames nodes breaks every pinned hop
             raise FailedPrecondition(f"tracker registered node {self._node_id} as {registered.node_id}")
         self._registered, self.interval_s = True, registered.heartbeat_interval_s
-        logger.info("registered with tracker %s as %s", self._client.address, registered.node_id)
+        logger.info(
+            "registered with tracker %s as %s at %s (%s)",
+            self._client.address,
+            registered.node_id,
+            record.address,
+            registered.reachability,
+        )
+        if self._reach is not None:
+            self._reach.registered(registered.reachability)
         if self._on_registered is not None:
             self._on_registered(registered)
         self.known_epoch = max(self.known_epoch, registered.epoch)

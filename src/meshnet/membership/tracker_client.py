@@ -29,6 +29,7 @@ from meshnet.core.errors import MeshnetError, Unreachable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.reachability import DeclaredReachability
 from meshnet.core.swarm_status import NodeTable
 from meshnet.core.tracking import (
     HeartbeatStatus,
@@ -136,11 +137,18 @@ class TrackerClient:
     # --- membership ------------------------------------------------------------------------
 
     async def register(
-        self, registration: NodeRecord, node_id: NodeId, *, known_epoch: int = 0, timeout_s: float | None = None
+        self,
+        registration: NodeRecord,
+        node_id: NodeId,
+        *,
+        known_epoch: int = 0,
+        declared: DeclaredReachability = "auto",
+        timeout_s: float | None = None,
     ) -> Registered:
         """Register ``registration`` under the node's one id (``NodeId``), saying the highest
-        route epoch the node was told (a tracker that lost its state moves above it)."""
-        request = wire.registration_to_proto(registration, node_id, known_epoch)
+        route epoch the node was told (a tracker that lost its state moves above it) and what
+        it knows of its reachability (the reply says what the tracker registered)."""
+        request = wire.registration_to_proto(registration, node_id, known_epoch, declared)
         return wire.registered_from_proto(await self._call(self._tracker().Register, request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:

@@ -31,7 +31,8 @@ from meshnet.moe.config import ExpertNodeConfig
 from meshnet.moe.links import GrpcRowExchange, PeerLink, open_link
 from meshnet.moe.ownership import ExchangeGeometry
 from meshnet.moe.shape import read_moe_shape
-from meshnet.wire.tls import LinkSecurity, hop_server_name, secure_or_plain_channel
+from meshnet.relay.dial import dial
+from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class ExpertNode:
         when the peer is listed by address only (a gateway's certificate fails either way)."""
         listed = self.peers[peer]
         server_name = hop_server_name(listed.node_id)
-        channel = secure_or_plain_channel(listed.address, self.security, server_name, expert_wire.CHANNEL_OPTIONS)
+        channel = dial(listed.address, self.security, server_name, expert_wire.CHANNEL_OPTIONS)
         self._channels.append(channel)
         try:
             await asyncio.wait_for(channel.channel_ready(), max(deadline - self._loop.time(), 0.1))

@@ -25,7 +25,7 @@ from meshnet.artifact.describe import ModelDescription, describe_model
 from meshnet.artifact.directory import Advertisement
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.artifact.model_id import served_model_id
-from meshnet.core.addresses import dialable_address
+from meshnet.core.addresses import dialable_address, is_unspecified_host
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from meshnet.core.ids import NodeId
@@ -82,6 +82,9 @@ class AssembledWorker:
     """The worker's swarm identity; None only on loopback with ``--insecure``."""
     expert_group: ExpertGroupBackend | None = None
     """The group this worker fronts (``--expert-group``); None for a worker with its own slice."""
+    listen_address: str = ""
+    """``host:port`` this machine reaches its own server at (loopback for a wildcard bind): where
+    a relay attachment splices dialers in (``meshnet.relay.attach``)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,9 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
     held = None
     if fetched is not None:
         held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
-    return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group)
+    own = "127.0.0.1" if is_unspecified_host(config.host) else config.host.strip("[]")
+    local = f"[{own}]:{port}" if ":" in own else f"{own}:{port}"
+    return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group, local)
 
 
 def _shard(

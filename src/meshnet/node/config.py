@@ -18,6 +18,7 @@ from meshnet.core.kv_type import KvType
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
 from meshnet.core.limits import MAX_FRAME_BYTES
+from meshnet.core.reachability import DeclaredReachability
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.ownership import ExpertOwnership
 from meshnet.session.admission import AdmissionPolicy, PeerBounds
@@ -71,6 +72,13 @@ class WorkerConfig:
     """Address (host:port) other shards and clients use; none uses host:port as bound."""
     tracker: str | None = None
     """Tracker address to register and heartbeat with; none runs the worker standalone."""
+    reachability: DeclaredReachability = "auto"
+    """Whether peers can dial --advertise: auto (the tracker dials it back and says), public, or
+    private (behind a home router or NAT: reached only through a --relay, else listed but not routed)."""
+    relay: tuple[str, ...] = ()
+    """Relays (host:port, in order) a private worker keeps one outbound link to and is reached
+    through (registered as NODE_ID@RELAY); on losing one it moves to the next. With --reachability
+    auto they are used once the tracker finds --advertise unreachable."""
     threads: int = 2
     """llama.cpp threads for this shard's decode and prefill."""
     device: DeviceRequest = AUTO
@@ -166,6 +174,13 @@ class WorkerConfig:
             raise InvalidArgument("--layers auto asks the tracker within a budget: give --tracker, --memory-budget-mb")
         if self.advertise is not None:
             check_advertise_address(self.advertise, flag="--advertise")
+        for relay in self.relay:
+            check_advertise_address(relay, flag="--relay")
+        if self.relay and (self.reachability == "public" or self.tracker is None):
+            raise InvalidArgument(
+                "--relay is for a private worker that registers with a tracker: give --tracker, "
+                "and --reachability private or auto"
+            )
         if not 0 <= self.port <= 65535:
             raise InvalidArgument(f"worker config: port must be in [0, 65535], got {self.port}")
         if self.model is None and self.fake is None and self.model_id is None:

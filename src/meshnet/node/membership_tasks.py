@@ -6,7 +6,10 @@ With ``--tracker`` the worker, under its one node id:
 - renews its certificate and follows the revocation list (secured only, ``membership.upkeep``);
 - keeps the artifacts it fetched announced to the tracker's directory;
 - reports what each session computed here once it ended (``node.session_counts``), the counts
-  the tracker holds gateways' work records to.
+  the tracker holds gateways' work records to;
+- behind NAT (``--reachability private``, or ``auto`` once the tracker found its address
+  unreachable) with ``--relay``s: stays attached to one relay (``meshnet.relay.attach``) and
+  registers ``NODE@RELAY``, again at once whenever the attachment moves (``membership.reach``).
 Every call goes over one ``TrackerClient``, so all of it follows a renewal at once.
 """
 
@@ -21,11 +24,13 @@ from meshnet.core.errors import MeshnetError
 from meshnet.core.tracking import MAX_PREFIX_TIPS, NodeLoad, Registered
 from meshnet.membership.announce import announce_forever
 from meshnet.membership.heartbeats import heartbeat_loop
+from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.membership.upkeep import upkeep_tasks
 from meshnet.node.assembly import AssembledWorker
 from meshnet.node.peers import PeerProber
 from meshnet.node.snapshot_peers import SnapshotPeers
+from meshnet.relay.attach import attach
 from meshnet.route.shard_stream import ChannelPool
 
 log = logging.getLogger(__name__)
@@ -40,8 +45,9 @@ async def keep_membership(
     client = TrackerClient(worker.config.tracker, security=worker.security)
     probes = ChannelPool(worker.config.max_frame_bytes, worker.security)
     prober = PeerProber(probes)
+    relaying = _Relaying(worker, stop, on_registered)
     tasks = [
-        asyncio.create_task(_heartbeats(worker, client, prober, stop, on_registered), name="heartbeats"),
+        asyncio.create_task(_heartbeats(worker, client, prober, stop, relaying), name="heartbeats"),
         asyncio.create_task(prober.run(stop), name="peer-probes"),
         asyncio.create_task(_report_session_tokens(worker, client, stop), name="session-tokens"),
         *upkeep_tasks(client, worker.security, stop),
@@ -56,8 +62,51 @@ async def keep_membership(
             if isinstance(outcome, Exception):
                 log.error("membership task %s failed: %r", task.get_name(), outcome)
     finally:
+        await relaying.close()
         await probes.close()
         await client.close()
+
+
+class _Relaying:
+    """The worker's relay attachment, started once it is private (declared, or told so)."""
+
+    def __init__(
+        self, worker: AssembledWorker, stop: asyncio.Event, on_registered: Callable[[Registered], None] | None
+    ) -> None:
+        config = worker.config
+        self.reach = Reach(worker.registration.address, config.reachability, config.relay)
+        self._worker = worker
+        self._stop = stop
+        self._on_registered = on_registered
+        self._task: asyncio.Task[None] | None = None
+        self._warned = False
+        self._start_if_wanted()
+
+    def registered(self, registered: Registered) -> None:
+        self._start_if_wanted()  # ``auto``: the tracker's dial-back found the address unreachable
+        if registered.reachability == "private" and not self.reach.relays and not self._warned:
+            self._warned = True
+            log.warning(
+                "registered private: nobody can dial %s (behind NAT, or --reachability private) and no "
+                "--relay carries this worker, so no route passes through it; give --relay HOST:PORT[,...]",
+                self.reach.direct,
+            )
+        if self._on_registered is not None:
+            self._on_registered(registered)
+
+    def _start_if_wanted(self) -> None:
+        if self._task is not None or not self.reach.wants_relay or self._stop.is_set():
+            return
+        worker = self._worker
+        log.info("behind NAT: attaching to relay %s", ", ".join(self.reach.relays))
+        attaching = attach(self.reach.relays, worker.listen_address, worker.security, self.reach.moved)
+        self._task = asyncio.create_task(attaching, name="relay-attach")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
 
 
 async def _heartbeats(
@@ -65,7 +114,7 @@ async def _heartbeats(
     client: TrackerClient,
     prober: PeerProber,
     stop: asyncio.Event,
-    on_registered: Callable[[Registered], None] | None,
+    relaying: _Relaying,
 ) -> None:
     shard = worker.shard
 
@@ -80,9 +129,10 @@ async def _heartbeats(
         worker.registration,
         load,
         stop,
-        on_registered=on_registered,
+        on_registered=relaying.registered,
         on_epoch=shard.raise_min_epoch,
         on_probe=prober.set_targets,
+        reach=relaying.reach,
     )
 
 

@@ -43,11 +43,13 @@ class SnapshotPeers:
         self.copies_sent = 0
 
     def update(self, table: NodeTable) -> None:
-        """Choose the peer from the tracker's node table: live, this recipe, these layers."""
+        """Choose the peer from the tracker's node table: live, this recipe, these layers, and
+        dialable (a private node behind NAT with no relay is listed but reachable by nobody)."""
         peers = sorted(
             (node.node_id, node.record.address)
             for node in table.nodes
             if node.node_id != self._own
+            and node.routable
             and node.record.fingerprint == self._fingerprint
             and node.record.layers == self._layers
             and node_health(node, table.heartbeat_interval_s) == "healthy"

@@ -42,6 +42,7 @@ from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.kv_plan import RouteChains
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
+from meshnet.route.lost_hops import LostAt, replacement_route
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.shard_admin import is_serving
 from meshnet.route.shard_stream import ChannelPool
@@ -188,7 +189,7 @@ class SwarmClient:
         releases the route's session.
         """
         life, failovers = run.life, 0
-        excluded: frozenset[NodeId] = frozenset()
+        lost_at: dict[NodeId, str] = {}
         busy_waits = iter(BUSY_BACKOFF_S)
         noted: Route | None = None  # each route is noted accepted once, with the prompt KV its hops hold
         while True:
@@ -226,10 +227,10 @@ class SwarmClient:
                 if lost is None:
                     raise
                 failovers += 1
-                # A hop found dead stays excluded for the rest of the request: the tracker lists
-                # it until it misses enough heartbeats, and routing onto it again wastes a failover.
-                excluded |= lost
-                await self._fail_over(run, error, excluded)
+                # A hop found dead stays excluded for the rest of the request, at the address it
+                # was lost at (``route.lost_hops``: a relayed node comes back at another relay).
+                lost_at.update((hop.node_id, hop.address) for hop in route.hops if hop.node_id in lost)
+                await self._fail_over(run, error, lost_at)
 
     async def _kv_for(
         self, session: RouteSession, request: GenerationRequest, history: tuple[int, ...], *, resuming: bool
@@ -239,8 +240,8 @@ class SwarmClient:
         snapshot = await self._driver.resume(session, request, history) if resuming else None
         return (None if snapshot is not None else await self._driver.plan(session, request)), snapshot
 
-    async def _fail_over(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> None:
-        run.route = await self._replace(run, error, excluded)
+    async def _fail_over(self, run: _Run, error: MeshnetError, lost_at: LostAt) -> None:
+        run.route = await self._replace(run, error, lost_at)
         replay = f"{error.message}; replaying {len(run.life.tokens)} token(s) onto a new route"
         run.life.note(RouteHealth("failover", replay))
 
@@ -320,22 +321,26 @@ class SwarmClient:
             return frozenset(hop.node_id for hop in route.hops)
         return None if untyped and not dead else dead
 
-    async def _replace(self, run: _Run, error: MeshnetError, excluded: frozenset[NodeId]) -> Route:
+    async def _replace(self, run: _Run, error: MeshnetError, lost_at: LostAt) -> Route:
         hops = [hop.address for hop in run.route.hops]
-        log.warning("route %s lost (%s); excluding %s", hops, error.message, sorted(excluded))
+        log.warning("route %s lost (%s); avoiding %s", hops, error.message, sorted(lost_at.values()))
         # A new route has a new ticket, of its newer epoch: the only way it may take the session
         # over on a shard still holding the lost route's (``Shard._supersede``).
         request = run.request
-        try:
+
+        async def ask(exclude: frozenset[NodeId]) -> Route:
             return await self.tracker.choose_route(
                 request.model,
                 session_id=run.session_id,
-                exclude=excluded,
+                exclude=exclude,
                 request_id=run.request_id,
                 ticket_seconds=ticket_seconds(request.timeout_s),
                 # A replacement whose head holds a prefix of the prompt replays less of it.
                 prefix_chain=self._chains.chain(request),
             )
+
+        try:
+            return await replacement_route(ask, lost_at)
         except (NoRoute, Unreachable) as no_route:
             # The client-visible fact is the lost worker (the status contract's ``worker_lost``);
             # no route, or no tracker to ask for one, is why it stays lost.

@@ -4,9 +4,10 @@ A node certificate names its holder three ways, each for one reader:
 - URI SANs ``meshnet://node/<id>`` and ``meshnet://role/<role>``: what authorization reads;
 - DNS SAN ``<id>.node.meshnet``: what a caller pins when it dials a hop whose node id the route
   gave it (``grpc.ssl_target_name_override``), so one node cannot answer for another;
-- DNS SAN ``node.meshnet`` (workers) or ``tracker.meshnet`` (the tracker): what a caller pins
-  when it only knows it wants *some* worker, or the tracker. A relay (role ``relay``) carries
-  only its own ``<id>.node.meshnet``: whoever dials it learned its id with its address.
+- DNS SAN ``node.meshnet`` (workers), ``tracker.meshnet`` (the tracker) or ``relay.meshnet``
+  (relays): what a caller pins when it only knows it wants *some* worker, the tracker, or the
+  relay at an address (a relayed address ``NODE@RELAY_HOST:PORT`` names no relay id; the relay
+  sees only the inner TLS records, which end at the node's own pinned name).
 Peers dial by IP, so no certificate needs an IP SAN: the pinned names replace the host check.
 """
 
@@ -27,6 +28,7 @@ NODE_URI_PREFIX = "meshnet://node/"
 ROLE_URI_PREFIX = "meshnet://role/"
 TRACKER_NAME = "tracker.meshnet"
 ANY_WORKER_NAME = "node.meshnet"
+RELAY_NAME = "relay.meshnet"
 NODE_NAME_SUFFIX = ".node.meshnet"
 
 
@@ -58,4 +60,6 @@ def dns_names(node_id: str, role: Role) -> tuple[str, ...]:
         names.append(ANY_WORKER_NAME)
     if role == "tracker":
         names.append(TRACKER_NAME)
+    if role == "relay":
+        names.append(RELAY_NAME)
     return tuple(names)

@@ -185,7 +185,8 @@ def plan_of(
     if not (meet and same and whole and model in (first.model, first.fingerprint)):
         return None
     ms = sum(node_cost_ms(view, costs) for view in hops)
-    ms += sum(seam_cost_ms(a.node_id, b.node_id, latency_ms, costs) for a, b in itertools.pairwise(hops))
+    seams = itertools.pairwise(hops)
+    ms += sum(seam_cost_ms(a.node_id, b.node_id, latency_ms, costs, relayed=b.relayed) for a, b in seams)
     record = first.record
     return RoutePlan(
         record.model, record.quantization, first.fingerprint, first.n_layers, tuple(v.hop() for v in hops), ms

@@ -27,6 +27,7 @@ from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.reachability import Reachability, is_routable
 from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
 from meshnet.tracker.affinity import ConversationRoutes, PrefixRouting, plan_of, prefer_held_prefix
 from meshnet.tracker.certification import check_certified
@@ -59,6 +60,13 @@ class NodeEntry:
     """Sessions routed here since its last heartbeat. They are subtracted from the node's last
     reported free sessions, so a burst between two heartbeats does not all land on the fastest
     node; the next heartbeat's report already counts them."""
+    reachability: Reachability = "public"
+    """How others dial it (``core.reachability``): a ``private`` node is in the table (status,
+    heartbeats) but never in a route, a probe list or the latency table."""
+
+    @property
+    def routable(self) -> bool:
+        return is_routable(self.reachability)
 
     def view(self) -> NodeView:
         capability = self.record.capability
@@ -136,7 +144,7 @@ class NodeRegistry:
 
     def node_views(self) -> tuple[NodeView, ...]:
         # Speeds are believed from what routes measured, self-declared ones capped (tracker.claims).
-        views = tuple(entry.view() for entry in self._nodes.values())
+        views = tuple(entry.view() for entry in self._nodes.values() if entry.routable)
         rates = self._believed_rates(views)
         return tuple(replace(view, decode_tokens_per_s=rates[view.node_id]) for view in views)
 
@@ -144,7 +152,7 @@ class NodeRegistry:
         """Take a gateway's timing of a route; False (ignored) unless its hops are live and chain."""
         self.sweep()
         entries = [self._nodes.get(node_id) for node_id in timing.hops]
-        live = [entry for entry in entries if entry is not None]
+        live = [entry for entry in entries if entry is not None and entry.routable]
         if len(live) != len(entries) or not forms_route(tuple(entry.record for entry in live)):
             return False
         self._measured.observe(timing, self._clock())
@@ -164,13 +172,13 @@ class NodeRegistry:
             self._beliefs = (key, {view.node_id: view.decode_tokens_per_s for view in believed})
         return self._beliefs[1]
 
-    def register(self, record: NodeRecord, node_id: NodeId) -> NodeId:
+    def register(self, record: NodeRecord, node_id: NodeId, reachability: Reachability = "public") -> NodeId:
         """Add the node ``node_id`` (its own id, see ``NodeId``; the registry makes none up).
 
         Raises ``Uncertified`` when the record's certification does not certify what it
         registers, or disagrees with the recipe's live nodes (``tracker.certification``). A
-        secured tracker calls this only once the node answered at its address under its own
-        certificate (``tracker.dial_back``)."""
+        secured tracker registers a node routable only once it answered at its address under its
+        own certificate (``tracker.dial_back``); a ``private`` one replaces only its own entry."""
         self.sweep()
         self.check_admissible(node_id)
         # One id is one live node, and so is one address: a node that registers again (restarted,
@@ -178,15 +186,18 @@ class NodeRegistry:
         # sessions routed to that entry are gone either way, so it leaves routes, even when the
         # new one is refused (whatever answers at that address is not the old node: on a secured
         # tracker the dial-back proved that the new one does).
+        # A private node proved nothing about its address: it takes it from nobody.
+        takes_address = is_routable(reachability)
         stale = [
             entry.node_id
             for entry in self._nodes.values()
-            if entry.node_id == node_id or entry.record.address == record.address
+            if entry.node_id == node_id or (takes_address and entry.routable and entry.record.address == record.address)
         ]
         self._remove(stale, "re-registered")
-        check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values()))
+        # Only nodes proven at their address speak for a recipe: a private one could be anybody's.
+        check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values() if entry.routable))
         now = self._clock()
-        self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now)
+        self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now, reachability=reachability)
         return node_id
 
     def adopt_epoch(self, known_epoch: int) -> bool:
@@ -266,7 +277,7 @@ class NodeRegistry:
 
     def latency_table(self) -> LatencyTable:
         """One-way latency between live nodes, from the round trips they measured (RTT / 2)."""
-        by_address = {entry.record.address: node_id for node_id, entry in self._nodes.items()}
+        by_address = {entry.record.address: node_id for node_id, entry in self._nodes.items() if entry.routable}
         table: dict[tuple[NodeId, NodeId], float] = {}
         for node_id, entry in self._nodes.items():
             for address, rtt_ms in entry.load.peer_rtt_ms if entry.load else ():
@@ -278,13 +289,14 @@ class NodeRegistry:
     def probe_targets(self, node_id: NodeId, limit: int = 16) -> tuple[str, ...]:
         """Addresses a node should measure: live nodes of its recipe that could follow it in a route."""
         entry = self._nodes.get(node_id)
-        if entry is None:
-            return ()
+        if entry is None or not entry.routable:
+            return ()  # a private node's measurements route nothing: no route passes through it
         mine = entry.record
         followers = sorted(
             other.record.address
             for other in self._nodes.values()
             if other.node_id != node_id
+            and other.routable
             and other.record.fingerprint == mine.fingerprint
             and other.record.layers.start == mine.layers.stop
         )
@@ -360,7 +372,7 @@ class NodeRegistry:
     def _all_alive(self, hops: Iterable[RouteHop], exclude: frozenset[NodeId]) -> bool:
         for hop in hops:
             entry = self._nodes.get(hop.node_id)
-            if entry is None or entry.node_id in exclude:
+            if entry is None or entry.node_id in exclude or not entry.routable:
                 return False
         return True
 

@@ -13,7 +13,10 @@ The edge cost estimates milliseconds per decoded token, which is what a user wai
 * compute: the node's measured single-sequence decode time over its own range
   (Petals uses ``1 / inference_rps`` per block, also measured by the server itself);
 * seam: one-way shard-to-shard latency plus a fixed per-seam overhead, as Petals adds
-  ``rtt / 2`` and an "empirically measured" serialization delay per server switch;
+  ``rtt / 2`` and an "empirically measured" serialization delay per server switch. A seam into
+  a relayed node (behind NAT, ``NODE@RELAY``) is costed by the round trip measured through its
+  relay like any other; unmeasured, it is taken as two legs plus the relay's crossing, and a
+  direct hop wins any tie with a relayed one (fewer processes on the path that can fail);
 * queueing: requests waiting on the node, each taken to cost about one more step of the node;
 * no KV room: a large *penalty*, not exclusion (see ``RoutingCosts.full_node_penalty_ms``).
 
@@ -30,6 +33,7 @@ import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from meshnet.core.addresses import is_relayed
 from meshnet.core.errors import NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
@@ -73,6 +77,11 @@ class NodeView:
     def layers(self) -> LayerRange:
         return self.record.layers
 
+    @property
+    def relayed(self) -> bool:
+        """Reached through a relay (its address is ``NODE@RELAY``): every seam into it crosses one."""
+        return is_relayed(self.record.address)
+
     def hop(self) -> RouteHop:
         """This node as a route hop: where it is, what it runs, what a request must respect."""
         return RouteHop(self.node_id, self.record.address, self.record.layers, self.record.capability)
@@ -91,6 +100,10 @@ class RoutingCosts:
     unmeasured_layer_ms: float = 5.0
     """Per-layer time charged to a node that reported no decode rate. Deliberately slow
     (a measured small model runs under 0.3 ms per layer on 2 cores) so measured nodes win."""
+    relay_crossing_ms: float = 0.5
+    """Added to an unmeasured seam into a relayed node, on top of two legs of the default
+    latency (dialer to relay, relay to node): the relay's copy of each message. A measured
+    round trip through the relay already holds all of it."""
     full_node_penalty_ms: float = 10_000.0
     """Charged to a node reporting no free session. A penalty rather than exclusion, like
     Petals' ``alloc_delay``: the count is up to one heartbeat stale, and when a full node is the
@@ -132,8 +145,20 @@ def node_cost_ms(node: NodeView, costs: RoutingCosts = DEFAULT_COSTS) -> float:
     return cost
 
 
-def seam_cost_ms(before: NodeId, after: NodeId, latency_ms: LatencyTable, costs: RoutingCosts = DEFAULT_COSTS) -> float:
-    return latency_ms.get((before, after), costs.default_latency_ms) + costs.seam_overhead_ms
+def seam_cost_ms(
+    before: NodeId,
+    after: NodeId,
+    latency_ms: LatencyTable,
+    costs: RoutingCosts = DEFAULT_COSTS,
+    *,
+    relayed: bool = False,
+) -> float:
+    """One seam's milliseconds per token: measured one-way latency (through the relay when
+    ``after`` is relayed, as its probes went) else the default, plus the per-seam overhead."""
+    measured = latency_ms.get((before, after))
+    if measured is None:
+        measured = 2 * costs.default_latency_ms + costs.relay_crossing_ms if relayed else costs.default_latency_ms
+    return measured + costs.seam_overhead_ms
 
 
 def choose_route(
@@ -309,17 +334,18 @@ def shortest_chain(
     """Dijkstra from boundary 0 to ``n_layers``.
 
     A search state is "the last node taken" (its stop boundary is implied), because the seam
-    cost depends on which node hands over to which. Ties break on fewer hops, then on node ids,
-    so the same inputs always give the same route, which keeps sessions sticky.
+    cost depends on which node hands over to which. Ties break on fewer relayed hops, then on
+    fewer hops, then on node ids, so the same inputs always give the same route, which keeps
+    sessions sticky.
     """
     by_start: dict[int, list[NodeView]] = {}
     for node in sorted(usable, key=lambda view: view.node_id):
         by_start.setdefault(node.layers.start, []).append(node)
-    # heap entries: (cost, hop count, node ids of the chain, chain)
-    heap: list[tuple[float, int, tuple[str, ...], tuple[NodeView, ...]]] = [(0.0, 0, (), ())]
+    # heap entries: (cost, relayed hop count, hop count, node ids of the chain, chain)
+    heap: list[tuple[float, int, int, tuple[str, ...], tuple[NodeView, ...]]] = [(0.0, 0, 0, (), ())]
     settled: set[NodeId | None] = set()
     while heap:
-        cost, hop_count, ids, chain = heapq.heappop(heap)
+        cost, relayed_count, hop_count, ids, chain = heapq.heappop(heap)
         last = chain[-1] if chain else None
         boundary = last.layers.stop if last else 0
         if boundary == n_layers:
@@ -333,8 +359,9 @@ def shortest_chain(
                 continue
             step = node_cost_ms(node, costs)
             if last is not None:
-                step += seam_cost_ms(last.node_id, node.node_id, latency_ms, costs)
-            heapq.heappush(heap, (cost + step, hop_count + 1, (*ids, node.node_id), (*chain, node)))
+                step += seam_cost_ms(last.node_id, node.node_id, latency_ms, costs, relayed=node.relayed)
+            entry = (cost + step, relayed_count + node.relayed, hop_count + 1, (*ids, node.node_id), (*chain, node))
+            heapq.heappush(heap, entry)
     return None
 
 

@@ -144,14 +144,15 @@ class TrackerServicer(services.TrackerServicer):
     ) -> services.RegisterReply:
         record, node_id = wire.registration_from_proto(request)
         known_epoch = wire.known_epoch_from_proto(request)
+        declared = wire.declared_from_proto(request)
         # Secured, the id must be the certificate's (``authorize_tracker``): one node, one id.
         self.admit(context, "Register", node_id)
         self._registry.check_admissible(node_id)
-        # And the address must be the node's: it answers there under that id (``dial_back``).
-        # Until then nothing changes, so a refused claim evicts no node serving there.
-        await self._addresses.check(record.address, node_id)
+        # Routable only if the address is the node's: it answers there under that id
+        # (``dial_back``); else it is private, and a private claim evicts no node serving there.
+        reachability = await self._addresses.reachability(record.address, node_id, declared)
         try:
-            self._registry.register(record, node_id)
+            self._registry.register(record, node_id, reachability)
         except Uncertified as refused:
             await self.persist_epoch()  # a stale entry at its address may have left routes
             logger.warning("%s", refused.message)
@@ -165,14 +166,16 @@ class TrackerServicer(services.TrackerServicer):
             logger.warning("node %s registered but not recorded: %s", node_id, error.message)
         await self.persist_epoch()
         logger.info(
-            "node %s registered: %s layers %s of %s (certification %s)",
+            "node %s registered %s: %s layers %s of %s (certification %s)",
             node_id,
+            reachability,
             record.address,
             record.layers,
             record.fingerprint,
             record.certification.digest[:16],
         )
-        return wire.registered_to_proto(Registered(node_id, self._registry.heartbeat_interval_s, self._registry.epoch))
+        registered = Registered(node_id, self._registry.heartbeat_interval_s, self._registry.epoch, reachability)
+        return wire.registered_to_proto(registered)
 
     @maps_errors
     async def Heartbeat(

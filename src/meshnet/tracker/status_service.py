@@ -20,11 +20,13 @@ from meshnet.wire.tls import LinkSecurity
 def node_table(registry: NodeRegistry) -> NodeTable:
     """The registry as operators see it: every live node with its last load report."""
     now = registry.now()
-    routed = {view.node_id: view.decode_tokens_per_s for view in registry.node_views()}
+    views = registry.node_views()
+    routed = {view.node_id: view.decode_tokens_per_s for view in views}
     measured = registry.measured_nodes()
     return NodeTable(
         nodes=tuple(
-            _node_status(entry, now, routed[entry.node_id], entry.node_id in measured) for entry in registry.entries()
+            _node_status(entry, now, routed.get(entry.node_id, 0.0), entry.node_id in measured)
+            for entry in registry.entries()
         ),
         epoch=registry.epoch,
         heartbeat_interval_s=registry.heartbeat_interval_s,
@@ -42,6 +44,7 @@ def _node_status(entry: NodeEntry, now: float, routed_rate: float, measured: boo
         seconds_since_heartbeat=max(0.0, now - entry.last_seen),
         routed_decode_tokens_per_s=routed_rate,
         speed_measured=measured,
+        reachability=entry.reachability,
     )
 
 

@@ -6,6 +6,7 @@ A status tool reads what a tracker sends: every node's record and counts are val
 from __future__ import annotations
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.reachability import check_reachability
 from meshnet.core.swarm_status import NodeStatus, NodeTable
 from meshnet.core.tracking import NodeLoad
 from meshnet.wire.generated import swarm_status_pb2 as pb
@@ -48,6 +49,7 @@ def _node_to_proto(node: NodeStatus) -> pb.NodeStatusList.Node:
         seconds_since_heartbeat=node.seconds_since_heartbeat,
         routed_decode_tokens_per_s=node.routed_decode_tokens_per_s,
         speed_measured=node.speed_measured,
+        reachability=node.reachability,
         **prefix_figures_fields(load.prefix),
     )
 
@@ -71,4 +73,5 @@ def _node_from_proto(message: pb.NodeStatusList.Node) -> NodeStatus:
         message.seconds_since_heartbeat,
         routed_decode_tokens_per_s=message.routed_decode_tokens_per_s,
         speed_measured=message.speed_measured,
+        reachability=check_reachability(message.reachability),
     )

@@ -21,6 +21,7 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId, check_node_id
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
+from meshnet.core.reachability import DeclaredReachability, check_declared, check_reachability
 from meshnet.core.tracking import (
     MAX_PEERS,
     MAX_PREFIX_TIPS,
@@ -53,8 +54,12 @@ def node_id_from_proto(text: str) -> NodeId:
 # --- Register -----------------------------------------------------------------------------------
 
 
-def registration_to_proto(record: NodeRecord, node_id: NodeId, known_epoch: int = 0) -> pb.NodeRegistration:
-    return pb.NodeRegistration(record=record_to_proto(record), node_id=node_id, known_epoch=known_epoch)
+def registration_to_proto(
+    record: NodeRecord, node_id: NodeId, known_epoch: int = 0, declared: DeclaredReachability = "auto"
+) -> pb.NodeRegistration:
+    return pb.NodeRegistration(
+        record=record_to_proto(record), node_id=node_id, known_epoch=known_epoch, reachability=declared
+    )
 
 
 def registration_from_proto(message: pb.NodeRegistration) -> tuple[NodeRecord, NodeId]:
@@ -73,16 +78,26 @@ def known_epoch_from_proto(message: pb.NodeRegistration) -> int:
     return int(message.known_epoch)
 
 
+def declared_from_proto(message: pb.NodeRegistration) -> DeclaredReachability:
+    """What the registering node says of its reachability (``auto`` when it says nothing)."""
+    return check_declared(message.reachability)
+
+
 def registered_to_proto(registered: Registered) -> pb.RegisterReply:
     return pb.RegisterReply(
         node_id=registered.node_id,
         heartbeat_interval_ms=round(registered.heartbeat_interval_s * 1000),
         epoch=registered.epoch,
+        reachability=registered.reachability,
     )
 
 
 def registered_from_proto(message: pb.RegisterReply) -> Registered:
-    return Registered(NodeId(message.node_id), message.heartbeat_interval_ms / 1000, message.epoch)
+    try:
+        reachability = check_reachability(message.reachability)
+    except InvalidArgument as error:
+        raise Unavailable(f"the tracker's registration reply is malformed: {error.message}") from None
+    return Registered(NodeId(message.node_id), message.heartbeat_interval_ms / 1000, message.epoch, reachability)
 
 
 # --- Heartbeat ----------------------------------------------------------------------------------

@@ -79,3 +79,16 @@ def test_a_ticket_for_any_request_of_the_session_and_the_granted_life() -> None:
     assert check_opening(anyone, at(1, request_id="r-9"), now_unix_s=NOW, secured=True) == 1
     assert granted_seconds(0) == granted_seconds(float("nan")) > 0
     assert granted_seconds(10**9) < 10**9
+
+
+def test_a_node_behind_nat_opens_at_its_relayed_address_whichever_relay_carries_it() -> None:
+    """Issue 33: the middle is reached at ``w-mid@RELAY``; its shard knows only its own address."""
+    relayed = replace(TICKET, hops=(HOPS[0], replace(HOPS[1], address="w-mid@relay.example:7090"), HOPS[2]))
+    middle = at(1, downstream=(("w-tail", HOPS[2].address, HOPS[2].layers),))
+    assert check_opening(relayed, middle, now_unix_s=NOW, secured=True) == 1
+    elsewhere = replace(relayed, hops=(HOPS[0], replace(HOPS[1], address="w-mid@other.example:7090"), HOPS[2]))
+    assert check_opening(elsewhere, middle, now_unix_s=NOW, secured=True) == 1
+    for address in ("w-head@relay.example:7090", "w-mid@", "w-mid@relay.example"):
+        foreign = replace(relayed, hops=(HOPS[0], replace(HOPS[1], address=address), HOPS[2]))
+        with pytest.raises(TicketRefused, match="this shard is at"):
+            check_opening(foreign, middle, now_unix_s=NOW, secured=True)

@@ -114,6 +114,7 @@ def workers(draw: st.DrawFn) -> WorkerConfig:
         _fields(
             WorkerConfig,
             advertise=st.none() | ADDRESS,
+            relay=st.lists(ADDRESS, max_size=3).map(tuple),
             port=st.integers(0, 65535),
             session_share=st.floats(min_value=1e-3, max_value=1.0),
             session_min_rate=POSITIVE,
@@ -122,7 +123,10 @@ def workers(draw: st.DrawFn) -> WorkerConfig:
     )
     # The worker's own rules, met rather than filtered out: auto asks a tracker within a budget,
     # --model-id fetches through a tracker, a fake model needs no GGUF.
-    if values["layer_choice"].fixed is None or values["model_id"] is not None:
+    # Relays carry a private worker that registers with a tracker.
+    if values["relay"] and values["reachability"] == "public":
+        values["reachability"] = draw(st.sampled_from(["auto", "private"]))
+    if values["layer_choice"].fixed is None or values["model_id"] is not None or values["relay"]:
         values["tracker"] = values["tracker"] or draw(ADDRESS)
     if values["layer_choice"].fixed is None:
         values["memory_budget_mb"] = values["memory_budget_mb"] or draw(POSITIVE)

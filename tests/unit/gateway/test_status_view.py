@@ -23,6 +23,7 @@ from meshnet.gateway.app import create_app
 from meshnet.gateway.status.table import exit_status, render_status, tracker_health
 from meshnet.gateway.status.view import NodeMemory, StatusInputs, status_document
 from meshnet.gateway.telemetry_hub import TelemetryHub
+from meshnet.wire import status_wire
 
 
 def test_a_vanished_node_is_lost_for_a_while_then_forgotten() -> None:
@@ -90,11 +91,11 @@ def test_the_terminal_table_shows_coverage_gaps_nodes_and_its_exit_status() -> N
     assert lines[0] == "meshnet status of tracker 127.0.0.1:7070, epoch 3"
     assert lines[1].startswith("no_route: no node serves layers 2:4 of 'tiny'")
     assert lines[2] == "coverage tiny (6 layers) [11--11] gaps 2:4"
-    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE"]
+    header = ["NODE", "REACHABILITY", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE"]
     assert lines[3].split() == [*header, "PREFILL/s", "DECODE/s", "PREFIX"]
-    assert lines[4].split()[:4] == ["127.0.0.1:7000", "0:2/6", "healthy", "0.1s"]
-    assert lines[5].split()[:4] == ["127.0.0.1:7004", "4:6/6", "late", "2.0s"]
-    assert lines[4].split()[8] == "cpu"
+    assert lines[4].split()[:5] == ["127.0.0.1:7000", "public", "0:2/6", "healthy", "0.1s"]
+    assert lines[5].split()[:5] == ["127.0.0.1:7004", "public", "4:6/6", "late", "2.0s"]
+    assert lines[4].split()[9] == "cpu"
     assert exit_status(document) == 1
 
 
@@ -203,3 +204,22 @@ async def test_a_prompt_is_held_to_the_context_the_models_list_shows() -> None:
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     assert f"context holds {shown}" in refused.json()["error"]["message"] and shown == 128
+
+
+def test_a_relayed_node_names_its_relay_and_a_private_one_says_it_is_behind_nat_and_covers_nothing() -> None:
+    relayed = node("0:3", reachability="relayed")
+    relayed = replace(relayed, record=replace(relayed.record, address="n-home@relay.example:7400"))
+    private = node("3:6", reachability="private")
+    nodes = table(relayed, private)
+    document = status_document(StatusInputs("tiny", nodes, "", (), tracker_health(nodes), (), {}, {}, 0.0))
+    assert [(n["reachability"], n["reachable"]) for n in document["nodes"]] == [
+        ("relayed", "relayed via relay.example:7400"),
+        ("private", "private: behind NAT, no relay attached"),
+    ]
+    assert document["coverage"][0]["counts"] == [1, 1, 1, 0, 0, 0]  # nobody can dial the private one
+    assert document["health"]["status"] == "no_route"
+    lines = render_status(document, "tracker").splitlines()
+    assert lines[4].split()[:2] == ["n-home@relay.example:7400", "relay:relay.example:7400"]
+    assert lines[5].split()[:2] == ["127.0.0.1:7003", "private"]
+    assert lines[6] == "127.0.0.1:7003 is private: behind NAT, no relay attached (not routed)"
+    assert status_wire.node_table_from_proto(status_wire.node_table_to_proto(nodes)) == nodes

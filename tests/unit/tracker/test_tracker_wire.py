@@ -18,6 +18,7 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.prefix import PrefixKey, prefix_chain
+from meshnet.core.reachability import REACHABILITIES, Reachability
 from meshnet.core.tracking import (
     MAX_PEERS,
     MAX_PREFIX_TIPS,
@@ -165,10 +166,24 @@ def test_route_query_round_trips(model: str, session_id: str | None, exclude: fr
     node_id=ids,
     interval_ms=st.integers(1, 2**32 - 1),
     epoch=epochs,
+    reachability=st.sampled_from(REACHABILITIES),
 )
-def test_register_reply_round_trips(node_id: str, interval_ms: int, epoch: int) -> None:
-    registered = Registered(NodeId(node_id), interval_ms / 1000, epoch)
+def test_register_reply_round_trips(node_id: str, interval_ms: int, epoch: int, reachability: Reachability) -> None:
+    registered = Registered(NodeId(node_id), interval_ms / 1000, epoch, reachability)
     assert wire.registered_from_proto(over_the_wire(wire.registered_to_proto(registered))) == registered
+
+
+def test_a_registration_carries_what_the_node_declares_and_a_reply_what_the_tracker_registered() -> None:
+    message = wire.registration_to_proto(registration(0, 4), NodeId("w-1"), declared="private")
+    assert wire.declared_from_proto(over_the_wire(message)) == "private"
+    assert wire.declared_from_proto(wire.registration_to_proto(registration(0, 4), NodeId("w-1"))) == "auto"
+    message.reachability = "relayed"  # the tracker's verdict, not a node's to declare
+    with pytest.raises(InvalidArgument, match="reachability must be one of"):
+        wire.declared_from_proto(message)
+    reply = wire.registered_to_proto(Registered(NodeId("w-1"), 1.0, 3, "private"))
+    reply.reachability = "hidden"
+    with pytest.raises(Unavailable, match="malformed"):
+        wire.registered_from_proto(reply)
 
 
 peer_latencies = st.lists(st.tuples(ids, st.floats(0.0, 600_000.0, allow_nan=False)), max_size=MAX_PEERS).map(tuple)

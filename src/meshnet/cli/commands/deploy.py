@@ -20,6 +20,8 @@ from meshnet.core.errors import MeshnetError
 
 if TYPE_CHECKING:
     from meshnet.deploy.lab.lab import LabConfig
+    from meshnet.deploy.lab.plan import LabNode
+    from meshnet.deploy.lab.swarm import LabSwarm
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -43,7 +45,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if "model" not in given:
         given["model"] = provisioned_model(args.data_dir)
     if arguments.action == "sweep":
-        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments.sweep_output)
+        return lab_sweep(LabConfig(**given, data_dir=args.data_dir), arguments)
     return lab_up(LabConfig(**given, data_dir=args.data_dir))
 
 
@@ -65,13 +67,7 @@ def lab_up(config: LabConfig) -> int:
         print(f"lab       {plan.subnet} on bridge {plan.bridge} ({len(plan.nodes)} nodes)", flush=True)
         swarm = start_swarm(lab)
         for node in plan.nodes:
-            role = "spare" if node.spare else "node"
-            cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
-            print(
-                f"{role:9s} {node.namespace} {node.address} cpu {node.cpu} {cap} "
-                f"layers {swarm.ranges[node.index]} via {swarm.advertised[node.index]}",
-                flush=True,
-            )
+            print(_node_line(node, swarm), flush=True)
         print(f"api key   {swarm.api_key_path}", flush=True)
         print(f"gateway   {swarm.gateway_url}/v1", flush=True)
         wait_forever(lab)
@@ -83,6 +79,16 @@ def lab_up(config: LabConfig) -> int:
         return 2
     finally:
         lab.close()
+
+
+def _node_line(node: LabNode, swarm: LabSwarm) -> str:
+    """One node as the operator reads it: its role, namespace, address, core, cap and what it serves."""
+    role = "relay" if node.relay else "spare" if node.spare else "private" if node.private else "node"
+    cap = f"{node.memory_mb} MiB" if node.memory_mb else "uncapped"
+    behind = f" behind NAT {node.router.public_address}" if node.router is not None else ""
+    serves = "relay" if node.relay else f"layers {swarm.ranges[node.index]}"
+    via = swarm.relays[node.index] if node.relay else swarm.advertised[node.index]
+    return f"{role:9s} {node.namespace} {node.address}{behind} cpu {node.cpu} {cap} {serves} via {via}"
 
 
 def lab_down(tag: str | None) -> int:
@@ -101,14 +107,25 @@ def lab_down(tag: str | None) -> int:
     return 0
 
 
-def lab_sweep(config: LabConfig, output: Path) -> int:
-    """The network sweep (``sweep.py``): JSON at ``output``, its plot beside it."""
+def lab_sweep(config: LabConfig, arguments: LabArguments) -> int:
+    """The network sweep (``sweep.py``): JSON at ``--sweep-output``, its plot beside it; with
+    ``--private 1`` the relayed middle against the direct one (``relay_sweep.py``), JSON only."""
     from meshnet.artifact.describe import describe_model
     from meshnet.bench.plots import write_lab_sweep_plot
+    from meshnet.deploy.lab.relay_sweep import run_relay_sweep
     from meshnet.deploy.lab.sweep import run_sweep
 
+    delays, rates = arguments.sweep_delays_ms, arguments.sweep_rates_mbit
+    relayed = config.private > 0
+    default = "lab-sweep-relay.json" if relayed else "lab-sweep.json"
+    output = arguments.sweep_output or Path("bench/results") / default
     try:
-        results = run_sweep(config, output, describe_model(config.model).n_embd)
+        n_embd = describe_model(config.model).n_embd
+        if relayed:
+            run_relay_sweep(config, output, n_embd, delays_ms=delays, rates_mbit=rates)
+            print(f"wrote {output}")
+            return 0
+        results = run_sweep(config, output, n_embd, delays_ms=delays, rates_mbit=rates)
     except MeshnetError as error:
         print(f"meshnet lab sweep: [{error.code}] {error.message}", file=sys.stderr)
         return 2

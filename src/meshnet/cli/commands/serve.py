@@ -143,11 +143,24 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_relay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from meshnet.cli.commands.relay import run_relay
+    from meshnet.relay.config import RelayConfig
+
+    config = config_from_arguments(RelayConfig, args)
+    security = _security(args, "relay", (config.listen, config.advertise, config.tracker))
+    asyncio.run(run_relay(config, security))
+    return 0
+
+
 def serve_commands() -> dict[str, Command]:
     # Imported here: building the parser must not import llama.cpp or grpc for every command.
     from meshnet.core.swarm_options import SecurityOptions
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.node.config import WorkerConfig
+    from meshnet.relay.config import RelayConfig
     from meshnet.tracker.config import TrackerConfig
 
     return {
@@ -158,5 +171,8 @@ def serve_commands() -> dict[str, Command]:
             "OpenAI-compatible HTTP API over the swarm",
             (GatewayProcessConfig, SecurityOptions),
             skip=("data_dir",),
+        ),
+        "relay": Command(
+            cmd_relay, "let nodes behind NAT be reached: splice end-to-end TLS", (RelayConfig, SecurityOptions)
         ),
     }

@@ -1,11 +1,13 @@
 """`meshnet lab`: a home network on one machine.
 
 N (+K spare) nodes, each a network namespace on a private bridge with its own address, a shaped
-link (``tbf`` for bandwidth, a userspace relay for delay), a memory cap and a pinned core. Node 0
-runs the tracker and the gateway; every node runs one worker bound to its own address. Layers are
-chosen for each node's memory. Everything made is removed on exit, and whatever a SIGKILLed lab
-left behind is removed by the next ``lab up`` or ``lab down``. A running lab holds its tag
-(``claims.py``), so neither ever touches a live lab's objects.
+link (``tbf`` for bandwidth, a userspace delay line for delay), a memory cap and a pinned core.
+Node 0 runs the tracker and the gateway; every node runs one worker bound to its own address.
+Layers are chosen for each node's memory. With ``--private P``, P serving nodes (the middle ones
+first) sit behind a NAT router namespace of their own and are reached only through the
+``--relays`` nodes, public nodes that each run a ``meshnet relay``. Everything made is removed on
+exit, and whatever a SIGKILLed lab left behind is removed by the next ``lab up`` or ``lab down``.
+A running lab holds its tag (``claims.py``), so neither ever touches a live lab's objects.
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.deploy.lab import cgroups, claims, system
+from meshnet.deploy.lab.delay_line import delay_line_command
 from meshnet.deploy.lab.plan import LabNode, LabPlan, LinkShape, check_tag, plan_lab
-from meshnet.deploy.lab.relay import relay_command
-from meshnet.deploy.launch.ready_lines import RelayLine
+from meshnet.deploy.launch.ready_lines import DelayLine
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 
 log = logging.getLogger(__name__)
 
 TRACKER_PORT = 7100
 WORKER_PORT = 7000
-RELAY_PORT = 7001
+DELAY_PORT = 7001
+RELAY_PORT = 7300
+"""Where a relay node's ``meshnet relay`` listens (peers reach it through its delay line, if any)."""
 GATEWAY_PORT = 8080
 SEED_PORT = 7200
 READY_TIMEOUT_S = 180.0
@@ -48,8 +52,13 @@ class LabConfig:
     """Serving nodes, one worker each; node 0 also runs the tracker and the gateway."""
     spares: int = 0
     """Extra nodes whose workers repeat a serving node's layers (the first covers the middle)."""
+    private: int = 0
+    """Serving nodes put behind a NAT router of their own (the middle ones first; never node 0),
+    reached only through a relay."""
+    relays: int | None = None
+    """Public relay nodes, each running ``meshnet relay``; none: one when --private is given."""
     delay_ms: float = 0.0
-    """One-way delay added to every node's inbound link (a userspace relay; no netem here)."""
+    """One-way delay added to every node's inbound link (a userspace delay line; no netem here)."""
     bandwidth_mbit: float | None = None
     """Rate cap per direction of every node's link (tbf); None leaves links unshaped."""
     memory_mb: int | None = None
@@ -66,6 +75,9 @@ class LabConfig:
     """Names this lab's namespaces, links and cgroups (1-6 letters or digits), so labs can coexist."""
     ranges: tuple[LayerRange, ...] = ()
     """Layers for each serving node; empty chooses them for each node's memory."""
+    capture_dir: Path | None = None
+    """Each relay node's ``meshnet relay --capture-dir``: DIR/relay-n<i> gets every spliced
+    connection's bytes (tests read them to show the relay sees TLS records only)."""
     published: Path | None = None
     """A directory ``meshnet publish`` wrote from --model: node 0 seeds it and each worker fetches
     only its range by the manifest's model id instead of cutting it from --model (needs --ranges
@@ -101,7 +113,7 @@ class Lab:
     # -- build and remove -------------------------------------------------------------------
 
     def build(self) -> LabPlan:
-        system.check_privileges()
+        system.check_privileges(private=self.config.private > 0)
         self.layout = cgroups.detect_layout()  # refused here, before half a lab exists
         config = self.config
         check_tag(config.tag)
@@ -117,10 +129,13 @@ class Lab:
                 link=LinkShape(config.delay_ms, config.bandwidth_mbit),
                 memory_mb=config.memory_mb,
                 cpus=len(os.sched_getaffinity(0)),
+                private=config.private,
+                relays=relay_count(config),
             )
             system.build_network(self.plan)
         for node in self.plan.nodes:
-            self.groups[node.index, "worker"] = cgroups.make_node_groups(self.plan, node, layout=self.layout)
+            role = "relay" if node.relay else "worker"
+            self.groups[node.index, role] = cgroups.make_node_groups(self.plan, node, role=role, layout=self.layout)
         head = self.plan.nodes[0]
         self.groups[head.index, "control"] = cgroups.make_node_groups(
             self.plan, head, role="control", layout=self.layout
@@ -168,13 +183,15 @@ class Lab:
         # Each node keeps its own slice cache and logs, as a separate machine would.
         return self.config.data_dir / "lab" / self.config.tag / f"n{node.index}"
 
-    def start_relay(self, node: LabNode) -> str:
-        """The address peers use for the node's worker: through the delay line when there is one."""
+    def start_delay_line(self, node: LabNode, port: int = WORKER_PORT, role: str = "worker") -> str:
+        """The address peers use for what listens on the node's ``port``: through the node's
+        delay line when there is one."""
         if self.config.delay_ms <= 0:
-            return f"{node.address}:{WORKER_PORT}"
-        listen, target = f"{node.address}:{RELAY_PORT}", f"{node.address}:{WORKER_PORT}"
-        self.start(node, f"relay-n{node.index}", relay_command(listen, target, self.config.delay_ms), RelayLine.PREFIX)
-        return f"{node.address}:{RELAY_PORT}"
+            return f"{node.address}:{port}"
+        listen, target = f"{node.address}:{DELAY_PORT}", f"{node.address}:{port}"
+        command = delay_line_command(listen, target, self.config.delay_ms)
+        self.start(node, f"delay-n{node.index}", command, DelayLine.PREFIX, role=role)
+        return f"{node.address}:{DELAY_PORT}"
 
     def worker_memory(self) -> dict[int, tuple[int, int]]:
         """Node index -> (peak bytes, OOM kills) of its worker's group."""
@@ -183,6 +200,13 @@ class Lab:
             for (index, role), groups in self.groups.items()
             if role == "worker"
         }
+
+
+def relay_count(config: LabConfig) -> int:
+    """The relay nodes to make: as configured, else one when any node is private."""
+    if config.relays is not None:
+        return config.relays
+    return 1 if config.private > 0 else 0
 
 
 def remove_lab(tag: str | None = None, claims_dir: Path = claims.CLAIMS_DIR) -> list[str]:

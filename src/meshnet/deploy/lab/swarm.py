@@ -1,7 +1,9 @@
-"""Start a real meshnet swarm inside a built lab: tracker and gateway on node 0, a worker per node.
+"""Start a real meshnet swarm inside a built lab: tracker and gateway on node 0, a worker per node,
+a ``meshnet relay`` per relay node.
 
-Workers bind their node's own address (never loopback) and advertise the node's relay, so every
-byte between nodes crosses a shaped link with its delay.
+Workers bind their node's own address (never loopback) and advertise the node's delay line, so every
+byte between nodes crosses a shaped link with its delay. A private node's worker binds its home
+address behind its NAT router, attaches to the relays (in order) and registers ``NODE@RELAY``.
 """
 
 from __future__ import annotations
@@ -9,19 +11,22 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.manifest_codec import decode_manifest
 from meshnet.artifact.model_id import served_model_id
 from meshnet.artifact.publish import MANIFEST_NAME
+from meshnet.core.addresses import is_relayed
 from meshnet.core.errors import InvalidArgument, Unavailable
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.lab.lab import (
     GATEWAY_PORT,
+    READY_TIMEOUT_S,
+    RELAY_PORT,
     SEED_PORT,
     TRACKER_PORT,
     WORKER_PORT,
@@ -32,17 +37,19 @@ from meshnet.deploy.lab.plan import LabNode
 from meshnet.deploy.launch.commands import (
     gateway_command,
     minted_identity,
+    relay_command,
     seed_command,
     tracker_command,
     worker_command,
 )
-from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, SeedLine, TrackerLine
+from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, RelayServerLine, SeedLine, TrackerLine
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import ensure_client_key
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.node.artifact_server import SeedConfig
 from meshnet.node.auto_layers import model_costs
 from meshnet.node.config import LayerChoice, WorkerConfig
+from meshnet.relay.config import RelayConfig
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.tracker.config import TrackerConfig
@@ -57,8 +64,14 @@ class LabSwarm:
     ranges: dict[int, LayerRange]
     """Node index -> the layers its worker serves (spares repeat a serving node's range)."""
     advertised: dict[int, str]
+    """Node index -> where peers reach its worker (``NODE@RELAY`` for a private node, as first
+    registered)."""
     api_key_path: Path
     """The client API key the gateway accepts (its data dir's ``api-key``, mode 0600)."""
+    node_ids: dict[int, str] = field(default_factory=dict)
+    """Node index -> its worker's node id."""
+    relays: dict[int, str] = field(default_factory=dict)
+    """Relay node index -> the address its relay is reached at (through the node's delay line)."""
 
 
 def served_name(config: LabConfig) -> str:
@@ -131,15 +144,18 @@ def start_swarm(lab: Lab) -> LabSwarm:
         raise InvalidArgument("workers fetching by model id cannot choose layers for a cap: give --ranges")
     model_id = None if lab.config.published is None else start_seeder(lab, tracker)
     budget = None if fixed is not None else auto_budget_mb(lab.config, len(serving))
-    advertised, chosen = {}, []
+    relays = start_relays(lab, tracker)
+    attach_to = tuple(relays.values())
+    workers: dict[int, tuple[str, str]] = {}
+    chosen = []
     for position, node in enumerate(serving):
         layers = fixed[position] if fixed is not None else None
-        advertised[node.index], served = _start_worker(lab, node, layers, tracker, budget, model_id)
+        workers[node.index], served = _start_worker(lab, node, layers, tracker, budget, model_id, attach_to)
         chosen.append(served)
     ranges = choose_ranges(chosen, len(spares))
     for node, layers in zip(spares, ranges[len(serving) :], strict=True):
         # Spares get the range they stand in for, so which node they back is fixed (the middle).
-        advertised[node.index], _ = _start_worker(lab, node, layers, tracker, None, model_id)
+        workers[node.index], _ = _start_worker(lab, node, layers, tracker, None, model_id, attach_to)
     api_key_path = ensure_client_key(lab.node_data_dir(head))
     gateway = GatewayProcessConfig(
         tracker=tracker,
@@ -153,10 +169,63 @@ def start_swarm(lab: Lab) -> LabSwarm:
     return LabSwarm(
         gateway_url=f"http://{head.address}:{GATEWAY_PORT}",
         tracker=tracker,
-        ranges={node.index: layers for node, layers in zip(plan.nodes, ranges, strict=True)},
-        advertised=advertised,
+        ranges={node.index: layers for node, layers in zip(plan.workers(), ranges, strict=True)},
+        advertised={index: address for index, (_, address) in workers.items()},
         api_key_path=api_key_path,
+        node_ids={index: node_id for index, (node_id, _) in workers.items()},
+        relays=relays,
     )
+
+
+def start_relays(lab: Lab, tracker: str) -> dict[int, str]:
+    """Start each relay node's ``meshnet relay`` (behind the node's delay line, as a worker is;
+    following ``tracker``'s revocations): relay node index -> the address private nodes attach
+    to and dialers reach them through."""
+    if lab.plan is None:
+        raise Unavailable("the lab's network is not built")
+    advertised = {}
+    for node in lab.plan.relays():
+        name = f"relay-n{node.index}"
+        address = lab.start_delay_line(node, RELAY_PORT, role="relay")
+        capture = None if lab.config.capture_dir is None else lab.config.capture_dir / name
+        listen = f"{node.address}:{RELAY_PORT}"
+        config = RelayConfig(listen=listen, advertise=address, tracker=tracker, capture_dir=capture)
+        command = relay_command(config, lab.node_data_dir(node), _identity(lab, name, "relay"))
+        lab.start(node, name, command, RelayServerLine.PREFIX, role="relay")
+        advertised[node.index] = address
+    return advertised
+
+
+async def _listed_address(client: TrackerClient, node_id: str) -> str | None:
+    table = await client.list_nodes()
+    return next((node.record.address for node in table.nodes if node.node_id == node_id), None)
+
+
+def registered_address(lab: Lab, tracker: str, node_id: str) -> str | None:
+    """Where the tracker lists ``node_id`` now (a private node's moves with its relay); None if unlisted."""
+
+    async def listed() -> str | None:
+        async with TrackerClient(tracker, timeout_s=5.0, security=admin_security(lab, "lab-address")) as client:
+            return await _listed_address(client, node_id)
+
+    return asyncio.run(listed())
+
+
+def await_relayed(lab: Lab, tracker: str, node_id: str, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """The ``NODE@RELAY`` address a private node is registered at, once it is: its first
+    registration (its ready line) names its home address, private; it re-registers relayed as
+    soon as a relay has taken it."""
+
+    async def relayed() -> str:
+        deadline = time.monotonic() + timeout_s
+        async with TrackerClient(tracker, timeout_s=5.0, security=admin_security(lab, "lab-address")) as client:
+            while not is_relayed(address := await _listed_address(client, node_id) or ""):
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"private node {node_id} never registered through a relay (at {address!r})")
+                await asyncio.sleep(0.1)
+        return address
+
+    return asyncio.run(relayed())
 
 
 def start_seeder(lab: Lab, tracker: str, timeout_s: float = 30.0) -> str:
@@ -193,11 +262,14 @@ def _start_worker(
     tracker: str,
     budget_mb: int | None,
     model_id: str | None = None,
-) -> tuple[str, LayerRange]:
+    relays: tuple[str, ...] = (),
+) -> tuple[tuple[str, str], LayerRange]:
     """Start the node's worker (``layers`` None: ``--layers auto`` within ``budget_mb``) and wait
     until the tracker has registered it, so the next auto worker counts its range. With
-    ``model_id`` it fetches its range from the lab's seeder instead of cutting it from --model."""
-    address = lab.start_relay(node)
+    ``model_id`` it fetches its range from the lab's seeder instead of cutting it from --model.
+    A private node's worker attaches to ``relays``. Returns ((node id, registered address), layers)."""
+    # A private node's inbound link is its relay's: nobody dials its own address.
+    address = f"{node.address}:{WORKER_PORT}" if node.private else lab.start_delay_line(node)
     worker = WorkerConfig(
         model=None if model_id is not None else lab.config.model,
         model_id=model_id,
@@ -212,12 +284,18 @@ def _start_worker(
         threads=lab.config.threads,
         n_ctx_per_session=lab.config.context,
         max_sessions=lab.config.sessions,
+        reachability="private" if node.private else "auto",
+        relay=relays if node.private else (),
     )
     name = f"worker-n{node.index}"
     child = lab.start(node, name, worker_command(worker, _identity(lab, name, "worker")), RegisteredLine.PREFIX)
     if child.ready is None:
         raise Unavailable(f"{name} never registered")
-    return address, RegisteredLine.read(child.ready).layers
+    registered = RegisteredLine.read(child.ready)
+    if node.private:
+        # Registered as NODE@RELAY by the relay it attached to: the tracker knows which.
+        address = await_relayed(lab, tracker, registered.node_id)
+    return (registered.node_id, address), registered.layers
 
 
 def ca_dir(lab: Lab) -> Path:

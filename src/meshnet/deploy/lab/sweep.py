@@ -26,14 +26,12 @@ import httpx
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.deploy.lab.lab import Lab, LabConfig
-from meshnet.deploy.lab.plan import LabNode
+from meshnet.deploy.lab.plan import SWEEP_DELAYS_MS, SWEEP_RATES_MBIT, LabNode
 from meshnet.deploy.lab.swarm import LabSwarm, admin_security, client_auth, served_name, start_swarm
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.tls import LinkSecurity
 
-DELAYS_MS = (0.0, 1.0, 5.0, 20.0)
-RATES_MBIT = (100.0, 1000.0)
 DECODE_TOKENS = 48
 SHORT_TOKENS = 8
 """The warm-up request's length."""
@@ -170,11 +168,19 @@ def with_limits(points: Sequence[SweepPoint], hops: int) -> list[SweepPoint]:
     return judged
 
 
-def run_sweep(base: LabConfig, output: Path, n_embd: int, progress: object = print) -> dict[str, object]:
+def run_sweep(
+    base: LabConfig,
+    output: Path,
+    n_embd: int,
+    progress: object = print,
+    *,
+    delays_ms: Sequence[float] = SWEEP_DELAYS_MS,
+    rates_mbit: Sequence[float] = SWEEP_RATES_MBIT,
+) -> dict[str, object]:
     """Every point of the grid, each in a lab of its own; writes ``output`` and its plot."""
     points = []
-    for rate in RATES_MBIT:
-        for delay in DELAYS_MS:
+    for rate in rates_mbit:
+        for delay in delays_ms:
             lab = Lab(dataclasses.replace(base, delay_ms=delay, bandwidth_mbit=rate))
             try:
                 lab.build()

@@ -1,4 +1,5 @@
-"""Carry a lab plan out with the kernel's own isolation (``ip``, ``tc``), and undo it.
+"""Carry a lab plan out with the kernel's own isolation (``ip``, ``tc``, ``iptables`` for the
+NAT routers of private nodes), and undo it.
 
 Every object made is named with the lab prefix, so ``remove_leftovers`` finds what an earlier
 lab left behind even when the process that made it was SIGKILLed.
@@ -16,7 +17,7 @@ import subprocess
 from collections.abc import Sequence
 
 from meshnet.core.errors import MeshnetError
-from meshnet.deploy.lab.plan import PREFIX, LabNode, LabPlan, object_tag
+from meshnet.deploy.lab.plan import PREFIX, LabNode, LabPlan, NatRouter, object_tag
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +35,18 @@ def run(command: Sequence[str], *, check: bool = True) -> subprocess.CompletedPr
     return result
 
 
-def check_privileges() -> None:
-    """Raise one clear sentence unless this process can build a lab."""
+def check_privileges(private: bool = False) -> None:
+    """Raise one clear sentence unless this process can build a lab (with NAT routers if ``private``)."""
     if os.geteuid() != 0:
         raise LabUnavailable("the lab needs root (network namespaces, veth links and cgroups)")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise LabUnavailable(f"the lab needs the `{tool}` command (Debian package iproute2)")
+    if private and shutil.which("iptables") is None:
+        raise LabUnavailable(
+            "the lab's --private nodes sit behind NAT routers made with `iptables` (nf_tables), which is "
+            "not installed: `make iptables` (or `apt-get install iptables`) installs it"
+        )
     probe = f"{PREFIX}-probe-{os.getpid()}"
     made = run(["ip", "netns", "add", probe], check=False)
     if made.returncode != 0:
@@ -75,22 +81,53 @@ def build_network(plan: LabPlan) -> None:
 
 
 def _build_node(plan: LabPlan, node: LabNode, prefix: int) -> None:
+    # A private node's slot on the bridge is its router's: the router gets the bridge leg.
+    site = node.namespace if node.router is None else node.router.namespace
+    address = node.address if node.router is None else node.router.public_address
     inside = f"{node.host_link}n"[:15]
     run(["ip", "netns", "add", node.namespace])
+    if node.router is not None:
+        run(["ip", "netns", "add", node.router.namespace])
     run(["ip", "link", "add", node.host_link, "type", "veth", "peer", "name", inside])
-    run(["ip", "link", "set", inside, "netns", node.namespace])
+    run(["ip", "link", "set", inside, "netns", site])
     run(["ip", "link", "set", node.host_link, "master", plan.bridge])
     run(["ip", "link", "set", node.host_link, "up"])
-    in_ns = ["ip", "netns", "exec", node.namespace]
-    run([*in_ns, "ip", "link", "set", inside, "name", "eth0"])
-    run([*in_ns, "ip", "addr", "add", f"{node.address}/{prefix}", "dev", "eth0"])
-    run([*in_ns, "ip", "link", "set", "eth0", "up"])
-    run([*in_ns, "ip", "link", "set", "lo", "up"])
+    in_site = ["ip", "netns", "exec", site]
+    run([*in_site, "ip", "link", "set", inside, "name", "eth0"])
+    run([*in_site, "ip", "addr", "add", f"{address}/{prefix}", "dev", "eth0"])
+    run([*in_site, "ip", "link", "set", "eth0", "up"])
+    run([*in_site, "ip", "link", "set", "lo", "up"])
     shape = plan.link.tbf_arguments()
     if shape:
-        # Both directions: the host end shapes what reaches the node, the node end what it sends.
+        # Both directions: the host end shapes what reaches the site, the site's end what it sends.
         run(["tc", "qdisc", "add", "dev", node.host_link, "root", "tbf", *shape])
-        run([*in_ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", *shape])
+        run([*in_site, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", *shape])
+    if node.router is not None:
+        _build_home(node, node.router)
+
+
+def _build_home(node: LabNode, router: NatRouter) -> None:
+    """The private node's home network: a veth from the router (``lan0``) to the node (``eth0``),
+    the node's default route via the router, and the router masquerading what leaves on its
+    bridge leg. Nothing is forwarded inbound: no DNAT, no route to the home network on the
+    bridge, so a connection to the node can only be one the node opened."""
+    home = router.home_network.prefixlen
+    in_router = ["ip", "netns", "exec", router.namespace]
+    in_node = ["ip", "netns", "exec", node.namespace]
+    run([*in_router, "ip", "link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", node.namespace])
+    run([*in_router, "ip", "addr", "add", f"{router.home_address}/{home}", "dev", "lan0"])
+    run([*in_router, "ip", "link", "set", "lan0", "up"])
+    run([*in_node, "ip", "addr", "add", f"{node.address}/{home}", "dev", "eth0"])
+    run([*in_node, "ip", "link", "set", "eth0", "up"])
+    run([*in_node, "ip", "link", "set", "lo", "up"])
+    run([*in_node, "ip", "route", "add", "default", "via", router.home_address])
+    run([*in_router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+    # The rules live in the router's namespace and go with it (``remove_leftovers``).
+    run([*in_router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE"])
+    run([*in_router, "iptables", "-P", "FORWARD", "DROP"])
+    run([*in_router, "iptables", "-A", "FORWARD", "-i", "lan0", "-o", "eth0", "-j", "ACCEPT"])
+    established = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]
+    run([*in_router, "iptables", "-A", "FORWARD", "-i", "eth0", "-o", "lan0", *established])
 
 
 def set_link(node: LabNode, up: bool) -> None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # only their fields are read: starting a launcher loads none 
     from meshnet.gateway.config import GatewayProcessConfig
     from meshnet.node.artifact_server import SeedConfig
     from meshnet.node.config import WorkerConfig
+    from meshnet.relay.config import RelayConfig
     from meshnet.security.identity import Role
     from meshnet.tracker.config import TrackerConfig
 
@@ -65,3 +66,8 @@ def gateway_command(config: GatewayProcessConfig, security: SecurityOptions) -> 
 def seed_command(config: SeedConfig, data_dir: Path, security: SecurityOptions) -> tuple[str, ...]:
     """``meshnet seed`` serving ``config.directory``."""
     return meshnet_command(data_dir, "seed", *render_arguments(config), *render_arguments(security))
+
+
+def relay_command(config: RelayConfig, data_dir: Path, security: SecurityOptions) -> tuple[str, ...]:
+    """``meshnet relay`` with ``config`` (an identity of role ``relay``, or ``INSECURE``)."""
+    return meshnet_command(data_dir, "relay", *render_arguments(config), *render_arguments(security))

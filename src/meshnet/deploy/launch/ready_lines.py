@@ -10,7 +10,7 @@ field names are written once: the CLI prints ``announce(WorkerLine(...))``; a la
 A line is ``PREFIX WORD ... KEY=VALUE ...``: fields without a key are the words after the prefix,
 in order (by convention the bound address first); a field marked ``to_end`` is the last and runs
 to the end of the line (a model's name may hold spaces); a field that is None is not printed.
-Plain strings only: the lab's delay relay prints its line without loading the rest of meshnet.
+Plain strings only: the lab's delay line prints its line without loading the rest of meshnet.
 """
 
 from __future__ import annotations
@@ -108,6 +108,17 @@ class TrackerJoinLine(ReadyAnnouncement):
 
 
 @dataclass(frozen=True)
+class RelayServerLine(ReadyAnnouncement):
+    """``meshnet relay`` serves: private nodes attach and dialers reach them at ``NODE@address``."""
+
+    PREFIX: ClassVar[str] = "meshnet relay listening on"
+    address: str
+    """The advertised ``host:port`` (what relayed addresses name)."""
+    node_id: str | None = field(default=None, metadata=key("node"))
+    """The relay's own node id (its certificate's); None on a plaintext loopback swarm."""
+
+
+@dataclass(frozen=True)
 class WorkerLine(ReadyAnnouncement):
     """``meshnet worker`` serves a layer range (an expert group's front prints it too)."""
 
@@ -166,10 +177,10 @@ class SeedLine(ReadyAnnouncement):
 
 
 @dataclass(frozen=True)
-class RelayLine(ReadyAnnouncement):
-    """The lab's delay relay (``deploy.lab.relay``) listens in front of a node's worker."""
+class DelayLine(ReadyAnnouncement):
+    """The lab's delay line (``deploy.lab.delay_line``) listens in front of a node's worker."""
 
-    PREFIX: ClassVar[str] = "meshnet relay ready"
+    PREFIX: ClassVar[str] = "meshnet delay line ready"
     address: str
     target: str = field(metadata=key("target"))
     delay_ms: float = field(metadata=key("delay_ms"))

@@ -107,14 +107,15 @@ def _coverage_lines(document: Mapping[str, Any]) -> list[str]:
 
 
 def _node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
-    header = ["NODE", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY", "DEVICE", "PREFILL/s"]
-    header += ["DECODE/s", "PREFIX"]
+    header = ["NODE", "REACHABILITY", "LAYERS", "HEALTH", "HEARTBEAT", "SESSIONS", "QUEUE", "KV", "MEMORY"]
+    header += ["DEVICE", "PREFILL/s", "DECODE/s", "PREFIX"]
     rows = [header]
     for node in nodes:
         start, stop = node["layers"]
         rows.append(
             [
                 node["address"],
+                _reachability(node),
                 f"{start}:{stop}/{node['n_layers']}",
                 node["health"],
                 "gone" if node["health"] == "lost" else f"{node['seconds_since_heartbeat']:.1f}s",
@@ -129,6 +130,23 @@ def _node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
             ]
         )
     return _columns(rows)
+
+
+def _reachability(node: Mapping[str, Any]) -> str:
+    """One word for the column (``public``, ``relay:HOST:PORT``, ``private``); the private
+    sentence goes under the table (``_private_lines``)."""
+    reachability = node.get("reachability", "public")
+    if reachability == "relayed":
+        return "relay:" + str(node["reachable"]).removeprefix("relayed via ")
+    return str(reachability)
+
+
+def _private_lines(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [
+        f"{node['address']} is {node['reachable']} (not routed)"
+        for node in nodes
+        if node.get("reachability") == "private"
+    ]
 
 
 def _prefix(node: Mapping[str, Any]) -> str:
@@ -174,6 +192,7 @@ def render_status(document: Mapping[str, Any], source: str) -> str:
         lines.append(f"tracker unreachable: {tracker['error']}")
     lines += _coverage_lines(document)
     lines += _node_rows(document["nodes"]) if document["nodes"] else ["no nodes registered"]
+    lines += _private_lines(document["nodes"])
     lines += _load_lines(document)
     return "\n".join(lines)
 

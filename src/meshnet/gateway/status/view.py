@@ -56,6 +56,8 @@ def node_json(node: NodeStatus, health: NodeHealth) -> dict[str, Any]:
     return {
         "node_id": node.node_id,
         "address": record.address,
+        "reachability": node.reachability,
+        "reachable": node.reachability_words,
         "model": record.model,
         "layers": [record.layers.start, record.layers.stop],
         "n_layers": record.n_layers,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from meshnet.wire.generated import node_pb2 as meshnet_dot_v1_dot_node__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmeshnet/v1/swarm_status.proto\x12\nmeshnet.v1\x1a\x15meshnet/v1/node.proto\"\x12\n\x10ListNodesRequest\"\xfc\x05\n\x0eNodeStatusList\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.meshnet.v1.NodeStatusList.Node\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x16\n\x0e\x65xpire_after_s\x18\x04 \x01(\x01\x1a\xf4\x04\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12&\n\x06record\x18\x16 \x01(\x0b\x32\x16.meshnet.v1.NodeRecord\x12\x19\n\x11memory_used_bytes\x18\x0b \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x0c \x01(\x04\x12\x17\n\x0f\x61\x63tive_sessions\x18\x0e \x01(\r\x12\x15\n\rfree_sessions\x18\x0f \x01(\r\x12\x13\n\x0bqueue_depth\x18\x10 \x01(\r\x12\x18\n\x10kv_used_fraction\x18\x11 \x01(\x01\x12\x1f\n\x17seconds_since_heartbeat\x18\x14 \x01(\x01\x12\"\n\x1arouted_decode_tokens_per_s\x18\x17 \x01(\x01\x12\x16\n\x0espeed_measured\x18\x18 \x01(\x08\x12\x17\n\x0fprefix_reported\x18\x19 \x01(\x08\x12\x14\n\x0cprefix_bytes\x18\x1a \x01(\x04\x12\x1b\n\x13prefix_budget_bytes\x18\x1b \x01(\x04\x12\x13\n\x0bprefix_hits\x18\x1c \x01(\x04\x12\x15\n\rprefix_misses\x18\x1d \x01(\x04J\x04\x08\x02\x10\x0bJ\x04\x08\r\x10\x0eJ\x04\x08\x12\x10\x13J\x04\x08\x13\x10\x14J\x04\x08\x15\x10\x16R\x07\x61\x64\x64ressR\x05modelR\x0b\x66ingerprintR\x0cquantizationR\x0blayer_startR\nlayer_stopR\x08n_layersR\tcpu_countR\x0cmemory_bytesR\x0cmax_sessionsR\x14prefill_tokens_per_sR\x13\x64\x65\x63ode_tokens_per_sR\tcertified2T\n\x0bSwarmStatus\x12\x45\n\tListNodes\x12\x1c.meshnet.v1.ListNodesRequest\x1a\x1a.meshnet.v1.NodeStatusListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmeshnet/v1/swarm_status.proto\x12\nmeshnet.v1\x1a\x15meshnet/v1/node.proto\"\x12\n\x10ListNodesRequest\"\x92\x06\n\x0eNodeStatusList\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.meshnet.v1.NodeStatusList.Node\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x16\n\x0e\x65xpire_after_s\x18\x04 \x01(\x01\x1a\x8a\x05\n\x04Node\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12&\n\x06record\x18\x16 \x01(\x0b\x32\x16.meshnet.v1.NodeRecord\x12\x19\n\x11memory_used_bytes\x18\x0b \x01(\x04\x12\x1b\n\x13memory_budget_bytes\x18\x0c \x01(\x04\x12\x17\n\x0f\x61\x63tive_sessions\x18\x0e \x01(\r\x12\x15\n\rfree_sessions\x18\x0f \x01(\r\x12\x13\n\x0bqueue_depth\x18\x10 \x01(\r\x12\x18\n\x10kv_used_fraction\x18\x11 \x01(\x01\x12\x1f\n\x17seconds_since_heartbeat\x18\x14 \x01(\x01\x12\"\n\x1arouted_decode_tokens_per_s\x18\x17 \x01(\x01\x12\x16\n\x0espeed_measured\x18\x18 \x01(\x08\x12\x17\n\x0fprefix_reported\x18\x19 \x01(\x08\x12\x14\n\x0cprefix_bytes\x18\x1a \x01(\x04\x12\x1b\n\x13prefix_budget_bytes\x18\x1b \x01(\x04\x12\x13\n\x0bprefix_hits\x18\x1c \x01(\x04\x12\x15\n\rprefix_misses\x18\x1d \x01(\x04\x12\x14\n\x0creachability\x18\x1e \x01(\tJ\x04\x08\x02\x10\x0bJ\x04\x08\r\x10\x0eJ\x04\x08\x12\x10\x13J\x04\x08\x13\x10\x14J\x04\x08\x15\x10\x16R\x07\x61\x64\x64ressR\x05modelR\x0b\x66ingerprintR\x0cquantizationR\x0blayer_startR\nlayer_stopR\x08n_layersR\tcpu_countR\x0cmemory_bytesR\x0cmax_sessionsR\x14prefill_tokens_per_sR\x13\x64\x65\x63ode_tokens_per_sR\tcertified2T\n\x0bSwarmStatus\x12\x45\n\tListNodes\x12\x1c.meshnet.v1.ListNodesRequest\x1a\x1a.meshnet.v1.NodeStatusListb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTNODESREQUEST']._serialized_start=68
   _globals['_LISTNODESREQUEST']._serialized_end=86
   _globals['_NODESTATUSLIST']._serialized_start=89
-  _globals['_NODESTATUSLIST']._serialized_end=853
+  _globals['_NODESTATUSLIST']._serialized_end=875
   _globals['_NODESTATUSLIST_NODE']._serialized_start=225
-  _globals['_NODESTATUSLIST_NODE']._serialized_end=853
-  _globals['_SWARMSTATUS']._serialized_start=855
-  _globals['_SWARMSTATUS']._serialized_end=939
+  _globals['_NODESTATUSLIST_NODE']._serialized_end=875
+  _globals['_SWARMSTATUS']._serialized_start=877
+  _globals['_SWARMSTATUS']._serialized_end=961
 # @@protoc_insertion_point(module_scope)

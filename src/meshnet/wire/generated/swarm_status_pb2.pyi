@@ -14,7 +14,7 @@ class ListNodesRequest(_message.Message):
 class NodeStatusList(_message.Message):
     __slots__ = ("nodes", "epoch", "heartbeat_interval_s", "expire_after_s")
     class Node(_message.Message):
-        __slots__ = ("node_id", "record", "memory_used_bytes", "memory_budget_bytes", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "seconds_since_heartbeat", "routed_decode_tokens_per_s", "speed_measured", "prefix_reported", "prefix_bytes", "prefix_budget_bytes", "prefix_hits", "prefix_misses")
+        __slots__ = ("node_id", "record", "memory_used_bytes", "memory_budget_bytes", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "seconds_since_heartbeat", "routed_decode_tokens_per_s", "speed_measured", "prefix_reported", "prefix_bytes", "prefix_budget_bytes", "prefix_hits", "prefix_misses", "reachability")
         NODE_ID_FIELD_NUMBER: _ClassVar[int]
         RECORD_FIELD_NUMBER: _ClassVar[int]
         MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class NodeStatusList(_message.Message):
         PREFIX_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
         PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
         PREFIX_MISSES_FIELD_NUMBER: _ClassVar[int]
+        REACHABILITY_FIELD_NUMBER: _ClassVar[int]
         node_id: str
         record: _node_pb2.NodeRecord
         memory_used_bytes: int
@@ -47,7 +48,8 @@ class NodeStatusList(_message.Message):
         prefix_budget_bytes: int
         prefix_hits: int
         prefix_misses: int
-        def __init__(self, node_id: _Optional[str] = ..., record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., routed_decode_tokens_per_s: _Optional[float] = ..., speed_measured: _Optional[bool] = ..., prefix_reported: _Optional[bool] = ..., prefix_bytes: _Optional[int] = ..., prefix_budget_bytes: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ...) -> None: ...
+        reachability: str
+        def __init__(self, node_id: _Optional[str] = ..., record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., memory_used_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., active_sessions: _Optional[int] = ..., free_sessions: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_used_fraction: _Optional[float] = ..., seconds_since_heartbeat: _Optional[float] = ..., routed_decode_tokens_per_s: _Optional[float] = ..., speed_measured: _Optional[bool] = ..., prefix_reported: _Optional[bool] = ..., prefix_bytes: _Optional[int] = ..., prefix_budget_bytes: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., reachability: _Optional[str] = ...) -> None: ...
     NODES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]

@@ -10,24 +10,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NodeRegistration(_message.Message):
-    __slots__ = ("record", "node_id", "known_epoch")
+    __slots__ = ("record", "node_id", "known_epoch", "reachability")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KNOWN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
     record: _node_pb2.NodeRecord
     node_id: str
     known_epoch: int
-    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id: _Optional[str] = ..., known_epoch: _Optional[int] = ...) -> None: ...
+    reachability: str
+    def __init__(self, record: _Optional[_Union[_node_pb2.NodeRecord, _Mapping]] = ..., node_id: _Optional[str] = ..., known_epoch: _Optional[int] = ..., reachability: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval_ms", "epoch")
+    __slots__ = ("node_id", "heartbeat_interval_ms", "epoch", "reachability")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval_ms: int
     epoch: int
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    reachability: str
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., reachability: _Optional[str] = ...) -> None: ...
 
 class NodeHeartbeat(_message.Message):
     __slots__ = ("node_id", "active_sessions", "free_sessions", "queue_depth", "kv_used_fraction", "peers", "memory_used_bytes", "memory_budget_bytes", "prefix_tips", "prefix_reported", "prefix_bytes", "prefix_budget_bytes", "prefix_hits", "prefix_misses")

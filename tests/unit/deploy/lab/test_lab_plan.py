@@ -8,7 +8,7 @@ import pytest
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.lab.plan import LinkShape, check_tag, choose_subnet, object_tag, plan_lab
+from meshnet.deploy.lab.plan import LinkShape, check_tag, choose_subnet, object_tag, plan_lab, private_nodes
 from meshnet.deploy.lab.swarm import choose_ranges
 
 
@@ -70,3 +70,36 @@ def test_cleanup_matches_whole_tags() -> None:
 def test_a_tag_is_checked_before_it_names_anything(tag: str) -> None:
     with pytest.raises(InvalidArgument):
         check_tag(tag)
+
+
+def test_private_nodes_are_the_middle_ones_first_and_never_node_0() -> None:
+    assert private_nodes(3, 1) == [1]
+    assert private_nodes(3, 2) == [1, 2]
+    assert private_nodes(5, 3) == [2, 1, 3]
+    assert private_nodes(4, 2) == [1, 2]
+    assert private_nodes(3, 0) == []
+    for nodes, private in ((3, 3), (1, 1), (3, -1)):
+        with pytest.raises(InvalidArgument, match="--private"):
+            private_nodes(nodes, private)
+
+
+def test_a_private_node_sits_behind_a_router_that_takes_its_slot_on_the_bridge() -> None:
+    plan = plan_lab("ab", 3, 1, [], link=LinkShape(), memory_mb=None, cpus=2, private=1, relays=2)
+    public = plan_lab("ab", 3, 1, [], link=LinkShape(), memory_mb=None, cpus=2)
+    middle = plan.nodes[1]
+    assert middle.private and middle.router is not None and not plan.nodes[0].private
+    # Its public address is the one the node would have had; the node itself is on its home network.
+    assert middle.router.public_address == public.nodes[1].address
+    assert middle.address == "192.168.1.2" and middle.router.home_address == "192.168.1.1"
+    assert ipaddress.IPv4Address(middle.address) in middle.router.home_network
+    assert not middle.router.home_network.overlaps(plan.subnet)
+    assert object_tag(middle.router.namespace) == "ab" and middle.router.namespace != middle.namespace
+    # Relay nodes come last, public; they run no worker.
+    assert [n.index for n in plan.relays()] == [4, 5] and not any(n.private for n in plan.relays())
+    assert [n.index for n in plan.workers()] == [0, 1, 2, 3] and [n.index for n in plan.serving()] == [0, 1, 2]
+    assert [n.index for n in plan.private()] == [1]
+
+
+def test_private_nodes_need_a_relay() -> None:
+    with pytest.raises(InvalidArgument, match="relay"):
+        plan_lab("ab", 3, 0, [], link=LinkShape(), memory_mb=None, cpus=2, private=1, relays=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.deploy.lab.relay_sweep import compare
 from meshnet.deploy.lab.sweep import SweepPoint, with_limits
 
 
@@ -36,3 +37,14 @@ def test_a_three_hop_path_crosses_four_delay_lines_and_a_ring_three() -> None:
 def test_a_rate_without_its_zero_delay_point_cannot_be_judged() -> None:
     with pytest.raises(InvalidArgument, match="no 0 ms point at 100 Mbit"):
         with_limits([_point(5, 100, 42.0)], hops=3)
+
+
+def test_the_relayed_hop_is_judged_against_the_direct_one_less_its_extra_delay() -> None:
+    direct, relayed = _point(5, 100, 40.0), _point(5, 100, 45.8)
+    point = compare(5.0, 100.0, direct, relayed)
+    assert point.overhead_ms == pytest.approx(5.8)
+    # One more one-way delay per token (the relay's link crossed in and out), one relay crossing.
+    assert point.processing_per_crossing_ms == pytest.approx(0.8)
+    assert compare(0.0, 100.0, _point(0, 100, 20.0), _point(0, 100, 20.3)).processing_per_crossing_ms == pytest.approx(
+        0.3
+    )

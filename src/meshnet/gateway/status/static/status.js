@@ -75,6 +75,7 @@ function drawNodes(doc) {
   replaceRows("nodes", doc.nodes.map((n) => el("tr",
     { "data-testid": "node", "data-address": n.address, "data-health": n.health },
     cell(n.address),
+    el("td", { "data-testid": "node-reachability", "data-reachability": n.reachability }, n.reachable),
     cell(`${n.layers[0]}:${n.layers[1]} of ${n.n_layers}`),
     el("td", { "data-testid": "node-health" }, badge(n.health)),
     cell(n.health === "lost" ? "gone" : seconds(n.seconds_since_heartbeat) + " ago", "num"),

@@ -1,12 +1,12 @@
 """A userspace delay line for one node's inbound link (this kernel has no ``netem``).
 
 Every byte that reaches the listening address is delivered to the target ``delay`` seconds
-after it arrived, and every reply byte likewise: a connection through the relay sees the link's
+after it arrived, and every reply byte likewise: a connection through the line sees the link's
 one-way delay in each direction. Bytes keep their order and are never held longer than the
 delay, so the link's bandwidth stays what ``tbf`` makes it.
 
-The lab starts it as ``python -m meshnet.deploy.lab.relay LISTEN_HOST:PORT TARGET_HOST:PORT
-DELAY_MS`` (``relay_command`` writes that argv, ``main`` reads it), not as a ``meshnet``
+The lab starts it as ``python -m meshnet.deploy.lab.delay_line LISTEN_HOST:PORT TARGET_HOST:PORT
+DELAY_MS`` (``delay_line_command`` writes that argv, ``main`` reads it), not as a ``meshnet``
 subcommand: it is the lab's own link, not an operator's command, and one runs per node, so it
 starts without the CLI's parser and imports nothing beyond asyncio and its ready line.
 """
@@ -20,11 +20,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from meshnet.deploy.launch.ready_lines import RelayLine, announce
+from meshnet.deploy.launch.ready_lines import DelayLine, announce
 from meshnet.process.lifeline import watch_lifeline
 
 CHUNK = 64 * 1024
-MODULE = "meshnet.deploy.lab.relay"
+MODULE = "meshnet.deploy.lab.delay_line"
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
@@ -89,13 +89,13 @@ async def serve(listen: tuple[str, int], target: tuple[str, int], delay_ms: floa
         await _connection(reader, writer, target, delay)
 
     server = await asyncio.start_server(accept, *listen)
-    announce(RelayLine(f"{listen[0]}:{listen[1]}", f"{target[0]}:{target[1]}", delay_ms))
+    announce(DelayLine(f"{listen[0]}:{listen[1]}", f"{target[0]}:{target[1]}", delay_ms))
     async with server:
         await server.serve_forever()
 
 
-def relay_command(listen: str, target: str, delay_ms: float) -> tuple[str, ...]:
-    """The argv that runs a relay from ``listen`` (host:port) to ``target`` with ``delay_ms``."""
+def delay_line_command(listen: str, target: str, delay_ms: float) -> tuple[str, ...]:
+    """The argv that runs a delay line from ``listen`` (host:port) to ``target`` with ``delay_ms``."""
     return (sys.executable, "-m", MODULE, listen, target, f"{delay_ms:g}")
 
 
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 3:
         print(f"usage: python -m {MODULE} LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_MS", file=sys.stderr)
         return 2
-    watch_lifeline(os.environ)  # the relay is the lab's link: it ends with the lab
+    watch_lifeline(os.environ)  # the delay line is the lab's link: it ends with the lab
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(_address(args[0]), _address(args[1]), float(args[2])))
     return 0
