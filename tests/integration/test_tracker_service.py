@@ -221,23 +221,33 @@ async def test_a_silent_node_leaves_routes_within_three_intervals(config: Tracke
         await tracker.stop(grace_s=0)
 
 
+RESTARTS = 5
+
+
 async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(
     config: TrackerConfig,
 ) -> None:
-    first = await start_tracker(config)
-    port = first.port
-    fixed = replace(config, port=port)
+    """Each restart stops the tracker as a beat goes out (its load is read just before it is
+    sent): that beat ends UNAVAILABLE, or CANCELLED when the tracker had it already. The loop
+    used to die on CANCELLED (a run on a loaded machine, where beats are in flight longer, was
+    left unregistered for good); it must rejoin under its id, above the epochs it saw, each time."""
+    tracker = await start_tracker(config)
+    fixed = replace(config, port=tracker.port)
     joined: list[Registered] = []
     epochs: list[int] = []
-    loads = 0
+    stopping: list[asyncio.Task[None]] = []
+    beats_before_stop = [2] * RESTARTS
 
     def load() -> NodeLoad:
-        nonlocal loads
-        loads += 1
+        if beats_before_stop and len(stopping) < len(joined):  # registered with the current one
+            beats_before_stop[0] -= 1
+            if beats_before_stop[0] == 0:
+                beats_before_stop.pop(0)
+                stopping.append(asyncio.create_task(tracker.stop(grace_s=0)))
         return NodeLoad(free_sessions=4)
 
     stop = asyncio.Event()
-    async with TrackerClient(first.address, timeout_s=1.0) as client:
+    async with TrackerClient(tracker.address, timeout_s=1.0) as client:
         loop_task = asyncio.create_task(
             heartbeat_loop(
                 client,
@@ -249,13 +259,16 @@ async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(
                 on_epoch=epochs.append,
             )
         )
-        await _eventually(lambda: loads >= 2)
-        await first.stop(grace_s=0)
-        second = await start_tracker(fixed)
         try:
-            await _eventually(lambda: len(joined) == 2, timeout_s=5.0)
-            assert joined[1].node_id == joined[0].node_id
-            assert joined[1].epoch > joined[0].epoch and epochs[-1] == joined[1].epoch
+            for restart in range(1, RESTARTS + 1):
+                await _eventually(lambda restart=restart: len(stopping) == restart or loop_task.done())
+                await stopping[-1]
+                assert not loop_task.done(), loop_task.exception()
+                tracker = await start_tracker(fixed)
+                await _eventually(lambda restart=restart: len(joined) == restart + 1 or loop_task.done(), 5.0)
+                assert not loop_task.done(), loop_task.exception()
+                assert joined[-1].node_id == joined[0].node_id
+                assert joined[-1].epoch > joined[-2].epoch and epochs[-1] == joined[-1].epoch
             route = await client.choose_route("tiny")
             assert route.node_ids == (joined[0].node_id,)
             stop.set()
@@ -265,7 +278,7 @@ async def test_heartbeat_loop_rejoins_a_restarted_tracker_with_its_id(
                 await client.choose_route("tiny")
         finally:
             stop.set()
-            await second.stop(grace_s=0)
+            await tracker.stop(grace_s=0)
 
 
 async def test_a_quarantined_node_keeps_asking_and_rejoins_by_itself_once_cleared(tracker: RunningTracker) -> None:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
+from meshnet.core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.reachability import DeclaredReachability
@@ -22,6 +22,12 @@ from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 
 logger = logging.getLogger(__name__)
+
+TRACKER_GONE = (Unavailable, DeadlineExceeded, Cancelled)
+"""What a call to a tracker that is away, slow or stopping ends with: ask again at the next beat.
+``Cancelled`` is the tracker's doing, never ours: a tracker that stops (``--shutdown-grace 0``, or
+its grace over) ends the calls it has already received CANCELLED, so a beat sent as it stops gets
+it; this loop being cancelled raises ``asyncio.CancelledError`` instead, not this error."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,10 @@ async def heartbeat_loop(
 
     Registers, heartbeats every interval the tracker asks for, and registers again (under the
     same id) whenever the tracker says it forgot us, which is how a worker rejoins after a
-    tracker restart. An unreachable tracker is logged and retried; it never stops the worker. A
-    refusal (a quarantined id) is retried with ``backoff``: the node stays out of routes while
-    refused and rejoins by itself once an operator clears it. With ``reach`` the registered
+    tracker restart. An unreachable tracker, or one that stops mid-call (``TRACKER_GONE``), is
+    logged and retried; it never stops the worker. A refusal (a quarantined id) is retried with
+    ``backoff``: the node stays out of routes while refused and rejoins by itself once an
+    operator clears it. With ``reach`` the registered
     address is its current one (``membership.reach``: a relay's, for a node behind NAT), and a
     change registers again at once.
     """
@@ -81,7 +88,7 @@ async def heartbeat_loop(
                 on_epoch(epoch)
             last_epoch = epoch
             refusals = 0
-        except (Unavailable, DeadlineExceeded) as error:
+        except TRACKER_GONE as error:
             logger.warning("tracker %s unreachable: %s", client.address, error.message)
         except FailedPrecondition as error:
             # Refused (a quarantined id): out of routes until an operator clears it, then back.
