@@ -11,6 +11,7 @@ records only, every refusal is typed, and losing a relay moves the node to the n
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from meshnet.membership.tracker_client import TrackerClient
 from meshnet.relay.attach import attach
 from meshnet.relay.config import RelayConfig
 from meshnet.relay.dial import RelayedChannel, dial, relay_channel
+from meshnet.relay.load import fetch_load
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.certificates import NodeCertificate, create_authority, mint_node
@@ -64,14 +66,9 @@ async def _forwarder_closes_with_its_channel(address: str, dialer: LinkSecurity)
         await asyncio.open_connection(host, int(port))
 
 
-async def _load(relay: str, security: LinkSecurity | None) -> relay_wire.RelayLoadFigures:
-    async with relay_channel(relay, security) as channel:
-        return relay_wire.load_from_proto(await relay_wire.load_call(channel)(relay_wire.load_request(), timeout=5))
-
-
 async def _closed(relay: str, security: LinkSecurity | None, timeout_s: float = 5.0) -> relay_wire.RelayLoadFigures:
     deadline = time.monotonic() + timeout_s
-    while (load := await _load(relay, security)).open_connections and time.monotonic() < deadline:
+    while (load := await fetch_load(relay, security)).open_connections and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     return load
 
@@ -93,6 +90,8 @@ async def test_a_relayed_call_runs_end_to_end_and_the_relay_sees_only_tls_record
     finally:
         relay.component.stop()
     assert relay.capture_dir is not None
+    with pytest.raises(ValueError):  # the parser does tell plaintext from records
+        tls_records(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
     captures = sorted(relay.capture_dir.iterdir())
     assert {path.name.split("-", 1)[1] for path in captures} == {"to-node.bin", "from-node.bin"}
     for path in captures:
@@ -173,7 +172,7 @@ async def _attach_as(relay: str, security: LinkSecurity | None, node_id: str) ->
 async def _dial_raw(
     relay: str, security: LinkSecurity | None, target: str, payload: bytes = b"", *, timeout_s: float = 5.0
 ) -> None:
-    """A Dial straight to the relay: its header, ``payload`` as one message, then wait for its end.
+    """A Dial straight to the relay: its header, ``payload`` as one message, then read until it ends.
 
     One message: a write still in flight when the relay ends the call makes grpc's aio client
     report INTERNAL ("Internal error from Core") instead of the status the relay sent."""
@@ -183,9 +182,14 @@ async def _dial_raw(
             await call.write(relay_wire.dial_header(NodeId(target)))
             if payload:
                 await call.write(relay_wire.chunk(payload))
-            await asyncio.wait_for(call.read(), timeout_s)
+            await asyncio.wait_for(_until_ended(call), timeout_s)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
+
+
+async def _until_ended(call: grpc.aio.StreamStreamCall) -> None:
+    while await call.read() is not grpc.aio.EOF:
+        pass
 
 
 async def _until_refused(relay: str, dialer: LinkSecurity | None, node_id: str, timeout_s: float = 5.0) -> None:
@@ -223,7 +227,7 @@ async def test_the_relay_bounds_nodes_connections_and_bytes(tmp_path: Path) -> N
             await _closed(relay.address, dialer)
             with pytest.raises(ResourceExhausted, match="--max-bytes-per-s"):
                 await _dial_raw(relay.address, dialer, node.identity.node_id, b"x" * (512 * 1024), timeout_s=10)
-            load = await _load(relay.address, dialer)
+            load = await fetch_load(relay.address, dialer)
             assert load.refused >= 3 and load.attached_nodes == 1
     finally:
         sink.close()
@@ -238,7 +242,7 @@ async def _discard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 async def _until_open(relay: str, security: LinkSecurity | None, count: int, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while (await _load(relay, security)).open_connections < count:
+    while (await fetch_load(relay, security)).open_connections < count:
         assert time.monotonic() < deadline, "the dial never opened"
         await asyncio.sleep(0.05)
 
@@ -265,6 +269,29 @@ async def test_a_lost_relay_moves_the_node_to_the_next_and_none_left_is_a_typed_
                 await _who(moved, dialer, private.node_id, timeout_s=30.0)
             assert time.monotonic() - started < 5.0
     finally:
+        first.component.stop()
+        second.component.stop()
+
+
+async def test_a_frozen_relay_is_found_by_keepalive_and_its_dialers_fail_within_5_s(tmp_path: Path) -> None:
+    """SIGSTOP: the kernel still accepts connections but nothing answers (a black-holed link)."""
+    first = RelayProcess.start(tmp_path, "relay-1")
+    second = RelayProcess.start(tmp_path, "relay-2")
+    try:
+        private = PrivateServer(security_of(tmp_path, "private", "worker"))
+        dialer = security_of(tmp_path, "gateway", "gateway")
+        async with private.attached([first.address, second.address]) as attachment:
+            address = await attachment.address()
+            first.component.kill(signal.SIGSTOP)
+            frozen = time.monotonic()
+            with pytest.raises(Unavailable):
+                await _who(address, dialer, private.node_id, timeout_s=30.0)
+            assert time.monotonic() - frozen < 5.0
+            moved = await attachment.address(timeout_s=5.0, other_than=address)
+            assert moved == f"{private.node_id}@{second.address}" and time.monotonic() - frozen < 5.0
+            assert await _who(moved, dialer, private.node_id) == dialer.identity.node_id.encode() + b"|hi"
+    finally:
+        first.component.kill(signal.SIGCONT)
         first.component.stop()
         second.component.stop()
 

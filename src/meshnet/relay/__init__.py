@@ -7,7 +7,8 @@ authenticated, multiplexed link to a relay and is reached at ``NODE@RELAY_HOST:P
 - ``meshnet.relay.dial.dial``: the one opener of every grpc.aio channel (direct or relayed);
 - ``meshnet.relay.attach.attach``: a private node's task that keeps it attached to a relay;
 - ``meshnet.relay.serve.start_relay``: the relay server (``meshnet relay``),
-  configured by ``meshnet.relay.config.RelayConfig``.
+  configured by ``meshnet.relay.config.RelayConfig``; ``meshnet.relay.load.fetch_load`` asks one
+  for its load.
 
 Nothing is imported here: the CLI reads ``RelayConfig`` to build its parser without grpc.
 """

@@ -22,6 +22,7 @@ import grpc
 import grpc.aio
 
 from meshnet.core.addresses import RelayedAddress, parse_relayed
+from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.relay.pump import splice_socket
 from meshnet.security.identity import RELAY_NAME
@@ -30,6 +31,9 @@ from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name, lin
 
 logger = logging.getLogger(__name__)
 
+DIAL_ACCEPT_TIMEOUT_S = 3.5
+"""How long a dialer waits for the relay to say the node took the connection: longer than the
+relay's own wait for the node (``server.SPLICE_TIMEOUT_S``), so its typed answer comes first."""
 RELAY_LINK_OPTIONS = link_options(MAX_FRAME_BYTES)
 """The channel to a relay: keepalive finds a dead relay within ~2.5 s, as on any link."""
 
@@ -78,12 +82,21 @@ class Forwarder:
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         call = self._dial()
         try:
-            await call.write(relay_wire.dial_header(self._target))
+            # The relay answers once the node took the connection: a relay that is frozen or
+            # black-holed (no keepalive yet on a link still opening) fails this dial here.
+            accepted = await asyncio.wait_for(self._accepted(call), DIAL_ACCEPT_TIMEOUT_S)
+            if accepted is grpc.aio.EOF:
+                raise Unavailable(f"relay ended the dial to {self._target}")
+            writer.write(relay_wire.chunk_data(accepted))
             await splice_socket(reader, writer, call)
-        except (grpc.RpcError, OSError) as error:
-            logger.info("relay dial to %s failed: %s", self._target, error)
+        except (grpc.RpcError, OSError, TimeoutError, MeshnetError) as error:
+            logger.info("relay dial to %s failed: %s", self._target, error or "no answer in time")
             call.cancel()
             writer.close()
+
+    async def _accepted(self, call: grpc.aio.StreamStreamCall) -> Any:
+        await call.write(relay_wire.dial_header(self._target))
+        return await call.read()
 
     async def close(self) -> None:
         if self._serving.done() and not self._serving.cancelled() and self._serving.exception() is None:

@@ -44,11 +44,9 @@ async def splice_socket(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     finally:
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                error = await asyncio.gather(task, return_exceptions=True)
-                if isinstance(error[0], grpc.RpcError | MeshnetError | OSError):
-                    logger.debug("a relayed connection ended: %s", error[0])
+        for ended in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(ended, grpc.RpcError | MeshnetError | OSError):
+                logger.debug("a relayed connection ended: %s", ended)
         call.cancel()
         writer.close()
         with contextlib.suppress(OSError):

@@ -33,7 +33,7 @@ from meshnet.wire.tls import LinkSecurity
 
 logger = logging.getLogger(__name__)
 
-SPLICE_TIMEOUT_S = 3.0
+SPLICE_TIMEOUT_S = 2.5
 """How long a Dial waits for its node's Splice: a live attached node answers in a round trip."""
 
 
@@ -126,6 +126,7 @@ class RelayServicer:
         node = self._nodes[node_id] = _Node(
             asyncio.Queue(), ByteBudget(self._bounds.bytes_per_s_per_node, self._clock())
         )
+        logger.info("node %s attached", node_id)
         try:
             await context.write(relay_wire.attached_event(f"{node_id}@{self._advertise}"))
             await self._announce(context, node)
@@ -187,6 +188,7 @@ class RelayServicer:
             raise Unavailable(f"node {target} did not take the connection within {SPLICE_TIMEOUT_S} s") from None
         error: MeshnetError | None = None
         try:
+            await context.write(relay_wire.ACCEPTED)
             error = await self._pump_pair(context, splice, node, target, opened.connection)
         finally:
             if not ended.done():

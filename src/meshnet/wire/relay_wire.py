@@ -24,6 +24,8 @@ CHUNK_BYTES = 64 * 1024
 """The most data one Dial or Splice message carries: a TLS record is at most 16 KiB + 256, so a
 chunk holds a few, and a read of the socket never waits to fill one."""
 MAX_HEADER_BYTES = 512
+ACCEPTED = b""
+"""The relay's first message on a Dial: the node took the connection (an empty RelayChunk)."""
 _DATA_TAG = 0x0A  # RelayChunk.data: field 1, length-delimited
 
 

@@ -77,6 +77,7 @@ from meshnet.wire.generated.tracker_pb2 import (
     WorkAck,
     WorkRecord,
 )
+from meshnet.wire.relay_wire import RELAY_SERVICE
 
 ARTIFACTS_SERVICE = "meshnet.v1.Artifacts"
 ARTIFACT_DIRECTORY_SERVICE = "meshnet.v1.ArtifactDirectory"
@@ -84,7 +85,9 @@ SHARD_SERVICE = "meshnet.v1.Shard"
 TRACKER_SERVICE = "meshnet.v1.Tracker"
 SWARM_SERVICE = "meshnet.v1.Swarm"
 SWARM_STATUS_SERVICE = "meshnet.v1.SwarmStatus"
-"""Full service names, as health checks and retry policies name them."""
+"""Full service names, as health checks and retry policies name them. The relay's service
+(``RELAY_SERVICE``) is served and called through ``relay_wire``: its Dial and Splice carry
+bytes the relay forwards without parsing, so they have no generated stub."""
 
 ShardServicer = shard_pb2_grpc.ShardServicer
 ShardStub = shard_pb2_grpc.ShardStub
@@ -112,6 +115,7 @@ add_swarm_status_servicer = swarm_status_pb2_grpc.add_SwarmStatusServicer_to_ser
 __all__ = [
     "ARTIFACTS_SERVICE",
     "ARTIFACT_DIRECTORY_SERVICE",
+    "RELAY_SERVICE",
     "SHARD_SERVICE",
     "SWARM_SERVICE",
     "SWARM_STATUS_SERVICE",
