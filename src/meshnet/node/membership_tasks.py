@@ -87,8 +87,9 @@ class _Relaying:
         if registered.reachability == "private" and not self.reach.relays and not self._warned:
             self._warned = True
             log.warning(
-                "registered private: nobody can dial %s (behind NAT, or --reachability private) and no "
-                "--relay carries this worker, so no route passes through it; give --relay HOST:PORT[,...]",
+                "registered private: the tracker could not dial %s (behind NAT, or --reachability private) and "
+                "no --relay carries this worker, so no route passes through it until a dial-back succeeds "
+                "(it registers again with backoff); behind NAT, give --relay HOST:PORT[,...]",
                 self.reach.direct,
             )
         if self._on_registered is not None:
@@ -103,6 +104,7 @@ class _Relaying:
         self._task = asyncio.create_task(attaching, name="relay-attach")
 
     async def close(self) -> None:
+        self.reach.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
