@@ -62,10 +62,23 @@ class Reach:
         self._unproven = 0
         """Private verdicts in a row that this node did not declare (failed dial-backs)."""
         self._again: asyncio.TimerHandle | None = None
+        self._registered_as: Reachability | None = None
+        """What the tracker registered this node as at its current address; None until it says."""
 
     @property
     def address(self) -> str:
         return self.relayed or self.direct
+
+    @property
+    def dialable(self) -> str | None:
+        """Where peers can dial this node now (what it announces as an artifact holder): None
+        while the tracker registered it private, or while it is private by its word or by an
+        earlier verdict and no relay carries it."""
+        if self._registered_as == "private":
+            return None
+        if self._registered_as is None and self.relayed is None and self.declaring == "private":
+            return None
+        return self.address
 
     @property
     def declaring(self) -> DeclaredReachability:
@@ -82,6 +95,7 @@ class Reach:
         good when a relay can carry it instead; an unexpected ``private`` otherwise registers
         again after ``retry``'s wait (by setting ``changed``)."""
         self._cancel_retry()
+        self._registered_as = reachability
         if reachability != "private":
             self._unproven = 0
             return
@@ -105,4 +119,5 @@ class Reach:
         """The relay attachment's report (``meshnet.relay.attach``'s ``on_address``)."""
         if relayed != self.relayed:
             self.relayed = relayed
+            self._registered_as = None  # not registered there yet
             self.changed.set()

@@ -56,7 +56,9 @@ async def keep_membership(
     if peers is not None and worker.shard.kv.snapshots.enabled:
         tasks.append(asyncio.create_task(_snapshot_peers(peers, client, stop), name="snapshot-peers"))
     if worker.held_artifacts is not None:
-        tasks.append(asyncio.create_task(announce_forever(client, worker.held_artifacts, stop), name="announce"))
+        # Peers fetch from the address they can dial: a relayed one, or none while private.
+        announcing = announce_forever(client, worker.held_artifacts, stop, address=lambda: relaying.reach.dialable)
+        tasks.append(asyncio.create_task(announcing, name="announce"))
     try:
         for task, outcome in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
             if isinstance(outcome, Exception):

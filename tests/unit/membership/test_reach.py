@@ -78,3 +78,22 @@ def test_retry_waits_double_up_to_a_bound_with_jitter() -> None:
     retry = PrivateRetry(first_s=1.0, max_s=30.0)
     assert [retry.wait_s(n, lambda: 1.0) for n in (1, 2, 3, 6, 20)] == [1.0, 2.0, 4.0, 30.0, 30.0]
     assert retry.wait_s(3, lambda: 0.0) == 2.0
+
+
+async def test_a_node_is_dialable_at_its_relay_or_nowhere_while_private() -> None:
+    private = Reach("10.0.0.5:7000", "private", RELAYS, QUICK)
+    assert private.dialable is None  # behind NAT by its word, no relay yet
+    private.moved("w-home@r1:7400")
+    assert private.dialable == "w-home@r1:7400"
+    private.registered("private")  # the dial-back through the relay failed
+    assert private.dialable is None
+    private.registered("relayed")
+    assert private.dialable == "w-home@r1:7400"
+    auto = Reach("10.0.0.5:7000", "auto", (), QUICK)
+    assert auto.dialable == "10.0.0.5:7000"  # until the tracker says otherwise
+    auto.registered("private")
+    assert auto.dialable is None
+    auto.registered("public")
+    assert auto.dialable == "10.0.0.5:7000"
+    auto.close()
+    private.close()
