@@ -18,16 +18,12 @@ import grpc.aio
 from meshnet.core.addresses import parse_relayed
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.membership.channel import RenewingChannel
+from meshnet.membership.channel import RETIRED_GRACE_S, RenewingChannel
 from meshnet.wire import services
 from meshnet.wire.frames import StepFrame, StepResult
 from meshnet.wire.shard_wire import frame_to_proto, result_from_proto, ring_open_to_proto
 from meshnet.wire.status import error_from_rpc
 from meshnet.wire.tls import LinkSecurity, hop_server_name, link_options
-
-RETIRED_GRACE_S = 600.0
-"""How long calls still running on a retired channel (its node moved to another relay) may go
-on before it closes: they end with the dead relay far sooner, and no request lasts longer."""
 
 
 class ChannelPool:
