@@ -17,13 +17,14 @@ from meshnet.wire.tls import LinkSecurity, bind
 
 
 @contextlib.asynccontextmanager
-async def answering_node(security: LinkSecurity, host: str = "127.0.0.1") -> AsyncIterator[str]:
-    """Serve health under ``security``'s certificate on a free port of ``host``; yields ``host:port``."""
+async def answering_node(security: LinkSecurity, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve health under ``security``'s certificate on ``port`` (a free one by default) of
+    ``host``; yields ``host:port``."""
     server = grpc.aio.server()
     health = HealthServicer()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = bind(server, f"{host}:0", security)
+    port = bind(server, f"{host}:{port}", security)
     await server.start()
     try:
         yield f"{host}:{port}"

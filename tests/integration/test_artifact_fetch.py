@@ -3,6 +3,7 @@ artifacts, every piece verified, bad and dead holders replaced, untrusted publis
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import sys
@@ -28,6 +29,8 @@ from meshnet.core.layers import LayerRange
 from meshnet.deploy.launch.ready_lines import SeedLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
 from meshnet.fetch.holders import artifact_channel, fetch_bytes
+from meshnet.membership.announce import announce_forever
+from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import create_authority, mint_node
 from meshnet.security.signing import load_or_create_key
@@ -218,3 +221,33 @@ async def test_a_holder_advertises_only_itself_and_only_as_a_worker(tmp_path: Pa
                 await client.advertise(replace(own, holder_id="gw"))
             found = await client.find_holders("", ("ab" * 32,))
         assert [h.holder_id for h in found.holders] == [worker.identity.node_id]
+
+
+async def test_a_holder_behind_nat_is_announced_at_its_relay_and_never_at_its_own_address(tmp_path: Path) -> None:
+    """Review item 10d: a worker private by its word announces nothing while no relay carries it
+    (peers would be sent to an address nobody can dial), then its relayed address."""
+    digest = "cd" * 32
+    async with running_tracker(tmp_path) as tracker:
+        worker = tracker.identity("holder")
+        node_id = worker.identity.node_id
+        reach = Reach("10.0.0.5:7000", "private", ("127.0.0.1:7401",))
+        own = Advertisement(node_id, reach.direct, frozenset({digest}))
+        stop = asyncio.Event()
+        async with (
+            TrackerClient(tracker.address, security=worker) as client,
+            TrackerClient(tracker.address, security=tracker.identity("gw", "gateway")) as asking,
+        ):
+            announcing = asyncio.create_task(announce_forever(client, own, stop, address=lambda: reach.dialable))
+            try:
+                await asyncio.sleep(0.5)
+                assert (await asking.find_holders("", (digest,))).holders == ()
+                reach.moved(f"{node_id}@127.0.0.1:7401")
+                for _ in range(100):
+                    holders = (await asking.find_holders("", (digest,))).holders
+                    if holders:
+                        break
+                    await asyncio.sleep(0.05)
+                assert [holder.address for holder in holders] == [f"{node_id}@127.0.0.1:7401"]
+            finally:
+                stop.set()
+                await asyncio.wait_for(announcing, 5.0)

@@ -84,7 +84,26 @@ def test_the_page_follows_nodes_coverage_requests_and_a_lost_worker(swarm: Swarm
     expect(page.locator("[data-testid=prefix]")).to_have_count(3)
     assert all("(0 / 0)" in text for text in _cell_values(page, "[data-testid=prefix]")), "nothing looked up yet"
 
-    # A long streamed request; the page must show it live, prefill done and its tokens rising.
+    _watch_a_long_request_live(page, swarm, base_url, tmp_path)
+
+    # SIGKILL the only middle worker: its row turns unhealthy and layers 2:4 become a gap.
+    middle = swarm.live_workers("2:4")[0]
+    middle.component.kill()
+    row = page.locator(f"[data-testid=node][data-address='{middle.address}']")
+    expect(row).not_to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
+    expect(row).to_have_attribute("data-health", "lost", timeout=WAIT_MS)
+    expect(page.locator("[data-testid=health]")).to_have_text("no_route", timeout=WAIT_MS)
+    expect(page.locator("[data-testid=gaps]")).to_have_text("gaps: 2:4")
+    expect(page.locator("[data-testid=node][data-health=healthy]")).to_have_count(2)
+    page.screenshot(path=str(tmp_path / "status-page-lost.png"), full_page=True)
+    _save_screenshot(tmp_path / "status-page-lost.png")
+    page.close()
+
+
+def _watch_a_long_request_live(page: Any, swarm: Swarm, base_url: str, tmp_path: Path) -> None:
+    """A long streamed request: the page must show it live, prefill done and its tokens rising,
+    then as a recent request once it ended."""
+    expect = playwright_sync.expect
     outcome: dict[str, SseResult] = {}
     body = chat_body(270, content=LONG_PROMPT)
     client = threading.Thread(
@@ -112,19 +131,6 @@ def test_the_page_follows_nodes_coverage_requests_and_a_lost_worker(swarm: Swarm
     expect(page.locator("[data-testid=recent-request]")).to_have_count(1, timeout=WAIT_MS)
     expect(page.locator("[data-testid=request]")).to_have_count(0)
     _save_screenshot(tmp_path / "status-page.png")
-
-    # SIGKILL the only middle worker: its row turns unhealthy and layers 2:4 become a gap.
-    middle = swarm.live_workers("2:4")[0]
-    middle.component.kill()
-    row = page.locator(f"[data-testid=node][data-address='{middle.address}']")
-    expect(row).not_to_have_attribute("data-health", "healthy", timeout=WAIT_MS)
-    expect(row).to_have_attribute("data-health", "lost", timeout=WAIT_MS)
-    expect(page.locator("[data-testid=health]")).to_have_text("no_route", timeout=WAIT_MS)
-    expect(page.locator("[data-testid=gaps]")).to_have_text("gaps: 2:4")
-    expect(page.locator("[data-testid=node][data-health=healthy]")).to_have_count(2)
-    page.screenshot(path=str(tmp_path / "status-page-lost.png"), full_page=True)
-    _save_screenshot(tmp_path / "status-page-lost.png")
-    page.close()
 
 
 def _save_screenshot(path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from meshnet.core.tracking import (
     WorkRecord,
 )
 from meshnet.membership.heartbeats import RefusalBackoff, heartbeat_loop
-from meshnet.membership.reach import Reach
+from meshnet.membership.reach import PrivateRetry, Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.certificates import mint_node
@@ -557,3 +558,51 @@ async def test_a_node_whose_relay_attachment_moves_registers_the_new_address_at_
     finally:
         stop.set()
         await tracker.stop(grace_s=0)
+
+
+async def test_a_worker_whose_dial_back_failed_registers_again_until_it_is_public(tmp_path: Path) -> None:
+    """Review item 3: a default worker (``auto``, no relay) whose first dial-back fails (here its
+    server is not up yet; a loaded tracker's timeout alike) is registered private, but it is not
+    private for good: it registers again with backoff and is public and routed once it answers."""
+    now = time.time()
+    security = load_tracker_security(tmp_path, now)
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=10.0)
+    tracker = await start_tracker(config, security=security)
+    authority = load_authority(tmp_path)
+    member = LinkSecurity(mint_node(authority, node_id="w-late", role="worker", now_unix_s=now))
+    gateway = LinkSecurity(mint_node(authority, node_id="gw-1", role="gateway", now_unix_s=now))
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    reach = Reach(address, "auto", (), PrivateRetry(first_s=0.2, max_s=0.5))
+    joined: list[Registered] = []
+    stop = asyncio.Event()
+    try:
+        async with TrackerClient(tracker.address, timeout_s=10.0, security=member) as client:
+            load = lambda: NodeLoad(free_sessions=4)  # noqa: E731
+            beating = asyncio.create_task(
+                heartbeat_loop(
+                    client,
+                    NodeId("w-late"),
+                    registration(0, N_LAYERS, address),
+                    load,
+                    stop,
+                    on_registered=joined.append,
+                    reach=reach,
+                )
+            )
+            await _eventually(lambda: len(joined) == 1, timeout_s=6.0)
+            assert joined[0].reachability == "private" and reach.declaring == "auto"
+            async with answering_node(member, port=port):
+                await _eventually(lambda: joined[-1].reachability == "public", timeout_s=8.0)
+                async with TrackerClient(tracker.address, timeout_s=5.0, security=gateway) as asking:
+                    route = await asking.choose_route("tiny")
+                assert [hop.address for hop in route.hops] == [address]
+                stop.set()
+                await asyncio.wait_for(beating, timeout=2.0)
+    finally:
+        stop.set()
+        reach.close()
+        await tracker.stop(grace_s=0)
+        security.book.close()

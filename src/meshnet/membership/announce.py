@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 
 from meshnet.artifact.directory import Advertisement
 from meshnet.core.errors import MeshnetError
@@ -14,14 +16,31 @@ logger = logging.getLogger(__name__)
 
 ANNOUNCE_BACKOFF_S = (0.2, 5.0)
 """First and longest wait before announcing again after a failed announcement."""
+UNDIALABLE_RECHECK_S = 1.0
+"""How often a holder nobody can dial now looks again whether it can be dialled."""
 
 
-async def announce_forever(client: TrackerClient, advertisement: Advertisement, stop: asyncio.Event) -> None:
-    """Announce ``advertisement`` as often as the tracker asks until ``stop``; failures back off."""
+async def announce_forever(
+    client: TrackerClient,
+    advertisement: Advertisement,
+    stop: asyncio.Event,
+    *,
+    address: Callable[[], str | None] | None = None,
+) -> None:
+    """Announce ``advertisement`` as often as the tracker asks until ``stop``; failures back off.
+
+    ``address``: where peers can dial this holder now (a worker behind NAT: its relayed address,
+    ``membership.reach``), announced instead of the advertisement's; while it is None (private,
+    no relay carrying it) nothing is announced, so peers are not sent to an address nobody can
+    dial, and the directory forgets this holder once its last announcement expired."""
     backoff = ANNOUNCE_BACKOFF_S[0]
     while not stop.is_set():
+        current = advertisement if address is None else _at(advertisement, address())
         try:
-            delay = await client.advertise(advertisement)
+            if current is None:
+                delay = UNDIALABLE_RECHECK_S
+            else:
+                delay = await client.advertise(current)
             backoff = ANNOUNCE_BACKOFF_S[0]
         except MeshnetError as error:
             logger.warning("announcing artifacts to %s failed: %s", client.address, error.message)
@@ -30,3 +49,7 @@ async def announce_forever(client: TrackerClient, advertisement: Advertisement, 
             await asyncio.wait_for(stop.wait(), timeout=delay)
         except TimeoutError:
             continue
+
+
+def _at(advertisement: Advertisement, address: str | None) -> Advertisement | None:
+    return None if address is None else replace(advertisement, address=address)

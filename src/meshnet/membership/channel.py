@@ -9,10 +9,11 @@ client and the expert group driver all dial through ``RenewingChannel``, and it 
 channel with ``meshnet.relay.dial``: a relayed address (``NODE@RELAY_HOST:PORT``) is reached
 through its relay, end to end, exactly as a direct one.
 
-It hands out the channel of the current generation (and stubs over it), keeps the channels it
-replaced open, so calls already in flight on them finish there, and closes them all in
-``close``. A process renews at half its certificate's life (a day by default), so the retired
-channels of one client stay few. Without security (plaintext loopback) nothing ever renews.
+It hands out the channel of the current generation (and stubs over it). A channel it replaced
+takes no new call; the calls already in flight on it finish there, and it closes as soon as
+they ended (``RETIRED_GRACE_S`` at most), with it the forwarder of a relayed one (a listening
+socket and a channel to the relay); ``close`` closes them all. Without security (plaintext
+loopback) nothing ever renews.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from meshnet.relay.dial import dial
 from meshnet.wire.tls import LinkSecurity
 
 StubT = TypeVar("StubT")
+
+RETIRED_GRACE_S = 600.0
+"""How long calls still running on a retired channel may go on before it closes: no request
+lasts longer, and those on a channel to a node that moved away end far sooner."""
 
 
 class RenewingChannel:
@@ -50,7 +55,7 @@ class RenewingChannel:
         self._generation = _generation_of(security)
         self._current = self._open()
         self._stubs: dict[Callable[[grpc.aio.Channel], Any], Any] = {}
-        self._retired: list[grpc.aio.Channel] = []
+        self._retired: dict[asyncio.Task[None], grpc.aio.Channel] = {}
 
     def _open(self) -> grpc.aio.Channel:
         return dial(self.address, self._security, self._server_name, self._options)
@@ -59,8 +64,16 @@ class RenewingChannel:
         """Move to a new channel if the certificate was renewed since the current one opened."""
         generation = _generation_of(self._security)
         if generation != self._generation:
-            self._retired.append(self._current)
+            self._retire(self._current)
             self._current, self._generation, self._stubs = self._open(), generation, {}
+
+    def _retire(self, channel: grpc.aio.Channel) -> None:
+        closing = asyncio.get_running_loop().create_task(channel.close(RETIRED_GRACE_S))
+        self._retired[closing] = channel
+        closing.add_done_callback(self._closed)
+
+    def _closed(self, closing: asyncio.Task[None]) -> None:
+        self._retired.pop(closing, None)
 
     def channel(self) -> grpc.aio.Channel:
         """The channel made with the certificate in use now."""
@@ -78,7 +91,11 @@ class RenewingChannel:
 
     async def close(self, grace: float | None = None) -> None:
         """Close every channel this one opened; calls still running get ``grace`` seconds."""
-        channels, self._retired = [*self._retired, self._current], []
+        retired, self._retired = dict(self._retired), {}
+        for closing in retired:
+            closing.cancel()  # their calls get this close's grace instead
+        await asyncio.gather(*retired, return_exceptions=True)
+        channels = [*retired.values(), self._current]
         await asyncio.gather(*(channel.close(grace) for channel in channels), return_exceptions=True)
 
     async def __aenter__(self) -> RenewingChannel:

@@ -56,7 +56,9 @@ async def keep_membership(
     if peers is not None and worker.shard.kv.snapshots.enabled:
         tasks.append(asyncio.create_task(_snapshot_peers(peers, client, stop), name="snapshot-peers"))
     if worker.held_artifacts is not None:
-        tasks.append(asyncio.create_task(announce_forever(client, worker.held_artifacts, stop), name="announce"))
+        # Peers fetch from the address they can dial: a relayed one, or none while private.
+        announcing = announce_forever(client, worker.held_artifacts, stop, address=lambda: relaying.reach.dialable)
+        tasks.append(asyncio.create_task(announcing, name="announce"))
     try:
         for task, outcome in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
             if isinstance(outcome, Exception):
@@ -87,8 +89,9 @@ class _Relaying:
         if registered.reachability == "private" and not self.reach.relays and not self._warned:
             self._warned = True
             log.warning(
-                "registered private: nobody can dial %s (behind NAT, or --reachability private) and no "
-                "--relay carries this worker, so no route passes through it; give --relay HOST:PORT[,...]",
+                "registered private: the tracker could not dial %s (behind NAT, or --reachability private) and "
+                "no --relay carries this worker, so no route passes through it until a dial-back succeeds "
+                "(it registers again with backoff); behind NAT, give --relay HOST:PORT[,...]",
                 self.reach.direct,
             )
         if self._on_registered is not None:
@@ -103,6 +106,7 @@ class _Relaying:
         self._task = asyncio.create_task(attaching, name="relay-attach")
 
     async def close(self) -> None:
+        self.reach.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -15,9 +15,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from meshnet.core.addresses import parse_relayed
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.ids import RequestId, SessionId
-from meshnet.membership.channel import RenewingChannel
+from meshnet.membership.channel import RETIRED_GRACE_S, RenewingChannel
 from meshnet.wire import services
 from meshnet.wire.frames import StepFrame, StepResult
 from meshnet.wire.shard_wire import frame_to_proto, result_from_proto, ring_open_to_proto
@@ -31,12 +32,20 @@ class ChannelPool:
     Secured, each channel pins the node id the route names for that address in the TLS
     handshake (``wire.tls``), so a different node at that address fails the handshake. Each is a
     ``RenewingChannel``: after a renewal new streams go over a channel with the new certificate,
-    while the streams already open finish on the old one, which closes with the pool."""
+    while the streams already open finish on the old one, which closes with the pool.
+
+    A node behind NAT is at ``NODE@RELAY`` and moves with its relay; each relayed channel holds a
+    forwarder (a listening socket and a channel to the relay). So once a node is asked for at
+    another relayed address, its channels at the others are retired: they take no new call, and
+    close as soon as the calls running on them ended (``RETIRED_GRACE_S`` at most). A stale
+    route still naming the old address gets a fresh channel there, retired in turn: the pool
+    holds one relayed channel per node, plus those still draining."""
 
     def __init__(self, max_frame_bytes: int, security: LinkSecurity | None = None) -> None:
         self._options = link_options(max_frame_bytes)
         self._security = security
         self._channels: dict[tuple[str, str], RenewingChannel] = {}
+        self._retiring: dict[asyncio.Task[None], RenewingChannel] = {}
 
     def stub(self, address: str, node_id: str | None = None) -> services.ShardStub:
         return services.ShardStub(self.channel(address, node_id))
@@ -47,13 +56,42 @@ class ChannelPool:
         key = (address, node_id or "")
         channel = self._channels.get(key)
         if channel is None:
+            self._retire_moved(address)
             channel = RenewingChannel(address, self._security, hop_server_name(node_id), self._options)
             self._channels[key] = channel
         return channel.channel()
 
+    def _retire_moved(self, address: str) -> None:
+        """The node at relayed ``address`` is not at its other relayed addresses any more."""
+        relayed = parse_relayed(address)
+        if relayed is None:
+            return
+        for key in [key for key in self._channels if key[0] != address and _relayed_node(key[0]) == relayed.node_id]:
+            retired = self._channels.pop(key)
+            task = asyncio.get_running_loop().create_task(retired.close(grace=RETIRED_GRACE_S))
+            self._retiring[task] = retired
+            task.add_done_callback(self._retired)
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.pop(task, None)
+
+    @property
+    def addresses(self) -> frozenset[str]:
+        """The addresses the pool holds an open channel to (retired ones not counted)."""
+        return frozenset(address for address, _ in self._channels)
+
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
+        retiring, self._retiring = dict(self._retiring), {}
+        for task in retiring:
+            task.cancel()  # their calls get the pool's own short grace below instead
+        await asyncio.gather(*retiring, return_exceptions=True)
+        channels, self._channels = [*self._channels.values(), *retiring.values()], {}
         await asyncio.gather(*(c.close(grace=1.0) for c in channels), return_exceptions=True)
+
+
+def _relayed_node(address: str) -> str | None:
+    relayed = parse_relayed(address)
+    return None if relayed is None else relayed.node_id
 
 
 class _EndedCall(grpc.RpcError):

@@ -11,7 +11,7 @@ at that address before, since the new node demonstrably answers there now. A rel
 (``NODE@RELAY``, a node behind NAT) is dialled through its relay, pinned end to end to the node's
 own TLS name, and is ``relayed`` when the node answers there.
 
-Bounded: one call with a deadline (``DIAL_BACK_TIMEOUT_S``), at most ``MAX_DIAL_BACKS`` at
+Bounded: one call with a deadline (``DIAL_BACK_TIMEOUT_S``, longer through a relay), at most ``MAX_DIAL_BACKS`` at
 once, one at a time per node id; heartbeats and routes never wait on it (it awaits the network
 on the tracker's event loop). A node that did not answer is told so only once the deadline has
 passed, whatever failed (refused, filtered, handshake, another node), so the tracker cannot be
@@ -34,7 +34,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from meshnet.core.addresses import check_advertise_address, parse_relayed
+from meshnet.core.addresses import check_advertise_address, is_relayed, parse_relayed
 from meshnet.core.errors import AddressUnproven, InvalidArgument
 from meshnet.core.ids import NodeId
 from meshnet.core.reachability import (
@@ -44,13 +44,18 @@ from meshnet.core.reachability import (
     needs_dial_back,
     registered_reachability,
 )
-from meshnet.relay.dial import dial
+from meshnet.relay.dial import DIAL_ACCEPT_TIMEOUT_S, dial
 from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
 
 DIAL_BACK_TIMEOUT_S = 3.0
 """One TLS handshake and one small call: milliseconds on a LAN, a second on a loaded machine."""
+RELAYED_DIAL_BACK_TIMEOUT_S = DIAL_ACCEPT_TIMEOUT_S + DIAL_BACK_TIMEOUT_S
+"""Through a relay the node first has to take the connection: the relay waits for its Splice
+(``relay.server.SPLICE_TIMEOUT_S``) and the dialer for the relay's answer (``DIAL_ACCEPT_TIMEOUT_S``,
+the longer). A deadline no longer than those waits would register a slow but live relayed node
+private; so the relay's whole wait comes first, then the usual handshake and call."""
 MAX_DIAL_BACKS = 32
 """Dial-backs in flight at once: a burst of registrations (a tracker restart) waits for a slot."""
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
@@ -89,11 +94,11 @@ class AddressProof:
         self._checking.add(node_id)
         try:
             async with self._slots:
-                started = self._clock()
-                answered = await self._answers(address, node_id, self._security)
+                started, timeout_s = self._clock(), self.timeout_s(address)
+                answered = await self._answers(address, node_id, self._security, timeout_s)
                 if not answered:
                     # Whatever failed, answer at the same moment: the timing says nothing either.
-                    await asyncio.sleep(max(0.0, started + self._timeout_s - self._clock()))
+                    await asyncio.sleep(max(0.0, started + timeout_s - self._clock()))
                     logger.info(
                         "node %s does not answer at %s under its own certificate: registered private", node_id, address
                     )
@@ -101,11 +106,15 @@ class AddressProof:
         finally:
             self._checking.discard(node_id)
 
-    async def _answers(self, address: str, node_id: NodeId, security: LinkSecurity) -> bool:
+    def timeout_s(self, address: str) -> float:
+        """The dial-back's deadline at ``address``: longer through a relay by the relay's own wait."""
+        return self._timeout_s + (RELAYED_DIAL_BACK_TIMEOUT_S - DIAL_BACK_TIMEOUT_S if is_relayed(address) else 0.0)
+
+    async def _answers(self, address: str, node_id: NodeId, security: LinkSecurity, timeout_s: float) -> bool:
         channel = dial(address, security, hop_server_name(node_id), [])
         try:
             # Any answer will do: reaching the handler needs the handshake pinned to the node.
-            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=self._timeout_s)
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
             return True
         except grpc.RpcError as error:
             logger.info("dial-back of node %s at %s failed: %s", node_id, address, error.code())

@@ -12,14 +12,14 @@ it invalidates no route.
 
 Stickiness: a session keeps its route while every node on it is alive, not excluded by the
 caller and unchanged, even if the epoch moved for another reason, because moving a live session
-throws away its KV cache and costs a full replay. A new session whose prompt continues an
-earlier one's keeps that one's route too while it has room (``tracker.affinity``).
+throws away its KV cache and costs a full replay (``tracker.session_routes`` keeps them). A new
+session whose prompt continues an earlier one's keeps that one's route too while it has room
+(``tracker.affinity``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -41,6 +41,7 @@ from meshnet.tracker.routing import (
     RoutingCosts,
     choose_model_route,
 )
+from meshnet.tracker.session_routes import SessionRoutes
 from meshnet.tracker.speeds import RouteMeasurements, forms_route, measured_nodes
 
 logger = logging.getLogger(__name__)
@@ -80,12 +81,6 @@ class NodeEntry:
         )
 
 
-@dataclass(frozen=True)
-class _StickyRoute:
-    route: Route
-    last_used: float
-
-
 class NodeRegistry:
     """Live nodes and sessions' routes. Call from one event loop only."""
 
@@ -110,11 +105,9 @@ class NodeRegistry:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._expire_after_s = heartbeat_interval_s * missed_heartbeats
         self._epoch = epoch
-        self._session_ttl_s = session_ttl_s
-        self._max_sticky = max_sticky_sessions
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
-        self._sticky: OrderedDict[SessionId, _StickyRoute] = OrderedDict()
+        self._sticky = SessionRoutes(ttl_s=session_ttl_s, max_sessions=max_sticky_sessions)
         self._quarantined: set[NodeId] = set(quarantined)
         """Nodes an audit caught: never registered again under these ids until cleared."""
         self._conversations = ConversationRoutes()
@@ -270,9 +263,7 @@ class NodeRegistry:
             node_id for node_id, entry in self._nodes.items() if now - entry.last_seen >= self._expire_after_s
         )
         self._remove(expired, "missed heartbeats")
-        idle = [sid for sid, sticky in self._sticky.items() if now - sticky.last_used >= self._session_ttl_s]
-        for session_id in idle:
-            del self._sticky[session_id]
+        self._sticky.expire(now)
         return expired
 
     def latency_table(self) -> LatencyTable:
@@ -312,11 +303,11 @@ class NodeRegistry:
         if latency_ms is None:
             latency_ms = self.latency_table()
         sticky = self._sticky.get(query.session_id) if query.session_id else None
-        if sticky is not None and not _serves(sticky.route, query.model):
+        if sticky is not None and not _serves(sticky, query.model):
             sticky = None  # the session asks for another model now: a fresh session in effect
-        if sticky is not None and self._all_alive(sticky.route.hops, query.exclude):
-            self._touch(query.session_id, sticky.route)
-            return sticky.route
+        if sticky is not None and self._all_alive(sticky.hops, query.exclude):
+            self._touch(query.session_id, sticky)
+            return sticky
         plan = self._plan(query, latency_ms)
         if sticky is not None:
             self._epoch += 1  # the session's route changed: frames of its old route are now stale
@@ -363,9 +354,7 @@ class NodeRegistry:
             return
         for node_id in gone:
             del self._nodes[node_id]
-        broken = [sid for sid, sticky in self._sticky.items() if gone.intersection(sticky.route.node_ids)]
-        for session_id in broken:
-            del self._sticky[session_id]
+        self._sticky.drop_through(gone)
         self._epoch += 1
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
 
@@ -379,10 +368,7 @@ class NodeRegistry:
     def _touch(self, session_id: SessionId | None, route: Route) -> None:
         if session_id is None:
             return
-        self._sticky[session_id] = _StickyRoute(route, last_used=self._clock())
-        self._sticky.move_to_end(session_id)
-        while len(self._sticky) > self._max_sticky:
-            self._sticky.popitem(last=False)
+        self._sticky.touch(session_id, route, self._clock())
 
     def _count_routed(self, plan: RoutePlan) -> None:
         for hop in plan.hops:
