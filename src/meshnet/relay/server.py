@@ -119,7 +119,7 @@ class RelayServicer:
         """End every attachment and stream a now revoked node holds, as a peer or as the node a
         Dial reaches (new ones are refused by ``_peer``: the list is ``security.revocations``)."""
         for node_id in revoked & self._live.keys():
-            for task in self._live[node_id]:
+            for task in self._live[node_id] - self._cut:  # a Dial may be under two ids: cut once
                 self._cut.add(task)
                 task.cancel()
 
