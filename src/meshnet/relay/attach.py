@@ -140,7 +140,10 @@ def _announced(relay: str, node: NodeId, event: object) -> str:
     that names another would have the node register someone else's address)."""
     if not isinstance(event, str):
         raise Unavailable(f"relay {relay} did not accept the attachment")
-    relayed = parse_relayed(event)
+    try:
+        relayed = parse_relayed(event)
+    except InvalidArgument:
+        relayed = None
     if relayed is None or relayed.node_id != node:
         raise Unavailable(f"relay {relay} announced {event!r}, which is no relayed address of node {node}")
     return event
