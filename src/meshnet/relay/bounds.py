@@ -1,4 +1,4 @@
-"""What a relay admits: attached nodes, open connections per node, bytes per second per node.
+"""What a relay admits: attached nodes, open connections per node; how fast a node's bytes go.
 
 Pure decisions over counts and an injected clock, so they are tested without a socket. A refusal
 is ``ResourceExhausted`` (RESOURCE_EXHAUSTED on the wire) with the bound's flag in its message.
@@ -48,21 +48,22 @@ def admit_connection(bounds: RelayBounds, node_id: str, open_for_node: int) -> N
 
 
 class ByteBudget:
-    """A token bucket of one node's bytes (both directions together): ``rate`` bytes a second,
-    bursts of up to one second's worth. The caller passes the time; nothing here reads a clock."""
+    """A token bucket of one node's bytes (both directions, all its connections together):
+    ``rate`` bytes a second, bursts of up to one second's worth. Over the rate a message is
+    delayed, never refused: the caller waits ``take``'s answer before forwarding, so gRPC's flow
+    control pushes back on whichever sender is fast, and no connection of the node is closed for
+    another's burst. The caller passes the time; nothing here reads a clock."""
 
     def __init__(self, rate: int, now: float) -> None:
         self._rate = rate
         self._tokens = float(rate)
         self._at = now
 
-    def spend(self, node_id: str, size: int, now: float) -> None:
-        """Take ``size`` bytes; ``ResourceExhausted`` when the node is over its rate."""
-        self._tokens = min(float(self._rate), self._tokens + (now - self._at) * self._rate)
+    def take(self, size: int, now: float) -> float:
+        """Take ``size`` bytes; the seconds to wait before forwarding them (0 under the rate).
+
+        The bucket may go into debt: each waiting message has already paid, so concurrent
+        senders share the rate instead of racing for it."""
+        self._tokens = min(float(self._rate), self._tokens + (now - self._at) * self._rate) - size
         self._at = now
-        if size > self._tokens:
-            raise ResourceExhausted(
-                f"node {node_id} sends more than its bound through this relay "
-                f"(--max-bytes-per-s {self._rate}): the connection is closed"
-            )
-        self._tokens -= size
+        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate

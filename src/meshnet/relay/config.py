@@ -32,7 +32,7 @@ class RelayConfig:
     """Connections open at once to one attached node through this relay."""
     max_bytes_per_s: int = field(default=DEFAULT_BYTES_PER_S_PER_NODE, metadata=cli("max-bytes-per-s"))
     """Bytes a second one node's connections may carry, both ways together (bursts of a second's
-    worth); a connection over it is closed with RESOURCE_EXHAUSTED."""
+    worth); over it the relay slows them down (it waits before forwarding), closing nothing."""
     tracker: str | None = None
     """The tracker (host:port) whose revocation list this relay enforces and which renews its
     certificate (secured relays; without it a revoked node is refused only once its

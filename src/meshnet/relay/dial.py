@@ -3,7 +3,9 @@
 ``dial(address, ...)`` is what ``membership.channel.RenewingChannel`` (every pool and client),
 the tracker's dial-back and the expert group open. A direct ``host:port`` gets exactly
 ``wire.tls.secure_or_plain_channel``. A relayed ``NODE@RELAY_HOST:PORT`` gets a normal channel to
-a forwarder on 127.0.0.1 (an ephemeral port, owned by that channel and closed with it): each
+a forwarder on a Unix socket in a folder only this user may enter (not a loopback port: another
+local user could open Dial streams under this process's certificate through one), owned by that
+channel and closed and removed with it: each
 connection the channel makes there becomes one Dial stream to the relay, over one mTLS channel
 to it that carries this process's own certificate. The inner channel still pins the node's own
 TLS name, so the TLS session runs end to end with the node: the relay copies records it cannot
@@ -15,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import socket
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,6 +32,7 @@ from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.relay.pump import splice_socket
 from meshnet.security.identity import RELAY_NAME
 from meshnet.wire import relay_wire
+from meshnet.wire.status import error_from_rpc
 from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
@@ -58,19 +64,23 @@ def relay_channel(relay: str, security: LinkSecurity | None) -> grpc.aio.Channel
 
 
 class Forwarder:
-    """127.0.0.1:PORT whose every accepted connection is one Dial stream to ``relayed.node_id``."""
+    """``unix:PATH`` whose every accepted connection is one Dial stream to ``relayed.node_id``."""
 
     def __init__(self, relayed: RelayedAddress, security: LinkSecurity | None) -> None:
         loop = asyncio.get_running_loop()
         self._target = relayed.node_id
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.folder = Path(tempfile.mkdtemp(prefix="meshnet-relay-"))  # mode 0700
+        path = self.folder / "dial.sock"
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen()
         self._listener.setblocking(False)
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.address = f"unix:{path}"
         self._relay = relay_channel(relayed.relay, security)
         self._dial = relay_wire.dial_call(self._relay)
         self._connections: set[asyncio.Task[None]] = set()
         # Listening already (the socket is bound): connections wait in the backlog until it serves.
-        self._serving = loop.create_task(asyncio.start_server(self._connected, sock=self._listener))
+        self._serving = loop.create_task(asyncio.start_unix_server(self._connected, sock=self._listener))
 
     def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A plain callback: the forwarding task is this forwarder's own, so close() may cancel it
@@ -90,7 +100,10 @@ class Forwarder:
             writer.write(relay_wire.chunk_data(accepted))
             await splice_socket(reader, writer, call)
         except (grpc.RpcError, OSError, TimeoutError, MeshnetError) as error:
-            logger.info("relay dial to %s failed: %s", self._target, error or "no answer in time")
+            # The relay's typed refusal (not attached, a bound, revoked) said where the inner
+            # call only sees its connection close (at once: it fails fast, it does not hang).
+            reason = error_from_rpc(error) if isinstance(error, grpc.RpcError) else error
+            logger.warning("relay dial to %s failed: %s", self._target, reason or "no answer in time")
             call.cancel()
             writer.close()
 
@@ -107,6 +120,7 @@ class Forwarder:
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
         await self._relay.close()
 
 

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 import grpc.aio
 
 from meshnet.core.addresses import dialable_address
-from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.relay.config import RelayConfig
 from meshnet.relay.server import RelayServicer
+from meshnet.wire import relay_wire
 from meshnet.wire.tls import LinkSecurity, bind, link_options
+
+SPARE_RPCS = 64
 
 
 @dataclass(frozen=True)
@@ -31,15 +33,21 @@ async def start_relay(
 ) -> RunningRelay:
     """Bind and start serving; call inside the event loop that will run it (``on_crossing``:
     ``RelayServicer``'s timing hook, for the crossing benchmark)."""
-    server = grpc.aio.server(options=link_options(MAX_FRAME_BYTES))
+    bounds = config.bounds
+    server = grpc.aio.server(
+        # A relay's messages are chunks (and small headers and events): a bigger one is refused
+        # by grpc before the relay holds it (a frame-sized message per stream would be memory).
+        options=link_options(relay_wire.CHUNK_BYTES + relay_wire.MAX_HEADER_BYTES),
+        # Every handler is a task: bound them by what the bounds admit (an Attach and two
+        # streams a connection per node), plus room for Load and for refusals.
+        maximum_concurrent_rpcs=bounds.max_nodes * (1 + 2 * bounds.max_connections_per_node) + SPARE_RPCS,
+    )
     port = bind(server, config.listen, security)
     host = config.listen.rpartition(":")[0]
     advertise = config.advertise or dialable_address(f"{host}:{port}")
     if config.capture_dir is not None:
         config.capture_dir.mkdir(parents=True, exist_ok=True)
-    servicer = RelayServicer(
-        security, advertise, config.bounds, capture_dir=config.capture_dir, on_crossing=on_crossing
-    )
+    servicer = RelayServicer(security, advertise, bounds, capture_dir=config.capture_dir, on_crossing=on_crossing)
     server.add_generic_rpc_handlers((servicer.handler(),))
     await server.start()
     return RunningRelay(advertise, port, server, servicer)

@@ -45,6 +45,7 @@ ShardRpc = Literal[
 ]
 ArtifactRpc = Literal["Fetch"]
 ExpertRpc = Literal["ExchangeRows", "ExpertStep", "ExpertRelease", "DescribeExpertNode"]
+RelayRpc = Literal["Attach", "Splice", "Dial", "Load"]
 
 _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     # A node's own membership: only workers, and only for themselves (see ``authorize_tracker``).
@@ -59,7 +60,8 @@ _TRACKER_ROLES: dict[str, frozenset[Role]] = {
     "ListModels": frozenset({"gateway", "admin", "worker"}),
     "Revoke": frozenset({"admin"}),
     "SuggestLayers": frozenset({"worker", "admin"}),
-    "Renew": frozenset({"worker", "gateway", "admin"}),
+    # Every member that keeps a certificate up renews it at half life (a relay too: ``meshnet relay``).
+    "Renew": frozenset({"worker", "gateway", "admin", "relay"}),
     # The audit's verdict: the gateway that caught a node may quarantine it, with the evidence
     # (``authorize_quarantine``); only a person lifts it.
     "Quarantine": frozenset({"gateway", "admin"}),
@@ -103,6 +105,15 @@ _EXPERT_ROLES: dict[str, frozenset[Role]] = {
     "ExpertStep": frozenset({"gateway", "worker", "admin"}),
     "ExpertRelease": frozenset({"gateway", "worker", "admin"}),
     "DescribeExpertNode": frozenset({"gateway", "worker", "admin", "tracker"}),
+}
+_RELAY_ROLES: dict[str, frozenset[Role]] = {
+    # Only a worker is reached through a relay, and only as itself (``authorize_relay``).
+    "Attach": frozenset({"worker"}),
+    "Splice": frozenset({"worker"}),
+    # Any swarm member may dial an attached node (the inner mTLS decides what it may do there),
+    # and ask the relay's load.
+    "Dial": frozenset(ROLES),
+    "Load": frozenset(ROLES),
 }
 
 
@@ -196,6 +207,21 @@ def authorize_shard(
         return verdict
     if rpc in ("Cancel", "Release") and session_opener is not None and session_opener != caller.node_id:
         return _deny(f"only the party that opened the session may {rpc.lower()} it")
+    return ALLOW
+
+
+def authorize_relay(
+    peer: PeerIdentity | None, rpc: str, *, subject_node_id: str | None, revoked: frozenset[str]
+) -> Verdict:
+    """May ``peer`` call a relay's ``rpc``? ``subject_node_id``: the node an Attach or a Splice
+    is for (the hello's node id, the node the connection was dialled to); None before it is read."""
+    caller, verdict = _by_role(peer, rpc, _RELAY_ROLES, revoked)
+    if caller is None:
+        return verdict
+    # A node is reached only through its own link: no certificate attaches, or takes the
+    # connections dialled to, another node.
+    if rpc in ("Attach", "Splice") and subject_node_id is not None and subject_node_id != caller.node_id:
+        return _deny(f"a certificate of node {caller.node_id} may not {rpc.lower()} as node {subject_node_id}")
     return ALLOW
 
 

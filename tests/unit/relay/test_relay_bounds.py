@@ -23,18 +23,16 @@ def test_connections_per_node_stop_at_the_bound() -> None:
         admit_connection(bounds, "w-1", 3)
 
 
-def test_the_byte_budget_allows_a_second_of_burst_then_the_rate() -> None:
+def test_the_byte_budget_allows_a_second_of_burst_then_delays_to_the_rate_and_never_refuses() -> None:
     budget = ByteBudget(1000, now=0.0)
-    budget.spend("w-1", 600, now=0.0)
-    budget.spend("w-1", 400, now=0.0)
-    with pytest.raises(ResourceExhausted, match="--max-bytes-per-s 1000"):
-        budget.spend("w-1", 1, now=0.0)
-    budget.spend("w-1", 500, now=0.5)  # half a second refills half the rate
-    with pytest.raises(ResourceExhausted):
-        budget.spend("w-1", 501, now=1.0)
-    budget.spend("w-1", 1000, now=100.0)  # an idle node saves at most one second's worth
-    with pytest.raises(ResourceExhausted):
-        budget.spend("w-1", 1, now=100.0)
+    assert budget.take(600, now=0.0) == 0.0
+    assert budget.take(400, now=0.0) == 0.0
+    assert budget.take(100, now=0.0) == pytest.approx(0.1)  # over the burst: waits, is not refused
+    # Debt is shared: a second sender at the same moment waits behind the first one's bytes.
+    assert budget.take(100, now=0.0) == pytest.approx(0.2)
+    assert budget.take(800, now=0.7) == pytest.approx(0.3)  # 0.7 s paid the debt and 500 bytes of 800
+    assert budget.take(1000, now=100.0) == 0.0  # an idle node saves at most one second's worth
+    assert budget.take(1, now=100.0) == pytest.approx(0.001)
 
 
 @pytest.mark.parametrize("field", ["max_nodes", "max_connections_per_node", "bytes_per_s_per_node"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import stat
+from pathlib import Path
 
 import grpc.aio
 import pytest
@@ -18,16 +20,19 @@ async def test_a_direct_address_gets_a_plain_channel() -> None:
     await channel.close()
 
 
-async def test_a_relayed_address_gets_a_forwarder_on_loopback_closed_with_the_channel() -> None:
+async def test_a_relayed_address_gets_a_forwarder_only_this_user_reaches_removed_with_the_channel() -> None:
     channel = dial("w-abc123@127.0.0.1:9", None, ANY_WORKER_NAME, [])
     assert isinstance(channel, RelayedChannel)
-    host, _, port = channel.forwarder.address.rpartition(":")
-    assert host == "127.0.0.1"
-    _, writer = await asyncio.open_connection(host, int(port))  # it listens from the start
+    # A Unix socket in a 0700 folder, not a loopback port any local process could dial.
+    scheme, _, path = channel.forwarder.address.partition(":")
+    assert scheme == "unix" and Path(path).parent == channel.forwarder.folder
+    assert stat.S_IMODE(channel.forwarder.folder.stat().st_mode) == 0o700
+    _, writer = await asyncio.open_unix_connection(path)  # it listens from the start
     writer.close()
     await channel.close()
+    assert not channel.forwarder.folder.exists()
     with pytest.raises(OSError):
-        await asyncio.open_connection(host, int(port))
+        await asyncio.open_unix_connection(path)
 
 
 def test_a_malformed_relayed_address_is_refused() -> None:

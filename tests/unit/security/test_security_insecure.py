@@ -6,6 +6,7 @@ before any engine runs.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from meshnet.cli.main import main
 from meshnet.core.addresses import require_loopback
 from meshnet.core.errors import FailedPrecondition
+from meshnet.security.swarm_dir import local_identity
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.server import start_tracker
 
@@ -45,3 +47,21 @@ def test_a_worker_without_identity_or_insecure_exits_with_the_way_to_join(
 ) -> None:
     assert main(["--data-dir", str(tmp_path), "worker", "--fake-layers", "2", "--layers", "0:2"]) == 2
     assert "--join TOKEN" in capsys.readouterr().err
+
+
+def test_an_insecure_worker_with_a_relay_off_this_machine_exits_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--data-dir", str(tmp_path), "worker", "--fake-layers", "2", "--layers", "0:2", "--insecure"]
+    assert main([*argv, "--tracker", "127.0.0.1:7100", "--relay", "203.0.113.5:7090"]) == 2
+    err = capsys.readouterr().err
+    assert "--insecure is for loopback development only" in err and "203.0.113.5:7090" in err
+
+
+def test_a_relay_under_another_roles_identity_exits_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = local_identity(tmp_path, "not-a-relay", "worker", time.time())
+    argv = ["--data-dir", str(tmp_path), "relay", "--listen", "127.0.0.1:0", "--identity", str(folder)]
+    assert main(argv) == 2
+    assert "needs an identity of role relay, not worker" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from meshnet.security.policy import (
     authorize_expert,
     authorize_opening,
     authorize_quarantine,
+    authorize_relay,
     authorize_shard,
     authorize_tracker,
 )
@@ -194,3 +195,45 @@ def test_only_an_admin_quarantines_without_the_audits_evidence() -> None:
     assert authorize_quarantine(peer("gateway"), with_evidence=True).allowed
     refused = authorize_quarantine(peer("gateway"), with_evidence=False)
     assert (refused.allowed, refused.status) == (False, "permission_denied")
+
+
+def test_every_member_that_keeps_a_certificate_renews_it_a_relay_too() -> None:
+    for role in ("worker", "gateway", "admin", "relay"):
+        assert authorize_tracker(peer(role), "Renew", subject_node_id=None, revoked=NONE).allowed, role
+    assert not authorize_tracker(peer("tracker"), "Renew", subject_node_id=None, revoked=NONE).allowed
+
+
+@pytest.mark.parametrize(
+    ("role", "rpc", "allowed"),
+    [
+        ("worker", "Attach", True),
+        ("worker", "Splice", True),
+        ("gateway", "Attach", False),
+        ("relay", "Attach", False),
+        ("admin", "Splice", False),
+        ("gateway", "Dial", True),
+        ("worker", "Dial", True),
+        ("relay", "Load", True),
+        ("admin", "Load", True),
+        ("worker", "RelayNoSuchRpc", False),
+    ],
+)
+def test_relay_rpcs_by_role(role: Role, rpc: str, allowed: bool) -> None:
+    verdict = authorize_relay(peer(role), rpc, subject_node_id=None, revoked=NONE)
+    assert (verdict.allowed, verdict.status) == ((True, "ok") if allowed else (False, "permission_denied"))
+
+
+def test_a_node_attaches_and_splices_only_as_itself() -> None:
+    for rpc in ("Attach", "Splice"):
+        assert authorize_relay(peer("worker", "n-1"), rpc, subject_node_id="n-1", revoked=NONE).allowed
+        other = authorize_relay(peer("worker", "n-2"), rpc, subject_node_id="n-1", revoked=NONE)
+        assert (other.allowed, other.status) == (False, "permission_denied")
+        assert f"may not {rpc.lower()} as node n-1" in other.reason
+    # A dialer names any node: the inner mTLS is what the node checks.
+    assert authorize_relay(peer("gateway", "g-1"), "Dial", subject_node_id="n-1", revoked=NONE).allowed
+
+
+def test_relay_rpcs_need_an_identity_and_no_revocation() -> None:
+    assert authorize_relay(None, "Dial", subject_node_id=None, revoked=NONE).status == "unauthenticated"
+    revoked = authorize_relay(peer("worker", "n-1"), "Attach", subject_node_id="n-1", revoked=frozenset({"n-1"}))
+    assert revoked.status == "unauthenticated"

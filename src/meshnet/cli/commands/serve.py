@@ -58,7 +58,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     config = worker_config(args)
     if config.experts is not None:
         return _serve_expert_node(config, args)
-    security = _security(args, "worker", (config.host, config.advertise, config.tracker))
+    # The relays too: --insecure plaintext to a relay off this machine would carry the node's traffic.
+    security = _security(args, "worker", (config.host, config.advertise, config.tracker, *config.relay))
 
     def ready(info: WorkerReady) -> None:
         metrics = f"http://{info.metrics_address}/metrics" if info.metrics_address else None
