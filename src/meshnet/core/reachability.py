@@ -13,7 +13,7 @@ Every decision here is a pure function, shared by the tracker (what to register)
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from meshnet.core.addresses import is_relayed, parse_relayed
 from meshnet.core.errors import InvalidArgument
@@ -22,6 +22,7 @@ from meshnet.core.ids import NodeId
 Reachability = Literal["public", "relayed", "private"]
 """What the tracker registered: dialled directly, dialled through a relay, or not dialable."""
 REACHABILITIES: tuple[Reachability, ...] = ("public", "relayed", "private")
+_Word = TypeVar("_Word", bound=str)
 DeclaredReachability = Literal["auto", "public", "private"]
 """What a node says of itself (``--reachability``): ``auto`` lets the tracker's dial-back decide."""
 DECLARED_REACHABILITIES: tuple[DeclaredReachability, ...] = ("auto", "public", "private")
@@ -31,22 +32,22 @@ PRIVATE_WORDS = "private: behind NAT, no relay attached"
 
 def check_declared(value: str) -> DeclaredReachability:
     """``value`` as a declared reachability (empty means ``auto``: an older node says nothing)."""
-    for declared in DECLARED_REACHABILITIES:
-        if value == declared:
-            return declared
-    if value == "":
-        return "auto"
-    raise InvalidArgument(f"reachability must be one of {', '.join(DECLARED_REACHABILITIES)}, got {value!r:.40}")
+    return _one_of(value, DECLARED_REACHABILITIES, empty="auto")
 
 
 def check_reachability(value: str) -> Reachability:
     """``value`` as a registered reachability (empty means ``public``: an older tracker's node)."""
-    for reachability in REACHABILITIES:
-        if value == reachability:
-            return reachability
+    return _one_of(value, REACHABILITIES, empty="public")
+
+
+def _one_of(value: str, choices: tuple[_Word, ...], *, empty: _Word) -> _Word:
+    """``value`` as one of ``choices`` (the typed word itself), ``empty`` for an unset field."""
     if value == "":
-        return "public"
-    raise InvalidArgument(f"reachability must be one of {', '.join(REACHABILITIES)}, got {value!r:.40}")
+        return empty
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise InvalidArgument(f"reachability must be one of {', '.join(choices)}, got {value!r:.40}")
 
 
 def check_relayed_owner(address: str, node_id: NodeId) -> None:
