@@ -178,6 +178,7 @@ def _sampling(
         temperature=temperature,
         top_k=body.top_k or 0,
         top_p=1.0 if body.top_p is None else body.top_p,
+        min_p=body.min_p or 0.0,
         seed=seed,
         adjustments=logit_adjustments(body, vocab_size),
         logprobs=logprob_request(body),
