@@ -34,6 +34,7 @@ MIN_P = 0.1
 REPETITION_PENALTY = 1.3
 TEXT_PROMPT = "the house and a dog"
 MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]
+PREFILLED: list[Any] = [*MESSAGES, {"role": "assistant", "content": "Once upon a"}]
 SCHEMA = {
     "type": "object",
     "properties": {"count": {"type": "integer"}},
@@ -100,6 +101,7 @@ def _run_requests(client: openai.OpenAI, banned: int, closers: dict[str, float])
         "banned": _plain(chat(**common, temperature=0, logit_bias={str(banned): -100})),
         "min_p": _plain(chat(**common, **sampled, top_p=0.95, extra_body={"min_p": MIN_P})),
         "repetition": _plain(chat(**common, temperature=0, extra_body={"repetition_penalty": REPETITION_PENALTY})),
+        "prefill": _plain(chat(**{**common, "messages": PREFILLED}, temperature=0)),
         "both_text": _plain(
             client.completions.create(
                 **text_common, **sampled, extra_body={"min_p": MIN_P, "repetition_penalty": REPETITION_PENALTY}
@@ -227,6 +229,22 @@ def test_min_p_and_repetition_penalty_change_the_answer_as_in_the_oracle(
     both = SamplingParams(temperature=0.9, seed=7, min_p=MIN_P, adjustments=penalty)
     text_prompt = reference.text_tokens(TEXT_PROMPT)
     assert three["both_text"]["choices"][0]["text"] == reference.text(reference.generate(text_prompt, MAX_TOKENS, both))
+
+
+def test_a_trailing_assistant_message_is_continued(
+    answers: dict[str, dict[str, Any]], reference: Reference, greedy_tokens: list[int]
+) -> None:
+    """Assistant prefill: the prompt ends inside the assistant turn (no end of turn, no new
+    turn), and the reply holds only the continuation."""
+    prompt = reference.tokenizer.encode_chat_continuation(PREFILLED)
+    rendered = reference.tokenizer.decode(prompt)
+    assert rendered.endswith("<|assistant|>Once upon a")
+    assert rendered == reference.tokenizer.decode(reference.chat_tokens(PROMPT)) + "Once upon a"
+    continued = reference.text(reference.generate(prompt, MAX_TOKENS))
+    reply = answers["three"]["prefill"]
+    assert reply["choices"][0]["message"]["content"] == continued
+    assert continued != reference.text(greedy_tokens)  # else a new turn would pass
+    assert reply["usage"]["prompt_tokens"] == len(prompt)
 
 
 def test_seeded_answers_equal_the_oracle(answers: dict[str, dict[str, Any]], reference: Reference) -> None:

@@ -79,8 +79,12 @@ def prepare_chat(
     _reject_unsupported(body)
     messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
     # Only the template's own markers become control tokens: text a user sends stays text.
+    # A trailing assistant message is continued (assistant prefill), not followed by a new turn.
     try:
-        tokens = codec.encode_chat(messages, add_generation_prompt=True)
+        if body.messages[-1].role == "assistant":
+            tokens = codec.encode_chat_continuation(messages)
+        else:
+            tokens = codec.encode_chat(messages, add_generation_prompt=True)
     except InvalidArgument as err:  # the template refused these messages
         raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
