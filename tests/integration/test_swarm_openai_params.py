@@ -86,6 +86,15 @@ def _streamed(chunks: Any) -> dict[str, Any]:
     return {"choices": per_choice, "usage": usage}
 
 
+def _refusal(call: Any) -> dict[str, Any]:
+    """The OpenAI error a request that must be refused gets, as status, code and parameter."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        call()
+    error = refused.value.body
+    assert isinstance(error, dict)
+    return {"status": refused.value.status_code, "code": error.get("code"), "message": error.get("message")}
+
+
 def _run_requests(client: openai.OpenAI, banned: int, closers: dict[str, float]) -> dict[str, Any]:
     chat = client.chat.completions.create
     common: dict[str, Any] = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": MAX_TOKENS}
@@ -102,6 +111,7 @@ def _run_requests(client: openai.OpenAI, banned: int, closers: dict[str, float])
         "min_p": _plain(chat(**common, **sampled, top_p=0.95, extra_body={"min_p": MIN_P})),
         "repetition": _plain(chat(**common, temperature=0, extra_body={"repetition_penalty": REPETITION_PENALTY})),
         "prefill": _plain(chat(**{**common, "messages": PREFILLED}, temperature=0)),
+        "prefill_alone": _refusal(lambda: chat(**{**common, "messages": PREFILLED[-1:]}, temperature=0)),
         "both_text": _plain(
             client.completions.create(
                 **text_common, **sampled, extra_body={"min_p": MIN_P, "repetition_penalty": REPETITION_PENALTY}
@@ -245,6 +255,10 @@ def test_a_trailing_assistant_message_is_continued(
     assert reply["choices"][0]["message"]["content"] == continued
     assert continued != reference.text(greedy_tokens)  # else a new turn would pass
     assert reply["usage"]["prompt_tokens"] == len(prompt)
+    # A template that cannot place the continuation (here: no turn before it) is a typed 400.
+    refused = answers["three"]["prefill_alone"]
+    assert refused["status"] == 400 and refused["code"] == "invalid_argument"
+    assert "continued" in refused["message"]
 
 
 def test_seeded_answers_equal_the_oracle(answers: dict[str, dict[str, Any]], reference: Reference) -> None:
