@@ -23,6 +23,7 @@ import llama_cpp
 from meshnet.artifact.describe import ModelDescription
 from meshnet.core.errors import ArtifactError, InvalidArgument
 from meshnet.engine import llama_ffi
+from meshnet.engine.chat_prefill import continuation_pieces
 from meshnet.engine.chat_template import ChatPiece, ChatTemplate
 
 
@@ -111,6 +112,11 @@ class Tokenizer:
                 )
             pieces = [ChatPiece(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), False)]
         return self._tokenize_pieces(pieces)
+
+    def encode_chat_continuation(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Tokens of a chat whose final assistant message the model continues (assistant
+        prefill, ``chat_prefill``): the prompt ends inside that message, with no end of turn."""
+        return self._tokenize_pieces(continuation_pieces(self._template, messages))
 
     def _tokenize_pieces(self, pieces: Sequence[ChatPiece]) -> list[int]:
         tokens: list[int] = []

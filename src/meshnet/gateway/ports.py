@@ -67,6 +67,11 @@ class TextCodec(Protocol):
         become control tokens, never text inside a message (no role injection)."""
         ...
 
+    def encode_chat_continuation(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Tokens of a chat whose final assistant message the model continues (assistant
+        prefill): the prompt ends inside that message, with no end of turn and no new turn."""
+        ...
+
     def new_decoder(self) -> IncrementalDecoder: ...
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -79,8 +79,12 @@ def prepare_chat(
     _reject_unsupported(body)
     messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
     # Only the template's own markers become control tokens: text a user sends stays text.
+    # A trailing assistant message is continued (assistant prefill), not followed by a new turn.
     try:
-        tokens = codec.encode_chat(messages, add_generation_prompt=True)
+        if body.messages[-1].role == "assistant":
+            tokens = codec.encode_chat_continuation(messages)
+        else:
+            tokens = codec.encode_chat(messages, add_generation_prompt=True)
     except InvalidArgument as err:  # the template refused these messages
         raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
@@ -178,6 +182,7 @@ def _sampling(
         temperature=temperature,
         top_k=body.top_k or 0,
         top_p=1.0 if body.top_p is None else body.top_p,
+        min_p=body.min_p or 0.0,
         seed=seed,
         adjustments=logit_adjustments(body, vocab_size),
         logprobs=logprob_request(body),

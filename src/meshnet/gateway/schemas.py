@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from meshnet.core.generation import MAX_TOP_K
-from meshnet.core.sampling_options import MAX_TOP_LOGPROBS
+from meshnet.core.sampling_options import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
@@ -78,6 +78,11 @@ class _CompletionBody(_Body):
     """Token id (as a string) -> bias in [-100, 100] added to its logit."""
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Extension (vLLM, llama.cpp): drop tokens less than min_p times as likely as the best."""
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
+    """Extension (vLLM, llama.cpp): generated tokens' positive logits divided by it, negative
+    ones multiplied; 1 is off. Counts the completion's tokens only, not the prompt's."""
     response_format: ResponseFormat | None = None
     """``text``, ``json_object`` or ``json_schema``: the tail samples under llama.cpp's grammar."""
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)

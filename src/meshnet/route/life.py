@@ -77,12 +77,14 @@ class Usage:
         return cls(prompt_tokens, completion_tokens, billing_units(prompt_tokens, completion_tokens), cached_tokens)
 
     def __add__(self, other: Usage) -> Usage:
-        """Two choices of one request: the prompt once, the completions and billing summed; the
-        prompt cached as far as every choice found it so."""
+        """Two choices of one request: the prompt once (in the tokens and in the billing, as
+        usage counts it), the completions summed; the prompt cached as far as every choice found
+        it so. Each choice's work record still bills its own session's prefill to the nodes."""
+        completion_tokens = self.completion_tokens + other.completion_tokens
         return Usage(
             self.prompt_tokens,
-            self.completion_tokens + other.completion_tokens,
-            self.billing_units + other.billing_units,
+            completion_tokens,
+            billing_units(self.prompt_tokens, completion_tokens),
             min(self.cached_tokens, other.cached_tokens),
         )
 

@@ -319,11 +319,12 @@ def metrics_from_proto(message: pb.MetricsSnapshot) -> dict[str, float]:
 
 
 def _sampling_to_proto(s: SamplingParams) -> pb.SamplingSpec:
-    message = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    message = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed, min_p=s.min_p)
     a = s.adjustments
     if a.active:
         message.adjustments.presence_penalty = a.presence_penalty
         message.adjustments.frequency_penalty = a.frequency_penalty
+        message.adjustments.repetition_penalty = a.repetition_penalty
         for token, bias in a.logit_bias:
             message.adjustments.logit_bias.add(token_id=token, bias=bias)
     if s.logprobs is not None:
@@ -341,7 +342,7 @@ def _sampling_from_proto(s: pb.SamplingSpec) -> SamplingParams:
         if len(a.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:  # before building a tuple of them
             raise InvalidArgument(f"logit_bias holds {len(a.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
         bias = tuple((entry.token_id, entry.bias) for entry in a.logit_bias)
-        adjustments = LogitAdjustments(a.presence_penalty, a.frequency_penalty, bias)
+        adjustments = LogitAdjustments(a.presence_penalty, a.frequency_penalty, bias, a.repetition_penalty or 1.0)
     logprobs = LogprobRequest(s.logprobs.top) if s.HasField("logprobs") else None
     constraint = None
     if s.HasField("constraint"):
@@ -350,6 +351,7 @@ def _sampling_from_proto(s: pb.SamplingSpec) -> SamplingParams:
         temperature=s.temperature,
         top_k=s.top_k,
         top_p=s.top_p,
+        min_p=s.min_p,
         seed=s.seed,
         adjustments=adjustments,
         logprobs=logprobs,

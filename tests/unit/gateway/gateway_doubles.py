@@ -86,6 +86,10 @@ class ByteCodec:
             self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_special=False
         )
 
+    def encode_chat_continuation(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        opened = self.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        return self.encode(opened + messages[-1]["content"], add_special=False)
+
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()
 

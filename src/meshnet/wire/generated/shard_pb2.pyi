@@ -199,11 +199,12 @@ class Hop(_message.Message):
     def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed", "adjustments", "logprobs", "constraint")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "min_p", "adjustments", "logprobs", "constraint")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
     ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
@@ -211,20 +212,23 @@ class SamplingSpec(_message.Message):
     top_k: int
     top_p: float
     seed: int
+    min_p: float
     adjustments: LogitAdjustmentSpec
     logprobs: LogprobSpec
     constraint: GrammarConstraintSpec
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., adjustments: _Optional[_Union[LogitAdjustmentSpec, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobSpec, _Mapping]] = ..., constraint: _Optional[_Union[GrammarConstraintSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., adjustments: _Optional[_Union[LogitAdjustmentSpec, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobSpec, _Mapping]] = ..., constraint: _Optional[_Union[GrammarConstraintSpec, _Mapping]] = ...) -> None: ...
 
 class LogitAdjustmentSpec(_message.Message):
-    __slots__ = ("presence_penalty", "frequency_penalty", "logit_bias")
+    __slots__ = ("presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty")
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     presence_penalty: float
     frequency_penalty: float
     logit_bias: _containers.RepeatedCompositeFieldContainer[LogitBiasEntry]
-    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBiasEntry, _Mapping]]] = ...) -> None: ...
+    repetition_penalty: float
+    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBiasEntry, _Mapping]]] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class LogitBiasEntry(_message.Message):
     __slots__ = ("token_id", "bias")
