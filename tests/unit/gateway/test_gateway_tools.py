@@ -120,6 +120,14 @@ def test_token_by_token_parsing_equals_the_whole(template: str) -> None:
             assert (content.strip() or None if calls else content) == whole.content
 
 
+def test_a_further_call_cut_short_is_neither_a_call_nor_content() -> None:
+    one = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    reply = parse_reply(f'{one}\n<tool_call>\n{{"name": "get_weather", "argu', _plan(), _ids())
+    assert reply.content is None and [call.name for call in reply.calls] == ["get_time"]
+    cut = '<tool_call>\n{"name": "get_weather", "argu'
+    assert parse_reply(cut, _plan(), _ids()).content == cut  # no call at all: the text is all there is
+
+
 def test_streamed_content_is_held_back_only_while_it_may_start_a_call() -> None:
     parser = ToolStreamParser(_plan(), _ids())
     assert parser.push("Hello <tool") == [ContentPiece("Hello ")]

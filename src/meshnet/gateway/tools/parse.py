@@ -125,6 +125,8 @@ class ToolStreamParser:
 
     def _closed(self, body: str, *, closed: bool) -> list[StreamPiece]:
         call = read_call(body.strip(), self._names, self._format, self._new_id)
+        if call is None and not closed and self.calls:
+            return []  # a further call cut short (max_tokens): not content either
         if call is None:
             tail = self._format.close_tag if closed else ""
             return self._content(f"{self._format.open_tag}{body}{tail}")
