@@ -91,8 +91,8 @@ def prepare_chat(
     except InvalidArgument as err:  # the template refused these messages
         raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
-    constrained = tools is not None and tools.constrained
-    constraint = schema_constraint if constrained else output_constraint(body, schema_constraint)
+    by_tools = tools is not None and tools.grammar
+    constraint = schema_constraint if by_tools else output_constraint(body, schema_constraint)
     prepared = _prepare(body, "chat", tokens, requested, codec, limits, config, constraint)
     return replace(prepared, tools=tools)
 

@@ -156,6 +156,8 @@ def test_bad_tool_requests_are_400s_naming_the_parameter(fields: dict[str, Any],
 
 def test_choices_and_parallel_calls() -> None:
     assert _plan().mode == "auto" and _plan().active and not _plan().constrained
+    assert _plan().lazy_grammar and _plan().grammar  # auto: the call grammar from a call's start
+    assert not _plan(response_format={"type": "json_object"}).lazy_grammar  # that grammar holds instead
     assert not _plan(tool_choice="none").active
     named = _plan(tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert named.constrained and [f.name for f in named.callable_functions()] == ["get_time"]

@@ -32,6 +32,8 @@ class ToolFormat:
     """Whether a turn may hold several calls."""
     template_renders_tools: bool
     """False: the tools and calls are written as text (``GENERIC``), not passed to the template."""
+    trigger: str
+    """The words that start a call: where the lazy grammar of ``tool_choice: auto`` engages."""
 
     def call_text(self, name: str, arguments: Mapping[str, Any]) -> str:
         """One call as the model writes it."""
@@ -39,9 +41,12 @@ class ToolFormat:
         return f"{self.open_tag}\n{body}\n{self.close_tag}" if self.open_tag else body
 
 
-HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", parallel=True, template_renders_tools=True)
-LLAMA3_JSON = ToolFormat("llama3_json", "", "", "parameters", parallel=False, template_renders_tools=True)
-GENERIC = ToolFormat("generic", "<tool_call>", "</tool_call>", "arguments", parallel=True, template_renders_tools=False)
+TAGS = ("<tool_call>", "</tool_call>")
+HERMES = ToolFormat("hermes", *TAGS, "arguments", parallel=True, template_renders_tools=True, trigger=TAGS[0])
+LLAMA3_JSON = ToolFormat(
+    "llama3_json", "", "", "parameters", parallel=False, template_renders_tools=True, trigger='{"name"'
+)
+GENERIC = ToolFormat("generic", *TAGS, "arguments", parallel=True, template_renders_tools=False, trigger=TAGS[0])
 
 PYTHON_TAG = "<|python_tag|>"
 

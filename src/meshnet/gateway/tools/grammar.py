@@ -5,7 +5,9 @@ The call object (``{"name": <one of the functions>, "arguments": <its parameters
 machinery (``gateway/grammars.GrammarBuilder``: bounded, off the event loop, under a deadline);
 its ``root`` rule is renamed ``tool-call`` and wrapped in the format's tags. With
 ``parallel_tool_calls`` (and a family that allows it) several calls may follow each other,
-otherwise exactly one; the grammar then ends, so the tail can only stop there.
+otherwise exactly one; the grammar then ends, so the tail can only stop there. For ``auto`` the
+same grammar is lazy: free text until the format's call start (``<tool_call>``, ``{"name"``),
+then the call grammar from that word on (``engine.constraints.LazyGrammarMatcher``).
 """
 
 from __future__ import annotations
@@ -51,11 +53,14 @@ def wrap_call_grammar(call_grammar: str, fmt: ToolFormat, *, several: bool) -> s
 
 
 async def build_tool_constraint(plan: ToolPlan | None, grammars: GrammarBuilder) -> OutputConstraint | None:
-    """The grammar a required or named tool choice puts on the reply; None otherwise."""
-    if plan is None or not plan.constrained:
+    """The grammar a required or named tool choice puts on the reply, or for ``auto`` the same
+    grammar made lazy (engaging at the format's call start); None otherwise."""
+    if plan is None or not plan.grammar:
         return None
+    triggers = () if plan.constrained else (plan.format.trigger,)
     try:
         built = await grammars.json_schema(call_schema(plan))
-        return OutputConstraint(wrap_call_grammar(built.grammar, plan.format, several=plan.several_calls))
+        grammar = wrap_call_grammar(built.grammar, plan.format, several=plan.several_calls)
+        return OutputConstraint(grammar, triggers=triggers)
     except InvalidArgument as err:
         raise bad_request(err.code, f"tools: {err.message}", "tools") from None

@@ -2,7 +2,9 @@
 
 Semantics (OpenAI's, decided here once):
 - ``auto`` (the default when tools are given): the tools are rendered, the model may call them;
-  its reply is parsed for calls, and a lazy grammar is not used (see the README's limits).
+  its reply is parsed for calls, under a lazy grammar that engages once the model writes the
+  family's call start (``ToolFormat.trigger``), as llama-server does (not with a
+  ``response_format``, whose grammar then holds instead).
 - ``required``: the reply is one or more calls (one if ``parallel_tool_calls`` is false or the
   family allows one per turn), constrained by a grammar; ``{"type": "function", ...}``: the same,
   limited to that function.
@@ -51,6 +53,13 @@ class ToolPlan:
     parallel: bool
     """``parallel_tool_calls``: several calls in one turn (if the family allows it)."""
     format: ToolFormat
+    lazy_grammar: bool = False
+    """``auto`` with no ``response_format``: a call, once started, follows the call grammar."""
+
+    @property
+    def grammar(self) -> bool:
+        """The reply runs under the tool-call grammar (whole, or lazily from a call's start)."""
+        return self.constrained or self.lazy_grammar
 
     @property
     def active(self) -> bool:
@@ -91,7 +100,9 @@ def read_tool_plan(body: ChatCompletionBody, template_source: str | None) -> Too
             "tool_choice",
         )
     parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
-    return ToolPlan(functions, mode, forced, parallel, choose_format(template_source))
+    free_format = body.response_format is None or body.response_format.type == "text"
+    lazy = mode == "auto" and bool(functions) and free_format
+    return ToolPlan(functions, mode, forced, parallel, choose_format(template_source), lazy)
 
 
 def _function(index: int, function: Any) -> ToolFunction:
