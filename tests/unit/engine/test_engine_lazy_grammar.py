@@ -8,13 +8,14 @@ the rest free instead of aborting the process (llama.cpp's own lazy sampler thro
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.synthetic import write_synthetic_model
+from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.generation import SamplingParams
 from meshnet.core.sampling_options import OutputConstraint
 from meshnet.engine.constraints import GrammarVocabulary, LazyGrammarMatcher, json_schema_constraint
@@ -30,18 +31,17 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_synthetic_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
+def vocabulary(synthetic_model_factory: Callable[[SyntheticSpec], Path]) -> Iterator[GrammarVocabulary]:
+    held = GrammarVocabulary(synthetic_model_factory(SyntheticSpec()))
+    yield held
+    held.close()
 
 
 @pytest.fixture(scope="module")
-def vocabulary(model: Path) -> GrammarVocabulary:
-    return GrammarVocabulary(model)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model: Path) -> Tokenizer:
-    return Tokenizer(describe_model(model))
+def tokenizer(synthetic_model_factory: Callable[[SyntheticSpec], Path]) -> Iterator[Tokenizer]:
+    held = Tokenizer(describe_model(synthetic_model_factory(SyntheticSpec())))
+    yield held
+    held.close()
 
 
 def _lazy() -> OutputConstraint:
