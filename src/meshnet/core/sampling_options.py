@@ -81,18 +81,29 @@ class LogprobRequest:
             raise InvalidArgument(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top}")
 
 
+MAX_TRIGGERS = 8
+MAX_TRIGGER_CHARS = 128
+
+
 @dataclass(frozen=True)
 class OutputConstraint:
     """The generated text must match this GBNF grammar (llama.cpp's grammar format)."""
 
     grammar: str
     root: str = "root"
+    triggers: tuple[str, ...] = ()
+    """A lazy grammar (``tool_choice: auto``): free text until one of these words is generated,
+    then the grammar holds from the word's first character on. Empty: it holds from the start."""
 
     def __post_init__(self) -> None:
         if not self.grammar or len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise InvalidArgument(f"a grammar must be 1 to {MAX_GRAMMAR_CHARS} characters, got {len(self.grammar)}")
         if not self.root or len(self.root) > 128:
             raise InvalidArgument("a grammar's root rule name must be 1 to 128 characters")
+        if len(self.triggers) > MAX_TRIGGERS:
+            raise InvalidArgument(f"a grammar has at most {MAX_TRIGGERS} trigger words, got {len(self.triggers)}")
+        if any(not 1 <= len(word) <= MAX_TRIGGER_CHARS for word in self.triggers):
+            raise InvalidArgument(f"a grammar's trigger words must be 1 to {MAX_TRIGGER_CHARS} characters")
 
 
 @dataclass(frozen=True)

@@ -13,30 +13,42 @@ guessed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.engine.chat_template import ChatPiece, ChatTemplate
 
 
-def continuation_pieces(template: ChatTemplate, messages: Sequence[Mapping[str, str]]) -> list[ChatPiece]:
+def continuation_pieces(
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[ChatPiece]:
     """The pieces of the prompt that continues the final (assistant) message of ``messages``."""
     if not messages or messages[-1].get("role") != "assistant":
         raise InvalidArgument("a continued chat must end with an assistant message")
     earlier = messages[:-1]
     if not earlier:
         raise InvalidArgument("an assistant message can be continued only after an earlier message")
-    opened = template.pieces(earlier, add_generation_prompt=True)
+    if messages[-1].get("tool_calls"):
+        raise InvalidArgument(
+            "the final assistant message calls tools: send each call's result as a tool message "
+            "after it, rather than asking for the message to be continued"
+        )
+    content = str(messages[-1].get("content") or "")
+    opened = template.pieces(earlier, add_generation_prompt=True, tools=tools)
     if opened is None:
         raise _cannot_continue()
-    if not messages[-1]["content"]:
+    if not content:
         return opened  # nothing begun yet: the turn the generation prompt opens
-    whole = template.pieces(messages, add_generation_prompt=False)
+    whole = template.pieces(messages, add_generation_prompt=False, tools=tools)
     last = None if whole is None else max((i for i, piece in enumerate(whole) if piece.content), default=None)
     if whole is None or last is None:
         raise _cannot_continue()
     cut = whole[: last + 1]
     expected = "".join(piece.text for piece in opened) + whole[last].text
-    if "".join(piece.text for piece in cut) != expected or whole[last].text.strip() != messages[-1]["content"].strip():
+    if "".join(piece.text for piece in cut) != expected or whole[last].text.strip() != content.strip():
         raise _cannot_continue()
     return cut
 

@@ -25,6 +25,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.sampling_options import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_TOP_LOGPROBS,
+    MAX_TRIGGERS,
     LogitAdjustments,
     LogprobRequest,
     OutputConstraint,
@@ -332,6 +333,7 @@ def _sampling_to_proto(s: SamplingParams) -> pb.SamplingSpec:
     if s.constraint is not None:
         message.constraint.gbnf = s.constraint.grammar
         message.constraint.root = s.constraint.root
+        message.constraint.triggers.extend(s.constraint.triggers)
     return message
 
 
@@ -346,7 +348,9 @@ def _sampling_from_proto(s: pb.SamplingSpec) -> SamplingParams:
     logprobs = LogprobRequest(s.logprobs.top) if s.HasField("logprobs") else None
     constraint = None
     if s.HasField("constraint"):
-        constraint = OutputConstraint(s.constraint.gbnf, s.constraint.root or "root")
+        if len(s.constraint.triggers) > MAX_TRIGGERS:  # before building a tuple of them
+            raise InvalidArgument(f"a grammar has at most {MAX_TRIGGERS} trigger words")
+        constraint = OutputConstraint(s.constraint.gbnf, s.constraint.root or "root", tuple(s.constraint.triggers))
     return SamplingParams(
         temperature=s.temperature,
         top_k=s.top_k,

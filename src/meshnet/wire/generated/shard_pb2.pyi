@@ -245,12 +245,14 @@ class LogprobSpec(_message.Message):
     def __init__(self, top: _Optional[int] = ...) -> None: ...
 
 class GrammarConstraintSpec(_message.Message):
-    __slots__ = ("gbnf", "root")
+    __slots__ = ("gbnf", "root", "triggers")
     GBNF_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
+    TRIGGERS_FIELD_NUMBER: _ClassVar[int]
     gbnf: str
     root: str
-    def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ...) -> None: ...
+    triggers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ..., triggers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv", "snapshot")

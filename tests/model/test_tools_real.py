@@ -1,0 +1,108 @@
+"""Tools with SmolLM2-135M-Instruct (real weights) on a 2-way split, with the official client.
+
+SmolLM2's template knows nothing of tools, so the generic format applies: the tools listed in a
+system preamble, calls in ``<tool_call>`` tags. With ``tool_choice`` required the split's call
+must be exactly the whole model's (the in-process llama.cpp model, greedy under the same call
+grammar), its arguments must validate against the schema, and the client's round trip (the
+``tool`` result sent back) must end in an answer. Needs MESHNET_ENABLE_REAL_INFERENCE_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from smollm2_model import ENABLED_MARK, MODEL, PROVISIONED_MARK
+from swarm_harness import MODEL_NAME, Reference, Swarm
+
+from meshnet.core.generation import GenerationRequest, SamplingParams
+from meshnet.core.sampling_options import OutputConstraint
+from meshnet.engine.constraints import GrammarVocabulary, json_schema_constraint
+from meshnet.engine.local_route import LocalRoute
+from meshnet.gateway.schemas import ChatCompletionBody
+from meshnet.gateway.tools.grammar import call_schema, wrap_call_grammar
+from meshnet.gateway.tools.parse import parse_reply
+from meshnet.gateway.tools.plan import read_tool_plan
+from meshnet.gateway.tools.render import template_messages, template_tools
+
+pytestmark = [pytest.mark.real_model, pytest.mark.timeout(300), ENABLED_MARK, PROVISIONED_MARK]
+
+PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": PARAMETERS},
+    }
+]
+QUESTION: list[Any] = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+REQUEST: dict[str, Any] = {"model": MODEL_NAME, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
+ONE_CALL: dict[str, Any] = {"tool_choice": "required", "parallel_tool_calls": False}
+
+
+def _reference_call(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """The whole model's greedy call under the call grammar, from the same prompt."""
+    body = ChatCompletionBody.model_validate(
+        {**REQUEST, "messages": QUESTION, "tool_choice": "required", "parallel_tool_calls": False}
+    )
+    reference = Reference(MODEL, tmp_path / "reference-cache", context=2048)
+    vocabulary = GrammarVocabulary(MODEL)
+    try:
+        plan = read_tool_plan(body, reference.tokenizer.chat_template_source)
+        if plan is None:
+            raise AssertionError("tools give a plan")
+        plain = [{"role": "user", "content": QUESTION[0]["content"]}]
+        messages = template_messages(body.messages, plain, plan)
+        prompt = reference.tokenizer.encode_chat(messages, tools=template_tools(plan))
+        grammar = wrap_call_grammar(json_schema_constraint(call_schema(plan)).grammar, plan.format, several=False)
+        # The whole model with the model's vocabulary for the grammar, as a tail holds it.
+        whole = LocalRoute(reference.route.backends, vocabulary)
+        constraint = OutputConstraint(grammar)
+        request = GenerationRequest(
+            tuple(prompt), 64, SamplingParams(constraint=constraint), reference.tokenizer.eos_token_ids
+        )
+        tokens = [token for token, _ in whole.choices(request)]
+        (call,) = parse_reply(reference.text(tokens), plan).calls
+    finally:
+        reference.close()
+        vocabulary.close()
+    return call.name, json.loads(call.arguments)
+
+
+def test_smollm2_calls_as_the_whole_model_and_finishes_the_round_trip(tmp_path: Path) -> None:
+    expected = _reference_call(tmp_path)
+    with Swarm(tmp_path / "swarm", MODEL) as swarm:
+        swarm.start_tracker()
+        swarm.start_workers("0:15", "15:30", n_ctx_per_session=2048)
+        base_url = swarm.start_gateway()
+        swarm.wait_routable(nodes=2)
+        with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=120) as client:
+            reply = client.chat.completions.create(
+                **REQUEST, messages=QUESTION, tool_choice="required", parallel_tool_calls=False
+            )
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            (call,) = choice.message.tool_calls or []
+            arguments = json.loads(call.function.arguments)
+            jsonschema.validate(arguments, PARAMETERS)
+            assert (call.function.name, arguments) == expected
+            history = [
+                *QUESTION,
+                choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'},
+            ]
+            final = client.chat.completions.create(**REQUEST, messages=history)
+    answer = final.choices[0]
+    assert answer.finish_reason in ("stop", "length", "tool_calls")
+    assert answer.message.content or answer.message.tool_calls
