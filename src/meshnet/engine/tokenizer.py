@@ -134,6 +134,7 @@ class Tokenizer:
         prefill, ``chat_prefill``): the prompt ends inside that message, with no end of turn."""
         self._refuse_markers_in_tools(messages, tools)
         return self._tokenize_pieces(continuation_pieces(self._template, messages, tools=tools))
+
     def _refuse_markers_in_tools(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> None:
