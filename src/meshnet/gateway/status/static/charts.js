@@ -32,8 +32,11 @@ function drawChart(chart, history) {
   const lines = Object.entries((history.series || {})[chart.metric] || {});
   const box = svg("svg", { width: WIDTH, height: HEIGHT, viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
     "data-testid": "chart", "data-metric": chart.metric });
-  const end = history.now;
-  const start = end - history.window_seconds;
+  // From the oldest point kept (a young gateway's charts fill the width) to the current bucket.
+  const end = (Math.floor(history.now / history.bucket_seconds) + 1) * history.bucket_seconds; // the current bucket's end
+  let oldest = end;
+  for (const [, points] of lines) for (const p of points) oldest = Math.min(oldest, p.at);
+  const start = Math.max(end - history.window_seconds, Math.min(oldest, end - 4 * history.bucket_seconds));
   let top = 0;
   for (const [, points] of lines) for (const p of points) top = Math.max(top, chart.value(p, history));
   top = top > 0 ? top * 1.1 : 1;
@@ -45,17 +48,20 @@ function drawChart(chart, history) {
   box.append(scale);
   lines.forEach(([label, points], i) => {
     const colour = COLOURS[i % COLOURS.length];
-    const coords = points.map((p) => `${x(p.at + history.bucket_seconds / 2).toFixed(1)},${y(chart.value(p, history)).toFixed(1)}`);
+    // A step per bucket (its value held across its width), so even one bucket draws a line.
+    const coords = points.flatMap((p) => {
+      const level = y(chart.value(p, history)).toFixed(1);
+      return [`${x(p.at).toFixed(1)},${level}`, `${x(p.at + history.bucket_seconds).toFixed(1)},${level}`];
+    });
     box.append(svg("polyline", { points: coords.join(" "), stroke: colour, fill: "none", "stroke-width": 2,
       "data-testid": "chart-line", "data-label": label, "data-points": points.length }));
-    for (const c of coords) {
-      const [cx, cy] = c.split(",");
-      box.append(svg("circle", { cx, cy, r: 2.5, fill: colour }));
-    }
     const name = svg("text", { x: PAD + 4 + 80 * i, y: HEIGHT - 4, fill: colour, class: "legend" });
     name.textContent = shortLabel(label);
     box.append(name);
   });
+  const span = svg("text", { x: WIDTH - 4, y: 12, class: "scale", "text-anchor": "end" });
+  span.textContent = `last ${Math.round(end - start)} s`;
+  box.append(span);
   const figure = document.getElementById(chart.id);
   figure.replaceChildren(el("figcaption", {}, chart.title), box);
 }
