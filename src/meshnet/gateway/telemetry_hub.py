@@ -224,6 +224,13 @@ class TelemetryHub:
         log.wake_followers()
         return event
 
+    def refused(self, request_id: RequestId, model: str, owner: str | None, code: str) -> None:
+        """A request refused before it got a log (overload): its record only, nothing kept, so a
+        flood of refusals cannot evict the logs of the requests being served."""
+        if self.ledger is not None:
+            record = RequestRecord(str(request_id), owner, model, (), None, 0, None, 0.0, None, None, "failed", code)
+            self.ledger.finished(record)
+
     def token(self, request_id: RequestId) -> None:
         """One more token of ``request_id`` reached its client: times TTFT and the gap since the last."""
         log = self._logs.get(request_id)

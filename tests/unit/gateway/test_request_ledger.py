@@ -7,11 +7,12 @@ log line's wording is checked by ``log_line`` itself, and caplog sees it on a re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import httpx
 import pytest
-from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app
+from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshnet.gateway.request_ledger import RequestRecord, log_line, rates
@@ -76,3 +77,26 @@ async def test_a_request_logs_one_line_and_feeds_histograms_and_history(caplog: 
     assert sum(p["count"] for p in series["requests"][""]) == 1
     assert set(series["decode_tokens_per_s"]) == set(series["inter_token_seconds"]) != set()
     assert "queued" in series and "in_flight" in series
+
+
+async def test_a_request_refused_at_once_still_gets_its_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="meshnet.gateway.requests")
+    gate = asyncio.Event()
+    generator = ScriptedGenerator(Script(gate=gate, gate_after_tokens=1))
+    app = make_app(generator, max_in_flight=1, max_queue=0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "stream": True}
+    async with live_server(app) as base, httpx.AsyncClient(timeout=10) as http:
+        url = f"{base}/v1/chat/completions"
+        busy = asyncio.create_task(http.post(url, json=body))
+        await wait_until(lambda: len(generator.requests) == 1)
+        refused = await http.post(url, json=body)
+        gate.set()
+        served = await busy
+    assert (refused.status_code, served.status_code) == (503, 200)
+    lines = [r.getMessage() for r in caplog.records if r.name == "meshnet.gateway.requests"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"request {refused.headers['x-request-id']} ")
+    refusal = "route=- prompt_tokens=- completion_tokens=0 ttft=- total=0.000s outcome=failed reason=overloaded"
+    assert lines[0].endswith(refusal)
+    assert lines[1].startswith(f"request {served.headers['x-request-id']} ") and "outcome=completed" in lines[1]
+    assert len(app.state.hub) == 1, "the refusal keeps no telemetry log"
