@@ -142,14 +142,15 @@ def create_app(
     ``admission`` is the gateway's slots and queue when parts around the app share them (the
     audit's replays); by default the app makes its own from ``config``.
     """
-    ledger = RequestLedger(HistoryShape(config.history_bucket_seconds, config.history_buckets), clock)
+    admission = admission or new_admission(config, clock=clock, rng=rng)
+    shape = HistoryShape(config.history_bucket_seconds, config.history_buckets)
+    ledger = RequestLedger(shape, clock, lambda: {"queued": admission.queued, "in_flight": admission.in_flight})
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
         max_events_per_request=config.telemetry_max_events_per_request,
         clock=clock,
         ledger=ledger,
     )
-    admission = admission or new_admission(config, clock=clock, rng=rng)
     capacity = SwarmCapacity(generator, admission, config, clock)
     service = CompletionService(
         generator,

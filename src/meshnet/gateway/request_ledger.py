@@ -5,13 +5,14 @@ hands the ledger a ``RequestRecord`` there, the one place every request ends, wh
 made it. The ledger writes the operator's log line (never the key, only its id), observes TTFT
 and inter-token latency for ``/metrics``, and adds the figures measured from served requests to
 the status page's history: decode and prefill tok/s and inter-token latency per node of the
-route, request and error rate, and (sampled by the status view) admission queue depth.
+route, request and error rate, and admission's queue depth and requests in flight (sampled as
+requests come and go and whenever the status view reads).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +70,13 @@ def rates(record: RequestRecord) -> tuple[float | None, float | None]:
 class RequestLedger:
     """Histograms and history of one gateway; fed by its telemetry hub on one event loop."""
 
-    def __init__(self, shape: HistoryShape, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, shape: HistoryShape, clock: Callable[[], float], gauges: Callable[[], Mapping[str, float]] = dict
+    ) -> None:
+        """``gauges``: admission's figures now (``queued``, ``in_flight``), sampled into the history."""
         self.history = History(shape)
         self._clock = clock
+        self._gauges = gauges
         self.ttft = Histogram("time_to_first_token_seconds", "Time from admission to the first token.")
         self.inter_token = Histogram("inter_token_seconds", "Time between two tokens of one request.")
         self.duration = Histogram(
@@ -88,15 +93,16 @@ class RequestLedger:
         for node in route:
             self.history.add("inter_token_seconds", seconds, now, node)
 
-    def sample_gateway(self, figures: dict[str, float]) -> None:
-        """Admission's gauges now (queue depth, requests in flight), as the status view reads them."""
-        now = self._clock()
+    def sample_gateway(self) -> None:
+        """Admission's gauges now (queue depth, requests in flight) into the history."""
+        now, figures = self._clock(), self._gauges()
         for name in ("queued", "in_flight"):
             if name in figures:
                 self.history.add(name, float(figures[name]), now)
 
     def finished(self, record: RequestRecord) -> None:
         logger.info("%s", log_line(record))
+        self.sample_gateway()
         now = self._clock()
         self.duration.observe(record.total_seconds, record.outcome)
         if record.ttft_seconds is not None:
@@ -113,4 +119,5 @@ class RequestLedger:
                 self.history.add("decode_tokens_per_s", decode, now, node)
 
     def history_json(self) -> dict[str, Any]:
+        self.sample_gateway()
         return self.history.as_json(self._clock())

@@ -192,6 +192,8 @@ class TelemetryHub:
         while len(self._logs) >= self._max_requests:
             self._evict_one()
         self._logs[request_id] = _RequestLog(request_id, model, self._clock(), owner)
+        if self.ledger is not None:
+            self.ledger.sample_gateway()
 
     def owner(self, request_id: RequestId) -> str | None:
         log = self._logs.get(request_id)

@@ -90,6 +90,7 @@ async def test_a_request_refused_at_once_still_gets_its_line(caplog: pytest.LogC
         busy = asyncio.create_task(http.post(url, json=body))
         await wait_until(lambda: len(generator.requests) == 1)
         refused = await http.post(url, json=body)
+        busy_history = (await http.get(f"{base}/v1/status/history")).json()["series"]
         gate.set()
         served = await busy
     assert (refused.status_code, served.status_code) == (503, 200)
@@ -100,3 +101,5 @@ async def test_a_request_refused_at_once_still_gets_its_line(caplog: pytest.LogC
     assert lines[0].endswith(refusal)
     assert lines[1].startswith(f"request {served.headers['x-request-id']} ") and "outcome=completed" in lines[1]
     assert len(app.state.hub) == 1, "the refusal keeps no telemetry log"
+    # Admission's gauges were sampled as the requests came: one in flight while the other was refused.
+    assert max(point["max"] for point in busy_history["in_flight"][""]) == 1

@@ -117,12 +117,9 @@ class SwarmStatus:
         }
 
     def history(self) -> dict[str, Any]:
-        """The live history (charts' data), with admission's gauges sampled now."""
+        """The live history (the charts' data)."""
         ledger = self._hub.ledger
-        if ledger is None:
-            return {"series": {}}
-        ledger.sample_gateway(self.admission_figures())
-        return ledger.history_json()
+        return {"series": {}} if ledger is None else ledger.history_json()
 
     async def document(self, caller: Caller = OPERATOR) -> dict[str, Any]:
         """The status document as ``caller`` may see it: the swarm's nodes and load, but only its
@@ -130,7 +127,7 @@ class SwarmStatus:
         table, error = await self.table()
         now = self._clock()
         if self._hub.ledger is not None:
-            self._hub.ledger.sample_gateway(self.admission_figures())
+            self._hub.ledger.sample_gateway()
         lost = self._memory.update(table, now) if table is not None else ()
         inputs = StatusInputs(
             model=self.model,
