@@ -118,6 +118,15 @@ class RequestLedger:
             if decode is not None:
                 self.history.add("decode_tokens_per_s", decode, now, node)
 
+    def latest_rates(self) -> dict[str, dict[str, float]]:
+        """Per node id, the mean prefill and decode tok/s of the latest bucket that measured them."""
+        now = self._clock()
+        latest: dict[str, dict[str, float]] = {}
+        for metric in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            for node, value in self.history.latest(metric, now).items():
+                latest.setdefault(node, {})[metric] = value
+        return latest
+
     def history_json(self) -> dict[str, Any]:
         self.sample_gateway()
         return self.history.as_json(self._clock())

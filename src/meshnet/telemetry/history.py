@@ -92,6 +92,15 @@ class History:
         labels.move_to_end(label)
         series.add(value, now)
 
+    def latest(self, metric: str, now: float) -> dict[str, float]:
+        """Per label of ``metric``, the mean of its newest bucket still in the window."""
+        latest = {}
+        for label, series in self._metrics.get(metric, {}).items():
+            points = series.points(now)
+            if points:
+                latest[label] = points[-1].mean
+        return latest
+
     def as_json(self, now: float) -> dict[str, object]:
         """``{"bucket_seconds", "window_seconds", "now", "series": {metric: {label: [point...]}}}``."""
         series = {

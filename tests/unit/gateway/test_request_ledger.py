@@ -8,6 +8,7 @@ log line's wording is checked by ``log_line`` itself, and caplog sees it on a re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import httpx
@@ -15,7 +16,8 @@ import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshnet.gateway.request_ledger import RequestRecord, log_line, rates
+from meshnet.gateway.request_ledger import RequestLedger, RequestRecord, log_line, rates
+from meshnet.telemetry.history import HistoryShape
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -103,3 +105,17 @@ async def test_a_request_refused_at_once_still_gets_its_line(caplog: pytest.LogC
     assert len(app.state.hub) == 1, "the refusal keeps no telemetry log"
     # Admission's gauges were sampled as the requests came: one in flight while the other was refused.
     assert max(point["max"] for point in busy_history["in_flight"][""]) == 1
+
+
+def test_latest_rates_are_each_nodes_newest_bucket() -> None:
+    now = [0.0]
+    ledger = RequestLedger(HistoryShape(bucket_seconds=1.0, bucket_count=10), lambda: now[0])
+    ledger.finished(RECORD)  # 60 prefill, 10 decode tok/s on n-a and n-b
+    now[0] = 3.5
+    ledger.finished(dataclasses.replace(RECORD, route=("n-a",), decode_seconds=0.4))  # 20 decode tok/s
+    assert ledger.latest_rates() == {
+        "n-a": {"prefill_tokens_per_s": 60.0, "decode_tokens_per_s": 20.0},
+        "n-b": {"prefill_tokens_per_s": 60.0, "decode_tokens_per_s": 10.0},
+    }
+    now[0] = 20.0  # everything left the 10 s window
+    assert ledger.latest_rates() == {}

@@ -126,8 +126,9 @@ class SwarmStatus:
         own requests, errors and billing unless it is an admin."""
         table, error = await self.table()
         now = self._clock()
-        if self._hub.ledger is not None:
-            self._hub.ledger.sample_gateway()
+        ledger = self._hub.ledger
+        if ledger is not None:
+            ledger.sample_gateway()
         lost = self._memory.update(table, now) if table is not None else ()
         inputs = StatusInputs(
             model=self.model,
@@ -139,6 +140,7 @@ class SwarmStatus:
             admission=self.admission_figures(),
             totals=dict(self._hub.totals) if caller.admin else self._hub.totals_of(caller.key_id),
             now=now,
+            live={} if ledger is None else ledger.latest_rates(),
         )
         return status_document(inputs)
 

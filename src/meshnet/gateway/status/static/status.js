@@ -124,8 +124,9 @@ function drawNodes(doc) {
     cell(`${(100 * n.kv_used_fraction).toFixed(0)} %`, "num"),
     cell(`${n.active_sessions} / ${n.max_sessions}`, "num"),
     cell(n.queue_depth, "num"),
-    cell(rate(n.prefill_tokens_per_s), "num"),
-    cell(rate(n.decode_tokens_per_s), "num"),
+    cell(rate(n.live_prefill_tokens_per_s), "num", "live-prefill"),
+    cell(rate(n.live_decode_tokens_per_s), "num", "live-decode"),
+    cell(`${rate(n.prefill_tokens_per_s)} / ${rate(n.decode_tokens_per_s)}`, "num"),
     el("td", { class: "num", "data-testid": "prefix" }, prefixStore(n)))));
 }
 
