@@ -143,8 +143,7 @@ def create_app(
     audit's replays); by default the app makes its own from ``config``.
     """
     admission = admission or new_admission(config, clock=clock, rng=rng)
-    shape = HistoryShape(config.history_bucket_seconds, config.history_buckets)
-    ledger = RequestLedger(shape, clock, lambda: {"queued": admission.queued, "in_flight": admission.in_flight})
+    ledger = _new_ledger(config, admission, clock)
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
         max_events_per_request=config.telemetry_max_events_per_request,
@@ -177,6 +176,12 @@ def create_app(
     _add_completion_routes(app, service, generator, codecs, status, guard)
     _add_telemetry_routes(app, hub, guard)
     return app
+
+
+def _new_ledger(config: GatewayConfig, admission: Admission, clock: Callable[[], float]) -> RequestLedger:
+    """The request ledger (log line, histograms, history), sampling ``admission``'s gauges."""
+    shape = HistoryShape(config.history_bucket_seconds, config.history_buckets)
+    return RequestLedger(shape, clock, lambda: {"queued": admission.queued, "in_flight": admission.in_flight})
 
 
 def _add_status_routes(
