@@ -22,9 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from swarm_harness import LONG_PROMPT, MODEL_NAME, SseResult, Swarm, chat_body, read_sse, write_tiny_model
 
 from meshnet.gateway.config import GatewayConfig
@@ -221,18 +223,29 @@ def test_the_page_asks_for_the_key_then_charts_real_requests(
         assert drawn > 20, f"the {metric} chart drew no line ({drawn} pixels in the line colours)"
     page.close()
     _one_log_line_per_request(swarm, requests)
+    _histograms_count_the_requests(base_url, requests)
+
+
+def _histograms_count_the_requests(base_url: str, requests: int) -> None:
+    """The real gateway's /metrics, read by Prometheus' own parser: one TTFT per request, 23
+    inter-token gaps per 24-token request (the decode may stop early: at most that)."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(base_url + "/metrics").text)}
+    counts = {s.name: s.value for f in families.values() if f.type == "histogram" for s in f.samples}
+    assert counts["meshnet_gateway_time_to_first_token_seconds_count"] == requests
+    assert 0 < counts["meshnet_gateway_inter_token_seconds_count"] <= requests * 23, counts
+    assert counts["meshnet_gateway_request_duration_seconds_count"] == requests
 
 
 def _pixels_in_line_colours(png: bytes, tolerance: int = 24) -> int:
     """Pixels within ``tolerance`` of a line colour (the page's background is white and grey)."""
     image = Image.open(io.BytesIO(png)).convert("RGB")
     width, height = image.size
-    pixels = [image.getpixel((x, y)) for x in range(width) for y in range(height)]
-    return sum(
-        1
-        for pixel in pixels
-        if any(all(abs(c - w) <= tolerance for c, w in zip(pixel, want, strict=True)) for want in LINE_COLOURS)  # type: ignore[arg-type]
-    )
+    pixels: list[Any] = [image.getpixel((x, y)) for x in range(width) for y in range(height)]
+
+    def near(pixel: tuple[int, int, int], want: tuple[int, int, int]) -> bool:
+        return all(abs(c - w) <= tolerance for c, w in zip(pixel, want, strict=True))
+
+    return len([pixel for pixel in pixels if any(near(pixel, want) for want in LINE_COLOURS)])
 
 
 def _one_log_line_per_request(swarm: Swarm, requests: int) -> None:

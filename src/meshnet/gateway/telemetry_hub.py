@@ -147,6 +147,7 @@ class _RequestLog:
         self.changed: asyncio.Event | None = None
         self.route: tuple[str, ...] = ()
         self.first_token_at: float | None = None
+        self.tokens_seen = 0
         self.last_token_at: float | None = None
 
     def wake_followers(self) -> None:
@@ -233,11 +234,13 @@ class TelemetryHub:
             record = RequestRecord(str(request_id), owner, model, (), None, 0, None, 0.0, None, None, "failed", code)
             self.ledger.finished(record)
 
-    def token(self, request_id: RequestId) -> None:
-        """One more token of ``request_id`` reached its client: times TTFT and the gap since the last."""
+    def token(self, request_id: RequestId, generated: int) -> None:
+        """Token number ``generated`` of ``request_id`` reached its client: times TTFT and the gap
+        since the last (text flushed at the end repeats the count and times nothing)."""
         log = self._logs.get(request_id)
-        if log is None or log.finished:
+        if log is None or log.finished or generated <= log.tokens_seen:
             return
+        log.tokens_seen = generated
         now = self._clock()
         if log.first_token_at is None:
             log.first_token_at = now

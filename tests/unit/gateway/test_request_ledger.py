@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from typing import Any
 
 import httpx
 import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from meshnet.core.ids import RequestId
 from meshnet.gateway.request_ledger import RequestLedger, RequestRecord, log_line, rates
+from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.telemetry.history import HistoryShape
 
 pytestmark = pytest.mark.timeout(30)
@@ -119,3 +122,23 @@ def test_latest_rates_are_each_nodes_newest_bucket() -> None:
     }
     now[0] = 20.0  # everything left the 10 s window
     assert ledger.latest_rates() == {}
+
+
+def test_the_hub_times_each_token_once_and_records_the_route() -> None:
+    now = [0.0]
+    ledger = RequestLedger(HistoryShape(bucket_seconds=1.0, bucket_count=10), lambda: now[0])
+    hub = TelemetryHub(max_requests=4, max_events_per_request=16, clock=lambda: now[0], ledger=ledger)
+    rid = RequestId("req-t")
+    hub.open(rid, "tiny", owner="k-1")
+    hub.publish(rid, "accepted", {"hops": [{"node_id": "n-a"}, {"node_id": "n-b"}]})
+    for at, generated in [(0.2, 1), (0.3, 2), (0.5, 3), (0.5, 3)]:  # the last: text flushed at the end
+        now[0] = at
+        hub.token(rid, generated)
+    hub.publish(rid, "completed", {"finish_reason": "stop", "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+    (gaps,) = ledger.inter_token.series()
+    assert (gaps.count, round(gaps.total, 6)) == (2, 0.3)
+    (ttft,) = ledger.ttft.series()
+    assert ttft.total == 0.2
+    history: Any = ledger.history.as_json(now[0])["series"]
+    assert sorted(history["inter_token_seconds"]) == ["n-a", "n-b"]
+    assert history["decode_tokens_per_s"]["n-a"][0]["mean"] == round(2 / 0.3, 6)
