@@ -36,6 +36,7 @@ from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import ModelLimits, prepare_chat, prepare_text
+from meshnet.gateway.request_ledger import RequestLedger
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
@@ -43,6 +44,7 @@ from meshnet.gateway.status.page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.gateway.tools.grammar import build_tool_constraint
 from meshnet.gateway.tools.plan import read_tool_plan
+from meshnet.telemetry.history import HistoryShape
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
 logger = logging.getLogger(__name__)
@@ -142,12 +144,14 @@ def create_app(
     ``admission`` is the gateway's slots and queue when parts around the app share them (the
     audit's replays); by default the app makes its own from ``config``.
     """
+    admission = admission or new_admission(config, clock=clock, rng=rng)
+    ledger = _new_ledger(config, admission, clock)
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
         max_events_per_request=config.telemetry_max_events_per_request,
         clock=clock,
+        ledger=ledger,
     )
-    admission = admission or new_admission(config, clock=clock, rng=rng)
     capacity = SwarmCapacity(generator, admission, config, clock)
     service = CompletionService(
         generator,
@@ -169,11 +173,17 @@ def create_app(
     )
     app.state.status = status
     guard = [Depends(api_key_dependency(api_keys))]
-    _add_status_routes(app, admission, hub, status, extra_figures or dict)
+    _add_status_routes(app, admission, hub, status, extra_figures or dict, ledger)
     app.include_router(status_router(status, interval_seconds=config.status_interval_seconds, guard=guard))
     _add_completion_routes(app, service, generator, codecs, status, guard)
     _add_telemetry_routes(app, hub, guard)
     return app
+
+
+def _new_ledger(config: GatewayConfig, admission: Admission, clock: Callable[[], float]) -> RequestLedger:
+    """The request ledger (log line, histograms, history), sampling ``admission``'s gauges."""
+    shape = HistoryShape(config.history_bucket_seconds, config.history_buckets)
+    return RequestLedger(shape, clock, lambda: {"queued": admission.queued, "in_flight": admission.in_flight})
 
 
 def _add_status_routes(
@@ -182,6 +192,7 @@ def _add_status_routes(
     hub: TelemetryHub,
     status: SwarmStatus,
     extra_figures: Callable[[], Mapping[str, float]],
+    ledger: RequestLedger,
 ) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -212,7 +223,7 @@ def _add_status_routes(
             **extra_figures(),
         }
 
-    metrics_registry = build_registry("meshnet_gateway", figures)
+    metrics_registry = build_registry("meshnet_gateway", figures, histograms=ledger.histograms)
 
     @app.get("/metrics")
     async def metrics() -> Response:

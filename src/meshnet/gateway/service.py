@@ -153,6 +153,8 @@ class CompletionService:
             lease = await _unless_disconnected(request, wait)
         except Refused as refused:
             error = HttpError(503, "overloaded", refused.message, retry_after=refused.retry_after)
+            if request_id not in self.hub:  # refused at once: logged, but no telemetry log kept
+                self.hub.refused(request_id, model, owner, error.code)
             self._fail_waiting(request_id, error.code, error.message)
             raise error from None
         except BaseException as gone:  # client gone while waiting: its log must still end
