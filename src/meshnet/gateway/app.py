@@ -36,6 +36,8 @@ from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import ModelLimits, prepare_chat, prepare_text
+from meshnet.gateway.responses_api.body import ResponsesBody, chat_body, check_supported
+from meshnet.gateway.responses_api.shape import ResponsesShape, response_header
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
@@ -272,6 +274,16 @@ def _add_completion_routes(
         codec, limits = await resolve(body.model)
         prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
+
+    @app.post("/v1/responses", dependencies=guard)
+    async def responses(request: Request) -> Response:
+        body = parse_body(ResponsesBody, await read_body(request, config.max_body_bytes))
+        check_supported(body)
+        chat = chat_body(body)
+        codec, limits = await resolve(body.model)
+        prepared = prepare_chat(chat, codec, limits, config, await build_schema_constraint(chat, grammars))
+        header = response_header(body, request.state.request_id, int(service.wall_clock()))
+        return await service.respond(request, prepared, codec, ResponsesShape(header))
 
 
 def _model_object(card: ModelCard) -> dict[str, Any]:
