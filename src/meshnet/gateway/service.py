@@ -9,8 +9,8 @@ route session is ended and the admission slots returned exactly once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TypeVar
 
 import anyio
 from fastapi import Request
@@ -19,29 +19,21 @@ from fastapi.responses import JSONResponse, Response
 from meshnet.core.errors import Cancelled
 from meshnet.core.ids import RequestId
 from meshnet.gateway.admission import Admission, Lease, Refused
+from meshnet.gateway.answer_shape import AnswerShape
 from meshnet.gateway.auth import request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.choice_view import ChoiceView, ShownItem, TextDelta
-from meshnet.gateway.choices import Entry, RequestRun, choice_request_id
+from meshnet.gateway.choices import RequestRun, choice_request_id
 from meshnet.gateway.config import GatewayConfig
 from meshnet.gateway.errors import HttpError, streamed_error
 from meshnet.gateway.ports import RouteGenerator, TextCodec
 from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, unknown_model
-from meshnet.gateway.responses import ChunkWriter, Collected, completion_object, total_usage
+from meshnet.gateway.responses import ChunkWriter, completion_object, total_usage
 from meshnet.gateway.sse import DONE, KEEPALIVE, ManagedStreamingResponse, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
 from meshnet.route.life import Failure, Outcome
 
 T = TypeVar("T")
-
-
-class AnswerShape(Protocol):
-    """How an endpoint other than chat or text completions shapes its answer (``/v1/responses``):
-    the whole object from the collected choices, or the SSE frames from the shown entries."""
-
-    def whole(self, collected: Sequence[Collected]) -> dict[str, Any]: ...
-
-    def stream(self, entries: AsyncIterator[Entry | None]) -> AsyncIterator[bytes]: ...
 
 
 class CompletionService:
@@ -104,14 +96,17 @@ class CompletionService:
                 # Wait for each route's first item before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
                 firsts = await run.first_entries()
-                entries = _entries(preamble, firsts, run, self.config.keepalive_seconds)
-                frames = self._sse(prepared, request_id, entries) if shape is None else shape.stream(entries)
+                frames = (
+                    self._sse(prepared, request_id, preamble, firsts, run)
+                    if shape is None
+                    else shape.stream(run.entries(preamble, firsts, self.config.keepalive_seconds))
+                )
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
-            collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             if shape is not None:
-                return JSONResponse(shape.whole(collected))
+                return JSONResponse(shape.whole(await _unless_disconnected(request, run.collect(prepared.logprobs))))
+            collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
             return JSONResponse(body)
@@ -179,7 +174,12 @@ class CompletionService:
         self.hub.publish(request_id, "failed", error)
 
     async def _sse(
-        self, prepared: PreparedRequest, request_id: RequestId, entries: AsyncIterator[Entry | None]
+        self,
+        prepared: PreparedRequest,
+        request_id: RequestId,
+        preamble: list[ShownItem],
+        firsts: list[tuple[int, list[ShownItem]]],
+        run: RequestRun,
     ) -> AsyncIterator[bytes]:
         created = int(self.wall_clock())
         writer = ChunkWriter(prepared.kind, request_id, prepared.model, created, logprobs=prepared.logprobs)
@@ -188,31 +188,21 @@ class CompletionService:
             if opening is not None:
                 yield data_frame(opening)
         stream = _StreamState(writer, request_id, prepared.choices, prepared.include_usage)
-        async for entry in entries:
-            if entry is None:
+        for frame in stream.frames(0, preamble):
+            yield frame
+        for index, shown in firsts:
+            for frame in stream.frames(index, shown):
+                yield frame
+        # Then every choice's items as they come, from the one queue; a keep-alive comment
+        # whenever none comes for a while (a long prefill or a failover replay).
+        while not (run.drained or stream.failed):
+            if run.empty and not await run.wait(self.config.keepalive_seconds):
                 yield KEEPALIVE
                 continue
-            for frame in stream.frames(*entry):
+            index, shown = run.take()
+            for frame in stream.frames(index, shown):
                 yield frame
-            if stream.failed:
-                break
         yield DONE
-
-
-async def _entries(
-    preamble: list[ShownItem], firsts: list[Entry], run: RequestRun, keepalive_s: float
-) -> AsyncIterator[Entry | None]:
-    """A stream's entries: the queue wait's events, each choice's first items, then every
-    choice's items as they come, from the one queue; None whenever none comes for
-    ``keepalive_s`` (a long prefill or a failover replay), so the writer sends a keep-alive."""
-    yield 0, preamble
-    for entry in firsts:
-        yield entry
-    while not run.drained:
-        if run.empty and not await run.wait(keepalive_s):
-            yield None
-            continue
-        yield run.take()
 
 
 class _StreamState:
