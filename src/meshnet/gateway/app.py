@@ -43,6 +43,8 @@ from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
 from meshnet.gateway.status.page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
+from meshnet.gateway.tools.grammar import build_tool_constraint
+from meshnet.gateway.tools.plan import read_tool_plan
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
 logger = logging.getLogger(__name__)
@@ -265,7 +267,9 @@ def _add_completion_routes(
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = await resolve(body.model)
-        prepared = prepare_chat(body, codec, limits, config, await build_schema_constraint(body, grammars))
+        tools = read_tool_plan(body, codec.chat_template_source)
+        grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(body, grammars)
+        prepared = prepare_chat(body, codec, limits, config, grammar, tools)
         return await service.respond(request, prepared, codec)
 
     @app.post("/v1/completions", dependencies=guard)

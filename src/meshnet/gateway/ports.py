@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
@@ -62,9 +62,21 @@ class TextCodec(Protocol):
         """Tokens of plain text: control-token markers in ``text`` stay text."""
         ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         """Tokens of a chat rendered by the model's template: only the template's own markers
-        become control tokens, never text inside a message (no role injection)."""
+        become control tokens, never text inside a message (no role injection). ``tools`` and
+        messages' ``tool_calls`` are passed to the template (gateway/tools/render.py)."""
+        ...
+
+    @property
+    def chat_template_source(self) -> str | None:
+        """The Jinja chat template in use (it decides the tool format); None for a base model."""
         ...
 
     def new_decoder(self) -> IncrementalDecoder: ...

@@ -25,6 +25,8 @@ from meshnet.gateway.schemas import (
     CompletionBody,
     unsupported_parameters,
 )
+from meshnet.gateway.tools.plan import ToolPlan
+from meshnet.gateway.tools.render import template_messages, template_tools
 
 EndpointKind = Literal["chat", "text"]
 TOKEN_ID_LIMIT = 2**31
@@ -43,6 +45,8 @@ class PreparedRequest:
     include_usage: bool
     choices: int = 1
     """``n``: independent choices; choice i samples with seed + i (see ``choice_generation``)."""
+    tools: ToolPlan | None = None
+    """The request's tools (chat only): the reply is parsed for calls when ``tools.active``."""
 
     @property
     def logprobs(self) -> bool:
@@ -74,18 +78,23 @@ def prepare_chat(
     limits: ModelLimits,
     config: GatewayConfig,
     schema_constraint: OutputConstraint | None = None,
+    tools: ToolPlan | None = None,
 ) -> PreparedRequest:
-    """The chat request the route serves; ``schema_constraint``: the built ``json_schema`` grammar."""
+    """The chat request the route serves; ``schema_constraint``: the built ``json_schema`` grammar,
+    or with a required / named ``tools`` choice the built tool-call grammar (gateway/tools)."""
     _reject_unsupported(body)
-    messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
+    plain = [_plain_message(index, message, tools) for index, message in enumerate(body.messages)]
+    messages = template_messages(body.messages, plain, tools)
     # Only the template's own markers become control tokens: text a user sends stays text.
     try:
-        tokens = codec.encode_chat(messages, add_generation_prompt=True)
+        tokens = codec.encode_chat(messages, add_generation_prompt=True, tools=template_tools(tools))
     except InvalidArgument as err:  # the template refused these messages
         raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
-    constraint = output_constraint(body, schema_constraint)
-    return _prepare(body, "chat", tokens, requested, codec, limits, config, constraint)
+    constrained = tools is not None and tools.constrained
+    constraint = schema_constraint if constrained else output_constraint(body, schema_constraint)
+    prepared = _prepare(body, "chat", tokens, requested, codec, limits, config, constraint)
+    return replace(prepared, tools=tools)
 
 
 def prepare_text(
@@ -206,17 +215,17 @@ def _reject_unsupported(body: ChatCompletionBody | CompletionBody) -> None:
         raise bad_request(
             "unsupported_parameter",
             f"{names[0]} is not supported by this server with the value given "
-            "(meshnet generates text only: no tools, echo, suffix or best_of)",
+            "(no legacy functions, echo, suffix or best_of)",
             names[0],
         )
 
 
-def _plain_message(index: int, message: ChatMessage) -> Mapping[str, str]:
+def _plain_message(index: int, message: ChatMessage, tools: ToolPlan | None) -> Mapping[str, str]:
     param = f"messages.{index}"
-    if message.role in ("tool", "function"):
+    if message.role == "function" or (message.role == "tool" and tools is None):
         raise bad_request(
             "unsupported_parameter",
-            f"role {message.role!r} needs tools, which are unsupported",
+            f"role {message.role!r} is unsupported here (use tools and tool messages)",
             f"{param}.role",
         )
     # Chat templates of open models know "system"; OpenAI's newer "developer" means the same.

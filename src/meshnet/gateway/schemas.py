@@ -3,7 +3,7 @@
 Unknown fields are handled deliberately, in three groups:
 - modelled and honoured (``max_tokens``, ``temperature``, ``stop``, ``top_k`` extension ...);
 - known OpenAI parameters we cannot honour (``UNSUPPORTED``): accepted only with their neutral
-  value (``best_of: 1``, ``echo: false``, ``tools: []`` ...), any other value is a 400
+  value (``best_of: 1``, ``echo: false``, ``functions: []`` ...), any other value is a 400
   ``unsupported_parameter`` rather than a silently different answer;
 - everything else (``user``, ``metadata``, ``store``, ``service_tier``, future fields) is
   harmless to ignore, so ``extra="ignore"`` keeps newer clients working.
@@ -53,10 +53,48 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+class FunctionDef(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, JsonValue] | None = None
+    """The arguments' JSON schema; None: a function without arguments."""
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(_Body):
+    name: str
+    arguments: str
+    """The arguments as a JSON object in a string, as OpenAI returned them."""
+
+
+class ToolCallIn(_Body):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant turn's function calls (gateway/tools)."""
+    tool_call_id: str | None = None
+    """A ``tool`` message: the call it answers."""
 
 
 class _CompletionBody(_Body):
@@ -91,8 +129,9 @@ class ChatCompletionBody(_CompletionBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Alternatives per token; needs ``logprobs: true``."""
-    tools: JsonValue = None
-    tool_choice: JsonValue = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: JsonValue = None
     function_call: JsonValue = None
     audio: JsonValue = None
@@ -121,8 +160,6 @@ UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
         "best_of": _is_none_or(1),
         "echo": _is_none_or(False),
         "suffix": _is_none_or(""),
-        "tools": _is_none_or([]),
-        "tool_choice": _is_none_or("none"),
         "functions": _is_none_or([]),
         "function_call": _is_none_or("none"),
         "audio": _is_none_or(),

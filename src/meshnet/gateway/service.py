@@ -31,6 +31,7 @@ from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, 
 from meshnet.gateway.responses import ChunkWriter, completion_object, total_usage
 from meshnet.gateway.sse import DONE, KEEPALIVE, ManagedStreamingResponse, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
+from meshnet.gateway.tools.shape import ToolStreamShaper, shape_completion
 from meshnet.route.life import Failure, Outcome
 
 T = TypeVar("T")
@@ -109,6 +110,8 @@ class CompletionService:
             collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
+            if prepared.tools is not None and prepared.tools.active:
+                body = shape_completion(body, prepared.tools)
             return JSONResponse(body)
         finally:
             if not handed_off:
@@ -188,6 +191,8 @@ class CompletionService:
             if opening is not None:
                 yield data_frame(opening)
         stream = _StreamState(writer, request_id, prepared.choices, prepared.include_usage)
+        if prepared.tools is not None and prepared.tools.active:
+            stream.tools = ToolStreamShaper(prepared.tools, writer.choice_delta, prepared.choices)
         for frame in stream.frames(0, preamble):
             yield frame
         for index, shown in firsts:
@@ -216,13 +221,17 @@ class _StreamState:
         self.outcomes: dict[int, Outcome] = {}
         self.choices = choices
         self.failed = False
+        self.tools: ToolStreamShaper | None = None
+        """Set when the replies may call tools: text and endings go through its parser."""
 
     def frames(self, index: int, shown: list[ShownItem]) -> list[bytes]:
         frames: list[bytes] = []
         for item in shown:
             if self.failed:
                 break
-            if isinstance(item, TextDelta):
+            if isinstance(item, TextDelta) and self.tools is not None:
+                frames += [data_frame(chunk) for chunk in self.tools.delta(item.text, index)]
+            elif isinstance(item, TextDelta):
                 frames.append(data_frame(self.writer.delta(item.text, index, item.logprobs)))
             elif isinstance(item, TelemetryEvent):
                 frames.append(telemetry_comment(item))
@@ -231,7 +240,8 @@ class _StreamState:
                 self.failed = True
                 frames.append(data_frame(streamed_error(item.error, self.request_id)))
             else:
-                frames.append(data_frame(self.writer.closing(item, index)))
+                closing = [self.writer.closing(item, index)] if self.tools is None else self.tools.closing(item, index)
+                frames += [data_frame(chunk) for chunk in closing]
                 self.outcomes[index] = item
                 if len(self.outcomes) == self.choices and self.include_usage:
                     frames.append(data_frame(self.writer.usage(total_usage(self.outcomes.values()))))

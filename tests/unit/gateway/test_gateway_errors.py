@@ -87,7 +87,16 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "logprobs as string": (chat(logprobs="yes"), 400, "invalid_parameter"),
     "top_logprobs without logprobs": (chat(top_logprobs=3), 400, "invalid_parameter"),
     "top_logprobs above 20": (chat(logprobs=True, top_logprobs=21), 400, "invalid_parameter"),
-    "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
+    "tool_choice naming no tool": (
+        chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        400,
+        "invalid_parameter",
+    ),
+    "tools not a list": (chat(tools={"name": "f"}), 400, "invalid_parameter"),
+    "legacy functions": (chat(functions=[{"name": "f"}]), 400, "unsupported_parameter"),
     "unknown response_format": (chat(response_format={"type": "yaml"}), 400, "invalid_parameter"),
     "json_schema without schema": (chat(response_format={"type": "json_schema"}), 400, "invalid_parameter"),
     "unusable json_schema": (
@@ -100,7 +109,7 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "logit_bias key not an id": (chat(logit_bias={"abc": 10}), 400, "invalid_parameter"),
     "logit_bias id outside vocab": (chat(logit_bias={"99999": 10}), 400, "invalid_parameter"),
     "logit_bias above 100": (chat(logit_bias={"5": 101}), 400, "invalid_argument"),
-    "tool role": (chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported_parameter"),
+    "tool message answering no call": (chat(messages=[{"role": "tool", "content": "x"}]), 400, "invalid_parameter"),
     "image part": (
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
         400,
