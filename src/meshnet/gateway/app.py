@@ -285,9 +285,11 @@ def _add_completion_routes(
         check_supported(body)
         chat = chat_body(body)
         codec, limits = await resolve(body.model)
-        prepared = prepare_chat(chat, codec, limits, config, await build_schema_constraint(chat, grammars))
+        tools = read_tool_plan(chat, codec.chat_template_source)
+        grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(chat, grammars)
+        prepared = prepare_chat(chat, codec, limits, config, grammar, tools)
         header = response_header(body, request.state.request_id, int(service.wall_clock()))
-        return await service.respond(request, prepared, codec, ResponsesShape(header))
+        return await service.respond(request, prepared, codec, ResponsesShape(header, tools))
 
 
 def _model_object(card: ModelCard) -> dict[str, Any]:

@@ -10,12 +10,14 @@ tests/integration/test_swarm_responses.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
 import pytest
 from gateway_doubles import MODEL, ByteCodec, Script, ScriptedGenerator, live_server, make_app
 
+from meshnet.gateway.ports import ModelCard
 from meshnet.gateway.responses_api.body import ResponsesBody, chat_body, check_supported
 from meshnet.gateway.schemas import ChatMessage
 
@@ -114,9 +116,10 @@ async def test_max_output_tokens_makes_an_incomplete_response() -> None:
     [
         ({"store": True}, "store"),
         ({"previous_response_id": "resp-1"}, "previous_response_id"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input.0.type"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input.0"),
         ({"input": []}, "input"),
     ],
 )
@@ -157,3 +160,87 @@ def test_text_format_json_schema_becomes_the_chat_response_format() -> None:
     assert chat.response_format.type == "json_schema"
     assert chat.response_format.json_schema.schema_ == schema
     assert chat.response_format.json_schema.name == "count"
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CALLING = 'Sure<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+"""What the scripted model says: text, then one call in the generic (Hermes-tag) format."""
+
+
+def tool_app(generator: ScriptedGenerator) -> Any:
+    """The app over a double with room for the generic tools preamble (about 500 byte tokens)."""
+    return make_app(generator, ByteCodec(context_length=2048))
+
+
+def tool_generator(text: str = "Hello world") -> ScriptedGenerator:
+    return ScriptedGenerator(Script(text=text), cards=(ModelCard(MODEL, "Q8_0", 2048),))
+
+
+async def test_a_function_call_becomes_a_function_call_item() -> None:
+    generator = tool_generator(CALLING)
+    async with live_server(tool_app(generator)) as base:
+        reply = await client_for(base).responses.create(model=MODEL, input="weather?", tools=[WEATHER])
+    kinds = [item.type for item in reply.output]
+    assert kinds == ["message", "function_call"]
+    call: Any = reply.output[1]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert call.call_id.startswith("call_")
+    assert reply.output_text == "Sure"
+    assert reply.tools[0].name == "get_weather" and reply.tool_choice == "auto"
+
+
+async def test_a_streamed_function_call_has_its_argument_events_and_equals_the_whole() -> None:
+    generator = tool_generator(CALLING)
+    async with live_server(tool_app(generator)) as base:
+        client = client_for(base)
+        whole = await client.responses.create(model=MODEL, input="weather?", tools=[WEATHER])
+        stream = await client.responses.create(model=MODEL, input="weather?", tools=[WEATHER], stream=True)
+        events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert kinds[-5:] == [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    final: Any = events[-1]
+    streamed = final.response.output
+    assert [item.type for item in streamed] == ["message", "function_call"]
+    assert streamed[0].content[0].text == whole.output_text == "Sure"
+    assert streamed[1].arguments == whole.output[1].arguments  # type: ignore[union-attr]
+
+
+async def test_call_and_result_items_render_as_the_chat_tool_turns() -> None:
+    generator = tool_generator()
+    arguments = '{"city": "Paris"}'
+    items: list[Any] = [
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]
+    messages: list[Any] = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    async with live_server(tool_app(generator)) as base:
+        client = client_for(base)
+        await client.responses.create(model=MODEL, input=items, tools=[WEATHER])
+        await client.chat.completions.create(model=MODEL, messages=messages, tools=[chat_tool])
+    (responses_request, _), (chat_request, _) = generator.requests
+    assert responses_request.prompt_tokens == chat_request.prompt_tokens
+    assert b"sunny" in bytes(t - 2 for t in responses_request.prompt_tokens if t >= 2)

@@ -2,8 +2,11 @@
 
 Stored responses are off: ``store: true`` and ``previous_response_id`` are refused with a 400
 that says why (OpenAI's default for an absent ``store`` is true; here absent means false).
-Tools are refused until the tools machinery serves them; other known parameters that would
-change the answer are accepted only at their neutral value, as ``schemas.UNSUPPORTED`` does.
+Function tools are the chat tools (gateway/tools) in Responses' flatter spelling: ``tools``
+entries of type ``function``, ``tool_choice``, ``parallel_tool_calls``, and ``function_call`` /
+``function_call_output`` input items for the calls and results of earlier turns. Other tool
+types and other known parameters that would change the answer are accepted only at their neutral
+value, as ``schemas.UNSUPPORTED`` does.
 """
 
 from __future__ import annotations
@@ -15,9 +18,21 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from meshnet.gateway.errors import bad_request
-from meshnet.gateway.schemas import ChatCompletionBody, ChatMessage, JsonSchemaFormat, ResponseFormat
+from meshnet.gateway.schemas import (
+    CalledFunction,
+    ChatCompletionBody,
+    ChatMessage,
+    FunctionDef,
+    JsonSchemaFormat,
+    NamedFunction,
+    NamedToolChoice,
+    ResponseFormat,
+    ToolCallIn,
+    ToolDef,
+)
 
 InputRole = Literal["user", "system", "developer", "assistant"]
+ChoiceWord = Literal["none", "auto", "required"]
 
 
 class _Body(BaseModel):
@@ -33,6 +48,24 @@ class InputItem(_Body):
     type: str = "message"
     role: InputRole | None = None
     content: str | list[InputPart] | None = None
+    call_id: str | None = Field(default=None, min_length=1, max_length=256)
+    """``function_call`` and ``function_call_output`` items: the call."""
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class FunctionTool(_Body):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, JsonValue] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(_Body):
+    type: Literal["function"]
+    name: str
 
 
 class TextFormat(_Body):
@@ -58,8 +91,9 @@ class ResponsesBody(_Body):
     stream: bool = False
     store: bool | None = None
     previous_response_id: str | None = None
-    tools: JsonValue = None
-    tool_choice: JsonValue = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ChoiceWord | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
     reasoning: JsonValue = None
     background: JsonValue = None
     conversation: JsonValue = None
@@ -74,8 +108,6 @@ def _neutral(*values: object) -> Callable[[JsonValue], bool]:
 
 UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
     {
-        "tools": _neutral([]),
-        "tool_choice": _neutral("none", "auto"),
         "reasoning": _neutral(),
         "background": _neutral(False),
         "conversation": _neutral(),
@@ -101,6 +133,13 @@ def check_supported(body: ResponsesBody) -> None:
             "previous_response_id is not supported: stored responses are off, so send the whole conversation in input",
             "previous_response_id",
         )
+    for index, tool in enumerate(body.tools or []):
+        if tool.type != "function" or tool.name is None:
+            raise bad_request(
+                "unsupported_parameter",
+                f"tools of type {tool.type!r} are not supported; only named function tools are",
+                f"tools.{index}",
+            )
     for name, is_neutral in UNSUPPORTED.items():
         if not is_neutral(getattr(body, name)):
             raise bad_request(
@@ -116,7 +155,8 @@ def chat_body(body: ResponsesBody) -> ChatCompletionBody:
     if isinstance(body.input, str):
         messages.append(ChatMessage(role="user", content=body.input))
     else:
-        messages.extend(_message(index, item) for index, item in enumerate(body.input))
+        for index, item in enumerate(body.input):
+            _add_item(messages, index, item)
     if not messages:
         raise bad_request("invalid_parameter", "input holds no message", "input")
     return ChatCompletionBody(
@@ -127,7 +167,44 @@ def chat_body(body: ResponsesBody) -> ChatCompletionBody:
         top_p=body.top_p,
         stream=body.stream,
         response_format=_response_format(body.text),
+        tools=None if body.tools is None else [_chat_tool(tool) for tool in body.tools],
+        tool_choice=_chat_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls,
     )
+
+
+def _chat_tool(tool: FunctionTool) -> ToolDef:
+    function = FunctionDef(
+        name=tool.name or "", description=tool.description, parameters=tool.parameters, strict=tool.strict
+    )
+    return ToolDef(type="function", function=function)
+
+
+def _chat_tool_choice(choice: ChoiceWord | FunctionChoice | None) -> ChoiceWord | NamedToolChoice | None:
+    if isinstance(choice, FunctionChoice):
+        return NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+    return choice
+
+
+def _add_item(messages: list[ChatMessage], index: int, item: InputItem) -> None:
+    """Append ``item`` as chat messages; consecutive calls become one assistant turn's calls."""
+    param = f"input.{index}"
+    if item.type == "function_call":
+        if item.call_id is None or item.name is None or item.arguments is None:
+            raise bad_request("invalid_parameter", "a function_call item needs call_id, name and arguments", param)
+        call = ToolCallIn(id=item.call_id, function=CalledFunction(name=item.name, arguments=item.arguments))
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant" and last.tool_calls and not last.content:
+            messages[-1] = ChatMessage(role="assistant", tool_calls=[*last.tool_calls, call])
+        else:
+            messages.append(ChatMessage(role="assistant", tool_calls=[call]))
+        return
+    if item.type == "function_call_output":
+        if item.call_id is None or item.output is None:
+            raise bad_request("invalid_parameter", "a function_call_output item needs call_id and output", param)
+        messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
+        return
+    messages.append(_message(index, item))
 
 
 def _message(index: int, item: InputItem) -> ChatMessage:
@@ -172,3 +249,25 @@ def text_config(body: ResponsesBody) -> dict[str, JsonValue]:
         shown["description"] = wanted.description
     shown["strict"] = wanted.strict
     return {"format": shown}
+
+
+def tools_json(body: ResponsesBody) -> list[dict[str, JsonValue]]:
+    """The ``tools`` field of the response object: the request's function tools."""
+    return [
+        {
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+            "strict": tool.strict,
+        }
+        for tool in body.tools or []
+    ]
+
+
+def tool_choice_json(body: ResponsesBody) -> JsonValue:
+    """The ``tool_choice`` field of the response object (OpenAI's default: auto with tools)."""
+    choice = body.tool_choice
+    if isinstance(choice, FunctionChoice):
+        return {"type": "function", "name": choice.name}
+    return choice or ("auto" if body.tools else "none")
