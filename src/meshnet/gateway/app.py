@@ -25,6 +25,8 @@ from meshnet.gateway.admission import Admission
 from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read, request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig, admission_limits
+from meshnet.gateway.embeddings.body import EmbeddingsBody
+from meshnet.gateway.embeddings.serve import serve_embeddings
 from meshnet.gateway.errors import (
     HttpError,
     error_response,
@@ -278,6 +280,12 @@ def _add_completion_routes(
         codec, limits = await resolve(body.model)
         prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
+
+    @app.post("/v1/embeddings", dependencies=guard)
+    async def embeddings(request: Request) -> Response:
+        body = parse_body(EmbeddingsBody, await read_body(request, config.max_body_bytes))
+        codec, limits = await resolve(body.model)
+        return JSONResponse(await serve_embeddings(service, request, body, codec, limits.context_length))
 
     @app.post("/v1/responses", dependencies=guard)
     async def responses(request: Request) -> Response:
