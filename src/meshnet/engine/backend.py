@@ -77,6 +77,10 @@ class StepOutput:
     """float32 [n, n_embd]: the unnormalized residual after this shard's last layer (non-tail)."""
     logits: np.ndarray | None = None
     """float32 [rows, n_vocab] (tail): rows as asked by ``want_logits``."""
+    normed: np.ndarray | None = None
+    """float32 [rows, n_embd] (tail): the same rows after the final norm, before the LM head --
+    llama.cpp's ``result_norm``, the hidden states its embeddings pool. None where the engine
+    cannot see them."""
 
 
 def chunk_bounds(position: int, n_tokens: int, chunk: int) -> list[tuple[int, int]]:
@@ -119,7 +123,9 @@ def join_pieces(outputs: list[StepOutput]) -> StepOutput:
     if hidden:
         return StepOutput(slot, hidden=np.concatenate(hidden))
     logits = [o.logits for o in outputs if o.logits is not None]
-    return StepOutput(slot, logits=np.concatenate(logits) if logits else None)
+    normed = [o.normed for o in outputs if o.normed is not None]
+    whole_normed = np.concatenate(normed) if normed and len(normed) == len(logits) else None
+    return StepOutput(slot, logits=np.concatenate(logits) if logits else None, normed=whole_normed)
 
 
 class KeepsNoKv:

@@ -25,6 +25,8 @@ from meshnet.gateway.admission import Admission
 from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read, request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig, admission_limits
+from meshnet.gateway.embeddings.body import EmbeddingsBody
+from meshnet.gateway.embeddings.serve import serve_embeddings
 from meshnet.gateway.errors import (
     HttpError,
     error_response,
@@ -37,6 +39,8 @@ from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
 from meshnet.gateway.prepare import ModelLimits, prepare_chat, prepare_text
 from meshnet.gateway.request_ledger import RequestLedger
+from meshnet.gateway.responses_api.body import ResponsesBody, chat_body, check_supported
+from meshnet.gateway.responses_api.shape import ResponsesShape, response_header
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
@@ -287,6 +291,24 @@ def _add_completion_routes(
         codec, limits = await resolve(body.model)
         prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
+
+    @app.post("/v1/embeddings", dependencies=guard)
+    async def embeddings(request: Request) -> Response:
+        body = parse_body(EmbeddingsBody, await read_body(request, config.max_body_bytes))
+        codec, limits = await resolve(body.model)
+        return JSONResponse(await serve_embeddings(service, request, body, codec, limits.context_length))
+
+    @app.post("/v1/responses", dependencies=guard)
+    async def responses(request: Request) -> Response:
+        body = parse_body(ResponsesBody, await read_body(request, config.max_body_bytes))
+        check_supported(body)
+        chat = chat_body(body)
+        codec, limits = await resolve(body.model)
+        tools = read_tool_plan(chat, codec.chat_template_source)
+        grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(chat, grammars)
+        prepared = prepare_chat(chat, codec, limits, config, grammar, tools)
+        header = response_header(body, request.state.request_id, int(service.wall_clock()))
+        return await service.respond(request, prepared, codec, ResponsesShape(header, tools))
 
 
 def _model_object(card: ModelCard) -> dict[str, Any]:

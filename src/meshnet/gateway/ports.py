@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
@@ -112,6 +113,15 @@ class RouteGenerator(Protocol):
 
     async def session_slots(self) -> int | None:
         """Sessions the swarm admits at once (its head shards' ``max_sessions``); None if unknown."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """A route generator that also embeds (``POST /v1/embeddings``); one that is not is refused."""
+
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> tuple[float, ...]:
+        """The pooled embedding of ``request.prompt_tokens`` (float64), computed on a route."""
         ...
 
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from meshnet.core.errors import Cancelled
 from meshnet.core.ids import RequestId
 from meshnet.gateway.admission import Admission, Lease, Refused
+from meshnet.gateway.answer_shape import AnswerShape
 from meshnet.gateway.auth import request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.choice_view import ChoiceView, ShownItem, TextDelta
@@ -66,7 +67,10 @@ class CompletionService:
             raise unknown_model(model, list(self.codecs))
         return codec, model_limits(model, codec, self.generator.models())
 
-    async def respond(self, request: Request, prepared: PreparedRequest, codec: TextCodec) -> Response:
+    async def respond(
+        self, request: Request, prepared: PreparedRequest, codec: TextCodec, shape: AnswerShape | None = None
+    ) -> Response:
+        """Serve ``prepared``; ``shape``, when given, shapes the answer instead of the completion objects."""
         request_id: RequestId = request.state.request_id
         await self.capacity.refresh_if_stale()
         lease, preamble = await self._admit(request, request_id, prepared.model)
@@ -93,10 +97,16 @@ class CompletionService:
                 # Wait for each route's first item before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
                 firsts = await run.first_entries()
-                frames = self._sse(prepared, request_id, preamble, firsts, run)
+                frames = (
+                    self._sse(prepared, request_id, preamble, firsts, run)
+                    if shape is None
+                    else shape.stream(run.entries(preamble, firsts, self.config.keepalive_seconds))
+                )
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
+            if shape is not None:
+                return JSONResponse(shape.whole(await _unless_disconnected(request, run.collect(prepared.logprobs))))
             collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)

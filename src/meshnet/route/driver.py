@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import (
     DeadlineExceeded,
     IntegrityError,
@@ -95,9 +96,9 @@ class RouteSession:
 
 class RouteDriver:
     def __init__(self, pool: ChannelPool, *, max_frame_bytes: int, budget: StepBudget | None = None) -> None:
-        self._pool = pool
+        self.pool = pool
         self._max_frame_bytes = max_frame_bytes
-        self._budget = budget or StepBudget()
+        self.budget = budget or StepBudget()
 
     async def run(
         self,
@@ -143,7 +144,7 @@ class RouteDriver:
 
     async def plan(self, route: RouteSession, request: GenerationRequest) -> KvPlan | None:
         """The prompt KV ``route``'s hops hold for ``request`` now (``route.kv_plan``)."""
-        return await plan_for(self._pool, route.hops, route.fingerprint, request)
+        return await plan_for(self.pool, route.hops, route.fingerprint, request)
 
     async def resume(
         self, route: RouteSession, request: GenerationRequest, history: Sequence[int]
@@ -151,7 +152,7 @@ class RouteDriver:
         """The snapshot of the session ``route``'s hops all hold, to resume it from after a
         failover (``route.snapshot_resume``); None: replay it from 0."""
         prompt = request.prompt_tokens
-        return await plan_resume(self._pool, route.hops, route.fingerprint, route.session_id, prompt, history)
+        return await plan_resume(self.pool, route.hops, route.fingerprint, route.session_id, prompt, history)
 
     async def _attempt(
         self,
@@ -163,12 +164,12 @@ class RouteDriver:
     ) -> AsyncGenerator[GenerationEvent, None]:
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
-        stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
+        stream = ShardStream(self.pool, head.address, _remaining(deadline), head.node_id)
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
             continuation = _continuation(request, len(history))
-            run = _Run(route, request, deadline, stream, continuation, self._budget, plan, snapshot)
+            run = _Run(route, request, deadline, stream, continuation, self.budget, plan, snapshot)
             progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event
@@ -191,7 +192,7 @@ class RouteDriver:
         cached, prompt = run.cached_tokens, len(run.request.prompt_tokens)
         start = cached if run.snapshot is None else run.snapshot.position
         if start < prompt:
-            chunks = self._prefill_chunks(run.request, run.route.hops, start)
+            chunks = self.prefill_chunks(run.request, run.route.hops, start)
         else:  # resumed past the prompt: the token at the snapshot's end opens the session
             token = np.array([history[start - prompt]], np.int32)
             chunks = [PrefillChunk(start, token, final_chunk=True)]
@@ -207,7 +208,7 @@ class RouteDriver:
         yield PrefillCompleted(progress.total, time.perf_counter() - progress.started)
         yield DecodeStarted()
 
-    def _prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop], start: int) -> list[PrefillChunk]:
+    def prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop], start: int) -> list[PrefillChunk]:
         """The prompt from ``start`` (where the reused KV ends) in frames."""
         prompt = np.asarray(request.prompt_tokens[start:], dtype=np.int32)
         head = hops[0].capability
@@ -240,6 +241,8 @@ class _Run:
     """What the opening frame reuses and asks each shard to keep (``route.kv_plan``)."""
     snapshot: SnapshotPlan | None = None
     """The snapshot the opening frame restores on every shard (``route.snapshot_resume``)."""
+    embedding: EmbeddingSpec | None = None
+    """An embedding session (``route.embedding``): the tail pools the prompt, samples nothing."""
 
     @property
     def cached_tokens(self) -> int:
@@ -301,6 +304,7 @@ async def _prefill(
             ticket=run.route.ticket if step == 0 else None,
             kv=run.kv if step == 0 else None,
             snapshot=run.snapshot if step == 0 else None,
+            embedding=run.embedding if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.

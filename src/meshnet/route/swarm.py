@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from meshnet.core.devices import route_numerics
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import (
     CacheMiss,
     ContextLengthExceeded,
@@ -40,6 +41,7 @@ from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, Work
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.embedding import EmbeddingRun
 from meshnet.route.kv_plan import RouteChains
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.lost_hops import LostAt, replacement_route
@@ -180,6 +182,13 @@ class SwarmClient:
                     self._offer_audit(run)
                     self._report_timing(run.timing())
                     self._warmer.offer(request, life.tokens, run.route)
+
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> tuple[float, ...]:
+        """The pooled embedding of ``request``'s prompt, with failover (``route.embedding``), billed."""
+        embedding = EmbeddingRun(self.tracker, self._driver, self._lost_hops, self._config.max_failovers)
+        vector, record = await embedding.embed(request, spec, request_id)
+        self.reports.file(record)
+        return vector
 
     async def _follow(self, run: _Run) -> None:
         """Drive ``run`` until its life is finished, replaying it onto a new route when a shard is lost.

@@ -32,6 +32,12 @@ from meshnet.core.sampling_options import (
     TokenLogprob,
     TokenLogprobs,
 )
+from meshnet.wire.embedding_wire import (
+    embedding_spec_from_proto,
+    embedding_spec_to_proto,
+    vector_from_proto,
+    vector_to_proto,
+)
 from meshnet.wire.frames import (
     MAX_ID_CHARS,
     CacheExpectation,
@@ -112,6 +118,8 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         message.kv.CopyFrom(kv_plan_to_proto(frame.kv))
     if frame.snapshot is not None:
         message.snapshot.CopyFrom(snapshot_plan_to_proto(frame.snapshot))
+    if frame.embedding is not None:
+        message.embedding.CopyFrom(embedding_spec_to_proto(frame.embedding))
     return message
 
 
@@ -160,6 +168,7 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
         kv=kv_plan_from_proto(message.kv) if message.HasField("kv") else None,
         snapshot=snapshot_plan_from_proto(message.snapshot) if message.HasField("snapshot") else None,
+        embedding=embedding_spec_from_proto(message.embedding) if message.HasField("embedding") else None,
     )
 
 
@@ -207,7 +216,9 @@ def _range(span: pb.LayerSpan, what: str) -> LayerRange:
 
 def result_to_proto(result: StepResult) -> pb.StepResponse:
     message = pb.StepResponse(session_id=result.session_id, step=result.step, next_position=result.next_position)
-    if result.token_id is None:
+    if result.embedding is not None:
+        message.embedding.CopyFrom(vector_to_proto(result.embedding))
+    elif result.token_id is None:
         message.ack.SetInParent()
     else:
         message.token.token_id = result.token_id
@@ -243,6 +254,7 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
         token_id=message.token.token_id if which == "token" else None,
         timings=timings,
         logprobs=_logprobs_from_proto(message.token) if which == "token" else None,
+        embedding=vector_from_proto(message.embedding) if which == "embedding" else None,
     )
 
 
