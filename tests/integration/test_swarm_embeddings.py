@@ -17,6 +17,7 @@ import llama_cpp
 import numpy as np
 import openai
 import pytest
+from embedding_oracle import embedding_oracle
 from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, PROMPT, Swarm, write_tiny_model
 
 from meshnet.node.config import WorkerConfig
@@ -33,17 +34,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def oracle(model: Path) -> Iterator[llama_cpp.Llama]:
-    llm = llama_cpp.Llama(
-        str(model),
-        embedding=True,
-        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST,
-        n_ctx=CONTEXT,
-        n_batch=CONTEXT,
-        n_ubatch=WorkerConfig.prefill_chunk,  # the workers' chunking of a prompt
-        n_threads=1,
-        flash_attn=True,  # as the workers run (LlamaConfig.flash_attn)
-        verbose=False,
-    )
+    llm = embedding_oracle(model)
     yield llm
     llm.close()
 

@@ -11,12 +11,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 import openai
 import pytest
+from embedding_oracle import embedding_oracle
 from swarm_harness import (
-    CONTEXT,
     LONG_PROMPT,
     MODEL_NAME,
     PROMPT,
@@ -25,8 +24,6 @@ from swarm_harness import (
     wait_sessions_freed,
     write_tiny_model,
 )
-
-from meshnet.node.config import WorkerConfig
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,17 +37,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def expected(model: Path) -> dict[str, np.ndarray]:
-    llm = llama_cpp.Llama(
-        str(model),
-        embedding=True,
-        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST,
-        n_ctx=CONTEXT,
-        n_batch=CONTEXT,
-        n_ubatch=WorkerConfig.prefill_chunk,
-        n_threads=1,
-        flash_attn=True,
-        verbose=False,
-    )
+    llm = embedding_oracle(model)
     try:
         return {text: np.array(llm.embed(text, normalize=True), dtype=np.float64) for text in TEXTS}
     finally:
