@@ -34,7 +34,7 @@ async def serve_embeddings(
         raise HttpError(501, "embeddings_unsupported", "this gateway's swarm cannot serve embeddings", param="model")
     inputs = input_tokens(body, codec, context_length)
     request_id: RequestId = request.state.request_id
-    lease, _ = await service._admit(request, request_id, body.model)
+    lease, _ = await service.admit(request, request_id, body.model)
     try:
         # Each input is a route session of its own, billed under its own id as a choice is.
         vectors = [
@@ -42,14 +42,15 @@ async def serve_embeddings(
             for index, tokens in enumerate(inputs)
         ]
     except (MeshnetError, HttpError) as error:
-        code = error.code
-        service.hub.publish(request_id, "failed", {"code": code, "message": error.message, "request_id": request_id})
+        retryable = isinstance(error, MeshnetError) and error.retryable
+        failed = {"code": error.code, "message": error.message, "retryable": retryable, "request_id": request_id}
+        service.hub.publish(request_id, "failed", failed)
         raise
     finally:
         lease.release()
     prompt_tokens = sum(len(tokens) for tokens in inputs)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
-    service.hub.publish(request_id, "completed", {"usage": usage, "finish_reason": "embedding"})
+    service.hub.publish(request_id, "completed", {"usage": usage, "finish_reason": "stop"})
     return embeddings_object(body.model, vectors, body.encoding_format, prompt_tokens)
 
 
