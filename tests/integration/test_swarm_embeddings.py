@@ -10,6 +10,7 @@ inputs, a prompt over several prefill chunks; bad input gets an OpenAI-shaped 40
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import llama_cpp
 import numpy as np
 import openai
 import pytest
-from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, PROMPT, Swarm, write_tiny_model
+from embedding_oracle import embedding_oracle
+from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, PROMPT, Swarm, query_db, write_tiny_model
 
 from meshnet.node.config import WorkerConfig
 
@@ -33,30 +35,26 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def oracle(model: Path) -> Iterator[llama_cpp.Llama]:
-    llm = llama_cpp.Llama(
-        str(model),
-        embedding=True,
-        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST,
-        n_ctx=CONTEXT,
-        n_batch=CONTEXT,
-        n_ubatch=WorkerConfig.prefill_chunk,  # the workers' chunking of a prompt
-        n_threads=1,
-        flash_attn=True,  # as the workers run (LlamaConfig.flash_attn)
-        verbose=False,
-    )
+    llm = embedding_oracle(model)
     yield llm
     llm.close()
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[openai.OpenAI]:
-    with Swarm(tmp_path_factory.mktemp("swarm"), model) as swarm:
-        swarm.start_tracker()
-        swarm.start_workers("0:2", "2:4", "4:6")
-        base_url = swarm.start_gateway()
-        swarm.wait_routable(nodes=3)
-        with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60.0) as api:
-            yield api
+def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swarm]:
+    with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
+        running.start_tracker()
+        running.start_workers("0:2", "2:4", "4:6")
+        running.base_url = running.start_gateway()  # type: ignore[attr-defined]
+        running.wait_routable(nodes=3)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(swarm: Swarm) -> Iterator[openai.OpenAI]:
+    base_url = swarm.base_url  # type: ignore[attr-defined]
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60.0) as api:
+        yield api
 
 
 def _expected(oracle: llama_cpp.Llama, text: str) -> np.ndarray:
@@ -114,3 +112,18 @@ def test_bad_input_is_an_openai_400(client: openai.OpenAI, fields: dict[str, obj
 def test_an_unknown_model_is_a_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input=PROMPT)
+
+
+def test_each_input_is_billed_under_its_own_work_record(
+    swarm: Swarm, client: openai.OpenAI, oracle: llama_cpp.Llama
+) -> None:
+    raw = client.embeddings.with_raw_response.create(model=MODEL_NAME, input=[PROMPT, SECOND])
+    request_id = raw.headers["x-request-id"]
+    lengths = [len(oracle.tokenize(text.encode())) for text in (PROMPT, SECOND)]
+    for key, tokens in zip((request_id, f"{request_id}-1"), lengths, strict=True):
+        query = f"SELECT status, tokens_in, tokens_out FROM work_records WHERE request_id = '{key}'"
+        deadline = time.monotonic() + 10.0
+        while not query_db(swarm.db_path, query) or query_db(swarm.db_path, query)[0][0] == "unverified":
+            assert time.monotonic() < deadline, f"no work record of {key} was settled"
+            time.sleep(0.1)
+        assert query_db(swarm.db_path, query)[0] == ("completed", tokens, 0)

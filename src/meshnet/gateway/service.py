@@ -73,7 +73,7 @@ class CompletionService:
         """Serve ``prepared``; ``shape``, when given, shapes the answer instead of the completion objects."""
         request_id: RequestId = request.state.request_id
         await self.capacity.refresh_if_stale()
-        lease, preamble = await self._admit(request, request_id, prepared.model)
+        lease, preamble = await self.admit(request, request_id, prepared.model)
         leases = [lease]
         try:
             leases += await self._admit_more_choices(request, request_id, prepared.choices - 1)
@@ -143,7 +143,7 @@ class CompletionService:
             raise
         return leases
 
-    async def _admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[ShownItem]]:
+    async def admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[ShownItem]]:
         """A slot, after waiting in the queue if need be; the ``queued`` event, if it waited.
 
         A request refused at once gets no telemetry log: under overload those would evict the

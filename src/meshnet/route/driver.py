@@ -169,8 +169,8 @@ class RouteDriver:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
             continuation = _continuation(request, len(history))
-            run = _Run(route, request, deadline, stream, continuation, self.budget, plan, snapshot)
-            progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
+            run = RouteRun(route, request, deadline, stream, continuation, self.budget, plan, snapshot)
+            progress = PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event
             rate = _Rate()
@@ -187,7 +187,7 @@ class RouteDriver:
             stream.cancel()
 
     async def _prefill_and_replay(
-        self, run: _Run, history: Sequence[int], progress: _PrefillTally
+        self, run: RouteRun, history: Sequence[int], progress: PrefillTally
     ) -> AsyncIterator[GenerationEvent]:
         cached, prompt = run.cached_tokens, len(run.request.prompt_tokens)
         start = cached if run.snapshot is None else run.snapshot.position
@@ -199,7 +199,7 @@ class RouteDriver:
             history = history[start - prompt + 1 :]
         progress.done = start
         yield PrefillStarted(progress.total, cached)
-        async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
+        async for chunk_done in send_prefill(run, chunks, progress, last_continues=not history):
             if run.snapshot is not None and progress.step == 1:  # the opening frame restored it
                 yield RouteHealth("resumed", f"every hop restored the session's snapshot of {start} positions")
             yield chunk_done
@@ -227,7 +227,7 @@ class RouteDriver:
 
 
 @dataclass(frozen=True)
-class _Run:
+class RouteRun:
     """One generation's fixed context: where its frames go and what each of them carries."""
 
     route: RouteSession
@@ -273,7 +273,7 @@ class _Run:
         )
 
 
-class _PrefillTally:
+class PrefillTally:
     """Where the prefill stands: tokens through the route, the last result, the next step."""
 
     def __init__(self, total: int, started: float) -> None:
@@ -290,8 +290,8 @@ class _PrefillTally:
         return PrefillProgress(self.done, self.total, time.perf_counter() - self.started, replay)
 
 
-async def _prefill(
-    run: _Run, chunks: Sequence[PrefillChunk], tally: _PrefillTally, *, last_continues: bool
+async def send_prefill(
+    run: RouteRun, chunks: Sequence[PrefillChunk], tally: PrefillTally, *, last_continues: bool
 ) -> AsyncIterator[PrefillProgress]:
     """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
     downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint, h.node_id) for h in run.route.hops[1:])
@@ -316,7 +316,9 @@ async def _prefill(
         yield tally.advance(len(chunk.payload), answer, replay=False)
 
 
-async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step: int) -> AsyncIterator[PrefillProgress]:
+async def _replay(
+    run: RouteRun, history: Sequence[int], tally: PrefillTally, step: int
+) -> AsyncIterator[PrefillProgress]:
     """Feed each token of a lost route as the one-token decode step it was.
 
     Every shard then computes exactly what the lost route computed (a prefill of them would take

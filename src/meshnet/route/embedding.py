@@ -21,7 +21,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, WorkRecord
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.route.driver import RouteDriver, RouteSession, _prefill, _PrefillTally, _Run
+from meshnet.route.driver import PrefillTally, RouteDriver, RouteRun, RouteSession, send_prefill
 from meshnet.route.life import billing_units
 from meshnet.route.lost_hops import replacement_route
 from meshnet.route.shard_stream import ShardStream
@@ -39,10 +39,10 @@ async def embed_on_route(
     left = None if deadline is None else deadline - time.monotonic()
     stream = ShardStream(driver.pool, head.address, left, head.node_id)
     try:
-        run = _Run(route, request, deadline, stream, None, driver.budget, embedding=spec)
+        run = RouteRun(route, request, deadline, stream, None, driver.budget, embedding=spec)
         chunks = driver.prefill_chunks(request, route.hops, 0)
-        tally = _PrefillTally(len(request.prompt_tokens), time.perf_counter())
-        async for _ in _prefill(run, chunks, tally, last_continues=False):
+        tally = PrefillTally(len(request.prompt_tokens), time.perf_counter())
+        async for _ in send_prefill(run, chunks, tally, last_continues=False):
             pass
         vector = None if tally.result is None else tally.result.embedding
         if vector is None:

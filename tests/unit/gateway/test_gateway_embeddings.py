@@ -110,3 +110,13 @@ def test_a_swarm_that_cannot_embed_answers_501_with_why() -> None:
     assert reply.status_code == 501
     assert reply.json()["error"]["code"] == "embeddings_unsupported"
     assert "cannot serve embeddings" in reply.json()["error"]["message"]
+
+
+def test_the_request_telemetry_ends_completed_with_its_usage() -> None:
+    with TestClient(make_app(ScriptedEmbedder())) as client:
+        reply = client.post(PATH, json={"model": MODEL, "input": ["ab", "c"]})
+        snapshot = client.get(f"/v1/telemetry/{reply.headers['x-request-id']}").json()
+        refused = client.post(PATH, json={"model": MODEL, "input": "a", "dimensions": 2})
+        failed = client.get(f"/v1/telemetry/{refused.headers['x-request-id']}").json()
+    assert snapshot["state"] == "completed" and snapshot["usage"]["prompt_tokens"] == 5
+    assert failed["state"] == "failed" and failed["error"]["code"] == "unsupported_parameter"

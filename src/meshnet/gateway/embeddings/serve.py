@@ -1,9 +1,11 @@
 """Serving one embeddings request: admission as any request, one route prefill per input.
 
 The request takes one admission slot (queued as the completions are) and its inputs run one
-after another on it, each on a route of its own (``route.embedding``); its telemetry log opens
-when it is admitted and ends ``completed`` with its usage, or ``failed`` with the error. A swarm
-whose generator cannot embed answers 501 naming why, before anything is admitted.
+after another on it, each on a route of its own (``route.embedding``) under its own request id
+(``<id>-i`` for input i > 0, as the choices of ``n``), so each has its own work record. Its
+telemetry log opens when it is admitted and ends ``completed`` with its usage, or ``failed``
+with the error. A swarm whose generator cannot embed answers 501 naming why, before anything
+is admitted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import InvalidArgument, MeshnetError
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
+from meshnet.gateway.choices import choice_request_id
 from meshnet.gateway.embeddings.body import EmbeddingsBody, check_dimensions, embeddings_object, input_tokens
 from meshnet.gateway.errors import HttpError, bad_request
 from meshnet.gateway.ports import Embedder, TextCodec
@@ -31,18 +34,23 @@ async def serve_embeddings(
         raise HttpError(501, "embeddings_unsupported", "this gateway's swarm cannot serve embeddings", param="model")
     inputs = input_tokens(body, codec, context_length)
     request_id: RequestId = request.state.request_id
-    lease, _ = await service._admit(request, request_id, body.model)
+    lease, _ = await service.admit(request, request_id, body.model)
     try:
-        vectors = [await _embed(embedder, service, body, tokens, request_id) for tokens in inputs]
+        # Each input is a route session of its own, billed under its own id as a choice is.
+        vectors = [
+            await _embed(embedder, service, body, tokens, choice_request_id(request_id, index))
+            for index, tokens in enumerate(inputs)
+        ]
     except (MeshnetError, HttpError) as error:
-        code = error.code
-        service.hub.publish(request_id, "failed", {"code": code, "message": error.message, "request_id": request_id})
+        retryable = isinstance(error, MeshnetError) and error.retryable
+        failed = {"code": error.code, "message": error.message, "retryable": retryable, "request_id": request_id}
+        service.hub.publish(request_id, "failed", failed)
         raise
     finally:
         lease.release()
     prompt_tokens = sum(len(tokens) for tokens in inputs)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
-    service.hub.publish(request_id, "completed", {"usage": usage, "finish_reason": "embedding"})
+    service.hub.publish(request_id, "completed", {"usage": usage, "finish_reason": "stop"})
     return embeddings_object(body.model, vectors, body.encoding_format, prompt_tokens)
 
 
