@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.events import RouteAccepted
 
 PoolingKind = Literal["last"]
 POOLING_KINDS: tuple[PoolingKind, ...] = ("last",)
@@ -24,6 +25,14 @@ class EmbeddingSpec:
     pooling: PoolingKind = "last"
     normalize: bool = True
     """Scale to unit L2 length (in float64, as llama-cpp-python's ``embed(normalize=True)``)."""
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """One input's pooled vector and the route that computed it (the request log names it)."""
+
+    vector: tuple[float, ...]
+    route: RouteAccepted
 
 
 def pooling_kind(name: str) -> PoolingKind:

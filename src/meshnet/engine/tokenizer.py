@@ -48,6 +48,7 @@ class Tokenizer:
         """``chat_template`` (Jinja source) replaces the GGUF's own, e.g. for a base model that has none."""
         model_path = model.path
         self.context_length = model.context_length
+        self.embedding_width = model.n_embd
         template = chat_template if chat_template is not None else model.chat_template
         if not model.has_tokenizer:
             raise ArtifactError(f"{Path(model_path).name} carries no tokenizer")

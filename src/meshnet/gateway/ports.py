@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from meshnet.core.embedding import EmbeddingSpec
+from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
@@ -57,6 +57,11 @@ class TextCodec(Protocol):
     @property
     def vocab_size(self) -> int:
         """Token ids are ``0 .. vocab_size - 1``: anything else in a prompt is refused up front."""
+        ...
+
+    @property
+    def embedding_width(self) -> int:
+        """Values in one of the model's embeddings (its hidden width, ``n_embd``)."""
         ...
 
     def encode(self, text: str, *, add_special: bool) -> list[int]:
@@ -120,8 +125,8 @@ class RouteGenerator(Protocol):
 class Embedder(Protocol):
     """A route generator that also embeds (``POST /v1/embeddings``); one that is not is refused."""
 
-    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> tuple[float, ...]:
-        """The pooled embedding of ``request.prompt_tokens`` (float64), computed on a route."""
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> Embedded:
+        """The pooled embedding of ``request.prompt_tokens`` (float64) and the route that computed it."""
         ...
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from meshnet.core.embedding import EmbeddingSpec
+from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.errors import ContextLengthExceeded, EngineError, MeshnetError, NoRoute, Unavailable, Unreachable
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
@@ -22,6 +22,7 @@ from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, WorkRecord
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import PrefillTally, RouteDriver, RouteRun, RouteSession, send_prefill
+from meshnet.route.kv_plan import route_accepted
 from meshnet.route.life import billing_units
 from meshnet.route.lost_hops import replacement_route
 from meshnet.route.shard_stream import ShardStream
@@ -63,8 +64,8 @@ class EmbeddingRun:
 
     async def embed(
         self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId
-    ) -> tuple[tuple[float, ...], WorkRecord]:
-        """The vector of ``request``'s prompt and the work record that bills it."""
+    ) -> tuple[Embedded, WorkRecord]:
+        """The vector of ``request``'s prompt with the route that computed it; the record that bills it."""
         session_id, started = new_session_id(), time.time()
         lasting = ticket_seconds(request.timeout_s)
 
@@ -79,7 +80,8 @@ class EmbeddingRun:
             session = RouteSession(request_id, session_id, route.hops, route.fingerprint, route.epoch, route.ticket)
             try:
                 vector = await embed_on_route(self._driver, session, request, spec)
-                return vector, _record(request_id, session_id, route, len(request.prompt_tokens), started)
+                embedded = Embedded(vector, route_accepted(request_id, session_id, route, None))
+                return embedded, _record(request_id, session_id, route, len(request.prompt_tokens), started)
             except MeshnetError as error:
                 lost = None if failovers >= self._max_failovers else await self._lost_hops(error, route)
                 if lost is None:

@@ -18,8 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from meshnet.core.devices import route_numerics
-from meshnet.core.embedding import EmbeddingSpec
+from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.errors import (
     CacheMiss,
     ContextLengthExceeded,
@@ -31,7 +30,7 @@ from meshnet.core.errors import (
     Unavailable,
     Unreachable,
 )
-from meshnet.core.events import RouteAccepted, RouteHealth
+from meshnet.core.events import RouteHealth
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.prefix import KvPlan
@@ -42,7 +41,7 @@ from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.embedding import EmbeddingRun
-from meshnet.route.kv_plan import RouteChains
+from meshnet.route.kv_plan import RouteChains, route_accepted
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.lost_hops import LostAt, replacement_route
 from meshnet.route.outbox import WorkOutbox
@@ -183,12 +182,12 @@ class SwarmClient:
                     self._report_timing(run.timing())
                     self._warmer.offer(request, life.tokens, run.route)
 
-    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> tuple[float, ...]:
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> Embedded:
         """The pooled embedding of ``request``'s prompt, with failover (``route.embedding``), billed."""
         embedding = EmbeddingRun(self.tracker, self._driver, self._lost_hops, self._config.max_failovers)
-        vector, record = await embedding.embed(request, spec, request_id)
+        embedded, record = await embedding.embed(request, spec, request_id)
         self.reports.file(record)
-        return vector
+        return embedded
 
     async def _follow(self, run: _Run) -> None:
         """Drive ``run`` until its life is finished, replaying it onto a new route when a shard is lost.
@@ -210,7 +209,7 @@ class SwarmClient:
             history = tuple(life.tokens)
             plan, snapshot = await self._kv_for(session, run.request, history, resuming=failovers > 0)
             if route is not noted:
-                life.note(_accepted(run.request_id, run.session_id, route, plan))
+                life.note(route_accepted(run.request_id, run.session_id, route, plan))
                 noted = route
             events = self._driver.run(session, run.request, history=history, kv=plan, snapshot=snapshot)
             try:
@@ -361,14 +360,6 @@ class SwarmClient:
             *(is_serving(self._pool, hop.address, PROBE_TIMEOUT_S, hop.node_id) for hop in route.hops)
         )
         return {hop.node_id for hop, serving in zip(route.hops, answers, strict=True) if not serving}
-
-
-def _accepted(request_id: RequestId, session_id: SessionId, route: Route, plan: KvPlan | None) -> RouteAccepted:
-    numerics = route_numerics(route.fingerprint, tuple(hop.capability.drift for hop in route.hops))
-    cached = 0 if plan is None else plan.reused_blocks * route.hops[0].capability.prefill_chunk_tokens
-    return RouteAccepted(
-        request_id, session_id, route.model, route.quantization, route.hops, route.epoch, numerics, cached
-    )
 
 
 def _attribution(attempts: list[tuple[Route, int]], prompt: int, generated: int) -> tuple[NodeWork, ...]:

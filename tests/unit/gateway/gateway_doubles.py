@@ -74,6 +74,8 @@ class ByteCodec:
     context_length: int = 256
     eos_token_ids: frozenset[int] = frozenset({EOS})
     vocab_size: int = 256 + OFFSET
+    embedding_width: int = 3
+    """The scripted embedder's vectors (tests/unit/gateway/test_gateway_embeddings.py) have 3 values."""
     chat_template_source: str | None = None
     """No Jinja template: tools take the generic format (written into the messages as text)."""
 

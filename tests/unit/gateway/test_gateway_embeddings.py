@@ -8,20 +8,27 @@ whole-model llama.cpp is shown over real workers (tests/integration/test_swarm_e
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import logging
 from typing import Any
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from gateway_doubles import MODEL, ByteCodec, ScriptedGenerator, make_app
+from gateway_doubles import HOP_CAPABILITY, MODEL, ByteCodec, ScriptedGenerator, make_app
 
-from meshnet.core.embedding import EmbeddingSpec
+from meshnet.core.embedding import Embedded, EmbeddingSpec
+from meshnet.core.events import RouteAccepted, RouteHop
 from meshnet.core.generation import GenerationRequest
-from meshnet.core.ids import RequestId
+from meshnet.core.ids import NodeId, RequestId, SessionId
+from meshnet.core.layers import LayerRange
 from meshnet.gateway.embeddings.body import EmbeddingsBody, encoded, input_tokens
+from meshnet.gateway.request_ledger import logger as ledger_logger
 
 PATH = "/v1/embeddings"
+LEDGER_LOGGER = ledger_logger.name
 BOS, OFFSET = 0, 2
 
 
@@ -31,11 +38,16 @@ class ScriptedEmbedder(ScriptedGenerator):
     def __init__(self) -> None:
         super().__init__()
         self.embedded: list[tuple[int, ...]] = []
+        self.failure: BaseException | None = None
 
-    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> tuple[float, ...]:
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> Embedded:
         self.embedded.append(request.prompt_tokens)
+        if self.failure is not None:
+            raise self.failure
         tokens = request.prompt_tokens
-        return (float(len(tokens)), float(sum(tokens)), tokens[-1] / 3)
+        hop = RouteHop(NodeId(f"node-{len(tokens)}"), "127.0.0.1:5001", LayerRange(0, 24), HOP_CAPABILITY)
+        route = RouteAccepted(request_id, SessionId("s-embed"), MODEL, "Q8_0", (hop,), epoch=3)
+        return Embedded((float(len(tokens)), float(sum(tokens)), tokens[-1] / 3), route)
 
 
 def _ids(text: str) -> tuple[int, ...]:
@@ -112,11 +124,34 @@ def test_a_swarm_that_cannot_embed_answers_501_with_why() -> None:
     assert "cannot serve embeddings" in reply.json()["error"]["message"]
 
 
-def test_the_request_telemetry_ends_completed_with_its_usage() -> None:
-    with TestClient(make_app(ScriptedEmbedder())) as client:
+def test_the_request_telemetry_ends_completed_with_its_usage_and_route(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=LEDGER_LOGGER), TestClient(make_app(ScriptedEmbedder())) as client:
         reply = client.post(PATH, json={"model": MODEL, "input": ["ab", "c"]})
         snapshot = client.get(f"/v1/telemetry/{reply.headers['x-request-id']}").json()
-        refused = client.post(PATH, json={"model": MODEL, "input": "a", "dimensions": 2})
-        failed = client.get(f"/v1/telemetry/{refused.headers['x-request-id']}").json()
     assert snapshot["state"] == "completed" and snapshot["usage"]["prompt_tokens"] == 5
-    assert failed["state"] == "failed" and failed["error"]["code"] == "unsupported_parameter"
+    assert [hop["node_id"] for hop in snapshot["route"]["hops"]] == ["node-2"]  # the last input's route
+    lines = [record.getMessage() for record in caplog.records if reply.headers["x-request-id"] in record.getMessage()]
+    assert len(lines) == 1 and "route=node-2 " in lines[0] and "outcome=completed" in lines[0]
+
+
+def test_dimensions_are_refused_before_any_input_is_embedded() -> None:
+    embedder = ScriptedEmbedder()
+    with TestClient(make_app(embedder)) as client:
+        refused = client.post(PATH, json={"model": MODEL, "input": "a", "dimensions": 2})
+        served = client.post(PATH, json={"model": MODEL, "input": "a", "dimensions": 3})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
+    assert "have 3 values" in refused.json()["error"]["message"]
+    assert served.status_code == 200 and embedder.embedded == [_ids("a")]
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), asyncio.CancelledError()], ids=["unexpected", "cancelled"])
+def test_any_ending_finishes_the_telemetry_log(failure: BaseException) -> None:
+    embedder = ScriptedEmbedder()
+    embedder.failure = failure
+    app = make_app(embedder)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        with contextlib.suppress(BaseException):
+            client.post(PATH, json={"model": MODEL, "input": "a"})
+        shown = app.state.hub.recent(10)
+    code = "cancelled" if isinstance(failure, asyncio.CancelledError) else "internal"
+    assert [(snapshot.state, (snapshot.error or {}).get("code")) for snapshot, _ in shown] == [("failed", code)]
