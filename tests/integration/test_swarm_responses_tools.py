@@ -94,4 +94,5 @@ def test_round_trip_answers_what_chat_answers(client: openai.OpenAI) -> None:
     assert whole.usage is not None and chat.usage is not None
     assert whole.usage.input_tokens == chat.usage.prompt_tokens
     with client.responses.stream(input=items, tools=RESPONSES_TOOLS, max_output_tokens=24, **common) as stream:
-        assert stream.get_final_response().output_text == whole.output_text
+        ended: Any = list(stream)[-1]  # response.incomplete when cut: no get_final_response() (openai-python#3538)
+    assert ended.response.output_text == whole.output_text

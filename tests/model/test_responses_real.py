@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import openai
@@ -58,7 +59,8 @@ def test_streamed_response_equals_the_whole_model(client: openai.OpenAI, tmp_pat
     with client.responses.stream(
         model=DEFAULT_MODEL.name, instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=MAX_TOKENS
     ) as stream:
-        final = stream.get_final_response()
+        ended: Any = list(stream)[-1]  # response.completed, or response.incomplete when cut
+    final = ended.response
     assert final.output_text == expected
     assert final.usage is not None and final.usage.input_tokens == len(prompt)
 

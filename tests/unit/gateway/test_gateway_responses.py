@@ -111,6 +111,26 @@ async def test_max_output_tokens_makes_an_incomplete_response() -> None:
     assert generator.requests[0][0].max_tokens == 3
 
 
+async def test_a_cut_stream_ends_with_response_incomplete_as_openai_ends_it() -> None:
+    async with live_server(make_app(ScriptedGenerator())) as base:
+        client = client_for(base)
+        events = [
+            event
+            async for event in await client.responses.create(model=MODEL, input="hi", max_output_tokens=3, stream=True)
+        ]
+        async with client.responses.stream(model=MODEL, input="hi", max_output_tokens=3) as helper:
+            helped = [event async for event in helper]
+        async with client.responses.stream(model=MODEL, input="hi") as whole:
+            finished = await whole.get_final_response()
+    final: Any = events[-1]
+    assert final.type == "response.incomplete" and "response.completed" not in [event.type for event in events]
+    assert final.response.status == "incomplete" and final.response.output_text == "Hel"
+    assert final.response.incomplete_details.reason == "max_output_tokens"
+    last: Any = helped[-1]  # the SDK's helper types it and fills in the output it accumulated
+    assert last.type == "response.incomplete" and last.response.output_text == "Hel"
+    assert finished.status == "completed" and finished.output_text == "Hello world"
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [

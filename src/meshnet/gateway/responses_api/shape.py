@@ -10,9 +10,14 @@ the text). Streamed, the events are those OpenAI sends, in its order, each with 
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``;
 per call ``response.output_item.added``, ``response.function_call_arguments.delta`` (the whole
 arguments once the call parsed), ``response.function_call_arguments.done``,
-``response.output_item.done``; then ``response.completed``. Telemetry and keep-alives stay SSE
-comments the SDK skips; a failure mid-stream is the chat stream's ``error`` payload, which the
-SDK raises as an ``APIError``.
+``response.output_item.done``; then ``response.completed``, or ``response.incomplete`` (status
+``incomplete``, ``incomplete_details.reason`` ``max_output_tokens``) when the reply was cut by
+``max_output_tokens``, as OpenAI ends such a stream. openai-python's ``responses.stream`` helper
+(3.57) yields that event with the whole response, but its ``get_final_response()`` raises
+"Didn't receive a `response.completed` event" after it, against OpenAI as here
+(openai/openai-python#3538): read the terminal event's ``response`` instead. Telemetry and
+keep-alives stay SSE comments the SDK skips; a failure mid-stream is the chat stream's ``error``
+payload, which the SDK raises as an ``APIError``.
 """
 
 from __future__ import annotations
@@ -220,8 +225,8 @@ class EventWriter:
         else:
             frames = []
         frames += self._close_message()
-        completed = self.header.response("completed", self.items, outcome)
-        return [*frames, self._event("response.completed", response=completed)]
+        final = self.header.response("completed", self.items, outcome)
+        return [*frames, self._event(f"response.{final['status']}", response=final)]
 
 
 async def event_stream(
