@@ -63,6 +63,9 @@ class StepInput:
     """float32 [n, n_embd] boundary residual from the previous shard: middle and tail shards."""
     want_logits: Literal["none", "last", "all"] = "last"
     """Tail only: which rows' logits to return ("none" for non-final prefill chunks)."""
+    read_logits: bool = True
+    """Tail only: False when only the rows' final-norm values are read (an embedding): the rows
+    still run to the end, but their ``rows x n_vocab`` logits are not copied out."""
 
     @property
     def n_tokens(self) -> int:
@@ -109,6 +112,7 @@ def prefill_pieces(step: StepInput, chunk: int) -> list[StepInput]:
             None if step.tokens is None else step.tokens[start:stop],
             None if step.hidden is None else step.hidden[start:stop],
             step.want_logits if stop == step.n_tokens else keep_rows,
+            step.read_logits,
         )
         for start, stop in bounds
     ]
@@ -124,7 +128,7 @@ def join_pieces(outputs: list[StepOutput]) -> StepOutput:
         return StepOutput(slot, hidden=np.concatenate(hidden))
     logits = [o.logits for o in outputs if o.logits is not None]
     normed = [o.normed for o in outputs if o.normed is not None]
-    whole_normed = np.concatenate(normed) if normed and len(normed) == len(logits) else None
+    whole_normed = np.concatenate(normed) if normed and len(normed) == len(outputs) else None
     return StepOutput(slot, logits=np.concatenate(logits) if logits else None, normed=whole_normed)
 
 

@@ -331,9 +331,9 @@ class LlamaBackend:
         for index, step, row in spans:
             count = int(self._want[row : row + step.n_tokens].sum())
             rows_normed = None if normed is None else normed[out_row : out_row + count].copy()
-            pieces[index].append(
-                StepOutput(step.slot, logits=logits[out_row : out_row + count].copy(), normed=rows_normed)
-            )
+            # An embedding reads only the final-norm rows: its rows x n_vocab logits stay unread.
+            rows_logits = logits[out_row : out_row + count].copy() if step.read_logits else None
+            pieces[index].append(StepOutput(step.slot, logits=rows_logits, normed=rows_normed))
             out_row += count
 
     def _validate(self, batch: list[StepInput]) -> None:

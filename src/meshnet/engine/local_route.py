@@ -46,12 +46,14 @@ class LocalRoute:
         Every row is an output row, as in llama.cpp's embedding contexts: the tail then runs its
         last layer over all rows, the graph ``embed`` of whole-model llama.cpp computes."""
         try:
-            output = self._through(slot, 0, np.asarray(tokens, np.int32), "all")
+            output = self._through(slot, 0, np.asarray(tokens, np.int32), "all", read_logits=False)
             return pool(output.normed, spec)
         finally:
             self.release(slot)
 
-    def _through(self, slot: int, position: int, tokens: np.ndarray, want_logits: str) -> StepOutput:
+    def _through(
+        self, slot: int, position: int, tokens: np.ndarray, want_logits: str, *, read_logits: bool = True
+    ) -> StepOutput:
         hidden: np.ndarray | None = None
         for backend in self.backends[:-1]:
             step = (
@@ -60,9 +62,9 @@ class LocalRoute:
             hidden = backend.run([step])[0].hidden
         tail = self.backends[-1]
         last = (
-            StepInput(slot, position, tokens=tokens, want_logits=want_logits)  # type: ignore[arg-type]
+            StepInput(slot, position, tokens, None, want_logits, read_logits)  # type: ignore[arg-type]
             if hidden is None
-            else StepInput(slot, position, hidden=hidden, want_logits=want_logits)  # type: ignore[arg-type]
+            else StepInput(slot, position, None, hidden, want_logits, read_logits)  # type: ignore[arg-type]
         )
         return tail.run([last])[0]
 

@@ -393,4 +393,7 @@ def build_shard(
 
 
 def _engine_input(slot: int, frame: StepFrame, want: Rows) -> StepInput:
-    return StepInput(slot, frame.meta.position, tokens=frame.tokens, hidden=frame.hidden, want_logits=want)
+    rows = "all" if want == "normed" else want
+    return StepInput(
+        slot, frame.meta.position, frame.tokens, frame.hidden, want_logits=rows, read_logits=want != "normed"
+    )

@@ -42,8 +42,9 @@ from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink,
 from meshnet.wire.frames import HopSpec, HopTiming, StepFrame, StepResult
 
 S = TypeVar("S")
-Rows = Literal["none", "last", "all"]
-"""The rows of a frame whose tail output (logits, final-norm rows) the engine computes."""
+Rows = Literal["none", "last", "all", "normed"]
+"""The rows of a frame whose tail output (logits, final-norm rows) the engine computes;
+``normed``: every row, as ``all``, but only their final-norm rows are read (an embedding)."""
 RunStep = Callable[[StepFrame, "asyncio.Future[None] | None"], Awaitable[StepResult]]
 """Run one step of a session; the future (if given) resolves once this shard's engine has run it."""
 
@@ -135,7 +136,7 @@ class SampleStage:
         # alone was equal too on the models measured, but one row may take other kernels).
         if not frame.final_chunk:
             return "none"
-        return "all" if state.embedding is not None else "last"
+        return "normed" if state.embedding is not None else "last"
 
     async def emit(
         self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None

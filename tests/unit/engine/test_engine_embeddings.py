@@ -20,6 +20,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.core.embedding import EmbeddingSpec, pooling_kind
 from meshnet.core.errors import EngineError, InvalidArgument
+from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.pooling import pool
@@ -81,6 +82,29 @@ def test_embedding_releases_the_slot_so_a_second_call_is_the_same(route: LocalRo
     first = route.embed(tokens, EmbeddingSpec())
     assert all(backend.slot_length(0) == 0 for backend in route.backends)
     assert np.array_equal(route.embed(tokens, EmbeddingSpec()), first)
+
+
+@pytest.mark.parametrize("text", [SHORT, LONG], ids=["one-chunk", "two-chunks"])
+def test_an_embedding_step_copies_no_logits_and_keeps_the_same_rows(
+    route: LocalRoute, oracle: llama_cpp.Llama, text: str
+) -> None:
+    """Only the final-norm rows are read: the tail hands back no rows x n_vocab logits for them,
+    and the rows are those of a step that reads its logits too (the same graph runs)."""
+    tail, tokens = route.backends[-1], np.asarray(oracle.tokenize(text.encode()), np.int32)
+    outputs = []
+    for read_logits in (True, False):
+        hidden = None
+        for backend in route.backends[:-1]:
+            hidden = backend.run([StepInput(0, 0, hidden=hidden) if hidden is not None else StepInput(0, 0, tokens)])[
+                0
+            ].hidden
+        step = StepInput(0, 0, tokens if hidden is None else None, hidden, "all", read_logits)
+        outputs.append(tail.run([step])[0])
+        route.release(0)
+    reading, embedding = outputs
+    assert reading.logits is not None and len(reading.logits) == len(tokens)
+    assert embedding.logits is None
+    assert embedding.normed is not None and np.array_equal(embedding.normed, reading.normed)
 
 
 def test_pool_takes_the_last_row_and_normalizes_in_float64() -> None:
