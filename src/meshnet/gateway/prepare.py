@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest, SamplingParams
@@ -242,16 +242,31 @@ def _plain_message(index: int, message: ChatMessage, tools: ToolPlan | None) -> 
         return {"role": role, "content": ""}
     if isinstance(content, str):
         return {"role": role, "content": content}
+    return {"role": role, "content": joined_text(content, ("text",), f"{param}.content")}
+
+
+class TextPart(Protocol):
+    """A content part: chat's ``text``, Responses' ``input_text`` / ``output_text``."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def text(self) -> str | None: ...
+
+
+def joined_text(parts: Sequence[TextPart], kinds: tuple[str, ...], param: str) -> str:
+    """The text of content ``parts`` joined, or a 400 naming a part that is not of ``kinds``."""
     texts: list[str] = []
-    for part in content:
-        if part.type != "text" or part.text is None:
+    for part in parts:
+        if part.type not in kinds or part.text is None:
             raise bad_request(
                 "unsupported_parameter",
-                f"content part of type {part.type!r} is unsupported; only text parts are",
-                f"{param}.content",
+                f"content part of type {part.type!r} is unsupported; only {' and '.join(kinds)} parts are",
+                param,
             )
         texts.append(part.text)
-    return {"role": role, "content": "".join(texts)}
+    return "".join(texts)
 
 
 def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
@@ -261,24 +276,25 @@ def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
     if not prompt:
         raise bad_request("empty_prompt", "the prompt is empty", "prompt")
     if all(isinstance(item, int) for item in prompt):
-        return _checked_ids([item for item in prompt if isinstance(item, int)], codec.vocab_size)
+        return checked_ids([item for item in prompt if isinstance(item, int)], codec.vocab_size)
     if len(prompt) != 1:
         raise bad_request("unsupported_parameter", "batched prompts are unsupported: send one prompt", "prompt")
     only = prompt[0]
     if isinstance(only, str):
         return codec.encode(only, add_special=True)
     if isinstance(only, list):
-        return _checked_ids(only, codec.vocab_size)
+        return checked_ids(only, codec.vocab_size)
     raise bad_request("invalid_parameter", "prompt has an unexpected shape", "prompt")
 
 
-def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+def checked_ids(ids: list[int], vocab_size: int, param: str = "prompt", label: str = "prompt") -> list[int]:
+    """``ids``, or a 400 on ``param`` naming the first outside the vocabulary (as ``label``)."""
     # Checked here, not by the head shard: a stream must not answer 200 and then fail on input.
     limit = min(vocab_size, TOKEN_ID_LIMIT)
     bad = next((token for token in ids if not 0 <= token < limit), None)
     if bad is not None:
         raise bad_request(
-            "invalid_parameter", f"prompt token id {bad} is outside this model's vocabulary [0, {limit})", "prompt"
+            "invalid_parameter", f"{label} token id {bad} is outside this model's vocabulary [0, {limit})", param
         )
     return ids
 

@@ -153,7 +153,7 @@ class CompletionBody(_CompletionBody):
     best_of: JsonValue = None
 
 
-def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
+def is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
     # Compare by type and value: ``False == 0`` must not make ``logprobs: 0`` look neutral.
     return lambda value: (
         value is None or any(type(value) is type(candidate) and value == candidate for candidate in neutral)
@@ -162,14 +162,14 @@ def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
 
 UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
     {
-        "best_of": _is_none_or(1),
-        "echo": _is_none_or(False),
-        "suffix": _is_none_or(""),
-        "functions": _is_none_or([]),
-        "function_call": _is_none_or("none"),
-        "audio": _is_none_or(),
-        "modalities": _is_none_or(["text"]),
-        "prediction": _is_none_or(),
+        "best_of": is_none_or(1),
+        "echo": is_none_or(False),
+        "suffix": is_none_or(""),
+        "functions": is_none_or([]),
+        "function_call": is_none_or("none"),
+        "audio": is_none_or(),
+        "modalities": is_none_or(["text"]),
+        "prediction": is_none_or(),
     }
 )
 """Known OpenAI parameters we do not implement, each with a test for its neutral value."""

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshnet.gateway.errors import bad_request
 from meshnet.gateway.ports import TextCodec
-from meshnet.gateway.prepare import TOKEN_ID_LIMIT
+from meshnet.gateway.prepare import checked_ids
 
 MAX_INPUTS = 2048
 """OpenAI's limit on the inputs of one request."""
@@ -65,12 +65,7 @@ def _tokens(index: int, item: str | list[int], codec: TextCodec, context_length:
     tokens = codec.encode(item, add_special=True) if isinstance(item, str) else item
     if not tokens:
         raise bad_request("empty_input", f"{param} is empty: it encodes to no tokens", "input")
-    limit = min(codec.vocab_size, TOKEN_ID_LIMIT)
-    bad = next((token for token in tokens if not 0 <= token < limit), None)
-    if bad is not None:
-        raise bad_request(
-            "invalid_parameter", f"{param}: token id {bad} is outside the vocabulary [0, {limit})", "input"
-        )
+    checked_ids(tokens, codec.vocab_size, "input", param)
     if len(tokens) > context_length:
         raise bad_request(
             "context_length_exceeded",

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from meshnet.gateway.errors import bad_request
+from meshnet.gateway.prepare import joined_text
 from meshnet.gateway.schemas import (
     CalledFunction,
     ChatCompletionBody,
@@ -29,6 +30,7 @@ from meshnet.gateway.schemas import (
     ResponseFormat,
     ToolCallIn,
     ToolDef,
+    is_none_or,
 )
 
 InputRole = Literal["user", "system", "developer", "assistant"]
@@ -102,18 +104,14 @@ class ResponsesBody(_Body):
     include: JsonValue = None
 
 
-def _neutral(*values: object) -> Callable[[JsonValue], bool]:
-    return lambda value: value is None or any(type(value) is type(v) and value == v for v in values)
-
-
 UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
     {
-        "reasoning": _neutral(),
-        "background": _neutral(False),
-        "conversation": _neutral(),
-        "prompt": _neutral(),
-        "top_logprobs": _neutral(0),
-        "include": _neutral([]),
+        "reasoning": is_none_or(),
+        "background": is_none_or(False),
+        "conversation": is_none_or(),
+        "prompt": is_none_or(),
+        "top_logprobs": is_none_or(0),
+        "include": is_none_or([]),
     }
 )
 """Known Responses parameters this gateway does not implement, each with its neutral value."""
@@ -217,16 +215,9 @@ def _message(index: int, item: InputItem) -> ChatMessage:
         raise bad_request("invalid_parameter", "a message item needs a role and content", param)
     if isinstance(item.content, str):
         return ChatMessage(role=item.role, content=item.content)
-    texts: list[str] = []
-    for part in item.content:
-        if part.type not in ("input_text", "output_text") or part.text is None:
-            raise bad_request(
-                "unsupported_parameter",
-                f"content part of type {part.type!r} is unsupported; only input_text and output_text are",
-                f"{param}.content",
-            )
-        texts.append(part.text)
-    return ChatMessage(role=item.role, content="".join(texts))
+    return ChatMessage(
+        role=item.role, content=joined_text(item.content, ("input_text", "output_text"), f"{param}.content")
+    )
 
 
 def _response_format(text: TextConfig | None) -> ResponseFormat | None:
