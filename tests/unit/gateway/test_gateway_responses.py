@@ -237,6 +237,23 @@ async def test_a_streamed_function_call_has_its_argument_events_and_equals_the_w
     assert streamed[1].arguments == whole.output[1].arguments  # type: ignore[union-attr]
 
 
+async def test_text_after_a_call_keeps_its_place_whole_and_streamed() -> None:
+    # No whitespace after the call: how that is shown is the tools parser's rule (gateway/tools/parse.py).
+    generator = tool_generator(CALLING + "Done.")
+    async with live_server(tool_app(generator)) as base:
+        client = client_for(base)
+        whole = await client.responses.create(model=MODEL, input="weather?", tools=[WEATHER])
+        stream = await client.responses.create(model=MODEL, input="weather?", tools=[WEATHER], stream=True)
+        final: Any = [event async for event in stream][-1]
+
+    def shown(output: Any) -> list[tuple[str, str]]:
+        return [(item.type, item.content[0].text if item.type == "message" else item.name) for item in output]
+
+    assert shown(whole.output) == shown(final.response.output)
+    assert [kind for kind, _ in shown(whole.output)] == ["message", "function_call", "message"]
+    assert shown(whole.output)[2][1] == "Done."
+
+
 async def test_call_and_result_items_render_as_the_chat_tool_turns() -> None:
     generator = tool_generator()
     arguments = '{"city": "Paris"}'

@@ -3,7 +3,8 @@
 The output is a list of items: an assistant ``message`` holding one ``output_text`` part for the
 text, and a ``function_call`` item per call the reply makes when the request has function tools
 (parsed by gateway/tools, so a call's arguments always parse and nothing of a call leaks into
-the text). Streamed, the events are those OpenAI sends, in its order, each with a
+the text), in the order the reply wrote them; the whole response is built by the stream's own
+parser and writer, so it has the streamed items. Streamed, the events are those OpenAI sends, in its order, each with a
 ``sequence_number`` counted from 0 and an ``event:`` line naming its type: ``response.created``,
 ``response.in_progress``; per message ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta`` per piece of text,
@@ -33,7 +34,7 @@ from meshnet.gateway.responses import Collected, total_usage
 from meshnet.gateway.responses_api.body import ResponsesBody, text_config, tool_choice_json, tools_json
 from meshnet.gateway.sse import KEEPALIVE, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent
-from meshnet.gateway.tools.parse import CallPiece, StreamPiece, ToolCall, ToolStreamParser, parse_reply
+from meshnet.gateway.tools.parse import CallPiece, StreamPiece, ToolCall, ToolStreamParser
 from meshnet.gateway.tools.plan import ToolPlan
 from meshnet.route.life import Failure, Outcome, Usage
 
@@ -132,11 +133,12 @@ def response_object(header: ResponseHeader, collected: Sequence[Collected], tool
     outcome = Outcome(only.outcome.finish_reason, total_usage(choice.outcome for choice in collected))
     if tools is None or not tools.active:
         return header.response("completed", [header.message(0, only.text, "completed")], outcome)
-    reply = parse_reply(only.text, tools)
-    items = [] if not reply.content else [header.message(0, reply.content, "completed")]
-    for call in reply.calls:
-        items.append(header.function_call(len(items), call, call.arguments, "completed"))
-    return header.response("completed", items or [header.message(0, "", "completed")], outcome)
+    # The stream's own parser and writer, fed the whole text: the same items in the same order
+    # (text written after a call is a message after it), so whole and streamed answers agree.
+    parser, writer = ToolStreamParser(tools), EventWriter(header)
+    _pieces(writer, [*parser.push(only.text), *parser.finish()])
+    writer.closing(outcome)
+    return header.response("completed", writer.items, outcome)
 
 
 class EventWriter:
