@@ -97,7 +97,7 @@ def test_token_id_inputs_equal_their_text(client: openai.OpenAI, oracle: llama_c
         ({"input": []}, "empty"),
         ({"input": ""}, "empty"),
         ({"input": [[1, 2], []]}, "empty"),
-        ({"input": [10**6]}, "outside the vocabulary"),
+        ({"input": [10**6]}, "outside this model's vocabulary"),
         ({"input": PROMPT, "dimensions": 3}, "not truncated"),
         ({"input": PROMPT, "encoding_format": "int8"}, "encoding_format"),
         ({"input": " ".join(["dog"] * 4 * CONTEXT)}, "at most"),

@@ -16,12 +16,14 @@ from collections.abc import Awaitable, Callable
 
 from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.errors import ContextLengthExceeded, EngineError, MeshnetError, NoRoute, Unavailable, Unreachable
+from meshnet.core.features import needed_features
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, WorkRecord
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import PrefillTally, RouteDriver, RouteRun, RouteSession, send_prefill
+from meshnet.route.features import capable_route
 from meshnet.route.kv_plan import route_accepted
 from meshnet.route.life import billing_units
 from meshnet.route.lost_hops import replacement_route
@@ -69,10 +71,13 @@ class EmbeddingRun:
         session_id, started = new_session_id(), time.time()
         lasting = ticket_seconds(request.timeout_s)
 
-        async def ask(exclude: frozenset[NodeId]) -> Route:
+        async def tracker_route(exclude: frozenset[NodeId]) -> Route:
             return await self._tracker.choose_route(
                 request.model, session_id=session_id, request_id=request_id, ticket_seconds=lasting, exclude=exclude
             )
+
+        async def ask(exclude: frozenset[NodeId]) -> Route:
+            return await capable_route(tracker_route, needed_features(request, embedding=True), exclude)
 
         route, lost_at, failovers = await ask(frozenset()), dict[NodeId, str](), 0
         _check_context(route, len(request.prompt_tokens))

@@ -31,6 +31,7 @@ from meshnet.core.errors import (
     Unreachable,
 )
 from meshnet.core.events import RouteHealth
+from meshnet.core.features import needed_features
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.prefix import KvPlan
@@ -41,6 +42,7 @@ from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
 from meshnet.route.embedding import EmbeddingRun
+from meshnet.route.features import capable_route
 from meshnet.route.kv_plan import RouteChains, route_accepted
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.lost_hops import LostAt, replacement_route
@@ -159,13 +161,19 @@ class SwarmClient:
                 # The request id lets the tracker hold the record to the route it issued (a
                 # failover's route joins it under the same session id) and names its ticket's request.
                 lasting = ticket_seconds(request.timeout_s)
-                route = await self.tracker.choose_route(
-                    request.model,
-                    session_id=session_id,
-                    request_id=request_id,
-                    ticket_seconds=lasting,
-                    prefix_chain=self._chains.chain(request),
-                )
+
+                async def ask(exclude: frozenset[NodeId]) -> Route:
+                    return await self.tracker.choose_route(
+                        request.model,
+                        session_id=session_id,
+                        request_id=request_id,
+                        ticket_seconds=lasting,
+                        prefix_chain=self._chains.chain(request),
+                        exclude=exclude,
+                    )
+
+                # Only through a tail that serves what the request needs (an old one would ignore it).
+                route = await capable_route(ask, needed_features(request))
                 self._chains.learn(request.model, route)
                 # Before anything is streamed: a request that cannot fit would otherwise run until
                 # the first shard runs out of positions and fail as a retryable overload.
@@ -336,7 +344,7 @@ class SwarmClient:
         # over on a shard still holding the lost route's (``Shard._supersede``).
         request = run.request
 
-        async def ask(exclude: frozenset[NodeId]) -> Route:
+        async def tracker_route(exclude: frozenset[NodeId]) -> Route:
             return await self.tracker.choose_route(
                 request.model,
                 session_id=run.session_id,
@@ -346,6 +354,9 @@ class SwarmClient:
                 # A replacement whose head holds a prefix of the prompt replays less of it.
                 prefix_chain=self._chains.chain(request),
             )
+
+        async def ask(exclude: frozenset[NodeId]) -> Route:
+            return await capable_route(tracker_route, needed_features(request), exclude)
 
         try:
             return await replacement_route(ask, lost_at)
