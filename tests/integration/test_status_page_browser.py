@@ -197,8 +197,9 @@ def test_the_page_asks_for_the_key_then_charts_real_requests(
             reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=24)
             assert reply.usage is not None and reply.usage.completion_tokens > 1
 
-    # Decode tok/s and inter-token latency are drawn per node of the route: one line each.
-    for metric in ("decode_tokens_per_s", "inter_token_seconds", "prefill_tokens_per_s"):
+    # Decode tok/s, inter-token latency and each hop's decode step time are drawn per node of the
+    # route: one line each.
+    for metric in ("decode_tokens_per_s", "inter_token_seconds", "prefill_tokens_per_s", "hop_seconds"):
         lines = page.locator(f"[data-metric={metric}] [data-testid=chart-line]")
         expect(lines).to_have_count(3, timeout=WAIT_MS)
         points = _cell_values(page, f"[data-metric={metric}] [data-testid=chart-line]", "data-points")
@@ -234,6 +235,8 @@ def _histograms_count_the_requests(base_url: str, requests: int) -> None:
     assert counts["meshnet_gateway_time_to_first_token_seconds_count"] == requests
     assert 0 < counts["meshnet_gateway_inter_token_seconds_count"] <= requests * 23, counts
     assert counts["meshnet_gateway_request_duration_seconds_count"] == requests
+    hops = [s for s in families["meshnet_gateway_hop_seconds"].samples if s.name.endswith("_count")]
+    assert len(hops) == 3 and all(s.value > 0 for s in hops), hops
 
 
 def _pixels_in_line_colours(png: bytes, tolerance: int = 24) -> int:

@@ -6,7 +6,9 @@ made it. The ledger writes the operator's log line (never the key, only its id),
 and inter-token latency for ``/metrics``, and adds the figures measured from served requests to
 the status page's history: decode and prefill tok/s and inter-token latency per node of the
 route, request and error rate, and admission's queue depth and requests in flight (sampled as
-requests come and go and whenever the status view reads).
+requests come and go and whenever the status view reads). The hub also hands it each hop's time
+for the sampled decode steps of served requests (``route.hop_timing``): the per-node hop
+histogram and history.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshnet.core.events import HopLatency
 from meshnet.telemetry.histogram import Histogram
 from meshnet.telemetry.history import History, HistoryShape
 
@@ -82,10 +85,23 @@ class RequestLedger:
         self.duration = Histogram(
             "request_duration_seconds", "Time from admission to the end of a request, by outcome.", label="outcome"
         )
+        self.hop = Histogram(
+            "hop_seconds",
+            "Time one hop of a route took over a decode step (a sample of the steps), by node id.",
+            label="node",
+            max_series=shape.max_labels,
+        )
 
     @property
     def histograms(self) -> tuple[Histogram, ...]:
-        return (self.ttft, self.inter_token, self.duration)
+        return (self.ttft, self.inter_token, self.duration, self.hop)
+
+    def hop_times(self, hops: Sequence[HopLatency]) -> None:
+        """Each hop's time for one sampled decode step, by the hop's node id."""
+        now = self._clock()
+        for hop in hops:
+            self.hop.observe(hop.seconds, hop.node_id)
+            self.history.add("hop_seconds", hop.seconds, now, hop.node_id)
 
     def token_gap(self, seconds: float, route: Sequence[str]) -> None:
         now = self._clock()

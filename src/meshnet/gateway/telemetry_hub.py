@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from meshnet.core.events import HopLatency
 from meshnet.core.ids import RequestId
 from meshnet.gateway.request_ledger import RequestLedger, RequestRecord
 
@@ -247,6 +248,11 @@ class TelemetryHub:
         elif log.last_token_at is not None and self.ledger is not None:
             self.ledger.token_gap(now - log.last_token_at, log.route)
         log.last_token_at = now
+
+    def hop_times(self, hops: Sequence[HopLatency]) -> None:
+        """Each hop's time for a sampled decode step of a served request (to the ledger)."""
+        if self.ledger is not None:
+            self.ledger.hop_times(hops)
 
     def totals_of(self, owner: str | None) -> dict[str, float]:
         """The counters over the finished requests of one owner."""

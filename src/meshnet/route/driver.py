@@ -53,6 +53,7 @@ from meshnet.core.prefix import KvPlan
 from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.step_budget import StepBudget
 from meshnet.core.tickets import SealedTicket
+from meshnet.route.hop_timing import hop_latencies, timing_due
 from meshnet.route.kv_plan import plan_for
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
@@ -175,10 +176,12 @@ class RouteDriver:
                 yield event
             rate = _Rate()
             produced, result = len(history), progress.result
+            decoded = -1  # the first token comes from the prefill's answer, not a decode step
             while result is not None and result.token_id is not None:
                 token = result.token_id
-                yield TokenGenerated(token, produced, rate.tick(), logprobs=result.logprobs)
-                produced += 1
+                hops = hop_latencies(route.hops, result.timings) if timing_due(decoded) else ()
+                yield TokenGenerated(token, produced, rate.tick(), logprobs=result.logprobs, hops=hops)
+                produced, decoded = produced + 1, decoded + 1
                 if finish_for(request, produced, token) is not None or run.plan is None:
                     return
                 step = progress.step - 1 + produced - len(history)  # the head's steps go on from our last
@@ -309,6 +312,7 @@ async def send_prefill(
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.
             ring=step > 0,
+            want_timings=True,  # the head's decode loop asks for them too (``route.hop_timing``)
         )
         # The answer may wait for the chunks still ahead of this one on the route (pipelined).
         tokens = sum(len(ahead.payload) for ahead in chunks[max(0, step - CHUNKS_AHEAD) : step + 1])
@@ -339,6 +343,7 @@ async def _replay(
             tokens=np.array([token], np.int32),
             continuation=run.plan if last else None,
             ring=True,
+            want_timings=True,
         )
         answer = await run.within(run.stream.exchange(frame), tally.step, 1, prefill=False)
         event = tally.advance(1, answer, replay=True)

@@ -27,6 +27,7 @@ from meshnet.core.errors import Cancelled, DeadlineExceeded, MeshnetError
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
+    HopLatency,
     PrefillCompleted,
     PrefillProgress,
     PrefillStarted,
@@ -129,6 +130,8 @@ class TokenText:
     generated: int
     """Tokens of text so far, this one included."""
     tokens_per_second: float
+    hops: tuple[HopLatency, ...] = ()
+    """Each hop's time for the step that produced this token, on a sample of the steps."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,9 @@ class RequestLife:
         if token not in self.request.stop_tokens:  # a stop token is not text
             piece = self._text.push(token)
             self._text_tokens += 1
-            self._sink.put(TokenText(piece.text, event.logprobs, self._text_tokens, event.tokens_per_second))
+            self._sink.put(
+                TokenText(piece.text, event.logprobs, self._text_tokens, event.tokens_per_second, event.hops)
+            )
             stopped = piece.stopped
         self.ending = finish_for(self.request, len(self.tokens), token, stop_string=stopped)
         if self.ending is not None:

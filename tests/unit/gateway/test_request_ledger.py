@@ -17,10 +17,12 @@ import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshnet.core.ids import RequestId
+from meshnet.core.events import HopLatency
+from meshnet.core.ids import NodeId, RequestId
 from meshnet.gateway.request_ledger import RequestLedger, RequestRecord, log_line, rates
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.telemetry.history import HistoryShape
+from meshnet.telemetry.prometheus import build_registry, render
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -142,3 +144,26 @@ def test_the_hub_times_each_token_once_and_records_the_route() -> None:
     history: Any = ledger.history.as_json(now[0])["series"]
     assert sorted(history["inter_token_seconds"]) == ["n-a", "n-b"]
     assert history["decode_tokens_per_s"]["n-a"][0]["mean"] == round(2 / 0.3, 6)
+
+
+def test_hop_times_go_to_the_per_node_histogram_and_history_with_bounded_labels() -> None:
+    now = [0.0]
+    ledger = RequestLedger(HistoryShape(bucket_seconds=1.0, bucket_count=10, max_labels=2), lambda: now[0])
+    hub = TelemetryHub(max_requests=4, max_events_per_request=16, clock=lambda: now[0], ledger=ledger)
+    hub.hop_times((HopLatency(NodeId("n-a"), 0.004), HopLatency(NodeId("n-b"), 0.02)))
+    now[0] = 1.5
+    hub.hop_times((HopLatency(NodeId("n-a"), 0.006), HopLatency(NodeId("n-c"), 0.5)))
+    series = {one.label: one for one in ledger.hop.series()}
+    # Past max_labels node ids the histogram folds new ones into "other"; the history drops the oldest.
+    assert sorted(series) == ["n-a", "n-b", "other"]
+    assert (series["n-a"].count, round(series["n-a"].total, 6)) == (2, 0.01)
+    assert dict(series["n-a"].cumulative)["0.005"] == 1 and dict(series["n-a"].cumulative)["0.01"] == 2
+    history: Any = ledger.history.as_json(now[0])["series"]["hop_seconds"]
+    assert sorted(history) == ["n-a", "n-c"]
+    assert [point["mean"] for point in history["n-a"]] == [0.004, 0.006]
+    # The exposition is Prometheus' histogram, by node.
+    registry = build_registry("meshnet_gateway", dict, histograms=ledger.histograms)
+    (family,) = [f for f in text_string_to_metric_families(render(registry).decode()) if f.name.endswith("hop_seconds")]
+    assert family.name == "meshnet_gateway_hop_seconds" and family.type == "histogram"
+    counts = {s.labels["node"]: s.value for s in family.samples if s.name.endswith("_count")}
+    assert counts == {"n-a": 2.0, "n-b": 1.0, "other": 1.0}

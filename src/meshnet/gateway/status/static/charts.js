@@ -8,6 +8,7 @@ const CHARTS = [
   { id: "chart-decode", metric: "decode_tokens_per_s", title: "decode tok/s per node", value: (p) => p.mean },
   { id: "chart-prefill", metric: "prefill_tokens_per_s", title: "prefill tok/s per node", value: (p) => p.mean },
   { id: "chart-itl", metric: "inter_token_seconds", title: "inter-token latency per node (ms)", value: (p) => 1000 * p.mean },
+  { id: "chart-hop", metric: "hop_seconds", title: "decode step per hop, by node (ms)", value: (p) => 1000 * p.mean },
   { id: "chart-ttft", metric: "ttft_seconds", title: "time to first token (s)", value: (p) => p.mean },
   { id: "chart-rate", metric: "requests", title: "requests / s", value: (p, h) => p.count / h.bucket_seconds },
   { id: "chart-errors", metric: "errors", title: "errors / s", value: (p, h) => p.count / h.bucket_seconds },
