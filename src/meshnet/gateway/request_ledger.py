@@ -4,8 +4,10 @@ The telemetry hub sees each request (each choice) from admission to its terminal
 hands the ledger a ``RequestRecord`` there, the one place every request ends, whatever endpoint
 made it. The ledger writes the operator's log line (never the key, only its id), observes TTFT
 and inter-token latency for ``/metrics``, and adds the figures measured from served requests to
-the status page's history: decode and prefill tok/s and inter-token latency per node of the
-route, request and error rate, and admission's queue depth and requests in flight (sampled as
+the status page's history: decode and prefill tok/s and inter-token latency of each request's
+route, recorded under every node of that route (route figures by node: a slow hop is not told
+apart, and a node on two routes shows their mean; ``hop_seconds`` is the per-node figure),
+request and error rate, and admission's queue depth and requests in flight (sampled as
 requests come and go and whenever the status view reads). The hub also hands it each hop's time
 for the sampled decode steps of served requests (``route.hop_timing``): the per-node hop
 histogram and history.
@@ -14,7 +16,7 @@ histogram and history.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,8 @@ class RequestRecord:
     """``completed`` or ``failed``."""
     reason: str
     """The finish reason, or the error's code."""
+    prefill_tokens: int | None = None
+    """The prompt tokens computed in ``prefill_seconds`` (those reused from cache excluded)."""
 
 
 def log_line(record: RequestRecord) -> str:
@@ -59,11 +63,34 @@ def log_line(record: RequestRecord) -> str:
     )
 
 
+def computed_prefill(events: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[int | None, float | None]:
+    """(tokens, seconds) of a request's first prefill that completed, from its telemetry events.
+
+    The tokens are those that prefill computed: its ``prefill_started`` total less the cached
+    ones, which took no time. A failover's later prefill (the replay onto a new route) is a pair
+    of its own, never mixed with the first: a rate from one pair's tokens and another's seconds
+    would mean nothing."""
+    started: Mapping[str, Any] | None = None
+    for kind, data in events:
+        if kind == "prefill_started":
+            started = data
+        elif kind == "prefill_completed" and started is not None:
+            total, cached, seconds = (
+                started.get("prompt_tokens"),
+                started.get("cached_tokens") or 0,
+                data.get("seconds"),
+            )
+            if isinstance(total, int) and isinstance(cached, int) and isinstance(seconds, int | float):
+                return max(total - cached, 0), float(seconds)
+            started = None
+    return None, None
+
+
 def rates(record: RequestRecord) -> tuple[float | None, float | None]:
     """(prefill tok/s, decode tok/s) measured on this request; None where it cannot tell."""
     prefill = None
-    if record.prefill_seconds and record.prompt_tokens:
-        prefill = record.prompt_tokens / record.prefill_seconds
+    if record.prefill_seconds and record.prefill_tokens:
+        prefill = record.prefill_tokens / record.prefill_seconds
     decode = None
     if record.decode_seconds and record.completion_tokens > 1:
         decode = (record.completion_tokens - 1) / record.decode_seconds
@@ -144,5 +171,13 @@ class RequestLedger:
         return latest
 
     def history_json(self) -> dict[str, Any]:
+        """The history for ``/v1/status/history``, the same for every key, on purpose.
+
+        The status document shows a non-admin key only its own requests and totals because those
+        carry request ids, models, token counts, error messages and billing. The history holds
+        none of that: gateway-wide aggregates per 5 s bucket (request and error rate, TTFT) and
+        the swarm's load (per-node tok/s and latency, queue depth), which the document already
+        shows every key in its node table and admission figures. A per-key history would cost a
+        ring per key and hide from a customer the load their own requests wait behind."""
         self.sample_gateway()
         return self.history.as_json(self._clock())

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from meshnet.core.events import HopLatency
 from meshnet.core.ids import RequestId
-from meshnet.gateway.request_ledger import RequestLedger, RequestRecord
+from meshnet.gateway.request_ledger import RequestLedger, RequestRecord, computed_prefill
 
 TelemetryKind = Literal[
     "queued",
@@ -326,7 +326,7 @@ def _count_finished(totals: dict[str, float], kind: str, data: Mapping[str, Any]
 def _record(log: _RequestLog, end: TelemetryEvent) -> RequestRecord:
     """The ledger's record of a request whose terminal event is ``end``."""
     snapshot, first, last = log.snapshot, log.first_token_at, log.last_token_at
-    prefill = next((e.data.get("seconds") for e in log.events if e.kind == "prefill_completed"), None)
+    prefill_tokens, prefill = computed_prefill((event.kind, event.data) for event in log.events)
     return RequestRecord(
         request_id=str(snapshot.request_id),
         key_id=log.owner,
@@ -336,8 +336,9 @@ def _record(log: _RequestLog, end: TelemetryEvent) -> RequestRecord:
         completion_tokens=snapshot.generated_tokens,
         ttft_seconds=None if first is None else first - log.started_at,
         total_seconds=end.at,
-        prefill_seconds=prefill if isinstance(prefill, int | float) else None,
+        prefill_seconds=prefill,
         decode_seconds=None if first is None or last is None or last <= first else last - first,
         outcome=end.kind,
         reason=str(end.data.get("finish_reason") if end.kind == "completed" else end.data.get("code", "error")),
+        prefill_tokens=prefill_tokens,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -19,7 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from meshnet.core.events import HopLatency
 from meshnet.core.ids import NodeId, RequestId
-from meshnet.gateway.request_ledger import RequestLedger, RequestRecord, log_line, rates
+from meshnet.gateway.request_ledger import (
+    RequestLedger,
+    RequestRecord,
+    computed_prefill,
+    log_line,
+    rates,
+)
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.telemetry.history import HistoryShape
 from meshnet.telemetry.prometheus import build_registry, render
@@ -39,6 +46,7 @@ RECORD = RequestRecord(
     decode_seconds=0.8,
     outcome="completed",
     reason="stop",
+    prefill_tokens=12,
 )
 
 
@@ -51,6 +59,24 @@ def test_the_log_line_names_id_key_id_route_tokens_times_and_outcome() -> None:
     tail = "route=- prompt_tokens=- completion_tokens=0 ttft=- total=0.010s outcome=failed reason=overloaded"
     assert log_line(refused).endswith(tail)
     assert "key=-" in log_line(refused)
+
+
+def test_prefill_counts_only_the_computed_tokens_of_one_prefill() -> None:
+    cached_hit = [
+        ("prefill_started", {"prompt_tokens": 1000, "cached_tokens": 960}),
+        ("prefill_completed", {"prompt_tokens": 1000, "seconds": 0.1}),
+    ]
+    assert computed_prefill(cached_hit) == (40, 0.1)  # 400 tok/s, not the 10,000 of 1000 / 0.1
+    failover = [
+        ("prefill_started", {"prompt_tokens": 100, "cached_tokens": 0}),
+        ("prefill_completed", {"prompt_tokens": 100, "seconds": 0.5}),
+        ("prefill_started", {"prompt_tokens": 130, "cached_tokens": 0}),  # replayed onto a new route
+        ("prefill_completed", {"prompt_tokens": 130, "seconds": 0.2}),
+    ]
+    assert computed_prefill(failover) == (100, 0.5)  # one pair's tokens over that pair's seconds
+    assert computed_prefill([("prefill_started", {"prompt_tokens": 8})]) == (None, None)  # never completed
+    record = replace(RECORD, prompt_tokens=1000, prefill_tokens=40, prefill_seconds=0.1)
+    assert rates(record)[0] == pytest.approx(400.0)
 
 
 def test_rates_are_measured_from_the_request() -> None:

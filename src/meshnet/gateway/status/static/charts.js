@@ -5,9 +5,9 @@
 const SVG = "http://www.w3.org/2000/svg";
 const COLOURS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#ae3ec9", "#e8590c", "#1098ad"];
 const CHARTS = [
-  { id: "chart-decode", metric: "decode_tokens_per_s", title: "decode tok/s per node", value: (p) => p.mean },
-  { id: "chart-prefill", metric: "prefill_tokens_per_s", title: "prefill tok/s per node", value: (p) => p.mean },
-  { id: "chart-itl", metric: "inter_token_seconds", title: "inter-token latency per node (ms)", value: (p) => 1000 * p.mean },
+  { id: "chart-decode", metric: "decode_tokens_per_s", title: "decode tok/s of the routes through each node", value: (p) => p.mean },
+  { id: "chart-prefill", metric: "prefill_tokens_per_s", title: "prefill tok/s of the routes through each node", value: (p) => p.mean },
+  { id: "chart-itl", metric: "inter_token_seconds", title: "inter-token latency of the routes through each node (ms)", value: (p) => 1000 * p.mean },
   { id: "chart-hop", metric: "hop_seconds", title: "decode step per hop, by node (ms)", value: (p) => 1000 * p.mean },
   { id: "chart-ttft", metric: "ttft_seconds", title: "time to first token (s)", value: (p) => p.mean },
   { id: "chart-rate", metric: "requests", title: "requests / s", value: (p, h) => p.count / h.bucket_seconds },
