@@ -28,7 +28,6 @@ from meshnet.artifact.model_id import served_model_id
 from meshnet.core.addresses import dialable_address, is_unspecified_host
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from meshnet.core.features import TAIL_FEATURES
 from meshnet.core.ids import NodeId
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.limits import served_context
@@ -249,7 +248,6 @@ def _registration(
         device_memory_free=min(device.memory_free, device.memory_total),
         drift=drift,
         prefix_cache_bytes=prefix_cache_bytes,
-        features=TAIL_FEATURES,
     )
     fingerprint = model.recipe.fingerprint()
     return NodeRecord(
