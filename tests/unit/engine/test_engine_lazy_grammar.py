@@ -18,7 +18,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.generation import SamplingParams
 from meshnet.core.sampling_options import OutputConstraint
-from meshnet.engine.constraints import GrammarVocabulary, LazyGrammarMatcher, json_schema_constraint
+from meshnet.engine.constraints import ANCHOR, GrammarVocabulary, LazyGrammarMatcher, json_schema_constraint
 from meshnet.engine.tail_sampler import TailSampler
 from meshnet.engine.tokenizer import Tokenizer
 
@@ -111,3 +111,19 @@ def test_a_reply_without_the_trigger_is_never_constrained(vocabulary: GrammarVoc
         assert not matcher.engaged
     finally:
         matcher.close()
+
+
+def test_an_anchored_trigger_engages_only_at_the_start_of_the_reply(
+    vocabulary: GrammarVocabulary, tokenizer: Tokenizer
+) -> None:
+    # Llama 3's bare call is the whole reply: a JSON record shown later in a text answer must
+    # not switch the call grammar on (it would force a call, then be read back as text).
+    bare = OutputConstraint(json_schema_constraint(SCHEMA).grammar, triggers=(ANCHOR + '{"n"',))
+    for text, engaged in (('Example:\n{"n": 3}', False), (' {"n": 3}', True), ('{"n"', True)):
+        matcher = vocabulary.matcher(bare)
+        try:
+            for token in _tokens(tokenizer, text):
+                matcher.accept(token)
+            assert isinstance(matcher, LazyGrammarMatcher) and matcher.engaged is engaged, text
+        finally:
+            matcher.close()
