@@ -126,6 +126,8 @@ class ToolStreamParser:
         elif self._inside:
             self._inside = False
             pieces = self._closed(rest, closed=False)
+        elif self.calls and self._format.open_tag.startswith(rest.lstrip()):
+            pieces = []  # a further call cut short inside its opening tag
         else:
             pieces = self._content(rest)
         pending, self._pending = self._pending, ""
