@@ -7,7 +7,7 @@ Semantics (OpenAI's, decided here once):
   ``response_format``, whose grammar then holds instead).
 - ``required``: the reply is one or more calls (one if ``parallel_tool_calls`` is false or the
   family allows one per turn), constrained by a grammar; ``{"type": "function", ...}``: the same,
-  limited to that function.
+  limited to that function (one call). Not with ``stop``: the call's own text could end the reply.
 - ``none``: the model must not call: the tools are not rendered and the reply is not parsed
   (past calls and tool results in the history are still rendered).
 """
