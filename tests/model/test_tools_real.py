@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,29 +98,36 @@ def _reference_call(tmp_path: Path) -> tuple[str, dict[str, Any]]:
     return call.name, json.loads(call.arguments)
 
 
-def test_smollm2_calls_as_the_whole_model_and_finishes_the_round_trip(tmp_path: Path) -> None:
-    expected = _reference_call(tmp_path)
+@contextmanager
+def _split_client(tmp_path: Path) -> Iterator[openai.OpenAI]:
+    """The official client on SmolLM2 split in two (tracker, two workers, gateway: processes)."""
     with Swarm(tmp_path / "swarm", MODEL) as swarm:
         swarm.start_tracker()
         swarm.start_workers("0:15", "15:30", n_ctx_per_session=2048)
         base_url = swarm.start_gateway()
         swarm.wait_routable(nodes=2)
         with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=120) as client:
-            reply = client.chat.completions.create(
-                **REQUEST, messages=QUESTION, tool_choice="required", parallel_tool_calls=False
-            )
-            choice = reply.choices[0]
-            assert choice.finish_reason == "tool_calls" and choice.message.content is None
-            (call,) = choice.message.tool_calls or []
-            arguments = json.loads(call.function.arguments)
-            jsonschema.validate(arguments, PARAMETERS)
-            assert (call.function.name, arguments) == expected
-            history = [
-                *QUESTION,
-                choice.message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'},
-            ]
-            final = client.chat.completions.create(**REQUEST, messages=history)
+            yield client
+
+
+def test_smollm2_calls_as_the_whole_model_and_finishes_the_round_trip(tmp_path: Path) -> None:
+    expected = _reference_call(tmp_path)
+    with _split_client(tmp_path) as client:
+        reply = client.chat.completions.create(
+            **REQUEST, messages=QUESTION, tool_choice="required", parallel_tool_calls=False
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls or []
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, PARAMETERS)
+        assert (call.function.name, arguments) == expected
+        history = [
+            *QUESTION,
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'},
+        ]
+        final = client.chat.completions.create(**REQUEST, messages=history)
     answer = final.choices[0]
     assert answer.finish_reason in ("stop", "length", "tool_calls")
     assert answer.message.content or answer.message.tool_calls
@@ -140,14 +149,9 @@ def test_auto_lazy_grammar_engages_through_the_split_as_in_the_whole_model(tmp_p
         bias = {str(token): BIAS for token in _tag_tokens(reference)}
     finally:
         reference.close()
-    with Swarm(tmp_path / "swarm", MODEL) as swarm:
-        swarm.start_tracker()
-        swarm.start_workers("0:15", "15:30", n_ctx_per_session=2048)
-        base_url = swarm.start_gateway()
-        swarm.wait_routable(nodes=2)
-        with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=120) as client:
-            called = client.chat.completions.create(**REQUEST, messages=QUESTION, logit_bias=bias, **single).choices[0]
-            free = client.chat.completions.create(**REQUEST, messages=QUESTION, **single).choices[0]
+    with _split_client(tmp_path) as client:
+        called = client.chat.completions.create(**REQUEST, messages=QUESTION, logit_bias=bias, **single).choices[0]
+        free = client.chat.completions.create(**REQUEST, messages=QUESTION, **single).choices[0]
     assert called.finish_reason == "tool_calls" and called.message.content is None
     (call,) = called.message.tool_calls or []
     jsonschema.validate(json.loads(call.function.arguments), PARAMETERS)
