@@ -206,7 +206,10 @@ class LazyGrammarMatcher:
         return [start for word in self._anchored if self._text.startswith(word, start)]
 
     def _engage(self, at: int) -> None:
-        replay = [token for offset, token in self._starts if offset >= at]
+        ends = [offset for offset, _ in self._starts[1:]] + [len(self._text)]
+        # A token that writes nothing where the trigger starts (Llama 3's <|python_tag|>, a
+        # control token) comes before the call's text: it is not the grammar's to take.
+        replay = [token for (offset, token), end in zip(self._starts, ends, strict=True) if offset >= at and end > at]
         if not any(offset == at for offset, _ in self._starts):
             self._free = True  # the trigger starts inside a token: its text cannot be fed alone
             return

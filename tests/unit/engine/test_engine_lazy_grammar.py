@@ -127,3 +127,19 @@ def test_an_anchored_trigger_engages_only_at_the_start_of_the_reply(
             assert isinstance(matcher, LazyGrammarMatcher) and matcher.engaged is engaged, text
         finally:
             matcher.close()
+
+
+def test_a_control_token_before_the_trigger_is_not_replayed(
+    vocabulary: GrammarVocabulary, tokenizer: Tokenizer
+) -> None:
+    # Llama 3 may open its call with <|python_tag|>, a control token that writes no text.
+    bare = OutputConstraint(json_schema_constraint(SCHEMA).grammar, triggers=(ANCHOR + '{"n"',))
+    control = min(tokenizer.eos_token_ids)
+    assert vocabulary.piece(control) == b""
+    matcher = vocabulary.matcher(bare)
+    try:
+        for token in [control, *_tokens(tokenizer, '{"n"')]:
+            matcher.accept(token)
+        assert matcher.engaged
+    finally:
+        matcher.close()
