@@ -60,7 +60,7 @@ class GrammarBuilder:
     async def json_schema(self, schema: Mapping[str, Any]) -> OutputConstraint:
         """The constraint of ``schema``; typed errors (InvalidArgument and its kinds) for bad ones."""
         check_grammar_size(schema)  # cheap and certain: refused before any process is asked
-        text = json.dumps(schema, sort_keys=True)
+        text = json.dumps(schema)  # key order kept: it is the order the grammar writes properties in
         self._follow_loop()
         built = self._cached(text)
         if built is None:

@@ -13,11 +13,12 @@ import jsonschema
 import pytest
 
 from meshnet.artifact.synthetic_templates import QWEN_TOOL_TEMPLATE
-from meshnet.engine.constraints import json_schema_constraint
+from meshnet.engine.constraints import ANCHOR, json_schema_constraint
 from meshnet.gateway.errors import HttpError
 from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.schemas import ChatCompletionBody
-from meshnet.gateway.tools.grammar import build_tool_constraint, call_schema, lift_definitions
+from meshnet.gateway.tools.formats import HERMES, LLAMA3_JSON
+from meshnet.gateway.tools.grammar import build_tool_constraint, call_schema, lazy_triggers, lift_definitions
 from meshnet.gateway.tools.plan import ToolPlan, read_tool_plan
 
 CITY = {"type": "object", "properties": {"name": {"type": "string"}, "unit": {"$ref": "#/$defs/Unit"}}}
@@ -100,3 +101,27 @@ def test_built_grammars_are_kept_by_schema_text() -> None:
             await builder.close()
 
     asyncio.run(run())
+
+
+def test_llama3s_trigger_is_anchored_where_the_parser_looks_for_a_call() -> None:
+    assert lazy_triggers(HERMES) == ("<tool_call>",)
+    assert lazy_triggers(LLAMA3_JSON) == (ANCHOR + '{"name"',)
+
+
+def test_the_cache_keeps_the_schemas_property_order() -> None:
+    # The converter writes properties in the schema's order: schemas equal but for it are two.
+    integer = {"type": "integer"}
+
+    async def run() -> list[str]:
+        builder = GrammarBuilder(timeout_s=30.0)
+        try:
+            orders = ({"b": integer, "a": integer}, {"a": integer, "b": integer})
+            schemas = [{"type": "object", "properties": order, "required": ["a", "b"]} for order in orders]
+            return [(await builder.json_schema(schema)).grammar for schema in schemas]
+        finally:
+            await builder.close()
+
+    roots = [
+        next(line for line in grammar.splitlines() if line.startswith("root ::=")) for grammar in asyncio.run(run())
+    ]
+    assert roots[0].index("b-kv") < roots[0].index("a-kv") and roots[1].index("a-kv") < roots[1].index("b-kv")
