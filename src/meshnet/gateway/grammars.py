@@ -78,7 +78,7 @@ class GrammarBuilder:
 
     async def _build(self, text: str) -> Built:
         """The child's answer for one schema, kept (under the lock: one schema at a time)."""
-        request = (json.dumps({"schema": json.loads(text)}) + "\n").encode()
+        request = f'{{"schema": {text}}}\n'.encode()
         self.builds += 1
         try:
             built: Built = _constraint(await asyncio.wait_for(self._ask(request), self._timeout_s))
