@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 from swarm_harness import MODEL_NAME, Swarm
 
@@ -72,9 +74,9 @@ def qwen_split(tmp_path_factory: pytest.TempPathFactory, qwen: Path) -> Iterator
 
 
 def _required(client: openai.OpenAI, seed: int, **extra: Any) -> Any:
-    fields: dict[str, Any] = {"tool_choice": "required", "parallel_tool_calls": False, **extra}
+    fields: dict[str, Any] = {"tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 160, **extra}
     return client.chat.completions.create(
-        model=MODEL_NAME, messages=QUESTION, tools=TOOLS, max_tokens=160, temperature=1.0, seed=seed, **fields
+        model=MODEL_NAME, messages=QUESTION, tools=TOOLS, temperature=1.0, seed=seed, **fields
     )
 
 
@@ -172,3 +174,59 @@ def test_a_llama_family_model_calls_in_its_own_format(tmp_path_factory: pytest.T
             reply = _required(client, seed, parallel_tool_calls=True)  # Llama 3 allows one call per turn
             assert reply.choices[0].finish_reason == "tool_calls"
             assert len(_checked_calls(reply.choices[0].message)) == 1
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=8)
+    country: str = pydantic.Field(max_length=8)
+
+
+class Unit(StrEnum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+class Forecast(pydantic.BaseModel):
+    """A nested model and an enum: pydantic_function_tool writes both as ``$defs`` + ``$ref``."""
+
+    city: City
+    unit: Unit
+    days: int
+
+
+def test_a_pydantic_tool_with_nested_models_is_called_and_parsed(qwen_split: openai.OpenAI) -> None:
+    tool = openai.pydantic_function_tool(Forecast)
+    assert "$defs" in tool["function"]["parameters"]
+    for seed in range(3):
+        reply = qwen_split.chat.completions.parse(
+            model=MODEL_NAME,
+            messages=QUESTION,
+            tools=[tool],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=200,
+            seed=seed,
+        )
+        (call,) = reply.choices[0].message.tool_calls or []
+        assert isinstance(call.function.parsed_arguments, Forecast)  # the client's own validation
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    # tool_choice auto (the default) builds the same grammar lazily: no 400 either.
+    auto = qwen_split.chat.completions.create(model=MODEL_NAME, messages=QUESTION, tools=[tool], max_tokens=16, seed=1)
+    assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_call_cut_by_max_tokens_is_neither_content_nor_a_call(qwen_split: openai.OpenAI) -> None:
+    cut = _required(qwen_split, 3, max_tokens=12)
+    choice = cut.choices[0]
+    assert (choice.finish_reason, choice.message.content, choice.message.tool_calls) == ("length", None, None)
+    streamed = list(
+        qwen_split.chat.completions.create(
+            model=MODEL_NAME, messages=QUESTION, tools=TOOLS, tool_choice="required", max_tokens=12, seed=3, stream=True
+        )
+    )
+    deltas = [chunk.choices[0].delta for chunk in streamed if chunk.choices]
+    assert not any(delta.content or delta.tool_calls for delta in deltas)
+    assert streamed[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as refused:
+        _required(qwen_split, 3, stop=["\n"])
+    assert refused.value.param == "stop"

@@ -112,6 +112,13 @@ def _raise_template_error(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-    # Hugging Face's ``tojson``: plain JSON, not Jinja's HTML-escaped one (``<`` stays ``<``).
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Hugging Face's ``tojson`` (transformers' chat template filter, the same arguments): plain
+    # JSON, not Jinja's HTML-escaped one (``<`` stays ``<``).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)

@@ -28,6 +28,11 @@ from meshnet.core.sampling_options import MAX_GRAMMAR_CHARS, OutputConstraint
 from meshnet.engine import llama_ffi
 from meshnet.engine.grammar_bound import check_grammar_size
 
+ANCHOR = "^"
+"""A trigger word that starts with this engages only at the reply's start (after whitespace), as
+llama.cpp's ``PATTERN_FULL`` triggers do: Llama 3's bare ``{"name"`` call is a whole reply, and a
+JSON record later in a text answer must stay text."""
+
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 """The layout of llama.cpp's ``llama_token_data``."""
 
@@ -159,7 +164,8 @@ class LazyGrammarMatcher:
     def __init__(self, vocabulary: GrammarVocabulary, constraint: OutputConstraint) -> None:
         self._vocabulary = vocabulary
         self._constraint = constraint
-        self._triggers = [word.encode() for word in constraint.triggers]
+        self._triggers = [word.encode() for word in constraint.triggers if not word.startswith(ANCHOR)]
+        self._anchored = [word[len(ANCHOR) :].encode() for word in constraint.triggers if word.startswith(ANCHOR)]
         self._text = b""
         self._starts: list[tuple[int, int]] = []
         """(byte offset, token) of each token generated while waiting for a trigger."""
@@ -186,14 +192,24 @@ class LazyGrammarMatcher:
         before = len(self._text)
         self._starts.append((before, token))
         self._text += self._vocabulary.piece(token)
-        longest = max(len(word) for word in self._triggers)
-        found = [self._text.find(word, max(0, before - longest)) for word in self._triggers]
-        hits = [at for at in found if at >= 0]
+        hits = [*self._found_anywhere(before), *self._found_at_start()]
         if hits:
             self._engage(min(hits))
 
+    def _found_anywhere(self, before: int) -> list[int]:
+        longest = max((len(word) for word in self._triggers), default=0)
+        found = [self._text.find(word, max(0, before - longest)) for word in self._triggers]
+        return [at for at in found if at >= 0]
+
+    def _found_at_start(self) -> list[int]:
+        start = len(self._text) - len(self._text.lstrip())
+        return [start for word in self._anchored if self._text.startswith(word, start)]
+
     def _engage(self, at: int) -> None:
-        replay = [token for offset, token in self._starts if offset >= at]
+        ends = [offset for offset, _ in self._starts[1:]] + [len(self._text)]
+        # A token that writes nothing where the trigger starts (Llama 3's <|python_tag|>, a
+        # control token) comes before the call's text: it is not the grammar's to take.
+        replay = [token for (offset, token), end in zip(self._starts, ends, strict=True) if offset >= at and end > at]
         if not any(offset == at for offset, _ in self._starts):
             self._free = True  # the trigger starts inside a token: its text cannot be fed alone
             return

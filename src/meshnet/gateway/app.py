@@ -37,7 +37,7 @@ from meshnet.gateway.errors import (
 from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
-from meshnet.gateway.prepare import ModelLimits, prepare_chat, prepare_text
+from meshnet.gateway.prepare import ModelLimits, PreparedRequest, prepare_chat, prepare_text
 from meshnet.gateway.request_ledger import RequestLedger
 from meshnet.gateway.responses_api.body import ResponsesBody, chat_body, check_supported
 from meshnet.gateway.responses_api.shape import ResponsesShape, response_header
@@ -47,7 +47,7 @@ from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
 from meshnet.gateway.status.page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
 from meshnet.gateway.tools.grammar import build_tool_constraint
-from meshnet.gateway.tools.plan import read_tool_plan
+from meshnet.gateway.tools.plan import ToolPlan, read_tool_plan
 from meshnet.telemetry.history import HistoryShape
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
@@ -234,18 +234,13 @@ def _add_status_routes(
         return Response(render(metrics_registry), media_type=CONTENT_TYPE)
 
 
-def _add_completion_routes(
+def _add_model_routes(
     app: FastAPI,
-    service: CompletionService,
     generator: RouteGenerator,
     codecs: Mapping[str, TextCodec],
     status: SwarmStatus,
     guard: list[Any],
 ) -> None:
-    config = service.config
-    grammars = GrammarBuilder(config.grammar_timeout_seconds)
-    app.state.grammars = grammars
-
     async def cards() -> list[dict[str, Any]]:
         # The context a session really gets: the smaller of the model's and the current route's.
         # Without a route nobody can say; the model's own limit is shown, marked not routable.
@@ -268,6 +263,30 @@ def _add_completion_routes(
             raise HttpError(404, "model_not_found", f"no model {model_id!r} here; this gateway serves {known}")
         return card
 
+
+async def _prepared_chat(
+    body: ChatCompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig, grammars: GrammarBuilder
+) -> tuple[PreparedRequest, ToolPlan | None]:
+    """A chat's tool plan, its grammar (the tools', else ``response_format``'s) and the prepared
+    request: the one path of ``/v1/chat/completions`` and ``/v1/responses``."""
+    tools = read_tool_plan(body, codec.chat_template_source)
+    grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(body, grammars)
+    return prepare_chat(body, codec, limits, config, grammar, tools), tools
+
+
+def _add_completion_routes(
+    app: FastAPI,
+    service: CompletionService,
+    generator: RouteGenerator,
+    codecs: Mapping[str, TextCodec],
+    status: SwarmStatus,
+    guard: list[Any],
+) -> None:
+    config = service.config
+    grammars = GrammarBuilder(config.grammar_timeout_seconds)
+    app.state.grammars = grammars
+    _add_model_routes(app, generator, codecs, status, guard)
+
     async def resolve(model: str) -> tuple[TextCodec, ModelLimits]:
         # A prompt is held to the context /v1/models shows: the route's when there is one.
         codec, limits = service.resolve(model)
@@ -280,9 +299,7 @@ def _add_completion_routes(
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = await resolve(body.model)
-        tools = read_tool_plan(body, codec.chat_template_source)
-        grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(body, grammars)
-        prepared = prepare_chat(body, codec, limits, config, grammar, tools)
+        prepared, _ = await _prepared_chat(body, codec, limits, config, grammars)
         return await service.respond(request, prepared, codec)
 
     @app.post("/v1/completions", dependencies=guard)
@@ -302,11 +319,8 @@ def _add_completion_routes(
     async def responses(request: Request) -> Response:
         body = parse_body(ResponsesBody, await read_body(request, config.max_body_bytes))
         check_supported(body)
-        chat = chat_body(body)
         codec, limits = await resolve(body.model)
-        tools = read_tool_plan(chat, codec.chat_template_source)
-        grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(chat, grammars)
-        prepared = prepare_chat(chat, codec, limits, config, grammar, tools)
+        prepared, tools = await _prepared_chat(chat_body(body), codec, limits, config, grammars)
         header = response_header(body, request.state.request_id, int(service.wall_clock()))
         return await service.respond(request, prepared, codec, ResponsesShape(header, tools))
 

@@ -94,3 +94,15 @@ def test_only_a_chat_ending_with_an_earlier_turn_and_an_assistant_message_is_con
         continuation_pieces(_template(CHATML), CHAT)
     with pytest.raises(InvalidArgument, match="after an earlier message"):
         continuation_pieces(_template(CHATML), [{"role": "assistant", "content": "Hi"}])
+
+
+def test_tojson_takes_hugging_faces_arguments() -> None:
+    # transformers' tojson filter honours sort_keys / separators / indent / ensure_ascii; a
+    # template that passes them must render as it does there.
+    source = (
+        "{% for message in messages %}{{ message['content'] }}"
+        "{{ {'b': 1, 'a': '<é>'} | tojson(sort_keys=true, separators=(',', ':')) }}"
+        "{{ {'b': 1, 'a': 2} | tojson(indent=1) }}{{ 'é' | tojson(ensure_ascii=true) }}{% endfor %}"
+    )
+    rendered = _template(source).render([{"role": "user", "content": "x"}], add_generation_prompt=False)
+    assert rendered == 'x{"a":"<é>","b":1}{\n "b": 1,\n "a": 2\n}"\\u00e9"'

@@ -18,7 +18,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.generation import SamplingParams
 from meshnet.core.sampling_options import OutputConstraint
-from meshnet.engine.constraints import GrammarVocabulary, LazyGrammarMatcher, json_schema_constraint
+from meshnet.engine.constraints import ANCHOR, GrammarVocabulary, LazyGrammarMatcher, json_schema_constraint
 from meshnet.engine.tail_sampler import TailSampler
 from meshnet.engine.tokenizer import Tokenizer
 
@@ -109,5 +109,37 @@ def test_a_reply_without_the_trigger_is_never_constrained(vocabulary: GrammarVoc
             assert matcher.allows(token)
             matcher.accept(token)
         assert not matcher.engaged
+    finally:
+        matcher.close()
+
+
+def test_an_anchored_trigger_engages_only_at_the_start_of_the_reply(
+    vocabulary: GrammarVocabulary, tokenizer: Tokenizer
+) -> None:
+    # Llama 3's bare call is the whole reply: a JSON record shown later in a text answer must
+    # not switch the call grammar on (it would force a call, then be read back as text).
+    bare = OutputConstraint(json_schema_constraint(SCHEMA).grammar, triggers=(ANCHOR + '{"n"',))
+    for text, engaged in (('Example:\n{"n": 3}', False), (' {"n": 3}', True), ('{"n"', True)):
+        matcher = vocabulary.matcher(bare)
+        try:
+            for token in _tokens(tokenizer, text):
+                matcher.accept(token)
+            assert isinstance(matcher, LazyGrammarMatcher) and matcher.engaged is engaged, text
+        finally:
+            matcher.close()
+
+
+def test_a_control_token_before_the_trigger_is_not_replayed(
+    vocabulary: GrammarVocabulary, tokenizer: Tokenizer
+) -> None:
+    # Llama 3 may open its call with <|python_tag|>, a control token that writes no text.
+    bare = OutputConstraint(json_schema_constraint(SCHEMA).grammar, triggers=(ANCHOR + '{"n"',))
+    control = min(tokenizer.eos_token_ids)
+    assert vocabulary.piece(control) == b""
+    matcher = vocabulary.matcher(bare)
+    try:
+        for token in [control, *_tokens(tokenizer, '{"n"')]:
+            matcher.accept(token)
+        assert matcher.engaged
     finally:
         matcher.close()

@@ -117,21 +117,42 @@ def test_token_by_token_parsing_equals_the_whole(template: str) -> None:
             calls = tuple(piece.call for piece in pieces if isinstance(piece, CallPiece))
             content = "".join(piece.text for piece in pieces if isinstance(piece, ContentPiece))
             assert calls == whole.calls
-            assert (content.strip() or None if calls else content) == whole.content
+            assert (content or None if calls else content) == whole.content  # the very same text
 
 
-def test_a_further_call_cut_short_is_neither_a_call_nor_content() -> None:
+def test_a_call_cut_short_is_neither_a_call_nor_content() -> None:
     one = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
-    reply = parse_reply(f'{one}\n<tool_call>\n{{"name": "get_weather", "argu', _plan(), _ids())
-    assert reply.content is None and [call.name for call in reply.calls] == ["get_time"]
-    cut = '<tool_call>\n{"name": "get_weather", "argu'
-    assert parse_reply(cut, _plan(), _ids()).content == cut  # no call at all: the text is all there is
+    for cut_next in ('\n<tool_call>\n{"name": "get_weather", "argu', "\n<tool"):
+        reply = parse_reply(one + cut_next, _plan(), _ids())
+        assert reply.content is None and [call.name for call in reply.calls] == ["get_time"]
+    for plan, cut in (
+        (_plan(), '<tool_call>\n{"name": "get_weather", "argu'),
+        (_plan(), "Let me see.\n<tool_call>\n"),
+        (_plan(LLAMA3_TOOL_TEMPLATE), '{"name": "get_weather", "parameters": {"ci'),
+        (_plan(LLAMA3_TOOL_TEMPLATE), '<|python_tag|>{"na'),
+    ):
+        reply = parse_reply(cut, plan, _ids())
+        assert reply.calls == () and reply.content == (cut.split("\n")[0] if cut.startswith("Let") else None)
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": cut}, "finish_reason": "length"}]}
+    (choice,) = shape_completion(body, _plan(LLAMA3_TOOL_TEMPLATE), _ids())["choices"]
+    assert choice == {"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "length"}
+
+
+def test_one_call_is_reported_when_one_was_asked_for() -> None:
+    two = (
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for fields in ({"parallel_tool_calls": False}, {"tool_choice": named}):
+        assert [call.name for call in parse_reply(two, _plan(**fields), _ids()).calls] == ["get_time"]
+    assert len(parse_reply(two, _plan(), _ids()).calls) == 2
 
 
 def test_streamed_content_is_held_back_only_while_it_may_start_a_call() -> None:
     parser = ToolStreamParser(_plan(), _ids())
-    assert parser.push("Hello <tool") == [ContentPiece("Hello ")]
-    assert parser.push("box> now") == [ContentPiece("<toolbox> now")]
+    assert parser.push("Hello <tool") == [ContentPiece("Hello")]  # the space waits for more content
+    assert parser.push("box> now\n") == [ContentPiece(" <toolbox> now")]
     assert parser.push('<tool_call>{"name": "get_time", "arguments": {}}') == []
     (piece,) = parser.push("</tool_call>")
     assert isinstance(piece, CallPiece) and piece.index == 0 and piece.call.name == "get_time"
@@ -145,6 +166,8 @@ def test_streamed_content_is_held_back_only_while_it_may_start_a_call() -> None:
         ({"tools": [], "tool_choice": "required"}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, None),
         ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"tool_choice": "required", "stop": ["\n"]}, "stop"),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}, "stop": "x"}, "stop"),
     ],
 )
 def test_bad_tool_requests_are_400s_naming_the_parameter(fields: dict[str, Any], param: str | None) -> None:

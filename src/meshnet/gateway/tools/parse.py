@@ -6,6 +6,14 @@ that may still become a call (a prefix of ``<tool_call>``, or for ``LLAMA3_JSON`
 starts with ``{``) is held back while streaming and never leaks into ``content`` once a call
 is parsed from it (the failure exo #1100 reports). Arguments are streamed when their call is
 complete: a client never receives arguments that later turn out not to parse.
+
+A call the reply opened but never finished (``max_tokens`` or a stop string cut it) is dropped,
+neither a call nor content: the client gets ``finish_reason: "length"`` with the calls that did
+finish, or ``content: null``, never the call's raw syntax. Without ``several_calls``
+(``parallel_tool_calls: false``, a named choice, Llama 3) only the first call is reported, even
+where no grammar held the reply to one. Whitespace that ends content is held back until more
+text follows, and dropped when a call comes or the reply ends in calls: the stream and the whole
+reply carry the same content, the whole reply being the stream's pieces joined.
 """
 
 from __future__ import annotations
@@ -77,8 +85,11 @@ class ToolStreamParser:
     def __init__(self, plan: ToolPlan, new_id: Callable[[], str] = new_call_id) -> None:
         self._format = plan.format
         self._names = [function.name for function in plan.functions]
+        self._several = plan.several_calls
         self._new_id = new_id
         self._buffer = ""
+        self._pending = ""
+        """Whitespace that ended the content so far: sent only if more content follows."""
         self._inside = False
         self._plain = False
         """LLAMA3_JSON only: the reply was found not to be a call; everything is content now."""
@@ -105,31 +116,37 @@ class ToolStreamParser:
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 return pieces
             pieces += self._content(self._buffer[:start])
-            self._buffer, self._inside = self._buffer[start + len(self._format.open_tag) :], True
+            self._buffer, self._inside, self._pending = self._buffer[start + len(self._format.open_tag) :], True, ""
 
     def finish(self) -> list[StreamPiece]:
         """What is still held back once the text ends (an unclosed last call is read as a call)."""
         rest, self._buffer = self._buffer, ""
         if not self._format.open_tag:
-            return self._bare_end(rest)
-        if self._inside:
+            pieces = self._bare_end(rest)
+        elif self._inside:
             self._inside = False
-            return self._closed(rest, closed=False)
-        return self._content(rest)
+            pieces = self._closed(rest, closed=False)
+        elif self.calls and self._format.open_tag.startswith(rest.lstrip()):
+            pieces = []  # a further call cut short inside its opening tag
+        else:
+            pieces = self._content(rest)
+        pending, self._pending = self._pending, ""
+        return pieces if self.calls or not pending else [*pieces, ContentPiece(pending)]
 
     def _content(self, text: str) -> list[StreamPiece]:
-        # Whitespace between or after calls is layout, not content.
-        if not text or (self.calls and not text.strip()):
-            return []
-        return [ContentPiece(text)]
+        text = self._pending + text
+        shown = text.rstrip()
+        self._pending = text[len(shown) :]
+        return [ContentPiece(shown)] if shown else []
 
     def _closed(self, body: str, *, closed: bool) -> list[StreamPiece]:
         call = read_call(body.strip(), self._names, self._format, self._new_id)
-        if call is None and not closed and self.calls:
-            return []  # a further call cut short (max_tokens): not content either
+        if call is None and not closed:
+            return []  # a call cut short (max_tokens, a stop string): neither a call nor content
         if call is None:
-            tail = self._format.close_tag if closed else ""
-            return self._content(f"{self._format.open_tag}{body}{tail}")
+            return self._content(f"{self._format.open_tag}{body}{self._format.close_tag}")
+        if self.calls and not self._several:
+            return []  # one call was asked for: a further one is not reported
         self.calls += 1
         return [CallPiece(self.calls - 1, call)]
 
@@ -147,10 +164,14 @@ class ToolStreamParser:
         if self._plain:
             return self._content(rest)
         body = rest.strip().removeprefix(PYTHON_TAG).strip()
-        calls = [read_call(part, self._names, self._format, self._new_id) for part in _json_objects(body)]
+        objects = _json_objects(body)
+        trigger = self._format.trigger
+        if body and not objects and body[: len(trigger)] == trigger[: len(body)]:
+            return []  # a call cut short: neither a call nor content
+        calls = [read_call(part, self._names, self._format, self._new_id) for part in objects]
         if not calls or any(call is None for call in calls):
             return self._content(rest)
-        found = [call for call in calls if call is not None]
+        found = [call for call in calls if call is not None][: None if self._several else 1]
         self.calls = len(found)
         return [CallPiece(index, call) for index, call in enumerate(found)]
 
@@ -186,6 +207,6 @@ def parse_reply(text: str, plan: ToolPlan, new_id: Callable[[], str] = new_call_
     pieces = [*parser.push(text), *parser.finish()]
     calls = tuple(piece.call for piece in pieces if isinstance(piece, CallPiece))
     content = "".join(piece.text for piece in pieces if isinstance(piece, ContentPiece))
-    if calls:
-        return ParsedReply(content.strip() or None, calls)
+    if calls or content != text:
+        return ParsedReply(content or None, calls)
     return ParsedReply(content, ())

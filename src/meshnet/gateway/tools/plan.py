@@ -7,7 +7,7 @@ Semantics (OpenAI's, decided here once):
   ``response_format``, whose grammar then holds instead).
 - ``required``: the reply is one or more calls (one if ``parallel_tool_calls`` is false or the
   family allows one per turn), constrained by a grammar; ``{"type": "function", ...}``: the same,
-  limited to that function.
+  limited to that function (one call). Not with ``stop``: the call's own text could end the reply.
 - ``none``: the model must not call: the tools are not rendered and the reply is not parsed
   (past calls and tool results in the history are still rendered).
 """
@@ -72,7 +72,9 @@ class ToolPlan:
 
     @property
     def several_calls(self) -> bool:
-        return self.parallel and self.format.parallel
+        """Several calls in one turn: asked for, allowed by the family, and not a named choice
+        (OpenAI's named choice is one call of that function)."""
+        return self.parallel and self.format.parallel and self.mode != "named"
 
     def callable_functions(self) -> tuple[ToolFunction, ...]:
         """The functions the reply may call."""
@@ -98,6 +100,12 @@ def read_tool_plan(body: ChatCompletionBody, template_source: str | None) -> Too
             "invalid_parameter",
             "a required or named tool_choice cannot be combined with response_format",
             "tool_choice",
+        )
+    if mode in ("required", "named") and body.stop:
+        raise bad_request(
+            "invalid_parameter",
+            "stop cannot be combined with a required or named tool_choice: the call's own text could end the reply",
+            "stop",
         )
     parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
     free_format = body.response_format is None or body.response_format.type == "text"

@@ -1,7 +1,8 @@
 """Tool calls in the chat completion object and in its stream, as OpenAI shapes them.
 
-Whole: the message gets ``tool_calls`` (``content`` keeps the text before the calls, or None)
-and ``finish_reason`` becomes ``"tool_calls"`` (a reply cut by ``max_tokens`` keeps ``length``).
+Whole: the message gets ``tool_calls`` (``content`` keeps the text besides the calls, or None)
+and ``finish_reason`` becomes ``"tool_calls"`` (a reply cut by ``max_tokens`` keeps ``length``;
+a call it cut short is dropped, so such a reply may carry ``content: null`` and no calls).
 Streamed: content deltas until a call starts; each parsed call then as one delta with its
 ``index``, ``id``, ``type`` and ``name`` (arguments ``""``) followed by one with its arguments,
 which the official client's accumulation joins into the call; the last chunk's
@@ -37,9 +38,11 @@ def shape_completion(
     """A ``chat.completion`` object with each choice's calls parsed out of its text."""
     choices = []
     for choice in body["choices"]:
-        reply = parse_reply(choice["message"]["content"], plan, new_id)
-        if reply.calls:
-            message = {"role": "assistant", "content": reply.content, "tool_calls": [call_json(c) for c in reply.calls]}
+        text = choice["message"]["content"]
+        reply = parse_reply(text, plan, new_id)
+        if reply.calls or reply.content != text:
+            calls = {"tool_calls": [call_json(c) for c in reply.calls]} if reply.calls else {}
+            message = {"role": "assistant", "content": reply.content, **calls}
             choice = {**choice, "message": message, "finish_reason": _finish(choice["finish_reason"], len(reply.calls))}
         choices.append(choice)
     return {**body, "choices": choices}
