@@ -58,6 +58,11 @@ GRAMMAR_TIMEOUT_S = 5.0
 SMALL_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
+def _small_schema(name: str) -> dict[str, Any]:
+    """A schema the gateway has not built yet (built grammars are kept by schema text)."""
+    return {**SMALL_SCHEMA, "properties": {name: {"type": "integer"}}, "required": [name]}
+
+
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     root = tmp_path_factory.mktemp("swarm")
@@ -207,7 +212,7 @@ def test_grammars_are_built_off_the_event_loop_and_a_stuck_build_is_stopped(swar
     answers: dict[str, tuple[float, httpx.Response]] = {}
 
     def send_schema() -> None:
-        answer = httpx.post(base_url + CHAT, json=_schema_body(SMALL_SCHEMA), headers=swarm.auth, timeout=60)
+        answer = httpx.post(base_url + CHAT, json=_schema_body(_small_schema("m")), headers=swarm.auth, timeout=60)
         answers["schema"] = (time.monotonic(), answer)
 
     started = time.monotonic()
@@ -215,12 +220,15 @@ def test_grammars_are_built_off_the_event_loop_and_a_stuck_build_is_stopped(swar
     waiting.start()
     try:
         other = read_sse(base_url, CHAT, chat_body(20), headers=swarm.auth)
+        # A schema built before is served from the cache: it does not wait on the stuck child.
+        cached = httpx.post(base_url + CHAT, json=_schema_body(SMALL_SCHEMA), headers=swarm.auth, timeout=60)
         other_done = time.monotonic()
         waiting.join(timeout=60)
     finally:
         if frozen.is_running():
             frozen.send_signal(signal.SIGCONT)
     assert other.status == 200 and other.items[-1].kind == "done"
+    assert cached.status_code == 200, cached.text
     answered_at, answer = answers["schema"]
     print(f"\nother client served in {other_done - started:.3f} s; stuck build ended at {answered_at - started:.3f} s")
     # The other client's whole request was served while the json_schema request still waited.
@@ -230,7 +238,7 @@ def test_grammars_are_built_off_the_event_loop_and_a_stuck_build_is_stopped(swar
     assert answered_at - started < GRAMMAR_TIMEOUT_S + 10.0
     # The frozen process was stopped for good; the next schema gets a fresh one.
     assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE
-    again = httpx.post(base_url + CHAT, json=_schema_body(SMALL_SCHEMA), headers=swarm.auth, timeout=60)
+    again = httpx.post(base_url + CHAT, json=_schema_body(_small_schema("k")), headers=swarm.auth, timeout=60)
     assert again.status_code == 200, again.text
     assert _grammar_process(gateway_pid).pid != frozen.pid
 

@@ -1,11 +1,12 @@
 """The OpenAI parameters the tail honours, with the official ``openai`` client, on real swarms.
 
 One fixed set of requests (logprobs and top_logprobs, streamed too; presence / frequency
-penalties; logit_bias; ``n`` > 1; ``response_format`` json_object and json_schema) runs against
-three live swarms of the same synthetic GGUF: the whole model on one worker, two shards and
-three shards (each a tracker, real llama.cpp worker processes and a gateway). Every answer,
-logprobs included, must be identical bit for bit across the three splits, and equal the
-in-process whole model where a greedy reference exists.
+penalties; logit_bias; min_p and repetition_penalty (``extra_body``); ``n`` > 1;
+``response_format`` json_object and json_schema) runs against three live swarms of the same
+synthetic GGUF: the whole model on one worker, two shards and three shards (each a tracker,
+real llama.cpp worker processes and a gateway). Every answer, logprobs included, must be
+identical bit for bit across the three splits, and equal the in-process whole model where a
+greedy reference exists.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,11 @@ pytestmark = pytest.mark.timeout(300)
 
 SPLITS = {"whole": ("0:6",), "two": ("0:3", "3:6"), "three": ("0:2", "2:4", "4:6")}
 MAX_TOKENS = 16
+MIN_P = 0.1
+REPETITION_PENALTY = 1.3
 TEXT_PROMPT = "the house and a dog"
 MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]
+PREFILLED: list[Any] = [*MESSAGES, {"role": "assistant", "content": "Once upon a"}]
 SCHEMA = {
     "type": "object",
     "properties": {"count": {"type": "integer"}},
@@ -81,6 +86,15 @@ def _streamed(chunks: Any) -> dict[str, Any]:
     return {"choices": per_choice, "usage": usage}
 
 
+def _refusal(call: Any) -> dict[str, Any]:
+    """The OpenAI error a request that must be refused gets, as status, code and parameter."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        call()
+    error = refused.value.body
+    assert isinstance(error, dict)
+    return {"status": refused.value.status_code, "code": error.get("code"), "message": error.get("message")}
+
+
 def _run_requests(client: openai.OpenAI, banned: int, closers: dict[str, float]) -> dict[str, Any]:
     chat = client.chat.completions.create
     common: dict[str, Any] = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": MAX_TOKENS}
@@ -94,6 +108,15 @@ def _run_requests(client: openai.OpenAI, banned: int, closers: dict[str, float])
         "plain": _plain(chat(**common, temperature=0)),
         "penalised": _plain(chat(**common, temperature=0, frequency_penalty=1.5, presence_penalty=0.5)),
         "banned": _plain(chat(**common, temperature=0, logit_bias={str(banned): -100})),
+        "min_p": _plain(chat(**common, **sampled, top_p=0.95, extra_body={"min_p": MIN_P})),
+        "repetition": _plain(chat(**common, temperature=0, extra_body={"repetition_penalty": REPETITION_PENALTY})),
+        "prefill": _plain(chat(**{**common, "messages": PREFILLED}, temperature=0)),
+        "prefill_alone": _refusal(lambda: chat(**{**common, "messages": PREFILLED[-1:]}, temperature=0)),
+        "both_text": _plain(
+            client.completions.create(
+                **text_common, **sampled, extra_body={"min_p": MIN_P, "repetition_penalty": REPETITION_PENALTY}
+            )
+        ),
         "sampled_one": _plain(chat(**common, **sampled)),
         "sampled_three": _plain(chat(**common, **sampled, n=3)),
         "sampled_two_stream": _streamed(
@@ -198,6 +221,46 @@ def test_penalties_and_logit_bias_change_the_greedy_answer_as_in_the_oracle(
     assert three["banned"]["choices"][0]["message"]["content"] == banned
 
 
+def test_min_p_and_repetition_penalty_change_the_answer_as_in_the_oracle(
+    answers: dict[str, dict[str, Any]], reference: Reference, greedy_tokens: list[int]
+) -> None:
+    """min-p and the repetition penalty are honoured, not ignored: each answer is the in-process
+    whole model's under the same sampler, and differs from the answer without the parameter."""
+    three = answers["three"]
+    prompt = reference.chat_tokens(PROMPT)
+    free = SamplingParams(temperature=0.9, seed=7, top_p=0.95)
+    trimmed = reference.text(reference.generate(prompt, MAX_TOKENS, replace(free, min_p=MIN_P)))
+    assert trimmed != reference.text(reference.generate(prompt, MAX_TOKENS, free))
+    assert three["min_p"]["choices"][0]["message"]["content"] == trimmed
+    penalty = LogitAdjustments(repetition_penalty=REPETITION_PENALTY)
+    unrepeated = reference.text(reference.generate(prompt, MAX_TOKENS, SamplingParams(adjustments=penalty)))
+    assert unrepeated != reference.text(greedy_tokens)
+    assert three["repetition"]["choices"][0]["message"]["content"] == unrepeated
+    both = SamplingParams(temperature=0.9, seed=7, min_p=MIN_P, adjustments=penalty)
+    text_prompt = reference.text_tokens(TEXT_PROMPT)
+    assert three["both_text"]["choices"][0]["text"] == reference.text(reference.generate(text_prompt, MAX_TOKENS, both))
+
+
+def test_a_trailing_assistant_message_is_continued(
+    answers: dict[str, dict[str, Any]], reference: Reference, greedy_tokens: list[int]
+) -> None:
+    """Assistant prefill: the prompt ends inside the assistant turn (no end of turn, no new
+    turn), and the reply holds only the continuation."""
+    prompt = reference.tokenizer.encode_chat_continuation(PREFILLED)
+    rendered = reference.tokenizer.decode(prompt)
+    assert rendered.endswith("<|assistant|>Once upon a")
+    assert rendered == reference.tokenizer.decode(reference.chat_tokens(PROMPT)) + "Once upon a"
+    continued = reference.text(reference.generate(prompt, MAX_TOKENS))
+    reply = answers["three"]["prefill"]
+    assert reply["choices"][0]["message"]["content"] == continued
+    assert continued != reference.text(greedy_tokens)  # else a new turn would pass
+    assert reply["usage"]["prompt_tokens"] == len(prompt)
+    # A template that cannot place the continuation (here: no turn before it) is a typed 400.
+    refused = answers["three"]["prefill_alone"]
+    assert refused["status"] == 400 and refused["code"] == "invalid_argument"
+    assert "continued" in refused["message"]
+
+
 def test_seeded_answers_equal_the_oracle(answers: dict[str, dict[str, Any]], reference: Reference) -> None:
     sampled = SamplingParams(temperature=0.9, seed=7)
     expected = reference.text(reference.generate(reference.chat_tokens(PROMPT), MAX_TOKENS, sampled))
@@ -215,7 +278,9 @@ def test_n_choices_are_independent_seeded_sessions(answers: dict[str, dict[str, 
     # Each choice ends at EOS or MAX_TOKENS; each is a session that prefilled the prompt itself.
     usage = many["usage"]
     assert one["usage"]["completion_tokens"] <= usage["completion_tokens"] <= 3 * MAX_TOKENS
-    assert usage["billing_units"] == 3 * PREFILL_WEIGHT * usage["prompt_tokens"] + usage["completion_tokens"]
+    # The prompt is billed once per request, as usage counts it (n=1 and n=3 alike).
+    assert usage["billing_units"] == PREFILL_WEIGHT * usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["billing_units"] == billing_units(usage["prompt_tokens"], usage["completion_tokens"])
     assert one["usage"]["billing_units"] == billing_units(
         one["usage"]["prompt_tokens"], one["usage"]["completion_tokens"]
     )

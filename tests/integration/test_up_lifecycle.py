@@ -29,6 +29,7 @@ import openai
 import psutil
 import pytest
 from swarm_harness import PROMPT, meshnet_command, query_db, stop_string_of, write_tiny_model
+from up_harness import chat, running_up
 
 from meshnet.deploy.launch.ready_lines import UpLine
 from meshnet.process.launcher import ChildProcess, LaunchSpec
@@ -203,3 +204,29 @@ def test_a_child_exits_when_its_lifeline_is_cut(tmp_path: Path) -> None:
         assert child.wait_exit(ORPHANS_GONE_WITHIN_S) in (-signal.SIGTERM, ORPHAN_EXIT_CODE)
     finally:
         child.stop()
+
+
+def _request_lines(logs: Path) -> list[str]:
+    text = "".join(path.read_text() for path in logs.glob("gateway*.log"))
+    return [line for line in text.splitlines() if "meshnet.gateway.requests request req-" in line]
+
+
+def test_up_prints_the_status_page_and_its_gateway_logs_each_request(tmp_path: Path) -> None:
+    """The page's URL (never the key) is printed once up is ready, and the gateway's log file
+    under DATA_DIR/logs gets one line per request (up's own probe and demo, then ours)."""
+    with running_up(tmp_path, write_tiny_model(tmp_path)) as (base, auth):
+        printed = (tmp_path / "up.log").read_text()
+        assert f"status    {base.removesuffix('/v1')}/status" in printed
+        key = (tmp_path / "api-key").read_text().strip()
+        assert key not in printed
+        before = _request_lines(tmp_path / "logs")
+        assert before, "up's own requests were not logged"
+        reply = chat(base, auth)
+        assert reply.status_code == 200
+        deadline = time.monotonic() + 10.0
+        while len(lines := _request_lines(tmp_path / "logs")) == len(before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert len(lines) == len(before) + 1, lines
+    ours = lines[-1]
+    assert f"request {reply.json()['id']} key=key-" in ours and "outcome=completed reason=length" in ours, ours
+    assert all(key not in line for line in lines)

@@ -115,6 +115,39 @@ def test_openai_stream_through_three_workers_equals_whole_model(swarm: Swarm, tm
     assert text == expected
 
 
+PREFILLED = [
+    {"role": "user", "content": "What is the capital of France? Answer in one sentence."},
+    {"role": "assistant", "content": "The capital of France is"},
+]
+
+
+def test_a_trailing_assistant_message_is_continued_as_the_whole_model_continues_it(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    """Assistant prefill through three workers: the prompt ends inside SmolLM2's assistant turn
+    and the reply is only the continuation, equal to the whole model's greedy continuation."""
+    import openai
+
+    reference = Reference(MODEL, tmp_path / "cache")
+    try:
+        prompt = reference.tokenizer.encode_chat_continuation(PREFILLED)
+        expected = reference.text(reference.generate(prompt, MAX_TOKENS))
+    finally:
+        reference.close()
+    assert "Paris" in expected and not expected.lstrip().startswith("The capital"), expected
+
+    base_url = swarm.gateways[0].ready_line.split()[3]
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60) as client:
+        reply = client.chat.completions.create(
+            model=DEFAULT_MODEL.name,
+            messages=PREFILLED,
+            max_tokens=MAX_TOKENS,
+            temperature=0,  # type: ignore[arg-type]
+        )
+    assert reply.choices[0].message.content == expected
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(prompt)
+
+
 # -- JSON mode: the tail (layers 20:30, a slice that keeps the vocabulary) samples under
 # llama.cpp's grammar, and the answer must parse.
 

@@ -67,3 +67,55 @@ def test_the_vocabulary_only_file_equals_the_whole_model(package: object, templa
     finally:
         whole.close()
         alone.close()
+
+
+GEMMA_TURNS_TEMPLATE = (  # Gemma's own turn format: assistant is "model", content trimmed
+    "{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "<start_of_turn>{{ role }}\n{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+PREFILLED = [*MESSAGES, {"role": "assistant", "content": "Red, green and"}]
+
+
+@pytest.mark.parametrize(
+    ("package", "template", "opening"),
+    [(DEFAULT_MODEL, None, "<|im_start|>assistant\n"), (GEMMA3_270M, GEMMA_TURNS_TEMPLATE, "<start_of_turn>model\n")],
+)
+def test_a_trailing_assistant_message_is_continued_inside_its_turn(
+    package: object, template: str | None, opening: str
+) -> None:
+    """Assistant prefill with the real vocabularies and templates: the prompt is the reply's
+    opening plus the message, ending without an end-of-turn; its markers are control tokens."""
+    from meshnet.artifact.describe import describe_model
+    from meshnet.engine.tokenizer import Tokenizer
+
+    source = model_path(DATA_DIR / "models", package)  # type: ignore[arg-type]
+    if not source.exists():
+        pytest.skip(f"{source} is not provisioned (meshnet provision)")
+    tokenizer = Tokenizer(describe_model(source), chat_template=template)
+    try:
+        tokens = tokenizer.encode_chat_continuation(PREFILLED)
+        opened = tokenizer.encode_chat(MESSAGES, add_generation_prompt=True)
+        assert tokens[: len(opened)] == opened  # the generation prompt's own tokens, markers included
+        assert tokenizer.apply_chat_template(MESSAGES).endswith(opening)
+        assert tokens[len(opened) :] == tokenizer.encode("Red, green and", add_special=False)
+    finally:
+        tokenizer.close()
+
+
+def test_a_template_whose_assistant_turn_differs_from_its_reply_opening_is_refused() -> None:
+    """The tests' Gemma template opens every reply as "model" but writes an assistant message's
+    turn as "assistant": a continuation cannot be expressed, so it is refused, not guessed."""
+    from meshnet.artifact.describe import describe_model
+    from meshnet.core.errors import InvalidArgument
+    from meshnet.engine.tokenizer import Tokenizer
+
+    source = model_path(DATA_DIR / "models", GEMMA3_270M)
+    if not source.exists():
+        pytest.skip(f"{source} is not provisioned (meshnet provision)")
+    tokenizer = Tokenizer(describe_model(source), chat_template=GEMMA_TEMPLATE)
+    try:
+        with pytest.raises(InvalidArgument, match="cannot be continued"):
+            tokenizer.encode_chat_continuation(PREFILLED)
+    finally:
+        tokenizer.close()

@@ -196,6 +196,12 @@ class NoRoute(Unavailable):
     code = "no_route"
 
 
+class FeatureUnavailable(NoRoute):
+    """No tail of the swarm serves a feature the request needs (its nodes predate it)."""
+
+    code = "feature_unavailable"
+
+
 class DeadlineExceeded(MeshnetError):
     code = "timeout"
     retryable = True

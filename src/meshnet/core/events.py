@@ -73,6 +73,15 @@ class DecodeStarted:
 
 
 @dataclass(frozen=True)
+class HopLatency:
+    """How long one hop of the route took over one decode step: the time from its receiving the
+    step's frame to its output (engine queue and llama.cpp), as the shard measured it."""
+
+    node_id: NodeId
+    seconds: float
+
+
+@dataclass(frozen=True)
 class TokenGenerated:
     token_id: int
     index: int
@@ -81,6 +90,9 @@ class TokenGenerated:
     """Rolling decode rate over the recent window."""
     logprobs: TokenLogprobs | None = None
     """The tail's logprobs for this token, when the request asked for them."""
+    hops: tuple[HopLatency, ...] = ()
+    """Each hop's time for the decode step that produced this token, on a sample of the steps
+    (``route.hop_timing``); empty on the others."""
 
 
 @dataclass(frozen=True)

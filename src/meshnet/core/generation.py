@@ -21,6 +21,9 @@ class SamplingParams:
     """Keep only the k most likely tokens; 0 keeps all."""
     top_p: float = 1.0
     """Keep the smallest set of tokens whose probability reaches top_p."""
+    min_p: float = field(default=0.0, metadata=cli(hidden=True))
+    """Keep only tokens at least min_p times as likely as the most likely one (llama.cpp's
+    min-p: on the logits before temperature, after top-k and top-p); 0 keeps all."""
     seed: int = 0
     """Seeds the sampler so a temperature > 0 run is reproducible."""
     # The OpenAI API's options (the gateway sets them; no command-line flags).
@@ -38,6 +41,8 @@ class SamplingParams:
             raise InvalidArgument(f"top_k must be in [0, {MAX_TOP_K}], got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgument(f"min_p must be in [0, 1], got {self.min_p}")
         if not 0 <= self.seed < 2**63:
             raise InvalidArgument(f"seed must be in [0, 2**63), got {self.seed}")
 

@@ -30,6 +30,7 @@ from meshnet.core.checks import (
 )
 from meshnet.core.devices import DEVICE_KINDS, MAX_DEVICE_BYTES, DeviceDrift, DeviceKind
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.features import TAIL_FEATURES, check_features
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 
@@ -89,6 +90,10 @@ class NodeCapability:
     prefix_cache_bytes: int = 0
     """Prompt KV the node keeps for reuse (``session.kv_store``); 0: none, so a route through it
     reuses no prompt and warming a turn's answer on it is wasted (``route.warmup``)."""
+    features: tuple[str, ...] = TAIL_FEATURES
+    """What the node serves as a tail beyond the base protocol (``core.features``), sorted: all
+    of this build's. A node built before a feature existed lists none of it (its record on the
+    wire has no such field), and is routed no request that needs it."""
 
     def __post_init__(self) -> None:
         check_count("n_ctx_per_session", self.n_ctx_per_session, MAX_POSITIONS, low=1)
@@ -105,6 +110,7 @@ class NodeCapability:
         check_count("device_memory_total", self.device_memory_total, MAX_DEVICE_BYTES)
         check_count("device_memory_free", self.device_memory_free, self.device_memory_total)
         check_count("prefix_cache_bytes", self.prefix_cache_bytes, MAX_DEVICE_BYTES)
+        check_features(self.features)
 
 
 @dataclass(frozen=True)

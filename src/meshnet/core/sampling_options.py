@@ -20,26 +20,38 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_GRAMMAR_CHARS = 32 * 1024
 """A grammar travels in the opening frame, whose non-payload room is 64 KiB."""
 MAX_TOKEN_ID = 2**31 - 1
+MAX_REPETITION_PENALTY = 100.0
+"""A finite bound: beyond it every seen token is already as good as forbidden."""
 
 
 @dataclass(frozen=True)
 class LogitAdjustments:
     """Changes to the logits before a token is chosen, as OpenAI defines them.
 
-    ``logit[t] += bias[t] - count[t] * frequency_penalty - (count[t] > 0) * presence_penalty``,
-    where ``count[t]`` is how often ``t`` was generated so far in this completion.
+    In llama.cpp's order: ``logit[t] += bias[t]``; then for every ``t`` with ``count[t] > 0``
+    the repetition penalty (a positive logit divided by it, a negative one multiplied, as vLLM,
+    Hugging Face and llama.cpp's ``penalty_repeat`` do); then
+    ``logit[t] -= count[t] * frequency_penalty + (count[t] > 0) * presence_penalty``, where
+    ``count[t]`` is how often ``t`` was generated so far in this completion (the prompt is not
+    counted: the tail never sees its tokens).
     """
 
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias in [-100, 100]) pairs, sorted by token id, each id at most once."""
+    repetition_penalty: float = 1.0
+    """In (0, MAX_REPETITION_PENALTY]; 1 is off, above 1 discourages repeats."""
 
     def __post_init__(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not (math.isfinite(value) and -2.0 <= value <= 2.0):
                 raise InvalidArgument(f"{name} must be in [-2, 2], got {value}")
+        if not (math.isfinite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise InvalidArgument(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}"
+            )
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidArgument(f"logit_bias holds {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
         ids = [token for token, _ in self.logit_bias]
@@ -53,7 +65,9 @@ class LogitAdjustments:
 
     @property
     def active(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.logit_bias or self.repetition_penalty != 1.0
+        )
 
 
 @dataclass(frozen=True)
@@ -67,18 +81,29 @@ class LogprobRequest:
             raise InvalidArgument(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top}")
 
 
+MAX_TRIGGERS = 8
+MAX_TRIGGER_CHARS = 128
+
+
 @dataclass(frozen=True)
 class OutputConstraint:
     """The generated text must match this GBNF grammar (llama.cpp's grammar format)."""
 
     grammar: str
     root: str = "root"
+    triggers: tuple[str, ...] = ()
+    """A lazy grammar (``tool_choice: auto``): free text until one of these words is generated,
+    then the grammar holds from the word's first character on. Empty: it holds from the start."""
 
     def __post_init__(self) -> None:
         if not self.grammar or len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise InvalidArgument(f"a grammar must be 1 to {MAX_GRAMMAR_CHARS} characters, got {len(self.grammar)}")
         if not self.root or len(self.root) > 128:
             raise InvalidArgument("a grammar's root rule name must be 1 to 128 characters")
+        if len(self.triggers) > MAX_TRIGGERS:
+            raise InvalidArgument(f"a grammar has at most {MAX_TRIGGERS} trigger words, got {len(self.triggers)}")
+        if any(not 1 <= len(word) <= MAX_TRIGGER_CHARS for word in self.triggers):
+            raise InvalidArgument(f"a grammar's trigger words must be 1 to {MAX_TRIGGER_CHARS} characters")
 
 
 @dataclass(frozen=True)

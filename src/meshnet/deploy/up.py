@@ -63,6 +63,11 @@ def _child_env() -> dict[str, str]:
     return {"GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "10000")}
 
 
+def status_page_url(base_url: str) -> str:
+    """The operator's status page: the gateway's ``/status``, without the key (the page asks)."""
+    return f"{base_url.rstrip('/')}/status"
+
+
 def _bound_port(ready: ReadyLine) -> int:
     return int(ready.first.split("://")[-1].rsplit(":", 1)[1])
 
@@ -255,6 +260,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
             _demo(base_url, model, config, auth, chat=chat)
             if config.demo_only:
                 return 0
+        print(f"status    {status_page_url(base_url)}  (the page asks for the API key)")
         print(f"\n{UpLine(base_url + '/v1')} — press Ctrl-C to stop.", flush=True)
         supervisor.watch()
     except KeyboardInterrupt:

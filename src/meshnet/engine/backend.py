@@ -63,6 +63,9 @@ class StepInput:
     """float32 [n, n_embd] boundary residual from the previous shard: middle and tail shards."""
     want_logits: Literal["none", "last", "all"] = "last"
     """Tail only: which rows' logits to return ("none" for non-final prefill chunks)."""
+    read_logits: bool = True
+    """Tail only: False when only the rows' final-norm values are read (an embedding): the rows
+    still run to the end, but their ``rows x n_vocab`` logits are not copied out."""
 
     @property
     def n_tokens(self) -> int:
@@ -77,6 +80,10 @@ class StepOutput:
     """float32 [n, n_embd]: the unnormalized residual after this shard's last layer (non-tail)."""
     logits: np.ndarray | None = None
     """float32 [rows, n_vocab] (tail): rows as asked by ``want_logits``."""
+    normed: np.ndarray | None = None
+    """float32 [rows, n_embd] (tail): the same rows after the final norm, before the LM head --
+    llama.cpp's ``result_norm``, the hidden states its embeddings pool. None where the engine
+    cannot see them."""
 
 
 def chunk_bounds(position: int, n_tokens: int, chunk: int) -> list[tuple[int, int]]:
@@ -105,6 +112,7 @@ def prefill_pieces(step: StepInput, chunk: int) -> list[StepInput]:
             None if step.tokens is None else step.tokens[start:stop],
             None if step.hidden is None else step.hidden[start:stop],
             step.want_logits if stop == step.n_tokens else keep_rows,
+            step.read_logits,
         )
         for start, stop in bounds
     ]
@@ -119,7 +127,9 @@ def join_pieces(outputs: list[StepOutput]) -> StepOutput:
     if hidden:
         return StepOutput(slot, hidden=np.concatenate(hidden))
     logits = [o.logits for o in outputs if o.logits is not None]
-    return StepOutput(slot, logits=np.concatenate(logits) if logits else None)
+    normed = [o.normed for o in outputs if o.normed is not None]
+    whole_normed = np.concatenate(normed) if normed and len(normed) == len(outputs) else None
+    return StepOutput(slot, logits=np.concatenate(logits) if logits else None, normed=whole_normed)
 
 
 class KeepsNoKv:

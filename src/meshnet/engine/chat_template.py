@@ -15,10 +15,12 @@ other way is detected rather than mis-split.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -44,9 +46,18 @@ class ChatTemplate:
         if source is not None:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
             env.globals["raise_exception"] = _raise_template_error
+            env.filters["tojson"] = _tojson
             self._template = env.from_string(source)
 
-    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The chat as the template writes it; ``tools`` (OpenAI's function entries) and messages
+        with ``tool_calls`` / ``tool`` roles are passed as Hugging Face templates expect them."""
         if self._template is None:
             # A base model: inventing a turn format would give answers the model was never
             # trained to give. Say so; completions still work.
@@ -57,6 +68,7 @@ class ChatTemplate:
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],
+                tools=None if tools is None else [dict(tool) for tool in tools],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
@@ -65,14 +77,22 @@ class ChatTemplate:
             raise InvalidArgument(f"the model's chat template rejected these messages: {error}") from None
 
     def pieces(
-        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[ChatPiece] | None:
         """The rendering as template text and message content, in order, joining to exactly
         ``render``'s output; None if the template alters content in a way that cannot be split."""
-        truth = self.render(messages, add_generation_prompt=add_generation_prompt)
+        truth = self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         nonce = secrets.token_hex(8)
-        placeholders = [{**m, "content": f"{PAD}{nonce}m{index}e{PAD}"} for index, m in enumerate(messages)]
-        shape = self.render(placeholders, add_generation_prompt=add_generation_prompt)
+        # Empty content has nothing to keep apart (and templates test it: ``if message.content``).
+        placeholders = [
+            {**m, "content": f"{PAD}{nonce}m{index}e{PAD}" if m["content"] else m["content"]}
+            for index, m in enumerate(messages)
+        ]
+        shape = self.render(placeholders, add_generation_prompt=add_generation_prompt, tools=tools)
         pieces: list[ChatPiece] = []
         cursor = 0
         for found in re.finditer(f"({PAD}?){nonce}m(\\d+)e({PAD}?)", shape):
@@ -90,3 +110,15 @@ class ChatTemplate:
 
 def _raise_template_error(message: str) -> None:
     raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Hugging Face's ``tojson`` (transformers' chat template filter, the same arguments): plain
+    # JSON, not Jinja's HTML-escaped one (``<`` stays ``<``).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ from meshnet.core.errors import EngineError, GrammarTooLarge, InvalidArgument
 from meshnet.core.sampling_options import MAX_GRAMMAR_CHARS, OutputConstraint
 from meshnet.engine import llama_ffi
 from meshnet.engine.grammar_bound import check_grammar_size
+
+ANCHOR = "^"
+"""A trigger word that starts with this engages only at the reply's start (after whitespace), as
+llama.cpp's ``PATTERN_FULL`` triggers do: Llama 3's bare ``{"name"`` call is a whole reply, and a
+JSON record later in a text answer must stay text."""
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 """The layout of llama.cpp's ``llama_token_data``."""
@@ -64,12 +70,24 @@ class GrammarVocabulary:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
 
     def matcher(self, constraint: OutputConstraint) -> GrammarMatcher:
+        """The session's matcher: lazy (engaging at a trigger word) when the constraint has any."""
+        if constraint.triggers:
+            return LazyGrammarMatcher(self, constraint)
+        return self.strict_matcher(constraint)
+
+    def strict_matcher(self, constraint: OutputConstraint) -> StrictGrammarMatcher:
         sampler = llama_cpp.llama_sampler_init_grammar(
             self._vocab, constraint.grammar.encode(), constraint.root.encode()
         )
         if not sampler:
             raise InvalidArgument("llama.cpp could not parse the grammar (check its rules and root)")
-        return GrammarMatcher(sampler, self.n_vocab)
+        return StrictGrammarMatcher(sampler, self.n_vocab)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` writes (control tokens write none, as in the client's text)."""
+        buffer = ctypes.create_string_buffer(256)
+        count = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, False)
+        return buffer.raw[: max(count, 0)]
 
     def close(self) -> None:
         if self._model:
@@ -81,7 +99,7 @@ class GrammarVocabulary:
         self.close()
 
 
-class GrammarMatcher:
+class StrictGrammarMatcher:
     """One session's grammar state: which tokens may come next; advanced token by token."""
 
     def __init__(self, sampler: Any, n_vocab: int) -> None:
@@ -129,3 +147,86 @@ class GrammarMatcher:
         if self._sampler:
             llama_cpp.llama_sampler_free(self._sampler)
             self._sampler = None
+
+
+class LazyGrammarMatcher:
+    """A grammar that holds only once a trigger word is generated (``tool_choice: auto``).
+
+    llama.cpp's own lazy sampler replays the text from the trigger into the grammar and throws a
+    C++ exception -- which aborts the process -- when that text does not fit it (a token that
+    carries more than the trigger). Here the trigger is found in Python over the tokens' bytes;
+    the grammar engages only when the trigger starts exactly at a token, and the tokens from there
+    are fed through ``allows`` first: text that does not fit leaves the rest of the reply free
+    (the gateway then reads it as content). Everything depends only on the tokens chosen, in
+    order, so a failover replay rebuilds the same state.
+    """
+
+    def __init__(self, vocabulary: GrammarVocabulary, constraint: OutputConstraint) -> None:
+        self._vocabulary = vocabulary
+        self._constraint = constraint
+        self._triggers = [word.encode() for word in constraint.triggers if not word.startswith(ANCHOR)]
+        self._anchored = [word[len(ANCHOR) :].encode() for word in constraint.triggers if word.startswith(ANCHOR)]
+        self._text = b""
+        self._starts: list[tuple[int, int]] = []
+        """(byte offset, token) of each token generated while waiting for a trigger."""
+        self._inner: StrictGrammarMatcher | None = None
+        self._free = False
+        """The trigger came but its text did not fit the grammar: nothing is constrained any more."""
+
+    @property
+    def engaged(self) -> bool:
+        return self._inner is not None
+
+    def allows(self, token: int) -> bool:
+        return True if self._inner is None else self._inner.allows(token)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        return logits if self._inner is None else self._inner.mask(logits)
+
+    def accept(self, token: int) -> None:
+        if self._inner is not None:
+            self._inner.accept(token)
+            return
+        if self._free:
+            return
+        before = len(self._text)
+        self._starts.append((before, token))
+        self._text += self._vocabulary.piece(token)
+        hits = [*self._found_anywhere(before), *self._found_at_start()]
+        if hits:
+            self._engage(min(hits))
+
+    def _found_anywhere(self, before: int) -> list[int]:
+        longest = max((len(word) for word in self._triggers), default=0)
+        found = [self._text.find(word, max(0, before - longest)) for word in self._triggers]
+        return [at for at in found if at >= 0]
+
+    def _found_at_start(self) -> list[int]:
+        start = len(self._text) - len(self._text.lstrip())
+        return [start for word in self._anchored if self._text.startswith(word, start)]
+
+    def _engage(self, at: int) -> None:
+        ends = [offset for offset, _ in self._starts[1:]] + [len(self._text)]
+        # A token that writes nothing where the trigger starts (Llama 3's <|python_tag|>, a
+        # control token) comes before the call's text: it is not the grammar's to take.
+        replay = [token for (offset, token), end in zip(self._starts, ends, strict=True) if offset >= at and end > at]
+        if not any(offset == at for offset, _ in self._starts):
+            self._free = True  # the trigger starts inside a token: its text cannot be fed alone
+            return
+        inner = self._vocabulary.strict_matcher(replace(self._constraint, triggers=()))
+        for token in replay:
+            if not inner.allows(token):
+                inner.close()
+                self._free = True
+                return
+            inner.accept(token)
+        self._inner = inner
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+            self._inner = None
+
+
+GrammarMatcher = StrictGrammarMatcher | LazyGrammarMatcher
+"""What a tail session samples under: the whole reply constrained, or only from a trigger on."""

@@ -77,7 +77,9 @@ class LlamaBackend:
             raise InvalidArgument("the embedding table was cut from a different source model")
         self._embeddings = embeddings if role == "head" else None
         self._config = config
-        self._target = f"l_out-{len(provenance.layers) - 1}".encode()
+        # A shard that ends the model captures its final-norm rows (embeddings pool them); any
+        # other, the residual after its last layer (the boundary the next shard takes).
+        self._target = b"result_norm" if role in ("full", "tail") else f"l_out-{len(provenance.layers) - 1}".encode()
         self._model, self._ctx = self._load(Path(slice_path), config)
         n_vocab = (
             llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model))
@@ -323,10 +325,15 @@ class LlamaBackend:
         n_out = int(self._want[:rows].sum())
         pointer = llama_cpp.llama_get_logits(self._ctx)
         logits = np.ctypeslib.as_array(pointer, shape=(n_out, n_vocab)) if n_out else np.zeros((0, n_vocab), np.float32)
+        # The final-norm rows are exactly the output rows where the graph names result_norm.
+        normed = self._captured if self._captured_rows == n_out else None
         out_row = 0
         for index, step, row in spans:
             count = int(self._want[row : row + step.n_tokens].sum())
-            pieces[index].append(StepOutput(step.slot, logits=logits[out_row : out_row + count].copy()))
+            rows_normed = None if normed is None else normed[out_row : out_row + count].copy()
+            # An embedding reads only the final-norm rows: its rows x n_vocab logits stay unread.
+            rows_logits = logits[out_row : out_row + count].copy() if step.read_logits else None
+            pieces[index].append(StepOutput(step.slot, logits=rows_logits, normed=rows_normed))
             out_row += count
 
     def _validate(self, batch: list[StepInput]) -> None:

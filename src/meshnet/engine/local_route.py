@@ -12,11 +12,13 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.sampling_options import TokenLogprobs
-from meshnet.engine.backend import Backend, StepInput
+from meshnet.engine.backend import Backend, StepInput, StepOutput
 from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.pooling import pool
 from meshnet.engine.tail_sampler import TailSampler
 
 
@@ -36,6 +38,22 @@ class LocalRoute:
 
     def forward(self, slot: int, position: int, tokens: np.ndarray, want_logits: str = "last") -> np.ndarray:
         """Run ``tokens`` at ``position`` through every shard; returns the tail's logits."""
+        return self._through(slot, position, tokens, want_logits).logits  # type: ignore[return-value]
+
+    def embed(self, tokens: Sequence[int], spec: EmbeddingSpec, slot: int = 0) -> np.ndarray:
+        """The pooled embedding of ``tokens`` (a prefill only; the slot's KV is released after).
+
+        Every row is an output row, as in llama.cpp's embedding contexts: the tail then runs its
+        last layer over all rows, the graph ``embed`` of whole-model llama.cpp computes."""
+        try:
+            output = self._through(slot, 0, np.asarray(tokens, np.int32), "all", read_logits=False)
+            return pool(output.normed, spec)
+        finally:
+            self.release(slot)
+
+    def _through(
+        self, slot: int, position: int, tokens: np.ndarray, want_logits: str, *, read_logits: bool = True
+    ) -> StepOutput:
         hidden: np.ndarray | None = None
         for backend in self.backends[:-1]:
             step = (
@@ -44,12 +62,11 @@ class LocalRoute:
             hidden = backend.run([step])[0].hidden
         tail = self.backends[-1]
         last = (
-            StepInput(slot, position, tokens=tokens, want_logits=want_logits)  # type: ignore[arg-type]
+            StepInput(slot, position, tokens, None, want_logits, read_logits)  # type: ignore[arg-type]
             if hidden is None
-            else StepInput(slot, position, hidden=hidden, want_logits=want_logits)  # type: ignore[arg-type]
+            else StepInput(slot, position, None, hidden, want_logits, read_logits)  # type: ignore[arg-type]
         )
-        logits = tail.run([last])[0].logits
-        return logits  # type: ignore[return-value]
+        return tail.run([last])[0]
 
     def release(self, slot: int) -> None:
         for backend in self.backends:

@@ -1,4 +1,5 @@
-"""OpenAI's ``logit_bias`` and presence / frequency penalties over a tail's logits.
+"""OpenAI's ``logit_bias``, the repetition penalty and presence / frequency penalties over a tail's
+logits, in llama.cpp's order (bias, then repetition, then presence / frequency).
 
 The penalties count the tokens generated so far in this completion (not the prompt), as OpenAI
 and vLLM do; the tail keeps the counts per session (``TailSampler``), and a failover replay
@@ -23,6 +24,11 @@ def adjust_logits(logits: np.ndarray, adjustments: LogitAdjustments, counts: Map
         if token >= n_vocab:
             raise InvalidArgument(f"logit_bias names token {token}; this model's vocabulary has {n_vocab}")
         adjusted[token] += np.float32(bias)
+    if counts and adjustments.repetition_penalty != 1.0:
+        seen_ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        factor = np.float32(adjustments.repetition_penalty)
+        values = adjusted[seen_ids]
+        adjusted[seen_ids] = np.where(values > 0, values / factor, values * factor)
     if counts and (adjustments.presence_penalty or adjustments.frequency_penalty):
         tokens = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
         seen = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
 from meshnet.artifact.describe import ModelDescription
 from meshnet.core.errors import ArtifactError, InvalidArgument
 from meshnet.engine import llama_ffi
+from meshnet.engine.chat_prefill import continuation_pieces
 from meshnet.engine.chat_template import ChatPiece, ChatTemplate
 
 
@@ -45,6 +48,7 @@ class Tokenizer:
         """``chat_template`` (Jinja source) replaces the GGUF's own, e.g. for a base model that has none."""
         model_path = model.path
         self.context_length = model.context_length
+        self.embedding_width = model.n_embd
         template = chat_template if chat_template is not None else model.chat_template
         if not model.has_tokenizer:
             raise ArtifactError(f"{Path(model_path).name} carries no tokenizer")
@@ -55,8 +59,9 @@ class Tokenizer:
         self.eos_token_ids = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self._markers = self._control_markers()
         self._marker_pattern = re.compile("|".join(re.escape(text) for text in sorted(self._markers, key=len)[::-1]))
+        self.chat_template_source = template if isinstance(template, str) else None
         self._template = ChatTemplate(
-            template if isinstance(template, str) else None,
+            self.chat_template_source,
             bos_text=self._piece_text(llama_cpp.llama_vocab_bos(self._vocab)),
             eos_text=self._piece_text(llama_cpp.llama_vocab_eos(self._vocab)),
         )
@@ -97,9 +102,19 @@ class Tokenizer:
                 return list(buffer[:count])
             capacity = -count
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
-        """Tokens of the chat as the template renders it, markers only where the template wrote them."""
-        pieces = self._template.pieces(messages, add_generation_prompt=add_generation_prompt)
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """Tokens of the chat as the template renders it, markers only where the template wrote them.
+
+        ``tools`` and the messages' ``tool_calls`` are written by the template as its own text, so a
+        control marker inside them is refused rather than read as a marker."""
+        self._refuse_markers_in_tools(messages, tools)
+        pieces = self._template.pieces(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         if pieces is None:
             # A template that rewrites content: unsplittable, so safe only if no content has a marker.
             marked = next((m["content"] for m in messages if self._marker_pattern.search(m["content"])), None)
@@ -109,8 +124,28 @@ class Tokenizer:
                     f"a message contains the control marker {found.group(0) if found else ''!r}, which this "
                     "model's chat template cannot keep as text; remove it from the message"
                 )
-            pieces = [ChatPiece(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), False)]
+            text = self._template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+            pieces = [ChatPiece(text, False)]
         return self._tokenize_pieces(pieces)
+
+    def encode_chat_continuation(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Tokens of a chat whose final assistant message the model continues (assistant
+        prefill, ``chat_prefill``): the prompt ends inside that message, with no end of turn."""
+        self._refuse_markers_in_tools(messages, tools)
+        return self._tokenize_pieces(continuation_pieces(self._template, messages, tools=tools))
+
+    def _refuse_markers_in_tools(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> None:
+        structured = [tools or [], *(m.get("tool_calls") or [] for m in messages)]
+        found = self._markers and self._marker_pattern.search(json.dumps(structured, ensure_ascii=False))
+        if found:
+            raise InvalidArgument(
+                f"tools or tool calls contain the control marker {found.group(0)!r}, which this model's chat "
+                "template would read as a marker; remove it"
+            )
 
     def _tokenize_pieces(self, pieces: Sequence[ChatPiece]) -> list[int]:
         tokens: list[int] = []
@@ -151,7 +186,7 @@ class Tokenizer:
     def new_decoder(self) -> IncrementalDecoder:
         return IncrementalDecoder(self)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """The chat as text, for display; tokenize it with ``encode_chat``, never ``encode``."""
         return self._template.render(messages, add_generation_prompt=add_generation_prompt)
 

@@ -25,6 +25,8 @@ from meshnet.gateway.admission import Admission
 from meshnet.gateway.auth import KeyVerifier, api_key_dependency, may_read, request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.config import GatewayConfig, admission_limits
+from meshnet.gateway.embeddings.body import EmbeddingsBody
+from meshnet.gateway.embeddings.serve import serve_embeddings
 from meshnet.gateway.errors import (
     HttpError,
     error_response,
@@ -35,12 +37,18 @@ from meshnet.gateway.errors import (
 from meshnet.gateway.grammars import GrammarBuilder
 from meshnet.gateway.openai_options import build_schema_constraint
 from meshnet.gateway.ports import ModelCard, RouteGenerator, SwarmView, TextCodec
-from meshnet.gateway.prepare import ModelLimits, prepare_chat, prepare_text
+from meshnet.gateway.prepare import ModelLimits, PreparedRequest, prepare_chat, prepare_text
+from meshnet.gateway.request_ledger import RequestLedger
+from meshnet.gateway.responses_api.body import ResponsesBody, chat_body, check_supported
+from meshnet.gateway.responses_api.shape import ResponsesShape, response_header
 from meshnet.gateway.schemas import ChatCompletionBody, CompletionBody
 from meshnet.gateway.service import CompletionService
 from meshnet.gateway.sse import HEADERS, MEDIA_TYPE, telemetry_event_frame
 from meshnet.gateway.status.page import SwarmStatus, status_router
 from meshnet.gateway.telemetry_hub import TelemetryHub
+from meshnet.gateway.tools.grammar import build_tool_constraint
+from meshnet.gateway.tools.plan import ToolPlan, read_tool_plan
+from meshnet.telemetry.history import HistoryShape
 from meshnet.telemetry.prometheus import CONTENT_TYPE, build_registry, render
 
 logger = logging.getLogger(__name__)
@@ -140,12 +148,14 @@ def create_app(
     ``admission`` is the gateway's slots and queue when parts around the app share them (the
     audit's replays); by default the app makes its own from ``config``.
     """
+    admission = admission or new_admission(config, clock=clock, rng=rng)
+    ledger = _new_ledger(config, admission, clock)
     hub = TelemetryHub(
         max_requests=config.telemetry_max_requests,
         max_events_per_request=config.telemetry_max_events_per_request,
         clock=clock,
+        ledger=ledger,
     )
-    admission = admission or new_admission(config, clock=clock, rng=rng)
     capacity = SwarmCapacity(generator, admission, config, clock)
     service = CompletionService(
         generator,
@@ -167,11 +177,17 @@ def create_app(
     )
     app.state.status = status
     guard = [Depends(api_key_dependency(api_keys))]
-    _add_status_routes(app, admission, hub, status, extra_figures or dict)
+    _add_status_routes(app, admission, hub, status, extra_figures or dict, ledger)
     app.include_router(status_router(status, interval_seconds=config.status_interval_seconds, guard=guard))
     _add_completion_routes(app, service, generator, codecs, status, guard)
     _add_telemetry_routes(app, hub, guard)
     return app
+
+
+def _new_ledger(config: GatewayConfig, admission: Admission, clock: Callable[[], float]) -> RequestLedger:
+    """The request ledger (log line, histograms, history), sampling ``admission``'s gauges."""
+    shape = HistoryShape(config.history_bucket_seconds, config.history_buckets)
+    return RequestLedger(shape, clock, lambda: {"queued": admission.queued, "in_flight": admission.in_flight})
 
 
 def _add_status_routes(
@@ -180,6 +196,7 @@ def _add_status_routes(
     hub: TelemetryHub,
     status: SwarmStatus,
     extra_figures: Callable[[], Mapping[str, float]],
+    ledger: RequestLedger,
 ) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -210,25 +227,20 @@ def _add_status_routes(
             **extra_figures(),
         }
 
-    metrics_registry = build_registry("meshnet_gateway", figures)
+    metrics_registry = build_registry("meshnet_gateway", figures, histograms=ledger.histograms)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(render(metrics_registry), media_type=CONTENT_TYPE)
 
 
-def _add_completion_routes(
+def _add_model_routes(
     app: FastAPI,
-    service: CompletionService,
     generator: RouteGenerator,
     codecs: Mapping[str, TextCodec],
     status: SwarmStatus,
     guard: list[Any],
 ) -> None:
-    config = service.config
-    grammars = GrammarBuilder(config.grammar_timeout_seconds)
-    app.state.grammars = grammars
-
     async def cards() -> list[dict[str, Any]]:
         # The context a session really gets: the smaller of the model's and the current route's.
         # Without a route nobody can say; the model's own limit is shown, marked not routable.
@@ -251,6 +263,30 @@ def _add_completion_routes(
             raise HttpError(404, "model_not_found", f"no model {model_id!r} here; this gateway serves {known}")
         return card
 
+
+async def _prepared_chat(
+    body: ChatCompletionBody, codec: TextCodec, limits: ModelLimits, config: GatewayConfig, grammars: GrammarBuilder
+) -> tuple[PreparedRequest, ToolPlan | None]:
+    """A chat's tool plan, its grammar (the tools', else ``response_format``'s) and the prepared
+    request: the one path of ``/v1/chat/completions`` and ``/v1/responses``."""
+    tools = read_tool_plan(body, codec.chat_template_source)
+    grammar = await build_tool_constraint(tools, grammars) or await build_schema_constraint(body, grammars)
+    return prepare_chat(body, codec, limits, config, grammar, tools), tools
+
+
+def _add_completion_routes(
+    app: FastAPI,
+    service: CompletionService,
+    generator: RouteGenerator,
+    codecs: Mapping[str, TextCodec],
+    status: SwarmStatus,
+    guard: list[Any],
+) -> None:
+    config = service.config
+    grammars = GrammarBuilder(config.grammar_timeout_seconds)
+    app.state.grammars = grammars
+    _add_model_routes(app, generator, codecs, status, guard)
+
     async def resolve(model: str) -> tuple[TextCodec, ModelLimits]:
         # A prompt is held to the context /v1/models shows: the route's when there is one.
         codec, limits = service.resolve(model)
@@ -263,7 +299,7 @@ def _add_completion_routes(
     async def chat_completions(request: Request) -> Response:
         body = parse_body(ChatCompletionBody, await read_body(request, config.max_body_bytes))
         codec, limits = await resolve(body.model)
-        prepared = prepare_chat(body, codec, limits, config, await build_schema_constraint(body, grammars))
+        prepared, _ = await _prepared_chat(body, codec, limits, config, grammars)
         return await service.respond(request, prepared, codec)
 
     @app.post("/v1/completions", dependencies=guard)
@@ -272,6 +308,21 @@ def _add_completion_routes(
         codec, limits = await resolve(body.model)
         prepared = prepare_text(body, codec, limits, config, await build_schema_constraint(body, grammars))
         return await service.respond(request, prepared, codec)
+
+    @app.post("/v1/embeddings", dependencies=guard)
+    async def embeddings(request: Request) -> Response:
+        body = parse_body(EmbeddingsBody, await read_body(request, config.max_body_bytes))
+        codec, limits = await resolve(body.model)
+        return JSONResponse(await serve_embeddings(service, request, body, codec, limits.context_length))
+
+    @app.post("/v1/responses", dependencies=guard)
+    async def responses(request: Request) -> Response:
+        body = parse_body(ResponsesBody, await read_body(request, config.max_body_bytes))
+        check_supported(body)
+        codec, limits = await resolve(body.model)
+        prepared, tools = await _prepared_chat(chat_body(body), codec, limits, config, grammars)
+        header = response_header(body, request.state.request_id, int(service.wall_clock()))
+        return await service.respond(request, prepared, codec, ResponsesShape(header, tools))
 
 
 def _model_object(card: ModelCard) -> dict[str, Any]:

@@ -139,6 +139,9 @@ class ChoiceView:
 
     def _text(self, item: TokenText) -> list[ShownItem]:
         logprobs = () if item.logprobs is None else (logprob_entry(item.logprobs, self._codec),)
+        self._hub.token(self.request_id, item.generated)
+        if item.hops:
+            self._hub.hop_times(item.hops)
         shown: list[ShownItem] = [TextDelta(item.text, logprobs)] if item.text or logprobs else []
         now = self._clock()
         if progress_due(item.generated, self._last_progress_tokens, now, self._last_progress_at, self._config):

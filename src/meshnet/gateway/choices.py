@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
@@ -141,6 +141,21 @@ class RequestRun:
             seen.add(index)
             read.append((index, shown))
         return read
+
+    async def entries(
+        self, preamble: list[ShownItem], firsts: list[Entry], keepalive_s: float
+    ) -> AsyncIterator[Entry | None]:
+        """A stream's entries after ``first_entries``: the queue wait's events (``preamble``, as
+        choice 0's), each choice's first items, then every item as it comes; None whenever none
+        came for ``keepalive_s`` (a long prefill or a failover replay), so a keep-alive goes out."""
+        yield 0, preamble
+        for entry in firsts:
+            yield entry
+        while not self.drained:
+            if self.empty and not await self.wait(keepalive_s):
+                yield None
+                continue
+            yield self.take()
 
     async def collect(self, logprobs: bool) -> list[Collected]:
         """Every choice of a whole answer to its end; the first failure is raised (the caller's

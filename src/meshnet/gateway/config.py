@@ -66,6 +66,10 @@ class GatewayConfig:
     status_interval_seconds: float = field(default=0.5, metadata=cli("status-interval"))
     """The status stream sends at most one document per this interval, and the tracker's node
     table (for the page, ``/health`` and ``/v1/models``) is asked at most this often."""
+    history_bucket_seconds: float = 5.0
+    """The status page's charts: one point per this many seconds ..."""
+    history_buckets: int = 120
+    """... and this many points kept (by default ten minutes)."""
     keepalive_seconds: float = field(default=5.0, metadata=cli("keepalive"))
     """A completion stream with nothing else to send gets an SSE comment this often, so
     proxies and clients do not time out during a long prefill or failover replay."""
@@ -78,6 +82,7 @@ class GatewayConfig:
             "max_choices": self.max_choices,
             "progress_every_tokens": self.progress_every_tokens,
             "telemetry_max_events_per_request": self.telemetry_max_events_per_request,
+            "history_buckets": self.history_buckets,
         }
         for name, value in positive_ints.items():
             if value < 1:
@@ -91,6 +96,7 @@ class GatewayConfig:
             "capacity_refresh_seconds": self.capacity_refresh_seconds,
             "status_interval_seconds": self.status_interval_seconds,
             "keepalive_seconds": self.keepalive_seconds,
+            "history_bucket_seconds": self.history_bucket_seconds,
         }
         for name, number in positive_floats.items():
             if not number > 0:

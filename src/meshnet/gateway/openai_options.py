@@ -1,6 +1,7 @@
 """The OpenAI parameters the tail honours beyond temperature / top-k / top-p, checked and translated.
 
 ``logprobs`` / ``top_logprobs``, ``logit_bias``, ``presence_penalty`` / ``frequency_penalty``,
+``repetition_penalty``,
 ``response_format`` and ``n``: each becomes a typed core value (``core.sampling_options``), or a
 400 naming the parameter when the value cannot be honoured as asked.
 """
@@ -50,6 +51,7 @@ def logit_adjustments(body: Body, vocab_size: int) -> LogitAdjustments:
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             logit_bias=tuple(sorted(entries.items())),
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         )
     except InvalidArgument as err:
         raise bad_request(err.code, err.message, "logit_bias") from None

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
@@ -58,13 +59,37 @@ class TextCodec(Protocol):
         """Token ids are ``0 .. vocab_size - 1``: anything else in a prompt is refused up front."""
         ...
 
+    @property
+    def embedding_width(self) -> int:
+        """Values in one of the model's embeddings (its hidden width, ``n_embd``)."""
+        ...
+
     def encode(self, text: str, *, add_special: bool) -> list[int]:
         """Tokens of plain text: control-token markers in ``text`` stay text."""
         ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         """Tokens of a chat rendered by the model's template: only the template's own markers
-        become control tokens, never text inside a message (no role injection)."""
+        become control tokens, never text inside a message (no role injection). ``tools`` and
+        messages' ``tool_calls`` are passed to the template (gateway/tools/render.py)."""
+        ...
+
+    @property
+    def chat_template_source(self) -> str | None:
+        """The Jinja chat template in use (it decides the tool format); None for a base model."""
+        ...
+
+    def encode_chat_continuation(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Tokens of a chat whose final assistant message the model continues (assistant
+        prefill): the prompt ends inside that message, with no end of turn and no new turn."""
         ...
 
     def new_decoder(self) -> IncrementalDecoder: ...
@@ -93,6 +118,15 @@ class RouteGenerator(Protocol):
 
     async def session_slots(self) -> int | None:
         """Sessions the swarm admits at once (its head shards' ``max_sessions``); None if unknown."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """A route generator that also embeds (``POST /v1/embeddings``); one that is not is refused."""
+
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> Embedded:
+        """The pooled embedding of ``request.prompt_tokens`` (float64) and the route that computed it."""
         ...
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest, SamplingParams
@@ -25,6 +25,8 @@ from meshnet.gateway.schemas import (
     CompletionBody,
     unsupported_parameters,
 )
+from meshnet.gateway.tools.plan import ToolPlan
+from meshnet.gateway.tools.render import template_messages, template_tools
 
 EndpointKind = Literal["chat", "text"]
 TOKEN_ID_LIMIT = 2**31
@@ -43,6 +45,8 @@ class PreparedRequest:
     include_usage: bool
     choices: int = 1
     """``n``: independent choices; choice i samples with seed + i (see ``choice_generation``)."""
+    tools: ToolPlan | None = None
+    """The request's tools (chat only): the reply is parsed for calls when ``tools.active``."""
 
     @property
     def logprobs(self) -> bool:
@@ -74,18 +78,27 @@ def prepare_chat(
     limits: ModelLimits,
     config: GatewayConfig,
     schema_constraint: OutputConstraint | None = None,
+    tools: ToolPlan | None = None,
 ) -> PreparedRequest:
-    """The chat request the route serves; ``schema_constraint``: the built ``json_schema`` grammar."""
+    """The chat request the route serves; ``schema_constraint``: the built ``json_schema`` grammar,
+    or with a required / named ``tools`` choice the built tool-call grammar (gateway/tools)."""
     _reject_unsupported(body)
-    messages = [_plain_message(index, message) for index, message in enumerate(body.messages)]
+    plain = [_plain_message(index, message, tools) for index, message in enumerate(body.messages)]
+    messages = template_messages(body.messages, plain, tools)
     # Only the template's own markers become control tokens: text a user sends stays text.
+    # A trailing assistant message is continued (assistant prefill), not followed by a new turn.
     try:
-        tokens = codec.encode_chat(messages, add_generation_prompt=True)
+        if body.messages[-1].role == "assistant":
+            tokens = codec.encode_chat_continuation(messages, tools=template_tools(tools))
+        else:
+            tokens = codec.encode_chat(messages, add_generation_prompt=True, tools=template_tools(tools))
     except InvalidArgument as err:  # the template refused these messages
         raise bad_request(err.code, err.message, "messages") from None
     requested = body.max_completion_tokens or body.max_tokens
-    constraint = output_constraint(body, schema_constraint)
-    return _prepare(body, "chat", tokens, requested, codec, limits, config, constraint)
+    by_tools = tools is not None and tools.grammar
+    constraint = schema_constraint if by_tools else output_constraint(body, schema_constraint)
+    prepared = _prepare(body, "chat", tokens, requested, codec, limits, config, constraint)
+    return replace(prepared, tools=tools)
 
 
 def prepare_text(
@@ -178,6 +191,7 @@ def _sampling(
         temperature=temperature,
         top_k=body.top_k or 0,
         top_p=1.0 if body.top_p is None else body.top_p,
+        min_p=body.min_p or 0.0,
         seed=seed,
         adjustments=logit_adjustments(body, vocab_size),
         logprobs=logprob_request(body),
@@ -206,17 +220,17 @@ def _reject_unsupported(body: ChatCompletionBody | CompletionBody) -> None:
         raise bad_request(
             "unsupported_parameter",
             f"{names[0]} is not supported by this server with the value given "
-            "(meshnet generates text only: no tools, echo, suffix or best_of)",
+            "(no legacy functions, echo, suffix or best_of)",
             names[0],
         )
 
 
-def _plain_message(index: int, message: ChatMessage) -> Mapping[str, str]:
+def _plain_message(index: int, message: ChatMessage, tools: ToolPlan | None) -> Mapping[str, str]:
     param = f"messages.{index}"
-    if message.role in ("tool", "function"):
+    if message.role == "function" or (message.role == "tool" and tools is None):
         raise bad_request(
             "unsupported_parameter",
-            f"role {message.role!r} needs tools, which are unsupported",
+            f"role {message.role!r} is unsupported here (use tools and tool messages)",
             f"{param}.role",
         )
     # Chat templates of open models know "system"; OpenAI's newer "developer" means the same.
@@ -228,16 +242,31 @@ def _plain_message(index: int, message: ChatMessage) -> Mapping[str, str]:
         return {"role": role, "content": ""}
     if isinstance(content, str):
         return {"role": role, "content": content}
+    return {"role": role, "content": joined_text(content, ("text",), f"{param}.content")}
+
+
+class TextPart(Protocol):
+    """A content part: chat's ``text``, Responses' ``input_text`` / ``output_text``."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def text(self) -> str | None: ...
+
+
+def joined_text(parts: Sequence[TextPart], kinds: tuple[str, ...], param: str) -> str:
+    """The text of content ``parts`` joined, or a 400 naming a part that is not of ``kinds``."""
     texts: list[str] = []
-    for part in content:
-        if part.type != "text" or part.text is None:
+    for part in parts:
+        if part.type not in kinds or part.text is None:
             raise bad_request(
                 "unsupported_parameter",
-                f"content part of type {part.type!r} is unsupported; only text parts are",
-                f"{param}.content",
+                f"content part of type {part.type!r} is unsupported; only {' and '.join(kinds)} parts are",
+                param,
             )
         texts.append(part.text)
-    return {"role": role, "content": "".join(texts)}
+    return "".join(texts)
 
 
 def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
@@ -247,24 +276,25 @@ def _prompt_tokens(body: CompletionBody, codec: TextCodec) -> list[int]:
     if not prompt:
         raise bad_request("empty_prompt", "the prompt is empty", "prompt")
     if all(isinstance(item, int) for item in prompt):
-        return _checked_ids([item for item in prompt if isinstance(item, int)], codec.vocab_size)
+        return checked_ids([item for item in prompt if isinstance(item, int)], codec.vocab_size)
     if len(prompt) != 1:
         raise bad_request("unsupported_parameter", "batched prompts are unsupported: send one prompt", "prompt")
     only = prompt[0]
     if isinstance(only, str):
         return codec.encode(only, add_special=True)
     if isinstance(only, list):
-        return _checked_ids(only, codec.vocab_size)
+        return checked_ids(only, codec.vocab_size)
     raise bad_request("invalid_parameter", "prompt has an unexpected shape", "prompt")
 
 
-def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+def checked_ids(ids: list[int], vocab_size: int, param: str = "prompt", label: str = "prompt") -> list[int]:
+    """``ids``, or a 400 on ``param`` naming the first outside the vocabulary (as ``label``)."""
     # Checked here, not by the head shard: a stream must not answer 200 and then fail on input.
     limit = min(vocab_size, TOKEN_ID_LIMIT)
     bad = next((token for token in ids if not 0 <= token < limit), None)
     if bad is not None:
         raise bad_request(
-            "invalid_parameter", f"prompt token id {bad} is outside this model's vocabulary [0, {limit})", "prompt"
+            "invalid_parameter", f"{label} token id {bad} is outside this model's vocabulary [0, {limit})", param
         )
     return ids
 

@@ -130,6 +130,10 @@ class ChunkWriter:
     def delta(self, text: str, index: int = 0, logprobs: Sequence[LogprobEntry] = ()) -> dict[str, Any]:
         return self._chunk([self._choice(index, text, None, logprobs=logprobs)])
 
+    def choice_delta(self, index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        """A chat chunk with a ``delta`` built elsewhere (tool calls: gateway/tools/shape.py)."""
+        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
     def closing(self, outcome: Outcome, index: int = 0) -> dict[str, Any]:
         empty = None if self.kind == "chat" else ""
         return self._chunk([self._choice(index, empty, outcome.finish_reason)])

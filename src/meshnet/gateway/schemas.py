@@ -3,7 +3,7 @@
 Unknown fields are handled deliberately, in three groups:
 - modelled and honoured (``max_tokens``, ``temperature``, ``stop``, ``top_k`` extension ...);
 - known OpenAI parameters we cannot honour (``UNSUPPORTED``): accepted only with their neutral
-  value (``best_of: 1``, ``echo: false``, ``tools: []`` ...), any other value is a 400
+  value (``best_of: 1``, ``echo: false``, ``functions: []`` ...), any other value is a 400
   ``unsupported_parameter`` rather than a silently different answer;
 - everything else (``user``, ``metadata``, ``store``, ``service_tier``, future fields) is
   harmless to ignore, so ``extra="ignore"`` keeps newer clients working.
@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from meshnet.core.generation import MAX_TOP_K
-from meshnet.core.sampling_options import MAX_TOP_LOGPROBS
+from meshnet.core.sampling_options import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
@@ -53,10 +53,48 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+class FunctionDef(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, JsonValue] | None = None
+    """The arguments' JSON schema; None: a function without arguments."""
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(_Body):
+    name: str
+    arguments: str
+    """The arguments as a JSON object in a string, as OpenAI returned them."""
+
+
+class ToolCallIn(_Body):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant turn's function calls (gateway/tools)."""
+    tool_call_id: str | None = None
+    """A ``tool`` message: the call it answers."""
 
 
 class _CompletionBody(_Body):
@@ -78,6 +116,11 @@ class _CompletionBody(_Body):
     """Token id (as a string) -> bias in [-100, 100] added to its logit."""
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Extension (vLLM, llama.cpp): drop tokens less than min_p times as likely as the best."""
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
+    """Extension (vLLM, llama.cpp): generated tokens' positive logits divided by it, negative
+    ones multiplied; 1 is off. Counts the completion's tokens only, not the prompt's."""
     response_format: ResponseFormat | None = None
     """``text``, ``json_object`` or ``json_schema``: the tail samples under llama.cpp's grammar."""
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
@@ -91,8 +134,9 @@ class ChatCompletionBody(_CompletionBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Alternatives per token; needs ``logprobs: true``."""
-    tools: JsonValue = None
-    tool_choice: JsonValue = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: JsonValue = None
     function_call: JsonValue = None
     audio: JsonValue = None
@@ -109,7 +153,7 @@ class CompletionBody(_CompletionBody):
     best_of: JsonValue = None
 
 
-def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
+def is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
     # Compare by type and value: ``False == 0`` must not make ``logprobs: 0`` look neutral.
     return lambda value: (
         value is None or any(type(value) is type(candidate) and value == candidate for candidate in neutral)
@@ -118,16 +162,14 @@ def _is_none_or(*neutral: object) -> Callable[[JsonValue], bool]:
 
 UNSUPPORTED: Mapping[str, Callable[[JsonValue], bool]] = MappingProxyType(
     {
-        "best_of": _is_none_or(1),
-        "echo": _is_none_or(False),
-        "suffix": _is_none_or(""),
-        "tools": _is_none_or([]),
-        "tool_choice": _is_none_or("none"),
-        "functions": _is_none_or([]),
-        "function_call": _is_none_or("none"),
-        "audio": _is_none_or(),
-        "modalities": _is_none_or(["text"]),
-        "prediction": _is_none_or(),
+        "best_of": is_none_or(1),
+        "echo": is_none_or(False),
+        "suffix": is_none_or(""),
+        "functions": is_none_or([]),
+        "function_call": is_none_or("none"),
+        "audio": is_none_or(),
+        "modalities": is_none_or(["text"]),
+        "prediction": is_none_or(),
     }
 )
 """Known OpenAI parameters we do not implement, each with a test for its neutral value."""

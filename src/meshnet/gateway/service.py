@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from meshnet.core.errors import Cancelled
 from meshnet.core.ids import RequestId
 from meshnet.gateway.admission import Admission, Lease, Refused
+from meshnet.gateway.answer_shape import AnswerShape
 from meshnet.gateway.auth import request_caller
 from meshnet.gateway.capacity import SwarmCapacity
 from meshnet.gateway.choice_view import ChoiceView, ShownItem, TextDelta
@@ -30,6 +31,7 @@ from meshnet.gateway.prepare import ModelLimits, PreparedRequest, model_limits, 
 from meshnet.gateway.responses import ChunkWriter, completion_object, total_usage
 from meshnet.gateway.sse import DONE, KEEPALIVE, ManagedStreamingResponse, data_frame, telemetry_comment
 from meshnet.gateway.telemetry_hub import TelemetryEvent, TelemetryHub
+from meshnet.gateway.tools.shape import ToolStreamShaper, shape_completion
 from meshnet.route.life import Failure, Outcome
 
 T = TypeVar("T")
@@ -65,10 +67,13 @@ class CompletionService:
             raise unknown_model(model, list(self.codecs))
         return codec, model_limits(model, codec, self.generator.models())
 
-    async def respond(self, request: Request, prepared: PreparedRequest, codec: TextCodec) -> Response:
+    async def respond(
+        self, request: Request, prepared: PreparedRequest, codec: TextCodec, shape: AnswerShape | None = None
+    ) -> Response:
+        """Serve ``prepared``; ``shape``, when given, shapes the answer instead of the completion objects."""
         request_id: RequestId = request.state.request_id
         await self.capacity.refresh_if_stale()
-        lease, preamble = await self._admit(request, request_id, prepared.model)
+        lease, preamble = await self.admit(request, request_id, prepared.model)
         leases = [lease]
         try:
             leases += await self._admit_more_choices(request, request_id, prepared.choices - 1)
@@ -92,13 +97,21 @@ class CompletionService:
                 # Wait for each route's first item before sending headers, so a request that
                 # finds no route still gets a proper HTTP status instead of a streamed error.
                 firsts = await run.first_entries()
-                frames = self._sse(prepared, request_id, preamble, firsts, run)
+                frames = (
+                    self._sse(prepared, request_id, preamble, firsts, run)
+                    if shape is None
+                    else shape.stream(run.entries(preamble, firsts, self.config.keepalive_seconds))
+                )
                 response = ManagedStreamingResponse(frames, on_close=close)
                 handed_off = True
                 return response
+            if shape is not None:
+                return JSONResponse(shape.whole(await _unless_disconnected(request, run.collect(prepared.logprobs))))
             collected = await _unless_disconnected(request, run.collect(prepared.logprobs))
             created = int(self.wall_clock())
             body = completion_object(prepared.kind, request_id, prepared.model, created, collected)
+            if prepared.tools is not None and prepared.tools.active:
+                body = shape_completion(body, prepared.tools)
             return JSONResponse(body)
         finally:
             if not handed_off:
@@ -130,7 +143,7 @@ class CompletionService:
             raise
         return leases
 
-    async def _admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[ShownItem]]:
+    async def admit(self, request: Request, request_id: RequestId, model: str) -> tuple[Lease, list[ShownItem]]:
         """A slot, after waiting in the queue if need be; the ``queued`` event, if it waited.
 
         A request refused at once gets no telemetry log: under overload those would evict the
@@ -150,6 +163,8 @@ class CompletionService:
             lease = await _unless_disconnected(request, wait)
         except Refused as refused:
             error = HttpError(503, "overloaded", refused.message, retry_after=refused.retry_after)
+            if request_id not in self.hub:  # refused at once: logged, but no telemetry log kept
+                self.hub.refused(request_id, model, owner, error.code)
             self._fail_waiting(request_id, error.code, error.message)
             raise error from None
         except BaseException as gone:  # client gone while waiting: its log must still end
@@ -178,6 +193,8 @@ class CompletionService:
             if opening is not None:
                 yield data_frame(opening)
         stream = _StreamState(writer, request_id, prepared.choices, prepared.include_usage)
+        if prepared.tools is not None and prepared.tools.active:
+            stream.tools = ToolStreamShaper(prepared.tools, writer.choice_delta, prepared.choices)
         for frame in stream.frames(0, preamble):
             yield frame
         for index, shown in firsts:
@@ -206,13 +223,17 @@ class _StreamState:
         self.outcomes: dict[int, Outcome] = {}
         self.choices = choices
         self.failed = False
+        self.tools: ToolStreamShaper | None = None
+        """Set when the replies may call tools: text and endings go through its parser."""
 
     def frames(self, index: int, shown: list[ShownItem]) -> list[bytes]:
         frames: list[bytes] = []
         for item in shown:
             if self.failed:
                 break
-            if isinstance(item, TextDelta):
+            if isinstance(item, TextDelta) and self.tools is not None:
+                frames += [data_frame(chunk) for chunk in self.tools.delta(item.text, index)]
+            elif isinstance(item, TextDelta):
                 frames.append(data_frame(self.writer.delta(item.text, index, item.logprobs)))
             elif isinstance(item, TelemetryEvent):
                 frames.append(telemetry_comment(item))
@@ -221,7 +242,8 @@ class _StreamState:
                 self.failed = True
                 frames.append(data_frame(streamed_error(item.error, self.request_id)))
             else:
-                frames.append(data_frame(self.writer.closing(item, index)))
+                closing = [self.writer.closing(item, index)] if self.tools is None else self.tools.closing(item, index)
+                frames += [data_frame(chunk) for chunk in closing]
                 self.outcomes[index] = item
                 if len(self.outcomes) == self.choices and self.include_usage:
                     frames.append(data_frame(self.writer.usage(total_usage(self.outcomes.values()))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from meshnet.artifact.describe import ModelDescription
+from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import RequestId
 from meshnet.core.swarm_status import NodeTable
@@ -49,3 +50,6 @@ class SwarmGenerator:
 
     async def serve(self, request: GenerationRequest, request_id: RequestId, text: TextPlug, sink: LifeSink) -> None:
         await self._client.serve(request, request_id, text, sink)
+
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> Embedded:
+        return await self._client.embed(request, spec, request_id)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from meshnet.core.events import HopLatency
 from meshnet.core.ids import RequestId
+from meshnet.gateway.request_ledger import RequestLedger, RequestRecord, computed_prefill
 
 TelemetryKind = Literal[
     "queued",
@@ -144,6 +146,10 @@ class _RequestLog:
         self.finished = False
         # Created lazily by a follower so the hub never binds an event loop at construction.
         self.changed: asyncio.Event | None = None
+        self.route: tuple[str, ...] = ()
+        self.first_token_at: float | None = None
+        self.tokens_seen = 0
+        self.last_token_at: float | None = None
 
     def wake_followers(self) -> None:
         if self.changed is not None:
@@ -160,7 +166,10 @@ class TelemetryHub:
         max_requests: int,
         max_events_per_request: int,
         clock: Callable[[], float],
+        ledger: RequestLedger | None = None,
     ) -> None:
+        self.ledger = ledger
+        """Where each finished request's record goes (log line, histograms, history)."""
         self.totals: dict[str, float] = {}
         """Counters over finished requests, for /metrics."""
         self._owner_totals: dict[str | None, dict[str, float]] = {}
@@ -185,6 +194,8 @@ class TelemetryHub:
         while len(self._logs) >= self._max_requests:
             self._evict_one()
         self._logs[request_id] = _RequestLog(request_id, model, self._clock(), owner)
+        if self.ledger is not None:
+            self.ledger.sample_gateway()
 
     def owner(self, request_id: RequestId) -> str | None:
         log = self._logs.get(request_id)
@@ -205,13 +216,43 @@ class TelemetryHub:
         log.next_seq += 1
         self._append_bounded(log, event)
         log.snapshot = fold_event(log.snapshot, event)
+        if kind == "accepted":
+            log.route = tuple(str(hop.get("node_id", "")) for hop in data.get("hops") or ())
         if kind in TERMINAL_KINDS:
             log.finished = True
             self._finished_order[request_id] = None
             for totals in (self.totals, self._owner_totals.setdefault(log.owner, {})):
                 _count_finished(totals, kind, data)
+            if self.ledger is not None:
+                self.ledger.finished(_record(log, event))
         log.wake_followers()
         return event
+
+    def refused(self, request_id: RequestId, model: str, owner: str | None, code: str) -> None:
+        """A request refused before it got a log (overload): its record only, nothing kept, so a
+        flood of refusals cannot evict the logs of the requests being served."""
+        if self.ledger is not None:
+            record = RequestRecord(str(request_id), owner, model, (), None, 0, None, 0.0, None, None, "failed", code)
+            self.ledger.finished(record)
+
+    def token(self, request_id: RequestId, generated: int) -> None:
+        """Token number ``generated`` of ``request_id`` reached its client: times TTFT and the gap
+        since the last (text flushed at the end repeats the count and times nothing)."""
+        log = self._logs.get(request_id)
+        if log is None or log.finished or generated <= log.tokens_seen:
+            return
+        log.tokens_seen = generated
+        now = self._clock()
+        if log.first_token_at is None:
+            log.first_token_at = now
+        elif log.last_token_at is not None and self.ledger is not None:
+            self.ledger.token_gap(now - log.last_token_at, log.route)
+        log.last_token_at = now
+
+    def hop_times(self, hops: Sequence[HopLatency]) -> None:
+        """Each hop's time for a sampled decode step of a served request (to the ledger)."""
+        if self.ledger is not None:
+            self.ledger.hop_times(hops)
 
     def totals_of(self, owner: str | None) -> dict[str, float]:
         """The counters over the finished requests of one owner."""
@@ -280,3 +321,24 @@ def _count_finished(totals: dict[str, float], kind: str, data: Mapping[str, Any]
             value = usage.get(key)
             if isinstance(value, int | float):
                 totals[f"{key}_total"] = totals.get(f"{key}_total", 0.0) + float(value)
+
+
+def _record(log: _RequestLog, end: TelemetryEvent) -> RequestRecord:
+    """The ledger's record of a request whose terminal event is ``end``."""
+    snapshot, first, last = log.snapshot, log.first_token_at, log.last_token_at
+    prefill_tokens, prefill = computed_prefill((event.kind, event.data) for event in log.events)
+    return RequestRecord(
+        request_id=str(snapshot.request_id),
+        key_id=log.owner,
+        model=snapshot.model,
+        route=log.route,
+        prompt_tokens=snapshot.prompt_tokens or (snapshot.usage or {}).get("prompt_tokens"),
+        completion_tokens=snapshot.generated_tokens,
+        ttft_seconds=None if first is None else first - log.started_at,
+        total_seconds=end.at,
+        prefill_seconds=prefill,
+        decode_seconds=None if first is None or last is None or last <= first else last - first,
+        outcome=end.kind,
+        reason=str(end.data.get("finish_reason") if end.kind == "completed" else end.data.get("code", "error")),
+        prefill_tokens=prefill_tokens,
+    )

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -146,6 +147,8 @@ class TailState:
     sampler: TailSampler
     request_id: RequestId
     ring: RingMailbox
+    embedding: EmbeddingSpec | None = None
+    """An embedding session: its final chunk is pooled (``engine.pooling``), nothing sampled."""
 
 
 class RingLeg:

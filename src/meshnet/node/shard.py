@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
@@ -30,6 +30,7 @@ from meshnet.node.stages import (
     HeadDecodeLoop,
     NoContinuation,
     OutputStage,
+    Rows,
     SampleStage,
 )
 from meshnet.node.tickets import TicketGate
@@ -198,7 +199,7 @@ class Shard(Generic[S]):
         deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
         session.busy = True
         try:
-            step = _engine_input(session.slot, frame)
+            step = _engine_input(session.slot, frame, self._output.rows(session.state, frame))
             output = await self.kv.run(session.key, step, deadline, prefill=meta.phase == "prefill")
             if computed is not None:
                 # Whoever waits on this runs once the emit below has sent the frame on (its
@@ -391,7 +392,8 @@ def build_shard(
     return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets, kv)
 
 
-def _engine_input(slot: int, frame: StepFrame) -> StepInput:
-    # Only a final chunk's last row is sampled from; earlier chunks need no logits at all.
-    want: Literal["last", "none"] = "last" if frame.final_chunk else "none"
-    return StepInput(slot, frame.meta.position, tokens=frame.tokens, hidden=frame.hidden, want_logits=want)
+def _engine_input(slot: int, frame: StepFrame, want: Rows) -> StepInput:
+    rows = "all" if want == "normed" else want
+    return StepInput(
+        slot, frame.meta.position, frame.tokens, frame.hidden, want_logits=rows, read_logits=want != "normed"
+    )

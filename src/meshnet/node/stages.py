@@ -28,18 +28,23 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from meshnet.core.errors import DeadlineExceeded, EngineError, InvalidArgument
+from meshnet.core.generation import SamplingParams
 from meshnet.engine.backend import StepOutput
 from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.engine.pooling import pool
 from meshnet.engine.tail_sampler import TailSampler
 from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink, RingMailbox, TailState
 from meshnet.wire.frames import HopSpec, HopTiming, StepFrame, StepResult
 
 S = TypeVar("S")
+Rows = Literal["none", "last", "all", "normed"]
+"""The rows of a frame whose tail output (logits, final-norm rows) the engine computes;
+``normed``: every row, as ``all``, but only their final-norm rows are read (an embedding)."""
 RunStep = Callable[[StepFrame, "asyncio.Future[None] | None"], Awaitable[StepResult]]
 """Run one step of a session; the future (if given) resolves once this shard's engine has run it."""
 
@@ -66,6 +71,10 @@ class OutputStage(Protocol[S]):
 
     def open_state(self, frame: StepFrame, stream_deadline: float | None) -> S:
         """What the session keeps, made from its opening frame once it is admitted."""
+        ...
+
+    def rows(self, state: S, frame: StepFrame) -> Rows:
+        """The rows of ``frame`` the engine runs to the end (``StepInput.want_logits``)."""
         ...
 
     async def emit(
@@ -96,6 +105,8 @@ class SampleStage:
             raise InvalidArgument("downstream hops belong only in the opening frame of a non-tail shard")
 
     def check_opening(self, frame: StepFrame) -> None:
+        if frame.embedding is not None:
+            return  # an embedding session samples nothing: its sampling parameters are not read
         if frame.sampling is None:
             raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
         if frame.sampling.constraint is not None and self._grammars is None:
@@ -103,6 +114,9 @@ class SampleStage:
 
     def open_state(self, frame: StepFrame, stream_deadline: float | None) -> TailState:
         self.check_opening(frame)
+        if frame.embedding is not None:
+            sampler = TailSampler(SamplingParams(), None)  # never asked: no token is sampled
+            return TailState(sampler, frame.meta.request_id, RingMailbox(), frame.embedding)
         params = frame.sampling
         if params is None:  # check_opening refused it already; this tells the type checker
             raise InvalidArgument("the opening frame must carry the sampling parameters for the tail")
@@ -115,20 +129,39 @@ class SampleStage:
             sampler.advance(frame.snapshot.sampled)
         return TailState(sampler, frame.meta.request_id, RingMailbox())
 
+    def rows(self, state: TailState, frame: StepFrame) -> Rows:
+        # Only a final chunk's last row is sampled from; earlier chunks need no logits at all. An
+        # embedding's final chunk runs every row to the end, as llama.cpp's embedding contexts do,
+        # so its last layer is the very computation whole-model llama.cpp pools (its last row
+        # alone was equal too on the models measured, but one row may take other kernels).
+        if not frame.final_chunk:
+            return "none"
+        return "normed" if state.embedding is not None else "last"
+
     async def emit(
         self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
         meta = frame.meta
         next_position = meta.position + frame.n_tokens
-        token, logprobs = None, None
-        if frame.final_chunk:
+        token, logprobs, embedding = None, None, None
+        if frame.final_chunk and state.embedding is not None:
+            if output.normed is None:
+                raise InvalidArgument(
+                    "this swarm's tail cannot embed: its engine returns no final-norm rows "
+                    "(an expert-parallel MoE tail, for one)"
+                )
+            # The final chunk's last row after the final norm, pooled.
+            embedding = tuple(pool(output.normed, state.embedding).tolist())
+        elif frame.final_chunk:
             # logits: [1, n_vocab], the row of the frame's last token (want_logits "last").
             if output.logits is None or len(output.logits) == 0:
                 raise EngineError("the engine returned no logits for a final chunk at the tail")
             # Seeded by the position it fills, so a replay samples the same token again.
             token, logprobs = state.sampler.choose(output.logits[-1], next_position)
         timings = () if timing is None else (*frame.timings, timing)
-        result = StepResult(meta.session_id, meta.step, next_position, token, timings, logprobs=logprobs)
+        result = StepResult(
+            meta.session_id, meta.step, next_position, token, timings, logprobs=logprobs, embedding=embedding
+        )
         if frame.ring and not self._is_head:
             await state.ring.deliver(result)  # straight to the head; nothing goes back upstream
         return result
@@ -200,6 +233,9 @@ class ForwardStage:
         link = self._connect(first.address, timeout, first.node_id or None)
         return Downstream(frame.downstream, link, stream_deadline)
 
+    def rows(self, state: Downstream, frame: StepFrame) -> Rows:
+        return "last" if frame.final_chunk else "none"  # a forwarding shard's output is its hidden rows
+
     async def emit(
         self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
@@ -220,6 +256,7 @@ class ForwardStage:
             ticket=frame.ticket if opening else None,  # each shard down the route checks it too
             kv=frame.kv if opening else None,  # the chain this head checked against the tokens
             snapshot=frame.snapshot if opening else None,
+            embedding=frame.embedding if opening else None,
         )
         if frame.ring:
             return await self._ring_step(state, frame, outgoing, deadline)

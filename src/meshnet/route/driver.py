@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import (
     DeadlineExceeded,
     IntegrityError,
@@ -52,6 +53,7 @@ from meshnet.core.prefix import KvPlan
 from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.step_budget import StepBudget
 from meshnet.core.tickets import SealedTicket
+from meshnet.route.hop_timing import hop_latencies, timing_due
 from meshnet.route.kv_plan import plan_for
 from meshnet.route.life import finish_for
 from meshnet.route.shard_stream import ChannelPool, ShardStream
@@ -95,9 +97,9 @@ class RouteSession:
 
 class RouteDriver:
     def __init__(self, pool: ChannelPool, *, max_frame_bytes: int, budget: StepBudget | None = None) -> None:
-        self._pool = pool
+        self.pool = pool
         self._max_frame_bytes = max_frame_bytes
-        self._budget = budget or StepBudget()
+        self.budget = budget or StepBudget()
 
     async def run(
         self,
@@ -143,7 +145,7 @@ class RouteDriver:
 
     async def plan(self, route: RouteSession, request: GenerationRequest) -> KvPlan | None:
         """The prompt KV ``route``'s hops hold for ``request`` now (``route.kv_plan``)."""
-        return await plan_for(self._pool, route.hops, route.fingerprint, request)
+        return await plan_for(self.pool, route.hops, route.fingerprint, request)
 
     async def resume(
         self, route: RouteSession, request: GenerationRequest, history: Sequence[int]
@@ -151,7 +153,7 @@ class RouteDriver:
         """The snapshot of the session ``route``'s hops all hold, to resume it from after a
         failover (``route.snapshot_resume``); None: replay it from 0."""
         prompt = request.prompt_tokens
-        return await plan_resume(self._pool, route.hops, route.fingerprint, route.session_id, prompt, history)
+        return await plan_resume(self.pool, route.hops, route.fingerprint, route.session_id, prompt, history)
 
     async def _attempt(
         self,
@@ -163,21 +165,23 @@ class RouteDriver:
     ) -> AsyncGenerator[GenerationEvent, None]:
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
-        stream = ShardStream(self._pool, head.address, _remaining(deadline), head.node_id)
+        stream = ShardStream(self.pool, head.address, _remaining(deadline), head.node_id)
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
             continuation = _continuation(request, len(history))
-            run = _Run(route, request, deadline, stream, continuation, self._budget, plan, snapshot)
-            progress = _PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
+            run = RouteRun(route, request, deadline, stream, continuation, self.budget, plan, snapshot)
+            progress = PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event
             rate = _Rate()
             produced, result = len(history), progress.result
+            decoded = -1  # the first token comes from the prefill's answer, not a decode step
             while result is not None and result.token_id is not None:
                 token = result.token_id
-                yield TokenGenerated(token, produced, rate.tick(), logprobs=result.logprobs)
-                produced += 1
+                hops = hop_latencies(route.hops, result.timings) if timing_due(decoded) else ()
+                yield TokenGenerated(token, produced, rate.tick(), logprobs=result.logprobs, hops=hops)
+                produced, decoded = produced + 1, decoded + 1
                 if finish_for(request, produced, token) is not None or run.plan is None:
                     return
                 step = progress.step - 1 + produced - len(history)  # the head's steps go on from our last
@@ -186,19 +190,19 @@ class RouteDriver:
             stream.cancel()
 
     async def _prefill_and_replay(
-        self, run: _Run, history: Sequence[int], progress: _PrefillTally
+        self, run: RouteRun, history: Sequence[int], progress: PrefillTally
     ) -> AsyncIterator[GenerationEvent]:
         cached, prompt = run.cached_tokens, len(run.request.prompt_tokens)
         start = cached if run.snapshot is None else run.snapshot.position
         if start < prompt:
-            chunks = self._prefill_chunks(run.request, run.route.hops, start)
+            chunks = self.prefill_chunks(run.request, run.route.hops, start)
         else:  # resumed past the prompt: the token at the snapshot's end opens the session
             token = np.array([history[start - prompt]], np.int32)
             chunks = [PrefillChunk(start, token, final_chunk=True)]
             history = history[start - prompt + 1 :]
         progress.done = start
         yield PrefillStarted(progress.total, cached)
-        async for chunk_done in _prefill(run, chunks, progress, last_continues=not history):
+        async for chunk_done in send_prefill(run, chunks, progress, last_continues=not history):
             if run.snapshot is not None and progress.step == 1:  # the opening frame restored it
                 yield RouteHealth("resumed", f"every hop restored the session's snapshot of {start} positions")
             yield chunk_done
@@ -207,7 +211,7 @@ class RouteDriver:
         yield PrefillCompleted(progress.total, time.perf_counter() - progress.started)
         yield DecodeStarted()
 
-    def _prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop], start: int) -> list[PrefillChunk]:
+    def prefill_chunks(self, request: GenerationRequest, hops: Sequence[RouteHop], start: int) -> list[PrefillChunk]:
         """The prompt from ``start`` (where the reused KV ends) in frames."""
         prompt = np.asarray(request.prompt_tokens[start:], dtype=np.int32)
         head = hops[0].capability
@@ -226,7 +230,7 @@ class RouteDriver:
 
 
 @dataclass(frozen=True)
-class _Run:
+class RouteRun:
     """One generation's fixed context: where its frames go and what each of them carries."""
 
     route: RouteSession
@@ -240,6 +244,8 @@ class _Run:
     """What the opening frame reuses and asks each shard to keep (``route.kv_plan``)."""
     snapshot: SnapshotPlan | None = None
     """The snapshot the opening frame restores on every shard (``route.snapshot_resume``)."""
+    embedding: EmbeddingSpec | None = None
+    """An embedding session (``route.embedding``): the tail pools the prompt, samples nothing."""
 
     @property
     def cached_tokens(self) -> int:
@@ -270,7 +276,7 @@ class _Run:
         )
 
 
-class _PrefillTally:
+class PrefillTally:
     """Where the prefill stands: tokens through the route, the last result, the next step."""
 
     def __init__(self, total: int, started: float) -> None:
@@ -287,8 +293,8 @@ class _PrefillTally:
         return PrefillProgress(self.done, self.total, time.perf_counter() - self.started, replay)
 
 
-async def _prefill(
-    run: _Run, chunks: Sequence[PrefillChunk], tally: _PrefillTally, *, last_continues: bool
+async def send_prefill(
+    run: RouteRun, chunks: Sequence[PrefillChunk], tally: PrefillTally, *, last_continues: bool
 ) -> AsyncIterator[PrefillProgress]:
     """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
     downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint, h.node_id) for h in run.route.hops[1:])
@@ -301,10 +307,12 @@ async def _prefill(
             ticket=run.route.ticket if step == 0 else None,
             kv=run.kv if step == 0 else None,
             snapshot=run.snapshot if step == 0 else None,
+            embedding=run.embedding if step == 0 else None,
             final_chunk=chunk.final_chunk,
             continuation=run.plan if chunk.final_chunk and last_continues else None,
             # After the opening frame: on the ring, so prefill chunks pipeline along the route.
             ring=step > 0,
+            want_timings=True,  # the head's decode loop asks for them too (``route.hop_timing``)
         )
         # The answer may wait for the chunks still ahead of this one on the route (pipelined).
         tokens = sum(len(ahead.payload) for ahead in chunks[max(0, step - CHUNKS_AHEAD) : step + 1])
@@ -312,7 +320,9 @@ async def _prefill(
         yield tally.advance(len(chunk.payload), answer, replay=False)
 
 
-async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step: int) -> AsyncIterator[PrefillProgress]:
+async def _replay(
+    run: RouteRun, history: Sequence[int], tally: PrefillTally, step: int
+) -> AsyncIterator[PrefillProgress]:
     """Feed each token of a lost route as the one-token decode step it was.
 
     Every shard then computes exactly what the lost route computed (a prefill of them would take
@@ -333,6 +343,7 @@ async def _replay(run: _Run, history: Sequence[int], tally: _PrefillTally, step:
             tokens=np.array([token], np.int32),
             continuation=run.plan if last else None,
             ring=True,
+            want_timings=True,
         )
         answer = await run.within(run.stream.exchange(frame), tally.step, 1, prefill=False)
         event = tally.advance(1, answer, replay=True)

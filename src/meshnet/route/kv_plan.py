@@ -21,8 +21,10 @@ from dataclasses import replace
 
 import grpc
 
-from meshnet.core.events import RouteHop
+from meshnet.core.devices import route_numerics
+from meshnet.core.events import RouteAccepted, RouteHop
 from meshnet.core.generation import GenerationRequest
+from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.prefix import KvPlan, PrefixKey, prefix_chain, prompt_namespace
 from meshnet.core.recipe import FAMILY_PREFIX
 from meshnet.core.snapshot import tokens_link
@@ -32,6 +34,15 @@ from meshnet.wire.kv_wire import held_kv_to_proto
 
 PROBE_TIMEOUT_S = 1.0
 MAX_KNOWN_MODELS = 64
+
+
+def route_accepted(request_id: RequestId, session_id: SessionId, route: Route, plan: KvPlan | None) -> RouteAccepted:
+    """What a request is told when ``route`` takes it: its hops, numerics and the tokens ``plan`` reuses."""
+    numerics = route_numerics(route.fingerprint, tuple(hop.capability.drift for hop in route.hops))
+    cached = 0 if plan is None else plan.reused_blocks * route.hops[0].capability.prefill_chunk_tokens
+    return RouteAccepted(
+        request_id, session_id, route.model, route.quantization, route.hops, route.epoch, numerics, cached
+    )
 
 
 class RouteChains:

@@ -27,6 +27,7 @@ from meshnet.core.errors import Cancelled, DeadlineExceeded, MeshnetError
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
+    HopLatency,
     PrefillCompleted,
     PrefillProgress,
     PrefillStarted,
@@ -77,12 +78,14 @@ class Usage:
         return cls(prompt_tokens, completion_tokens, billing_units(prompt_tokens, completion_tokens), cached_tokens)
 
     def __add__(self, other: Usage) -> Usage:
-        """Two choices of one request: the prompt once, the completions and billing summed; the
-        prompt cached as far as every choice found it so."""
+        """Two choices of one request: the prompt once (in the tokens and in the billing, as
+        usage counts it), the completions summed; the prompt cached as far as every choice found
+        it so. Each choice's work record still bills its own session's prefill to the nodes."""
+        completion_tokens = self.completion_tokens + other.completion_tokens
         return Usage(
             self.prompt_tokens,
-            self.completion_tokens + other.completion_tokens,
-            self.billing_units + other.billing_units,
+            completion_tokens,
+            billing_units(self.prompt_tokens, completion_tokens),
             min(self.cached_tokens, other.cached_tokens),
         )
 
@@ -127,6 +130,8 @@ class TokenText:
     generated: int
     """Tokens of text so far, this one included."""
     tokens_per_second: float
+    hops: tuple[HopLatency, ...] = ()
+    """Each hop's time for the step that produced this token, on a sample of the steps."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,9 @@ class RequestLife:
         if token not in self.request.stop_tokens:  # a stop token is not text
             piece = self._text.push(token)
             self._text_tokens += 1
-            self._sink.put(TokenText(piece.text, event.logprobs, self._text_tokens, event.tokens_per_second))
+            self._sink.put(
+                TokenText(piece.text, event.logprobs, self._text_tokens, event.tokens_per_second, event.hops)
+            )
             stopped = piece.stopped
         self.ending = finish_for(self.request, len(self.tokens), token, stop_string=stopped)
         if self.ending is not None:

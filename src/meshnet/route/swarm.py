@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from meshnet.core.devices import route_numerics
+from meshnet.core.embedding import Embedded, EmbeddingSpec
 from meshnet.core.errors import (
     CacheMiss,
     ContextLengthExceeded,
@@ -30,7 +30,8 @@ from meshnet.core.errors import (
     Unavailable,
     Unreachable,
 )
-from meshnet.core.events import RouteAccepted, RouteHealth
+from meshnet.core.events import RouteHealth
+from meshnet.core.features import needed_features
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.prefix import KvPlan
@@ -40,7 +41,9 @@ from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, Work
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
 from meshnet.route.driver import RouteDriver, RouteSession
-from meshnet.route.kv_plan import RouteChains
+from meshnet.route.embedding import EmbeddingRun
+from meshnet.route.features import capable_route
+from meshnet.route.kv_plan import RouteChains, route_accepted
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.lost_hops import LostAt, replacement_route
 from meshnet.route.outbox import WorkOutbox
@@ -158,13 +161,19 @@ class SwarmClient:
                 # The request id lets the tracker hold the record to the route it issued (a
                 # failover's route joins it under the same session id) and names its ticket's request.
                 lasting = ticket_seconds(request.timeout_s)
-                route = await self.tracker.choose_route(
-                    request.model,
-                    session_id=session_id,
-                    request_id=request_id,
-                    ticket_seconds=lasting,
-                    prefix_chain=self._chains.chain(request),
-                )
+
+                async def ask(exclude: frozenset[NodeId]) -> Route:
+                    return await self.tracker.choose_route(
+                        request.model,
+                        session_id=session_id,
+                        request_id=request_id,
+                        ticket_seconds=lasting,
+                        prefix_chain=self._chains.chain(request),
+                        exclude=exclude,
+                    )
+
+                # Only through a tail that serves what the request needs (an old one would ignore it).
+                route = await capable_route(ask, needed_features(request))
                 self._chains.learn(request.model, route)
                 # Before anything is streamed: a request that cannot fit would otherwise run until
                 # the first shard runs out of positions and fail as a retryable overload.
@@ -180,6 +189,13 @@ class SwarmClient:
                     self._offer_audit(run)
                     self._report_timing(run.timing())
                     self._warmer.offer(request, life.tokens, run.route)
+
+    async def embed(self, request: GenerationRequest, spec: EmbeddingSpec, request_id: RequestId) -> Embedded:
+        """The pooled embedding of ``request``'s prompt, with failover (``route.embedding``), billed."""
+        embedding = EmbeddingRun(self.tracker, self._driver, self._lost_hops, self._config.max_failovers)
+        embedded, record = await embedding.embed(request, spec, request_id)
+        self.reports.file(record)
+        return embedded
 
     async def _follow(self, run: _Run) -> None:
         """Drive ``run`` until its life is finished, replaying it onto a new route when a shard is lost.
@@ -201,7 +217,7 @@ class SwarmClient:
             history = tuple(life.tokens)
             plan, snapshot = await self._kv_for(session, run.request, history, resuming=failovers > 0)
             if route is not noted:
-                life.note(_accepted(run.request_id, run.session_id, route, plan))
+                life.note(route_accepted(run.request_id, run.session_id, route, plan))
                 noted = route
             events = self._driver.run(session, run.request, history=history, kv=plan, snapshot=snapshot)
             try:
@@ -328,7 +344,7 @@ class SwarmClient:
         # over on a shard still holding the lost route's (``Shard._supersede``).
         request = run.request
 
-        async def ask(exclude: frozenset[NodeId]) -> Route:
+        async def tracker_route(exclude: frozenset[NodeId]) -> Route:
             return await self.tracker.choose_route(
                 request.model,
                 session_id=run.session_id,
@@ -338,6 +354,9 @@ class SwarmClient:
                 # A replacement whose head holds a prefix of the prompt replays less of it.
                 prefix_chain=self._chains.chain(request),
             )
+
+        async def ask(exclude: frozenset[NodeId]) -> Route:
+            return await capable_route(tracker_route, needed_features(request), exclude)
 
         try:
             return await replacement_route(ask, lost_at)
@@ -352,14 +371,6 @@ class SwarmClient:
             *(is_serving(self._pool, hop.address, PROBE_TIMEOUT_S, hop.node_id) for hop in route.hops)
         )
         return {hop.node_id for hop, serving in zip(route.hops, answers, strict=True) if not serving}
-
-
-def _accepted(request_id: RequestId, session_id: SessionId, route: Route, plan: KvPlan | None) -> RouteAccepted:
-    numerics = route_numerics(route.fingerprint, tuple(hop.capability.drift for hop in route.hops))
-    cached = 0 if plan is None else plan.reused_blocks * route.hops[0].capability.prefill_chunk_tokens
-    return RouteAccepted(
-        request_id, session_id, route.model, route.quantization, route.hops, route.epoch, numerics, cached
-    )
 
 
 def _attribution(attempts: list[tuple[Route, int]], prompt: int, generated: int) -> tuple[NodeWork, ...]:

@@ -1,18 +1,21 @@
 """Prometheus exposition of a component's metrics, without the library's global registry.
 
 A component hands over a function returning its current figures as a flat mapping; names
-ending in ``_total`` are exposed as counters, the rest as gauges. Each component builds its own
+ending in ``_total`` are exposed as counters, the rest as gauges; it may also hand over
+``telemetry.histogram.Histogram`` objects, exposed as histograms. Each component builds its own
 registry, so two components in one process (tests) never share or double-count metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from meshnet.telemetry.histogram import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Source = Callable[[], Mapping[str, float]]
@@ -37,9 +40,28 @@ class _SourceCollector(Collector):
             yield family
 
 
-def build_registry(prefix: str, source: Source, labels: Mapping[str, str] | None = None) -> CollectorRegistry:
+class _HistogramCollector(Collector):
+    def __init__(self, prefix: str, histograms: Sequence[Histogram]) -> None:
+        self._prefix = prefix
+        self._histograms = tuple(histograms)
+
+    def collect(self) -> Iterator[Metric]:
+        for histogram in self._histograms:
+            names = [histogram.label] if histogram.label else []
+            family = HistogramMetricFamily(f"{self._prefix}_{histogram.name}", histogram.help_text, labels=names)
+            for series in histogram.series():
+                values = [series.label] if histogram.label else []
+                family.add_metric(values, list(series.cumulative), series.total)
+            yield family
+
+
+def build_registry(
+    prefix: str, source: Source, labels: Mapping[str, str] | None = None, histograms: Sequence[Histogram] = ()
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SourceCollector(prefix, source, labels or {}))
+    if histograms:
+        registry.register(_HistogramCollector(prefix, histograms))
     return registry
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 import numpy as np
 
+from meshnet.core.embedding import EmbeddingSpec
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId
@@ -213,6 +214,9 @@ class StepFrame:
     snapshot: SnapshotPlan | None = None
     """Opening frame only: the snapshot of this session every shard restores (``core.snapshot``);
     its position is where the restored KV ends."""
+    embedding: EmbeddingSpec | None = None
+    """Opening frame only: the tail pools the final chunk's final-norm rows into an embedding
+    (``core.embedding``) and answers with it instead of sampling a token."""
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.hidden is None):
@@ -239,6 +243,8 @@ class StepFrame:
             raise InvalidArgument("only a session's opening frame carries its route ticket")
         if self.kv is not None and meta.cache != "new":
             raise InvalidArgument("only a session's opening frame carries its KV plan")
+        if self.embedding is not None and (meta.cache != "new" or self.continuation is not None):
+            raise InvalidArgument("only a session's opening frame asks for an embedding, and nothing is decoded after")
         if self.snapshot is not None and (meta.cache != "new" or self.kv is not None):
             raise InvalidArgument("only an opening frame without a KV plan restores a snapshot")
         if self.snapshot is not None and self.snapshot.position != meta.position:
@@ -315,6 +321,9 @@ class StepResult:
     """This shard first, then each downstream hop."""
     logprobs: TokenLogprobs | None = None
     """The sampled token's logprobs, when the session asked for them."""
+    embedding: tuple[float, ...] | None = None
+    """An embedding session's answer to its final chunk (float64, as llama-cpp-python's
+    ``embed`` returns it): the pooled vector, and no token."""
 
     def __post_init__(self) -> None:
         _check_text("session_id", self.session_id, MAX_ID_CHARS)
@@ -324,6 +333,8 @@ class StepResult:
             _check_int("token_id", self.token_id, 0, MAX_TOKEN_ID)
         if self.logprobs is not None and self.logprobs.chosen.token_id != self.token_id:
             raise InvalidArgument("logprobs must describe the sampled token")
+        if self.embedding is not None and (self.token_id is not None or not self.embedding):
+            raise InvalidArgument("an embedding answer carries a non-empty vector and no token")
 
 
 @dataclass(frozen=True, slots=True)

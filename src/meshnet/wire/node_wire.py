@@ -80,6 +80,7 @@ def capability_to_proto(capability: NodeCapability) -> pb.NodeCapability:
         device_memory_free=capability.device_memory_free,
         drift=None if capability.drift is None else _drift_to_proto(capability.drift),
         prefix_cache_bytes=capability.prefix_cache_bytes,
+        features=capability.features,
     )
 
 
@@ -111,6 +112,7 @@ def capability_from_proto(message: pb.NodeCapability) -> NodeCapability:
             else None
         ),
         prefix_cache_bytes=message.prefix_cache_bytes,
+        features=tuple(sorted(set(message.features))),
     )
 
 

@@ -25,11 +25,18 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.sampling_options import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_TOP_LOGPROBS,
+    MAX_TRIGGERS,
     LogitAdjustments,
     LogprobRequest,
     OutputConstraint,
     TokenLogprob,
     TokenLogprobs,
+)
+from meshnet.wire.embedding_wire import (
+    embedding_spec_from_proto,
+    embedding_spec_to_proto,
+    vector_from_proto,
+    vector_to_proto,
 )
 from meshnet.wire.frames import (
     MAX_ID_CHARS,
@@ -111,6 +118,8 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
         message.kv.CopyFrom(kv_plan_to_proto(frame.kv))
     if frame.snapshot is not None:
         message.snapshot.CopyFrom(snapshot_plan_to_proto(frame.snapshot))
+    if frame.embedding is not None:
+        message.embedding.CopyFrom(embedding_spec_to_proto(frame.embedding))
     return message
 
 
@@ -159,6 +168,7 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
         ticket=sealed_from_proto(message.ticket) if message.HasField("ticket") else None,
         kv=kv_plan_from_proto(message.kv) if message.HasField("kv") else None,
         snapshot=snapshot_plan_from_proto(message.snapshot) if message.HasField("snapshot") else None,
+        embedding=embedding_spec_from_proto(message.embedding) if message.HasField("embedding") else None,
     )
 
 
@@ -206,7 +216,9 @@ def _range(span: pb.LayerSpan, what: str) -> LayerRange:
 
 def result_to_proto(result: StepResult) -> pb.StepResponse:
     message = pb.StepResponse(session_id=result.session_id, step=result.step, next_position=result.next_position)
-    if result.token_id is None:
+    if result.embedding is not None:
+        message.embedding.CopyFrom(vector_to_proto(result.embedding))
+    elif result.token_id is None:
         message.ack.SetInParent()
     else:
         message.token.token_id = result.token_id
@@ -242,6 +254,7 @@ def result_from_proto(message: pb.StepResponse, *, max_hops: int = 64) -> StepRe
         token_id=message.token.token_id if which == "token" else None,
         timings=timings,
         logprobs=_logprobs_from_proto(message.token) if which == "token" else None,
+        embedding=vector_from_proto(message.embedding) if which == "embedding" else None,
     )
 
 
@@ -319,11 +332,12 @@ def metrics_from_proto(message: pb.MetricsSnapshot) -> dict[str, float]:
 
 
 def _sampling_to_proto(s: SamplingParams) -> pb.SamplingSpec:
-    message = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    message = pb.SamplingSpec(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed, min_p=s.min_p)
     a = s.adjustments
     if a.active:
         message.adjustments.presence_penalty = a.presence_penalty
         message.adjustments.frequency_penalty = a.frequency_penalty
+        message.adjustments.repetition_penalty = a.repetition_penalty
         for token, bias in a.logit_bias:
             message.adjustments.logit_bias.add(token_id=token, bias=bias)
     if s.logprobs is not None:
@@ -331,6 +345,7 @@ def _sampling_to_proto(s: SamplingParams) -> pb.SamplingSpec:
     if s.constraint is not None:
         message.constraint.gbnf = s.constraint.grammar
         message.constraint.root = s.constraint.root
+        message.constraint.triggers.extend(s.constraint.triggers)
     return message
 
 
@@ -341,15 +356,18 @@ def _sampling_from_proto(s: pb.SamplingSpec) -> SamplingParams:
         if len(a.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:  # before building a tuple of them
             raise InvalidArgument(f"logit_bias holds {len(a.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
         bias = tuple((entry.token_id, entry.bias) for entry in a.logit_bias)
-        adjustments = LogitAdjustments(a.presence_penalty, a.frequency_penalty, bias)
+        adjustments = LogitAdjustments(a.presence_penalty, a.frequency_penalty, bias, a.repetition_penalty or 1.0)
     logprobs = LogprobRequest(s.logprobs.top) if s.HasField("logprobs") else None
     constraint = None
     if s.HasField("constraint"):
-        constraint = OutputConstraint(s.constraint.gbnf, s.constraint.root or "root")
+        if len(s.constraint.triggers) > MAX_TRIGGERS:  # before building a tuple of them
+            raise InvalidArgument(f"a grammar has at most {MAX_TRIGGERS} trigger words")
+        constraint = OutputConstraint(s.constraint.gbnf, s.constraint.root or "root", tuple(s.constraint.triggers))
     return SamplingParams(
         temperature=s.temperature,
         top_k=s.top_k,
         top_p=s.top_p,
+        min_p=s.min_p,
         seed=s.seed,
         adjustments=adjustments,
         logprobs=logprobs,

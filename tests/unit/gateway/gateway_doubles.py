@@ -25,6 +25,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshnet.core.events import (
     DecodeStarted,
@@ -73,18 +74,34 @@ class ByteCodec:
     context_length: int = 256
     eos_token_ids: frozenset[int] = frozenset({EOS})
     vocab_size: int = 256 + OFFSET
+    embedding_width: int = 3
+    """The scripted embedder's vectors (tests/unit/gateway/test_gateway_embeddings.py) have 3 values."""
+    chat_template_source: str | None = None
+    """No Jinja template: tools take the generic format (written into the messages as text)."""
 
     def encode(self, text: str, *, add_special: bool) -> list[int]:
         return [BOS] * add_special + [byte + OFFSET for byte in text.encode()]
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         body = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return body + ("<assistant>" if add_generation_prompt else "")
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
         return self.encode(
             self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_special=False
         )
+
+    def encode_chat_continuation(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        opened = self.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        return self.encode(opened + messages[-1]["content"], add_special=False)
 
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()

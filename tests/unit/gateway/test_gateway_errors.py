@@ -87,7 +87,16 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "logprobs as string": (chat(logprobs="yes"), 400, "invalid_parameter"),
     "top_logprobs without logprobs": (chat(top_logprobs=3), 400, "invalid_parameter"),
     "top_logprobs above 20": (chat(logprobs=True, top_logprobs=21), 400, "invalid_parameter"),
-    "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported_parameter"),
+    "tool_choice naming no tool": (
+        chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        400,
+        "invalid_parameter",
+    ),
+    "tools not a list": (chat(tools={"name": "f"}), 400, "invalid_parameter"),
+    "legacy functions": (chat(functions=[{"name": "f"}]), 400, "unsupported_parameter"),
     "unknown response_format": (chat(response_format={"type": "yaml"}), 400, "invalid_parameter"),
     "json_schema without schema": (chat(response_format={"type": "json_schema"}), 400, "invalid_parameter"),
     "unusable json_schema": (
@@ -100,13 +109,19 @@ BAD_CHAT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "logit_bias key not an id": (chat(logit_bias={"abc": 10}), 400, "invalid_parameter"),
     "logit_bias id outside vocab": (chat(logit_bias={"99999": 10}), 400, "invalid_parameter"),
     "logit_bias above 100": (chat(logit_bias={"5": 101}), 400, "invalid_argument"),
-    "tool role": (chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported_parameter"),
+    "tool message answering no call": (chat(messages=[{"role": "tool", "content": "x"}]), 400, "invalid_parameter"),
     "image part": (
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]),
         400,
         "unsupported_parameter",
     ),
     "too many stops": (chat(stop=["a", "b", "c", "d", "e"]), 400, "invalid_parameter"),
+    "min_p above 1": (chat(min_p=1.5), 400, "invalid_parameter"),
+    "min_p negative": (chat(min_p=-0.1), 400, "invalid_parameter"),
+    "min_p as string": (chat(min_p="0.1"), 400, "invalid_parameter"),
+    "repetition_penalty zero": (chat(repetition_penalty=0.0), 400, "invalid_parameter"),
+    "repetition_penalty negative": (chat(repetition_penalty=-1.2), 400, "invalid_parameter"),
+    "repetition_penalty huge": (chat(repetition_penalty=1e9), 400, "invalid_parameter"),
     "empty stop": (chat(stop=""), 400, "invalid_parameter"),
 }
 
@@ -120,6 +135,8 @@ BAD_TEXT_BODIES: dict[str, tuple[Any, int, str | None]] = {
     "suffix": ({"model": MODEL, "prompt": "a", "suffix": "z"}, 400, "unsupported_parameter"),
     "logprobs above 20": ({"model": MODEL, "prompt": "a", "logprobs": 21}, 400, "invalid_parameter"),
     "logprobs as bool": ({"model": MODEL, "prompt": "a", "logprobs": True}, 400, "invalid_parameter"),
+    "min_p above 1": ({"model": MODEL, "prompt": "a", "min_p": 2}, 400, "invalid_parameter"),
+    "repetition_penalty zero": ({"model": MODEL, "prompt": "a", "repetition_penalty": 0}, 400, "invalid_parameter"),
     "prompt over cap": ({"model": MODEL, "prompt": "y" * 64}, 400, "context_length_exceeded"),
 }
 
@@ -160,6 +177,9 @@ def test_errors_name_the_offending_parameter(client: TestClient) -> None:
     assert error["param"] == "top_logprobs"
     error = assert_openai_error(post(client, CHAT, chat(logit_bias={"x": 1})), 400, None)
     assert error["param"] == "logit_bias"
+    assert assert_openai_error(post(client, CHAT, chat(min_p=3)), 400, None)["param"] == "min_p"
+    error = assert_openai_error(post(client, CHAT, chat(repetition_penalty=0)), 400, None)
+    assert error["param"] == "repetition_penalty"
 
 
 def test_body_over_the_size_limit_is_413() -> None:

@@ -223,3 +223,13 @@ def test_a_relayed_node_names_its_relay_and_a_private_one_says_it_is_behind_nat_
     assert lines[5].split()[:2] == ["127.0.0.1:7003", "private"]
     assert lines[6] == "127.0.0.1:7003 is private: behind NAT, no relay attached (not routed)"
     assert status_wire.node_table_from_proto(status_wire.node_table_to_proto(nodes)) == nodes
+
+
+def test_a_node_row_carries_its_live_rates_beside_the_probe() -> None:
+    nodes = table(node("0:3", node_id="n-a"), node("3:6", node_id="n-b"))
+    live = {"n-a": {"prefill_tokens_per_s": 120.0, "decode_tokens_per_s": 30.0}}
+    inputs = StatusInputs("tiny", nodes, "", (), tracker_health(nodes), (), {}, {}, 0.0, live=live)
+    by_id = {n["node_id"]: n for n in status_document(inputs)["nodes"]}
+    assert (by_id["n-a"]["live_prefill_tokens_per_s"], by_id["n-a"]["live_decode_tokens_per_s"]) == (120.0, 30.0)
+    assert (by_id["n-b"]["live_prefill_tokens_per_s"], by_id["n-b"]["live_decode_tokens_per_s"]) == (None, None)
+    assert by_id["n-b"]["decode_tokens_per_s"] == nodes.nodes[1].record.capability.decode_tokens_per_s

@@ -131,7 +131,9 @@ def test_finish_for_ranks_stop_token_then_stop_string_then_budget() -> None:
 
 def test_billing_weighs_prompt_tokens_by_the_prefill_weight() -> None:
     assert billing_units(8, 3) == PREFILL_WEIGHT * 8 + 3
-    assert Usage.of(8, 3) + Usage.of(8, 2) == Usage(8, 5, 2 * PREFILL_WEIGHT * 8 + 5)
+    # Two choices of one request: the prompt is billed once, as usage counts it.
+    assert Usage.of(8, 3) + Usage.of(8, 2) == Usage(8, 5, PREFILL_WEIGHT * 8 + 5)
+    assert Usage.of(8, 3) + Usage.of(8, 2) + Usage.of(8, 4) == Usage.of(8, 9)
 
 
 def test_notes_pass_through_until_the_end_and_nothing_after_it() -> None:

@@ -26,7 +26,7 @@ def hop(name: str, layers: LayerRange, *, chunk: int = 256, frame_bytes: int = 4
 
 def chunk_sizes(*hops: RouteHop) -> list[int]:
     driver = RouteDriver(ChannelPool(4 << 20), max_frame_bytes=4 << 20)
-    return [len(chunk.payload) for chunk in driver._prefill_chunks(PROMPT, hops, 0)]
+    return [len(chunk.payload) for chunk in driver.prefill_chunks(PROMPT, hops, 0)]
 
 
 def test_frames_carry_one_engine_call_of_the_heads_chunk() -> None:

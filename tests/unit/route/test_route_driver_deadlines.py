@@ -23,7 +23,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeCapability
 from meshnet.core.step_budget import StepBudget
 from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT
-from meshnet.route.driver import CHUNKS_AHEAD, RouteSession, _Run
+from meshnet.route.driver import CHUNKS_AHEAD, RouteRun, RouteSession
 from meshnet.wire.frames import StepResult
 
 BUDGET = StepBudget(factor=2.0, floor_s=0.05, link_s=0.0)
@@ -39,8 +39,8 @@ def route(prefill: float = 1000.0, decode: float = 100.0) -> RouteSession:
     return RouteSession(RequestId("r"), SessionId("s"), hops, "rcp", 1)
 
 
-def run_on(session: RouteSession) -> _Run:
-    return _Run(session, GenerationRequest((1, 2, 3), 4), None, None, None, BUDGET)  # type: ignore[arg-type]
+def run_on(session: RouteSession) -> RouteRun:
+    return RouteRun(session, GenerationRequest((1, 2, 3), 4), None, None, None, BUDGET)  # type: ignore[arg-type]
 
 
 async def answered_after(seconds: float) -> StepResult:

@@ -39,7 +39,14 @@ def with_sampling(sampling: SamplingParams) -> StepFrame:
 
 @pytest.mark.parametrize(
     "sampling",
-    [FULL, SamplingParams(), SamplingParams(logprobs=LogprobRequest(0)), replace(FULL, constraint=None)],
+    [
+        FULL,
+        SamplingParams(),
+        SamplingParams(logprobs=LogprobRequest(0)),
+        replace(FULL, constraint=None),
+        replace(FULL, min_p=0.05, adjustments=LogitAdjustments(repetition_penalty=1.3)),
+        SamplingParams(temperature=1.0, min_p=1.0, adjustments=LogitAdjustments(repetition_penalty=0.5)),
+    ],
 )
 def test_sampling_options_roundtrip(sampling: SamplingParams) -> None:
     decoded = decode_bytes(frame_to_proto(with_sampling(sampling)).SerializeToString())
@@ -79,6 +86,9 @@ def _spec(**fields: object) -> pb.StepRequest:
         ({"adjustments__presence_penalty": 2.5}, "presence_penalty"),
         ({"adjustments__frequency_penalty": float("nan")}, "frequency_penalty"),
         ({"constraint__gbnf": "x" * (32 * 1024 + 1)}, "grammar"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"adjustments__repetition_penalty": -1.0}, "repetition_penalty"),
+        ({"adjustments__repetition_penalty": float("inf")}, "repetition_penalty"),
     ],
 )
 def test_bad_options_are_refused_on_decode(fields: dict[str, object], words: str) -> None:

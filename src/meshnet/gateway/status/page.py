@@ -2,9 +2,10 @@
 and the facts ``/health`` and ``/v1/models`` report (route health, the context a session gets).
 
 Everything here lives on one ``APIRouter`` (``status_router``), so whoever mounts it can put it
-behind the gateway's auth. The page is three static files in the package (no CDN, no build);
-it reads an API key once from ``/?key=...``, keeps it in ``sessionStorage`` and sends it as a
-Bearer header, and the URL is rewritten so the key stays out of history. The stream sends one
+behind the gateway's auth. The page is four static files in the package (no CDN, no build);
+it reads an API key once from ``/?key=...`` or from its own key form (shown when the gateway
+answers 401), keeps it in ``sessionStorage`` and sends it as a Bearer header to this gateway
+only, and the URL is rewritten so the key stays out of history. The stream sends one
 document per ``status_interval_seconds`` at most, however many requests run, and asks the
 tracker at most once per interval however many pages watch (``SwarmStatus`` caches).
 """
@@ -34,7 +35,7 @@ from meshnet.gateway.telemetry_hub import TelemetryHub
 
 logger = logging.getLogger(__name__)
 
-STATIC_FILES = {"status.js": "text/javascript", "status.css": "text/css"}
+STATIC_FILES = {"status.js": "text/javascript", "charts.js": "text/javascript", "status.css": "text/css"}
 MAX_REQUESTS_SHOWN = 50
 
 
@@ -115,11 +116,19 @@ class SwarmStatus:
             "rejected_total": admission.rejected,
         }
 
+    def history(self) -> dict[str, Any]:
+        """The live history (the charts' data)."""
+        ledger = self._hub.ledger
+        return {"series": {}} if ledger is None else ledger.history_json()
+
     async def document(self, caller: Caller = OPERATOR) -> dict[str, Any]:
         """The status document as ``caller`` may see it: the swarm's nodes and load, but only its
         own requests, errors and billing unless it is an admin."""
         table, error = await self.table()
         now = self._clock()
+        ledger = self._hub.ledger
+        if ledger is not None:
+            ledger.sample_gateway()
         lost = self._memory.update(table, now) if table is not None else ()
         inputs = StatusInputs(
             model=self.model,
@@ -131,6 +140,7 @@ class SwarmStatus:
             admission=self.admission_figures(),
             totals=dict(self._hub.totals) if caller.admin else self._hub.totals_of(caller.key_id),
             now=now,
+            live={} if ledger is None else ledger.latest_rates(),
         )
         return status_document(inputs)
 
@@ -140,7 +150,8 @@ def _static(name: str) -> str:
 
 
 def status_router(status: SwarmStatus, *, interval_seconds: float, guard: Sequence[Any] = ()) -> APIRouter:
-    """``/``, ``/status``, ``/status/{file}``, ``/v1/status`` and ``/v1/status/stream``.
+    """``/``, ``/status``, ``/status/{file}``, ``/v1/status``, ``/v1/status/history`` (the
+    charts' data) and ``/v1/status/stream``.
 
     The page files hold no data and stay open; ``guard`` (the API-key check) protects the two
     data routes."""
@@ -163,6 +174,10 @@ def status_router(status: SwarmStatus, *, interval_seconds: float, guard: Sequen
     @router.get("/v1/status", dependencies=list(guard))
     async def status_json(request: Request) -> JSONResponse:
         return JSONResponse(await status.document(request_caller(request)))
+
+    @router.get("/v1/status/history", dependencies=list(guard))
+    async def status_history() -> JSONResponse:
+        return JSONResponse(status.history())
 
     @router.get("/v1/status/stream", dependencies=list(guard))
     async def status_stream(request: Request) -> StreamingResponse:

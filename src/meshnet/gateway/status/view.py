@@ -50,8 +50,10 @@ class NodeMemory:
         return tuple((self._seen[node_id], lost_at) for node_id, lost_at in self._lost_at.items())
 
 
-def node_json(node: NodeStatus, health: NodeHealth) -> dict[str, Any]:
+def node_json(node: NodeStatus, health: NodeHealth, live: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """``live``: the node's latest figures measured on served requests (the gateway's history)."""
     record = node.record
+    live = live or {}
     capability = record.capability
     return {
         "node_id": node.node_id,
@@ -77,6 +79,8 @@ def node_json(node: NodeStatus, health: NodeHealth) -> dict[str, Any]:
         "kv_used_fraction": node.load.kv_used_fraction,
         "prefill_tokens_per_s": capability.prefill_tokens_per_s,
         "decode_tokens_per_s": capability.decode_tokens_per_s,
+        "live_prefill_tokens_per_s": live.get("prefill_tokens_per_s"),
+        "live_decode_tokens_per_s": live.get("decode_tokens_per_s"),
         "seconds_since_heartbeat": round(node.seconds_since_heartbeat, 3),
         "certification": record.certification.digest[:16],
         "health": health,
@@ -118,6 +122,8 @@ class StatusInputs:
     admission: Mapping[str, float]
     totals: Mapping[str, float]
     now: float
+    live: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Per node id, its latest prefill/decode tok/s measured on served requests."""
 
 
 MAX_ERRORS = 20
@@ -127,8 +133,8 @@ def status_document(inputs: StatusInputs) -> dict[str, Any]:
     table = inputs.table
     live = table.nodes if table else ()
     interval = table.heartbeat_interval_s if table else 0.0
-    nodes = [node_json(node, node_health(node, interval)) for node in live]
-    nodes += [node_json(node, "lost") for node, _ in inputs.lost]
+    nodes = [node_json(node, node_health(node, interval), inputs.live.get(node.node_id)) for node in live]
+    nodes += [node_json(node, "lost", inputs.live.get(node.node_id)) for node, _ in inputs.lost]
     requests = [request_json(snapshot, age) for snapshot, age in inputs.requests]
     errors = [
         {"request_id": r["request_id"], "age_seconds": r["age_seconds"], **(r["error"] or {})}

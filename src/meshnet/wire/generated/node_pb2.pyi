@@ -43,7 +43,7 @@ class Hardware(_message.Message):
     def __init__(self, cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeCapability(_message.Message):
-    __slots__ = ("n_ctx_per_session", "prefill_chunk_tokens", "max_tokens_per_frame", "max_frame_bytes", "n_embd", "max_sessions", "device", "prefill_tokens_per_s", "decode_tokens_per_s", "device_name", "device_memory_total", "device_memory_free", "drift", "prefix_cache_bytes")
+    __slots__ = ("n_ctx_per_session", "prefill_chunk_tokens", "max_tokens_per_frame", "max_frame_bytes", "n_embd", "max_sessions", "device", "prefill_tokens_per_s", "decode_tokens_per_s", "device_name", "device_memory_total", "device_memory_free", "drift", "prefix_cache_bytes", "features")
     N_CTX_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_FRAME_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class NodeCapability(_message.Message):
     DEVICE_MEMORY_FREE_FIELD_NUMBER: _ClassVar[int]
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     n_ctx_per_session: int
     prefill_chunk_tokens: int
     max_tokens_per_frame: int
@@ -72,7 +73,8 @@ class NodeCapability(_message.Message):
     device_memory_free: int
     drift: DeviceDrift
     prefix_cache_bytes: int
-    def __init__(self, n_ctx_per_session: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ..., max_tokens_per_frame: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., n_embd: _Optional[int] = ..., max_sessions: _Optional[int] = ..., device: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., device_name: _Optional[str] = ..., device_memory_total: _Optional[int] = ..., device_memory_free: _Optional[int] = ..., drift: _Optional[_Union[DeviceDrift, _Mapping]] = ..., prefix_cache_bytes: _Optional[int] = ...) -> None: ...
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, n_ctx_per_session: _Optional[int] = ..., prefill_chunk_tokens: _Optional[int] = ..., max_tokens_per_frame: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., n_embd: _Optional[int] = ..., max_sessions: _Optional[int] = ..., device: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., device_name: _Optional[str] = ..., device_memory_total: _Optional[int] = ..., device_memory_free: _Optional[int] = ..., drift: _Optional[_Union[DeviceDrift, _Mapping]] = ..., prefix_cache_bytes: _Optional[int] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeviceDrift(_message.Message):
     __slots__ = ("top1_agreement", "max_abs_logit_diff", "positions")

@@ -199,11 +199,12 @@ class Hop(_message.Message):
     def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed", "adjustments", "logprobs", "constraint")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "min_p", "adjustments", "logprobs", "constraint")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
     ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
@@ -211,20 +212,23 @@ class SamplingSpec(_message.Message):
     top_k: int
     top_p: float
     seed: int
+    min_p: float
     adjustments: LogitAdjustmentSpec
     logprobs: LogprobSpec
     constraint: GrammarConstraintSpec
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., adjustments: _Optional[_Union[LogitAdjustmentSpec, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobSpec, _Mapping]] = ..., constraint: _Optional[_Union[GrammarConstraintSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., adjustments: _Optional[_Union[LogitAdjustmentSpec, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobSpec, _Mapping]] = ..., constraint: _Optional[_Union[GrammarConstraintSpec, _Mapping]] = ...) -> None: ...
 
 class LogitAdjustmentSpec(_message.Message):
-    __slots__ = ("presence_penalty", "frequency_penalty", "logit_bias")
+    __slots__ = ("presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty")
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     presence_penalty: float
     frequency_penalty: float
     logit_bias: _containers.RepeatedCompositeFieldContainer[LogitBiasEntry]
-    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBiasEntry, _Mapping]]] = ...) -> None: ...
+    repetition_penalty: float
+    def __init__(self, presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Iterable[_Union[LogitBiasEntry, _Mapping]]] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class LogitBiasEntry(_message.Message):
     __slots__ = ("token_id", "bias")
@@ -241,15 +245,17 @@ class LogprobSpec(_message.Message):
     def __init__(self, top: _Optional[int] = ...) -> None: ...
 
 class GrammarConstraintSpec(_message.Message):
-    __slots__ = ("gbnf", "root")
+    __slots__ = ("gbnf", "root", "triggers")
     GBNF_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
+    TRIGGERS_FIELD_NUMBER: _ClassVar[int]
     gbnf: str
     root: str
-    def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ...) -> None: ...
+    triggers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ..., triggers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv", "snapshot")
+    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv", "snapshot", "embedding")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +269,7 @@ class StepRequest(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     header: FrameHeader
     tokens: TokenIds
     hidden: TensorBundle
@@ -276,7 +283,22 @@ class StepRequest(_message.Message):
     timings: _containers.RepeatedCompositeFieldContainer[HopTiming]
     kv: KvPlan
     snapshot: SnapshotRestore
-    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotRestore, _Mapping]] = ...) -> None: ...
+    embedding: EmbeddingSpec
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotRestore, _Mapping]] = ..., embedding: _Optional[_Union[EmbeddingSpec, _Mapping]] = ...) -> None: ...
+
+class EmbeddingSpec(_message.Message):
+    __slots__ = ("pooling", "normalize")
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    pooling: str
+    normalize: bool
+    def __init__(self, pooling: _Optional[str] = ..., normalize: _Optional[bool] = ...) -> None: ...
+
+class EmbeddingVector(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RingOpen(_message.Message):
     __slots__ = ("session_id", "request_id")
@@ -335,20 +357,22 @@ class HopTiming(_message.Message):
     def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("session_id", "step", "next_position", "token", "ack", "timings")
+    __slots__ = ("session_id", "step", "next_position", "token", "ack", "embedding", "timings")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     NEXT_POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     step: int
     next_position: int
     token: SampledToken
     ack: ChunkAck
+    embedding: EmbeddingVector
     timings: _containers.RepeatedCompositeFieldContainer[HopTiming]
-    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., next_position: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., ack: _Optional[_Union[ChunkAck, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., next_position: _Optional[int] = ..., token: _Optional[_Union[SampledToken, _Mapping]] = ..., ack: _Optional[_Union[ChunkAck, _Mapping]] = ..., embedding: _Optional[_Union[EmbeddingVector, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ...) -> None: ...
 
 class CapabilityRequest(_message.Message):
     __slots__ = ()

@@ -1,6 +1,7 @@
 // The meshnet status page: follows /v1/status/stream and redraws. No framework, no build step.
-// An API key given once as /?key=... is kept in sessionStorage (this tab only), sent as a Bearer
-// header, and removed from the address bar so it stays out of history and referrers.
+// An API key given once as /?key=... (or typed into the key form the page shows when the gateway
+// answers 401) is kept in sessionStorage (this tab only), sent as a Bearer header to this gateway
+// alone, and removed from the address bar so it stays out of history and referrers.
 "use strict";
 
 const KEY_SLOT = "meshnet-api-key";
@@ -16,7 +17,45 @@ function takeKey() {
   return sessionStorage.getItem(KEY_SLOT);
 }
 
-const apiKey = takeKey();
+let apiKey = takeKey();
+const HISTORY_EVERY_MS = 1000;
+let historyAt = 0;
+
+class KeyNeeded extends Error {}
+
+function authHeaders() {
+  return apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+}
+
+// Resolves once the operator entered a key in the form (shown only while one is needed).
+function askForKey(reason) {
+  const form = document.getElementById("key-form");
+  form.hidden = false;
+  showDisconnected(reason);
+  return new Promise((resolve) => {
+    form.onsubmit = (event) => {
+      event.preventDefault();
+      const given = document.getElementById("key-input").value.trim();
+      if (!given) return;
+      apiKey = given;
+      sessionStorage.setItem(KEY_SLOT, given);
+      form.hidden = true;
+      resolve();
+    };
+  });
+}
+
+async function refreshHistory() {
+  const now = Date.now();
+  if (now - historyAt < HISTORY_EVERY_MS) return;
+  historyAt = now;
+  try {
+    const response = await fetch("/v1/status/history", { headers: authHeaders(), cache: "no-store" });
+    if (response.ok) drawCharts(await response.json());
+  } catch (error) {
+    historyAt = 0; // the stream reports the disconnection; the next frame tries again
+  }
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -85,8 +124,9 @@ function drawNodes(doc) {
     cell(`${(100 * n.kv_used_fraction).toFixed(0)} %`, "num"),
     cell(`${n.active_sessions} / ${n.max_sessions}`, "num"),
     cell(n.queue_depth, "num"),
-    cell(rate(n.prefill_tokens_per_s), "num"),
-    cell(rate(n.decode_tokens_per_s), "num"),
+    cell(rate(n.live_prefill_tokens_per_s), "num", "live-prefill"),
+    cell(rate(n.live_decode_tokens_per_s), "num", "live-decode"),
+    cell(`${rate(n.prefill_tokens_per_s)} / ${rate(n.decode_tokens_per_s)}`, "num"),
     el("td", { class: "num", "data-testid": "prefix" }, prefixStore(n)))));
 }
 
@@ -153,8 +193,8 @@ function showDisconnected(reason) {
 
 async function follow() {
   // fetch rather than EventSource: EventSource cannot send an Authorization header.
-  const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
-  const response = await fetch("/v1/status/stream", { headers, cache: "no-store" });
+  const response = await fetch("/v1/status/stream", { headers: authHeaders(), cache: "no-store" });
+  if (response.status === 401) throw new KeyNeeded(apiKey ? "the API key was refused" : "an API key is needed");
   if (!response.ok) throw new Error(`the gateway answered ${response.status}`);
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
@@ -167,7 +207,10 @@ async function follow() {
       const frame = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
       const data = frame.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
-      if (data) draw(JSON.parse(data));
+      if (data) {
+        draw(JSON.parse(data));
+        refreshHistory();
+      }
     }
   }
 }
@@ -177,6 +220,10 @@ async function run() {
     try {
       await follow();
     } catch (error) {
+      if (error instanceof KeyNeeded) {
+        await askForKey(error.message);
+        continue;
+      }
       showDisconnected(String(error.message || error));
     }
     await new Promise((resolve) => setTimeout(resolve, 1000));
