@@ -41,7 +41,6 @@ from swarm_harness import (
     read_sse,
     route_addresses,
     stop_string_of,
-    write_tiny_model,
 )
 
 from meshnet.route.life import billing_units
@@ -60,11 +59,6 @@ MAX_TOKENS = 32
 HONEST_REQUESTS = 50
 """Audited requests on the honest swarm: the audit's false-positive rate is measured over them."""
 WAIT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

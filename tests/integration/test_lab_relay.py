@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from openai import OpenAI
-from swarm_harness import MODEL_NAME, PROMPT, Reference, SseItem, chat_body, read_sse, write_tiny_model
+from swarm_harness import MODEL_NAME, PROMPT, Reference, SseItem, chat_body, read_sse
 
 from meshnet.core.addresses import parse_relayed
 from meshnet.core.layers import LayerRange
@@ -62,11 +62,6 @@ def _lab_objects() -> list[str]:
     found = [name for name in namespaces if name.startswith(f"{PREFIX}-{TAG}-")]
     found += [word for word in run(["ip", "-o", "link"]).stdout.split() if word.startswith(f"{PREFIX}{TAG}")]
     return found + [str(top) for top in cgroups.group_tops() if top.name == f"{PREFIX}-{TAG}"]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from swarm_harness import MODEL_NAME, PROMPT, Reference, SseItem, Swarm, read_sse, write_tiny_model
+from swarm_harness import MODEL_NAME, PROMPT, Reference, SseItem, Swarm, read_sse
 
 from meshnet.membership.tracker_client import TrackerClient
 
@@ -121,11 +121,6 @@ def _settle(swarm: Swarm, since: float, timeout_s: float = 15.0) -> None:
     while not asyncio.run(idle()):
         assert time.monotonic() < deadline, "the workers did not report idle"
         time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 def test_conversations_stick_to_the_route_holding_their_prefix_and_leave_it_when_full(

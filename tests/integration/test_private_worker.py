@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from relay_harness import RelayProcess
-from swarm_harness import PROMPT, Reference, SseItem, Swarm, Worker, chat_body, read_sse, write_tiny_model
+from swarm_harness import PROMPT, Reference, SseItem, Swarm, Worker, chat_body, read_sse
 
 from meshnet.core.swarm_status import NodeStatus
 from meshnet.membership.tracker_client import TrackerClient
@@ -71,18 +71,6 @@ class PrivateSwarm:
 
     def relayed_at(self, relay: RelayProcess) -> str:
         return f"{self.private.node_id}@{relay.address}"
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,18 +19,13 @@ import numpy as np
 import openai
 import pytest
 from embedding_oracle import embedding_oracle
-from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, PROMPT, Swarm, query_db, write_tiny_model
+from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, PROMPT, Swarm, query_db
 
 from meshnet.node.config import WorkerConfig
 
 pytestmark = pytest.mark.timeout(180)
 
 SECOND = "the dog ran to the big tree"
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

@@ -22,17 +22,11 @@ from swarm_harness import (
     Swarm,
     route_addresses,
     wait_sessions_freed,
-    write_tiny_model,
 )
 
 pytestmark = pytest.mark.timeout(180)
 
 TEXTS = [PROMPT, LONG_PROMPT, "the dog", "a house by the tree and the cat"]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,6 @@ from swarm_harness import (
     chat_body,
     read_sse,
     wait_sessions_freed,
-    write_tiny_model,
 )
 
 from meshnet.core.events import RouteAccepted, RouteHealth
@@ -55,11 +54,6 @@ FREED_WITHIN_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swarm]:
     with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
         running.start_tracker()
@@ -71,13 +65,6 @@ def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swa
 @pytest.fixture(scope="module")
 def base_url(swarm: Swarm) -> str:
     return swarm.gateways[0].ready_line.split()[3]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 def with_middle_workers(swarm: Swarm, count: int) -> None:

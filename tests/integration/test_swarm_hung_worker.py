@@ -35,7 +35,6 @@ from swarm_harness import (
     chat_body,
     read_sse,
     wait_sessions_freed,
-    write_tiny_model,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -51,11 +50,6 @@ HOPS = {"head": 0, "middle": 1, "tail": 2}
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swarm]:
     with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
         running.start_tracker()
@@ -67,13 +61,6 @@ def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swa
 @pytest.fixture(scope="module")
 def base_url(swarm: Swarm) -> str:
     return swarm.gateways[0].ready_line.split()[3]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 def with_workers(swarm: Swarm, layers: str, count: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from swarm_harness import Swarm, chat_body, write_tiny_model
+from swarm_harness import Swarm, chat_body
 
 from meshnet.route.shard_admin import fetch_capability, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
@@ -29,11 +29,6 @@ SMALL_CONTEXT = 96
 over 80 at start-up, so it needs that many); the restarted worker holds 512."""
 MAX_TOKENS = 24
 LONG_ANSWER = 100
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

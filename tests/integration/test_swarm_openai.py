@@ -23,18 +23,12 @@ from swarm_harness import (
     Swarm,
     chat_body,
     read_sse,
-    write_tiny_model,
 )
 
 pytestmark = pytest.mark.timeout(90)
 
 MAX_TOKENS = 48
 TEXT_PROMPT = "the house and a dog"
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +44,6 @@ def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swa
 @pytest.fixture(scope="module")
 def base_url(swarm: Swarm) -> str:
     return swarm.gateways[0].ready_line.split()[3]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 @pytest.fixture(scope="module")

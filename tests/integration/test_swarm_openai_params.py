@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm, write_tiny_model
+from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm
 
 from meshnet.core.generation import SamplingParams
 from meshnet.core.sampling_options import LogitAdjustments
@@ -41,18 +40,6 @@ SCHEMA = {
     "required": ["count"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 @pytest.fixture(scope="module")

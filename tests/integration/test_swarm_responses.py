@@ -15,24 +15,12 @@ from typing import Any
 
 import openai
 import pytest
-from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm, write_tiny_model
+from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm
 
 pytestmark = pytest.mark.timeout(120)
 
 MAX_TOKENS = 24
 SCHEMA = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,6 @@ from swarm_harness import (
     chat_body,
     read_sse,
     wait_sessions_freed,
-    write_tiny_model,
 )
 from wedged_worker import MARKER_ENV, WEDGE_AT_STEP
 
@@ -56,11 +55,6 @@ per second: 5.9 s); the rest is for the probe, the tracker and a loaded 2-core m
 5.9-9.8 s in all). A wait for the wedged step's answer without a deadline would last the
 request's 300 s."""
 READ_TIMEOUT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +85,6 @@ def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path, marker: Path) -
 @pytest.fixture(scope="module")
 def base_url(swarm: Swarm) -> str:
     return swarm.gateways[0].ready_line.split()[3]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Reference]:
-    ref = Reference(model, tmp_path_factory.mktemp("reference-cache"))
-    yield ref
-    ref.close()
 
 
 @pytest.fixture(scope="module")
