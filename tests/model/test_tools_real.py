@@ -3,7 +3,7 @@
 SmolLM2's template knows nothing of tools, so the generic format applies: the tools listed in a
 system preamble, calls in ``<tool_call>`` tags. With ``tool_choice`` required the split's call
 must be exactly the whole model's (the in-process llama.cpp model, greedy under the same call
-grammar), its arguments must validate against the schema, and the client's round trip (the
+grammar, written token for token), its arguments must validate against the schema, and the client's round trip (the
 ``tool`` result sent back) must end in an answer. Needs MESHNET_ENABLE_REAL_INFERENCE_TESTS=1.
 """
 
@@ -91,11 +91,20 @@ def _tag_tokens(reference: Reference) -> list[int]:
     return sorted(set(reference.tokenizer.encode("<tool_call>", add_special=False)))
 
 
-def _reference_call(tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    """The whole model's greedy call under the call grammar, from the same prompt."""
+def _reference_call(tmp_path: Path) -> tuple[str, tuple[str, dict[str, Any]]]:
+    """The whole model's greedy reply text and call under the call grammar, from the same prompt."""
     text, plan = _whole_reply(tmp_path, ONE_CALL)
     (call,) = parse_reply(text, plan).calls
-    return call.name, json.loads(call.arguments)
+    return text, (call.name, json.loads(call.arguments))
+
+
+def _written(choice: Any) -> str:
+    """The text the served model wrote, call tags and JSON included, from its per-token logprobs.
+
+    A parsed call hides how the JSON was written (property order, spacing): a grammar that
+    differs from the oracle's (say, properties in another order) can still parse to the same
+    call, and then shows only where the model's choices meet a near tie."""
+    return "".join(item.token for item in choice.logprobs.content)
 
 
 @contextmanager
@@ -111,12 +120,13 @@ def _split_client(tmp_path: Path) -> Iterator[openai.OpenAI]:
 
 
 def test_smollm2_calls_as_the_whole_model_and_finishes_the_round_trip(tmp_path: Path) -> None:
-    expected = _reference_call(tmp_path)
+    written, expected = _reference_call(tmp_path)
     with _split_client(tmp_path) as client:
         reply = client.chat.completions.create(
-            **REQUEST, messages=QUESTION, tool_choice="required", parallel_tool_calls=False
+            **REQUEST, messages=QUESTION, tool_choice="required", parallel_tool_calls=False, logprobs=True
         )
         choice = reply.choices[0]
+        assert _written(choice) == written
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         (call,) = choice.message.tool_calls or []
         arguments = json.loads(call.function.arguments)
@@ -150,9 +160,12 @@ def test_auto_lazy_grammar_engages_through_the_split_as_in_the_whole_model(tmp_p
     finally:
         reference.close()
     with _split_client(tmp_path) as client:
-        called = client.chat.completions.create(**REQUEST, messages=QUESTION, logit_bias=bias, **single).choices[0]
+        called = client.chat.completions.create(
+            **REQUEST, messages=QUESTION, logit_bias=bias, logprobs=True, **single
+        ).choices[0]
         free = client.chat.completions.create(**REQUEST, messages=QUESTION, **single).choices[0]
     assert called.finish_reason == "tool_calls" and called.message.content is None
+    assert _written(called) == biased_text
     (call,) = called.message.tool_calls or []
     jsonschema.validate(json.loads(call.function.arguments), PARAMETERS)
     assert (call.function.name, call.function.arguments) == (expected.name, expected.arguments)
