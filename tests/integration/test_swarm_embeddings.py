@@ -19,6 +19,7 @@ import numpy as np
 import openai
 import pytest
 from embedding_oracle import embedding_oracle
+from openai_swarm import openai_swarm
 from swarm_harness import CONTEXT, LONG_PROMPT, MODEL_NAME, PROMPT, Swarm, query_db
 
 from meshnet.node.config import WorkerConfig
@@ -36,20 +37,19 @@ def oracle(model: Path) -> Iterator[llama_cpp.Llama]:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Swarm]:
-    with Swarm(tmp_path_factory.mktemp("swarm"), model) as running:
-        running.start_tracker()
-        running.start_workers("0:2", "2:4", "4:6")
-        running.base_url = running.start_gateway()  # type: ignore[attr-defined]
-        running.wait_routable(nodes=3)
+def served(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[tuple[Swarm, openai.OpenAI]]:
+    with openai_swarm(tmp_path_factory.mktemp("swarm"), model, "0:2", "2:4", "4:6") as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def client(swarm: Swarm) -> Iterator[openai.OpenAI]:
-    base_url = swarm.base_url  # type: ignore[attr-defined]
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60.0) as api:
-        yield api
+def swarm(served: tuple[Swarm, openai.OpenAI]) -> Swarm:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def client(served: tuple[Swarm, openai.OpenAI]) -> openai.OpenAI:
+    return served[1]
 
 
 def _expected(oracle: llama_cpp.Llama, text: str) -> np.ndarray:

@@ -15,7 +15,8 @@ from typing import Any
 
 import openai
 import pytest
-from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm
+from openai_swarm import openai_swarm
+from swarm_harness import MODEL_NAME, PROMPT, Reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,13 +26,8 @@ SCHEMA = {"type": "object", "properties": {"count": {"type": "integer"}}, "requi
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[openai.OpenAI]:
-    with Swarm(tmp_path_factory.mktemp("swarm"), model) as swarm:
-        swarm.start_tracker()
-        swarm.start_workers("0:2", "2:4", "4:6")
-        base_url = swarm.start_gateway()
-        swarm.wait_routable(nodes=3)
-        with openai.OpenAI(base_url=f"{base_url}/v1", api_key=swarm.api_key, max_retries=0, timeout=60.0) as api:
-            yield api
+    with openai_swarm(tmp_path_factory.mktemp("swarm"), model, "0:2", "2:4", "4:6") as (_, api):
+        yield api
 
 
 def _expected(reference: Reference, messages: list[dict[str, str]]) -> tuple[str, int]:

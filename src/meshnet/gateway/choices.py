@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
@@ -144,7 +144,7 @@ class RequestRun:
 
     async def entries(
         self, preamble: list[ShownItem], firsts: list[Entry], keepalive_s: float
-    ) -> AsyncIterator[Entry | None]:
+    ) -> AsyncGenerator[Entry | None, None]:
         """A stream's entries after ``first_entries``: the queue wait's events (``preamble``, as
         choice 0's), each choice's first items, then every item as it comes; None whenever none
         came for ``keepalive_s`` (a long prefill or a failover replay), so a keep-alive goes out."""

@@ -10,6 +10,7 @@ route session is ended and the admission slots returned exactly once.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from typing import TypeVar
 
 import anyio
@@ -195,20 +196,17 @@ class CompletionService:
         stream = _StreamState(writer, request_id, prepared.choices, prepared.include_usage)
         if prepared.tools is not None and prepared.tools.active:
             stream.tools = ToolStreamShaper(prepared.tools, writer.choice_delta, prepared.choices)
-        for frame in stream.frames(0, preamble):
-            yield frame
-        for index, shown in firsts:
-            for frame in stream.frames(index, shown):
-                yield frame
-        # Then every choice's items as they come, from the one queue; a keep-alive comment
-        # whenever none comes for a while (a long prefill or a failover replay).
-        while not (run.drained or stream.failed):
-            if run.empty and not await run.wait(self.config.keepalive_seconds):
-                yield KEEPALIVE
-                continue
-            index, shown = run.take()
-            for frame in stream.frames(index, shown):
-                yield frame
+        # The queue wait's events, each choice's first items, then every item as it comes; a
+        # keep-alive comment whenever none comes for a while (a long prefill or a failover replay).
+        async with aclosing(run.entries(preamble, firsts, self.config.keepalive_seconds)) as entries:
+            async for entry in entries:
+                if entry is None:
+                    yield KEEPALIVE
+                    continue
+                for frame in stream.frames(*entry):
+                    yield frame
+                if stream.failed:
+                    break  # the error event went out; the other choices are closed by the caller
         yield DONE
 
 
