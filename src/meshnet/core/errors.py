@@ -140,6 +140,18 @@ class ResourceExhausted(MeshnetError):
     retryable = True
 
 
+class TrackerBusy(ResourceExhausted):
+    """The tracker is behind on its work and sheds this call (probes first, then registrations,
+    never the routes of live sessions): ask again after ``retry_after_s``, with jitter, not at
+    once; a node's membership is not in question."""
+
+    code = "tracker_busy"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class CacheMiss(MeshnetError):
     """The session is unknown here or its KV was evicted; state is never silently rebuilt."""
 

@@ -31,12 +31,15 @@ from meshnet.core.errors import (
     ResourceExhausted,
     StorageDamaged,
     StorageUnavailable,
+    TrackerBusy,
     Unauthenticated,
     Unavailable,
 )
 
 ERROR_CODE_KEY = "meshnet-error-code"
 RETRYABLE_KEY = "meshnet-retryable"
+RETRY_AFTER_KEY = "meshnet-retry-after-ms"
+"""How long a shedding peer asks the caller to wait (``TrackerBusy.retry_after_s``), in ms."""
 
 # Order matters only between a class and its subclasses; these bases are disjoint, and
 # ArtifactError, RouteStale and NoRoute follow their bases. The storage errors are listed for
@@ -73,7 +76,10 @@ def status_for(error: MeshnetError) -> grpc.StatusCode:
 
 def error_metadata(error: MeshnetError) -> tuple[tuple[str, str], ...]:
     """Trailing metadata that lets any client recover the precise error, not just the status."""
-    return ((ERROR_CODE_KEY, error.code), (RETRYABLE_KEY, "true" if error.retryable else "false"))
+    metadata = ((ERROR_CODE_KEY, error.code), (RETRYABLE_KEY, "true" if error.retryable else "false"))
+    if isinstance(error, TrackerBusy):
+        metadata += ((RETRY_AFTER_KEY, str(max(0, round(error.retry_after_s * 1000)))),)
+    return metadata
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: MeshnetError) -> NoReturn:
@@ -89,16 +95,24 @@ def error_from_rpc(err: grpc.RpcError, *, unreachable: type[Unavailable] = Unava
     ``unreachable`` is the error of an UNAVAILABLE the library raised itself (the peer could not
     be reached): a lost worker for shard calls, ``Unreachable`` for control-plane services
     (the tracker), where nothing was lost.
+
+    A CANCELLED without our metadata is the peer's doing, never the caller's: grpc.aio raises
+    ``asyncio.CancelledError``, not an RpcError, on a call its own side cancelled. A peer's
+    server cancels its calls when it stops (its grace over) or its process is ending, so the
+    caller lost that peer (``unreachable``); only a peer's deliberate ``Cancelled`` (with our
+    metadata) stays a cancellation.
     """
     status = _call(err, "code")
     details = _call(err, "details") or ""
     code = _metadata_value(_call(err, "trailing_metadata"), ERROR_CODE_KEY)
     error_type = _type_for_code(code) if code else None
-    if error_type is None and status == grpc.StatusCode.UNAVAILABLE:
+    if error_type is None and status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         error_type = unreachable
     if error_type is None:
         error_type = _TYPE_BY_STATUS.get(status, MeshnetError) if status else MeshnetError
     message = details or f"the peer ended the call with {getattr(status, 'name', 'no status')}"
+    if error_type is TrackerBusy:
+        return TrackerBusy(message, _retry_after_s(_call(err, "trailing_metadata")))
     try:
         return error_type(message)
     except TypeError:
@@ -119,6 +133,17 @@ def _metadata_value(metadata: Iterable[Any] | None, key: str) -> str | None:
             value = item[1]
             return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     return None
+
+
+def _retry_after_s(metadata: Iterable[Any] | None) -> float:
+    """The peer's retry hint in seconds; 1 s when absent or malformed (a hostile peer's huge
+    hint is capped at a minute: it may slow a caller, never park it)."""
+    raw = _metadata_value(metadata, RETRY_AFTER_KEY)
+    try:
+        millis = int(raw) if raw is not None else 1000
+    except ValueError:
+        millis = 1000
+    return min(max(millis, 0), 60_000) / 1000.0
 
 
 def _type_for_code(code: str) -> type[MeshnetError] | None:

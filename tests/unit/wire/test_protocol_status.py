@@ -27,6 +27,7 @@ from meshnet.core.errors import (
     RouteStale,
     StorageDamaged,
     StorageUnavailable,
+    TrackerBusy,
     Unavailable,
     Unreachable,
     UnsupportedArchitecture,
@@ -43,6 +44,7 @@ from meshnet.wire.shard_wire import (
 )
 from meshnet.wire.status import (
     ERROR_CODE_KEY,
+    RETRY_AFTER_KEY,
     RETRYABLE_KEY,
     abort_with,
     error_from_rpc,
@@ -103,7 +105,9 @@ def test_status_contract_and_round_trip(error_type: type[MeshnetError], status: 
     [
         (S.DEADLINE_EXCEEDED, DeadlineExceeded),
         (S.UNAVAILABLE, Unavailable),
-        (S.CANCELLED, Cancelled),
+        # A peer that stops ends its calls CANCELLED: the caller lost it (its own cancel raises
+        # asyncio.CancelledError instead; test_a_stopping_peer_is_a_lost_worker_...).
+        (S.CANCELLED, Unavailable),
         (S.RESOURCE_EXHAUSTED, ResourceExhausted),
         (S.DATA_LOSS, IntegrityError),
         (S.UNKNOWN, MeshnetError),
@@ -235,3 +239,41 @@ def test_a_control_plane_that_cannot_be_reached_is_unreachable_not_a_lost_worker
     for answered in (NoRoute("no route"), Unavailable("storage")):
         rebuilt = error_from_rpc(FakeRpcError(S.UNAVAILABLE, "x", error_metadata(answered)), unreachable=Unreachable)
         assert type(rebuilt) is type(answered)
+
+
+async def test_a_stopping_peer_is_a_lost_worker_and_only_our_own_cancel_is_a_cancellation() -> None:
+    # The expert-parallel flake: a worker stopped mid-stream ended the caller's call CANCELLED,
+    # which reached the client as a cancellation it never asked for, not a lost worker.
+    server = grpc.aio.server()
+    pb_grpc.add_ShardServicer_to_server(EchoShard(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ShardStub(channel)
+        ours = stub.Release(pb.ReleaseRequest(session_id="s-1"), timeout=5)
+        await asyncio.sleep(0.1)
+        ours.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await ours
+        theirs = stub.Release(pb.ReleaseRequest(session_id="s-1"), timeout=5)
+        await asyncio.sleep(0.1)  # the server is now inside the handler
+        await server.stop(grace=0)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await theirs
+    assert caught.value.code() == S.CANCELLED
+    assert type(error_from_rpc(caught.value)) is Unavailable
+    assert type(error_from_rpc(caught.value, unreachable=Unreachable)) is Unreachable
+    deliberate = FakeRpcError(S.CANCELLED, "client gone", error_metadata(Cancelled("client gone")))
+    assert type(error_from_rpc(deliberate)) is Cancelled
+
+
+def test_a_busy_tracker_s_retry_hint_crosses_the_wire_and_is_bounded() -> None:
+    busy = TrackerBusy("shedding probes", retry_after_s=2.5)
+    rebuilt = error_from_rpc(FakeRpcError(S.RESOURCE_EXHAUSTED, "shedding probes", error_metadata(busy)))
+    assert type(rebuilt) is TrackerBusy and rebuilt.retry_after_s == 2.5 and rebuilt.retryable
+    hostile = ((ERROR_CODE_KEY, b"tracker_busy"), (RETRY_AFTER_KEY, b"99999999"))
+    assert error_from_rpc(FakeRpcError(S.RESOURCE_EXHAUSTED, "x", hostile)).retry_after_s == 60.0
+    garbled = ((ERROR_CODE_KEY, b"tracker_busy"), (RETRY_AFTER_KEY, b"soon"))
+    assert error_from_rpc(FakeRpcError(S.RESOURCE_EXHAUSTED, "x", garbled)).retry_after_s == 1.0
+    # Without our metadata a RESOURCE_EXHAUSTED stays the generic refusal (a message over the limit).
+    assert type(error_from_rpc(FakeRpcError(S.RESOURCE_EXHAUSTED, ""))) is ResourceExhausted
