@@ -334,8 +334,9 @@ class TrackerClient:
             raise self._error(rpc_error, index) from rpc_error
 
     def _lost(self, index: int, error: MeshnetError) -> int:
+        moving = index == self._replicas.current  # else another call already moved on: say it once
         following = self._replicas.lost(index)
-        if following != index:
+        if moving and following != index:
             logger.warning(
                 "tracker %s lost (%s); moving to %s", self._replicas.addresses[index], error.message, self.address
             )
