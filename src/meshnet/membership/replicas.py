@@ -41,8 +41,9 @@ RETRIED_ON_NEXT_REPLICA: dict[str, str] = {
     "Quarantine": "a verdict on a node id; a second one finds it already applied",
 }
 """Calls asked once more, on the next replica, when theirs was lost mid-call, with why that is
-safe. Not here: ``ReportSessionTokens`` (counted as it arrives: a second delivery could count a
-session twice; the worker's next report carries the sessions that ended since) and
+safe. Not here: ``ReportSessionTokens`` (counted as it arrives, so the client does not add a
+second delivery of its own; the worker keeps a batch that failed and sends it again after its
+backoff, by then to the replica the client moved to) and
 ``ReportRouteTiming`` (a second copy would weigh one measurement twice; losing one is harmless)."""
 
 
