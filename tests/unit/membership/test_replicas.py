@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from meshnet.core.addresses import parse_address_list, require_loopback
+from meshnet.core.addresses import dialable_address, parse_address_list, require_loopback
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.membership.replicas import RETRIED_ON_NEXT_REPLICA, ReplicaRing
 from meshnet.wire import services
@@ -69,3 +69,19 @@ def test_every_retried_call_is_a_tracker_call() -> None:
 def _methods_of(stub: type) -> set[str]:
     with grpc.insecure_channel("127.0.0.1:1") as channel:  # never dialled: a stub only names methods
         return {name for name in vars(stub(channel)) if name[0].isupper()}
+
+
+def test_a_malformed_list_is_refused_before_any_channel_opens() -> None:
+    with pytest.raises(InvalidArgument):
+        ReplicaRing("a:1,,b:1")
+
+
+def test_a_wildcard_bind_takes_its_address_from_the_route_to_the_first_tracker() -> None:
+    asked: list[str] = []
+
+    def source_of(target: str, family: int) -> str:
+        asked.append(target)
+        return "10.0.0.9"
+
+    bound = dialable_address("0.0.0.0:7001", toward="10.0.0.1:7070,10.0.0.2:7070", source_of=source_of)
+    assert bound == "10.0.0.9:7001" and asked == ["10.0.0.1"]
