@@ -34,6 +34,28 @@ def check_advertise_address(address: str, *, flag: str = "advertise") -> None:
         raise InvalidArgument(f"{flag} {address!r} is a wildcard, not routable: give the IP or name peers reach")
 
 
+ADDRESS_LIST_SEPARATOR = ","
+"""``--tracker a:7070,b:7070``: replicas of one service, in the order a client tries them."""
+
+
+def parse_address_list(text: str, *, flag: str = "--tracker") -> tuple[str, ...]:
+    """The ``host:port`` addresses of a comma-separated list, in order (one address is a list of one).
+
+    ``InvalidArgument`` for an empty list or entry, an entry that is not host:port with a port
+    from 1 to 65535, or an address given twice (a client would count one replica twice)."""
+    addresses = tuple(part.strip() for part in text.split(ADDRESS_LIST_SEPARATOR))
+    for address in addresses:
+        host, separator, port_text = address.rpartition(":")
+        if not (host.strip("[]") and separator and port_text.isdigit() and 1 <= int(port_text) <= 65535):
+            raise InvalidArgument(
+                f"{flag} {text!r}: every entry must be host:port with a port from 1 to 65535 (host:port,host:port...)"
+            )
+    repeated = sorted({address for address in addresses if addresses.count(address) > 1})
+    if repeated:
+        raise InvalidArgument(f"{flag} {text!r} names {', '.join(repeated)} more than once")
+    return addresses
+
+
 def is_loopback_host(host: str) -> bool:
     """True for ``localhost`` and every 127.0.0.0/8 or ::1 address; a name or wildcard is not."""
     host = host.strip().removeprefix("[").removesuffix("]")
@@ -47,7 +69,8 @@ def is_loopback_host(host: str) -> bool:
 
 def require_loopback(addresses: tuple[str, ...], *, flag: str = "--insecure") -> None:
     """Refuse plaintext anywhere something off this machine could reach it or be reached."""
-    for address in addresses:
+    # A flag may hold a list (``--tracker a:7070,b:7070``): every entry must be local.
+    for address in (part.strip() for text in addresses for part in text.split(ADDRESS_LIST_SEPARATOR)):
         host = address.rpartition(":")[0] if ":" in address else address
         if not is_loopback_host(host):
             raise FailedPrecondition(
@@ -91,8 +114,8 @@ def dialable_address(
     source_of: Callable[[str, int], str] = route_source_host,
 ) -> str:
     """``bound`` itself when its host can be dialled; for a wildcard bind, the same port on the
-    address of the interface that routes toward ``toward`` (a ``host:port``, e.g. the tracker),
-    or toward the default route when there is none.
+    address of the interface that routes toward ``toward`` (a ``host:port``, e.g. the tracker;
+    of a list, its first), or toward the default route when there is none.
 
     A wildcard is where to listen, never where to connect: an invite or a registration carrying
     ``0.0.0.0`` sends every peer to its own machine. When no route gives an address, refuse with
@@ -101,7 +124,7 @@ def dialable_address(
     if not is_unspecified_host(host):
         return bound
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    target = DEFAULT_ROUTE_PROBE[family] if toward is None else toward.rpartition(":")[0].strip("[]")
+    target = DEFAULT_ROUTE_PROBE[family] if toward is None else _first(toward).rpartition(":")[0].strip("[]")
     # ``::`` listens on IPv4 too (dual stack), so an IPv4 tracker is reached over IPv4 from it.
     asked = socket.AF_UNSPEC if family == socket.AF_INET6 and toward is not None else family
     try:
@@ -116,6 +139,10 @@ def dialable_address(
             f"give {flag} HOST:PORT with the name or IP peers reach this machine at"
         )
     return f"[{derived}]:{port}" if ":" in derived else f"{derived}:{port}"
+
+
+def _first(addresses: str) -> str:
+    return addresses.split(ADDRESS_LIST_SEPARATOR)[0].strip()
 
 
 @dataclass(frozen=True)

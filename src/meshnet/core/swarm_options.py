@@ -40,4 +40,4 @@ class SwarmArguments:
     join_address: str | None = None
     """host:port of the tracker's join port for the token (default: what the tracker last announced)."""
     tracker: str = "127.0.0.1:7070"
-    """The tracker to send the revocation to (revoke only)."""
+    """The tracker to send the revocation to (revoke only; host:port, or its replicas a:7070,b:7070)."""

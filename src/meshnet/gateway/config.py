@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshnet.core.addresses import parse_address_list
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.limits import MAX_FRAME_BYTES
@@ -134,7 +135,8 @@ class GatewayProcessConfig:
     """``meshnet gateway``'s configuration; its flags are generated from these fields."""
 
     tracker: str
-    """Tracker address (host:port) that routes requests to workers."""
+    """Tracker address (host:port) that routes requests to workers, or its replicas in order
+    (a:7070,b:7070: a route call lost with one replica is asked of the next)."""
     http: GatewayConfig
     """The HTTP app's limits, deadlines and bind address."""
     data_dir: Path
@@ -173,6 +175,7 @@ class GatewayProcessConfig:
     request needs a key of DATA_DIR/api-keys.sqlite3 (`meshnet swarm api-key create`)."""
 
     def __post_init__(self) -> None:
+        parse_address_list(self.tracker)
         if (self.model is None) == (self.model_id is None):
             raise InvalidArgument("gateway config: give either --model or --model-id (not both)")
         if self.trust_publisher is not None and self.model_id is None:

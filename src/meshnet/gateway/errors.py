@@ -8,6 +8,7 @@ and Starlette's plain-text errors are replaced so clients see one error shape.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,6 +27,7 @@ from meshnet.core.errors import (
     InvalidArgument,
     MeshnetError,
     ResourceExhausted,
+    TrackerBusy,
     Unavailable,
 )
 
@@ -99,6 +101,8 @@ def http_status_for(error: MeshnetError) -> int:
 def http_error_for(error: MeshnetError, retry_after_seconds: int) -> HttpError:
     status = http_status_for(error)
     retry_after = retry_after_seconds if status == 503 else None
+    if isinstance(error, TrackerBusy):  # the tracker shed the route: its own hint, whole seconds
+        retry_after = max(1, math.ceil(error.retry_after_s))
     return HttpError(status, error.code, error.message, retry_after=retry_after)
 
 

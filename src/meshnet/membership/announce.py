@@ -9,13 +9,15 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from meshnet.artifact.directory import Advertisement
-from meshnet.core.errors import MeshnetError
+from meshnet.core.errors import MeshnetError, TrackerBusy
+from meshnet.membership.backoff import BusyBackoff
 from meshnet.membership.tracker_client import TrackerClient
 
 logger = logging.getLogger(__name__)
 
 ANNOUNCE_BACKOFF_S = (0.2, 5.0)
 """First and longest wait before announcing again after a failed announcement."""
+BUSY = BusyBackoff()
 UNDIALABLE_RECHECK_S = 1.0
 """How often a holder nobody can dial now looks again whether it can be dialled."""
 
@@ -42,6 +44,9 @@ async def announce_forever(
             else:
                 delay = await client.advertise(current)
             backoff = ANNOUNCE_BACKOFF_S[0]
+        except TrackerBusy as error:  # shed: the tracker's hint, jittered, not our doubling
+            delay = BUSY.wait_s(error.retry_after_s)
+            logger.warning("tracker %s busy; announcing again in %.1f s", client.address, delay)
         except MeshnetError as error:
             logger.warning("announcing artifacts to %s failed: %s", client.address, error.message)
             delay, backoff = backoff, min(backoff * 2, ANNOUNCE_BACKOFF_S[1])

@@ -10,14 +10,15 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
-from meshnet.core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, MeshnetError, Unavailable
+from meshnet.core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, MeshnetError, TrackerBusy, Unavailable
 from meshnet.core.ids import NodeId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.reachability import DeclaredReachability
 from meshnet.core.tracking import NodeLoad, Registered
+from meshnet.membership.backoff import BusyBackoff, Draw, RefusalBackoff, RejoinDelay
 from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 
@@ -29,22 +30,12 @@ TRACKER_GONE = (Unavailable, DeadlineExceeded, Cancelled)
 its grace over) ends the calls it has already received CANCELLED, so a beat sent as it stops gets
 it; this loop being cancelled raises ``asyncio.CancelledError`` instead, not this error."""
 
+Pause = Callable[[asyncio.Event, "asyncio.Event | None", float], Awaitable[None]]
+"""Waits the given seconds, or less once either event is set (``_pause``; a recorder in tests)."""
 
-@dataclass(frozen=True)
-class RefusalBackoff:
-    """How a refused node (quarantined, say) asks again: never a silent exit, never a flood.
+DEFAULT_REFUSAL, DEFAULT_BUSY, DEFAULT_REJOIN = RefusalBackoff(), BusyBackoff(), RejoinDelay()
 
-    In heartbeat intervals (the tracker's pace): the n-th refusal in a row waits ``2**(n-1)``
-    intervals, at most ``max_beats``, each wait drawn between half and all of it (jitter: nodes
-    refused together do not come back in step). So ``swarm quarantine clear`` lets the node back
-    within ``max_beats`` heartbeats, and a refused node costs the tracker a call every few beats.
-    """
-
-    max_beats: float = 4.0
-
-    def wait_s(self, refusals: int, interval_s: float, draw: Callable[[], float] = random.random) -> float:
-        full = interval_s * min(2.0 ** max(refusals - 1, 0), self.max_beats)
-        return full * (0.5 + 0.5 * draw())
+__all__ = ["TRACKER_GONE", "RefusalBackoff", "heartbeat_loop"]
 
 
 async def heartbeat_loop(
@@ -57,17 +48,27 @@ async def heartbeat_loop(
     on_registered: Callable[[Registered], None] | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_probe: Callable[[tuple[str, ...]], None] | None = None,
-    backoff: RefusalBackoff = RefusalBackoff(),
+    backoff: RefusalBackoff = DEFAULT_REFUSAL,
     reach: Reach | None = None,
+    busy: BusyBackoff = DEFAULT_BUSY,
+    rejoin: RejoinDelay = DEFAULT_REJOIN,
+    draw: Draw = random.random,
+    pause: Pause | None = None,
 ) -> None:
     """Keep ``registration`` routable under ``node_id`` until ``stop_event`` is set, then deregister.
 
     Registers, heartbeats every interval the tracker asks for, and registers again (under the
     same id) whenever the tracker says it forgot us, which is how a worker rejoins after a
     tracker restart. An unreachable tracker, or one that stops mid-call (``TRACKER_GONE``), is
-    logged and retried; it never stops the worker. A refusal (a quarantined id) is retried with
-    ``backoff``: the node stays out of routes while refused and rejoins by itself once an
-    operator clears it. With ``reach`` the registered
+    logged and retried; it never stops the worker (with several replicas the client has moved
+    to the next one). A tracker that sheds the call (``TrackerBusy``) is asked again after its
+    hint, jittered (``busy``); one that forgot the node is registered with again after a
+    jittered fraction of an interval (``rejoin``), so nodes forgotten together (a tracker
+    restart, a replica that never knew them) do not all register in the same instant. ``draw``
+    is the jitter's random source, ``pause`` how the loop waits (both injected by tests).
+
+    A refusal (a quarantined id) is retried with ``backoff``: the node stays out of routes while
+    refused and rejoins by itself once an operator clears it. With ``reach`` the registered
     address is its current one (``membership.reach``: a relay's, for a node behind NAT), and a
     change registers again at once.
     """
@@ -75,6 +76,7 @@ async def heartbeat_loop(
     changed = None if reach is None else reach.changed
     last_epoch: int | None = None
     refusals = 0
+    wait = pause or _pause
     while not stop_event.is_set():
         wait_s: float | None = None  # the tracker's interval, once this step has learnt it
         if changed is not None and changed.is_set():
@@ -82,22 +84,26 @@ async def heartbeat_loop(
             membership.forget()  # the address moved: register the new one now
         try:
             epoch = await membership.step()
-            if epoch is None:
-                continue  # forgotten: register again at once
-            if on_epoch is not None and epoch != last_epoch:
-                on_epoch(epoch)
-            last_epoch = epoch
-            refusals = 0
+            if epoch is None:  # forgotten: register again soon, out of step with the others
+                wait_s = rejoin.wait_s(membership.interval_s, draw)
+            else:
+                if on_epoch is not None and epoch != last_epoch:
+                    on_epoch(epoch)
+                last_epoch = epoch
+                refusals = 0
+        except TrackerBusy as error:
+            wait_s = busy.wait_s(error.retry_after_s, draw)
+            logger.warning("tracker %s busy (asking again in %.2f s): %s", client.address, wait_s, error.message)
         except TRACKER_GONE as error:
             logger.warning("tracker %s unreachable: %s", client.address, error.message)
         except FailedPrecondition as error:
             # Refused (a quarantined id): out of routes until an operator clears it, then back.
             refusals += 1
-            wait_s = backoff.wait_s(refusals, membership.interval_s)
+            wait_s = backoff.wait_s(refusals, membership.interval_s, draw)
             logger.error(
                 "tracker %s refuses this node (asking again in %.1f s): %s", client.address, wait_s, error.message
             )
-        await _pause(stop_event, changed, membership.interval_s if wait_s is None else wait_s)
+        await wait(stop_event, changed, membership.interval_s if wait_s is None else wait_s)
     await membership.leave()
 
 

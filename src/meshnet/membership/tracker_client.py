@@ -1,10 +1,11 @@
-"""Async client of the tracker: every call a process makes to the tracker's port, over one channel.
+"""Async client of the tracker: every call a process makes to the tracker's port (or its replicas').
 
 Workers register and heartbeat (``membership.heartbeats``), renew (``membership.join``), follow
 revocations (``membership.revocations``) and announce what they hold (``membership.announce``);
 the gateway asks ``choose_route`` and files ``report_work``; fetchers ask ``find_holders``;
-operators list nodes, quarantine and revoke. All of it goes through the one ``RenewingChannel``,
-so after a renewal every call presents the new certificate. Every unary call carries a deadline,
+operators list nodes, quarantine and revoke. All of it goes through one ``RenewingChannel`` per
+tracker replica, so after a renewal every call presents the new certificate; with several
+replicas the client fails over between them (``membership.replicas``). Every unary call carries a deadline,
 and every failure arrives as a typed core error (``meshnet.wire.status``): ``NoRoute`` when the
 swarm cannot serve the model, ``Unreachable`` (an ``Unavailable``) when the tracker cannot be reached,
 ``DeadlineExceeded`` when it is too slow.
@@ -15,17 +16,18 @@ other side of each call; the values exchanged are those of ``meshnet.core``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
 from meshnet.core.audit_evidence import QuarantineEntry
-from meshnet.core.errors import MeshnetError, Unreachable
+from meshnet.core.errors import MeshnetError, TrackerBusy, Unreachable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
@@ -46,6 +48,7 @@ from meshnet.core.tracking import (
     WorkRecord,
 )
 from meshnet.membership.channel import RenewingChannel
+from meshnet.membership.replicas import REPLICA_LOST, RETRIED_ON_NEXT_REPLICA, ReplicaRing
 from meshnet.wire import artifact_wire, placement_wire, services, speed_wire, swarm_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import error_from_rpc
@@ -54,6 +57,8 @@ from meshnet.wire.swarm_wire import IssuedCertificate
 from meshnet.wire.tls import TRACKER_NAME, LinkSecurity
 
 logger = logging.getLogger(__name__)
+
+StubT = TypeVar("StubT")
 
 DEFAULT_TIMEOUT_S = 5.0
 RECONNECT_BACKOFF_MS = (100, 1000)
@@ -106,9 +111,13 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 
 
 class TrackerClient:
-    """Every call to one tracker, over one channel that follows certificate renewal.
+    """Every call to a tracker, over channels that follow certificate renewal.
 
-    Create it inside the event loop that uses it."""
+    ``address`` is one tracker (``host:port``) or its replicas in order (``a:7070,b:7070``,
+    ``membership.replicas``): calls go to the replica that last answered, and a call lost with
+    its replica moves the client to the next one, where it is asked once more if that is safe
+    (``RETRIED_ON_NEXT_REPLICA``). ``InvalidArgument`` for a malformed list. Create it inside
+    the event loop that uses it."""
 
     def __init__(
         self,
@@ -117,10 +126,21 @@ class TrackerClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         security: LinkSecurity | None = None,
     ) -> None:
-        self.address = address
         self.security = security
         self._timeout_s = timeout_s
-        self._channel = RenewingChannel(address, security, TRACKER_NAME, CHANNEL_OPTIONS)
+        self._replicas = ReplicaRing(address)
+        # One channel per replica, opened when first asked: most clients never leave the first.
+        self._channels: dict[int, RenewingChannel] = {}
+
+    @property
+    def address(self) -> str:
+        """The replica asked now (the one that last answered)."""
+        return self._replicas.addresses[self._replicas.current]
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every replica, in the order they are tried."""
+        return self._replicas.addresses
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -129,10 +149,15 @@ class TrackerClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(channel.close() for channel in channels))
 
-    def _tracker(self) -> services.TrackerStub:
-        return self._channel.stub(services.TrackerStub)
+    def _stub(self, index: int, make: Callable[[grpc.aio.Channel], StubT]) -> StubT:
+        channel = self._channels.get(index)
+        if channel is None:
+            address = self._replicas.addresses[index]
+            channel = self._channels[index] = RenewingChannel(address, self.security, TRACKER_NAME, CHANNEL_OPTIONS)
+        return channel.stub(make)
 
     # --- membership ------------------------------------------------------------------------
 
@@ -149,32 +174,36 @@ class TrackerClient:
         route epoch the node was told (a tracker that lost its state moves above it) and what
         it knows of its reachability (the reply says what the tracker registered)."""
         request = wire.registration_to_proto(registration, node_id, known_epoch, declared)
-        return wire.registered_from_proto(await self._call(self._tracker().Register, request, timeout_s))
+        return wire.registered_from_proto(await self._call(services.TrackerStub, "Register", request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
         request = wire.heartbeat_to_proto(node_id, load)
-        return wire.heartbeat_status_from_proto(await self._call(self._tracker().Heartbeat, request, timeout_s))
+        return wire.heartbeat_status_from_proto(await self._call(services.TrackerStub, "Heartbeat", request, timeout_s))
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
-        reply = await self._call(self._tracker().Deregister, wire.deregister_to_proto(node_id), timeout_s)
+        reply = await self._call(services.TrackerStub, "Deregister", wire.deregister_to_proto(node_id), timeout_s)
         return wire.deregistered_from_proto(reply).known
 
     async def suggest_layers(self, question: LayerQuestion, *, timeout_s: float | None = None) -> LayerAdvice:
         """The range the swarm needs most that fits ``question``'s budget (``--layers auto``)."""
         request = placement_wire.question_to_proto(question)
-        reply = await self._call(self._tracker().SuggestLayers, request, timeout_s)
+        reply = await self._call(services.TrackerStub, "SuggestLayers", request, timeout_s)
         return placement_wire.advice_from_proto(reply, question.costs.n_layers)
 
     async def watch_revocations(self) -> AsyncIterator[frozenset[str]]:
         """The swarm's revoked node ids now, then again after every change (no deadline: it
         runs until the caller stops iterating or the tracker ends it). ``membership.revocations``
         keeps one open for a process."""
-        call = self._tracker().WatchRevocations(wire.watch_revocations_to_proto())
+        index = self._replicas.current
+        call = self._stub(index, services.TrackerStub).WatchRevocations(wire.watch_revocations_to_proto())
         try:
             async for message in call:
                 yield wire.revocations_from_proto(message)
         except grpc.RpcError as rpc_error:
-            raise self._error(rpc_error) from rpc_error
+            error = self._error(rpc_error, index)
+            if isinstance(error, REPLICA_LOST):
+                self._lost(index, error)  # the caller's next watch opens on the next replica
+            raise error from rpc_error
         finally:
             call.cancel()
 
@@ -182,13 +211,13 @@ class TrackerClient:
 
     async def renew(self, csr_pem: bytes, *, timeout_s: float | None = None) -> IssuedCertificate:
         """A certificate for ``csr_pem``'s key, with this client's node id and role."""
-        stub = self._channel.stub(services.SwarmStub)
-        return swarm_wire.issued_from_proto(await self._call(stub.Renew, swarm_wire.renew_to_proto(csr_pem), timeout_s))
+        return swarm_wire.issued_from_proto(
+            await self._call(services.SwarmStub, "Renew", swarm_wire.renew_to_proto(csr_pem), timeout_s)
+        )
 
     async def revoke(self, node_id: str, *, timeout_s: float | None = None) -> tuple[bool, bool]:
         """(newly revoked, was routed)."""
-        stub = self._channel.stub(services.SwarmStub)
-        reply = await self._call(stub.Revoke, swarm_wire.revoke_to_proto(node_id), timeout_s)
+        reply = await self._call(services.SwarmStub, "Revoke", swarm_wire.revoke_to_proto(node_id), timeout_s)
         return swarm_wire.revoked_from_proto(reply)
 
     # --- routing and billing -----------------------------------------------------------------
@@ -216,11 +245,11 @@ class TrackerClient:
         head holds a prefix of the prompt and keep a conversation on its route."""
         query = RouteQuery(model, session_id, frozenset(exclude), request_id, ticket_seconds, unbilled, prefix_chain)
         request = wire.route_query_to_proto(query)
-        return wire.route_from_proto(await self._call(self._tracker().ChooseRoute, request, timeout_s))
+        return wire.route_from_proto(await self._call(services.TrackerStub, "ChooseRoute", request, timeout_s))
 
     async def report_work(self, record: WorkRecord, *, timeout_s: float | None = None) -> WorkAck:
         """Store ``record``; safe to repeat (idempotent by request id) until it is acknowledged."""
-        reply = await self._call(self._tracker().ReportWork, work_wire.work_to_proto(record), timeout_s)
+        reply = await self._call(services.TrackerStub, "ReportWork", work_wire.work_to_proto(record), timeout_s)
         return work_wire.work_ack_from_proto(reply)
 
     async def report_session_tokens(
@@ -228,62 +257,99 @@ class TrackerClient:
     ) -> int:
         """Tell the tracker what this worker computed for sessions that ended; returns how many it counted."""
         request = work_wire.session_tokens_to_proto(node_id, sessions)
-        reply = await self._call(self._tracker().ReportSessionTokens, request, timeout_s)
+        reply = await self._call(services.TrackerStub, "ReportSessionTokens", request, timeout_s)
         return work_wire.session_tokens_ack_from_proto(reply)
 
     async def report_route_timing(self, timing: RouteTiming, *, timeout_s: float | None = None) -> bool:
         """Tell the tracker how fast a route served; True: taken into its measure of node speeds."""
-        reply = await self._call(self._tracker().ReportRouteTiming, speed_wire.timing_to_proto(timing), timeout_s)
+        reply = await self._call(
+            services.TrackerStub, "ReportRouteTiming", speed_wire.timing_to_proto(timing), timeout_s
+        )
         return speed_wire.timing_ack_from_proto(reply)
 
     async def list_models(self, *, timeout_s: float | None = None) -> tuple[ModelSummary, ...]:
-        reply = await self._call(self._tracker().ListModels, wire.list_models_request_to_proto(), timeout_s)
+        reply = await self._call(services.TrackerStub, "ListModels", wire.list_models_request_to_proto(), timeout_s)
         models, _epoch = wire.models_from_proto(reply)
         return models
 
     async def quarantine(self, order: QuarantineOrder, *, timeout_s: float | None = None) -> Quarantined:
         """Report an audit verdict (or, with ``order.clear``, lift one)."""
-        reply = await self._call(self._tracker().Quarantine, work_wire.quarantine_to_proto(order), timeout_s)
+        reply = await self._call(services.TrackerStub, "Quarantine", work_wire.quarantine_to_proto(order), timeout_s)
         return work_wire.quarantined_from_proto(reply)
 
     async def list_quarantine(self, *, timeout_s: float | None = None) -> tuple[QuarantineEntry, ...]:
         """Every quarantined node, with why, since when and the audit's evidence."""
-        reply = await self._call(self._tracker().ListQuarantine, services.ListQuarantineRequest(), timeout_s)
+        reply = await self._call(services.TrackerStub, "ListQuarantine", services.ListQuarantineRequest(), timeout_s)
         return work_wire.quarantine_list_from_proto(reply)
 
     async def list_nodes(self, *, timeout_s: float | None = None) -> NodeTable:
         """The tracker's live node table (the SwarmStatus service beside the tracker's own)."""
-        stub = self._channel.stub(services.SwarmStatusStub)
-        return node_table_from_proto(await self._call(stub.ListNodes, services.ListNodesRequest(), timeout_s))
+        return node_table_from_proto(
+            await self._call(services.SwarmStatusStub, "ListNodes", services.ListNodesRequest(), timeout_s)
+        )
 
     # --- artifact directory --------------------------------------------------------------------
 
     async def advertise(self, advertisement: Advertisement, *, timeout_s: float | None = None) -> float:
         """Announce what a holder holds; the seconds until the next announcement is due."""
-        stub = self._channel.stub(services.ArtifactDirectoryStub)
         request = artifact_wire.advertisement_to_proto(advertisement)
-        return artifact_wire.advertisement_ack_from_proto(await self._call(stub.Advertise, request, timeout_s))
+        return artifact_wire.advertisement_ack_from_proto(
+            await self._call(services.ArtifactDirectoryStub, "Advertise", request, timeout_s)
+        )
 
     async def find_holders(
         self, model_id: str, artifacts: tuple[str, ...] = (), *, timeout_s: float | None = None
     ) -> FoundHolders:
         """Who holds ``artifacts`` (and ``model_id``'s manifests, when named)."""
-        stub = self._channel.stub(services.ArtifactDirectoryStub)
         request = artifact_wire.find_to_proto(model_id, artifacts)
-        return artifact_wire.found_from_proto(await self._call(stub.FindHolders, request, timeout_s))
+        return artifact_wire.found_from_proto(
+            await self._call(services.ArtifactDirectoryStub, "FindHolders", request, timeout_s)
+        )
 
-    async def _call(self, method: Callable[..., Awaitable[Any]], request: Any, timeout_s: float | None) -> Any:
+    async def _call(
+        self, make: Callable[[grpc.aio.Channel], Any], method: str, request: Any, timeout_s: float | None
+    ) -> Any:
+        """``method`` of the stub ``make`` builds, on the replica asked now; once more on the
+        next replica when the first was lost mid-call and the call is safe to repeat."""
+        index = self._replicas.current
         try:
-            return await method(request, timeout=timeout_s or self._timeout_s)
-        except grpc.RpcError as rpc_error:
-            raise self._error(rpc_error) from rpc_error
+            return await self._attempt(index, make, method, request, timeout_s)
+        except REPLICA_LOST as error:
+            following = self._lost(index, error)
+            if following == index or method not in RETRIED_ON_NEXT_REPLICA:
+                raise
+        try:
+            return await self._attempt(following, make, method, request, timeout_s)
+        except REPLICA_LOST as error:
+            self._lost(following, error)
+            raise
 
-    def _error(self, rpc_error: grpc.RpcError) -> MeshnetError:
+    async def _attempt(
+        self, index: int, make: Callable[[grpc.aio.Channel], Any], method: str, request: Any, timeout_s: float | None
+    ) -> Any:
+        call = getattr(self._stub(index, make), method)
+        try:
+            return await call(request, timeout=timeout_s or self._timeout_s)
+        except grpc.RpcError as rpc_error:
+            raise self._error(rpc_error, index) from rpc_error
+
+    def _lost(self, index: int, error: MeshnetError) -> int:
+        moving = index == self._replicas.current  # else another call already moved on: say it once
+        following = self._replicas.lost(index)
+        if moving and following != index:
+            logger.warning(
+                "tracker %s lost (%s); moving to %s", self._replicas.addresses[index], error.message, self.address
+            )
+        return following
+
+    def _error(self, rpc_error: grpc.RpcError, index: int) -> MeshnetError:
         error = error_from_rpc(rpc_error, unreachable=Unreachable)
-        return _with_context(error, f"tracker {self.address}: {error.message}")
+        return _with_context(error, f"tracker {self._replicas.addresses[index]}: {error.message}")
 
 
 def _with_context(error: MeshnetError, message: str) -> MeshnetError:
+    if isinstance(error, TrackerBusy):  # keep the tracker's retry hint
+        return TrackerBusy(message, error.retry_after_s)
     try:
         return type(error)(message)
     except TypeError:  # a subclass with a richer constructor: keep it as it is

@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshnet.core.addresses import check_advertise_address
+from meshnet.core.addresses import check_advertise_address, parse_address_list
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
@@ -71,7 +71,8 @@ class WorkerConfig:
     advertise: str | None = None
     """Address (host:port) other shards and clients use; none uses host:port as bound."""
     tracker: str | None = None
-    """Tracker address to register and heartbeat with; none runs the worker standalone."""
+    """Tracker address (host:port) to register and heartbeat with, or its replicas in order
+    (a:7070,b:7070: the worker moves to the next when one is lost); none runs it standalone."""
     reachability: DeclaredReachability = "auto"
     """Whether peers can dial --advertise: auto (the tracker dials it back and says), public, or
     private (behind a home router or NAT: reached only through a --relay, else listed but not routed)."""
@@ -174,6 +175,8 @@ class WorkerConfig:
             raise InvalidArgument("--layers auto asks the tracker within a budget: give --tracker, --memory-budget-mb")
         if self.advertise is not None:
             check_advertise_address(self.advertise, flag="--advertise")
+        if self.tracker is not None:
+            parse_address_list(self.tracker)
         for relay in self.relay:
             check_advertise_address(relay, flag="--relay")
         if self.relay and (self.reachability == "public" or self.tracker is None):

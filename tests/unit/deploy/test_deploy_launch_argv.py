@@ -55,6 +55,8 @@ PATH = NAME.map(Path)
 POSITIVE = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False, allow_infinity=False)
 RANGE = st.integers(0, 40).flatmap(lambda start: st.integers(start + 1, 64).map(lambda stop: LayerRange(start, stop)))
 ADDRESS = st.builds("{}:{}".format, st.sampled_from(["127.0.0.1", "10.1.2.3", "node.example"]), st.integers(1, 65535))
+TRACKERS = st.lists(ADDRESS, min_size=1, max_size=3, unique=True).map(",".join)
+"""``--tracker``: one address, or an ordered list of replicas."""
 HOST = st.sampled_from(["127.0.0.1", "::1", "localhost", "0.0.0.0", "10.1.2.3"])
 
 
@@ -114,6 +116,7 @@ def workers(draw: st.DrawFn) -> WorkerConfig:
         _fields(
             WorkerConfig,
             advertise=st.none() | ADDRESS,
+            tracker=st.none() | TRACKERS,
             relay=st.lists(ADDRESS, max_size=3).map(tuple),
             port=st.integers(0, 65535),
             session_share=st.floats(min_value=1e-3, max_value=1.0),
@@ -127,7 +130,7 @@ def workers(draw: st.DrawFn) -> WorkerConfig:
     if values["relay"] and values["reachability"] == "public":
         values["reachability"] = draw(st.sampled_from(["auto", "private"]))
     if values["layer_choice"].fixed is None or values["model_id"] is not None or values["relay"]:
-        values["tracker"] = values["tracker"] or draw(ADDRESS)
+        values["tracker"] = values["tracker"] or draw(TRACKERS)
     if values["layer_choice"].fixed is None:
         values["memory_budget_mb"] = values["memory_budget_mb"] or draw(POSITIVE)
     if values["model"] is None and values["fake"] is None and values["model_id"] is None:
@@ -173,7 +176,7 @@ def gateways(draw: st.DrawFn) -> GatewayProcessConfig:
         )
     if (http["tls_cert"] is None) != (http["tls_key"] is None):
         http["tls_key"] = None if http["tls_cert"] is None else draw(PATH)
-    values = draw(_fields(GatewayProcessConfig, audit_fraction=st.floats(0, 1), http=st.just(None)))
+    values = draw(_fields(GatewayProcessConfig, tracker=TRACKERS, audit_fraction=st.floats(0, 1), http=st.just(None)))
     values["http"] = GatewayConfig(**http)
     if values["allow_anonymous"] and http["host"] not in ("127.0.0.1", "::1", "localhost"):
         values["allow_anonymous"] = False

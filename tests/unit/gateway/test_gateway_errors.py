@@ -30,6 +30,7 @@ from meshnet.core.errors import (
     NoRoute,
     ResourceExhausted,
     RouteStale,
+    TrackerBusy,
     Unavailable,
 )
 
@@ -359,3 +360,14 @@ def test_random_bytes_never_cause_a_500(client: TestClient) -> None:
         assert 400 <= response.status_code < 500
 
     check()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_route_the_tracker_shed_is_retried_after_its_hint(stream: bool) -> None:
+    """A 503 for ``TrackerBusy`` carries the tracker's retry hint (rounded up), not the gateway's
+    default, so clients back off as long as the tracker asked."""
+    generator = ScriptedGenerator(Script(fail_before=TrackerBusy("tracker behind on its work", 7.2)))
+    with TestClient(make_app(generator), raise_server_exceptions=False) as test_client:
+        response = test_client.post(CHAT, json=chat(stream=stream))
+        assert_openai_error(response, 503, "tracker_busy")
+        assert response.headers["retry-after"] == "8"

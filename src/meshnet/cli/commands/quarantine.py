@@ -27,7 +27,11 @@ def add_quarantine_arguments(swarm_commands: argparse._SubParsersAction[argparse
     clear = actions.add_parser("clear", help="let NODE_ID register and be routed again")
     clear.add_argument("node_id", help="the node's id, as the tracker's log names it (required)")
     for action in (listing, clear):
-        action.add_argument("--tracker", required=True, help="tracker address host:port (required)")
+        action.add_argument(
+            "--tracker",
+            required=True,
+            help="tracker address host:port, or its replicas in order a:7070,b:7070 (required)",
+        )
         action.add_argument(
             "--insecure",
             action="store_true",
