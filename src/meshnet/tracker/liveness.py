@@ -35,6 +35,7 @@ class Hearing:
         self._covered_until = clock()
         self._due: float | None = None
         """When the sweep task expects to run next; None while nobody watches the loop."""
+        self._last_late_s = 0.0
 
     def expect(self, due: float) -> None:
         """The loop's watcher (the sweep task) sleeps until ``due``: being later than that is deafness."""
@@ -47,11 +48,17 @@ class Hearing:
         self._deaf_s += late
         self._covered_until = max(self._covered_until, now)
         self._due = None
+        self._last_late_s = late
         return late
 
     def lag_s(self) -> float:
         """How far behind the loop is right now (0 while the watcher is not yet due)."""
         return self._overdue(self._clock())
+
+    def recent_lag_s(self) -> float:
+        """The current lag, or the last one measured if larger: a busy loop runs its watcher late
+        every time, and is no less busy in the moment just after it ran."""
+        return max(self.lag_s(), self._last_late_s)
 
     def deaf_s(self) -> float:
         """Seconds the tracker could not listen since it started, the current stall included."""

@@ -240,6 +240,10 @@ class NodeRegistry:
         self._deadlines.heard(node_id, self.hearing.listening_now())
         return True
 
+    def holds_session(self, session_id: SessionId) -> bool:
+        """Whether ``session_id`` has a sticky route: it is a live session (``tracker.admission``)."""
+        return self._sticky.get(session_id) is not None
+
     def heard(self, node_id: NodeId) -> bool:
         """A heartbeat the tracker is too busy to read whole (``tracker.admission``) still proves
         the node alive: its window starts again, its load report waits for the next one."""
