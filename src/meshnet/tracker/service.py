@@ -185,6 +185,7 @@ class TrackerServicer(services.TrackerServicer):
             # keep a node out. The epoch below is what must be durable before the reply.
             logger.warning("node %s registered but not recorded: %s", node_id, error.message)
         await self.persist_epoch()
+        self._registry.heard(node_id)  # its window starts when it is told it is registered
         logger.info(
             "node %s registered %s: %s layers %s of %s (certification %s)",
             node_id,
@@ -210,6 +211,10 @@ class TrackerServicer(services.TrackerServicer):
         if not known:  # expired, or this tracker restarted: the node registers again at once
             logger.info("heartbeat from node %s, which is not registered", node_id)
         await self.persist_epoch()
+        if known:
+            # The node sends its next heartbeat after this reply: a reply that waited on the store
+            # (the epoch moved, the store is behind) must not eat into its window.
+            self._registry.heard(node_id)
         probing = known and not self.admission.sheds("probe")
         probe = self._registry.probe_targets(node_id) if probing else ()
         return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe))

@@ -61,9 +61,8 @@ def test_admission_counts_handlers_in_flight_and_sheds_with_a_retry_hint() -> No
     with admission.handling("live"), admission.handling("registration"):
         assert admission.pressure() == Pressure(2, 0.0)
         assert admission.sheds("probe") and not admission.sheds("registration")
-        with pytest.raises(TrackerBusy) as busy:
-            with admission.handling("probe"):
-                pytest.fail("a shed call's handler must not run")
+        with pytest.raises(TrackerBusy) as busy, admission.handling("probe"):
+            pytest.fail("a shed call's handler must not run")
         assert busy.value.retry_after_s == limits.base_retry_s
     assert admission.pressure() == Pressure(0, 0.0) and admission.shed_count == 1
     with pytest.raises(ValueError), admission.handling("probe"):
