@@ -76,7 +76,10 @@ def status_for(error: MeshnetError) -> grpc.StatusCode:
 
 def error_metadata(error: MeshnetError) -> tuple[tuple[str, str], ...]:
     """Trailing metadata that lets any client recover the precise error, not just the status."""
-    metadata = ((ERROR_CODE_KEY, error.code), (RETRYABLE_KEY, "true" if error.retryable else "false"))
+    metadata: tuple[tuple[str, str], ...] = (
+        (ERROR_CODE_KEY, error.code),
+        (RETRYABLE_KEY, "true" if error.retryable else "false"),
+    )
     if isinstance(error, TrackerBusy):
         metadata += ((RETRY_AFTER_KEY, str(max(0, round(error.retry_after_s * 1000)))),)
     return metadata
