@@ -41,6 +41,11 @@ class Hearing:
         """The loop's watcher (the sweep task) sleeps until ``due``: being later than that is deafness."""
         self._due = due
 
+    @property
+    def expected_at(self) -> float | None:
+        """When the watcher is due next (None: not armed); lets a test step a manual clock with it."""
+        return self._due
+
     def woke(self) -> float:
         """The watcher ran: account for how late it ran; returns that lateness in seconds."""
         now = self._clock()
