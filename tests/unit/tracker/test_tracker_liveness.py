@@ -8,7 +8,7 @@ a full window of the time the tracker was listening.
 from __future__ import annotations
 
 import pytest
-from tracker_samples import registration
+from tracker_samples import FakeClock, registration
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId
@@ -19,14 +19,6 @@ from meshnet.tracker.registry import NodeRegistry
 INTERVAL = 2.0
 WINDOW = 3 * INTERVAL
 TICK = 0.5  # the sweep task's period: the loop's watcher
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

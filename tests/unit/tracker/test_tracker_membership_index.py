@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import pytest
-from tracker_samples import OTHER_RECIPE, RECIPE, capability, registration
+from tracker_samples import OTHER_RECIPE, RECIPE, FakeClock, capability, registration
 
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
@@ -30,14 +30,6 @@ WINDOW = INTERVAL * 3
 BOUNDARIES = (0, 5, 10, 20)
 SEQUENCES = 150
 STEPS = 120
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
