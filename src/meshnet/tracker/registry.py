@@ -32,6 +32,8 @@ from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, Rou
 from meshnet.tracker.affinity import ConversationRoutes, PrefixRouting, plan_of, prefer_held_prefix
 from meshnet.tracker.certification import check_certified
 from meshnet.tracker.claims import believed_views
+from meshnet.tracker.liveness import Deadlines, Hearing
+from meshnet.tracker.peer_index import PeerIndex
 from meshnet.tracker.placement import model_summaries
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
@@ -107,6 +109,10 @@ class NodeRegistry:
         self._epoch = epoch
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
+        self.hearing = Hearing(clock)
+        """The listening clock expiry is judged on (``tracker.liveness``); the sweep task drives it."""
+        self._deadlines = Deadlines(self._expire_after_s)
+        self._peers = PeerIndex()
         self._sticky = SessionRoutes(ttl_s=session_ttl_s, max_sessions=max_sticky_sessions)
         self._quarantined: set[NodeId] = set(quarantined)
         """Nodes an audit caught: never registered again under these ids until cleared."""
@@ -191,6 +197,9 @@ class NodeRegistry:
         check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values() if entry.routable))
         now = self._clock()
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now, reachability=reachability)
+        self._deadlines.heard(node_id, self.hearing.listening_now())
+        if is_routable(reachability):
+            self._peers.add(node_id, record)
         return node_id
 
     def adopt_epoch(self, known_epoch: int) -> bool:
@@ -228,6 +237,19 @@ class NodeRegistry:
         if entry is None:
             return False
         self._nodes[node_id] = replace(entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0)
+        self._deadlines.heard(node_id, self.hearing.listening_now())
+        return True
+
+    def holds_session(self, session_id: SessionId) -> bool:
+        """Whether ``session_id`` has a sticky route: it is a live session (``tracker.admission``)."""
+        return self._sticky.get(session_id) is not None
+
+    def heard(self, node_id: NodeId) -> bool:
+        """A heartbeat the tracker is too busy to read whole (``tracker.admission``) still proves
+        the node alive: its window starts again, its load report waits for the next one."""
+        if node_id not in self._nodes:
+            return False
+        self._deadlines.heard(node_id, self.hearing.listening_now())
         return True
 
     def deregister(self, node_id: NodeId) -> bool:
@@ -258,12 +280,10 @@ class NodeRegistry:
 
     def sweep(self) -> tuple[NodeId, ...]:
         """Drop nodes that missed their heartbeats and sessions idle past their TTL."""
-        now = self._clock()
-        expired = tuple(
-            node_id for node_id, entry in self._nodes.items() if now - entry.last_seen >= self._expire_after_s
-        )
+        # Silence is judged on the listening clock: the tracker's own stalls are not the nodes'.
+        expired = self._deadlines.expired(self.hearing.listening_now())
         self._remove(expired, "missed heartbeats")
-        self._sticky.expire(now)
+        self._sticky.expire(self._clock())
         return expired
 
     def latency_table(self) -> LatencyTable:
@@ -282,16 +302,7 @@ class NodeRegistry:
         entry = self._nodes.get(node_id)
         if entry is None or not entry.routable:
             return ()  # a private node's measurements route nothing: no route passes through it
-        mine = entry.record
-        followers = sorted(
-            other.record.address
-            for other in self._nodes.values()
-            if other.node_id != node_id
-            and other.routable
-            and other.record.fingerprint == mine.fingerprint
-            and other.record.layers.start == mine.layers.stop
-        )
-        return tuple(followers[:limit])
+        return self._peers.followers(node_id, entry.record, limit)
 
     def choose_route(self, query: RouteQuery, latency_ms: LatencyTable | None = None) -> Route:
         """The session's current route if it still holds, else a newly planned one.
@@ -353,7 +364,10 @@ class NodeRegistry:
         if not gone:
             return
         for node_id in gone:
-            del self._nodes[node_id]
+            entry = self._nodes.pop(node_id)
+            self._deadlines.forget(node_id)
+            if entry.routable:
+                self._peers.remove(node_id, entry.record)
         self._sticky.drop_through(gone)
         self._epoch += 1
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)

@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 import grpc
 
 from meshnet.core.errors import MeshnetError, StorageUnavailable, Unauthenticated, Uncertified
-from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, WorkAck
+from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, RouteQuery, WorkAck
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.tickets import TicketSigner
+from meshnet.tracker.admission import Admission, CallClass
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.dial_back import AddressProof
 from meshnet.tracker.placement import served_spans, suggest_layers
@@ -54,6 +55,21 @@ def maps_errors(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
             await abort_with(context, error)
 
     return guarded
+
+
+def admitted(call: CallClass) -> Callable[[Handler[Request, Reply]], Handler[Request, Reply]]:
+    """Serve ``handler`` only if the servicer's ``admission`` does not shed a ``call`` now
+    (``tracker.admission``), counting it in flight while it runs. Goes under ``maps_errors``."""
+
+    def wrap(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
+        @functools.wraps(handler)
+        async def counted(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
+            with self.admission.handling(call):
+                return await handler(self, request, context)
+
+        return counted
+
+    return wrap
 
 
 def admit_call(
@@ -98,8 +114,11 @@ class TrackerServicer(services.TrackerServicer):
         security: LinkSecurity | None = None,
         revocations: RevocationFeed | None = None,
         work: CheckedWork | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._registry = registry
+        self.admission = admission or Admission(registry.hearing.recent_lag_s)
+        """Sheds the least important calls while the tracker is behind (``tracker.admission``)."""
         self.work = work
         """Judges work records against routes and shards' counts (secured trackers: on a plaintext
         one every caller may claim any identity, so there is nothing to hold a record to)."""
@@ -139,6 +158,7 @@ class TrackerServicer(services.TrackerServicer):
         return admit_call(self._security, context, rpc, subject)
 
     @maps_errors
+    @admitted("registration")
     async def Register(
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
@@ -165,6 +185,7 @@ class TrackerServicer(services.TrackerServicer):
             # keep a node out. The epoch below is what must be durable before the reply.
             logger.warning("node %s registered but not recorded: %s", node_id, error.message)
         await self.persist_epoch()
+        self._registry.heard(node_id)  # its window starts when it is told it is registered
         logger.info(
             "node %s registered %s: %s layers %s of %s (certification %s)",
             node_id,
@@ -178,16 +199,24 @@ class TrackerServicer(services.TrackerServicer):
         return wire.registered_to_proto(registered)
 
     @maps_errors
+    @admitted("live")
     async def Heartbeat(
         self, request: services.NodeHeartbeat, context: grpc.aio.ServicerContext
     ) -> services.HeartbeatReply:
         node_id, load = wire.heartbeat_from_proto(request)
         self.admit(context, "Heartbeat", node_id)
-        known = self._registry.heartbeat(node_id, load)
+        # Never shed: a heartbeat the tracker is too busy to read whole still counts as heard.
+        busy = self.admission.sheds("registration")
+        known = self._registry.heard(node_id) if busy else self._registry.heartbeat(node_id, load)
         if not known:  # expired, or this tracker restarted: the node registers again at once
             logger.info("heartbeat from node %s, which is not registered", node_id)
         await self.persist_epoch()
-        probe = self._registry.probe_targets(node_id) if known else ()
+        if known:
+            # The node sends its next heartbeat after this reply: a reply that waited on the store
+            # (the epoch moved, the store is behind) must not eat into its window.
+            self._registry.heard(node_id)
+        probing = known and not self.admission.sheds("probe")
+        probe = self._registry.probe_targets(node_id) if probing else ()
         return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe))
 
     async def WatchRevocations(
@@ -208,16 +237,24 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.RouteRequest, context: grpc.aio.ServicerContext
     ) -> services.RouteReply:
         query = wire.route_query_from_proto(request)
-        caller = self.admit(context, "ChooseRoute")
-        route = self._registry.choose_route(query)
-        await self.persist_epoch()
-        if self.work is not None and not query.unbilled:
-            self.work.routed(query, route, None if caller is None else caller.node_id)
-        # Its ticket is given to the caller: only it may open the route's head session.
-        route = self._tickets.issue(route, query, None if caller is None else caller.node_id)
-        return wire.route_to_proto(route)
+        with self.admission.handling(self._route_call(query)):
+            caller = self.admit(context, "ChooseRoute")
+            route = self._registry.choose_route(query)
+            await self.persist_epoch()
+            if self.work is not None and not query.unbilled:
+                self.work.routed(query, route, None if caller is None else caller.node_id)
+            # Its ticket is given to the caller: only it may open the route's head session.
+            route = self._tickets.issue(route, query, None if caller is None else caller.node_id)
+            return wire.route_to_proto(route)
+
+    def _route_call(self, query: RouteQuery) -> CallClass:
+        """A probe has no session; a live session's route is never shed; a new session's is last."""
+        if query.session_id is None:
+            return "probe"
+        return "live" if self._registry.holds_session(query.session_id) else "new_session"
 
     @maps_errors
+    @admitted("live")
     async def ReportWork(self, request: services.WorkRecord, context: grpc.aio.ServicerContext) -> services.WorkAck:
         record = work_wire.work_from_proto(request)
         peer = self.admit(context, "ReportWork")
@@ -228,6 +265,7 @@ class TrackerServicer(services.TrackerServicer):
         return work_wire.work_ack_to_proto(WorkAck(record.request_id, duplicate=not stored))
 
     @maps_errors
+    @admitted("live")
     async def ReportSessionTokens(
         self, request: services.SessionTokensReport, context: grpc.aio.ServicerContext
     ) -> services.SessionTokensAck:
@@ -236,6 +274,8 @@ class TrackerServicer(services.TrackerServicer):
         counted = 0 if self.work is None else await self.work.counted(node_id, sessions)
         return work_wire.session_tokens_ack_to_proto(counted)
 
+    @maps_errors
+    @admitted("probe")
     async def ReportRouteTiming(
         self, request: services.RouteTiming, context: grpc.aio.ServicerContext
     ) -> services.RouteTimingAck:
@@ -244,6 +284,7 @@ class TrackerServicer(services.TrackerServicer):
         return speed_wire.timing_ack_to_proto(self._registry.observe_route(timing))
 
     @maps_errors
+    @admitted("probe")
     async def ListModels(
         self, request: services.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> services.ModelList:
@@ -253,6 +294,7 @@ class TrackerServicer(services.TrackerServicer):
         return wire.models_to_proto(models, self._registry.epoch)
 
     @maps_errors
+    @admitted("live")
     async def Deregister(
         self, request: services.DeregisterRequest, context: grpc.aio.ServicerContext
     ) -> services.DeregisterReply:
@@ -263,6 +305,7 @@ class TrackerServicer(services.TrackerServicer):
         return wire.deregistered_to_proto(Deregistered(known, self._registry.epoch))
 
     @maps_errors
+    @admitted("live")
     async def Quarantine(
         self, request: services.QuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineReply:
@@ -286,6 +329,7 @@ class TrackerServicer(services.TrackerServicer):
         return work_wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
 
     @maps_errors
+    @admitted("probe")
     async def ListQuarantine(
         self, request: services.ListQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineList:
@@ -294,6 +338,7 @@ class TrackerServicer(services.TrackerServicer):
         return work_wire.quarantine_list_to_proto(entries)
 
     @maps_errors
+    @admitted("probe")
     async def SuggestLayers(
         self, request: services.LayerSuggestionRequest, context: grpc.aio.ServicerContext
     ) -> services.LayerSuggestionReply:
@@ -308,8 +353,15 @@ class TrackerServicer(services.TrackerServicer):
 
     async def sweep_forever(self, period_s: float) -> None:
         """Expire silent nodes even when no call arrives, so the epoch moves on time (K4)."""
+        hearing = self._registry.hearing
         while True:
+            # This task is also the loop's lag monitor: how late it wakes is time the tracker
+            # could not listen, which expiry does not count against the nodes (tracker.liveness).
+            hearing.expect(self._registry.now() + period_s)
             await asyncio.sleep(period_s)
+            late = hearing.woke()
+            if late > period_s:
+                logger.warning("the tracker ran %.2f s behind; no node is expired for that time", late)
             self._registry.sweep()
             try:
                 await self.persist_epoch()

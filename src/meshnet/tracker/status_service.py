@@ -9,6 +9,7 @@ import grpc
 from meshnet.core.errors import MeshnetError
 from meshnet.core.swarm_status import NodeStatus, NodeTable
 from meshnet.core.tracking import NodeLoad
+from meshnet.tracker.admission import Admission
 from meshnet.tracker.registry import NodeEntry, NodeRegistry
 from meshnet.tracker.service import admit_call
 from meshnet.wire import services
@@ -49,15 +50,20 @@ def _node_status(entry: NodeEntry, now: float, routed_rate: float, measured: boo
 
 
 class SwarmStatusServicer(services.SwarmStatusServicer):
-    def __init__(self, registry: NodeRegistry, security: LinkSecurity | None = None) -> None:
+    def __init__(
+        self, registry: NodeRegistry, security: LinkSecurity | None = None, admission: Admission | None = None
+    ) -> None:
         self._registry = registry
         self._security = security
+        # The node table is a status call: the first thing shed while the tracker is behind.
+        self.admission = admission or Admission(registry.hearing.recent_lag_s)
 
     async def ListNodes(
         self, request: services.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> services.NodeStatusList:
         try:
-            admit_call(self._security, context, "ListNodes")
+            with self.admission.handling("probe"):
+                admit_call(self._security, context, "ListNodes")
+                return node_table_to_proto(node_table(self._registry))
         except MeshnetError as error:
             await abort_with(context, error)
-        return node_table_to_proto(node_table(self._registry))

@@ -25,9 +25,10 @@ from meshnet.security.identity import PeerIdentity, Role
 from meshnet.security.invites import SwarmBook
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
+from meshnet.tracker.admission import Admission
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
-from meshnet.tracker.service import maps_errors
+from meshnet.tracker.service import admitted, maps_errors
 from meshnet.wire import services
 from meshnet.wire import swarm_wire as wire
 from meshnet.wire.tls import LinkSecurity, enforce
@@ -84,13 +85,22 @@ def read_join_address(data_dir: Path) -> str | None:
 
 
 class SwarmServicer(services.SwarmServicer):
-    def __init__(self, security: TrackerSecurity, registry: NodeRegistry, revocations: RevocationFeed) -> None:
+    def __init__(
+        self,
+        security: TrackerSecurity,
+        registry: NodeRegistry,
+        revocations: RevocationFeed,
+        admission: Admission | None = None,
+    ) -> None:
         self._security = security
+        # Joins and renewals sign certificates (CPU): shed like registrations while behind.
+        self.admission = admission or Admission(registry.hearing.recent_lag_s)
         self._registry = registry
         self._revocations = revocations
         self._lock = asyncio.Lock()  # one SQLite connection: its transactions must not interleave
 
     @maps_errors
+    @admitted("registration")
     async def Join(
         self, request: services.SwarmJoinRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmCertificateReply:
@@ -104,6 +114,7 @@ class SwarmServicer(services.SwarmServicer):
         return wire.issued_to_proto(issued)
 
     @maps_errors
+    @admitted("registration")
     async def Renew(
         self, request: services.SwarmRenewRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmCertificateReply:
@@ -112,6 +123,7 @@ class SwarmServicer(services.SwarmServicer):
         return wire.issued_to_proto(self._issue(wire.renew_from_proto(request), peer.node_id, peer.role, now))
 
     @maps_errors
+    @admitted("live")
     async def Revoke(
         self, request: services.SwarmRevokeRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmRevokeReply:

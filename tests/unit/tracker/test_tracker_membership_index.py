@@ -1,0 +1,173 @@
+"""Indexed membership against brute force: expiry, probe lists and sticky sessions, on random
+operation sequences with a fake clock.
+
+The indexes (``tracker.liveness.Deadlines``, ``tracker.peer_index``, the node index of
+``tracker.session_routes``) exist only to avoid scans; each test replays random operations
+on them and on a model that scans everything, as the tracker did before, and asks for the same
+answers after every step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import pytest
+from tracker_samples import OTHER_RECIPE, RECIPE, FakeClock, capability, registration
+
+from meshnet.core.events import RouteHop
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import NodeRecord
+from meshnet.core.reachability import Reachability, is_routable
+from meshnet.core.tracking import NodeLoad, Route
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.session_routes import SessionRoutes
+
+INTERVAL = 2.0
+WINDOW = INTERVAL * 3
+BOUNDARIES = (0, 5, 10, 20)
+SEQUENCES = 150
+STEPS = 120
+
+
+@dataclass
+class ModelNode:
+    record: NodeRecord
+    reachability: Reachability
+    last_seen: float
+
+
+@dataclass
+class MembershipModel:
+    """The node table as the tracker kept it before issue 36: scan everything, every time."""
+
+    nodes: dict[NodeId, ModelNode] = field(default_factory=dict)
+
+    def register(self, node_id: NodeId, record: NodeRecord, reachability: Reachability, now: float) -> None:
+        takes = is_routable(reachability)
+        for other in list(self.nodes):
+            entry = self.nodes[other]
+            same_address = takes and is_routable(entry.reachability) and entry.record.address == record.address
+            if other == node_id or same_address:
+                del self.nodes[other]
+        self.nodes[node_id] = ModelNode(record, reachability, now)
+
+    def sweep(self, now: float) -> set[NodeId]:
+        expired = {node_id for node_id, node in self.nodes.items() if now - node.last_seen >= WINDOW}
+        for node_id in expired:
+            del self.nodes[node_id]
+        return expired
+
+    def probe_targets(self, node_id: NodeId, limit: int = 16) -> tuple[str, ...]:
+        node = self.nodes.get(node_id)
+        if node is None or not is_routable(node.reachability):
+            return ()
+        mine = node.record
+        followers = sorted(
+            other.record.address
+            for other_id, other in self.nodes.items()
+            if other_id != node_id
+            and is_routable(other.reachability)
+            and other.record.fingerprint == mine.fingerprint
+            and other.record.layers.start == mine.layers.stop
+        )
+        return tuple(followers[:limit])
+
+
+def _random_record(rng: random.Random) -> NodeRecord:
+    start, stop = sorted(rng.sample(BOUNDARIES, 2))
+    recipe = rng.choice((RECIPE, OTHER_RECIPE))
+    return registration(start, stop, address=f"host{rng.randrange(8)}:1", recipe=recipe)
+
+
+def _step(rng: random.Random, registry: NodeRegistry, model: MembershipModel, clock: FakeClock) -> None:
+    node_id = NodeId(f"n{rng.randrange(12)}")
+    action = rng.random()
+    if action < 0.3:
+        reachability: Reachability = "private" if rng.random() < 0.15 else "public"
+        record = _random_record(rng)
+        registry.register(record, node_id, reachability)
+        model.register(node_id, record, reachability, clock.now)
+    elif action < 0.6:
+        known = registry.heartbeat(node_id, NodeLoad(free_sessions=4))
+        assert known == (node_id in model.nodes)
+        if known:
+            model.nodes[node_id].last_seen = clock.now
+    elif action < 0.65:
+        assert registry.deregister(node_id) == (model.nodes.pop(node_id, None) is not None)
+    elif action < 0.9:
+        clock.now += rng.choice((0.25, 0.5, 1.0, 2.0, 3.0))  # exact in binary: no rounding at the edge
+    else:
+        assert set(registry.sweep()) == model.sweep(clock.now)
+
+
+@pytest.mark.parametrize("seed", range(SEQUENCES))
+def test_expiry_and_probe_lists_equal_a_full_scan_on_random_operations(seed: int) -> None:
+    rng, clock, model = random.Random(seed), FakeClock(), MembershipModel()
+    registry = NodeRegistry(clock=clock, heartbeat_interval_s=INTERVAL, session_ttl_s=60.0)
+    for _ in range(STEPS):
+        _step(rng, registry, model, clock)
+        # Every call sweeps first in both; here the model is brought to the same instant.
+        assert set(registry.sweep()) == model.sweep(clock.now)
+        assert {entry.node_id for entry in registry.entries()} == set(model.nodes)
+        for node_id in model.nodes:
+            assert registry.probe_targets(node_id) == model.probe_targets(node_id)
+            assert registry.probe_targets(node_id, limit=1) == model.probe_targets(node_id, limit=1)
+
+
+def _route(node_ids: list[NodeId]) -> Route:
+    hops = tuple(
+        RouteHop(node_id, f"{node_id}:1", LayerRange(i, i + 1), capability()) for i, node_id in enumerate(node_ids)
+    )
+    return Route(hops, epoch=1, model="m", quantization="q", fingerprint="f", n_layers=len(hops), ms_per_token=1.0)
+
+
+class SessionModel:
+    """Sticky sessions as kept before issue 36: expiry and loss of a node scan every session."""
+
+    def __init__(self, ttl_s: float, max_sessions: int) -> None:
+        self.ttl_s, self.max_sessions = ttl_s, max_sessions
+        self.routes: OrderedDict[SessionId, tuple[Route, float]] = OrderedDict()
+
+    def touch(self, session_id: SessionId, route: Route, now: float) -> None:
+        self.routes[session_id] = (route, now)
+        self.routes.move_to_end(session_id)
+        while len(self.routes) > self.max_sessions:
+            self.routes.popitem(last=False)
+
+    def expire(self, now: float) -> None:
+        for session_id in [s for s, (_, used) in self.routes.items() if now - used >= self.ttl_s]:
+            del self.routes[session_id]
+
+    def drop_through(self, gone: set[NodeId]) -> None:
+        for session_id in [s for s, (route, _) in self.routes.items() if not gone.isdisjoint(route.node_ids)]:
+            del self.routes[session_id]
+
+
+@pytest.mark.parametrize("seed", range(SEQUENCES))
+def test_sticky_sessions_equal_a_full_scan_on_random_operations(seed: int) -> None:
+    rng, now = random.Random(seed), 0.0
+    table, model = SessionRoutes(ttl_s=10.0, max_sessions=12), SessionModel(ttl_s=10.0, max_sessions=12)
+    nodes = [NodeId(f"n{i}") for i in range(6)]
+    sessions = [SessionId(f"s{i}") for i in range(20)]
+    for _ in range(STEPS):
+        action = rng.random()
+        if action < 0.5:
+            session_id, route = rng.choice(sessions), _route(rng.sample(nodes, rng.randint(1, 3)))
+            table.touch(session_id, route, now)
+            model.touch(session_id, route, now)
+        elif action < 0.65:
+            gone = set(rng.sample(nodes, rng.randint(1, 2)))
+            table.drop_through(gone)
+            model.drop_through(gone)
+        elif action < 0.85:
+            now += rng.choice((0.5, 1.0, 4.0))
+        else:
+            table.expire(now)
+            model.expire(now)
+        assert len(table) == len(model.routes)
+        for session_id in sessions:
+            kept = model.routes.get(session_id)
+            assert table.get(session_id) == (None if kept is None else kept[0])
