@@ -1,0 +1,219 @@
+"""Replicas of one tracker share live membership through etcd, without a write per heartbeat.
+
+A heartbeat stays in the replica that receives it. What replicas exchange, once per heartbeat
+interval each:
+
+- ``nodes/<id>``: a node's registration (its record, reachability and the replica that took
+  it), written when a replica registers it, so every replica can route to it;
+- ``heard/<replica>``: the ids this replica heard in the last interval with their load, under
+  this replica's own lease (TTL: one expiry window). A replica that dies stops renewing it, and
+  the key is gone within that window.
+
+Every replica reads both prefixes each interval and counts a heartbeat for every node another
+replica heard, so a node is alive while any replica hears it: it may heartbeat to any of them.
+When a replica's digest disappears (it died), its nodes are counted as heard once more at that
+moment: they get a full expiry window to move to another replica (``--tracker`` failover on the
+node's side) before anyone expires them.
+
+The epoch is shared the same way: each replica stores the epochs it hands out (compare-and-swap
+to the max, ``EtcdTrackerStore.save_epoch``) and follows the largest stored one, so a route from
+any replica is never older than what a node was told by another. Quarantines written by one
+replica are applied by the others at the next exchange.
+
+Reads are polls of two prefixes per interval rather than etcd watches: at 3 replicas and a 2 s
+interval that is 3 small ranges a second for the cluster, and a poll cannot miss an event a
+broken watch stream would. All etcd I/O runs off the event loop; the registry is touched only on
+it (``NodeRegistry`` is single-loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+
+from meshnet.core.errors import MeshnetError
+from meshnet.core.ids import NodeId
+from meshnet.core.reachability import REACHABILITIES, Reachability
+from meshnet.core.tracking import NodeLoad
+from meshnet.tracker.etcd.client import EtcdClient, KeyValue, Put
+from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.wire import services, tracker_wire
+
+logger = logging.getLogger(__name__)
+
+NODES_PREFIX = KEY_PREFIX + "nodes/"
+HEARD_PREFIX = KEY_PREFIX + "heard/"
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """A node registered at this replica, as ``nodes/<id>`` carries it."""
+
+    node_id: NodeId
+    registration: bytes
+    """``NodeRegistration`` protobuf: the wire's own validated codec for a record."""
+    reachability: Reachability
+
+    def encode(self, replica: str) -> bytes:
+        registration = base64.b64encode(self.registration).decode()
+        return json.dumps(
+            {"registration": registration, "reachability": self.reachability, "replica": replica}
+        ).encode()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one exchange read from etcd."""
+
+    registrations: dict[NodeId, KeyValue]
+    heard: dict[str, dict[NodeId, NodeLoad]]
+    """Other live replicas' digests: replica → node → load."""
+    quarantined: frozenset[NodeId]
+    epoch: int
+
+
+def encode_digest(heard: dict[NodeId, NodeLoad]) -> bytes:
+    loads = {
+        node: base64.b64encode(tracker_wire.heartbeat_to_proto(node, load).SerializeToString()).decode()
+        for node, load in heard.items()
+    }
+    return json.dumps(loads).encode()
+
+
+def decode_digest(value: bytes) -> dict[NodeId, NodeLoad]:
+    heard: dict[NodeId, NodeLoad] = {}
+    for encoded in json.loads(value).values():
+        node_id, load = tracker_wire.heartbeat_from_proto(services.NodeHeartbeat.FromString(base64.b64decode(encoded)))
+        heard[node_id] = load
+    return heard
+
+
+@dataclass
+class SharedMembership:
+    """One replica's side of the exchange; ``run_forever`` is a background task of the tracker."""
+
+    client: EtcdClient
+    registry: NodeRegistry
+    replica_id: str
+    interval_s: float
+    _lease: int = 0
+    _announced: dict[NodeId, float] = field(default_factory=dict)
+    """Nodes this replica announced, by the registered_at it announced."""
+    _adopted: dict[NodeId, float] = field(default_factory=dict)
+    """Nodes this replica registered from another's announcement, by their registered_at."""
+    _counted: dict[NodeId, float] = field(default_factory=dict)
+    """The last_seen this replica set when counting another replica's heartbeat."""
+    _last_exchange: float = -math.inf
+    _previous: Snapshot | None = None
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.exchange()
+            except MeshnetError as error:  # etcd unreachable: keep serving what we know
+                logger.warning("membership exchange with etcd failed: %s", error.message)
+            await asyncio.sleep(self.interval_s)
+
+    async def exchange(self) -> None:
+        """Publish what this replica heard and registered; apply what the others did."""
+        announcements, heard = self._outbound()
+        snapshot = await asyncio.to_thread(self._io, announcements, heard)
+        self._apply(snapshot)
+
+    def _outbound(self) -> tuple[list[Announcement], dict[NodeId, NodeLoad]]:
+        since, self._last_exchange = self._last_exchange, self.registry.now()
+        announcements, heard = [], {}
+        for entry in self.registry.entries():
+            mine = self._adopted.get(entry.node_id) != entry.registered_at
+            if mine and self._announced.get(entry.node_id) != entry.registered_at:
+                registration = tracker_wire.registration_to_proto(entry.record, entry.node_id).SerializeToString()
+                announcements.append(Announcement(entry.node_id, registration, entry.reachability))
+                self._announced[entry.node_id] = entry.registered_at
+            heard_here = entry.last_seen >= since and self._counted.get(entry.node_id) != entry.last_seen
+            if heard_here:
+                heard[entry.node_id] = entry.load or NodeLoad()
+        return announcements, heard
+
+    def _io(self, announcements: list[Announcement], heard: dict[NodeId, NodeLoad]) -> Snapshot:
+        """Blocking etcd calls (a worker thread): one write batch, three reads."""
+        if not self._lease or not self.client.keep_alive(self._lease):
+            ttl = max(1, math.ceil(self.registry.expire_after_s))
+            self._lease = self.client.grant_lease(ttl)
+        writes = [Put(NODES_PREFIX + item.node_id, item.encode(self.replica_id)) for item in announcements]
+        writes.append(Put(HEARD_PREFIX + self.replica_id, encode_digest(heard), self._lease))
+        self.client.commit_if([], writes)
+        registrations = {NodeId(kv.key.removeprefix(NODES_PREFIX)): kv for kv in self.client.get_prefix(NODES_PREFIX)}
+        digests = {
+            kv.key.removeprefix(HEARD_PREFIX): decode_digest(kv.value)
+            for kv in self.client.get_prefix(HEARD_PREFIX)
+            if kv.key != HEARD_PREFIX + self.replica_id
+        }
+        quarantined = frozenset(
+            NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)) for kv in self.client.get_prefix(QUARANTINE_PREFIX)
+        )
+        stored_epoch = self.client.get(EPOCH_KEY)
+        return Snapshot(registrations, digests, quarantined, 0 if stored_epoch is None else int(stored_epoch.value))
+
+    def _apply(self, snapshot: Snapshot) -> None:
+        self._apply_quarantines(snapshot.quarantined)
+        heard = dict(self._orphans(snapshot))
+        for digest in snapshot.heard.values():
+            heard.update(digest)
+        for node_id, load in heard.items():
+            self._count(node_id, load, snapshot.registrations.get(node_id))
+        self.registry.follow_epoch(snapshot.epoch)
+        self._previous = snapshot
+
+    def _orphans(self, snapshot: Snapshot) -> dict[NodeId, NodeLoad]:
+        """Nodes of replicas whose digest just disappeared (they died): heard once more now."""
+        if self._previous is None:
+            return {}
+        gone = set(self._previous.heard) - set(snapshot.heard)
+        if gone:
+            logger.warning("tracker replicas %s stopped publishing: their nodes may move here", sorted(gone))
+        return {node: load for replica in gone for node, load in self._previous.heard[replica].items()}
+
+    def _count(self, node_id: NodeId, load: NodeLoad, registration: KeyValue | None) -> None:
+        """Count another replica's heartbeat of ``node_id``, registering it here first if new."""
+        if node_id in self.registry.quarantined:
+            return
+        if self.registry.get(node_id) is None:
+            if registration is None:
+                return  # announced with the next exchange
+            if not self._adopt(node_id, registration):
+                return
+        self.registry.heartbeat(node_id, load)
+        entry = self.registry.get(node_id)
+        if entry is not None:
+            self._counted[node_id] = entry.last_seen
+
+    def _adopt(self, node_id: NodeId, registration: KeyValue) -> bool:
+        try:
+            data = json.loads(registration.value)
+            message = services.NodeRegistration.FromString(base64.b64decode(data["registration"]))
+            record, _ = tracker_wire.registration_from_proto(message)
+            reachability = data["reachability"]
+            if reachability not in REACHABILITIES:
+                raise ValueError(f"unknown reachability {reachability!r}")
+            self.registry.register(record, node_id, reachability)
+        except (MeshnetError, ValueError, KeyError) as error:
+            logger.warning("node %s announced by replica %s not taken: %s", node_id, registration.key, error)
+            return False
+        entry = self.registry.get(node_id)
+        if entry is not None:
+            self._adopted[node_id] = entry.registered_at
+        return True
+
+    def _apply_quarantines(self, stored: frozenset[NodeId]) -> None:
+        """Apply quarantines other replicas added or cleared since the last exchange (edge-triggered,
+        so a change this replica is making right now is not undone by an older read)."""
+        before = frozenset() if self._previous is None else self._previous.quarantined
+        for node_id in stored - before:
+            self.registry.quarantine(node_id)
+        for node_id in before - stored:
+            self.registry.clear_quarantine(node_id)
