@@ -33,7 +33,7 @@ import base64
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId
@@ -77,9 +77,17 @@ class Snapshot:
     epoch: int
 
 
+def compact(load: NodeLoad) -> NodeLoad:
+    """The load a digest carries: without the peer round trips, which stay with the replica that
+    heard them (12 peers per node would make a 3,000-node digest 1.5 MB, etcd's request limit;
+    without, 0.2 MB: ``bench/results/tracker_scale/etcd_store.json``)."""
+    return replace(load, peer_rtt_ms=())
+
+
 def encode_digest(heard: dict[NodeId, NodeLoad]) -> bytes:
+    """A digest's value: node id → its compact load as ``NodeHeartbeat`` protobuf (base64)."""
     loads = {
-        node: base64.b64encode(tracker_wire.heartbeat_to_proto(node, load).SerializeToString()).decode()
+        node: base64.b64encode(tracker_wire.heartbeat_to_proto(node, compact(load)).SerializeToString()).decode()
         for node, load in heard.items()
     }
     return json.dumps(loads).encode()

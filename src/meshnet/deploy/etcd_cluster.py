@@ -1,8 +1,8 @@
-"""Real etcd members on loopback for the tests of the tracker's etcd store and replicas.
+"""A local etcd cluster on loopback: the store of tracker replicas in tests and benchmarks.
 
 Each member is an ``etcd`` process (Debian's ``etcd-server``, installed by ``make etcd``) with
-its own data dir under the test's tmp dir; tests kill members with SIGKILL to show what one
-dead member costs. Tests that need etcd skip, saying why, where it is not installed.
+its own data dir; tests kill members with SIGKILL to show what one dead member costs. A real
+deployment runs its members on separate machines (README: "Tracker replicas").
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
+
+from meshnet.core.errors import FailedPrecondition, Unavailable
 
 ETCD = shutil.which("etcd")
-needs_etcd = pytest.mark.skipif(ETCD is None, reason="etcd is not installed (make etcd: Debian's etcd-server)")
 
 
 def free_port() -> int:
@@ -59,7 +59,8 @@ class EtcdCluster:
 
 
 def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
-    assert ETCD is not None
+    if ETCD is None:
+        raise FailedPrecondition("etcd is not installed: make etcd (Debian's etcd-server)")
     member.process = subprocess.Popen(
         [
             ETCD,
@@ -95,14 +96,16 @@ def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
                     pending.discard(index)
         time.sleep(0.1)
     if pending:
-        raise RuntimeError(f"etcd members {sorted(pending)} did not become ready in {timeout_s} s")
+        raise Unavailable(f"etcd members {sorted(pending)} did not become ready in {timeout_s} s")
 
 
 @contextlib.contextmanager
 def etcd_cluster(tmp_path: Path, size: int = 3) -> Iterator[EtcdCluster]:
+    """``size`` members under ``tmp_path``, ready (a leader elected); all killed on exit."""
     members = [EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)]
     peers = ",".join(f"{member.name}=http://127.0.0.1:{member.peer_port}" for member in members)
     cluster = EtcdCluster(members)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     try:
         for member in members:
             _start(member, peers, tmp_path / "etcd", tmp_path / f"etcd-{member.name}.log")
