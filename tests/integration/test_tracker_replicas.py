@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 from etcd_harness import needs_etcd
 from worker_harness import fake_record
+from worker_harness import sample_work_record as record
 
 from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
-from meshnet.core.ids import NodeId, RequestId
+from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeLoad, NodeWork, WorkRecord
+from meshnet.core.tracking import NodeLoad, WorkRecord
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster
 from meshnet.deploy.launch.commands import tracker_command
 from meshnet.deploy.launch.ready_lines import TrackerLine
@@ -37,24 +38,6 @@ pytestmark = [needs_etcd, pytest.mark.timeout(90)]
 INTERVAL_S = 0.5
 HEAD = fake_record(LayerRange(0, 3), "127.0.0.1:9101", n_layers=6)
 TAIL = fake_record(LayerRange(3, 6), "127.0.0.1:9102", n_layers=6)
-
-
-def record(request_id: str) -> WorkRecord:
-    tokens = len(request_id)
-    return WorkRecord(
-        request_id=RequestId(request_id),
-        model="tiny",
-        status="completed",
-        tokens_in=tokens,
-        tokens_out=2 * tokens,
-        attribution=(
-            NodeWork(NodeId("head"), LayerRange(0, 3), tokens),
-            NodeWork(NodeId("tail"), LayerRange(3, 6), tokens),
-        ),
-        billing_units=tokens / 1000,
-        started_at=1_700_000_000.0,
-        finished_at=1_700_000_001.0,
-    )
 
 
 async def start_replica(cluster: EtcdCluster, name: str, root: Path) -> tuple[asyncio.subprocess.Process, str]:

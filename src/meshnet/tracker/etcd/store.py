@@ -24,15 +24,14 @@ swarm share as files (the same data dir contents), like the CA and ticket-signin
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
-from typing import Any
+from dataclasses import replace
 
 from meshnet.core.audit_evidence import QuarantineEntry, QuarantineEvidence, evidence_from_json, evidence_to_json
 from meshnet.core.errors import FailedPrecondition, StorageUnavailable
-from meshnet.core.ids import NodeId, RequestId, SessionId
-from meshnet.core.layers import LayerRange
+from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.node_record import NodeRecord
-from meshnet.core.tracking import NodeWork, WorkRecord, WorkStatus
+from meshnet.core.tracking import WorkRecord, WorkStatus
+from meshnet.route.outbox import record_from_json, record_to_json
 from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Put
 from meshnet.tracker.store import work_fingerprint
 
@@ -80,7 +79,7 @@ class EtcdTrackerStore:
 
     def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
         digest = work_fingerprint(reported)
-        value = json.dumps({"record": asdict(judged), "sha256": digest, "recorded_at": recorded_at}).encode()
+        value = json.dumps({"record": record_to_json(judged), "sha256": digest, "recorded_at": recorded_at}).encode()
         also = [Put(DISPUTE_PREFIX + judged.request_id, reason.encode())] if reason else []
         stored = self.client.create(WORK_PREFIX + reported.request_id, value, also)
         if stored is None:
@@ -101,11 +100,11 @@ class EtcdTrackerStore:
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None:
         stored = self.client.get(WORK_PREFIX + request_id)
-        return None if stored is None else work_from_json(json.loads(stored.value)["record"])
+        return None if stored is None else record_from_json(json.loads(stored.value)["record"])
 
     def list_work(self) -> list[WorkRecord]:
         stored = sorted(self.client.get_prefix(WORK_PREFIX), key=lambda kv: kv.create_revision)
-        return [work_from_json(json.loads(kv.value)["record"]) for kv in stored]
+        return [record_from_json(json.loads(kv.value)["record"]) for kv in stored]
 
     def quarantine_node(
         self,
@@ -150,31 +149,10 @@ class EtcdTrackerStore:
                     self.client.commit_if([], also)
                 return False
             data = json.loads(stored.value)
-            data["record"]["status"] = status
+            data["record"] = record_to_json(replace(record_from_json(data["record"]), status=status))
             if self.client.commit_if([(key, stored.mod_revision)], [Put(key, json.dumps(data).encode()), *also]):
                 return True
         raise StorageUnavailable(f"work record {request_id} kept changing under other replicas; retry")
-
-
-def work_from_json(data: dict[str, Any]) -> WorkRecord:
-    """A work record from ``asdict``'s JSON (validated by the record's own constructors)."""
-    shares = tuple(
-        NodeWork(NodeId(share["node_id"]), LayerRange(**share["layers"]), share["tokens"])
-        for share in data["attribution"]
-    )
-    session = data.get("session_id")
-    return WorkRecord(
-        request_id=RequestId(data["request_id"]),
-        model=data["model"],
-        status=data["status"],
-        tokens_in=data["tokens_in"],
-        tokens_out=data["tokens_out"],
-        attribution=shares,
-        billing_units=data["billing_units"],
-        started_at=data["started_at"],
-        finished_at=data["finished_at"],
-        session_id=None if session is None else SessionId(session),
-    )
 
 
 def quarantine_from_kv(kv: KeyValue) -> QuarantineEntry:
