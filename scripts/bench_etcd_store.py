@@ -120,10 +120,12 @@ def main() -> None:
             results["digest_3000_nodes"] = digest_cost(client, 3000, 12, args.rounds)
             cluster.members[0].kill()  # the member the client asked first
             results["etcd3_one_member_killed_record_work"] = write_latency(store, args.writes, offset=10 * args.writes)
+    results["command"] = "python scripts/bench_etcd_store.py --out " + str(args.out)
     results["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
     results["note"] = (
         "one machine, loopback, every etcd member and the SQLite file fsyncing on the same disk; "
-        "writes are serial (one caller), so p50 is the per-write latency, not the throughput"
+        "writes are serial (one caller), so p50 is the per-write latency, not the throughput; the "
+        "machine (2 cores) was shared with other jobs, which is where the p99 tails come from"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

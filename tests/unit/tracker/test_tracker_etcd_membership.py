@@ -1,0 +1,104 @@
+"""Replicas' membership exchange (``tracker.etcd.membership``) against a real etcd, with
+clocks the test moves: a node registered and heard at one replica is live at the other; a node
+heard by nobody expires everywhere; a dead replica's nodes get a full window to move; the epoch
+and quarantines follow the replica that changed them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from etcd_harness import needs_etcd
+from tracker_samples import registration
+
+from meshnet.core.ids import NodeId
+from meshnet.core.tracking import NodeLoad
+from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster
+from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
+from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership
+from meshnet.tracker.etcd.store import EtcdTrackerStore
+from meshnet.tracker.registry import NodeRegistry
+
+pytestmark = needs_etcd
+
+INTERVAL_S = 2.0  # expiry after 3 intervals: 6 s of the test's clock
+NODE = NodeId("n-1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    with etcd_cluster(tmp_path, size=1) as started:
+        yield started
+
+
+def replica(cluster: EtcdCluster, name: str, clock: Clock) -> SharedMembership:
+    registry = NodeRegistry(clock=clock, heartbeat_interval_s=INTERVAL_S)
+    return SharedMembership(EtcdClient(parse_endpoints(cluster.store)), registry, name, INTERVAL_S)
+
+
+async def advance(clock: Clock, seconds: float, *replicas: SharedMembership) -> None:
+    """Let ``seconds`` pass in steps of one interval, every replica exchanging and sweeping (as
+    the tracker's sweeper does) at each."""
+    for _ in range(round(seconds / INTERVAL_S)):
+        clock.now += INTERVAL_S
+        for each in replicas:
+            await each.exchange()
+            each.registry.sweep()
+
+
+async def test_a_node_heard_at_one_replica_is_live_at_the_other_until_nobody_hears_it(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    for _ in range(5):  # 10 s: past the 6 s expiry, heard at a every interval
+        a.registry.heartbeat(NODE, NodeLoad(free_sessions=3))
+        await advance(clock, INTERVAL_S, a, b)
+    entry = b.registry.get(NODE)
+    assert entry is not None and entry.load == NodeLoad(free_sessions=3)
+    # Nobody hears it any more: gone from both within one window (and a changed the epoch).
+    await advance(clock, 4 * INTERVAL_S, a, b)
+    assert a.registry.get(NODE) is None and b.registry.get(NODE) is None
+
+
+async def test_a_dead_replicas_nodes_get_a_full_window_to_move(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    await advance(clock, INTERVAL_S, b)
+    assert b.registry.get(NODE) is not None
+    # a dies (its lease's keys vanish), unnoticed for most of a window: b has not heard the node
+    # for 4 s of its 6 s when it finds a's digest gone...
+    a.client.delete(HEARD_PREFIX + "a")
+    clock.now += 2 * INTERVAL_S - 0.5
+    await b.exchange()
+    # ...and still gives it a whole window from then: the node heartbeats b 5.9 s later.
+    clock.now += 3 * INTERVAL_S - 0.1
+    b.registry.sweep()
+    assert b.registry.heartbeat(NODE, NodeLoad()) is True
+
+
+async def test_the_epoch_and_quarantines_follow_the_replica_that_changed_them(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    store_a = EtcdTrackerStore(a.client)
+    b.registry.register(registration(0, 20), NODE)
+    await advance(clock, INTERVAL_S, a, b)
+    store_a.save_epoch(41)
+    store_a.quarantine_node(NODE, "disagreed in an audit", None, at=5.0)
+    await advance(clock, INTERVAL_S, b)
+    assert b.registry.epoch >= 41
+    assert NODE in b.registry.quarantined and b.registry.get(NODE) is None
+    store_a.clear_quarantine(NODE)
+    await advance(clock, INTERVAL_S, b)
+    assert NODE not in b.registry.quarantined
