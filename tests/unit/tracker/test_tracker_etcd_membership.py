@@ -102,3 +102,18 @@ async def test_the_epoch_and_quarantines_follow_the_replica_that_changed_them(cl
     store_a.clear_quarantine(NODE)
     await advance(clock, INTERVAL_S, b)
     assert NODE not in b.registry.quarantined
+
+
+async def test_a_node_registered_again_elsewhere_is_routed_with_its_new_record(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    first = b.registry.get(NODE)
+    assert first is not None and first.record == registration(0, 20)
+    a.registry.register(registration(0, 10), NODE)  # restarted with fewer layers
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    again = b.registry.get(NODE)
+    assert again is not None and again.record == registration(0, 10)

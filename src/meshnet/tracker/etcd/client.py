@@ -148,9 +148,12 @@ class EtcdClient:
         found = _kvs(self._post("/v3/kv/range", {"key": _b64(key)}))
         return found[0] if found else None
 
-    def get_prefix(self, prefix: str) -> list[KeyValue]:
-        """Every key starting with ``prefix``, in key order."""
-        return _kvs(self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)}))
+    def get_prefix(self, prefix: str, *, keys_only: bool = False) -> list[KeyValue]:
+        """Every key starting with ``prefix``, in key order (``keys_only``: values left empty)."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
+        if keys_only:
+            body["keys_only"] = True
+        return _kvs(self._post("/v3/kv/range", body))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         self.commit_if([], [Put(key, value, lease)])
