@@ -11,9 +11,11 @@ adds a network round trip per write and spreads the fsyncs.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,8 +26,9 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeLoad, NodeWork, WorkRecord
 from meshnet.deploy.etcd_cluster import etcd_cluster
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
-from meshnet.tracker.etcd.membership import HEARD_PREFIX, decode_digest, encode_digest
+from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership, decode_digest, encode_digest
 from meshnet.tracker.etcd.store import EtcdTrackerStore
+from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.store import SqliteTrackerStore, TrackerStore
 
 
@@ -96,6 +99,67 @@ def digest_cost(client: EtcdClient, nodes: int, peers: int, rounds: int) -> dict
     }
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def watch_loop(done: asyncio.Event, stalls: list[float]) -> None:
+    """Until ``done``: how much later than asked each 1 ms sleep woke (the loop was held)."""
+    while not done.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(0.001)
+        stalls.append(time.perf_counter() - before - 0.001)
+
+
+async def exchange_cost(store: str, nodes: int, rounds: int) -> dict[str, object]:
+    """Two replicas: ``nodes`` registered and heard at one; the other adopts them, then follows
+    their heartbeats. The wall time of each exchange and the longest the follower's event loop
+    was held (what a heartbeat arriving meanwhile would wait)."""
+    # Certified sample records: the tracker tests' (tests/unit/tracker/tracker_samples.py).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit" / "tracker"))
+    from tracker_samples import registration
+
+    clock = Clock()
+    publisher, follower = (
+        SharedMembership(
+            EtcdClient(parse_endpoints(store)), NodeRegistry(clock=clock, heartbeat_interval_s=2.0), name, 2.0
+        )
+        for name in ("publisher", "follower")
+    )
+    ids = [NodeId(f"node-{index:05}") for index in range(nodes)]
+    for index, node in enumerate(ids):
+        address = f"10.0.{index // 250}.{index % 250}:7000"
+        publisher.registry.register(registration(index % 20, index % 20 + 1, address=address), node)
+    figures: list[dict[str, float]] = []
+    for _ in range(rounds):
+        clock.now += 2.0
+        for node in ids:
+            publisher.registry.heartbeat(node, load(0, 12))
+        started = time.perf_counter()
+        await publisher.exchange()
+        published = time.perf_counter() - started
+        stall: list[float] = []
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch_loop(done, stall))
+        started = time.perf_counter()
+        await follower.exchange()
+        followed = time.perf_counter() - started
+        done.set()
+        await watcher
+        figures.append(
+            {
+                "publisher_exchange_ms": round(1000 * published, 1),
+                "follower_exchange_ms": round(1000 * followed, 1),
+                "follower_longest_loop_stall_ms": round(1000 * max(stall, default=0.0), 1),
+            }
+        )
+    return {"nodes": nodes, "rounds (the first adopts every node)": figures}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -118,6 +182,7 @@ def main() -> None:
             # A digest carries compact loads (no peer lists: membership.compact), so the two are
             # equal; 12 entries is what a node's heartbeat carries to its own replica.
             results["digest_3000_nodes"] = digest_cost(client, 3000, 12, args.rounds)
+            results["exchange_3000_nodes"] = asyncio.run(exchange_cost(cluster.store, 3000, 3))
             cluster.members[0].kill()  # the member the client asked first
             results["etcd3_one_member_killed_record_work"] = write_latency(store, args.writes, offset=10 * args.writes)
     results["command"] = "python scripts/bench_etcd_store.py --out " + str(args.out)
