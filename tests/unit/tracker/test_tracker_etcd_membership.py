@@ -5,6 +5,8 @@ and quarantines follow the replica that changed them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +119,24 @@ async def test_a_node_registered_again_elsewhere_is_routed_with_its_new_record(c
     await advance(clock, INTERVAL_S, a, b)
     again = b.registry.get(NODE)
     assert again is not None and again.record == registration(0, 10)
+
+
+async def test_a_replica_follows_an_epoch_raised_elsewhere_without_waiting_for_an_exchange(
+    cluster: EtcdCluster,
+) -> None:
+    clock = Clock()
+    b = replica(cluster, "b", clock)
+    b.interval_s = 3600.0  # one exchange at start, then none during the test: only the watch moves it
+    running = asyncio.create_task(b.run_forever())
+    try:
+        await asyncio.sleep(0.3)  # the first exchange and the watch stream open
+        EtcdTrackerStore(EtcdClient(parse_endpoints(cluster.store))).save_epoch(77)
+        for _ in range(100):
+            if b.registry.epoch == 77:
+                break
+            await asyncio.sleep(0.05)
+        assert b.registry.epoch == 77
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

@@ -14,9 +14,10 @@ one extra connect, not a failure. When no member answers, the call raises
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ from meshnet.core.errors import InvalidArgument, StorageUnavailable
 
 logger = logging.getLogger(__name__)
 
+WATCH_IDLE_S = 10.0
+"""A watch stream quiet this long is reopened (on the next member when its member went away
+without closing the connection, as a machine that lost power does)."""
 REQUEST_TIMEOUT_S = 3.0
 """Longer than an election (etcd's default election timeout is 1 s) so a write arriving while a
 new leader is elected waits for it instead of failing over to members that also wait."""
@@ -198,3 +202,26 @@ class EtcdClient:
         """Renew ``lease`` once; False if it expired already (its keys are gone)."""
         reply = self._post("/v3/lease/keepalive", {"ID": str(lease)})
         return int(reply.get("result", {}).get("TTL", 0)) > 0
+
+    def follow(self, key: str, on_value: Callable[[bytes], None], stopped: threading.Event) -> None:
+        """Blocking (a thread of its own): call ``on_value`` with each value ``key`` is given, as
+        etcd's watch stream reports it, until ``stopped``; reopened on another member when one
+        fails. Values written while no stream was open are missed: a caller that must not miss
+        one also reads the key from time to time."""
+        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=WATCH_IDLE_S)
+        body = {"create_request": {"key": _b64(key)}}
+        with httpx.Client(timeout=timeout) as http:
+            while not stopped.is_set():
+                for endpoint in self._endpoints:
+                    try:
+                        with http.stream("POST", endpoint + "/v3/watch", json=body) as response:
+                            for line in response.iter_lines():
+                                if stopped.is_set():
+                                    return
+                                for event in json.loads(line).get("result", {}).get("events", []):
+                                    on_value(base64.b64decode(event["kv"].get("value", "")))
+                    except (httpx.HTTPError, ValueError, KeyError) as error:
+                        logger.debug("etcd watch of %s on %s ended: %s", key, endpoint, error)
+                    if stopped.is_set():
+                        return
+                stopped.wait(0.2)

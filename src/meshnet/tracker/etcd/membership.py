@@ -15,14 +15,15 @@ When a replica's digest disappears (it died), its nodes are counted as heard onc
 moment: they get a full expiry window to move to another replica (``--tracker`` failover on the
 node's side) before anyone expires them.
 
-The epoch is shared the same way: each replica stores the epochs it hands out (compare-and-swap
-to the max, ``EtcdTrackerStore.save_epoch``) and follows the largest stored one, so a route from
-any replica is never older than what a node was told by another. Quarantines written by one
+The epoch is shared too: each replica stores the epochs it hands out before replying
+(compare-and-swap to the max, ``EtcdTrackerStore.save_epoch``) and follows the stored one through
+an etcd watch (milliseconds) and each exchange's read (the safety net), so a route from any
+replica is not older than what a node was told by another. Quarantines written by one
 replica are applied by the others at the next exchange.
 
-Reads are polls of two prefixes per interval rather than etcd watches: at 3 replicas and a 2 s
-interval that is 3 small ranges a second for the cluster, and a poll cannot miss an event a
-broken watch stream would. All etcd I/O runs off the event loop; the registry is touched only on
+Membership reads are polls of a few prefixes per interval rather than watches: at 3 replicas and
+a 2 s interval that is a few small ranges a second for the cluster, and a poll cannot miss an
+event a broken watch stream would. All etcd I/O runs off the event loop; the registry is touched only on
 it (``NodeRegistry`` is single-loop).
 """
 
@@ -33,6 +34,7 @@ import base64
 import json
 import logging
 import math
+import threading
 from dataclasses import dataclass, field, replace
 
 from meshnet.core.errors import MeshnetError
@@ -141,12 +143,29 @@ class SharedMembership:
     _previous: Snapshot | None = None
 
     async def run_forever(self) -> None:
-        while True:
-            try:
-                await self.exchange()
-            except MeshnetError as error:  # etcd unreachable: keep serving what we know
-                logger.warning("membership exchange with etcd failed: %s", error.message)
-            await asyncio.sleep(self.interval_s)
+        stopped = threading.Event()
+        watch = threading.Thread(target=self._follow_epoch, args=(asyncio.get_running_loop(), stopped), daemon=True)
+        watch.start()
+        try:
+            while True:
+                try:
+                    await self.exchange()
+                except MeshnetError as error:  # etcd unreachable: keep serving what we know
+                    logger.warning("membership exchange with etcd failed: %s", error.message)
+                await asyncio.sleep(self.interval_s)
+        finally:
+            stopped.set()  # the watch thread ends within one idle read (it is a daemon anyway)
+
+    def _follow_epoch(self, loop: asyncio.AbstractEventLoop, stopped: threading.Event) -> None:
+        """Follow the stored epoch as soon as another replica raises it (the exchange's read is
+        the safety net): a gateway failing over to this replica must get a route of an epoch no
+        older than the one its shards were told, or they refuse it as stale."""
+
+        def follow(value: bytes) -> None:
+            if value.isdigit():
+                loop.call_soon_threadsafe(self.registry.follow_epoch, int(value))
+
+        self.client.follow(EPOCH_KEY, follow, stopped)
 
     async def exchange(self) -> None:
         """Publish what this replica heard and registered; apply what the others did."""
