@@ -4,8 +4,10 @@ replicas then run (``tracker.etcd.membership``)."""
 
 from __future__ import annotations
 
+from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
+from meshnet.tracker.etcd.counts import SharedCounts
 from meshnet.tracker.etcd.membership import SharedMembership
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
@@ -19,13 +21,18 @@ def open_store(config: TrackerConfig) -> TrackerStore:
 
 
 def shared_membership(
-    store: TrackerStore, registry: NodeRegistry, config: TrackerConfig, port: int
+    store: TrackerStore, registry: NodeRegistry, config: TrackerConfig, port: int, work: CheckedWork | None
 ) -> SharedMembership | None:
-    """The exchange with the other replicas, for a store they share; None for the SQLite file."""
+    """The exchange with the other replicas, for a store they share; None for the SQLite file.
+    With ``work`` (a secured tracker), shards' counts are shared too."""
     if not isinstance(store, EtcdTrackerStore):
         return None
     replica = config.replica_id or f"{config.host}:{port}"
-    return SharedMembership(store.client, registry, replica, config.heartbeat_interval_s)
+    membership = SharedMembership(store.client, registry, replica, config.heartbeat_interval_s)
+    if work is not None:
+        membership.work, membership.counts = work, SharedCounts(store.client, replica)
+        work.share = membership.share_counts
+    return membership
 
 
 def describe(config: TrackerConfig) -> str:

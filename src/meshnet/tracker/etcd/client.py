@@ -152,11 +152,14 @@ class EtcdClient:
         found = _kvs(self._post("/v3/kv/range", {"key": _b64(key)}))
         return found[0] if found else None
 
-    def get_prefix(self, prefix: str, *, keys_only: bool = False) -> list[KeyValue]:
-        """Every key starting with ``prefix``, in key order (``keys_only``: values left empty)."""
+    def get_prefix(self, prefix: str, *, keys_only: bool = False, after_revision: int = 0) -> list[KeyValue]:
+        """Every key starting with ``prefix``, in key order (``keys_only``: values left empty;
+        ``after_revision``: only keys changed after it)."""
         body: dict[str, Any] = {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
         if keys_only:
             body["keys_only"] = True
+        if after_revision:
+            body["min_mod_revision"] = str(after_revision + 1)
         return _kvs(self._post("/v3/kv/range", body))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:

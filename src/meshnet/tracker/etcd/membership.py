@@ -40,8 +40,10 @@ from dataclasses import dataclass, field, replace
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import NodeId
 from meshnet.core.reachability import REACHABILITIES, Reachability
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.tracking import NodeLoad, SessionTokens
+from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.etcd.client import EtcdClient, KeyValue, Put
+from meshnet.tracker.etcd.counts import Counts, SharedCounts
 from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.wire import services, tracker_wire
@@ -96,6 +98,8 @@ class Snapshot:
     """Other live replicas' digests: replica → node → load."""
     quarantined: frozenset[NodeId]
     epoch: int
+    counts: list[Counts] = field(default_factory=list)
+    """Shards' counts other replicas took since the last exchange (``tracker.etcd.counts``)."""
 
 
 def compact(load: NodeLoad) -> NodeLoad:
@@ -139,6 +143,9 @@ class SharedMembership:
     """The etcd revision of the announcement each adopted node was registered from."""
     _counted: dict[NodeId, float] = field(default_factory=dict)
     """The last_seen this replica set when counting another replica's heartbeat."""
+    work: CheckedWork | None = None
+    """The secured tracker's work records: fed the counts shards reported to other replicas."""
+    counts: SharedCounts | None = None
     _last_exchange: float = -math.inf
     _previous: Snapshot | None = None
 
@@ -207,7 +214,9 @@ class SharedMembership:
         )
         stored_epoch = self.client.get(EPOCH_KEY)
         registrations = self._registrations_wanted(outbound, digests)
-        return Snapshot(registrations, digests, quarantined, 0 if stored_epoch is None else int(stored_epoch.value))
+        epoch = 0 if stored_epoch is None else int(stored_epoch.value)
+        counts = [] if self.counts is None else self.counts.others_since_last()
+        return Snapshot(registrations, digests, quarantined, epoch, counts)
 
     def _registrations_wanted(
         self, outbound: Outbound, digests: dict[str, dict[NodeId, NodeLoad]]
@@ -242,6 +251,18 @@ class SharedMembership:
                 await asyncio.sleep(0)  # let heartbeats and routes in between
         self.registry.follow_epoch(snapshot.epoch)
         self._previous = snapshot
+        if self.work is not None:
+            for node_id, sessions in snapshot.counts:
+                await self.work.take_counts(node_id, sessions)
+
+    async def share_counts(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> None:
+        """Publish counts a shard reported here, for the replica that routed its session."""
+        if self.counts is None:
+            return
+        try:
+            await asyncio.to_thread(self.counts.publish, node_id, sessions)
+        except MeshnetError as error:  # this replica judges with them anyway; others may dispute
+            logger.warning("shard counts from %s not shared with other replicas: %s", node_id, error.message)
 
     def _orphans(self, snapshot: Snapshot) -> dict[NodeId, NodeLoad]:
         """Nodes of replicas whose digest just disappeared (they died): heard once more now."""
