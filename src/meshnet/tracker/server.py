@@ -170,7 +170,8 @@ async def start_tracker(
         await join[0].start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    membership = shared_membership(store, registry, config, port, work)
+    secured = None if work is None or security is None else (work, security, feed)
+    membership = shared_membership(store, registry, config, port, secured)
     sweeper = asyncio.create_task(_background(servicer, config, security, membership))
     logger.info("tracker serving on %s:%d, epoch %d, %s", config.host, port, epoch, describe(config))
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper, feed)

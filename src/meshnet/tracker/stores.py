@@ -11,7 +11,9 @@ from meshnet.tracker.etcd.counts import SharedCounts
 from meshnet.tracker.etcd.membership import SharedMembership
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.store import SqliteTrackerStore, TrackerStore
+from meshnet.tracker.swarm_service import TrackerSecurity
 
 
 def open_store(config: TrackerConfig) -> TrackerStore:
@@ -21,17 +23,23 @@ def open_store(config: TrackerConfig) -> TrackerStore:
 
 
 def shared_membership(
-    store: TrackerStore, registry: NodeRegistry, config: TrackerConfig, port: int, work: CheckedWork | None
+    store: TrackerStore,
+    registry: NodeRegistry,
+    config: TrackerConfig,
+    port: int,
+    secured: tuple[CheckedWork, TrackerSecurity, RevocationFeed] | None,
 ) -> SharedMembership | None:
     """The exchange with the other replicas, for a store they share; None for the SQLite file.
-    With ``work`` (a secured tracker), shards' counts are shared too."""
+    A secured tracker's shards' counts and revocations are shared too."""
     if not isinstance(store, EtcdTrackerStore):
         return None
     replica = config.replica_id or f"{config.host}:{port}"
     membership = SharedMembership(store.client, registry, replica, config.heartbeat_interval_s)
-    if work is not None:
+    if secured is not None:
+        work, security, feed = secured
         membership.work, membership.counts = work, SharedCounts(store.client, replica)
         work.share = membership.share_counts
+        membership.revocations = (security, feed)
     return membership
 
 

@@ -1,12 +1,14 @@
 """Replicas' membership exchange (``tracker.etcd.membership``) against a real etcd, with
 clocks the test moves: a node registered and heard at one replica is live at the other; a node
 heard by nobody expires everywhere; a dead replica's nodes get a full window to move; the epoch
-and quarantines follow the replica that changed them."""
+quarantines and revocations follow the replica that changed them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +21,11 @@ from meshnet.core.tracking import NodeLoad
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership
+from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
+from meshnet.tracker.swarm_service import load_tracker_security
 
 pytestmark = needs_etcd
 
@@ -140,3 +145,17 @@ async def test_a_replica_follows_an_epoch_raised_elsewhere_without_waiting_for_a
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+def test_a_revocation_at_one_replica_reaches_the_book_of_another(cluster: EtcdCluster, tmp_path: Path) -> None:
+    # Two machines' copies of one swarm dir: the same CA, books that start equal.
+    load_tracker_security(tmp_path / "a", time.time())
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    a, b = load_tracker_security(tmp_path / "a", time.time()), load_tracker_security(tmp_path / "b", time.time())
+    client = EtcdClient(parse_endpoints(cluster.store))
+    a.book.revoke("stolen-laptop", time.time())
+    exchange_revoked(client, a.book.revoked())
+    feed = RevocationFeed(b.link.revocations)
+    apply_revoked(b, feed, exchange_revoked(client, b.book.revoked()))
+    assert "stolen-laptop" in b.book.revoked()
+    assert "stolen-laptop" in b.link.revocations.current()  # refused at b's port from now on

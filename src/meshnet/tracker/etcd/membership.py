@@ -44,8 +44,11 @@ from meshnet.core.tracking import NodeLoad, SessionTokens
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.etcd.client import EtcdClient, KeyValue, Put
 from meshnet.tracker.etcd.counts import Counts, SharedCounts
+from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
 from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX
 from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
+from meshnet.tracker.swarm_service import TrackerSecurity
 from meshnet.wire import services, tracker_wire
 
 logger = logging.getLogger(__name__)
@@ -86,6 +89,8 @@ class Outbound:
     heard: dict[NodeId, NodeLoad]
     known: frozenset[NodeId]
     adopted_revision: dict[NodeId, int]
+    revoked: frozenset[str] | None
+    """Ids this replica's book revoked (None: not a secured tracker)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class Snapshot:
     epoch: int
     counts: list[Counts] = field(default_factory=list)
     """Shards' counts other replicas took since the last exchange (``tracker.etcd.counts``)."""
+    revoked: frozenset[str] | None = None
+    """Every id revoked at any replica (None: not a secured tracker)."""
 
 
 def compact(load: NodeLoad) -> NodeLoad:
@@ -146,6 +153,8 @@ class SharedMembership:
     work: CheckedWork | None = None
     """The secured tracker's work records: fed the counts shards reported to other replicas."""
     counts: SharedCounts | None = None
+    revocations: tuple[TrackerSecurity, RevocationFeed] | None = None
+    """A secured tracker's book and feed: revocations are shared too (``tracker.etcd.revocations``)."""
     _last_exchange: float = -math.inf
     _previous: Snapshot | None = None
 
@@ -192,7 +201,8 @@ class SharedMembership:
             if heard_here:
                 heard[entry.node_id] = entry.load or NodeLoad()
         known = frozenset(entry.node_id for entry in self.registry.entries())
-        return Outbound(announcements, heard, known, dict(self._adopted_revision))
+        revoked = None if self.revocations is None else self.revocations[0].book.revoked()
+        return Outbound(announcements, heard, known, dict(self._adopted_revision), revoked)
 
     def _io(self, outbound: Outbound) -> Snapshot:
         """Blocking etcd calls (a worker thread): the writes, then what the others published."""
@@ -216,7 +226,8 @@ class SharedMembership:
         registrations = self._registrations_wanted(outbound, digests)
         epoch = 0 if stored_epoch is None else int(stored_epoch.value)
         counts = [] if self.counts is None else self.counts.others_since_last()
-        return Snapshot(registrations, digests, quarantined, epoch, counts)
+        revoked = None if outbound.revoked is None else exchange_revoked(self.client, outbound.revoked)
+        return Snapshot(registrations, digests, quarantined, epoch, counts, revoked)
 
     def _registrations_wanted(
         self, outbound: Outbound, digests: dict[str, dict[NodeId, NodeLoad]]
@@ -242,6 +253,8 @@ class SharedMembership:
 
     async def _apply(self, snapshot: Snapshot) -> None:
         self._apply_quarantines(snapshot.quarantined)
+        if self.revocations is not None and snapshot.revoked is not None:
+            apply_revoked(*self.revocations, snapshot.revoked)
         heard = dict(self._orphans(snapshot))
         for digest in snapshot.heard.values():
             heard.update(digest)
