@@ -20,7 +20,8 @@ from meshnet.core.ids import NodeId
 from meshnet.core.tracking import NodeLoad
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
-from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership
+from meshnet.tracker.etcd.counts import COUNTS_PREFIX, SharedCounts
+from meshnet.tracker.etcd.membership import HEARD_PREFIX, NODES_PREFIX, SharedMembership
 from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
@@ -159,3 +160,23 @@ def test_a_revocation_at_one_replica_reaches_the_book_of_another(cluster: EtcdCl
     apply_revoked(b, feed, exchange_revoked(client, b.book.revoked()))
     assert "stolen-laptop" in b.book.revoked()
     assert "stolen-laptop" in b.link.revocations.current()  # refused at b's port from now on
+
+
+async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    for key, value in (
+        (HEARD_PREFIX + "x", b"not json"),
+        (HEARD_PREFIX + "y", b'{"n-2": "bm90IGEgcHJvdG8="}'),
+        (NODES_PREFIX + "n-3", b"{}"),
+        (HEARD_PREFIX + "z", b'{"n-3": ""}'),
+        (COUNTS_PREFIX + "x/1", b'{"node": "n-1", "sessions": [["s", -1, 0, 0]]}'),
+    ):
+        b.client.put(key, value)
+    b.counts = SharedCounts(b.client, "b")
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)  # raises nothing
+    assert b.registry.get(NODE) is not None and b.registry.get(NodeId("n-3")) is None

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import secrets
 import time
 from collections.abc import Callable
 
-from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.ids import NodeId, SessionId, check_node_id
 from meshnet.core.tracking import SessionTokens
 from meshnet.tracker.etcd.client import EtcdClient
 from meshnet.tracker.etcd.store import KEY_PREFIX
+
+logger = logging.getLogger(__name__)
 
 COUNTS_PREFIX = KEY_PREFIX + "counts/"
 COUNTS_TTL_S = 1200
@@ -36,13 +40,16 @@ def encode_counts(node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> bytes
 
 
 def decode_counts(value: bytes) -> Counts:
-    """A stored report (validated by ``SessionTokens`` itself)."""
-    data = json.loads(value)
-    sessions = tuple(
-        SessionTokens(SessionId(session), int(epoch), int(positions), int(prompt))
-        for session, epoch, positions, prompt in data["sessions"]
-    )
-    return NodeId(data["node"]), sessions
+    """A stored report (validated by ``SessionTokens`` itself); InvalidArgument if it is not one."""
+    try:
+        data = json.loads(value)
+        sessions = tuple(
+            SessionTokens(SessionId(session), int(epoch), int(positions), int(prompt))
+            for session, epoch, positions, prompt in data["sessions"]
+        )
+        return check_node_id(data["node"]), sessions
+    except (ValueError, TypeError, KeyError) as error:
+        raise InvalidArgument(f"shard counts in etcd are malformed: {error}") from None
 
 
 class SharedCounts:
@@ -74,4 +81,12 @@ class SharedCounts:
         if not found:
             return []
         self._read_through = max(kv.mod_revision for kv in found)
-        return [decode_counts(kv.value) for kv in found if not kv.key.startswith(self._mine)]
+        counts = []
+        for kv in found:
+            if kv.key.startswith(self._mine):
+                continue
+            try:
+                counts.append(decode_counts(kv.value))
+            except InvalidArgument as error:
+                logger.warning("%s: %s", kv.key, error.message)
+        return counts

@@ -19,7 +19,8 @@ The epoch is shared too: each replica stores the epochs it hands out before repl
 (compare-and-swap to the max, ``EtcdTrackerStore.save_epoch``) and follows the stored one through
 an etcd watch (milliseconds) and each exchange's read (the safety net), so a route from any
 replica is not older than what a node was told by another. Quarantines written by one
-replica are applied by the others at the next exchange.
+replica are applied by the others at the next exchange, and so are, on a secured tracker, shards'
+token counts (``tracker.etcd.counts``) and revocations (``tracker.etcd.revocations``).
 
 Membership reads are polls of a few prefixes per interval rather than watches: at 3 replicas and
 a 2 s interval that is a few small ranges a second for the cluster, and a poll cannot miss an
@@ -37,7 +38,9 @@ import math
 import threading
 from dataclasses import dataclass, field, replace
 
-from meshnet.core.errors import MeshnetError
+from google.protobuf.message import DecodeError
+
+from meshnet.core.errors import InvalidArgument, MeshnetError
 from meshnet.core.ids import NodeId
 from meshnet.core.reachability import REACHABILITIES, Reachability
 from meshnet.core.tracking import NodeLoad, SessionTokens
@@ -126,11 +129,29 @@ def encode_digest(heard: dict[NodeId, NodeLoad]) -> bytes:
 
 
 def decode_digest(value: bytes) -> dict[NodeId, NodeLoad]:
+    """A digest's nodes and loads; InvalidArgument if it is not one (whoever wrote it)."""
     heard: dict[NodeId, NodeLoad] = {}
-    for encoded in json.loads(value).values():
-        node_id, load = tracker_wire.heartbeat_from_proto(services.NodeHeartbeat.FromString(base64.b64decode(encoded)))
-        heard[node_id] = load
+    try:
+        for encoded in json.loads(value).values():
+            message = services.NodeHeartbeat.FromString(base64.b64decode(encoded))
+            node_id, load = tracker_wire.heartbeat_from_proto(message)
+            heard[node_id] = load
+    except (ValueError, TypeError, AttributeError, DecodeError) as error:
+        raise InvalidArgument(f"a membership digest in etcd is malformed: {error}") from None
     return heard
+
+
+def readable_digests(kvs: list[KeyValue], own_key: str) -> dict[str, dict[NodeId, NodeLoad]]:
+    """Other replicas' digests by replica; a malformed one is skipped (logged), not fatal."""
+    digests = {}
+    for kv in kvs:
+        if kv.key == own_key:
+            continue
+        try:
+            digests[kv.key.removeprefix(HEARD_PREFIX)] = decode_digest(kv.value)
+        except InvalidArgument as error:
+            logger.warning("%s: %s", kv.key, error.message)
+    return digests
 
 
 @dataclass
@@ -214,11 +235,7 @@ class SharedMembership:
         for start in range(0, len(writes), MAX_TXN_OPERATIONS):
             self.client.commit_if([], writes[start : start + MAX_TXN_OPERATIONS])
         self.client.put(HEARD_PREFIX + self.replica_id, encode_digest(outbound.heard), self._lease)
-        digests = {
-            kv.key.removeprefix(HEARD_PREFIX): decode_digest(kv.value)
-            for kv in self.client.get_prefix(HEARD_PREFIX)
-            if kv.key != HEARD_PREFIX + self.replica_id
-        }
+        digests = readable_digests(self.client.get_prefix(HEARD_PREFIX), HEARD_PREFIX + self.replica_id)
         quarantined = frozenset(
             NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)) for kv in self.client.get_prefix(QUARANTINE_PREFIX)
         )
@@ -312,7 +329,7 @@ class SharedMembership:
             if reachability not in REACHABILITIES:
                 raise ValueError(f"unknown reachability {reachability!r}")
             self.registry.register(record, node_id, reachability)
-        except (MeshnetError, ValueError, KeyError) as error:
+        except (MeshnetError, ValueError, KeyError, TypeError, DecodeError) as error:
             logger.warning("node %s announced by replica %s not taken: %s", node_id, registration.key, error)
             return False
         entry = self.registry.get(node_id)

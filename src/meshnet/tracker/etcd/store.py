@@ -17,8 +17,10 @@ Keys, under one prefix per swarm (``meshnet/``):
 - ``quarantine/<node_id>``: a quarantine with its evidence; replicas apply each other's.
 - ``seen/<node_id>``: nodes that ever registered (history, as the SQLite ``nodes`` table).
 
-Revocations are not here: they live in the swarm's CA data (``security``), which replicas of one
-swarm share as files (the same data dir contents), like the CA and ticket-signing material.
+Live membership, shards' token counts and revocations are shared by the replicas' exchange
+(``tracker.etcd.membership``, ``counts``, ``revocations``). The swarm CA, from which each replica
+mints the certificate it signs route tickets with, is shared as files: every replica runs on a
+copy of the same swarm data dir.
 """
 
 from __future__ import annotations
