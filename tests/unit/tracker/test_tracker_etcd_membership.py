@@ -180,3 +180,33 @@ async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster
     a.registry.heartbeat(NODE, NodeLoad())
     await advance(clock, INTERVAL_S, a, b)  # raises nothing
     assert b.registry.get(NODE) is not None and b.registry.get(NodeId("n-3")) is None
+
+
+async def test_a_node_that_moved_and_registered_again_is_taken_back_with_its_new_record(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    clock.now += 0.1  # (a heartbeat counted at the very instant of a local one would hide it)
+    b.registry.register(registration(0, 10), NODE)  # it moved to b and registered there again
+    b.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, b, a)
+    at_a = a.registry.get(NODE)
+    assert at_a is not None and at_a.record == registration(0, 10)
+    # and a, which took it from b, does not announce its old record again
+    await advance(clock, INTERVAL_S, a, b)
+    at_b = b.registry.get(NODE)
+    assert at_b is not None and at_b.record == registration(0, 10)
+
+
+async def test_a_node_nobody_hears_is_withdrawn_from_etcd(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    assert a.client.get(NODES_PREFIX + NODE) is not None
+    await advance(clock, 5 * INTERVAL_S, a, b)
+    assert a.registry.get(NODE) is None and b.registry.get(NODE) is None
+    assert a.client.get(NODES_PREFIX + NODE) is None

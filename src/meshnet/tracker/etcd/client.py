@@ -178,6 +178,10 @@ class EtcdClient:
         found = _kvs(reply["responses"][0]["response_range"])
         return found[0] if found else None
 
+    def write(self, operations: Sequence[Operation]) -> int:
+        """Apply ``operations`` atomically; the revision they were written at."""
+        return int(self._txn([], operations)["header"]["revision"])
+
     def commit_if(self, unchanged: Sequence[tuple[str, int]], operations: Sequence[Operation]) -> bool:
         """Apply ``operations`` atomically if every (key, mod_revision) is as given (0: the key is
         absent); False (nothing applied) if one changed."""

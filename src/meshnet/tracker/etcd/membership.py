@@ -45,11 +45,11 @@ from meshnet.core.ids import NodeId
 from meshnet.core.reachability import REACHABILITIES, Reachability
 from meshnet.core.tracking import NodeLoad, SessionTokens
 from meshnet.tracker.checked_work import CheckedWork
-from meshnet.tracker.etcd.client import EtcdClient, KeyValue, Put
+from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Put
 from meshnet.tracker.etcd.counts import Counts, SharedCounts
 from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
 from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX
-from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.registry import NodeEntry, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.swarm_service import TrackerSecurity
 from meshnet.wire import services, tracker_wire
@@ -94,6 +94,8 @@ class Outbound:
     adopted_revision: dict[NodeId, int]
     revoked: frozenset[str] | None
     """Ids this replica's book revoked (None: not a secured tracker)."""
+    withdrawn: dict[NodeId, int]
+    """Nodes this replica announced that left it, by the revision of its announcement."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ class SharedMembership:
     _lease: int = 0
     _announced: dict[NodeId, float] = field(default_factory=dict)
     """Nodes this replica announced, by the registered_at it announced."""
+    _announced_revision: dict[NodeId, int] = field(default_factory=dict)
+    """The etcd revision each of this replica's announcements was written at."""
     _adopted: dict[NodeId, float] = field(default_factory=dict)
     """Nodes this replica registered from another's announcement, by their registered_at."""
     _adopted_revision: dict[NodeId, int] = field(default_factory=dict)
@@ -218,12 +222,27 @@ class SharedMembership:
                 registration = tracker_wire.registration_to_proto(entry.record, entry.node_id).SerializeToString()
                 announcements.append(Announcement(entry.node_id, registration, entry.reachability))
                 self._announced[entry.node_id] = entry.registered_at
+            # Heard here: seen since the last exchange, and not only by this replica counting
+            # another's digest (that left last_seen at the value it set).
             heard_here = entry.last_seen >= since and self._counted.get(entry.node_id) != entry.last_seen
             if heard_here:
                 heard[entry.node_id] = entry.load or NodeLoad()
         known = frozenset(entry.node_id for entry in self.registry.entries())
         revoked = None if self.revocations is None else self.revocations[0].book.revoked()
-        return Outbound(announcements, heard, known, dict(self._adopted_revision), revoked)
+        return Outbound(
+            announcements, heard, known, dict(self._adopted_revision), revoked, self._forget_departed(known)
+        )
+
+    def _forget_departed(self, known: frozenset[NodeId]) -> dict[NodeId, int]:
+        """Drop what this replica kept of nodes no longer here; those it announced, by the
+        revision it wrote them at (their keys are withdrawn unless another replica rewrote them)."""
+        for table in (self._adopted, self._adopted_revision, self._counted):
+            for node_id in [node for node in table if node not in known]:
+                del table[node_id]
+        departed = {node: self._announced_revision.pop(node, 0) for node in self._announced if node not in known}
+        for node_id in departed:
+            del self._announced[node_id]
+        return {node: revision for node, revision in departed.items() if revision}
 
     def _io(self, outbound: Outbound) -> Snapshot:
         """Blocking etcd calls (a worker thread): the writes, then what the others published."""
@@ -233,7 +252,12 @@ class SharedMembership:
         writes = [Put(NODES_PREFIX + item.node_id, item.encode(self.replica_id)) for item in outbound.announcements]
         # etcd refuses a transaction of more than 128 operations: a mass join is several.
         for start in range(0, len(writes), MAX_TXN_OPERATIONS):
-            self.client.commit_if([], writes[start : start + MAX_TXN_OPERATIONS])
+            revision = self.client.write(writes[start : start + MAX_TXN_OPERATIONS])
+            for item in outbound.announcements[start : start + MAX_TXN_OPERATIONS]:
+                self._announced_revision[item.node_id] = revision
+        for node_id, revision in outbound.withdrawn.items():
+            key = NODES_PREFIX + node_id
+            self.client.commit_if([(key, revision)], [Delete(key)])
         self.client.put(HEARD_PREFIX + self.replica_id, encode_digest(outbound.heard), self._lease)
         digests = readable_digests(self.client.get_prefix(HEARD_PREFIX), HEARD_PREFIX + self.replica_id)
         quarantined = frozenset(
@@ -250,17 +274,19 @@ class SharedMembership:
         self, outbound: Outbound, digests: dict[str, dict[NodeId, NodeLoad]]
     ) -> dict[NodeId, KeyValue]:
         """The registrations of nodes others heard that are new here, or that registered again
-        elsewhere since this replica adopted them: revisions first (keys only), then those values."""
+        elsewhere since this replica took or announced them: revisions first (keys only), then
+        those values."""
         revisions = {
             NodeId(kv.key.removeprefix(NODES_PREFIX)): kv.mod_revision
             for kv in self.client.get_prefix(NODES_PREFIX, keys_only=True)
         }
         heard = {node for digest in digests.values() for node in digest}
+        # The revision each record held here came from: adopted, or announced (just now, maybe).
+        held = {**outbound.adopted_revision, **self._announced_revision}
         wanted = [
             node
             for node in heard
-            if node in revisions
-            and (node not in outbound.known or outbound.adopted_revision.get(node, revisions[node]) != revisions[node])
+            if node in revisions and (node not in outbound.known or held.get(node, revisions[node]) != revisions[node])
         ]
         if len(wanted) > FETCH_ONE_BY_ONE:
             everything = {NodeId(kv.key.removeprefix(NODES_PREFIX)): kv for kv in self.client.get_prefix(NODES_PREFIX)}
@@ -308,8 +334,7 @@ class SharedMembership:
         if node_id in self.registry.quarantined:
             return
         entry = self.registry.get(node_id)
-        registered_here = entry is not None and self._adopted.get(node_id) != entry.registered_at
-        if registration is not None and not registered_here:
+        if registration is not None and self._newer_elsewhere(node_id, entry, registration):
             # New here, or registered again at another replica (a new record): take its record.
             if not self._adopt(node_id, registration):
                 return
@@ -319,6 +344,15 @@ class SharedMembership:
         entry = self.registry.get(node_id)
         if entry is not None:
             self._counted[node_id] = entry.last_seen
+
+    def _newer_elsewhere(self, node_id: NodeId, entry: NodeEntry | None, registration: KeyValue) -> bool:
+        """Whether ``registration`` is newer than the record this replica holds: none held, one
+        adopted, or one it announced before that announcement was overwritten (a registration
+        here since the last announcement is newer than anything in etcd)."""
+        if entry is None or self._adopted.get(node_id) == entry.registered_at:
+            return True
+        announced_at = self._announced.get(node_id) == entry.registered_at
+        return announced_at and registration.mod_revision > self._announced_revision.get(node_id, math.inf)
 
     def _adopt(self, node_id: NodeId, registration: KeyValue) -> bool:
         try:
