@@ -1,7 +1,7 @@
 """Replicas of one tracker share live membership through etcd, without a write per heartbeat.
 
-A heartbeat stays in the replica that receives it. What replicas exchange, once per heartbeat
-interval each:
+A heartbeat stays in the replica that receives it. What replicas exchange, twice per heartbeat
+interval each (``EXCHANGES_PER_INTERVAL``):
 
 - ``nodes/<id>``: a node's registration (its record, reachability and the replica that took
   it), written when a replica registers it, so every replica can route to it;
@@ -9,7 +9,7 @@ interval each:
   this replica's own lease (TTL: one expiry window). A replica that dies stops renewing it, and
   the key is gone within that window.
 
-Every replica reads both prefixes each interval and counts a heartbeat for every node another
+Every replica reads both prefixes at each exchange and counts a heartbeat for every node another
 replica heard, so a node is alive while any replica hears it: it may heartbeat to any of them.
 When a replica's digest disappears (it died), its nodes are counted as heard once more at that
 moment: they get a full expiry window to move to another replica (``--tracker`` failover on the
@@ -58,6 +58,10 @@ logger = logging.getLogger(__name__)
 
 NODES_PREFIX = KEY_PREFIX + "nodes/"
 HEARD_PREFIX = KEY_PREFIX + "heard/"
+EXCHANGES_PER_INTERVAL = 2
+"""Exchanges per heartbeat interval. A heartbeat reaches another replica through two of them (a
+publish, then a read): at one per interval, the gaps between the counts of one node there could
+approach two intervals plus the I/O, against an expiry window of three; at two, one interval."""
 APPLY_CHUNK = 20
 """Nodes counted between two yields to the event loop. Each registry call still scans every
 node (its sweep, and a registration's address check: ``tracker.registry``), so at 3,000 nodes
@@ -180,7 +184,6 @@ class SharedMembership:
     counts: SharedCounts | None = None
     revocations: tuple[TrackerSecurity, RevocationFeed] | None = None
     """A secured tracker's book and feed: revocations are shared too (``tracker.etcd.revocations``)."""
-    _last_exchange: float = -math.inf
     _previous: Snapshot | None = None
 
     async def run_forever(self) -> None:
@@ -193,7 +196,7 @@ class SharedMembership:
                     await self.exchange()
                 except MeshnetError as error:  # etcd unreachable: keep serving what we know
                     logger.warning("membership exchange with etcd failed: %s", error.message)
-                await asyncio.sleep(self.interval_s)
+                await asyncio.sleep(self.interval_s / EXCHANGES_PER_INTERVAL)
         finally:
             stopped.set()  # the watch thread ends within one idle read (it is a daemon anyway)
 
@@ -214,7 +217,7 @@ class SharedMembership:
         await self._apply(snapshot)
 
     def _outbound(self) -> Outbound:
-        since, self._last_exchange = self._last_exchange, self.registry.now()
+        since = self.registry.now() - self.interval_s
         announcements, heard = [], {}
         for entry in self.registry.entries():
             mine = self._adopted.get(entry.node_id) != entry.registered_at
@@ -222,8 +225,8 @@ class SharedMembership:
                 registration = tracker_wire.registration_to_proto(entry.record, entry.node_id).SerializeToString()
                 announcements.append(Announcement(entry.node_id, registration, entry.reachability))
                 self._announced[entry.node_id] = entry.registered_at
-            # Heard here: seen since the last exchange, and not only by this replica counting
-            # another's digest (that left last_seen at the value it set).
+            # Heard here within the last interval, and not only by this replica counting another's
+            # digest (that left last_seen at the value it set).
             heard_here = entry.last_seen >= since and self._counted.get(entry.node_id) != entry.last_seen
             if heard_here:
                 heard[entry.node_id] = entry.load or NodeLoad()
