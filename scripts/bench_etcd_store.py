@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
@@ -186,7 +187,11 @@ def main() -> None:
             cluster.members[0].kill()  # the member the client asked first
             results["etcd3_one_member_killed_record_work"] = write_latency(store, args.writes, offset=10 * args.writes)
     results["command"] = "python scripts/bench_etcd_store.py --out " + str(args.out)
-    results["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
+    results["machine"] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_1_5_15_min_at_end": os.getloadavg(),
+    }
     results["note"] = (
         "one machine, loopback, every etcd member and the SQLite file fsyncing on the same disk; "
         "writes are serial (one caller), so p50 is the per-write latency, not the throughput; the "
