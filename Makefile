@@ -17,13 +17,13 @@ VULKAN_VENV := .venv-vulkan
 PREFIX ?= $(HOME)/.local
 LAUNCHER := $(PREFIX)/bin/meshnet
 
-.PHONY: run test install launcher browser vulkan iptables provision lint proto bench clean
+.PHONY: run test install launcher browser vulkan iptables etcd provision lint proto bench clean
 
 run: $(MODEL_STAMP)
 	$(if $(MESHNET_BACKEND),scripts/build_backend.sh $(MESHNET_BACKEND) .venv-$(MESHNET_BACKEND))
 	$(RUN_BIN)/meshnet --data-dir $(DATA_DIR) up
 
-test: $(MODEL_STAMP) $(GEMMA_STAMP) lint browser vulkan iptables
+test: $(MODEL_STAMP) $(GEMMA_STAMP) lint browser vulkan iptables etcd
 	MESHNET_ENABLE_REAL_INFERENCE_TESTS=1 MESHNET_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q $(PYTEST_ARGS)
 
 # `meshnet` on PATH for every command after `make run`: a launcher in $(PREFIX)/bin (~/.local/bin)
@@ -50,6 +50,15 @@ iptables:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null; \
 	else echo "iptables missing and not root with apt-get: the NAT lab tests will skip"; fi
+
+# Tracker replicas share their state through etcd 3.4 (`meshnet tracker --store etcd://...`); the
+# tests start real members from Debian's etcd-server. Installed when missing and we may (root
+# with apt-get); elsewhere the etcd tests skip and say why. `make run` needs none of it.
+etcd:
+	@if command -v etcd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
+	else echo "etcd missing and not root with apt-get: the tracker replica tests will skip"; fi
 
 # The GPU tests run on a real Vulkan device without a GPU: Mesa's lavapipe, on the CPU. Its
 # packages are installed when missing and we may (root with apt-get), then llama-cpp-python is

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from worker_harness import fake_record
+from worker_harness import sample_work_record as record
 
 from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import HeartbeatStatus, NodeLoad, NodeWork, WorkRecord
+from meshnet.core.tracking import HeartbeatStatus, NodeLoad, WorkRecord
 from meshnet.deploy.launch.commands import tracker_command
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
@@ -29,24 +30,6 @@ pytestmark = pytest.mark.timeout(60)
 
 WRITERS = 4
 REGISTRATION = fake_record(LayerRange(0, 6), "127.0.0.1:9101", n_layers=6)
-
-
-def record(request_id: str) -> WorkRecord:
-    tokens = len(request_id)  # content varies with the id, so a mixed-up row would not compare equal
-    return WorkRecord(
-        request_id=RequestId(request_id),
-        model="tiny",
-        status="completed",
-        tokens_in=tokens,
-        tokens_out=2 * tokens,
-        attribution=(
-            NodeWork(NodeId("n-a"), LayerRange(0, 3), 3 * tokens),
-            NodeWork(NodeId("n-b"), LayerRange(3, 6), 3 * tokens),
-        ),
-        billing_units=tokens / 1000,
-        started_at=1_700_000_000.0,
-        finished_at=1_700_000_001.0,
-    )
 
 
 async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio.subprocess.Process, int]:

@@ -35,6 +35,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.core.tickets import DEFAULT_TICKET_S, SealedTicket
+from meshnet.core.tracking import NodeWork, WorkRecord
 from meshnet.deploy.launch.commands import INSECURE, worker_command
 from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.engine.certification import certify_fake_engine
@@ -424,3 +425,23 @@ async def raw_session(channel: grpc.aio.Channel, messages: Sequence[bytes], time
 async def health_status(channel: grpc.aio.Channel, service: str = "") -> int:
     reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
     return int(reply.status)
+
+
+def sample_work_record(request_id: str) -> WorkRecord:
+    """A completed two-share record whose content varies with its id, so a mixed-up row would
+    not compare equal: for tests that report work to a tracker without running a request."""
+    tokens = len(request_id)
+    return WorkRecord(
+        request_id=RequestId(request_id),
+        model="tiny",
+        status="completed",
+        tokens_in=tokens,
+        tokens_out=2 * tokens,
+        attribution=(
+            NodeWork(NodeId("n-a"), LayerRange(0, 3), 3 * tokens),
+            NodeWork(NodeId("n-b"), LayerRange(3, 6), 3 * tokens),
+        ),
+        billing_units=tokens / 1000,
+        started_at=1_700_000_000.0,
+        finished_at=1_700_000_001.0,
+    )

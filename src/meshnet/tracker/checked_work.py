@@ -38,6 +38,9 @@ class CheckedWork:
         self._call = call
         self._known = known
         self._wall_clock = wall_clock
+        self.share: Callable[[NodeId, tuple[SessionTokens, ...]], Awaitable[None]] | None = None
+        """Hands the counts this tracker took to its other replicas (``tracker.etcd.membership``):
+        a shard reports to its own replica, the route may have come from another."""
 
     def routed(self, query: RouteQuery, route: Route, gateway: str | None) -> None:
         self.ledger.issue(query, route, gateway)
@@ -63,7 +66,14 @@ class CheckedWork:
         return WorkAck(record.request_id, duplicate=not stored)
 
     async def counted(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> int:
-        """Take a worker's counts; a disputed record they now bear out gets its reported status."""
+        """Take a worker's counts (and share them with the other replicas, if any)."""
+        taken = await self.take_counts(node_id, sessions)
+        if self.share is not None:
+            await self.share(node_id, sessions)
+        return taken
+
+    async def take_counts(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> int:
+        """Take a shard's counts; a disputed record they now bear out gets its reported status."""
         taken, borne_out = self.ledger.count(node_id, sessions)
         for record in borne_out:
             await self._call(self._store.settle_work, record.request_id, record.status)

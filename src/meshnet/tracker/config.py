@@ -24,6 +24,12 @@ class TrackerConfig:
         default=Path(DEFAULT_DB_NAME), metadata=cli("db", shown_default="DATA_DIR/" + DEFAULT_DB_NAME)
     )
     """SQLite file holding the epoch, nodes seen and work records; created if missing."""
+    store: str = ""
+    """Where replicas of this tracker share their state: ``etcd://HOST:PORT[,HOST:PORT...]``
+    naming the members of an etcd 3.4 cluster (``tracker.etcd``). Empty: the SQLite file
+    (``--db``), one tracker process, nothing else to run."""
+    replica_id: str = ""
+    """This replica's name among the replicas sharing ``--store`` (empty: HOST:PORT)."""
     heartbeat_interval_s: float = field(default=2.0, metadata=cli("heartbeat-interval"))
     """Seconds between the heartbeats workers are told to send."""
     missed_heartbeats: int = 3
@@ -46,6 +52,8 @@ class TrackerConfig:
     and labelled ``mixed`` with that drift in the request's telemetry."""
 
     def __post_init__(self) -> None:
+        if self.store and not self.store.startswith("etcd://"):
+            raise InvalidArgument(f"--store must be empty (SQLite) or etcd://HOST:PORT[,...], got {self.store!r}")
         for name in ("port", "join_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise InvalidArgument(f"{name} must be in [0, 65535], got {getattr(self, name)}")

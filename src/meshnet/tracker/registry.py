@@ -222,6 +222,14 @@ class NodeRegistry:
         self._epoch = known_epoch + 1
         return True
 
+    def follow_epoch(self, epoch: int) -> bool:
+        """Move up to ``epoch``, one another replica of this swarm handed out
+        (``tracker.etcd.membership``); never down. True if it moved."""
+        if epoch <= self._epoch:
+            return False
+        self._epoch = epoch
+        return True
+
     def check_admissible(self, node_id: NodeId) -> None:
         """Refuse (FailedPrecondition) an id an audit quarantined."""
         if node_id in self._quarantined:

@@ -25,11 +25,13 @@ from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.etcd.membership import SharedMembership
 from meshnet.tracker.registry import Clock, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.status_service import SwarmStatusServicer
-from meshnet.tracker.store import SqliteTrackerStore
+from meshnet.tracker.store import TrackerStore
+from meshnet.tracker.stores import describe, open_store, shared_membership
 from meshnet.tracker.swarm_service import (
     SwarmServicer,
     TrackerSecurity,
@@ -111,7 +113,7 @@ class RunningTracker:
         await self._server.wait_for_termination()
 
 
-def _restored_registry(store: SqliteTrackerStore, config: TrackerConfig, clock: Clock) -> NodeRegistry:
+def _restored_registry(store: TrackerStore, config: TrackerConfig, clock: Clock) -> NodeRegistry:
     # A restart forgets every live node, which is itself a membership change: start one past
     # the stored epoch so no epoch handed out before the crash is ever reused for another view.
     epoch = store.load_epoch() + 1
@@ -141,7 +143,7 @@ async def start_tracker(
     """
     if security is None:
         require_loopback((config.host,))
-    store = SqliteTrackerStore(config.db_path)
+    store = open_store(config)
     registry = _restored_registry(store, config, clock)
     epoch = registry.epoch
     runner = StoreRunner(store)
@@ -168,8 +170,10 @@ async def start_tracker(
         await join[0].start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    sweeper = asyncio.create_task(_background(servicer, config, security))
-    logger.info("tracker serving on %s:%d, epoch %d, db %s", config.host, port, epoch, config.db_path)
+    secured = None if work is None or security is None else (work, security, feed)
+    membership = shared_membership(store, registry, config, port, secured)
+    sweeper = asyncio.create_task(_background(servicer, config, security, membership))
+    logger.info("tracker serving on %s:%d, epoch %d, %s", config.host, port, epoch, describe(config))
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper, feed)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
     if join is not None:
@@ -177,9 +181,17 @@ async def start_tracker(
     return running
 
 
-async def _background(servicer: TrackerServicer, config: TrackerConfig, security: TrackerSecurity | None) -> None:
-    """Expiry sweeps, and on a secured tracker the freshness of its own certificate."""
+async def _background(
+    servicer: TrackerServicer,
+    config: TrackerConfig,
+    security: TrackerSecurity | None,
+    membership: SharedMembership | None,
+) -> None:
+    """Expiry sweeps, the exchange with other replicas (etcd store), and on a secured tracker
+    the freshness of its own certificate."""
     tasks = [servicer.sweep_forever(config.heartbeat_interval_s / 4)]
+    if membership is not None:
+        tasks.append(membership.run_forever())
     if servicer.work is not None:
         tasks.append(servicer.work.file_from_shards_forever(min(1.0, config.work_grace_s / 4)))
     if security is not None:

@@ -1,0 +1,116 @@
+"""A local etcd cluster on loopback: the store of tracker replicas in tests and benchmarks.
+
+Each member is an ``etcd`` process (Debian's ``etcd-server``, installed by ``make etcd``) with
+its own data dir; tests kill members with SIGKILL to show what one dead member costs. A real
+deployment runs its members on separate machines (README: "Tracker replicas").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from meshnet.core.errors import FailedPrecondition, Unavailable
+
+ETCD = shutil.which("etcd")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    client_port: int
+    peer_port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to the cluster, as a crashed machine."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+@dataclass
+class EtcdCluster:
+    members: list[EtcdMember]
+
+    @property
+    def store(self) -> str:
+        """The tracker's ``--store`` value naming every member."""
+        return "etcd://" + ",".join(f"127.0.0.1:{member.client_port}" for member in self.members)
+
+
+def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
+    if ETCD is None:
+        raise FailedPrecondition("etcd is not installed: make etcd (Debian's etcd-server)")
+    member.process = subprocess.Popen(
+        [
+            ETCD,
+            f"--name={member.name}",
+            f"--data-dir={data_dir / member.name}",
+            f"--listen-client-urls={member.client_url}",
+            f"--advertise-client-urls={member.client_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{member.peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{member.peer_port}",
+            f"--initial-cluster={cluster}",
+            "--initial-cluster-state=new",
+            "--initial-cluster-token=meshnet-test",
+            # Short elections keep a killed leader's replacement quick on a loaded test machine.
+            "--heartbeat-interval=100",
+            "--election-timeout=1000",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(range(len(cluster.members)))
+    while pending and time.monotonic() < deadline:
+        for index in list(pending):
+            with contextlib.suppress(httpx.HTTPError):
+                # A linearizable read succeeds only once the cluster elected a leader.
+                if (
+                    httpx.post(cluster.members[index].client_url + "/v3/kv/range", json={"key": "eA=="}).status_code
+                    == 200
+                ):
+                    pending.discard(index)
+        time.sleep(0.1)
+    if pending:
+        raise Unavailable(f"etcd members {sorted(pending)} did not become ready in {timeout_s} s")
+
+
+@contextlib.contextmanager
+def etcd_cluster(tmp_path: Path, size: int = 3) -> Iterator[EtcdCluster]:
+    """``size`` members under ``tmp_path``, ready (a leader elected); all killed on exit."""
+    members = [EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)]
+    peers = ",".join(f"{member.name}=http://127.0.0.1:{member.peer_port}" for member in members)
+    cluster = EtcdCluster(members)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    try:
+        for member in members:
+            _start(member, peers, tmp_path / "etcd", tmp_path / f"etcd-{member.name}.log")
+        _wait_ready(cluster)
+        yield cluster
+    finally:
+        for member in members:
+            member.kill()

@@ -1,0 +1,234 @@
+"""The one home of etcd's v3 API in meshnet: its JSON gateway (``/v3/kv/*``, ``/v3/lease/*``) over httpx.
+
+Why the JSON gateway and not gRPC stubs or ``aetcd``: every etcd 3.4 member serves it on its
+client port, it needs no generated code of etcd's protos beside ours, and httpx is already a
+dependency; ``aetcd`` pins a protobuf older than ours. A store call is one small request
+(tens of bytes), so JSON costs nothing measurable next to the raft round trip and fsync.
+
+The client knows every member: a member that refuses the connection, times out or answers
+that it has no leader is skipped and the next one asked, so one dead member costs a request
+one extra connect, not a failure. When no member answers, the call raises
+``StorageUnavailable`` (UNAVAILABLE: retry), having changed nothing it knows of.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from meshnet.core.errors import InvalidArgument, StorageUnavailable
+
+logger = logging.getLogger(__name__)
+
+WATCH_IDLE_S = 10.0
+"""A watch stream quiet this long is reopened (on the next member when its member went away
+without closing the connection, as a machine that lost power does)."""
+REQUEST_TIMEOUT_S = 3.0
+"""Longer than an election (etcd's default election timeout is 1 s) so a write arriving while a
+new leader is elected waits for it instead of failing over to members that also wait."""
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Put:
+    """One write in a transaction: ``key`` = ``value`` (under ``lease`` when not 0)."""
+
+    key: str
+    value: bytes
+    lease: int = 0
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+
+
+Operation = Put | Delete
+
+
+def parse_endpoints(store: str) -> tuple[str, ...]:
+    """``etcd://HOST:PORT[,HOST:PORT...]`` → the members' base URLs (InvalidArgument if malformed)."""
+    prefix = "etcd://"
+    if not store.startswith(prefix):
+        raise InvalidArgument(f"--store must be etcd://HOST:PORT[,HOST:PORT...], got {store!r}")
+    endpoints = []
+    for member in store[len(prefix) :].split(","):
+        host, _, port = member.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"--store names etcd members as HOST:PORT, got {member!r} in {store!r}")
+        endpoints.append(f"http://{host}:{port}")
+    return tuple(endpoints)
+
+
+def _b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    """The first key after every key starting with ``prefix`` (etcd's range_end for a prefix)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return base64.b64encode(bytes(raw)).decode()
+
+
+def _kvs(reply: dict[str, Any]) -> list[KeyValue]:
+    return [
+        KeyValue(
+            base64.b64decode(kv["key"]).decode(),
+            base64.b64decode(kv.get("value", "")),
+            int(kv.get("mod_revision", 0)),
+            int(kv.get("create_revision", 0)),
+            int(kv.get("lease", 0)),
+        )
+        for kv in reply.get("kvs", [])
+    ]
+
+
+def _operation(operation: Operation) -> dict[str, Any]:
+    if isinstance(operation, Put):
+        put: dict[str, Any] = {"key": _b64(operation.key), "value": _b64(operation.value)}
+        if operation.lease:
+            put["lease"] = str(operation.lease)
+        return {"request_put": put}
+    return {"request_delete_range": {"key": _b64(operation.key)}}
+
+
+class EtcdClient:
+    """Blocking calls to an etcd cluster; safe from several threads (one httpx client, locked endpoint)."""
+
+    def __init__(self, endpoints: Sequence[str], timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        if not endpoints:
+            raise InvalidArgument("an etcd store needs at least one member address")
+        self._endpoints = list(endpoints)
+        self._preferred = 0
+        self._lock = threading.Lock()
+        self._http = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to the preferred member, then to each other; StorageUnavailable if none answers."""
+        with self._lock:
+            start = self._preferred
+        failures = []
+        for offset in range(len(self._endpoints)):
+            index = (start + offset) % len(self._endpoints)
+            endpoint = self._endpoints[index]
+            try:
+                response = self._http.post(endpoint + path, json=body)
+            except httpx.HTTPError as error:
+                failures.append(f"{endpoint}: {type(error).__name__}")
+                continue
+            if response.status_code != 200:
+                # No leader, lost quorum, too many requests: another member may do better.
+                failures.append(f"{endpoint}: HTTP {response.status_code} {response.text[:200]}")
+                continue
+            with self._lock:
+                self._preferred = index
+            reply: dict[str, Any] = response.json()
+            return reply
+        raise StorageUnavailable(
+            "no etcd member of the tracker's store answered (" + "; ".join(failures) + "): nothing was stored; retry"
+        )
+
+    def get(self, key: str) -> KeyValue | None:
+        found = _kvs(self._post("/v3/kv/range", {"key": _b64(key)}))
+        return found[0] if found else None
+
+    def get_prefix(self, prefix: str, *, keys_only: bool = False, after_revision: int = 0) -> list[KeyValue]:
+        """Every key starting with ``prefix``, in key order (``keys_only``: values left empty;
+        ``after_revision``: only keys changed after it)."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
+        if keys_only:
+            body["keys_only"] = True
+        if after_revision:
+            body["min_mod_revision"] = str(after_revision + 1)
+        return _kvs(self._post("/v3/kv/range", body))
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> None:
+        self.commit_if([], [Put(key, value, lease)])
+
+    def delete(self, key: str) -> None:
+        self._post("/v3/kv/deleterange", {"key": _b64(key)})
+
+    def create(self, key: str, value: bytes, also: Sequence[Operation] = ()) -> KeyValue | None:
+        """Write ``key`` (and ``also``) only if ``key`` is absent, atomically: None if written,
+        else the stored value (and nothing written)."""
+        compare = [{"target": "CREATE", "key": _b64(key), "result": "EQUAL", "create_revision": "0"}]
+        reply = self._txn(compare, [Put(key, value), *also], failure=[{"request_range": {"key": _b64(key)}}])
+        if reply.get("succeeded", False):
+            return None
+        found = _kvs(reply["responses"][0]["response_range"])
+        return found[0] if found else None
+
+    def write(self, operations: Sequence[Operation]) -> int:
+        """Apply ``operations`` atomically; the revision they were written at."""
+        return int(self._txn([], operations)["header"]["revision"])
+
+    def commit_if(self, unchanged: Sequence[tuple[str, int]], operations: Sequence[Operation]) -> bool:
+        """Apply ``operations`` atomically if every (key, mod_revision) is as given (0: the key is
+        absent); False (nothing applied) if one changed."""
+        compare = [
+            {"target": "MOD", "key": _b64(key), "result": "EQUAL", "mod_revision": str(revision)}
+            for key, revision in unchanged
+        ]
+        return bool(self._txn(compare, operations).get("succeeded", False))
+
+    def _txn(
+        self,
+        compare: list[dict[str, Any]],
+        operations: Sequence[Operation],
+        failure: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"compare": compare, "success": [_operation(op) for op in operations]}
+        if failure:
+            body["failure"] = failure
+        return self._post("/v3/kv/txn", body)
+
+    def grant_lease(self, ttl_s: int) -> int:
+        return int(self._post("/v3/lease/grant", {"TTL": str(ttl_s)})["ID"])
+
+    def keep_alive(self, lease: int) -> bool:
+        """Renew ``lease`` once; False if it expired already (its keys are gone)."""
+        reply = self._post("/v3/lease/keepalive", {"ID": str(lease)})
+        return int(reply.get("result", {}).get("TTL", 0)) > 0
+
+    def follow(self, key: str, on_value: Callable[[bytes], None], stopped: threading.Event) -> None:
+        """Blocking (a thread of its own): call ``on_value`` with each value ``key`` is given, as
+        etcd's watch stream reports it, until ``stopped``; reopened on another member when one
+        fails. Values written while no stream was open are missed: a caller that must not miss
+        one also reads the key from time to time."""
+        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=WATCH_IDLE_S)
+        body = {"create_request": {"key": _b64(key)}}
+        with httpx.Client(timeout=timeout) as http:
+            while not stopped.is_set():
+                for endpoint in self._endpoints:
+                    try:
+                        with http.stream("POST", endpoint + "/v3/watch", json=body) as response:
+                            for line in response.iter_lines():
+                                if stopped.is_set():
+                                    return
+                                for event in json.loads(line).get("result", {}).get("events", []):
+                                    on_value(base64.b64decode(event["kv"].get("value", "")))
+                    except (httpx.HTTPError, ValueError, KeyError) as error:
+                        logger.debug("etcd watch of %s on %s ended: %s", key, endpoint, error)
+                    if stopped.is_set():
+                        return
+                stopped.wait(0.2)

@@ -1,0 +1,170 @@
+"""``TrackerStore`` in etcd: what several tracker replicas of one swarm share durably.
+
+Why etcd (3.4, Debian's ``etcd-server``): a 3-member cluster keeps its quorum when any one
+member dies, with no failover manager to run (PostgreSQL would need one), every write is
+raft-replicated and fsynced on a majority before it is acknowledged (what work records, which
+contributors are paid from, need), and leases and prefix reads let replicas follow each other's
+membership (``tracker.etcd.membership``). Figures: ``bench/results/tracker_scale/etcd_store.json``.
+
+Keys, under one prefix per swarm (``meshnet/``):
+
+- ``epoch``: the largest epoch any replica handed out; written by compare-and-swap to the max,
+  so it never goes down, whichever replica writes.
+- ``work/<request_id>``: a work record with its content digest, created in a transaction only
+  if absent: the same record reported again (to any replica) is stored once, another under its
+  id is refused (FailedPrecondition), exactly as ``SqliteTrackerStore`` does.
+- ``dispute/<request_id>``: why a record is not stored as reported (written with it).
+- ``quarantine/<node_id>``: a quarantine with its evidence; replicas apply each other's.
+- ``seen/<node_id>``: nodes that ever registered (history, as the SQLite ``nodes`` table).
+
+Live membership, shards' token counts and revocations are shared by the replicas' exchange
+(``tracker.etcd.membership``, ``counts``, ``revocations``). The swarm CA, from which each replica
+mints the certificate it signs route tickets with, is shared as files: every replica runs on a
+copy of the same swarm data dir.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from meshnet.core.audit_evidence import QuarantineEntry, QuarantineEvidence, evidence_from_json, evidence_to_json
+from meshnet.core.errors import FailedPrecondition, StorageUnavailable
+from meshnet.core.ids import NodeId, RequestId
+from meshnet.core.node_record import NodeRecord
+from meshnet.core.tracking import WorkRecord, WorkStatus
+from meshnet.route.outbox import record_from_json, record_to_json
+from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Put
+from meshnet.tracker.store import work_fingerprint
+
+KEY_PREFIX = "meshnet/"
+EPOCH_KEY = KEY_PREFIX + "epoch"
+WORK_PREFIX = KEY_PREFIX + "work/"
+DISPUTE_PREFIX = KEY_PREFIX + "dispute/"
+QUARANTINE_PREFIX = KEY_PREFIX + "quarantine/"
+SEEN_PREFIX = KEY_PREFIX + "seen/"
+
+MAX_CAS_ATTEMPTS = 64
+"""Read-modify-write loops give up (StorageUnavailable: retry) past this many lost races."""
+
+
+class EtcdTrackerStore:
+    """``TrackerStore`` over an etcd cluster; every call raises ``StorageUnavailable`` when no
+    member answers. Several tracker replicas may use one cluster at once."""
+
+    def __init__(self, client: EtcdClient) -> None:
+        self.client = client
+
+    def load_epoch(self) -> int:
+        stored = self.client.get(EPOCH_KEY)
+        return 0 if stored is None else int(stored.value)
+
+    def save_epoch(self, epoch: int) -> None:
+        for _ in range(MAX_CAS_ATTEMPTS):
+            stored = self.client.get(EPOCH_KEY)
+            if stored is not None and int(stored.value) >= epoch:
+                return
+            revision = 0 if stored is None else stored.mod_revision
+            if self.client.commit_if([(EPOCH_KEY, revision)], [Put(EPOCH_KEY, str(epoch).encode())]):
+                return
+        raise StorageUnavailable(f"the epoch could not be raised to {epoch}: other replicas kept changing it; retry")
+
+    def record_node(self, node_id: NodeId, record: NodeRecord, seen_at: float) -> None:
+        # History only (what ``node_seen`` answers); the live membership is tracker.etcd.membership's.
+        self.client.put(SEEN_PREFIX + node_id, json.dumps({"address": record.address, "seen_at": seen_at}).encode())
+
+    def node_seen(self, node_id: NodeId) -> bool:
+        return self.client.get(SEEN_PREFIX + node_id) is not None
+
+    def record_work(self, record: WorkRecord, recorded_at: float) -> bool:
+        return self.record_judged_work(record, record, "", recorded_at)
+
+    def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
+        digest = work_fingerprint(reported)
+        value = json.dumps({"record": record_to_json(judged), "sha256": digest, "recorded_at": recorded_at}).encode()
+        also = [Put(DISPUTE_PREFIX + judged.request_id, reason.encode())] if reason else []
+        stored = self.client.create(WORK_PREFIX + reported.request_id, value, also)
+        if stored is None:
+            return True
+        if json.loads(stored.value)["sha256"] != digest:
+            raise FailedPrecondition(
+                f"work record {reported.request_id} was stored with other content: "
+                "a request is reported once (a new request needs a new id)"
+            )
+        return False
+
+    def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
+        self._update_work(request_id, status, [Delete(DISPUTE_PREFIX + request_id)])
+
+    def work_dispute(self, request_id: RequestId) -> str | None:
+        stored = self.client.get(DISPUTE_PREFIX + request_id)
+        return None if stored is None else stored.value.decode()
+
+    def get_work(self, request_id: RequestId) -> WorkRecord | None:
+        stored = self.client.get(WORK_PREFIX + request_id)
+        return None if stored is None else record_from_json(json.loads(stored.value)["record"])
+
+    def list_work(self) -> list[WorkRecord]:
+        stored = sorted(self.client.get_prefix(WORK_PREFIX), key=lambda kv: kv.create_revision)
+        return [record_from_json(json.loads(kv.value)["record"]) for kv in stored]
+
+    def quarantine_node(
+        self,
+        node_id: NodeId,
+        reason: str,
+        request_id: RequestId | None,
+        at: float,
+        evidence: QuarantineEvidence | None = None,
+    ) -> bool:
+        entry = {
+            "reason": reason,
+            "request_id": request_id,
+            "since": at,
+            "evidence": None if evidence is None else evidence_to_json(evidence),
+        }
+        self.client.put(QUARANTINE_PREFIX + node_id, json.dumps(entry).encode())
+        if request_id is None:
+            return False
+        # Only the status changes: the digest stays, so a retried report is still a duplicate.
+        return self._update_work(request_id, "unverified", [])
+
+    def clear_quarantine(self, node_id: NodeId) -> None:
+        self.client.delete(QUARANTINE_PREFIX + node_id)
+
+    def quarantined_nodes(self) -> tuple[NodeId, ...]:
+        return tuple(entry.node_id for entry in self.quarantine_entries())
+
+    def quarantine_entries(self) -> tuple[QuarantineEntry, ...]:
+        entries = [quarantine_from_kv(kv) for kv in self.client.get_prefix(QUARANTINE_PREFIX)]
+        return tuple(sorted(entries, key=lambda entry: entry.since))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _update_work(self, request_id: RequestId, status: WorkStatus, also: list[Delete]) -> bool:
+        """Set a stored record's status (and apply ``also``) by compare-and-swap; False if absent."""
+        key = WORK_PREFIX + request_id
+        for _ in range(MAX_CAS_ATTEMPTS):
+            stored = self.client.get(key)
+            if stored is None:
+                if also:
+                    self.client.commit_if([], also)
+                return False
+            data = json.loads(stored.value)
+            data["record"] = record_to_json(replace(record_from_json(data["record"]), status=status))
+            if self.client.commit_if([(key, stored.mod_revision)], [Put(key, json.dumps(data).encode()), *also]):
+                return True
+        raise StorageUnavailable(f"work record {request_id} kept changing under other replicas; retry")
+
+
+def quarantine_from_kv(kv: KeyValue) -> QuarantineEntry:
+    data = json.loads(kv.value)
+    request_id = data["request_id"]
+    evidence = data["evidence"]
+    return QuarantineEntry(
+        NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)),
+        data["reason"],
+        None if request_id is None else RequestId(request_id),
+        float(data["since"]),
+        None if evidence is None else evidence_from_json(evidence),
+    )

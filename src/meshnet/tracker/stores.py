@@ -1,0 +1,47 @@
+"""Which store a tracker's configuration names: the SQLite file (one process, the default) or
+an etcd cluster shared by replicas (``--store etcd://...``), with the membership exchange the
+replicas then run (``tracker.etcd.membership``)."""
+
+from __future__ import annotations
+
+from meshnet.tracker.checked_work import CheckedWork
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
+from meshnet.tracker.etcd.counts import SharedCounts
+from meshnet.tracker.etcd.membership import SharedMembership
+from meshnet.tracker.etcd.store import EtcdTrackerStore
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
+from meshnet.tracker.store import SqliteTrackerStore, TrackerStore
+from meshnet.tracker.swarm_service import TrackerSecurity
+
+
+def open_store(config: TrackerConfig) -> TrackerStore:
+    if not config.store:
+        return SqliteTrackerStore(config.db_path)
+    return EtcdTrackerStore(EtcdClient(parse_endpoints(config.store)))
+
+
+def shared_membership(
+    store: TrackerStore,
+    registry: NodeRegistry,
+    config: TrackerConfig,
+    port: int,
+    secured: tuple[CheckedWork, TrackerSecurity, RevocationFeed] | None,
+) -> SharedMembership | None:
+    """The exchange with the other replicas, for a store they share; None for the SQLite file.
+    A secured tracker's shards' counts and revocations are shared too."""
+    if not isinstance(store, EtcdTrackerStore):
+        return None
+    replica = config.replica_id or f"{config.host}:{port}"
+    membership = SharedMembership(store.client, registry, replica, config.heartbeat_interval_s)
+    if secured is not None:
+        work, security, feed = secured
+        membership.work, membership.counts = work, SharedCounts(store.client, replica)
+        work.share = membership.share_counts
+        membership.revocations = (security, feed)
+    return membership
+
+
+def describe(config: TrackerConfig) -> str:
+    return config.store or f"db {config.db_path}"

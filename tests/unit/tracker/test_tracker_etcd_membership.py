@@ -1,0 +1,212 @@
+"""Replicas' membership exchange (``tracker.etcd.membership``) against a real etcd, with
+clocks the test moves: a node registered and heard at one replica is live at the other; a node
+heard by nobody expires everywhere; a dead replica's nodes get a full window to move; the epoch
+quarantines and revocations follow the replica that changed them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from etcd_harness import needs_etcd
+from tracker_samples import registration
+
+from meshnet.core.ids import NodeId
+from meshnet.core.tracking import NodeLoad
+from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster
+from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
+from meshnet.tracker.etcd.counts import COUNTS_PREFIX, SharedCounts
+from meshnet.tracker.etcd.membership import HEARD_PREFIX, NODES_PREFIX, SharedMembership
+from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
+from meshnet.tracker.etcd.store import EtcdTrackerStore
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.revocation_feed import RevocationFeed
+from meshnet.tracker.swarm_service import load_tracker_security
+
+pytestmark = needs_etcd
+
+INTERVAL_S = 2.0  # expiry after 3 intervals: 6 s of the test's clock
+NODE = NodeId("n-1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    with etcd_cluster(tmp_path, size=1) as started:
+        yield started
+
+
+def replica(cluster: EtcdCluster, name: str, clock: Clock) -> SharedMembership:
+    registry = NodeRegistry(clock=clock, heartbeat_interval_s=INTERVAL_S)
+    return SharedMembership(EtcdClient(parse_endpoints(cluster.store)), registry, name, INTERVAL_S)
+
+
+async def advance(clock: Clock, seconds: float, *replicas: SharedMembership) -> None:
+    """Let ``seconds`` pass in steps of one interval, every replica exchanging and sweeping (as
+    the tracker's sweeper does) at each."""
+    for _ in range(round(seconds / INTERVAL_S)):
+        clock.now += INTERVAL_S
+        for each in replicas:
+            await each.exchange()
+            each.registry.sweep()
+
+
+async def test_a_node_heard_at_one_replica_is_live_at_the_other_until_nobody_hears_it(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    for _ in range(5):  # 10 s: past the 6 s expiry, heard at a every interval
+        a.registry.heartbeat(NODE, NodeLoad(free_sessions=3))
+        await advance(clock, INTERVAL_S, a, b)
+    entry = b.registry.get(NODE)
+    assert entry is not None and entry.load == NodeLoad(free_sessions=3)
+    # Nobody hears it any more: gone from both within one window (and a changed the epoch).
+    await advance(clock, 4 * INTERVAL_S, a, b)
+    assert a.registry.get(NODE) is None and b.registry.get(NODE) is None
+
+
+async def test_a_dead_replicas_nodes_get_a_full_window_to_move(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    await advance(clock, INTERVAL_S, b)
+    assert b.registry.get(NODE) is not None
+    # a dies (its lease's keys vanish), unnoticed for most of a window: b has not heard the node
+    # for 4 s of its 6 s when it finds a's digest gone...
+    a.client.delete(HEARD_PREFIX + "a")
+    clock.now += 2 * INTERVAL_S - 0.5
+    await b.exchange()
+    # ...and still gives it a whole window from then: the node heartbeats b 5.9 s later.
+    clock.now += 3 * INTERVAL_S - 0.1
+    b.registry.sweep()
+    assert b.registry.heartbeat(NODE, NodeLoad()) is True
+
+
+async def test_the_epoch_and_quarantines_follow_the_replica_that_changed_them(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    store_a = EtcdTrackerStore(a.client)
+    b.registry.register(registration(0, 20), NODE)
+    await advance(clock, INTERVAL_S, a, b)
+    store_a.save_epoch(41)
+    store_a.quarantine_node(NODE, "disagreed in an audit", None, at=5.0)
+    await advance(clock, INTERVAL_S, b)
+    assert b.registry.epoch >= 41
+    assert NODE in b.registry.quarantined and b.registry.get(NODE) is None
+    store_a.clear_quarantine(NODE)
+    await advance(clock, INTERVAL_S, b)
+    assert NODE not in b.registry.quarantined
+
+
+async def test_a_node_registered_again_elsewhere_is_routed_with_its_new_record(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    first = b.registry.get(NODE)
+    assert first is not None and first.record == registration(0, 20)
+    a.registry.register(registration(0, 10), NODE)  # restarted with fewer layers
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    again = b.registry.get(NODE)
+    assert again is not None and again.record == registration(0, 10)
+
+
+async def test_a_replica_follows_an_epoch_raised_elsewhere_without_waiting_for_an_exchange(
+    cluster: EtcdCluster,
+) -> None:
+    clock = Clock()
+    b = replica(cluster, "b", clock)
+    b.interval_s = 3600.0  # one exchange at start, then none during the test: only the watch moves it
+    running = asyncio.create_task(b.run_forever())
+    try:
+        await asyncio.sleep(0.3)  # the first exchange and the watch stream open
+        EtcdTrackerStore(EtcdClient(parse_endpoints(cluster.store))).save_epoch(77)
+        for _ in range(100):
+            if b.registry.epoch == 77:
+                break
+            await asyncio.sleep(0.05)
+        assert b.registry.epoch == 77
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+def test_a_revocation_at_one_replica_reaches_the_book_of_another(cluster: EtcdCluster, tmp_path: Path) -> None:
+    # Two machines' copies of one swarm dir: the same CA, books that start equal.
+    load_tracker_security(tmp_path / "a", time.time())
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    a, b = load_tracker_security(tmp_path / "a", time.time()), load_tracker_security(tmp_path / "b", time.time())
+    client = EtcdClient(parse_endpoints(cluster.store))
+    a.book.revoke("stolen-laptop", time.time())
+    exchange_revoked(client, a.book.revoked())
+    feed = RevocationFeed(b.link.revocations)
+    apply_revoked(b, feed, exchange_revoked(client, b.book.revoked()))
+    assert "stolen-laptop" in b.book.revoked()
+    assert "stolen-laptop" in b.link.revocations.current()  # refused at b's port from now on
+
+
+async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    for key, value in (
+        (HEARD_PREFIX + "x", b"not json"),
+        (HEARD_PREFIX + "y", b'{"n-2": "bm90IGEgcHJvdG8="}'),
+        (NODES_PREFIX + "n-3", b"{}"),
+        (HEARD_PREFIX + "z", b'{"n-3": ""}'),
+        (COUNTS_PREFIX + "x/1", b'{"node": "n-1", "sessions": [["s", -1, 0, 0]]}'),
+    ):
+        b.client.put(key, value)
+    b.counts = SharedCounts(b.client, "b")
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)  # raises nothing
+    assert b.registry.get(NODE) is not None and b.registry.get(NodeId("n-3")) is None
+
+
+async def test_a_node_that_moved_and_registered_again_is_taken_back_with_its_new_record(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    clock.now += 0.1  # (a heartbeat counted at the very instant of a local one would hide it)
+    b.registry.register(registration(0, 10), NODE)  # it moved to b and registered there again
+    b.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, b, a)
+    at_a = a.registry.get(NODE)
+    assert at_a is not None and at_a.record == registration(0, 10)
+    # and a, which took it from b, does not announce its old record again
+    await advance(clock, INTERVAL_S, a, b)
+    at_b = b.registry.get(NODE)
+    assert at_b is not None and at_b.record == registration(0, 10)
+
+
+async def test_a_node_nobody_hears_is_withdrawn_from_etcd(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    assert a.client.get(NODES_PREFIX + NODE) is not None
+    await advance(clock, 5 * INTERVAL_S, a, b)
+    assert a.registry.get(NODE) is None and b.registry.get(NODE) is None
+    assert a.client.get(NODES_PREFIX + NODE) is None
