@@ -1,0 +1,215 @@
+"""The tracker-scale benchmark: a real tracker process under N simulated nodes and gateway load.
+
+Every point starts a fresh ``meshnet tracker`` (mTLS as shipped, its own database) pinned to
+one core, and the load generator (``membership.load_generator``) pinned to another, as two
+processes so neither's CPU hides in the other's. The generator does the counting; this module
+lays out the points, starts and stops the processes, and writes one JSON file
+(``SCHEMA``) with the machine it ran on: cores, CPU, commit and the load average before and
+after each point (a shared machine makes the numbers indicative, and the file says how shared).
+A point whose generator fell behind is kept, marked invalid with the reason; a point whose
+processes failed is kept with the error. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from meshnet.bench.environment import cpu_model, runtime_versions
+from meshnet.bench.tracker_scale_config import TrackerScaleConfig
+from meshnet.core.errors import MeshnetError
+from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.ready_lines import TrackerLine
+from meshnet.membership.load_generator import LoadSpec
+from meshnet.process.launcher import ChildProcess, LaunchSpec
+from meshnet.security.swarm_dir import ensure_swarm
+from meshnet.tracker.config import TrackerConfig
+
+SCHEMA = "meshnet.bench.tracker_scale/1"
+START_TIMEOUT_S = 30.0
+GENERATOR_SLACK_S = 180.0
+"""Beyond warm-up and the measured span: minting certificates, binding ports, joining, stopping."""
+
+Say = Callable[[str], None]
+
+
+def pinned(command: tuple[str, ...], core: int) -> tuple[tuple[str, ...], str | None]:
+    """``command`` under ``taskset -c core`` when that core is ours and taskset exists; else the
+    command as is, with why it is not pinned (recorded: unpinned numbers mean less)."""
+    if shutil.which("taskset") is None:
+        return command, "taskset not found"
+    if core not in os.sched_getaffinity(0):
+        return command, f"core {core} is not available to this process"
+    return ("taskset", "-c", str(core), *command), None
+
+
+def git_commit(folder: Path) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def environment(config: TrackerScaleConfig) -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "usable_cores": sorted(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model(),
+        "commit": git_commit(Path(__file__).resolve().parent),
+        "versions": runtime_versions(),
+        "load_average_at_start": os.getloadavg(),
+        "tracker_core": config.tracker_core,
+        "generator_core": config.generator_core,
+    }
+
+
+def load_points(config: TrackerScaleConfig) -> list[tuple[int, float, bool, float, float]]:
+    """(nodes, route rate, mass join, warm-up s, measured s) of each point the mode asks for."""
+    top_rate = max(config.route_rates)
+    if config.mode == "sweep":
+        return [(n, rate, False, config.warmup_s, config.measure_s) for n in config.nodes for rate in config.route_rates]
+    if config.mode == "mass-join":
+        # No warm-up: what a mass join does is in the first intervals after it.
+        return [(n, top_rate, True, 0.0, config.measure_s) for n in config.nodes]
+    if config.mode == "soak":
+        return [(max(config.nodes), top_rate, False, config.warmup_s, config.soak_s)]
+    return []
+
+
+class TrackerScaleRun:
+    """The processes of one run: a tracker per point (unless replicas were given) and a generator."""
+
+    def __init__(self, config: TrackerScaleConfig, say: Say) -> None:
+        self.config = config
+        self.say = say
+        self.run_dir = config.data_dir / "tracker-scale" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def _start_tracker(self, name: str) -> tuple[ChildProcess, str | None]:
+        tracker = TrackerConfig(
+            port=0,
+            join_port=0,
+            db_path=self.run_dir / f"{name}.sqlite3",
+            heartbeat_interval_s=self.config.heartbeat_interval_s,
+            insecure=self.config.insecure,
+        )
+        command, unpinned = pinned(tracker_command(tracker, self.config.data_dir), self.config.tracker_core)
+        child = ChildProcess(LaunchSpec(name, command, self.run_dir / f"{name}.log", TrackerLine.PREFIX))
+        child.await_ready(time.monotonic() + START_TIMEOUT_S)
+        return child, unpinned
+
+    def _generate(self, spec: LoadSpec, name: str) -> dict[str, Any]:
+        spec_path = self.run_dir / f"{name}.spec.json"
+        spec_path.write_text(json.dumps(spec.to_json()))
+        command, unpinned = pinned(
+            (sys.executable, "-m", "meshnet.membership.load_generator", str(spec_path)), self.config.generator_core
+        )
+        timeout_s = spec.warmup_s + spec.measure_s + GENERATOR_SLACK_S + spec.nodes / 50
+        with (self.run_dir / f"{name}.generator.log").open("w") as log:
+            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s, check=False)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            tail = (self.run_dir / f"{name}.generator.log").read_text(errors="replace")[-2000:]
+            return {"error": f"the load generator exited {done.returncode}", "log_tail": tail}
+        result: dict[str, Any] = json.loads(lines[-1])
+        result["generator_unpinned"] = unpinned
+        return result
+
+    def point(self, nodes: int, rate: float, mass_join: bool, warmup_s: float, measure_s: float) -> dict[str, Any]:
+        name = f"{'join' if mass_join else 'load'}-{nodes}n-{rate:g}rps"
+        self.say(f"{name}: {warmup_s:g} s warm-up, {measure_s:g} s measured")
+        load_before = os.getloadavg()
+        tracker: ChildProcess | None = None
+        unpinned: str | None = None
+        try:
+            if self.config.trackers:
+                addresses = self.config.trackers
+            else:
+                tracker, unpinned = self._start_tracker(name)
+                addresses = (tracker.ready.first if tracker.ready else "",)
+            spec = LoadSpec(
+                trackers=addresses,
+                data_dir=None if self.config.insecure else self.config.data_dir,
+                nodes=nodes,
+                routes_per_s=rate,
+                records_per_s=rate,
+                warmup_s=warmup_s,
+                measure_s=measure_s,
+                mass_join=mass_join,
+                n_layers=self.config.n_layers,
+                tracker_pid=None if tracker is None else tracker.pid,
+            )
+            result = self._generate(spec, name)
+        except (MeshnetError, OSError, subprocess.TimeoutExpired) as error:
+            result = {"error": f"{type(error).__name__}: {error}"}
+        finally:
+            if tracker is not None:
+                tracker.stop()
+        result.update(
+            name=name,
+            tracker_unpinned=unpinned,
+            load_average_before=load_before,
+            load_average_after=os.getloadavg(),
+        )
+        self.say(_line(result))
+        return result
+
+
+def _line(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"  {result['name']}: FAILED {result['error']}"
+    calls = result["calls"]
+    return (
+        f"  {result['name']}: heartbeat p50/p99 {calls['heartbeat']['p50_ms']}/{calls['heartbeat']['p99_ms']} ms, "
+        f"route {calls['choose_route']['p50_ms']}/{calls['choose_route']['p99_ms']} ms, "
+        f"record {calls['report_work']['p50_ms']}/{calls['report_work']['p99_ms']} ms, "
+        f"wrongly expired {result['live_nodes_wrongly_expired']}, tracker {result['tracker']['cpu_cores']} cores, "
+        f"errors {sum(result['errors'].values())}{'' if result['valid'] else ' INVALID: ' + result['invalid_reason']}"
+    )
+
+
+def measure_tracker_scale(config: TrackerScaleConfig, say: Say = print) -> dict[str, Any]:
+    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result."""
+    if not config.insecure:
+        ensure_swarm(config.data_dir, time.time())
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "mode": config.mode,
+        "measured_at_unix_s": time.time(),
+        "environment": environment(config),
+        "config": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(config).items()},
+    }
+    run = TrackerScaleRun(config, say)
+    document["points"] = [run.point(*point) for point in load_points(config)]
+    if config.mode in ("sweep", "transport"):
+        from meshnet.bench.heartbeat_transport_run import measure_transports
+
+        document["heartbeat_transport"] = measure_transports(config, run.run_dir, say)
+    document["environment"]["load_average_at_end"] = os.getloadavg()
+    return document
+
+
+def write_result(config: TrackerScaleConfig, document: dict[str, Any]) -> Path:
+    label = config.label or f"{config.mode}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    path = config.out_dir / f"{label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=1) + "\n")
+    partial.replace(path)
+    return path
+
+
+def quick(config: TrackerScaleConfig) -> TrackerScaleConfig:
+    """A few seconds at a handful of nodes: the shape of a run, for CI."""
+    return replace(config, nodes=(10,), route_rates=(5.0,), warmup_s=1.0, measure_s=2.0, heartbeat_interval_s=0.2)

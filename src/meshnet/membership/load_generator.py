@@ -1,0 +1,342 @@
+"""The tracker load generator: N simulated nodes plus gateway-like route and work-record load.
+
+Run as its own process (``python -m meshnet.membership.load_generator SPEC.json``; the bench's
+``tracker_scale`` starts it pinned to a core of its own) against a tracker process started
+apart. It mints the nodes' and the gateway's certificates from the swarm CA in the data dir
+(acting as the swarm's admin), serves each node's dial-back address, registers the nodes (all
+at once for a mass join, else spread over one heartbeat interval), lets the load settle for
+``warmup_s``, then counts for ``measure_s`` and prints one JSON object on stdout: latencies,
+errors by call and status, live nodes the tracker wrongly forgot, the tracker's CPU and memory
+(psutil on ``tracker_pid``), and the generator's own lag, with ``valid`` false and the reason
+when the generator fell behind (its numbers then say nothing of the tracker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+
+from meshnet.core.errors import InvalidArgument
+from meshnet.core.ids import NodeId, new_node_id, new_request_id, new_session_id
+from meshnet.core.tracking import NodeWork, Route, RouteQuery, WorkRecord
+from meshnet.membership.simulated_nodes import (
+    MODEL,
+    PEERS_PER_HEARTBEAT,
+    AnsweringPorts,
+    Counts,
+    SimulatedNode,
+    layer_ranges,
+    simulated_recipe,
+    simulated_record,
+    tracker_channel,
+)
+from meshnet.security.certificates import NodeCertificate, mint_node
+from meshnet.security.swarm_dir import load_authority
+from meshnet.wire import services
+from meshnet.wire.tls import LinkSecurity
+from meshnet.wire.tracker_wire import route_from_proto, route_query_to_proto
+from meshnet.wire.work_wire import work_to_proto
+
+LAG_PROBE_S = 0.05
+"""How often the lag probe sleeps; its oversleep is the event loop's lag."""
+MAX_LAG_P99_MS = 100.0
+"""Past this the generator sends late enough to distort what it measures: the run is invalid."""
+GATEWAY_CALL_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load point, as the bench hands it to the generator process (a JSON file)."""
+
+    trackers: tuple[str, ...]
+    """Tracker addresses; node i talks to address i mod len and moves on when one is unavailable."""
+    data_dir: Path | None
+    """Where the swarm CA is; None: a plaintext (``--insecure``) tracker."""
+    nodes: int
+    routes_per_s: float
+    records_per_s: float
+    warmup_s: float
+    measure_s: float
+    mass_join: bool = False
+    n_layers: int = 30
+    tracker_pid: int | None = None
+    host: str = "127.0.0.1"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.trackers or self.nodes < 1 or self.n_layers < 2:
+            raise InvalidArgument("a load spec needs a tracker address, at least one node and two layers")
+        if min(self.routes_per_s, self.records_per_s, self.warmup_s) < 0 or self.measure_s <= 0:
+            raise InvalidArgument("rates and warm-up must be >= 0 and the measured span > 0")
+
+    def to_json(self) -> dict[str, Any]:
+        document = asdict(self)
+        document["trackers"] = list(self.trackers)
+        document["data_dir"] = None if self.data_dir is None else str(self.data_dir)
+        return document
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> LoadSpec:
+        fields = dict(document)
+        fields["trackers"] = tuple(fields["trackers"])
+        fields["data_dir"] = None if fields.get("data_dir") is None else Path(fields["data_dir"])
+        try:
+            return cls(**fields)
+        except TypeError as error:
+            raise InvalidArgument(f"malformed load spec: {error}") from None
+
+
+def _certificates(spec: LoadSpec) -> tuple[list[NodeCertificate | None], NodeCertificate | None, list[NodeId]]:
+    ids = [NodeId(new_node_id("worker")) for _ in range(spec.nodes)]
+    if spec.data_dir is None:
+        return [None] * spec.nodes, None, ids
+    authority, now = load_authority(spec.data_dir), time.time()
+    nodes: list[NodeCertificate | None] = [
+        mint_node(authority, node_id=node_id, role="worker", now_unix_s=now) for node_id in ids
+    ]
+    gateway = mint_node(authority, node_id=new_node_id("gateway"), role="gateway", now_unix_s=now)
+    return nodes, gateway, ids
+
+
+def build_nodes(spec: LoadSpec, ports: AnsweringPorts, counts: Counts) -> tuple[list[SimulatedNode], NodeCertificate | None]:
+    certificates, gateway, ids = _certificates(spec)
+    rng = random.Random(spec.seed)
+    recipe = simulated_recipe(spec.n_layers)
+    nodes: list[SimulatedNode] = []
+    for index, (node_id, certificate, layers) in enumerate(
+        zip(ids, certificates, layer_ranges(spec.nodes, spec.n_layers, rng), strict=True)
+    ):
+        address = ports.bind(None if certificate is None else LinkSecurity(certificate))
+        trackers = spec.trackers[index % len(spec.trackers) :] + spec.trackers[: index % len(spec.trackers)]
+        nodes.append(SimulatedNode(node_id, certificate, simulated_record(address, layers, recipe), trackers, counts))
+    addresses = [node.record.address for node in nodes]
+    for node in nodes:
+        peers = rng.sample(addresses, min(PEERS_PER_HEARTBEAT, len(addresses)))
+        node.peers = tuple((peer, round(rng.uniform(0.2, 40.0), 2)) for peer in peers)
+    return nodes, gateway
+
+
+class GatewayLoad:
+    """Routes for fresh sessions and the work records of routed requests, each at its own rate,
+    over one gateway certificate and channel (as one gateway sends them)."""
+
+    def __init__(self, spec: LoadSpec, certificate: NodeCertificate | None, counts: Counts) -> None:
+        self._spec = spec
+        security = None if certificate is None else LinkSecurity(certificate)
+        self._channel = tracker_channel(spec.trackers[0], security)
+        self._stub = services.TrackerStub(self._channel)
+        self._counts = counts
+        self._routed: deque[tuple[str, str, Route]] = deque(maxlen=1000)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _route(self) -> None:
+        session, request = new_session_id(), new_request_id()
+        query = RouteQuery(MODEL, session_id=session, request_id=request)
+        started = time.perf_counter()
+        try:
+            reply = await self._stub.ChooseRoute(route_query_to_proto(query), timeout=GATEWAY_CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            self._counts.error("choose_route", error)
+            return
+        self._counts.latency("choose_route", started)
+        self._routed.append((session, request, route_from_proto(reply)))
+
+    async def _report(self) -> None:
+        if not self._routed:
+            self._counts.errors["report_work:nothing_routed_yet"] += 1
+            return
+        session, request, route = self._routed.popleft()
+        now = time.time()
+        tokens = 96
+        record = WorkRecord(
+            request_id=request,  # type: ignore[arg-type]  # a RequestId made by new_request_id
+            model=MODEL,
+            status="completed",
+            tokens_in=32,
+            tokens_out=64,
+            attribution=tuple(NodeWork(hop.node_id, hop.layers, tokens) for hop in route.hops),
+            billing_units=tokens / 1000,
+            started_at=now - 2.0,
+            finished_at=now,
+            session_id=session,  # type: ignore[arg-type]
+        )
+        started = time.perf_counter()
+        try:
+            await self._stub.ReportWork(work_to_proto(record), timeout=GATEWAY_CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            self._counts.error("report_work", error)
+            return
+        self._counts.latency("report_work", started)
+
+    async def _paced(self, rate: float, call: Any, stop: asyncio.Event) -> None:
+        """Open loop: a call every 1/rate s whether or not the last one answered, as users arrive."""
+        if rate <= 0:
+            return
+        due = time.monotonic()
+        while not stop.is_set():
+            task = asyncio.create_task(call())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            due += 1.0 / rate
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.gather(
+            self._paced(self._spec.routes_per_s, self._route, stop),
+            self._paced(self._spec.records_per_s, self._report, stop),
+        )
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._channel.close()
+
+
+async def probe_lag(counts: Counts, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        before = time.monotonic()
+        await asyncio.sleep(LAG_PROBE_S)
+        counts.loop_lag_ms.append(max(0.0, time.monotonic() - before - LAG_PROBE_S) * 1000.0)
+
+
+async def _register_all(nodes: list[SimulatedNode], mass_join: bool, interval_s: float) -> float:
+    """Register every node (all at once, or spread over one interval); seconds until all tried."""
+    started = time.monotonic()
+    if mass_join:
+        await asyncio.gather(*(node.register() for node in nodes))
+    else:
+        gap = interval_s / len(nodes)
+
+        async def one(index: int, node: SimulatedNode) -> None:
+            await asyncio.sleep(index * gap)
+            await node.register()
+
+        await asyncio.gather(*(one(index, node) for index, node in enumerate(nodes)))
+    return time.monotonic() - started
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """The nearest-rank percentile (``fraction`` in [0, 1]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, int(fraction * len(ordered) + 0.5) - 1))], 3)
+
+
+def _latency_summary(values: list[float], measure_s: float) -> dict[str, Any]:
+    return {
+        "count": len(values),
+        "per_s": round(len(values) / measure_s, 2),
+        "p50_ms": percentile(values, 0.50),
+        "p99_ms": percentile(values, 0.99),
+        "max_ms": round(max(values), 3) if values else None,
+    }
+
+
+class ProcessMeter:
+    """CPU (in cores) and peak RSS of one process over the measured span."""
+
+    def __init__(self, pid: int | None) -> None:
+        self._process = None if pid is None else psutil.Process(pid)
+        self._cpu = self._cpu_s()
+        self._started = time.monotonic()
+        self.peak_rss_bytes = 0
+
+    def _cpu_s(self) -> float:
+        if self._process is None:
+            return 0.0
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+    def sample(self) -> None:
+        if self._process is not None:
+            self.peak_rss_bytes = max(self.peak_rss_bytes, int(self._process.memory_info().rss))
+
+    def cores(self) -> float | None:
+        return None if self._process is None else round((self._cpu_s() - self._cpu) / (time.monotonic() - self._started), 3)
+
+
+async def _sample_until(meters: list[ProcessMeter], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        for meter in meters:
+            meter.sample()
+        await asyncio.sleep(min(1.0, left))
+
+
+def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: ProcessMeter, join_s: float) -> dict[str, Any]:
+    lag_p99 = percentile(counts.loop_lag_ms, 0.99)
+    valid = lag_p99 is not None and lag_p99 <= MAX_LAG_P99_MS
+    calls = ("heartbeat", "choose_route", "report_work", "register")
+    return {
+        "nodes": spec.nodes,
+        "routes_per_s": spec.routes_per_s,
+        "records_per_s": spec.records_per_s,
+        "mass_join": spec.mass_join,
+        "trackers": list(spec.trackers),
+        "warmup_s": spec.warmup_s,
+        "measure_s": spec.measure_s,
+        "join_s": round(join_s, 3),
+        "calls": {call: _latency_summary(counts.latencies_ms.get(call, []), spec.measure_s) for call in calls},
+        "errors": dict(sorted(counts.errors.items())),
+        "live_nodes_wrongly_expired": counts.unknown_replies,
+        "reregistrations": counts.reregistrations,
+        "tracker": {"cpu_cores": tracker.cores(), "peak_rss_bytes": tracker.peak_rss_bytes},
+        "generator": {
+            "cpu_cores": own.cores(),
+            "peak_rss_bytes": own.peak_rss_bytes,
+            "loop_lag_p50_ms": percentile(counts.loop_lag_ms, 0.50),
+            "loop_lag_p99_ms": lag_p99,
+            "loop_lag_max_ms": round(max(counts.loop_lag_ms), 3) if counts.loop_lag_ms else None,
+        },
+        "valid": valid,
+        "invalid_reason": None
+        if valid
+        else f"the generator fell behind: event-loop lag p99 {lag_p99} ms > {MAX_LAG_P99_MS} ms",
+    }
+
+
+async def run_load(spec: LoadSpec) -> dict[str, Any]:
+    """Start the nodes and the gateway load, warm up, measure, stop; the summary of the span."""
+    counts = Counts()
+    ports = AnsweringPorts(spec.host)
+    nodes, gateway_certificate = build_nodes(spec, ports, counts)
+    await ports.start()
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        join_s = await _register_all(nodes, spec.mass_join, interval_s=2.0)
+        tasks += [asyncio.create_task(node.run(stop, index / len(nodes))) for index, node in enumerate(nodes)]
+        tasks.append(asyncio.create_task(GatewayLoad(spec, gateway_certificate, counts).run(stop)))
+        tasks.append(asyncio.create_task(probe_lag(counts, stop)))
+        await asyncio.sleep(spec.warmup_s)
+        counts.reset()
+        tracker, own = ProcessMeter(spec.tracker_pid), ProcessMeter(psutil.Process().pid)
+        await _sample_until([tracker, own], spec.measure_s)
+        summary = summarize(spec, counts, tracker, own, join_s)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(node.close() for node in nodes))
+        await ports.stop()
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m meshnet.membership.load_generator SPEC.json", file=sys.stderr)
+        return 2
+    spec = LoadSpec.from_json(json.loads(Path(argv[0]).read_text()))
+    print(json.dumps(asyncio.run(run_load(spec))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
