@@ -147,6 +147,7 @@ class TrackerScaleRun:
                 warmup_s=warmup_s,
                 measure_s=measure_s,
                 mass_join=mass_join,
+                join_spread_s=self.config.heartbeat_interval_s,
                 n_layers=self.config.n_layers,
                 tracker_pid=None if tracker is None else tracker.pid,
             )

@@ -52,6 +52,8 @@ LAG_PROBE_S = 0.05
 MAX_LAG_P99_MS = 100.0
 """Past this the generator sends late enough to distort what it measures: the run is invalid."""
 GATEWAY_CALL_TIMEOUT_S = 5.0
+JOIN_TIMEOUT_S = 60.0
+"""How long the join may take before load starts anyway (plus a little per node)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class LoadSpec:
     mass_join: bool = False
     n_layers: int = 30
     tracker_pid: int | None = None
+    join_spread_s: float = 2.0
+    """Registrations are spread over this (one heartbeat interval) unless ``mass_join``."""
     host: str = "127.0.0.1"
     seed: int = 0
 
@@ -153,7 +157,7 @@ class GatewayLoad:
 
     async def _report(self) -> None:
         if not self._routed:
-            self._counts.errors["report_work:nothing_routed_yet"] += 1
+            self._counts.skipped_records += 1  # no route answered yet: nothing to report
             return
         session, request, route = self._routed.popleft()
         now = time.time()
@@ -206,19 +210,11 @@ async def probe_lag(counts: Counts, stop: asyncio.Event) -> None:
         counts.loop_lag_ms.append(max(0.0, time.monotonic() - before - LAG_PROBE_S) * 1000.0)
 
 
-async def _register_all(nodes: list[SimulatedNode], mass_join: bool, interval_s: float) -> float:
-    """Register every node (all at once, or spread over one interval); seconds until all tried."""
+async def _joined(nodes: list[SimulatedNode], timeout_s: float) -> float:
+    """Seconds until every node is registered (or ``timeout_s``, whichever comes first)."""
     started = time.monotonic()
-    if mass_join:
-        await asyncio.gather(*(node.register() for node in nodes))
-    else:
-        gap = interval_s / len(nodes)
-
-        async def one(index: int, node: SimulatedNode) -> None:
-            await asyncio.sleep(index * gap)
-            await node.register()
-
-        await asyncio.gather(*(one(index, node) for index, node in enumerate(nodes)))
+    while not all(node.registered for node in nodes) and time.monotonic() - started < timeout_s:
+        await asyncio.sleep(0.05)
     return time.monotonic() - started
 
 
@@ -271,7 +267,17 @@ async def _sample_until(meters: list[ProcessMeter], seconds: float) -> None:
         await asyncio.sleep(min(1.0, left))
 
 
-def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: ProcessMeter, join_s: float) -> dict[str, Any]:
+def _join_summary(counts: Counts, nodes: list[SimulatedNode], join_s: float) -> dict[str, Any]:
+    """How the registrations went (a mass join's whole story is here and in the next intervals)."""
+    return {
+        "seconds": round(join_s, 3),
+        "registered": sum(node.registered for node in nodes),
+        "register": _latency_summary(counts.latencies_ms.get("register", []), max(join_s, 1e-3)),
+        "errors": dict(sorted(counts.errors.items())),
+    }
+
+
+def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: ProcessMeter) -> dict[str, Any]:
     lag_p99 = percentile(counts.loop_lag_ms, 0.99)
     valid = lag_p99 is not None and lag_p99 <= MAX_LAG_P99_MS
     calls = ("heartbeat", "choose_route", "report_work", "register")
@@ -283,11 +289,11 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "trackers": list(spec.trackers),
         "warmup_s": spec.warmup_s,
         "measure_s": spec.measure_s,
-        "join_s": round(join_s, 3),
         "calls": {call: _latency_summary(counts.latencies_ms.get(call, []), spec.measure_s) for call in calls},
         "errors": dict(sorted(counts.errors.items())),
         "live_nodes_wrongly_expired": counts.unknown_replies,
         "reregistrations": counts.reregistrations,
+        "records_skipped_nothing_routed": counts.skipped_records,
         "tracker": {"cpu_cores": tracker.cores(), "peak_rss_bytes": tracker.peak_rss_bytes},
         "generator": {
             "cpu_cores": own.cores(),
@@ -312,15 +318,19 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
     try:
-        join_s = await _register_all(nodes, spec.mass_join, interval_s=2.0)
-        tasks += [asyncio.create_task(node.run(stop, index / len(nodes))) for index, node in enumerate(nodes)]
+        # A mass join: every node at once, as after a tracker restart. Else spread over one interval.
+        gap_s = 0.0 if spec.mass_join else spec.join_spread_s / len(nodes)
+        tasks += [asyncio.create_task(node.run(stop, index * gap_s)) for index, node in enumerate(nodes)]
+        join = _join_summary(counts, nodes, await _joined(nodes, JOIN_TIMEOUT_S + spec.nodes / 20))
         tasks.append(asyncio.create_task(GatewayLoad(spec, gateway_certificate, counts).run(stop)))
         tasks.append(asyncio.create_task(probe_lag(counts, stop)))
         await asyncio.sleep(spec.warmup_s)
+        warmup = {"live_nodes_wrongly_expired": counts.unknown_replies, "reregistrations": counts.reregistrations}
+        warmup["errors"] = dict(sorted(counts.errors.items()))
         counts.reset()
         tracker, own = ProcessMeter(spec.tracker_pid), ProcessMeter(psutil.Process().pid)
         await _sample_until([tracker, own], spec.measure_s)
-        summary = summarize(spec, counts, tracker, own, join_s)
+        summary = {**summarize(spec, counts, tracker, own), "join": join, "warmup": warmup}
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

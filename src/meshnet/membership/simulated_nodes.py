@@ -85,13 +85,15 @@ class Counts:
     unknown_replies: int = 0
     """Heartbeats of a node this generator kept heartbeating that the tracker answered "unknown"."""
     reregistrations: int = 0
+    skipped_records: int = 0
+    """Work records not sent because no route had been answered yet."""
     loop_lag_ms: list[float] = field(default_factory=list)
     """How late the generator's event loop woke a sleeper: its own lag, apart from the tracker's."""
 
     def reset(self) -> None:
         """Forget everything counted so far: the end of the warm-up."""
         self.latencies_ms, self.errors, self.loop_lag_ms = {}, Counter(), []
-        self.unknown_replies = self.reregistrations = 0
+        self.unknown_replies = self.reregistrations = self.skipped_records = 0
 
     def latency(self, call: str, started: float) -> None:
         self.latencies_ms.setdefault(call, []).append((time.perf_counter() - started) * 1000.0)
@@ -204,10 +206,11 @@ class SimulatedNode:
             if await self.register():
                 self._counts.reregistrations += 1
 
-    async def run(self, stop: asyncio.Event, phase: float) -> None:
-        """Heartbeat every interval from ``phase`` (a fraction of one) on a fixed schedule, awaiting
-        each reply as a worker does (a reply takes at most one interval)."""
-        due = time.monotonic() + phase * self.interval_s
+    async def run(self, stop: asyncio.Event, start_delay_s: float) -> None:
+        """Register after ``start_delay_s``, then heartbeat every interval on a fixed schedule,
+        awaiting each reply as a worker does (a reply takes at most one interval); register again
+        on the next beat when a registration failed."""
+        due = time.monotonic() + start_delay_s
         while not stop.is_set():
             delay = due - time.monotonic()
             if delay > 0:
@@ -220,7 +223,7 @@ class SimulatedNode:
                 await self.heartbeat()
             else:
                 await self.register()
-            due += self.interval_s
+            due = max(due + self.interval_s, time.monotonic())
 
     async def close(self) -> None:
         if self._channel is not None:
