@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meshnet.bench.tracker_scale import START_TIMEOUT_S, pinned
-from meshnet.bench.tracker_scale_config import TrackerScaleConfig
+from meshnet.bench.pinning import pinned
+from meshnet.bench.tracker_scale_config import TRACKER_START_TIMEOUT_S, TrackerScaleConfig
 from meshnet.core.errors import MeshnetError
 from meshnet.membership.heartbeat_transport import READY_PREFIX
 from meshnet.process.launcher import ChildProcess, LaunchSpec
@@ -27,7 +27,7 @@ def _one(config: TrackerScaleConfig, run_dir: Path, transport: str, nodes: int, 
     command, _ = pinned((sys.executable, "-m", MODULE, "serve", str(config.data_dir)), config.tracker_core)
     server = ChildProcess(LaunchSpec(f"echo-{transport}", command, run_dir / f"echo-{transport}.log", READY_PREFIX))
     try:
-        ready = server.await_ready(time.monotonic() + START_TIMEOUT_S)
+        ready = server.await_ready(time.monotonic() + TRACKER_START_TIMEOUT_S)
         spec = {
             "address": ready.first,
             "data_dir": str(config.data_dir),

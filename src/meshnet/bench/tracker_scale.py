@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from meshnet.bench.environment import cpu_model, runtime_versions
-from meshnet.bench.tracker_scale_config import TrackerScaleConfig
+from meshnet.bench.heartbeat_transport_run import measure_transports
+from meshnet.bench.pinning import pinned
+from meshnet.bench.tracker_scale_config import TRACKER_START_TIMEOUT_S, TrackerScaleConfig
 from meshnet.core.errors import MeshnetError
 from meshnet.deploy.launch.commands import tracker_command
 from meshnet.deploy.launch.ready_lines import TrackerLine
@@ -34,21 +35,10 @@ from meshnet.security.swarm_dir import ensure_swarm
 from meshnet.tracker.config import TrackerConfig
 
 SCHEMA = "meshnet.bench.tracker_scale/1"
-START_TIMEOUT_S = 30.0
 GENERATOR_SLACK_S = 180.0
 """Beyond warm-up and the measured span: minting certificates, binding ports, joining, stopping."""
 
 Say = Callable[[str], None]
-
-
-def pinned(command: tuple[str, ...], core: int) -> tuple[tuple[str, ...], str | None]:
-    """``command`` under ``taskset -c core`` when that core is ours and taskset exists; else the
-    command as is, with why it is not pinned (recorded: unpinned numbers mean less)."""
-    if shutil.which("taskset") is None:
-        return command, "taskset not found"
-    if core not in os.sched_getaffinity(0):
-        return command, f"core {core} is not available to this process"
-    return ("taskset", "-c", str(core), *command), None
 
 
 def git_commit(folder: Path) -> str | None:
@@ -78,7 +68,9 @@ def load_points(config: TrackerScaleConfig) -> list[tuple[int, float, bool, floa
     """(nodes, route rate, mass join, warm-up s, measured s) of each point the mode asks for."""
     top_rate = max(config.route_rates)
     if config.mode == "sweep":
-        return [(n, rate, False, config.warmup_s, config.measure_s) for n in config.nodes for rate in config.route_rates]
+        return [
+            (n, rate, False, config.warmup_s, config.measure_s) for n in config.nodes for rate in config.route_rates
+        ]
     if config.mode == "mass-join":
         # No warm-up: what a mass join does is in the first intervals after it.
         return [(n, top_rate, True, 0.0, config.measure_s) for n in config.nodes]
@@ -106,7 +98,7 @@ class TrackerScaleRun:
         )
         command, unpinned = pinned(tracker_command(tracker, self.config.data_dir), self.config.tracker_core)
         child = ChildProcess(LaunchSpec(name, command, self.run_dir / f"{name}.log", TrackerLine.PREFIX))
-        child.await_ready(time.monotonic() + START_TIMEOUT_S)
+        child.await_ready(time.monotonic() + TRACKER_START_TIMEOUT_S)
         return child, unpinned
 
     def _generate(self, spec: LoadSpec, name: str) -> dict[str, Any]:
@@ -117,7 +109,9 @@ class TrackerScaleRun:
         )
         timeout_s = spec.warmup_s + spec.measure_s + GENERATOR_SLACK_S + spec.nodes / 50
         with (self.run_dir / f"{name}.generator.log").open("w") as log:
-            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s, check=False)
+            done = subprocess.run(
+                command, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s, check=False
+            )
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             tail = (self.run_dir / f"{name}.generator.log").read_text(errors="replace")[-2000:]
@@ -194,8 +188,6 @@ def measure_tracker_scale(config: TrackerScaleConfig, say: Say = print) -> dict[
     run = TrackerScaleRun(config, say)
     document["points"] = [run.point(*point) for point in load_points(config)]
     if config.mode in ("sweep", "transport"):
-        from meshnet.bench.heartbeat_transport_run import measure_transports
-
         document["heartbeat_transport"] = measure_transports(config, run.run_dir, say)
     document["environment"]["load_average_at_end"] = os.getloadavg()
     return document

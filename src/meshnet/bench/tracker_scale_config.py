@@ -10,6 +10,8 @@ from typing import Literal
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
 
+TRACKER_START_TIMEOUT_S = 30.0
+"""Seconds a started tracker (or the transport experiment's echo server) may take to be ready."""
 ScaleMode = Literal["sweep", "mass-join", "soak", "transport"]
 
 

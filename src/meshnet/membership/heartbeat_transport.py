@@ -90,7 +90,9 @@ async def _node(
     spec: TransportSpec, security: LinkSecurity, node_id: NodeId, phase: float, latencies: list[float]
 ) -> None:
     channel = tracker_channel(spec.address, security)
-    message = heartbeat_to_proto(node_id, NodeLoad(free_sessions=7, peer_rtt_ms=tuple((f"10.0.0.{i}:7000", 1.5) for i in range(12))))
+    message = heartbeat_to_proto(
+        node_id, NodeLoad(free_sessions=7, peer_rtt_ms=tuple((f"10.0.0.{i}:7000", 1.5) for i in range(12)))
+    )
     decode, encode = services.HeartbeatReply.FromString, services.NodeHeartbeat.SerializeToString
     call = None
     if spec.transport == "stream":
@@ -126,7 +128,7 @@ async def measure(spec: TransportSpec) -> dict[str, Any]:
     server, client = ProcessMeter(spec.server_pid), ProcessMeter(psutil.Process().pid)
     await asyncio.gather(
         *(
-            _node(spec, security, security.identity.node_id, index / spec.nodes, latencies)
+            _node(spec, security, NodeId(security.identity.node_id), index / spec.nodes, latencies)
             for index, security in enumerate(securities)
         )
     )

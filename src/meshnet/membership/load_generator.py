@@ -112,7 +112,9 @@ def _certificates(spec: LoadSpec) -> tuple[list[NodeCertificate | None], NodeCer
     return nodes, gateway, ids
 
 
-def build_nodes(spec: LoadSpec, ports: AnsweringPorts, counts: Counts) -> tuple[list[SimulatedNode], NodeCertificate | None]:
+def build_nodes(
+    spec: LoadSpec, ports: AnsweringPorts, counts: Counts
+) -> tuple[list[SimulatedNode], NodeCertificate | None]:
     certificates, gateway, ids = _certificates(spec)
     rng = random.Random(spec.seed)
     recipe = simulated_recipe(spec.n_layers)
@@ -256,7 +258,11 @@ class ProcessMeter:
             self.peak_rss_bytes = max(self.peak_rss_bytes, int(self._process.memory_info().rss))
 
     def cores(self) -> float | None:
-        return None if self._process is None else round((self._cpu_s() - self._cpu) / (time.monotonic() - self._started), 3)
+        return (
+            None
+            if self._process is None
+            else round((self._cpu_s() - self._cpu) / (time.monotonic() - self._started), 3)
+        )
 
 
 async def _sample_until(meters: list[ProcessMeter], seconds: float) -> None:
@@ -325,8 +331,11 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
         tasks.append(asyncio.create_task(GatewayLoad(spec, gateway_certificate, counts).run(stop)))
         tasks.append(asyncio.create_task(probe_lag(counts, stop)))
         await asyncio.sleep(spec.warmup_s)
-        warmup = {"live_nodes_wrongly_expired": counts.unknown_replies, "reregistrations": counts.reregistrations}
-        warmup["errors"] = dict(sorted(counts.errors.items()))
+        warmup = {
+            "live_nodes_wrongly_expired": counts.unknown_replies,
+            "reregistrations": counts.reregistrations,
+            "errors": dict(sorted(counts.errors.items())),
+        }
         counts.reset()
         tracker, own = ProcessMeter(spec.tracker_pid), ProcessMeter(psutil.Process().pid)
         await _sample_until([tracker, own], spec.measure_s)
