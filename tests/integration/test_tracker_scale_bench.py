@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshnet.bench.tracker_scale import SCHEMA, measure_tracker_scale, quick, write_result
+from meshnet.bench.tracker_scale import SCHEMA, measure_tracker_scale, quick, result_path
 from meshnet.bench.tracker_scale_config import TrackerScaleConfig
 from meshnet.membership.load_generator import LoadSpec, run_load
 from meshnet.security.swarm_dir import init_swarm
@@ -22,11 +22,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
     config = quick(TrackerScaleConfig(data_dir=tmp_path / "data", out_dir=tmp_path / "out", label="tiny"))
-    document = measure_tracker_scale(config, say=lambda line: None)
-    path = write_result(config, document)
+    path = result_path(config)
+    measure_tracker_scale(config, path, say=lambda line: None)
 
     written = json.loads(path.read_text())
-    assert written["schema"] == SCHEMA
+    assert written["schema"] == SCHEMA and written["complete"] is True
     assert written["environment"]["usable_cores"] and "load_average_at_start" in written["environment"]
     (point,) = written["points"]
     assert "error" not in point, point

@@ -174,33 +174,43 @@ def _line(result: dict[str, Any]) -> str:
     )
 
 
-def measure_tracker_scale(config: TrackerScaleConfig, say: Say = print) -> dict[str, Any]:
-    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result."""
+def result_path(config: TrackerScaleConfig) -> Path:
+    label = config.label or f"{config.mode}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    return config.out_dir / f"{label}.json"
+
+
+def write_result(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=1) + "\n")
+    partial.replace(path)
+
+
+def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = print) -> dict[str, Any]:
+    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result,
+    written to ``out`` after every point (``complete`` false until the end), so a run that
+    fails half-way keeps what it measured."""
     if not config.insecure:
         ensure_swarm(config.data_dir, time.time())
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "mode": config.mode,
+        "complete": False,
         "measured_at_unix_s": time.time(),
         "environment": environment(config),
         "config": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(config).items()},
+        "points": [],
     }
     run = TrackerScaleRun(config, say)
-    document["points"] = [run.point(*point) for point in load_points(config)]
+    for point in load_points(config):
+        document["points"].append(run.point(*point))
+        write_result(out, document)
     if config.mode in ("sweep", "transport"):
         document["heartbeat_transport"] = measure_transports(config, run.run_dir, say)
     document["environment"]["load_average_at_end"] = os.getloadavg()
+    document["complete"] = True
+    write_result(out, document)
     return document
-
-
-def write_result(config: TrackerScaleConfig, document: dict[str, Any]) -> Path:
-    label = config.label or f"{config.mode}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    path = config.out_dir / f"{label}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(document, indent=1) + "\n")
-    partial.replace(path)
-    return path
 
 
 def quick(config: TrackerScaleConfig) -> TrackerScaleConfig:

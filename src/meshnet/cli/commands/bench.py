@@ -55,13 +55,14 @@ def cmd_bench_tls(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_tracker_scale(args: argparse.Namespace) -> int:
-    from meshnet.bench.tracker_scale import measure_tracker_scale, quick, write_result
+    from meshnet.bench.tracker_scale import measure_tracker_scale, quick, result_path
     from meshnet.bench.tracker_scale_config import TrackerScaleConfig
 
     config = config_from_arguments(TrackerScaleConfig, args, fixed={"data_dir": args.data_dir})
     if config.quick:
         config = quick(config)
-    path = write_result(config, measure_tracker_scale(config))
+    path = result_path(config)
+    measure_tracker_scale(config, path)
     print(f"wrote {path}")
     return 0
 
