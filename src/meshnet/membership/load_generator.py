@@ -297,6 +297,7 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "measure_s": spec.measure_s,
         "calls": {call: _latency_summary(counts.latencies_ms.get(call, []), spec.measure_s) for call in calls},
         "errors": dict(sorted(counts.errors.items())),
+        "error_examples": dict(sorted(counts.error_examples.items())),
         "live_nodes_wrongly_expired": counts.unknown_replies,
         "reregistrations": counts.reregistrations,
         "records_skipped_nothing_routed": counts.skipped_records,

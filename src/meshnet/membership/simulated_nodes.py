@@ -82,6 +82,8 @@ class Counts:
 
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
+    error_examples: dict[str, str] = field(default_factory=dict)
+    """The details of the first error of each call and status, to tell one cause from another."""
     unknown_replies: int = 0
     """Heartbeats of a node this generator kept heartbeating that the tracker answered "unknown"."""
     reregistrations: int = 0
@@ -92,15 +94,16 @@ class Counts:
 
     def reset(self) -> None:
         """Forget everything counted so far: the end of the warm-up."""
-        self.latencies_ms, self.errors, self.loop_lag_ms = {}, Counter(), []
+        self.latencies_ms, self.errors, self.error_examples, self.loop_lag_ms = {}, Counter(), {}, []
         self.unknown_replies = self.reregistrations = self.skipped_records = 0
 
     def latency(self, call: str, started: float) -> None:
         self.latencies_ms.setdefault(call, []).append((time.perf_counter() - started) * 1000.0)
 
-    def error(self, call: str, error: grpc.RpcError) -> None:
-        code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
-        self.errors[f"{call}:{code.name if code is not None else 'UNKNOWN'}"] += 1
+    def error(self, call: str, error: grpc.aio.AioRpcError) -> None:
+        key = f"{call}:{error.code().name}"
+        self.errors[key] += 1
+        self.error_examples.setdefault(key, (error.details() or "")[:200])
 
 
 class AnsweringPorts:
