@@ -40,7 +40,7 @@ def _one(config: TrackerScaleConfig, run_dir: Path, transport: str, nodes: int, 
         spec_path = run_dir / f"echo-{transport}.spec.json"
         spec_path.write_text(json.dumps(spec))
         client, _ = pinned((sys.executable, "-m", MODULE, "measure", str(spec_path)), config.generator_core)
-        done = subprocess.run(client, capture_output=True, text=True, timeout=seconds + 120, check=False)
+        done = subprocess.run(client, capture_output=True, text=True, timeout=seconds + 240, check=False)
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             return {"transport": transport, "error": f"exited {done.returncode}", "log_tail": done.stderr[-2000:]}
@@ -60,7 +60,7 @@ def measure_transports(config: TrackerScaleConfig, run_dir: Path, say: Callable[
     unary, stream = results["unary"].get("server_us_per_heartbeat"), results["stream"].get("server_us_per_heartbeat")
     summary: dict[str, Any] = {
         **results,
-        "note": "echo servers (no registry work), TLS handshakes included in both; see membership.heartbeat_transport",
+        "note": "echo servers (no registry work); connections made before the span; see membership.heartbeat_transport",
         "stream_over_unary_server_cost": round(stream / unary, 3) if unary and stream else None,
     }
     say(f"  server us/heartbeat: unary {unary}, stream {stream}")

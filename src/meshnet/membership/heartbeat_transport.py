@@ -38,6 +38,8 @@ from meshnet.wire.tracker_wire import heartbeat_from_proto, heartbeat_status_to_
 SERVICE = "meshnet.experiment.HeartbeatEcho"
 READY_PREFIX = "heartbeat transport listening on"
 Transport = Literal["unary", "stream"]
+CONNECT_TIMEOUT_S = 120.0
+"""Every node's handshake and first heartbeat, before the span starts."""
 _REPLY = heartbeat_status_to_proto(HeartbeatStatus(known=True, epoch=1))
 
 
@@ -86,29 +88,49 @@ class TransportSpec:
     server_pid: int
 
 
+class _Start:
+    """Every node connects (TLS handshake, stream opened) and sends one heartbeat before the
+    measured span starts: the span holds heartbeats only, not the cost of connecting."""
+
+    def __init__(self, nodes: int) -> None:
+        self._waiting = nodes
+        self.connected = asyncio.Event()
+        self.go = asyncio.Event()
+
+    def one_connected(self) -> None:
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.connected.set()
+
+
 async def _node(
-    spec: TransportSpec, security: LinkSecurity, node_id: NodeId, phase: float, latencies: list[float]
+    spec: TransportSpec, security: LinkSecurity, phase: float, start: _Start, latencies: list[float]
 ) -> None:
     channel = tracker_channel(spec.address, security)
-    message = heartbeat_to_proto(
-        node_id, NodeLoad(free_sessions=7, peer_rtt_ms=tuple((f"10.0.0.{i}:7000", 1.5) for i in range(12)))
-    )
+    peers = tuple((f"10.0.0.{i}:7000", 1.5) for i in range(12))
+    message = heartbeat_to_proto(NodeId(security.identity.node_id), NodeLoad(free_sessions=7, peer_rtt_ms=peers))
     decode, encode = services.HeartbeatReply.FromString, services.NodeHeartbeat.SerializeToString
-    call = None
-    if spec.transport == "stream":
-        call = channel.stream_stream(f"/{SERVICE}/Stream", request_serializer=encode, response_deserializer=decode)()
     unary = channel.unary_unary(f"/{SERVICE}/Unary", request_serializer=encode, response_deserializer=decode)
-    due = time.monotonic() + phase * spec.interval_s
-    end = time.monotonic() + spec.seconds
+    stream = channel.stream_stream(f"/{SERVICE}/Stream", request_serializer=encode, response_deserializer=decode)
+    call = stream() if spec.transport == "stream" else None
+
+    async def beat() -> None:
+        if call is None:
+            await unary(message, timeout=spec.interval_s)
+        else:
+            await call.write(message)
+            await call.read()
+
     try:
+        await beat()
+        start.one_connected()
+        await start.go.wait()
+        due = time.monotonic() + phase * spec.interval_s
+        end = time.monotonic() + spec.seconds
         while due < end:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             started = time.perf_counter()
-            if call is None:
-                await unary(message, timeout=spec.interval_s)
-            else:
-                await call.write(message)
-                await call.read()
+            await beat()
             latencies.append((time.perf_counter() - started) * 1000.0)
             due += spec.interval_s
     finally:
@@ -118,22 +140,24 @@ async def _node(
 
 
 async def measure(spec: TransportSpec) -> dict[str, Any]:
-    """Heartbeats of ``spec.nodes`` nodes for ``spec.seconds``: the server's CPU per heartbeat."""
+    """Heartbeats of ``spec.nodes`` connected nodes for ``spec.seconds``: the server's CPU per heartbeat."""
     authority, now = load_authority(spec.data_dir), time.time()
     securities = [
         LinkSecurity(mint_node(authority, node_id=new_node_id("worker"), role="worker", now_unix_s=now))
         for _ in range(spec.nodes)
     ]
     latencies: list[float] = []
-    server, client = ProcessMeter(spec.server_pid), ProcessMeter(psutil.Process().pid)
-    await asyncio.gather(
-        *(
-            _node(spec, security, NodeId(security.identity.node_id), index / spec.nodes, latencies)
-            for index, security in enumerate(securities)
-        )
+    start = _Start(spec.nodes)
+    nodes = asyncio.gather(
+        *(_node(spec, security, index / spec.nodes, start, latencies) for index, security in enumerate(securities))
     )
+    await asyncio.wait_for(start.connected.wait(), CONNECT_TIMEOUT_S)
+    server, client = ProcessMeter(spec.server_pid), ProcessMeter(psutil.Process().pid)
+    began = time.monotonic()
+    start.go.set()
+    await nodes
     server_cores, client_cores = server.cores() or 0.0, client.cores() or 0.0
-    per_s = len(latencies) / spec.seconds
+    per_s = len(latencies) / (time.monotonic() - began)
     return {
         "transport": spec.transport,
         "nodes": spec.nodes,
