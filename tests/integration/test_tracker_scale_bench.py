@@ -21,7 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
-    config = quick(TrackerScaleConfig(data_dir=tmp_path / "data", out_dir=tmp_path / "out", label="tiny"))
+    # Two generator processes, so their figures are merged as a large run's are.
+    base = TrackerScaleConfig(data_dir=tmp_path / "data", out_dir=tmp_path / "out", label="tiny", generator_processes=2)
+    config = quick(base)
     path = result_path(config)
     measure_tracker_scale(config, path, say=lambda line: None)
 
@@ -35,7 +37,8 @@ def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
     assert 70 <= calls["heartbeat"]["count"] <= 110
     assert calls["choose_route"]["count"] >= 5 and calls["report_work"]["count"] >= 5
     assert point["errors"] == {}
-    assert point["join"]["registered"] == 10
+    assert point["join"]["registered"] == 10 and point["nodes"] == 10
+    assert point["generator_processes"] == 2 and len(point["generator"]) == 2
     assert point["live_nodes_wrongly_expired"] == 0 and point["reregistrations"] == 0
     assert point["tracker"]["cpu_cores"] > 0 and point["tracker"]["peak_rss_bytes"] > 0
     assert point["valid"] is True

@@ -39,7 +39,7 @@ def _one(config: TrackerScaleConfig, run_dir: Path, transport: str, nodes: int, 
         }
         spec_path = run_dir / f"echo-{transport}.spec.json"
         spec_path.write_text(json.dumps(spec))
-        client, _ = pinned((sys.executable, "-m", MODULE, "measure", str(spec_path)), config.generator_core)
+        client, _ = pinned((sys.executable, "-m", MODULE, "measure", str(spec_path)), config.generator_cores[0])
         done = subprocess.run(client, capture_output=True, text=True, timeout=seconds + 240, check=False)
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from meshnet.bench.environment import cpu_model, runtime_versions
 from meshnet.bench.heartbeat_transport_run import measure_transports
 from meshnet.bench.pinning import pinned
 from meshnet.bench.tracker_scale_config import TRACKER_START_TIMEOUT_S, TrackerScaleConfig
+from meshnet.bench.tracker_scale_merge import merge_points
 from meshnet.core.errors import MeshnetError
 from meshnet.deploy.launch.commands import tracker_command
 from meshnet.deploy.launch.ready_lines import TrackerLine
@@ -60,22 +61,35 @@ def environment(config: TrackerScaleConfig) -> dict[str, Any]:
         "versions": runtime_versions(),
         "load_average_at_start": os.getloadavg(),
         "tracker_core": config.tracker_core,
-        "generator_core": config.generator_core,
+        "generator_cores": list(config.generator_cores),
+        "generator_processes": config.generator_processes,
     }
 
 
-def load_points(config: TrackerScaleConfig) -> list[tuple[int, float, bool, float, float]]:
-    """(nodes, route rate, mass join, warm-up s, measured s) of each point the mode asks for."""
+@dataclass(frozen=True)
+class LoadPoint:
+    nodes: int
+    route_rate: float
+    """ChooseRoute calls per second; ReportWork runs at the same rate."""
+    mass_join: bool
+    warmup_s: float
+    measure_s: float
+
+
+def load_points(config: TrackerScaleConfig) -> list[LoadPoint]:
+    """Each point the mode asks for."""
     top_rate = max(config.route_rates)
     if config.mode == "sweep":
         return [
-            (n, rate, False, config.warmup_s, config.measure_s) for n in config.nodes for rate in config.route_rates
+            LoadPoint(n, rate, False, config.warmup_s, config.measure_s)
+            for n in config.nodes
+            for rate in config.route_rates
         ]
     if config.mode == "mass-join":
         # No warm-up: what a mass join does is in the first intervals after it.
-        return [(n, top_rate, True, 0.0, config.measure_s) for n in config.nodes]
+        return [LoadPoint(n, top_rate, True, 0.0, config.measure_s) for n in config.nodes]
     if config.mode == "soak":
-        return [(max(config.nodes), top_rate, False, config.warmup_s, config.soak_s)]
+        return [LoadPoint(max(config.nodes), top_rate, False, config.warmup_s, config.soak_s)]
     return []
 
 
@@ -101,28 +115,62 @@ class TrackerScaleRun:
         child.await_ready(time.monotonic() + TRACKER_START_TIMEOUT_S)
         return child, unpinned
 
-    def _generate(self, spec: LoadSpec, name: str) -> dict[str, Any]:
-        spec_path = self.run_dir / f"{name}.spec.json"
-        spec_path.write_text(json.dumps(spec.to_json()))
-        command, unpinned = pinned(
-            (sys.executable, "-m", "meshnet.membership.load_generator", str(spec_path)), self.config.generator_core
-        )
-        timeout_s = spec.warmup_s + spec.measure_s + GENERATOR_SLACK_S + spec.nodes / 50
-        with (self.run_dir / f"{name}.generator.log").open("w") as log:
-            done = subprocess.run(
-                command, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s, check=False
-            )
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            tail = (self.run_dir / f"{name}.generator.log").read_text(errors="replace")[-2000:]
-            return {"error": f"the load generator exited {done.returncode}", "log_tail": tail}
-        result: dict[str, Any] = json.loads(lines[-1])
-        result["generator_unpinned"] = unpinned
-        return result
+    def _generate(self, specs: list[LoadSpec], name: str) -> dict[str, Any]:
+        """Run one generator process per spec at once (pinned round robin over the generator
+        cores); their summaries merged, or the error of the first that failed."""
+        running = []
+        for index, spec in enumerate(specs):
+            spec_path = self.run_dir / f"{name}.{index}.spec.json"
+            spec_path.write_text(json.dumps(spec.to_json()))
+            core = self.config.generator_cores[index % len(self.config.generator_cores)]
+            command, _ = pinned((sys.executable, "-m", "meshnet.membership.load_generator", str(spec_path)), core)
+            log_path = self.run_dir / f"{name}.{index}.generator.log"
+            with log_path.open("w") as log:
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+            running.append((process, log_path))
+        spec = specs[0]
+        deadline = time.monotonic() + spec.warmup_s + spec.measure_s + GENERATOR_SLACK_S + spec.nodes / 50
+        results: list[dict[str, Any]] = []
+        failure: dict[str, Any] | None = None
+        for process, log_path in running:
+            try:
+                stdout, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, _ = process.communicate()
+            lines = stdout.strip().splitlines()
+            if process.returncode != 0 or not lines:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                failure = failure or {"error": f"a load generator exited {process.returncode}", "log_tail": tail}
+            else:
+                results.append(json.loads(lines[-1]))
+        return failure or merge_points(results)
 
-    def point(self, nodes: int, rate: float, mass_join: bool, warmup_s: float, measure_s: float) -> dict[str, Any]:
-        name = f"{'join' if mass_join else 'load'}-{nodes}n-{rate:g}rps"
-        self.say(f"{name}: {warmup_s:g} s warm-up, {measure_s:g} s measured")
+    def _specs(self, addresses: tuple[str, ...], tracker_pid: int | None, point: LoadPoint) -> list[LoadSpec]:
+        """The point's nodes and rates shared out over ``generator_processes`` generators."""
+        processes = min(self.config.generator_processes, point.nodes)
+        shares = [point.nodes // processes + (index < point.nodes % processes) for index in range(processes)]
+        return [
+            LoadSpec(
+                trackers=addresses,
+                data_dir=None if self.config.insecure else self.config.data_dir,
+                nodes=share,
+                routes_per_s=point.route_rate / processes,
+                records_per_s=point.route_rate / processes,
+                warmup_s=point.warmup_s,
+                measure_s=point.measure_s,
+                mass_join=point.mass_join,
+                join_spread_s=self.config.heartbeat_interval_s,
+                n_layers=self.config.n_layers,
+                tracker_pid=tracker_pid,
+                seed=index,
+            )
+            for index, share in enumerate(shares)
+        ]
+
+    def point(self, point: LoadPoint) -> dict[str, Any]:
+        name = f"{'join' if point.mass_join else 'load'}-{point.nodes}n-{point.route_rate:g}rps"
+        self.say(f"{name}: {point.warmup_s:g} s warm-up, {point.measure_s:g} s measured")
         load_before = os.getloadavg()
         tracker: ChildProcess | None = None
         unpinned: str | None = None
@@ -132,20 +180,7 @@ class TrackerScaleRun:
             else:
                 tracker, unpinned = self._start_tracker(name)
                 addresses = (tracker.ready.first if tracker.ready else "",)
-            spec = LoadSpec(
-                trackers=addresses,
-                data_dir=None if self.config.insecure else self.config.data_dir,
-                nodes=nodes,
-                routes_per_s=rate,
-                records_per_s=rate,
-                warmup_s=warmup_s,
-                measure_s=measure_s,
-                mass_join=mass_join,
-                join_spread_s=self.config.heartbeat_interval_s,
-                n_layers=self.config.n_layers,
-                tracker_pid=None if tracker is None else tracker.pid,
-            )
-            result = self._generate(spec, name)
+            result = self._generate(self._specs(addresses, None if tracker is None else tracker.pid, point), name)
         except (MeshnetError, OSError, subprocess.TimeoutExpired) as error:
             result = {"error": f"{type(error).__name__}: {error}"}
         finally:
@@ -203,7 +238,7 @@ def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = prin
     }
     run = TrackerScaleRun(config, say)
     for point in load_points(config):
-        document["points"].append(run.point(*point))
+        document["points"].append(run.point(point))
         write_result(out, document)
     if config.mode in ("sweep", "transport"):
         document["heartbeat_transport"] = measure_transports(config, run.run_dir, say)

@@ -47,8 +47,11 @@ class TrackerScaleConfig:
     none are started, nodes spread over them and fail over. Empty: start one per point."""
     tracker_core: int = 0
     """CPU core the started tracker is pinned to (taskset)."""
-    generator_core: int = 1
-    """CPU core the load generator is pinned to."""
+    generator_cores: tuple[int, ...] = (1,)
+    """CPU cores the load generator processes are pinned to, round robin."""
+    generator_processes: int = 1
+    """Load generator processes sharing each point's nodes and rates (one event loop keeps up
+    with about 1,000 nodes on one core; give more cores and processes for more)."""
     insecure: bool = False
     """Plaintext tracker (no mTLS, no dial-back): only to separate the cost of TLS."""
     out_dir: Path = field(default=Path("bench/results/tracker_scale"), metadata=cli("out-dir"))
@@ -68,5 +71,7 @@ class TrackerScaleConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= (0 if name == "warmup_s" else 0.01)):
                 raise InvalidArgument(f"{name} must be a finite number of seconds, got {value}")
+        if self.generator_processes < 1 or not self.generator_cores:
+            raise InvalidArgument("at least one generator process on at least one core")
         if self.n_layers < 2:
             raise InvalidArgument(f"n_layers must be at least 2, got {self.n_layers}")

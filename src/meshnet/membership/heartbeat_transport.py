@@ -17,6 +17,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ import psutil
 
 from meshnet.core.ids import NodeId, new_node_id
 from meshnet.core.tracking import HeartbeatStatus, NodeLoad
-from meshnet.membership.load_generator import ProcessMeter, percentile
+from meshnet.membership.load_figures import Histogram, ProcessMeter, bucket, percentile
 from meshnet.membership.simulated_nodes import tracker_channel
 from meshnet.security.certificates import mint_node
 from meshnet.security.swarm_dir import load_authority, tracker_identity
@@ -103,9 +104,7 @@ class _Start:
             self.connected.set()
 
 
-async def _node(
-    spec: TransportSpec, security: LinkSecurity, phase: float, start: _Start, latencies: list[float]
-) -> None:
+async def _node(spec: TransportSpec, security: LinkSecurity, phase: float, start: _Start, latencies: Histogram) -> None:
     channel = tracker_channel(spec.address, security)
     peers = tuple((f"10.0.0.{i}:7000", 1.5) for i in range(12))
     message = heartbeat_to_proto(NodeId(security.identity.node_id), NodeLoad(free_sessions=7, peer_rtt_ms=peers))
@@ -131,7 +130,7 @@ async def _node(
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             started = time.perf_counter()
             await beat()
-            latencies.append((time.perf_counter() - started) * 1000.0)
+            latencies[bucket((time.perf_counter() - started) * 1000.0)] += 1
             due += spec.interval_s
     finally:
         if call is not None:
@@ -146,7 +145,7 @@ async def measure(spec: TransportSpec) -> dict[str, Any]:
         LinkSecurity(mint_node(authority, node_id=new_node_id("worker"), role="worker", now_unix_s=now))
         for _ in range(spec.nodes)
     ]
-    latencies: list[float] = []
+    latencies: Histogram = Counter()
     start = _Start(spec.nodes)
     nodes = asyncio.gather(
         *(_node(spec, security, index / spec.nodes, start, latencies) for index, security in enumerate(securities))
@@ -157,7 +156,7 @@ async def measure(spec: TransportSpec) -> dict[str, Any]:
     start.go.set()
     await nodes
     server_cores, client_cores = server.cores() or 0.0, client.cores() or 0.0
-    per_s = len(latencies) / (time.monotonic() - began)
+    per_s = sum(latencies.values()) / (time.monotonic() - began)
     return {
         "transport": spec.transport,
         "nodes": spec.nodes,

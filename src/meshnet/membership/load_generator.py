@@ -18,7 +18,7 @@ import json
 import random
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import psutil
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, new_node_id, new_request_id, new_session_id
 from meshnet.core.tracking import NodeWork, Route, RouteQuery, WorkRecord
+from meshnet.membership.load_figures import Histogram, ProcessMeter, bucket, percentile, summary, to_json
 from meshnet.membership.simulated_nodes import (
     MODEL,
     PEERS_PER_HEARTBEAT,
@@ -52,6 +53,7 @@ LAG_PROBE_S = 0.05
 MAX_LAG_P99_MS = 100.0
 """Past this the generator sends late enough to distort what it measures: the run is invalid."""
 GATEWAY_CALL_TIMEOUT_S = 5.0
+CALLS = ("heartbeat", "choose_route", "report_work", "register")
 JOIN_TIMEOUT_S = 60.0
 """How long the join may take before load starts anyway (plus a little per node)."""
 
@@ -209,7 +211,7 @@ async def probe_lag(counts: Counts, stop: asyncio.Event) -> None:
     while not stop.is_set():
         before = time.monotonic()
         await asyncio.sleep(LAG_PROBE_S)
-        counts.loop_lag_ms.append(max(0.0, time.monotonic() - before - LAG_PROBE_S) * 1000.0)
+        counts.loop_lag[bucket(max(0.0, time.monotonic() - before - LAG_PROBE_S) * 1000.0)] += 1
 
 
 async def _joined(nodes: list[SimulatedNode], timeout_s: float) -> float:
@@ -218,51 +220,6 @@ async def _joined(nodes: list[SimulatedNode], timeout_s: float) -> float:
     while not all(node.registered for node in nodes) and time.monotonic() - started < timeout_s:
         await asyncio.sleep(0.05)
     return time.monotonic() - started
-
-
-def percentile(values: list[float], fraction: float) -> float | None:
-    """The nearest-rank percentile (``fraction`` in [0, 1]); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, max(0, int(fraction * len(ordered) + 0.5) - 1))], 3)
-
-
-def _latency_summary(values: list[float], measure_s: float) -> dict[str, Any]:
-    return {
-        "count": len(values),
-        "per_s": round(len(values) / measure_s, 2),
-        "p50_ms": percentile(values, 0.50),
-        "p99_ms": percentile(values, 0.99),
-        "max_ms": round(max(values), 3) if values else None,
-    }
-
-
-class ProcessMeter:
-    """CPU (in cores) and peak RSS of one process over the measured span."""
-
-    def __init__(self, pid: int | None) -> None:
-        self._process = None if pid is None else psutil.Process(pid)
-        self._cpu = self._cpu_s()
-        self._started = time.monotonic()
-        self.peak_rss_bytes = 0
-
-    def _cpu_s(self) -> float:
-        if self._process is None:
-            return 0.0
-        times = self._process.cpu_times()
-        return float(times.user + times.system)
-
-    def sample(self) -> None:
-        if self._process is not None:
-            self.peak_rss_bytes = max(self.peak_rss_bytes, int(self._process.memory_info().rss))
-
-    def cores(self) -> float | None:
-        return (
-            None
-            if self._process is None
-            else round((self._cpu_s() - self._cpu) / (time.monotonic() - self._started), 3)
-        )
 
 
 async def _sample_until(meters: list[ProcessMeter], seconds: float) -> None:
@@ -275,18 +232,26 @@ async def _sample_until(meters: list[ProcessMeter], seconds: float) -> None:
 
 def _join_summary(counts: Counts, nodes: list[SimulatedNode], join_s: float) -> dict[str, Any]:
     """How the registrations went (a mass join's whole story is here and in the next intervals)."""
+    registers = counts.latencies.get("register", Counter())
     return {
         "seconds": round(join_s, 3),
         "registered": sum(node.registered for node in nodes),
-        "register": _latency_summary(counts.latencies_ms.get("register", []), max(join_s, 1e-3)),
+        "register": summary(registers, max(join_s, 1e-3)),
+        "register_histogram": to_json(registers),
         "errors": dict(sorted(counts.errors.items())),
     }
 
 
+def judge_lag(lag: Histogram) -> tuple[bool, str | None]:
+    """Whether the generator kept up (its event loop woke sleepers on time), and if not why."""
+    lag_p99 = percentile(lag, 0.99)
+    if lag_p99 is None or lag_p99 > MAX_LAG_P99_MS:
+        return False, f"the generator fell behind: event-loop lag p99 {lag_p99} ms > {MAX_LAG_P99_MS} ms"
+    return True, None
+
+
 def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: ProcessMeter) -> dict[str, Any]:
-    lag_p99 = percentile(counts.loop_lag_ms, 0.99)
-    valid = lag_p99 is not None and lag_p99 <= MAX_LAG_P99_MS
-    calls = ("heartbeat", "choose_route", "report_work", "register")
+    valid, invalid_reason = judge_lag(counts.loop_lag)
     return {
         "nodes": spec.nodes,
         "routes_per_s": spec.routes_per_s,
@@ -295,7 +260,8 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "trackers": list(spec.trackers),
         "warmup_s": spec.warmup_s,
         "measure_s": spec.measure_s,
-        "calls": {call: _latency_summary(counts.latencies_ms.get(call, []), spec.measure_s) for call in calls},
+        "calls": {call: summary(counts.latencies.get(call, Counter()), spec.measure_s) for call in CALLS},
+        "histograms": {call: to_json(counts.latencies.get(call, Counter())) for call in CALLS},
         "errors": dict(sorted(counts.errors.items())),
         "error_examples": dict(sorted(counts.error_examples.items())),
         "live_nodes_wrongly_expired": counts.unknown_replies,
@@ -305,14 +271,12 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "generator": {
             "cpu_cores": own.cores(),
             "peak_rss_bytes": own.peak_rss_bytes,
-            "loop_lag_p50_ms": percentile(counts.loop_lag_ms, 0.50),
-            "loop_lag_p99_ms": lag_p99,
-            "loop_lag_max_ms": round(max(counts.loop_lag_ms), 3) if counts.loop_lag_ms else None,
+            "loop_lag_p50_ms": percentile(counts.loop_lag, 0.50),
+            "loop_lag_p99_ms": percentile(counts.loop_lag, 0.99),
+            "loop_lag_histogram": to_json(counts.loop_lag),
         },
         "valid": valid,
-        "invalid_reason": None
-        if valid
-        else f"the generator fell behind: event-loop lag p99 {lag_p99} ms > {MAX_LAG_P99_MS} ms",
+        "invalid_reason": invalid_reason,
     }
 
 

@@ -28,6 +28,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import NodeLoad
+from meshnet.membership.load_figures import Histogram, bucket
 from meshnet.security.certificates import NodeCertificate
 from meshnet.wire import services
 from meshnet.wire.tls import TRACKER_NAME, LinkSecurity, channel_options
@@ -80,7 +81,8 @@ def layer_ranges(n_nodes: int, n_layers: int, rng: random.Random) -> list[LayerR
 class Counts:
     """What the simulated side saw: latencies by call, errors by call and status, and lateness."""
 
-    latencies_ms: dict[str, list[float]] = field(default_factory=dict)
+    latencies: dict[str, Histogram] = field(default_factory=dict)
+    """Latency histograms by call (``load_figures``: bounded however long the run)."""
     errors: Counter[str] = field(default_factory=Counter)
     error_examples: dict[str, str] = field(default_factory=dict)
     """The details of the first error of each call and status, to tell one cause from another."""
@@ -89,16 +91,16 @@ class Counts:
     reregistrations: int = 0
     skipped_records: int = 0
     """Work records not sent because no route had been answered yet."""
-    loop_lag_ms: list[float] = field(default_factory=list)
+    loop_lag: Histogram = field(default_factory=Counter)
     """How late the generator's event loop woke a sleeper: its own lag, apart from the tracker's."""
 
     def reset(self) -> None:
         """Forget everything counted so far: the end of the warm-up."""
-        self.latencies_ms, self.errors, self.error_examples, self.loop_lag_ms = {}, Counter(), {}, []
+        self.latencies, self.errors, self.error_examples, self.loop_lag = {}, Counter(), {}, Counter()
         self.unknown_replies = self.reregistrations = self.skipped_records = 0
 
     def latency(self, call: str, started: float) -> None:
-        self.latencies_ms.setdefault(call, []).append((time.perf_counter() - started) * 1000.0)
+        self.latencies.setdefault(call, Counter())[bucket((time.perf_counter() - started) * 1000.0)] += 1
 
     def error(self, call: str, error: grpc.aio.AioRpcError) -> None:
         key = f"{call}:{error.code().name}"
