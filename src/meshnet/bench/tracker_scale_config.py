@@ -27,7 +27,8 @@ class TrackerScaleConfig:
     data_dir: Path
     """Where the swarm CA is (created if missing), and the run's tracker databases and logs."""
     mode: ScaleMode = "sweep"
-    """What to measure (see above)."""
+    """sweep: every nodes x route-rate point; mass-join: every node registers at once; soak: the
+    largest point for --soak seconds; transport: unary vs streamed heartbeat cost only."""
     nodes: tuple[int, ...] = (100, 300, 1000, 3000)
     """Simulated node counts, one point each."""
     route_rates: tuple[float, ...] = (20.0, 100.0)
