@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -39,6 +41,8 @@ def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
     assert point["errors"] == {}
     assert point["join"]["registered"] == 10 and point["nodes"] == 10
     assert point["generator_processes"] == 2 and len(point["generator"]) == 2
+    if {0, 1} <= os.sched_getaffinity(0) and shutil.which("taskset"):
+        assert point["tracker_unpinned"] is None and point["generators_not_pinned"] == []
     assert point["live_nodes_wrongly_expired"] == 0 and point["reregistrations"] == 0
     assert point["tracker"]["cpu_cores"] > 0 and point["tracker"]["peak_rss_bytes"] > 0
     assert point["valid"] is True

@@ -119,11 +119,16 @@ class TrackerScaleRun:
         """Run one generator process per spec at once (pinned round robin over the generator
         cores); their summaries merged, or the error of the first that failed."""
         running = []
+        not_pinned: list[str] = []
         for index, spec in enumerate(specs):
             spec_path = self.run_dir / f"{name}.{index}.spec.json"
             spec_path.write_text(json.dumps(spec.to_json()))
             core = self.config.generator_cores[index % len(self.config.generator_cores)]
-            command, _ = pinned((sys.executable, "-m", "meshnet.membership.load_generator", str(spec_path)), core)
+            command, unpinned = pinned(
+                (sys.executable, "-m", "meshnet.membership.load_generator", str(spec_path)), core
+            )
+            if unpinned is not None:
+                not_pinned.append(f"generator {index}: {unpinned}")
             log_path = self.run_dir / f"{name}.{index}.generator.log"
             with log_path.open("w") as log:
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -144,7 +149,7 @@ class TrackerScaleRun:
                 failure = failure or {"error": f"a load generator exited {process.returncode}", "log_tail": tail}
             else:
                 results.append(json.loads(lines[-1]))
-        return failure or merge_points(results)
+        return {**(failure or merge_points(results)), "generators_not_pinned": not_pinned}
 
     def _specs(self, addresses: tuple[str, ...], tracker_pid: int | None, point: LoadPoint) -> list[LoadSpec]:
         """The point's nodes and rates shared out over ``generator_processes`` generators."""

@@ -36,8 +36,8 @@ def _join(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def merge_points(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The summary of one point measured by ``parts`` (each a ``load_generator`` summary)."""
-    if len(parts) == 1:
-        return {**parts[0], "generator_processes": 1}
+    if len(parts) == 1:  # the same shape as a merged point: one generator section per process
+        return {**parts[0], "generator": [parts[0]["generator"]], "generator_processes": 1}
     first = parts[0]
     span_s = first["measure_s"]
     histograms = {call: merged(from_json(part["histograms"][call]) for part in parts) for call in first["histograms"]}
