@@ -83,3 +83,40 @@ async def test_live_nodes_a_tracker_forgets_are_counted(tmp_path: Path) -> None:
     warmup = summary["warmup"]
     assert summary["live_nodes_wrongly_expired"] + warmup["live_nodes_wrongly_expired"] >= 5
     assert summary["reregistrations"] + warmup["reregistrations"] >= 5
+
+
+async def test_nodes_and_gateway_load_move_to_the_next_tracker_when_one_dies(tmp_path: Path) -> None:
+    """The hook of a replica-kill run: with several tracker addresses, a dead one's nodes and
+    the gateway load carry on at the next (here an independent tracker, where they register again)."""
+    init_swarm(tmp_path, time.time())
+    security = load_tracker_security(tmp_path, time.time())
+    trackers = []
+    for name in ("a", "b"):
+        config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / f"{name}.sqlite3", heartbeat_interval_s=0.2)
+        trackers.append(await start_tracker(config, security=security))
+    first, second = trackers
+    spec = LoadSpec(
+        trackers=(first.address, second.address),
+        data_dir=tmp_path,
+        nodes=6,
+        routes_per_s=5,
+        records_per_s=5,
+        warmup_s=2.5,
+        measure_s=2.0,
+        join_spread_s=0.2,
+    )
+
+    async def kill_the_first() -> None:
+        await asyncio.sleep(1.0)  # joined, not yet measuring
+        await first.stop(0)
+
+    try:
+        summary, _ = await asyncio.gather(run_load(spec), kill_the_first())
+    finally:
+        await second.stop(0)
+        security.book.close()
+    calls = summary["calls"]
+    assert summary["errors"] == {}, summary["errors"]
+    assert calls["heartbeat"]["count"] >= 40  # 6 nodes every 0.2 s for 2 s: 60, all at the second
+    assert calls["choose_route"]["count"] >= 5 and calls["report_work"]["count"] >= 5
+    assert summary["warmup"]["reregistrations"] >= 3  # the first tracker's nodes joined the second

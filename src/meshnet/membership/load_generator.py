@@ -136,25 +136,35 @@ def build_nodes(
 
 class GatewayLoad:
     """Routes for fresh sessions and the work records of routed requests, each at its own rate,
-    over one gateway certificate and channel (as one gateway sends them)."""
+    over one gateway certificate and channel (as one gateway sends them), moving to the next
+    tracker address when one is unavailable (replicas)."""
 
     def __init__(self, spec: LoadSpec, certificate: NodeCertificate | None, counts: Counts) -> None:
         self._spec = spec
-        security = None if certificate is None else LinkSecurity(certificate)
-        self._channel = tracker_channel(spec.trackers[0], security)
-        self._stub = services.TrackerStub(self._channel)
+        self._security = None if certificate is None else LinkSecurity(certificate)
+        self._tracker_index = 0
+        self._channels = [tracker_channel(spec.trackers[0], self._security)]
+        self._stub = services.TrackerStub(self._channels[-1])
         self._counts = counts
         self._routed: deque[tuple[str, str, Route]] = deque(maxlen=1000)
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def _failed(self, call: str, error: grpc.aio.AioRpcError, stub: services.TrackerStub) -> None:
+        self._counts.error(call, error)
+        # Calls in flight on the old channel finish there; it is closed at the end of the run.
+        if error.code() == grpc.StatusCode.UNAVAILABLE and len(self._spec.trackers) > 1 and stub is self._stub:
+            self._tracker_index = (self._tracker_index + 1) % len(self._spec.trackers)
+            self._channels.append(tracker_channel(self._spec.trackers[self._tracker_index], self._security))
+            self._stub = services.TrackerStub(self._channels[-1])
+
     async def _route(self) -> None:
         session, request = new_session_id(), new_request_id()
         query = RouteQuery(MODEL, session_id=session, request_id=request)
-        started = time.perf_counter()
+        started, stub = time.perf_counter(), self._stub
         try:
-            reply = await self._stub.ChooseRoute(route_query_to_proto(query), timeout=GATEWAY_CALL_TIMEOUT_S)
+            reply = await stub.ChooseRoute(route_query_to_proto(query), timeout=GATEWAY_CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
-            self._counts.error("choose_route", error)
+            self._failed("choose_route", error, stub)
             return
         self._counts.latency("choose_route", started)
         self._routed.append((session, request, route_from_proto(reply)))
@@ -178,11 +188,11 @@ class GatewayLoad:
             finished_at=now,
             session_id=session,  # type: ignore[arg-type]
         )
-        started = time.perf_counter()
+        started, stub = time.perf_counter(), self._stub
         try:
-            await self._stub.ReportWork(work_to_proto(record), timeout=GATEWAY_CALL_TIMEOUT_S)
+            await stub.ReportWork(work_to_proto(record), timeout=GATEWAY_CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
-            self._counts.error("report_work", error)
+            self._failed("report_work", error, stub)
             return
         self._counts.latency("report_work", started)
 
@@ -204,7 +214,7 @@ class GatewayLoad:
             self._paced(self._spec.records_per_s, self._report, stop),
         )
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._channel.close()
+        await asyncio.gather(*(channel.close() for channel in self._channels))
 
 
 async def probe_lag(counts: Counts, stop: asyncio.Event) -> None:
