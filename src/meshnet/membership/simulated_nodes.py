@@ -5,8 +5,11 @@ swarm admin, as ``meshnet up`` mints its nodes), its own gRPC channel and TCP co
 record of one model's layer range, and an address where it answers the tracker's dial-back
 under its own certificate (one health server bound on one port per node, each port with that
 node's credentials). It registers, heartbeats at the interval the tracker asks for with a list
-of peer round trips, and registers again when told it is unknown: the tracker cannot tell it
-from a worker by anything but its speed.
+of peer round trips, registers again when told it is unknown, waits as long as a busy tracker's
+retry hint asks (``TrackerBusy``), and moves to the next tracker address when one is unavailable:
+the tracker cannot tell it from a worker by anything but its speed. (It mirrors
+``membership.heartbeats.heartbeat_loop`` rather than running it, to time each call: a change to
+how workers retry belongs here too.)
 
 Nothing here decides anything; it counts. ``load_generator`` drives these and reads the counts.
 """
@@ -23,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from meshnet.core.errors import TrackerBusy
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
@@ -31,6 +35,7 @@ from meshnet.core.tracking import NodeLoad
 from meshnet.membership.load_figures import Histogram, bucket
 from meshnet.security.certificates import NodeCertificate
 from meshnet.wire import services
+from meshnet.wire.status import error_from_rpc
 from meshnet.wire.tls import TRACKER_NAME, LinkSecurity, channel_options
 from meshnet.wire.tracker_wire import (
     heartbeat_status_from_proto,
@@ -164,6 +169,8 @@ class SimulatedNode:
         self.interval_s = 2.0
         self.registered = False
         self.peers: tuple[tuple[str, float], ...] = ()
+        self.hold_until = 0.0
+        """A busy tracker's retry hint: no call before this (``time.monotonic``)."""
 
     def _stub(self) -> services.TrackerStub:
         if self._channel is None:
@@ -177,6 +184,15 @@ class SimulatedNode:
             self._channel = None
             self._tracker_index = (self._tracker_index + 1) % len(self._trackers)
 
+    async def _failed(self, call: str, error: grpc.aio.AioRpcError) -> None:
+        """Count it; wait as long as a busy tracker asks (as a worker does); move on from a dead one."""
+        self._counts.error(call, error)
+        typed = error_from_rpc(error)
+        if isinstance(typed, TrackerBusy):
+            self.hold_until = time.monotonic() + typed.retry_after_s
+        elif error.code() == grpc.StatusCode.UNAVAILABLE:
+            await self._fail_over()
+
     async def register(self) -> bool:
         started = time.perf_counter()
         try:
@@ -184,9 +200,7 @@ class SimulatedNode:
                 registration_to_proto(self.record, self.node_id), timeout=REGISTER_TIMEOUT_S
             )
         except grpc.aio.AioRpcError as error:
-            self._counts.error("register", error)
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                await self._fail_over()
+            await self._failed("register", error)
             return False
         self._counts.latency("register", started)
         registered = registered_from_proto(reply)
@@ -200,9 +214,7 @@ class SimulatedNode:
             # As a worker does: a reply later than one interval is worth nothing.
             reply = await self._stub().Heartbeat(heartbeat_to_proto(self.node_id, load), timeout=self.interval_s)
         except grpc.aio.AioRpcError as error:
-            self._counts.error("heartbeat", error)
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                await self._fail_over()
+            await self._failed("heartbeat", error)
             return
         self._counts.latency("heartbeat", started)
         if not heartbeat_status_from_proto(reply).known:
@@ -228,7 +240,7 @@ class SimulatedNode:
                 await self.heartbeat()
             else:
                 await self.register()
-            due = max(due + self.interval_s, time.monotonic())
+            due = max(due + self.interval_s, time.monotonic(), self.hold_until)
 
     async def close(self) -> None:
         if self._channel is not None:
