@@ -52,22 +52,27 @@ def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
         assert transport[name]["heartbeats_per_s"] > 0
 
 
+def small_load(trackers: tuple[str, ...], data_dir: Path, *, nodes: int, warmup_s: float, measure_s: float) -> LoadSpec:
+    """A few nodes against trackers at a 0.2 s heartbeat interval, 5 routes and records a second."""
+    return LoadSpec(
+        trackers=trackers,
+        data_dir=data_dir,
+        nodes=nodes,
+        routes_per_s=5,
+        records_per_s=5,
+        warmup_s=warmup_s,
+        measure_s=measure_s,
+        join_spread_s=0.2,
+    )
+
+
 async def test_live_nodes_a_tracker_forgets_are_counted(tmp_path: Path) -> None:
     init_swarm(tmp_path, time.time())
     security = load_tracker_security(tmp_path, time.time())
     skew = [0.0]
     config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.2)
     tracker = await start_tracker(config, clock=lambda: time.monotonic() + skew[0], security=security)
-    spec = LoadSpec(
-        trackers=(tracker.address,),
-        data_dir=tmp_path,
-        nodes=5,
-        routes_per_s=2,
-        records_per_s=2,
-        warmup_s=0.5,
-        measure_s=3.0,
-        join_spread_s=0.2,
-    )
+    spec = small_load((tracker.address,), tmp_path, nodes=5, warmup_s=0.5, measure_s=3.0)
 
     async def forget_everyone() -> None:
         await asyncio.sleep(1.5)  # after the join (5 nodes take well under a second)
@@ -95,16 +100,7 @@ async def test_nodes_and_gateway_load_move_to_the_next_tracker_when_one_dies(tmp
         config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / f"{name}.sqlite3", heartbeat_interval_s=0.2)
         trackers.append(await start_tracker(config, security=security))
     first, second = trackers
-    spec = LoadSpec(
-        trackers=(first.address, second.address),
-        data_dir=tmp_path,
-        nodes=6,
-        routes_per_s=5,
-        records_per_s=5,
-        warmup_s=2.5,
-        measure_s=2.0,
-        join_spread_s=0.2,
-    )
+    spec = small_load((first.address, second.address), tmp_path, nodes=6, warmup_s=2.5, measure_s=2.0)
 
     async def kill_the_first() -> None:
         await asyncio.sleep(1.0)  # joined, not yet measuring
