@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,3 +49,13 @@ def decode_split(work: DecodeWork, shards: int, *, pinned: bool) -> list[LayerRa
     shards (meshnet-3 on two cores), the shards sharing a core are balanced together against
     the others: the busiest core, not the busiest process, sets the route's pace."""
     return work.split(shards, core_plan(shards, usable_cores()) if pinned else None)
+
+
+def pinned(command: tuple[str, ...], core: int) -> tuple[tuple[str, ...], str | None]:
+    """``command`` under ``taskset -c core`` when that core is ours and taskset exists; else the
+    command as is, with why it is not pinned (recorded: unpinned numbers mean less)."""
+    if shutil.which("taskset") is None:
+        return command, "taskset not found"
+    if core not in os.sched_getaffinity(0):
+        return command, f"core {core} is not available to this process"
+    return ("taskset", "-c", str(core), *command), None

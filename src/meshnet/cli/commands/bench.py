@@ -54,6 +54,19 @@ def cmd_bench_tls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_tracker_scale(args: argparse.Namespace) -> int:
+    from meshnet.bench.tracker_scale import measure_tracker_scale, quick, result_path
+    from meshnet.bench.tracker_scale_config import TrackerScaleConfig
+
+    config = config_from_arguments(TrackerScaleConfig, args, fixed={"data_dir": args.data_dir})
+    if config.quick:
+        config = quick(config)
+    path = result_path(config)
+    measure_tracker_scale(config, path)
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     from meshnet.bench.command import gate_command
 
@@ -64,6 +77,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def bench_commands() -> dict[str, Command]:
     from meshnet.bench.config import BenchConfig
     from meshnet.bench.tls_config import TlsCostConfig
+    from meshnet.bench.tracker_scale_config import TrackerScaleConfig
 
     return {
         "bench": Command(
@@ -74,6 +88,12 @@ def bench_commands() -> dict[str, Command]:
         ),
         "bench-tls": Command(
             cmd_bench_tls, "decode tok/s and per-link latency of meshnet-N, mTLS vs --insecure", (TlsCostConfig,)
+        ),
+        "bench-tracker-scale": Command(
+            cmd_bench_tracker_scale,
+            "a tracker process under simulated nodes and gateway load: latencies, expiries, CPU",
+            (TrackerScaleConfig,),
+            skip=("data_dir",),
         ),
         "gate": Command(
             cmd_gate, "judge bench results against the performance contract (exit 0/1/2)", (GateArguments,)

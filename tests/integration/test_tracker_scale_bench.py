@@ -1,0 +1,118 @@
+"""The tracker-scale load generator keeps working: a tiny run against a real tracker process
+(mTLS, dial-back, pinned), and a tracker that forgets live nodes is caught doing it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from meshnet.bench.tracker_scale import SCHEMA, measure_tracker_scale, quick, result_path
+from meshnet.bench.tracker_scale_config import TrackerScaleConfig
+from meshnet.membership.load_generator import LoadSpec, run_load
+from meshnet.security.swarm_dir import init_swarm
+from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.swarm_service import load_tracker_security
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
+    # Two generator processes, so their figures are merged as a large run's are.
+    base = TrackerScaleConfig(data_dir=tmp_path / "data", out_dir=tmp_path / "out", label="tiny", generator_processes=2)
+    config = quick(base)
+    path = result_path(config)
+    measure_tracker_scale(config, path, say=lambda line: None)
+
+    written = json.loads(path.read_text())
+    assert written["schema"] == SCHEMA and written["complete"] is True
+    assert written["environment"]["usable_cores"] and "load_average_at_start" in written["environment"]
+    (point,) = written["points"]
+    assert "error" not in point, point
+    calls = point["calls"]
+    # Every node heartbeats at the tracker's interval: 10 nodes every 0.2 s for 2 s is ~100.
+    assert 70 <= calls["heartbeat"]["count"] <= 110
+    assert calls["choose_route"]["count"] >= 5 and calls["report_work"]["count"] >= 5
+    assert point["errors"] == {}
+    assert point["join"]["registered"] == 10 and point["nodes"] == 10
+    assert point["generator_processes"] == 2 and len(point["generator"]) == 2
+    if {0, 1} <= os.sched_getaffinity(0) and shutil.which("taskset"):
+        assert point["tracker_unpinned"] is None and point["generators_not_pinned"] == []
+    assert point["live_nodes_wrongly_expired"] == 0 and point["reregistrations"] == 0
+    assert point["tracker"]["cpu_cores"] > 0 and point["tracker"]["peak_rss_bytes"] > 0
+    assert point["valid"] is True
+    transport = written["heartbeat_transport"]
+    for name in ("unary", "stream"):
+        assert transport[name]["server_us_per_heartbeat"] > 0, transport[name]
+        assert transport[name]["heartbeats_per_s"] > 0
+
+
+def small_load(trackers: tuple[str, ...], data_dir: Path, *, nodes: int, warmup_s: float, measure_s: float) -> LoadSpec:
+    """A few nodes against trackers at a 0.2 s heartbeat interval, 5 routes and records a second."""
+    return LoadSpec(
+        trackers=trackers,
+        data_dir=data_dir,
+        nodes=nodes,
+        routes_per_s=5,
+        records_per_s=5,
+        warmup_s=warmup_s,
+        measure_s=measure_s,
+        join_spread_s=0.2,
+    )
+
+
+async def test_live_nodes_a_tracker_forgets_are_counted(tmp_path: Path) -> None:
+    init_swarm(tmp_path, time.time())
+    security = load_tracker_security(tmp_path, time.time())
+    skew = [0.0]
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.2)
+    tracker = await start_tracker(config, clock=lambda: time.monotonic() + skew[0], security=security)
+    spec = small_load((tracker.address,), tmp_path, nodes=5, warmup_s=0.5, measure_s=3.0)
+
+    async def forget_everyone() -> None:
+        await asyncio.sleep(1.5)  # after the join (5 nodes take well under a second)
+        skew[0] = 3600.0  # to the tracker, every node has been silent for an hour
+
+    try:
+        summary, _ = await asyncio.gather(run_load(spec), forget_everyone())
+    finally:
+        await tracker.stop(0)
+        security.book.close()
+    assert summary["join"]["registered"] == 5
+    # Counted wherever it fell, warm-up or measured span: each live node was told "unknown" once.
+    warmup = summary["warmup"]
+    assert summary["live_nodes_wrongly_expired"] + warmup["live_nodes_wrongly_expired"] >= 5
+    assert summary["reregistrations"] + warmup["reregistrations"] >= 5
+
+
+async def test_nodes_and_gateway_load_move_to_the_next_tracker_when_one_dies(tmp_path: Path) -> None:
+    """The hook of a replica-kill run: with several tracker addresses, a dead one's nodes and
+    the gateway load carry on at the next (here an independent tracker, where they register again)."""
+    init_swarm(tmp_path, time.time())
+    security = load_tracker_security(tmp_path, time.time())
+    trackers = []
+    for name in ("a", "b"):
+        config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / f"{name}.sqlite3", heartbeat_interval_s=0.2)
+        trackers.append(await start_tracker(config, security=security))
+    first, second = trackers
+    spec = small_load((first.address, second.address), tmp_path, nodes=6, warmup_s=2.5, measure_s=2.0)
+
+    async def kill_the_first() -> None:
+        await asyncio.sleep(1.0)  # joined, not yet measuring
+        await first.stop(0)
+
+    try:
+        summary, _ = await asyncio.gather(run_load(spec), kill_the_first())
+    finally:
+        await second.stop(0)
+        security.book.close()
+    calls = summary["calls"]
+    assert summary["errors"] == {}, summary["errors"]
+    assert calls["heartbeat"]["count"] >= 40  # 6 nodes every 0.2 s for 2 s: 60, all at the second
+    assert calls["choose_route"]["count"] >= 5 and calls["report_work"]["count"] >= 5
+    assert summary["warmup"]["reregistrations"] >= 3  # the first tracker's nodes joined the second
