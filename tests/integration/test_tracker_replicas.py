@@ -7,6 +7,10 @@ with A, the first of their list. A is SIGKILLed: each worker's next heartbeat fa
 moves to B and asks the heartbeat again there, B answers "unknown node", and the worker registers
 with B after a jittered fraction of an interval. The gateway, still pointed at A, then serves a
 request: its route call fails on A and is asked once more of B.
+
+Heartbeats are 2 s apart (not the harness's 0.5 s): a beat's deadline is one interval, and on a
+loaded machine half a second is not enough for a live tracker to answer. The test asserts what
+the swarm does (who routes, what is served), never how many log lines said so.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from swarm_harness import Component, Swarm, chat_body, list_models, write_tiny_model
+from swarm_harness import MISSED_HEARTBEATS, Component, Swarm, chat_body, list_models, write_tiny_model
 
 pytestmark = pytest.mark.timeout(60)
 
 RANGES = ("0:3", "3:6")
-REJOIN_WITHIN_BEATS = 8
-"""Bound on the wait for every worker to be routable at B, in heartbeat intervals: the lost beat,
-the retried one, a jittered fraction of an interval and the registration take about two."""
+HEARTBEAT_S = 2.0
+REJOIN_WITHIN_S = (MISSED_HEARTBEATS + 3) * HEARTBEAT_S
+"""Bound on the wait for every worker to be routable at B. A worker's next beat is due within an
+interval, fails on A and is asked again of B, and the worker registers there after a jittered
+fraction of an interval: about two intervals. The bound is the horizon over which a tracker
+itself gives up on a silent node (``MISSED_HEARTBEATS`` intervals) with three more of headroom
+for a loaded machine."""
 
 
 def routable_nodes(tracker: str, swarm: Swarm) -> int:
@@ -50,7 +58,7 @@ def wait_routable_at(tracker: str, swarm: Swarm, nodes: int, within_s: float) ->
 
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[tuple[Swarm, Component, str, str]]:
-    with Swarm(tmp_path, write_tiny_model(tmp_path)) as swarm:
+    with Swarm(tmp_path, write_tiny_model(tmp_path), heartbeat_s=HEARTBEAT_S) as swarm:
         first = swarm.start_tracker()
         tracker_a = swarm.tracker
         assert tracker_a is not None
@@ -78,16 +86,11 @@ def test_workers_and_the_gateway_move_to_the_next_tracker_when_the_first_dies(
 
         tracker_a.kill(signal.SIGKILL)
         tracker_a.process.wait(timeout=5)
-        rejoined_s = wait_routable_at(second, swarm, len(RANGES), within_s=REJOIN_WITHIN_BEATS * swarm.heartbeat_s)
+        rejoined_s = wait_routable_at(second, swarm, len(RANGES), within_s=REJOIN_WITHIN_S)
 
         # One request, never retried by this client: the gateway's own retry on B serves it.
         after = client.post(gateway + "/v1/chat/completions", json=chat_body(8, stream=False))
     print(f"\nworkers routable at B {rejoined_s:.2f} s ({rejoined_s / swarm.heartbeat_s:.1f} heartbeats) after A died")
     assert after.status_code == 200, after.text
     assert after.json()["choices"][0]["message"]["content"] == before.json()["choices"][0]["message"]["content"]
-    gateway_log = swarm.gateways[0].spec.log_path.read_text()
-    assert gateway_log.count(f"tracker {first} lost") == 1, "the gateway moved to B once, and stayed there"
-    for worker in swarm.workers:
-        log = worker.component.spec.log_path.read_text()
-        assert log.count(f"tracker {first} lost") == 1
-        assert f"registered with tracker {second}" in log
+    assert routable_nodes(second, swarm) == len(RANGES)  # and they stayed at B
