@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import grpc
 import pytest
 
+from meshnet.cli.arguments import StatusArguments
 from meshnet.core.addresses import dialable_address, parse_address_list, require_loopback
 from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, StorageUnavailable, Unreachable
+from meshnet.core.layers import LayerRange
+from meshnet.core.swarm_options import SwarmArguments
+from meshnet.fetch.fetcher import FetchConfig
 from meshnet.membership.replicas import (
     RETRIED_ON_NEXT_REPLICA,
     Failure,
@@ -15,6 +22,8 @@ from meshnet.membership.replicas import (
     classify,
 )
 from meshnet.membership.tracker_client import channel_options
+from meshnet.node.artifact_server import SeedConfig
+from meshnet.relay.config import RelayConfig
 from meshnet.wire import services
 
 
@@ -155,3 +164,21 @@ def test_a_wildcard_bind_takes_its_address_from_the_route_to_the_first_tracker()
 
     bound = dialable_address("0.0.0.0:7001", toward="10.0.0.1:7070,10.0.0.2:7070", source_of=source_of)
     assert bound == "10.0.0.9:7001" and asked == ["10.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda tracker: RelayConfig(tracker=tracker),
+        lambda tracker: SeedConfig(Path("published"), tracker=tracker),
+        lambda tracker: FetchConfig("model", LayerRange(0, 1), tracker, Path("data")),
+        lambda tracker: StatusArguments(tracker=tracker),
+        lambda tracker: SwarmArguments("revoke", "node-1", tracker=tracker),
+    ],
+)
+def test_every_config_checks_its_tracker_list_when_built(make: Callable[[str], object]) -> None:
+    """Before anything else runs: a relay or seed given --join would otherwise spend a one-use
+    invite first and only then find the list mistyped."""
+    make("127.0.0.1:7070,127.0.0.1:7071")
+    with pytest.raises(InvalidArgument):
+        make("127.0.0.1:7070,,127.0.0.1:7071")
