@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from meshnet.core.addresses import parse_address_list
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
@@ -152,6 +153,8 @@ class StatusArguments:
     def __post_init__(self) -> None:
         if not self.interval > 0:
             raise InvalidArgument(f"--interval must be > 0, got {self.interval}")
+        if self.tracker is not None:
+            parse_address_list(self.tracker)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from meshnet.core.addresses import parse_address_list
 from meshnet.core.config_flags import cli
 
 
@@ -41,3 +42,6 @@ class SwarmArguments:
     """host:port of the tracker's join port for the token (default: what the tracker last announced)."""
     tracker: str = "127.0.0.1:7070"
     """The tracker to send the revocation to (revoke only; host:port, or its replicas a:7070,b:7070)."""
+
+    def __post_init__(self) -> None:
+        parse_address_list(self.tracker)

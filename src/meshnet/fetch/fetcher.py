@@ -31,6 +31,7 @@ from meshnet.artifact.hashing import partial_path
 from meshnet.artifact.manifest import Manifest, needed_artifacts
 from meshnet.artifact.manifest_codec import decode_manifest, verify_manifest_signature
 from meshnet.artifact.trust import TrustStore, UntrustedPublisher, judge_publisher
+from meshnet.core.addresses import parse_address_list
 from meshnet.core.errors import IntegrityError, MeshnetError, Unavailable
 from meshnet.core.layers import LayerRange
 from meshnet.fetch.holders import artifact_channel, fetch_bytes, fetch_to_end
@@ -58,6 +59,9 @@ class FetchConfig:
     """Accept only manifests signed by this key fingerprint; none trusts the first key seen per model id."""
     requests_per_holder: int = 2
     """Piece requests in flight to each holder at once."""
+
+    def __post_init__(self) -> None:
+        parse_address_list(self.tracker)
 
 
 @dataclass(frozen=True)

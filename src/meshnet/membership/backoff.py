@@ -5,7 +5,8 @@ passes ``random.Random(seed).random`` in tests, ``random.random`` in a process):
 
 - ``BusyBackoff``: the tracker shed the call (``TrackerBusy``, RESOURCE_EXHAUSTED with a retry
   hint). Wait the hint spread evenly over ``[hint/2, hint*3/2]``: on average the tracker's own
-  pace, and nodes shed in the same instant come back over a whole hint instead of together.
+  pace, and nodes shed in the same instant come back over a whole hint instead of together
+  (a hint of 0 or above the cap is first brought within bounds, so the spread holds there too).
 - ``RejoinDelay``: the tracker forgot the node (it restarted, or a replica that never knew it
   answered). Register after a uniform fraction of one heartbeat interval: after a restart every
   node learns this within one interval of the others, and a mass join spread over one more
@@ -29,19 +30,25 @@ Draw = Callable[[], float]
 @dataclass(frozen=True)
 class BusyBackoff:
     """The wait after the tracker shed a call with a retry hint: uniform in ``[hint*(1-spread),
-    hint*(1+spread)]``, never more than ``max_s`` (a hint is the tracker's, and a wrong one may
-    slow a node, never park it)."""
+    hint*(1+spread)]``. The hint is first held within ``[min_s, max_s/(1+spread)]``: a hint of
+    0 would let every node ask again at once (a tight loop), and a hint above the cap would
+    send half the nodes back at exactly ``max_s``, in step again. So the wait never exceeds
+    ``max_s`` (a hint is the tracker's, and a wrong one may slow a node, never park it) and
+    stays spread at both edges."""
 
     spread: float = 0.5
     max_s: float = 60.0
+    min_s: float = 0.2
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.spread <= 1.0 or self.max_s <= 0:
-            raise InvalidArgument(f"busy backoff: spread must be in [0, 1] and max_s > 0, got {self}")
+        if not 0.0 <= self.spread <= 1.0 or not 0 < self.min_s <= self.max_s / (1.0 + self.spread):
+            raise InvalidArgument(
+                f"busy backoff: spread must be in [0, 1] and 0 < min_s <= max_s / (1 + spread), got {self}"
+            )
 
     def wait_s(self, hint_s: float, draw: Draw = random.random) -> float:
-        hint = min(max(hint_s, 0.0), self.max_s)
-        return min(hint * (1.0 - self.spread + 2.0 * self.spread * draw()), self.max_s)
+        hint = min(max(hint_s, self.min_s), self.max_s / (1.0 + self.spread))
+        return hint * (1.0 - self.spread + 2.0 * self.spread * draw())
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ logger = logging.getLogger(__name__)
 
 TRACKER_GONE = (Unavailable, DeadlineExceeded, Cancelled)
 """What a call to a tracker that is away, slow or stopping ends with: ask again at the next beat.
-``Cancelled`` is the tracker's doing, never ours: a tracker that stops (``--shutdown-grace 0``, or
-its grace over) ends the calls it has already received CANCELLED, so a beat sent as it stops gets
-it; this loop being cancelled raises ``asyncio.CancelledError`` instead, not this error."""
+A tracker that stops (``--shutdown-grace 0``, or its grace over) ends the calls it has already
+received with a bare CANCELLED, which ``wire.status.error_from_rpc`` rebuilds as the client's
+``Unreachable`` (an ``Unavailable``); ``Cancelled`` is left only for a tracker that cancels a call
+deliberately (with meshnet's metadata). This loop being cancelled raises
+``asyncio.CancelledError`` instead, not any of these."""
 
 Pause = Callable[[asyncio.Event, "asyncio.Event | None", float], Awaitable[None]]
 """Waits the given seconds, or less once either event is set (``_pause``; a recorder in tests)."""
@@ -93,9 +95,10 @@ async def heartbeat_loop(
                 refusals = 0
         except TrackerBusy as error:
             wait_s = busy.wait_s(error.retry_after_s, draw)
-            logger.warning("tracker %s busy (asking again in %.2f s): %s", client.address, wait_s, error.message)
+            logger.warning("tracker busy (asking again in %.2f s): %s", wait_s, error.message)
         except TRACKER_GONE as error:
-            logger.warning("tracker %s unreachable: %s", client.address, error.message)
+            # The message names the replica that failed; client.address may be the next one.
+            logger.warning("tracker unreachable: %s", error.message)
         except FailedPrecondition as error:
             # Refused (a quarantined id): out of routes until an operator clears it, then back.
             refusals += 1

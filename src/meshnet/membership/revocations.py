@@ -24,7 +24,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from meshnet.core.errors import MeshnetError
+from meshnet.core.errors import MeshnetError, TrackerBusy
+from meshnet.membership.backoff import BusyBackoff
 from meshnet.membership.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class _Watch:
             if self._reachable is not False:  # once per outage, not every retry
                 log.warning("revocation watch failed (%s): keeping the last list", error.message)
             self._reachable = False
-            self.retry_s = min(self.retry_s * 2, RETRY_S[1])
+            if isinstance(error, TrackerBusy):  # the tracker said when: its hint, jittered
+                self.retry_s = BusyBackoff().wait_s(error.retry_after_s)
+            else:
+                self.retry_s = min(self.retry_s * 2, RETRY_S[1])
         except Exception:  # a bug here must not end the watch silently: revocations would stop
             log.exception("applying the tracker's revocation list failed; watching again")

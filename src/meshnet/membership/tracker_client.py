@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
 from meshnet.core.audit_evidence import QuarantineEntry
-from meshnet.core.errors import MeshnetError, TrackerBusy, Unreachable
+from meshnet.core.errors import FailedPrecondition, MeshnetError, TrackerBusy, Unreachable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
@@ -48,10 +49,17 @@ from meshnet.core.tracking import (
     WorkRecord,
 )
 from meshnet.membership.channel import RenewingChannel
-from meshnet.membership.replicas import REPLICA_LOST, RETRIED_ON_NEXT_REPLICA, ReplicaRing
+from meshnet.membership.replicas import (
+    RETRIED_ON_NEXT_REPLICA,
+    Failure,
+    Position,
+    ReplicaRing,
+    RetryBudget,
+    classify,
+)
 from meshnet.wire import artifact_wire, placement_wire, services, speed_wire, swarm_wire, work_wire
 from meshnet.wire import tracker_wire as wire
-from meshnet.wire.status import error_from_rpc
+from meshnet.wire.status import error_from_rpc, status_and_code
 from meshnet.wire.status_wire import node_table_from_proto
 from meshnet.wire.swarm_wire import IssuedCertificate
 from meshnet.wire.tls import TRACKER_NAME, LinkSecurity
@@ -68,32 +76,30 @@ KEEPALIVE_MS = (10_000, 5_000)
 carries no data for hours and must still notice a tracker that vanished (the tracker's
 ``SERVER_OPTIONS`` accept these pings)."""
 
+RETRY_FLOOR_S = 0.1
+"""Below this much of its deadline left, a call lost with its replica is not asked again: the
+next replica could not be dialled and answer in time."""
+
 # gRPC retries a call transparently only under this policy. Only idempotent calls get one:
 # ReportWork is keyed by request id, so a retry after a lost reply is stored once. UNAVAILABLE
 # here can only be the transport, since the tracker answers UNAVAILABLE only to ChooseRoute.
-_SERVICE_CONFIG = json.dumps(
-    {
-        "methodConfig": [
-            {
-                "name": [
-                    {"service": services.TRACKER_SERVICE, "method": "ReportWork"},
-                    {"service": services.TRACKER_SERVICE, "method": "ListModels"},
-                    {"service": services.TRACKER_SERVICE, "method": "SuggestLayers"},
-                ],
-                "retryPolicy": {
-                    "maxAttempts": 5,
-                    "initialBackoff": "0.1s",
-                    "maxBackoff": "1s",
-                    "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"],
-                },
-            }
-        ]
-    }
-)
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.service_config", _SERVICE_CONFIG),
-    ("grpc.enable_retries", 1),
+# With several replicas the client fails over instead (``channel_options``): five attempts at a
+# dead replica would spend a second before the next replica is asked.
+_RETRY_POLICY = {
+    "name": [
+        {"service": services.TRACKER_SERVICE, "method": "ReportWork"},
+        {"service": services.TRACKER_SERVICE, "method": "ListModels"},
+        {"service": services.TRACKER_SERVICE, "method": "SuggestLayers"},
+    ],
+    "retryPolicy": {
+        "maxAttempts": 5,
+        "initialBackoff": "0.1s",
+        "maxBackoff": "1s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    },
+}
+_BASE_OPTIONS: list[tuple[str, Any]] = [
     # gRPC's default reconnect backoff grows toward 120 s; after a tracker restart every
     # worker must be back within a heartbeat or two, so retry the connection briskly.
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
@@ -110,14 +116,25 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
+def channel_options(replicas: int) -> list[tuple[str, Any]]:
+    """The options of a channel to one of ``replicas`` replicas: gRPC's own retries only when
+    there is no other replica to fail over to."""
+    if replicas > 1:
+        return [("grpc.enable_retries", 0), *_BASE_OPTIONS]
+    config = json.dumps({"methodConfig": [_RETRY_POLICY]})
+    return [("grpc.service_config", config), ("grpc.enable_retries", 1), *_BASE_OPTIONS]
+
+
 class TrackerClient:
     """Every call to a tracker, over channels that follow certificate renewal.
 
     ``address`` is one tracker (``host:port``) or its replicas in order (``a:7070,b:7070``,
     ``membership.replicas``): calls go to the replica that last answered, and a call lost with
     its replica moves the client to the next one, where it is asked once more if that is safe
-    (``RETRIED_ON_NEXT_REPLICA``). ``InvalidArgument`` for a malformed list. Create it inside
-    the event loop that uses it."""
+    (``RETRIED_ON_NEXT_REPLICA``) and the ``budget`` allows, within what is left of the call's
+    one deadline. ``InvalidArgument`` for a malformed list; ``FailedPrecondition`` for a call
+    after ``close``. Create it inside the event loop that uses it; ``clock`` (monotonic seconds)
+    is injected by tests."""
 
     def __init__(
         self,
@@ -125,10 +142,16 @@ class TrackerClient:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         security: LinkSecurity | None = None,
+        budget: RetryBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.security = security
         self._timeout_s = timeout_s
         self._replicas = ReplicaRing(address)
+        self._options = channel_options(len(self._replicas))
+        self._budget = budget or RetryBudget()
+        self._clock = clock
+        self._closed = False
         # One channel per replica, opened when first asked: most clients never leave the first.
         self._channels: dict[int, RenewingChannel] = {}
 
@@ -149,15 +172,22 @@ class TrackerClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close every channel; any later call raises ``FailedPrecondition`` (never reopens one)."""
+        self._closed = True
         channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(channel.close() for channel in channels))
 
-    def _stub(self, index: int, make: Callable[[grpc.aio.Channel], StubT]) -> StubT:
+    def _channel(self, index: int) -> RenewingChannel:
+        if self._closed:
+            raise FailedPrecondition(f"tracker client for {','.join(self.addresses)} is closed")
         channel = self._channels.get(index)
         if channel is None:
             address = self._replicas.addresses[index]
-            channel = self._channels[index] = RenewingChannel(address, self.security, TRACKER_NAME, CHANNEL_OPTIONS)
-        return channel.stub(make)
+            channel = self._channels[index] = RenewingChannel(address, self.security, TRACKER_NAME, self._options)
+        return channel
+
+    def _stub(self, index: int, make: Callable[[grpc.aio.Channel], StubT]) -> StubT:
+        return self._channel(index).stub(make)
 
     # --- membership ------------------------------------------------------------------------
 
@@ -194,15 +224,14 @@ class TrackerClient:
         """The swarm's revoked node ids now, then again after every change (no deadline: it
         runs until the caller stops iterating or the tracker ends it). ``membership.revocations``
         keeps one open for a process."""
-        index = self._replicas.current
-        call = self._stub(index, services.TrackerStub).WatchRevocations(wire.watch_revocations_to_proto())
+        at = self._replicas.position()
+        call = self._stub(at.index, services.TrackerStub).WatchRevocations(wire.watch_revocations_to_proto())
         try:
             async for message in call:
                 yield wire.revocations_from_proto(message)
         except grpc.RpcError as rpc_error:
-            error = self._error(rpc_error, index)
-            if isinstance(error, REPLICA_LOST):
-                self._lost(index, error)  # the caller's next watch opens on the next replica
+            error, failure = self._error(rpc_error, at.index)
+            self._failed(at, failure, error)  # when gone, the caller's next watch opens on the next replica
             raise error from rpc_error
         finally:
             call.cancel()
@@ -310,41 +339,90 @@ class TrackerClient:
         self, make: Callable[[grpc.aio.Channel], Any], method: str, request: Any, timeout_s: float | None
     ) -> Any:
         """``method`` of the stub ``make`` builds, on the replica asked now; once more on the
-        next replica when the first was lost mid-call and the call is safe to repeat."""
-        index = self._replicas.current
+        next replica when the first is gone, the call is safe to repeat, the retry budget has
+        one and enough of the call's one deadline is left."""
+        deadline = self._clock() + (timeout_s or self._timeout_s)
+        self._budget.earn()
+        at = self._replicas.position()
         try:
-            return await self._attempt(index, make, method, request, timeout_s)
-        except REPLICA_LOST as error:
-            following = self._lost(index, error)
-            if following == index or method not in RETRIED_ON_NEXT_REPLICA:
-                raise
+            return await self._attempt(at, make, method, request, deadline, wait_for_ready=False)
+        except _Failed as failed:
+            moved = self._failed(at, failed.failure, failed.error)
+            if not (moved and self._may_retry(method, failed.failure, deadline)):
+                raise failed.error from failed.__cause__
+        following = self._replicas.position()
         try:
-            return await self._attempt(following, make, method, request, timeout_s)
-        except REPLICA_LOST as error:
-            self._lost(following, error)
-            raise
+            return await self._attempt(following, make, method, request, deadline, wait_for_ready=True)
+        except _Failed as failed:
+            self._failed(following, failed.failure, failed.error)
+            raise failed.error from failed.__cause__
+
+    def _may_retry(self, method: str, failure: Failure, deadline: float) -> bool:
+        return (
+            failure is Failure.GONE
+            and method in RETRIED_ON_NEXT_REPLICA
+            and deadline - self._clock() >= RETRY_FLOOR_S
+            and self._budget.spend()
+        )
 
     async def _attempt(
-        self, index: int, make: Callable[[grpc.aio.Channel], Any], method: str, request: Any, timeout_s: float | None
+        self,
+        at: Position,
+        make: Callable[[grpc.aio.Channel], Any],
+        method: str,
+        request: Any,
+        deadline: float,
+        *,
+        wait_for_ready: bool,
     ) -> Any:
-        call = getattr(self._stub(index, make), method)
+        """One try at ``at``, within what is left of ``deadline``. A retry waits for its channel
+        to connect (TCP and TLS to a replica not asked before) inside that time rather than
+        failing at once on a channel still connecting."""
+        channel = self._channel(at.index)
+        call = getattr(channel.stub(make), method)
         try:
-            return await call(request, timeout=timeout_s or self._timeout_s)
+            reply = await call(request, timeout=max(deadline - self._clock(), 0.0), wait_for_ready=wait_for_ready)
         except grpc.RpcError as rpc_error:
-            raise self._error(rpc_error, index) from rpc_error
+            error, failure = self._error(rpc_error, at.index)
+            if failure is Failure.SLOW and wait_for_ready and not _connected(channel):
+                failure = Failure.GONE  # it ran out of time never having reached the replica
+            raise _Failed(error, failure) from rpc_error
+        self._replicas.answered(at)
+        return reply
 
-    def _lost(self, index: int, error: MeshnetError) -> int:
-        moving = index == self._replicas.current  # else another call already moved on: say it once
-        following = self._replicas.lost(index)
-        if moving and following != index:
-            logger.warning(
-                "tracker %s lost (%s); moving to %s", self._replicas.addresses[index], error.message, self.address
-            )
-        return following
+    def _failed(self, at: Position, failure: Failure, error: MeshnetError) -> bool:
+        """Note a failed call at ``at``; True when the client moved on (then the next replica's
+        channel starts connecting now, before anything is asked of it)."""
+        if not self._replicas.failed(at, failure):
+            return False
+        logger.warning(
+            "tracker %s %s (%s); moving to %s",
+            self._replicas.addresses[at.index],
+            "lost" if failure is Failure.GONE else "too slow",
+            error.message,
+            self.address,
+        )
+        if not self._closed:
+            self._channel(self._replicas.current).channel().get_state(try_to_connect=True)
+        return True
 
-    def _error(self, rpc_error: grpc.RpcError, index: int) -> MeshnetError:
+    def _error(self, rpc_error: grpc.RpcError, index: int) -> tuple[MeshnetError, Failure]:
+        """The typed error ``rpc_error`` stands for, and what it says about replica ``index``."""
         error = error_from_rpc(rpc_error, unreachable=Unreachable)
-        return _with_context(error, f"tracker {self._replicas.addresses[index]}: {error.message}")
+        failure = classify(*status_and_code(rpc_error), error)
+        return _with_context(error, f"tracker {self._replicas.addresses[index]}: {error.message}"), failure
+
+
+def _connected(channel: RenewingChannel) -> bool:
+    return channel.channel().get_state() == grpc.ChannelConnectivity.READY
+
+
+class _Failed(Exception):
+    """One attempt's failure, judged (never leaves this module)."""
+
+    def __init__(self, error: MeshnetError, failure: Failure) -> None:
+        super().__init__(error.message)
+        self.error, self.failure = error, failure
 
 
 def _with_context(error: MeshnetError, message: str) -> MeshnetError:

@@ -20,7 +20,7 @@ import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, HeldManifest
 from meshnet.artifact.holdings import Holdings, published_holdings, range_holdings
-from meshnet.core.addresses import dialable_address
+from meshnet.core.addresses import dialable_address, parse_address_list
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
 from meshnet.core.ids import NodeId
@@ -135,6 +135,10 @@ class SeedConfig:
     """Port to listen on; 0 picks a free one (printed on start)."""
     advertise: str | None = None
     """Address (host:port) fetchers dial; none uses host:port as bound."""
+
+    def __post_init__(self) -> None:
+        if self.tracker is not None:  # before --join spends a one-use invite
+            parse_address_list(self.tracker)
 
 
 async def serve_seeder(

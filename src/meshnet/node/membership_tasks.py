@@ -20,9 +20,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from meshnet.core.errors import MeshnetError
+from meshnet.core.errors import MeshnetError, TrackerBusy
 from meshnet.core.tracking import MAX_PREFIX_TIPS, NodeLoad, Registered
 from meshnet.membership.announce import announce_forever
+from meshnet.membership.backoff import BusyBackoff
 from meshnet.membership.heartbeats import heartbeat_loop
 from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
@@ -180,8 +181,10 @@ async def _report_session_tokens(worker: AssembledWorker, client: TrackerClient,
             except MeshnetError as error:
                 counts.put_back(batch)
                 log.warning("could not report %d session count(s) to the tracker: %s", len(batch), error.message)
+                # A tracker that shed the report said when to come back: its hint, jittered.
+                wait_s = BusyBackoff().wait_s(error.retry_after_s) if isinstance(error, TrackerBusy) else delay
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(stopping), delay)
+                    await asyncio.wait_for(asyncio.shield(stopping), wait_s)
                 delay = min(delay * 2, longest)
     finally:
         stopping.cancel()

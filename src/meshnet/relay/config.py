@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshnet.core.addresses import check_advertise_address
+from meshnet.core.addresses import check_advertise_address, parse_address_list
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.relay.bounds import (
@@ -47,6 +47,8 @@ class RelayConfig:
             raise InvalidArgument(f"--listen {self.listen!r} must be host:port with a port from 0 to 65535")
         if self.advertise is not None:
             check_advertise_address(self.advertise)
+        if self.tracker is not None:  # before --join spends a one-use invite
+            parse_address_list(self.tracker)
 
     @property
     def bounds(self) -> RelayBounds:

@@ -35,8 +35,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, TrackerBusy
 from meshnet.core.tracking import WorkRecord
+from meshnet.membership.backoff import BusyBackoff
 from meshnet.route.outbox import OutboxStats, WorkOutbox
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class WorkReporter:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._stats = OutboxStats(0, 0, None, 0)
+        self._busy_s = 0.0
+        """The longest jittered retry hint of the last pass's shed records (0: none was shed)."""
         self.counts = {"acknowledged": 0, "retried": 0, "refused": 0}
         """Attempts by outcome since start: acknowledged, failed (kept, sent again), refused."""
 
@@ -197,12 +200,14 @@ class WorkReporter:
             if done:
                 step = first
                 continue
-            await self._sleep(step * (0.5 + self._jitter() / 2))
+            # A tracker that shed records said when to come back: never sooner than that.
+            await self._sleep(max(step * (0.5 + self._jitter() / 2), self._busy_s))
             step = min(step * 2, longest)
 
     async def _pass(self) -> bool | None:
         """Send one batch of due records: None if there was none, else whether all were settled."""
         batch = await asyncio.to_thread(self._outbox.due, self._policy.batch)
+        self._busy_s = 0.0
         outcomes = await asyncio.gather(*(self._attempt(record) for record in batch))
         self._note(await asyncio.to_thread(self._outbox.stats))
         return all(outcomes) if batch else None
@@ -224,6 +229,8 @@ class WorkReporter:
                 await _uninterrupted(asyncio.to_thread(outbox.refuse, record, error.code, error.message))
                 self.counts["refused"] += 1
                 return True
+            if isinstance(error, TrackerBusy):
+                self._busy_s = max(self._busy_s, BusyBackoff().wait_s(error.retry_after_s, self._jitter))
             log.warning("work record %s not filed yet [%s]: %s; retrying", record.request_id, error.code, error.message)
             await _uninterrupted(asyncio.to_thread(outbox.count_attempt, record.request_id))
             self.counts["retried"] += 1

@@ -124,6 +124,12 @@ def error_from_rpc(err: grpc.RpcError, *, unreachable: type[Unavailable] = Unava
         return fallback(message)
 
 
+def status_and_code(err: grpc.RpcError) -> tuple[grpc.StatusCode | None, str | None]:
+    """How ``err`` ended: its status, and the peer's ``meshnet-error-code`` (None when the library
+    ended the call itself: refused, reset, stopped, out of time)."""
+    return _call(err, "code"), _metadata_value(_call(err, "trailing_metadata"), ERROR_CODE_KEY)
+
+
 def _call(err: grpc.RpcError, method: str) -> Any:
     # A bare grpc.RpcError has none of these; grpc.Call / AioRpcError have all of them.
     accessor = getattr(err, method, None)

@@ -200,7 +200,7 @@ def test_a_rendered_gateway_command_parses_back_to_its_config(
     assert config_from_arguments(SecurityOptions, args) == security
 
 
-@given(_fields(SeedConfig, advertise=st.none() | ADDRESS, port=st.integers(0, 65535)))
+@given(_fields(SeedConfig, advertise=st.none() | ADDRESS, port=st.integers(0, 65535), tracker=st.none() | TRACKERS))
 @EXAMPLES
 def test_a_rendered_seed_command_parses_back_to_its_config(values: dict[str, Any]) -> None:
     config = SeedConfig(**values)

@@ -45,7 +45,24 @@ def test_nodes_shed_together_come_back_spread_over_the_whole_hint() -> None:
 def test_a_hostile_or_negative_hint_is_bounded() -> None:
     busy = BusyBackoff(max_s=60.0)
     assert busy.wait_s(1e9, lambda: 0.999) <= 60.0
-    assert busy.wait_s(-5.0, lambda: 0.5) == 0.0
+    assert busy.wait_s(-5.0, lambda: 0.5) == busy.min_s  # a negative hint is the floor's
+
+
+def test_a_hint_at_the_cap_still_spreads_below_it() -> None:
+    """Clipping after the jitter sent half the nodes back at exactly the cap, in step again."""
+    busy = BusyBackoff(max_s=60.0)
+    waits = [busy.wait_s(60.0, source.random) for source in node_draws()]
+    assert max(waits) <= 60.0
+    assert sum(wait == 60.0 for wait in waits) <= 1
+    assert len({round(wait, 3) for wait in waits}) > 2_800  # 3,000 nodes over 40,000 ms, few together
+    assert min(waits) == pytest.approx(20.0, abs=0.1)  # the hint held at 60/1.5, spread from 20 s
+
+
+def test_a_zero_hint_is_no_tight_loop() -> None:
+    busy = BusyBackoff()
+    waits = [busy.wait_s(0.0, source.random) for source in node_draws()]
+    assert min(waits) >= busy.min_s * (1 - busy.spread) > 0.0
+    assert len({round(wait, 4) for wait in waits}) > 900  # spread, not all at the floor
 
 
 def test_the_same_seed_gives_the_same_schedule() -> None:
@@ -73,7 +90,14 @@ def test_a_rejoin_fraction_bounds_the_wait() -> None:
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: BusyBackoff(spread=1.5), lambda: BusyBackoff(max_s=0), lambda: RejoinDelay(-0.1)]
+    "make",
+    [
+        lambda: BusyBackoff(spread=1.5),
+        lambda: BusyBackoff(max_s=0),
+        lambda: BusyBackoff(min_s=0),
+        lambda: BusyBackoff(min_s=50.0, max_s=60.0),
+        lambda: RejoinDelay(-0.1),
+    ],
 )
 def test_bad_settings_are_refused(make: object) -> None:
     with pytest.raises(InvalidArgument):

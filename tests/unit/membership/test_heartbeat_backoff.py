@@ -52,8 +52,8 @@ class ScriptedTracker:
         return answer
 
 
-async def run(script: list[object]) -> tuple[list[float], list[str]]:
-    """The loop's pauses until the script is spent, and the calls it made."""
+async def run(script: list[object], seed: int = SEED) -> tuple[list[float], list[str]]:
+    """The loop's pauses until the script is spent, and the calls it made (jitter from ``seed``)."""
     tracker = ScriptedTracker(script)
     stop = asyncio.Event()
     pauses: list[float] = []
@@ -69,7 +69,7 @@ async def run(script: list[object]) -> tuple[list[float], list[str]]:
         cast(NodeRecord, SimpleNamespace(address="127.0.0.1:7001")),
         NodeLoad,
         stop,
-        draw=random.Random(SEED).random,
+        draw=random.Random(seed).random,
         pause=record,
     )
     return pauses, tracker.calls
@@ -107,12 +107,16 @@ async def test_a_shed_registration_waits_the_hint_too_and_is_asked_again() -> No
 
 
 async def test_nodes_forgotten_together_rejoin_at_different_times() -> None:
-    """Each node draws its own jitter: 100 nodes forgotten in the same beat spread out."""
-    waits = []
+    """100 loops (one seed each, as each process has its own) forgotten in the same beat: each
+    pauses its own fraction of an interval before registering again, so they spread out."""
+    rejoin_pauses = []
     for node in range(100):
-        source = random.Random(SEED * 1000 + node)
-        waits.append(RejoinDelay().wait_s(INTERVAL_S, source.random))
-    assert len({round(wait, 3) for wait in waits}) > 90
+        pauses, calls = await run([REGISTERED, FORGOTTEN, REGISTERED], seed=SEED * 1000 + node)
+        assert calls[:3] == ["register", "heartbeat", "register"]
+        rejoin_pauses.append(pauses[1])
+    assert all(0 <= pause < INTERVAL_S for pause in rejoin_pauses)
+    assert len({round(pause, 3) for pause in rejoin_pauses}) > 90
+    assert max(rejoin_pauses) - min(rejoin_pauses) > INTERVAL_S / 2  # over the interval, not a clump
 
 
 async def test_an_unreachable_tracker_is_asked_again_at_the_next_beat() -> None:

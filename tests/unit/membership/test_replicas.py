@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import grpc
 import pytest
 
+from meshnet.cli.arguments import StatusArguments
 from meshnet.core.addresses import dialable_address, parse_address_list, require_loopback
-from meshnet.core.errors import FailedPrecondition, InvalidArgument
-from meshnet.membership.replicas import RETRIED_ON_NEXT_REPLICA, ReplicaRing
+from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, StorageUnavailable, Unreachable
+from meshnet.core.layers import LayerRange
+from meshnet.core.swarm_options import SwarmArguments
+from meshnet.fetch.fetcher import FetchConfig
+from meshnet.membership.replicas import (
+    RETRIED_ON_NEXT_REPLICA,
+    Failure,
+    ReplicaRing,
+    RetryBudget,
+    classify,
+)
+from meshnet.membership.tracker_client import channel_options
+from meshnet.node.artifact_server import SeedConfig
+from meshnet.relay.config import RelayConfig
 from meshnet.wire import services
 
 
@@ -36,21 +52,85 @@ def test_insecure_checks_every_replica_of_a_list() -> None:
 def test_the_ring_sticks_to_the_first_until_it_is_lost() -> None:
     ring = ReplicaRing("a:1,b:1,c:1")
     assert ring.current == 0
-    assert [ring.lost(0), ring.lost(1), ring.lost(2)] == [1, 2, 0]  # in order, wrapping around
-    assert ring.current == 0
+    moved = []
+    for _ in range(3):
+        assert ring.failed(ring.position(), Failure.GONE)
+        moved.append(ring.current)
+    assert moved == [1, 2, 0]  # in order, wrapping around
 
 
 def test_a_loss_already_moved_past_does_not_move_the_ring_again() -> None:
     ring = ReplicaRing("a:1,b:1,c:1")
     # Two calls in flight on replica 0 both fail: the client moves once, to 1, not on to 2.
-    assert ring.lost(0) == 1
-    assert ring.lost(0) == 1
+    at = ring.position()
+    assert ring.failed(at, Failure.GONE) and not ring.failed(at, Failure.GONE)
     assert ring.current == 1
+
+
+def test_a_stale_failure_after_the_ring_wrapped_back_moves_nothing() -> None:
+    ring = ReplicaRing("a:1,b:1")
+    long_call = ring.position()  # a watch opened on 0
+    ring.failed(ring.position(), Failure.GONE)  # 0 -> 1
+    ring.failed(ring.position(), Failure.GONE)  # 1 -> 0: back on the long call's replica
+    assert ring.current == long_call.index
+    assert not ring.failed(long_call, Failure.GONE)  # its failure is old news
+    assert ring.current == 0
+
+
+def test_deadlines_move_only_after_strikes_in_a_row() -> None:
+    ring = ReplicaRing("a:1,b:1", slow_strikes=3)
+    assert not ring.failed(ring.position(), Failure.SLOW)
+    assert not ring.failed(ring.position(), Failure.SLOW)
+    ring.answered(ring.position())  # an answer forgives them
+    assert not ring.failed(ring.position(), Failure.SLOW)
+    assert not ring.failed(ring.position(), Failure.SLOW)
+    assert ring.failed(ring.position(), Failure.SLOW) and ring.current == 1
+
+
+def test_an_answered_error_never_moves() -> None:
+    ring = ReplicaRing("a:1,b:1", slow_strikes=1)
+    assert not ring.failed(ring.position(), Failure.ANSWERED) and ring.current == 0
 
 
 def test_a_single_tracker_stays_put() -> None:
     ring = ReplicaRing("a:1")
-    assert ring.lost(0) == 0 and len(ring) == 1
+    assert not ring.failed(ring.position(), Failure.GONE) and ring.current == 0 and len(ring) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error", "failure"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, None, Unreachable("refused"), Failure.GONE),
+        (grpc.StatusCode.CANCELLED, None, Unreachable("server stopped"), Failure.GONE),
+        (grpc.StatusCode.UNAVAILABLE, "storage_unavailable", StorageUnavailable("disk"), Failure.GONE),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, None, DeadlineExceeded("slow"), Failure.SLOW),
+        # The replica's own errors, with metadata: answers, whatever their status.
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline_exceeded", DeadlineExceeded("mine"), Failure.ANSWERED),
+        (grpc.StatusCode.UNAVAILABLE, "no_route", Unreachable("no route"), Failure.ANSWERED),
+        (grpc.StatusCode.CANCELLED, "cancelled", Unreachable("cancelled"), Failure.ANSWERED),
+        (grpc.StatusCode.INTERNAL, None, Unreachable("bug"), Failure.ANSWERED),
+    ],
+)
+def test_only_a_gone_replica_is_lost(
+    status: grpc.StatusCode, code: str | None, error: Exception, failure: Failure
+) -> None:
+    assert classify(status, code, error) is failure  # type: ignore[arg-type]
+
+
+def test_the_retry_budget_allows_about_a_tenth_of_calls_once_spent() -> None:
+    budget = RetryBudget(ratio=0.1, max_tokens=10.0)
+    retried = 0
+    for _ in range(1_000):
+        budget.earn()
+        retried += budget.spend()
+    # 10 to start with, then one per ten calls.
+    assert 105 <= retried <= 110
+
+
+def test_several_replicas_turn_grpc_retries_off() -> None:
+    assert ("grpc.enable_retries", 0) in channel_options(2)
+    assert ("grpc.enable_retries", 1) in channel_options(1)
+    assert not any(key == "grpc.service_config" for key, _ in channel_options(2))
 
 
 def test_every_retried_call_is_a_tracker_call() -> None:
@@ -61,8 +141,7 @@ def test_every_retried_call_is_a_tracker_call() -> None:
         for name in _methods_of(stub)
     }
     assert set(RETRIED_ON_NEXT_REPLICA) <= methods
-    # Counted as they arrive: a second delivery would count twice.
-    assert "ReportSessionTokens" not in RETRIED_ON_NEXT_REPLICA
+    # Weighed as it arrives: a second copy would count one measurement twice.
     assert "ReportRouteTiming" not in RETRIED_ON_NEXT_REPLICA
 
 
@@ -85,3 +164,21 @@ def test_a_wildcard_bind_takes_its_address_from_the_route_to_the_first_tracker()
 
     bound = dialable_address("0.0.0.0:7001", toward="10.0.0.1:7070,10.0.0.2:7070", source_of=source_of)
     assert bound == "10.0.0.9:7001" and asked == ["10.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda tracker: RelayConfig(tracker=tracker),
+        lambda tracker: SeedConfig(Path("published"), tracker=tracker),
+        lambda tracker: FetchConfig("model", LayerRange(0, 1), tracker, Path("data")),
+        lambda tracker: StatusArguments(tracker=tracker),
+        lambda tracker: SwarmArguments("revoke", "node-1", tracker=tracker),
+    ],
+)
+def test_every_config_checks_its_tracker_list_when_built(make: Callable[[str], object]) -> None:
+    """Before anything else runs: a relay or seed given --join would otherwise spend a one-use
+    invite first and only then find the list mistyped."""
+    make("127.0.0.1:7070,127.0.0.1:7071")
+    with pytest.raises(InvalidArgument):
+        make("127.0.0.1:7070,,127.0.0.1:7071")

@@ -21,6 +21,7 @@ from meshnet.core.errors import (
     ResourceExhausted,
     StorageDamaged,
     StorageUnavailable,
+    TrackerBusy,
     Unavailable,
 )
 from meshnet.core.tracking import WorkRecord
@@ -122,6 +123,22 @@ async def test_the_backoff_doubles_to_its_ceiling_and_each_wait_is_jittered() ->
         await until(lambda tracker=tracker: "r" in tracker.stored)  # type: ignore[misc]
         await reporter.drain()
         assert [round(wait, 3) for wait in waits] == expected
+
+
+async def test_a_tracker_that_sheds_a_record_is_asked_again_after_its_hint_not_the_backoff() -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(0)
+
+    tracker = Tracker(script={"r": [TrackerBusy("shedding work records", 4.0), Unavailable("down")]})
+    reporter = WorkReporter(tracker, ReportPolicy(backoff_s=(0.25, 1.0)), jitter=lambda: 0.5, sleep=sleep)
+    reporter.file(record("r"))
+    await until(lambda: "r" in tracker.stored)
+    await reporter.drain()
+    # The hint (4 s, jittered at the draw's middle), not the 0.25 s backoff; then the backoff again.
+    assert [round(wait, 3) for wait in waits] == [4.0, 0.375]
 
 
 async def test_a_record_that_keeps_failing_does_not_hold_back_the_ones_behind_it() -> None:
