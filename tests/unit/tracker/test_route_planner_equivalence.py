@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from types import ModuleType
 
 import pytest
 import reference_routing
@@ -74,9 +75,11 @@ def _swarm(seed: int) -> tuple[list[NodeView], LatencyTable, frozenset[NodeId], 
     return nodes, latency, exclude, rng.random() < 0.5, asked
 
 
-def _plan(planner: object, swarm: tuple[list[NodeView], LatencyTable, frozenset[NodeId], bool, str]) -> RoutePlan | str:
+def _plan(
+    planner: ModuleType, swarm: tuple[list[NodeView], LatencyTable, frozenset[NodeId], bool, str]
+) -> RoutePlan | str:
     nodes, latency, exclude, mixed, model = swarm
-    choose = getattr(planner, "choose_model_route")
+    choose = planner.choose_model_route
     try:
         plan: RoutePlan = choose(nodes, model, latency_ms=latency, exclude=exclude, mixed_devices=mixed)
     except NoRoute as refused:
