@@ -121,7 +121,10 @@ class IndexedLatencies(SeamLatencies):
 
 @dataclass(frozen=True)
 class _Beliefs:
-    key: tuple[object, ...]
+    key: tuple[int, int]
+    """The membership and measured routes' versions the rates were believed at."""
+    seams: tuple[float | None, ...]
+    """The measured routes' seam latencies they were believed with."""
     rates: Mapping[NodeId, float]
 
 
@@ -225,14 +228,15 @@ class RouteIndex:
 
     def _refresh_beliefs(self, routes: Sequence[RouteMeasure], routes_version: int) -> None:
         """Believe the rates again if what they come from changed: membership (claims), the
-        measured routes, or a measured latency of a seam on one of them."""
+        measured routes, or the measured latency of a seam on one of them by more than the plan
+        cache's tolerance (the same staleness a cached plan allows, see ``PlanCache``)."""
         seams = tuple(
             self.latency.get((before, after))
             for route in routes
             for before, after in zip(route.hops, route.hops[1:], strict=False)
         )
-        key = (self.membership, routes_version, seams)
-        if self._beliefs is not None and self._beliefs.key == key:
+        key = (self.membership, routes_version)
+        if self._beliefs is not None and self._beliefs.key == key and self._near(self._beliefs.seams, seams):
             return
         base = tuple(self._base.values())
         believed = believed_views(base, routes, latency_ms=self.latency, costs=self._costs)
@@ -240,7 +244,16 @@ class RouteIndex:
         if self._beliefs is None or rates != self._beliefs.rates:
             self._planned.clear()
             self.cache.forget_all()
-        self._beliefs = _Beliefs(key, rates)
+        self._beliefs = _Beliefs(key, seams, rates)
+
+    def _near(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> bool:
+        tolerance = self.cache.latency_tolerance_ms
+        if len(before) != len(after):
+            return False
+        for old, new in zip(before, after, strict=True):
+            if (old is None) != (new is None) or (old is not None and new is not None and abs(new - old) > tolerance):
+                return False
+        return True
 
 
 def _count(counts: dict[str, dict[str, int]], key: str, value: str, delta: int) -> None:

@@ -367,9 +367,10 @@ def shortest_chain(
     order: one pass over them settles every state, no priority queue needed. The pairs are
     what made the first planner (a Dijkstra pushing every pair of meeting nodes) grow faster
     than N^2: here a node's best predecessor over an unmeasured seam (the default cost, the
-    same from any predecessor) is the cheapest state ending at its start, found in the sorted
-    arrivals after skipping its measured predecessors; only those few are costed pair by pair.
-    Work: O(N log N + measured seams) per call.
+    same from any predecessor) is the cheapest state ending at its start that has no measured
+    seam into it, and only its measured predecessors are costed pair by pair (``_best_label``).
+    Work per call: O(N log N + measured seams into the model's nodes), bounded by the 12-entry
+    peer lists, where the first planner's grew with the pairs of meeting nodes.
     """
     if n_layers == 0:
         return (), 0.0
@@ -406,34 +407,46 @@ def _best_label(
     costs: RoutingCosts,
 ) -> _Label:
     """The cheapest label of a chain ending with ``node``, over the chains ``arrived`` at its
-    start (sorted). The costs are summed in the first planner's order, so floats agree."""
+    start (sorted, cheapest first; ``by_last`` indexes them by their last node).
+
+    Over an unmeasured seam the step is the same from every arrival, so only the cheapest
+    arrivals without a measured seam into ``node`` compete (all that tie on cost); over a
+    measured seam each predecessor is costed, the few whose cost cannot beat the best so far
+    without building a label. Costs are summed in the first planner's order, so floats agree,
+    and appending the same node keeps two labels' order, so only the winner's label is built."""
     own = node_cost_ms(node, costs)
-    candidates: list[_Label] = []
+    relayed = int(node.relayed)
+    if not arrived[0][4]:
+        return _extend(arrived[0], node, own, relayed)  # the first hop: no seam, no other way in
+    unmeasured = own + _unmeasured_seam_ms(costs, relayed=bool(relayed))
+    best: tuple[float, int, int, tuple[str, ...]] | None = None
+    best_before, best_step = arrived[0], unmeasured
+    for label in arrived:
+        if label[4][-1].node_id in measured_into:
+            continue
+        key = (label[0] + unmeasured, label[1] + relayed, label[2], label[3])
+        # Sorted by cost: once the sum grows past the first's, no later arrival can tie it.
+        if best is not None and key[0] > best[0]:
+            break
+        if best is None or key < best:
+            best, best_before = key, label
     for before, measured in measured_into.items():
         label = by_last.get(before)
-        if label is not None:
-            candidates.append(_extend(label, node, own + (measured + costs.seam_overhead_ms)))
-    unmeasured = own + _unmeasured_seam_ms(costs, relayed=node.relayed)
-    floor: float | None = None
-    for label in arrived:
-        chain = label[4]
-        if not chain:
-            candidates.append(_extend(label, node, own))  # the first hop: no seam before it
-            break
-        if chain[-1].node_id in measured_into:
+        if label is None:
             continue
-        cost = label[0] + unmeasured
-        # Sorted by cost: once the sum grows past the first's, no later arrival can tie it.
-        if floor is not None and cost > floor:
-            break
-        floor = cost
-        candidates.append(_extend(label, node, unmeasured))
-    return min(candidates)
+        step = own + (measured + costs.seam_overhead_ms)
+        cost = label[0] + step
+        if best is not None and cost > best[0]:
+            continue
+        key = (cost, label[1] + relayed, label[2], label[3])
+        if best is None or key < best:
+            best, best_before, best_step = key, label, step
+    return _extend(best_before, node, best_step, relayed)
 
 
-def _extend(label: _Label, node: NodeView, step_ms: float) -> _Label:
+def _extend(label: _Label, node: NodeView, step_ms: float, relayed: int) -> _Label:
     cost, relayed_count, hop_count, ids, chain = label
-    return (cost + step_ms, relayed_count + node.relayed, hop_count + 1, (*ids, node.node_id), (*chain, node))
+    return (cost + step_ms, relayed_count + relayed, hop_count + 1, (*ids, node.node_id), (*chain, node))
 
 
 def _incoming(latency_ms: LatencyTable) -> Callable[[NodeId], Mapping[NodeId, float]]:
