@@ -431,16 +431,16 @@ def _best_label(
         if best is None or key < best:
             best, best_before = key, label
     for before, measured in measured_into.items():
-        label = by_last.get(before)
-        if label is None:
+        found = by_last.get(before)
+        if found is None:
             continue
         step = own + (measured + costs.seam_overhead_ms)
-        cost = label[0] + step
+        cost = found[0] + step
         if best is not None and cost > best[0]:
             continue
-        key = (cost, label[1] + relayed, label[2], label[3])
+        key = (cost, found[1] + relayed, found[2], found[3])
         if best is None or key < best:
-            best, best_before, best_step = key, label, step
+            best, best_before, best_step = key, found, step
     return _extend(best_before, node, best_step, relayed)
 
 
