@@ -137,8 +137,8 @@ class NodeRegistry:
 
     def node_views(self) -> tuple[NodeView, ...]:
         # Speeds are believed from what routes measured, self-declared ones capped (tracker.claims).
-        routes = self._measured.recent(self._clock())
-        return self._index.views(routes, self._measured.version)
+        self._index.refresh(self._measured.recent(self._clock()), self._measured.version)
+        return self._index.views()
 
     def observe_route(self, timing: RouteTiming) -> bool:
         """Take a gateway's timing of a route; False (ignored) unless its hops are live and chain."""
@@ -308,16 +308,12 @@ class NodeRegistry:
         planner's (cached per model while nothing it prices moved: ``route_index.PlanCache``),
         or one whose head holds a prefix of the prompt (``tracker.affinity``)."""
         latency_ms = self._index.latency if given_latency_ms is None else given_latency_ms
-        routes = self._measured.recent(self._clock())
-        views = self._index.views_of(query.model, routes, self._measured.version)
-        chain = query.prefix_chain
-        known = self._conversations.recall(chain, self._clock()) if chain else None
-        if known is not None:
-            kept = plan_of(known, views, query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
-            if kept is not None:
-                return kept
+        routes, version = self._measured.recent(self._clock()), self._measured.version
+        self._index.refresh(routes, version)  # beliefs that moved forget the cached plans first
+        names, chain = self._index.model_names(query.model), query.prefix_chain
+        cacheable = not query.exclude and given_latency_ms is None and len(names) == 1
 
-        def plan() -> RoutePlan:
+        def plan(views: tuple[NodeView, ...]) -> RoutePlan:
             return choose_model_route(
                 views,
                 query.model,
@@ -327,9 +323,21 @@ class NodeRegistry:
                 mixed_devices=self._mixed_devices,
             )
 
-        names = self._index.model_names(query.model)
-        cacheable = not query.exclude and given_latency_ms is None and len(names) == 1
-        base = self._index.cache.plan(names[0], query.model, self._mixed_devices, plan) if cacheable else plan()
+        if cacheable and not chain:  # a cache hit reads no node at all
+            return self._index.cache.plan(
+                names[0], query.model, self._mixed_devices, lambda: plan(self._index.views_of(query.model))
+            )
+        views = self._index.views_of(query.model)
+        known = self._conversations.recall(chain, self._clock()) if chain else None
+        if known is not None:
+            kept = plan_of(known, views, query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
+            if kept is not None:
+                return kept
+        base = (
+            self._index.cache.plan(names[0], query.model, self._mixed_devices, lambda: plan(views))
+            if cacheable
+            else plan(views)
+        )
         if not chain:
             return base
         # Tips live in each node's last load report: memory only, gone with the node.

@@ -11,7 +11,8 @@ it leaves; a route request then reads, without scanning the swarm:
 
 Believed rates are a fit over every measured route (``tracker.claims``), not free: they are
 recomputed only when what they come from changes (membership, the measured routes, or the
-measured latency of a seam on one of those routes), never because some other round trip moved.
+measured latency of a seam on one of those routes by more than the plan cache's tolerance),
+never because some other round trip moved. The registry calls ``refresh`` before reading.
 
 Call from one event loop only, like the registry that owns it.
 """
@@ -201,22 +202,21 @@ class RouteIndex:
                         frontier.append(name)
         return tuple(sorted(names))
 
-    def views(self, routes: Sequence[RouteMeasure], routes_version: int) -> tuple[NodeView, ...]:
-        """Every routable node, with the rates the tracker believes."""
-        self._refresh_beliefs(routes, routes_version)
+    def views(self) -> tuple[NodeView, ...]:
+        """Every routable node, with the rates the tracker believes (as of ``refresh``)."""
         return tuple(self._planned_view(node_id) for node_id in self._base)
 
-    def views_of(self, model: str, routes: Sequence[RouteMeasure], routes_version: int) -> tuple[NodeView, ...]:
-        """The nodes of every model name ``model`` is served under, with believed rates; every
-        node when none serves it, so that the planner's refusal can say what is served.
-        Planning over this subset chooses what planning over every node would: the planner
-        and the prefix routes only ever consider nodes of the asked model."""
+    def views_of(self, model: str) -> tuple[NodeView, ...]:
+        """The nodes of every model name a route for ``model`` can use (``model_names``), with
+        believed rates (as of ``refresh``); every node when none serves it, so that the
+        planner's refusal can say what is served. Planning over this subset chooses what
+        planning over every node would: the planner and the prefix routes only ever consider
+        nodes of the asked model's recipes, all of which are in it."""
         names = self.model_names(model)
-        if len(names) != 1:
-            views = self.views(routes, routes_version)
-            return tuple(view for view in views if view.model in names) if names else views
-        self._refresh_beliefs(routes, routes_version)
-        return tuple(self._planned_view(node_id) for node_id in self._by_model[names[0]])
+        if len(names) == 1:
+            return tuple(self._planned_view(node_id) for node_id in self._by_model[names[0]])
+        views = self.views()
+        return tuple(view for view in views if view.model in names) if names else views
 
     def _planned_view(self, node_id: NodeId) -> NodeView:
         view = self._planned.get(node_id)
@@ -226,7 +226,7 @@ class RouteIndex:
             self._planned[node_id] = view
         return view
 
-    def _refresh_beliefs(self, routes: Sequence[RouteMeasure], routes_version: int) -> None:
+    def refresh(self, routes: Sequence[RouteMeasure], routes_version: int) -> None:
         """Believe the rates again if what they come from changed: membership (claims), the
         measured routes, or the measured latency of a seam on one of them by more than the plan
         cache's tolerance (the same staleness a cached plan allows, see ``PlanCache``)."""

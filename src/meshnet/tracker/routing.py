@@ -32,6 +32,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from types import MappingProxyType
 
 from meshnet.core.addresses import is_relayed
@@ -95,9 +96,10 @@ class NodeView:
     def layers(self) -> LayerRange:
         return self.record.layers
 
-    @property
+    @cached_property
     def relayed(self) -> bool:
-        """Reached through a relay (its address is ``NODE@RELAY``): every seam into it crosses one."""
+        """Reached through a relay (its address is ``NODE@RELAY``): every seam into it crosses one.
+        Cached: the planner asks once per node and plan, and parsing the address is not free."""
         return is_relayed(self.record.address)
 
     def hop(self) -> RouteHop:
