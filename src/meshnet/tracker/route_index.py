@@ -145,6 +145,9 @@ class RouteIndex:
         """Recipe fingerprints by model name, with how many nodes serve each."""
         self._planned: dict[NodeId, NodeView] = {}
         """Views with believed rates, built on demand; emptied when the beliefs move."""
+        self._priced: dict[NodeId, dict[str, float]] = {}
+        """Each routable node's round trips as its model's cached plans priced them: a report is
+        compared with these, not with the last one, so small moves cannot add up unseen."""
         self._beliefs: _Beliefs | None = None
         self.membership = 0
         """Moves whenever a routable node joins or leaves: what claims and candidates depend on."""
@@ -152,7 +155,6 @@ class RouteIndex:
 
     def put(self, entry: IndexedNode) -> None:
         """``entry`` registered, heartbeat or was routed to: take its current record and load."""
-        reported = self.latency.row(entry.node_id)
         self.latency.set_row(entry.node_id, entry.load.peer_rtt_ms if entry.load else ())
         if not entry.routable:
             return
@@ -164,11 +166,14 @@ class RouteIndex:
             _count(self._names, view.fingerprint, view.model, +1)
             _count(self._recipes, view.model, view.fingerprint, +1)
             self.membership += 1
+        row = self.latency.row(view.node_id)
+        priced = self._priced.get(view.node_id)
+        tolerance = self.cache.latency_tolerance_ms
+        if before is None or _costs_differ(before, view) or priced is None or _rows_differ(priced, row, tolerance):
             self.cache.forget(view.model)
-        elif _costs_differ(before, view) or _rows_differ(
-            reported, self.latency.row(view.node_id), self.cache.latency_tolerance_ms
-        ):
-            self.cache.forget(view.model)
+        if not self.cache.holds(view.model):
+            # No plan of its model was made since: the next one prices this row.
+            self._priced[view.node_id] = row
         self._base[view.node_id] = view
         self._planned.pop(view.node_id, None)
 
@@ -186,6 +191,7 @@ class RouteIndex:
         _count(self._names, view.fingerprint, view.model, -1)
         _count(self._recipes, view.model, view.fingerprint, -1)
         self._planned.pop(node_id, None)
+        self._priced.pop(node_id, None)
         self.membership += 1
         self.cache.forget(view.model)
 
@@ -287,9 +293,10 @@ class PlanCache:
     depth, or gains or loses room, and every plan when any believed rate moves: the planner
     prices nothing else of a node. Seam round trips are the exception: a node's report that
     moves every one-way latency by at most ``latency_tolerance_ms`` (and names the same peers)
-    keeps its model's plans, so a cached plan may price a seam up to that far from the latest
-    heartbeat, and cost up to ``2 * latency_tolerance_ms`` per seam (of it and of the best
-    route) more than the plan the latest numbers choose. Anything beyond is a new plan.
+    from what the plan was made with keeps its model's plans, so a cached plan may price a seam
+    up to that far from the latest heartbeat, and cost up to ``2 * latency_tolerance_ms`` per
+    seam (of it and of the best route) more than the plan the latest numbers would choose.
+    Anything beyond is a new plan.
     """
 
     def __init__(self, *, latency_tolerance_ms: float = 1.0) -> None:
@@ -310,6 +317,10 @@ class PlanCache:
         plan = planner()
         plans[(asked, mixed)] = plan
         return plan
+
+    def holds(self, name: str) -> bool:
+        """Whether some plan of the model ``name`` is kept."""
+        return bool(self._plans.get(name))
 
     def forget(self, name: str) -> None:
         self._plans.pop(name, None)

@@ -114,3 +114,26 @@ def test_the_index_equals_a_rebuild_and_routes_equal_the_first_planners(seed: in
             assert (route.hops, route.ms_per_token) == (expected.hops, expected.ms_per_token)
             planned += 1
     assert planned > STEPS // 4
+
+
+def test_a_cached_plan_outlives_small_round_trip_moves_but_not_moves_that_add_up() -> None:
+    """The plan cache's documented staleness: a round trip within the tolerance (1 ms one way)
+    of what the plan was made with keeps the plan even where a fresh plan would differ; small
+    moves that add up past it, each within the tolerance of the report before, do not."""
+    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    head = registry.register(registration(0, 10, address="h:1"), NodeId("head"))
+    for name in ("a", "b"):
+        registry.register(registration(10, 20, address=f"{name}:1"), NodeId(name))
+
+    def route_after(rtt_to_a_ms: float) -> list[str]:
+        registry.heartbeat(head, NodeLoad(free_sessions=4, peer_rtt_ms=(("a:1", rtt_to_a_ms), ("b:1", 6.0))))
+        return [str(node_id) for node_id in registry.choose_route(RouteQuery(model=MODEL)).node_ids]
+
+    cache = registry._index.cache  # noqa: SLF001 - the counters say whether the plan was reused
+    assert route_after(4.8) == ["head", "a"]  # 2.4 ms one way into a, 3 ms into b
+    misses = cache.misses
+    assert route_after(5.7) == ["head", "a"]  # 2.85 ms: still the best
+    assert route_after(6.6) == ["head", "a"]  # 3.3 ms: b is better now, but 0.9 ms from the plan's 2.4
+    assert cache.misses == misses
+    assert route_after(7.2) == ["head", "b"]  # 3.6 ms: 0.3 ms from the last report, 1.2 ms from the plan's
+    assert cache.misses == misses + 1
