@@ -129,7 +129,7 @@ def test_a_cached_plan_outlives_small_round_trip_moves_but_not_moves_that_add_up
         registry.heartbeat(head, NodeLoad(free_sessions=4, peer_rtt_ms=(("a:1", rtt_to_a_ms), ("b:1", 6.0))))
         return [str(node_id) for node_id in registry.choose_route(RouteQuery(model=MODEL)).node_ids]
 
-    cache = registry._index.cache  # noqa: SLF001 - the counters say whether the plan was reused
+    cache = registry._index.cache
     assert route_after(4.8) == ["head", "a"]  # 2.4 ms one way into a, 3 ms into b
     misses = cache.misses
     assert route_after(5.7) == ["head", "a"]  # 2.85 ms: still the best
