@@ -137,7 +137,7 @@ class NodeRegistry:
 
     def node_views(self) -> tuple[NodeView, ...]:
         # Speeds are believed from what routes measured, self-declared ones capped (tracker.claims).
-        self._index.refresh(self._measured.recent(self._clock()), self._measured.version, self._clock())
+        self._index.refresh(self._measured.recent(self._clock()), self._measured.version)
         return self._index.views()
 
     def observe_route(self, timing: RouteTiming) -> bool:
@@ -309,7 +309,7 @@ class NodeRegistry:
         or one whose head holds a prefix of the prompt (``tracker.affinity``)."""
         latency_ms = self._index.latency if given_latency_ms is None else given_latency_ms
         routes, version = self._measured.recent(self._clock()), self._measured.version
-        self._index.refresh(routes, version, self._clock())  # beliefs that moved forget cached plans first
+        self._index.refresh(routes, version)  # beliefs that moved forget the cached plans first
         names, chain = self._index.model_names(query.model), query.prefix_chain
         cacheable = not query.exclude and given_latency_ms is None and len(names) == 1
 

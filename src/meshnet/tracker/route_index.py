@@ -10,11 +10,9 @@ it leaves; a route request then reads, without scanning the swarm:
 * a plan cache per model (``PlanCache``), invalidated by what can change a plan (see there).
 
 Believed rates are a fit over every measured route (``tracker.claims``), not free: they are
-recomputed only when what they come from changes (membership at once; new route timings at
-most once per ``refit_interval_s``; the measured latency of a seam on a measured route by more
-than the plan cache's tolerance), never because some other round trip moved. At 3,000 nodes
-one refit costs about 60 ms, so at 100 timings/s refitting on each would cost every route that.
-The registry calls ``refresh`` before reading.
+recomputed only when what they come from changes (membership, the measured routes, or the
+measured latency of a seam on one of those routes by more than the plan cache's tolerance),
+never because some other round trip moved. The registry calls ``refresh`` before reading.
 
 Call from one event loop only, like the registry that owns it.
 """
@@ -129,21 +127,13 @@ class _Beliefs:
     seams: tuple[float | None, ...]
     """The measured routes' seam latencies they were believed with."""
     rates: Mapping[NodeId, float]
-    at: float
-    """When they were believed (the registry's clock)."""
 
 
 class RouteIndex:
     """Per model, the routable live nodes with believed rates; the seam latency table."""
 
-    def __init__(
-        self, costs: RoutingCosts, *, latency_tolerance_ms: float = 1.0, refit_interval_s: float = 1.0
-    ) -> None:
+    def __init__(self, costs: RoutingCosts, *, latency_tolerance_ms: float = 1.0) -> None:
         self._costs = costs
-        self._refit_interval_s = refit_interval_s
-        """New route timings are fitted at most this often (the fit is over every node): a
-        believed rate may lag the gateways' timings by this long. Joins and departures refit
-        at once (a newcomer needs a rate)."""
         self.latency = IndexedLatencies()
         self._base: dict[NodeId, NodeView] = {}
         """Each routable node's view with its claimed rate, in registration order."""
@@ -242,30 +232,25 @@ class RouteIndex:
             self._planned[node_id] = view
         return view
 
-    def refresh(self, routes: Sequence[RouteMeasure], routes_version: int, now: float) -> None:
+    def refresh(self, routes: Sequence[RouteMeasure], routes_version: int) -> None:
         """Believe the rates again if what they come from changed: membership (claims), the
-        measured routes (at most every ``refit_interval_s``), or the measured latency of a seam
-        on one of them by more than the plan cache's tolerance (the same staleness a cached plan
-        allows, see ``PlanCache``)."""
+        measured routes, or the measured latency of a seam on one of them by more than the plan
+        cache's tolerance (the same staleness a cached plan allows, see ``PlanCache``)."""
         seams = tuple(
             self.latency.get((before, after))
             for route in routes
             for before, after in zip(route.hops, route.hops[1:], strict=False)
         )
         key = (self.membership, routes_version)
-        last = self._beliefs
-        if last is not None and last.key[0] == self.membership:
-            if last.key[1] != routes_version and now - last.at < self._refit_interval_s:
-                return  # new timings wait for the next refit
-            if last.key[1] == routes_version and self._near(last.seams, seams):
-                return
+        if self._beliefs is not None and self._beliefs.key == key and self._near(self._beliefs.seams, seams):
+            return
         base = tuple(self._base.values())
         believed = believed_views(base, routes, latency_ms=self.latency, costs=self._costs)
         rates = {view.node_id: view.decode_tokens_per_s for view in believed}
         if self._beliefs is None or rates != self._beliefs.rates:
             self._planned.clear()
             self.cache.forget_all()
-        self._beliefs = _Beliefs(key, seams, rates, now)
+        self._beliefs = _Beliefs(key, seams, rates)
 
     def _near(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> bool:
         tolerance = self.cache.latency_tolerance_ms

@@ -93,12 +93,10 @@ def _step(rng: random.Random, registry: NodeRegistry, served: list[RouteTiming])
 @pytest.mark.parametrize("seed", range(8))
 def test_the_index_equals_a_rebuild_and_routes_equal_the_first_planners(seed: int) -> None:
     rng = random.Random(seed)
-    clock = FakeClock()
-    registry = NodeRegistry(clock=clock, heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
     served: list[RouteTiming] = []
     planned = 0
     for _ in range(STEPS):
-        clock.now += 1.0  # every refit of new route timings is due (``refit_interval_s``)
         _step(rng, registry, served)
         latency = _latency_from_scratch(registry.entries())
         assert registry.latency_table() == latency
