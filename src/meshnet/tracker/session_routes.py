@@ -72,8 +72,7 @@ class SessionRoutes:
 
     def expire(self, now: float) -> None:
         """Forget routes idle past the TTL (only those: the rest are newer than the first kept)."""
-        while self._dropped and now - next(iter(self._dropped.values())) >= self._dropped_ttl_s:
-            self._dropped.popitem(last=False)
+        self._expire_dropped(now)
         while self._routes:
             session_id, sticky = next(iter(self._routes.items()))
             if now - sticky.last_used < self._ttl_s:
@@ -84,11 +83,16 @@ class SessionRoutes:
         """Forget the routes that pass through a node in ``gone``: those routes are lost, their
         sessions remembered as live for a while."""
         broken = set().union(*(self._through.get(node_id, ()) for node_id in gone))
-        for session_id in broken:
+        for session_id in sorted(broken):  # sorted: which the bound drops first is reproducible
             self._forget(session_id)
             self._dropped[session_id] = now
             self._dropped.move_to_end(session_id)
+        self._expire_dropped(now)
         while len(self._dropped) > self._max_sessions:
+            self._dropped.popitem(last=False)
+
+    def _expire_dropped(self, now: float) -> None:
+        while self._dropped and now - next(iter(self._dropped.values())) >= self._dropped_ttl_s:
             self._dropped.popitem(last=False)
 
     def _forget(self, session_id: SessionId) -> None:

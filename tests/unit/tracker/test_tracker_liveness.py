@@ -7,6 +7,10 @@ a full window of the time the tracker was listening.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import cast
+
 import pytest
 from tracker_samples import FakeClock, registration
 
@@ -15,6 +19,7 @@ from meshnet.core.ids import NodeId
 from meshnet.core.tracking import NodeLoad
 from meshnet.tracker.liveness import Deadlines, Hearing
 from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.service import StoreRunner, TrackerServicer
 
 INTERVAL = 2.0
 WINDOW = 3 * INTERVAL
@@ -179,3 +184,48 @@ def test_a_node_mid_registration_is_not_expired_until_it_is_told(registry: NodeR
 def test_deadlines_refuse_a_nonsense_window() -> None:
     with pytest.raises(InvalidArgument):
         Deadlines(0.0)
+
+
+async def test_a_stall_while_the_sweeper_awaits_persist_is_still_watched(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    """Review item 1: the watcher is its own task, so a stall while the sweep waits on the store
+    is still the tracker's lateness, and the first heartbeat read after it expires nobody."""
+    first, second = join(registry, "first", 1), join(registry, "second", 2)
+    servicer = TrackerServicer(registry, cast(StoreRunner, None), clock)
+    write_done = asyncio.Event()
+
+    async def hanging_write() -> None:  # the store's epoch write, on a disk that hangs
+        await write_done.wait()
+
+    servicer.persist_epoch = hanging_write  # type: ignore[method-assign]
+    sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    async def sleep(seconds: float) -> None:  # asyncio.sleep on the fake clock
+        woken = asyncio.get_running_loop().create_future()
+        sleepers.append((clock.now + seconds, woken))
+        await woken
+
+    async def settle() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    sweeper = asyncio.ensure_future(servicer.sweep_forever(TICK, sleep))
+    try:
+        await settle()
+        clock.now += TICK  # one on-time cycle: the watcher and the sweeper wake
+        for due, woken in list(sleepers):
+            if due <= clock.now:
+                sleepers.remove((due, woken))
+                woken.set_result(None)
+        await settle()  # the sweeper now waits on the hanging write; the watcher sleeps again
+        assert registry.hearing.expected_at == clock.now + TICK
+        clock.now += 10.0  # the loop stalls for longer than the window
+        assert registry.hearing.lag_s() == 10.0 - TICK
+        assert registry.heartbeat(first, NodeLoad())  # its sweep expires nobody...
+        assert registry.heartbeat(second, NodeLoad())  # ...so the other's queued heartbeat is known
+    finally:
+        sweeper.cancel()
+        write_done.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper

@@ -185,10 +185,12 @@ class SessionModel:
             del self.routes[session_id]
 
     def drop_through(self, gone: set[NodeId], now: float) -> None:
-        for session_id in [s for s, (route, _) in self.routes.items() if not gone.isdisjoint(route.node_ids)]:
+        for session_id in sorted(s for s, (route, _) in self.routes.items() if not gone.isdisjoint(route.node_ids)):
             del self.routes[session_id]
             self.dropped[session_id] = now
             self.dropped.move_to_end(session_id)
+        for session_id in [s for s, when in self.dropped.items() if now - when >= DROPPED_TTL]:
+            del self.dropped[session_id]
         while len(self.dropped) > self.max_sessions:  # bounded like the routes, oldest first
             self.dropped.popitem(last=False)
 
