@@ -10,7 +10,7 @@ Builds a ``NodeRegistry`` (no gRPC, no store: the part every call used to scan) 
 four stages of one recipe and S sticky sessions routed over them, then times, per node, what a
 Heartbeat call asks of it: the heartbeat (which sweeps expiry first) and the node's peer-probe
 list. Before issue 36 both scanned every node and every session: at 3,000 nodes and 60k
-sessions (100 routes/s kept 600 s) that was ~5 ms per heartbeat on this machine, against ~4 us
+sessions (100 routes/s kept 600 s) that was ~6 ms per heartbeat on this machine, against ~6 us
 now (bench/results/membership.json); the indexes make it independent of N and S.
 """
 
