@@ -204,7 +204,9 @@ class NodeRegistry:
             stale.append(self._by_address[record.address])
         self._remove(stale, "re-registered")
         # Only nodes proven at their address speak for a recipe: a private one could be anybody's.
-        check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values() if entry.routable))
+        # They come from the peer index: a mass join must not scan the table once per node.
+        recipe = self._peers.recipe_nodes(record.fingerprint)
+        check_certified(record, ((peer, self._nodes[peer].record) for peer in recipe))
         now = self._clock()
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now, reachability=reachability)
         if not pending:
