@@ -59,6 +59,9 @@ class Hearing:
         """Strain sources on now, and since when."""
         self._strains: deque[tuple[float, float]] = deque()
         """Finished strained spans (start, end), merged where they touch, oldest first."""
+        self._late_total_s = 0.0
+        self._strained_total_s = 0.0
+        """The sums of the two deques, kept as they change: every sweep asks for the grace."""
 
     def expect(self, due: float) -> None:
         """The loop's watcher sleeps until ``due``: being later than that is deafness."""
@@ -75,6 +78,7 @@ class Hearing:
         late = self._overdue(now)
         if late > 0:
             self._lateness.append((now, late))
+            self._late_total_s += late
         self._covered_until = max(self._covered_until, now)
         self._due = None
         self._last_late_s = late
@@ -100,20 +104,26 @@ class Hearing:
             return
         if self._strains and since <= self._strains[-1][1]:
             start, end = self._strains.pop()
+            self._strained_total_s -= end - start
             since, now = min(since, start), max(now, end)
         self._strains.append((since, now))
+        self._strained_total_s += now - since
 
     def grace_s(self) -> float:
         """Seconds of deafness in the last window: how much longer than the window a node may be silent."""
         now = self._clock()
         horizon = now - self._window_s
         while self._lateness and self._lateness[0][0] <= horizon:
-            self._lateness.popleft()
+            self._late_total_s -= self._lateness.popleft()[1]
         while self._strains and self._strains[0][1] <= horizon:
-            self._strains.popleft()
-        late = sum(seconds for _, seconds in self._lateness) + self._overdue(now)
-        spans = [*self._strains, *((since, now) for since in self._strained_since.values())]
-        strained = sum(end - start for start, end in spans)
+            start, end = self._strains.popleft()
+            self._strained_total_s -= end - start
+        if not self._lateness:
+            self._late_total_s = 0.0  # no rounding drift left behind
+        if not self._strains:
+            self._strained_total_s = 0.0
+        late = self._late_total_s + self._overdue(now)
+        strained = self._strained_total_s + sum(now - since for since in self._strained_since.values())
         return late + min(self._window_s, strained)
 
     def listening_now(self) -> float:
