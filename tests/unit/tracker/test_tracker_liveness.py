@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from typing import cast
 
+import grpc
 import pytest
 from tracker_samples import FakeClock, registration
 
@@ -20,6 +22,8 @@ from meshnet.core.tracking import NodeLoad
 from meshnet.tracker.liveness import Deadlines, Hearing
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.store import TrackerStore
+from meshnet.wire import tracker_wire
 
 INTERVAL = 2.0
 WINDOW = 3 * INTERVAL
@@ -229,3 +233,45 @@ async def test_a_stall_while_the_sweeper_awaits_persist_is_still_watched(
         write_done.set()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
+
+
+class _SlowStore:
+    """A store whose disk takes its time writing the table of nodes seen."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def record_node(self, *args: object) -> None:
+        self.release.wait(timeout=30)
+
+    def save_epoch(self, epoch: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_registration_waiting_on_a_slow_store_starts_its_window_when_answered(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    """Review item 4, through the Register handler: the store write outlasts the window, the
+    tracker keeps up meanwhile, and the node is neither expired nor told it is registered late."""
+    store = _SlowStore()
+    runner = StoreRunner(cast(TrackerStore, store))
+    servicer = TrackerServicer(registry, runner, clock)
+    request = tracker_wire.registration_to_proto(registration(0, 20, address="127.0.0.1:9001"), NodeId("slow"))
+    try:
+        reply = asyncio.ensure_future(servicer.Register(request, cast(grpc.aio.ServicerContext, None)))
+        while registry.get(NodeId("slow")) is None:
+            await asyncio.sleep(0.001)
+        watch(registry, clock, 3 * WINDOW)  # the tracker on time, the store not
+        assert registry.get(NodeId("slow")) is not None
+        store.release.set()
+        assert tracker_wire.registered_from_proto(await reply).node_id == NodeId("slow")
+        watch(registry, clock, WINDOW - TICK)
+        assert registry.get(NodeId("slow")) is not None
+        watch(registry, clock, TICK)
+        assert registry.get(NodeId("slow")) is None  # silent since its reply: a window later
+    finally:
+        store.release.set()
+        runner.close()
