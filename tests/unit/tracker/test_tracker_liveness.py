@@ -14,11 +14,11 @@ from typing import cast
 
 import grpc
 import pytest
-from tracker_samples import FakeClock, registration
+from tracker_samples import MODEL, FakeClock, registration
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.core.ids import NodeId
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.tracking import NodeLoad, RouteQuery
 from meshnet.tracker.liveness import Deadlines, Hearing
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.service import StoreRunner, TrackerServicer
@@ -275,3 +275,19 @@ async def test_a_registration_waiting_on_a_slow_store_starts_its_window_when_ans
     finally:
         store.release.set()
         runner.close()
+
+
+def test_a_session_whose_node_expired_is_still_a_live_session_for_a_while(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    """Review item 10: its route is gone with the node, but the session comes back at once for a
+    new one, and admission must not shed that as a new session."""
+    node = join(registry, "n0", 1)
+    session = SessionId("s1")
+    registry.choose_route(RouteQuery(MODEL, session_id=session))
+    assert registry.holds_session(session) and not registry.holds_session(SessionId("never-routed"))
+    assert registry.deregister(node)
+    assert registry.holds_session(session)
+    clock.now += 120.0  # long after: a session nobody came back for is forgotten
+    registry.sweep()
+    assert not registry.holds_session(session)
