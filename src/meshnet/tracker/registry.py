@@ -29,6 +29,7 @@ from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.reachability import Reachability, is_routable
 from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
+from meshnet.tracker.admission import Admission
 from meshnet.tracker.affinity import ConversationRoutes, PrefixRouting, plan_of, prefer_held_prefix
 from meshnet.tracker.certification import check_certified
 from meshnet.tracker.liveness import Deadlines, Hearing
@@ -109,8 +110,13 @@ class NodeRegistry:
         self._epoch = epoch
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
-        self.hearing = Hearing(clock)
-        """The listening clock expiry is judged on (``tracker.liveness``); the sweep task drives it."""
+        self._by_address: dict[str, NodeId] = {}
+        """Routable nodes by address: a registration finds the entry it replaces without a scan."""
+        self.hearing = Hearing(clock, self._expire_after_s)
+        """The tracker's own deafness, which expiry forgives (``tracker.liveness``); a watcher task drives it."""
+        self.admission = Admission(self.hearing.recent_lag_s, strain=self.hearing.strain)
+        """The one admission every servicer on this tracker sheds by (``tracker.admission``): a
+        flood on one service is pressure on all of them."""
         self._deadlines = Deadlines(self._expire_after_s)
         self._peers = PeerIndex()
         self._sticky = SessionRoutes(ttl_s=session_ttl_s, max_sessions=max_sticky_sessions)
@@ -160,13 +166,19 @@ class NodeRegistry:
         """Live nodes believed at what routes measured rather than at what they claim."""
         return measured_nodes(self._measured.recent(self._clock()), self._nodes)
 
-    def register(self, record: NodeRecord, node_id: NodeId, reachability: Reachability = "public") -> NodeId:
+    def register(
+        self, record: NodeRecord, node_id: NodeId, reachability: Reachability = "public", *, pending: bool = False
+    ) -> NodeId:
         """Add the node ``node_id`` (its own id, see ``NodeId``; the registry makes none up).
 
         Raises ``Uncertified`` when the record's certification does not certify what it
         registers, or disagrees with the recipe's live nodes (``tracker.certification``). A
         secured tracker registers a node routable only once it answered at its address under its
-        own certificate (``tracker.dial_back``); a ``private`` one replaces only its own entry."""
+        own certificate (``tracker.dial_back``); a ``private`` one replaces only its own entry.
+
+        ``pending``: the caller still has work to do before the node is told it is registered (the
+        store, the epoch): its window starts only at ``heard``, so a slow store never expires a
+        node mid-registration. The caller must call ``heard`` however its work ends."""
         self.sweep()
         self.check_admissible(node_id)
         # One id is one live node, and so is one address: a node that registers again (restarted,
@@ -176,19 +188,21 @@ class NodeRegistry:
         # tracker the dial-back proved that the new one does).
         # A private node proved nothing about its address: it takes it from nobody.
         takes_address = is_routable(reachability)
-        stale = [
-            entry.node_id
-            for entry in self._nodes.values()
-            if entry.node_id == node_id or (takes_address and entry.routable and entry.record.address == record.address)
-        ]
+        stale = [node_id]
+        if takes_address and record.address in self._by_address:
+            stale.append(self._by_address[record.address])
         self._remove(stale, "re-registered")
         # Only nodes proven at their address speak for a recipe: a private one could be anybody's.
-        check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values() if entry.routable))
+        # They come from the peer index: a mass join must not scan the table once per node.
+        recipe = self._peers.recipe_nodes(record.fingerprint)
+        check_certified(record, ((peer, self._nodes[peer].record) for peer in recipe))
         now = self._clock()
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now, reachability=reachability)
-        self._deadlines.heard(node_id, self.hearing.listening_now())
+        if not pending:
+            self._deadlines.heard(node_id, self.hearing.listening_now())
         if is_routable(reachability):
             self._peers.add(node_id, record)
+            self._by_address[record.address] = node_id
         self._index.put(self._nodes[node_id])
         return node_id
 
@@ -240,8 +254,9 @@ class NodeRegistry:
         return True
 
     def holds_session(self, session_id: SessionId) -> bool:
-        """Whether ``session_id`` has a sticky route: it is a live session (``tracker.admission``)."""
-        return self._sticky.get(session_id) is not None
+        """Whether ``session_id`` is a live session (``tracker.admission``): it has a sticky route,
+        or had one until a node on it was lost a moment ago (it comes back for a new route)."""
+        return self._sticky.get(session_id) is not None or self._sticky.recently_dropped(session_id)
 
     def heard(self, node_id: NodeId) -> bool:
         """A heartbeat the tracker is too busy to read whole (``tracker.admission``) still proves
@@ -279,8 +294,8 @@ class NodeRegistry:
 
     def sweep(self) -> tuple[NodeId, ...]:
         """Drop nodes that missed their heartbeats and sessions idle past their TTL."""
-        # Silence is judged on the listening clock: the tracker's own stalls are not the nodes'.
-        expired = self._deadlines.expired(self.hearing.listening_now())
+        # The tracker's own recent deafness is not the nodes' silence (tracker.liveness).
+        expired = self._deadlines.expired(self.hearing.listening_now(), self.hearing.grace_s())
         self._remove(expired, "missed heartbeats")
         self._sticky.expire(self._clock())
         return expired
@@ -382,7 +397,9 @@ class NodeRegistry:
             self._index.drop(node_id)
             if entry.routable:
                 self._peers.remove(node_id, entry.record)
-        self._sticky.drop_through(gone)
+                if self._by_address.get(entry.record.address) == node_id:
+                    del self._by_address[entry.record.address]
+        self._sticky.drop_through(gone, self._clock())
         self._epoch += 1
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
 
