@@ -251,10 +251,12 @@ class RouteIndex:
         before = self._beliefs.beliefs if self._beliefs else None
         # Only the nodes a new measurement can move are believed again (``claims.believe``).
         beliefs = believe(self._claims[1], routes, latency_ms=self.latency, costs=self._costs, before=before)
+        # A cached plan reads the nodes of its one model name only (``views_of``): plans of
+        # models no moved node serves still hold.
+        for model in {self._base[node_id].model for node_id in beliefs.changed}:
+            self.cache.forget(model)
         for node_id in beliefs.changed:
             self._planned.pop(node_id, None)
-        if beliefs.changed:
-            self.cache.forget_all()
         self._beliefs = _Beliefs(key, seams, beliefs)
 
     def _near(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> bool:

@@ -100,7 +100,10 @@ def fit_hop_ms(prior_ms: Mapping[NodeId, float], routes: Sequence[RouteMeasure])
     start = np.array([prior_ms[node_id] for node_id in nodes])
     measured = np.array([route.ms_per_token for route in usable])
     fitted = _nearest_fit(incidence, measured, start)
-    ceiling = {hop: min(r.ms_per_token for r in usable if hop in r.hops) for hop in nodes}
+    ceiling: dict[NodeId, float] = {}
+    for route in usable:
+        for hop in route.hops:
+            ceiling[hop] = min(ceiling.get(hop, route.ms_per_token), route.ms_per_token)
     for node_id, value in zip(nodes, fitted, strict=True):
         estimate[node_id] = min(max(float(value), MIN_HOP_MS), max(ceiling[node_id], MIN_HOP_MS))
     return estimate
