@@ -21,6 +21,13 @@ route. So the tracker believes, in this order:
    are preferred from the start; an outlier claim counts as the median. Lower medians, so one
    liar among two nodes cannot drag the reference up; a node alone with its recipe has
    nothing to be checked against.
+
+The tracker keeps these beliefs current at every measured route (one per served request), so
+they are computed in two parts: ``Claims``, what membership alone decides (once per
+membership), and ``believe``, the fit plus only the nodes a change of it can move (a newcomer
+reads the best measured node of its recipe and layers, kept per group, not a scan of the
+measured nodes). ``believed_views`` is both at once; all give the same rates, bit for bit, as
+the whole fit per call did (tests/unit/tracker/claims_reference.py).
 """
 
 from __future__ import annotations
@@ -144,23 +151,31 @@ def believe(
     if before is None or before.claims is not claims:
         rates = {node_id: _rate(claims, node_id, served, best, recipes) for node_id in claims.views}
         old = before.rates if before is not None else {}
-        changed = frozenset(node_id for node_id, rate in rates.items() if old.get(node_id) != rate)
-        return Beliefs(claims, rates, served, best, changed)
-    stale = set(served.keys() ^ before.served.keys())
-    stale.update(node_id for node_id, rate in served.items() if before.served.get(node_id) != rate)
-    for group in best.keys() | before.best.keys():
-        if best.get(group) != before.best.get(group):
-            stale.update(claims.groups[group])
-    for fingerprint in recipes ^ _measured_recipes(claims, before.served):
-        stale.update(claims.recipes[fingerprint])
+        return Beliefs(claims, rates, served, best, frozenset(n for n, rate in rates.items() if old.get(n) != rate))
     rates = dict(before.rates)
-    changed = set()
-    for node_id in stale:
+    changed: set[NodeId] = set()
+    for node_id in _movable(claims, before, served, best, recipes):
         rate = _rate(claims, node_id, served, best, recipes)
         if rate != rates[node_id]:
             rates[node_id] = rate
             changed.add(node_id)
     return Beliefs(claims, rates, served, best, frozenset(changed))
+
+
+def _movable(
+    claims: Claims, before: Beliefs, served: Mapping[NodeId, float], best: Mapping[_Group, float], recipes: set[str]
+) -> set[NodeId]:
+    """The nodes whose belief a move from ``before`` to ``served`` can change: the measured
+    nodes that moved, came or went; every node of a recipe and layer range whose best measured
+    rate moved; every node of a recipe measured now and not before, or the other way round."""
+    movable = set(served.keys() ^ before.served.keys())
+    movable.update(node_id for node_id, rate in served.items() if before.served.get(node_id) != rate)
+    for group in best.keys() | before.best.keys():
+        if best.get(group) != before.best.get(group):
+            movable.update(claims.groups[group])
+    for fingerprint in recipes ^ _measured_recipes(claims, before.served):
+        movable.update(claims.recipes[fingerprint])
+    return movable
 
 
 def _served(

@@ -13,6 +13,11 @@ Believed rates are a fit over every measured route (``tracker.claims``), not fre
 recomputed only when what they come from changes (membership, the measured routes, or the
 measured latency of a seam on one of those routes by more than the plan cache's tolerance),
 never because some other round trip moved. The registry calls ``refresh`` before reading.
+Even then only the fit of the measured routes is redone whole; what membership decides of the
+beliefs (capped claims, the recipes' medians) is kept per membership (``claims.Claims``) and
+only the nodes a new measurement can move are believed again (``claims.believe``), so a route
+timed between two routes costs the next one the fit and the moved nodes, not a pass over
+every node per measured one.
 
 Call from one event loop only, like the registry that owns it.
 """
