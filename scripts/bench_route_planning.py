@@ -174,6 +174,7 @@ def run_scenario(n_nodes: int, routes: int, *, vary_queue: bool, seed: int, timi
     route_ms: list[float] = []
     heartbeat_ms: list[float] = []
     timing_ms: list[float] = []
+    route_cpu_ms: list[float] = []
     hops = swarm.route()
     for _ in range(routes):
         for _ in range(HEARTBEATS_PER_ROUTE):
@@ -181,10 +182,12 @@ def run_scenario(n_nodes: int, routes: int, *, vary_queue: bool, seed: int, timi
         if timings:
             timing = RouteTiming(hops, swarm.rng.uniform(40.0, 120.0), tokens=16)
             timing_ms.append(_timed(functools.partial(swarm.registry.observe_route, timing)))
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         hops = swarm.route()
         route_ms.append((time.perf_counter() - started) * 1000.0)
-    summary = {"route": _summary(route_ms), "heartbeat": _summary(heartbeat_ms)}
+        route_cpu_ms.append((time.process_time() - cpu_started) * 1000.0)
+    # CPU time besides wall time: on a shared machine it leaves out other processes' turns.
+    summary = {"route": _summary(route_ms), "route_cpu": _summary(route_cpu_ms), "heartbeat": _summary(heartbeat_ms)}
     return summary | ({"timing": _summary(timing_ms)} if timings else {})
 
 
