@@ -10,9 +10,15 @@ Scenarios (the routes are timed, heartbeats timed apart):
 * ``cache_hits``: heartbeats repeat each node's load and jitter its round trips within the plan
   cache's tolerance, so the model's plan stays valid between routes;
 * ``cache_misses``: every heartbeat changes its node's queue depth, so every route is planned;
-* ``planner``: the pure ``choose_model_route`` on the registry's views and a plain latency dict.
+* ``planner``: the pure ``choose_model_route`` on the registry's views and a plain latency dict;
+* ``timing_between_routes``: as ``cache_hits``, but a gateway's timing of the last route arrives
+  before each route (one timing per served request: 100 timings/s beside 100 routes/s), so
+  every route follows a change of the measured routes and the believed rates it moves
+  (``ReportRouteTiming`` timed apart, as ``timing``).
 
-Old versus new is the same script over two trees, merged into one JSON by ``--label``:
+Old versus new is the same script over two trees, merged into one JSON by ``--label`` (labels
+``old``/``new``: before issue 36 / the route index; ``m36``/``fit36``: the whole fit per
+change of the measured routes / the incremental beliefs, ``--scenarios timing_between_routes``):
 
     PYTHONPATH=/path/to/old/src python scripts/bench_route_planning.py --label old
     PYTHONPATH=src python scripts/bench_route_planning.py --label new
@@ -23,6 +29,7 @@ The machine is noisy: compare the labels within one file, measured back to back.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import random
@@ -161,16 +168,27 @@ def _timed(call: Callable[[], object]) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
-def run_scenario(n_nodes: int, routes: int, *, vary_queue: bool, seed: int) -> dict[str, object]:
+def run_scenario(n_nodes: int, routes: int, *, vary_queue: bool, seed: int, timings: bool = False) -> dict[str, object]:
     swarm = Swarm(n_nodes, seed)
     swarm.warm_up()
     route_ms: list[float] = []
     heartbeat_ms: list[float] = []
+    timing_ms: list[float] = []
+    route_cpu_ms: list[float] = []
+    hops = swarm.route()
     for _ in range(routes):
         for _ in range(HEARTBEATS_PER_ROUTE):
             heartbeat_ms.append(_timed(lambda: swarm.heartbeat(vary_queue=vary_queue)))
-        route_ms.append(_timed(swarm.route))
-    return {"route": _summary(route_ms), "heartbeat": _summary(heartbeat_ms)}
+        if timings:
+            timing = RouteTiming(hops, swarm.rng.uniform(40.0, 120.0), tokens=16)
+            timing_ms.append(_timed(functools.partial(swarm.registry.observe_route, timing)))
+        started, cpu_started = time.perf_counter(), time.process_time()
+        hops = swarm.route()
+        route_ms.append((time.perf_counter() - started) * 1000.0)
+        route_cpu_ms.append((time.process_time() - cpu_started) * 1000.0)
+    # CPU time besides wall time: on a shared machine it leaves out other processes' turns.
+    summary = {"route": _summary(route_ms), "route_cpu": _summary(route_cpu_ms), "heartbeat": _summary(heartbeat_ms)}
+    return summary | ({"timing": _summary(timing_ms)} if timings else {})
 
 
 def run_planner(n_nodes: int, routes: int, *, seed: int) -> dict[str, object]:
@@ -182,44 +200,56 @@ def run_planner(n_nodes: int, routes: int, *, seed: int) -> dict[str, object]:
     return {"route": _summary(samples)}
 
 
+SCENARIOS: dict[str, Callable[[int, int], dict[str, object]]] = {
+    "cache_hits": lambda n_nodes, routes: run_scenario(n_nodes, routes, vary_queue=False, seed=n_nodes),
+    "cache_misses": lambda n_nodes, routes: run_scenario(n_nodes, routes, vary_queue=True, seed=n_nodes),
+    "planner": lambda n_nodes, routes: run_planner(n_nodes, routes, seed=n_nodes),
+    "timing_between_routes": lambda n_nodes, routes: run_scenario(
+        n_nodes, routes, vary_queue=False, seed=n_nodes, timings=True
+    ),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--label", required=True, help="old or new: which tree's code this run measures")
     parser.add_argument("--sizes", default="100,300,1000,3000")
     parser.add_argument("--routes", type=int, default=200, help="routes timed per scenario and size")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="fewer routes where one is slow")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="which of " + ", ".join(SCENARIOS))
     parser.add_argument("--out", type=Path, default=Path("bench/results/tracker_scale/route_planning.json"))
     args = parser.parse_args()
     results: dict[str, dict[str, object]] = {}
     for n_nodes in (int(size) for size in args.sizes.split(",")):
-        probe = run_scenario(n_nodes, 3, vary_queue=True, seed=n_nodes)["route"]
+        probe = run_scenario(n_nodes, 3, vary_queue=True, seed=n_nodes, timings=True)["route"]
         per_route_s = float(probe["median_ms"]) / 1000.0  # type: ignore[index]
         routes = max(10, min(args.routes, int(args.max_seconds / max(per_route_s * 3, 1e-6))))
         try:
-            results[str(n_nodes)] = {
-                "cache_hits": run_scenario(n_nodes, routes, vary_queue=False, seed=n_nodes),
-                "cache_misses": run_scenario(n_nodes, routes, vary_queue=True, seed=n_nodes),
-                "planner": run_planner(n_nodes, routes, seed=n_nodes),
-            }
+            results[str(n_nodes)] = {name: SCENARIOS[name](n_nodes, routes) for name in args.scenarios.split(",")}
         except NoRoute as refused:
             results[str(n_nodes)] = {"no_route": refused.message}
         print(n_nodes, json.dumps(results[str(n_nodes)]), flush=True)
     document = json.loads(args.out.read_text()) if args.out.exists() else {}
-    document.setdefault("runs", {})[args.label] = results
+    document.setdefault("runs", {}).setdefault(args.label, {}).update(results)
     document["machine"] = f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"
     document["note"] = (
         "ms per ChooseRoute through NodeRegistry with 15 heartbeats between routes (not timed with them); "
-        "old = the tracker before issue 36, new = route index + boundary-ordered planner + plan cache. "
+        "old = the tracker before issue 36, new = route index + boundary-ordered planner + plan cache; "
+        "m36 = new with the whole believed-speed fit redone after every route timing, fit36 = incremental beliefs "
+        "(timing_between_routes: one ReportRouteTiming before each route, timed apart as timing). "
         "Noisy shared machine: compare old and new within this file."
     )
-    document["ratios_old_over_new"] = _ratios(document["runs"])
+    document["ratios_old_over_new"] = _ratios(document["runs"], "old", "new")
+    document["ratios_m36_over_fit36"] = _ratios(document["runs"], "m36", "fit36")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
-def _ratios(runs: dict[str, dict[str, dict[str, dict[str, dict[str, float]]]]]) -> dict[str, dict[str, float]]:
-    """Old median over new median, per size and scenario, where both ran."""
-    old, new = runs.get("old", {}), runs.get("new", {})
+def _ratios(
+    runs: dict[str, dict[str, dict[str, dict[str, dict[str, float]]]]], before: str, after: str
+) -> dict[str, dict[str, float]]:
+    """``before``'s median over ``after``'s, per size and scenario, where both ran."""
+    old, new = runs.get(before, {}), runs.get(after, {})
     ratios: dict[str, dict[str, float]] = {}
     for size, scenarios in new.items():
         for scenario, figures in scenarios.items():

@@ -21,6 +21,13 @@ route. So the tracker believes, in this order:
    are preferred from the start; an outlier claim counts as the median. Lower medians, so one
    liar among two nodes cannot drag the reference up; a node alone with its recipe has
    nothing to be checked against.
+
+The tracker keeps these beliefs current at every measured route (one per served request), so
+they are computed in two parts: ``Claims``, what membership alone decides (once per
+membership), and ``believe``, the fit plus only the nodes a change of it can move (a newcomer
+reads the best measured node of its recipe and layers, kept per group, not a scan of the
+measured nodes). ``believed_views`` is both at once; all give the same rates, bit for bit, as
+the whole fit per call did (tests/unit/tracker/claims_reference.py).
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from meshnet.core.ids import NodeId
+from meshnet.core.layers import LayerRange
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     NO_LATENCIES,
@@ -58,33 +66,164 @@ def believed_views(
     max_ratio: float = MAX_CLAIM_RATIO,
 ) -> tuple[NodeView, ...]:
     """``views`` with each node's decode rate as the tracker believes it (see the module doc)."""
-    capped = {view.node_id: view for view in credible_views(views, max_ratio)}
+    claims = Claims.of(views, max_ratio)
+    rates = believe(claims, routes, latency_ms=latency_ms, costs=costs).rates
+    return tuple(
+        view if rates[node_id] == view.decode_tokens_per_s else replace(view, decode_tokens_per_s=rates[node_id])
+        for node_id, view in claims.views.items()
+    )
+
+
+_Group = tuple[str, LayerRange]
+"""A recipe's fingerprint and a layer range: the nodes a newcomer is compared with."""
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What membership alone decides about every node's belief, computed once per membership.
+
+    Per node: its view (the last of an id wins), its claim capped at ``max_ratio`` times its
+    recipe's lower median (believed while nothing of its recipe is measured) and capped again
+    at the median (the newcomer's start once something is). And who shares a recipe, and a
+    recipe and layer range: the nodes a change of measurement there can move."""
+
+    views: Mapping[NodeId, NodeView]
+    capped: Mapping[NodeId, float]
+    newcomer: Mapping[NodeId, float]
+    recipes: Mapping[str, tuple[NodeId, ...]]
+    groups: Mapping[_Group, tuple[NodeId, ...]]
+
+    @classmethod
+    def of(cls, views: Iterable[NodeView], max_ratio: float = MAX_CLAIM_RATIO) -> Claims:
+        views = tuple(views)
+        reference = _lower_medians(views)
+        by_id = {view.node_id: view for view in views}
+        capped: dict[NodeId, float] = {}
+        newcomer: dict[NodeId, float] = {}
+        recipes: dict[str, list[NodeId]] = {}
+        groups: dict[_Group, list[NodeId]] = {}
+        for node_id, view in by_id.items():
+            median, n_layers = reference.get(view.fingerprint), len(view.layers)
+            capped[node_id] = _capped_rate(view.decode_tokens_per_s, n_layers, median, max_ratio)
+            newcomer[node_id] = _capped_rate(capped[node_id], n_layers, median, 1.0)
+            recipes.setdefault(view.fingerprint, []).append(node_id)
+            groups.setdefault((view.fingerprint, view.layers), []).append(node_id)
+        return cls(
+            by_id,
+            capped,
+            newcomer,
+            {fingerprint: tuple(ids) for fingerprint, ids in recipes.items()},
+            {group: tuple(ids) for group, ids in groups.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Beliefs:
+    """Every node's believed decode rate, with what a later ``believe`` needs to redo only the
+    nodes a new measurement can move: the measured nodes' rates and, per recipe and layer
+    range, the best of them (a newcomer is believed just ahead of it)."""
+
+    claims: Claims
+    rates: Mapping[NodeId, float]
+    served: Mapping[NodeId, float]
+    best: Mapping[_Group, float]
+    changed: frozenset[NodeId]
+    """The nodes whose rate differs from the ``before`` it was believed from (all when none)."""
+
+
+def believe(
+    claims: Claims,
+    routes: Sequence[RouteMeasure] = (),
+    *,
+    latency_ms: LatencyTable = NO_LATENCIES,
+    costs: RoutingCosts = DEFAULT_COSTS,
+    before: Beliefs | None = None,
+) -> Beliefs:
+    """The believed rates (see the module doc). The fit of the measured routes is redone whole
+    (it is small: the measured routes' hops), but given ``before``, believed from the same
+    ``claims``, only the nodes whose belief can have moved are believed again: measured nodes
+    whose fit moved, and the nodes of a recipe and layer range whose best measured node moved
+    (of a whole recipe when its first node was measured or its last one forgotten). The rates
+    are the same as believing every node again."""
+    served = _served(claims, routes, latency_ms, costs)
+    best = _best(claims, served)
+    recipes = _measured_recipes(claims, served)
+    if before is None or before.claims is not claims:
+        rates = {node_id: _rate(claims, node_id, served, best, recipes) for node_id in claims.views}
+        old = before.rates if before is not None else {}
+        return Beliefs(claims, rates, served, best, frozenset(n for n, rate in rates.items() if old.get(n) != rate))
+    rates = dict(before.rates)
+    changed: set[NodeId] = set()
+    for node_id in _movable(claims, before, served, best, recipes):
+        rate = _rate(claims, node_id, served, best, recipes)
+        if rate != rates[node_id]:
+            rates[node_id] = rate
+            changed.add(node_id)
+    return Beliefs(claims, rates, served, best, frozenset(changed))
+
+
+def _movable(
+    claims: Claims, before: Beliefs, served: Mapping[NodeId, float], best: Mapping[_Group, float], recipes: set[str]
+) -> set[NodeId]:
+    """The nodes whose belief a move from ``before`` to ``served`` can change: the measured
+    nodes that moved, came or went; every node of a recipe and layer range whose best measured
+    rate moved; every node of a recipe measured now and not before, or the other way round."""
+    movable = set(served.keys() ^ before.served.keys())
+    movable.update(node_id for node_id, rate in served.items() if before.served.get(node_id) != rate)
+    for group in best.keys() | before.best.keys():
+        if best.get(group) != before.best.get(group):
+            movable.update(claims.groups[group])
+    for fingerprint in recipes ^ _measured_recipes(claims, before.served):
+        movable.update(claims.recipes[fingerprint])
+    return movable
+
+
+def _served(
+    claims: Claims, routes: Sequence[RouteMeasure], latency_ms: LatencyTable, costs: RoutingCosts
+) -> dict[NodeId, float]:
+    """The measured nodes' rates: what the fit of the measured routes (seams taken out) gives."""
+    views = claims.views
     in_hops = [
         RouteMeasure(route.hops, max(route.ms_per_token - _seams_ms(route.hops, latency_ms, costs), 0.0))
         for route in routes
-        if all(hop in capped for hop in route.hops)
+        if all(hop in views for hop in route.hops)
     ]
-    measured = measured_nodes(in_hops, capped)
+    measured = measured_nodes(in_hops, views)
     if not measured:
-        return tuple(capped.values())
-    fitted = fit_hop_ms(_even_split(in_hops, capped), in_hops)
-    served = {node_id: replace(capped[node_id], decode_tokens_per_s=1000.0 / fitted[node_id]) for node_id in measured}
-    claimed = _lower_medians(views)
-    known = tuple(served.values())
-    return tuple(served.get(view.node_id) or _newcomer(view, claimed, known) for view in capped.values())
+        return {}
+    fitted = fit_hop_ms(_even_split(in_hops, views), in_hops)
+    return {node_id: 1000.0 / fitted[node_id] for node_id in measured}
 
 
-def _newcomer(view: NodeView, claimed: dict[str, float], served: Sequence[NodeView]) -> NodeView:
-    """An unmeasured node beside measured ones: its claim capped at its recipe's lower median
-    claim, but just ahead of the best measured node of its very layers, so that it is tried."""
-    recipe = [other for other in served if other.fingerprint == view.fingerprint]
-    if not recipe:
-        return view  # nothing of its recipe measured yet: claims are all there is (the 32x cap)
-    view = _capped(view, claimed, 1.0)
-    peers = [other.decode_tokens_per_s for other in recipe if other.layers == view.layers]
-    if peers:
-        return replace(view, decode_tokens_per_s=max(view.decode_tokens_per_s, max(peers) / NEWCOMER_EDGE))
-    return view
+def _best(claims: Claims, served: Mapping[NodeId, float]) -> dict[_Group, float]:
+    """Per recipe and layer range, the best measured rate."""
+    best: dict[_Group, float] = {}
+    for node_id, rate in served.items():
+        view = claims.views[node_id]
+        group = (view.fingerprint, view.layers)
+        best[group] = max(best[group], rate) if group in best else rate
+    return best
+
+
+def _measured_recipes(claims: Claims, served: Mapping[NodeId, float]) -> set[str]:
+    return {claims.views[node_id].fingerprint for node_id in served}
+
+
+def _rate(
+    claims: Claims, node_id: NodeId, served: Mapping[NodeId, float], best: Mapping[_Group, float], recipes: set[str]
+) -> float:
+    """One node's belief: measured, else a newcomer beside measured nodes of its recipe (its
+    claim capped at the recipe's lower median, but just ahead of the best measured node of its
+    very layers, so that it is tried), else its claim (capped at ``max_ratio`` times it)."""
+    rate = served.get(node_id)
+    if rate is not None:
+        return rate
+    view = claims.views[node_id]
+    if view.fingerprint not in recipes:
+        return claims.capped[node_id]  # nothing of its recipe measured yet: claims are all there is
+    peak = best.get((view.fingerprint, view.layers))
+    newcomer = claims.newcomer[node_id]
+    return newcomer if peak is None else max(newcomer, peak / NEWCOMER_EDGE)
 
 
 def credible_views(views: Sequence[NodeView], max_ratio: float = MAX_CLAIM_RATIO) -> tuple[NodeView, ...]:
@@ -103,10 +242,16 @@ def _lower_medians(views: Iterable[NodeView]) -> dict[str, float]:
 
 
 def _capped(view: NodeView, reference: dict[str, float], max_ratio: float) -> NodeView:
-    median = reference.get(view.fingerprint)
-    if median is not None and view.decode_tokens_per_s * len(view.layers) > max_ratio * median:
-        return replace(view, decode_tokens_per_s=median / len(view.layers))
-    return view
+    rate = _capped_rate(view.decode_tokens_per_s, len(view.layers), reference.get(view.fingerprint), max_ratio)
+    return view if rate == view.decode_tokens_per_s else replace(view, decode_tokens_per_s=rate)
+
+
+def _capped_rate(rate: float, n_layers: int, median: float | None, max_ratio: float) -> float:
+    """``rate`` over ``n_layers``, or the recipe's lower median per layer where it claims more
+    than ``max_ratio`` times that."""
+    if median is not None and rate * n_layers > max_ratio * median:
+        return median / n_layers
+    return rate
 
 
 def _even_split(routes: Sequence[RouteMeasure], views: Mapping[NodeId, NodeView]) -> dict[NodeId, float]:

@@ -13,6 +13,11 @@ Believed rates are a fit over every measured route (``tracker.claims``), not fre
 recomputed only when what they come from changes (membership, the measured routes, or the
 measured latency of a seam on one of those routes by more than the plan cache's tolerance),
 never because some other round trip moved. The registry calls ``refresh`` before reading.
+Even then only the fit of the measured routes is redone whole; what membership decides of the
+beliefs (capped claims, the recipes' medians) is kept per membership (``claims.Claims``) and
+only the nodes a new measurement can move are believed again (``claims.believe``), so a route
+timed between two routes costs the next one the fit and the moved nodes, not a pass over
+every node per measured one.
 
 Call from one event loop only, like the registry that owns it.
 """
@@ -26,7 +31,7 @@ from typing import Protocol
 from meshnet.core.ids import NodeId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import NodeLoad
-from meshnet.tracker.claims import believed_views
+from meshnet.tracker.claims import Beliefs, Claims, believe
 from meshnet.tracker.routing import NO_SEAMS, NodeView, RoutePlan, RoutingCosts, SeamLatencies
 from meshnet.tracker.speeds import RouteMeasure
 
@@ -126,7 +131,7 @@ class _Beliefs:
     """The membership and measured routes' versions the rates were believed at."""
     seams: tuple[float | None, ...]
     """The measured routes' seam latencies they were believed with."""
-    rates: Mapping[NodeId, float]
+    beliefs: Beliefs
 
 
 class RouteIndex:
@@ -149,6 +154,8 @@ class RouteIndex:
         """Each routable node's round trips as its model's cached plans priced them: a report is
         compared with these, not with the last one, so small moves cannot add up unseen."""
         self._beliefs: _Beliefs | None = None
+        self._claims: tuple[int, Claims] | None = None
+        """What membership decides of the beliefs, and the membership version it was taken at."""
         self.membership = 0
         """Moves whenever a routable node joins or leaves: what claims and candidates depend on."""
         self.cache = PlanCache(latency_tolerance_ms=latency_tolerance_ms)
@@ -227,7 +234,7 @@ class RouteIndex:
     def _planned_view(self, node_id: NodeId) -> NodeView:
         view = self._planned.get(node_id)
         if view is None:
-            rates = self._beliefs.rates if self._beliefs else {}
+            rates = self._beliefs.beliefs.rates if self._beliefs else {}
             view = replace(self._base[node_id], decode_tokens_per_s=rates[node_id])
             self._planned[node_id] = view
         return view
@@ -244,13 +251,18 @@ class RouteIndex:
         key = (self.membership, routes_version)
         if self._beliefs is not None and self._beliefs.key == key and self._near(self._beliefs.seams, seams):
             return
-        base = tuple(self._base.values())
-        believed = believed_views(base, routes, latency_ms=self.latency, costs=self._costs)
-        rates = {view.node_id: view.decode_tokens_per_s for view in believed}
-        if self._beliefs is None or rates != self._beliefs.rates:
-            self._planned.clear()
-            self.cache.forget_all()
-        self._beliefs = _Beliefs(key, seams, rates)
+        if self._claims is None or self._claims[0] != self.membership:
+            self._claims = (self.membership, Claims.of(self._base.values()))
+        before = self._beliefs.beliefs if self._beliefs else None
+        # Only the nodes a new measurement can move are believed again (``claims.believe``).
+        beliefs = believe(self._claims[1], routes, latency_ms=self.latency, costs=self._costs, before=before)
+        # A cached plan reads the nodes of its one model name only (``views_of``): plans of
+        # models no moved node serves still hold.
+        for model in {self._base[node_id].model for node_id in beliefs.changed}:
+            self.cache.forget(model)
+        for node_id in beliefs.changed:
+            self._planned.pop(node_id, None)
+        self._beliefs = _Beliefs(key, seams, beliefs)
 
     def _near(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> bool:
         tolerance = self.cache.latency_tolerance_ms

@@ -63,12 +63,17 @@ class RouteMeasurements:
         """Moves with every change of what ``recent`` would return but for expiry."""
 
     def observe(self, timing: RouteTiming, now: float) -> None:
+        last = next(reversed(self._routes), None)
         samples, _ = self._routes.pop(timing.hops, (deque(maxlen=SAMPLES_PER_ROUTE), now))
+        before = statistics.median(samples) if samples else None
         samples.append(timing.decode_ms_per_token)
         self._routes[timing.hops] = (samples, now)
         while len(self._routes) > self._max_routes:
             self._routes.popitem(last=False)
-        self.version += 1
+        # The same route timed again, still last and at the same median: ``recent`` returns what
+        # it did, so the beliefs fitted from it (``RouteIndex.refresh``) stand.
+        if last != timing.hops or before != statistics.median(samples):
+            self.version += 1
 
     def recent(self, now: float) -> tuple[RouteMeasure, ...]:
         """The routes timed within the horizon, each with the median of its recent timings."""
@@ -100,7 +105,10 @@ def fit_hop_ms(prior_ms: Mapping[NodeId, float], routes: Sequence[RouteMeasure])
     start = np.array([prior_ms[node_id] for node_id in nodes])
     measured = np.array([route.ms_per_token for route in usable])
     fitted = _nearest_fit(incidence, measured, start)
-    ceiling = {hop: min(r.ms_per_token for r in usable if hop in r.hops) for hop in nodes}
+    ceiling: dict[NodeId, float] = {}
+    for route in usable:
+        for hop in route.hops:
+            ceiling[hop] = min(ceiling.get(hop, route.ms_per_token), route.ms_per_token)
     for node_id, value in zip(nodes, fitted, strict=True):
         estimate[node_id] = min(max(float(value), MIN_HOP_MS), max(ceiling[node_id], MIN_HOP_MS))
     return estimate

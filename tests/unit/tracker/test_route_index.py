@@ -4,7 +4,8 @@ A real ``NodeRegistry`` (fake clock) takes seeded random sequences of registrati
 an address or id already taken, some private), heartbeats (loads, queues, peer round trips),
 routes (which count sessions against free room), measured route timings and departures.
 After every step the index must equal a rebuild from the registry's entries, computed the way
-the tracker did before the index (``_latency_from_scratch`` is that code), and the route the
+the tracker did before the index (``_latency_from_scratch`` is that code; believed rates by
+the whole fit as it was before beliefs were kept incrementally, ``claims_reference``), and the route the
 registry hands out (through its plan cache) must be the first planner's (``reference_routing``)
 on the rebuilt views. Round trips are drawn from values further apart than the cache's
 tolerance, so every change the cache must see is one it must act on.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import claims_reference
 import pytest
 import reference_routing
 from tracker_samples import MODEL, OTHER_RECIPE, RECIPE, registration
@@ -22,7 +24,6 @@ from tracker_samples import MODEL, OTHER_RECIPE, RECIPE, registration
 from meshnet.core.errors import NoRoute
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import NodeLoad, RouteQuery, RouteTiming
-from meshnet.tracker.claims import believed_views
 from meshnet.tracker.registry import NodeEntry, NodeRegistry
 from meshnet.tracker.routing import LatencyTable, NodeView
 
@@ -54,7 +55,10 @@ def _latency_from_scratch(entries: tuple[NodeEntry, ...]) -> LatencyTable:
 def _views_from_scratch(registry: NodeRegistry, latency: LatencyTable) -> tuple[NodeView, ...]:
     views = tuple(entry.view() for entry in registry.entries() if entry.routable)
     routes = registry._measured.recent(registry.now())
-    rates = {view.node_id: view.decode_tokens_per_s for view in believed_views(views, routes, latency_ms=latency)}
+    rates = {
+        view.node_id: view.decode_tokens_per_s
+        for view in claims_reference.believed_views(views, routes, latency_ms=latency)
+    }
     return tuple(replace(view, decode_tokens_per_s=rates[view.node_id]) for view in views)
 
 

@@ -182,3 +182,17 @@ def test_the_node_table_shows_what_each_node_claims_and_what_it_is_routed_by() -
     routed = {node.node_id: node.routed_decode_tokens_per_s for node in table.nodes}
     assert routed["boaster"] == pytest.approx(1000.0 / ((40.0 - SEAM_MS) / 2))
     assert routed["honest"] == 100.0  # unmeasured: its claim, within the recipe's median
+
+
+def test_the_version_moves_exactly_when_what_recent_returns_moves() -> None:
+    # A route timed again that is already the last one and keeps its median changes nothing
+    # the beliefs are fitted from, so they are not fitted again; any other timing does.
+    measurements = RouteMeasurements()
+    first, second = (NodeId("a"), NodeId("b")), (NodeId("c"),)
+    seen = []
+    for hops, ms in [(first, 40.0), (first, 40.0), (second, 50.0), (second, 90.0), (first, 40.0), (first, 40.0)]:
+        version, before = measurements.version, measurements.recent(0.0)
+        measurements.observe(RouteTiming(hops, ms, tokens=16), 0.0)
+        seen.append(measurements.version != version)
+        assert seen[-1] == (measurements.recent(0.0) != before)
+    assert seen == [True, False, True, True, True, False]
