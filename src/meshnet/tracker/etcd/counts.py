@@ -75,12 +75,14 @@ class SharedCounts:
             self._lease, self._lease_granted = self._client.grant_lease(COUNTS_TTL_S), now
         self._client.put(f"{self._keys}{next(self._sequence):012d}", encode_counts(node_id, sessions), self._lease)
 
-    def others_since_last(self) -> list[Counts]:
-        """The counts other replicas published since the last call."""
+    def others_since_last(self) -> tuple[list[Counts], int]:
+        """The counts other replicas published since the last ``read_through``, and the revision
+        to pass it once every one was taken (until then they are read again: none is lost to an
+        exchange that failed after reading them)."""
         found = self._client.get_prefix(COUNTS_PREFIX, after_revision=self._read_through)
         if not found:
-            return []
-        self._read_through = max(kv.mod_revision for kv in found)
+            return [], self._read_through
+        through = max(kv.mod_revision for kv in found)
         counts = []
         for kv in found:
             if kv.key.startswith(self._mine):
@@ -89,4 +91,8 @@ class SharedCounts:
                 counts.append(decode_counts(kv.value))
             except InvalidArgument as error:
                 logger.warning("%s: %s", kv.key, error.message)
-        return counts
+        return counts, through
+
+    def read_through(self, revision: int) -> None:
+        """Every count up to ``revision`` was taken: the next read starts after it."""
+        self._read_through = max(self._read_through, revision)
