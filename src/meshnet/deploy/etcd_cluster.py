@@ -61,25 +61,32 @@ class EtcdCluster:
 def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
     if ETCD is None:
         raise FailedPrecondition("etcd is not installed: make etcd (Debian's etcd-server)")
-    member.process = subprocess.Popen(
-        [
-            ETCD,
-            f"--name={member.name}",
-            f"--data-dir={data_dir / member.name}",
-            f"--listen-client-urls={member.client_url}",
-            f"--advertise-client-urls={member.client_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{member.peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{member.peer_port}",
-            f"--initial-cluster={cluster}",
-            "--initial-cluster-state=new",
-            "--initial-cluster-token=meshnet-test",
-            # Short elections keep a killed leader's replacement quick on a loaded test machine.
-            "--heartbeat-interval=100",
-            "--election-timeout=1000",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("ab") as output:  # the child holds its own copy: ours is closed at once
+        member.process = subprocess.Popen(
+            _command(ETCD, member, cluster, data_dir), stdout=output, stderr=subprocess.STDOUT
+        )
+
+
+def _command(etcd: str, member: EtcdMember, cluster: str, data_dir: Path) -> list[str]:
+    return [
+        etcd,
+        f"--name={member.name}",
+        f"--data-dir={data_dir / member.name}",
+        f"--listen-client-urls={member.client_url}",
+        f"--advertise-client-urls={member.client_url}",
+        f"--listen-peer-urls=http://127.0.0.1:{member.peer_port}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{member.peer_port}",
+        f"--initial-cluster={cluster}",
+        "--initial-cluster-state=new",
+        "--initial-cluster-token=meshnet-test",
+        # Short elections keep a killed leader's replacement quick on a loaded test machine.
+        "--heartbeat-interval=100",
+        "--election-timeout=1000",
+        # History is compacted by the replicas themselves (tracker.etcd.membership); etcd's
+        # own periodic compaction is the safety net a deployment should keep too (README).
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=5m",
+    ]
 
 
 def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
