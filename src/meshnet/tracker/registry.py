@@ -107,6 +107,10 @@ class NodeRegistry:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._expire_after_s = heartbeat_interval_s * missed_heartbeats
         self._epoch = epoch
+        self.next_epoch: Callable[[int], int] | None = None
+        """Replicas sharing a store (``tracker.etcd.membership``): the next epoch this replica may
+        hand out, unique among them; a session new here then takes one too (it may have been
+        routed by another replica at this epoch). None: one tracker, the epoch counts up."""
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
         self.hearing = Hearing(clock)
@@ -328,8 +332,8 @@ class NodeRegistry:
             self._touch(query.session_id, sticky)
             return sticky
         plan = self._plan(query, latency_ms)
-        if sticky is not None:
-            self._epoch += 1  # the session's route changed: frames of its old route are now stale
+        if sticky is not None or (self.next_epoch is not None and query.session_id):
+            self._step_epoch()  # the session's route changed: frames of its old route are now stale
         route = _route_of(plan, self._epoch)
         if query.session_id is None:
             return route  # a probe (what context does a route have?): it opens no session
@@ -377,8 +381,11 @@ class NodeRegistry:
             if entry.routable:
                 self._peers.remove(node_id, entry.record)
         self._sticky.drop_through(gone)
-        self._epoch += 1
+        self._step_epoch()
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
+
+    def _step_epoch(self) -> None:
+        self._epoch = self._epoch + 1 if self.next_epoch is None else self.next_epoch(self._epoch)
 
     def _all_alive(self, hops: Iterable[RouteHop], exclude: frozenset[NodeId]) -> bool:
         for hop in hops:

@@ -34,12 +34,12 @@ def shared_membership(
 ) -> SharedMembership | None:
     """The exchange with the other replicas, for a store they share; None for the SQLite file.
     A secured tracker's shards' counts and revocations are shared too. Blocking: claims the
-    replica's id in etcd (FailedPrecondition if another live replica holds it)."""
+    replica's id and epoch slot in etcd (FailedPrecondition if another live replica holds it)."""
     if not isinstance(store, EtcdTrackerStore):
         return None
     replica = replica_id(config, port)
     membership = SharedMembership(store.client, registry, replica, config.heartbeat_interval_s)
-    membership.claim()
+    membership.start()
     if secured is not None:
         work, security, feed = secured
         membership.work, membership.counts = work, SharedCounts(store.client, replica)

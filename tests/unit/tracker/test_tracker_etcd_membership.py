@@ -15,15 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 from etcd_harness import needs_etcd
-from tracker_samples import registration
+from tracker_samples import MODEL, N_LAYERS, registration
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageUnavailable
-from meshnet.core.ids import NodeId
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.tracking import NodeLoad, RouteQuery
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster, free_port
+from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.counts import COUNTS_PREFIX, SharedCounts
-from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.membership import HEARD_PREFIX, NODES_PREFIX, SharedMembership
 from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
 from meshnet.tracker.etcd.store import EPOCH_KEY, EtcdTrackerStore
@@ -327,3 +327,28 @@ async def test_etcd_history_stays_bounded_while_digests_are_rewritten(cluster: E
     in_use = int(httpx.post(cluster.members[0].client_url + "/v3/maintenance/status", json={}).json()["dbSizeInUse"])
     # Measured: ~0.5 MB compacted every 5 exchanges; ~4 MB uncompacted (every digest version kept).
     assert in_use < 1_500_000
+
+
+async def test_replicas_moving_on_from_one_epoch_hand_out_different_ones(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.start()
+    b.start()
+    for each in (a, b):
+        each.registry.follow_epoch(100)
+        each.registry.register(registration(0, N_LAYERS), NODE)
+        each.registry.deregister(NODE)  # a membership change: each moves on from 100
+    assert a.registry.epoch > 100 and b.registry.epoch > 100 and a.registry.epoch != b.registry.epoch
+
+
+async def test_a_session_new_at_a_replica_gets_an_epoch_of_its_own(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    b = replica(cluster, "b", clock)
+    b.start()
+    b.registry.register(registration(0, N_LAYERS), NODE)
+    b.registry.heartbeat(NODE, NodeLoad(free_sessions=4))
+    before = b.registry.epoch
+    # Routed by another replica at ``before`` until it died: re-routed here, it must supersede.
+    route = b.registry.choose_route(RouteQuery(MODEL, SessionId("s-1")))
+    assert route.epoch > before
+    assert b.registry.choose_route(RouteQuery(MODEL, SessionId("s-1"))).epoch == route.epoch  # sticky

@@ -61,6 +61,10 @@ NODES_PREFIX = KEY_PREFIX + "nodes/"
 HEARD_PREFIX = KEY_PREFIX + "heard/"
 REPLICAS_PREFIX = KEY_PREFIX + "replicas/"
 """``replicas/<id>``: claimed by the live replica of that id, under its lease."""
+SLOTS_PREFIX = KEY_PREFIX + "epoch-slots/"
+EPOCH_SLOTS = 64
+"""At most this many live replicas: each claims a slot ``k`` and hands out only epochs equal to
+``k`` modulo ``EPOCH_SLOTS``, so two replicas moving on from one epoch never hand out the same."""
 EXCHANGES_PER_INTERVAL = 2
 """Exchanges per heartbeat interval. A heartbeat reaches another replica through two of them (a
 publish, then a read): at one per interval, the gaps between the counts of one node there could
@@ -201,6 +205,7 @@ class SharedMembership:
     compact_every: int = COMPACT_EVERY_EXCHANGES
     """Exchanges between two compactions of etcd's history."""
     _lease: int = 0
+    _slot: int = 0
     _token: str = field(default_factory=lambda: secrets.token_hex(8))
     """This process's claim on ``replicas/<replica_id>``: another process claiming the same id is refused."""
     _announced: dict[NodeId, float] = field(default_factory=dict)
@@ -237,7 +242,28 @@ class SharedMembership:
                 f"tracker replica id {self.replica_id!r} is held by another live replica of this store: "
                 f"give each replica its own --replica-id (or wait {ttl} s for a dead one's lease to lapse)"
             )
+        self._slot = self._claim_slot(lease)
         self._lease = lease
+
+    def start(self) -> None:
+        """Blocking, on the event loop before serving: claim this replica's id and epoch slot,
+        and hand out only epochs of that slot from now on."""
+        self.claim()
+        self.registry.next_epoch = self.next_epoch
+        self.registry.follow_epoch(self.next_epoch(self.registry.epoch))
+
+    def next_epoch(self, epoch: int) -> int:
+        """The smallest epoch above ``epoch`` of this replica's slot."""
+        return epoch + (self._slot - epoch - 1) % EPOCH_SLOTS + 1
+
+    def _claim_slot(self, lease: int) -> int:
+        for slot in range(EPOCH_SLOTS):
+            stored = self.client.create(SLOTS_PREFIX + str(slot), self._token.encode(), lease=lease)
+            if stored is None or stored.value == self._token.encode():
+                return slot
+        raise FailedPrecondition(
+            f"more than {EPOCH_SLOTS} tracker replicas share this store: every epoch slot is taken"
+        )
 
     async def run_forever(self) -> None:
         stopped = threading.Event()
