@@ -352,3 +352,17 @@ async def test_a_session_new_at_a_replica_gets_an_epoch_of_its_own(cluster: Etcd
     route = b.registry.choose_route(RouteQuery(MODEL, SessionId("s-1")))
     assert route.epoch > before
     assert b.registry.choose_route(RouteQuery(MODEL, SessionId("s-1"))).epoch == route.epoch  # sticky
+
+
+async def test_a_digest_no_longer_rewritten_stops_keeping_its_nodes_alive(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    assert b.registry.get(NODE) is not None
+    # a's digest stays in etcd (its lease kept alive) but is never rewritten: b stops counting
+    # it, gives its nodes the grace of a dead replica's, then expires them.
+    await advance(clock, 8 * INTERVAL_S, b)
+    assert a.client.get(HEARD_PREFIX + "a") is not None
+    assert b.registry.get(NODE) is None

@@ -81,6 +81,10 @@ COMPACT_EVERY_EXCHANGES = 60
 STALE_KEY_WINDOWS = 2
 """Expiry windows a ``nodes/<id>`` key no replica hears is kept before any replica withdraws it
 (its announcer died, or withdrew nothing while cut off from etcd)."""
+STALE_DIGEST_INTERVALS = 2
+"""A digest not rewritten for this many intervals (its replica rewrites it twice per interval) is
+no longer counted, though its lease may live on (a replica whose writes fail, etcd out of space,
+while its keepalives succeed): its nodes then get the grace of a replica that died."""
 MAX_TXN_OPERATIONS = 128
 """etcd's default ``--max-txn-ops``."""
 
@@ -220,6 +224,8 @@ class SharedMembership:
     """The last_seen this replica set when counting another replica's heartbeat."""
     _unheard: dict[NodeId, tuple[float, int]] = field(default_factory=dict)
     """Keys no replica hears (I/O thread only): since when, at which mod_revision."""
+    _digest_seen: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """Other replicas' digest keys (I/O thread only): since when at which mod_revision."""
     _exchanges: int = 0
     _compact_mark: int = 0
     """The revision of the last compaction's exchange: the next compaction drops history before it."""
@@ -337,7 +343,8 @@ class SharedMembership:
     def _io(self, outbound: Outbound) -> Snapshot:
         """Blocking etcd calls (a worker thread): the writes, then what the others published."""
         announced = self._announce(outbound.announcements)
-        digests = readable_digests(self.client.get_prefix(HEARD_PREFIX), HEARD_PREFIX + self.replica_id)
+        fresh = self._fresh(self.client.get_prefix(HEARD_PREFIX), outbound.now)
+        digests = readable_digests(fresh, HEARD_PREFIX + self.replica_id)
         keys = {
             NodeId(kv.key.removeprefix(NODES_PREFIX)): kv.mod_revision
             for kv in self.client.get_prefix(NODES_PREFIX, keys_only=True)
@@ -356,6 +363,19 @@ class SharedMembership:
         revoked = None if outbound.revoked is None else exchange_revoked(self.client, outbound.revoked)
         written = Written(announced, frozenset(settled), keys)
         return Snapshot(registrations, digests, quarantined, epoch, counts, through, revoked, written)
+
+    def _fresh(self, kvs: list[KeyValue], now: float) -> list[KeyValue]:
+        """The digests rewritten within ``STALE_DIGEST_INTERVALS`` intervals."""
+        seen, fresh = {}, []
+        for kv in kvs:
+            since, revision = self._digest_seen.get(kv.key, (now, kv.mod_revision))
+            seen[kv.key] = (now, kv.mod_revision) if revision != kv.mod_revision else (since, revision)
+            if now - seen[kv.key][0] <= STALE_DIGEST_INTERVALS * self.interval_s:
+                fresh.append(kv)
+            elif now - since - self.interval_s / EXCHANGES_PER_INTERVAL <= STALE_DIGEST_INTERVALS * self.interval_s:
+                logger.warning("%s was not rewritten for %.0f s: its nodes are no longer counted", kv.key, now - since)
+        self._digest_seen = seen
+        return fresh
 
     def _stored_epoch(self) -> int:
         """The epoch other replicas stored; 0 (this replica keeps its own) if it is unreadable."""
