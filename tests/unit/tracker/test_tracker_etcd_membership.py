@@ -366,3 +366,16 @@ async def test_a_digest_no_longer_rewritten_stops_keeping_its_nodes_alive(cluste
     await advance(clock, 8 * INTERVAL_S, b)
     assert a.client.get(HEARD_PREFIX + "a") is not None
     assert b.registry.get(NODE) is None
+
+
+async def test_a_digest_read_again_unchanged_does_not_reset_routes_burst_protection(cluster: EtcdCluster) -> None:
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, N_LAYERS), NODE)
+    a.registry.heartbeat(NODE, NodeLoad(free_sessions=3))
+    await a.exchange()
+    await b.exchange()
+    b.registry.choose_route(RouteQuery(MODEL, SessionId("s-1")))
+    await b.exchange()  # a has not written a new digest since: its loads are not news
+    entry = b.registry.get(NODE)
+    assert entry is not None and entry.routed_since_heartbeat == 1

@@ -154,6 +154,9 @@ class Snapshot:
     revoked: frozenset[str] | None = None
     """Every id revoked at any replica (None: not a secured tracker)."""
     written: Written = field(default_factory=Written)
+    revisions: dict[str, int] = field(default_factory=dict)
+    """Each digest's mod_revision: a digest read again unchanged proves its nodes alive, but its
+    loads were counted already (counting them again would reset routes' burst protection)."""
 
 
 def compact(load: NodeLoad) -> NodeLoad:
@@ -362,7 +365,8 @@ class SharedMembership:
         counts, through = ([], 0) if self.counts is None else self.counts.others_since_last()
         revoked = None if outbound.revoked is None else exchange_revoked(self.client, outbound.revoked)
         written = Written(announced, frozenset(settled), keys)
-        return Snapshot(registrations, digests, quarantined, epoch, counts, through, revoked, written)
+        revisions = {kv.key.removeprefix(HEARD_PREFIX): kv.mod_revision for kv in fresh}
+        return Snapshot(registrations, digests, quarantined, epoch, counts, through, revoked, written, revisions)
 
     def _fresh(self, kvs: list[KeyValue], now: float) -> list[KeyValue]:
         """The digests rewritten within ``STALE_DIGEST_INTERVALS`` intervals."""
@@ -482,9 +486,7 @@ class SharedMembership:
         self._apply_quarantines(snapshot.quarantined)
         if self.revocations is not None and snapshot.revoked is not None:
             apply_revoked(*self.revocations, snapshot.revoked)
-        heard = dict(self._orphans(snapshot))
-        for digest in snapshot.heard.values():
-            heard.update(digest)
+        heard = self._heard_loads(snapshot)
         for counted, (node_id, load) in enumerate(heard.items(), start=1):
             self._count(node_id, load, snapshot.registrations.get(node_id))
             if counted % APPLY_CHUNK == 0:
@@ -499,6 +501,20 @@ class SharedMembership:
                     logger.warning("shard counts of %s from another replica not taken: %s", node_id, error.message)
         if self.counts is not None:
             self.counts.read_through(snapshot.counts_through)
+
+    def _heard_loads(self, snapshot: Snapshot) -> dict[NodeId, NodeLoad | None]:
+        """Nodes other replicas heard, with the load to count (None: alive, load counted already:
+        a digest read again unchanged, or a dead replica's nodes heard once more)."""
+        previous = {} if self._previous is None else self._previous.revisions
+        heard: dict[NodeId, NodeLoad | None] = dict.fromkeys(self._orphans(snapshot))
+        for replica, digest in snapshot.heard.items():
+            new = snapshot.revisions.get(replica) != previous.get(replica)
+            for node_id, load in digest.items():
+                if new:
+                    heard[node_id] = load
+                else:
+                    heard.setdefault(node_id, None)
+        return heard
 
     def _settle_keys(self, outbound: Outbound, written: Written) -> None:
         """Record what the exchange wrote; a node held here whose key is gone is announced
@@ -542,8 +558,9 @@ class SharedMembership:
             logger.warning("tracker replicas %s stopped publishing: their nodes may move here", sorted(gone))
         return {node: load for replica in gone for node, load in self._previous.heard[replica].items()}
 
-    def _count(self, node_id: NodeId, load: NodeLoad, registration: KeyValue | None) -> None:
-        """Count another replica's heartbeat of ``node_id``, registering it here first if new."""
+    def _count(self, node_id: NodeId, load: NodeLoad | None, registration: KeyValue | None) -> None:
+        """Count another replica's heartbeat of ``node_id``, registering it here first if new
+        (``load`` None: only its window starts again)."""
         if node_id in self.registry.quarantined:
             return
         entry = self.registry.get(node_id)
@@ -553,6 +570,9 @@ class SharedMembership:
                 return
         elif entry is None:
             return  # announced with the next exchange
+        if load is None:
+            self.registry.heard(node_id)
+            return
         self.registry.heartbeat(node_id, load)
         entry = self.registry.get(node_id)
         if entry is not None:
