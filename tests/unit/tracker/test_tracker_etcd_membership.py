@@ -139,7 +139,7 @@ async def test_a_replica_follows_an_epoch_raised_elsewhere_without_waiting_for_a
     b.interval_s = 3600.0  # one exchange at start, then none during the test: only the watch moves it
     running = asyncio.create_task(b.run_forever())
     try:
-        await asyncio.sleep(0.3)  # the first exchange and the watch stream open
+        assert await asyncio.to_thread(b.watching.wait, 30)  # the watch stream is open
         EtcdTrackerStore(EtcdClient(parse_endpoints(cluster.store))).save_epoch(77)
         for _ in range(100):
             if b.registry.epoch == 77:

@@ -253,11 +253,17 @@ class EtcdClient:
         reply = self._post("/v3/lease/keepalive", {"ID": str(lease)})
         return int(reply.get("result", {}).get("TTL", 0)) > 0
 
-    def follow(self, key: str, on_value: Callable[[bytes], None], stopped: threading.Event) -> None:
+    def follow(
+        self,
+        key: str,
+        on_value: Callable[[bytes], None],
+        stopped: threading.Event,
+        opened: threading.Event | None = None,
+    ) -> None:
         """Blocking (a thread of its own): call ``on_value`` with each value ``key`` is given, as
         etcd's watch stream reports it, until ``stopped``; reopened on another member when one
         fails. Values written while no stream was open are missed: a caller that must not miss
-        one also reads the key from time to time."""
+        one also reads the key from time to time. ``opened`` is set once etcd confirms a stream."""
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=WATCH_IDLE_S)
         body = {"create_request": {"key": _b64(key)}}
         with httpx.Client(timeout=timeout) as http:
@@ -268,7 +274,10 @@ class EtcdClient:
                             for line in response.iter_lines():
                                 if stopped.is_set():
                                     return
-                                for event in json.loads(line).get("result", {}).get("events", []):
+                                result = json.loads(line).get("result", {})
+                                if opened is not None and result.get("created"):
+                                    opened.set()
+                                for event in result.get("events", []):
                                     on_value(base64.b64decode(event["kv"].get("value", "")))
                     except (httpx.HTTPError, ValueError, KeyError) as error:
                         logger.debug("etcd watch of %s on %s ended: %s", key, endpoint, error)

@@ -238,6 +238,8 @@ class SharedMembership:
     revocations: tuple[TrackerSecurity, RevocationFeed] | None = None
     """A secured tracker's book and feed: revocations are shared too (``tracker.etcd.revocations``)."""
     _previous: Snapshot | None = None
+    watching: threading.Event = field(default_factory=threading.Event)
+    """Set once the epoch watch stream is open (etcd confirmed it)."""
 
     def claim(self) -> None:
         """Blocking: take a lease and claim ``replicas/<replica_id>`` under it; FailedPrecondition
@@ -299,7 +301,7 @@ class SharedMembership:
             if value.isdigit():
                 loop.call_soon_threadsafe(self.registry.follow_epoch, int(value))
 
-        self.client.follow(EPOCH_KEY, follow, stopped)
+        self.client.follow(EPOCH_KEY, follow, stopped, self.watching)
 
     async def exchange(self) -> None:
         """Publish what this replica heard and registered; apply what the others did."""

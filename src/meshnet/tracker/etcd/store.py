@@ -36,7 +36,7 @@ from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import WorkRecord, WorkStatus
 from meshnet.route.outbox import record_from_json, record_to_json
-from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Put
+from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Operation, Put
 from meshnet.tracker.store import work_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -166,11 +166,13 @@ class EtcdTrackerStore:
             "since": at,
             "evidence": None if evidence is None else evidence_to_json(evidence),
         }
-        self.client.put(QUARANTINE_PREFIX + node_id, json.dumps(entry).encode())
+        quarantine = Put(QUARANTINE_PREFIX + node_id, json.dumps(entry).encode())
         if request_id is None:
+            self.client.write([quarantine])
             return False
         # Only the status changes: the digest stays, so a retried report is still a duplicate.
-        return self._update_work(request_id, "unverified", [])
+        # One transaction with the quarantine: a replica never sees one without the other.
+        return self._update_work(request_id, "unverified", [quarantine])
 
     def clear_quarantine(self, node_id: NodeId) -> None:
         self.client.delete(QUARANTINE_PREFIX + node_id)
@@ -193,7 +195,7 @@ class EtcdTrackerStore:
     def close(self) -> None:
         self.client.close()
 
-    def _update_work(self, request_id: RequestId, status: WorkStatus, also: list[Delete]) -> bool:
+    def _update_work(self, request_id: RequestId, status: WorkStatus, also: list[Operation]) -> bool:
         """Set a stored record's status (and apply ``also``) by compare-and-swap; False if absent."""
         key = WORK_PREFIX + request_id
         for _ in range(MAX_CAS_ATTEMPTS):
