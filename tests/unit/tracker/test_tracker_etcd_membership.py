@@ -19,7 +19,7 @@ from tracker_samples import MODEL, N_LAYERS, registration
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageUnavailable
 from meshnet.core.ids import NodeId, SessionId
-from meshnet.core.tracking import NodeLoad, RouteQuery
+from meshnet.core.tracking import NodeLoad, RouteQuery, SessionTokens
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster, free_port
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
@@ -379,3 +379,13 @@ async def test_a_digest_read_again_unchanged_does_not_reset_routes_burst_protect
     await b.exchange()  # a has not written a new digest since: its loads are not news
     entry = b.registry.get(NODE)
     assert entry is not None and entry.routed_since_heartbeat == 1
+
+
+def test_counts_are_published_under_a_new_lease_when_theirs_is_gone(cluster: EtcdCluster) -> None:
+    client = EtcdClient(parse_endpoints(cluster.store))
+    mine, other = SharedCounts(client, "a"), SharedCounts(client, "b")
+    sessions = (SessionTokens(SessionId("s-1"), 3, 10, 4),)
+    mine.publish(NODE, sessions)
+    httpx.post(cluster.members[0].client_url + "/v3/lease/revoke", json={"ID": str(mine._lease)})
+    mine.publish(NODE, sessions)  # raises nothing
+    assert other.others_since_last()[0] == [(NODE, sessions)]

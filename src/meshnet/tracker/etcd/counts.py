@@ -21,7 +21,7 @@ from collections.abc import Callable
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, SessionId, check_node_id
 from meshnet.core.tracking import SessionTokens
-from meshnet.tracker.etcd.client import EtcdClient
+from meshnet.tracker.etcd.client import EtcdClient, EtcdRefused
 from meshnet.tracker.etcd.store import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,12 @@ class SharedCounts:
         now = self._clock()
         if not self._lease or now - self._lease_granted > COUNTS_TTL_S / 2:
             self._lease, self._lease_granted = self._client.grant_lease(COUNTS_TTL_S), now
-        self._client.put(f"{self._keys}{next(self._sequence):012d}", encode_counts(node_id, sessions), self._lease)
+        key, value = f"{self._keys}{next(self._sequence):012d}", encode_counts(node_id, sessions)
+        try:
+            self._client.put(key, value, self._lease)
+        except EtcdRefused:  # the lease is gone (etcd lost it, or it lapsed): a new one at once
+            self._lease, self._lease_granted = self._client.grant_lease(COUNTS_TTL_S), now
+            self._client.put(key, value, self._lease)
 
     def others_since_last(self) -> tuple[list[Counts], int]:
         """The counts other replicas published since the last ``read_through``, and the revision
