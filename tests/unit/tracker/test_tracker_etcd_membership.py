@@ -67,6 +67,15 @@ async def advance(clock: Clock, seconds: float, *replicas: SharedMembership) -> 
             each.registry.sweep()
 
 
+async def heard_at_a(cluster: EtcdCluster, clock: Clock) -> tuple[SharedMembership, SharedMembership]:
+    """Replicas a and b after one exchange each, ``NODE`` registered and heard at a."""
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    a.registry.register(registration(0, 20), NODE)
+    a.registry.heartbeat(NODE, NodeLoad())
+    await advance(clock, INTERVAL_S, a, b)
+    return a, b
+
+
 async def test_a_node_heard_at_one_replica_is_live_at_the_other_until_nobody_hears_it(cluster: EtcdCluster) -> None:
     clock = Clock()
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
@@ -83,10 +92,7 @@ async def test_a_node_heard_at_one_replica_is_live_at_the_other_until_nobody_hea
 
 async def test_a_dead_replicas_nodes_get_a_full_window_to_move(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     await advance(clock, INTERVAL_S, b)
     assert b.registry.get(NODE) is not None
     # a dies (its lease's keys vanish), unnoticed for most of a window: b has not heard the node
@@ -118,10 +124,7 @@ async def test_the_epoch_and_quarantines_follow_the_replica_that_changed_them(cl
 
 async def test_a_node_registered_again_elsewhere_is_routed_with_its_new_record(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     first = b.registry.get(NODE)
     assert first is not None and first.record == registration(0, 20)
     a.registry.register(registration(0, 10), NODE)  # restarted with fewer layers
@@ -168,10 +171,7 @@ def test_a_revocation_at_one_replica_reaches_the_book_of_another(cluster: EtcdCl
 
 async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     for key, value in (
         (HEARD_PREFIX + "x", b"not json"),
         (HEARD_PREFIX + "y", b'{"n-2": "bm90IGEgcHJvdG8="}'),
@@ -188,10 +188,7 @@ async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster
 
 async def test_a_node_that_moved_and_registered_again_is_taken_back_with_its_new_record(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     clock.now += 0.1  # (a heartbeat counted at the very instant of a local one would hide it)
     b.registry.register(registration(0, 10), NODE)  # it moved to b and registered there again
     b.registry.heartbeat(NODE, NodeLoad())
@@ -206,10 +203,7 @@ async def test_a_node_that_moved_and_registered_again_is_taken_back_with_its_new
 
 async def test_a_node_nobody_hears_is_withdrawn_from_etcd(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     assert a.client.get(NODES_PREFIX + NODE) is not None
     await advance(clock, 5 * INTERVAL_S, a, b)
     assert a.registry.get(NODE) is None and b.registry.get(NODE) is None
@@ -241,10 +235,7 @@ async def test_a_failed_exchange_announces_its_nodes_at_the_next(cluster: EtcdCl
 
 async def test_a_node_that_left_one_replica_keeps_its_key_while_another_hears_it(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     # The node heartbeats b now; a loses it (it expired it while cut off from etcd).
     clock.now += 0.1
     b.registry.heartbeat(NODE, NodeLoad())
@@ -260,10 +251,7 @@ async def test_a_node_that_left_one_replica_keeps_its_key_while_another_hears_it
 
 async def test_a_deregistration_reaches_the_replica_that_adopted_the_node(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     assert b.registry.get(NODE) is not None
     a.registry.deregister(NODE)  # the node said goodbye to a
     await a.exchange()
@@ -273,10 +261,7 @@ async def test_a_deregistration_reaches_the_replica_that_adopted_the_node(cluste
 
 async def test_a_key_nobody_hears_is_withdrawn_by_any_replica_after_its_announcer_died(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     a.client.delete(HEARD_PREFIX + "a")  # a died: only b exchanges from now on
     await advance(clock, 8 * INTERVAL_S, b)
     assert b.registry.get(NODE) is None
@@ -356,10 +341,7 @@ async def test_a_session_new_at_a_replica_gets_an_epoch_of_its_own(cluster: Etcd
 
 async def test_a_digest_no_longer_rewritten_stops_keeping_its_nodes_alive(cluster: EtcdCluster) -> None:
     clock = Clock()
-    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
-    a.registry.register(registration(0, 20), NODE)
-    a.registry.heartbeat(NODE, NodeLoad())
-    await advance(clock, INTERVAL_S, a, b)
+    a, b = await heard_at_a(cluster, clock)
     assert b.registry.get(NODE) is not None
     # a's digest stays in etcd (its lease kept alive) but is never rewritten: b stops counting
     # it, gives its nodes the grace of a dead replica's, then expires them.
