@@ -4,10 +4,19 @@ A heartbeat stays in the replica that receives it. What replicas exchange, twice
 interval each (``EXCHANGES_PER_INTERVAL``):
 
 - ``nodes/<id>``: a node's registration (its record, reachability and the replica that took
-  it), written when a replica registers it, so every replica can route to it;
+  it), written when a replica registers it, so every replica can route to it; withdrawn only
+  when no replica hears the node (at once by the replica it left, after two expiry windows by
+  any: its announcer died), so another replica can always still take a node someone hears;
 - ``heard/<replica>``: the ids this replica heard in the last interval with their load, under
-  this replica's own lease (TTL: one expiry window). A replica that dies stops renewing it, and
-  the key is gone within that window.
+  this replica's own lease (TTL: one expiry window), renewed only once the fresh digest is
+  written. A replica that dies stops renewing it, and the key is gone within that window; one
+  not rewritten for two intervals is no longer counted (``STALE_DIGEST_INTERVALS``);
+- ``replicas/<id>`` and ``epoch-slots/<k>``: claimed under that lease at start, so two live
+  replicas never share an id, and each hands out only epochs equal to its slot modulo
+  ``EPOCH_SLOTS`` (two replicas moving on from one epoch never hand out the same one).
+
+Every digest put is a new version in etcd's history: each replica compacts it every
+``COMPACT_EVERY_EXCHANGES`` exchanges, or etcd's quota fills and it refuses every write.
 
 Every replica reads both prefixes at each exchange and counts a heartbeat for every node another
 replica heard, so a node is alive while any replica hears it: it may heartbeat to any of them.
