@@ -144,7 +144,8 @@ async def start_tracker(
     if security is None:
         require_loopback((config.host,))
     store = open_store(config)
-    registry = _restored_registry(store, config, clock)
+    # Off the event loop: with an etcd store these are network round trips.
+    registry = await asyncio.to_thread(_restored_registry, store, config, clock)
     epoch = registry.epoch
     runner = StoreRunner(store)
     link = None if security is None else security.link
@@ -167,7 +168,8 @@ async def start_tracker(
         ) from error
     secured = None if work is None or security is None else (work, security, feed)
     try:  # before serving: a replica whose id another live replica holds must not start
-        membership = shared_membership(store, registry, config, port, secured)
+        # (the registry is not served yet: nothing else touches it meanwhile)
+        membership = await asyncio.to_thread(shared_membership, store, registry, config, port, secured)
     except MeshnetError:
         runner.close()
         raise
