@@ -467,7 +467,11 @@ class SharedMembership:
         if self._exchanges % self.compact_every:
             return
         if self._compact_mark:
-            self.client.compact(self._compact_mark)
+            try:
+                self.client.compact(self._compact_mark)
+            except MeshnetError as error:  # tried again next time; etcd's own compaction backs it
+                logger.warning("etcd history not compacted: %s", error.message)
+                return
         self._compact_mark = revision
 
     def _registrations_wanted(
