@@ -1,4 +1,4 @@
-"""Secured replicas (mTLS, route tickets) sharing one swarm dir and one etcd cluster: a gateway
+"""Secured replicas (mTLS, route tickets) on copies of one swarm dir sharing one etcd cluster: a gateway
 on replica B generates over workers that registered (and were dialled back) at replica A only,
 so B's route tickets are accepted by A's shards, and B judges the gateway's work record by the
 counts those shards reported to A."""
@@ -6,6 +6,7 @@ counts those shards reported to A."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 
@@ -45,12 +46,15 @@ def test_a_gateway_on_one_replica_generates_over_workers_registered_at_another(t
         swarm.start_tracker(store=cluster.store, replica_id="a")
         swarm.start_workers("0:3", "3:6")
         swarm.wait_routable(2)
-        # Replica b: the same swarm dir (its CA, revocations and the tracker's certificate).
+        # Replica b, as on another machine: a copy of the swarm dir (its CA, revocations and the
+        # tracker's certificate), as README says to give every replica.
+        copy = tmp_path / "swarm-b"
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns("*.log", "*.sock"))
         config = TrackerConfig(
             port=0, join_port=0, store=cluster.store, replica_id="b", heartbeat_interval_s=HEARTBEAT_S,
             missed_heartbeats=MISSED_HEARTBEATS, shutdown_grace_s=0.5,
         )  # fmt: skip
-        replica_b = start_component("tracker-b", tracker_command(config, root), root / "tracker-b.log", TrackerLine)
+        replica_b = start_component("tracker-b", tracker_command(config, copy), root / "tracker-b.log", TrackerLine)
         try:
             replica_a = swarm.tracker_address
             swarm.tracker_address = TrackerLine.read(replica_b.await_ready(time.monotonic() + START_TIMEOUT_S)).address

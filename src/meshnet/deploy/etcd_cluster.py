@@ -61,31 +61,41 @@ class EtcdCluster:
 def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
     if ETCD is None:
         raise FailedPrecondition("etcd is not installed: make etcd (Debian's etcd-server)")
-    member.process = subprocess.Popen(
-        [
-            ETCD,
-            f"--name={member.name}",
-            f"--data-dir={data_dir / member.name}",
-            f"--listen-client-urls={member.client_url}",
-            f"--advertise-client-urls={member.client_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{member.peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{member.peer_port}",
-            f"--initial-cluster={cluster}",
-            "--initial-cluster-state=new",
-            "--initial-cluster-token=meshnet-test",
-            # Short elections keep a killed leader's replacement quick on a loaded test machine.
-            "--heartbeat-interval=100",
-            "--election-timeout=1000",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("ab") as output:  # the child holds its own copy: ours is closed at once
+        member.process = subprocess.Popen(
+            _command(ETCD, member, cluster, data_dir), stdout=output, stderr=subprocess.STDOUT
+        )
+
+
+def _command(etcd: str, member: EtcdMember, cluster: str, data_dir: Path) -> list[str]:
+    return [
+        etcd,
+        f"--name={member.name}",
+        f"--data-dir={data_dir / member.name}",
+        f"--listen-client-urls={member.client_url}",
+        f"--advertise-client-urls={member.client_url}",
+        f"--listen-peer-urls=http://127.0.0.1:{member.peer_port}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{member.peer_port}",
+        f"--initial-cluster={cluster}",
+        "--initial-cluster-state=new",
+        "--initial-cluster-token=meshnet-test",
+        # Short elections keep a killed leader's replacement quick on a loaded test machine.
+        "--heartbeat-interval=100",
+        "--election-timeout=1000",
+        # History is compacted by the replicas themselves (tracker.etcd.membership); etcd's
+        # own periodic compaction is the safety net a deployment should keep too (README).
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=5m",
+    ]
 
 
 def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     pending = set(range(len(cluster.members)))
     while pending and time.monotonic() < deadline:
+        exited = [member.name for member in cluster.members if member.process and member.process.poll() is not None]
+        if exited:  # most often a port another process took between free_port() and etcd's bind
+            raise Unavailable(f"etcd members {exited} exited while starting (their logs say why)")
         for index in list(pending):
             with contextlib.suppress(httpx.HTTPError):
                 # A linearizable read succeeds only once the cluster elected a leader.
@@ -99,18 +109,36 @@ def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
         raise Unavailable(f"etcd members {sorted(pending)} did not become ready in {timeout_s} s")
 
 
+START_ATTEMPTS = 3
+"""A port free when picked may be taken before etcd binds it: a fresh set of ports then."""
+
+
 @contextlib.contextmanager
 def etcd_cluster(tmp_path: Path, size: int = 3) -> Iterator[EtcdCluster]:
     """``size`` members under ``tmp_path``, ready (a leader elected); all killed on exit."""
-    members = [EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)]
-    peers = ",".join(f"{member.name}=http://127.0.0.1:{member.peer_port}" for member in members)
-    cluster = EtcdCluster(members)
     tmp_path.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        cluster = EtcdCluster([EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)])
+        try:
+            _start_all(cluster, tmp_path / f"etcd-{attempt}", tmp_path)
+            break
+        except Unavailable:
+            _kill_all(cluster)
+            if attempt == START_ATTEMPTS:
+                raise
     try:
-        for member in members:
-            _start(member, peers, tmp_path / "etcd", tmp_path / f"etcd-{member.name}.log")
-        _wait_ready(cluster)
         yield cluster
     finally:
-        for member in members:
-            member.kill()
+        _kill_all(cluster)
+
+
+def _start_all(cluster: EtcdCluster, data_dir: Path, log_dir: Path) -> None:
+    peers = ",".join(f"{member.name}=http://127.0.0.1:{member.peer_port}" for member in cluster.members)
+    for member in cluster.members:
+        _start(member, peers, data_dir, log_dir / f"etcd-{member.name}.log")
+    _wait_ready(cluster)
+
+
+def _kill_all(cluster: EtcdCluster) -> None:
+    for member in cluster.members:
+        member.kill()

@@ -108,6 +108,10 @@ class NodeRegistry:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._expire_after_s = heartbeat_interval_s * missed_heartbeats
         self._epoch = epoch
+        self.next_epoch: Callable[[int], int] | None = None
+        """Replicas sharing a store (``tracker.etcd.membership``): the next epoch this replica may
+        hand out, unique among them; a session new here then takes one too (it may have been
+        routed by another replica at this epoch). None: one tracker, the epoch counts up."""
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
         self._by_address: dict[str, NodeId] = {}
@@ -326,8 +330,8 @@ class NodeRegistry:
             self._touch(query.session_id, sticky)
             return sticky
         plan = self._plan(query, latency_ms)
-        if sticky is not None:
-            self._epoch += 1  # the session's route changed: frames of its old route are now stale
+        if sticky is not None or (self.next_epoch is not None and query.session_id):
+            self._step_epoch()  # the session's route changed: frames of its old route are now stale
         route = _route_of(plan, self._epoch)
         if query.session_id is None:
             return route  # a probe (what context does a route have?): it opens no session
@@ -400,8 +404,11 @@ class NodeRegistry:
                 if self._by_address.get(entry.record.address) == node_id:
                     del self._by_address[entry.record.address]
         self._sticky.drop_through(gone, self._clock())
-        self._epoch += 1
+        self._step_epoch()
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
+
+    def _step_epoch(self) -> None:
+        self._epoch = self._epoch + 1 if self.next_epoch is None else self.next_epoch(self._epoch)
 
     def _all_alive(self, hops: Iterable[RouteHop], exclude: frozenset[NodeId]) -> bool:
         for hop in hops:

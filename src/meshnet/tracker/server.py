@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshnet.core.addresses import dialable_address, require_loopback
-from meshnet.core.errors import FailedPrecondition
+from meshnet.core.errors import FailedPrecondition, MeshnetError
 from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
@@ -144,7 +144,8 @@ async def start_tracker(
     if security is None:
         require_loopback((config.host,))
     store = open_store(config)
-    registry = _restored_registry(store, config, clock)
+    # Off the event loop: with an etcd store these are network round trips.
+    registry = await asyncio.to_thread(_restored_registry, store, config, clock)
     epoch = registry.epoch
     runner = StoreRunner(store, registry.hearing)
     link = None if security is None else security.link
@@ -165,13 +166,18 @@ async def start_tracker(
         raise PortInUse(
             f"the tracker cannot listen on {config.host}:{config.port} (join port {config.join_port}; in use?): {error}"
         ) from error
+    secured = None if work is None or security is None else (work, security, feed)
+    try:  # before serving: a replica whose id another live replica holds must not start
+        # (the registry is not served yet: nothing else touches it meanwhile)
+        membership = await asyncio.to_thread(shared_membership, store, registry, config, port, secured)
+    except MeshnetError:
+        runner.close()
+        raise
     await server.start()
     if join is not None:
         await join[0].start()
     for service in ("", services.TRACKER_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    secured = None if work is None or security is None else (work, security, feed)
-    membership = shared_membership(store, registry, config, port, secured)
     sweeper = asyncio.create_task(_background(servicer, config, security, membership))
     logger.info("tracker serving on %s:%d, epoch %d, %s", config.host, port, epoch, describe(config))
     running = RunningTracker(config, server, port, health_servicer, runner, sweeper, feed)

@@ -4,6 +4,9 @@ replicas then run (``tracker.etcd.membership``)."""
 
 from __future__ import annotations
 
+import socket
+
+from meshnet.core.errors import InvalidArgument
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
@@ -30,17 +33,34 @@ def shared_membership(
     secured: tuple[CheckedWork, TrackerSecurity, RevocationFeed] | None,
 ) -> SharedMembership | None:
     """The exchange with the other replicas, for a store they share; None for the SQLite file.
-    A secured tracker's shards' counts and revocations are shared too."""
+    A secured tracker's shards' counts and revocations are shared too. Blocking: claims the
+    replica's id and epoch slot in etcd (FailedPrecondition if another live replica holds it)."""
     if not isinstance(store, EtcdTrackerStore):
         return None
-    replica = config.replica_id or f"{config.host}:{port}"
+    replica = replica_id(config, port)
     membership = SharedMembership(store.client, registry, replica, config.heartbeat_interval_s)
+    membership.start()
     if secured is not None:
         work, security, feed = secured
         membership.work, membership.counts = work, SharedCounts(store.client, replica)
         work.share = membership.share_counts
         membership.revocations = (security, feed)
     return membership
+
+
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def replica_id(config: TrackerConfig, port: int) -> str:
+    """``--replica-id``, else HOST:PORT with this machine's name for a wildcard host (replicas
+    on several machines all listening on 0.0.0.0:7070 would otherwise share one id)."""
+    replica = config.replica_id
+    if not replica:
+        host = socket.gethostname() if config.host in WILDCARD_HOSTS else config.host
+        replica = f"{host}:{port}"
+    if "/" in replica or not replica.isprintable():
+        raise InvalidArgument(f"--replica-id must be printable and without '/' (it names an etcd key), got {replica!r}")
+    return replica
 
 
 def describe(config: TrackerConfig) -> str:

@@ -13,12 +13,12 @@ from etcd_harness import needs_etcd
 from tracker_samples import registration, work_record
 
 from meshnet.core.audit_evidence import AuditedRequest, AuditRun, QuarantineEvidence
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageUnavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageDamaged, StorageUnavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster, free_port
 from meshnet.tracker.config import TrackerConfig
-from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
-from meshnet.tracker.etcd.store import EtcdTrackerStore
+from meshnet.tracker.etcd.client import EtcdClient, EtcdRefused, Put, parse_endpoints
+from meshnet.tracker.etcd.store import EPOCH_KEY, QUARANTINE_PREFIX, WORK_PREFIX, EtcdTrackerStore
 
 pytestmark = needs_etcd
 
@@ -122,3 +122,31 @@ def test_writes_continue_when_one_member_of_three_is_killed(tmp_path: Path) -> N
         store.save_epoch(7)
         assert [record.request_id for record in replica(three).list_work()] == ["req-1", "req-2"]
         assert store.load_epoch() == 7
+
+
+def test_malformed_values_in_etcd_are_typed_errors_naming_the_key(cluster: EtcdCluster) -> None:
+    store = replica(cluster)
+    store.record_work(work_record("req-1"), recorded_at=1.0)
+    store.client.put(WORK_PREFIX + "req-2", b'{"record": {}}')  # no sha256: not a record of ours
+    store.client.put(EPOCH_KEY, b"forty-two")
+    store.client.put(QUARANTINE_PREFIX + "n-9", b"[1, 2]")
+    with pytest.raises(StorageDamaged, match=EPOCH_KEY):
+        store.load_epoch()
+    with pytest.raises(StorageDamaged, match="req-2"):
+        store.settle_work(RequestId("req-2"), "verified")
+    with pytest.raises(StorageDamaged, match="req-2"):
+        store.record_work(work_record("req-2"), recorded_at=2.0)
+    # A listing leaves the bad one out; a quarantine that cannot be read still quarantines.
+    assert [record.request_id for record in store.list_work()] == ["req-1"]
+    assert store.quarantined_nodes() == (NodeId("n-9"),)
+
+
+def test_a_request_etcd_refuses_is_a_permanent_error_not_an_unavailable_store(tmp_path: Path) -> None:
+    with etcd_cluster(tmp_path, size=3) as three:
+        client = EtcdClient(parse_endpoints(three.store))
+        too_many = [Put(f"k{index}", b"v") for index in range(200)]  # etcd allows 128 per txn
+        with pytest.raises(EtcdRefused, match="too many operations") as refused:
+            client.write(too_many)
+        assert not refused.value.retryable
+        with pytest.raises(EtcdRefused, match="lease not found"):
+            client.put("k", b"v", lease=12345)

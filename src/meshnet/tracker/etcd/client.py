@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from meshnet.core.errors import InvalidArgument, StorageUnavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,15 @@ without closing the connection, as a machine that lost power does)."""
 REQUEST_TIMEOUT_S = 3.0
 """Longer than an election (etcd's default election timeout is 1 s) so a write arriving while a
 new leader is elected waits for it instead of failing over to members that also wait."""
+
+
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 413})
+"""Answers every member would give again (too many operations in a transaction, a request too
+large, a lease not found, a revision compacted): not worth a failover nor a retry as is."""
+
+
+class EtcdRefused(FailedPrecondition):
+    """etcd refused the request itself (not one member's trouble): retrying it unchanged fails again."""
 
 
 @dataclass(frozen=True)
@@ -88,16 +97,23 @@ def _prefix_end(prefix: str) -> str:
 
 
 def _kvs(reply: dict[str, Any]) -> list[KeyValue]:
-    return [
-        KeyValue(
-            base64.b64decode(kv["key"]).decode(),
-            base64.b64decode(kv.get("value", "")),
-            int(kv.get("mod_revision", 0)),
-            int(kv.get("create_revision", 0)),
-            int(kv.get("lease", 0)),
-        )
-        for kv in reply.get("kvs", [])
-    ]
+    """The key-values of a range reply; one that is not a meshnet key (not UTF-8: nothing of
+    ours wrote it) or not one of etcd's is skipped, logged, so it cannot stop a replica."""
+    found = []
+    for kv in reply.get("kvs", []):
+        try:
+            found.append(
+                KeyValue(
+                    base64.b64decode(kv["key"]).decode(),
+                    base64.b64decode(kv.get("value", "")),
+                    int(kv.get("mod_revision", 0)),
+                    int(kv.get("create_revision", 0)),
+                    int(kv.get("lease", 0)),
+                )
+            )
+        except (ValueError, TypeError, KeyError) as error:
+            logger.warning("an etcd key that is not meshnet's skipped: %s", error)
+    return found
 
 
 def _operation(operation: Operation) -> dict[str, Any]:
@@ -124,28 +140,45 @@ class EtcdClient:
         self._http.close()
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST to the preferred member, then to each other; StorageUnavailable if none answers."""
+        """POST to the preferred member, then to each other; StorageUnavailable if none answers,
+        EtcdRefused (no failover: every member would refuse it) if one refuses the request."""
         with self._lock:
             start = self._preferred
         failures = []
+        timed_out = False
         for offset in range(len(self._endpoints)):
             index = (start + offset) % len(self._endpoints)
             endpoint = self._endpoints[index]
             try:
                 response = self._http.post(endpoint + path, json=body)
+            except (httpx.ReadTimeout, httpx.WriteTimeout) as error:
+                # The request may have reached a member and been applied although no reply came.
+                timed_out = True
+                failures.append(f"{endpoint}: {type(error).__name__}")
+                continue
             except httpx.HTTPError as error:
                 failures.append(f"{endpoint}: {type(error).__name__}")
                 continue
+            if response.status_code in PERMANENT_STATUSES:
+                raise EtcdRefused(f"etcd refused {path}: HTTP {response.status_code} {response.text[:200]}")
             if response.status_code != 200:
                 # No leader, lost quorum, too many requests: another member may do better.
                 failures.append(f"{endpoint}: HTTP {response.status_code} {response.text[:200]}")
                 continue
+            try:
+                reply: dict[str, Any] = response.json()
+            except ValueError:
+                failures.append(f"{endpoint}: a reply that is not JSON: {response.text[:80]!r}")
+                continue
+            if not isinstance(reply, dict):
+                failures.append(f"{endpoint}: a reply that is not a JSON object")
+                continue
             with self._lock:
                 self._preferred = index
-            reply: dict[str, Any] = response.json()
             return reply
+        outcome = "outcome unknown; retry (idempotent)" if timed_out else "nothing was stored; retry"
         raise StorageUnavailable(
-            "no etcd member of the tracker's store answered (" + "; ".join(failures) + "): nothing was stored; retry"
+            "no etcd member of the tracker's store answered (" + "; ".join(failures) + f"): {outcome}"
         )
 
     def get(self, key: str) -> KeyValue | None:
@@ -162,17 +195,18 @@ class EtcdClient:
             body["min_mod_revision"] = str(after_revision + 1)
         return _kvs(self._post("/v3/kv/range", body))
 
-    def put(self, key: str, value: bytes, lease: int = 0) -> None:
-        self.commit_if([], [Put(key, value, lease)])
+    def put(self, key: str, value: bytes, lease: int = 0) -> int:
+        """Write ``key``; the revision it was written at."""
+        return self.write([Put(key, value, lease)])
 
     def delete(self, key: str) -> None:
         self._post("/v3/kv/deleterange", {"key": _b64(key)})
 
-    def create(self, key: str, value: bytes, also: Sequence[Operation] = ()) -> KeyValue | None:
-        """Write ``key`` (and ``also``) only if ``key`` is absent, atomically: None if written,
-        else the stored value (and nothing written)."""
+    def create(self, key: str, value: bytes, also: Sequence[Operation] = (), lease: int = 0) -> KeyValue | None:
+        """Write ``key`` (under ``lease`` when not 0; and ``also``) only if ``key`` is absent,
+        atomically: None if written, else the stored value (and nothing written)."""
         compare = [{"target": "CREATE", "key": _b64(key), "result": "EQUAL", "create_revision": "0"}]
-        reply = self._txn(compare, [Put(key, value), *also], failure=[{"request_range": {"key": _b64(key)}}])
+        reply = self._txn(compare, [Put(key, value, lease), *also], failure=[{"request_range": {"key": _b64(key)}}])
         if reply.get("succeeded", False):
             return None
         found = _kvs(reply["responses"][0]["response_range"])
@@ -202,6 +236,15 @@ class EtcdClient:
             body["failure"] = failure
         return self._post("/v3/kv/txn", body)
 
+    def compact(self, revision: int) -> None:
+        """Drop the history before ``revision`` (etcd keeps every version until compacted); a
+        revision another replica compacted past already is not an error."""
+        try:
+            self._post("/v3/kv/compaction", {"revision": str(revision)})
+        except EtcdRefused as error:
+            if "compacted" not in error.message:
+                raise
+
     def grant_lease(self, ttl_s: int) -> int:
         return int(self._post("/v3/lease/grant", {"TTL": str(ttl_s)})["ID"])
 
@@ -210,11 +253,17 @@ class EtcdClient:
         reply = self._post("/v3/lease/keepalive", {"ID": str(lease)})
         return int(reply.get("result", {}).get("TTL", 0)) > 0
 
-    def follow(self, key: str, on_value: Callable[[bytes], None], stopped: threading.Event) -> None:
+    def follow(
+        self,
+        key: str,
+        on_value: Callable[[bytes], None],
+        stopped: threading.Event,
+        opened: threading.Event | None = None,
+    ) -> None:
         """Blocking (a thread of its own): call ``on_value`` with each value ``key`` is given, as
         etcd's watch stream reports it, until ``stopped``; reopened on another member when one
         fails. Values written while no stream was open are missed: a caller that must not miss
-        one also reads the key from time to time."""
+        one also reads the key from time to time. ``opened`` is set once etcd confirms a stream."""
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=WATCH_IDLE_S)
         body = {"create_request": {"key": _b64(key)}}
         with httpx.Client(timeout=timeout) as http:
@@ -225,7 +274,10 @@ class EtcdClient:
                             for line in response.iter_lines():
                                 if stopped.is_set():
                                     return
-                                for event in json.loads(line).get("result", {}).get("events", []):
+                                result = json.loads(line).get("result", {})
+                                if opened is not None and result.get("created"):
+                                    opened.set()
+                                for event in result.get("events", []):
                                     on_value(base64.b64decode(event["kv"].get("value", "")))
                     except (httpx.HTTPError, ValueError, KeyError) as error:
                         logger.debug("etcd watch of %s on %s ended: %s", key, endpoint, error)

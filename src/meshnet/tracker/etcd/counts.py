@@ -21,7 +21,7 @@ from collections.abc import Callable
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, SessionId, check_node_id
 from meshnet.core.tracking import SessionTokens
-from meshnet.tracker.etcd.client import EtcdClient
+from meshnet.tracker.etcd.client import EtcdClient, EtcdRefused
 from meshnet.tracker.etcd.store import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -73,14 +73,21 @@ class SharedCounts:
         now = self._clock()
         if not self._lease or now - self._lease_granted > COUNTS_TTL_S / 2:
             self._lease, self._lease_granted = self._client.grant_lease(COUNTS_TTL_S), now
-        self._client.put(f"{self._keys}{next(self._sequence):012d}", encode_counts(node_id, sessions), self._lease)
+        key, value = f"{self._keys}{next(self._sequence):012d}", encode_counts(node_id, sessions)
+        try:
+            self._client.put(key, value, self._lease)
+        except EtcdRefused:  # the lease is gone (etcd lost it, or it lapsed): a new one at once
+            self._lease, self._lease_granted = self._client.grant_lease(COUNTS_TTL_S), now
+            self._client.put(key, value, self._lease)
 
-    def others_since_last(self) -> list[Counts]:
-        """The counts other replicas published since the last call."""
+    def others_since_last(self) -> tuple[list[Counts], int]:
+        """The counts other replicas published since the last ``read_through``, and the revision
+        to pass it once every one was taken (until then they are read again: none is lost to an
+        exchange that failed after reading them)."""
         found = self._client.get_prefix(COUNTS_PREFIX, after_revision=self._read_through)
         if not found:
-            return []
-        self._read_through = max(kv.mod_revision for kv in found)
+            return [], self._read_through
+        through = max(kv.mod_revision for kv in found)
         counts = []
         for kv in found:
             if kv.key.startswith(self._mine):
@@ -89,4 +96,8 @@ class SharedCounts:
                 counts.append(decode_counts(kv.value))
             except InvalidArgument as error:
                 logger.warning("%s: %s", kv.key, error.message)
-        return counts
+        return counts, through
+
+    def read_through(self, revision: int) -> None:
+        """Every count up to ``revision`` was taken: the next read starts after it."""
+        self._read_through = max(self._read_through, revision)

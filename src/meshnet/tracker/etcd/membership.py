@@ -4,10 +4,19 @@ A heartbeat stays in the replica that receives it. What replicas exchange, twice
 interval each (``EXCHANGES_PER_INTERVAL``):
 
 - ``nodes/<id>``: a node's registration (its record, reachability and the replica that took
-  it), written when a replica registers it, so every replica can route to it;
+  it), written when a replica registers it, so every replica can route to it; withdrawn only
+  when no replica hears the node (at once by the replica it left, after two expiry windows by
+  any: its announcer died), so another replica can always still take a node someone hears;
 - ``heard/<replica>``: the ids this replica heard in the last interval with their load, under
-  this replica's own lease (TTL: one expiry window). A replica that dies stops renewing it, and
-  the key is gone within that window.
+  this replica's own lease (TTL: one expiry window), renewed only once the fresh digest is
+  written. A replica that dies stops renewing it, and the key is gone within that window; one
+  not rewritten for two intervals is no longer counted (``STALE_DIGEST_INTERVALS``);
+- ``replicas/<id>`` and ``epoch-slots/<k>``: claimed under that lease at start, so two live
+  replicas never share an id, and each hands out only epochs equal to its slot modulo
+  ``EPOCH_SLOTS`` (two replicas moving on from one epoch never hand out the same one).
+
+Every digest put is a new version in etcd's history: each replica compacts it every
+``COMPACT_EVERY_EXCHANGES`` exchanges, or etcd's quota fills and it refuses every write.
 
 Every replica reads both prefixes at each exchange and counts a heartbeat for every node another
 replica heard, so a node is alive while any replica hears it: it may heartbeat to any of them.
@@ -35,20 +44,21 @@ import base64
 import json
 import logging
 import math
+import secrets
 import threading
 from dataclasses import dataclass, field, replace
 
 from google.protobuf.message import DecodeError
 
-from meshnet.core.errors import InvalidArgument, MeshnetError
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, StorageDamaged
 from meshnet.core.ids import NodeId
 from meshnet.core.reachability import REACHABILITIES, Reachability
 from meshnet.core.tracking import NodeLoad, SessionTokens
 from meshnet.tracker.checked_work import CheckedWork
-from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Put
+from meshnet.tracker.etcd.client import Delete, EtcdClient, EtcdRefused, KeyValue, Put
 from meshnet.tracker.etcd.counts import Counts, SharedCounts
 from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
-from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX
+from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX, decode_int
 from meshnet.tracker.registry import NodeEntry, NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.swarm_service import TrackerSecurity
@@ -58,6 +68,12 @@ logger = logging.getLogger(__name__)
 
 NODES_PREFIX = KEY_PREFIX + "nodes/"
 HEARD_PREFIX = KEY_PREFIX + "heard/"
+REPLICAS_PREFIX = KEY_PREFIX + "replicas/"
+"""``replicas/<id>``: claimed by the live replica of that id, under its lease."""
+SLOTS_PREFIX = KEY_PREFIX + "epoch-slots/"
+EPOCH_SLOTS = 64
+"""At most this many live replicas: each claims a slot ``k`` and hands out only epochs equal to
+``k`` modulo ``EPOCH_SLOTS``, so two replicas moving on from one epoch never hand out the same."""
 EXCHANGES_PER_INTERVAL = 2
 """Exchanges per heartbeat interval. A heartbeat reaches another replica through two of them (a
 publish, then a read): at one per interval, the gaps between the counts of one node there could
@@ -68,6 +84,16 @@ node (its sweep, and a registration's address check: ``tracker.registry``), so a
 counting all at once held the loop for 0.4-1.5 s, and a mass adoption costs ~1-3 ms a node."""
 FETCH_ONE_BY_ONE = 64
 """Up to this many registrations are read one by one; more (a mass join) in one prefix read."""
+COMPACT_EVERY_EXCHANGES = 60
+"""About a minute at the default 2 s interval: etcd then keeps one to two minutes of history
+(at 3,000 nodes and 3 replicas, ~0.1 GB) instead of all of it."""
+STALE_KEY_WINDOWS = 2
+"""Expiry windows a ``nodes/<id>`` key no replica hears is kept before any replica withdraws it
+(its announcer died, or withdrew nothing while cut off from etcd)."""
+STALE_DIGEST_INTERVALS = 2
+"""A digest not rewritten for this many intervals (its replica rewrites it twice per interval) is
+no longer counted, though its lease may live on (a replica whose writes fail, etcd out of space,
+while its keepalives succeed): its nodes then get the grace of a replica that died."""
 MAX_TXN_OPERATIONS = 128
 """etcd's default ``--max-txn-ops``."""
 
@@ -80,6 +106,8 @@ class Announcement:
     registration: bytes
     """``NodeRegistration`` protobuf: the wire's own validated codec for a record."""
     reachability: Reachability
+    registered_at: float
+    """The registry's registered_at of the record announced (not written: this replica's own)."""
 
     def encode(self, replica: str) -> bytes:
         registration = base64.b64encode(self.registration).decode()
@@ -96,10 +124,26 @@ class Outbound:
     heard: dict[NodeId, NodeLoad]
     known: frozenset[NodeId]
     adopted_revision: dict[NodeId, int]
+    announced_revision: dict[NodeId, int]
     revoked: frozenset[str] | None
     """Ids this replica's book revoked (None: not a secured tracker)."""
-    withdrawn: dict[NodeId, int]
-    """Nodes this replica announced that left it, by the revision of its announcement."""
+    departed: dict[NodeId, int]
+    """Nodes this replica announced that left it, by the revision of its announcement: their
+    keys are withdrawn once no replica hears them."""
+    quarantined: frozenset[NodeId]
+    now: float
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one exchange did write (a failed exchange wrote nothing this replica relies on)."""
+
+    announced: dict[NodeId, int] = field(default_factory=dict)
+    """Announcements written, by the revision they were written at."""
+    settled: frozenset[NodeId] = frozenset()
+    """Departed nodes whose key is gone: withdrawn now, or rewritten by another replica."""
+    keys: dict[NodeId, int] = field(default_factory=dict)
+    """Every ``nodes/<id>`` key after the writes, by mod_revision."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +158,14 @@ class Snapshot:
     epoch: int
     counts: list[Counts] = field(default_factory=list)
     """Shards' counts other replicas took since the last exchange (``tracker.etcd.counts``)."""
+    counts_through: int = 0
+    """The revision those counts were read through: committed once every one was taken."""
     revoked: frozenset[str] | None = None
     """Every id revoked at any replica (None: not a secured tracker)."""
+    written: Written = field(default_factory=Written)
+    revisions: dict[str, int] = field(default_factory=dict)
+    """Each digest's mod_revision: a digest read again unchanged proves its nodes alive, but its
+    loads were counted already (counting them again would reset routes' burst protection)."""
 
 
 def compact(load: NodeLoad) -> NodeLoad:
@@ -168,7 +218,12 @@ class SharedMembership:
     registry: NodeRegistry
     replica_id: str
     interval_s: float
+    compact_every: int = COMPACT_EVERY_EXCHANGES
+    """Exchanges between two compactions of etcd's history."""
     _lease: int = 0
+    _slot: int = 0
+    _token: str = field(default_factory=lambda: secrets.token_hex(8))
+    """This process's claim on ``replicas/<replica_id>``: another process claiming the same id is refused."""
     _announced: dict[NodeId, float] = field(default_factory=dict)
     """Nodes this replica announced, by the registered_at it announced."""
     _announced_revision: dict[NodeId, int] = field(default_factory=dict)
@@ -179,12 +234,56 @@ class SharedMembership:
     """The etcd revision of the announcement each adopted node was registered from."""
     _counted: dict[NodeId, float] = field(default_factory=dict)
     """The last_seen this replica set when counting another replica's heartbeat."""
+    _unheard: dict[NodeId, tuple[float, int]] = field(default_factory=dict)
+    """Keys no replica hears (I/O thread only): since when, at which mod_revision."""
+    _digest_seen: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """Other replicas' digest keys (I/O thread only): since when at which mod_revision."""
+    _exchanges: int = 0
+    _compact_mark: int = 0
+    """The revision of the last compaction's exchange: the next compaction drops history before it."""
     work: CheckedWork | None = None
     """The secured tracker's work records: fed the counts shards reported to other replicas."""
     counts: SharedCounts | None = None
     revocations: tuple[TrackerSecurity, RevocationFeed] | None = None
     """A secured tracker's book and feed: revocations are shared too (``tracker.etcd.revocations``)."""
     _previous: Snapshot | None = None
+    watching: threading.Event = field(default_factory=threading.Event)
+    """Set once the epoch watch stream is open (etcd confirmed it)."""
+
+    def claim(self) -> None:
+        """Blocking: take a lease and claim ``replicas/<replica_id>`` under it; FailedPrecondition
+        if another live process holds that id (two replicas of one id would each skip the
+        other's digest as its own, and neither would count the other's heartbeats)."""
+        ttl = max(1, math.ceil(self.registry.expire_after_s))
+        lease = self.client.grant_lease(ttl)
+        stored = self.client.create(REPLICAS_PREFIX + self.replica_id, self._token.encode(), lease=lease)
+        if stored is not None and stored.value != self._token.encode():
+            raise FailedPrecondition(
+                f"tracker replica id {self.replica_id!r} is held by another live replica of this store: "
+                f"give each replica its own --replica-id (or wait {ttl} s for a dead one's lease to lapse)"
+            )
+        self._slot = self._claim_slot(lease)
+        self._lease = lease
+
+    def start(self) -> None:
+        """Blocking, on the event loop before serving: claim this replica's id and epoch slot,
+        and hand out only epochs of that slot from now on."""
+        self.claim()
+        self.registry.next_epoch = self.next_epoch
+        self.registry.follow_epoch(self.next_epoch(self.registry.epoch))
+
+    def next_epoch(self, epoch: int) -> int:
+        """The smallest epoch above ``epoch`` of this replica's slot."""
+        return epoch + (self._slot - epoch - 1) % EPOCH_SLOTS + 1
+
+    def _claim_slot(self, lease: int) -> int:
+        for slot in range(EPOCH_SLOTS):
+            stored = self.client.create(SLOTS_PREFIX + str(slot), self._token.encode(), lease=lease)
+            if stored is None or stored.value == self._token.encode():
+                return slot
+        raise FailedPrecondition(
+            f"more than {EPOCH_SLOTS} tracker replicas share this store: every epoch slot is taken"
+        )
 
     async def run_forever(self) -> None:
         stopped = threading.Event()
@@ -196,6 +295,8 @@ class SharedMembership:
                     await self.exchange()
                 except MeshnetError as error:  # etcd unreachable: keep serving what we know
                     logger.warning("membership exchange with etcd failed: %s", error.message)
+                except Exception:  # a bug or bad data must not stop this replica publishing
+                    logger.exception("membership exchange with etcd failed")
                 await asyncio.sleep(self.interval_s / EXCHANGES_PER_INTERVAL)
         finally:
             stopped.set()  # the watch thread ends within one idle read (it is a daemon anyway)
@@ -209,22 +310,23 @@ class SharedMembership:
             if value.isdigit():
                 loop.call_soon_threadsafe(self.registry.follow_epoch, int(value))
 
-        self.client.follow(EPOCH_KEY, follow, stopped)
+        self.client.follow(EPOCH_KEY, follow, stopped, self.watching)
 
     async def exchange(self) -> None:
         """Publish what this replica heard and registered; apply what the others did."""
-        snapshot = await asyncio.to_thread(self._io, self._outbound())
-        await self._apply(snapshot)
+        outbound = self._outbound()
+        snapshot = await asyncio.to_thread(self._io, outbound)
+        await self._apply(outbound, snapshot)
 
     def _outbound(self) -> Outbound:
-        since = self.registry.now() - self.interval_s
+        now = self.registry.now()
+        since = now - self.interval_s
         announcements, heard = [], {}
         for entry in self.registry.entries():
             mine = self._adopted.get(entry.node_id) != entry.registered_at
             if mine and self._announced.get(entry.node_id) != entry.registered_at:
                 registration = tracker_wire.registration_to_proto(entry.record, entry.node_id).SerializeToString()
-                announcements.append(Announcement(entry.node_id, registration, entry.reachability))
-                self._announced[entry.node_id] = entry.registered_at
+                announcements.append(Announcement(entry.node_id, registration, entry.reachability, entry.registered_at))
             # Heard here within the last interval, and not only by this replica counting another's
             # digest (that left last_seen at the value it set).
             heard_here = entry.last_seen >= since and self._counted.get(entry.node_id) != entry.last_seen
@@ -233,63 +335,160 @@ class SharedMembership:
         known = frozenset(entry.node_id for entry in self.registry.entries())
         revoked = None if self.revocations is None else self.revocations[0].book.revoked()
         return Outbound(
-            announcements, heard, known, dict(self._adopted_revision), revoked, self._forget_departed(known)
+            announcements,
+            heard,
+            known,
+            dict(self._adopted_revision),
+            dict(self._announced_revision),
+            revoked,
+            self._departed(known),
+            self.registry.quarantined,
+            now,
         )
 
-    def _forget_departed(self, known: frozenset[NodeId]) -> dict[NodeId, int]:
+    def _departed(self, known: frozenset[NodeId]) -> dict[NodeId, int]:
         """Drop what this replica kept of nodes no longer here; those it announced, by the
-        revision it wrote them at (their keys are withdrawn unless another replica rewrote them)."""
+        revision it wrote them at (kept until the exchange settles their key)."""
         for table in (self._adopted, self._adopted_revision, self._counted):
             for node_id in [node for node in table if node not in known]:
                 del table[node_id]
-        departed = {node: self._announced_revision.pop(node, 0) for node in self._announced if node not in known}
-        for node_id in departed:
-            del self._announced[node_id]
-        return {node: revision for node, revision in departed.items() if revision}
+        return {node: revision for node, revision in self._announced_revision.items() if node not in known}
 
     def _io(self, outbound: Outbound) -> Snapshot:
         """Blocking etcd calls (a worker thread): the writes, then what the others published."""
-        if not self._lease or not self.client.keep_alive(self._lease):
-            ttl = max(1, math.ceil(self.registry.expire_after_s))
-            self._lease = self.client.grant_lease(ttl)
-        writes = [Put(NODES_PREFIX + item.node_id, item.encode(self.replica_id)) for item in outbound.announcements]
-        # etcd refuses a transaction of more than 128 operations: a mass join is several.
-        for start in range(0, len(writes), MAX_TXN_OPERATIONS):
-            revision = self.client.write(writes[start : start + MAX_TXN_OPERATIONS])
-            for item in outbound.announcements[start : start + MAX_TXN_OPERATIONS]:
-                self._announced_revision[item.node_id] = revision
-        for node_id, revision in outbound.withdrawn.items():
-            key = NODES_PREFIX + node_id
-            self.client.commit_if([(key, revision)], [Delete(key)])
-        self.client.put(HEARD_PREFIX + self.replica_id, encode_digest(outbound.heard), self._lease)
-        digests = readable_digests(self.client.get_prefix(HEARD_PREFIX), HEARD_PREFIX + self.replica_id)
-        quarantined = frozenset(
-            NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)) for kv in self.client.get_prefix(QUARANTINE_PREFIX)
-        )
-        stored_epoch = self.client.get(EPOCH_KEY)
-        registrations = self._registrations_wanted(outbound, digests)
-        epoch = 0 if stored_epoch is None else int(stored_epoch.value)
-        counts = [] if self.counts is None else self.counts.others_since_last()
-        revoked = None if outbound.revoked is None else exchange_revoked(self.client, outbound.revoked)
-        return Snapshot(registrations, digests, quarantined, epoch, counts, revoked)
-
-    def _registrations_wanted(
-        self, outbound: Outbound, digests: dict[str, dict[NodeId, NodeLoad]]
-    ) -> dict[NodeId, KeyValue]:
-        """The registrations of nodes others heard that are new here, or that registered again
-        elsewhere since this replica took or announced them: revisions first (keys only), then
-        those values."""
-        revisions = {
+        announced = self._announce(outbound.announcements)
+        fresh = self._fresh(self.client.get_prefix(HEARD_PREFIX), outbound.now)
+        digests = readable_digests(fresh, HEARD_PREFIX + self.replica_id)
+        keys = {
             NodeId(kv.key.removeprefix(NODES_PREFIX)): kv.mod_revision
             for kv in self.client.get_prefix(NODES_PREFIX, keys_only=True)
         }
+        heard_anywhere = {node for digest in digests.values() for node in digest} | set(outbound.heard)
+        settled = self._withdraw(outbound, keys, heard_anywhere)
+        revision = self._publish(encode_digest(outbound.heard))
+        self._compact(revision)
+        quarantined = frozenset(
+            NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)) for kv in self.client.get_prefix(QUARANTINE_PREFIX)
+        )
+        epoch = self._stored_epoch()
+        held = {**outbound.adopted_revision, **outbound.announced_revision, **announced}
+        registrations = self._registrations_wanted(outbound.known, held, keys, digests)
+        counts, through = ([], 0) if self.counts is None else self.counts.others_since_last()
+        revoked = None if outbound.revoked is None else exchange_revoked(self.client, outbound.revoked)
+        written = Written(announced, frozenset(settled), keys)
+        revisions = {kv.key.removeprefix(HEARD_PREFIX): kv.mod_revision for kv in fresh}
+        return Snapshot(registrations, digests, quarantined, epoch, counts, through, revoked, written, revisions)
+
+    def _fresh(self, kvs: list[KeyValue], now: float) -> list[KeyValue]:
+        """The digests rewritten within ``STALE_DIGEST_INTERVALS`` intervals."""
+        seen, fresh = {}, []
+        for kv in kvs:
+            since, revision = self._digest_seen.get(kv.key, (now, kv.mod_revision))
+            seen[kv.key] = (now, kv.mod_revision) if revision != kv.mod_revision else (since, revision)
+            if now - seen[kv.key][0] <= STALE_DIGEST_INTERVALS * self.interval_s:
+                fresh.append(kv)
+            elif now - since - self.interval_s / EXCHANGES_PER_INTERVAL <= STALE_DIGEST_INTERVALS * self.interval_s:
+                logger.warning("%s was not rewritten for %.0f s: its nodes are no longer counted", kv.key, now - since)
+        self._digest_seen = seen
+        return fresh
+
+    def _stored_epoch(self) -> int:
+        """The epoch other replicas stored; 0 (this replica keeps its own) if it is unreadable."""
+        stored = self.client.get(EPOCH_KEY)
+        try:
+            return 0 if stored is None else decode_int(stored)
+        except StorageDamaged as error:
+            logger.error("%s: the stored epoch is not followed until a replica rewrites it", error.message)
+            return 0
+
+    def _announce(self, announcements: list[Announcement]) -> dict[NodeId, int]:
+        """Write ``nodes/<id>`` of each announcement; the revision each was written at."""
+        written = {}
+        writes = [Put(NODES_PREFIX + item.node_id, item.encode(self.replica_id)) for item in announcements]
+        # etcd refuses a transaction of more than 128 operations: a mass join is several.
+        for start in range(0, len(writes), MAX_TXN_OPERATIONS):
+            revision = self.client.write(writes[start : start + MAX_TXN_OPERATIONS])
+            for item in announcements[start : start + MAX_TXN_OPERATIONS]:
+                written[item.node_id] = revision
+        return written
+
+    def _withdraw(self, outbound: Outbound, keys: dict[NodeId, int], heard: set[NodeId]) -> set[NodeId]:
+        """Delete the keys of nodes no replica hears: at once for those that left this replica,
+        after ``STALE_KEY_WINDOWS`` expiry windows for any other (its announcer died or was cut
+        off from etcd). A node another replica still hears keeps its key, so that replica, or a
+        new one, can still take it; a quarantined node keeps its key. Returns the departed nodes
+        whose key is gone (deleted now, rewritten elsewhere, or absent)."""
+        settled = set()
+        for node_id, revision in outbound.departed.items():
+            if keys.get(node_id) != revision:
+                settled.add(node_id)  # rewritten by another replica (a new registration) or gone
+            elif node_id not in heard and node_id not in outbound.quarantined:
+                key = NODES_PREFIX + node_id
+                self.client.commit_if([(key, revision)], [Delete(key)])
+                settled.add(node_id)
+        stale_after = STALE_KEY_WINDOWS * self.registry.expire_after_s
+        for node_id, revision in keys.items():
+            if node_id in heard or node_id in outbound.known or node_id in outbound.quarantined:
+                self._unheard.pop(node_id, None)
+                continue
+            since, seen_revision = self._unheard.setdefault(node_id, (outbound.now, revision))
+            if seen_revision != revision:
+                self._unheard[node_id] = (outbound.now, revision)
+            elif outbound.now - since > stale_after:
+                key = NODES_PREFIX + node_id
+                self.client.commit_if([(key, revision)], [Delete(key)])
+                del self._unheard[node_id]
+        for node_id in [node for node in self._unheard if node not in keys]:
+            del self._unheard[node_id]
+        return settled
+
+    def _publish(self, digest: bytes) -> int:
+        """Write this replica's digest under its lease, renewing the lease only once the fresh
+        digest is written (a replica that cannot write must not keep an old digest alive); the
+        revision it was written at."""
+        key = HEARD_PREFIX + self.replica_id
+        if self._lease:
+            try:
+                revision = self.client.put(key, digest, self._lease)
+            except EtcdRefused:  # the lease is gone (expired while etcd was out of reach)
+                self._lease = 0
+            else:
+                if self.client.keep_alive(self._lease):
+                    return revision
+                self._lease = 0
+        self.claim()
+        return self.client.put(key, digest, self._lease)
+
+    def _compact(self, revision: int) -> None:
+        """Every ``compact_every`` exchanges, drop etcd's history before the previous mark: each
+        digest put is a new version of a value of up to ~0.2 MB, which etcd keeps until compacted
+        (uncompacted, 3 replicas fill etcd's 2 GB quota in about an hour, then every write fails)."""
+        self._exchanges += 1
+        if self._exchanges % self.compact_every:
+            return
+        if self._compact_mark:
+            try:
+                self.client.compact(self._compact_mark)
+            except MeshnetError as error:  # tried again next time; etcd's own compaction backs it
+                logger.warning("etcd history not compacted: %s", error.message)
+                return
+        self._compact_mark = revision
+
+    def _registrations_wanted(
+        self,
+        known: frozenset[NodeId],
+        held: dict[NodeId, int],
+        revisions: dict[NodeId, int],
+        digests: dict[str, dict[NodeId, NodeLoad]],
+    ) -> dict[NodeId, KeyValue]:
+        """The registrations of nodes others heard that are new here, or that registered again
+        elsewhere since this replica took or announced them (``held``: the revision each record
+        held here came from)."""
         heard = {node for digest in digests.values() for node in digest}
-        # The revision each record held here came from: adopted, or announced (just now, maybe).
-        held = {**outbound.adopted_revision, **self._announced_revision}
         wanted = [
             node
             for node in heard
-            if node in revisions and (node not in outbound.known or held.get(node, revisions[node]) != revisions[node])
+            if node in revisions and (node not in known or held.get(node, revisions[node]) != revisions[node])
         ]
         if len(wanted) > FETCH_ONE_BY_ONE:
             everything = {NodeId(kv.key.removeprefix(NODES_PREFIX)): kv for kv in self.client.get_prefix(NODES_PREFIX)}
@@ -297,13 +496,12 @@ class SharedMembership:
         found = {node: self.client.get(NODES_PREFIX + node) for node in wanted}
         return {node: kv for node, kv in found.items() if kv is not None}
 
-    async def _apply(self, snapshot: Snapshot) -> None:
+    async def _apply(self, outbound: Outbound, snapshot: Snapshot) -> None:
+        self._settle_keys(outbound, snapshot.written)
         self._apply_quarantines(snapshot.quarantined)
         if self.revocations is not None and snapshot.revoked is not None:
             apply_revoked(*self.revocations, snapshot.revoked)
-        heard = dict(self._orphans(snapshot))
-        for digest in snapshot.heard.values():
-            heard.update(digest)
+        heard = self._heard_loads(snapshot)
         for counted, (node_id, load) in enumerate(heard.items(), start=1):
             self._count(node_id, load, snapshot.registrations.get(node_id))
             if counted % APPLY_CHUNK == 0:
@@ -312,7 +510,50 @@ class SharedMembership:
         self._previous = snapshot
         if self.work is not None:
             for node_id, sessions in snapshot.counts:
-                await self.work.take_counts(node_id, sessions)
+                try:
+                    await self.work.take_counts(node_id, sessions)
+                except MeshnetError as error:  # one bad record must not hold back the others
+                    logger.warning("shard counts of %s from another replica not taken: %s", node_id, error.message)
+        if self.counts is not None:
+            self.counts.read_through(snapshot.counts_through)
+
+    def _heard_loads(self, snapshot: Snapshot) -> dict[NodeId, NodeLoad | None]:
+        """Nodes other replicas heard, with the load to count (None: alive, load counted already:
+        a digest read again unchanged, or a dead replica's nodes heard once more)."""
+        previous = {} if self._previous is None else self._previous.revisions
+        heard: dict[NodeId, NodeLoad | None] = dict.fromkeys(self._orphans(snapshot))
+        for replica, digest in snapshot.heard.items():
+            new = snapshot.revisions.get(replica) != previous.get(replica)
+            for node_id, load in digest.items():
+                if new:
+                    heard[node_id] = load
+                else:
+                    heard.setdefault(node_id, None)
+        return heard
+
+    def _settle_keys(self, outbound: Outbound, written: Written) -> None:
+        """Record what the exchange wrote; a node held here whose key is gone is announced
+        again if this replica hears it itself, else (another replica deregistered it) dropped."""
+        for item in outbound.announcements:
+            if item.node_id in written.announced:
+                self._announced[item.node_id] = item.registered_at
+                self._announced_revision[item.node_id] = written.announced[item.node_id]
+        for node_id in written.settled:  # a node back here since is announced again
+            self._announced.pop(node_id, None)
+            self._announced_revision.pop(node_id, None)
+        for node_id in outbound.known:
+            if node_id in written.keys or node_id in written.announced or node_id in outbound.quarantined:
+                continue
+            entry = self.registry.get(node_id)
+            if entry is None:
+                continue
+            if node_id in outbound.heard:
+                self._adopted.pop(node_id, None)
+                self._adopted_revision.pop(node_id, None)
+                self._announced.pop(node_id, None)  # announced (as this replica's) next exchange
+            elif self._adopted.get(node_id) == entry.registered_at:
+                logger.info("node %s left at another replica (its registration was withdrawn)", node_id)
+                self.registry.deregister(node_id)
 
     async def share_counts(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> None:
         """Publish counts a shard reported here, for the replica that routed its session."""
@@ -332,8 +573,9 @@ class SharedMembership:
             logger.warning("tracker replicas %s stopped publishing: their nodes may move here", sorted(gone))
         return {node: load for replica in gone for node, load in self._previous.heard[replica].items()}
 
-    def _count(self, node_id: NodeId, load: NodeLoad, registration: KeyValue | None) -> None:
-        """Count another replica's heartbeat of ``node_id``, registering it here first if new."""
+    def _count(self, node_id: NodeId, load: NodeLoad | None, registration: KeyValue | None) -> None:
+        """Count another replica's heartbeat of ``node_id``, registering it here first if new
+        (``load`` None: only its window starts again)."""
         if node_id in self.registry.quarantined:
             return
         entry = self.registry.get(node_id)
@@ -343,6 +585,9 @@ class SharedMembership:
                 return
         elif entry is None:
             return  # announced with the next exchange
+        if load is None:
+            self.registry.heard(node_id)
+            return
         self.registry.heartbeat(node_id, load)
         entry = self.registry.get(node_id)
         if entry is not None:

@@ -26,16 +26,20 @@ copy of the same swarm data dir.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
+from typing import Any
 
 from meshnet.core.audit_evidence import QuarantineEntry, QuarantineEvidence, evidence_from_json, evidence_to_json
-from meshnet.core.errors import FailedPrecondition, StorageUnavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageDamaged, StorageUnavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import WorkRecord, WorkStatus
 from meshnet.route.outbox import record_from_json, record_to_json
-from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Put
+from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Operation, Put
 from meshnet.tracker.store import work_fingerprint
+
+logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "meshnet/"
 EPOCH_KEY = KEY_PREFIX + "epoch"
@@ -48,6 +52,40 @@ MAX_CAS_ATTEMPTS = 64
 """Read-modify-write loops give up (StorageUnavailable: retry) past this many lost races."""
 
 
+def decode_int(kv: KeyValue) -> int:
+    """A stored integer (the epoch); StorageDamaged naming the key if it is not one."""
+    text = kv.value.decode("ascii", errors="replace")
+    if not text.isdigit():
+        raise StorageDamaged(f"etcd key {kv.key} holds {text[:40]!r}, not a non-negative integer")
+    return int(text)
+
+
+def decode_object(kv: KeyValue, *fields: str) -> dict[str, Any]:
+    """A stored JSON object with ``fields``; StorageDamaged naming the key if it is not one
+    (whoever wrote it): every value read back from etcd goes through here or ``decode_int``."""
+    try:
+        data = json.loads(kv.value)
+    except ValueError as error:
+        raise StorageDamaged(f"etcd key {kv.key} does not hold JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise StorageDamaged(f"etcd key {kv.key} holds {type(data).__name__}, not a JSON object")
+    missing = [name for name in fields if name not in data]
+    if missing:
+        raise StorageDamaged(f"etcd key {kv.key} lacks {', '.join(missing)}")
+    return data
+
+
+def decode_work(kv: KeyValue) -> tuple[dict[str, Any], WorkRecord]:
+    """A stored work record's fields and record; StorageDamaged naming the key if malformed."""
+    data = decode_object(kv, "record", "sha256")
+    try:
+        return data, record_from_json(data["record"])
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise StorageDamaged(f"etcd key {kv.key} holds a malformed work record: {error!r}") from None
+    except InvalidArgument as error:
+        raise StorageDamaged(f"etcd key {kv.key} holds an invalid work record: {error.message}") from None
+
+
 class EtcdTrackerStore:
     """``TrackerStore`` over an etcd cluster; every call raises ``StorageUnavailable`` when no
     member answers. Several tracker replicas may use one cluster at once."""
@@ -57,12 +95,12 @@ class EtcdTrackerStore:
 
     def load_epoch(self) -> int:
         stored = self.client.get(EPOCH_KEY)
-        return 0 if stored is None else int(stored.value)
+        return 0 if stored is None else decode_int(stored)
 
     def save_epoch(self, epoch: int) -> None:
         for _ in range(MAX_CAS_ATTEMPTS):
             stored = self.client.get(EPOCH_KEY)
-            if stored is not None and int(stored.value) >= epoch:
+            if stored is not None and decode_int(stored) >= epoch:
                 return
             revision = 0 if stored is None else stored.mod_revision
             if self.client.commit_if([(EPOCH_KEY, revision)], [Put(EPOCH_KEY, str(epoch).encode())]):
@@ -86,7 +124,7 @@ class EtcdTrackerStore:
         stored = self.client.create(WORK_PREFIX + reported.request_id, value, also)
         if stored is None:
             return True
-        if json.loads(stored.value)["sha256"] != digest:
+        if decode_object(stored, "sha256")["sha256"] != digest:
             raise FailedPrecondition(
                 f"work record {reported.request_id} was stored with other content: "
                 "a request is reported once (a new request needs a new id)"
@@ -98,15 +136,21 @@ class EtcdTrackerStore:
 
     def work_dispute(self, request_id: RequestId) -> str | None:
         stored = self.client.get(DISPUTE_PREFIX + request_id)
-        return None if stored is None else stored.value.decode()
+        return None if stored is None else stored.value.decode(errors="replace")
 
     def get_work(self, request_id: RequestId) -> WorkRecord | None:
         stored = self.client.get(WORK_PREFIX + request_id)
-        return None if stored is None else record_from_json(json.loads(stored.value)["record"])
+        return None if stored is None else decode_work(stored)[1]
 
     def list_work(self) -> list[WorkRecord]:
-        stored = sorted(self.client.get_prefix(WORK_PREFIX), key=lambda kv: kv.create_revision)
-        return [record_from_json(json.loads(kv.value)["record"]) for kv in stored]
+        """Every stored record; a malformed one is left out (logged), not fatal to the rest."""
+        records = []
+        for kv in sorted(self.client.get_prefix(WORK_PREFIX), key=lambda kv: kv.create_revision):
+            try:
+                records.append(decode_work(kv)[1])
+            except StorageDamaged as error:
+                logger.warning("%s", error.message)
+        return records
 
     def quarantine_node(
         self,
@@ -122,11 +166,13 @@ class EtcdTrackerStore:
             "since": at,
             "evidence": None if evidence is None else evidence_to_json(evidence),
         }
-        self.client.put(QUARANTINE_PREFIX + node_id, json.dumps(entry).encode())
+        quarantine = Put(QUARANTINE_PREFIX + node_id, json.dumps(entry).encode())
         if request_id is None:
+            self.client.write([quarantine])
             return False
         # Only the status changes: the digest stays, so a retried report is still a duplicate.
-        return self._update_work(request_id, "unverified", [])
+        # One transaction with the quarantine: a replica never sees one without the other.
+        return self._update_work(request_id, "unverified", [quarantine])
 
     def clear_quarantine(self, node_id: NodeId) -> None:
         self.client.delete(QUARANTINE_PREFIX + node_id)
@@ -135,13 +181,21 @@ class EtcdTrackerStore:
         return tuple(entry.node_id for entry in self.quarantine_entries())
 
     def quarantine_entries(self) -> tuple[QuarantineEntry, ...]:
-        entries = [quarantine_from_kv(kv) for kv in self.client.get_prefix(QUARANTINE_PREFIX)]
+        entries = []
+        for kv in self.client.get_prefix(QUARANTINE_PREFIX):
+            try:
+                entries.append(quarantine_from_kv(kv))
+            except StorageDamaged as error:  # the node stays quarantined (its key exists)
+                logger.warning("%s", error.message)
+                entries.append(
+                    QuarantineEntry(NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)), "unreadable", None, 0.0, None)
+                )
         return tuple(sorted(entries, key=lambda entry: entry.since))
 
     def close(self) -> None:
         self.client.close()
 
-    def _update_work(self, request_id: RequestId, status: WorkStatus, also: list[Delete]) -> bool:
+    def _update_work(self, request_id: RequestId, status: WorkStatus, also: list[Operation]) -> bool:
         """Set a stored record's status (and apply ``also``) by compare-and-swap; False if absent."""
         key = WORK_PREFIX + request_id
         for _ in range(MAX_CAS_ATTEMPTS):
@@ -150,21 +204,24 @@ class EtcdTrackerStore:
                 if also:
                     self.client.commit_if([], also)
                 return False
-            data = json.loads(stored.value)
-            data["record"] = record_to_json(replace(record_from_json(data["record"]), status=status))
+            data, record = decode_work(stored)
+            data["record"] = record_to_json(replace(record, status=status))
             if self.client.commit_if([(key, stored.mod_revision)], [Put(key, json.dumps(data).encode()), *also]):
                 return True
         raise StorageUnavailable(f"work record {request_id} kept changing under other replicas; retry")
 
 
 def quarantine_from_kv(kv: KeyValue) -> QuarantineEntry:
-    data = json.loads(kv.value)
-    request_id = data["request_id"]
-    evidence = data["evidence"]
-    return QuarantineEntry(
-        NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)),
-        data["reason"],
-        None if request_id is None else RequestId(request_id),
-        float(data["since"]),
-        None if evidence is None else evidence_from_json(evidence),
-    )
+    """A stored quarantine; StorageDamaged naming the key if malformed."""
+    data = decode_object(kv, "reason", "request_id", "since", "evidence")
+    request_id, evidence = data["request_id"], data["evidence"]
+    try:
+        return QuarantineEntry(
+            NodeId(kv.key.removeprefix(QUARANTINE_PREFIX)),
+            str(data["reason"]),
+            None if request_id is None else RequestId(str(request_id)),
+            float(data["since"]),
+            None if evidence is None else evidence_from_json(evidence),
+        )
+    except (ValueError, TypeError, KeyError, AttributeError, InvalidArgument) as error:
+        raise StorageDamaged(f"etcd key {kv.key} holds a malformed quarantine: {error!r}") from None
