@@ -38,12 +38,18 @@ class _Stream:
     call: grpc.aio.StreamStreamCall
 
 
+StreamKey = tuple[int, str]
+"""A replica (its index in the client's list) and the node beating there: a stream speaks for
+the one node its first beat names (a plaintext client may beat for several)."""
+
+
 class BeatStreams:
-    """The open ``Beat`` stream of each replica (by its index in the client's list)."""
+    """The open ``Beat`` stream of each replica and node."""
 
     def __init__(self) -> None:
-        self._open: dict[int, _Stream] = {}
-        self._lock = asyncio.Lock()  # one beat at a time: replies are matched to beats by order
+        self._open: dict[StreamKey, _Stream] = {}
+        # One beat at a time on a stream: its replies are matched to beats by order.
+        self._locks: dict[StreamKey, asyncio.Lock] = {}
 
     async def beat(
         self,
@@ -54,36 +60,38 @@ class BeatStreams:
         *,
         wait_for_ready: bool = False,
     ) -> services.HeartbeatReply:
-        """Send ``request`` on replica ``index``'s stream (opened on ``channel`` if it has none
-        open there) and read its reply within ``timeout_s``. Raises ``grpc.RpcError`` as the
-        stream ended, ``TimeoutError`` past ``timeout_s``, ``BeatStreamEnded`` on a plain end."""
-        async with self._lock:
-            stream = self._stream(channel, index, wait_for_ready)
+        """Send ``request`` on the stream of replica ``index`` and the request's node (opened on
+        ``channel`` if none is open there) and read its reply within ``timeout_s``. Raises
+        ``grpc.RpcError`` as the stream ended, ``TimeoutError`` past ``timeout_s``,
+        ``BeatStreamEnded`` on a plain end."""
+        key = (index, request.node_id)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            stream = self._stream(channel, key, wait_for_ready)
             try:
                 return await asyncio.wait_for(_exchange(stream.call, request), timeout_s)
             except BaseException:
-                self.drop(index)
+                self._drop(key)
                 raise
 
-    def _stream(self, channel: grpc.aio.Channel, index: int, wait_for_ready: bool) -> _Stream:
-        stream = self._open.get(index)
+    def _stream(self, channel: grpc.aio.Channel, key: StreamKey, wait_for_ready: bool) -> _Stream:
+        stream = self._open.get(key)
         # A stream that ended while idle (the tracker restarted), or one on a channel since
         # retired (a renewed certificate), is replaced: the beat goes on a fresh one.
         if stream is None or stream.call.done() or stream.channel is not channel:
-            self.drop(index)
+            self._drop(key)
             call = services.TrackerStub(channel).Beat(wait_for_ready=wait_for_ready)
-            stream = self._open[index] = _Stream(channel, call)
+            stream = self._open[key] = _Stream(channel, call)
         return stream
 
-    def drop(self, index: int) -> None:
-        """Cancel replica ``index``'s stream, if open."""
-        stream = self._open.pop(index, None)
+    def _drop(self, key: StreamKey) -> None:
+        stream = self._open.pop(key, None)
         if stream is not None:
             stream.call.cancel()
 
     def close(self) -> None:
-        for index in list(self._open):
-            self.drop(index)
+        """Cancel every open stream."""
+        for key in list(self._open):
+            self._drop(key)
 
 
 async def _exchange(call: grpc.aio.StreamStreamCall, request: services.NodeHeartbeat) -> services.HeartbeatReply:
