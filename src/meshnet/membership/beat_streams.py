@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Literal
 
 import grpc
 import grpc.aio
 
+from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport
 from meshnet.wire import services
 
-HeartbeatTransport = Literal["stream", "unary"]
-"""How a node heartbeats: on one ``Beat`` stream per replica (the default) or with unary calls."""
-HEARTBEAT_TRANSPORTS: tuple[HeartbeatTransport, ...] = ("stream", "unary")
-DEFAULT_HEARTBEAT_TRANSPORT: HeartbeatTransport = "stream"
+__all__ = ["DEFAULT_HEARTBEAT_TRANSPORT", "BeatStreamEnded", "BeatStreams", "HeartbeatTransport"]
 
 
 class BeatStreamEnded(Exception):
