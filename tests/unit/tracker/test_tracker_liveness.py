@@ -130,3 +130,19 @@ def test_the_listening_clock_never_goes_back_and_counts_a_stall_once(clock: Fake
 def test_deadlines_refuse_a_nonsense_window() -> None:
     with pytest.raises(InvalidArgument):
         Deadlines(0.0)
+
+
+def test_a_heartbeat_read_after_its_window_keeps_its_sender_rather_than_expiring_it(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    # The beat arrives a moment past the window, before the sweep task's next tick: it is the
+    # proof of life the window waited for. Sweeping before recording it expired its own sender
+    # (known=False, a registration again: a storm when many beats are read late).
+    node = join(registry, "n0", 1)
+    watch(registry, clock, WINDOW - TICK)
+    registry.hearing.expect(clock.now + 2 * TICK)  # the sweep task is not late: no stall
+    clock.now += TICK + 0.25
+    assert registry.heartbeat(node, NodeLoad(free_sessions=1))
+    assert [entry.node_id for entry in registry.entries()] == [node]
+    watch(registry, clock, WINDOW - TICK)  # and its window started again at that beat
+    assert [entry.node_id for entry in registry.entries()] == [node]
