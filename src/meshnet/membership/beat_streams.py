@@ -47,6 +47,8 @@ class BeatStreams:
         self._open: dict[StreamKey, _Stream] = {}
         # One beat at a time on a stream: its replies are matched to beats by order.
         self._locks: dict[StreamKey, asyncio.Lock] = {}
+        self.answered = False
+        """Whether any stream has carried a reply: then the tracker serves ``Beat``."""
 
     async def beat(
         self,
@@ -65,10 +67,12 @@ class BeatStreams:
         async with self._locks.setdefault(key, asyncio.Lock()):
             stream = self._stream(channel, key, wait_for_ready)
             try:
-                return await asyncio.wait_for(_exchange(stream.call, request), timeout_s)
+                reply = await asyncio.wait_for(_exchange(stream.call, request), timeout_s)
             except BaseException:
                 self._drop(key)
                 raise
+            self.answered = True
+            return reply
 
     def _stream(self, channel: grpc.aio.Channel, key: StreamKey, wait_for_ready: bool) -> _Stream:
         stream = self._open.get(key)

@@ -432,10 +432,9 @@ class TrackerClient:
                 channel.channel(), at.index, request, timeout_s, wait_for_ready=wait_for_ready
             )
         except grpc.RpcError as rpc_error:
-            if rpc_error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                logger.info("tracker %s has no heartbeat stream: heartbeating with unary calls", address)
-                self.heartbeat_transport = "unary"
-                return await self._attempt(
+            if self._maybe_without_streams(rpc_error):
+                # This beat as a unary call; only if that one is answered is the tracker an older one.
+                reply = await self._attempt(
                     at,
                     make=services.TrackerStub,
                     method="Heartbeat",
@@ -443,6 +442,9 @@ class TrackerClient:
                     deadline=deadline,
                     wait_for_ready=wait_for_ready,
                 )
+                logger.info("tracker %s has no heartbeat stream: heartbeating with unary calls", address)
+                self.heartbeat_transport = "unary"
+                return reply
             error, failure = self._error(rpc_error, at.index)
             raise _Failed(error, _unreached(failure, channel, wait_for_ready)) from rpc_error
         except TimeoutError as late:
@@ -474,6 +476,14 @@ class TrackerClient:
         error = error_from_rpc(rpc_error, unreachable=Unreachable)
         failure = classify(*status_and_code(rpc_error), error)
         return _with_context(error, f"tracker {self._replicas.addresses[index]}: {error.message}"), failure
+
+    def _maybe_without_streams(self, rpc_error: grpc.RpcError) -> bool:
+        """Whether a failed stream says the tracker may not serve ``Beat``: UNIMPLEMENTED, or
+        INTERNAL before any stream of this client was ever answered. grpc's asyncio client reports
+        a write racing the server's end of the stream as INTERNAL, losing the server's status
+        (grpc/grpc#36066): an older tracker's UNIMPLEMENTED arrives so about half of the time."""
+        code = rpc_error.code()
+        return code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.INTERNAL and not self._beats.answered)
 
 
 def _unreached(failure: Failure, channel: RenewingChannel, wait_for_ready: bool) -> Failure:
