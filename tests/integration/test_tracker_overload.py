@@ -33,7 +33,12 @@ pytestmark = pytest.mark.timeout(120)
 N_LAYERS = 8
 FLOOD = 4 * DEFAULT_LIMITS.registration.in_flight
 CHANNELS = 4
-WAVES = 8
+WAVES = 60
+"""At most this many waves: the flood goes on for several expiry windows (below) anyway."""
+INTERVAL = 0.5
+WINDOW = 3 * INTERVAL
+"""The tracker's expiry window (its default three missed heartbeats): the flood outlasts it
+several times, so "the live node was never expired" could fail."""
 """The flood comes over several channels, as nodes' registrations do: gRPC itself cancels some
 calls of one channel with well over 1,000 open at once (measured without admission too)."""
 LIVE = NodeId("live-node")
@@ -41,7 +46,7 @@ SESSION = SessionId("live-session")
 
 
 async def start_tracker_process(tmp_path: Path) -> tuple[asyncio.subprocess.Process, str]:
-    config = TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.5, insecure=True)
+    config = TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=INTERVAL, insecure=True)
     log = (tmp_path / "tracker.log").open("ab")
     process = await asyncio.create_subprocess_exec(
         *tracker_command(config, tmp_path), stdout=asyncio.subprocess.PIPE, stderr=log
@@ -55,28 +60,39 @@ async def start_tracker_process(tmp_path: Path) -> tuple[asyncio.subprocess.Proc
         raise AssertionError(f"tracker did not start: {line!r}") from None
 
 
-async def register_one(client: TrackerClient, template: NodeRecord, i: int) -> Registered | TrackerBusy:
-    # One certified record, readdressed: certifying a fake engine per node would stall this loop.
-    record = replace(template, address=f"127.0.0.1:{20000 + i}")
-    try:
-        return await client.register(record, NodeId(f"flood-{i}"), timeout_s=60)
-    except TrackerBusy as busy:
-        return busy
-
-
 @dataclass
 class LiveCounts:
     served: int = 0
     heartbeats: int = 0
     probes_shed: int = 0
+    registrations_shed: int = 0
+    heartbeats_while_shedding: int = 0
+    """Heartbeats answered while a registration was shed between their call and their reply."""
+    last_heartbeat: float = 0.0
+
+
+async def register_one(
+    client: TrackerClient, template: NodeRecord, i: int, counts: LiveCounts
+) -> Registered | TrackerBusy:
+    # One certified record, readdressed: certifying a fake engine per node would stall this loop.
+    record = replace(template, address=f"127.0.0.1:{20000 + i}")
+    try:
+        return await client.register(record, NodeId(f"flood-{i}"), timeout_s=60)
+    except TrackerBusy as busy:
+        counts.registrations_shed += 1
+        return busy
 
 
 async def keep_heartbeating(client: TrackerClient, live_node: NodeId, done: asyncio.Event, counts: LiveCounts) -> None:
     """The live node's heartbeat loop, as a worker's: the next one after each reply."""
     while not done.is_set():
+        shed_before = counts.registrations_shed
         status = await client.heartbeat(live_node, NodeLoad(free_sessions=4), timeout_s=10)
         assert status.known, "the live node was expired during the flood"
         counts.heartbeats += 1
+        counts.last_heartbeat = time.monotonic()
+        if counts.registrations_shed > shed_before:
+            counts.heartbeats_while_shedding += 1
         await asyncio.sleep(0.05)
 
 
@@ -111,12 +127,14 @@ async def test_a_registration_flood_is_shed_while_live_routes_and_heartbeats_are
                 asyncio.create_task(keep_heartbeating(live, LIVE, done, counts)),
             ]
             started, results = time.monotonic(), []
-            # Waves of new nodes until the live calls have met the pressed tracker a few times.
+            # Waves of new nodes until the live calls have met the pressed tracker a few times and
+            # the flood has lasted several expiry windows.
             for wave in range(WAVES):
                 ids = range(wave * FLOOD, (wave + 1) * FLOOD)
-                results += await asyncio.gather(*(register_one(floods[i % CHANNELS], record, i) for i in ids))
-                if counts.probes_shed >= 5:
+                results += await asyncio.gather(*(register_one(floods[i % CHANNELS], record, i, counts) for i in ids))
+                if counts.probes_shed >= 5 and time.monotonic() - started >= 3 * WINDOW:
                     break
+            flood_ended = time.monotonic()
             done.set()
             await asyncio.gather(*keepers)
             for flood in floods:
@@ -132,9 +150,12 @@ async def test_a_registration_flood_is_shed_while_live_routes_and_heartbeats_are
         assert len(shed) + len(registered) == len(results)
         assert shed, "no registration was shed: the flood never pressed the tracker"
         assert all(busy.retry_after_s >= DEFAULT_LIMITS.base_retry_s for busy in shed)
-        assert counts.served >= 1 and counts.heartbeats >= 1 and counts.probes_shed >= 1, (
-            "the live calls never met a pressed tracker"
-        )
+        assert counts.served >= 1 and counts.probes_shed >= 5, "the live calls never met a pressed tracker"
+        assert flood_ended - started >= 3 * WINDOW, "the flood did not outlast the expiry window"
+        # Heartbeats were answered to the end of the flood (each asserted known), and while
+        # registrations were being shed: the node was heard throughout, not just before the flood.
+        assert counts.last_heartbeat >= flood_ended - WINDOW
+        assert counts.heartbeats_while_shedding >= 1, "no heartbeat was answered while registrations were shed"
     finally:
         process.kill()
         await process.wait()

@@ -207,7 +207,9 @@ async def listening(tracker: RunningTracker, clock: ManualClock, until: float) -
     assert tracker.registry is not None
     hearing, period = tracker.registry.hearing, tracker.config.heartbeat_interval_s / 4
     while clock.now < until:
-        await _eventually(lambda: (hearing.expected_at or 0.0) >= clock.now + period)
+        # Each step waits for one real sweeper period (12.5 ms asleep); on a loaded machine a
+        # period may take far longer than that, so the limit is generous.
+        await _eventually(lambda: (hearing.expected_at or 0.0) >= clock.now + period, timeout_s=10.0)
         clock.now = min(until, clock.now + period / 2)
 
 

@@ -16,8 +16,16 @@ crosses the wire as ``meshnet-retry-after-ms``), least important calls first:
 Pressure is what the tracker can measure about itself cheaply: handlers in flight (calls it has
 started and not answered, waiting on the store or a dial-back) and the event loop's lag
 (``tracker.liveness.Hearing``: how late its sweep task runs). ``decide`` is the pure decision;
-``Admission`` counts handlers and asks it. Retry hints grow with the backlog, so a storm spreads
-itself out instead of coming back all at once.
+``Admission`` counts handlers and asks it. There is one ``Admission`` per tracker (the registry
+owns it): a Register flood is pressure on Join, Renew and ListNodes too. A call is shed only
+after its caller is authenticated (``check`` goes after the servicer's ``admit``): an unknown or
+revoked caller gets its authentication error, never a retry hint.
+
+Calls that queue inside gRPC's own queues never reach a handler, so neither signal sees them;
+time while registrations are shed is therefore reported to ``tracker.liveness`` as strain
+(deaf time), the fallback that keeps such queues from expiring nodes.
+
+Retry hints grow with the backlog, so a storm spreads itself out instead of coming back all at once.
 """
 
 from __future__ import annotations
@@ -110,9 +118,16 @@ def decide(call: CallClass, pressure: Pressure, limits: AdmissionLimits = DEFAUL
 class Admission:
     """Counts the handlers in flight and sheds calls by ``decide``. One event loop, no locks."""
 
-    def __init__(self, lag_s: Callable[[], float], limits: AdmissionLimits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        lag_s: Callable[[], float],
+        limits: AdmissionLimits = DEFAULT_LIMITS,
+        strain: Callable[[str, bool], None] | None = None,
+    ) -> None:
         self._lag_s = lag_s
         self._limits = limits
+        self._strain = strain
+        """Told whether registrations are being shed (``Hearing.strain``), at every decision."""
         self._in_flight = 0
         self.shed_count = 0
         """Calls refused so far, for status and tests."""
@@ -124,16 +139,30 @@ class Admission:
         """Whether a ``call`` would be shed now (for work skipped inside a call that is served)."""
         return decide(call, self.pressure(), self._limits) is not None
 
-    @contextlib.contextmanager
-    def handling(self, call: CallClass) -> Iterator[None]:
-        """Serve the handler in the ``with`` body, counted in flight, or raise ``TrackerBusy``."""
-        shed = decide(call, self.pressure(), self._limits)
+    def check(self, call: CallClass) -> None:
+        """Raise ``TrackerBusy`` if a ``call`` is shed now; call it once the caller is authenticated."""
+        pressure = self.pressure()
+        if self._strain is not None:
+            self._strain("admission", decide("registration", pressure, self._limits) is not None)
+        shed = decide(call, pressure, self._limits)
         if shed is not None:
             self.shed_count += 1
             logger.debug("shedding a %s call: %s", call, shed.reason)
             raise TrackerBusy(f"the tracker is busy: {shed.reason}; ask again later", shed.retry_after_s)
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the handler in the ``with`` body in flight (it decides shedding with ``check``)."""
         self._in_flight += 1
         try:
             yield
         finally:
             self._in_flight -= 1
+
+    @contextlib.contextmanager
+    def handling(self, call: CallClass) -> Iterator[None]:
+        """Serve the handler in the ``with`` body, counted in flight, or raise ``TrackerBusy``:
+        for calls with no caller to authenticate first (or never shed)."""
+        self.check(call)
+        with self.counting():
+            yield

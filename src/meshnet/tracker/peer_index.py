@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterator
 
 from meshnet.core.ids import NodeId
 from meshnet.core.node_record import NodeRecord
@@ -45,6 +46,13 @@ class PeerIndex:
         peers = self._starting_at.get((record.fingerprint, record.layers.stop), ())
         others = (address for address, peer in peers if peer != node_id)
         return tuple(itertools.islice(others, limit))
+
+    def recipe_nodes(self, fingerprint: str) -> Iterator[NodeId]:
+        """The routable nodes of one recipe, lazily: a registration's certificate check needs only
+        the first (boundaries are few, so this scans no list of nodes to find it)."""
+        for (recipe, _), peers in self._starting_at.items():
+            if recipe == fingerprint:
+                yield from (node_id for _, node_id in peers)
 
 
 def _boundary(record: NodeRecord) -> Boundary:

@@ -29,12 +29,13 @@ from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.reachability import Reachability, is_routable
 from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
+from meshnet.tracker.admission import Admission
 from meshnet.tracker.affinity import ConversationRoutes, PrefixRouting, plan_of, prefer_held_prefix
 from meshnet.tracker.certification import check_certified
-from meshnet.tracker.claims import believed_views
 from meshnet.tracker.liveness import Deadlines, Hearing
 from meshnet.tracker.peer_index import PeerIndex
 from meshnet.tracker.placement import model_summaries
+from meshnet.tracker.route_index import RouteIndex
 from meshnet.tracker.routing import (
     DEFAULT_COSTS,
     LatencyTable,
@@ -109,8 +110,13 @@ class NodeRegistry:
         self._epoch = epoch
         self._costs = costs
         self._nodes: dict[NodeId, NodeEntry] = {}
-        self.hearing = Hearing(clock)
-        """The listening clock expiry is judged on (``tracker.liveness``); the sweep task drives it."""
+        self._by_address: dict[str, NodeId] = {}
+        """Routable nodes by address: a registration finds the entry it replaces without a scan."""
+        self.hearing = Hearing(clock, self._expire_after_s)
+        """The tracker's own deafness, which expiry forgives (``tracker.liveness``); a watcher task drives it."""
+        self.admission = Admission(self.hearing.recent_lag_s, strain=self.hearing.strain)
+        """The one admission every servicer on this tracker sheds by (``tracker.admission``): a
+        flood on one service is pressure on all of them."""
         self._deadlines = Deadlines(self._expire_after_s)
         self._peers = PeerIndex()
         self._sticky = SessionRoutes(ttl_s=session_ttl_s, max_sessions=max_sticky_sessions)
@@ -120,8 +126,8 @@ class NodeRegistry:
         """Routes issued for conversations' last prefix links (``tracker.affinity``): memory only."""
         self._measured = RouteMeasurements()
         """Routes' decode times as gateways measured them: what node speeds are believed from."""
-        self._beliefs: tuple[object, dict[NodeId, float]] | None = None
-        """The last believed rates and what they were computed from (the fit is not free)."""
+        self._index = RouteIndex(costs)
+        """What routes are planned from, kept up to date by every change of ``_nodes``."""
 
     @property
     def epoch(self) -> int:
@@ -143,9 +149,8 @@ class NodeRegistry:
 
     def node_views(self) -> tuple[NodeView, ...]:
         # Speeds are believed from what routes measured, self-declared ones capped (tracker.claims).
-        views = tuple(entry.view() for entry in self._nodes.values() if entry.routable)
-        rates = self._believed_rates(views)
-        return tuple(replace(view, decode_tokens_per_s=rates[view.node_id]) for view in views)
+        self._index.refresh(self._measured.recent(self._clock()), self._measured.version)
+        return self._index.views()
 
     def observe_route(self, timing: RouteTiming) -> bool:
         """Take a gateway's timing of a route; False (ignored) unless its hops are live and chain."""
@@ -161,23 +166,19 @@ class NodeRegistry:
         """Live nodes believed at what routes measured rather than at what they claim."""
         return measured_nodes(self._measured.recent(self._clock()), self._nodes)
 
-    def _believed_rates(self, views: tuple[NodeView, ...]) -> dict[NodeId, float]:
-        latency = self.latency_table()
-        routes = self._measured.recent(self._clock())
-        claims = tuple((view.node_id, view.decode_tokens_per_s, view.layers, view.fingerprint) for view in views)
-        key = (self._measured.version, claims, tuple(sorted(latency.items())))
-        if self._beliefs is None or self._beliefs[0] != key:
-            believed = believed_views(views, routes, latency_ms=latency, costs=self._costs)
-            self._beliefs = (key, {view.node_id: view.decode_tokens_per_s for view in believed})
-        return self._beliefs[1]
-
-    def register(self, record: NodeRecord, node_id: NodeId, reachability: Reachability = "public") -> NodeId:
+    def register(
+        self, record: NodeRecord, node_id: NodeId, reachability: Reachability = "public", *, pending: bool = False
+    ) -> NodeId:
         """Add the node ``node_id`` (its own id, see ``NodeId``; the registry makes none up).
 
         Raises ``Uncertified`` when the record's certification does not certify what it
         registers, or disagrees with the recipe's live nodes (``tracker.certification``). A
         secured tracker registers a node routable only once it answered at its address under its
-        own certificate (``tracker.dial_back``); a ``private`` one replaces only its own entry."""
+        own certificate (``tracker.dial_back``); a ``private`` one replaces only its own entry.
+
+        ``pending``: the caller still has work to do before the node is told it is registered (the
+        store, the epoch): its window starts only at ``heard``, so a slow store never expires a
+        node mid-registration. The caller must call ``heard`` however its work ends."""
         self.sweep()
         self.check_admissible(node_id)
         # One id is one live node, and so is one address: a node that registers again (restarted,
@@ -187,19 +188,22 @@ class NodeRegistry:
         # tracker the dial-back proved that the new one does).
         # A private node proved nothing about its address: it takes it from nobody.
         takes_address = is_routable(reachability)
-        stale = [
-            entry.node_id
-            for entry in self._nodes.values()
-            if entry.node_id == node_id or (takes_address and entry.routable and entry.record.address == record.address)
-        ]
+        stale = [node_id]
+        if takes_address and record.address in self._by_address:
+            stale.append(self._by_address[record.address])
         self._remove(stale, "re-registered")
         # Only nodes proven at their address speak for a recipe: a private one could be anybody's.
-        check_certified(record, ((entry.node_id, entry.record) for entry in self._nodes.values() if entry.routable))
+        # They come from the peer index: a mass join must not scan the table once per node.
+        recipe = self._peers.recipe_nodes(record.fingerprint)
+        check_certified(record, ((peer, self._nodes[peer].record) for peer in recipe))
         now = self._clock()
         self._nodes[node_id] = NodeEntry(node_id, record, registered_at=now, last_seen=now, reachability=reachability)
-        self._deadlines.heard(node_id, self.hearing.listening_now())
+        if not pending:
+            self._deadlines.heard(node_id, self.hearing.listening_now())
         if is_routable(reachability):
             self._peers.add(node_id, record)
+            self._by_address[record.address] = node_id
+        self._index.put(self._nodes[node_id])
         return node_id
 
     def adopt_epoch(self, known_epoch: int) -> bool:
@@ -246,12 +250,14 @@ class NodeRegistry:
             # and must not expire it (it would register again, with every other late one).
             self._nodes[node_id] = replace(entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0)
             self._deadlines.heard(node_id, self.hearing.listening_now())
+            self._index.put(self._nodes[node_id])
         self.sweep()
         return entry is not None
 
     def holds_session(self, session_id: SessionId) -> bool:
-        """Whether ``session_id`` has a sticky route: it is a live session (``tracker.admission``)."""
-        return self._sticky.get(session_id) is not None
+        """Whether ``session_id`` is a live session (``tracker.admission``): it has a sticky route,
+        or had one until a node on it was lost a moment ago (it comes back for a new route)."""
+        return self._sticky.get(session_id) is not None or self._sticky.recently_dropped(session_id)
 
     def heard(self, node_id: NodeId) -> bool:
         """A heartbeat the tracker is too busy to read whole (``tracker.admission``) still proves
@@ -289,22 +295,16 @@ class NodeRegistry:
 
     def sweep(self) -> tuple[NodeId, ...]:
         """Drop nodes that missed their heartbeats and sessions idle past their TTL."""
-        # Silence is judged on the listening clock: the tracker's own stalls are not the nodes'.
-        expired = self._deadlines.expired(self.hearing.listening_now())
+        # The tracker's own recent deafness is not the nodes' silence (tracker.liveness).
+        expired = self._deadlines.expired(self.hearing.listening_now(), self.hearing.grace_s())
         self._remove(expired, "missed heartbeats")
         self._sticky.expire(self._clock())
         return expired
 
     def latency_table(self) -> LatencyTable:
-        """One-way latency between live nodes, from the round trips they measured (RTT / 2)."""
-        by_address = {entry.record.address: node_id for node_id, entry in self._nodes.items() if entry.routable}
-        table: dict[tuple[NodeId, NodeId], float] = {}
-        for node_id, entry in self._nodes.items():
-            for address, rtt_ms in entry.load.peer_rtt_ms if entry.load else ():
-                peer = by_address.get(address)
-                if peer is not None:
-                    table[(node_id, peer)] = rtt_ms / 2.0
-        return table
+        """One-way latency between live nodes, from the round trips they measured (RTT / 2): a
+        snapshot of the table routes are planned with (``tracker.route_index``)."""
+        return dict(self._index.latency)
 
     def probe_targets(self, node_id: NodeId, limit: int = 16) -> tuple[str, ...]:
         """Addresses a node should measure: live nodes of its recipe that could follow it in a route."""
@@ -320,8 +320,6 @@ class NodeRegistry:
         Every hop carries its node's capability, from the record it registered.
         """
         self.sweep()
-        if latency_ms is None:
-            latency_ms = self.latency_table()
         sticky = self._sticky.get(query.session_id) if query.session_id else None
         if sticky is not None and not _serves(sticky, query.model):
             sticky = None  # the session asks for another model now: a fresh session in effect
@@ -340,29 +338,51 @@ class NodeRegistry:
             self._conversations.remember(query.prefix_chain, route.node_ids, self._clock())
         return route
 
-    def _plan(self, query: RouteQuery, latency_ms: LatencyTable) -> RoutePlan:
+    def _plan(self, query: RouteQuery, given_latency_ms: LatencyTable | None) -> RoutePlan:
         """The route the request's conversation was given, while it holds and has room; else the
-        planner's, or one whose head holds a prefix of the prompt (``tracker.affinity``)."""
-        views, chain = self.node_views(), query.prefix_chain
+        planner's (cached per model while nothing it prices moved: ``route_index.PlanCache``),
+        or one whose head holds a prefix of the prompt (``tracker.affinity``)."""
+        latency_ms = self._index.latency if given_latency_ms is None else given_latency_ms
+        routes, version = self._measured.recent(self._clock()), self._measured.version
+        self._index.refresh(routes, version)  # beliefs that moved forget the cached plans first
+        names, chain = self._index.model_names(query.model), query.prefix_chain
+        cacheable = not query.exclude and given_latency_ms is None and len(names) == 1
+
+        def plan(views: tuple[NodeView, ...]) -> RoutePlan:
+            return choose_model_route(
+                views,
+                query.model,
+                latency_ms=latency_ms,
+                exclude=query.exclude,
+                costs=self._costs,
+                mixed_devices=self._mixed_devices,
+            )
+
+        if cacheable and not chain:  # a cache hit reads no node at all
+            return self._index.cache.plan(
+                names[0], query.model, self._mixed_devices, lambda: plan(self._index.views_of(query.model))
+            )
+        views = self._index.views_of(query.model)
         known = self._conversations.recall(chain, self._clock()) if chain else None
         if known is not None:
             kept = plan_of(known, views, query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
             if kept is not None:
                 return kept
-        base = choose_model_route(
-            views,
-            query.model,
-            latency_ms=latency_ms,
-            exclude=query.exclude,
-            costs=self._costs,
-            mixed_devices=self._mixed_devices,
+        base = (
+            self._index.cache.plan(names[0], query.model, self._mixed_devices, lambda: plan(views))
+            if cacheable
+            else plan(views)
         )
         if not chain:
             return base
         # Tips live in each node's last load report: memory only, gone with the node.
-        tips = {node_id: dict(entry.load.prefix_tips) for node_id, entry in self._nodes.items() if entry.load}
+        tips = {view.node_id: dict(load.prefix_tips) for view in views if (load := self._load_of(view.node_id))}
         prefix = PrefixRouting(chain, tips)
         return prefer_held_prefix(base, views, prefix, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
+
+    def _load_of(self, node_id: NodeId) -> NodeLoad | None:
+        entry = self._nodes.get(node_id)
+        return entry.load if entry else None
 
     def list_models(self) -> tuple[ModelSummary, ...]:
         self.sweep()
@@ -375,9 +395,12 @@ class NodeRegistry:
         for node_id in gone:
             entry = self._nodes.pop(node_id)
             self._deadlines.forget(node_id)
+            self._index.drop(node_id)
             if entry.routable:
                 self._peers.remove(node_id, entry.record)
-        self._sticky.drop_through(gone)
+                if self._by_address.get(entry.record.address) == node_id:
+                    del self._by_address[entry.record.address]
+        self._sticky.drop_through(gone, self._clock())
         self._epoch += 1
         logger.info("nodes %s left routes (%s); epoch %d", ", ".join(sorted(gone)), reason, self._epoch)
 
@@ -397,6 +420,7 @@ class NodeRegistry:
         for hop in plan.hops:
             entry = self._nodes[hop.node_id]
             self._nodes[hop.node_id] = replace(entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1)
+            self._index.put(self._nodes[hop.node_id])
 
 
 def _serves(route: Route, model: str) -> bool:

@@ -29,9 +29,11 @@ Everything here is a function of its arguments: no clock, no registry, no I/O.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 
 from meshnet.core.addresses import is_relayed
 from meshnet.core.errors import NoRoute
@@ -44,6 +46,23 @@ LatencyTable = Mapping[tuple[NodeId, NodeId], float]
 """One-way latency in milliseconds from the first node to the second, as measured."""
 
 NO_LATENCIES: LatencyTable = {}
+
+
+class SeamLatencies(Mapping[tuple[NodeId, NodeId], float]):
+    """A latency table that also answers "which measured seams lead into this node" without a
+    scan, as the planner needs. Its owner (``tracker.route_index``) keeps it up to date between
+    plans, never during one."""
+
+    @abstractmethod
+    def into(self, after: NodeId) -> Mapping[NodeId, float]:
+        """Measured one-way latencies into ``after``, by the node before it."""
+
+    def __getitem__(self, pair: tuple[NodeId, NodeId]) -> float:
+        before, after = pair
+        return self.into(after)[before]
+
+
+NO_SEAMS: Mapping[NodeId, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -77,9 +96,10 @@ class NodeView:
     def layers(self) -> LayerRange:
         return self.record.layers
 
-    @property
+    @cached_property
     def relayed(self) -> bool:
-        """Reached through a relay (its address is ``NODE@RELAY``): every seam into it crosses one."""
+        """Reached through a relay (its address is ``NODE@RELAY``): every seam into it crosses one.
+        Cached: the planner asks once per node and plan, and parsing the address is not free."""
         return is_relayed(self.record.address)
 
     def hop(self) -> RouteHop:
@@ -157,7 +177,14 @@ def seam_cost_ms(
     ``after`` is relayed, as its probes went) else the default, plus the per-seam overhead."""
     measured = latency_ms.get((before, after))
     if measured is None:
-        measured = 2 * costs.default_latency_ms + costs.relay_crossing_ms if relayed else costs.default_latency_ms
+        return _unmeasured_seam_ms(costs, relayed=relayed)
+    return measured + costs.seam_overhead_ms
+
+
+def _unmeasured_seam_ms(costs: RoutingCosts, *, relayed: bool) -> float:
+    """A seam no probe measured: the default latency (two legs and a crossing into a relayed
+    node), plus the per-seam overhead."""
+    measured = 2 * costs.default_latency_ms + costs.relay_crossing_ms if relayed else costs.default_latency_ms
     return measured + costs.seam_overhead_ms
 
 
@@ -331,38 +358,108 @@ def shortest_chain(
     latency_ms: LatencyTable,
     costs: RoutingCosts,
 ) -> tuple[tuple[NodeView, ...], float] | None:
-    """Dijkstra from boundary 0 to ``n_layers``.
+    """The cheapest chain from boundary 0 to ``n_layers``, and its cost; None: none.
 
-    A search state is "the last node taken" (its stop boundary is implied), because the seam
-    cost depends on which node hands over to which. Ties break on fewer relayed hops, then on
-    fewer hops, then on node ids, so the same inputs always give the same route, which keeps
-    sessions sticky.
+    A chain's label is (cost, relayed hop count, hop count, node ids): the cheapest label wins,
+    so ties break on fewer relayed hops, then on fewer hops, then on node ids, and the same
+    inputs always give the same route, which keeps sessions sticky. The state is "the last
+    node taken", because the seam cost depends on which node hands over to which.
+
+    Every edge goes forward (a node's range is non-empty), so the boundaries are a topological
+    order: one pass over them settles every state, no priority queue needed. The pairs are
+    what made the first planner (a Dijkstra pushing every pair of meeting nodes) grow faster
+    than N^2: here a node's best predecessor over an unmeasured seam (the default cost, the
+    same from any predecessor) is the cheapest state ending at its start that has no measured
+    seam into it, and only its measured predecessors are costed pair by pair (``_best_label``).
+    Work per call: O(N log N + measured seams into the model's nodes), bounded by the 12-entry
+    peer lists, where the first planner's grew with the pairs of meeting nodes.
     """
-    by_start: dict[int, list[NodeView]] = {}
-    for node in sorted(usable, key=lambda view: view.node_id):
-        by_start.setdefault(node.layers.start, []).append(node)
-    # heap entries: (cost, relayed hop count, hop count, node ids of the chain, chain)
-    heap: list[tuple[float, int, int, tuple[str, ...], tuple[NodeView, ...]]] = [(0.0, 0, 0, (), ())]
-    settled: set[NodeId | None] = set()
-    while heap:
-        cost, relayed_count, hop_count, ids, chain = heapq.heappop(heap)
-        last = chain[-1] if chain else None
-        boundary = last.layers.stop if last else 0
-        if boundary == n_layers:
-            return chain, cost
-        state = last.node_id if last else None
-        if state in settled:
+    if n_layers == 0:
+        return (), 0.0
+    starting: dict[int, list[NodeView]] = {}
+    for node in usable:
+        starting.setdefault(node.layers.start, []).append(node)
+    incoming = _incoming(latency_ms)
+    ending: dict[int, list[_Label]] = {0: [(0.0, 0, 0, (), ())]}
+    for boundary in sorted(starting):
+        arrived = ending.pop(boundary, None)
+        if boundary >= n_layers or not arrived:
             continue
-        settled.add(state)
-        for node in by_start.get(boundary, ()):
-            if node.node_id in settled:
-                continue
-            step = node_cost_ms(node, costs)
-            if last is not None:
-                step += seam_cost_ms(last.node_id, node.node_id, latency_ms, costs, relayed=node.relayed)
-            entry = (cost + step, relayed_count + node.relayed, hop_count + 1, (*ids, node.node_id), (*chain, node))
-            heapq.heappush(heap, entry)
-    return None
+        arrived.sort()
+        by_last = {label[4][-1].node_id: label for label in arrived if label[4]}
+        for node in starting[boundary]:
+            label = _best_label(node, arrived, by_last, incoming(node.node_id), costs)
+            ending.setdefault(node.layers.stop, []).append(label)
+    finals = ending.get(n_layers)
+    if not finals:
+        return None
+    cost, _, _, _, chain = min(finals)
+    return chain, cost
+
+
+_Label = tuple[float, int, int, tuple[str, ...], tuple[NodeView, ...]]
+"""A chain's (cost, relayed hop count, hop count, node ids, nodes): compared in that order."""
+
+
+def _best_label(
+    node: NodeView,
+    arrived: Sequence[_Label],
+    by_last: Mapping[NodeId, _Label],
+    measured_into: Mapping[NodeId, float],
+    costs: RoutingCosts,
+) -> _Label:
+    """The cheapest label of a chain ending with ``node``, over the chains ``arrived`` at its
+    start (sorted, cheapest first; ``by_last`` indexes them by their last node).
+
+    Over an unmeasured seam the step is the same from every arrival, so only the cheapest
+    arrivals without a measured seam into ``node`` compete (all that tie on cost); over a
+    measured seam each predecessor is costed, the few whose cost cannot beat the best so far
+    without building a label. Costs are summed in the first planner's order, so floats agree,
+    and appending the same node keeps two labels' order, so only the winner's label is built."""
+    own = node_cost_ms(node, costs)
+    relayed = int(node.relayed)
+    if not arrived[0][4]:
+        return _extend(arrived[0], node, own, relayed)  # the first hop: no seam, no other way in
+    unmeasured = own + _unmeasured_seam_ms(costs, relayed=bool(relayed))
+    best: tuple[float, int, int, tuple[str, ...]] | None = None
+    best_before, best_step = arrived[0], unmeasured
+    for label in arrived:
+        if label[4][-1].node_id in measured_into:
+            continue
+        key = (label[0] + unmeasured, label[1] + relayed, label[2], label[3])
+        # Sorted by cost: once the sum grows past the first's, no later arrival can tie it.
+        if best is not None and key[0] > best[0]:
+            break
+        if best is None or key < best:
+            best, best_before = key, label
+    for before, measured in measured_into.items():
+        found = by_last.get(before)
+        if found is None:
+            continue
+        step = own + (measured + costs.seam_overhead_ms)
+        cost = found[0] + step
+        if best is not None and cost > best[0]:
+            continue
+        key = (cost, found[1] + relayed, found[2], found[3])
+        if best is None or key < best:
+            best, best_before, best_step = key, found, step
+    return _extend(best_before, node, best_step, relayed)
+
+
+def _extend(label: _Label, node: NodeView, step_ms: float, relayed: int) -> _Label:
+    cost, relayed_count, hop_count, ids, chain = label
+    return (cost + step_ms, relayed_count + relayed, hop_count + 1, (*ids, node.node_id), (*chain, node))
+
+
+def _incoming(latency_ms: LatencyTable) -> Callable[[NodeId], Mapping[NodeId, float]]:
+    """Measured seams into a node, by the node before it: the table's own index when it keeps
+    one (``SeamLatencies``), else one pass over a plain table."""
+    if isinstance(latency_ms, SeamLatencies):
+        return latency_ms.into
+    into: dict[NodeId, dict[NodeId, float]] = {}
+    for (before, after), measured in latency_ms.items():
+        into.setdefault(after, {})[before] = measured
+    return lambda node_id: into.get(node_id, NO_SEAMS)
 
 
 def _explain_no_route(

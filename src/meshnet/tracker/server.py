@@ -146,7 +146,7 @@ async def start_tracker(
     store = open_store(config)
     registry = _restored_registry(store, config, clock)
     epoch = registry.epoch
-    runner = StoreRunner(store)
+    runner = StoreRunner(store, registry.hearing)
     link = None if security is None else security.link
     feed = RevocationFeed(None if link is None else link.revocations)
     work = None if link is None else _checked_work(config, registry, runner, wall_clock)

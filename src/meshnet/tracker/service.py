@@ -17,8 +17,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from meshnet.core.errors import MeshnetError, PermissionDenied, StorageUnavailable, Unauthenticated, Uncertified
+from meshnet.core.errors import (
+    MeshnetError,
+    PermissionDenied,
+    StorageUnavailable,
+    TrackerBusy,
+    Unauthenticated,
+    Uncertified,
+)
 from meshnet.core.ids import NodeId
+from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import (
     Deregistered,
     HeartbeatStatus,
@@ -34,6 +42,7 @@ from meshnet.security.tickets import TicketSigner
 from meshnet.tracker.admission import Admission, CallClass
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.dial_back import AddressProof
+from meshnet.tracker.liveness import Hearing, Sleep, watch_loop
 from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.quarantine import check_quarantine_order
 from meshnet.tracker.registry import Clock, NodeRegistry
@@ -66,9 +75,23 @@ def maps_errors(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
     return guarded
 
 
+def counted(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
+    """Count ``handler`` in flight on the servicer's ``admission``; the handler sheds itself with
+    ``admission.check`` once its caller is authenticated (``tracker.admission``). Goes under
+    ``maps_errors``."""
+
+    @functools.wraps(handler)
+    async def counting(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
+        with self.admission.counting():
+            return await handler(self, request, context)
+
+    return counting
+
+
 def admitted(call: CallClass) -> Callable[[Handler[Request, Reply]], Handler[Request, Reply]]:
     """Serve ``handler`` only if the servicer's ``admission`` does not shed a ``call`` now
-    (``tracker.admission``), counting it in flight while it runs. Goes under ``maps_errors``."""
+    (``tracker.admission``), counting it in flight while it runs: for ``live`` calls (never shed)
+    and calls with no caller to authenticate. Goes under ``maps_errors``."""
 
     def wrap(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
         @functools.wraps(handler)
@@ -94,6 +117,10 @@ def admit_call(
     return peer
 
 
+STORE_BEHIND_CALLS = 16
+"""More store calls than this waiting on the one store thread: the store is behind (strain)."""
+
+
 class StoreRunner:
     """Runs blocking store calls on one dedicated thread, in the order they were submitted.
 
@@ -101,13 +128,25 @@ class StoreRunner:
     writes equal to the order the registry produced them.
     """
 
-    def __init__(self, store: TrackerStore) -> None:
+    def __init__(self, store: TrackerStore, hearing: Hearing | None = None) -> None:
         self.store = store
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracker-store")
+        self._hearing = hearing
+        """Told while the queue is behind: handlers waiting on it are slow to answer heartbeats."""
+        self._queued = 0
 
     async def call(self, function: Callable[..., Result], *args: Any) -> Result:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+        self._queue_changed(+1)
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+        finally:
+            self._queue_changed(-1)
+
+    def _queue_changed(self, by: int) -> None:
+        self._queued += by
+        if self._hearing is not None:
+            self._hearing.strain("store", self._queued > STORE_BEHIND_CALLS)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -126,7 +165,7 @@ class TrackerServicer(services.TrackerServicer):
         admission: Admission | None = None,
     ) -> None:
         self._registry = registry
-        self.admission = admission or Admission(registry.hearing.recent_lag_s)
+        self.admission = admission or registry.admission
         """Sheds the least important calls while the tracker is behind (``tracker.admission``)."""
         self.work = work
         """Judges work records against routes and shards' counts (secured trackers: on a plaintext
@@ -162,12 +201,18 @@ class TrackerServicer(services.TrackerServicer):
                 self._saved_epoch = epoch - 1
             raise
 
-    def admit(self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None) -> PeerIdentity | None:
-        """The caller, if ``rpc`` is allowed to it (raises Unauthenticated / PermissionDenied)."""
-        return admit_call(self._security, context, rpc, subject)
+    def admit(
+        self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None, *, shed: CallClass = "live"
+    ) -> PeerIdentity | None:
+        """The caller, if ``rpc`` is allowed to it (raises Unauthenticated / PermissionDenied);
+        then, the caller known, raises ``TrackerBusy`` if a ``shed`` call is shed now."""
+        peer = admit_call(self._security, context, rpc, subject)
+        if shed != "live":
+            self.admission.check(shed)
+        return peer
 
     @maps_errors
-    @admitted("registration")
+    @counted
     async def Register(
         self, request: services.NodeRegistration, context: grpc.aio.ServicerContext
     ) -> services.RegisterReply:
@@ -175,26 +220,25 @@ class TrackerServicer(services.TrackerServicer):
         known_epoch = wire.known_epoch_from_proto(request)
         declared = wire.declared_from_proto(request)
         # Secured, the id must be the certificate's (``authorize_tracker``): one node, one id.
-        self.admit(context, "Register", node_id)
+        self.admit(context, "Register", node_id, shed="registration")
         self._registry.check_admissible(node_id)
         # Routable only if the address is the node's: it answers there under that id
         # (``dial_back``); else it is private, and a private claim evicts no node serving there.
         reachability = await self._addresses.reachability(record.address, node_id, declared)
         try:
-            self._registry.register(record, node_id, reachability)
+            self._registry.register(record, node_id, reachability, pending=True)
         except Uncertified as refused:
             await self.persist_epoch()  # a stale entry at its address may have left routes
             logger.warning("%s", refused.message)
             raise
-        self._registry.adopt_epoch(known_epoch)  # after a restart without our state: above the node's
         try:
-            await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
-        except StorageUnavailable as error:
-            # The table of nodes seen is history, not what routes read: a full disk must not
-            # keep a node out. The epoch below is what must be durable before the reply.
-            logger.warning("node %s registered but not recorded: %s", node_id, error.message)
-        await self.persist_epoch()
-        self._registry.heard(node_id)  # its window starts when it is told it is registered
+            await self._record_registration(node_id, record, known_epoch)
+        finally:
+            # Its window starts when it is told it is registered (or the handler failed): until
+            # then a slow store cannot expire it (``NodeRegistry.register``'s ``pending``).
+            heard = self._registry.heard(node_id)
+        if not heard:  # replaced (or deregistered) while its registration was being written
+            raise TrackerBusy(f"node {node_id} was replaced while it registered; register again")
         logger.info(
             "node %s registered %s: %s layers %s of %s (certification %s)",
             node_id,
@@ -206,6 +250,17 @@ class TrackerServicer(services.TrackerServicer):
         )
         registered = Registered(node_id, self._registry.heartbeat_interval_s, self._registry.epoch, reachability)
         return wire.registered_to_proto(registered)
+
+    async def _record_registration(self, node_id: NodeId, record: NodeRecord, known_epoch: int) -> None:
+        """The durable part of a registration: the table of nodes seen, then the epoch."""
+        self._registry.adopt_epoch(known_epoch)  # after a restart without our state: above the node's
+        try:
+            await self._store.call(self._store.store.record_node, node_id, record, self._wall_clock())
+        except StorageUnavailable as error:
+            # The table of nodes seen is history, not what routes read: a full disk must not
+            # keep a node out. The epoch below is what must be durable before the reply.
+            logger.warning("node %s registered but not recorded: %s", node_id, error.message)
+        await self.persist_epoch()
 
     @maps_errors
     @admitted("live")
@@ -281,8 +336,8 @@ class TrackerServicer(services.TrackerServicer):
         self, request: services.RouteRequest, context: grpc.aio.ServicerContext
     ) -> services.RouteReply:
         query = wire.route_query_from_proto(request)
-        with self.admission.handling(self._route_call(query)):
-            caller = self.admit(context, "ChooseRoute")
+        with self.admission.counting():
+            caller = self.admit(context, "ChooseRoute", shed=self._route_call(query))
             route = self._registry.choose_route(query)
             await self.persist_epoch()
             if self.work is not None and not query.unbilled:
@@ -319,20 +374,20 @@ class TrackerServicer(services.TrackerServicer):
         return work_wire.session_tokens_ack_to_proto(counted)
 
     @maps_errors
-    @admitted("probe")
+    @counted
     async def ReportRouteTiming(
         self, request: services.RouteTiming, context: grpc.aio.ServicerContext
     ) -> services.RouteTimingAck:
         timing = speed_wire.timing_from_proto(request)
-        self.admit(context, "ReportRouteTiming")
+        self.admit(context, "ReportRouteTiming", shed="probe")
         return speed_wire.timing_ack_to_proto(self._registry.observe_route(timing))
 
     @maps_errors
-    @admitted("probe")
+    @counted
     async def ListModels(
         self, request: services.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> services.ModelList:
-        self.admit(context, "ListModels")
+        self.admit(context, "ListModels", shed="probe")
         models = self._registry.list_models()
         await self.persist_epoch()
         return wire.models_to_proto(models, self._registry.epoch)
@@ -373,20 +428,20 @@ class TrackerServicer(services.TrackerServicer):
         return work_wire.quarantined_to_proto(Quarantined(known, marked, self._registry.epoch))
 
     @maps_errors
-    @admitted("probe")
+    @counted
     async def ListQuarantine(
         self, request: services.ListQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> services.QuarantineList:
-        self.admit(context, "ListQuarantine")
+        self.admit(context, "ListQuarantine", shed="probe")
         entries = await self._store.call(self._store.store.quarantine_entries)
         return work_wire.quarantine_list_to_proto(entries)
 
     @maps_errors
-    @admitted("probe")
+    @counted
     async def SuggestLayers(
         self, request: services.LayerSuggestionRequest, context: grpc.aio.ServicerContext
     ) -> services.LayerSuggestionReply:
-        self.admit(context, "SuggestLayers")
+        self.admit(context, "SuggestLayers", shed="probe")
         question = placement_wire.question_from_proto(request)
         self._registry.sweep()  # only live nodes count as cover
         await self.persist_epoch()
@@ -395,23 +450,29 @@ class TrackerServicer(services.TrackerServicer):
         logger.info("suggested layers %s of %s (%s)", advice.layers, question.model, advice.reason)
         return placement_wire.advice_to_proto(advice)
 
-    async def sweep_forever(self, period_s: float) -> None:
-        """Expire silent nodes even when no call arrives, so the epoch moves on time (K4)."""
-        hearing = self._registry.hearing
-        while True:
-            # This task is also the loop's lag monitor: how late it wakes is time the tracker
-            # could not listen, which expiry does not count against the nodes (tracker.liveness).
-            hearing.expect(self._registry.now() + period_s)
-            await asyncio.sleep(period_s)
-            late = hearing.woke()
-            if late > period_s:
-                logger.warning("the tracker ran %.2f s behind; no node is expired for that time", late)
-            self._registry.sweep()
-            try:
-                await self.persist_epoch()
-            except Exception:
-                # A failed write (disk full, I/O error) must not stop expiry; the next sweep or
-                # reply retries it, and replies wait for it, so nothing unsaved is handed out.
-                self._saved_epoch = min(self._saved_epoch, self._registry.epoch - 1)
-                self._epoch_write = None
-                logger.exception("could not persist epoch %d", self._registry.epoch)
+    async def sweep_forever(self, period_s: float, sleep: Sleep = asyncio.sleep) -> None:
+        """Expire silent nodes even when no call arrives, so the epoch moves on time (K4).
+
+        The loop's watcher runs beside it as its own task (``watch_loop``): a sweep waiting on
+        the store must not leave a stall meanwhile unwatched, nobody's lateness."""
+        watcher = asyncio.ensure_future(watch_loop(self._registry.hearing, self._registry.now, period_s, sleep))
+        try:
+            while True:
+                await sleep(period_s)
+                await self._sweep_once()
+        finally:
+            watcher.cancel()
+
+    async def _sweep_once(self) -> None:
+        late = self._registry.hearing.recent_lag_s()
+        if late > self._registry.expire_after_s:
+            logger.warning("the tracker runs %.2f s behind; no node is expired for that time", late)
+        self._registry.sweep()
+        try:
+            await self.persist_epoch()
+        except Exception:
+            # A failed write (disk full, I/O error) must not stop expiry; the next sweep or
+            # reply retries it, and replies wait for it, so nothing unsaved is handed out.
+            self._saved_epoch = min(self._saved_epoch, self._registry.epoch - 1)
+            self._epoch_write = None
+            logger.exception("could not persist epoch %d", self._registry.epoch)

@@ -56,14 +56,15 @@ class SwarmStatusServicer(services.SwarmStatusServicer):
         self._registry = registry
         self._security = security
         # The node table is a status call: the first thing shed while the tracker is behind.
-        self.admission = admission or Admission(registry.hearing.recent_lag_s)
+        self.admission = admission or registry.admission
 
     async def ListNodes(
         self, request: services.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> services.NodeStatusList:
         try:
-            with self.admission.handling("probe"):
+            with self.admission.counting():
                 admit_call(self._security, context, "ListNodes")
+                self.admission.check("probe")  # after authentication: a stranger gets no retry hint
                 return node_table_to_proto(node_table(self._registry))
         except MeshnetError as error:
             await abort_with(context, error)

@@ -28,7 +28,7 @@ from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm
 from meshnet.tracker.admission import Admission
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
-from meshnet.tracker.service import admitted, maps_errors
+from meshnet.tracker.service import admitted, counted, maps_errors
 from meshnet.wire import services
 from meshnet.wire import swarm_wire as wire
 from meshnet.wire.tls import LinkSecurity, enforce
@@ -94,7 +94,7 @@ class SwarmServicer(services.SwarmServicer):
     ) -> None:
         self._security = security
         # Joins and renewals sign certificates (CPU): shed like registrations while behind.
-        self.admission = admission or Admission(registry.hearing.recent_lag_s)
+        self.admission = admission or registry.admission
         self._registry = registry
         self._revocations = revocations
         self._lock = asyncio.Lock()  # one SQLite connection: its transactions must not interleave
@@ -114,11 +114,12 @@ class SwarmServicer(services.SwarmServicer):
         return wire.issued_to_proto(issued)
 
     @maps_errors
-    @admitted("registration")
+    @counted
     async def Renew(
         self, request: services.SwarmRenewRequest, context: grpc.aio.ServicerContext
     ) -> services.SwarmCertificateReply:
         peer = self._admit(context, "Renew")
+        self.admission.check("registration")  # after authentication: a stranger gets no retry hint
         now = self._security.link.clock()
         return wire.issued_to_proto(self._issue(wire.renew_from_proto(request), peer.node_id, peer.role, now))
 

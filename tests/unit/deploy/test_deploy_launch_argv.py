@@ -58,6 +58,8 @@ ADDRESS = st.builds("{}:{}".format, st.sampled_from(["127.0.0.1", "10.1.2.3", "n
 TRACKERS = st.lists(ADDRESS, min_size=1, max_size=3, unique=True).map(",".join)
 """``--tracker``: one address, or an ordered list of replicas."""
 HOST = st.sampled_from(["127.0.0.1", "::1", "localhost", "0.0.0.0", "10.1.2.3"])
+STORE = st.just("") | TRACKERS.map("etcd://{}".format)
+"""``--store``: empty (the SQLite file), or etcd members."""
 
 
 def _value(kind: Any) -> st.SearchStrategy[Any]:
@@ -154,7 +156,7 @@ def test_a_rendered_worker_command_parses_back_to_its_config(config: WorkerConfi
     assert config_from_arguments(SecurityOptions, args) == security
 
 
-@given(_fields(TrackerConfig, port=st.integers(0, 65535), join_port=st.integers(0, 65535)))
+@given(_fields(TrackerConfig, port=st.integers(0, 65535), join_port=st.integers(0, 65535), store=STORE))
 @EXAMPLES
 def test_a_rendered_tracker_command_parses_back_to_its_config(values: dict[str, Any]) -> None:
     config = TrackerConfig(**values)

@@ -3,11 +3,15 @@ retry hints that grow with the backlog."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from typing import cast
 
+import grpc
 import pytest
+from tracker_samples import FakeClock
 
-from meshnet.core.errors import TrackerBusy
+from meshnet.core.errors import TrackerBusy, Unauthenticated
 from meshnet.tracker.admission import (
     DEFAULT_LIMITS,
     Admission,
@@ -17,6 +21,10 @@ from meshnet.tracker.admission import (
     Pressure,
     decide,
 )
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.status_service import SwarmStatusServicer
+from meshnet.wire.tls import LinkSecurity
 
 ORDER: tuple[CallClass, ...] = ("probe", "registration", "new_session", "live")
 PRESSURES = [
@@ -72,3 +80,43 @@ def test_admission_counts_handlers_in_flight_and_sheds_with_a_retry_hint() -> No
     assert admission.sheds("registration")
     with admission.handling("live"):
         pass
+
+
+def test_shedding_registrations_is_reported_as_strain_from_when_it_starts_to_when_it_ends() -> None:
+    """Review item 3's signal: the time admission sheds registrations is deaf time."""
+    lag, reports = [0.0], []
+    admission = Admission(lambda: lag[0], strain=lambda source, on: reports.append((source, on)))
+    admission.check("live")
+    lag[0] = DEFAULT_LIMITS.registration.lag_s
+    with pytest.raises(TrackerBusy):
+        admission.check("registration")
+    lag[0] = 0.0
+    admission.check("probe")
+    assert reports == [("admission", False), ("admission", True), ("admission", False)]
+
+
+class _Stranger:
+    """A link whose caller presented no valid certificate."""
+
+    revocations = None
+
+    def peer(self, context: object) -> None:
+        raise Unauthenticated("no client certificate")
+
+
+def test_a_caller_is_authenticated_before_it_is_shed_and_every_servicer_shares_one_admission() -> None:
+    """Review items 11 and 6: a stranger gets its authentication error, never a retry hint; and
+    the Tracker, SwarmStatus and Swarm servicers shed by the registry's one Admission."""
+    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    servicer = TrackerServicer(registry, cast(StoreRunner, None), FakeClock(), cast(LinkSecurity, _Stranger()))
+    assert servicer.admission is registry.admission
+    assert SwarmStatusServicer(registry).admission is registry.admission
+    with contextlib.ExitStack() as pressed:  # enough handlers in flight that probes are shed
+        for _ in range(DEFAULT_LIMITS.probe.in_flight):
+            pressed.enter_context(registry.admission.counting())
+        with pytest.raises(Unauthenticated):
+            servicer.admit(cast(grpc.aio.ServicerContext, None), "ListModels", shed="probe")
+        assert registry.admission.shed_count == 0
+        servicer_open = TrackerServicer(registry, cast(StoreRunner, None), FakeClock())
+        with pytest.raises(TrackerBusy):
+            servicer_open.admit(cast(grpc.aio.ServicerContext, None), "ListModels", shed="probe")

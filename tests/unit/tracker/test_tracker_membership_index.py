@@ -14,8 +14,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import pytest
-from tracker_samples import OTHER_RECIPE, RECIPE, FakeClock, capability, registration
+from tracker_samples import OTHER_RECIPE, RECIPE, FakeClock, capability, certification, registration
 
+from meshnet.core.errors import FailedPrecondition, Uncertified
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
@@ -29,6 +30,7 @@ INTERVAL = 2.0
 WINDOW = INTERVAL * 3
 BOUNDARIES = (0, 5, 10, 20)
 SEQUENCES = 150
+DROPPED_TTL = 3.0
 STEPS = 120
 
 
@@ -44,15 +46,20 @@ class MembershipModel:
     """The node table as the tracker kept it before issue 36: scan everything, every time."""
 
     nodes: dict[NodeId, ModelNode] = field(default_factory=dict)
+    quarantined: set[NodeId] = field(default_factory=set)
 
-    def register(self, node_id: NodeId, record: NodeRecord, reachability: Reachability, now: float) -> None:
+    def register(
+        self, node_id: NodeId, record: NodeRecord, reachability: Reachability, now: float, *, refused: bool = False
+    ) -> None:
+        """``refused``: the record is uncertified; the entries it would replace leave all the same."""
         takes = is_routable(reachability)
         for other in list(self.nodes):
             entry = self.nodes[other]
             same_address = takes and is_routable(entry.reachability) and entry.record.address == record.address
             if other == node_id or same_address:
                 del self.nodes[other]
-        self.nodes[node_id] = ModelNode(record, reachability, now)
+        if not refused:
+            self.nodes[node_id] = ModelNode(record, reachability, now)
 
     def sweep(self, now: float) -> set[NodeId]:
         expired = {node_id for node_id, node in self.nodes.items() if now - node.last_seen >= WINDOW}
@@ -82,14 +89,42 @@ def _random_record(rng: random.Random) -> NodeRecord:
     return registration(start, stop, address=f"host{rng.randrange(8)}:1", recipe=recipe)
 
 
+def _register(
+    registry: NodeRegistry,
+    model: MembershipModel,
+    node_id: NodeId,
+    record: NodeRecord,
+    reachability: Reachability,
+    now: float,
+    *,
+    refused: bool,
+) -> None:
+    if node_id in model.quarantined:
+        with pytest.raises(FailedPrecondition):
+            registry.register(record, node_id, reachability)
+        return
+    if refused:
+        with pytest.raises(Uncertified):
+            registry.register(record, node_id, reachability)
+    else:
+        registry.register(record, node_id, reachability)
+    model.register(node_id, record, reachability, now, refused=refused)
+
+
 def _step(rng: random.Random, registry: NodeRegistry, model: MembershipModel, clock: FakeClock) -> None:
     node_id = NodeId(f"n{rng.randrange(12)}")
     action = rng.random()
     if action < 0.3:
         reachability: Reachability = "private" if rng.random() < 0.15 else "public"
-        record = _random_record(rng)
-        registry.register(record, node_id, reachability)
-        model.register(node_id, record, reachability, clock.now)
+        record, refused = _random_record(rng), rng.random() < 0.1
+        if refused:  # its certification is of another recipe: refused at the door
+            record = registration(
+                record.layers.start, record.layers.stop, address=record.address, report=certification(OTHER_RECIPE)
+            )
+        _register(registry, model, node_id, record, reachability, clock.now, refused=refused)
+    elif action < 0.33:
+        assert registry.quarantine(node_id) == (model.nodes.pop(node_id, None) is not None)
+        model.quarantined.add(node_id)
     elif action < 0.6:
         known = registry.heartbeat(node_id, NodeLoad(free_sessions=4))
         assert known == (node_id in model.nodes)
@@ -112,6 +147,9 @@ def test_expiry_and_probe_lists_equal_a_full_scan_on_random_operations(seed: int
         # Every call sweeps first in both; here the model is brought to the same instant.
         assert set(registry.sweep()) == model.sweep(clock.now)
         assert {entry.node_id for entry in registry.entries()} == set(model.nodes)
+        # The address index is exactly the routable entries' addresses (what register scanned for).
+        by_address = {entry.record.address: entry.node_id for entry in registry.entries() if entry.routable}
+        assert registry._by_address == by_address
         for node_id in model.nodes:
             assert registry.probe_targets(node_id) == model.probe_targets(node_id)
             assert registry.probe_targets(node_id, limit=1) == model.probe_targets(node_id, limit=1)
@@ -130,8 +168,13 @@ class SessionModel:
     def __init__(self, ttl_s: float, max_sessions: int) -> None:
         self.ttl_s, self.max_sessions = ttl_s, max_sessions
         self.routes: OrderedDict[SessionId, tuple[Route, float]] = OrderedDict()
+        self.dropped: OrderedDict[SessionId, float] = OrderedDict()
+
+    def recently_dropped(self, session_id: SessionId, now: float) -> bool:
+        return session_id in self.dropped and now - self.dropped[session_id] < DROPPED_TTL
 
     def touch(self, session_id: SessionId, route: Route, now: float) -> None:
+        self.dropped.pop(session_id, None)
         self.routes[session_id] = (route, now)
         self.routes.move_to_end(session_id)
         while len(self.routes) > self.max_sessions:
@@ -141,15 +184,22 @@ class SessionModel:
         for session_id in [s for s, (_, used) in self.routes.items() if now - used >= self.ttl_s]:
             del self.routes[session_id]
 
-    def drop_through(self, gone: set[NodeId]) -> None:
-        for session_id in [s for s, (route, _) in self.routes.items() if not gone.isdisjoint(route.node_ids)]:
+    def drop_through(self, gone: set[NodeId], now: float) -> None:
+        for session_id in sorted(s for s, (route, _) in self.routes.items() if not gone.isdisjoint(route.node_ids)):
             del self.routes[session_id]
+            self.dropped[session_id] = now
+            self.dropped.move_to_end(session_id)
+        for session_id in [s for s, when in self.dropped.items() if now - when >= DROPPED_TTL]:
+            del self.dropped[session_id]
+        while len(self.dropped) > self.max_sessions:  # bounded like the routes, oldest first
+            self.dropped.popitem(last=False)
 
 
 @pytest.mark.parametrize("seed", range(SEQUENCES))
 def test_sticky_sessions_equal_a_full_scan_on_random_operations(seed: int) -> None:
     rng, now = random.Random(seed), 0.0
-    table, model = SessionRoutes(ttl_s=10.0, max_sessions=12), SessionModel(ttl_s=10.0, max_sessions=12)
+    table = SessionRoutes(ttl_s=10.0, max_sessions=12, dropped_ttl_s=DROPPED_TTL)
+    model = SessionModel(ttl_s=10.0, max_sessions=12)
     nodes = [NodeId(f"n{i}") for i in range(6)]
     sessions = [SessionId(f"s{i}") for i in range(20)]
     for _ in range(STEPS):
@@ -160,8 +210,8 @@ def test_sticky_sessions_equal_a_full_scan_on_random_operations(seed: int) -> No
             model.touch(session_id, route, now)
         elif action < 0.65:
             gone = set(rng.sample(nodes, rng.randint(1, 2)))
-            table.drop_through(gone)
-            model.drop_through(gone)
+            table.drop_through(gone, now)
+            model.drop_through(gone, now)
         elif action < 0.85:
             now += rng.choice((0.5, 1.0, 4.0))
         else:
@@ -171,3 +221,13 @@ def test_sticky_sessions_equal_a_full_scan_on_random_operations(seed: int) -> No
         for session_id in sessions:
             kept = model.routes.get(session_id)
             assert table.get(session_id) == (None if kept is None else kept[0])
+        # The node index is exactly what a scan of the routes would build.
+        through: dict[NodeId, set[SessionId]] = {}
+        for session_id, sticky in table._routes.items():
+            for node_id in sticky.route.node_ids:
+                through.setdefault(node_id, set()).add(session_id)
+        assert table._through == through
+        table.expire(now)
+        model.expire(now)
+        for session_id in sessions:  # a session that lost its route is live for a while after
+            assert table.recently_dropped(session_id) == model.recently_dropped(session_id, now)

@@ -1,0 +1,234 @@
+"""Milliseconds per ChooseRoute in the tracker's registry, at 100 to 3,000 simulated nodes.
+
+A realistic swarm of one model (30 layers, nodes of 2-10 layers starting on even boundaries,
+claimed rates 20-200 tok/s, 12-entry peer round-trip lists naming mostly the nodes that could
+follow them, a few measured route timings), driven through ``NodeRegistry`` in process: 15
+heartbeats between two routes (1,500 heartbeats/s beside 100 routes/s), each route a new session.
+
+Scenarios (the routes are timed, heartbeats timed apart):
+
+* ``cache_hits``: heartbeats repeat each node's load and jitter its round trips within the plan
+  cache's tolerance, so the model's plan stays valid between routes;
+* ``cache_misses``: every heartbeat changes its node's queue depth, so every route is planned;
+* ``planner``: the pure ``choose_model_route`` on the registry's views and a plain latency dict.
+
+Old versus new is the same script over two trees, merged into one JSON by ``--label``:
+
+    PYTHONPATH=/path/to/old/src python scripts/bench_route_planning.py --label old
+    PYTHONPATH=src python scripts/bench_route_planning.py --label new
+
+The machine is noisy: compare the labels within one file, measured back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from meshnet.core.errors import NoRoute
+from meshnet.core.ids import NodeId, SessionId
+from meshnet.core.layers import LayerRange
+from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
+from meshnet.core.recipe import Recipe
+from meshnet.core.tracking import NodeLoad, RouteQuery, RouteTiming
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.routing import choose_model_route
+
+N_LAYERS = 30
+MODEL = "bench-model"
+HEARTBEATS_PER_ROUTE = 15
+RECIPE = Recipe(
+    model_sha256="00" * 32,
+    architecture="llama",
+    adapter_version="1",
+    weight_quantization="Q4_1",
+    activation_dtype="f32",
+    kv_dtype="f16",
+    backend="llama-cpp-python",
+    backend_version="0.3.36",
+    n_layers=N_LAYERS,
+    n_embd=64,
+)
+CERTIFICATION = Certification.seal(RECIPE.fingerprint(), RECIPE.backend_version, ("bench",), "ab" * 32, "ab" * 32)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _record(index: int, rng: random.Random) -> NodeRecord:
+    start = rng.randrange(0, N_LAYERS, 2)
+    stop = min(start + rng.choice([2, 4, 6, 8, 10]), N_LAYERS)
+    rate = rng.uniform(20.0, 200.0)
+    capability = NodeCapability(
+        n_ctx_per_session=2048,
+        prefill_chunk_tokens=256,
+        max_tokens_per_frame=2048,
+        max_frame_bytes=4 << 20,
+        n_embd=RECIPE.n_embd,
+        max_sessions=64,
+        device="cpu",
+        prefill_tokens_per_s=10 * rate,
+        decode_tokens_per_s=rate,
+    )
+    return NodeRecord(
+        address=f"10.{index // 250}.{index % 250}.1:9000",
+        recipe=RECIPE,
+        fingerprint=RECIPE.fingerprint(),
+        model=MODEL,
+        quantization=RECIPE.weight_quantization,
+        layers=LayerRange(start, stop),
+        hardware=HardwareSummary(cpu_count=2, memory_bytes=4 << 30),
+        capability=capability,
+        certification=CERTIFICATION,
+    )
+
+
+class Swarm:
+    """The registry under test and the simulated nodes' state."""
+
+    def __init__(self, n_nodes: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.clock = Clock()
+        self.registry = NodeRegistry(clock=self.clock, heartbeat_interval_s=2.0)
+        self.records = {NodeId(f"node-{index}"): _record(index, self.rng) for index in range(n_nodes)}
+        for node_id, record in self.records.items():
+            self.registry.register(record, node_id)
+        followers: dict[int, list[str]] = {}
+        for record in self.records.values():
+            followers.setdefault(record.layers.start, []).append(record.address)
+        addresses = [record.address for record in self.records.values()]
+        self.peers = {}
+        for node_id, record in self.records.items():
+            near = followers.get(record.layers.stop, [])
+            named = self.rng.sample(near, min(12, len(near)))
+            named += self.rng.sample(addresses, 12 - len(named))
+            self.peers[node_id] = {address: self.rng.uniform(0.5, 20.0) for address in named}
+        self.order = list(self.records)
+        self.next_beat = 0
+        self.queues = dict.fromkeys(self.records, 0)
+        self.sessions = 0
+
+    def heartbeat(self, *, vary_queue: bool) -> None:
+        node_id = self.order[self.next_beat % len(self.order)]
+        self.next_beat += 1
+        self.clock.now += 1.0 / 1500.0
+        if vary_queue:
+            self.queues[node_id] = self.rng.choice([0, 1, 2])
+        jitter = self.rng.uniform(-0.4, 0.4)  # one way: within the plan cache's 1 ms tolerance
+        peers = tuple((address, max(rtt + jitter, 0.01)) for address, rtt in self.peers[node_id].items())
+        load = NodeLoad(free_sessions=48, queue_depth=self.queues[node_id], peer_rtt_ms=peers)
+        self.registry.heartbeat(node_id, load)
+
+    def route(self) -> tuple[NodeId, ...]:
+        self.sessions += 1
+        query = RouteQuery(model=MODEL, session_id=SessionId(f"s-{self.sessions}"))
+        return self.registry.choose_route(query).node_ids
+
+    def warm_up(self) -> None:
+        """Every node heartbeats once (its peer list reaches the tracker), a few routes are
+        timed: the steady state a swarm runs in, not the first seconds after a mass join."""
+        for _ in self.order:
+            self.heartbeat(vary_queue=False)
+        self.measure_some_routes(8)
+
+    def measure_some_routes(self, count: int) -> None:
+        """A few routes timed by gateways, so believed rates come from a fit as in production."""
+        for _ in range(count):
+            hops = self.route()
+            self.registry.observe_route(RouteTiming(hops, self.rng.uniform(40.0, 120.0), tokens=16))
+
+
+def _summary(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"median_ms": round(statistics.median(ordered), 4), "p99_ms": round(p99, 4), "samples": len(ordered)}
+
+
+def _timed(call: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    call()
+    return (time.perf_counter() - started) * 1000.0
+
+
+def run_scenario(n_nodes: int, routes: int, *, vary_queue: bool, seed: int) -> dict[str, object]:
+    swarm = Swarm(n_nodes, seed)
+    swarm.warm_up()
+    route_ms: list[float] = []
+    heartbeat_ms: list[float] = []
+    for _ in range(routes):
+        for _ in range(HEARTBEATS_PER_ROUTE):
+            heartbeat_ms.append(_timed(lambda: swarm.heartbeat(vary_queue=vary_queue)))
+        route_ms.append(_timed(swarm.route))
+    return {"route": _summary(route_ms), "heartbeat": _summary(heartbeat_ms)}
+
+
+def run_planner(n_nodes: int, routes: int, *, seed: int) -> dict[str, object]:
+    swarm = Swarm(n_nodes, seed)
+    swarm.warm_up()
+    views = swarm.registry.node_views()
+    latency = dict(swarm.registry.latency_table())
+    samples = [_timed(lambda: choose_model_route(views, MODEL, latency_ms=latency)) for _ in range(routes)]
+    return {"route": _summary(samples)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--label", required=True, help="old or new: which tree's code this run measures")
+    parser.add_argument("--sizes", default="100,300,1000,3000")
+    parser.add_argument("--routes", type=int, default=200, help="routes timed per scenario and size")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="fewer routes where one is slow")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/tracker_scale/route_planning.json"))
+    args = parser.parse_args()
+    results: dict[str, dict[str, object]] = {}
+    for n_nodes in (int(size) for size in args.sizes.split(",")):
+        probe = run_scenario(n_nodes, 3, vary_queue=True, seed=n_nodes)["route"]
+        per_route_s = float(probe["median_ms"]) / 1000.0  # type: ignore[index]
+        routes = max(10, min(args.routes, int(args.max_seconds / max(per_route_s * 3, 1e-6))))
+        try:
+            results[str(n_nodes)] = {
+                "cache_hits": run_scenario(n_nodes, routes, vary_queue=False, seed=n_nodes),
+                "cache_misses": run_scenario(n_nodes, routes, vary_queue=True, seed=n_nodes),
+                "planner": run_planner(n_nodes, routes, seed=n_nodes),
+            }
+        except NoRoute as refused:
+            results[str(n_nodes)] = {"no_route": refused.message}
+        print(n_nodes, json.dumps(results[str(n_nodes)]), flush=True)
+    document = json.loads(args.out.read_text()) if args.out.exists() else {}
+    document.setdefault("runs", {})[args.label] = results
+    document["machine"] = f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    document["note"] = (
+        "ms per ChooseRoute through NodeRegistry with 15 heartbeats between routes (not timed with them); "
+        "old = the tracker before issue 36, new = route index + boundary-ordered planner + plan cache. "
+        "Noisy shared machine: compare old and new within this file."
+    )
+    document["ratios_old_over_new"] = _ratios(document["runs"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+
+
+def _ratios(runs: dict[str, dict[str, dict[str, dict[str, dict[str, float]]]]]) -> dict[str, dict[str, float]]:
+    """Old median over new median, per size and scenario, where both ran."""
+    old, new = runs.get("old", {}), runs.get("new", {})
+    ratios: dict[str, dict[str, float]] = {}
+    for size, scenarios in new.items():
+        for scenario, figures in scenarios.items():
+            before = old.get(size, {}).get(scenario)
+            if isinstance(figures, dict) and isinstance(before, dict):
+                ratio = before["route"]["median_ms"] / max(figures["route"]["median_ms"], 1e-9)
+                ratios.setdefault(size, {})[scenario] = round(ratio, 1)
+    return ratios
+
+
+if __name__ == "__main__":
+    main()
