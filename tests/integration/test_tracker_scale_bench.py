@@ -8,12 +8,14 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from meshnet.bench.tracker_scale import SCHEMA, measure_tracker_scale, quick, result_path
 from meshnet.bench.tracker_scale_config import TrackerScaleConfig
+from meshnet.core.tracking import HeartbeatTransport
 from meshnet.membership.load_generator import LoadSpec, run_load
 from meshnet.security.swarm_dir import init_swarm
 from meshnet.tracker.server import TrackerConfig, start_tracker
@@ -46,6 +48,7 @@ def test_a_tiny_run_measures_a_real_tracker_process(tmp_path: Path) -> None:
     assert point["live_nodes_wrongly_expired"] == 0 and point["reregistrations"] == 0
     assert point["tracker"]["cpu_cores"] > 0 and point["tracker"]["peak_rss_bytes"] > 0
     assert point["valid"] is True
+    assert point["heartbeat_transport"] == "stream"  # as workers beat, unless told otherwise
     transport = written["heartbeat_transport"]
     for name in ("unary", "stream"):
         assert transport[name]["server_us_per_heartbeat"] > 0, transport[name]
@@ -92,6 +95,28 @@ async def test_live_nodes_a_tracker_forgets_are_counted(tmp_path: Path) -> None:
     warmup = summary["warmup"]
     assert summary["live_nodes_wrongly_expired"] + warmup["live_nodes_wrongly_expired"] >= 5
     assert summary["reregistrations"] + warmup["reregistrations"] >= 5
+
+
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+async def test_simulated_nodes_heartbeat_on_either_transport(tmp_path: Path, transport: HeartbeatTransport) -> None:
+    init_swarm(tmp_path, time.time())
+    security = load_tracker_security(tmp_path, time.time())
+    config = TrackerConfig(port=0, join_port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=0.2)
+    tracker = await start_tracker(config, security=security)
+    spec = replace(
+        small_load((tracker.address,), tmp_path, nodes=4, warmup_s=0.5, measure_s=2.0), heartbeat_transport=transport
+    )
+    try:
+        summary = await run_load(spec)
+    finally:
+        await tracker.stop(0)
+        security.book.close()
+    assert summary["heartbeat_transport"] == transport
+    # 4 nodes every 0.2 s for 2 s is ~40 beats, all answered "known" on this transport.
+    assert summary["calls"]["heartbeat"]["count"] >= 25
+    # (Routes may find no cover over 4 random ranges: only the heartbeats are judged here.)
+    assert not [key for key in summary["errors"] if key.startswith("heartbeat")], summary["errors"]
+    assert summary["live_nodes_wrongly_expired"] == 0
 
 
 async def test_nodes_and_gateway_load_move_to_the_next_tracker_when_one_dies(tmp_path: Path) -> None:

@@ -169,6 +169,7 @@ class TrackerScaleRun:
                 n_layers=self.config.n_layers,
                 tracker_pid=tracker_pid,
                 seed=index,
+                heartbeat_transport=self.config.heartbeat_transport,
             )
             for index, share in enumerate(shares)
         ]

@@ -9,6 +9,7 @@ from typing import Literal
 
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport
 
 TRACKER_START_TIMEOUT_S = 30.0
 """Seconds a started tracker (or the transport experiment's echo server) may take to be ready."""
@@ -53,6 +54,9 @@ class TrackerScaleConfig:
     generator_processes: int = 1
     """Load generator processes sharing each point's nodes and rates (one event loop keeps up
     with about 1,000 nodes on one core; give more cores and processes for more)."""
+    heartbeat_transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT
+    """How the simulated nodes heartbeat: stream (one long-lived stream each, as workers do) or
+    unary (one call per beat, as workers did before issue 36), to compare both on the tracker."""
     insecure: bool = False
     """Plaintext tracker (no mTLS, no dial-back): only to separate the cost of TLS."""
     out_dir: Path = field(default=Path("bench/results/tracker_scale"), metadata=cli("out-dir"))

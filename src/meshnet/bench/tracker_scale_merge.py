@@ -46,7 +46,7 @@ def merge_points(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         examples = {**part["error_examples"], **examples}
     reasons = [part["invalid_reason"] for part in parts if not part["valid"]]
     return {
-        **{key: first[key] for key in ("mass_join", "trackers", "warmup_s", "measure_s")},
+        **{key: first[key] for key in ("mass_join", "heartbeat_transport", "trackers", "warmup_s", "measure_s")},
         **{key: sum(part[key] for part in parts) for key in (*COUNTED, *RATES)},
         "calls": {call: summary(histogram, span_s) for call, histogram in histograms.items()},
         "histograms": {call: to_json(histogram) for call, histogram in histograms.items()},

@@ -365,3 +365,9 @@ class RouteTiming:
             raise InvalidArgument("a route timing names a node twice")
         check_finite("decode_ms_per_token", self.decode_ms_per_token, high=600_000.0)
         check_count("tokens", self.tokens, MAX_TOKENS, low=2)
+
+
+HeartbeatTransport = Literal["stream", "unary"]
+"""How a node heartbeats: on one ``Tracker.Beat`` stream per tracker replica (the default: half
+the tracker's cost per beat over mTLS) or with unary ``Heartbeat`` calls (``membership.beat_streams``)."""
+DEFAULT_HEARTBEAT_TRANSPORT: HeartbeatTransport = "stream"

@@ -21,14 +21,21 @@ import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import grpc
 import psutil
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, new_node_id, new_request_id, new_session_id
-from meshnet.core.tracking import NodeWork, Route, RouteQuery, WorkRecord
+from meshnet.core.tracking import (
+    DEFAULT_HEARTBEAT_TRANSPORT,
+    HeartbeatTransport,
+    NodeWork,
+    Route,
+    RouteQuery,
+    WorkRecord,
+)
 from meshnet.membership.load_figures import Histogram, ProcessMeter, bucket, percentile, summary, to_json
 from meshnet.membership.simulated_nodes import (
     MODEL,
@@ -78,12 +85,16 @@ class LoadSpec:
     """Registrations are spread over this (one heartbeat interval) unless ``mass_join``."""
     host: str = "127.0.0.1"
     seed: int = 0
+    heartbeat_transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT
+    """How the nodes heartbeat: on a stream each (as workers do) or with unary calls."""
 
     def __post_init__(self) -> None:
         if not self.trackers or self.nodes < 1 or self.n_layers < 2:
             raise InvalidArgument("a load spec needs a tracker address, at least one node and two layers")
         if min(self.routes_per_s, self.records_per_s, self.warmup_s) < 0 or self.measure_s <= 0:
             raise InvalidArgument("rates and warm-up must be >= 0 and the measured span > 0")
+        if self.heartbeat_transport not in get_args(HeartbeatTransport):
+            raise InvalidArgument(f"heartbeat transport must be stream or unary, got {self.heartbeat_transport!r}")
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -126,7 +137,8 @@ def build_nodes(
     ):
         address = ports.bind(None if certificate is None else LinkSecurity(certificate))
         trackers = spec.trackers[index % len(spec.trackers) :] + spec.trackers[: index % len(spec.trackers)]
-        nodes.append(SimulatedNode(node_id, certificate, simulated_record(address, layers, recipe), trackers, counts))
+        record = simulated_record(address, layers, recipe)
+        nodes.append(SimulatedNode(node_id, certificate, record, trackers, counts, spec.heartbeat_transport))
     addresses = [node.record.address for node in nodes]
     for node in nodes:
         peers = rng.sample(addresses, min(PEERS_PER_HEARTBEAT, len(addresses)))
@@ -267,6 +279,7 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "routes_per_s": spec.routes_per_s,
         "records_per_s": spec.records_per_s,
         "mass_join": spec.mass_join,
+        "heartbeat_transport": spec.heartbeat_transport,
         "trackers": list(spec.trackers),
         "warmup_s": spec.warmup_s,
         "measure_s": spec.measure_s,

@@ -31,7 +31,8 @@ from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
-from meshnet.core.tracking import NodeLoad
+from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport, NodeLoad
+from meshnet.membership.beat_streams import BeatStreamEnded, BeatStreams
 from meshnet.membership.load_figures import Histogram, bucket
 from meshnet.security.certificates import NodeCertificate
 from meshnet.wire import services
@@ -108,9 +109,12 @@ class Counts:
         self.latencies.setdefault(call, Counter())[bucket((time.perf_counter() - started) * 1000.0)] += 1
 
     def error(self, call: str, error: grpc.aio.AioRpcError) -> None:
-        key = f"{call}:{error.code().name}"
+        self.failed(call, error.code().name, error.details() or "")
+
+    def failed(self, call: str, status: str, details: str) -> None:
+        key = f"{call}:{status}"
         self.errors[key] += 1
-        self.error_examples.setdefault(key, (error.details() or "")[:200])
+        self.error_examples.setdefault(key, details[:200])
 
 
 class AnsweringPorts:
@@ -158,8 +162,12 @@ class SimulatedNode:
         record: NodeRecord,
         trackers: tuple[str, ...],
         counts: Counts,
+        transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT,
     ) -> None:
         self.node_id = node_id
+        self.transport = transport
+        """As a worker's client: "stream" until a tracker answers UNIMPLEMENTED, then "unary"."""
+        self._beats = BeatStreams()
         self.security = None if certificate is None else LinkSecurity(certificate)
         self.record = record
         self._trackers = trackers
@@ -173,9 +181,12 @@ class SimulatedNode:
         """A busy tracker's retry hint: no call before this (``time.monotonic``)."""
 
     def _stub(self) -> services.TrackerStub:
+        return services.TrackerStub(self._open_channel())
+
+    def _open_channel(self) -> grpc.aio.Channel:
         if self._channel is None:
             self._channel = tracker_channel(self._trackers[self._tracker_index], self.security)
-        return services.TrackerStub(self._channel)
+        return self._channel
 
     async def _fail_over(self) -> None:
         """Move to the next tracker address (a replica), as a client with several addresses does."""
@@ -212,9 +223,16 @@ class SimulatedNode:
         started = time.perf_counter()
         try:
             # As a worker does: a reply later than one interval is worth nothing.
-            reply = await self._stub().Heartbeat(heartbeat_to_proto(self.node_id, load), timeout=self.interval_s)
+            reply = await self._beat(heartbeat_to_proto(self.node_id, load))
         except grpc.aio.AioRpcError as error:
+            if self.transport == "stream" and error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.transport = "unary"  # an older tracker, as ``TrackerClient.heartbeat`` does
             await self._failed("heartbeat", error)
+            return
+        except (TimeoutError, BeatStreamEnded) as error:  # the stream's own ends (``beat_streams``)
+            self._counts.failed(
+                "heartbeat", "DEADLINE_EXCEEDED" if isinstance(error, TimeoutError) else "ENDED", str(error)
+            )
             return
         self._counts.latency("heartbeat", started)
         if not heartbeat_status_from_proto(reply).known:
@@ -222,6 +240,11 @@ class SimulatedNode:
             self.registered = False
             if await self.register():
                 self._counts.reregistrations += 1
+
+    async def _beat(self, request: services.NodeHeartbeat) -> services.HeartbeatReply:
+        if self.transport == "unary":
+            return await self._stub().Heartbeat(request, timeout=self.interval_s)
+        return await self._beats.beat(self._open_channel(), self._tracker_index, request, self.interval_s)
 
     async def run(self, stop: asyncio.Event, start_delay_s: float) -> None:
         """Register after ``start_delay_s``, then heartbeat every interval on a fixed schedule,
@@ -243,5 +266,6 @@ class SimulatedNode:
             due = max(due + self.interval_s, time.monotonic(), self.hold_until)
 
     async def close(self) -> None:
+        self._beats.close()
         if self._channel is not None:
             await self._channel.close()

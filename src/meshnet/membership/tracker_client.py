@@ -17,18 +17,19 @@ other side of each call; the values exchanged are those of ``meshnet.core``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
 from meshnet.core.audit_evidence import QuarantineEntry
-from meshnet.core.errors import FailedPrecondition, MeshnetError, TrackerBusy, Unreachable
+from meshnet.core.errors import DeadlineExceeded, FailedPrecondition, MeshnetError, TrackerBusy, Unreachable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
@@ -47,6 +48,12 @@ from meshnet.core.tracking import (
     SessionTokens,
     WorkAck,
     WorkRecord,
+)
+from meshnet.membership.beat_streams import (
+    DEFAULT_HEARTBEAT_TRANSPORT,
+    BeatStreamEnded,
+    BeatStreams,
+    HeartbeatTransport,
 )
 from meshnet.membership.channel import RenewingChannel
 from meshnet.membership.replicas import (
@@ -67,6 +74,13 @@ from meshnet.wire.tls import TRACKER_NAME, LinkSecurity
 logger = logging.getLogger(__name__)
 
 StubT = TypeVar("StubT")
+
+
+class Attempt(Protocol):
+    """One try of a call at a replica, within what is left of its deadline (``_failover``)."""
+
+    async def __call__(self, at: Position, *, deadline: float, wait_for_ready: bool) -> Any: ...
+
 
 DEFAULT_TIMEOUT_S = 5.0
 RECONNECT_BACKOFF_MS = (100, 1000)
@@ -134,7 +148,8 @@ class TrackerClient:
     (``RETRIED_ON_NEXT_REPLICA``) and the ``budget`` allows, within what is left of the call's
     one deadline. ``InvalidArgument`` for a malformed list; ``FailedPrecondition`` for a call
     after ``close``. Create it inside the event loop that uses it; ``clock`` (monotonic seconds)
-    is injected by tests."""
+    is injected by tests. Heartbeats go on one stream per replica (``membership.beat_streams``)
+    unless ``heartbeat_transport`` is "unary"."""
 
     def __init__(
         self,
@@ -144,8 +159,12 @@ class TrackerClient:
         security: LinkSecurity | None = None,
         budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
+        heartbeat_transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT,
     ) -> None:
         self.security = security
+        self.heartbeat_transport = heartbeat_transport
+        """"stream" until a tracker answers ``Beat`` UNIMPLEMENTED (an older one): then "unary" for good."""
+        self._beats = BeatStreams()
         self._timeout_s = timeout_s
         self._replicas = ReplicaRing(address)
         self._options = channel_options(len(self._replicas))
@@ -174,6 +193,7 @@ class TrackerClient:
     async def close(self) -> None:
         """Close every channel; any later call raises ``FailedPrecondition`` (never reopens one)."""
         self._closed = True
+        self._beats.close()
         channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(channel.close() for channel in channels))
 
@@ -207,8 +227,13 @@ class TrackerClient:
         return wire.registered_from_proto(await self._call(services.TrackerStub, "Register", request, timeout_s))
 
     async def heartbeat(self, node_id: NodeId, load: NodeLoad, *, timeout_s: float | None = None) -> HeartbeatStatus:
+        """One heartbeat, on the replica's ``Beat`` stream (or a unary call): failed over as any call."""
         request = wire.heartbeat_to_proto(node_id, load)
-        return wire.heartbeat_status_from_proto(await self._call(services.TrackerStub, "Heartbeat", request, timeout_s))
+        if self.heartbeat_transport == "unary":
+            reply = await self._call(services.TrackerStub, "Heartbeat", request, timeout_s)
+        else:
+            reply = await self._failover("Heartbeat", functools.partial(self._beat_attempt, request), timeout_s)
+        return wire.heartbeat_status_from_proto(reply)
 
     async def deregister(self, node_id: NodeId, *, timeout_s: float | None = None) -> bool:
         reply = await self._call(services.TrackerStub, "Deregister", wire.deregister_to_proto(node_id), timeout_s)
@@ -341,18 +366,24 @@ class TrackerClient:
         """``method`` of the stub ``make`` builds, on the replica asked now; once more on the
         next replica when the first is gone, the call is safe to repeat, the retry budget has
         one and enough of the call's one deadline is left."""
+        return await self._failover(
+            method, functools.partial(self._attempt, make=make, method=method, request=request), timeout_s
+        )
+
+    async def _failover(self, method: str, attempt: Attempt, timeout_s: float | None) -> Any:
+        """``attempt`` at the replica asked now, then as ``_call`` says at the next one."""
         deadline = self._clock() + (timeout_s or self._timeout_s)
         self._budget.earn()
         at = self._replicas.position()
         try:
-            return await self._attempt(at, make, method, request, deadline, wait_for_ready=False)
+            return await attempt(at, deadline=deadline, wait_for_ready=False)
         except _Failed as failed:
             moved = self._failed(at, failed.failure, failed.error)
             if not (moved and self._may_retry(method, failed.failure, deadline)):
                 raise failed.error from failed.__cause__
         following = self._replicas.position()
         try:
-            return await self._attempt(following, make, method, request, deadline, wait_for_ready=True)
+            return await attempt(following, deadline=deadline, wait_for_ready=True)
         except _Failed as failed:
             self._failed(following, failed.failure, failed.error)
             raise failed.error from failed.__cause__
@@ -368,11 +399,11 @@ class TrackerClient:
     async def _attempt(
         self,
         at: Position,
+        *,
         make: Callable[[grpc.aio.Channel], Any],
         method: str,
         request: Any,
         deadline: float,
-        *,
         wait_for_ready: bool,
     ) -> Any:
         """One try at ``at``, within what is left of ``deadline``. A retry waits for its channel
@@ -384,9 +415,43 @@ class TrackerClient:
             reply = await call(request, timeout=max(deadline - self._clock(), 0.0), wait_for_ready=wait_for_ready)
         except grpc.RpcError as rpc_error:
             error, failure = self._error(rpc_error, at.index)
-            if failure is Failure.SLOW and wait_for_ready and not _connected(channel):
-                failure = Failure.GONE  # it ran out of time never having reached the replica
-            raise _Failed(error, failure) from rpc_error
+            raise _Failed(error, _unreached(failure, channel, wait_for_ready)) from rpc_error
+        self._replicas.answered(at)
+        return reply
+
+    async def _beat_attempt(
+        self, request: services.NodeHeartbeat, at: Position, *, deadline: float, wait_for_ready: bool
+    ) -> services.HeartbeatReply:
+        """One heartbeat on replica ``at``'s stream; an older tracker's UNIMPLEMENTED turns this
+        client to unary heartbeats for good (this beat too). A broken stream is a failed beat."""
+        channel = self._channel(at.index)
+        address = self._replicas.addresses[at.index]
+        try:
+            timeout_s = max(deadline - self._clock(), 0.0)
+            reply = await self._beats.beat(
+                channel.channel(), at.index, request, timeout_s, wait_for_ready=wait_for_ready
+            )
+        except grpc.RpcError as rpc_error:
+            if self._maybe_without_streams(rpc_error):
+                # This beat as a unary call; only if that one is answered is the tracker an older one.
+                reply = await self._attempt(
+                    at,
+                    make=services.TrackerStub,
+                    method="Heartbeat",
+                    request=request,
+                    deadline=deadline,
+                    wait_for_ready=wait_for_ready,
+                )
+                logger.info("tracker %s has no heartbeat stream: heartbeating with unary calls", address)
+                self.heartbeat_transport = "unary"
+                return reply
+            error, failure = self._error(rpc_error, at.index)
+            raise _Failed(error, _unreached(failure, channel, wait_for_ready)) from rpc_error
+        except TimeoutError as late:
+            failure = _unreached(Failure.SLOW, channel, wait_for_ready)
+            raise _Failed(DeadlineExceeded(f"tracker {address}: no heartbeat reply in time"), failure) from late
+        except BeatStreamEnded as ended:
+            raise _Failed(Unreachable(f"tracker {address}: {ended}"), Failure.GONE) from ended
         self._replicas.answered(at)
         return reply
 
@@ -412,9 +477,20 @@ class TrackerClient:
         failure = classify(*status_and_code(rpc_error), error)
         return _with_context(error, f"tracker {self._replicas.addresses[index]}: {error.message}"), failure
 
+    def _maybe_without_streams(self, rpc_error: grpc.RpcError) -> bool:
+        """Whether a failed stream says the tracker may not serve ``Beat``: UNIMPLEMENTED, or
+        INTERNAL before any stream of this client was ever answered. grpc's asyncio client reports
+        a write racing the server's end of the stream as INTERNAL, losing the server's status
+        (grpc/grpc#36066): an older tracker's UNIMPLEMENTED arrives so about half of the time."""
+        code = rpc_error.code()
+        return code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.INTERNAL and not self._beats.answered)
 
-def _connected(channel: RenewingChannel) -> bool:
-    return channel.channel().get_state() == grpc.ChannelConnectivity.READY
+
+def _unreached(failure: Failure, channel: RenewingChannel, wait_for_ready: bool) -> Failure:
+    """A retry that ran out of time never having reached its replica found it gone, not slow."""
+    if failure is Failure.SLOW and wait_for_ready and channel.channel().get_state() != grpc.ChannelConnectivity.READY:
+        return Failure.GONE
+    return failure
 
 
 class _Failed(Exception):

@@ -248,14 +248,15 @@ class NodeRegistry:
 
     def heartbeat(self, node_id: NodeId, load: NodeLoad) -> bool:
         """Record a heartbeat; False means the node is unknown (expired or never registered)."""
-        self.sweep()
         entry = self._nodes.get(node_id)
-        if entry is None:
-            return False
-        self._nodes[node_id] = replace(entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0)
-        self._deadlines.heard(node_id, self.hearing.listening_now())
-        self._index.put(self._nodes[node_id])
-        return True
+        if entry is not None:
+            # Heard before the sweep: a heartbeat that arrives late still proves its sender alive,
+            # and must not expire it (it would register again, with every other late one).
+            self._nodes[node_id] = replace(entry, last_seen=self._clock(), load=load, routed_since_heartbeat=0)
+            self._deadlines.heard(node_id, self.hearing.listening_now())
+            self._index.put(self._nodes[node_id])
+        self.sweep()
+        return entry is not None
 
     def holds_session(self, session_id: SessionId) -> bool:
         """Whether ``session_id`` is a live session (``tracker.admission``): it has a sticky route,

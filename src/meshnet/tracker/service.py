@@ -17,10 +17,25 @@ from typing import Any, TypeVar
 
 import grpc
 
-from meshnet.core.errors import MeshnetError, StorageUnavailable, TrackerBusy, Unauthenticated, Uncertified
+from meshnet.core.errors import (
+    MeshnetError,
+    PermissionDenied,
+    StorageUnavailable,
+    TrackerBusy,
+    Unauthenticated,
+    Uncertified,
+)
 from meshnet.core.ids import NodeId
 from meshnet.core.node_record import NodeRecord
-from meshnet.core.tracking import Deregistered, HeartbeatStatus, Quarantined, Registered, RouteQuery, WorkAck
+from meshnet.core.tracking import (
+    Deregistered,
+    HeartbeatStatus,
+    NodeLoad,
+    Quarantined,
+    Registered,
+    RouteQuery,
+    WorkAck,
+)
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.tickets import TicketSigner
@@ -254,9 +269,44 @@ class TrackerServicer(services.TrackerServicer):
     ) -> services.HeartbeatReply:
         node_id, load = wire.heartbeat_from_proto(request)
         self.admit(context, "Heartbeat", node_id)
-        # Never shed: a heartbeat the tracker is too busy to read whole still counts as heard.
-        busy = self.admission.sheds("registration")
-        known = self._registry.heard(node_id) if busy else self._registry.heartbeat(node_id, load)
+        return wire.heartbeat_status_to_proto(await self._beat(node_id, load))
+
+    async def Beat(
+        self, requests: AsyncIterator[services.NodeHeartbeat], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[services.HeartbeatReply]:
+        """Heartbeats on one stream, each answered as ``Heartbeat`` answers it. The certificate is
+        read once, when the first message fixes the stream's node id; revocation is checked on
+        every beat. Idle, the stream is not a call in flight (``admission``): only a beat is."""
+        try:
+            stream: tuple[NodeId, PeerIdentity | None] | None = None
+            async for request in requests:
+                node_id, load = wire.heartbeat_from_proto(request)
+                if stream is None:
+                    stream = (node_id, self.admit(context, "Heartbeat", node_id))
+                self._check_stream_beat(stream, node_id)
+                with self.admission.handling("live"):
+                    status = await self._beat(node_id, load)
+                yield wire.heartbeat_status_to_proto(status)
+        except MeshnetError as error:
+            await abort_with(context, error)
+
+    def _check_stream_beat(self, stream: tuple[NodeId, PeerIdentity | None], node_id: NodeId) -> None:
+        """A stream speaks for the one node its first beat named, while that node is not revoked."""
+        stream_id, peer = stream
+        if node_id != stream_id:
+            raise PermissionDenied(f"a heartbeat stream of node {stream_id} may not beat for node {node_id}")
+        if peer is not None and self._security is not None:
+            enforce(
+                authorize_tracker(
+                    peer, "Heartbeat", subject_node_id=node_id, revoked=self._security.revocations.current()
+                )
+            )
+
+    async def _beat(self, node_id: NodeId, load: NodeLoad) -> HeartbeatStatus:
+        """One heartbeat of an admitted caller, however it came (``Heartbeat`` or ``Beat``)."""
+        # The load report is O(1) to take and its routed count must reset (free sessions would
+        # drift below zero): a busy tracker sheds only the probe list, never the heartbeat.
+        known = self._registry.heartbeat(node_id, load)
         if not known:  # expired, or this tracker restarted: the node registers again at once
             logger.info("heartbeat from node %s, which is not registered", node_id)
         await self.persist_epoch()
@@ -266,7 +316,7 @@ class TrackerServicer(services.TrackerServicer):
             self._registry.heard(node_id)
         probing = known and not self.admission.sheds("probe")
         probe = self._registry.probe_targets(node_id) if probing else ()
-        return wire.heartbeat_status_to_proto(HeartbeatStatus(known, self._registry.epoch, probe))
+        return HeartbeatStatus(known, self._registry.epoch, probe)
 
     async def WatchRevocations(
         self, request: services.WatchRevocationsRequest, context: grpc.aio.ServicerContext

@@ -291,3 +291,19 @@ def test_a_session_whose_node_expired_is_still_a_live_session_for_a_while(
     clock.now += 120.0  # long after: a session nobody came back for is forgotten
     registry.sweep()
     assert not registry.holds_session(session)
+
+
+def test_a_heartbeat_read_after_its_window_keeps_its_sender_rather_than_expiring_it(
+    registry: NodeRegistry, clock: FakeClock
+) -> None:
+    # The beat arrives a moment past the window, before the sweep task's next tick: it is the
+    # proof of life the window waited for. Sweeping before recording it expired its own sender
+    # (known=False, a registration again: a storm when many beats are read late).
+    node = join(registry, "n0", 1)
+    watch(registry, clock, WINDOW - TICK)
+    registry.hearing.expect(clock.now + 2 * TICK)  # the sweep task is not late: no stall
+    clock.now += TICK + 0.25
+    assert registry.heartbeat(node, NodeLoad(free_sessions=1))
+    assert [entry.node_id for entry in registry.entries()] == [node]
+    watch(registry, clock, WINDOW - TICK)  # and its window started again at that beat
+    assert [entry.node_id for entry in registry.entries()] == [node]
