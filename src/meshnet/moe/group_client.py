@@ -189,12 +189,20 @@ class ExpertGroupClient(KeepsNoKv):
         self._loop.close()
 
 
+class _StepCancelled(Unavailable):
+    """A node that ended its step CANCELLED: alive, but stopping, or giving up on a group one of
+    whose nodes died. Named only when no node of the step was unreachable (``_group_error``)."""
+
+
 async def _outcome(call: grpc.aio.UnaryUnaryCall) -> Outcome:
     """A node's reply, or the typed error its call ended with."""
     try:
         return await call
     except grpc.RpcError as error:
-        return error_from_rpc(error)
+        typed = error_from_rpc(error)
+        if type(typed) is Unavailable and error.code() == grpc.StatusCode.CANCELLED:
+            return _StepCancelled(typed.message)
+        return typed
 
 
 async def _close_channels(channels: list[RenewingChannel]) -> None:
@@ -204,6 +212,10 @@ async def _close_channels(channels: list[RenewingChannel]) -> None:
 
 def _group_error(failures: list[tuple[int, MeshnetError]], addresses: list[str]) -> MeshnetError:
     """One error for the caller: the node that could not be reached, else the first node's own."""
-    unreachable = [i for i, error in failures if "lost" not in error.message and isinstance(error, Unavailable)]
+    unreachable = [
+        i
+        for i, error in failures
+        if "lost" not in error.message and isinstance(error, Unavailable) and not isinstance(error, _StepCancelled)
+    ]
     index, error = next(((i, e) for i, e in failures if i in unreachable), failures[0])
     return type(error)(f"expert group node {index} ({addresses[index]}): {error.message}")
