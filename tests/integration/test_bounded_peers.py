@@ -106,6 +106,8 @@ class Squatter:
     node_id: NodeId
     signer: TicketSigner
     held: list[Held] = field(default_factory=list)
+    rounds: int = 0
+    """Trickle rounds done: one frame to every held session each."""
 
     @classmethod
     async def start(cls, swarm: Swarm, name: str, shard: Worker) -> Squatter:
@@ -184,7 +186,28 @@ class Squatter:
                     held.lost = f"[{error.code}] {error.message}"
                     continue
                 held.position += rows
+            self.rounds += 1
             await asyncio.sleep(every_s)
+
+    async def until_lost(self, count: int, within_s: float = 30.0) -> None:
+        """Wait until the trickle has learnt that ``count`` of its sessions were evicted."""
+        deadline = time.monotonic() + within_s
+        while len(self.held) - len(self.alive) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {count} of the squatter's sessions were evicted within {within_s} s")
+            await asyncio.sleep(0.05)
+
+    async def more_rounds(self, count: int, within_s: float = 30.0) -> None:
+        """Wait until the trickle has stepped every held session ``count`` more times.
+
+        An evicted session is learnt only from a later frame on its stream (a ring frame gets no
+        answer: the send after the shard's abort fails), so counting right after the users were
+        served would race the trickle."""
+        target, deadline = self.rounds + count, time.monotonic() + within_s
+        while self.rounds < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the trickle made {self.rounds} of {target} rounds in {within_s} s")
+            await asyncio.sleep(0.05)
 
     @property
     def alive(self) -> list[Held]:
@@ -221,6 +244,8 @@ async def test_one_worker_certificate_filling_the_tail_gives_users_their_slots_b
         async with httpx.AsyncClient() as client:
             answers = [answer(await ask(client, swarm)) for _ in range(2 * SLOTS)]
         print(f"\n{len(answers)} user requests served one after another in {time.monotonic() - asked:.2f} s")
+        await squatter.until_lost(1)
+        await squatter.more_rounds(2)  # and no more than the one: the rest keep their slots
         lost = [held.lost for held in squatter.held if held.lost]
         print(f"squatter refused with: {refusal.message}; {len(squatter.alive)} of its sessions alive after: {lost}")
         assert answers == [expected] * len(answers)
