@@ -42,6 +42,9 @@ class SwarmArguments:
     """host:port of the tracker's join port for the token (default: what the tracker last announced)."""
     tracker: str = "127.0.0.1:7070"
     """The tracker to send the revocation to (revoke only; host:port, or its replicas a:7070,b:7070)."""
+    store: str = ""
+    """The etcd store tracker replicas share (their ``--store etcd://...``): the invite is kept
+    there, so any replica redeems it (invite only; empty: this data dir's book, one tracker)."""
 
     def __post_init__(self) -> None:
         parse_address_list(self.tracker)

@@ -4,7 +4,8 @@ A token is ``meshnet-join:<ca-fingerprint>:<secret>@<host:port>``: the fingerpri
 joiner pin the tracker's CA before it sends anything, the secret is the invite (stored only as
 its SHA-256), the address is the tracker's join port. Uses are counted inside one SQLite
 write transaction, so two joiners racing for the last use cannot both get it, and the count
-survives a tracker restart.
+survives a tracker restart. Tracker replicas sharing an etcd store keep their invites there
+instead (``tracker.etcd.invites``), under the same rules (``new_invite``, ``check_invite``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import secrets
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from meshnet.core.errors import InvalidArgument, PermissionDenied
 from meshnet.security.identity import INVITE_ROLES, Role, check_role
@@ -55,8 +57,33 @@ def parse_token(text: str) -> JoinToken:
     return JoinToken(match.group(1), match.group(2), match.group(3))
 
 
-def _digest(secret: str) -> str:
+def invite_digest(secret: str) -> str:
+    """What is kept of an invite's secret: a stolen book or store holds no usable invite."""
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_invite(role: str, *, expires_at_unix_s: float, max_uses: int) -> tuple[str, Invite]:
+    """A new invite's secret (shown once) and the invite to keep under its digest; InvalidArgument
+    for a role no invite grants or a use count out of range."""
+    checked = check_role(role)
+    if checked not in INVITE_ROLES:
+        raise InvalidArgument(f"an invite grants one of {', '.join(INVITE_ROLES)}, not {role!r}")
+    if not 1 <= max_uses <= MAX_INVITE_USES:
+        raise InvalidArgument(f"uses must be in [1, {MAX_INVITE_USES}], got {max_uses}")
+    return secrets.token_urlsafe(24), Invite(checked, expires_at_unix_s, max_uses, 0)
+
+
+class InviteLedger(Protocol):
+    """Where invites are kept and spent: the swarm book of one tracker, or the etcd store its
+    replicas share (``tracker.etcd.invites``). Blocking calls."""
+
+    def create_invite(self, role: str, *, expires_at_unix_s: float, max_uses: int) -> str:
+        """A new invite's secret (shown once; only its digest is kept)."""
+        ...
+
+    def redeem(self, secret: str, now_unix_s: float) -> Role:
+        """Spend one use of the invite ``secret``: the role it grants, or ``InviteRefused``."""
+        ...
 
 
 class SwarmBook:
@@ -80,15 +107,10 @@ class SwarmBook:
 
     def create_invite(self, role: str, *, expires_at_unix_s: float, max_uses: int) -> str:
         """A new invite's secret (shown once; only its digest is kept)."""
-        checked = check_role(role)
-        if checked not in INVITE_ROLES:
-            raise InvalidArgument(f"an invite grants one of {', '.join(INVITE_ROLES)}, not {role!r}")
-        if not 1 <= max_uses <= MAX_INVITE_USES:
-            raise InvalidArgument(f"uses must be in [1, {MAX_INVITE_USES}], got {max_uses}")
-        secret = secrets.token_urlsafe(24)
+        secret, invite = new_invite(role, expires_at_unix_s=expires_at_unix_s, max_uses=max_uses)
         self._db.execute(
             "INSERT INTO invites (digest, role, expires_at, max_uses) VALUES (?, ?, ?, ?)",
-            (_digest(secret), checked, expires_at_unix_s, max_uses),
+            (invite_digest(secret), invite.role, invite.expires_at_unix_s, invite.max_uses),
         )
         return secret
 
@@ -97,16 +119,16 @@ class SwarmBook:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             row = self._db.execute(
-                "SELECT role, expires_at, max_uses, uses FROM invites WHERE digest = ?", (_digest(secret),)
+                "SELECT role, expires_at, max_uses, uses FROM invites WHERE digest = ?", (invite_digest(secret),)
             ).fetchone()
-            invite = None if row is None else Invite(check_role(row[0]), row[1], row[2], row[3])
-            _check_invite(invite, now_unix_s)
-            self._db.execute("UPDATE invites SET uses = uses + 1 WHERE digest = ?", (_digest(secret),))
+            stored = None if row is None else Invite(check_role(row[0]), row[1], row[2], row[3])
+            invite = check_invite(stored, now_unix_s)
+            self._db.execute("UPDATE invites SET uses = uses + 1 WHERE digest = ?", (invite_digest(secret),))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        return invite.role  # type: ignore[union-attr]  # _check_invite refused None
+        return invite.role
 
     def record_issued(self, node_id: str, role: Role, now_unix_s: float) -> None:
         self._db.execute(
@@ -124,10 +146,12 @@ class SwarmBook:
         return frozenset(row[0] for row in self._db.execute("SELECT node_id FROM revoked"))
 
 
-def _check_invite(invite: Invite | None, now_unix_s: float) -> None:
+def check_invite(invite: Invite | None, now_unix_s: float) -> Invite:
+    """``invite`` if one more use of it may be spent now; else ``InviteRefused`` saying why."""
     if invite is None:
         raise InviteRefused("this invite is unknown to the tracker (forged, or from another swarm)")
     if now_unix_s >= invite.expires_at_unix_s:
         raise InviteRefused("this invite has expired; ask the swarm's owner for a new one")
     if invite.uses >= invite.max_uses:
         raise InviteRefused(f"this invite was already used {invite.uses} of {invite.max_uses} times")
+    return invite

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from meshnet.core.addresses import dialable_address, require_loopback
 from meshnet.core.errors import FailedPrecondition, MeshnetError
 from meshnet.process.ports import PortInUse
+from meshnet.security.invites import InviteLedger
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
@@ -31,7 +32,7 @@ from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.service import StoreRunner, TrackerServicer
 from meshnet.tracker.status_service import SwarmStatusServicer
 from meshnet.tracker.store import TrackerStore
-from meshnet.tracker.stores import describe, open_store, shared_membership
+from meshnet.tracker.stores import describe, open_store, shared_invites, shared_membership
 from meshnet.tracker.swarm_service import (
     SwarmServicer,
     TrackerSecurity,
@@ -159,7 +160,7 @@ async def start_tracker(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        port, join = _listen(server, config, security, registry, feed)
+        port, join = _listen(server, config, security, registry, feed, shared_invites(store))
     except RuntimeError as error:
         runner.close()
         # Not Unavailable ([worker_lost]): nothing was lost, the port is taken.
@@ -216,13 +217,14 @@ def _listen(
     security: TrackerSecurity | None,
     registry: NodeRegistry,
     feed: RevocationFeed,
+    invites: InviteLedger | None,
 ) -> tuple[int, tuple[grpc.aio.Server, int] | None]:
     """Bind the main port (mTLS when secured) and, secured, the join port: (port, join server)."""
     port = bind(server, f"{config.host}:{config.port}", None if security is None else security.link)
     if security is None:
         return port, None
     security.refresh_revocations()
-    swarm = SwarmServicer(security, registry, feed)
+    swarm = SwarmServicer(security, registry, feed, shared_invites=invites)
     services.add_swarm_servicer(swarm, server)
     return port, _join_server(config, security, swarm)
 

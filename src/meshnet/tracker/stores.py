@@ -7,10 +7,12 @@ from __future__ import annotations
 import socket
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.security.invites import InviteLedger
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.counts import SharedCounts
+from meshnet.tracker.etcd.invites import EtcdInvites
 from meshnet.tracker.etcd.membership import SharedMembership
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
@@ -23,6 +25,11 @@ def open_store(config: TrackerConfig) -> TrackerStore:
     if not config.store:
         return SqliteTrackerStore(config.db_path)
     return EtcdTrackerStore(EtcdClient(parse_endpoints(config.store)))
+
+
+def shared_invites(store: TrackerStore) -> InviteLedger | None:
+    """Where replicas redeem join invites: their etcd store; None for the SQLite file (the book)."""
+    return EtcdInvites(store.client) if isinstance(store, EtcdTrackerStore) else None
 
 
 def shared_membership(

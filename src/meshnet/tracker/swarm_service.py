@@ -22,7 +22,7 @@ from meshnet.security.certificates import (
     sign_csr,
 )
 from meshnet.security.identity import PeerIdentity, Role
-from meshnet.security.invites import SwarmBook
+from meshnet.security.invites import InviteLedger, SwarmBook
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
 from meshnet.tracker.admission import Admission
@@ -91,8 +91,11 @@ class SwarmServicer(services.SwarmServicer):
         registry: NodeRegistry,
         revocations: RevocationFeed,
         admission: Admission | None = None,
+        shared_invites: InviteLedger | None = None,
     ) -> None:
         self._security = security
+        self._shared_invites = shared_invites
+        """Replicas' invites (their etcd store): redeemed there, not in this copy's book."""
         # Joins and renewals sign certificates (CPU): shed like registrations while behind.
         self.admission = admission or registry.admission
         self._registry = registry
@@ -106,8 +109,12 @@ class SwarmServicer(services.SwarmServicer):
     ) -> services.SwarmCertificateReply:
         secret, csr_pem = wire.join_from_proto(request)
         now = self._security.link.clock()
-        async with self._lock:
-            role = self._security.book.redeem(secret, now)
+        if self._shared_invites is not None:
+            # Network round trips, off the loop; single use across replicas is etcd's transaction.
+            role = await asyncio.to_thread(self._shared_invites.redeem, secret, now)
+        else:
+            async with self._lock:
+                role = self._security.book.redeem(secret, now)
         node_id = new_node_id(role)
         issued = self._issue(csr_pem, node_id, role, now)
         logger.info("node %s joined the swarm as %s", node_id, role)

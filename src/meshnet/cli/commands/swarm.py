@@ -8,9 +8,10 @@ running tracker, with an admin certificate minted here from the local CA.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from meshnet.core.addresses import check_advertise_address
@@ -19,8 +20,10 @@ from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
 from meshnet.membership.join import resolve_security
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import ca_fingerprint
-from meshnet.security.invites import JoinToken, SwarmBook
+from meshnet.security.invites import InviteLedger, JoinToken, SwarmBook
 from meshnet.security.swarm_dir import book_path, init_swarm, load_authority, mint_identity, swarm_dir
+from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
+from meshnet.tracker.etcd.invites import EtcdInvites
 from meshnet.tracker.swarm_service import read_join_address
 from meshnet.wire.tls import LinkSecurity
 
@@ -59,12 +62,27 @@ def create_invite(arguments: SwarmArguments, data_dir: Path) -> JoinToken:
     # A joiner dials this: a wildcard (a tracker on 0.0.0.0 before it announced) would send it home.
     check_advertise_address(join_address, flag="--join-address")
     expires_at = time.time() + parse_duration(arguments.expires)
+    with _invite_ledger(arguments.store, data_dir) as ledger:
+        secret = ledger.create_invite(arguments.role, expires_at_unix_s=expires_at, max_uses=arguments.uses)
+    return JoinToken(ca_fingerprint(authority.cert_pem), secret, join_address)
+
+
+@contextlib.contextmanager
+def _invite_ledger(store: str, data_dir: Path) -> Iterator[InviteLedger]:
+    """The replicas' etcd store when ``--store`` names it (every replica redeems from there), else
+    the book of this data dir (the one tracker that runs on it)."""
+    if store:
+        client = EtcdClient(parse_endpoints(store))
+        try:
+            yield EtcdInvites(client)
+        finally:
+            client.close()
+        return
     book = SwarmBook(book_path(data_dir))
     try:
-        secret = book.create_invite(arguments.role, expires_at_unix_s=expires_at, max_uses=arguments.uses)
+        yield book
     finally:
         book.close()
-    return JoinToken(ca_fingerprint(authority.cert_pem), secret, join_address)
 
 
 def admin_security(data_dir: Path) -> LinkSecurity:
