@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etcd_harness import needs_etcd
@@ -150,3 +151,39 @@ def test_a_request_etcd_refuses_is_a_permanent_error_not_an_unavailable_store(tm
         assert not refused.value.retryable
         with pytest.raises(EtcdRefused, match="lease not found"):
             client.put("k", b"v", lease=12345)
+
+
+class RangeCounting(EtcdClient):
+    """A real client that remembers the limit of every range read (0: none, the whole range)."""
+
+    def __init__(self, cluster: EtcdCluster) -> None:
+        super().__init__(parse_endpoints(cluster.store))
+        self.limits: list[int] = []
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path == "/v3/kv/range":
+            self.limits.append(int(body.get("limit", 0)))
+        return super()._post(path, body)
+
+
+def test_work_records_are_listed_page_by_page_in_the_order_they_were_stored(cluster: EtcdCluster) -> None:
+    # Ids whose key order is not their order of arrival: pages come in key order.
+    ids = ["req-m", "req-c", "req-x", "req-a", "req-q", "req-b", "req-z"]
+    writer = replica(cluster)
+    for index, request_id in enumerate(ids):
+        writer.record_work(work_record(request_id), recorded_at=float(index))
+    client = RangeCounting(cluster)
+    assert [record.request_id for record in EtcdTrackerStore(client, work_page=2).list_work()] == ids
+    assert client.limits == [2, 2, 2, 2]  # never one read of every record
+
+
+def test_a_listing_is_one_snapshot_though_records_arrive_between_its_pages(cluster: EtcdCluster) -> None:
+    writer = replica(cluster)
+    for request_id in ("req-1", "req-2", "req-3"):
+        writer.record_work(work_record(request_id), recorded_at=1.0)
+    pages = EtcdClient(parse_endpoints(cluster.store)).get_prefix_pages(WORK_PREFIX, 2)
+    first = next(pages)
+    writer.record_work(work_record("req-0"), recorded_at=2.0)  # sorts before the next page's start
+    writer.record_work(work_record("req-4"), recorded_at=2.0)  # after it: not in the snapshot either
+    rest = [kv for page in pages for kv in page]
+    assert [kv.key.removeprefix(WORK_PREFIX) for kv in [*first, *rest]] == ["req-1", "req-2", "req-3"]

@@ -17,7 +17,7 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +194,24 @@ class EtcdClient:
         if after_revision:
             body["min_mod_revision"] = str(after_revision + 1)
         return _kvs(self._post("/v3/kv/range", body))
+
+    def get_prefix_pages(self, prefix: str, page_size: int) -> Iterator[list[KeyValue]]:
+        """Every key starting with ``prefix``, in key order, ``page_size`` at a time: no one reply
+        holds them all (etcd builds each reply in memory, and the JSON gateway's is base64 on top).
+        Every page is read at the first page's revision, so together they are one snapshot (a
+        listing that outlives the replicas' compaction, a minute or more, fails as refused)."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _prefix_end(prefix), "limit": str(page_size)}
+        while True:
+            reply = self._post("/v3/kv/range", body)
+            raw = reply.get("kvs", [])
+            found = _kvs(reply)
+            if found:
+                yield found
+            if not reply.get("more", False) or not raw:
+                return
+            # After the last key etcd returned (even one ``_kvs`` skipped): the next page starts there.
+            body["key"] = _b64(base64.b64decode(raw[-1]["key"]) + b"\0")
+            body.setdefault("revision", str(reply["header"]["revision"]))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> int:
         """Write ``key``; the revision it was written at."""
