@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from meshnet.tracker.etcd.store import EPOCH_KEY, EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.stores import replica_id
-from meshnet.tracker.swarm_service import load_tracker_security
+from meshnet.tracker.swarm_service import TrackerSecurity, load_tracker_security
 
 pytestmark = needs_etcd
 
@@ -371,3 +372,35 @@ def test_counts_are_published_under_a_new_lease_when_theirs_is_gone(cluster: Etc
     httpx.post(cluster.members[0].client_url + "/v3/lease/revoke", json={"ID": str(mine._lease)})
     mine.publish(NODE, sessions)  # raises nothing
     assert other.others_since_last()[0] == [(NODE, sessions)]
+
+
+class LoopCheckedFeed(RevocationFeed):
+    """A real feed that remembers the thread each change came from: the registry, the book and
+    the watchers' asyncio.Event belong to the event loop's thread."""
+
+    def __init__(self, security: TrackerSecurity) -> None:
+        super().__init__(security.link.revocations)
+        self.threads: list[int] = []
+
+    def changed(self) -> None:
+        self.threads.append(threading.get_ident())
+        super().changed()
+
+
+async def test_revocations_from_other_replicas_are_applied_on_the_event_loop(
+    cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    load_tracker_security(tmp_path / "a", time.time())
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    clock = Clock()
+    a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
+    security_a, security_b = (load_tracker_security(tmp_path / name, time.time()) for name in ("a", "b"))
+    feed = LoopCheckedFeed(security_b)
+    a.revocations, b.revocations = (security_a, RevocationFeed(security_a.link.revocations)), (security_b, feed)
+    watch = feed.updates()
+    assert await anext(watch) == frozenset()
+    security_a.book.revoke("stolen-laptop", time.time())
+    await a.exchange()
+    await b.exchange()
+    assert feed.threads == [threading.get_ident()]  # this test's loop, not the exchange's I/O thread
+    assert await asyncio.wait_for(anext(watch), timeout=10) == frozenset({"stolen-laptop"})
