@@ -3,6 +3,10 @@
 Each member is an ``etcd`` process (Debian's ``etcd-server``, installed by ``make etcd``) with
 its own data dir; tests kill members with SIGKILL to show what one dead member costs. A real
 deployment runs its members on separate machines (README: "Tracker replicas").
+
+Members start through the one launcher (``process.launcher.ChildProcess``) under a tether
+(``process.tether``: etcd cannot watch a lifeline itself), so they die with the process that
+started them however it dies: a test run killed mid-way leaves no etcd holding ports and disk.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import contextlib
 import shutil
 import signal
 import socket
-import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from meshnet.core.errors import FailedPrecondition, Unavailable
+from meshnet.process.launcher import ChildProcess, LaunchSpec
 
 ETCD = shutil.which("etcd")
 
@@ -35,17 +40,22 @@ class EtcdMember:
     name: str
     client_port: int
     peer_port: int
-    process: subprocess.Popen[bytes] | None = None
+    child: ChildProcess | None = None
+    """The tether running this member (``process.tether``), in a process group with it."""
 
     @property
     def client_url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
+    @property
+    def exited(self) -> bool:
+        return self.child is not None and not self.child.alive
+
     def kill(self) -> None:
         """SIGKILL: no goodbye to the cluster, as a crashed machine."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.child is not None:
+            self.child.signal_group(signal.SIGKILL)  # etcd and its tether at once
+            self.child.stop()  # reaps the tether, cuts the lifeline
 
 
 @dataclass
@@ -61,10 +71,9 @@ class EtcdCluster:
 def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
     if ETCD is None:
         raise FailedPrecondition("etcd is not installed: make etcd (Debian's etcd-server)")
-    with log.open("ab") as output:  # the child holds its own copy: ours is closed at once
-        member.process = subprocess.Popen(
-            _command(ETCD, member, cluster, data_dir), stdout=output, stderr=subprocess.STDOUT
-        )
+    command = (sys.executable, "-m", "meshnet.process.tether", *_command(ETCD, member, cluster, data_dir))
+    # No ready line: etcd logs to stderr (the log) and _wait_ready asks it instead.
+    member.child = ChildProcess(LaunchSpec(f"etcd {member.name}", command, log, ready_prefix=""), append_log=True)
 
 
 def _command(etcd: str, member: EtcdMember, cluster: str, data_dir: Path) -> list[str]:
@@ -93,7 +102,7 @@ def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     pending = set(range(len(cluster.members)))
     while pending and time.monotonic() < deadline:
-        exited = [member.name for member in cluster.members if member.process and member.process.poll() is not None]
+        exited = [member.name for member in cluster.members if member.exited]
         if exited:  # most often a port another process took between free_port() and etcd's bind
             raise Unavailable(f"etcd members {exited} exited while starting (their logs say why)")
         for index in list(pending):
