@@ -27,6 +27,8 @@ from meshnet.core.errors import FailedPrecondition, Unavailable
 from meshnet.process.launcher import ChildProcess, LaunchSpec
 
 ETCD = shutil.which("etcd")
+PROGRESS_NOTIFY_S = 5.0
+"""Under the tracker's watch idle timeout (``tracker.etcd.client.WATCH_IDLE_S``, 10 s)."""
 
 
 def free_port() -> int:
@@ -61,6 +63,8 @@ class EtcdMember:
 @dataclass
 class EtcdCluster:
     members: list[EtcdMember]
+    progress_notify_s: float = PROGRESS_NOTIFY_S
+    """How often a member tells a quiet watch it is alive (etcd's default: 10 min)."""
 
     @property
     def store(self) -> str:
@@ -68,7 +72,7 @@ class EtcdCluster:
         return "etcd://" + ",".join(f"127.0.0.1:{member.client_port}" for member in self.members)
 
 
-def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
+def _start(member: EtcdMember, cluster: EtcdCluster, data_dir: Path, log: Path) -> None:
     if ETCD is None:
         raise FailedPrecondition("etcd is not installed: make etcd (Debian's etcd-server)")
     command = (sys.executable, "-m", "meshnet.process.tether", *_command(ETCD, member, cluster, data_dir))
@@ -76,7 +80,8 @@ def _start(member: EtcdMember, cluster: str, data_dir: Path, log: Path) -> None:
     member.child = ChildProcess(LaunchSpec(f"etcd {member.name}", command, log, ready_prefix=""), append_log=True)
 
 
-def _command(etcd: str, member: EtcdMember, cluster: str, data_dir: Path) -> list[str]:
+def _command(etcd: str, member: EtcdMember, cluster: EtcdCluster, data_dir: Path) -> list[str]:
+    peers = ",".join(f"{each.name}=http://127.0.0.1:{each.peer_port}" for each in cluster.members)
     return [
         etcd,
         f"--name={member.name}",
@@ -85,7 +90,7 @@ def _command(etcd: str, member: EtcdMember, cluster: str, data_dir: Path) -> lis
         f"--advertise-client-urls={member.client_url}",
         f"--listen-peer-urls=http://127.0.0.1:{member.peer_port}",
         f"--initial-advertise-peer-urls=http://127.0.0.1:{member.peer_port}",
-        f"--initial-cluster={cluster}",
+        f"--initial-cluster={peers}",
         "--initial-cluster-state=new",
         "--initial-cluster-token=meshnet-test",
         # Short elections keep a killed leader's replacement quick on a loaded test machine.
@@ -95,6 +100,9 @@ def _command(etcd: str, member: EtcdMember, cluster: str, data_dir: Path) -> lis
         # own periodic compaction is the safety net a deployment should keep too (README).
         "--auto-compaction-mode=periodic",
         "--auto-compaction-retention=5m",
+        # A quiet watch (the replicas' epoch) hears from its member within the client's idle
+        # read timeout, so it is known alive, not reopened (tracker.etcd.client.WATCH_IDLE_S).
+        f"--experimental-watch-progress-notify-interval={cluster.progress_notify_s:g}s",
     ]
 
 
@@ -123,11 +131,12 @@ START_ATTEMPTS = 3
 
 
 @contextlib.contextmanager
-def etcd_cluster(tmp_path: Path, size: int = 3) -> Iterator[EtcdCluster]:
+def etcd_cluster(tmp_path: Path, size: int = 3, progress_notify_s: float = PROGRESS_NOTIFY_S) -> Iterator[EtcdCluster]:
     """``size`` members under ``tmp_path``, ready (a leader elected); all killed on exit."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, START_ATTEMPTS + 1):
-        cluster = EtcdCluster([EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)])
+        members = [EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)]
+        cluster = EtcdCluster(members, progress_notify_s)
         try:
             _start_all(cluster, tmp_path / f"etcd-{attempt}", tmp_path)
             break
@@ -142,9 +151,8 @@ def etcd_cluster(tmp_path: Path, size: int = 3) -> Iterator[EtcdCluster]:
 
 
 def _start_all(cluster: EtcdCluster, data_dir: Path, log_dir: Path) -> None:
-    peers = ",".join(f"{member.name}=http://127.0.0.1:{member.peer_port}" for member in cluster.members)
     for member in cluster.members:
-        _start(member, peers, data_dir, log_dir / f"etcd-{member.name}.log")
+        _start(member, cluster, data_dir, log_dir / f"etcd-{member.name}.log")
     _wait_ready(cluster)
 
 

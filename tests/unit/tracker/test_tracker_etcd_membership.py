@@ -156,6 +156,28 @@ async def test_a_replica_follows_an_epoch_raised_elsewhere_without_waiting_for_a
             await running
 
 
+def test_a_quiet_epoch_watch_hears_progress_from_its_member(tmp_path: Path) -> None:
+    """No epoch is written, yet the member says the watch is alive and current through a newer
+    revision: a live quiet stream is told from a dead one without waiting out its idle timeout."""
+    with etcd_cluster(tmp_path, size=1, progress_notify_s=0.5) as quiet:
+        client = EtcdClient(parse_endpoints(quiet.store))
+        values: list[bytes] = []
+        progress: list[int] = []
+        opened, stopped = threading.Event(), threading.Event()
+        arguments = (EPOCH_KEY, values.append, stopped, opened, progress.append)
+        threading.Thread(target=client.follow, args=arguments, daemon=True).start()
+        try:
+            assert opened.wait(30)
+            revision = client.put(NODES_PREFIX + "elsewhere", b"x")  # another key: no event here
+            deadline = time.monotonic() + 30
+            while not (progress and progress[-1] >= revision) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert progress and progress[-1] >= revision
+            assert values == []
+        finally:
+            stopped.set()
+
+
 def test_a_revocation_at_one_replica_reaches_the_book_of_another(cluster: EtcdCluster, tmp_path: Path) -> None:
     # Two machines' copies of one swarm dir: the same CA, books that start equal.
     load_tracker_security(tmp_path / "a", time.time())

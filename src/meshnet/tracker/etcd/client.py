@@ -29,7 +29,11 @@ logger = logging.getLogger(__name__)
 
 WATCH_IDLE_S = 10.0
 """A watch stream quiet this long is reopened (on the next member when its member went away
-without closing the connection, as a machine that lost power does)."""
+without closing the connection, as a machine that lost power does). Watches ask for progress
+notifications, which a member sends on a quiet stream every
+``--experimental-watch-progress-notify-interval``: run members with less than this (5 s, as
+``deploy.etcd_cluster`` does) and a live quiet stream is never taken for a dead one. At etcd's
+default (10 min) a quiet stream is reopened every ``WATCH_IDLE_S``, which costs a reconnect."""
 REQUEST_TIMEOUT_S = 3.0
 """Longer than an election (etcd's default election timeout is 1 s) so a write arriving while a
 new leader is elected waits for it instead of failing over to members that also wait."""
@@ -277,13 +281,16 @@ class EtcdClient:
         on_value: Callable[[bytes], None],
         stopped: threading.Event,
         opened: threading.Event | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> None:
         """Blocking (a thread of its own): call ``on_value`` with each value ``key`` is given, as
         etcd's watch stream reports it, until ``stopped``; reopened on another member when one
         fails. Values written while no stream was open are missed: a caller that must not miss
-        one also reads the key from time to time. ``opened`` is set once etcd confirms a stream."""
+        one also reads the key from time to time. ``opened`` is set once etcd confirms a stream;
+        ``on_progress`` gets the revision of each progress notification (the stream is alive and
+        has delivered every change up to it: ``WATCH_IDLE_S``)."""
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=WATCH_IDLE_S)
-        body = {"create_request": {"key": _b64(key)}}
+        body = {"create_request": {"key": _b64(key), "progress_notify": True}}
         with httpx.Client(timeout=timeout) as http:
             while not stopped.is_set():
                 for endpoint in self._endpoints:
@@ -295,8 +302,11 @@ class EtcdClient:
                                 result = json.loads(line).get("result", {})
                                 if opened is not None and result.get("created"):
                                     opened.set()
-                                for event in result.get("events", []):
+                                events = result.get("events", [])
+                                for event in events:
                                     on_value(base64.b64decode(event["kv"].get("value", "")))
+                                if on_progress is not None and not events and not result.get("created"):
+                                    on_progress(int(result.get("header", {}).get("revision", 0)))
                     except (httpx.HTTPError, ValueError, KeyError) as error:
                         logger.debug("etcd watch of %s on %s ended: %s", key, endpoint, error)
                     if stopped.is_set():
