@@ -22,7 +22,7 @@ import json
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,14 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.sampling_options import TokenLogprobs
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.core.tracking import ModelSummary
-from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
+from meshnet.deploy.launch.commands import (
+    INSECURE,
+    TRACKER_ENVIRONMENT,
+    gateway_command,
+    minted_identity,
+    tracker_command,
+    worker_command,
+)
 from meshnet.deploy.launch.ready_lines import GatewayLine, ReadyAnnouncement, TrackerLine, WorkerLine
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
@@ -87,9 +94,15 @@ class Component(ChildProcess):
         return super().stop(grace_s)
 
 
-def start_component(name: str, command: Sequence[str], log_path: Path, line: type[ReadyAnnouncement]) -> Component:
+def start_component(
+    name: str,
+    command: Sequence[str],
+    log_path: Path,
+    line: type[ReadyAnnouncement],
+    environment: Mapping[str, str] | None = None,
+) -> Component:
     """Start ``command``; it is ready once it prints ``line`` (read it with ``line.read``)."""
-    return Component(LaunchSpec(name, tuple(command), log_path, line.PREFIX))
+    return Component(LaunchSpec(name, tuple(command), log_path, line.PREFIX, dict(environment or {})))
 
 
 @dataclass
@@ -164,7 +177,8 @@ class Swarm:
             "insecure": not self.secure,
         }
         config = TrackerConfig(port=port, db_path=self.db_path, **{**own, **fields})
-        component = start_component("tracker", tracker_command(config, self.root), self._log("tracker"), TrackerLine)
+        command = tracker_command(config, self.root)
+        component = start_component("tracker", command, self._log("tracker"), TrackerLine, TRACKER_ENVIRONMENT)
         self.tracker = component
         self.tracker_address = TrackerLine.read(component.await_ready(time.monotonic() + START_TIMEOUT_S)).address
         return self.tracker_address

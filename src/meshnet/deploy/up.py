@@ -30,7 +30,14 @@ from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.limits import up_context
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.config import LocalSwarmConfig
-from meshnet.deploy.launch.commands import INSECURE, gateway_command, minted_identity, tracker_command, worker_command
+from meshnet.deploy.launch.commands import (
+    INSECURE,
+    TRACKER_ENVIRONMENT,
+    gateway_command,
+    minted_identity,
+    tracker_command,
+    worker_command,
+)
 from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine, UpLine, WorkerLine
 from meshnet.deploy.up_moe import describe_node, run_demo, start_expert_group
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
@@ -77,7 +84,8 @@ def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
 
     def spec(tracker: TrackerConfig) -> LaunchSpec:
         command = tracker_command(tracker, config.data_dir)
-        return LaunchSpec("tracker", command, logs / "tracker.log", TrackerLine.PREFIX, _child_env())
+        environment = {**_child_env(), **TRACKER_ENVIRONMENT}
+        return LaunchSpec("tracker", command, logs / "tracker.log", TrackerLine.PREFIX, environment)
 
     def pin(_: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
         # Restart on the port the first start bound: workers and clients know that address.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,7 +165,13 @@ class Lab:
     # -- components ---------------------------------------------------------------------------
 
     def start(
-        self, node: LabNode, name: str, argv: Sequence[str], ready_prefix: str, role: str = "worker"
+        self,
+        node: LabNode,
+        name: str,
+        argv: Sequence[str],
+        ready_prefix: str,
+        role: str = "worker",
+        environment: Mapping[str, str] | None = None,
     ) -> ChildProcess:
         """Start ``argv`` inside the node (its namespace and cgroups) and wait for its ready line.
 
@@ -174,7 +180,8 @@ class Lab:
         if self.plan is None:
             raise Unavailable("the lab's network is not built")
         command = tuple(_enter_node(self.plan, node, self.groups[node.index, role], argv))
-        child = ChildProcess(LaunchSpec(name, command, self.logs / f"{name}.log", ready_prefix))
+        spec = LaunchSpec(name, command, self.logs / f"{name}.log", ready_prefix, dict(environment or {}))
+        child = ChildProcess(spec)
         self.components.append(child)
         child.await_ready(time.monotonic() + READY_TIMEOUT_S)
         return child

@@ -35,6 +35,7 @@ from meshnet.deploy.lab.lab import (
 )
 from meshnet.deploy.lab.plan import LabNode
 from meshnet.deploy.launch.commands import (
+    TRACKER_ENVIRONMENT,
     gateway_command,
     minted_identity,
     relay_command,
@@ -119,7 +120,8 @@ def start_tracker(lab: Lab) -> str:
         raise Unavailable("the lab's network is not built")
     head = lab.plan.nodes[0]
     config = TrackerConfig(host=head.address, port=TRACKER_PORT, heartbeat_interval_s=1.0)
-    lab.start(head, "tracker", tracker_command(config, lab.node_data_dir(head)), TrackerLine.PREFIX, role="control")
+    command = tracker_command(config, lab.node_data_dir(head))
+    lab.start(head, "tracker", command, TrackerLine.PREFIX, role="control", environment=TRACKER_ENVIRONMENT)
     return f"{head.address}:{TRACKER_PORT}"
 
 

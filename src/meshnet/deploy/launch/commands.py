@@ -29,6 +29,13 @@ if TYPE_CHECKING:  # only their fields are read: starting a launcher loads none 
     from meshnet.security.identity import Role
     from meshnet.tracker.config import TrackerConfig
 
+TRACKER_ENVIRONMENT = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+"""What every launcher adds to a tracker's environment. The tracker imports numpy (``core.prefix``
+through ``core.tracking``, ``tracker.speeds``, and the CLI's parser) but never calls BLAS, and
+importing numpy starts an OpenBLAS pool of one thread per core (measured: a second thread on a
+2-core machine, none with these set). Not importing numpy there would mean moving ``core``'s
+prefix hashing out of the types the tracker shares with the workers."""
+
 INSECURE = SecurityOptions(insecure=True)
 """Plaintext, unauthenticated gRPC: loopback development and tests that are not about security."""
 
