@@ -29,6 +29,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from meshnet.bench.gemma3 import gemma3_config
 
         config = gemma3_config(config, args.data_dir)
+    if given.get("synthetic_3b"):
+        from meshnet.bench.synthetic_3b import synthetic_3b_config
+
+        config = synthetic_3b_config(config, args.data_dir)
     outputs = config_from_arguments(BenchOutputs, args)
     return bench_command(
         replace(config, **given),
