@@ -38,7 +38,8 @@ import numpy as np
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.publish import MANIFEST_NAME, PublishOptions, publish
-from meshnet.artifact.synthetic import llama3_8b_shaped_spec, write_synthetic_model
+from meshnet.artifact.synthetic import write_synthetic_model
+from meshnet.artifact.synthetic_models import llama3_8b_shaped_spec
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.deploy.lab.lab import Lab, LabConfig

@@ -30,13 +30,8 @@ import numpy as np
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
-from meshnet.artifact.synthetic import (
-    FAMILIES,
-    SyntheticSpec,
-    llama3_8b_shaped_spec,
-    tinyllama_shaped_spec,
-    write_synthetic_model,
-)
+from meshnet.artifact.synthetic import FAMILIES, SyntheticSpec, write_synthetic_model
+from meshnet.artifact.synthetic_models import llama3_8b_shaped_spec, tinyllama_shaped_spec
 from meshnet.core.devices import CPU, DeviceInfo, DeviceRequest
 from meshnet.core.generation import GenerationRequest
 from meshnet.engine.certification import certify_llama_engine

@@ -47,7 +47,7 @@ timeout ${CHECK_S:-300} python3 scripts/device_check.py --device $D --out $OUT/d
 log "check rc=$?"; grep -Ev "$F" $OUT/check.log | tail -30
 python3 -c "
 from pathlib import Path
-from meshnet.artifact.synthetic import tinyllama_shaped_spec, write_synthetic_model
+from meshnet.artifact.synthetic import write_synthetic_model; from meshnet.artifact.synthetic_models import tinyllama_shaped_spec
 write_synthetic_model(Path('/tmp/m1b.gguf'), tinyllama_shaped_spec())"
 P="Write a haiku about machines that share their work."
 timeout 60 python3 -m meshnet --data-dir /tmp/d generate --model /tmp/m1b.gguf --shards 1 --device $D --max-tokens 24 "$P" > $OUT/e2e.log 2>&1

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from meshnet.artifact.hashing import file_sha256
+from meshnet.artifact.synthetic_models import SYNTHETIC_MODELS
 from meshnet.core.errors import ArtifactError, InvalidArgument, Unavailable
 
 
@@ -72,7 +73,8 @@ Progress = Callable[[str, int, int], None]
 def model_package(name: str) -> ModelPackage:
     package = MODELS.get(name)
     if package is None:
-        raise InvalidArgument(f"unknown model {name!r}; provisionable: {', '.join(sorted(MODELS))}")
+        names = ", ".join(sorted([*MODELS, *SYNTHETIC_MODELS]))
+        raise InvalidArgument(f"unknown model {name!r}; provisionable: {names}")
     return package
 
 

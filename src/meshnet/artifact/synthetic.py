@@ -13,6 +13,7 @@ Weights are drawn from a seeded generator, so a given spec always writes the sam
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,35 @@ TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1+'s long-context rope scaling, which a GGUF stores as a ``rope_freqs.weight``
+    tensor of per-frequency divisors (``convert_hf_to_gguf``'s formula, Meta's config values)."""
+
+    factor: float = 32.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+    def frequency_factors(self, head_dim: int, base: float) -> np.ndarray:
+        """One divisor per rotated pair: 1 for short wavelengths, ``factor`` for long, smooth between."""
+        low_wavelength = self.original_context / self.low_freq_factor
+        high_wavelength = self.original_context / self.high_freq_factor
+        factors = []
+        for pair in range(head_dim // 2):
+            wavelength = 2 * math.pi * base ** (2 * pair / head_dim)
+            if wavelength < high_wavelength:
+                factors.append(1.0)
+            elif wavelength > low_wavelength:
+                factors.append(self.factor)
+            else:
+                smooth = (self.original_context / wavelength - self.low_freq_factor) / (
+                    self.high_freq_factor - self.low_freq_factor
+                )
+                factors.append(1 / ((1 - smooth) / self.factor + smooth))
+        return np.asarray(factors, np.float32)
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,16 @@ class SyntheticSpec:
     """The untied LM head's type; None uses ``weight_type``."""
     random_blocks: bool = False
     """Write Q4_0/Q8_0 tensors as random blocks too (no quantization pass): fast at full size."""
+    weight_scale: float = 0.08
+    """Spread of the block matrices' weights. Full-width models want about 2/sqrt(n_embd): a
+    projection of a normalized state then spreads by about two. Much more saturates attention;
+    1/sqrt(n_embd) mixes so softly that greedy decoding settles on one token."""
+    embedding_scale: float = 0.5
+    """Spread of the token table. A tied table that is large against what the blocks add makes
+    the LM head find the input token in the residual stream: greedy decoding then repeats it."""
+    rope_freq_base: float = 10000.0
+    rope_scaling: Llama3RopeScaling | None = None
+    """Llama 3 rope scaling, written as the ``rope_freqs.weight`` tensor every layer reads."""
 
     @property
     def n_embd_head(self) -> int:
@@ -141,7 +181,7 @@ def _write_hyperparameters(writer: GGUFWriter, spec: SyntheticSpec) -> None:
         writer.add_head_count(spec.n_head)
         writer.add_head_count_kv(spec.n_head_kv)
     writer.add_rope_dimension_count(spec.n_embd_head)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(spec.rope_freq_base)
     writer.add_layer_norm_rms_eps(1e-5)
     if spec.head_dim is not None:
         writer.add_key_length(spec.head_dim)
@@ -211,13 +251,14 @@ def _plan_tensors(spec: SyntheticSpec, n_vocab: int) -> list[_Tensor]:
     rng = np.random.default_rng(spec.seed)
     planned: list[_Tensor] = []
 
-    def add(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType | None = None, scale: float = 0.08) -> None:
-        # shape is numpy order: (rows, row_length)
+    def add(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType | None = None, scale: float = 0.0) -> None:
+        # shape is numpy order: (rows, row_length); scale 0 means the spec's weight_scale
+        spread = scale or spec.weight_scale
         wanted = spec.weight_type if qtype is None else qtype
         stored, dtype, used = payload_layout(shape, wanted)
         raw = None if used == GGMLQuantizationType.F32 else used
         planned.append(
-            _Tensor(name, stored, dtype, raw, lambda: random_payload(rng, shape, wanted, scale, spec.random_blocks)[0])
+            _Tensor(name, stored, dtype, raw, lambda: random_payload(rng, shape, wanted, spread, spec.random_blocks)[0])
         )
 
     def add_norm(name: str, width: int | None = None) -> None:
@@ -232,7 +273,10 @@ def _plan_tensors(spec: SyntheticSpec, n_vocab: int) -> list[_Tensor]:
             )
         )
 
-    add("token_embd.weight", (n_vocab, spec.n_embd), spec.embedding_type, scale=0.5)
+    add("token_embd.weight", (n_vocab, spec.n_embd), spec.embedding_type, scale=spec.embedding_scale)
+    if spec.rope_scaling is not None:
+        factors = spec.rope_scaling.frequency_factors(spec.n_embd_head, spec.rope_freq_base)
+        planned.append(_Tensor("rope_freqs.weight", factors.shape, factors.dtype, None, lambda: factors))
     for layer in range(spec.n_layers):
         prefix = f"blk.{layer}."
         add_norm(prefix + "attn_norm.weight")
@@ -249,15 +293,41 @@ def _plan_tensors(spec: SyntheticSpec, n_vocab: int) -> list[_Tensor]:
     return planned
 
 
-def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
-    """Write a model to ``path`` (atomically, streaming one tensor at a time) and return the path."""
+@dataclass(frozen=True)
+class TensorLayout:
+    """A tensor as a spec writes it, known before (and without) drawing its bytes."""
+
+    name: str
+    ggml_type: GGMLQuantizationType
+    stored_shape: tuple[int, ...]
+    """numpy order of the payload (quantized: rows of block bytes)."""
+    n_bytes: int
+
+
+def _prepare(spec: SyntheticSpec) -> tuple[GGUFWriter, list[_Tensor]]:
+    """The writer with every key and tensor announced, and the tensors still to draw."""
     writer = GGUFWriter(path=None, arch=spec.architecture)
     _write_hyperparameters(writer, spec)
-    n_vocab = _write_vocabulary(writer, spec)
-    tensors = _plan_tensors(spec, n_vocab)
+    tensors = _plan_tensors(spec, _write_vocabulary(writer, spec))
     for tensor in tensors:
-        nbytes = int(np.prod(tensor.shape)) * tensor.dtype.itemsize
-        writer.add_tensor_info(tensor.name, tensor.shape, tensor.dtype, nbytes, raw_dtype=tensor.raw_type)
+        writer.add_tensor_info(tensor.name, tensor.shape, tensor.dtype, _n_bytes(tensor), raw_dtype=tensor.raw_type)
+    return writer, tensors
+
+
+def _n_bytes(tensor: _Tensor) -> int:
+    return int(np.prod(tensor.shape)) * tensor.dtype.itemsize
+
+
+def synthetic_layout(spec: SyntheticSpec) -> list[TensorLayout]:
+    """Every tensor ``spec`` writes, in file order, without drawing a weight: a full-size spec's
+    shapes and size can be checked without writing gigabytes."""
+    _, tensors = _prepare(spec)
+    return [TensorLayout(t.name, t.raw_type or GGMLQuantizationType.F32, t.shape, _n_bytes(t)) for t in tensors]
+
+
+def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> Path:
+    """Write a model to ``path`` (atomically, streaming one tensor at a time) and return the path."""
+    writer, tensors = _prepare(spec)
     path = Path(path)
     partial = partial_path(path)
     try:
@@ -271,40 +341,3 @@ def write_synthetic_model(path: Path, spec: SyntheticSpec = SyntheticSpec()) -> 
     finally:
         partial.unlink(missing_ok=True)
     return path
-
-
-def tinyllama_shaped_spec() -> SyntheticSpec:
-    """TinyLlama-1.1B's shape (22 layers, n_embd 2048, 32/4 heads, n_ff 5632) with Q4_0 blocks and
-    a Q8_0 token table: the bench's synthetic-1b model (its small vocabulary aside)."""
-    return SyntheticSpec(
-        n_layers=22,
-        n_embd=2048,
-        n_head=32,
-        n_head_kv=4,
-        n_ff=5632,
-        weight_type=GGMLQuantizationType.Q4_0,
-        embedding_type=GGMLQuantizationType.Q8_0,
-        seed=1,
-    )
-
-
-def llama3_8b_shaped_spec() -> SyntheticSpec:
-    """Llama-3-8B's shape (32 layers, n_embd 4096, 32/8 heads, n_ff 14336, 128,256 tokens, an
-    untied LM head) as llama.cpp's Q4_0 file stores it (Q4_0 blocks and token table, a Q6_K LM
-    head), written as random blocks: ~4.65 GB (4.33 GiB). The vocabulary is SentencePiece padded
-    with plain pieces to Llama 3's size, not Llama 3's BPE, so token ids and widths match only."""
-    return SyntheticSpec(
-        n_layers=32,
-        n_embd=4096,
-        n_head=32,
-        n_head_kv=8,
-        n_ff=14336,
-        n_ctx_train=8192,
-        weight_type=GGMLQuantizationType.Q4_0,
-        embedding_type=GGMLQuantizationType.Q4_0,
-        output_type=GGMLQuantizationType.Q6_K,
-        tied_embeddings=False,
-        n_vocab=128256,
-        random_blocks=True,
-        seed=8,
-    )

@@ -131,6 +131,11 @@ class BenchConfig:
     """Preset: fewer rounds, shorter outputs, concurrency 1 and 4; flags given with it still apply."""
     gemma3: bool = False
     """Preset: the gemma3 lane set (bench/gemma3.py): Gemma 3 270M, llama-whole vs meshnet-3."""
+    synthetic_3b: bool = False
+    """Preset: the synthetic-3b lane set (bench/synthetic_3b.py): a random-weight Llama-3.2-3B-shaped
+    Q4_0 model, llama-whole vs meshnet-2, meshnet-3 and llama-rpc-3, one stream."""
+    note: str = ""
+    """A line recorded in the results' run notes (say there, e.g., that a run is a short smoke run)."""
 
     def __post_init__(self) -> None:
         for lane in self.lanes:

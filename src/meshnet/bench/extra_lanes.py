@@ -16,7 +16,7 @@ from pathlib import Path
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.synthetic import tinyllama_shaped_spec, write_synthetic_model
+from meshnet.artifact.synthetic_models import SYNTHETIC_1B, provision_synthetic
 from meshnet.bench.config import BenchConfig
 from meshnet.bench.lanes import measure_lanes
 from meshnet.bench.llama_rpc import measure_llama_rpc
@@ -42,11 +42,7 @@ async def measure_extra_lanes(config: BenchConfig, progress: Progress) -> dict[s
 
 def synthetic_model(data_dir: Path) -> Path:
     """The synthetic-1b GGUF in the data dir, written on first use (~0.7 GB)."""
-    path = data_dir / "models" / "synthetic-1b-q4_0.gguf"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_synthetic_model(path, tinyllama_shaped_spec())
-    return path
+    return provision_synthetic(data_dir / "models", SYNTHETIC_1B)
 
 
 async def measure_synthetic(config: BenchConfig, progress: Progress) -> ExtraLane:

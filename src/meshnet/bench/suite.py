@@ -71,6 +71,7 @@ async def _run(config: BenchConfig, progress: Progress) -> BenchResults:
     extra = await measure_extra_lanes(config, progress)
     notes = [] if rounds >= config.repetitions else [f"time budget: {rounds} of {config.repetitions} rounds completed"]
     notes += lane_set.notes
+    notes += [config.note] if config.note else []
     run = RunInfo(
         timestamp=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command=config.command,

@@ -24,7 +24,7 @@ from meshnet.node.config import WorkerConfig
 @dataclass(frozen=True)
 class ProvisionArguments:
     name: str = field(default="smollm2", metadata=cli(positional=True))
-    """Which model: smollm2 or gemma3-270m."""
+    """Which model: smollm2, gemma3-270m, or a random-weight one written here (synthetic-1b, synthetic-3b)."""
 
 
 @dataclass(frozen=True)

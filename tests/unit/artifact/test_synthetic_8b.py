@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
-from meshnet.artifact.synthetic import SyntheticSpec, llama3_8b_shaped_spec, write_synthetic_model
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.artifact.synthetic_models import llama3_8b_shaped_spec
 from meshnet.artifact.synthetic_quants import payload_layout
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_local_route

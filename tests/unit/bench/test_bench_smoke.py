@@ -43,6 +43,8 @@ def bench_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
             str(report),
             "--budget",
             "120",
+            "--note",
+            "a smoke run, say the results",
         ]
     )
     return json.loads(out.read_text()), report, code
@@ -53,6 +55,7 @@ def test_results_validate_against_the_schema(bench_run: tuple[dict[str, Any], Pa
     assert code == 0
     assert schema_problems(results) == []
     assert results["run"]["quick"] and results["run"]["rounds_completed"] == 2
+    assert results["run"]["notes"][-1] == "a smoke run, say the results"  # --note, recorded as given
     assert results["model"]["n_embd"] == 64 and len(results["model"]["sha256"]) == 64
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 from meshnet.cli.arguments import BenchOutputs, GateArguments
 from meshnet.cli.common import Command, provisioned_model
@@ -19,7 +20,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     given = given_arguments(BenchConfig, args)
     config = BenchConfig(
-        model=given.pop("model", None) or provisioned_model(args.data_dir),
+        model=given.pop("model", None) or _default_model(args.data_dir, synthetic_3b=bool(given.get("synthetic_3b"))),
         data_dir=args.data_dir,
         command=shlex.join(["meshnet", *sys.argv[1:]]),
     )
@@ -29,6 +30,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from meshnet.bench.gemma3 import gemma3_config
 
         config = gemma3_config(config, args.data_dir)
+    if given.get("synthetic_3b"):
+        from meshnet.bench.synthetic_3b import synthetic_3b_config
+
+        config = synthetic_3b_config(config, args.data_dir)
     outputs = config_from_arguments(BenchOutputs, args)
     return bench_command(
         replace(config, **given),
@@ -37,6 +42,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         say=print,
         note=lambda line: print(line, file=sys.stderr, flush=True),
     )
+
+
+def _default_model(data_dir: Path, *, synthetic_3b: bool) -> Path:
+    """The preset's model (the synthetic-3b run needs no other provisioned), else the default one."""
+    if synthetic_3b:
+        from meshnet.artifact.synthetic_models import SYNTHETIC_3B, provision_synthetic
+
+        return provision_synthetic(data_dir / "models", SYNTHETIC_3B)
+    return provisioned_model(data_dir)
 
 
 def cmd_bench_tls(args: argparse.Namespace) -> int:
