@@ -10,11 +10,14 @@ MESHNET_ENABLE_REAL_INFERENCE_TESTS=1; skipped with the reason otherwise.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from smollm2_model import MARKS, MODEL
 
+from meshnet.bench.config import BenchConfig
 from meshnet.bench.torch_baseline import BaselineModel, BaselineUnavailable
+from meshnet.bench.transformers_lane import PROMPTS, measure_transformers
 from meshnet.core.layers import split_evenly
 
 pytestmark = MARKS
@@ -43,3 +46,16 @@ def test_recompute_route_chooses_transformers_whole_tokens(model: BaselineModel,
     sequence_rows = sum(len(PROMPT) + step for step in range(TOKENS))
     assert recompute.seam_bytes == (stages - 1) * sequence_rows * N_EMBD * 4
     assert whole.seam_bytes == 0
+
+
+def test_the_lanes_run_end_to_end_beside_llama(model: BaselineModel, tmp_path: Path) -> None:
+    """Both lanes measured (not skipped), each compared with whole-model llama.cpp per prompt."""
+    config = BenchConfig(model=MODEL, data_dir=tmp_path, prompt_tokens=16, output_tokens=TOKENS)
+    lanes = measure_transformers(config, lambda _: None)
+    assert set(lanes) == {"transformers-whole", "transformers-recompute-3"}
+    for lane in lanes.values():
+        assert lane.skipped is None
+        assert lane.decode_tok_s is not None and lane.decode_tok_s > 0
+        assert lane.whole_decode_tok_s is not None and lane.whole_decode_tok_s > 0
+        assert len(lane.token_agreement_per_prompt) == PROMPTS
+    assert "tokens equal to transformers-whole: 1.000" in lanes["transformers-recompute-3"].note
