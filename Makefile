@@ -82,7 +82,7 @@ vulkan: $(INSTALLED)
 
 # The design documents' baseline (the bench's transformers lanes): torch + transformers in a venv
 # of their own, with meshnet editable beside them (`.venv-baseline/bin/meshnet bench` runs every
-# lane). Heavy (torch 2.13.0: a 190 MB CPU wheel where pip finds one; PyPI's Linux wheel is ~555 MB
+# lane). Heavy (torch 2.13.0: a 190 MB CPU wheel where pip finds one; PyPI's Linux wheels are ~555 MB
 # and pulls NVIDIA's CUDA libraries besides, though the lanes run on the CPU), so never a
 # prerequisite of `make test`; without it those lanes skip and say why.
 baseline: $(MODEL_STAMP)
