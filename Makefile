@@ -13,11 +13,12 @@ PYTEST_ARGS ?=
 MESHNET_BACKEND ?=
 RUN_BIN := $(if $(MESHNET_BACKEND),.venv-$(MESHNET_BACKEND)/bin,$(BIN))
 VULKAN_VENV := .venv-vulkan
+BASELINE_VENV := .venv-baseline
 
 PREFIX ?= $(HOME)/.local
 LAUNCHER := $(PREFIX)/bin/meshnet
 
-.PHONY: run test install launcher browser vulkan iptables etcd provision lint proto bench clean
+.PHONY: run test install launcher browser vulkan baseline iptables etcd provision lint proto bench clean
 
 run: $(MODEL_STAMP)
 	$(if $(MESHNET_BACKEND),scripts/build_backend.sh $(MESHNET_BACKEND) .venv-$(MESHNET_BACKEND))
@@ -78,6 +79,16 @@ vulkan: $(INSTALLED)
 	@if command -v glslc >/dev/null 2>&1 && [ -e /usr/include/vulkan/vulkan.h ]; then \
 		scripts/build_backend.sh vulkan $(VULKAN_VENV); \
 	else echo "Vulkan build tools missing and not root with apt-get: the Vulkan tests will skip"; fi
+
+# The design documents' baseline (the bench's transformers lanes): torch + transformers in a venv
+# of their own, with meshnet editable beside them (`.venv-baseline/bin/meshnet bench` runs every
+# lane). Heavy (torch 2.13.0: a 190 MB CPU wheel where pip finds one; PyPI's Linux wheels are ~555 MB
+# and pulls NVIDIA's CUDA libraries besides, though the lanes run on the CPU), so never a
+# prerequisite of `make test`; without it those lanes skip and say why.
+baseline: $(MODEL_STAMP)
+	test -x $(BASELINE_VENV)/bin/python || $(PYTHON) -m venv $(BASELINE_VENV)
+	$(BASELINE_VENV)/bin/pip install --quiet --upgrade pip
+	$(BASELINE_VENV)/bin/pip install --progress-bar on -e '.[dev,baseline]'
 
 # llama-cpp-python builds from source (about 5 minutes on 2 cores); pip's cache makes re-runs fast.
 $(INSTALLED): pyproject.toml

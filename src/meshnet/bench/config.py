@@ -59,7 +59,7 @@ class BenchConfig:
     data_dir: Path
     """Slice cache (shared with the workers), worker logs."""
     lanes: tuple[str, ...] = DEFAULT_LANES
-    """Lanes to measure: llama-whole, split-N, meshnet-N, recompute, transformers."""
+    """Lanes to measure: llama-whole, split-N, meshnet-N, recompute (transformers is an extra lane)."""
     threads: int = 1
     """llama.cpp threads per context, the same in every lane and every worker. One by default:
     on a shared 2-core machine a 2-thread team collapses (measured 5-20x slower) whenever
@@ -117,8 +117,9 @@ class BenchConfig:
     pin_workers: bool = True
     """Pin worker i of every meshnet lane to core i mod the usable cores (and the llama-rpc-3
     processes likewise), so a route's processes do not migrate and fight over one core."""
-    extra_lanes: tuple[str, ...] = ("synthetic-1b", "llama-rpc-3")
-    """Lanes outside the sweep (``bench.extra_lanes``): synthetic-1b, llama-rpc-3; empty skips."""
+    extra_lanes: tuple[str, ...] = ("synthetic-1b", "llama-rpc-3", "transformers")
+    """Lanes outside the sweep (``bench.extra_lanes``): synthetic-1b, llama-rpc-3, transformers (the
+    design documents' baseline: needs the ``baseline`` extra, else skipped with the reason); empty skips."""
     build_llama_rpc: bool = False
     """Build the llama-rpc-3 binaries when they are not cached yet (the setup step: ~20-40 min on
     2 cores); without it an uncached lane is skipped with that reason."""

@@ -5,6 +5,9 @@
   compute is ~10x SmolLM2's: the regime of the models users actually split. It runs the same
   lanes machinery (llama-whole and meshnet-3, drift checked) on a short workload.
 - ``llama-rpc-3``: llama.cpp's own RPC (``bench.llama_rpc``).
+- ``transformers``: the design documents' baseline (``bench.transformers_lane``), reported as
+  ``transformers-whole`` and ``transformers-recompute-N``; skipped with the reason without the
+  ``baseline`` extra.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from meshnet.bench.lanes import measure_lanes
 from meshnet.bench.llama_rpc import measure_llama_rpc
 from meshnet.bench.results import ExtraLane, LaneResult
 from meshnet.bench.runner import LaneSet, Progress
+from meshnet.bench.transformers_lane import measure_transformers
 from meshnet.core.errors import MeshnetError
 
 SYNTHETIC_PROMPT_TOKENS = 32
@@ -35,6 +39,8 @@ async def measure_extra_lanes(config: BenchConfig, progress: Progress) -> dict[s
             lanes[name] = await measure_synthetic(config, progress)
         elif name == "llama-rpc-3":
             lanes[name] = await asyncio.to_thread(measure_llama_rpc, config, progress)
+        elif name == "transformers":
+            lanes.update(await asyncio.to_thread(measure_transformers, config, progress))
         else:
             lanes[name] = ExtraLane(None, None, None, None, "", skipped=f"unknown extra lane {name!r}")
     return lanes

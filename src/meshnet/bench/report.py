@@ -10,7 +10,7 @@ from pathlib import Path
 
 from meshnet.bench.gate import evaluate, load_contract, render
 from meshnet.bench.plots import write_plots
-from meshnet.bench.results import BenchResults, ContextPoint, LaneResult, Measures, to_json
+from meshnet.bench.results import BenchResults, ContextPoint, ExtraLane, LaneResult, Measures, to_json
 
 NONE = "-"
 """Shown where a value was not measured."""
@@ -291,7 +291,7 @@ def _prefill_table(results: BenchResults) -> list[str]:
 
 
 def _extra_table(results: BenchResults) -> list[str]:
-    """synthetic-1b and llama-rpc-3, each as a ratio to its own whole-model run."""
+    """synthetic-1b, llama-rpc-3 and the transformers lanes, each as a ratio to its own whole-model run."""
     if not results.extra_lanes:
         return ["No extra lanes were run."]
     lines = ["| Lane | Decode tok/s | Whole tok/s | vs whole | Token agreement | Notes |", "|---|---|---|---|---|---|"]
@@ -301,9 +301,14 @@ def _extra_table(results: BenchResults) -> list[str]:
             continue
         lines.append(
             f"| {name} | {_fmt(lane.decode_tok_s, 2)} | {_fmt(lane.whole_decode_tok_s, 2)} | "
-            f"{_x(lane.vs_whole)} | {_fmt(lane.token_agreement, 3)} | {lane.note} |"
+            f"{_x(lane.vs_whole)} | {_agreement(lane)} | {lane.note} |"
         )
     return lines
+
+
+def _agreement(lane: ExtraLane) -> str:
+    per_prompt = ", ".join(_fmt(value, 3) for value in lane.token_agreement_per_prompt)
+    return _fmt(lane.token_agreement, 3) + (f" (per prompt: {per_prompt})" if per_prompt else "")
 
 
 def write_report(results: BenchResults, folder: Path, *, contract: Path | None = None) -> Path:

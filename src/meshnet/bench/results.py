@@ -241,6 +241,8 @@ class ExtraLane:
     token_agreement: float | None
     note: str
     skipped: str | None = None
+    token_agreement_per_prompt: tuple[float, ...] = ()
+    """Per prompt, in the workload's order, where the lane compares several (``transformers``)."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,9 @@ def to_json(results: BenchResults) -> dict[str, Any]:
         document.pop("extra_lanes", None)  # absent in files written before extra lanes existed
     if not document["workload"].get("top_concurrency_lanes"):
         document["workload"].pop("top_concurrency_lanes", None)  # a field newer than the file
+    for extra in document.get("extra_lanes", {}).values():
+        if not extra.get("token_agreement_per_prompt"):
+            extra.pop("token_agreement_per_prompt", None)  # only the lanes that compare several prompts
     if document.get("prefill") is None:
         document.pop("prefill", None)  # not measured: absent, as in files of schema version 1
     for lane in document.get("lanes", {}).values():
