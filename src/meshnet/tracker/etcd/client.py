@@ -180,7 +180,7 @@ class EtcdClient:
             with self._lock:
                 self._preferred = index
             return reply
-        outcome = "outcome unknown; retry (idempotent)" if timed_out else "nothing was stored; retry"
+        outcome = "outcome unknown (it may have been applied)" if timed_out else "nothing was stored; retry"
         raise StorageUnavailable(
             "no etcd member of the tracker's store answered (" + "; ".join(failures) + f"): {outcome}"
         )
