@@ -39,10 +39,9 @@ from meshnet.core.swarm_options import SecurityOptions
 from meshnet.core.tracking import ModelSummary
 from meshnet.deploy.launch.commands import (
     INSECURE,
-    TRACKER_ENVIRONMENT,
     gateway_command,
     minted_identity,
-    tracker_command,
+    tracker_launch,
     worker_command,
 )
 from meshnet.deploy.launch.ready_lines import GatewayLine, ReadyAnnouncement, TrackerLine, WorkerLine
@@ -177,8 +176,8 @@ class Swarm:
             "insecure": not self.secure,
         }
         config = TrackerConfig(port=port, db_path=self.db_path, **{**own, **fields})
-        command = tracker_command(config, self.root)
-        component = start_component("tracker", command, self._log("tracker"), TrackerLine, TRACKER_ENVIRONMENT)
+        launch = tracker_launch(config, self.root)
+        component = start_component("tracker", launch.argv, self._log("tracker"), TrackerLine, launch.environment)
         self.tracker = component
         self.tracker_address = TrackerLine.read(component.await_ready(time.monotonic() + START_TIMEOUT_S)).address
         return self.tracker_address

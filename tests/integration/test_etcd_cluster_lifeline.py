@@ -1,7 +1,9 @@
 """etcd members started for tests and benchmarks (``deploy.etcd_cluster``) die with the process
 that started them, however it dies: here a real Python process starts a real cluster and is
 SIGKILLed (no ``finally`` runs), and every etcd it started goes within the lifeline's grace.
-Also the tether alone (``process.tether``), holding a foreign program (``sleep``)."""
+A member killed as a crash (``EtcdMember.kill``) leaves no zombie. Also the tether alone
+(``process.tether``), holding a foreign program (``sleep``). Gone means gone from ``/proc``: a
+zombie (state Z) still there is a process nobody reaped, and fails these tests."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import psutil
 import pytest
 from etcd_harness import needs_etcd
 
+from meshnet.deploy.etcd_cluster import etcd_cluster
 from meshnet.process.launcher import ChildProcess, LaunchSpec
-from meshnet.process.lifeline import EXIT_GRACE_S
+from meshnet.process.lifeline import EXIT_GRACE_S, ORPHAN_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(90)
 GONE_WITHIN_S = EXIT_GRACE_S + 10.0
@@ -38,14 +41,27 @@ def programs_of(tethers: list[int]) -> list[psutil.Process]:
     return [child for pid in tethers for child in psutil.Process(pid).children()]
 
 
-def wait_gone(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """The processes still running after ``GONE_WITHIN_S`` (killed then, so none outlives the test)."""
-    _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN_S)
-    alive = [process for process in alive if process.status() != psutil.STATUS_ZOMBIE]
-    for process in alive:
+def state(pid: int) -> str | None:
+    """The process's state letter from ``/proc/<pid>/stat`` (``Z``: a zombie), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat[stat.rindex(")") + 2]  # after "pid (comm) ": the name may hold spaces and ")"
+
+
+def wait_gone(processes: list[psutil.Process]) -> list[tuple[int, str]]:
+    """(pid, state) of the processes still in ``/proc`` after ``GONE_WITHIN_S``, zombies too
+    (the live ones are killed then, so none outlives the test)."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    left = [(process.pid, state(process.pid)) for process in processes]
+    while any(found is not None for _, found in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [(pid, state(pid)) for pid, _ in left]
+    for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-    return alive
+    return [(pid, found) for pid, found in left if found is not None]
 
 
 @needs_etcd
@@ -74,6 +90,20 @@ def test_the_tether_stops_its_program_when_its_lifeline_is_cut(tmp_path: Path) -
         assert [process.name() for process in program] == ["sleep"]
         tether._lifeline.cut()
         assert wait_gone(program) == []
-        assert tether.wait_exit(GONE_WITHIN_S) == 128 + signal.SIGTERM
+        # The tether's own SIGTERM path, or its lifeline's hard exit if that came first: either
+        # way it is gone (the property); what it exits with races between the two.
+        assert tether.wait_exit(GONE_WITHIN_S) in (128 + signal.SIGTERM, ORPHAN_EXIT_CODE)
     finally:
         tether.stop()
+
+
+@needs_etcd
+def test_a_member_killed_as_a_crash_leaves_no_zombie(tmp_path: Path) -> None:
+    with etcd_cluster(tmp_path, size=1) as cluster:
+        member = cluster.members[0]
+        assert member.child is not None
+        (etcd,) = programs_of([member.child.pid])
+        assert etcd.name() == "etcd"
+        member.kill()
+        # Its tether reaped it before exiting: nothing is left in /proc, at once (no waiting).
+        assert state(etcd.pid) is None

@@ -27,7 +27,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.launch.commands import gateway_command, tracker_command
+from meshnet.deploy.launch.commands import gateway_command, tracker_launch
 from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
@@ -52,8 +52,9 @@ def published(folder: Path, synthetic_model_factory: Any) -> Published:
 @pytest.fixture(scope="module")
 def tracker(folder: Path) -> Iterator[ArtifactSwarm]:
     home = folder / "tracker"
-    command = tracker_command(TrackerConfig(port=0, join_port=0, heartbeat_interval_s=0.5), home)
-    child = ChildProcess(LaunchSpec("tracker", command, folder / "tracker.log", TrackerLine.PREFIX))
+    launch = tracker_launch(TrackerConfig(port=0, join_port=0, heartbeat_interval_s=0.5), home)
+    log = folder / "tracker.log"
+    child = ChildProcess(LaunchSpec("tracker", launch.argv, log, TrackerLine.PREFIX, dict(launch.environment)))
     try:
         yield ArtifactSwarm(home, TrackerLine.read(child.await_ready(time.monotonic() + 30)).address)
     finally:

@@ -29,7 +29,8 @@ import httpx
 import pytest
 from swarm_harness import Swarm, chat_body, query_db, write_tiny_model
 
-from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.commands import tracker_launch
+from meshnet.process.launcher import child_environment
 from meshnet.tracker.config import TrackerConfig
 
 pytestmark = pytest.mark.timeout(180)
@@ -204,8 +205,10 @@ def test_a_damaged_database_is_refused_at_start_and_left_as_it_was(tmp_path: Pat
         damaged = _damage(swarm.db_path)
         config = TrackerConfig(port=0, db_path=swarm.db_path, join_port=0)
         started = time.monotonic()
+        launch = tracker_launch(config, swarm.root)
+        environment = child_environment(launch.environment)
         with subprocess.Popen(
-            tracker_command(config, swarm.root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            launch.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
         ) as tracker:
             try:
                 out, err = tracker.communicate(timeout=REFUSED_WITHIN_S)

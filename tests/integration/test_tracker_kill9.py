@@ -20,9 +20,10 @@ from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import HeartbeatStatus, NodeLoad, WorkRecord
-from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.commands import tracker_launch
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
+from meshnet.process.launcher import child_environment
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.store import SqliteTrackerStore
 
@@ -35,8 +36,12 @@ REGISTRATION = fake_record(LayerRange(0, 6), "127.0.0.1:9101", n_layers=6)
 async def start_tracker_process(db: Path, port: int, log: Path) -> tuple[asyncio.subprocess.Process, int]:
     # About durability, not security: plaintext on loopback.
     config = TrackerConfig(port=port, db_path=db, heartbeat_interval_s=0.5, shutdown_grace_s=1.0, insecure=True)
+    launch = tracker_launch(config, db.parent)
     process = await asyncio.create_subprocess_exec(
-        *tracker_command(config, db.parent), stdout=asyncio.subprocess.PIPE, stderr=log.open("ab")
+        *launch.argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log.open("ab"),
+        env=child_environment(launch.environment),
     )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), timeout=10)).decode().rstrip("\n")

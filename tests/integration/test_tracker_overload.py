@@ -22,9 +22,10 @@ from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import NodeLoad, Registered
-from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.commands import tracker_launch
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
+from meshnet.process.launcher import child_environment
 from meshnet.tracker.admission import DEFAULT_LIMITS
 from meshnet.tracker.config import TrackerConfig
 
@@ -48,8 +49,12 @@ SESSION = SessionId("live-session")
 async def start_tracker_process(tmp_path: Path) -> tuple[asyncio.subprocess.Process, str]:
     config = TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3", heartbeat_interval_s=INTERVAL, insecure=True)
     log = (tmp_path / "tracker.log").open("ab")
+    launch = tracker_launch(config, tmp_path)
     process = await asyncio.create_subprocess_exec(
-        *tracker_command(config, tmp_path), stdout=asyncio.subprocess.PIPE, stderr=log
+        *launch.argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+        env=child_environment(launch.environment),
     )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), timeout=15)).decode().rstrip("\n")

@@ -26,9 +26,10 @@ from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeLoad, WorkRecord
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster
-from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.commands import tracker_launch
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
+from meshnet.process.launcher import child_environment
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.store import EtcdTrackerStore
@@ -48,8 +49,12 @@ async def start_replica(cluster: EtcdCluster, name: str, root: Path) -> tuple[as
         store=cluster.store, replica_id=name, shutdown_grace_s=1.0,
     )  # fmt: skip
     log = root / f"{name}.log"
+    launch = tracker_launch(config, root / name)
     process = await asyncio.create_subprocess_exec(
-        *tracker_command(config, root / name), stdout=asyncio.subprocess.PIPE, stderr=log.open("ab")
+        *launch.argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log.open("ab"),
+        env=child_environment(launch.environment),
     )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), timeout=20)).decode().rstrip("\n")

@@ -24,7 +24,7 @@ from swarm_harness import (
 )
 
 from meshnet.deploy.etcd_cluster import etcd_cluster
-from meshnet.deploy.launch.commands import tracker_command
+from meshnet.deploy.launch.commands import tracker_launch
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.tracker.config import TrackerConfig
@@ -54,7 +54,8 @@ def test_a_gateway_on_one_replica_generates_over_workers_registered_at_another(t
             port=0, join_port=0, store=cluster.store, replica_id="b", heartbeat_interval_s=HEARTBEAT_S,
             missed_heartbeats=MISSED_HEARTBEATS, shutdown_grace_s=0.5,
         )  # fmt: skip
-        replica_b = start_component("tracker-b", tracker_command(config, copy), root / "tracker-b.log", TrackerLine)
+        launch = tracker_launch(config, copy)
+        replica_b = start_component("tracker-b", launch.argv, root / "tracker-b.log", TrackerLine, launch.environment)
         try:
             replica_a = swarm.tracker_address
             swarm.tracker_address = TrackerLine.read(replica_b.await_ready(time.monotonic() + START_TIMEOUT_S)).address

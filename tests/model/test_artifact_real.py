@@ -29,7 +29,7 @@ from meshnet.artifact.slicing import verify_slice, write_slice
 from meshnet.core.events import TokenGenerated
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
-from meshnet.deploy.launch.commands import gateway_command, tracker_command
+from meshnet.deploy.launch.commands import gateway_command, tracker_launch
 from meshnet.deploy.launch.ready_lines import GatewayLine, SeedLine, TrackerLine
 from meshnet.fetch.fetcher import FetchConfig, fetch_range
 from meshnet.fetch.holders import artifact_channel, fetch_bytes
@@ -67,8 +67,9 @@ def manifest(folder: Path) -> Manifest:
 def tracker(folder: Path) -> Iterator[ArtifactSwarm]:
     """A secured tracker process; its data dir holds the swarm CA every identity here comes from."""
     home = folder / "tracker"
-    command = tracker_command(TrackerConfig(port=0, join_port=0, heartbeat_interval_s=0.5), home)
-    child = ChildProcess(LaunchSpec("tracker", command, folder / "tracker.log", TrackerLine.PREFIX))
+    launch = tracker_launch(TrackerConfig(port=0, join_port=0, heartbeat_interval_s=0.5), home)
+    log = folder / "tracker.log"
+    child = ChildProcess(LaunchSpec("tracker", launch.argv, log, TrackerLine.PREFIX, dict(launch.environment)))
     try:
         yield ArtifactSwarm(home, TrackerLine.read(child.await_ready(time.monotonic() + 30)).address)
     finally:

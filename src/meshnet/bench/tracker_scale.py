@@ -28,7 +28,7 @@ from meshnet.bench.pinning import pinned
 from meshnet.bench.tracker_scale_config import TRACKER_START_TIMEOUT_S, TrackerScaleConfig
 from meshnet.bench.tracker_scale_merge import merge_points
 from meshnet.core.errors import MeshnetError
-from meshnet.deploy.launch.commands import TRACKER_ENVIRONMENT, tracker_command
+from meshnet.deploy.launch.commands import tracker_launch
 from meshnet.deploy.launch.ready_lines import TrackerLine
 from meshnet.membership.load_generator import LoadSpec
 from meshnet.process.launcher import ChildProcess, LaunchSpec
@@ -110,9 +110,10 @@ class TrackerScaleRun:
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             insecure=self.config.insecure,
         )
-        command, unpinned = pinned(tracker_command(tracker, self.config.data_dir), self.config.tracker_core)
+        launch = tracker_launch(tracker, self.config.data_dir)
+        command, unpinned = pinned(launch.argv, self.config.tracker_core)
         log = self.run_dir / f"{name}.log"
-        child = ChildProcess(LaunchSpec(name, command, log, TrackerLine.PREFIX, TRACKER_ENVIRONMENT))
+        child = ChildProcess(LaunchSpec(name, command, log, TrackerLine.PREFIX, dict(launch.environment)))
         child.await_ready(time.monotonic() + TRACKER_START_TIMEOUT_S)
         return child, unpinned
 

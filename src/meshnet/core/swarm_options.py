@@ -12,6 +12,7 @@ from typing import Literal
 
 from meshnet.core.addresses import parse_address_list
 from meshnet.core.config_flags import cli
+from meshnet.core.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,6 @@ class SwarmArguments:
 
     def __post_init__(self) -> None:
         parse_address_list(self.tracker)
+        # Accepted and ignored, it would let `swarm revoke --store ...` look as if it reached etcd.
+        if self.store and self.action != "invite":
+            raise InvalidArgument(f"--store names where an invite is kept: `swarm invite` only, not `{self.action}`")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -25,8 +24,11 @@ import httpx
 
 from meshnet.core.errors import FailedPrecondition, Unavailable
 from meshnet.process.launcher import ChildProcess, LaunchSpec
+from meshnet.process.tether import CRASH_SIGNAL
 
 ETCD = shutil.which("etcd")
+CRASH_WAIT_S = 10.0
+"""For a tether to kill and reap its etcd (a SIGKILL and a wait: instant unless the machine is loaded)."""
 PROGRESS_NOTIFY_S = 5.0
 """Under the tracker's watch idle timeout (``tracker.etcd.client.WATCH_IDLE_S``, 10 s)."""
 
@@ -54,10 +56,12 @@ class EtcdMember:
         return self.child is not None and not self.child.alive
 
     def kill(self) -> None:
-        """SIGKILL: no goodbye to the cluster, as a crashed machine."""
+        """SIGKILL to etcd: no goodbye to the cluster, as a crashed machine. Through its tether,
+        which reaps it (a SIGKILL to both at once would leave etcd a zombie nobody reaps)."""
         if self.child is not None:
-            self.child.signal_group(signal.SIGKILL)  # etcd and its tether at once
-            self.child.stop()  # reaps the tether, cuts the lifeline
+            self.child.send_signal(CRASH_SIGNAL)
+            self.child.wait_exit(CRASH_WAIT_S)
+            self.child.stop()  # reaps the tether (SIGTERM, then SIGKILL, if it hung), cuts the lifeline
 
 
 @dataclass

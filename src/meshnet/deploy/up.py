@@ -32,10 +32,9 @@ from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.config import LocalSwarmConfig
 from meshnet.deploy.launch.commands import (
     INSECURE,
-    TRACKER_ENVIRONMENT,
     gateway_command,
     minted_identity,
-    tracker_command,
+    tracker_launch,
     worker_command,
 )
 from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine, UpLine, WorkerLine
@@ -83,9 +82,9 @@ def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
     tracker = TrackerConfig(port=0, join_port=0, heartbeat_interval_s=1.0, insecure=config.insecure)
 
     def spec(tracker: TrackerConfig) -> LaunchSpec:
-        command = tracker_command(tracker, config.data_dir)
-        environment = {**_child_env(), **TRACKER_ENVIRONMENT}
-        return LaunchSpec("tracker", command, logs / "tracker.log", TrackerLine.PREFIX, environment)
+        launch = tracker_launch(tracker, config.data_dir)
+        environment = {**_child_env(), **launch.environment}
+        return LaunchSpec("tracker", launch.argv, logs / "tracker.log", TrackerLine.PREFIX, environment)
 
     def pin(_: LaunchSpec, ready: ReadyLine) -> LaunchSpec:
         # Restart on the port the first start bound: workers and clients know that address.

@@ -7,8 +7,10 @@ tether runs it as its child and watches the lifeline in its place: once the supe
 within the lifeline's own grace, so the program is gone before the tether exits. It exits with
 the program's status.
 
-The launcher starts the tether in a process group of its own (``ChildProcess``) with the program
-in it, so a supervisor that means to crash them (SIGKILL) signals the group and both go at once.
+A supervisor that means to crash the program (SIGKILL, no goodbye) sends ``CRASH_SIGNAL`` to the
+tether, never SIGKILL to the group: the tether kills the program and reaps it before it exits.
+Killed together, the program would outlive its parent as a zombie handed to PID 1, which in a
+container often reaps nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from meshnet.process.lifeline import EXIT_GRACE_S, watch_lifeline
 KILL_AFTER_S = EXIT_GRACE_S / 2
 """SIGTERM's grace for the program: well inside the lifeline's, after which the tether exits hard."""
 USAGE_EXIT_CODE = 2
+CRASH_SIGNAL = signal.SIGUSR1
+"""Tells the tether to SIGKILL its program at once (then reap it and exit with its status)."""
 
 
 class Tether:
@@ -45,10 +49,17 @@ class Tether:
         backstop.daemon = True  # a program that exited in time must not hold the tether's exit
         backstop.start()
 
+    def crash(self, signum: int = CRASH_SIGNAL, frame: FrameType | None = None) -> None:
+        """A signal handler (main thread): SIGKILL to the program now; ``run`` still reaps it."""
+        self.stopping = True
+        if self.program is not None:
+            self.program.kill()  # a no-op once the program has exited
+
     def run(self, command: list[str]) -> int:
         # Handlers first: the lifeline may be cut already, and its watcher then signals at once.
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.stop)
+        signal.signal(CRASH_SIGNAL, self.crash)
         watch_lifeline(os.environ)  # also takes its variable out of the program's environment
         if self.stopping:
             return 128 + signal.SIGTERM

@@ -11,6 +11,7 @@ instead (``tracker.etcd.invites``), under the same rules (``new_invite``, ``chec
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
 import sqlite3
@@ -26,10 +27,19 @@ _TOKEN = re.compile(r"^meshnet-join:([0-9a-f]{64}):([A-Za-z0-9_-]{16,128})@(\S{1
 MAX_INVITE_USES = 10_000
 
 
+INVITE_MAC_LABEL = b"meshnet invite record MAC v1"
+"""Fixed label the invite MAC key is derived under: the CA key itself is never used as one."""
+
+
 class InviteRefused(PermissionDenied):
     """An invite that is unknown (forged), expired or used up: the joiner gets no certificate."""
 
     code = "invite_refused"
+
+
+class InviteUnsealed(InviteRefused):
+    """A stored invite whose MAC does not verify: written by someone without the swarm's CA key
+    (anyone who can write to the replicas' etcd), so it grants nothing."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,26 @@ def parse_token(text: str) -> JoinToken:
 def invite_digest(secret: str) -> str:
     """What is kept of an invite's secret: a stolen book or store holds no usable invite."""
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def invite_mac_key(ca_key_pem: bytes) -> bytes:
+    """The key invites kept outside the data dir (the replicas' etcd) are sealed with: derived
+    from the swarm CA's private key, which every replica and `swarm invite` hold and a writer of
+    etcd does not. HMAC of a fixed label, so a leaked MAC key gives nothing of the CA key."""
+    return hmac.new(ca_key_pem, INVITE_MAC_LABEL, hashlib.sha256).digest()
+
+
+def invite_mac(key: bytes, digest: str, invite: Invite) -> str:
+    """HMAC-SHA256 over what an invite grants (its digest, role, expiry and use limit), not over
+    its use count, which every redemption changes."""
+    sealed = f"{digest}\n{invite.role}\n{float(invite.expires_at_unix_s)!r}\n{int(invite.max_uses)}"
+    return hmac.new(key, sealed.encode(), hashlib.sha256).hexdigest()
+
+
+def check_invite_mac(key: bytes, digest: str, invite: Invite, mac: str) -> None:
+    """``InviteUnsealed`` unless ``mac`` is the one ``invite_mac`` gives (compared in constant time)."""
+    if not hmac.compare_digest(invite_mac(key, digest, invite), mac):
+        raise InviteUnsealed("this invite's stored record lacks the swarm's seal (not made by `meshnet swarm invite`)")
 
 
 def new_invite(role: str, *, expires_at_unix_s: float, max_uses: int) -> tuple[str, Invite]:

@@ -22,7 +22,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from meshnet.core.addresses import dialable_address, require_loopback
 from meshnet.core.errors import FailedPrecondition, MeshnetError
 from meshnet.process.ports import PortInUse
-from meshnet.security.invites import InviteLedger
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
@@ -160,7 +159,7 @@ async def start_tracker(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        port, join = _listen(server, config, security, registry, feed, shared_invites(store))
+        port, join = _listen(server, config, security, registry, feed, store)
     except RuntimeError as error:
         runner.close()
         # Not Unavailable ([worker_lost]): nothing was lost, the port is taken.
@@ -217,13 +216,14 @@ def _listen(
     security: TrackerSecurity | None,
     registry: NodeRegistry,
     feed: RevocationFeed,
-    invites: InviteLedger | None,
+    store: TrackerStore,
 ) -> tuple[int, tuple[grpc.aio.Server, int] | None]:
     """Bind the main port (mTLS when secured) and, secured, the join port: (port, join server)."""
     port = bind(server, f"{config.host}:{config.port}", None if security is None else security.link)
     if security is None:
         return port, None
     security.refresh_revocations()
+    invites = shared_invites(store, security.authority.key_pem)
     swarm = SwarmServicer(security, registry, feed, shared_invites=invites)
     services.add_swarm_servicer(swarm, server)
     return port, _join_server(config, security, swarm)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.security.invites import InviteLedger
+from meshnet.security.invites import InviteLedger, invite_mac_key
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
@@ -27,9 +27,12 @@ def open_store(config: TrackerConfig) -> TrackerStore:
     return EtcdTrackerStore(EtcdClient(parse_endpoints(config.store)))
 
 
-def shared_invites(store: TrackerStore) -> InviteLedger | None:
-    """Where replicas redeem join invites: their etcd store; None for the SQLite file (the book)."""
-    return EtcdInvites(store.client) if isinstance(store, EtcdTrackerStore) else None
+def shared_invites(store: TrackerStore, ca_key_pem: bytes) -> InviteLedger | None:
+    """Where replicas redeem join invites: their etcd store, records sealed with a key derived
+    from the swarm CA's ``ca_key_pem``; None for the SQLite file (the book)."""
+    if not isinstance(store, EtcdTrackerStore):
+        return None
+    return EtcdInvites(store.client, invite_mac_key(ca_key_pem))
 
 
 def shared_membership(

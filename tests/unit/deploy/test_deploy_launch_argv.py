@@ -31,7 +31,7 @@ from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_options import SecurityOptions
 from meshnet.deploy.expert_launch import expert_node
-from meshnet.deploy.launch.commands import INSECURE, gateway_command, seed_command, tracker_command, worker_command
+from meshnet.deploy.launch.commands import INSECURE, gateway_command, seed_command, tracker_launch, worker_command
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.moe.ownership import ExpertOwnership
 from meshnet.node.artifact_server import SeedConfig
@@ -160,7 +160,7 @@ def test_a_rendered_worker_command_parses_back_to_its_config(config: WorkerConfi
 @EXAMPLES
 def test_a_rendered_tracker_command_parses_back_to_its_config(values: dict[str, Any]) -> None:
     config = TrackerConfig(**values)
-    args = _parse(tracker_command(config, DATA_DIR))
+    args = _parse(tracker_launch(config, DATA_DIR).argv)
     # A database left at its default is the one the CLI places in the data dir, as --help says.
     expected = (
         config if config.db_path != Path(DEFAULT_DB_NAME) else replace(config, db_path=DATA_DIR / DEFAULT_DB_NAME)

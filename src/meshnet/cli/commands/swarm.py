@@ -19,8 +19,8 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
 from meshnet.membership.join import resolve_security
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.security.certificates import ca_fingerprint
-from meshnet.security.invites import InviteLedger, JoinToken, SwarmBook
+from meshnet.security.certificates import SwarmAuthority, ca_fingerprint
+from meshnet.security.invites import InviteLedger, JoinToken, SwarmBook, invite_mac_key
 from meshnet.security.swarm_dir import book_path, init_swarm, load_authority, mint_identity, swarm_dir
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.invites import EtcdInvites
@@ -62,19 +62,20 @@ def create_invite(arguments: SwarmArguments, data_dir: Path) -> JoinToken:
     # A joiner dials this: a wildcard (a tracker on 0.0.0.0 before it announced) would send it home.
     check_advertise_address(join_address, flag="--join-address")
     expires_at = time.time() + parse_duration(arguments.expires)
-    with _invite_ledger(arguments.store, data_dir) as ledger:
+    with _invite_ledger(arguments.store, data_dir, authority) as ledger:
         secret = ledger.create_invite(arguments.role, expires_at_unix_s=expires_at, max_uses=arguments.uses)
     return JoinToken(ca_fingerprint(authority.cert_pem), secret, join_address)
 
 
 @contextlib.contextmanager
-def _invite_ledger(store: str, data_dir: Path) -> Iterator[InviteLedger]:
+def _invite_ledger(store: str, data_dir: Path, authority: SwarmAuthority) -> Iterator[InviteLedger]:
     """The replicas' etcd store when ``--store`` names it (every replica redeems from there), else
-    the book of this data dir (the one tracker that runs on it)."""
+    the book of this data dir (the one tracker that runs on it). Invites in etcd are sealed with
+    a key derived from ``authority``'s private key: replicas refuse any record without it."""
     if store:
         client = EtcdClient(parse_endpoints(store))
         try:
-            yield EtcdInvites(client)
+            yield EtcdInvites(client, invite_mac_key(authority.key_pem))
         finally:
             client.close()
         return

@@ -35,12 +35,11 @@ from meshnet.deploy.lab.lab import (
 )
 from meshnet.deploy.lab.plan import LabNode
 from meshnet.deploy.launch.commands import (
-    TRACKER_ENVIRONMENT,
     gateway_command,
     minted_identity,
     relay_command,
     seed_command,
-    tracker_command,
+    tracker_launch,
     worker_command,
 )
 from meshnet.deploy.launch.ready_lines import GatewayLine, RegisteredLine, RelayServerLine, SeedLine, TrackerLine
@@ -120,8 +119,8 @@ def start_tracker(lab: Lab) -> str:
         raise Unavailable("the lab's network is not built")
     head = lab.plan.nodes[0]
     config = TrackerConfig(host=head.address, port=TRACKER_PORT, heartbeat_interval_s=1.0)
-    command = tracker_command(config, lab.node_data_dir(head))
-    lab.start(head, "tracker", command, TrackerLine.PREFIX, role="control", environment=TRACKER_ENVIRONMENT)
+    launch = tracker_launch(config, lab.node_data_dir(head))
+    lab.start(head, "tracker", launch.argv, TrackerLine.PREFIX, role="control", environment=launch.environment)
     return f"{head.address}:{TRACKER_PORT}"
 
 

@@ -14,6 +14,8 @@ components), ``INSECURE`` is plaintext on loopback.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,9 +50,20 @@ def minted_identity(data_dir: Path, name: str, role: Role) -> SecurityOptions:
     return SecurityOptions(identity=local_identity(data_dir, name, role, time.time()))
 
 
-def tracker_command(config: TrackerConfig, data_dir: Path) -> tuple[str, ...]:
-    """``meshnet tracker`` on ``data_dir`` (its database there unless ``config.db_path`` says otherwise)."""
-    return meshnet_command(data_dir, "tracker", *render_arguments(config))
+@dataclass(frozen=True)
+class TrackerLaunch:
+    """How a tracker is started: its argv and what it adds to the environment it inherits. One
+    value, so no launcher starts the argv without the environment."""
+
+    argv: tuple[str, ...]
+    environment: Mapping[str, str]
+
+
+def tracker_launch(config: TrackerConfig, data_dir: Path) -> TrackerLaunch:
+    """``meshnet tracker`` on ``data_dir`` (its database there unless ``config.db_path`` says
+    otherwise), with ``TRACKER_ENVIRONMENT``: every launcher of a tracker starts it from this."""
+    argv = meshnet_command(data_dir, "tracker", *render_arguments(config))
+    return TrackerLaunch(argv, dict(TRACKER_ENVIRONMENT))
 
 
 def worker_command(config: WorkerConfig, security: SecurityOptions) -> tuple[str, ...]:

@@ -129,6 +129,20 @@ def _operation(operation: Operation) -> dict[str, Any]:
     return {"request_delete_range": {"key": _b64(operation.key)}}
 
 
+def ends_watch(result: dict[str, Any]) -> bool:
+    """Whether a watch reply says etcd ended the watch: cancelled, or its start compacted away
+    (``compact_revision``; the JSON gateway leaves zero values out and writes int64 as strings)."""
+    return bool(result.get("canceled")) or int(result.get("compact_revision", 0)) != 0
+
+
+def progress_revision(result: dict[str, Any]) -> int | None:
+    """The revision a progress notification says every change was delivered up to; None for any
+    other reply (the stream's creation, events, or the end of the watch, which proves nothing)."""
+    if result.get("created") or result.get("events") or ends_watch(result):
+        return None
+    return int(result.get("header", {}).get("revision", 0))
+
+
 class EtcdClient:
     """Blocking calls to an etcd cluster; safe from several threads (one httpx client, locked endpoint)."""
 
@@ -180,7 +194,7 @@ class EtcdClient:
             with self._lock:
                 self._preferred = index
             return reply
-        outcome = "outcome unknown; retry (idempotent)" if timed_out else "nothing was stored; retry"
+        outcome = "outcome unknown (it may have been applied)" if timed_out else "nothing was stored; retry"
         raise StorageUnavailable(
             "no etcd member of the tracker's store answered (" + "; ".join(failures) + f"): {outcome}"
         )
@@ -302,11 +316,14 @@ class EtcdClient:
                                 result = json.loads(line).get("result", {})
                                 if opened is not None and result.get("created"):
                                     opened.set()
-                                events = result.get("events", [])
-                                for event in events:
+                                if ends_watch(result):  # a new stream now, not after WATCH_IDLE_S of silence
+                                    logger.info("etcd ended the watch of %s on %s: %s", key, endpoint, result)
+                                    break
+                                for event in result.get("events", []):
                                     on_value(base64.b64decode(event["kv"].get("value", "")))
-                                if on_progress is not None and not events and not result.get("created"):
-                                    on_progress(int(result.get("header", {}).get("revision", 0)))
+                                progress = progress_revision(result)
+                                if on_progress is not None and progress is not None:
+                                    on_progress(progress)
                     except (httpx.HTTPError, ValueError, KeyError) as error:
                         logger.debug("etcd watch of %s on %s ended: %s", key, endpoint, error)
                     if stopped.is_set():
