@@ -102,20 +102,25 @@ class TrackerScaleRun:
         self.run_dir = config.data_dir / "tracker-scale" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
-    def _start_tracker(self, name: str) -> tuple[ChildProcess, str | None]:
+    def start_tracker(
+        self, name: str, store: str = "", data_dir: Path | None = None
+    ) -> tuple[ChildProcess, str | None]:
+        """A tracker pinned to the tracker core; a replica named ``name`` when ``store`` is etcd's."""
         tracker = TrackerConfig(
             port=0,
             join_port=0,
             db_path=self.run_dir / f"{name}.sqlite3",
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             insecure=self.config.insecure,
+            store=store,
+            replica_id=name if store else "",
         )
         command, unpinned = pinned(tracker_command(tracker, self.config.data_dir), self.config.tracker_core)
         child = ChildProcess(LaunchSpec(name, command, self.run_dir / f"{name}.log", TrackerLine.PREFIX))
         child.await_ready(time.monotonic() + TRACKER_START_TIMEOUT_S)
         return child, unpinned
 
-    def _generate(self, specs: list[LoadSpec], name: str) -> dict[str, Any]:
+    def generate(self, specs: list[LoadSpec], name: str) -> dict[str, Any]:
         """Run one generator process per spec at once (pinned round robin over the generator
         cores); their summaries merged, or the error of the first that failed."""
         running = []
@@ -151,7 +156,7 @@ class TrackerScaleRun:
                 results.append(json.loads(lines[-1]))
         return {**(failure or merge_points(results)), "generators_not_pinned": not_pinned}
 
-    def _specs(self, addresses: tuple[str, ...], tracker_pid: int | None, point: LoadPoint) -> list[LoadSpec]:
+    def specs(self, addresses: tuple[str, ...], tracker_pid: int | None, point: LoadPoint) -> list[LoadSpec]:
         """The point's nodes and rates shared out over ``generator_processes`` generators."""
         processes = min(self.config.generator_processes, point.nodes)
         shares = [point.nodes // processes + (index < point.nodes % processes) for index in range(processes)]
@@ -184,9 +189,9 @@ class TrackerScaleRun:
             if self.config.trackers:
                 addresses = self.config.trackers
             else:
-                tracker, unpinned = self._start_tracker(name)
+                tracker, unpinned = self.start_tracker(name)
                 addresses = (tracker.ready.first if tracker.ready else "",)
-            result = self._generate(self._specs(addresses, None if tracker is None else tracker.pid, point), name)
+            result = self.generate(self.specs(addresses, None if tracker is None else tracker.pid, point), name)
         except (MeshnetError, OSError, subprocess.TimeoutExpired) as error:
             result = {"error": f"{type(error).__name__}: {error}"}
         finally:
