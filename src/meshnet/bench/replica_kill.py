@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshnet.bench.tracker_scale import SCHEMA, LoadPoint, Say, TrackerScaleRun, environment, write_result
+from meshnet.bench.tracker_scale import LoadPoint, Say, TrackerScaleRun, new_document, write_result
 from meshnet.bench.tracker_scale_config import TrackerScaleConfig
 from meshnet.core.errors import MeshnetError
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster, leader_index
 from meshnet.membership.disruptions import Kill
 from meshnet.process.launcher import ChildProcess
-from meshnet.security.swarm_dir import ensure_swarm
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 
@@ -103,17 +101,7 @@ def _under_load(run: TrackerScaleRun, cluster: EtcdCluster, name: str) -> dict[s
 def measure_replica_kill(config: TrackerScaleConfig, out: Path, say: Say = print) -> dict[str, Any]:
     """The run, written to ``out`` (one point, as the other modes' files)."""
     config = replace(config, generator_processes=1)  # one process sees every node's recovery
-    if not config.insecure:
-        ensure_swarm(config.data_dir, time.time())
-    document: dict[str, Any] = {
-        "schema": SCHEMA,
-        "mode": config.mode,
-        "complete": False,
-        "measured_at_unix_s": time.time(),
-        "environment": environment(config),
-        "config": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(config).items()},
-        "points": [],
-    }
+    document = new_document(config)
     run = TrackerScaleRun(config, say)
     name = f"replica-kill-{max(config.nodes)}n-{max(config.route_rates):g}rps"
     say(f"{name}: 3 etcd members, 3 replicas; {config.warmup_s:g} s warm-up, {config.measure_s:g} s measured")

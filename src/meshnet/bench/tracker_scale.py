@@ -232,13 +232,11 @@ def write_result(path: Path, document: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = print) -> dict[str, Any]:
-    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result,
-    written to ``out`` after every point (``complete`` false until the end), so a run that
-    fails half-way keeps what it measured."""
+def new_document(config: TrackerScaleConfig) -> dict[str, Any]:
+    """A run's result before its points (``complete`` false), the swarm CA made if missing."""
     if not config.insecure:
         ensure_swarm(config.data_dir, time.time())
-    document: dict[str, Any] = {
+    return {
         "schema": SCHEMA,
         "mode": config.mode,
         "complete": False,
@@ -247,6 +245,13 @@ def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = prin
         "config": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(config).items()},
         "points": [],
     }
+
+
+def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = print) -> dict[str, Any]:
+    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result,
+    written to ``out`` after every point (``complete`` false until the end), so a run that
+    fails half-way keeps what it measured."""
+    document = new_document(config)
     run = TrackerScaleRun(config, say)
     for point in load_points(config):
         document["points"].append(run.point(point))
