@@ -35,7 +35,7 @@ def test_a_killed_replica_and_etcd_leader_lose_no_call_record_or_node(tmp_path: 
     assert "error" not in point, point
     assert [kill["error"] for kill in point["disruptions"]["kills"]] == [None, None]
     # The gateway asked the killed replica first: its next call failed there and was retried.
-    assert sum(point["gateway_calls_retried"].values()) >= 1
+    assert point["gateway_calls_retried"] >= 1
     assert point["gateway_calls_failed"] == {"choose_route": 0, "report_work": 0}
     records = point["records"]
     assert records["acknowledged"] >= 20 and records["lost"] == 0

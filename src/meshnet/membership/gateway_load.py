@@ -1,13 +1,12 @@
 """The load generator's gateway: routes for fresh sessions and the work records of routed
-requests, each at its own rate, over one gateway certificate and channel (as one gateway sends
-them).
+requests, each at its own rate, through the gateway's own ``TrackerClient`` (one client, one
+gateway certificate, every tracker replica's address, as ``meshnet gateway --tracker a,b,c``).
 
-Like the gateway's ``TrackerClient`` over replicas (``membership.replicas``), a call whose
-replica is gone (UNAVAILABLE, CANCELLED, ``StorageUnavailable``) moves the gateway to the next
-replica and is asked there once more; a call that still fails, or fails otherwise, is counted as
-failed (``Counts.failed_calls``): that is what a user of the gateway would have seen. Every
-record the tracker acknowledged is kept by request id, so a run can look for each of them in the
-store afterwards (none may be lost).
+So it fails over as the gateway does (``membership.replicas``): a call whose replica is gone
+moves the client to the next replica and is asked there once more, within the retry budget. A
+call that still fails is counted in ``Counts.failed_calls``: what a user of the gateway would
+have seen. Retries are counted through the budget. Every record a tracker acknowledged is kept
+by request id, so a run can look for each of them in the store afterwards (none may be lost).
 """
 
 from __future__ import annotations
@@ -15,24 +14,33 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
+from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import new_request_id, new_session_id
-from meshnet.core.tracking import NodeWork, Route, RouteQuery, WorkRecord
-from meshnet.membership.replicas import Failure, classify
-from meshnet.membership.simulated_nodes import MODEL, Counts, tracker_channel
+from meshnet.core.tracking import NodeWork, Route, WorkRecord
+from meshnet.membership.replicas import RetryBudget
+from meshnet.membership.simulated_nodes import MODEL, Counts
+from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import NodeCertificate
-from meshnet.wire import services
-from meshnet.wire.status import error_from_rpc, status_and_code
 from meshnet.wire.tls import LinkSecurity
-from meshnet.wire.tracker_wire import route_from_proto, route_query_to_proto
-from meshnet.wire.work_wire import work_to_proto
 
 GATEWAY_CALL_TIMEOUT_S = 5.0
-Send = Callable[[services.TrackerStub], Awaitable[Any]]
+"""The gateway's ``TrackerClient`` default: one deadline for a call and its retry."""
+
+
+@dataclass
+class CountedBudget(RetryBudget):
+    """The gateway's retry budget (its defaults), counting each retry it grants."""
+
+    counts: Counts = field(default_factory=Counts)
+
+    def spend(self) -> bool:
+        granted = super().spend()
+        self.counts.retries += granted
+        return granted
 
 
 class GatewayLoad:
@@ -45,54 +53,33 @@ class GatewayLoad:
         certificate: NodeCertificate | None,
         counts: Counts,
     ) -> None:
-        self._trackers = trackers
+        self._client = TrackerClient(
+            ",".join(trackers),
+            timeout_s=GATEWAY_CALL_TIMEOUT_S,
+            security=None if certificate is None else LinkSecurity(certificate),
+            budget=CountedBudget(counts=counts),
+        )
         self._routes_per_s, self._records_per_s = rates
-        self._security = None if certificate is None else LinkSecurity(certificate)
-        self._tracker_index = 0
-        self._channels = [tracker_channel(trackers[0], self._security)]
-        self._stub = services.TrackerStub(self._channels[-1])
         self._counts = counts
         self._routed: deque[tuple[str, str, Route]] = deque(maxlen=1000)
         self._tasks: set[asyncio.Task[None]] = set()
         self.acknowledged: list[str] = []
         """Request ids of every work record a tracker acknowledged, in order."""
 
-    def _move_on(self, stub: services.TrackerStub) -> bool:
-        """To the next replica, unless there is none or another call already moved on from ``stub``.
-        Calls in flight on the old channel finish there; it is closed at the end of the run."""
-        if len(self._trackers) == 1 or stub is not self._stub:
-            return stub is not self._stub
-        self._tracker_index = (self._tracker_index + 1) % len(self._trackers)
-        self._channels.append(tracker_channel(self._trackers[self._tracker_index], self._security))
-        self._stub = services.TrackerStub(self._channels[-1])
-        return True
-
-    async def _call(self, call: str, send: Send) -> Any | None:
-        """``send`` on the replica asked now; once more on the next one if that replica is gone.
-        The reply, or None when the call failed for good (counted in ``failed_calls``)."""
-        started = time.perf_counter()
-        for attempt in range(2):
-            stub = self._stub
-            try:
-                reply = await send(stub)
-            except grpc.aio.AioRpcError as error:
-                self._counts.error(call, error)
-                gone = classify(*status_and_code(error), error_from_rpc(error)) is Failure.GONE
-                if attempt == 0 and gone and self._move_on(stub):
-                    self._counts.retried_calls[call] += 1
-                    continue
-                self._counts.failed_calls[call] += 1
-                return None
-            self._counts.latency(call, started)
-            return reply
-        return None  # not reached: the second attempt returns either way
+    def _failed(self, call: str, error: MeshnetError) -> None:
+        self._counts.failed(call, type(error).__name__, error.message)
+        self._counts.failed_calls[call] += 1
 
     async def _route(self) -> None:
         session, request = new_session_id(), new_request_id()
-        query = route_query_to_proto(RouteQuery(MODEL, session_id=session, request_id=request))
-        reply = await self._call("choose_route", lambda stub: stub.ChooseRoute(query, timeout=GATEWAY_CALL_TIMEOUT_S))
-        if reply is not None:
-            self._routed.append((session, request, route_from_proto(reply)))
+        started = time.perf_counter()
+        try:
+            route = await self._client.choose_route(MODEL, session_id=session, request_id=request)
+        except MeshnetError as error:
+            self._failed("choose_route", error)
+            return
+        self._counts.latency("choose_route", started)
+        self._routed.append((session, request, route))
 
     async def _report(self) -> None:
         if not self._routed:
@@ -113,10 +100,14 @@ class GatewayLoad:
             finished_at=now,
             session_id=session,  # type: ignore[arg-type]
         )
-        message = work_to_proto(record)
-        reply = await self._call("report_work", lambda stub: stub.ReportWork(message, timeout=GATEWAY_CALL_TIMEOUT_S))
-        if reply is not None:
-            self.acknowledged.append(request)
+        started = time.perf_counter()
+        try:
+            await self._client.report_work(record)
+        except MeshnetError as error:
+            self._failed("report_work", error)
+            return
+        self._counts.latency("report_work", started)
+        self.acknowledged.append(request)
 
     async def _paced(self, rate: float, call: Callable[[], Coroutine[Any, Any, None]], stop: asyncio.Event) -> None:
         """Open loop: a call every 1/rate s whether or not the last one answered, as users arrive."""
@@ -136,4 +127,4 @@ class GatewayLoad:
             self._paced(self._records_per_s, self._report, stop),
         )
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(channel.close() for channel in self._channels))
+        await self._client.close()

@@ -201,7 +201,7 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "histograms": {call: to_json(counts.latencies.get(call, Counter())) for call in CALLS},
         "errors": dict(sorted(counts.errors.items())),
         "error_examples": dict(sorted(counts.error_examples.items())),
-        "gateway_calls_retried": dict(sorted(counts.retried_calls.items())),
+        "gateway_calls_retried": counts.retries,
         "gateway_calls_failed": {call: counts.failed_calls[call] for call in ("choose_route", "report_work")},
         "live_nodes_wrongly_expired": counts.unknown_replies,
         "reregistrations": counts.reregistrations,

@@ -99,8 +99,8 @@ class Counts:
     """Work records not sent because no route had been answered yet."""
     loop_lag: Histogram = field(default_factory=Counter)
     """How late the generator's event loop woke a sleeper: its own lag, apart from the tracker's."""
-    retried_calls: Counter[str] = field(default_factory=Counter)
-    """Gateway calls asked once more on the next replica (theirs was gone), by call."""
+    retries: int = 0
+    """Gateway calls asked once more on the next replica (theirs was gone)."""
     failed_calls: Counter[str] = field(default_factory=Counter)
     """Gateway calls that failed for good (after their one retry, or not retried), by call."""
     phase_latencies: dict[str, Histogram] = field(default_factory=dict)
@@ -110,7 +110,7 @@ class Counts:
         """Forget everything counted so far: the end of the warm-up."""
         self.latencies, self.errors, self.error_examples, self.loop_lag = {}, Counter(), {}, Counter()
         self.unknown_replies = self.reregistrations = self.skipped_records = 0
-        self.retried_calls, self.failed_calls, self.phase_latencies = Counter(), Counter(), {}
+        self.retries, self.failed_calls, self.phase_latencies = 0, Counter(), {}
 
     def new_phase(self) -> dict[str, Histogram]:
         """The latencies of the phase that ends now; a new one starts."""
