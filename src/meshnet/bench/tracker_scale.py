@@ -266,4 +266,13 @@ def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = prin
 
 def quick(config: TrackerScaleConfig) -> TrackerScaleConfig:
     """A few seconds at a handful of nodes: the shape of a run, for CI."""
-    return replace(config, nodes=(10,), route_rates=(5.0,), warmup_s=1.0, measure_s=2.0, heartbeat_interval_s=0.2)
+    return replace(
+        config,
+        nodes=(10,),
+        route_rates=(5.0,),
+        warmup_s=1.0,
+        measure_s=2.0,
+        heartbeat_interval_s=0.2,
+        kill_tracker_at_s=0.5,
+        kill_store_at_s=1.0,
+    )

@@ -47,9 +47,9 @@ class TrackerScaleConfig:
     """The tracker's heartbeat interval (the real default is 2 s)."""
     n_layers: int = 30
     """Layers of the simulated model; nodes serve ranges of 2-10 of them."""
-    kill_tracker_at_s: float = field(default=30.0, metadata=cli("kill-tracker-at"))
+    kill_tracker_at_s: float = field(default=20.0, metadata=cli("kill-tracker-at"))
     """replica-kill: seconds into the measured span when the first tracker replica is SIGKILLed."""
-    kill_store_at_s: float = field(default=75.0, metadata=cli("kill-store-at"))
+    kill_store_at_s: float = field(default=40.0, metadata=cli("kill-store-at"))
     """replica-kill: seconds into the measured span when the etcd leader is SIGKILLed."""
     trackers: tuple[str, ...] = ()
     """Addresses of trackers already running (replicas, started by whoever kills one under load):

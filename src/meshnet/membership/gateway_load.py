@@ -25,6 +25,7 @@ from meshnet.membership.replicas import RetryBudget
 from meshnet.membership.simulated_nodes import MODEL, Counts
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import NodeCertificate
+from meshnet.wire.status import status_for
 from meshnet.wire.tls import LinkSecurity
 
 GATEWAY_CALL_TIMEOUT_S = 5.0
@@ -67,7 +68,8 @@ class GatewayLoad:
         """Request ids of every work record a tracker acknowledged, in order."""
 
     def _failed(self, call: str, error: MeshnetError) -> None:
-        self._counts.failed(call, type(error).__name__, error.message)
+        # Keyed by gRPC status, as the nodes' errors are (and earlier results' gateway errors).
+        self._counts.failed(call, status_for(error).name, f"{type(error).__name__}: {error.message}")
         self._counts.failed_calls[call] += 1
 
     async def _route(self) -> None:
