@@ -102,13 +102,18 @@ class TrackerScaleRun:
         self.run_dir = config.data_dir / "tracker-scale" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
-    def _start_tracker(self, name: str) -> tuple[ChildProcess, str | None]:
+    def start_tracker(
+        self, name: str, store: str = "", data_dir: Path | None = None
+    ) -> tuple[ChildProcess, str | None]:
+        """A tracker pinned to the tracker core; a replica named ``name`` when ``store`` is etcd's."""
         tracker = TrackerConfig(
             port=0,
             join_port=0,
             db_path=self.run_dir / f"{name}.sqlite3",
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             insecure=self.config.insecure,
+            store=store,
+            replica_id=name if store else "",
         )
         launch = tracker_launch(tracker, self.config.data_dir)
         command, unpinned = pinned(launch.argv, self.config.tracker_core)
@@ -117,7 +122,7 @@ class TrackerScaleRun:
         child.await_ready(time.monotonic() + TRACKER_START_TIMEOUT_S)
         return child, unpinned
 
-    def _generate(self, specs: list[LoadSpec], name: str) -> dict[str, Any]:
+    def generate(self, specs: list[LoadSpec], name: str) -> dict[str, Any]:
         """Run one generator process per spec at once (pinned round robin over the generator
         cores); their summaries merged, or the error of the first that failed."""
         running = []
@@ -153,7 +158,7 @@ class TrackerScaleRun:
                 results.append(json.loads(lines[-1]))
         return {**(failure or merge_points(results)), "generators_not_pinned": not_pinned}
 
-    def _specs(self, addresses: tuple[str, ...], tracker_pid: int | None, point: LoadPoint) -> list[LoadSpec]:
+    def specs(self, addresses: tuple[str, ...], tracker_pid: int | None, point: LoadPoint) -> list[LoadSpec]:
         """The point's nodes and rates shared out over ``generator_processes`` generators."""
         processes = min(self.config.generator_processes, point.nodes)
         shares = [point.nodes // processes + (index < point.nodes % processes) for index in range(processes)]
@@ -186,9 +191,9 @@ class TrackerScaleRun:
             if self.config.trackers:
                 addresses = self.config.trackers
             else:
-                tracker, unpinned = self._start_tracker(name)
+                tracker, unpinned = self.start_tracker(name)
                 addresses = (tracker.ready.first if tracker.ready else "",)
-            result = self._generate(self._specs(addresses, None if tracker is None else tracker.pid, point), name)
+            result = self.generate(self.specs(addresses, None if tracker is None else tracker.pid, point), name)
         except (MeshnetError, OSError, subprocess.TimeoutExpired) as error:
             result = {"error": f"{type(error).__name__}: {error}"}
         finally:
@@ -229,13 +234,11 @@ def write_result(path: Path, document: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = print) -> dict[str, Any]:
-    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result,
-    written to ``out`` after every point (``complete`` false until the end), so a run that
-    fails half-way keeps what it measured."""
+def new_document(config: TrackerScaleConfig) -> dict[str, Any]:
+    """A run's result before its points (``complete`` false), the swarm CA made if missing."""
     if not config.insecure:
         ensure_swarm(config.data_dir, time.time())
-    document: dict[str, Any] = {
+    return {
         "schema": SCHEMA,
         "mode": config.mode,
         "complete": False,
@@ -244,6 +247,13 @@ def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = prin
         "config": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(config).items()},
         "points": [],
     }
+
+
+def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = print) -> dict[str, Any]:
+    """Every point the mode asks for, plus the heartbeat transport comparison; the whole result,
+    written to ``out`` after every point (``complete`` false until the end), so a run that
+    fails half-way keeps what it measured."""
+    document = new_document(config)
     run = TrackerScaleRun(config, say)
     for point in load_points(config):
         document["points"].append(run.point(point))
@@ -258,4 +268,13 @@ def measure_tracker_scale(config: TrackerScaleConfig, out: Path, say: Say = prin
 
 def quick(config: TrackerScaleConfig) -> TrackerScaleConfig:
     """A few seconds at a handful of nodes: the shape of a run, for CI."""
-    return replace(config, nodes=(10,), route_rates=(5.0,), warmup_s=1.0, measure_s=2.0, heartbeat_interval_s=0.2)
+    return replace(
+        config,
+        nodes=(10,),
+        route_rates=(5.0,),
+        warmup_s=1.0,
+        measure_s=2.0,
+        heartbeat_interval_s=0.2,
+        kill_tracker_at_s=0.5,
+        kill_store_at_s=1.0,
+    )

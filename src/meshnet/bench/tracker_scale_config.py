@@ -13,7 +13,7 @@ from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTranspor
 
 TRACKER_START_TIMEOUT_S = 30.0
 """Seconds a started tracker (or the transport experiment's echo server) may take to be ready."""
-ScaleMode = Literal["sweep", "mass-join", "soak", "transport"]
+ScaleMode = Literal["sweep", "mass-join", "soak", "transport", "replica-kill"]
 
 
 @dataclass(frozen=True)
@@ -23,13 +23,16 @@ class TrackerScaleConfig:
     ``sweep`` measures every nodes x route-rate point (records at the route rate) on a fresh
     tracker each; ``mass-join`` registers every node at once on a fresh tracker and watches the
     aftermath; ``soak`` holds the largest point for ``soak_s``; ``transport`` only compares a
-    unary heartbeat with one carried on a long-lived stream (also part of every sweep)."""
+    unary heartbeat with one carried on a long-lived stream (also part of every sweep);
+    ``replica-kill`` starts a 3-member etcd cluster and 3 tracker replicas on it and, under the
+    largest point's load, SIGKILLs one replica and later the etcd leader (``bench.replica_kill``)."""
 
     data_dir: Path
     """Where the swarm CA is (created if missing), and the run's tracker databases and logs."""
     mode: ScaleMode = "sweep"
     """sweep: every nodes x route-rate point; mass-join: every node registers at once; soak: the
-    largest point for --soak seconds; transport: unary vs streamed heartbeat cost only."""
+    largest point for --soak seconds; transport: unary vs streamed heartbeat cost only;
+    replica-kill: 3 replicas on 3 etcd members, one of each SIGKILLed under load."""
     nodes: tuple[int, ...] = (100, 300, 1000, 3000)
     """Simulated node counts, one point each."""
     route_rates: tuple[float, ...] = (20.0, 100.0)
@@ -44,6 +47,10 @@ class TrackerScaleConfig:
     """The tracker's heartbeat interval (the real default is 2 s)."""
     n_layers: int = 30
     """Layers of the simulated model; nodes serve ranges of 2-10 of them."""
+    kill_tracker_at_s: float = field(default=20.0, metadata=cli("kill-tracker-at"))
+    """replica-kill: seconds into the measured span when the first tracker replica is SIGKILLed."""
+    kill_store_at_s: float = field(default=40.0, metadata=cli("kill-store-at"))
+    """replica-kill: seconds into the measured span when the etcd leader is SIGKILLed."""
     trackers: tuple[str, ...] = ()
     """Addresses of trackers already running (replicas, started by whoever kills one under load):
     none are started, nodes spread over them and fail over. Empty: start one per point."""
@@ -78,5 +85,7 @@ class TrackerScaleConfig:
                 raise InvalidArgument(f"{name} must be a finite number of seconds, got {value}")
         if self.generator_processes < 1 or not self.generator_cores:
             raise InvalidArgument("at least one generator process on at least one core")
+        if self.mode == "replica-kill" and not 0 <= self.kill_tracker_at_s <= self.kill_store_at_s < self.measure_s:
+            raise InvalidArgument("replica-kill: 0 <= --kill-tracker-at <= --kill-store-at < --measure")
         if self.n_layers < 2:
             raise InvalidArgument(f"n_layers must be at least 2, got {self.n_layers}")

@@ -130,6 +130,19 @@ def _wait_ready(cluster: EtcdCluster, timeout_s: float = 30.0) -> None:
         raise Unavailable(f"etcd members {sorted(pending)} did not become ready in {timeout_s} s")
 
 
+def leader_index(cluster: EtcdCluster) -> int:
+    """The index of the member the cluster elected leader now (asked of the first member that
+    answers): the member whose death costs an election, the hardest one to kill."""
+    for member in cluster.members:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            status = httpx.post(member.client_url + "/v3/maintenance/status", json={}, timeout=5.0).json()
+            for index, candidate in enumerate(cluster.members):
+                mine = httpx.post(candidate.client_url + "/v3/maintenance/status", json={}, timeout=5.0).json()
+                if mine["header"]["member_id"] == status["leader"]:
+                    return index
+    raise Unavailable("no etcd member says which member leads")
+
+
 START_ATTEMPTS = 3
 """A port free when picked may be taken before etcd binds it: a fresh set of ports then."""
 

@@ -18,27 +18,20 @@ import json
 import random
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-import grpc
 import psutil
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.core.ids import NodeId, new_node_id, new_request_id, new_session_id
-from meshnet.core.tracking import (
-    DEFAULT_HEARTBEAT_TRANSPORT,
-    HeartbeatTransport,
-    NodeWork,
-    Route,
-    RouteQuery,
-    WorkRecord,
-)
+from meshnet.core.ids import NodeId, new_node_id
+from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport
+from meshnet.membership.disruptions import Kill, measure_with_kills
+from meshnet.membership.gateway_load import GatewayLoad
 from meshnet.membership.load_figures import Histogram, ProcessMeter, bucket, percentile, summary, to_json
 from meshnet.membership.simulated_nodes import (
-    MODEL,
     PEERS_PER_HEARTBEAT,
     AnsweringPorts,
     Counts,
@@ -46,20 +39,15 @@ from meshnet.membership.simulated_nodes import (
     layer_ranges,
     simulated_recipe,
     simulated_record,
-    tracker_channel,
 )
 from meshnet.security.certificates import NodeCertificate, mint_node
 from meshnet.security.swarm_dir import load_authority
-from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity
-from meshnet.wire.tracker_wire import route_from_proto, route_query_to_proto
-from meshnet.wire.work_wire import work_to_proto
 
 LAG_PROBE_S = 0.05
 """How often the lag probe sleeps; its oversleep is the event loop's lag."""
 MAX_LAG_P99_MS = 100.0
 """Past this the generator sends late enough to distort what it measures: the run is invalid."""
-GATEWAY_CALL_TIMEOUT_S = 5.0
 CALLS = ("heartbeat", "choose_route", "report_work", "register")
 JOIN_TIMEOUT_S = 60.0
 """How long the join may take before load starts anyway (plus a little per node)."""
@@ -87,6 +75,10 @@ class LoadSpec:
     seed: int = 0
     heartbeat_transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT
     """How the nodes heartbeat: on a stream each (as workers do) or with unary calls."""
+    kills: tuple[Kill, ...] = ()
+    """Processes to SIGKILL during the measured span (``membership.disruptions``)."""
+    acknowledged_path: Path | None = None
+    """Where to write the request ids of every work record a tracker acknowledged (a JSON list)."""
 
     def __post_init__(self) -> None:
         if not self.trackers or self.nodes < 1 or self.n_layers < 2:
@@ -100,6 +92,8 @@ class LoadSpec:
         document = asdict(self)
         document["trackers"] = list(self.trackers)
         document["data_dir"] = None if self.data_dir is None else str(self.data_dir)
+        document["acknowledged_path"] = None if self.acknowledged_path is None else str(self.acknowledged_path)
+        document["kills"] = [asdict(kill) for kill in self.kills]
         return document
 
     @classmethod
@@ -107,7 +101,10 @@ class LoadSpec:
         fields = dict(document)
         fields["trackers"] = tuple(fields["trackers"])
         fields["data_dir"] = None if fields.get("data_dir") is None else Path(fields["data_dir"])
+        path = fields.get("acknowledged_path")
+        fields["acknowledged_path"] = None if path is None else Path(path)
         try:
+            fields["kills"] = tuple(Kill(**kill) for kill in fields.get("kills", ()))
             return cls(**fields)
         except TypeError as error:
             raise InvalidArgument(f"malformed load spec: {error}") from None
@@ -144,89 +141,6 @@ def build_nodes(
         peers = rng.sample(addresses, min(PEERS_PER_HEARTBEAT, len(addresses)))
         node.peers = tuple((peer, round(rng.uniform(0.2, 40.0), 2)) for peer in peers)
     return nodes, gateway
-
-
-class GatewayLoad:
-    """Routes for fresh sessions and the work records of routed requests, each at its own rate,
-    over one gateway certificate and channel (as one gateway sends them), moving to the next
-    tracker address when one is unavailable (replicas)."""
-
-    def __init__(self, spec: LoadSpec, certificate: NodeCertificate | None, counts: Counts) -> None:
-        self._spec = spec
-        self._security = None if certificate is None else LinkSecurity(certificate)
-        self._tracker_index = 0
-        self._channels = [tracker_channel(spec.trackers[0], self._security)]
-        self._stub = services.TrackerStub(self._channels[-1])
-        self._counts = counts
-        self._routed: deque[tuple[str, str, Route]] = deque(maxlen=1000)
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def _failed(self, call: str, error: grpc.aio.AioRpcError, stub: services.TrackerStub) -> None:
-        self._counts.error(call, error)
-        # Calls in flight on the old channel finish there; it is closed at the end of the run.
-        if error.code() == grpc.StatusCode.UNAVAILABLE and len(self._spec.trackers) > 1 and stub is self._stub:
-            self._tracker_index = (self._tracker_index + 1) % len(self._spec.trackers)
-            self._channels.append(tracker_channel(self._spec.trackers[self._tracker_index], self._security))
-            self._stub = services.TrackerStub(self._channels[-1])
-
-    async def _route(self) -> None:
-        session, request = new_session_id(), new_request_id()
-        query = RouteQuery(MODEL, session_id=session, request_id=request)
-        started, stub = time.perf_counter(), self._stub
-        try:
-            reply = await stub.ChooseRoute(route_query_to_proto(query), timeout=GATEWAY_CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            self._failed("choose_route", error, stub)
-            return
-        self._counts.latency("choose_route", started)
-        self._routed.append((session, request, route_from_proto(reply)))
-
-    async def _report(self) -> None:
-        if not self._routed:
-            self._counts.skipped_records += 1  # no route answered yet: nothing to report
-            return
-        session, request, route = self._routed.popleft()
-        now = time.time()
-        tokens = 96
-        record = WorkRecord(
-            request_id=request,  # type: ignore[arg-type]  # a RequestId made by new_request_id
-            model=MODEL,
-            status="completed",
-            tokens_in=32,
-            tokens_out=64,
-            attribution=tuple(NodeWork(hop.node_id, hop.layers, tokens) for hop in route.hops),
-            billing_units=tokens / 1000,
-            started_at=now - 2.0,
-            finished_at=now,
-            session_id=session,  # type: ignore[arg-type]
-        )
-        started, stub = time.perf_counter(), self._stub
-        try:
-            await stub.ReportWork(work_to_proto(record), timeout=GATEWAY_CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            self._failed("report_work", error, stub)
-            return
-        self._counts.latency("report_work", started)
-
-    async def _paced(self, rate: float, call: Any, stop: asyncio.Event) -> None:
-        """Open loop: a call every 1/rate s whether or not the last one answered, as users arrive."""
-        if rate <= 0:
-            return
-        due = time.monotonic()
-        while not stop.is_set():
-            task = asyncio.create_task(call())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            due += 1.0 / rate
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.gather(
-            self._paced(self._spec.routes_per_s, self._route, stop),
-            self._paced(self._spec.records_per_s, self._report, stop),
-        )
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(channel.close() for channel in self._channels))
 
 
 async def probe_lag(counts: Counts, stop: asyncio.Event) -> None:
@@ -287,6 +201,8 @@ def summarize(spec: LoadSpec, counts: Counts, tracker: ProcessMeter, own: Proces
         "histograms": {call: to_json(counts.latencies.get(call, Counter())) for call in CALLS},
         "errors": dict(sorted(counts.errors.items())),
         "error_examples": dict(sorted(counts.error_examples.items())),
+        "gateway_calls_retried": counts.retries,
+        "gateway_calls_failed": {call: counts.failed_calls[call] for call in ("choose_route", "report_work")},
         "live_nodes_wrongly_expired": counts.unknown_replies,
         "reregistrations": counts.reregistrations,
         "records_skipped_nothing_routed": counts.skipped_records,
@@ -308,6 +224,7 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
     counts = Counts()
     ports = AnsweringPorts(spec.host)
     nodes, gateway_certificate = build_nodes(spec, ports, counts)
+    gateway = GatewayLoad(spec.trackers, (spec.routes_per_s, spec.records_per_s), gateway_certificate, counts)
     await ports.start()
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -316,7 +233,7 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
         gap_s = 0.0 if spec.mass_join else spec.join_spread_s / len(nodes)
         tasks += [asyncio.create_task(node.run(stop, index * gap_s)) for index, node in enumerate(nodes)]
         join = _join_summary(counts, nodes, await _joined(nodes, JOIN_TIMEOUT_S + spec.nodes / 20))
-        tasks.append(asyncio.create_task(GatewayLoad(spec, gateway_certificate, counts).run(stop)))
+        tasks.append(asyncio.create_task(gateway.run(stop)))
         tasks.append(asyncio.create_task(probe_lag(counts, stop)))
         await asyncio.sleep(spec.warmup_s)
         warmup = {
@@ -326,11 +243,18 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
         }
         counts.reset()
         tracker, own = ProcessMeter(spec.tracker_pid), ProcessMeter(psutil.Process().pid)
-        await _sample_until([tracker, own], spec.measure_s)
+        meters = [tracker, own]
+        kills = await measure_with_kills(
+            spec.kills, nodes, counts.new_phase, lambda seconds: _sample_until(meters, seconds), spec.measure_s
+        )
         summary = {**summarize(spec, counts, tracker, own), "join": join, "warmup": warmup}
+        if spec.kills:
+            summary["disruptions"] = kills
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if spec.acknowledged_path is not None:
+            spec.acknowledged_path.write_text(json.dumps(gateway.acknowledged))
         await asyncio.gather(*(node.close() for node in nodes))
         await ports.stop()
     return summary

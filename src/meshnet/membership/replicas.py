@@ -136,6 +136,12 @@ class ReplicaRing:
         self._strikes = 0
         return True
 
+    def elsewhere(self, at: Position) -> bool:
+        """Whether the client asks another replica now than the one ``at`` named: a call lost
+        there after another call's failure already moved the client on is resent here too (a
+        gateway has many calls in flight when a replica dies; only the first failure moves it)."""
+        return self._current != at.index
+
     def __len__(self) -> int:
         return len(self.addresses)
 

@@ -99,14 +99,28 @@ class Counts:
     """Work records not sent because no route had been answered yet."""
     loop_lag: Histogram = field(default_factory=Counter)
     """How late the generator's event loop woke a sleeper: its own lag, apart from the tracker's."""
+    retries: int = 0
+    """Gateway calls asked once more on the next replica (theirs was gone)."""
+    failed_calls: Counter[str] = field(default_factory=Counter)
+    """Gateway calls that failed for good (after their one retry, or not retried), by call."""
+    phase_latencies: dict[str, Histogram] = field(default_factory=dict)
+    """Latencies since the last ``new_phase`` (a kill), by call, besides the whole span's."""
 
     def reset(self) -> None:
         """Forget everything counted so far: the end of the warm-up."""
         self.latencies, self.errors, self.error_examples, self.loop_lag = {}, Counter(), {}, Counter()
         self.unknown_replies = self.reregistrations = self.skipped_records = 0
+        self.retries, self.failed_calls, self.phase_latencies = 0, Counter(), {}
+
+    def new_phase(self) -> dict[str, Histogram]:
+        """The latencies of the phase that ends now; a new one starts."""
+        ended, self.phase_latencies = self.phase_latencies, {}
+        return ended
 
     def latency(self, call: str, started: float) -> None:
-        self.latencies.setdefault(call, Counter())[bucket((time.perf_counter() - started) * 1000.0)] += 1
+        index = bucket((time.perf_counter() - started) * 1000.0)
+        self.latencies.setdefault(call, Counter())[index] += 1
+        self.phase_latencies.setdefault(call, Counter())[index] += 1
 
     def error(self, call: str, error: grpc.aio.AioRpcError) -> None:
         self.failed(call, error.code().name, error.details() or "")
@@ -179,6 +193,8 @@ class SimulatedNode:
         self.peers: tuple[tuple[str, float], ...] = ()
         self.hold_until = 0.0
         """A busy tracker's retry hint: no call before this (``time.monotonic``)."""
+        self.answered_at = 0.0
+        """When a tracker last answered this node's heartbeat (``time.monotonic``)."""
 
     def _stub(self) -> services.TrackerStub:
         return services.TrackerStub(self._open_channel())
@@ -235,6 +251,7 @@ class SimulatedNode:
             )
             return
         self._counts.latency("heartbeat", started)
+        self.answered_at = time.monotonic()
         if not heartbeat_status_from_proto(reply).known:
             self._counts.unknown_replies += 1
             self.registered = False

@@ -378,7 +378,7 @@ class TrackerClient:
         try:
             return await attempt(at, deadline=deadline, wait_for_ready=False)
         except _Failed as failed:
-            moved = self._failed(at, failed.failure, failed.error)
+            moved = self._failed(at, failed.failure, failed.error) or self._replicas.elsewhere(at)
             if not (moved and self._may_retry(method, failed.failure, deadline)):
                 raise failed.error from failed.__cause__
         following = self._replicas.position()

@@ -122,6 +122,20 @@ async def test_a_heartbeat_lost_with_its_replica_is_asked_of_the_next_once(repli
     assert replicas[1].replica.calls == ["Heartbeat", "Heartbeat"] and replicas[2].replica.calls == []
 
 
+async def test_every_call_in_flight_when_its_replica_dies_is_asked_of_the_next_once(replicas: list[Running]) -> None:
+    """The first failure to arrive moves the client on; the others, arriving after it, are resent
+    there too rather than failing (a gateway has many calls in flight when a replica dies)."""
+    replicas[0].replica.delay_s = 5.0  # both calls are still waiting there when it dies
+    async with TrackerClient(addresses(replicas), timeout_s=3.0, heartbeat_transport="unary") as client:
+        calls = asyncio.gather(beat(client), beat(client))
+        while len(replicas[0].replica.calls) < 2:
+            await asyncio.sleep(0.01)
+        await replicas[0].kill()
+        assert await calls == [2, 2]
+        assert client.address == replicas[1].address
+    assert replicas[1].replica.calls == ["Heartbeat", "Heartbeat"] and replicas[2].replica.calls == []
+
+
 async def test_the_order_wraps_around_past_every_lost_replica(replicas: list[Running]) -> None:
     async with TrackerClient(addresses(replicas), timeout_s=2.0) as client:
         await replicas[0].kill()

@@ -76,7 +76,12 @@ def cmd_bench_tracker_scale(args: argparse.Namespace) -> int:
     if config.quick:
         config = quick(config)
     path = result_path(config)
-    measure_tracker_scale(config, path)
+    if config.mode == "replica-kill":
+        from meshnet.bench.replica_kill import measure_replica_kill
+
+        measure_replica_kill(config, path)
+    else:
+        measure_tracker_scale(config, path)
     print(f"wrote {path}")
     return 0
 
