@@ -78,7 +78,9 @@ def _why_missing(results: dict[str, Any], segments: list[str]) -> str:
         return f"lane {lane} {entry.get('status')}: {entry.get('reason')}"
     if len(segments) > 3 and segments[2] == "concurrency" and segments[3] not in entry.get("concurrency", {}):
         measured = ", ".join(sorted(entry.get("concurrency", {}), key=int))
-        return f"lane {lane} was not measured at concurrency {segments[3]} (measured: {measured}); run without --quick"
+        beyond_default = segments[3].isdigit() and int(segments[3]) > 8  # only the sweep preset goes past 8
+        how = "--concurrency-sweep" if beyond_default else "without --quick"
+        return f"lane {lane} was not measured at concurrency {segments[3]} (measured: {measured}); run {how}"
     return f"{'/'.join(segments)} is absent or null in the results"
 
 

@@ -218,3 +218,9 @@ def test_the_cli_reads_the_inputs_and_says_which_were_not_given(
     assert captured.out.startswith("OPTIMIZE (contract v5, exit 1)")
     assert "input not given, its checks are not measured: committed" in captured.err
     assert main(["gate", str(paths["main"]), "--contract", str(CONTRACT_V5_PATH), "--inputs", "nonsense"]) == 3
+
+
+def test_a_sweep_without_its_top_point_names_the_preset_that_measures_it() -> None:
+    _, checks = checks_of(without(passing_main(), "lanes", "meshnet-2", "concurrency", "16"), all_inputs())
+    text = checks["smollm2-meshnet2-never-falls"].bottleneck or ""
+    assert "meshnet-2 was not measured at concurrency 16" in text and "--concurrency-sweep" in text
