@@ -27,12 +27,17 @@ def _first_path(expression: dict[str, Any]) -> str:
         return str(expression["ratio"][0])
     if "linear" in expression:
         return str(expression["linear"]["path"])
+    if "steps" in expression:  # the sweep's top point: where a route that stops scaling shows why
+        steps = expression["steps"]
+        return str(steps["path"]).replace("{at}", str(steps["at"][-1]))
     return ""
 
 
 def diagnose(expression: dict[str, Any], results: dict[str, Any], *, measured: bool) -> str:
     path = _first_path(expression)
     segments = path.split("/")
+    if segments[0] == "inputs" and len(segments) > 2:
+        return _input(results, segments, measured)
     if segments[0] == "context_scaling":
         return _context(results, segments, measured)
     if segments[0] == "prefill":
@@ -56,6 +61,14 @@ def diagnose(expression: dict[str, Any], results: dict[str, Any], *, measured: b
     return f"{lane} at concurrency {concurrency} is off target"
 
 
+def _input(results: dict[str, Any], segments: list[str], measured: bool) -> str:
+    """A check on another results file (``gate.with_inputs``), diagnosed in that file."""
+    name, inner = segments[1], _get(results, f"inputs/{segments[1]}")
+    if not isinstance(inner, dict):
+        return f"input {name} was not given: meshnet gate --inputs {name}=PATH"
+    return f"{name}: " + diagnose({"path": "/".join(segments[2:])}, inner, measured=measured)
+
+
 def _why_missing(results: dict[str, Any], segments: list[str]) -> str:
     lane = segments[1]
     entry = _get(results, f"lanes/{lane}")
@@ -65,7 +78,9 @@ def _why_missing(results: dict[str, Any], segments: list[str]) -> str:
         return f"lane {lane} {entry.get('status')}: {entry.get('reason')}"
     if len(segments) > 3 and segments[2] == "concurrency" and segments[3] not in entry.get("concurrency", {}):
         measured = ", ".join(sorted(entry.get("concurrency", {}), key=int))
-        return f"lane {lane} was not measured at concurrency {segments[3]} (measured: {measured}); run without --quick"
+        beyond_default = segments[3].isdigit() and int(segments[3]) > 8  # only the sweep preset goes past 8
+        how = "--concurrency-sweep" if beyond_default else "without --quick"
+        return f"lane {lane} was not measured at concurrency {segments[3]} (measured: {measured}); run {how}"
     return f"{'/'.join(segments)} is absent or null in the results"
 
 

@@ -1,12 +1,15 @@
 """The bench's one typed configuration, its full and quick presets, and lane names.
 
 A lane is named ``kind`` or ``kind-N`` (N = shards): ``llama-whole``, ``split-2``, ``meshnet-3``,
-``recompute``. Every lane runs the same workload: the same prompts, output
-length, greedy sampling, thread count and KV geometry, so their numbers compare directly.
+``recompute``; ``llama-whole-T-threads`` is whole-model with T llama.cpp threads instead of the
+bench's ``threads`` (issue 34's sweep sets whole-model on the same two cores as a pinned
+meshnet-2). Every lane runs the same workload: the same prompts, output length, greedy
+sampling, thread count (but for those lanes) and KV geometry, so their numbers compare directly.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -20,6 +23,7 @@ LaneKind = Literal["llama-whole", "split", "meshnet", "recompute"]
 REFERENCE_LANE = "llama-whole"
 """Every drift and ratio is measured against this lane: whole-model llama.cpp, the speed anchor."""
 QUICK_PREFILL_PROMPT_TOKENS = 256
+WHOLE_THREADS = re.compile(r"llama-whole-(\d+)-threads?")
 DEFAULT_LANES = (
     "llama-whole",
     "split-2",
@@ -35,8 +39,12 @@ DEFAULT_LANES = (
 class LaneName:
     kind: LaneKind
     shards: int
+    threads: int | None = None
+    """llama.cpp threads of this lane's context when not the bench's ``threads`` (whole-model only)."""
 
     def __str__(self) -> str:
+        if self.threads is not None:
+            return f"{self.kind}-{self.threads}-thread{'s' if self.threads > 1 else ''}"
         return self.kind if self.kind in ("llama-whole", "recompute") else f"{self.kind}-{self.shards}"
 
 
@@ -46,10 +54,17 @@ def parse_lane(text: str, recompute_shards: int = 3) -> LaneName:
         return LaneName("llama-whole", 1)
     if text == "recompute":
         return LaneName("recompute", recompute_shards)
+    match = WHOLE_THREADS.fullmatch(text)
+    if match is not None:
+        lane = LaneName("llama-whole", 1, int(match.group(1)))
+        if int(match.group(1)) >= 1 and str(lane) == text:  # "1-thread", "2-threads": one spelling each
+            return lane
     kind, _, count = text.partition("-")
     if kind in ("split", "meshnet") and count.isdigit() and int(count) >= 1:
         return LaneName(kind, int(count))  # type: ignore[arg-type]
-    raise InvalidArgument(f"unknown lane {text!r}: use llama-whole, split-N, meshnet-N or recompute")
+    raise InvalidArgument(
+        f"unknown lane {text!r}: use llama-whole, llama-whole-T-threads, split-N, meshnet-N or recompute"
+    )
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,9 @@ class BenchConfig:
     synthetic_3b: bool = False
     """Preset: the synthetic-3b lane set (bench/synthetic_3b.py): a random-weight Llama-3.2-3B-shaped
     Q4_0 model, llama-whole vs meshnet-2, meshnet-3 and llama-rpc-3, one stream."""
+    concurrency_sweep: bool = False
+    """Preset (``sweep_config``): issue 34's sweep, pinned meshnet-2 against whole-model with 1
+    thread and with 2 threads at concurrency 1/2/4/8/16; combines with ``synthetic_3b``."""
     note: str = ""
     """A line recorded in the results' run notes (say there, e.g., that a run is a short smoke run)."""
 
@@ -154,10 +172,13 @@ class BenchConfig:
             if kind not in ("meshnet", "split"):
                 raise InvalidArgument(f"context_lane must be meshnet-N or split-N, got {self.context_lane}")
 
-    def llama_config(self, *, max_slots: int | None = None, n_ctx_per_slot: int | None = None) -> LlamaConfig:
-        """The in-process lanes' engine settings (the context phase asks for one larger slot)."""
+    def llama_config(
+        self, *, max_slots: int | None = None, n_ctx_per_slot: int | None = None, threads: int | None = None
+    ) -> LlamaConfig:
+        """The in-process lanes' engine settings (the context phase asks for one larger slot, a
+        ``llama-whole-T-threads`` lane for its own threads)."""
         return LlamaConfig(
-            n_threads=self.threads,
+            n_threads=self.threads if threads is None else threads,
             max_slots=self.max_slots if max_slots is None else max_slots,
             n_ctx_per_slot=self.n_ctx_per_slot if n_ctx_per_slot is None else n_ctx_per_slot,
             max_batch_tokens=self.prefill_chunk,
@@ -192,4 +213,26 @@ def quick_config(config: BenchConfig) -> BenchConfig:
         extra_lanes=(),
         prefill_prompt_tokens=min(config.prefill_prompt_tokens, QUICK_PREFILL_PROMPT_TOKENS),
         prefill_budget_s=30.0,
+    )
+
+
+SWEEP_LANES = ("llama-whole", "llama-whole-2-threads", "meshnet-2")
+SWEEP_CONCURRENCY = (1, 2, 4, 8, 16)
+
+
+def sweep_config(config: BenchConfig) -> BenchConfig:
+    """The ``--concurrency-sweep`` preset: the sweep's lanes join the run's (the route's workers
+    pinned one core each, whole-model with 1 thread and with 2 on the same two cores), each
+    measured at every concurrency of the sweep; the run's other lanes keep their own
+    concurrencies. KV slots grow to the top concurrency."""
+    lanes = config.lanes + tuple(lane for lane in SWEEP_LANES if lane not in config.lanes)
+    return replace(
+        config,
+        concurrency_sweep=True,
+        lanes=lanes,
+        sweep_lanes=SWEEP_LANES,
+        concurrency=SWEEP_CONCURRENCY,
+        max_slots=max(SWEEP_CONCURRENCY),
+        top_concurrency_lanes=(),
+        pin_workers=True,
     )

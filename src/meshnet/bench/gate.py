@@ -8,11 +8,16 @@ slash-separated paths whose segments may be globs (``lanes/meshnet-*/drift/token
 - optimize (exit 1): no stop, but a requirement fails or was not measured; each failure names
   the bottleneck (``bottleneck.diagnose``);
 - promote (exit 0): every requirement holds and every stop condition was measured and clear.
+
+A contract may name further results files (``inputs``, v5: the synthetic-3b run, the committed
+run a regression is judged against); they are read beside the main results under
+``inputs/<name>/...``. A check whose value was not measured is shown "not measured", never "pass".
 """
 
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import operator
 from collections.abc import Callable
@@ -126,13 +131,31 @@ def evaluate_expression(results: object, expression: dict[str, Any]) -> list[tup
             raise InvalidArgument("a ratio takes two plain paths, not globs")
         a, b = evaluate_expression(results, {"path": top}), evaluate_expression(results, {"path": bottom})
         return [(f"{top} / {bottom}", a[0][1] / b[0][1])] if a and b and b[0][1] else []
+    if "steps" in expression:
+        return _steps(results, expression["steps"])
     if "linear" in expression:
         spec = expression["linear"]
         base = evaluate_expression(results, {"path": spec["path"]})
         if not base:
             return []
         return [(spec["path"], spec.get("factor", 1.0) * base[0][1] + spec.get("constant", 0.0))]
-    raise InvalidArgument(f"unknown value expression {expression}: use const, path, ratio or linear")
+    raise InvalidArgument(f"unknown value expression {expression}: use const, path, ratio, steps or linear")
+
+
+def _steps(results: object, spec: dict[str, Any]) -> list[tuple[str, float]]:
+    """Each point's value over the previous point's, along ``at`` (``{at}`` in ``path`` names the
+    point): all of them, or none when a point was not measured, so a sweep with a gap is "not
+    measured" rather than judged on the points that happen to be there."""
+    template, points = str(spec["path"]), list(spec["at"])
+    if "{at}" not in template or len(points) < 2:
+        raise InvalidArgument("steps need a path with {at} and at least two points")
+    values = [evaluate_expression(results, {"path": template.replace("{at}", str(point))}) for point in points]
+    if not all(values) or any(v[0][1] <= 0 for v in values[:-1]):
+        return []
+    return [
+        (f"{later[0][0]} / {earlier[0][0]}", later[0][1] / earlier[0][1])
+        for earlier, later in itertools.pairwise(values)
+    ]
 
 
 def _check(results: dict[str, Any], entry: dict[str, Any], kind: Literal["requirement", "stop"]) -> Check:
@@ -152,6 +175,19 @@ def _check(results: dict[str, Any], entry: dict[str, Any], kind: Literal["requir
     if outcome in ("fail", "missing", "triggered"):
         bottleneck = diagnose(entry["value"], results, measured=bool(values))
     return Check(entry["id"], kind, description, outcome, tuple(values), entry["op"], threshold, bottleneck)
+
+
+def with_inputs(results: dict[str, Any], inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The main results with other results files beside them under ``inputs/<name>`` (v5 judges
+    the synthetic-3b run and compares with a committed run): the paths of a contract reach them
+    there, and a name not given leaves its checks "not measured"."""
+    return {**results, "inputs": dict(inputs)}
+
+
+def missing_inputs(contract: dict[str, Any], given: set[str]) -> list[str]:
+    """The inputs a contract names that were not given, each with what it should be."""
+    named = contract.get("inputs", {})
+    return [f"{name}: {what}" for name, what in sorted(named.items()) if name not in given]
 
 
 def evaluate(results: dict[str, Any], contract: dict[str, Any]) -> GateVerdict:

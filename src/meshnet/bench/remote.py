@@ -5,7 +5,8 @@ each worker's own description of itself (GetCapability, an admin call: no reques
 none does in a swarm, where the tracker's route carries it). Concurrency k is k
 drivers running at once on one event loop (as a gateway would run k requests); the workers'
 ``batch_occupancy`` counters, read before and after, say how many sessions each engine batch
-actually carried during the run.
+actually carried during the run, and their ``seam_messages_total`` how many gRPC messages
+crossed the route's seams.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class MeshnetLane:
         finished = time.perf_counter()
         after = await self.metrics()
         await self.wait_idle()
-        return RunRecord(len(prompts), started, finished, tuple(traces), occupancy(before, after))
+        return RunRecord(
+            len(prompts), started, finished, tuple(traces), occupancy(before, after), seam_messages(before, after)
+        )
 
     async def _one(self, prompt: tuple[int, ...], index: int, max_tokens: int, started: float) -> RequestTrace:
         times: list[float] = []
@@ -89,6 +92,17 @@ class MeshnetLane:
             if not any(m.get("active_sessions", 0.0) for m in await self.metrics()):
                 return
             await asyncio.sleep(0.02)
+
+
+def seam_messages(before: list[dict[str, float]], after: list[dict[str, float]]) -> int:
+    """Messages every worker sent to another shard between two metric snapshots (the workers
+    count them as they send: ``node.shard``)."""
+    return round(
+        sum(
+            new.get("seam_messages_total", 0.0) - old.get("seam_messages_total", 0.0)
+            for old, new in zip(before, after, strict=True)
+        )
+    )
 
 
 def occupancy(before: list[dict[str, float]], after: list[dict[str, float]]) -> float | None:

@@ -172,7 +172,10 @@ def _concurrency_cell(run: Measures | None) -> str:
     if run is None:
         return NONE
     itl = f"{_fmt(run.token_latency_ms_p50, 1)}/{_fmt(run.token_latency_ms_p95, 1)}"
-    return f"{_fmt(run.aggregate_decode_tok_s)} tok/s, occ {_fmt(run.batch_occupancy, 2)}, itl {itl} ms"
+    cell = f"{_fmt(run.aggregate_decode_tok_s)} tok/s, occ {_fmt(run.batch_occupancy, 2)}, itl {itl} ms"
+    if run.seam_messages_per_token is not None:
+        cell += f", {run.seam_messages_per_token:.2f} seam msg/token"
+    return cell
 
 
 def _concurrency_table(results: BenchResults) -> list[str]:
@@ -252,7 +255,9 @@ def _sections(results: BenchResults, contract: Path | None) -> list[str]:
         "## Aggregate decode throughput vs concurrency",
         "",
         "Aggregate decode tok/s in the steady state (all streams decoding); occ = engine batch occupancy "
-        "(sessions per batch); itl = per-stream inter-token latency p50/p95.",
+        "(sessions per batch); itl = per-stream inter-token latency p50/p95; seam msg/token = gRPC messages "
+        "the route's workers sent each other during the run (their own count) per token streamed, prefill "
+        "frames included.",
         *("", *_concurrency_table(results), ""),
         "## Route hops (probe session, one token at a time)",
         "",

@@ -109,6 +109,9 @@ class Measures:
     aggregate_decode_tok_s_rounds: tuple[float, ...] = ()
     token_agreement: float | None = None
     first_divergence: int | None = None
+    seam_messages_per_token: float | None = None
+    """Median over rounds of gRPC messages between the route's shards per token streamed
+    (``stats.seam_messages_per_token``); absent for lanes without worker seams."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,9 @@ def to_json(results: BenchResults) -> dict[str, Any]:
     if document.get("prefill") is None:
         document.pop("prefill", None)  # not measured: absent, as in files of schema version 1
     for lane in document.get("lanes", {}).values():
+        for measures in lane.get("concurrency", {}).values():
+            if measures.get("seam_messages_per_token") is None:
+                measures.pop("seam_messages_per_token", None)  # no worker seams: absent, not null
         hops = lane.get("hop_timing")
         if hops is not None and hops.get("seam_crossings_per_token") is None:
             del hops["seam_crossings_per_token"]  # a field newer than the file: absent, not null

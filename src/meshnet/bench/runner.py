@@ -143,7 +143,8 @@ class LaneSet:
             self.notes.append(f"{lane.label} workers: {lane.workers.pinning}")
             return
         before = rss_bytes()
-        route = open_local_route(self.model, shards, self.cache, self.llama, self.ranges(shards))
+        llama = self.llama if lane.name.threads is None else self.config.llama_config(threads=lane.name.threads)
+        route = open_local_route(self.model, shards, self.cache, llama, self.ranges(shards))
         lane.rss = [max(rss_bytes() - before, 0)]
         lane.rss_note = "growth of the bench process's resident memory when the lane's engines were opened"
         lane.engine = RecomputeLane(route) if kind == "recompute" else CachedLane(route)

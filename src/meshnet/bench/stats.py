@@ -42,6 +42,9 @@ class RunRecord:
     requests: tuple[RequestTrace, ...]
     batch_occupancy: float | None = None
     """Mean decode steps per engine batch over the run (workers' ``batch_occupancy``)."""
+    seam_messages: int | None = None
+    """gRPC messages the route's shards sent each other during the run (workers'
+    ``seam_messages_total``, read before and after); None for lanes without seams between processes."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -152,8 +155,21 @@ def summarize(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord 
         aggregate_decode_tok_s=median(rounds_of("aggregate_decode_tok_s")),
         aggregate_decode_tok_s_rounds=tuple(rounds_of("aggregate_decode_tok_s")),
         batch_occupancy=median([run.batch_occupancy for run in runs if run.batch_occupancy is not None]),
+        seam_messages_per_token=median([v for v in (seam_messages_per_token(run) for run in runs) if v is not None]),
         vs_reference=paired_ratios(rounds, reference),
     )
+
+
+def seam_messages_per_token(run: RunRecord) -> float | None:
+    """Seam messages of the run per token its streams received: both counted, neither derived.
+
+    The count covers the whole run, prefill included: a one-chunk prompt crosses the seams
+    like a decode step (its frame on, the first token back round the ring), so with such
+    prompts the figure is the decode steps' own; each further chunk adds its frames."""
+    tokens = sum(len(t.tokens) for t in run.requests)
+    if run.seam_messages is None or not tokens:
+        return None
+    return run.seam_messages / tokens
 
 
 def paired_ratios(rounds: Sequence[RunRecord | None], reference: Sequence[RunRecord | None]) -> dict[str, float | None]:

@@ -163,6 +163,8 @@ class GateArguments:
     """Bench results JSON to judge."""
     contract: Path | None = None
     """Performance contract JSON; none uses the packaged v4."""
+    inputs: tuple[str, ...] = ()
+    """Further results files the contract names, as NAME=PATH (v5: synthetic-3b=..., committed=...)."""
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,17 @@ def test_seam_bytes_and_hop_timing(bench_run: tuple[dict[str, Any], Path, int]) 
     assert len(hops["hops"]) == 2 and hops["step_ms_p50"] > 0
 
 
+def test_seam_messages_per_token_are_the_workers_count_at_every_concurrency(
+    bench_run: tuple[dict[str, Any], Path, int],
+) -> None:
+    lanes = bench_run[0]["lanes"]
+    # Two shards, a 64-token prompt in one 64-token chunk: the frame on and the token back, per
+    # token of each stream (test_bench_seam_messages.py shows the decode part of it alone).
+    route = lanes["meshnet-2"]["concurrency"]
+    assert route and all(run["seam_messages_per_token"] == 2.0 for run in route.values())
+    assert all("seam_messages_per_token" not in run for run in lanes["split-2"]["concurrency"].values())
+
+
 def test_context_scaling_points(bench_run: tuple[dict[str, Any], Path, int]) -> None:
     scaling = bench_run[0]["context_scaling"]
     assert scaling["fast_lane"] == "meshnet-3"

@@ -34,6 +34,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from meshnet.bench.synthetic_3b import synthetic_3b_config
 
         config = synthetic_3b_config(config, args.data_dir)
+    if given.get("concurrency_sweep"):
+        from meshnet.bench.config import sweep_config
+
+        config = sweep_config(config)
     outputs = config_from_arguments(BenchOutputs, args)
     return bench_command(
         replace(config, **given),
@@ -90,7 +94,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from meshnet.bench.command import gate_command
 
     gate = config_from_arguments(GateArguments, args)
-    return gate_command(gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr))
+    return gate_command(
+        gate.results, gate.contract, say=print, note=lambda line: print(line, file=sys.stderr), inputs=gate.inputs
+    )
 
 
 def bench_commands() -> dict[str, Command]:
