@@ -33,12 +33,12 @@ class TrackerConfig:
     heartbeat_interval_s: float = field(default=2.0, metadata=cli("heartbeat-interval"))
     """Seconds between the heartbeats workers are told to send."""
     missed_heartbeats: int = 3
+    """A node silent for this many intervals leaves routes and the epoch increments."""
     plan_staleness_s: float = field(default=0.5, metadata=cli("plan-staleness"))
     """Seconds a cached route plan may stay in use after a node off it may have got cheaper (room
     again, a shorter queue, a new node): without it a busy swarm replans on nearly every route.
     A plan is never used after one of its own nodes filled up, slowed or left (``PlanCache``);
     0 replans at once."""
-    """A node silent for this many intervals leaves routes and the epoch increments."""
     session_ttl_s: float = field(default=600.0, metadata=cli("session-ttl"))
     """Seconds after which a session's sticky route is forgotten without a route request."""
     shutdown_grace_s: float = field(default=5.0, metadata=cli("shutdown-grace"))
