@@ -406,13 +406,14 @@ class _ChainBounds:
     whose every chain must cost more than that one is not worth a label.
 
     ``rest[b]`` is at most what any chain from boundary ``b`` to the end costs: per hop the
-    node's own cost and the cheapest seam that can lead into it (none into a first hop),
-    minimised backwards over the boundaries. Following its choices from 0 gives a real chain,
-    priced with its real seams: an upper bound on the cheapest. A node is skipped only when
-    its bound exceeds that by more than float rounding, so the chain the planner returns, ties
-    and all, is the one it returns without the bound: every chain through a skipped node (and
-    any label built on it) costs more than the best. Nodes far slower than the best route, the
-    bulk of a large swarm, are then never labelled."""
+    node's own cost and the least any seam can cost (the per-seam overhead; none before a first
+    hop), minimised backwards over the boundaries. Following its choices from 0 gives a real
+    chain, priced with its real seams: an upper bound on the cheapest. A node is skipped only
+    when its bound exceeds that by more than float rounding, so the chain the planner returns,
+    ties and all, is the one it returns without the bound: every chain through a skipped node
+    (and any label built on it) costs more than the best. Nodes far slower than the best route,
+    the bulk of a large swarm, are then never labelled. (Each node's cheapest measured seam
+    would tighten the bound, but finding it costs more than the labels it saves.)"""
 
     _ROUNDING = 1e-9
 
@@ -423,19 +424,17 @@ class _ChainBounds:
         incoming: Callable[[NodeId], Mapping[NodeId, float]],
         costs: RoutingCosts,
     ) -> None:
+        self._seam_ms = min(costs.seam_overhead_ms, _unmeasured_seam_ms(costs, relayed=False))
         self._own: dict[NodeId, float] = {}
-        self._into: dict[NodeId, float] = {}
         self.rest: dict[int, float] = {n_layers: 0.0}
         choice: dict[int, NodeView] = {}
         for boundary in sorted(starting, reverse=True):
-            best = math.inf
+            best, seam = math.inf, 0.0 if boundary == 0 else self._seam_ms
             for node in starting[boundary]:
                 own = self._own[node.node_id] = node_cost_ms(node, costs)
-                into = 0.0 if boundary == 0 else _cheapest_seam_ms(node, incoming(node.node_id), costs)
-                self._into[node.node_id] = into
-                after = self.rest.get(node.layers.stop, math.inf) if node.layers.stop <= n_layers else math.inf
-                if own + into + after < best:
-                    best, choice[boundary] = own + into + after, node
+                total = own + seam + self.rest.get(node.layers.stop, math.inf)
+                if total < best:
+                    best, choice[boundary] = total, node
             if best < math.inf:
                 self.rest[boundary] = best
         self.known = _chain_cost(choice, n_layers, incoming, costs)
@@ -444,16 +443,9 @@ class _ChainBounds:
     def beyond(self, arrived_ms: float, node: NodeView) -> bool:
         """Whether every chain through ``node``, reaching its start at ``arrived_ms`` at best,
         costs more than the known chain."""
+        seam = 0.0 if node.layers.start == 0 else self._seam_ms
         rest = self.rest.get(node.layers.stop, math.inf)
-        return arrived_ms + self._into[node.node_id] + self._own[node.node_id] + rest > self._limit
-
-
-def _cheapest_seam_ms(node: NodeView, measured_into: Mapping[NodeId, float], costs: RoutingCosts) -> float:
-    """The least a seam into ``node`` can cost: unmeasured, or its cheapest measured one."""
-    unmeasured = _unmeasured_seam_ms(costs, relayed=node.relayed)
-    if not measured_into:
-        return unmeasured
-    return min(unmeasured, min(measured_into.values()) + costs.seam_overhead_ms)
+        return arrived_ms + seam + self._own[node.node_id] + rest > self._limit
 
 
 def _chain_cost(
