@@ -11,6 +11,8 @@ Scenarios (the routes are timed, heartbeats timed apart):
   cache's tolerance, so the model's plan stays valid between routes;
 * ``cache_misses``: every heartbeat changes its node's queue depth, so every route is planned;
 * ``planner``: the pure ``choose_model_route`` on the registry's views and a plain latency dict;
+* ``replan``: a plan cache miss as the tracker pays it (the registry's indexed tables, its
+  cache emptied before each route);
 * ``timing_between_routes``: as ``cache_hits``, but a gateway's timing of the last route arrives
   before each route (one timing per served request: 100 timings/s beside 100 routes/s), so
   every route follows a change of the measured routes and the believed rates it moves
@@ -200,10 +202,24 @@ def run_planner(n_nodes: int, routes: int, *, seed: int) -> dict[str, object]:
     return {"route": _summary(samples)}
 
 
+def run_replan(n_nodes: int, routes: int, *, seed: int) -> dict[str, object]:
+    """A cache miss as the tracker pays it: the registry's own indexed tables, the plan forgotten."""
+    swarm = Swarm(n_nodes, seed)
+    swarm.warm_up()
+    cache = swarm.registry._index.cache
+
+    def replanned() -> None:
+        cache.forget_all()
+        swarm.route()
+
+    return {"route": _summary([_timed(replanned) for _ in range(routes)])}
+
+
 SCENARIOS: dict[str, Callable[[int, int], dict[str, object]]] = {
     "cache_hits": lambda n_nodes, routes: run_scenario(n_nodes, routes, vary_queue=False, seed=n_nodes),
     "cache_misses": lambda n_nodes, routes: run_scenario(n_nodes, routes, vary_queue=True, seed=n_nodes),
     "planner": lambda n_nodes, routes: run_planner(n_nodes, routes, seed=n_nodes),
+    "replan": lambda n_nodes, routes: run_replan(n_nodes, routes, seed=n_nodes),
     "timing_between_routes": lambda n_nodes, routes: run_scenario(
         n_nodes, routes, vary_queue=False, seed=n_nodes, timings=True
     ),

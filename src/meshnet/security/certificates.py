@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -188,16 +189,58 @@ def read_peer(cert_pem: bytes, ca_pem: bytes, now_unix_s: float) -> PeerIdentity
     TLS has already verified the chain; this re-checks it in Python so a mistake in how a
     server was configured (another CA loaded, verification off) cannot slip an identity through.
     """
+    return _current(_verified_peer(cert_pem, ca_pem), now_unix_s)
+
+
+class PeerReader:
+    """``read_peer`` that remembers, per certificate and CA, what does not change with time: that
+    the CA signed it and the identity it names. Parsing and verifying a certificate on every call
+    was ~5% of a busy tracker's core; validity in time is still checked on every call. Failures
+    are never remembered (TLS refuses such certificates before a call gets here anyway). Least
+    recently used entries go first beyond ``max_entries`` (a swarm's nodes and gateways)."""
+
+    def __init__(self, max_entries: int = 8192) -> None:
+        self._max_entries = max_entries
+        self._known: OrderedDict[tuple[bytes, bytes], _VerifiedPeer] = OrderedDict()
+
+    def read(self, cert_pem: bytes, ca_pem: bytes, now_unix_s: float) -> PeerIdentity:
+        key = (cert_pem, ca_pem)
+        verified = self._known.get(key)
+        if verified is None:
+            verified = self._known[key] = _verified_peer(cert_pem, ca_pem)
+            if len(self._known) > self._max_entries:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(key)
+        return _current(verified, now_unix_s)
+
+
+@dataclass(frozen=True)
+class _VerifiedPeer:
+    identity: PeerIdentity
+    not_before_s: float
+    not_after_s: float
+
+
+def _verified_peer(cert_pem: bytes, ca_pem: bytes) -> _VerifiedPeer:
+    """The certificate's identity and validity window, once the CA's signature on it is checked."""
     cert = _load_cert(cert_pem)
     ca = _load_cert(ca_pem)
     try:
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
         raise CertificateRefused("the certificate was not issued by this swarm's CA") from None
-    if not cert.not_valid_before_utc.timestamp() <= now_unix_s < cert.not_valid_after_utc.timestamp():
-        raise CertificateRefused(f"the certificate of serial {cert.serial_number:x} is expired or not yet valid")
     node_id, role = _names(cert)
-    return PeerIdentity(node_id, role, cert.serial_number, cert.not_valid_after_utc.timestamp())
+    not_after = cert.not_valid_after_utc.timestamp()
+    identity = PeerIdentity(node_id, role, cert.serial_number, not_after)
+    return _VerifiedPeer(identity, cert.not_valid_before_utc.timestamp(), not_after)
+
+
+def _current(verified: _VerifiedPeer, now_unix_s: float) -> PeerIdentity:
+    if not verified.not_before_s <= now_unix_s < verified.not_after_s:
+        serial = verified.identity.serial
+        raise CertificateRefused(f"the certificate of serial {serial:x} is expired or not yet valid")
+    return verified.identity
 
 
 def certificate_expiry(cert_pem: bytes) -> float:

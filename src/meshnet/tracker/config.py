@@ -34,6 +34,11 @@ class TrackerConfig:
     """Seconds between the heartbeats workers are told to send."""
     missed_heartbeats: int = 3
     """A node silent for this many intervals leaves routes and the epoch increments."""
+    plan_staleness_s: float = field(default=0.5, metadata=cli("plan-staleness"))
+    """Seconds a cached route plan may stay in use after a node off it may have got cheaper (room
+    again, a shorter queue, a new node): without it a busy swarm replans on nearly every route.
+    A plan is never used after one of its own nodes filled up, slowed or left (``PlanCache``);
+    0 replans at once."""
     session_ttl_s: float = field(default=600.0, metadata=cli("session-ttl"))
     """Seconds after which a session's sticky route is forgotten without a route request."""
     shutdown_grace_s: float = field(default=5.0, metadata=cli("shutdown-grace"))
@@ -63,5 +68,7 @@ class TrackerConfig:
                 raise InvalidArgument(f"{name} must be a positive number of seconds, got {value}")
         if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
             raise InvalidArgument(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
+        if not (math.isfinite(self.plan_staleness_s) and self.plan_staleness_s >= 0):
+            raise InvalidArgument(f"plan_staleness_s must be >= 0 seconds, got {self.plan_staleness_s}")
         if self.missed_heartbeats < 1:
             raise InvalidArgument(f"missed_heartbeats must be >= 1, got {self.missed_heartbeats}")

@@ -99,6 +99,7 @@ class NodeRegistry:
         costs: RoutingCosts = DEFAULT_COSTS,
         quarantined: Iterable[NodeId] = (),
         mixed_devices: bool = False,
+        plan_staleness_s: float = 0.0,
     ) -> None:
         if heartbeat_interval_s <= 0 or missed_heartbeats < 1 or epoch < 0:
             raise InvalidArgument("heartbeat interval must be > 0, missed heartbeats >= 1, epoch >= 0")
@@ -130,7 +131,7 @@ class NodeRegistry:
         """Routes issued for conversations' last prefix links (``tracker.affinity``): memory only."""
         self._measured = RouteMeasurements()
         """Routes' decode times as gateways measured them: what node speeds are believed from."""
-        self._index = RouteIndex(costs)
+        self._index = RouteIndex(costs, clock=clock, improvement_staleness_s=plan_staleness_s)
         """What routes are planned from, kept up to date by every change of ``_nodes``."""
 
     @property
@@ -363,7 +364,7 @@ class NodeRegistry:
             )
 
         if cacheable and not chain:  # a cache hit reads no node at all
-            return self._index.cache.plan(
+            return self._index.plan(
                 names[0], query.model, self._mixed_devices, lambda: plan(self._index.views_of(query.model))
             )
         views = self._index.views_of(query.model)
@@ -373,7 +374,7 @@ class NodeRegistry:
             if kept is not None:
                 return kept
         base = (
-            self._index.cache.plan(names[0], query.model, self._mixed_devices, lambda: plan(views))
+            self._index.plan(names[0], query.model, self._mixed_devices, lambda: plan(views))
             if cacheable
             else plan(views)
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol
 
 from meshnet.core.ids import NodeId
@@ -48,6 +49,9 @@ class IndexedNode(Protocol):
     @property
     def routable(self) -> bool: ...
     def view(self) -> NodeView: ...
+
+
+NO_ROW: Mapping[str, float] = MappingProxyType({})
 
 
 class IndexedLatencies(SeamLatencies):
@@ -77,6 +81,11 @@ class IndexedLatencies(SeamLatencies):
     def row(self, before: NodeId) -> dict[str, float]:
         """``before``'s reported round trips by address (a copy)."""
         return dict(self._rows.get(before, {}))
+
+    def reported(self, before: NodeId) -> Mapping[str, float]:
+        """``before``'s reported round trips by address, not copied: a row is replaced whole by
+        each report, never changed in place, so the reference stays what was reported."""
+        return self._rows.get(before, NO_ROW)
 
     def set_row(self, before: NodeId, peer_rtt_ms: Sequence[tuple[str, float]]) -> None:
         """Replace what ``before`` reported with its latest round trips."""
@@ -137,7 +146,14 @@ class _Beliefs:
 class RouteIndex:
     """Per model, the routable live nodes with believed rates; the seam latency table."""
 
-    def __init__(self, costs: RoutingCosts, *, latency_tolerance_ms: float = 1.0) -> None:
+    def __init__(
+        self,
+        costs: RoutingCosts,
+        *,
+        clock: Callable[[], float],
+        latency_tolerance_ms: float = 1.0,
+        improvement_staleness_s: float = 0.0,
+    ) -> None:
         self._costs = costs
         self.latency = IndexedLatencies()
         self._base: dict[NodeId, NodeView] = {}
@@ -150,15 +166,17 @@ class RouteIndex:
         """Recipe fingerprints by model name, with how many nodes serve each."""
         self._planned: dict[NodeId, NodeView] = {}
         """Views with believed rates, built on demand; emptied when the beliefs move."""
-        self._priced: dict[NodeId, dict[str, float]] = {}
-        """Each routable node's round trips as its model's cached plans priced them: a report is
+        self._priced: dict[NodeId, Mapping[str, float]] = {}
+        """Each routable node's round trips as its model's last plan priced them: a report is
         compared with these, not with the last one, so small moves cannot add up unseen."""
         self._beliefs: _Beliefs | None = None
         self._claims: tuple[int, Claims] | None = None
         """What membership decides of the beliefs, and the membership version it was taken at."""
         self.membership = 0
         """Moves whenever a routable node joins or leaves: what claims and candidates depend on."""
-        self.cache = PlanCache(latency_tolerance_ms=latency_tolerance_ms)
+        self.cache = PlanCache(
+            clock=clock, latency_tolerance_ms=latency_tolerance_ms, improvement_staleness_s=improvement_staleness_s
+        )
 
     def put(self, entry: IndexedNode) -> None:
         """``entry`` registered, heartbeat or was routed to: take its current record and load."""
@@ -173,16 +191,27 @@ class RouteIndex:
             _count(self._names, view.fingerprint, view.model, +1)
             _count(self._recipes, view.model, view.fingerprint, +1)
             self.membership += 1
-        row = self.latency.row(view.node_id)
-        priced = self._priced.get(view.node_id)
-        tolerance = self.cache.latency_tolerance_ms
-        if before is None or _costs_differ(before, view) or priced is None or _rows_differ(priced, row, tolerance):
-            self.cache.forget(view.model)
-        if not self.cache.holds(view.model):
-            # No plan of its model was made since: the next one prices this row.
-            self._priced[view.node_id] = row
+            self.cache.improved(view.model)  # a new candidate can only make some chain cheaper
+        else:
+            self._reprice(before, view)
         self._base[view.node_id] = view
         self._planned.pop(view.node_id, None)
+
+    def _reprice(self, before: NodeView, view: NodeView) -> None:
+        """Tell the plan cache what a known node's new report can do to its model's plans: a node
+        on a cached plan that changes anything the planner prices forgets them; a node off every
+        plan matters only where its cost may have fallen (``PlanCache.improved``)."""
+        priced = self._priced.get(view.node_id)
+        moved = priced is not None and _rows_differ(
+            priced, self.latency.reported(view.node_id), self.cache.latency_tolerance_ms
+        )
+        if self.cache.uses(view.model, view.node_id):
+            if moved or _costs_differ(before, view):
+                self.cache.forget(view.model)
+        elif moved or priced is None or _cost_may_fall(before, view):
+            # Off the plans, a costlier node leaves them the cheapest (every other chain only
+            # got dearer); a cheaper one, or a seam re-measured, may beat them.
+            self.cache.improved(view.model)
 
     def drop(self, node_id: NodeId) -> None:
         """``node_id`` left: no route, no seam and no belief counts it any more."""
@@ -200,7 +229,8 @@ class RouteIndex:
         self._planned.pop(node_id, None)
         self._priced.pop(node_id, None)
         self.membership += 1
-        self.cache.forget(view.model)
+        if self.cache.uses(view.model, node_id):
+            self.cache.forget(view.model)  # a plan without it is needed; off the plans it cost nothing
 
     def model_names(self, model: str) -> tuple[str, ...]:
         """The model names a route for ``model`` (a name, or a recipe fingerprint) can use:
@@ -257,12 +287,28 @@ class RouteIndex:
         # Only the nodes a new measurement can move are believed again (``claims.believe``).
         beliefs = believe(self._claims[1], routes, latency_ms=self.latency, costs=self._costs, before=before)
         # A cached plan reads the nodes of its one model name only (``views_of``): plans of
-        # models no moved node serves still hold.
-        for model in {self._base[node_id].model for node_id in beliefs.changed}:
-            self.cache.forget(model)
+        # models no moved node serves still hold, and so do those no moved node is on unless
+        # some node is believed faster than before.
+        old_rates = before.rates if before else {}
         for node_id in beliefs.changed:
             self._planned.pop(node_id, None)
+            model = self._base[node_id].model
+            if self.cache.uses(model, node_id):
+                self.cache.forget(model)
+            elif node_id not in old_rates or beliefs.rates[node_id] > old_rates[node_id]:
+                self.cache.improved(model)
         self._beliefs = _Beliefs(key, seams, beliefs)
+
+    def plan(self, name: str, asked: str, mixed: bool, planner: Callable[[], RoutePlan]) -> RoutePlan:
+        """The plan cache's plan of ``asked`` (served under ``name``), the round trips it was
+        made with kept as what later reports are compared with."""
+
+        def priced_planner() -> RoutePlan:
+            for node_id in self._by_model.get(name, ()):
+                self._priced[node_id] = self.latency.reported(node_id)
+            return planner()
+
+        return self.cache.plan(name, asked, mixed, priced_planner)
 
     def _near(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> bool:
         tolerance = self.cache.latency_tolerance_ms
@@ -290,6 +336,12 @@ def _costs_differ(before: NodeView, after: NodeView) -> bool:
     return before.queue_depth != after.queue_depth or (before.free_sessions > 0) != (after.free_sessions > 0)
 
 
+def _cost_may_fall(before: NodeView, after: NodeView) -> bool:
+    """Whether the planner may price ``after`` lower than ``before``: a shorter queue, or room
+    where there was none (the claimed rate is the record's, which a heartbeat does not change)."""
+    return after.queue_depth < before.queue_depth or (before.free_sessions <= 0 < after.free_sessions)
+
+
 def _rows_differ(before: Mapping[str, float], after: Mapping[str, float], tolerance_ms: float) -> bool:
     """Whether two reports of round trips differ by a peer, or by more than ``tolerance_ms``
     one way (half the round trip) on some peer."""
@@ -301,25 +353,50 @@ def _rows_differ(before: Mapping[str, float], after: Mapping[str, float], tolera
 class PlanCache:
     """Plans by model name, for requests with no exclusion and no prompt prefix.
 
-    A model's plans are forgotten whenever a node of it joins or leaves, changes its queue
-    depth, or gains or loses room, and every plan when any believed rate moves: the planner
-    prices nothing else of a node. Seam round trips are the exception: a node's report that
-    moves every one-way latency by at most ``latency_tolerance_ms`` (and names the same peers)
-    from what the plan was made with keeps its model's plans, so a cached plan may price a seam
-    up to that far from the latest heartbeat, and cost up to ``2 * latency_tolerance_ms`` per
-    seam (of it and of the best route) more than the plan the latest numbers would choose.
-    Anything beyond is a new plan.
+    What each change does to a model's plans (the planner prices a node's queue, its room, its
+    believed rate, its seams, and nothing else):
+
+    * a node **on** a kept plan changes any of those, or leaves: the model's plans are forgotten;
+    * a node **off** every plan gets costlier, or leaves: the plans are kept, and stay exactly the
+      planner's choice, since every other chain only got dearer (ties break the same way);
+    * a node off the plans may have got cheaper (room again, a shorter queue, a faster belief, a
+      seam re-measured) or a node joins: the plans are kept for at most
+      ``improvement_staleness_s`` after the first such change, then made again. Without this a
+      busy swarm replans on nearly every route (each heartbeat of a node that filled up gives it
+      room again); with it a model is replanned at most once per window for improvements, and a
+      plan is never used after one of its own nodes filled up or slowed. 0 replans at once.
+
+    Seam round trips have a tolerance: a report that moves every one-way latency by at most
+    ``latency_tolerance_ms`` (and names the same peers) from what the plan was made with counts
+    as no change, so a cached plan may price a seam up to that far from the latest heartbeat, and
+    cost up to ``2 * latency_tolerance_ms`` per seam (of it and of the best route) more than the
+    plan the latest numbers would choose. Anything beyond is a change as above.
     """
 
-    def __init__(self, *, latency_tolerance_ms: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        latency_tolerance_ms: float = 1.0,
+        improvement_staleness_s: float = 0.0,
+    ) -> None:
         self.latency_tolerance_ms = latency_tolerance_ms
+        self.improvement_staleness_s = improvement_staleness_s
+        self._clock = clock
         self._plans: dict[str, dict[tuple[str, bool], RoutePlan]] = {}
+        self._on_plans: dict[str, set[NodeId]] = {}
+        """The nodes on each model's kept plans."""
+        self._improved_at: dict[str, float] = {}
+        """When a node off a model's kept plans first may have got cheaper since they were made."""
         self.hits = 0
         self.misses = 0
 
     def plan(self, name: str, asked: str, mixed: bool, planner: Callable[[], RoutePlan]) -> RoutePlan:
         """The cached plan of ``asked`` (served under the model name ``name``), else the
         planner's, kept. A refusal (``NoRoute``) is never kept: it is cheap and rare."""
+        improved_at = self._improved_at.get(name)
+        if improved_at is not None and self._clock() - improved_at >= self.improvement_staleness_s:
+            self.forget(name)
         plans = self._plans.setdefault(name, {})
         found = plans.get((asked, mixed))
         if found is not None:
@@ -328,14 +405,33 @@ class PlanCache:
         self.misses += 1
         plan = planner()
         plans[(asked, mixed)] = plan
+        self._on_plans.setdefault(name, set()).update(hop.node_id for hop in plan.hops)
         return plan
 
     def holds(self, name: str) -> bool:
         """Whether some plan of the model ``name`` is kept."""
         return bool(self._plans.get(name))
 
+    def uses(self, name: str, node_id: NodeId) -> bool:
+        """Whether ``node_id`` is on a kept plan of the model ``name``."""
+        return node_id in self._on_plans.get(name, ())
+
+    def improved(self, name: str) -> None:
+        """Some node off the model's plans may be cheaper now: replan once the staleness allowed
+        for improvements has passed (at once when it is 0)."""
+        if not self.holds(name):
+            return
+        if self.improvement_staleness_s <= 0:
+            self.forget(name)
+        else:
+            self._improved_at.setdefault(name, self._clock())
+
     def forget(self, name: str) -> None:
         self._plans.pop(name, None)
+        self._on_plans.pop(name, None)
+        self._improved_at.pop(name, None)
 
     def forget_all(self) -> None:
         self._plans.clear()
+        self._on_plans.clear()
+        self._improved_at.clear()

@@ -29,6 +29,7 @@ Everything here is a function of its arguments: no clock, no registry, no I/O.
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -380,6 +381,7 @@ def shortest_chain(
     for node in usable:
         starting.setdefault(node.layers.start, []).append(node)
     incoming = _incoming(latency_ms)
+    bounds = _ChainBounds(starting, n_layers, incoming, costs)
     ending: dict[int, list[_Label]] = {0: [(0.0, 0, 0, (), ())]}
     for boundary in sorted(starting):
         arrived = ending.pop(boundary, None)
@@ -388,6 +390,8 @@ def shortest_chain(
         arrived.sort()
         by_last = {label[4][-1].node_id: label for label in arrived if label[4]}
         for node in starting[boundary]:
+            if bounds.beyond(arrived[0][0], node):
+                continue  # every chain through it costs more than one already known
             label = _best_label(node, arrived, by_last, incoming(node.node_id), costs)
             ending.setdefault(node.layers.stop, []).append(label)
     finals = ending.get(n_layers)
@@ -395,6 +399,77 @@ def shortest_chain(
         return None
     cost, _, _, _, chain = min(finals)
     return chain, cost
+
+
+class _ChainBounds:
+    """Lower bounds on what the rest of a chain costs, and the cost of one real chain: a node
+    whose every chain must cost more than that one is not worth a label.
+
+    ``rest[b]`` is at most what any chain from boundary ``b`` to the end costs: per hop the
+    node's own cost and the least any seam can cost (the per-seam overhead; none before a first
+    hop), minimised backwards over the boundaries. Following its choices from 0 gives a real
+    chain, priced with its real seams: an upper bound on the cheapest. A node is skipped only
+    when its bound exceeds that by more than float rounding, so the chain the planner returns,
+    ties and all, is the one it returns without the bound: every chain through a skipped node
+    (and any label built on it) costs more than the best. Nodes far slower than the best route,
+    the bulk of a large swarm, are then never labelled. (Each node's cheapest measured seam
+    would tighten the bound, but finding it costs more than the labels it saves.)"""
+
+    _ROUNDING = 1e-9
+
+    def __init__(
+        self,
+        starting: Mapping[int, Sequence[NodeView]],
+        n_layers: int,
+        incoming: Callable[[NodeId], Mapping[NodeId, float]],
+        costs: RoutingCosts,
+    ) -> None:
+        self._seam_ms = min(costs.seam_overhead_ms, _unmeasured_seam_ms(costs, relayed=False))
+        self._own: dict[NodeId, float] = {}
+        self.rest: dict[int, float] = {n_layers: 0.0}
+        choice: dict[int, NodeView] = {}
+        for boundary in sorted(starting, reverse=True):
+            best, seam = math.inf, 0.0 if boundary == 0 else self._seam_ms
+            for node in starting[boundary]:
+                own = self._own[node.node_id] = node_cost_ms(node, costs)
+                total = own + seam + self.rest.get(node.layers.stop, math.inf)
+                if total < best:
+                    best, choice[boundary] = total, node
+            if best < math.inf:
+                self.rest[boundary] = best
+        self.known = _chain_cost(choice, n_layers, incoming, costs)
+        self._limit = self.known + self._ROUNDING * (1.0 + abs(self.known))
+
+    def beyond(self, arrived_ms: float, node: NodeView) -> bool:
+        """Whether every chain through ``node``, reaching its start at ``arrived_ms`` at best,
+        costs more than the known chain."""
+        seam = 0.0 if node.layers.start == 0 else self._seam_ms
+        rest = self.rest.get(node.layers.stop, math.inf)
+        return arrived_ms + seam + self._own[node.node_id] + rest > self._limit
+
+
+def _chain_cost(
+    choice: Mapping[int, NodeView],
+    n_layers: int,
+    incoming: Callable[[NodeId], Mapping[NodeId, float]],
+    costs: RoutingCosts,
+) -> float:
+    """The real cost of the chain ``choice`` makes from boundary 0 (inf: it makes none)."""
+    total, boundary, before = 0.0, 0, None
+    while boundary < n_layers:
+        node = choice.get(boundary)
+        if node is None:
+            return math.inf
+        if before is not None:
+            measured = incoming(node.node_id).get(before.node_id)
+            total += (
+                _unmeasured_seam_ms(costs, relayed=node.relayed)
+                if measured is None
+                else measured + costs.seam_overhead_ms
+            )
+        total += node_cost_ms(node, costs)
+        boundary, before = node.layers.stop, node
+    return total
 
 
 _Label = tuple[float, int, int, tuple[str, ...], tuple[NodeView, ...]]

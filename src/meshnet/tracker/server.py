@@ -126,6 +126,7 @@ def _restored_registry(store: TrackerStore, config: TrackerConfig, clock: Clock)
         session_ttl_s=config.session_ttl_s,
         quarantined=store.quarantined_nodes(),
         mixed_devices=config.allow_mixed_routes,
+        plan_staleness_s=config.plan_staleness_s,
     )
 
 

@@ -22,7 +22,7 @@ import grpc
 import grpc.aio
 
 from meshnet.core.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
-from meshnet.security.certificates import CertificateRefused, NodeCertificate, read_peer
+from meshnet.security.certificates import CertificateRefused, NodeCertificate, PeerReader, read_peer
 from meshnet.security.identity import ANY_WORKER_NAME, TRACKER_NAME, PeerIdentity, node_server_name
 from meshnet.security.policy import Revocations, Verdict
 
@@ -87,6 +87,8 @@ class LinkSecurity:
         self.clock = clock
         self.store = store
         self.generation = 0
+        self._peers = PeerReader()
+        """Callers' certificates already verified against the CA (``security.certificates``)."""
 
     @property
     def node(self) -> NodeCertificate:
@@ -132,7 +134,7 @@ class LinkSecurity:
         if not certs:
             raise Unauthenticated("this port requires a swarm client certificate")
         try:
-            identity = read_peer(certs[0], self.node.ca_pem, self.clock())
+            identity = self._peers.read(certs[0], self.node.ca_pem, self.clock())
         except (CertificateRefused, InvalidArgument) as error:
             raise Unauthenticated(error.message) from None
         if identity.node_id in self.revocations.current():

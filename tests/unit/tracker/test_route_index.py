@@ -62,7 +62,9 @@ def _views_from_scratch(registry: NodeRegistry, latency: LatencyTable) -> tuple[
     return tuple(replace(view, decode_tokens_per_s=rates[view.node_id]) for view in views)
 
 
-def _step(rng: random.Random, registry: NodeRegistry, served: list[RouteTiming]) -> None:
+def _step(rng: random.Random, registry: NodeRegistry, served: list[RouteTiming], *, fixed_peers: bool = False) -> None:
+    """One random change. ``fixed_peers``: each node always reports the same round trips, so
+    heartbeats move only loads (queues, room) and nothing hides a load change behind a seam's."""
     entries = registry.entries()
     action = rng.random()
     if action < 0.25 or not entries:
@@ -77,9 +79,12 @@ def _step(rng: random.Random, registry: NodeRegistry, served: list[RouteTiming])
             replace(record, model=f"m-{recipe.model_sha256[:2]}"), node_id, rng.choice(["public"] * 5 + ["private"])
         )
     elif action < 0.75:
-        peers = tuple((address, rng.choice([2.0, 6.0, 20.0])) for address in rng.sample(ADDRESSES, rng.randint(0, 6)))
+        node_id = rng.choice(entries).node_id
+        peer_rng = random.Random(str(node_id)) if fixed_peers else rng
+        named = peer_rng.sample(ADDRESSES, peer_rng.randint(0, 6))
+        peers = tuple((address, peer_rng.choice([2.0, 6.0, 20.0])) for address in named)
         load = NodeLoad(free_sessions=rng.choice([0, 1, 3]), queue_depth=rng.choice([0, 0, 2]), peer_rtt_ms=peers)
-        registry.heartbeat(rng.choice(entries).node_id, load)
+        registry.heartbeat(node_id, load)
     elif action < 0.85:
         registry.deregister(rng.choice(entries).node_id)
     elif action < 0.92 and served:
@@ -94,6 +99,27 @@ def _step(rng: random.Random, registry: NodeRegistry, served: list[RouteTiming])
         served.append(RouteTiming(route.node_ids, 50.0, tokens=8))
 
 
+def _check_against_rebuild(registry: NodeRegistry) -> int:
+    """The index equals a rebuild, and every model's route the first planner's; routes planned."""
+    latency = _latency_from_scratch(registry.entries())
+    assert registry.latency_table() == latency
+    views = _views_from_scratch(registry, latency)
+    assert registry.node_views() == views
+    planned = 0
+    for model in {"m-00", "m-11", MODEL, RECIPE.fingerprint()}:
+        try:
+            expected = reference_routing.choose_model_route(views, model, latency_ms=latency)
+        except NoRoute as refused:
+            with pytest.raises(NoRoute) as also:
+                registry.choose_route(RouteQuery(model=model))
+            assert also.value.message == refused.message
+            continue
+        route = registry.choose_route(RouteQuery(model=model))
+        assert (route.hops, route.ms_per_token) == (expected.hops, expected.ms_per_token)
+        planned += 1
+    return planned
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_the_index_equals_a_rebuild_and_routes_equal_the_first_planners(seed: int) -> None:
     rng = random.Random(seed)
@@ -102,22 +128,39 @@ def test_the_index_equals_a_rebuild_and_routes_equal_the_first_planners(seed: in
     planned = 0
     for _ in range(STEPS):
         _step(rng, registry, served)
-        latency = _latency_from_scratch(registry.entries())
-        assert registry.latency_table() == latency
-        views = _views_from_scratch(registry, latency)
-        assert registry.node_views() == views
-        for model in {"m-00", "m-11", MODEL, RECIPE.fingerprint()}:
-            try:
-                expected = reference_routing.choose_model_route(views, model, latency_ms=latency)
-            except NoRoute as refused:
-                with pytest.raises(NoRoute) as also:
-                    registry.choose_route(RouteQuery(model=model))
-                assert also.value.message == refused.message
-                continue
-            route = registry.choose_route(RouteQuery(model=model))
-            assert (route.hops, route.ms_per_token) == (expected.hops, expected.ms_per_token)
-            planned += 1
+        planned += _check_against_rebuild(registry)
     assert planned > STEPS // 4
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_routes_equal_the_first_planners_when_heartbeats_move_only_loads(seed: int) -> None:
+    """Plans kept across changes off them must still be the planner's: a node off the plans
+    that fills up or queues more keeps them, one that gets room back or a shorter queue does not."""
+    rng = random.Random(seed)
+    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    served: list[RouteTiming] = []
+    planned = 0
+    for _ in range(STEPS):
+        _step(rng, registry, served, fixed_peers=True)
+        planned += _check_against_rebuild(registry)
+    assert planned > STEPS // 4
+    assert registry._index.cache.hits > 0  # some plans outlived changes off them
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_a_staleness_window_routes_are_the_first_planners_once_it_passed(seed: int) -> None:
+    """With improvements allowed to wait (``plan_staleness_s``), a route asked once the window
+    has passed since the last change is the first planner's: what waited was only ever an
+    improvement, never a plan node that filled up, slowed or left."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    # Intervals long enough that no node expires while the clock walks on (expiry is not tested here).
+    registry = NodeRegistry(clock=clock, heartbeat_interval_s=1000.0, plan_staleness_s=0.5)
+    served: list[RouteTiming] = []
+    for _ in range(STEPS):
+        _step(rng, registry, served, fixed_peers=seed % 2 == 0)
+        clock.now += 0.5
+        _check_against_rebuild(registry)
 
 
 def test_a_cached_plan_outlives_small_round_trip_moves_but_not_moves_that_add_up() -> None:
@@ -141,3 +184,45 @@ def test_a_cached_plan_outlives_small_round_trip_moves_but_not_moves_that_add_up
     assert cache.misses == misses
     assert route_after(7.2) == ["head", "b"]  # 3.6 ms: 0.3 ms from the last report, 1.2 ms from the plan's
     assert cache.misses == misses + 1
+
+
+def test_an_improvement_waits_for_the_staleness_window_a_full_plan_node_does_not() -> None:
+    """A plan node that fills up is replaced on the next route; the node getting room back off
+    the plan is taken again only once ``plan_staleness_s`` has passed; so is a better newcomer."""
+    clock = FakeClock()
+    registry = NodeRegistry(clock=clock, heartbeat_interval_s=2.0, plan_staleness_s=0.5)
+    head = registry.register(registration(0, 10, address="h:1"), NodeId("head"))
+    fast = registry.register(registration(10, 20, address="a:1", decode_tokens_per_s=200.0), NodeId("a"))
+    registry.register(registration(10, 20, address="b:1", decode_tokens_per_s=100.0), NodeId("b"))
+
+    def route() -> list[str]:
+        return [str(node_id) for node_id in registry.choose_route(RouteQuery(model=MODEL)).node_ids]
+
+    registry.heartbeat(head, NodeLoad(free_sessions=4))
+    assert route() == ["head", "a"]
+    registry.heartbeat(fast, NodeLoad(free_sessions=0))
+    assert route() == ["head", "b"]  # at once: the plan's own node is full
+    registry.heartbeat(fast, NodeLoad(free_sessions=4))
+    clock.now += 0.4
+    assert route() == ["head", "b"]  # room again off the plan: may wait the window
+    clock.now += 0.1
+    assert route() == ["head", "a"]
+    registry.register(registration(10, 20, address="c:1", decode_tokens_per_s=400.0), NodeId("c"))
+    assert route() == ["head", "a"]
+    clock.now += 0.5
+    assert route() == ["head", "c"]
+
+
+def test_a_node_off_the_plan_believed_faster_is_planned_with() -> None:
+    """A route timing that makes a node off the cached plan believed faster than the plan's
+    must reach the next route (a change of belief is an improvement like room regained)."""
+    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    fast = registry.register(registration(0, 20, address="a:1"), NodeId("a"))
+    slow = registry.register(registration(0, 20, address="b:1"), NodeId("b"))
+    registry.observe_route(RouteTiming((fast,), decode_ms_per_token=30.0, tokens=64))
+    registry.observe_route(RouteTiming((slow,), decode_ms_per_token=60.0, tokens=64))
+    assert [str(n) for n in registry.choose_route(RouteQuery(model=MODEL)).node_ids] == ["a"]
+    for _ in range(9):
+        registry.observe_route(RouteTiming((slow,), decode_ms_per_token=10.0, tokens=64))
+    assert _check_against_rebuild(registry) > 0
+    assert [str(n) for n in registry.choose_route(RouteQuery(model=MODEL)).node_ids] == ["b"]
