@@ -25,6 +25,7 @@ from meshnet.core.errors import MeshnetError
 from meshnet.deploy.etcd_cluster import EtcdCluster, etcd_cluster, leader_index
 from meshnet.membership.disruptions import Kill
 from meshnet.process.launcher import ChildProcess
+from meshnet.process.tether import CRASH_SIGNAL
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 
@@ -63,13 +64,13 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _kills(config: TrackerScaleConfig, trackers: list[ChildProcess], cluster: EtcdCluster) -> tuple[Kill, ...]:
-    leader = leader_index(cluster)
-    process = cluster.members[leader].process
-    if process is None:
-        raise MeshnetError(f"etcd member {cluster.members[leader].name} has no process")
+    leader = cluster.members[leader_index(cluster)]
+    if leader.child is None:
+        raise MeshnetError(f"etcd member {leader.name} has no process")
     return (
         Kill(config.kill_tracker_at_s, trackers[0].pid, "tracker replica r0"),
-        Kill(config.kill_store_at_s, process.pid, f"etcd member {cluster.members[leader].name} (the leader)"),
+        # Its tether SIGKILLs etcd and reaps it (a SIGKILL to the tether would orphan etcd).
+        Kill(config.kill_store_at_s, leader.child.pid, f"etcd member {leader.name} (the leader)", CRASH_SIGNAL),
     )
 
 

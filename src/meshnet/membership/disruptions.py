@@ -27,11 +27,14 @@ RECOVERY_POLL_S = 0.05
 
 @dataclass(frozen=True)
 class Kill:
-    """SIGKILL process ``pid`` (``what`` it is, for the report) ``at_s`` into the measured span."""
+    """Send ``signal_number`` (SIGKILL) to process ``pid`` (``what`` it is, for the report)
+    ``at_s`` into the measured span. An etcd member is killed through its tether
+    (``process.tether.CRASH_SIGNAL``), which SIGKILLs etcd and reaps it."""
 
     at_s: float
     pid: int
     what: str
+    signal_number: int = signal.SIGKILL
 
     def __post_init__(self) -> None:
         if self.at_s < 0 or self.pid <= 0:
@@ -58,7 +61,7 @@ def _phase(label: str, latencies: dict[str, Histogram], seconds: float) -> dict[
 
 def _kill(kill: Kill) -> str | None:
     try:
-        os.kill(kill.pid, signal.SIGKILL)
+        os.kill(kill.pid, kill.signal_number)
     except OSError as error:
         return f"{type(error).__name__}: {error}"
     return None
