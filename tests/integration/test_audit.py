@@ -43,7 +43,7 @@ from swarm_harness import (
     stop_string_of,
 )
 
-from meshnet.route.life import billing_units
+from meshnet.core.tracking import billing_units
 
 pytestmark = pytest.mark.timeout(240)
 

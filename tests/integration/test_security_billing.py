@@ -26,10 +26,9 @@ from meshnet.core.events import TokenGenerated
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_session_id
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeWork, WorkAck, WorkRecord
+from meshnet.core.tracking import NodeWork, WorkAck, WorkRecord, billing_units
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import RouteDriver, RouteSession
-from meshnet.route.life import billing_units
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 

@@ -23,7 +23,7 @@ from swarm_harness import MODEL_NAME, PROMPT, Reference, Swarm
 
 from meshnet.core.generation import SamplingParams
 from meshnet.core.sampling_options import LogitAdjustments
-from meshnet.route.life import PREFILL_WEIGHT, billing_units
+from meshnet.core.tracking import PREFILL_WEIGHT, billing_units
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -371,3 +371,12 @@ HeartbeatTransport = Literal["stream", "unary"]
 """How a node heartbeats: on one ``Tracker.Beat`` stream per tracker replica (the default: half
 the tracker's cost per beat over mTLS) or with unary ``Heartbeat`` calls (``membership.beat_streams``)."""
 DEFAULT_HEARTBEAT_TRANSPORT: HeartbeatTransport = "stream"
+
+
+PREFILL_WEIGHT = 0.25
+"""Billing: a prompt token costs a quarter of a generated one (prefill is batched, decode is not)."""
+
+
+def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
+    """What a request's work record bills (the gateway writes it, the tracker checks it)."""
+    return PREFILL_WEIGHT * prompt_tokens + completion_tokens

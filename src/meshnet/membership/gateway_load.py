@@ -20,7 +20,7 @@ from typing import Any
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import new_request_id, new_session_id
-from meshnet.core.tracking import NodeWork, Route, WorkRecord
+from meshnet.core.tracking import NodeWork, Route, WorkRecord, billing_units
 from meshnet.membership.replicas import RetryBudget
 from meshnet.membership.simulated_nodes import MODEL, Counts
 from meshnet.membership.tracker_client import TrackerClient
@@ -97,7 +97,7 @@ class GatewayLoad:
             tokens_in=32,
             tokens_out=64,
             attribution=tuple(NodeWork(hop.node_id, hop.layers, tokens) for hop in route.hops),
-            billing_units=tokens / 1000,
+            billing_units=billing_units(32, 64),  # as a gateway bills: records not disputed
             started_at=now - 2.0,
             finished_at=now,
             session_id=session,  # type: ignore[arg-type]

@@ -20,12 +20,11 @@ from meshnet.core.features import needed_features
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tickets import ticket_seconds
-from meshnet.core.tracking import NodeWork, Route, WorkRecord
+from meshnet.core.tracking import NodeWork, Route, WorkRecord, billing_units
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.driver import PrefillTally, RouteDriver, RouteRun, RouteSession, send_prefill
 from meshnet.route.features import capable_route
 from meshnet.route.kv_plan import route_accepted
-from meshnet.route.life import billing_units
 from meshnet.route.lost_hops import replacement_route
 from meshnet.route.shard_stream import ShardStream
 

@@ -37,12 +37,9 @@ from meshnet.core.events import (
 )
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.sampling_options import TokenLogprobs
-from meshnet.core.tracking import WorkStatus
+from meshnet.core.tracking import WorkStatus, billing_units
 
 log = logging.getLogger(__name__)
-
-PREFILL_WEIGHT = 0.25
-"""Billing: a prompt token costs a quarter of a generated one (prefill is batched, decode is not)."""
 
 FinishReason = Literal["stop", "length"]
 """What the client is told (OpenAI's ``finish_reason``)."""
@@ -57,10 +54,6 @@ _STATUSES: dict[Ending, WorkStatus] = {
     "cancelled": "cancelled",
     "failed": "failed",
 }
-
-
-def billing_units(prompt_tokens: int, completion_tokens: int) -> float:
-    return PREFILL_WEIGHT * prompt_tokens + completion_tokens
 
 
 @dataclass(frozen=True)

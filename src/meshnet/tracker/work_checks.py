@@ -2,7 +2,7 @@
 
 A gateway's record is what contributors are paid from, so a secured tracker stores it as the
 gateway reported it only when it holds up (``check_record``): billing units are the documented
-formula (``route.life.billing_units``) recomputed here, the tokens fit the route's context, every
+formula (``core.tracking.billing_units``) recomputed here, the tokens fit the route's context, every
 node it pays was on a route this tracker issued for that session (to that gateway, for that
 request), and no more tokens are claimed than the route's own shards computed
 (``shard_problem``; each worker reports its sessions' counts as they end, ``node.session_counts``).
@@ -30,8 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.tracking import NodeWork, Route, RouteQuery, SessionTokens, WorkRecord, WorkStatus
-from meshnet.route.life import billing_units
+from meshnet.core.tracking import NodeWork, Route, RouteQuery, SessionTokens, WorkRecord, WorkStatus, billing_units
 
 MAX_SESSIONS = 16_384
 """Sessions remembered; the least recently routed are forgotten first."""

@@ -15,7 +15,7 @@ import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app
 
 from meshnet.core.errors import Unavailable
-from meshnet.route.life import billing_units
+from meshnet.core.tracking import billing_units
 
 pytestmark = pytest.mark.timeout(30)
 

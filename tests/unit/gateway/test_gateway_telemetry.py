@@ -24,8 +24,8 @@ from gateway_doubles import (
 )
 
 from meshnet.core.ids import RequestId
+from meshnet.core.tracking import billing_units
 from meshnet.gateway.telemetry_hub import TelemetryHub
-from meshnet.route.life import billing_units
 
 pytestmark = pytest.mark.timeout(30)
 

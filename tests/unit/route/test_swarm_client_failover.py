@@ -32,10 +32,10 @@ from meshnet.core.generation import GenerationRequest
 from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeCapability
-from meshnet.core.tracking import Route, RouteTiming, WorkRecord
+from meshnet.core.tracking import Route, RouteTiming, WorkRecord, billing_units
 from meshnet.route import swarm as swarm_module
 from meshnet.route.audit import AuditCase
-from meshnet.route.life import Failure, LifeItem, NoText, Outcome, TextPiece, TokenText, billing_units
+from meshnet.route.life import Failure, LifeItem, NoText, Outcome, TextPiece, TokenText
 from meshnet.route.outbox import WorkOutbox
 from meshnet.route.swarm import SwarmClient, SwarmConfig
 from meshnet.route.work_reports import ReportPolicy, WorkReporter
