@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from meshnet.core.addresses import dialable_address, require_loopback
 from meshnet.core.errors import FailedPrecondition, MeshnetError
+from meshnet.process.collector import pace_collector
 from meshnet.process.ports import PortInUse
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
@@ -274,6 +275,7 @@ def run_tracker(config: TrackerConfig, data_dir: Path, on_ready: Callable[[Runni
             write_join_address(data_dir, _invited_address(running.join_address))
         on_ready(running)
 
+    pace_collector()  # full collections stopped a 3,000-node tracker for 250 ms every ~10 s
     asyncio.run(serve_tracker(config, on_ready=announce, security=security))
     return 0
 
