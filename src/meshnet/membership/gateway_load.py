@@ -20,7 +20,7 @@ from typing import Any
 
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import new_request_id, new_session_id
-from meshnet.core.tracking import NodeWork, Route, WorkRecord, billing_units
+from meshnet.core.tracking import NodeWork, Route, WorkRecord
 from meshnet.membership.replicas import RetryBudget
 from meshnet.membership.simulated_nodes import MODEL, Counts
 from meshnet.membership.tracker_client import TrackerClient
@@ -97,7 +97,10 @@ class GatewayLoad:
             tokens_in=32,
             tokens_out=64,
             attribution=tuple(NodeWork(hop.node_id, hop.layers, tokens) for hop in route.hops),
-            billing_units=billing_units(32, 64),  # as a gateway bills: records not disputed
+            # Not the formula's units: simulated shards report no session counts, and a record the
+            # formula bills would wait ``work_checks.COUNT_WAIT_S`` for them, in flight, pressing
+            # the tracker's admission. Disputed at once instead (the same checks, no wait).
+            billing_units=tokens / 1000,
             started_at=now - 2.0,
             finished_at=now,
             session_id=session,  # type: ignore[arg-type]
