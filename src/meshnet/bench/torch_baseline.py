@@ -70,6 +70,20 @@ def _missing(error: ImportError) -> BaselineUnavailable:
     )
 
 
+RECOMPUTE_MODEL_TYPES = frozenset({"llama"})
+"""Where ``_recompute_step`` calls the decoder layers as llama's do: other families' layers take
+other arguments (Gemma 3's rotary tables need each layer's ``layer_type``)."""
+
+
+def require_recompute_route(model_type: str) -> None:
+    """``BaselineUnavailable`` unless the layer-by-layer route knows this family's layers."""
+    if model_type not in RECOMPUTE_MODEL_TYPES:
+        raise BaselineUnavailable(
+            f"baseline unavailable: the recompute route calls llama's decoder layers; "
+            f"this model is {model_type!r}, so only transformers-whole runs"
+        )
+
+
 class BaselineModel:
     """A transformers causal LM from one GGUF, on the CPU, with torch limited to ``threads``."""
 
@@ -92,6 +106,10 @@ class BaselineModel:
     @property
     def n_layers(self) -> int:
         return int(self._model.config.num_hidden_layers)
+
+    @property
+    def model_type(self) -> str:
+        return str(self._model.config.model_type)
 
     def close(self) -> None:
         self._torch.set_num_threads(self._threads_before)
@@ -117,6 +135,7 @@ class BaselineModel:
     def generate_recompute(self, prompt: tuple[int, ...], max_tokens: int, stages: list[LayerRange]) -> Generated:
         """The documents' distributed route: per token, every stage's layers run over the whole
         sequence with ``use_cache=False`` and the full activation crosses each seam."""
+        require_recompute_route(self.model_type)
         torch = self._torch
         started = time.perf_counter()
         sequence = list(prompt)
