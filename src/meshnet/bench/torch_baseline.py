@@ -90,6 +90,8 @@ class BaselineModel:
     def __init__(self, path: Path, threads: int) -> None:
         torch, transformers = import_baseline()
         self._torch = torch
+        self.versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+        """What ran, for the lane's results: a CPU wheel and a CUDA one compute differently."""
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)  # the other lanes' llama.cpp thread count
         transformers.utils.logging.disable_progress_bar()

@@ -76,7 +76,9 @@ def _measure_loaded(
     except Exception as error:  # third-party code on any model: skip the lane, never abort the bench
         reason = _failure(f"{WHOLE_LANE} failed", error, progress)
         return {name: _skipped(reason) for name in (WHOLE_LANE, recompute_name)}
-    workload = f"{len(prompts)} prompt(s) of {config.prompt_tokens} tokens, {output_tokens} tokens greedy"
+    workload = (
+        f"{len(prompts)} prompt(s) of {config.prompt_tokens} tokens, {output_tokens} tokens greedy; {model.versions}"
+    )
     lanes = {
         WHOLE_LANE: transformers_result(whole, reference, f"transformers KV-cached decode vs llama-whole, {workload}")
     }

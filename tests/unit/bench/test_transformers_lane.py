@@ -100,6 +100,7 @@ class _StandIn:
     what is under test, not the model. Each generate method fails as told."""
 
     n_layers = 30
+    versions = "torch 0.0+test, transformers 0.0+test"
 
     def __init__(self, cached_error: Exception | None, recompute_error: Exception | None) -> None:
         self._cached_error, self._recompute_error = cached_error, recompute_error
@@ -142,6 +143,7 @@ def test_a_refused_family_skips_recompute_with_the_reason(monkeypatch: pytest.Mo
     lanes = _lanes_with(monkeypatch, tmp_path, _StandIn(None, refusal))
     assert lanes["transformers-recompute-3"].skipped == refusal.message
     assert lanes["transformers-whole"].decode_tok_s == pytest.approx(10.0)
+    assert lanes["transformers-whole"].note.endswith("; torch 0.0+test, transformers 0.0+test")
 
 
 def test_a_crash_in_the_whole_lane_skips_both(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
