@@ -101,8 +101,14 @@ def test_narrow_version_has_the_3b_layout(tmp_path: Path) -> None:
     assert (description.n_layers, description.n_embd, description.n_head_kv) == (4, 256, 2)
 
 
+NARROW_SHA256 = "f9a72c865228a4125d8c2b0d9d8e98aff3091c4987e5caa23e17a758a0f48a17"
+"""The narrow spec's file as the writer wrote it when pinned: a provisioned name promises the
+same bytes, so a writer change that moves them must move this (and the fingerprinted names)."""
+
+
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
     first = write_synthetic_model(tmp_path / "a.gguf", _narrow()).read_bytes()
+    assert hashlib.sha256(first).hexdigest() == NARROW_SHA256
     assert first == write_synthetic_model(tmp_path / "b.gguf", _narrow()).read_bytes()
     other = write_synthetic_model(tmp_path / "c.gguf", _narrow(seed=4)).read_bytes()
     assert hashlib.sha256(first).digest() != hashlib.sha256(other).digest()
@@ -176,10 +182,24 @@ def test_every_slice_carries_the_rope_frequency_factors(tmp_path: Path) -> None:
 
 
 def test_provisioning_writes_once_by_name(tmp_path: Path) -> None:
-    model = SyntheticModel("tiny", "tiny.gguf", _narrow)
+    model = SyntheticModel("tiny", "tiny-q4_0", _narrow)
     path = provision_synthetic(tmp_path / "models", model)
-    assert path == tmp_path / "models" / "tiny.gguf" and path.read_bytes()[:4] == b"GGUF"
+    assert path.parent == tmp_path / "models" and path.name.startswith("tiny-q4_0-")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == NARROW_SHA256
     written = path.stat().st_mtime_ns
     assert provision_synthetic(tmp_path / "models", model).stat().st_mtime_ns == written
+
+
+def test_a_changed_spec_under_the_same_name_is_written_anew(tmp_path: Path) -> None:
+    """A name means the same bytes: a file written from an older spec is never handed out."""
+    old = provision_synthetic(tmp_path, SyntheticModel("tiny", "tiny-q4_0", _narrow))
+    for changed in (
+        lambda: _narrow(seed=4),
+        lambda: dataclasses.replace(_narrow(), rope_scaling=None),
+        lambda: dataclasses.replace(_narrow(), embedding_type=Q4_0),
+    ):
+        path = provision_synthetic(tmp_path, SyntheticModel("tiny", "tiny-q4_0", changed))
+        assert path != old
+        assert path.read_bytes() == write_synthetic_model(tmp_path / "fresh.gguf", changed()).read_bytes()
     with pytest.raises(InvalidArgument, match="synthetic-3b"):
         model_package("synthetic-7b")
