@@ -115,3 +115,16 @@ def test_one_function_provisions_every_listed_name(
         raised.value.message
         == "unknown model 'nope'; provisionable: gemma3-270m, m, smollm2, synthetic-1b, synthetic-3b, tiny"
     )
+
+
+def test_the_cli_provisions_a_synthetic_name_through_the_same_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from meshnet.cli.main import main
+
+    monkeypatch.setitem(SYNTHETIC_MODELS, "tiny", SyntheticModel("tiny", "tiny", SyntheticSpec))
+    assert main(["--data-dir", str(tmp_path), "provision", "tiny"]) == 0
+    (written,) = (tmp_path / "models").iterdir()
+    assert f"tiny: {written} (random weights, written here;" in capsys.readouterr().out
+    assert main(["--data-dir", str(tmp_path), "provision", "llama-70b"]) != 0
+    assert "unknown model 'llama-70b'; provisionable:" in capsys.readouterr().err
