@@ -82,9 +82,10 @@ vulkan: $(INSTALLED)
 
 # The design documents' baseline (the bench's transformers lanes): torch + transformers in a venv
 # of their own, with meshnet editable beside them (`.venv-baseline/bin/meshnet bench` runs every
-# lane). Heavy (torch 2.13.0: a 190 MB CPU wheel where pip finds one; PyPI's Linux wheels are ~555 MB
-# and pulls NVIDIA's CUDA libraries besides, though the lanes run on the CPU), so never a
-# prerequisite of `make test`; without it those lanes skip and say why.
+# lane). Heavy, so never a prerequisite of `make test`; without it those lanes skip and say why.
+# The committed numbers ran torch 2.13.0+cpu from a local wheel (/opt/wheels, 192 MB, 754 MB
+# installed), which pip's find-links chose here; from PyPI alone pip takes the CUDA build, which
+# pulls NVIDIA's CUDA libraries besides (size not measured here) though the lanes run on the CPU.
 baseline: $(MODEL_STAMP)
 	test -x $(BASELINE_VENV)/bin/python || $(PYTHON) -m venv $(BASELINE_VENV)
 	$(BASELINE_VENV)/bin/pip install --quiet --upgrade pip

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gemma3_model import MODEL as GEMMA3
 from smollm2_model import MARKS, MODEL
 
 from meshnet.bench.config import BenchConfig
@@ -58,4 +59,21 @@ def test_the_lanes_run_end_to_end_beside_llama(model: BaselineModel, tmp_path: P
         assert lane.decode_tok_s is not None and lane.decode_tok_s > 0
         assert lane.whole_decode_tok_s is not None and lane.whole_decode_tok_s > 0
         assert len(lane.token_agreement_per_prompt) == PROMPTS
+        assert model.versions in lane.note  # what ran is recorded
     assert "tokens equal to transformers-whole: 1.000" in lanes["transformers-recompute-3"].note
+
+
+@pytest.mark.skipif(not GEMMA3.exists(), reason=f"{GEMMA3} is not provisioned (meshnet provision gemma3-270m)")
+def test_gemma3_runs_whole_and_the_recompute_route_refuses_it() -> None:
+    """Gemma 3's layers take a per-layer rotary table (``layer_type``): the llama-only recompute
+    route refuses it with the typed error; transformers' own decode still runs."""
+    try:
+        gemma = BaselineModel(GEMMA3, threads=1)
+    except BaselineUnavailable as error:
+        pytest.skip(error.message)
+    try:
+        with pytest.raises(BaselineUnavailable, match="'gemma3_text'"):
+            gemma.generate_recompute(PROMPT[:4], TOKENS, split_evenly(gemma.n_layers, 2))
+        assert len(gemma.generate_cached(PROMPT[:4], TOKENS).tokens) == TOKENS
+    finally:
+        gemma.close()

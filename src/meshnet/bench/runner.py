@@ -267,7 +267,7 @@ def lane_result(
             compared_tokens=agreement.compared_tokens,
             first_divergence=agreement.first_divergence,
             max_logit_diff=_max_logit_diff(lane, reference, agreement.first_divergence),
-            note=_drift_note(kind),
+            note=f"{_drift_note(kind)}; {_distinct_tokens(all_runs)}",
         ),
         hop_timing=lane.probe.timing if lane.probe else None,
         wire=lane.probe.wire if lane.probe else None,
@@ -288,6 +288,13 @@ def _seam_bytes(lane: LaneState) -> float | None:
     if lane.name.kind == "meshnet" and lane.probe and lane.probe.wire:
         return float(lane.probe.wire.bytes_per_token_per_hop)
     return lane.seam_bytes_per_token
+
+
+def _distinct_tokens(runs: list[RunRecord]) -> str:
+    """How varied the lane's output was: agreement over a degenerate model (one token repeated)
+    would read as perfect, so the count says whether it compared anything."""
+    generated = [token for record in runs for trace in record.requests for token in trace.tokens]
+    return f"{len(set(generated))} distinct token ids among {len(generated)} generated"
 
 
 def _drift_note(kind: str) -> str:

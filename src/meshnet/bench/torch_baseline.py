@@ -18,7 +18,6 @@ only when a model is loaded, and their absence is ``BaselineUnavailable`` with t
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +25,6 @@ from typing import Any
 
 from meshnet.core.errors import FailedPrecondition
 from meshnet.core.layers import LayerRange
-
-BASELINE_PACKAGES = ("torch", "transformers", "accelerate")
-"""What ``from_pretrained(gguf_file=...)`` needs (accelerate: transformers refuses GGUF without it)."""
 
 
 class BaselineUnavailable(FailedPrecondition):
@@ -51,17 +47,41 @@ class Generated:
 
 
 def import_baseline() -> tuple[Any, Any]:
-    """``(torch, transformers)``, or ``BaselineUnavailable`` naming the package that is missing."""
-    modules = []
-    for name in BASELINE_PACKAGES:
-        try:
-            modules.append(importlib.import_module(name))
-        except ImportError as error:
-            raise BaselineUnavailable(
-                f"baseline unavailable: {name} is not installed ({error}); "
-                "install the extra with `pip install .[baseline]` or `make baseline`"
-            ) from None
-    return modules[0], modules[1]
+    """``(torch, transformers)``, or ``BaselineUnavailable`` naming the package that is missing.
+
+    Plain imports, so import-linter sees them: its contract allows them here and nowhere else."""
+    try:
+        import torch
+    except ImportError as error:
+        raise _missing(error) from None
+    try:
+        import accelerate  # noqa: F401  (``from_pretrained(gguf_file=...)`` refuses to run without it)
+        import transformers
+        import transformers.masking_utils
+    except ImportError as error:
+        raise _missing(error) from None
+    return torch, transformers
+
+
+def _missing(error: ImportError) -> BaselineUnavailable:
+    return BaselineUnavailable(
+        f"baseline unavailable: {error.name or error} is not installed ({error}); "
+        "install the extra with `pip install .[baseline]` or `make baseline`"
+    )
+
+
+RECOMPUTE_MODEL_TYPES = frozenset({"llama"})
+"""Where ``_recompute_step`` calls the decoder layers as llama's do: other families' layers take
+other arguments (Gemma 3's rotary tables need each layer's ``layer_type``)."""
+
+
+def require_recompute_route(model_type: str) -> None:
+    """``BaselineUnavailable`` unless the layer-by-layer route knows this family's layers."""
+    if model_type not in RECOMPUTE_MODEL_TYPES:
+        raise BaselineUnavailable(
+            f"baseline unavailable: the recompute route calls llama's decoder layers; "
+            f"this model is {model_type!r}, so only transformers-whole runs"
+        )
 
 
 class BaselineModel:
@@ -70,6 +90,8 @@ class BaselineModel:
     def __init__(self, path: Path, threads: int) -> None:
         torch, transformers = import_baseline()
         self._torch = torch
+        self.versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+        """What ran, for the lane's results: a CPU wheel and a CUDA one compute differently."""
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(threads)  # the other lanes' llama.cpp thread count
         transformers.utils.logging.disable_progress_bar()
@@ -81,11 +103,15 @@ class BaselineModel:
             torch.set_num_threads(self._threads_before)
             raise BaselineUnavailable(f"baseline unavailable: transformers cannot load {path.name}: {error}") from None
         self._model.eval()
-        self._masks = importlib.import_module("transformers.masking_utils")
+        self._masks = transformers.masking_utils
 
     @property
     def n_layers(self) -> int:
         return int(self._model.config.num_hidden_layers)
+
+    @property
+    def model_type(self) -> str:
+        return str(self._model.config.model_type)
 
     def close(self) -> None:
         self._torch.set_num_threads(self._threads_before)
@@ -111,6 +137,7 @@ class BaselineModel:
     def generate_recompute(self, prompt: tuple[int, ...], max_tokens: int, stages: list[LayerRange]) -> Generated:
         """The documents' distributed route: per token, every stage's layers run over the whole
         sequence with ``use_cache=False`` and the full activation crosses each seam."""
+        require_recompute_route(self.model_type)
         torch = self._torch
         started = time.perf_counter()
         sequence = list(prompt)

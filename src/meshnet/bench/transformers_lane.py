@@ -45,36 +45,68 @@ def recompute_lane(stages: int) -> str:
 
 
 def skipped_lanes(config: BenchConfig, reason: str) -> dict[str, ExtraLane]:
-    names = (WHOLE_LANE, recompute_lane(config.recompute_shards))
-    return {name: ExtraLane(None, None, None, None, "", skipped=reason) for name in names}
+    return {name: _skipped(reason) for name in (WHOLE_LANE, recompute_lane(config.recompute_shards))}
 
 
 def measure_transformers(config: BenchConfig, progress: Progress) -> dict[str, ExtraLane]:
-    """Both transformers lanes, or both skipped with the reason the baseline cannot run here."""
+    """Both transformers lanes, or each skipped with the reason it cannot run here. A failure
+    inside either lane skips that lane only: the rest of the bench still writes its results."""
     output_tokens = min(config.output_tokens, MAX_OUTPUT_TOKENS)
     try:
         model = BaselineModel(config.model, config.threads)
     except BaselineUnavailable as error:
         progress(f"transformers: skipped: {error.message}")
         return skipped_lanes(config, error.message)
+    except Exception as error:
+        return skipped_lanes(config, _failure("transformers cannot load the model", error, progress))
     with closing(model):
-        stages = split_evenly(model.n_layers, config.recompute_shards)
+        return _measure_loaded(model, config, output_tokens, progress)
+
+
+def _measure_loaded(
+    model: BaselineModel, config: BenchConfig, output_tokens: int, progress: Progress
+) -> dict[str, ExtraLane]:
+    stages = split_evenly(model.n_layers, config.recompute_shards)
+    recompute_name = recompute_lane(len(stages))
+    try:
         prompts, reference = llama_reference(config, output_tokens)
-        progress(f"transformers: whole and recompute-{len(stages)} on {len(prompts)} prompt(s), {output_tokens} tokens")
+        progress(f"transformers: whole and {recompute_name} on {len(prompts)} prompt(s), {output_tokens} tokens")
         model.generate_cached(prompts[0], WARMUP_TOKENS)
         whole = [model.generate_cached(prompt, output_tokens) for prompt in prompts]
-        recompute = [model.generate_recompute(prompt, output_tokens, stages) for prompt in prompts]
-    workload = f"{len(prompts)} prompt(s) of {config.prompt_tokens} tokens, {output_tokens} tokens greedy"
-    return {
-        WHOLE_LANE: transformers_result(whole, reference, f"transformers KV-cached decode vs llama-whole, {workload}"),
-        recompute_lane(len(stages)): transformers_result(
-            recompute,
-            reference,
-            f"{len(stages)} in-process stages, use_cache=False, whole sequence per token, "
-            f"{_seam_mib(recompute):.1f} MiB across seams per request; vs llama-whole, {workload}; "
-            f"tokens equal to transformers-whole: {_agreement(recompute, whole):.3f}",
-        ),
+    except Exception as error:  # third-party code on any model: skip the lane, never abort the bench
+        reason = _failure(f"{WHOLE_LANE} failed", error, progress)
+        return {name: _skipped(reason) for name in (WHOLE_LANE, recompute_name)}
+    workload = (
+        f"{len(prompts)} prompt(s) of {config.prompt_tokens} tokens, {output_tokens} tokens greedy; {model.versions}"
+    )
+    lanes = {
+        WHOLE_LANE: transformers_result(whole, reference, f"transformers KV-cached decode vs llama-whole, {workload}")
     }
+    try:
+        recompute = [model.generate_recompute(prompt, output_tokens, stages) for prompt in prompts]
+    except BaselineUnavailable as error:
+        progress(f"{recompute_name}: skipped: {error.message}")
+        return {**lanes, recompute_name: _skipped(error.message)}
+    except Exception as error:
+        return {**lanes, recompute_name: _skipped(_failure(f"{recompute_name} failed", error, progress))}
+    lanes[recompute_name] = transformers_result(
+        recompute,
+        reference,
+        f"{len(stages)} in-process stages, use_cache=False, whole sequence per token, "
+        f"{_seam_mib(recompute):.1f} MiB across seams per request; vs llama-whole, {workload}; "
+        f"tokens equal to transformers-whole: {_agreement(recompute, whole):.3f}",
+    )
+    return lanes
+
+
+def _failure(what: str, error: Exception, progress: Progress) -> str:
+    reason = f"{what}: {type(error).__name__}: {error}"
+    progress(f"transformers: skipped: {reason}")
+    return reason
+
+
+def _skipped(reason: str) -> ExtraLane:
+    return ExtraLane(None, None, None, None, "", skipped=reason)
 
 
 def llama_reference(config: BenchConfig, output_tokens: int) -> tuple[list[tuple[int, ...]], RunRecord]:

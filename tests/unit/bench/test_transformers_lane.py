@@ -11,12 +11,19 @@ from pathlib import Path
 import pytest
 from bench_samples import sample_results
 
+from meshnet.bench import transformers_lane
 from meshnet.bench.config import BenchConfig
 from meshnet.bench.extra_lanes import measure_extra_lanes
-from meshnet.bench.results import from_json, to_json
+from meshnet.bench.results import ExtraLane, from_json, to_json
 from meshnet.bench.results_file import schema_problems
 from meshnet.bench.stats import RequestTrace, RunRecord
-from meshnet.bench.torch_baseline import BaselineModel, BaselineUnavailable, Generated, import_baseline
+from meshnet.bench.torch_baseline import (
+    BaselineModel,
+    BaselineUnavailable,
+    Generated,
+    import_baseline,
+    require_recompute_route,
+)
 from meshnet.bench.transformers_lane import measure_transformers, transformers_result
 from meshnet.core.errors import FailedPrecondition
 
@@ -79,3 +86,69 @@ def test_rates_and_per_prompt_agreement_against_llama() -> None:
     assert lane.token_agreement_per_prompt == pytest.approx((1.0, 0.6))
     assert lane.token_agreement == pytest.approx(0.8)  # 8 of 10 positions
     assert lane.skipped is None
+
+
+def test_the_recompute_route_refuses_every_family_but_llama() -> None:
+    require_recompute_route("llama")
+    for model_type in ("gemma3", "qwen2", "mistral"):
+        with pytest.raises(BaselineUnavailable, match=repr(model_type)):
+            require_recompute_route(model_type)
+
+
+class _StandIn:
+    """A stand-in for ``BaselineModel`` (no torch here): the lane's control flow around it is
+    what is under test, not the model. Each generate method fails as told."""
+
+    n_layers = 30
+    versions = "torch 0.0+test, transformers 0.0+test"
+
+    def __init__(self, cached_error: Exception | None, recompute_error: Exception | None) -> None:
+        self._cached_error, self._recompute_error = cached_error, recompute_error
+
+    def close(self) -> None:
+        pass
+
+    def generate_cached(self, prompt: tuple[int, ...], max_tokens: int) -> Generated:
+        if self._cached_error is not None:
+            raise self._cached_error
+        return _generated(prompt[:1] * max_tokens, 1.0, 0.1)
+
+    def generate_recompute(self, prompt: tuple[int, ...], max_tokens: int, stages: object) -> Generated:
+        if self._recompute_error is not None:
+            raise self._recompute_error
+        return _generated(prompt[:1] * max_tokens, 1.0, 0.2)
+
+
+def _lanes_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: _StandIn) -> dict[str, ExtraLane]:
+    monkeypatch.setattr(transformers_lane, "BaselineModel", lambda path, threads: model)
+    reference = _reference([((5,) * 4, 0.01), ((6,) * 4, 0.01)])
+    monkeypatch.setattr(transformers_lane, "llama_reference", lambda config, tokens: ([(5, 1), (6, 1)], reference))
+    config = replace(_config(tmp_path), output_tokens=4)
+    return transformers_lane.measure_transformers(config, lambda _: None)
+
+
+def test_a_crash_in_the_recompute_route_skips_that_lane_and_keeps_the_whole_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # What Gemma 3 raised before the route refused it: the bench used to abort after every lane ran.
+    crash = TypeError("Gemma3RotaryEmbedding.forward() missing 1 required positional argument: 'layer_type'")
+    lanes = _lanes_with(monkeypatch, tmp_path, _StandIn(None, crash))
+    assert lanes["transformers-recompute-3"].skipped == f"transformers-recompute-3 failed: TypeError: {crash}"
+    assert lanes["transformers-whole"].skipped is None
+    assert lanes["transformers-whole"].token_agreement == pytest.approx(1.0)
+
+
+def test_a_refused_family_skips_recompute_with_the_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    refusal = BaselineUnavailable("baseline unavailable: the recompute route calls llama's decoder layers")
+    lanes = _lanes_with(monkeypatch, tmp_path, _StandIn(None, refusal))
+    assert lanes["transformers-recompute-3"].skipped == refusal.message
+    assert lanes["transformers-whole"].decode_tok_s == pytest.approx(10.0)
+    assert lanes["transformers-whole"].note.endswith("; torch 0.0+test, transformers 0.0+test")
+
+
+def test_a_crash_in_the_whole_lane_skips_both(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lanes = _lanes_with(monkeypatch, tmp_path, _StandIn(RuntimeError("out of memory"), None))
+    assert {name: lane.skipped for name, lane in lanes.items()} == {
+        "transformers-whole": "transformers-whole failed: RuntimeError: out of memory",
+        "transformers-recompute-3": "transformers-whole failed: RuntimeError: out of memory",
+    }

@@ -26,17 +26,14 @@ if TYPE_CHECKING:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from meshnet.artifact.provision import model_package, provision_model
-    from meshnet.artifact.synthetic_models import SYNTHETIC_MODELS, provision_synthetic
+    from meshnet.artifact.provision import provision_by_name
 
     name = config_from_arguments(ProvisionArguments, args).name
-    if name in SYNTHETIC_MODELS:
-        path = provision_synthetic(args.data_dir / "models", SYNTHETIC_MODELS[name])
-        print(f"{name}: {path} (random weights, written here; {path.stat().st_size / 1e9:.2f} GB)")
-        return 0
-    package = model_package(name)
-    path = provision_model(args.data_dir / "models", package, progress=progress_printer())
-    print(f"{package.name}: {path} (sha256 {package.sha256[:16]}… verified)")
+    model = provision_by_name(args.data_dir / "models", name, progress=progress_printer())
+    if model.pinned_sha256 is None:
+        print(f"{name}: {model.path} (random weights, written here; {model.path.stat().st_size / 1e9:.2f} GB)")
+    else:
+        print(f"{model.name}: {model.path} (sha256 {model.pinned_sha256[:16]}… verified)")
     return 0
 
 
