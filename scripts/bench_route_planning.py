@@ -252,11 +252,13 @@ def main() -> None:
         "ms per ChooseRoute through NodeRegistry with 15 heartbeats between routes (not timed with them); "
         "old = the tracker before issue 36, new = route index + boundary-ordered planner + plan cache; "
         "m36 = new with the whole believed-speed fit redone after every route timing, fit36 = incremental beliefs "
-        "(timing_between_routes: one ReportRouteTiming before each route, timed apart as timing). "
+        "(timing_between_routes: one ReportRouteTiming before each route, timed apart as timing); "
+        "main37 = the tracker at the start of 2026-12-05, plan37 = bounded planner (replan: a cache miss). "
         "Noisy shared machine: compare old and new within this file."
     )
     document["ratios_old_over_new"] = _ratios(document["runs"], "old", "new")
     document["ratios_m36_over_fit36"] = _ratios(document["runs"], "m36", "fit36")
+    document["ratios_main37_over_plan37"] = _ratios(document["runs"], "main37", "plan37")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
 
