@@ -15,9 +15,9 @@ import pytest
 from meshnet.core.errors import Cancelled, DeadlineExceeded, MeshnetError, Unavailable
 from meshnet.core.events import DecodeStarted, RouteHealth, TokenGenerated
 from meshnet.core.generation import GenerationRequest
+from meshnet.core.tracking import PREFILL_WEIGHT, billing_units
 from meshnet.gateway.stops import StopMatcher
 from meshnet.route.life import (
-    PREFILL_WEIGHT,
     Failure,
     LifeItem,
     NoText,
@@ -26,7 +26,6 @@ from meshnet.route.life import (
     TextPiece,
     TokenText,
     Usage,
-    billing_units,
     finish_for,
     lifetime,
 )

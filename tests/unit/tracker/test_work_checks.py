@@ -10,8 +10,7 @@ from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeCapability
-from meshnet.core.tracking import NodeWork, Route, RouteQuery, SessionTokens, WorkRecord
-from meshnet.route.life import billing_units
+from meshnet.core.tracking import NodeWork, Route, RouteQuery, SessionTokens, WorkRecord, billing_units
 from meshnet.tracker.work_checks import Tally, WorkLedger, shard_problem
 
 CONTEXT = 512
