@@ -381,7 +381,7 @@ def shortest_chain(
     for node in usable:
         starting.setdefault(node.layers.start, []).append(node)
     incoming = _incoming(latency_ms)
-    bounds = _ChainBounds(starting, n_layers, incoming, costs)
+    bounds = _ChainBounds(starting, n_layers, latency_ms, costs)
     ending: dict[int, list[_Label]] = {0: [(0.0, 0, 0, (), ())]}
     for boundary in sorted(starting):
         arrived = ending.pop(boundary, None)
@@ -421,7 +421,7 @@ class _ChainBounds:
         self,
         starting: Mapping[int, Sequence[NodeView]],
         n_layers: int,
-        incoming: Callable[[NodeId], Mapping[NodeId, float]],
+        latency_ms: LatencyTable,
         costs: RoutingCosts,
     ) -> None:
         self._seam_ms = min(costs.seam_overhead_ms, _unmeasured_seam_ms(costs, relayed=False))
@@ -437,7 +437,7 @@ class _ChainBounds:
                     best, choice[boundary] = total, node
             if best < math.inf:
                 self.rest[boundary] = best
-        self.known = _chain_cost(choice, n_layers, incoming, costs)
+        self.known = _chain_cost(choice, n_layers, latency_ms, costs)
         self._limit = self.known + self._ROUNDING * (1.0 + abs(self.known))
 
     def beyond(self, arrived_ms: float, node: NodeView) -> bool:
@@ -448,12 +448,7 @@ class _ChainBounds:
         return arrived_ms + seam + self._own[node.node_id] + rest > self._limit
 
 
-def _chain_cost(
-    choice: Mapping[int, NodeView],
-    n_layers: int,
-    incoming: Callable[[NodeId], Mapping[NodeId, float]],
-    costs: RoutingCosts,
-) -> float:
+def _chain_cost(choice: Mapping[int, NodeView], n_layers: int, latency_ms: LatencyTable, costs: RoutingCosts) -> float:
     """The real cost of the chain ``choice`` makes from boundary 0 (inf: it makes none)."""
     total, boundary, before = 0.0, 0, None
     while boundary < n_layers:
@@ -461,12 +456,7 @@ def _chain_cost(
         if node is None:
             return math.inf
         if before is not None:
-            measured = incoming(node.node_id).get(before.node_id)
-            total += (
-                _unmeasured_seam_ms(costs, relayed=node.relayed)
-                if measured is None
-                else measured + costs.seam_overhead_ms
-            )
+            total += seam_cost_ms(before.node_id, node.node_id, latency_ms, costs, relayed=node.relayed)
         total += node_cost_ms(node, costs)
         boundary, before = node.layers.stop, node
     return total
