@@ -29,6 +29,7 @@ from smollm2_model import ENABLED, ENABLED_MARK, MODEL
 from swarm_harness import Reference, active_sessions, query_db, wait_sessions_freed
 
 from meshnet.artifact.describe import describe_model
+from meshnet.core.errors import MeshnetError
 from meshnet.core.layer_costs import WorkerLoad
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_status import node_health
@@ -385,20 +386,45 @@ def test_a_link_taken_down_ends_within_5_s(lab: tuple[Lab, LabSwarm], expected: 
     assert waited <= LINK_DOWN_ENDS_WITHIN_S, f"the {seen.error or 'failover'} came {waited:.1f} s after the cut"
 
 
-def _wait_every_node_healthy(the_lab: Lab, swarm: LabSwarm, within_s: float = 30.0) -> None:
+def _wait_every_node_healthy(the_lab: Lab, swarm: LabSwarm, within_s: float = 60.0) -> None:
     """Until the tracker lists every node's worker with its heartbeats on time (a node whose link
-    was down comes back on its next heartbeats), so a route and a spare for it can be chosen."""
+    was down comes back on its next heartbeats), so a route and a spare for it can be chosen.
+
+    A precondition, not a promise under test: alone a cut node is healthy again 0.4-3.7 s after
+    its link returns (measured after 4-20 s cuts), but under the full suite's load it once took
+    longer than 30 s; the message then names each node's heartbeat age and the workers' logs.
+    A poll that fails is only noted: right after a link returns, a fresh connection to the
+    tracker was seen to fail its TLS handshake once ("Endpoint closing")."""
     admin = _admin(the_lab)
 
-    async def healthy() -> set[str]:
+    async def heartbeat_ages() -> dict[str, tuple[float, bool]]:
         async with TrackerClient(swarm.tracker, timeout_s=2.0, security=admin) as client:
             table = await client.list_nodes()
-        return {n.record.address for n in table.nodes if node_health(n, table.heartbeat_interval_s) == "healthy"}
+        interval = table.heartbeat_interval_s
+        return {
+            node.record.address: (node.seconds_since_heartbeat, node_health(node, interval) == "healthy")
+            for node in table.nodes
+        }
 
-    deadline = time.monotonic() + within_s
-    while not set(swarm.advertised.values()) <= (found := asyncio.run(healthy())):
-        assert time.monotonic() < deadline, f"nodes never healthy again: {sorted(found)} of {swarm.advertised}"
+    started = time.monotonic()
+    errors: list[str] = []
+    ages: dict[str, tuple[float, bool]] = {}
+    while not all(ages.get(address, (0.0, False))[1] for address in swarm.advertised.values()):
+        if time.monotonic() - started > within_s:
+            logs = {c.name: _log_tail(c.spec.log_path) for c in the_lab.components if c.name.startswith("worker-")}
+            raise AssertionError(
+                f"nodes not all healthy after {within_s:.0f} s: (age, healthy) {ages} of {swarm.advertised}; "
+                f"failed polls {errors}; worker logs: {logs}"
+            )
         time.sleep(0.2)
+        try:
+            ages = asyncio.run(heartbeat_ages())
+        except MeshnetError as error:
+            errors.append(f"{time.monotonic() - started:.1f} s: {error}")
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
 
 def test_a_killed_worker_fails_over_to_the_spare(lab: tuple[Lab, LabSwarm], expected: str) -> None:
