@@ -27,7 +27,8 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeLoad, NodeWork, WorkRecord
 from meshnet.deploy.etcd_cluster import etcd_cluster
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
-from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership, decode_digest, encode_digest
+from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership
+from meshnet.tracker.etcd.membership_values import decode_digest, encode_digest
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.store import SqliteTrackerStore, TrackerStore
@@ -180,7 +181,7 @@ def main() -> None:
             results["etcd3_save_epoch"] = percentiles(
                 timed(args.writes // 5, lambda index: store.save_epoch(index + 1))
             )
-            # A digest carries compact loads (no peer lists: membership.compact), so the two are
+            # A digest carries compact loads (no peer lists: membership_values.compact), so the two are
             # equal; 12 entries is what a node's heartbeat carries to its own replica.
             results["digest_3000_nodes"] = digest_cost(client, 3000, 12, args.rounds)
             results["exchange_3000_nodes"] = asyncio.run(exchange_cost(cluster.store, 3000, 3))
