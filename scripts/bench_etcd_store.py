@@ -16,18 +16,19 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from meshnet.bench.sample_nodes import node_record
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeLoad, NodeWork, WorkRecord
 from meshnet.deploy.etcd_cluster import etcd_cluster
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
-from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership, decode_digest, encode_digest
+from meshnet.tracker.etcd.membership import HEARD_PREFIX, SharedMembership
+from meshnet.tracker.etcd.membership_values import decode_digest, encode_digest
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.store import SqliteTrackerStore, TrackerStore
@@ -120,10 +121,6 @@ async def exchange_cost(store: str, nodes: int, rounds: int) -> dict[str, object
     """Two replicas: ``nodes`` registered and heard at one; the other adopts them, then follows
     their heartbeats. The wall time of each exchange and the longest the follower's event loop
     was held (what a heartbeat arriving meanwhile would wait)."""
-    # Certified sample records: the tracker tests' (tests/unit/tracker/tracker_samples.py).
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit" / "tracker"))
-    from tracker_samples import registration
-
     clock = Clock()
     publisher, follower = (
         SharedMembership(
@@ -134,7 +131,7 @@ async def exchange_cost(store: str, nodes: int, rounds: int) -> dict[str, object
     ids = [NodeId(f"node-{index:05}") for index in range(nodes)]
     for index, node in enumerate(ids):
         address = f"10.0.{index // 250}.{index % 250}:7000"
-        publisher.registry.register(registration(index % 20, index % 20 + 1, address=address), node)
+        publisher.registry.register(node_record(index % 20, index % 20 + 1, address=address), node)
     figures: list[dict[str, float]] = []
     for _ in range(rounds):
         clock.now += 2.0
@@ -180,7 +177,7 @@ def main() -> None:
             results["etcd3_save_epoch"] = percentiles(
                 timed(args.writes // 5, lambda index: store.save_epoch(index + 1))
             )
-            # A digest carries compact loads (no peer lists: membership.compact), so the two are
+            # A digest carries compact loads (no peer lists: membership_values.compact), so the two are
             # equal; 12 entries is what a node's heartbeat carries to its own replica.
             results["digest_3000_nodes"] = digest_cost(client, 3000, 12, args.rounds)
             results["exchange_3000_nodes"] = asyncio.run(exchange_cost(cluster.store, 3000, 3))

@@ -25,6 +25,9 @@ change of the measured routes / the incremental beliefs, ``--scenarios timing_be
     PYTHONPATH=/path/to/old/src python scripts/bench_route_planning.py --label old
     PYTHONPATH=src python scripts/bench_route_planning.py --label new
 
+(The swarm's records come from ``meshnet.bench.sample_nodes``: a tree older than that module
+is measured with this script as that tree has it; its records are the same.)
+
 The machine is noisy: compare the labels within one file, measured back to back.
 """
 
@@ -40,11 +43,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from meshnet.bench.sample_nodes import certification, node_record, sample_recipe
 from meshnet.core.errors import NoRoute
 from meshnet.core.ids import NodeId, SessionId
-from meshnet.core.layers import LayerRange
-from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
-from meshnet.core.recipe import Recipe
+from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import NodeLoad, RouteQuery, RouteTiming
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.routing import choose_model_route
@@ -52,19 +54,8 @@ from meshnet.tracker.routing import choose_model_route
 N_LAYERS = 30
 MODEL = "bench-model"
 HEARTBEATS_PER_ROUTE = 15
-RECIPE = Recipe(
-    model_sha256="00" * 32,
-    architecture="llama",
-    adapter_version="1",
-    weight_quantization="Q4_1",
-    activation_dtype="f32",
-    kv_dtype="f16",
-    backend="llama-cpp-python",
-    backend_version="0.3.36",
-    n_layers=N_LAYERS,
-    n_embd=64,
-)
-CERTIFICATION = Certification.seal(RECIPE.fingerprint(), RECIPE.backend_version, ("bench",), "ab" * 32, "ab" * 32)
+RECIPE = sample_recipe(N_LAYERS)
+CERTIFICATION = certification(RECIPE, checks=("bench",))
 
 
 class Clock:
@@ -79,27 +70,16 @@ def _record(index: int, rng: random.Random) -> NodeRecord:
     start = rng.randrange(0, N_LAYERS, 2)
     stop = min(start + rng.choice([2, 4, 6, 8, 10]), N_LAYERS)
     rate = rng.uniform(20.0, 200.0)
-    capability = NodeCapability(
-        n_ctx_per_session=2048,
-        prefill_chunk_tokens=256,
-        max_tokens_per_frame=2048,
-        max_frame_bytes=4 << 20,
-        n_embd=RECIPE.n_embd,
-        max_sessions=64,
-        device="cpu",
-        prefill_tokens_per_s=10 * rate,
+    address = f"10.{index // 250}.{index % 250}.1:9000"
+    return node_record(
+        start,
+        stop,
+        address=address,
         decode_tokens_per_s=rate,
-    )
-    return NodeRecord(
-        address=f"10.{index // 250}.{index % 250}.1:9000",
         recipe=RECIPE,
-        fingerprint=RECIPE.fingerprint(),
         model=MODEL,
-        quantization=RECIPE.weight_quantization,
-        layers=LayerRange(start, stop),
-        hardware=HardwareSummary(cpu_count=2, memory_bytes=4 << 30),
-        capability=capability,
-        certification=CERTIFICATION,
+        max_sessions=64,
+        report=CERTIFICATION,
     )
 
 

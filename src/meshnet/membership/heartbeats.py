@@ -11,7 +11,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from meshnet.core.errors import Cancelled, DeadlineExceeded, FailedPrecondition, MeshnetError, TrackerBusy, Unavailable
 from meshnet.core.ids import NodeId
@@ -75,39 +75,65 @@ async def heartbeat_loop(
     change registers again at once.
     """
     membership = _Membership(client, node_id, registration, load_fn, on_registered, on_probe, reach)
+    beats = _Beats(membership, client, on_epoch, backoff, busy, rejoin, draw)
     changed = None if reach is None else reach.changed
-    last_epoch: int | None = None
-    refusals = 0
     wait = pause or _pause
     while not stop_event.is_set():
-        wait_s: float | None = None  # the tracker's interval, once this step has learnt it
         if changed is not None and changed.is_set():
             changed.clear()
             membership.forget()  # the address moved: register the new one now
+        wait_s = await beats.one()
+        await wait(stop_event, changed, membership.interval_s if wait_s is None else wait_s)
+    await membership.leave()
+
+
+@dataclass
+class _Beats:
+    """One beat of ``heartbeat_loop`` and how its outcome paces the next: what the loop carries
+    from beat to beat (the last epoch told, refusals in a row)."""
+
+    membership: _Membership
+    client: TrackerClient
+    on_epoch: Callable[[int], None] | None
+    backoff: RefusalBackoff
+    busy: BusyBackoff
+    rejoin: RejoinDelay
+    draw: Draw
+    last_epoch: int | None = None
+    refusals: int = 0
+
+    async def one(self) -> float | None:
+        """Register or heartbeat once; the seconds to wait before the next beat (None: the
+        tracker's interval, as this beat learnt it)."""
+        membership = self.membership
         try:
-            epoch = await membership.step()
-            if epoch is None:  # forgotten: register again soon, out of step with the others
-                wait_s = rejoin.wait_s(membership.interval_s, draw)
-            else:
-                if on_epoch is not None and epoch != last_epoch:
-                    on_epoch(epoch)
-                last_epoch = epoch
-                refusals = 0
+            return self._paced(await membership.step())
         except TrackerBusy as error:
-            wait_s = busy.wait_s(error.retry_after_s, draw)
+            wait_s = self.busy.wait_s(error.retry_after_s, self.draw)
             logger.warning("tracker busy (asking again in %.2f s): %s", wait_s, error.message)
+            return wait_s
         except TRACKER_GONE as error:
             # The message names the replica that failed; client.address may be the next one.
             logger.warning("tracker unreachable: %s", error.message)
+            return None
         except FailedPrecondition as error:
             # Refused (a quarantined id): out of routes until an operator clears it, then back.
-            refusals += 1
-            wait_s = backoff.wait_s(refusals, membership.interval_s, draw)
+            self.refusals += 1
+            wait_s = self.backoff.wait_s(self.refusals, membership.interval_s, self.draw)
             logger.error(
-                "tracker %s refuses this node (asking again in %.1f s): %s", client.address, wait_s, error.message
+                "tracker %s refuses this node (asking again in %.1f s): %s", self.client.address, wait_s, error.message
             )
-        await wait(stop_event, changed, membership.interval_s if wait_s is None else wait_s)
-    await membership.leave()
+            return wait_s
+
+    def _paced(self, epoch: int | None) -> float | None:
+        """The wait after a beat the tracker answered with ``epoch`` (None: it forgot this node)."""
+        if epoch is None:  # forgotten: register again soon, out of step with the others
+            return self.rejoin.wait_s(self.membership.interval_s, self.draw)
+        if self.on_epoch is not None and epoch != self.last_epoch:
+            self.on_epoch(epoch)
+        self.last_epoch = epoch
+        self.refusals = 0
+        return None
 
 
 async def _pause(stop: asyncio.Event, changed: asyncio.Event | None, timeout_s: float) -> None:

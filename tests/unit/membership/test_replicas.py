@@ -21,7 +21,7 @@ from meshnet.membership.replicas import (
     RetryBudget,
     classify,
 )
-from meshnet.membership.tracker_client import channel_options
+from meshnet.membership.tracker_failover import channel_options
 from meshnet.node.artifact_server import SeedConfig
 from meshnet.relay.config import RelayConfig
 from meshnet.wire import services

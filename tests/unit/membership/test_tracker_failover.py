@@ -29,7 +29,8 @@ from meshnet.core.errors import (
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import HeartbeatStatus, NodeLoad, RouteTiming, SessionTokens
 from meshnet.membership.replicas import SLOW_STRIKES, RetryBudget
-from meshnet.membership.tracker_client import RETRY_FLOOR_S, TrackerClient
+from meshnet.membership.tracker_client import TrackerClient
+from meshnet.membership.tracker_failover import RETRY_FLOOR_S
 from meshnet.wire import services, speed_wire, work_wire
 from meshnet.wire import tracker_wire as wire
 from meshnet.wire.status import abort_with
@@ -263,7 +264,7 @@ async def test_a_closed_client_refuses_calls_and_opens_no_channel(replicas: list
     await client.close()
     with pytest.raises(FailedPrecondition):
         await beat(client)
-    assert client._channels == {}
+    assert client._calls._channels == {}
     assert [len(one.replica.calls) for one in replicas] == [1, 0, 0]
 
 

@@ -1,36 +1,29 @@
 """Sample recipes, node records, node views and work records for the tracker tests.
 
-Certifications here are written by hand (``certification``): they are the tracker's input, and
-what the tracker tests is its verdict on them. Real certifications are produced by
-``engine.certification`` (tests/unit/engine) and registered by real workers (tests/integration).
+Recipes, certifications and records come from ``meshnet.bench.sample_nodes``, which the
+benchmarks that drive the tracker share: certifications there are written by hand, they are the
+tracker's input, and what the tracker tests is its verdict on them. Real certifications are
+produced by ``engine.certification`` (tests/unit/engine) and registered by real workers
+(tests/integration).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from meshnet.bench.sample_nodes import LOGITS_SHA256 as LOGITS_SHA256
+from meshnet.bench.sample_nodes import SAMPLE_MODEL, SAMPLE_N_LAYERS, SAMPLE_RECIPE, node_record
+from meshnet.bench.sample_nodes import capability as capability
+from meshnet.bench.sample_nodes import certification as certification
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
-from meshnet.core.node_record import Certification, HardwareSummary, NodeCapability, NodeRecord
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import NodeWork, WorkRecord
 from meshnet.tracker.routing import NodeView
 
-N_LAYERS = 20
-MODEL = "tiny-llama"
-
-RECIPE = Recipe(
-    model_sha256="00" * 32,
-    architecture="llama",
-    adapter_version="1",
-    weight_quantization="Q4_1",
-    activation_dtype="f32",
-    kv_dtype="f16",
-    backend="llama-cpp-python",
-    backend_version="0.3.36",
-    n_layers=N_LAYERS,
-    n_embd=64,
-)
+N_LAYERS = SAMPLE_N_LAYERS
+MODEL = SAMPLE_MODEL
+RECIPE = SAMPLE_RECIPE
 FINGERPRINT = RECIPE.fingerprint()
 # Same model name, another recipe: chaining it with RECIPE would corrupt the hidden state.
 OTHER_RECIPE = replace(RECIPE, weight_quantization="Q8_0")
@@ -39,58 +32,8 @@ OTHER_FINGERPRINT = OTHER_RECIPE.fingerprint()
 SMALL_RECIPE = replace(RECIPE, n_layers=8)
 SMALL_OTHER_RECIPE = replace(OTHER_RECIPE, n_layers=8)
 
-
-LOGITS_SHA256 = "ab" * 32
-"""The whole-model digest every honest node of a sample recipe presents."""
-
-
-def certification(recipe: Recipe = RECIPE, *, whole: str = LOGITS_SHA256, split: str | None = None) -> Certification:
-    """A report certifying ``recipe`` (split logits equal to whole unless ``split`` says otherwise)."""
-    checks = ("prompt 0: prefill and 6 greedy steps bit-identical",)
-    return Certification.seal(recipe.fingerprint(), recipe.backend_version, checks, whole, split or whole)
-
-
-def capability(
-    *, context: int = 2048, max_sessions: int = 8, decode_tokens_per_s: float = 100.0, n_embd: int = RECIPE.n_embd
-) -> NodeCapability:
-    return NodeCapability(
-        n_ctx_per_session=context,
-        prefill_chunk_tokens=256,
-        max_tokens_per_frame=context,
-        max_frame_bytes=4 << 20,
-        n_embd=n_embd,
-        max_sessions=max_sessions,
-        device="cpu",
-        prefill_tokens_per_s=10 * decode_tokens_per_s,
-        decode_tokens_per_s=decode_tokens_per_s,
-    )
-
-
-def registration(
-    start: int,
-    stop: int,
-    *,
-    address: str = "127.0.0.1:9000",
-    decode_tokens_per_s: float = 100.0,
-    recipe: Recipe = RECIPE,
-    max_sessions: int = 8,
-    context: int = 2048,
-    report: Certification | None = None,
-) -> NodeRecord:
-    """The record a node of ``recipe`` serving ``start:stop`` registers."""
-    return NodeRecord(
-        address=address,
-        recipe=recipe,
-        fingerprint=recipe.fingerprint(),
-        model=MODEL,
-        quantization=recipe.weight_quantization,
-        layers=LayerRange(start, stop),
-        hardware=HardwareSummary(cpu_count=2, memory_bytes=4 << 30),
-        capability=capability(
-            context=context, max_sessions=max_sessions, decode_tokens_per_s=decode_tokens_per_s, n_embd=recipe.n_embd
-        ),
-        certification=report or certification(recipe),
-    )
+registration = node_record
+"""The record a node of a sample recipe serving ``start:stop`` registers (model ``MODEL``)."""
 
 
 def view(

@@ -35,34 +35,43 @@ Membership reads are polls of a few prefixes per interval rather than watches: a
 a 2 s interval that is a few small ranges a second for the cluster, and a poll cannot miss an
 event a broken watch stream would. All etcd I/O runs off the event loop; the registry is touched only on
 it (``NodeRegistry`` is single-loop).
+
+This module is the exchange's I/O: the lease and claims, reads and writes of the prefixes above,
+compaction. What a snapshot of them means for the local registry is ``membership_apply``'s,
+which keys are withdrawn and when ``membership_rules``' (pure), and the values passed between
+them and the digest codec are ``membership_values``'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import math
 import secrets
 import threading
-from dataclasses import dataclass, field, replace
-
-from google.protobuf.message import DecodeError
+from dataclasses import dataclass, field
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, StorageDamaged
 from meshnet.core.ids import NodeId
-from meshnet.core.reachability import REACHABILITIES, Reachability
 from meshnet.core.tracking import NodeLoad, SessionTokens
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.etcd.client import Delete, EtcdClient, EtcdRefused, KeyValue, Put
-from meshnet.tracker.etcd.counts import Counts, SharedCounts
+from meshnet.tracker.etcd.counts import SharedCounts
+from meshnet.tracker.etcd.membership_apply import LocalMembership
+from meshnet.tracker.etcd.membership_rules import STALE_KEY_WINDOWS, plan_withdrawals
+from meshnet.tracker.etcd.membership_values import (
+    Announcement,
+    Outbound,
+    Snapshot,
+    Written,
+    decode_digest,
+    encode_digest,
+)
 from meshnet.tracker.etcd.revocations import apply_revoked, exchange_revoked
 from meshnet.tracker.etcd.store import EPOCH_KEY, KEY_PREFIX, QUARANTINE_PREFIX, decode_int
-from meshnet.tracker.registry import NodeEntry, NodeRegistry
+from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
 from meshnet.tracker.swarm_service import TrackerSecurity
-from meshnet.wire import services, tracker_wire
 
 logger = logging.getLogger(__name__)
 
@@ -78,123 +87,17 @@ EXCHANGES_PER_INTERVAL = 2
 """Exchanges per heartbeat interval. A heartbeat reaches another replica through two of them (a
 publish, then a read): at one per interval, the gaps between the counts of one node there could
 approach two intervals plus the I/O, against an expiry window of three; at two, one interval."""
-APPLY_CHUNK = 20
-"""Nodes counted between two yields to the event loop. Each registry call still scans every
-node (its sweep, and a registration's address check: ``tracker.registry``), so at 3,000 nodes
-counting all at once held the loop for 0.4-1.5 s, and a mass adoption costs ~1-3 ms a node."""
 FETCH_ONE_BY_ONE = 64
 """Up to this many registrations are read one by one; more (a mass join) in one prefix read."""
 COMPACT_EVERY_EXCHANGES = 60
 """About a minute at the default 2 s interval: etcd then keeps one to two minutes of history
 (at 3,000 nodes and 3 replicas, ~0.1 GB) instead of all of it."""
-STALE_KEY_WINDOWS = 2
-"""Expiry windows a ``nodes/<id>`` key no replica hears is kept before any replica withdraws it
-(its announcer died, or withdrew nothing while cut off from etcd)."""
 STALE_DIGEST_INTERVALS = 2
 """A digest not rewritten for this many intervals (its replica rewrites it twice per interval) is
 no longer counted, though its lease may live on (a replica whose writes fail, etcd out of space,
 while its keepalives succeed): its nodes then get the grace of a replica that died."""
 MAX_TXN_OPERATIONS = 128
 """etcd's default ``--max-txn-ops``."""
-
-
-@dataclass(frozen=True)
-class Announcement:
-    """A node registered at this replica, as ``nodes/<id>`` carries it."""
-
-    node_id: NodeId
-    registration: bytes
-    """``NodeRegistration`` protobuf: the wire's own validated codec for a record."""
-    reachability: Reachability
-    registered_at: float
-    """The registry's registered_at of the record announced (not written: this replica's own)."""
-
-    def encode(self, replica: str) -> bytes:
-        registration = base64.b64encode(self.registration).decode()
-        return json.dumps(
-            {"registration": registration, "reachability": self.reachability, "replica": replica}
-        ).encode()
-
-
-@dataclass(frozen=True)
-class Outbound:
-    """What one exchange writes, and what it knows locally (read on the event loop)."""
-
-    announcements: list[Announcement]
-    heard: dict[NodeId, NodeLoad]
-    known: frozenset[NodeId]
-    adopted_revision: dict[NodeId, int]
-    announced_revision: dict[NodeId, int]
-    revoked: frozenset[str] | None
-    """Ids this replica's book revoked (None: not a secured tracker)."""
-    departed: dict[NodeId, int]
-    """Nodes this replica announced that left it, by the revision of its announcement: their
-    keys are withdrawn once no replica hears them."""
-    quarantined: frozenset[NodeId]
-    now: float
-
-
-@dataclass(frozen=True)
-class Written:
-    """What one exchange did write (a failed exchange wrote nothing this replica relies on)."""
-
-    announced: dict[NodeId, int] = field(default_factory=dict)
-    """Announcements written, by the revision they were written at."""
-    settled: frozenset[NodeId] = frozenset()
-    """Departed nodes whose key is gone: withdrawn now, or rewritten by another replica."""
-    keys: dict[NodeId, int] = field(default_factory=dict)
-    """Every ``nodes/<id>`` key after the writes, by mod_revision."""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one exchange read from etcd."""
-
-    registrations: dict[NodeId, KeyValue]
-    """Only the registrations this replica needs: nodes new here or registered again elsewhere."""
-    heard: dict[str, dict[NodeId, NodeLoad]]
-    """Other live replicas' digests: replica → node → load."""
-    quarantined: frozenset[NodeId]
-    epoch: int
-    counts: list[Counts] = field(default_factory=list)
-    """Shards' counts other replicas took since the last exchange (``tracker.etcd.counts``)."""
-    counts_through: int = 0
-    """The revision those counts were read through: committed once every one was taken."""
-    revoked: frozenset[str] | None = None
-    """Every id revoked at any replica (None: not a secured tracker)."""
-    written: Written = field(default_factory=Written)
-    revisions: dict[str, int] = field(default_factory=dict)
-    """Each digest's mod_revision: a digest read again unchanged proves its nodes alive, but its
-    loads were counted already (counting them again would reset routes' burst protection)."""
-
-
-def compact(load: NodeLoad) -> NodeLoad:
-    """The load a digest carries: without the peer round trips, which stay with the replica that
-    heard them (12 peers per node would make a 3,000-node digest 1.5 MB, etcd's request limit;
-    without, 0.2 MB: ``bench/results/tracker_scale/etcd_store.json``)."""
-    return replace(load, peer_rtt_ms=())
-
-
-def encode_digest(heard: dict[NodeId, NodeLoad]) -> bytes:
-    """A digest's value: node id → its compact load as ``NodeHeartbeat`` protobuf (base64)."""
-    loads = {
-        node: base64.b64encode(tracker_wire.heartbeat_to_proto(node, compact(load)).SerializeToString()).decode()
-        for node, load in heard.items()
-    }
-    return json.dumps(loads).encode()
-
-
-def decode_digest(value: bytes) -> dict[NodeId, NodeLoad]:
-    """A digest's nodes and loads; InvalidArgument if it is not one (whoever wrote it)."""
-    heard: dict[NodeId, NodeLoad] = {}
-    try:
-        for encoded in json.loads(value).values():
-            message = services.NodeHeartbeat.FromString(base64.b64decode(encoded))
-            node_id, load = tracker_wire.heartbeat_from_proto(message)
-            heard[node_id] = load
-    except (ValueError, TypeError, AttributeError, DecodeError) as error:
-        raise InvalidArgument(f"a membership digest in etcd is malformed: {error}") from None
-    return heard
 
 
 def readable_digests(kvs: list[KeyValue], own_key: str) -> dict[str, dict[NodeId, NodeLoad]]:
@@ -224,16 +127,6 @@ class SharedMembership:
     _slot: int = 0
     _token: str = field(default_factory=lambda: secrets.token_hex(8))
     """This process's claim on ``replicas/<replica_id>``: another process claiming the same id is refused."""
-    _announced: dict[NodeId, float] = field(default_factory=dict)
-    """Nodes this replica announced, by the registered_at it announced."""
-    _announced_revision: dict[NodeId, int] = field(default_factory=dict)
-    """The etcd revision each of this replica's announcements was written at."""
-    _adopted: dict[NodeId, float] = field(default_factory=dict)
-    """Nodes this replica registered from another's announcement, by their registered_at."""
-    _adopted_revision: dict[NodeId, int] = field(default_factory=dict)
-    """The etcd revision of the announcement each adopted node was registered from."""
-    _counted: dict[NodeId, float] = field(default_factory=dict)
-    """The last_seen this replica set when counting another replica's heartbeat."""
     _unheard: dict[NodeId, tuple[float, int]] = field(default_factory=dict)
     """Keys no replica hears (I/O thread only): since when, at which mod_revision."""
     _digest_seen: dict[str, tuple[float, int]] = field(default_factory=dict)
@@ -246,9 +139,13 @@ class SharedMembership:
     counts: SharedCounts | None = None
     revocations: tuple[TrackerSecurity, RevocationFeed] | None = None
     """A secured tracker's book and feed: revocations are shared too (``tracker.etcd.revocations``)."""
-    _previous: Snapshot | None = None
     watching: threading.Event = field(default_factory=threading.Event)
     """Set once the epoch watch stream is open (etcd confirmed it)."""
+    local: LocalMembership = field(init=False)
+    """The registry's side: what it publishes, and what others' digests mean for it."""
+
+    def __post_init__(self) -> None:
+        self.local = LocalMembership(self.registry, self.interval_s)
 
     def claim(self) -> None:
         """Blocking: take a lease and claim ``replicas/<replica_id>`` under it; FailedPrecondition
@@ -314,45 +211,10 @@ class SharedMembership:
 
     async def exchange(self) -> None:
         """Publish what this replica heard and registered; apply what the others did."""
-        outbound = self._outbound()
+        revoked = None if self.revocations is None else self.revocations[0].book.revoked()
+        outbound = self.local.outbound(revoked)
         snapshot = await asyncio.to_thread(self._io, outbound)
         await self._apply(outbound, snapshot)
-
-    def _outbound(self) -> Outbound:
-        now = self.registry.now()
-        since = now - self.interval_s
-        announcements, heard = [], {}
-        for entry in self.registry.entries():
-            mine = self._adopted.get(entry.node_id) != entry.registered_at
-            if mine and self._announced.get(entry.node_id) != entry.registered_at:
-                registration = tracker_wire.registration_to_proto(entry.record, entry.node_id).SerializeToString()
-                announcements.append(Announcement(entry.node_id, registration, entry.reachability, entry.registered_at))
-            # Heard here within the last interval, and not only by this replica counting another's
-            # digest (that left last_seen at the value it set).
-            heard_here = entry.last_seen >= since and self._counted.get(entry.node_id) != entry.last_seen
-            if heard_here:
-                heard[entry.node_id] = entry.load or NodeLoad()
-        known = frozenset(entry.node_id for entry in self.registry.entries())
-        revoked = None if self.revocations is None else self.revocations[0].book.revoked()
-        return Outbound(
-            announcements,
-            heard,
-            known,
-            dict(self._adopted_revision),
-            dict(self._announced_revision),
-            revoked,
-            self._departed(known),
-            self.registry.quarantined,
-            now,
-        )
-
-    def _departed(self, known: frozenset[NodeId]) -> dict[NodeId, int]:
-        """Drop what this replica kept of nodes no longer here; those it announced, by the
-        revision it wrote them at (kept until the exchange settles their key)."""
-        for table in (self._adopted, self._adopted_revision, self._counted):
-            for node_id in [node for node in table if node not in known]:
-                del table[node_id]
-        return {node: revision for node, revision in self._announced_revision.items() if node not in known}
 
     def _io(self, outbound: Outbound) -> Snapshot:
         """Blocking etcd calls (a worker thread): the writes, then what the others published."""
@@ -375,7 +237,7 @@ class SharedMembership:
         registrations = self._registrations_wanted(outbound.known, held, keys, digests)
         counts, through = ([], 0) if self.counts is None else self.counts.others_since_last()
         revoked = None if outbound.revoked is None else exchange_revoked(self.client, outbound.revoked)
-        written = Written(announced, frozenset(settled), keys)
+        written = Written(announced, settled, keys)
         revisions = {kv.key.removeprefix(HEARD_PREFIX): kv.mod_revision for kv in fresh}
         return Snapshot(registrations, digests, quarantined, epoch, counts, through, revoked, written, revisions)
 
@@ -412,35 +274,16 @@ class SharedMembership:
                 written[item.node_id] = revision
         return written
 
-    def _withdraw(self, outbound: Outbound, keys: dict[NodeId, int], heard: set[NodeId]) -> set[NodeId]:
-        """Delete the keys of nodes no replica hears: at once for those that left this replica,
-        after ``STALE_KEY_WINDOWS`` expiry windows for any other (its announcer died or was cut
-        off from etcd). A node another replica still hears keeps its key, so that replica, or a
-        new one, can still take it; a quarantined node keeps its key. Returns the departed nodes
-        whose key is gone (deleted now, rewritten elsewhere, or absent)."""
-        settled = set()
-        for node_id, revision in outbound.departed.items():
-            if keys.get(node_id) != revision:
-                settled.add(node_id)  # rewritten by another replica (a new registration) or gone
-            elif node_id not in heard and node_id not in outbound.quarantined:
-                key = NODES_PREFIX + node_id
-                self.client.commit_if([(key, revision)], [Delete(key)])
-                settled.add(node_id)
-        stale_after = STALE_KEY_WINDOWS * self.registry.expire_after_s
-        for node_id, revision in keys.items():
-            if node_id in heard or node_id in outbound.known or node_id in outbound.quarantined:
-                self._unheard.pop(node_id, None)
-                continue
-            since, seen_revision = self._unheard.setdefault(node_id, (outbound.now, revision))
-            if seen_revision != revision:
-                self._unheard[node_id] = (outbound.now, revision)
-            elif outbound.now - since > stale_after:
-                key = NODES_PREFIX + node_id
-                self.client.commit_if([(key, revision)], [Delete(key)])
-                del self._unheard[node_id]
-        for node_id in [node for node in self._unheard if node not in keys]:
-            del self._unheard[node_id]
-        return settled
+    def _withdraw(self, outbound: Outbound, keys: dict[NodeId, int], heard: set[NodeId]) -> frozenset[NodeId]:
+        """Delete the keys of nodes no replica hears, as ``membership_rules`` decides; the
+        departed nodes whose key is gone (deleted now, rewritten elsewhere, or absent)."""
+        stale_after_s = STALE_KEY_WINDOWS * self.registry.expire_after_s
+        withdrawals = plan_withdrawals(outbound, keys, heard, self._unheard, stale_after_s)
+        for node_id, revision in withdrawals.deletes:
+            key = NODES_PREFIX + node_id
+            self.client.commit_if([(key, revision)], [Delete(key)])
+        self._unheard = withdrawals.unheard
+        return withdrawals.settled
 
     def _publish(self, digest: bytes) -> int:
         """Write this replica's digest under its lease, renewing the lease only once the fresh
@@ -497,17 +340,10 @@ class SharedMembership:
         return {node: kv for node, kv in found.items() if kv is not None}
 
     async def _apply(self, outbound: Outbound, snapshot: Snapshot) -> None:
-        self._settle_keys(outbound, snapshot.written)
-        self._apply_quarantines(snapshot.quarantined)
+        self.local.settle(outbound, snapshot)
         if self.revocations is not None and snapshot.revoked is not None:
             apply_revoked(*self.revocations, snapshot.revoked)
-        heard = self._heard_loads(snapshot)
-        for counted, (node_id, load) in enumerate(heard.items(), start=1):
-            self._count(node_id, load, snapshot.registrations.get(node_id))
-            if counted % APPLY_CHUNK == 0:
-                await asyncio.sleep(0)  # let heartbeats and routes in between
-        self.registry.follow_epoch(snapshot.epoch)
-        self._previous = snapshot
+        await self.local.follow(snapshot)
         if self.work is not None:
             for node_id, sessions in snapshot.counts:
                 try:
@@ -517,44 +353,6 @@ class SharedMembership:
         if self.counts is not None:
             self.counts.read_through(snapshot.counts_through)
 
-    def _heard_loads(self, snapshot: Snapshot) -> dict[NodeId, NodeLoad | None]:
-        """Nodes other replicas heard, with the load to count (None: alive, load counted already:
-        a digest read again unchanged, or a dead replica's nodes heard once more)."""
-        previous = {} if self._previous is None else self._previous.revisions
-        heard: dict[NodeId, NodeLoad | None] = dict.fromkeys(self._orphans(snapshot))
-        for replica, digest in snapshot.heard.items():
-            new = snapshot.revisions.get(replica) != previous.get(replica)
-            for node_id, load in digest.items():
-                if new:
-                    heard[node_id] = load
-                else:
-                    heard.setdefault(node_id, None)
-        return heard
-
-    def _settle_keys(self, outbound: Outbound, written: Written) -> None:
-        """Record what the exchange wrote; a node held here whose key is gone is announced
-        again if this replica hears it itself, else (another replica deregistered it) dropped."""
-        for item in outbound.announcements:
-            if item.node_id in written.announced:
-                self._announced[item.node_id] = item.registered_at
-                self._announced_revision[item.node_id] = written.announced[item.node_id]
-        for node_id in written.settled:  # a node back here since is announced again
-            self._announced.pop(node_id, None)
-            self._announced_revision.pop(node_id, None)
-        for node_id in outbound.known:
-            if node_id in written.keys or node_id in written.announced or node_id in outbound.quarantined:
-                continue
-            entry = self.registry.get(node_id)
-            if entry is None:
-                continue
-            if node_id in outbound.heard:
-                self._adopted.pop(node_id, None)
-                self._adopted_revision.pop(node_id, None)
-                self._announced.pop(node_id, None)  # announced (as this replica's) next exchange
-            elif self._adopted.get(node_id) == entry.registered_at:
-                logger.info("node %s left at another replica (its registration was withdrawn)", node_id)
-                self.registry.deregister(node_id)
-
     async def share_counts(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> None:
         """Publish counts a shard reported here, for the replica that routed its session."""
         if self.counts is None:
@@ -563,68 +361,3 @@ class SharedMembership:
             await asyncio.to_thread(self.counts.publish, node_id, sessions)
         except MeshnetError as error:  # this replica judges with them anyway; others may dispute
             logger.warning("shard counts from %s not shared with other replicas: %s", node_id, error.message)
-
-    def _orphans(self, snapshot: Snapshot) -> dict[NodeId, NodeLoad]:
-        """Nodes of replicas whose digest just disappeared (they died): heard once more now."""
-        if self._previous is None:
-            return {}
-        gone = set(self._previous.heard) - set(snapshot.heard)
-        if gone:
-            logger.warning("tracker replicas %s stopped publishing: their nodes may move here", sorted(gone))
-        return {node: load for replica in gone for node, load in self._previous.heard[replica].items()}
-
-    def _count(self, node_id: NodeId, load: NodeLoad | None, registration: KeyValue | None) -> None:
-        """Count another replica's heartbeat of ``node_id``, registering it here first if new
-        (``load`` None: only its window starts again)."""
-        if node_id in self.registry.quarantined:
-            return
-        entry = self.registry.get(node_id)
-        if registration is not None and self._newer_elsewhere(node_id, entry, registration):
-            # New here, or registered again at another replica (a new record): take its record.
-            if not self._adopt(node_id, registration):
-                return
-        elif entry is None:
-            return  # announced with the next exchange
-        if load is None:
-            self.registry.heard(node_id)
-            return
-        self.registry.heartbeat(node_id, load)
-        entry = self.registry.get(node_id)
-        if entry is not None:
-            self._counted[node_id] = entry.last_seen
-
-    def _newer_elsewhere(self, node_id: NodeId, entry: NodeEntry | None, registration: KeyValue) -> bool:
-        """Whether ``registration`` is newer than the record this replica holds: none held, one
-        adopted, or one it announced before that announcement was overwritten (a registration
-        here since the last announcement is newer than anything in etcd)."""
-        if entry is None or self._adopted.get(node_id) == entry.registered_at:
-            return True
-        announced_at = self._announced.get(node_id) == entry.registered_at
-        return announced_at and registration.mod_revision > self._announced_revision.get(node_id, math.inf)
-
-    def _adopt(self, node_id: NodeId, registration: KeyValue) -> bool:
-        try:
-            data = json.loads(registration.value)
-            message = services.NodeRegistration.FromString(base64.b64decode(data["registration"]))
-            record, _ = tracker_wire.registration_from_proto(message)
-            reachability = data["reachability"]
-            if reachability not in REACHABILITIES:
-                raise ValueError(f"unknown reachability {reachability!r}")
-            self.registry.register(record, node_id, reachability)
-        except (MeshnetError, ValueError, KeyError, TypeError, DecodeError) as error:
-            logger.warning("node %s announced by replica %s not taken: %s", node_id, registration.key, error)
-            return False
-        entry = self.registry.get(node_id)
-        if entry is not None:
-            self._adopted[node_id] = entry.registered_at
-            self._adopted_revision[node_id] = registration.mod_revision
-        return True
-
-    def _apply_quarantines(self, stored: frozenset[NodeId]) -> None:
-        """Apply quarantines other replicas added or cleared since the last exchange (edge-triggered,
-        so a change this replica is making right now is not undone by an older read)."""
-        before = frozenset() if self._previous is None else self._previous.quarantined
-        for node_id in stored - before:
-            self.registry.quarantine(node_id)
-        for node_id in before - stored:
-            self.registry.clear_quarantine(node_id)
