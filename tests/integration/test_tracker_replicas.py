@@ -155,10 +155,12 @@ class Traffic:
 
 
 @contextlib.asynccontextmanager
-async def replicas(cluster: EtcdCluster, root: Path) -> AsyncIterator[list[tuple[asyncio.subprocess.Process, str]]]:
+async def replicas(
+    cluster: EtcdCluster, root: Path, count: int = 3
+) -> AsyncIterator[list[tuple[asyncio.subprocess.Process, str]]]:
     started: list[tuple[asyncio.subprocess.Process, str]] = []
     try:
-        for index in range(3):
+        for index in range(count):
             started.append(await start_replica(cluster, f"r{index}", root))
         yield started
     finally:
