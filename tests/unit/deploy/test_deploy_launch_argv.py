@@ -26,8 +26,8 @@ from meshnet.cli.commands.serve import gateway_config, tracker_config, worker_co
 from meshnet.cli.flags import config_from_arguments
 from meshnet.core.config_flags import flag_spec, is_nested, render_arguments, unwrap_optional
 from meshnet.core.devices import DEVICE_KINDS, DeviceRequest
-from meshnet.core.errors import InvalidArgument
 from meshnet.core.durations import Seconds
+from meshnet.core.errors import InvalidArgument
 from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_options import SecurityOptions

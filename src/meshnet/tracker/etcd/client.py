@@ -209,7 +209,7 @@ class EtcdClient:
             except httpx.HTTPError as error:
                 failures.append(f"{endpoint}: {type(error).__name__}")
                 continue
-            if SPACE_EXCEEDED in response.text:  # every member shares the alarm: no failover
+            if response.status_code != 200 and SPACE_EXCEEDED in response.text:  # the alarm is the cluster's
                 raise self._space_alarm_seen(path)
             if response.status_code in PERMANENT_STATUSES:
                 refused = LeaseNotFound if LEASE_NOT_FOUND in response.text else EtcdRefused
