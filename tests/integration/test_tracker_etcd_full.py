@@ -1,7 +1,8 @@
-"""A tracker replica whose etcd store is full (NOSPACE: past ``--quota-backend-bytes``), all
-real processes: work reports are answered ``storage_full`` (a typed, retryable error saying what
-frees space, so a gateway keeps its records), while routes and heartbeats, which live in the
-replica's memory, go on being served and no live node is expired."""
+"""A tracker replica's work records in etcd, all real processes: kept only ``--work-retention``
+(then etcd deletes them, and the same report is new again); and a full store (NOSPACE: past
+``--quota-backend-bytes``) answers work reports ``storage_full`` (a typed, retryable error
+saying what frees space, so a gateway keeps its records) while routes and heartbeats, which
+live in the replica's memory, go on being served and no live node is expired."""
 
 from __future__ import annotations
 
@@ -13,16 +14,35 @@ from etcd_harness import needs_etcd
 from test_tracker_replicas import HEAD, INTERVAL_S, TAIL, Node, replicas, routes_both, wait_for
 from worker_harness import sample_work_record as record
 
+from meshnet.core.durations import Seconds
 from meshnet.core.errors import StorageFull
-from meshnet.core.ids import NodeId
+from meshnet.core.ids import NodeId, RequestId
 from meshnet.deploy.etcd_cluster import etcd_cluster
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
+from meshnet.tracker.etcd.store import EtcdTrackerStore
 
 pytestmark = [needs_etcd, pytest.mark.timeout(120)]
 
 QUOTA_BYTES = 600_000
 """Room for the replicas' own keys (epoch slots, membership digests), filled by the test."""
+
+
+async def test_the_retention_flag_reaches_the_store_records_leave_and_come_back_new(tmp_path: Path) -> None:
+    with etcd_cluster(tmp_path, size=1) as cluster:
+        async with replicas(cluster, tmp_path, count=1, work_retention_s=Seconds(2)) as running:
+            client = TrackerClient(running[0][1], timeout_s=5.0)
+            reader = EtcdTrackerStore(EtcdClient(parse_endpoints(cluster.store)))
+            try:
+                assert not (await client.report_work(record("req-1"), timeout_s=5.0)).duplicate
+                assert (await client.report_work(record("req-1"), timeout_s=5.0)).duplicate  # inside it
+                assert [kept.request_id for kept in reader.list_work()] == ["req-1"]
+                await wait_for(lambda: asyncio.to_thread(lambda: reader.get_work(RequestId("req-1")) is None),
+                               30.0, "etcd deleted the record after its 2 s retention")  # fmt: skip
+                assert not (await client.report_work(record("req-1"), timeout_s=5.0)).duplicate
+            finally:
+                reader.close()
+                await client.close()
 
 
 def fill(store: str) -> None:
