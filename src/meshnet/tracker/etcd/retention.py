@@ -15,6 +15,9 @@ every 0.5 s. A record's dispute is written under the same lease; a settle or qua
 rewrites the record keeps it. Quarantines themselves are not leased: they carry their evidence
 (``QuarantineEntry``) and stay until cleared.
 
+Records written before retention existed have no lease and stay until deleted by hand
+(``etcdctl del --prefix meshnet/work/``, once billing has read them).
+
 Idempotency holds only inside the retention: a record reported again after it expired is stored
 again as new. Retention must be far longer than any client's retry window (gateways' outboxes
 retry for minutes; the default is days).
