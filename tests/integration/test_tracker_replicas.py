@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etcd_harness import needs_etcd
@@ -42,11 +43,13 @@ HEAD = fake_record(LayerRange(0, 3), "127.0.0.1:9101", n_layers=6)
 TAIL = fake_record(LayerRange(3, 6), "127.0.0.1:9102", n_layers=6)
 
 
-async def start_replica(cluster: EtcdCluster, name: str, root: Path) -> tuple[asyncio.subprocess.Process, str]:
+async def start_replica(
+    cluster: EtcdCluster, name: str, root: Path, **overrides: Any
+) -> tuple[asyncio.subprocess.Process, str]:
     # About availability, not security: plaintext on loopback.
     config = TrackerConfig(
         port=0, db_path=root / name / "unused.sqlite3", heartbeat_interval_s=INTERVAL_S, insecure=True,
-        store=cluster.store, replica_id=name, shutdown_grace_s=1.0,
+        store=cluster.store, replica_id=name, shutdown_grace_s=1.0, **overrides,
     )  # fmt: skip
     log = root / f"{name}.log"
     launch = tracker_launch(config, root / name)
@@ -155,11 +158,13 @@ class Traffic:
 
 
 @contextlib.asynccontextmanager
-async def replicas(cluster: EtcdCluster, root: Path) -> AsyncIterator[list[tuple[asyncio.subprocess.Process, str]]]:
+async def replicas(
+    cluster: EtcdCluster, root: Path, count: int = 3, **overrides: Any
+) -> AsyncIterator[list[tuple[asyncio.subprocess.Process, str]]]:
     started: list[tuple[asyncio.subprocess.Process, str]] = []
     try:
-        for index in range(3):
-            started.append(await start_replica(cluster, f"r{index}", root))
+        for index in range(count):
+            started.append(await start_replica(cluster, f"r{index}", root, **overrides))
         yield started
     finally:
         for process, _ in started:

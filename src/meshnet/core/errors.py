@@ -193,6 +193,14 @@ class StorageUnavailable(Unavailable):
     code = "storage_unavailable"
 
 
+class StorageFull(StorageUnavailable):
+    """A component's store refuses every write because it is full (etcd's NOSPACE alarm): a
+    retry succeeds only after its operator frees space, so the message says how. Still
+    UNAVAILABLE: nothing was stored, callers keep what they sent and send it again later."""
+
+    code = "storage_full"
+
+
 class AddressUnproven(Unavailable):
     """A registration whose address cannot be checked now (another registration of the same node
     is being dialled back): nothing of that address is taken from a node serving there.

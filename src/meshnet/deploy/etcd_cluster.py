@@ -69,6 +69,9 @@ class EtcdCluster:
     members: list[EtcdMember]
     progress_notify_s: float = PROGRESS_NOTIFY_S
     """How often a member tells a quiet watch it is alive (etcd's default: 10 min)."""
+    quota_backend_bytes: int = 0
+    """Each member's ``--quota-backend-bytes`` (0: etcd's default, 2 GB): past it etcd raises
+    its NOSPACE alarm and refuses every write (tests fill a tiny one)."""
 
     @property
     def store(self) -> str:
@@ -107,6 +110,7 @@ def _command(etcd: str, member: EtcdMember, cluster: EtcdCluster, data_dir: Path
         # A quiet watch (the replicas' epoch) hears from its member within the client's idle
         # read timeout, so it is known alive, not reopened (tracker.etcd.client.WATCH_IDLE_S).
         f"--experimental-watch-progress-notify-interval={cluster.progress_notify_s:g}s",
+        *([f"--quota-backend-bytes={cluster.quota_backend_bytes}"] if cluster.quota_backend_bytes else []),
     ]
 
 
@@ -148,12 +152,14 @@ START_ATTEMPTS = 3
 
 
 @contextlib.contextmanager
-def etcd_cluster(tmp_path: Path, size: int = 3, progress_notify_s: float = PROGRESS_NOTIFY_S) -> Iterator[EtcdCluster]:
+def etcd_cluster(
+    tmp_path: Path, size: int = 3, progress_notify_s: float = PROGRESS_NOTIFY_S, quota_backend_bytes: int = 0
+) -> Iterator[EtcdCluster]:
     """``size`` members under ``tmp_path``, ready (a leader elected); all killed on exit."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, START_ATTEMPTS + 1):
         members = [EtcdMember(f"m{index}", free_port(), free_port()) for index in range(size)]
-        cluster = EtcdCluster(members, progress_notify_s)
+        cluster = EtcdCluster(members, progress_notify_s, quota_backend_bytes)
         try:
             _start_all(cluster, tmp_path / f"etcd-{attempt}", tmp_path)
             break

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshnet.core.config_flags import cli
+from meshnet.core.durations import Seconds
 from meshnet.core.errors import InvalidArgument
+from meshnet.tracker.etcd.retention import DEFAULT_RETENTION_S, RetentionPolicy
 
 DEFAULT_DB_NAME = "tracker.sqlite3"
 """The database's file name inside ``--data-dir`` when ``--db`` is not given."""
@@ -30,6 +32,11 @@ class TrackerConfig:
     (``--db``), one tracker process, nothing else to run."""
     replica_id: str = ""
     """This replica's name among the replicas sharing ``--store`` (empty: HOST:PORT)."""
+    work_retention_s: Seconds = field(default=Seconds(DEFAULT_RETENTION_S), metadata=cli("work-retention"))
+    """With ``--store etcd://``: seconds (or 12h, 7d) a work record and its dispute are kept
+    before etcd deletes them (``tracker.etcd.retention``); a record reported again after that is
+    stored again, so keep it far longer than any client's retry window. The SQLite file keeps
+    records for ever."""
     heartbeat_interval_s: float = field(default=2.0, metadata=cli("heartbeat-interval"))
     """Seconds between the heartbeats workers are told to send."""
     missed_heartbeats: int = 3
@@ -70,5 +77,6 @@ class TrackerConfig:
             raise InvalidArgument(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if not (math.isfinite(self.plan_staleness_s) and self.plan_staleness_s >= 0):
             raise InvalidArgument(f"plan_staleness_s must be >= 0 seconds, got {self.plan_staleness_s}")
+        RetentionPolicy(self.work_retention_s)  # InvalidArgument if it is not a duration etcd can keep
         if self.missed_heartbeats < 1:
             raise InvalidArgument(f"missed_heartbeats must be >= 1, got {self.missed_heartbeats}")

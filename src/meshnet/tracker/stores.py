@@ -14,6 +14,7 @@ from meshnet.tracker.etcd.client import EtcdClient, parse_endpoints
 from meshnet.tracker.etcd.counts import SharedCounts
 from meshnet.tracker.etcd.invites import EtcdInvites
 from meshnet.tracker.etcd.membership import SharedMembership
+from meshnet.tracker.etcd.retention import RetentionPolicy
 from meshnet.tracker.etcd.store import EtcdTrackerStore
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
@@ -24,7 +25,8 @@ from meshnet.tracker.swarm_service import TrackerSecurity
 def open_store(config: TrackerConfig) -> TrackerStore:
     if not config.store:
         return SqliteTrackerStore(config.db_path)
-    return EtcdTrackerStore(EtcdClient(parse_endpoints(config.store)))
+    retention = RetentionPolicy(config.work_retention_s)
+    return EtcdTrackerStore(EtcdClient(parse_endpoints(config.store)), retention=retention)
 
 
 def shared_invites(store: TrackerStore, ca_key_pem: bytes) -> InviteLedger | None:

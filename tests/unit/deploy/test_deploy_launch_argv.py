@@ -26,6 +26,7 @@ from meshnet.cli.commands.serve import gateway_config, tracker_config, worker_co
 from meshnet.cli.flags import config_from_arguments
 from meshnet.core.config_flags import flag_spec, is_nested, render_arguments, unwrap_optional
 from meshnet.core.devices import DEVICE_KINDS, DeviceRequest
+from meshnet.core.durations import Seconds
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.kv_type import KvType
 from meshnet.core.layers import LayerRange
@@ -86,6 +87,8 @@ def _value(kind: Any) -> st.SearchStrategy[Any]:
         strategy = st.integers(1, 8).flatmap(lambda n: st.integers(0, n - 1).map(lambda i: ExpertOwnership(i, n)))
     elif inner is KvType:
         strategy = st.sampled_from(list(KvType))
+    elif inner is Seconds:
+        strategy = st.integers(1, 10**7).map(Seconds)  # etcd's lease TTLs are whole seconds
     elif inner is DeviceRequest:
         gpu = st.builds(DeviceRequest, st.sampled_from(DEVICE_KINDS[1:]), st.none() | st.integers(0, 7))
         strategy = st.one_of(st.just(DeviceRequest("auto")), st.just(DeviceRequest("cpu")), gpu)

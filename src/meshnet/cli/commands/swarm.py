@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from meshnet.core.addresses import check_advertise_address
+from meshnet.core.durations import parse_duration
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.swarm_options import SecurityOptions, SwarmArguments
 from meshnet.membership.join import resolve_security
@@ -28,15 +28,6 @@ from meshnet.tracker.swarm_service import read_join_address
 from meshnet.wire.tls import LinkSecurity
 
 ADMIN_CERT_LIFETIME_S = 3600.0
-_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd])$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise InvalidArgument(f"a duration is a number with s, m, h or d (e.g. 1h), got {text!r}")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
 def run_swarm(arguments: SwarmArguments, data_dir: Path, say: Callable[[str], None]) -> int:

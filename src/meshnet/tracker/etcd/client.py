@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageUnavailable
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageFull, StorageUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,36 @@ large, a lease not found, a revision compacted): not worth a failover nor a retr
 
 class EtcdRefused(FailedPrecondition):
     """etcd refused the request itself (not one member's trouble): retrying it unchanged fails again."""
+
+
+class LeaseNotFound(EtcdRefused):
+    """A write named a lease etcd no longer has (it expired or was revoked): a new one is needed."""
+
+
+SPACE_EXCEEDED = "database space exceeded"
+"""What etcd answers (HTTP 429, gRPC RESOURCE_EXHAUSTED) to every write once its backend passed
+``--quota-backend-bytes`` and raised the NOSPACE alarm; reads and deletes still work."""
+LEASE_NOT_FOUND = "requested lease not found"
+
+
+def wrote(path: str, body: dict[str, Any], reply: dict[str, Any]) -> bool:
+    """Whether a successful request took space etcd refuses under NOSPACE (a put, a lease): the
+    alarm is off. Deletes and reads pass during the alarm, so they prove nothing."""
+    if path == "/v3/lease/grant":
+        return True
+    if path != "/v3/kv/txn" or not reply.get("succeeded", False):
+        return False
+    return any("request_put" in operation for operation in body.get("success", []))
+
+
+def space_exceeded(path: str) -> StorageFull:
+    """The error every write raises while etcd's NOSPACE alarm is on, saying what frees it."""
+    return StorageFull(
+        f"the tracker's etcd store is full (NOSPACE alarm, '{SPACE_EXCEEDED}' on {path}): it refuses "
+        "every write, work records included, until its operator frees space: compact and defragment "
+        "(etcdctl compact $(REVISION); etcdctl defrag --cluster) then etcdctl alarm disarm, or restart "
+        "the members with a larger --quota-backend-bytes, or shorten the trackers' --work-retention"
+    )
 
 
 @dataclass(frozen=True)
@@ -153,6 +183,8 @@ class EtcdClient:
         self._preferred = 0
         self._lock = threading.Lock()
         self._http = httpx.Client(timeout=timeout_s)
+        self._space_alarm = False
+        """Whether the last write met etcd's NOSPACE alarm: logged once, when it starts and ends."""
 
     def close(self) -> None:
         self._http.close()
@@ -177,8 +209,11 @@ class EtcdClient:
             except httpx.HTTPError as error:
                 failures.append(f"{endpoint}: {type(error).__name__}")
                 continue
+            if response.status_code != 200 and SPACE_EXCEEDED in response.text:  # the alarm is the cluster's
+                raise self._space_alarm_seen(path)
             if response.status_code in PERMANENT_STATUSES:
-                raise EtcdRefused(f"etcd refused {path}: HTTP {response.status_code} {response.text[:200]}")
+                refused = LeaseNotFound if LEASE_NOT_FOUND in response.text else EtcdRefused
+                raise refused(f"etcd refused {path}: HTTP {response.status_code} {response.text[:200]}")
             if response.status_code != 200:
                 # No leader, lost quorum, too many requests: another member may do better.
                 failures.append(f"{endpoint}: HTTP {response.status_code} {response.text[:200]}")
@@ -193,11 +228,27 @@ class EtcdClient:
                 continue
             with self._lock:
                 self._preferred = index
+            if self._space_alarm and wrote(path, body, reply):
+                self._space_alarm_cleared()
             return reply
         outcome = "outcome unknown (it may have been applied)" if timed_out else "nothing was stored; retry"
         raise StorageUnavailable(
             "no etcd member of the tracker's store answered (" + "; ".join(failures) + f"): {outcome}"
         )
+
+    def _space_alarm_seen(self, path: str) -> StorageFull:
+        error = space_exceeded(path)
+        with self._lock:
+            first, self._space_alarm = not self._space_alarm, True
+        if first:  # once, not once per refused write (at 100 records/s the log would be nothing else)
+            logger.error("%s", error.message)
+        return error
+
+    def _space_alarm_cleared(self) -> None:
+        with self._lock:
+            cleared, self._space_alarm = self._space_alarm, False
+        if cleared:
+            logger.warning("the tracker's etcd store accepts writes again (its NOSPACE alarm is off)")
 
     def get(self, key: str) -> KeyValue | None:
         found = _kvs(self._post("/v3/kv/range", {"key": _b64(key)}))

@@ -12,8 +12,10 @@ Keys, under one prefix per swarm (``meshnet/``):
   so it never goes down, whichever replica writes.
 - ``work/<request_id>``: a work record with its content digest, created in a transaction only
   if absent: the same record reported again (to any replica) is stored once, another under its
-  id is refused (FailedPrecondition), exactly as ``SqliteTrackerStore`` does.
-- ``dispute/<request_id>``: why a record is not stored as reported (written with it).
+  id is refused (FailedPrecondition), exactly as ``SqliteTrackerStore`` does, for as long as
+  the record is kept: under a lease that expires after ``--work-retention``
+  (``tracker.etcd.retention``), so etcd deletes it itself.
+- ``dispute/<request_id>``: why a record is not stored as reported (written with it, under its lease).
 - ``quarantine/<node_id>``: a quarantine with its evidence; replicas apply each other's.
 - ``seen/<node_id>``: nodes that ever registered (history, as the SQLite ``nodes`` table).
 
@@ -36,7 +38,8 @@ from meshnet.core.ids import NodeId, RequestId
 from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import WorkRecord, WorkStatus
 from meshnet.route.outbox import record_from_json, record_to_json
-from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, Operation, Put
+from meshnet.tracker.etcd.client import Delete, EtcdClient, KeyValue, LeaseNotFound, Operation, Put
+from meshnet.tracker.etcd.retention import BucketLeases, RetentionPolicy
 from meshnet.tracker.store import work_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -93,9 +96,12 @@ class EtcdTrackerStore:
     """``TrackerStore`` over an etcd cluster; every call raises ``StorageUnavailable`` when no
     member answers. Several tracker replicas may use one cluster at once."""
 
-    def __init__(self, client: EtcdClient, work_page: int = WORK_PAGE) -> None:
+    def __init__(
+        self, client: EtcdClient, work_page: int = WORK_PAGE, retention: RetentionPolicy | None = None
+    ) -> None:
         self.client = client
         self.work_page = work_page
+        self.leases = BucketLeases(retention or RetentionPolicy(), client.grant_lease)
 
     def load_epoch(self) -> int:
         stored = self.client.get(EPOCH_KEY)
@@ -124,8 +130,7 @@ class EtcdTrackerStore:
     def record_judged_work(self, reported: WorkRecord, judged: WorkRecord, reason: str, recorded_at: float) -> bool:
         digest = work_fingerprint(reported)
         value = json.dumps({"record": record_to_json(judged), "sha256": digest, "recorded_at": recorded_at}).encode()
-        also = [Put(DISPUTE_PREFIX + judged.request_id, reason.encode())] if reason else []
-        stored = self.client.create(WORK_PREFIX + reported.request_id, value, also)
+        stored = self._create_leased(WORK_PREFIX + reported.request_id, value, reason)
         if stored is None:
             return True
         if decode_object(stored, "sha256")["sha256"] != digest:
@@ -134,6 +139,21 @@ class EtcdTrackerStore:
                 "a request is reported once (a new request needs a new id)"
             )
         return False
+
+    def _create_leased(self, key: str, value: bytes, dispute: str) -> KeyValue | None:
+        """``client.create`` of a record (and its ``dispute``, if any) under this bucket's lease;
+        once more under a new lease if etcd no longer has the one held."""
+        lease = self.leases.lease_now()
+        try:
+            return self.client.create(key, value, self._dispute_put(key, dispute, lease), lease=lease)
+        except LeaseNotFound:
+            self.leases.forget(lease)
+        lease = self.leases.lease_now()
+        return self.client.create(key, value, self._dispute_put(key, dispute, lease), lease=lease)
+
+    @staticmethod
+    def _dispute_put(key: str, dispute: str, lease: int) -> list[Operation]:
+        return [Put(DISPUTE_PREFIX + key.removeprefix(WORK_PREFIX), dispute.encode(), lease)] if dispute else []
 
     def settle_work(self, request_id: RequestId, status: WorkStatus) -> None:
         self._update_work(request_id, status, [Delete(DISPUTE_PREFIX + request_id)])
@@ -212,7 +232,9 @@ class EtcdTrackerStore:
                 return False
             data, record = decode_work(stored)
             data["record"] = record_to_json(replace(record, status=status))
-            if self.client.commit_if([(key, stored.mod_revision)], [Put(key, json.dumps(data).encode()), *also]):
+            # Under the record's own lease: a put without one would keep it for ever.
+            rewrite = Put(key, json.dumps(data).encode(), stored.lease)
+            if self.client.commit_if([(key, stored.mod_revision)], [rewrite, *also]):
                 return True
         raise StorageUnavailable(f"work record {request_id} kept changing under other replicas; retry")
 
