@@ -51,7 +51,7 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 
-from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, StorageDamaged
+from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, StorageDamaged, StorageFull
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import NodeLoad, SessionTokens
 from meshnet.tracker.checked_work import CheckedWork
@@ -190,6 +190,8 @@ class SharedMembership:
             while True:
                 try:
                     await self.exchange()
+                except StorageFull as error:  # the store's client logs the alarm once, not per exchange
+                    logger.debug("membership exchange with etcd refused: %s", error.message)
                 except MeshnetError as error:  # etcd unreachable: keep serving what we know
                     logger.warning("membership exchange with etcd failed: %s", error.message)
                 except Exception:  # a bug or bad data must not stop this replica publishing
