@@ -34,6 +34,7 @@ from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport, NodeLoad
 from meshnet.membership.beat_streams import BeatStreamEnded, BeatStreams
 from meshnet.membership.load_figures import Histogram, bucket
+from meshnet.membership.replicas import replica_order
 from meshnet.security.certificates import NodeCertificate
 from meshnet.wire import services
 from meshnet.wire.status import error_from_rpc
@@ -184,7 +185,9 @@ class SimulatedNode:
         self._beats = BeatStreams()
         self.security = None if certificate is None else LinkSecurity(certificate)
         self.record = record
-        self._trackers = trackers
+        # The replicas in this node's own order, as a worker's ``TrackerClient`` ranks them by
+        # its node id: the simulated swarm spreads over the replicas the way a real one does.
+        self._trackers = tuple(trackers[index] for index in replica_order(node_id, trackers))
         self._tracker_index = 0
         self._counts = counts
         self._channel: grpc.aio.Channel | None = None
