@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.errors import TrackerBusy
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
@@ -178,6 +179,7 @@ class SimulatedNode:
         trackers: tuple[str, ...],
         counts: Counts,
         transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT,
+        order: TrackerOrder = "spread",
     ) -> None:
         self.node_id = node_id
         self.transport = transport
@@ -187,7 +189,8 @@ class SimulatedNode:
         self.record = record
         # The replicas in this node's own order, as a worker's ``TrackerClient`` ranks them by
         # its node id: the simulated swarm spreads over the replicas the way a real one does.
-        self._trackers = tuple(trackers[index] for index in replica_order(node_id, trackers))
+        ranked = range(len(trackers)) if order == "listed" else replica_order(node_id, trackers)
+        self._trackers = tuple(trackers[index] for index in ranked)
         self._tracker_index = 0
         self._counts = counts
         self._channel: grpc.aio.Channel | None = None
