@@ -74,10 +74,11 @@ class TrackerClient:
     builds each call's request and reads its reply. The replicas are asked in an order of this
     client's own (``membership.replicas.replica_order``) so a swarm's clients spread over them:
     ranked by ``replica_key`` (a worker passes its node id), else by its certificate's node id,
-    else by a random draw; ``order`` "listed" pins the listed order instead (first listed first). ``InvalidArgument``
-    for a malformed list; ``FailedPrecondition`` for a call after ``close``. Create it inside the
-    event loop that uses it; ``clock`` (monotonic seconds) is injected by tests. Heartbeats go on
-    one stream per replica (``membership.beat_streams``) unless ``heartbeat_transport`` is "unary"."""
+    else by a random draw; ``order`` "listed" pins the listed order instead (first listed
+    first). ``InvalidArgument`` for a malformed list; ``FailedPrecondition`` for a call after
+    ``close``. Create it inside the event loop that uses it; ``clock`` (monotonic seconds) is
+    injected by tests. Heartbeats go on one stream per replica (``membership.beat_streams``)
+    unless ``heartbeat_transport`` is "unary"."""
 
     def __init__(
         self,

@@ -127,7 +127,7 @@ class SeedConfig:
     directory: Path = field(metadata=cli(positional=True))
     """Published directory (manifest.json and artifacts/) to serve."""
     tracker: str | None = None
-    """Tracker (host:port, or its replicas in order: a:7070,b:7070) to announce the held
+    """Tracker (host:port, or its replicas: a:7070,b:7070) to announce the held
     artifacts to; none serves without announcing."""
     host: str = "127.0.0.1"
     """Bind address: loopback unless told otherwise."""
