@@ -171,7 +171,7 @@ async def test_a_beat_whose_stream_died_with_its_replica_is_asked_again_of_the_n
     first = await start_tracker(config(tmp_path, "a"))
     second = await start_tracker(config(tmp_path, "b"))
     try:
-        async with TrackerClient(f"{first.address},{second.address}", timeout_s=2.0) as client:
+        async with TrackerClient(f"{first.address},{second.address}", timeout_s=2.0, order="listed") as client:
             node = (await client.register(registration(0, 8, "127.0.0.1:9001"), NodeId("w-9001"))).node_id
             assert (await client.heartbeat(node, NodeLoad())).known  # its stream is open at A
             await first.stop(grace_s=0)

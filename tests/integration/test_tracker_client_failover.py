@@ -2,8 +2,10 @@
 
 Two real tracker processes of one swarm (one CA, mTLS on every link), each with its own SQLite
 database: nothing is shared between them, so this is the client side of failover alone (the
-replicas that share membership through a store are the tracker's business). Workers register
-with A, the first of their list. A is SIGKILLed: each worker's next heartbeat fails, its client
+replicas that share membership through a store are the tracker's business). So every worker and
+the gateway pins the listed order (``--tracker-order listed``: by default each would start at a
+replica of its own, and trackers that share nothing would each see half a swarm). Workers
+register with A, the first of their list. A is SIGKILLed: each worker's next heartbeat fails, its client
 moves to B and asks the heartbeat again there, B answers "unknown node", and the worker registers
 with B after a jittered fraction of an interval. The gateway, still pointed at A, then serves a
 request: its route call fails on A and is asked once more of B.
@@ -75,8 +77,8 @@ def test_workers_and_the_gateway_move_to_the_next_tracker_when_the_first_dies(
     replicas: tuple[Swarm, Component, str, str],
 ) -> None:
     swarm, tracker_a, first, second = replicas
-    swarm.start_workers(*RANGES)
-    gateway = swarm.start_gateway()
+    swarm.start_workers(*RANGES, tracker_order="listed")
+    gateway = swarm.start_gateway(tracker_order="listed")
     wait_routable_at(first, swarm, len(RANGES), within_s=15)
     assert routable_nodes(second, swarm) == 0  # the workers stick to the first tracker of their list
 

@@ -177,6 +177,7 @@ class TrackerScaleRun:
                 tracker_pid=tracker_pid,
                 seed=index,
                 heartbeat_transport=self.config.heartbeat_transport,
+                tracker_order=self.config.tracker_order,
             )
             for index, share in enumerate(shares)
         ]

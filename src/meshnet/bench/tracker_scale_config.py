@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.config_flags import cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport
@@ -54,6 +55,9 @@ class TrackerScaleConfig:
     trackers: tuple[str, ...] = ()
     """Addresses of trackers already running (replicas, started by whoever kills one under load):
     none are started, nodes spread over them and fail over. Empty: start one per point."""
+    tracker_order: TrackerOrder = "spread"
+    """How the simulated nodes and gateway order --trackers replicas: spread (each its own, as
+    workers and gateways do) or listed (all start at the first, as before they spread)."""
     tracker_core: int = 0
     """CPU core the started tracker is pinned to (taskset)."""
     generator_cores: tuple[int, ...] = (1,)

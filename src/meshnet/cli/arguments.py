@@ -140,7 +140,7 @@ class StatusArguments:
     gateway: str = "http://127.0.0.1:8080"
     """Gateway base URL whose /v1/status is shown (also lists live requests)."""
     tracker: str | None = None
-    """Ask this tracker (host:port, or its replicas in order: a:7070,b:7070) directly instead of a gateway."""
+    """Ask this tracker (host:port, or its replicas: a:7070,b:7070) directly instead of a gateway."""
     watch: bool = False
     """Redraw every --interval seconds until Ctrl-C."""
     interval: float = 2.0

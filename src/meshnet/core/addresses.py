@@ -6,6 +6,7 @@ import ipaddress
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.ids import NodeId, check_node_id
@@ -35,7 +36,12 @@ def check_advertise_address(address: str, *, flag: str = "advertise") -> None:
 
 
 ADDRESS_LIST_SEPARATOR = ","
-"""``--tracker a:7070,b:7070``: replicas of one service, in the order a client tries them."""
+"""``--tracker a:7070,b:7070``: replicas of one service."""
+
+TrackerOrder = Literal["spread", "listed"]
+"""The order a client asks a tracker's replicas in: ``spread``, its own order ranked by its id
+(``membership.replicas.replica_order``: a swarm's clients spread over the replicas), or
+``listed``, the order given (first listed first: trackers that share no store, tests)."""
 
 
 def parse_address_list(text: str, *, flag: str = "--tracker") -> tuple[str, ...]:

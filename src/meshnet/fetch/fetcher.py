@@ -52,7 +52,7 @@ class FetchConfig:
     layers: LayerRange
     """Layers to fetch, A:B half-open (B exclusive)."""
     tracker: str
-    """Tracker (host:port, or its replicas in order: a:7070,b:7070) that knows who holds the model's artifacts."""
+    """Tracker (host:port, or its replicas: a:7070,b:7070) that knows who holds the model's artifacts."""
     data_dir: Path
     """Where the slice cache, the manifest and the trust store live."""
     trust_publisher: str | None = None

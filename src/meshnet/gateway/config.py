@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshnet.core.addresses import parse_address_list
+from meshnet.core.addresses import TrackerOrder, parse_address_list
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.limits import MAX_FRAME_BYTES
@@ -135,13 +135,16 @@ class GatewayProcessConfig:
     """``meshnet gateway``'s configuration; its flags are generated from these fields."""
 
     tracker: str
-    """Tracker address (host:port) that routes requests to workers, or its replicas in order
+    """Tracker address (host:port) that routes requests to workers, or its replicas
     (a:7070,b:7070: a route call lost with one replica is asked of the next)."""
     http: GatewayConfig
     """The HTTP app's limits, deadlines and bind address."""
     data_dir: Path
     """Holds the outbox of work records (``gateway/outbox.sqlite3``); one gateway per directory.
     Set from the global --data-dir."""
+    tracker_order: TrackerOrder = "spread"
+    """Order the gateway asks --tracker replicas in: spread (its own, ranked by its certificate's
+    name, so gateways spread over the replicas) or listed (first listed first)."""
     model: Path | None = field(default=None, metadata=cli(shown_default=PROVISIONED_MODEL))
     """GGUF the tokenizer and chat template are read from (no tensors are loaded): the source,
     or its vocabulary-only copy. Not with --model-id."""

@@ -84,7 +84,7 @@ async def run_gateway(
     template = None if config.chat_template is None else config.chat_template.read_text()
     tokenizer = await asyncio.to_thread(partial(Tokenizer, description, chat_template=template))
     outbox = WorkOutbox(outbox_path(config.data_dir))
-    tracker = TrackerClient(config.tracker, security=security)
+    tracker = TrackerClient(config.tracker, security=security, order=config.tracker_order)
     pool = ChannelPool(config.max_frame_bytes, security)
     driver = RouteDriver(pool, max_frame_bytes=config.max_frame_bytes)
     admission = new_admission(config.http)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.errors import MeshnetError
 from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.tracking import NodeWork, Route, WorkRecord
@@ -45,7 +46,8 @@ class CountedBudget(RetryBudget):
 
 
 class GatewayLoad:
-    """Routes and work records at their rates, over the tracker replicas in ``trackers`` order."""
+    """Routes and work records at their rates, over the tracker replicas ``trackers`` (asked in
+    the gateway's own order, or as listed: ``order``)."""
 
     def __init__(
         self,
@@ -53,12 +55,14 @@ class GatewayLoad:
         rates: tuple[float, float],
         certificate: NodeCertificate | None,
         counts: Counts,
+        order: TrackerOrder = "spread",
     ) -> None:
         self._client = TrackerClient(
             ",".join(trackers),
             timeout_s=GATEWAY_CALL_TIMEOUT_S,
             security=None if certificate is None else LinkSecurity(certificate),
             budget=CountedBudget(counts=counts),
+            order=order,
         )
         self._routes_per_s, self._records_per_s = rates
         self._counts = counts

@@ -25,6 +25,7 @@ from typing import Any, get_args
 
 import psutil
 
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, new_node_id
 from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport
@@ -59,7 +60,8 @@ class LoadSpec:
     """One load point, as the bench hands it to the generator process (a JSON file)."""
 
     trackers: tuple[str, ...]
-    """Tracker addresses; node i talks to address i mod len and moves on when one is unavailable."""
+    """Tracker addresses (replicas); each node asks them in ``tracker_order`` and moves on when
+    one is unavailable."""
     data_dir: Path | None
     """Where the swarm CA is; None: a plaintext (``--insecure``) tracker."""
     nodes: int
@@ -80,6 +82,9 @@ class LoadSpec:
     """Processes to SIGKILL during the measured span (``membership.disruptions``)."""
     acknowledged_path: Path | None = None
     """Where to write the request ids of every work record a tracker acknowledged (a JSON list)."""
+    tracker_order: TrackerOrder = "spread"
+    """spread: each node ranks the replicas by its node id and the gateway by its certificate's,
+    as workers and gateways do; listed: all start at the first listed (as before they spread)."""
 
     def __post_init__(self) -> None:
         if not self.trackers or self.nodes < 1 or self.n_layers < 2:
@@ -130,13 +135,16 @@ def build_nodes(
     rng = random.Random(spec.seed)
     recipe = simulated_recipe(spec.n_layers)
     nodes: list[SimulatedNode] = []
-    for index, (node_id, certificate, layers) in enumerate(
-        zip(ids, certificates, layer_ranges(spec.nodes, spec.n_layers, rng), strict=True)
+    for node_id, certificate, layers in zip(
+        ids, certificates, layer_ranges(spec.nodes, spec.n_layers, rng), strict=True
     ):
         address = ports.bind(None if certificate is None else LinkSecurity(certificate))
-        trackers = spec.trackers[index % len(spec.trackers) :] + spec.trackers[: index % len(spec.trackers)]
         record = simulated_record(address, layers, recipe)
-        nodes.append(SimulatedNode(node_id, certificate, record, trackers, counts, spec.heartbeat_transport))
+        nodes.append(
+            SimulatedNode(
+                node_id, certificate, record, spec.trackers, counts, spec.heartbeat_transport, spec.tracker_order
+            )
+        )
     addresses = [node.record.address for node in nodes]
     for node in nodes:
         peers = rng.sample(addresses, min(PEERS_PER_HEARTBEAT, len(addresses)))
@@ -225,7 +233,9 @@ async def run_load(spec: LoadSpec) -> dict[str, Any]:
     counts = Counts()
     ports = AnsweringPorts(spec.host)
     nodes, gateway_certificate = build_nodes(spec, ports, counts)
-    gateway = GatewayLoad(spec.trackers, (spec.routes_per_s, spec.records_per_s), gateway_certificate, counts)
+    gateway = GatewayLoad(
+        spec.trackers, (spec.routes_per_s, spec.records_per_s), gateway_certificate, counts, spec.tracker_order
+    )
     await ports.start()
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []

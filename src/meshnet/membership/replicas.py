@@ -1,9 +1,15 @@
 """Which of a swarm's tracker replicas a client asks, when it moves, and which calls it asks twice.
 
-A client is given its trackers as an ordered list (``--tracker a:7070,b:7070,c:7070``). It sticks
+A client is given its trackers as a list (``--tracker a:7070,b:7070,c:7070``) and asks them in
+an order of its own (``replica_order``): rendezvous hashing of its identity (a worker's node id,
+another client's certificate name or a random draw) ranks the replicas, so the clients of a swarm
+start spread evenly over them instead of all on the first listed, and when one replica dies its
+clients move on spread over the others (each to its own second choice), not all onto the next
+listed. Rendezvous rather than "hash modulo count" because a replica removed from the list moves
+only its own clients: every other client's first choice keeps the highest score. It sticks
 to the replica that answers: moving on a whim would spread one node's calls over every replica
 for nothing. Only a failure that shows the replica is gone moves it to the next one in the list,
-wrapping around (``replica_gone``): the library's own UNAVAILABLE or CANCELLED (refused, reset,
+wrapping around: the library's own UNAVAILABLE or CANCELLED (refused, reset,
 GOAWAY, the server stopping), or a replica that answers ``StorageUnavailable`` (cut off from its
 store: nothing was stored). A slow replica is not gone: a deadline moves the client only after
 ``SLOW_STRIKES`` deadlines in a row on that replica, and a call that missed its deadline is never
@@ -19,6 +25,8 @@ again (the next renewal) or drops them.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -86,6 +94,22 @@ that is safe. Not here: ``ReportRouteTiming`` (a second copy would weigh one mea
 losing one is harmless)."""
 
 
+def replica_order(client_key: str, addresses: Sequence[str]) -> tuple[int, ...]:
+    """The indexes of ``addresses`` in the order the client ``client_key`` asks them: highest
+    rendezvous score first (a tie, which takes a 64-bit collision, by listed order). Pure and stable
+    across processes and versions (BLAKE2b, never Python's salted ``hash``), so one id always
+    starts at the same replica, and each replica's score depends only on its own address: removing
+    one from the list leaves every other client's first choice where it was."""
+    scores = [_score(client_key, address) for address in addresses]
+    return tuple(sorted(range(len(addresses)), key=lambda index: (-scores[index], index)))
+
+
+def _score(client_key: str, address: str) -> int:
+    # The NUL keeps ("ab", "c:1") and ("a", "bc:1") apart.
+    digest = hashlib.blake2b(f"{client_key}\0{address}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
 @dataclass(frozen=True)
 class Position:
     """The replica a call was sent to, and the ring's generation then: a failure that arrives
@@ -96,24 +120,32 @@ class Position:
 
 
 class ReplicaRing:
-    """The ordered replicas of one tracker and the one a client asks now."""
+    """The replicas of one tracker, the order one client walks them in, and the one it asks now.
 
-    def __init__(self, addresses: str, *, slow_strikes: int = SLOW_STRIKES) -> None:
+    ``client_key`` orders them as ``replica_order`` says; None keeps the listed order (the first
+    listed answers first: pinned, as tests and single-purpose tools want)."""
+
+    def __init__(self, addresses: str, *, client_key: str | None = None, slow_strikes: int = SLOW_STRIKES) -> None:
         if slow_strikes < 1:
             raise InvalidArgument(f"slow_strikes must be >= 1, got {slow_strikes}")
         self.addresses = parse_address_list(addresses)
+        self.order = (
+            tuple(range(len(self.addresses))) if client_key is None else replica_order(client_key, self.addresses)
+        )
+        """Replica indexes in the order this client asks them, wrapping around."""
         self._slow_strikes = slow_strikes
-        self._current = 0
+        self._step = 0
         self._generation = 0
         self._strikes = 0
 
     @property
     def current(self) -> int:
-        """The index of the replica asked now: the last one that answered, or the first."""
-        return self._current
+        """The index (in the listed addresses) of the replica asked now: the last one that
+        answered, or this client's first choice."""
+        return self.order[self._step]
 
     def position(self) -> Position:
-        return Position(self._current, self._generation)
+        return Position(self.current, self._generation)
 
     def answered(self, at: Position) -> None:
         """A call at ``at`` got an answer: the replica keeps up, its deadline strikes are forgiven."""
@@ -131,7 +163,7 @@ class ReplicaRing:
             self._strikes += 1
             if self._strikes < self._slow_strikes:
                 return False
-        self._current = (self._current + 1) % len(self.addresses)
+        self._step = (self._step + 1) % len(self.order)
         self._generation += 1
         self._strikes = 0
         return True
@@ -140,7 +172,7 @@ class ReplicaRing:
         """Whether the client asks another replica now than the one ``at`` named: a call lost
         there after another call's failure already moved the client on is resent here too (a
         gateway has many calls in flight when a replica dies; only the first failure moves it)."""
-        return self._current != at.index
+        return self.current != at.index
 
     def __len__(self) -> int:
         return len(self.addresses)

@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.errors import TrackerBusy
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
@@ -34,6 +35,7 @@ from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport, NodeLoad
 from meshnet.membership.beat_streams import BeatStreamEnded, BeatStreams
 from meshnet.membership.load_figures import Histogram, bucket
+from meshnet.membership.replicas import replica_order
 from meshnet.security.certificates import NodeCertificate
 from meshnet.wire import services
 from meshnet.wire.status import error_from_rpc
@@ -177,6 +179,7 @@ class SimulatedNode:
         trackers: tuple[str, ...],
         counts: Counts,
         transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT,
+        order: TrackerOrder = "spread",
     ) -> None:
         self.node_id = node_id
         self.transport = transport
@@ -184,7 +187,10 @@ class SimulatedNode:
         self._beats = BeatStreams()
         self.security = None if certificate is None else LinkSecurity(certificate)
         self.record = record
-        self._trackers = trackers
+        # The replicas in this node's own order, as a worker's ``TrackerClient`` ranks them by
+        # its node id: the simulated swarm spreads over the replicas the way a real one does.
+        ranked = range(len(trackers)) if order == "listed" else replica_order(node_id, trackers)
+        self._trackers = tuple(trackers[index] for index in ranked)
         self._tracker_index = 0
         self._counts = counts
         self._channel: grpc.aio.Channel | None = None

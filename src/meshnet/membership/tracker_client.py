@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 
 from meshnet.artifact.directory import Advertisement, FoundHolders
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.audit_evidence import QuarantineEntry
-from meshnet.core.errors import DeadlineExceeded, Unreachable
+from meshnet.core.errors import DeadlineExceeded, MeshnetError, Unreachable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layer_costs import LayerAdvice, LayerQuestion
 from meshnet.core.node_record import NodeRecord
@@ -66,13 +68,17 @@ logger = logging.getLogger(__name__)
 class TrackerClient:
     """Every call to a tracker, over channels that follow certificate renewal.
 
-    ``address`` is one tracker (``host:port``) or its replicas in order (``a:7070,b:7070``):
-    every call crosses them as ``membership.tracker_failover`` says (the replica that last
-    answered, the next one when it is lost, ``budget`` for retries within the call's one
-    deadline); this class builds each call's request and reads its reply. ``InvalidArgument``
-    for a malformed list; ``FailedPrecondition`` for a call after ``close``. Create it inside the
-    event loop that uses it; ``clock`` (monotonic seconds) is injected by tests. Heartbeats go on
-    one stream per replica (``membership.beat_streams``) unless ``heartbeat_transport`` is "unary"."""
+    ``address`` is one tracker (``host:port``) or its replicas (``a:7070,b:7070``): every call
+    crosses them as ``membership.tracker_failover`` says (the replica that last answered, the
+    next one when it is lost, ``budget`` for retries within the call's one deadline); this class
+    builds each call's request and reads its reply. The replicas are asked in an order of this
+    client's own (``membership.replicas.replica_order``) so a swarm's clients spread over them:
+    ranked by ``replica_key`` (a worker passes its node id), else by its certificate's node id,
+    else by a random draw; ``order`` "listed" pins the listed order instead (first listed
+    first). ``InvalidArgument`` for a malformed list; ``FailedPrecondition`` for a call after
+    ``close``. Create it inside the event loop that uses it; ``clock`` (monotonic seconds) is
+    injected by tests. Heartbeats go on one stream per replica (``membership.beat_streams``)
+    unless ``heartbeat_transport`` is "unary"."""
 
     def __init__(
         self,
@@ -83,12 +89,17 @@ class TrackerClient:
         budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         heartbeat_transport: HeartbeatTransport = DEFAULT_HEARTBEAT_TRANSPORT,
+        replica_key: str | None = None,
+        order: TrackerOrder = "spread",
     ) -> None:
         self.security = security
         self.heartbeat_transport = heartbeat_transport
         """"stream" until a tracker answers ``Beat`` UNIMPLEMENTED (an older one): then "unary" for good."""
         self._beats = BeatStreams()
-        self._calls = TrackerFailover(address, timeout_s=timeout_s, security=security, budget=budget, clock=clock)
+        key = None if order == "listed" else replica_key or _own_key(security)
+        self._calls = TrackerFailover(
+            address, timeout_s=timeout_s, security=security, budget=budget, clock=clock, client_key=key
+        )
 
     @property
     def address(self) -> str:
@@ -97,8 +108,13 @@ class TrackerClient:
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        """Every replica, in the order they are tried."""
+        """Every replica, as listed."""
         return self._calls.addresses
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Every replica, in the order this client tries them."""
+        return self._calls.order
 
     async def __aenter__(self) -> TrackerClient:
         return self
@@ -311,3 +327,14 @@ class TrackerClient:
         (grpc/grpc#36066): an older tracker's UNIMPLEMENTED arrives so about half of the time."""
         code = rpc_error.code()
         return code == grpc.StatusCode.UNIMPLEMENTED or (code == grpc.StatusCode.INTERNAL and not self._beats.answered)
+
+
+def _own_key(security: LinkSecurity | None) -> str:
+    """What ranks the replicas for a client given no key: its certificate's node id (stable
+    across restarts), else a random draw (clients without one spread all the same)."""
+    if security is not None:
+        try:
+            return security.identity.node_id
+        except MeshnetError:  # an expired certificate: its calls will say so, not its construction
+            pass
+    return secrets.token_hex(8)

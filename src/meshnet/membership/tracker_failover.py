@@ -106,9 +106,10 @@ def channel_options(replicas: int) -> list[tuple[str, Any]]:
 class TrackerFailover:
     """The channels to one tracker's replicas, and how each call crosses them.
 
-    ``address`` is one tracker (``host:port``) or its replicas in order (``a:7070,b:7070``,
-    ``membership.replicas``): calls go to the replica that last answered, and a call lost with
-    its replica moves the client to the next one, where it is asked once more if that is safe
+    ``address`` is one tracker (``host:port``) or its replicas (``a:7070,b:7070``,
+    ``membership.replicas``), asked in the order ``client_key`` ranks them (None: as listed):
+    calls go to the replica that last answered, and a call lost with its replica moves the
+    client to the next one, where it is asked once more if that is safe
     (``RETRIED_ON_NEXT_REPLICA``) and the ``budget`` allows, within what is left of the call's
     one deadline (``timeout_s`` unless the call names its own). ``InvalidArgument`` for a
     malformed list; ``FailedPrecondition`` for a call after ``close``. ``clock`` (monotonic
@@ -122,15 +123,16 @@ class TrackerFailover:
         security: LinkSecurity | None = None,
         budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
+        client_key: str | None = None,
     ) -> None:
         self._timeout_s = timeout_s
         self._security = security
-        self._replicas = ReplicaRing(address)
+        self._replicas = ReplicaRing(address, client_key=client_key)
         self._options = channel_options(len(self._replicas))
         self._budget = budget or RetryBudget()
         self._clock = clock
         self._closed = False
-        # One channel per replica, opened when first asked: most clients never leave the first.
+        # One channel per replica, opened when first asked: most clients never leave their first.
         self._channels: dict[int, RenewingChannel] = {}
 
     @property
@@ -140,8 +142,13 @@ class TrackerFailover:
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        """Every replica, in the order they are tried."""
+        """Every replica, as listed."""
         return self._replicas.addresses
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Every replica, in the order this client tries them."""
+        return tuple(self._replicas.addresses[index] for index in self._replicas.order)
 
     def position(self) -> Position:
         """The replica asked now and the ring's generation, for a call about to be sent there."""

@@ -127,7 +127,7 @@ class SeedConfig:
     directory: Path = field(metadata=cli(positional=True))
     """Published directory (manifest.json and artifacts/) to serve."""
     tracker: str | None = None
-    """Tracker (host:port, or its replicas in order: a:7070,b:7070) to announce the held
+    """Tracker (host:port, or its replicas: a:7070,b:7070) to announce the held
     artifacts to; none serves without announcing."""
     host: str = "127.0.0.1"
     """Bind address: loopback unless told otherwise."""
@@ -157,11 +157,13 @@ async def serve_seeder(
     services.add_artifacts_servicer(ArtifactsServicer(holdings, security), server)
     await server.start()
     address = config.advertise or dialable_address(f"{config.host}:{port}", toward=config.tracker)
-    tracker = None if config.tracker is None else TrackerClient(config.tracker, security=security)
+    # One id for the seeder: its certificate's when secured (the directory insists); it also
+    # picks the seeder's tracker replica, as a worker's does.
+    node_id = own_node_id(security)
+    tracker = None if config.tracker is None else TrackerClient(config.tracker, security=security, replica_key=node_id)
     tasks: list[asyncio.Task[None]] = []
     if tracker is not None:
-        # One id for the seeder: its certificate's when secured (the directory insists).
-        advertisement = advertisement_of(holdings, own_node_id(security), address)
+        advertisement = advertisement_of(holdings, node_id, address)
         tasks = [
             asyncio.create_task(announce_forever(tracker, advertisement, stop)),
             *upkeep_tasks(tracker, security, stop),

@@ -19,6 +19,7 @@ from pathlib import Path
 from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.footprint import memory_footprint
+from meshnet.core.addresses import TrackerOrder
 from meshnet.core.devices import CPU, placement_budget
 from meshnet.core.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from meshnet.core.layer_costs import LayerAdvice, LayerCosts, LayerQuestion, WorkerLoad, layer_costs
@@ -55,15 +56,17 @@ async def resolve_layers(config: WorkerConfig, security: LinkSecurity | None = N
     identity = await asyncio.to_thread(model_identity, config, cache, description, device)
     costs = await asyncio.to_thread(model_costs, model, config.memory_load())
     question = LayerQuestion(identity.recipe.fingerprint(), costs, budget)
-    advice = await _ask(config.tracker, question, security)
+    advice = await _ask(config.tracker, question, security, config.tracker_order)
     log.info("serving layers %s of %d: %s", advice.layers, costs.n_layers, advice.reason)
     # The budget stays: the capacity plan counts with the same costs, so it keeps every session.
     return dataclasses.replace(config, layer_choice=LayerChoice(advice.layers))
 
 
-async def _ask(tracker: str, question: LayerQuestion, security: LinkSecurity | None) -> LayerAdvice:
+async def _ask(
+    tracker: str, question: LayerQuestion, security: LinkSecurity | None, order: TrackerOrder
+) -> LayerAdvice:
     deadline = time.monotonic() + TRACKER_WAIT_S
-    async with TrackerClient(tracker, security=security) as client:
+    async with TrackerClient(tracker, security=security, order=order) as client:
         while True:
             try:
                 return await client.suggest_layers(question)

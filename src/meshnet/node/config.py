@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshnet.core.addresses import check_advertise_address, parse_address_list
+from meshnet.core.addresses import TrackerOrder, check_advertise_address, parse_address_list
 from meshnet.core.config_flags import PROVISIONED_MODEL, cli
 from meshnet.core.devices import AUTO, CPU, DeviceInfo, DeviceRequest
 from meshnet.core.errors import InvalidArgument
@@ -71,8 +71,11 @@ class WorkerConfig:
     advertise: str | None = None
     """Address (host:port) other shards and clients use; none uses host:port as bound."""
     tracker: str | None = None
-    """Tracker address (host:port) to register and heartbeat with, or its replicas in order
+    """Tracker address (host:port) to register and heartbeat with, or its replicas
     (a:7070,b:7070: the worker moves to the next when one is lost); none runs it standalone."""
+    tracker_order: TrackerOrder = "spread"
+    """Order the worker asks --tracker replicas in: spread (its own, ranked by its node id, so
+    workers spread over the replicas) or listed (first listed first: trackers sharing no store)."""
     reachability: DeclaredReachability = "auto"
     """Whether peers can dial --advertise: auto (the tracker dials it back and says), public, or
     private (behind a home router or NAT: reached only through a --relay, else listed but not routed)."""

@@ -43,7 +43,13 @@ async def keep_membership(
     """Run every membership task of ``worker`` until ``stop`` (nothing without a tracker)."""
     if not worker.config.tracker:
         return
-    client = TrackerClient(worker.config.tracker, security=worker.security)
+    # Keyed by the node's id, so the swarm's workers spread over the tracker's replicas.
+    client = TrackerClient(
+        worker.config.tracker,
+        security=worker.security,
+        replica_key=worker.shard.node_id,
+        order=worker.config.tracker_order,
+    )
     probes = ChannelPool(worker.config.max_frame_bytes, worker.security)
     prober = PeerProber(probes)
     relaying = _Relaying(worker, stop, on_registered)

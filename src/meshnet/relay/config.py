@@ -34,7 +34,7 @@ class RelayConfig:
     """Bytes a second one node's connections may carry, both ways together (bursts of a second's
     worth); over it the relay slows them down (it waits before forwarding), closing nothing."""
     tracker: str | None = None
-    """The tracker (host:port, or its replicas in order: a:7070,b:7070) whose revocation list
+    """The tracker (host:port, or its replicas: a:7070,b:7070) whose revocation list
     this relay enforces and which renews its certificate (secured relays; without it a revoked
     node is refused only once its certificate expires)."""
     capture_dir: Path | None = None

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +25,7 @@ from meshnet.membership.replicas import (
     ReplicaRing,
     RetryBudget,
     classify,
+    replica_order,
 )
 from meshnet.membership.tracker_failover import channel_options
 from meshnet.node.artifact_server import SeedConfig
@@ -95,6 +101,88 @@ def test_an_answered_error_never_moves() -> None:
 def test_a_single_tracker_stays_put() -> None:
     ring = ReplicaRing("a:1")
     assert not ring.failed(ring.position(), Failure.GONE) and ring.current == 0 and len(ring) == 1
+
+
+THREE = ("10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070")
+IDS = [f"w-{index:05}" for index in range(3_000)]
+SPREAD_BOUND = 0.10
+"""Each replica's share of 3,000 clients is within 10% of an even share: a fair draw's standard
+deviation there is about 26 clients (0.9%), so the bound fails only for a skewed hash."""
+
+
+def test_clients_spread_evenly_over_three_replicas() -> None:
+    firsts = Counter(replica_order(node, THREE)[0] for node in IDS)
+    even = len(IDS) / len(THREE)
+    assert sorted(firsts) == [0, 1, 2]
+    assert all(abs(count - even) <= SPREAD_BOUND * even for count in firsts.values()), firsts
+
+
+def test_a_lost_replicas_clients_spread_over_the_others() -> None:
+    # Not all onto the next listed one: each moves to its own second choice.
+    seconds = Counter(replica_order(node, THREE)[1] for node in IDS if replica_order(node, THREE)[0] == 0)
+    even = sum(seconds.values()) / 2
+    assert sorted(seconds) == [1, 2]
+    assert all(abs(count - even) <= SPREAD_BOUND * even for count in seconds.values()), seconds
+
+
+def test_every_order_names_each_replica_once() -> None:
+    assert all(sorted(replica_order(node, THREE)) == [0, 1, 2] for node in IDS[:300])
+
+
+def test_one_replica_is_always_first() -> None:
+    assert {replica_order(node, ("a:1",)) for node in IDS[:300]} == {(0,)}
+
+
+def test_the_same_id_gets_the_same_order_in_another_process() -> None:
+    """Stable across processes: Python's own ``hash`` of a str is salted per process and would fail."""
+    program = (
+        "import json, sys; from meshnet.membership.replicas import replica_order; "
+        "print(json.dumps([replica_order(n, sys.argv[2:]) for n in sys.argv[1].split()]))"
+    )
+    ids = IDS[:50]
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", program, " ".join(ids), *THREE],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        assert [tuple(order) for order in json.loads(out)] == [replica_order(node, THREE) for node in ids]
+
+
+def test_removing_a_replica_moves_only_its_own_clients() -> None:
+    """Rendezvous hashing's point (a hash modulo the count would move about two thirds), by
+    address: the others keep their replica, the lost one's land on their second choice."""
+    two = (THREE[0], THREE[2])
+    for node in IDS:
+        before = [THREE[index] for index in replica_order(node, THREE)]
+        after = two[replica_order(node, two)[0]]
+        assert after == (before[1] if before[0] == THREE[1] else before[0]), node
+
+
+def test_the_list_order_does_not_change_a_clients_replica() -> None:
+    reversed_list = tuple(reversed(THREE))
+    assert all(
+        THREE[replica_order(node, THREE)[0]] == reversed_list[replica_order(node, reversed_list)[0]]
+        for node in IDS[:300]
+    )
+
+
+def test_a_keyed_ring_starts_at_its_first_choice_and_walks_its_own_order() -> None:
+    node = next(node for node in IDS if replica_order(node, THREE)[0] != 0)  # not the first listed
+    ring = ReplicaRing(",".join(THREE), client_key=node)
+    order = replica_order(node, THREE)
+    assert ring.current == order[0]
+    visited = [ring.current]
+    for _ in range(3):
+        assert ring.failed(ring.position(), Failure.GONE)
+        visited.append(ring.current)
+    assert visited == [*order, order[0]]  # wrapping around
+
+
+def test_an_unkeyed_ring_keeps_the_listed_order() -> None:
+    assert ReplicaRing(",".join(THREE)).order == (0, 1, 2)
 
 
 @pytest.mark.parametrize(
