@@ -111,9 +111,9 @@ class NodeView:
         """``node_cost_ms`` of this view, remembered for the last ``costs`` asked: a replan asks
         for every node of the model, and most views outlive many replans (a view changes only
         with its node's heartbeat or a route through it)."""
-        remembered = self.__dict__.get("_cost_ms")
+        remembered: tuple[RoutingCosts, float] | None = self.__dict__.get("_cost_ms")
         if remembered is not None and remembered[0] is costs:
-            return float(remembered[1])
+            return remembered[1]
         cost = node_cost_ms(self, costs)
         self.__dict__["_cost_ms"] = (costs, cost)
         return cost
@@ -440,14 +440,14 @@ class _ChainBounds:
         costs: RoutingCosts,
     ) -> None:
         self._seam_ms = min(costs.seam_overhead_ms, _unmeasured_seam_ms(costs, relayed=False))
-        self._own: dict[NodeId, float] = {}
+        self._costs = costs
         self.rest: dict[int, float] = {n_layers: 0.0}
+        rest = self.rest.get  # one loop step per node of the model: thousands per replan
         choice: dict[int, NodeView] = {}
         for boundary in sorted(starting, reverse=True):
             best, seam = math.inf, 0.0 if boundary == 0 else self._seam_ms
             for node in starting[boundary]:
-                own = self._own[node.node_id] = node.cost_ms(costs)
-                total = own + seam + self.rest.get(node.layers.stop, math.inf)
+                total = node.cost_ms(costs) + seam + rest(node.layers.stop, math.inf)
                 if total < best:
                     best, choice[boundary] = total, node
             if best < math.inf:
@@ -460,7 +460,7 @@ class _ChainBounds:
         costs more than the known chain."""
         seam = 0.0 if node.layers.start == 0 else self._seam_ms
         rest = self.rest.get(node.layers.stop, math.inf)
-        return arrived_ms + seam + self._own[node.node_id] + rest > self._limit
+        return arrived_ms + seam + node.cost_ms(self._costs) + rest > self._limit
 
 
 def _chain_cost(choice: Mapping[int, NodeView], n_layers: int, latency_ms: LatencyTable, costs: RoutingCosts) -> float:
