@@ -35,7 +35,7 @@ if os.environ.get("MESHNET_LOOP_STALLS"):
     slow_count: Counter[str] = Counter()
     slow_ms: Counter[str] = Counter()
     collections: dict[int, list[float]] = {}
-    """Generation -> [count, total seconds, longest seconds]."""
+    """Generation -> [count, total seconds, longest seconds, objects collected]."""
     plans: list[Any] = []
     replans_ms: Counter[int] = Counter()
     collection_started: dict[int, float] = {}
@@ -65,10 +65,11 @@ if os.environ.get("MESHNET_LOOP_STALLS"):
             collection_started[generation] = time.perf_counter()
             return
         took = time.perf_counter() - collection_started.get(generation, time.perf_counter())
-        stats = collections.setdefault(generation, [0, 0.0, 0.0])
+        stats = collections.setdefault(generation, [0, 0.0, 0.0, 0])
         stats[0] += 1
         stats[1] += took
         stats[2] = max(stats[2], took)
+        stats[3] += info["collected"]
 
     def _watch_plans() -> None:
         """Time the tracker's replans (the planner a plan cache miss calls), once it is loaded."""
@@ -97,8 +98,8 @@ if os.environ.get("MESHNET_LOOP_STALLS"):
                 f"slow {count} {slow_ms[name]:.0f} ms {name}\n" for name, count in slow_count.most_common(30)
             )
             out.writelines(
-                f"gc gen{generation} {count} {total * 1000:.0f} ms, longest {longest * 1000:.1f} ms\n"
-                for generation, (count, total, longest) in sorted(collections.items())
+                f"gc gen{generation} {count} {total * 1000:.0f} ms, max {longest * 1000:.1f} ms, {collected} freed\n"
+                for generation, (count, total, longest, collected) in sorted(collections.items())
             )
             out.write(f"plan_cache {[(cache.hits, cache.misses) for cache in plans]}\n")
             out.write(f"replans_ms {sorted(replans_ms.items())}\n")
