@@ -2,11 +2,11 @@
 
 Put this folder first on ``PYTHONPATH`` and set ``MESHNET_LOOP_STALLS=/some/prefix``: every
 Python process started so (a tracker under ``meshnet bench-tracker-scale``, its load
-generators) writes ``/some/prefix.<pid>`` every 30 s and at exit, holding
+generators) appends to ``/some/prefix.<pid>`` every 30 s and at exit, since it started:
 
 * a histogram of every loop callback's duration (whole milliseconds);
 * the callbacks longer than ``MESHNET_LOOP_STALLS_MS`` (default 5), by coroutine name;
-* each garbage collector generation's collections, total and longest pause;
+* each garbage collector generation's collections, total and longest pause, objects freed;
 * in a tracker: plan cache hits and misses and how long each replan took.
 
 Not for production: it wraps ``asyncio.events.Handle._run`` (a private method; about a
@@ -92,8 +92,8 @@ if os.environ.get("MESHNET_LOOP_STALLS"):
         module.PlanCache.plan = plan
 
     def _write() -> None:
-        with open(OUT, "w") as out:
-            out.write(f"callbacks_ms {sorted(callbacks_ms.items())}\n")
+        with open(OUT, "a") as out:  # one block per 30 s, each since start: subtract two for a span
+            out.write(f"at {time.time():.0f}\ncallbacks_ms {sorted(callbacks_ms.items())}\n")
             out.writelines(
                 f"slow {count} {slow_ms[name]:.0f} ms {name}\n" for name, count in slow_count.most_common(30)
             )
