@@ -110,6 +110,9 @@ if os.environ.get("MESHNET_LOOP_STALLS"):
             _watch_plans()
             _write()
 
+    if os.environ.get("MESHNET_LOOP_STALLS_SWITCH_S"):
+        # An experiment: how much of a pause is waiting for the GIL back from another thread.
+        sys.setswitchinterval(float(os.environ["MESHNET_LOOP_STALLS_SWITCH_S"]))
     events.Handle._run = _timed_run  # type: ignore[method-assign]
     gc.callbacks.append(_collected)
     threading.Thread(target=_every_30_s, name="loop-stalls", daemon=True).start()
