@@ -24,7 +24,7 @@ Call from one event loop only, like the registry that owns it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Protocol
@@ -87,6 +87,11 @@ class IndexedLatencies(SeamLatencies):
         """``before``'s reported round trips by address, not copied: a row is replaced whole by
         each report, never changed in place, so the reference stays what was reported."""
         return self._rows.get(before, NO_ROW)
+
+    def reported_rows(self, nodes: Iterable[NodeId]) -> dict[NodeId, Mapping[str, float]]:
+        """``reported`` of each of ``nodes``, in one pass: a replan takes every node's of its model."""
+        rows = self._rows
+        return {node_id: rows.get(node_id, NO_ROW) for node_id in nodes}
 
     def set_row(self, before: NodeId, peer_rtt_ms: Sequence[tuple[str, float]]) -> None:
         """Replace what ``before`` reported with its latest round trips."""
@@ -258,7 +263,8 @@ class RouteIndex:
         nodes of the asked model's recipes, all of which are in it."""
         names = self.model_names(model)
         if len(names) == 1:
-            return tuple(self._planned_view(node_id) for node_id in self._by_model[names[0]])
+            planned = self._planned  # one dict read per node: a replan reads thousands
+            return tuple(planned.get(node_id) or self._planned_view(node_id) for node_id in self._by_model[names[0]])
         views = self.views()
         return tuple(view for view in views if view.model in names) if names else views
 
@@ -305,8 +311,7 @@ class RouteIndex:
         made with kept as what later reports are compared with."""
 
         def priced_planner() -> RoutePlan:
-            for node_id in self._by_model.get(name, ()):
-                self._priced[node_id] = self.latency.reported(node_id)
+            self._priced.update(self.latency.reported_rows(self._by_model.get(name, ())))
             return planner()
 
         return self.cache.plan(name, asked, mixed, priced_planner)

@@ -81,19 +81,23 @@ class NodeView:
     free_sessions: int
     queue_depth: int = 0
 
-    @property
+    # The record's facts the planner reads, cached on the view: a replan reads each of them
+    # several times for every node of the model (thousands), and through a property each read
+    # cost a Python call (two for ``n_layers``): 40% of a 3,000-node replan, measured
+    # (issue 36). The view is frozen and so is its record: a cached value is never stale.
+    @cached_property
     def fingerprint(self) -> str:
         return self.record.fingerprint
 
-    @property
+    @cached_property
     def model(self) -> str:
         return self.record.model
 
-    @property
+    @cached_property
     def n_layers(self) -> int:
         return self.record.n_layers
 
-    @property
+    @cached_property
     def layers(self) -> LayerRange:
         return self.record.layers
 
@@ -102,6 +106,17 @@ class NodeView:
         """Reached through a relay (its address is ``NODE@RELAY``): every seam into it crosses one.
         Cached: the planner asks once per node and plan, and parsing the address is not free."""
         return is_relayed(self.record.address)
+
+    def cost_ms(self, costs: RoutingCosts) -> float:
+        """``node_cost_ms`` of this view, remembered for the last ``costs`` asked: a replan asks
+        for every node of the model, and most views outlive many replans (a view changes only
+        with its node's heartbeat or a route through it)."""
+        remembered: tuple[RoutingCosts, float] | None = self.__dict__.get("_cost_ms")
+        if remembered is not None and remembered[0] is costs:
+            return remembered[1]
+        cost = node_cost_ms(self, costs)
+        self.__dict__["_cost_ms"] = (costs, cost)
+        return cost
 
     def hop(self) -> RouteHop:
         """This node as a route hop: where it is, what it runs, what a request must respect."""
@@ -425,14 +440,14 @@ class _ChainBounds:
         costs: RoutingCosts,
     ) -> None:
         self._seam_ms = min(costs.seam_overhead_ms, _unmeasured_seam_ms(costs, relayed=False))
-        self._own: dict[NodeId, float] = {}
+        self._costs = costs
         self.rest: dict[int, float] = {n_layers: 0.0}
+        rest = self.rest.get  # one loop step per node of the model: thousands per replan
         choice: dict[int, NodeView] = {}
         for boundary in sorted(starting, reverse=True):
             best, seam = math.inf, 0.0 if boundary == 0 else self._seam_ms
             for node in starting[boundary]:
-                own = self._own[node.node_id] = node_cost_ms(node, costs)
-                total = own + seam + self.rest.get(node.layers.stop, math.inf)
+                total = node.cost_ms(costs) + seam + rest(node.layers.stop, math.inf)
                 if total < best:
                     best, choice[boundary] = total, node
             if best < math.inf:
@@ -445,7 +460,7 @@ class _ChainBounds:
         costs more than the known chain."""
         seam = 0.0 if node.layers.start == 0 else self._seam_ms
         rest = self.rest.get(node.layers.stop, math.inf)
-        return arrived_ms + seam + self._own[node.node_id] + rest > self._limit
+        return arrived_ms + seam + node.cost_ms(self._costs) + rest > self._limit
 
 
 def _chain_cost(choice: Mapping[int, NodeView], n_layers: int, latency_ms: LatencyTable, costs: RoutingCosts) -> float:
@@ -481,7 +496,7 @@ def _best_label(
     measured seam each predecessor is costed, the few whose cost cannot beat the best so far
     without building a label. Costs are summed in the first planner's order, so floats agree,
     and appending the same node keeps two labels' order, so only the winner's label is built."""
-    own = node_cost_ms(node, costs)
+    own = node.cost_ms(costs)
     relayed = int(node.relayed)
     if not arrived[0][4]:
         return _extend(arrived[0], node, own, relayed)  # the first hop: no seam, no other way in
