@@ -25,6 +25,7 @@ from meshnet.wire.generated.artifact_pb2 import (
     FindHoldersRequest,
 )
 from meshnet.wire.generated.shard_pb2 import (
+    BatchAck,
     CancelRequest,
     CancelResponse,
     Capability,
@@ -40,6 +41,7 @@ from meshnet.wire.generated.shard_pb2 import (
     RingOpen,
     SnapshotKept,
     SnapshotPiece,
+    StepBatch,
     StepRequest,
     StepResponse,
 )
@@ -128,6 +130,7 @@ __all__ = [
     "ArtifactFetchRequest",
     "ArtifactsServicer",
     "ArtifactsStub",
+    "BatchAck",
     "CancelRequest",
     "CancelResponse",
     "Capability",
@@ -170,6 +173,7 @@ __all__ = [
     "ShardStub",
     "SnapshotKept",
     "SnapshotPiece",
+    "StepBatch",
     "StepRequest",
     "StepResponse",
     "SwarmCertificateReply",
