@@ -54,8 +54,8 @@ from meshnet.node.shard import AnyShard, build_shard
 from meshnet.node.snapshot_peers import SnapshotPeers
 from meshnet.node.tickets import TicketGate
 from meshnet.route.coalescer import SeamCount
-from meshnet.route.ring_batch import BatchLinks
-from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
+from meshnet.route.ring_batch import RingLinks
+from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.security.tickets import TicketVerifier
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
@@ -76,8 +76,8 @@ class AssembledWorker:
     health: HealthServicer
     links: ChannelPool
     """Channels of the sessions' downstream streams."""
-    batches: BatchLinks
-    """The ring batch streams to the next hops (over ``links``' channels)."""
+    batches: RingLinks
+    """The ring batch streams to the next hops and the tails (over ``links``' channels)."""
     registration: NodeRecord
     """The node's record: what it registers with the tracker, and what its shard enforces."""
     held_artifacts: Advertisement | None = None
@@ -139,7 +139,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         record = _registration(config, address, model, loop.backend.shape, measured, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
         seams = SeamCount()
-        batches = BatchLinks(links, seams)
+        batches = RingLinks(links, seams)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
         snapshots = await _snapshot_settings(config, node_id, links, record)
         shard = _shard(
@@ -164,7 +164,7 @@ def _shard(
     node: tuple[NodeId, NodeRecord],
     loop: EngineLoop,
     capacity: CapacityPlan,
-    senders: tuple[ChannelPool, BatchLinks, SeamCount],
+    senders: tuple[ChannelPool, RingLinks, SeamCount],
     security: LinkSecurity | None,
     grammars: GrammarVocabulary | None,
     snapshots: SnapshotSettings,
@@ -181,7 +181,7 @@ def _shard(
         config.admission_policy(capacity.max_sessions),
         capacity,
         partial(ShardStream, links),
-        open_ring=partial(RingStream, links),
+        open_ring=batches.open_ring,
         tickets=ticket_gate(security),
         kv_store=KvStore(capacity.prefix_cache_bytes),
         snapshots=snapshots,

@@ -4,24 +4,36 @@ and a Session stream's life in ``SessionStream`` (``session_stream.py``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
 
 import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied, ResourceExhausted
+from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied, ResourceExhausted, Unavailable
 from meshnet.core.ids import SessionId
 from meshnet.node.ring_rows import row_refusal
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard
+from meshnet.route.coalescer import Coalescer
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_opening, authorize_shard
 from meshnet.wire import services as pb
-from meshnet.wire.batch_wire import batch_rows, refused_to_proto, row_session, row_step
-from meshnet.wire.frames import RefusedRow
+from meshnet.wire.batch_wire import (
+    MAX_BATCH_ROWS,
+    answers_to_proto,
+    batch_rows,
+    refused_to_proto,
+    row_session,
+    row_step,
+    subscribed,
+)
+from meshnet.wire.frames import RefusedRow, RingEnded, StepResult
 from meshnet.wire.kv_wire import held_kv_from_proto, held_snapshots_from_proto
 from meshnet.wire.shard_wire import (
     cancel_reply_to_proto,
@@ -140,9 +152,51 @@ class ShardServicer(pb.ShardServicer):
         try:
             session_id, request_id = ring_open_from_proto(request)
             mailbox = self.shard.ring_mailbox(session_id, request_id)
-            await mailbox.serve(lambda result: context.write(result_to_proto(result)))
+            await mailbox.serve(lambda result: self._answer(context, result))
         except MeshnetError as error:
             await abort_with(context, error)
+
+    async def _answer(self, context: grpc.aio.ServicerContext, result: StepResult) -> None:
+        await context.write(result_to_proto(result))
+        self.shard.seams.add(1)
+
+    async def RingReturnBatch(
+        self, request_iterator: AsyncIterator[pb.RingSubscribe], context: grpc.aio.ServicerContext
+    ) -> None:
+        # One stream per head: the answers of its sessions made in one engine step leave in one
+        # message (``route.coalescer``). A coroutine writing with ``context.write``, as RingReturn.
+        await self._admit(context, "RingReturn")
+        answers = Coalescer[StepResult | RingEnded](partial(self._answers, context), MAX_BATCH_ROWS)
+        serving: set[asyncio.Task[None]] = set()
+        try:
+            async for message in request_iterator:
+                for opened in subscribed(message):
+                    task = asyncio.ensure_future(self._serve_ring(opened, answers))
+                    serving.add(task)
+                    task.add_done_callback(serving.discard)
+            await asyncio.gather(*serving)  # the head stopped subscribing: serve what runs to its end
+        except MeshnetError as error:
+            await abort_with(context, error)
+        except DecodeError as error:
+            await abort_with(context, InvalidArgument(f"the message is not a valid RingSubscribe: {error}"))
+        finally:
+            for task in list(serving):
+                task.cancel()
+
+    async def _answers(self, context: grpc.aio.ServicerContext, items: Sequence[StepResult | RingEnded]) -> None:
+        await context.write(answers_to_proto(items))
+        self.shard.seams.add(sum(isinstance(item, StepResult) for item in items))
+
+    async def _serve_ring(self, opened: pb.RingOpen, answers: Coalescer[StepResult | RingEnded]) -> None:
+        """Serve one subscribed session's ring until it ends here; then say why, for it alone."""
+        try:
+            session_id, request_id = ring_open_from_proto(opened)
+            await self.shard.ring_mailbox(session_id, request_id).serve(answers.send)
+            end = RingEnded(session_id, Unavailable.code, "the tail closed the session's ring")
+        except MeshnetError as error:
+            end = RingEnded(opened.session_id, error.code, error.message)
+        with contextlib.suppress(Exception):
+            await answers.send(end)
 
     async def RingBatch(
         self, request_iterator: AsyncIterator[pb.StepBatch], context: grpc.aio.ServicerContext

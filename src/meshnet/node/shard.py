@@ -219,9 +219,8 @@ class Shard(Generic[S]):
         self._table.record(session, step=meta.step, next_position=meta.position + frame.n_tokens, result=result)
         if result.token_id is not None:
             self.counts.sampled(session.key, session.epoch, meta.position + frame.n_tokens)
-        if frame.ring and not self.shape.takes_tokens and not isinstance(session.state, Downstream):
-            self.seams.add(1)  # the tail answered round the ring
-        elif isinstance(session.state, Downstream) and not frame.ring:
+        # A tail's ring answers are counted where they are written (the servicer's RingReturn).
+        if isinstance(session.state, Downstream) and not frame.ring:
             self.seams.add(1)  # the opening frame went down its stream (ring frames: ``ForwardStage``)
         return result
 

@@ -380,3 +380,13 @@ class RefusedRow:
     """As the row named it: possibly no valid session id at all."""
     step: int
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RingEnded:
+    """A session's ring ended on the tail (``Shard.RingReturnBatch``): why, as its typed error's
+    code and message; no answer of the session follows."""
+
+    session_id: str
+    code: str
+    message: str
