@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, InvalidArgument, MeshnetError
 from meshnet.engine.backend import Backend, StepInput, StepOutput, join_pieces, prefill_pieces
 from meshnet.session.arrivals import Arrivals
-from meshnet.session.loop_items import Call, LoopStats, Truncate, Work, resolve
+from meshnet.session.loop_items import Call, LoopStats, Settled, Truncate, Work, resolve_all
 from meshnet.session.scheduler import (
     GatherPolicy,
     PendingWork,
@@ -74,7 +74,7 @@ class EngineLoop:
         of its own in ``run``: blocking the event loop must not block what the step waits for)."""
         self._using_backend = threading.Lock()
         """Held by whichever thread runs the backend or changes the pending work."""
-        self._settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._settled: list[Settled] = []
         """Results the loop thread hands back once it lets go of the lock (``_holding``): handed
         back inside it, the caller's next lone step could find the lock still taken and queue."""
         self.stats = LoopStats()
@@ -224,8 +224,7 @@ class EngineLoop:
         finally:
             self._using_backend.release()
             settled, self._settled = self._settled, []
-            for future, value, error in settled:
-                resolve(future, value=value, error=error)
+            resolve_all(settled)
 
     def _settle(self, future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
         self._settled.append((future, value, error))
