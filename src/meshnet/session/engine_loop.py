@@ -38,8 +38,10 @@ from meshnet.session.scheduler import (
     gather_wait,
     gathers,
     nothing_to_gather,
+    pipeline_waves,
     plan_tick,
     runs_inline,
+    wave_size,
     window_length,
 )
 
@@ -296,7 +298,7 @@ class EngineLoop:
         plan = plan_tick(
             [PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline) for w in self._pending],
             now=now,
-            max_decode_batch=self._max_decode_batch,
+            max_decode_batch=self._decode_batch(),
         )
         for ticket in plan.expired:
             work = by_ticket[ticket]
@@ -324,6 +326,12 @@ class EngineLoop:
             if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
                 self._settle(work.future, value=join_pieces(work.outputs))
+
+    def _decode_batch(self) -> int:
+        """The most decode steps this tick runs: on a route's head, one wave (``wave_size``)."""
+        shape = self.backend.shape
+        waves = pipeline_waves(takes_tokens=shape.takes_tokens, emits_logits=shape.emits_logits)
+        return wave_size(self._max_decode_batch, len(self._arrivals.last), waves)
 
     def _run_backend(self, chunks: list[StepInput]) -> list[StepOutput]:
         """One backend call, counted; its failures are typed (whichever thread holds the lock)."""
