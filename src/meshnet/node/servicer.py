@@ -185,7 +185,9 @@ class ShardServicer(pb.ShardServicer):
 
     async def _answers(self, context: grpc.aio.ServicerContext, items: Sequence[StepResult | RingEnded]) -> None:
         await context.write(answers_to_proto(items))
-        self.shard.seams.add(sum(isinstance(item, StepResult) for item in items))
+        answers = sum(isinstance(item, StepResult) for item in items)
+        if answers:  # a message that only ends rings (a session's end) carries no token
+            self.shard.seams.add(answers)
 
     async def _serve_ring(self, opened: pb.RingOpen, answers: Coalescer[StepResult | RingEnded]) -> None:
         """Serve one subscribed session's ring until it ends here; then say why, for it alone."""
