@@ -1,6 +1,7 @@
 """Every certified family over routes of real worker processes (gRPC seams), against the whole
 model in process: 32 greedy tokens identical, and 8 sessions decoding at once on the route each
-identical to the whole model decoding it alone.
+identical to the whole model decoding it alone, their ring rows batched (fewer seam messages
+than rows on every worker).
 
 The in-process grid (tests/unit/engine/test_engine_families.py) covers every weight type and cut
 with prefill logits 0.0 apart; here each family runs one legacy and one K-quant type at two cut
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, greedy_request, new_driver
+from worker_harness import RunningWorker, WorkerCluster, WorkerSpec, generate, greedy_request, metrics, new_driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "engine"))
 
@@ -73,6 +74,15 @@ async def _run(route: Sequence[RunningWorker], prompts: Sequence[tuple[int, ...]
         await pool.close()
 
 
+async def _seams(route: Sequence[RunningWorker]) -> list[tuple[float, float]]:
+    """Each worker's seam messages and the session rows they carried so far."""
+    pool = ChannelPool(16 * 1024 * 1024)
+    try:
+        return [(m["seam_messages_total"], m["seam_rows_total"]) for m in await metrics(pool, route)]
+    finally:
+        await pool.close()
+
+
 @pytest.mark.parametrize(("family", "quant"), PAIRS, ids=[f"{f}-{q}" for f, q in PAIRS])
 def test_worker_routes_match_the_whole_model(
     family: str,
@@ -97,5 +107,10 @@ def test_worker_routes_match_the_whole_model(
         route = [by_range[layers] for layers in cut]
         solo = asyncio.run(_run(route, prompts[:1]))
         assert solo == expected[:1], f"{name}: 32 greedy tokens differ"
+        before = asyncio.run(_seams(route))
         together = asyncio.run(_run(route, prompts))
         assert together == expected, f"{name}: a session decoded beside seven others differs from solo"
+        # The decode rows of the sessions an engine step ran together crossed each seam, and came
+        # back from the tail, in one ring batch message: fewer messages than rows on every worker.
+        sent = [(m - m0, r - r0) for (m, r), (m0, r0) in zip(asyncio.run(_seams(route)), before, strict=True)]
+        assert all(messages < rows for messages, rows in sent), f"{name}: (messages, rows) {sent}"

@@ -194,4 +194,12 @@ async def test_eight_concurrent_real_sessions_equal_their_solo_runs(
     for index in range(2):
         assert solo[index] == in_process(reference, prompts[index])
     assert max(occupancy) > 1.0, "the workers never batched"
+    # Ring rows of the sessions a step ran together crossed each seam (and came back from the tail)
+    # in one ring batch message: fewer seam messages than session rows on every worker.
+    sent = [
+        (a["seam_messages_total"] - b["seam_messages_total"], a["seam_rows_total"] - b["seam_rows_total"])
+        for a, b in zip(after, before, strict=True)
+    ]
+    print(f"seam (messages, rows) per worker: {sent}")
+    assert all(messages < rows for messages, rows in sent), sent
     await wait_idle(pool, workers)

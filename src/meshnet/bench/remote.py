@@ -63,7 +63,13 @@ class MeshnetLane:
         after = await self.metrics()
         await self.wait_idle()
         return RunRecord(
-            len(prompts), started, finished, tuple(traces), occupancy(before, after), seam_messages(before, after)
+            len(prompts),
+            started,
+            finished,
+            tuple(traces),
+            occupancy(before, after),
+            seam_messages(before, after),
+            seam_messages(before, after, "seam_rows_total"),
         )
 
     async def _one(self, prompt: tuple[int, ...], index: int, max_tokens: int, started: float) -> RequestTrace:
@@ -94,15 +100,13 @@ class MeshnetLane:
             await asyncio.sleep(0.02)
 
 
-def seam_messages(before: list[dict[str, float]], after: list[dict[str, float]]) -> int:
+def seam_messages(
+    before: list[dict[str, float]], after: list[dict[str, float]], counter: str = "seam_messages_total"
+) -> int:
     """Messages every worker sent to another shard between two metric snapshots (the workers
-    count them as they send: ``node.shard``)."""
-    return round(
-        sum(
-            new.get("seam_messages_total", 0.0) - old.get("seam_messages_total", 0.0)
-            for old, new in zip(before, after, strict=True)
-        )
-    )
+    count them as they send: ``node.shard``, ``route.ring_batch``); with ``counter``
+    ``seam_rows_total``, the session rows those messages carried."""
+    return round(sum(new.get(counter, 0.0) - old.get(counter, 0.0) for old, new in zip(before, after, strict=True)))
 
 
 def occupancy(before: list[dict[str, float]], after: list[dict[str, float]]) -> float | None:

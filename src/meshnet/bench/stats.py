@@ -45,6 +45,9 @@ class RunRecord:
     seam_messages: int | None = None
     """gRPC messages the route's shards sent each other during the run (workers'
     ``seam_messages_total``, read before and after); None for lanes without seams between processes."""
+    seam_rows: int | None = None
+    """Session rows those messages carried (workers' ``seam_rows_total``): equal to the messages
+    on a session's own streams, more where a ring batch carried several sessions' rows."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

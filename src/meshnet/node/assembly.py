@@ -53,7 +53,9 @@ from meshnet.node.servicer import ShardServicer
 from meshnet.node.shard import AnyShard, build_shard
 from meshnet.node.snapshot_peers import SnapshotPeers
 from meshnet.node.tickets import TicketGate
-from meshnet.route.shard_stream import ChannelPool, RingStream, ShardStream
+from meshnet.route.coalescer import SeamCount
+from meshnet.route.ring_batch import RingLinks
+from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.security.tickets import TicketVerifier
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
@@ -74,6 +76,8 @@ class AssembledWorker:
     health: HealthServicer
     links: ChannelPool
     """Channels of the sessions' downstream streams."""
+    batches: RingLinks
+    """The ring batch streams to the next hops and the tails (over ``links``' channels)."""
     registration: NodeRecord
     """The node's record: what it registers with the tracker, and what its shard enforces."""
     held_artifacts: Advertisement | None = None
@@ -134,9 +138,13 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         measured = (speed, capacity.prefix_cache_bytes)
         record = _registration(config, address, model, loop.backend.shape, measured, certification, (device, drift))
         links = ChannelPool(config.max_frame_bytes, security)
+        seams = SeamCount()
+        batches = RingLinks(links, seams)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
         snapshots = await _snapshot_settings(config, node_id, links, record)
-        shard = _shard(config, (node_id, record), loop, capacity, links, security, grammars, snapshots)
+        shard = _shard(
+            config, (node_id, record), loop, capacity, (links, batches, seams), security, grammars, snapshots
+        )
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
@@ -148,7 +156,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
     own = "127.0.0.1" if is_unspecified_host(config.host) else config.host.strip("[]")
     local = f"[{own}]:{port}" if ":" in own else f"{own}:{port}"
-    return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group, local)
+    return AssembledWorker(config, loop, shard, server, health, links, batches, record, held, security, group, local)
 
 
 def _shard(
@@ -156,14 +164,16 @@ def _shard(
     node: tuple[NodeId, NodeRecord],
     loop: EngineLoop,
     capacity: CapacityPlan,
-    links: ChannelPool,
+    senders: tuple[ChannelPool, RingLinks, SeamCount],
     security: LinkSecurity | None,
     grammars: GrammarVocabulary | None,
     snapshots: SnapshotSettings,
 ) -> AnyShard:
-    """The shard over ``loop``'s engine: admission, links to the next hops, tickets, reuse store
-    and where its snapshots go."""
+    """The shard over ``loop``'s engine: admission, links to the next hops (each session's own
+    streams, the ring batch streams, and the count of what they send), tickets, reuse store and
+    where its snapshots go."""
     node_id, record = node
+    links, batches, seams = senders
     return build_shard(
         node_id,
         record,
@@ -171,11 +181,13 @@ def _shard(
         config.admission_policy(capacity.max_sessions),
         capacity,
         partial(ShardStream, links),
-        open_ring=partial(RingStream, links),
+        open_ring=batches.open_ring,
         tickets=ticket_gate(security),
         kv_store=KvStore(capacity.prefix_cache_bytes),
         snapshots=snapshots,
         grammars=grammars,
+        rows=batches,
+        seams=seams,
     )
 
 

@@ -63,7 +63,10 @@ class ShardMetrics:
     seam_messages: int = 0
     """Messages this shard sent to another shard: frames forwarded, answers to an upstream shard,
     ring answers to the head. Summed over a route and divided by decode tokens: seam crossings
-    per token (N on a ring of N shards, 2(N-1) on the chain)."""
+    per token (N on a ring of N shards, 2(N-1) on the chain); a ring batch is one message."""
+    seam_rows: int = 0
+    """Session rows those messages carried: one per message on a session's own stream, every
+    session of an engine step in one ring batch (``route.ring_batch``)."""
     capability_calls: int = 0
     """GetCapability calls answered: an admin call, which no request should make (routes carry
     each hop's capability)."""
@@ -111,6 +114,7 @@ class ShardMetrics:
             "kv_bytes_in_use": float(self.kv_bytes_in_use),
             "weight_bytes": float(self.weight_bytes),
             "seam_messages_total": float(self.seam_messages),
+            "seam_rows_total": float(self.seam_rows),
             "capability_calls_total": float(self.capability_calls),
             "prefix_hits_total": float(self.prefix_hits),
             "prefix_misses_total": float(self.prefix_misses),

@@ -7,6 +7,12 @@ and the tail writes its answer into the session's ``RingMailbox``, which the hea
 ``RingReturn`` stream it opened on the tail. A token crosses N seams on a route of N shards, where
 answering back through each middle would cross 2(N-1).
 
+A worker's decode frames and a tail's answers do not take one gRPC message each: every ring
+frame a worker forwards to the same next hop in one engine step leaves in one ``StepBatch`` on a
+RingBatch stream, and a tail writes the answers of one head's sessions made in one step as one
+message on that head's RingReturnBatch stream (``route.ring_batch``); each session's own Session
+stream stays its control and failure channel, and each row is handled as that stream's frame.
+
 Prefill chunks after the opening one travel on the ring too, pipelined: the head answers a
 non-final chunk as soon as it has forwarded it, so the sender sends the next one while the
 later shards still run this one; at most ``MAX_CHUNKS_IN_FLIGHT`` chunks are unanswered by the

@@ -146,6 +146,7 @@ async def _drain(worker: AssembledWorker, grace: float) -> None:
 async def _release(worker: AssembledWorker, metrics: MetricsEndpoint | None) -> None:
     """Free every session's KV, close every channel and listener, stop the engine."""
     await worker.shard.close()
+    await worker.batches.close()
     await worker.links.close()
     await worker.server.stop(grace=1.0)
     if metrics is not None:

@@ -4,21 +4,36 @@ and a Session stream's life in ``SessionStream`` (``session_stream.py``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
 
 import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied, ResourceExhausted
+from meshnet.core.errors import InvalidArgument, MeshnetError, PermissionDenied, ResourceExhausted, Unavailable
 from meshnet.core.ids import SessionId
+from meshnet.node.ring_rows import row_refusal
 from meshnet.node.session_stream import SessionStream
 from meshnet.node.shard import AnyShard
+from meshnet.route.coalescer import Coalescer
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_opening, authorize_shard
 from meshnet.wire import services as pb
+from meshnet.wire.batch_wire import (
+    MAX_BATCH_ROWS,
+    answers_to_proto,
+    batch_rows,
+    refused_to_proto,
+    row_session,
+    row_step,
+    subscribed,
+)
+from meshnet.wire.frames import RefusedRow, RingEnded, StepResult
 from meshnet.wire.kv_wire import held_kv_from_proto, held_snapshots_from_proto
 from meshnet.wire.shard_wire import (
     cancel_reply_to_proto,
@@ -44,6 +59,8 @@ class ShardServicer(pb.ShardServicer):
         self._openers: dict[SessionId, tuple[str, int]] = {}
         """Who opened each live session (its stream's peer), on which route epoch: the only party
         that may end it, or open it again, unless a newer route takes it over."""
+        self._streams: dict[str, SessionStream[pb.StepRequest]] = {}
+        """The stream of each session open here: where its ring batch rows go."""
 
     async def _admit(
         self, context: grpc.aio.ServicerContext, rpc: str, session_id: SessionId | None = None
@@ -135,9 +152,82 @@ class ShardServicer(pb.ShardServicer):
         try:
             session_id, request_id = ring_open_from_proto(request)
             mailbox = self.shard.ring_mailbox(session_id, request_id)
-            await mailbox.serve(lambda result: context.write(result_to_proto(result)))
+            await mailbox.serve(lambda result: self._answer(context, result))
         except MeshnetError as error:
             await abort_with(context, error)
+
+    async def _answer(self, context: grpc.aio.ServicerContext, result: StepResult) -> None:
+        await context.write(result_to_proto(result))
+        self.shard.seams.add(1)
+
+    async def RingReturnBatch(
+        self, request_iterator: AsyncIterator[pb.RingSubscribe], context: grpc.aio.ServicerContext
+    ) -> None:
+        # One stream per head: the answers of its sessions made in one engine step leave in one
+        # message (``route.coalescer``). A coroutine writing with ``context.write``, as RingReturn.
+        await self._admit(context, "RingReturn")
+        answers = Coalescer[StepResult | RingEnded](partial(self._answers, context), MAX_BATCH_ROWS)
+        serving: set[asyncio.Task[None]] = set()
+        try:
+            async for message in request_iterator:
+                for opened in subscribed(message):
+                    task = asyncio.ensure_future(self._serve_ring(opened, answers))
+                    serving.add(task)
+                    task.add_done_callback(serving.discard)
+            await asyncio.gather(*serving)  # the head stopped subscribing: serve what runs to its end
+        except MeshnetError as error:
+            await abort_with(context, error)
+        except DecodeError as error:
+            await abort_with(context, InvalidArgument(f"the message is not a valid RingSubscribe: {error}"))
+        finally:
+            for task in list(serving):
+                task.cancel()
+
+    async def _answers(self, context: grpc.aio.ServicerContext, items: Sequence[StepResult | RingEnded]) -> None:
+        await context.write(answers_to_proto(items))
+        answers = sum(isinstance(item, StepResult) for item in items)
+        if answers:  # a message that only ends rings (a session's end) carries no token
+            self.shard.seams.add(answers)
+
+    async def _serve_ring(self, opened: pb.RingOpen, answers: Coalescer[StepResult | RingEnded]) -> None:
+        """Serve one subscribed session's ring until it ends here; then say why, for it alone."""
+        try:
+            session_id, request_id = ring_open_from_proto(opened)
+            await self.shard.ring_mailbox(session_id, request_id).serve(answers.send)
+            end = RingEnded(session_id, Unavailable.code, "the tail closed the session's ring")
+        except MeshnetError as error:
+            end = RingEnded(opened.session_id, error.code, error.message)
+        with contextlib.suppress(Exception):
+            await answers.send(end)
+
+    async def RingBatch(
+        self, request_iterator: AsyncIterator[pb.StepBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.BatchAck]:
+        # Rows go to their sessions' streams, which check and run them as their own frames; only a
+        # row no session here may take is answered, and dropped alone.
+        caller = await self._admit(context, "RingBatch")
+        sender = None if caller is None else caller.node_id
+        failure: MeshnetError | None = None
+        try:
+            async for batch in request_iterator:
+                refused = [r for row in batch_rows(batch) if (r := self._dispatch(row, sender)) is not None]
+                if refused:
+                    yield refused_to_proto(refused)
+        except MeshnetError as error:
+            failure = error
+        except DecodeError as error:
+            failure = InvalidArgument(f"the message is not a valid StepBatch: {error}")
+        if failure is not None:
+            await abort_with(context, failure)
+
+    def _dispatch(self, row: pb.StepRequest, sender: str | None) -> RefusedRow | None:
+        session_id = row_session(row)
+        stream = self._streams.get(session_id)
+        reason = row_refusal(stream is not None, sender, None if stream is None else stream.opener)
+        if reason is not None or stream is None:
+            return RefusedRow(session_id, row_step(row), reason or "no such session")
+        stream.offer(row)
+        return None
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
@@ -145,7 +235,9 @@ class ShardServicer(pb.ShardServicer):
         caller = await self._admit(context, "Session")
         opener = None if caller is None else caller.node_id
         remaining = context.time_remaining()
-        stream = SessionStream(self.shard, None if remaining is None else time.monotonic() + remaining, opener)
+        stream = SessionStream[pb.StepRequest](
+            self.shard, None if remaining is None else time.monotonic() + remaining, opener
+        )
         failure: MeshnetError | None = None
         frames = aiter(request_iterator)
         try:
@@ -159,6 +251,8 @@ class ShardServicer(pb.ShardServicer):
                 result = await stream.run(frame)
                 if opener is not None and opening and stream.epoch is not None:
                     self._openers[frame.meta.session_id] = (opener, stream.epoch)
+                if opening:
+                    self._streams[frame.meta.session_id] = stream  # its ring rows come here now
                 async for answer in stream.answers(frame, result):
                     yield result_to_proto(answer)
         except MeshnetError as error:
@@ -170,6 +264,8 @@ class ShardServicer(pb.ShardServicer):
         finally:
             if stream.session_id is not None and self._openers.get(stream.session_id) == (opener, stream.epoch):
                 del self._openers[stream.session_id]  # unless a newer route took the id over
+            if stream.session_id is not None and self._streams.get(stream.session_id) is stream:
+                del self._streams[stream.session_id]
             await stream.end(failure)
         if failure is not None:
             log.info("session %s failed: [%s] %s", stream.session_id, failure.code, failure.message)

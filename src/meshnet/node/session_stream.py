@@ -7,6 +7,11 @@ every later shard in turn. A shard after the head answers its ring frames round 
 at all, so nothing comes back up this stream for them: ``next_frame`` races the upstream's next
 frame against the shard's watch on its downstream, and a failure further down the route ends
 this stream at once instead of at the session's next frame.
+
+Once its session is open, a stream also takes the session's rows of ring batches
+(``Shard.RingBatch``, dispatched by the servicer with ``offer``): a row is handled exactly as a
+frame of the stream itself, so its checks, its idempotency and its failure (which ends this
+stream with the typed error, and only this one) are the stream's own.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from meshnet.core.errors import InvalidArgument, MeshnetError
 from meshnet.core.ids import SessionId
@@ -26,7 +31,7 @@ log = logging.getLogger(__name__)
 M = TypeVar("M")
 
 
-class SessionStream:
+class SessionStream(Generic[M]):
     """The session one stream carries on ``shard``, and the stream's deadline (monotonic).
 
     ``opener``: the node id of the stream's sender (its certificate's), which the session's route
@@ -36,23 +41,48 @@ class SessionStream:
         self._shard = shard
         self._deadline = stream_deadline
         self._opener = opener
+        self._rows: asyncio.Queue[M] = asyncio.Queue()
+        """Ring batch rows of this session, in the order its upstream sent them."""
+        self._following: asyncio.Future[M | None] | None = None
+        """The upstream's next frame, asked for while rows are awaited too (kept across calls)."""
         self.session_id: SessionId | None = None
         """Set once a frame of this stream succeeded: only then does the session belong to it."""
         self.epoch: int | None = None
         """The route epoch the session was opened on: a newer route may take the id over here."""
 
+    @property
+    def opener(self) -> str | None:
+        """The node id of the session's upstream (None unsecured): the only sender of its rows."""
+        return self._opener
+
+    def offer(self, row: M) -> None:
+        """A ring batch row of this stream's session, handled as its next frame."""
+        self._rows.put_nowait(row)
+
     async def next_frame(self, frames: AsyncIterator[M]) -> M | None:
-        """The next upstream frame (None at the end of the stream); raises why the downstream
-        ended as soon as it does, on a shard whose session runs a ring."""
+        """The next upstream frame or batch row (None at the end of the stream); raises why the
+        downstream ended as soon as it does, on a shard whose session runs a ring."""
+        if not self._rows.empty():
+            return self._rows.get_nowait()
         watch = None if self.session_id is None else self._shard.ring_watch(self.session_id)
-        if watch is None:
-            return await anext(frames, None)
-        following = asyncio.ensure_future(anext(frames, None))
-        await asyncio.wait({following, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if following.done():
+        if self.session_id is None and self._following is None:
+            return await anext(frames, None)  # the opening frame: no rows before it
+        if self._following is None:
+            self._following = asyncio.ensure_future(anext(frames, None))
+        row = asyncio.ensure_future(self._rows.get())
+        waits: set[asyncio.Future[Any]] = {self._following, row}
+        if watch is not None:
+            waits.add(watch)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            row.cancel()  # a no-op once it took a row
+        if row.done() and not row.cancelled():
+            return row.result()
+        if self._following.done():
+            following, self._following = self._following, None
             return following.result()
-        following.cancel()
-        raise watch_error(watch)
+        raise watch_error(watch) if watch is not None else InvalidArgument("the session stream stopped")
 
     async def run(self, frame: StepFrame) -> StepResult:
         """Run one frame of this stream's session on the shard."""
@@ -75,6 +105,8 @@ class SessionStream:
     async def end(self, failure: MeshnetError | None) -> None:
         """The stream ended (``failure``: why it failed): tell the head reading this tail's ring
         why, and free the session here, which closes its stream down the route."""
+        if self._following is not None:
+            self._following.cancel()
         key = self.session_id
         if key is None:
             return

@@ -31,9 +31,11 @@ from meshnet.node.stages import (
     NoContinuation,
     OutputStage,
     Rows,
+    RowSender,
     SampleStage,
 )
 from meshnet.node.tickets import TicketGate
+from meshnet.route.coalescer import SeamCount
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.kv_store import KvStore
@@ -66,6 +68,7 @@ class Shard(Generic[S]):
         continuation: Continuation,
         tickets: TicketGate,
         kv: KvReuse,
+        seams: SeamCount | None = None,
     ) -> None:
         self.node_id = node_id
         self.record = record
@@ -78,7 +81,8 @@ class Shard(Generic[S]):
         self._tickets = tickets
         self.kv = kv
         self._draining = False
-        self._seam_messages = 0
+        self.seams = SeamCount() if seams is None else seams
+        """Messages and session rows this worker sent across its seams (shared with its senders)."""
         self._capability_calls = 0
         self.counts = SessionCounts()
         """What each session computed here, for the tracker's check of work records."""
@@ -215,8 +219,9 @@ class Shard(Generic[S]):
         self._table.record(session, step=meta.step, next_position=meta.position + frame.n_tokens, result=result)
         if result.token_id is not None:
             self.counts.sampled(session.key, session.epoch, meta.position + frame.n_tokens)
-        if isinstance(session.state, Downstream) or (frame.ring and not self.shape.takes_tokens):
-            self._seam_messages += 1  # forwarded downstream, or answered round the ring
+        # A tail's ring answers are counted where they are written (the servicer's RingReturn).
+        if isinstance(session.state, Downstream) and not frame.ring:
+            self.seams.add(1)  # the opening frame went down its stream (ring frames: ``ForwardStage``)
         return result
 
     # -- the ring (``node.ring``) -----------------------------------------------------------
@@ -229,7 +234,7 @@ class Shard(Generic[S]):
             return True
         if frame.ring:
             return False
-        self._seam_messages += 1
+        self.seams.add(1)
         return True
 
     def ring_mailbox(self, key: SessionId, request_id: RequestId) -> RingMailbox:
@@ -337,7 +342,8 @@ class Shard(Generic[S]):
             kv_bytes_per_session=self._capacity.kv_bytes_per_session,
             weight_bytes=self._capacity.weight_bytes,
             other_bytes=self._capacity.other_bytes,
-            seam_messages=self._seam_messages,
+            seam_messages=self.seams.messages,
+            seam_rows=self.seams.rows,
             capability_calls=self._capability_calls,
             prefix_hits=store.stats.hits,
             prefix_misses=store.stats.misses,
@@ -368,6 +374,8 @@ def build_shard(
     snapshots: SnapshotSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     grammars: GrammarVocabulary | None = None,
+    rows: RowSender | None = None,
+    seams: SeamCount | None = None,
 ) -> AnyShard:
     """The shard for the backend ``loop`` runs, its stages chosen from the backend's role.
 
@@ -377,8 +385,11 @@ def build_shard(
     sessions for eviction and expiry; ``grammars`` lets a tail constrain output to a grammar
     (response_format), None refuses such sessions; ``tickets`` checks every opening frame's
     route ticket (``node.tickets``); ``snapshots`` where and how often it snapshots sessions
-    (``node.kv_snapshots``; none: never).
+    (``node.kv_snapshots``; none: never); ``rows`` batches the decode frames a forwarding shard
+    sends per next hop (``route.ring_batch``; none: each on its session's own stream), and
+    ``seams`` counts what the worker sends across seams (shared with ``rows``).
     """
+    seams = SeamCount() if seams is None else seams
     shape = loop.backend.shape
     continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
     kept = KvSnapshots.of(snapshots, loop, record.fingerprint)
@@ -386,10 +397,11 @@ def build_shard(
     if shape.emits_logits:
         sampling_table = SessionTable[TailState](policy, clock=clock)
         stage = SampleStage(grammars, is_head=shape.takes_tokens)
-        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation, tickets, kv)
-    forward = ForwardStage(shape.n_layers, connect, open_ring=open_ring if shape.takes_tokens else None)
+        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation, tickets, kv, seams)
+    head_ring = open_ring if shape.takes_tokens else None
+    forward = ForwardStage(shape.n_layers, connect, open_ring=head_ring, rows=rows, seams=seams)
     table = SessionTable[Downstream](policy, clock=clock)
-    return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets, kv)
+    return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets, kv, seams)
 
 
 def _engine_input(slot: int, frame: StepFrame, want: Rows) -> StepInput:

@@ -39,6 +39,7 @@ from meshnet.engine.constraints import GrammarVocabulary
 from meshnet.engine.pooling import pool
 from meshnet.engine.tail_sampler import TailSampler
 from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT, OpenRing, RingLeg, RingLink, RingMailbox, TailState
+from meshnet.route.coalescer import SeamCount
 from meshnet.wire.frames import HopSpec, HopTiming, StepFrame, StepResult
 
 S = TypeVar("S")
@@ -179,6 +180,15 @@ class DownstreamLink(RingLink, Protocol):
     async def close(self) -> None: ...
 
 
+class RowSender(Protocol):
+    """The ring's data plane (``route.ring_batch.BatchLinks`` on the wire): a session's decode
+    frame joins the next batch to its next hop, beside the frames of every other session there."""
+
+    async def send(self, address: str, node_id: str | None, frame: StepFrame) -> bool:
+        """False where that hop takes no batches: the frame goes on the session's own stream."""
+        ...
+
+
 Connect = Callable[[str, float | None, str | None], DownstreamLink]
 """Open the session stream to the next hop: its address, the whole stream's timeout in seconds
 (None: none), the node id to pin."""
@@ -201,12 +211,24 @@ class ForwardStage:
 
     ``open_ring`` opens the tail's RingReturn stream of a session: a head's, which reads the
     tail's answers to its ring frames there. None on a middle, which answers nothing for them.
+    ``rows`` batches decode frames per next hop (None: each on its session's own stream);
+    ``seams`` counts what this shard sends on its sessions' own streams.
     """
 
-    def __init__(self, n_layers: int, connect: Connect, *, open_ring: OpenRing | None) -> None:
+    def __init__(
+        self,
+        n_layers: int,
+        connect: Connect,
+        *,
+        open_ring: OpenRing | None,
+        rows: RowSender | None = None,
+        seams: SeamCount | None = None,
+    ) -> None:
         self._n_layers = n_layers
         self._connect = connect
         self._open_ring = open_ring
+        self._rows = rows
+        self._seams = SeamCount() if seams is None else seams
 
     def check(self, frame: StepFrame) -> None:
         if frame.downstream:
@@ -284,12 +306,23 @@ class ForwardStage:
         if is_head and not waits:
             # Pipelined prefill: bound the chunks the tail has not answered yet.
             await leg.acknowledged(meta.step - MAX_CHUNKS_IN_FLIGHT, deadline)
-        await state.link.send(outgoing)
+        await self._forward(state, outgoing)
         if waits:
             return await leg.answer(meta.step, deadline)
         # A middle answers nothing upstream (the tail's answer goes straight to the head); the
         # head acknowledges a forwarded prefill chunk at once, so the sender sends the next one.
         return StepResult(meta.session_id, meta.step, meta.position + frame.n_tokens, None)
+
+    async def _forward(self, state: Downstream, outgoing: StepFrame) -> None:
+        """A ring frame to the next hop: a decode step in the next batch there, a prefill chunk
+        (one per session, and large) on the session's own stream."""
+        hop = state.hops[0]
+        rows = self._rows
+        batched = rows is not None and outgoing.meta.phase == "decode"
+        if batched and rows is not None and await rows.send(hop.address, hop.node_id or None, outgoing):
+            return  # the batch link counted it
+        await state.link.send(outgoing)
+        self._seams.add(1)
 
     async def release(self, state: Downstream) -> None:
         # Ending the stream makes the next shard release the session and close its own link.

@@ -83,6 +83,8 @@ _SHARD_ROLES: dict[str, frozenset[Role]] = {
     # Workers open sessions on their downstream neighbour; gateways on the head.
     "Session": frozenset({"gateway", "worker", "admin"}),
     "RingReturn": frozenset({"worker"}),
+    # Ring frames of many sessions at once: only a forwarding worker sends them.
+    "RingBatch": frozenset({"worker"}),
     # Whether a prefix is held: asked by whoever opens sessions, before it opens one.
     "HeldKv": frozenset({"gateway", "worker", "admin"}),
     # Which snapshots of a session are held: asked by whoever fails a session over.

@@ -31,15 +31,17 @@ from typing import Any, TypeVar
 from meshnet.core.errors import Cancelled, DeadlineExceeded, EngineError, InvalidArgument, MeshnetError
 from meshnet.engine.backend import Backend, StepInput, StepOutput, join_pieces, prefill_pieces
 from meshnet.session.arrivals import Arrivals
-from meshnet.session.loop_items import Call, LoopStats, Truncate, Work, resolve
+from meshnet.session.loop_items import Call, LoopStats, Settled, Truncate, Work, resolve_all
 from meshnet.session.scheduler import (
     GatherPolicy,
     PendingWork,
     gather_wait,
     gathers,
     nothing_to_gather,
+    pipeline_waves,
     plan_tick,
     runs_inline,
+    wave_size,
     window_length,
 )
 
@@ -74,7 +76,7 @@ class EngineLoop:
         of its own in ``run``: blocking the event loop must not block what the step waits for)."""
         self._using_backend = threading.Lock()
         """Held by whichever thread runs the backend or changes the pending work."""
-        self._settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._settled: list[Settled] = []
         """Results the loop thread hands back once it lets go of the lock (``_holding``): handed
         back inside it, the caller's next lone step could find the lock still taken and queue."""
         self.stats = LoopStats()
@@ -224,8 +226,7 @@ class EngineLoop:
         finally:
             self._using_backend.release()
             settled, self._settled = self._settled, []
-            for future, value, error in settled:
-                resolve(future, value=value, error=error)
+            resolve_all(settled)
 
     def _settle(self, future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
         self._settled.append((future, value, error))
@@ -297,7 +298,7 @@ class EngineLoop:
         plan = plan_tick(
             [PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline) for w in self._pending],
             now=now,
-            max_decode_batch=self._max_decode_batch,
+            max_decode_batch=self._decode_batch(),
         )
         for ticket in plan.expired:
             work = by_ticket[ticket]
@@ -325,6 +326,12 @@ class EngineLoop:
             if len(work.outputs) == len(work.pieces):
                 self._pending.remove(work)
                 self._settle(work.future, value=join_pieces(work.outputs))
+
+    def _decode_batch(self) -> int:
+        """The most decode steps this tick runs: on a route's head, one wave (``wave_size``)."""
+        shape = self.backend.shape
+        waves = pipeline_waves(takes_tokens=shape.takes_tokens, emits_logits=shape.emits_logits)
+        return wave_size(self._max_decode_batch, len(self._arrivals.last), waves)
 
     def _run_backend(self, chunks: list[StepInput]) -> list[StepOutput]:
         """One backend call, counted; its failures are typed (whichever thread holds the lock)."""

@@ -60,15 +60,29 @@ class LoopStats:
     queue_depth: int = 0
 
 
-def resolve(future: asyncio.Future[Any], *, value: Any = None, error: BaseException | None = None) -> None:
-    def settle() -> None:
+Settled = tuple[asyncio.Future[Any], Any, BaseException | None]
+"""A future the loop thread finished, with its value or its error."""
+
+
+def resolve_all(settled: list[Settled]) -> None:
+    """Hand the futures of one tick back to their event loops: one callback per loop, so every
+    session of the batch wakes in the same turn of its loop (and their frames to the next hop
+    leave in one ring batch, ``route.coalescer``). One callback per future let the event loop
+    wake between them (each wake-up write releases the GIL) and split the batch over turns."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Settled]] = {}
+    for item in settled:
+        by_loop.setdefault(item[0].get_loop(), []).append(item)
+    for loop, items in by_loop.items():
+        # A closed event loop means the process is shutting down: nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle_all, items)
+
+
+def _settle_all(items: list[Settled]) -> None:
+    for future, value, error in items:
         if future.done():
-            return  # the awaiting task was cancelled; nobody wants the result
+            continue  # the awaiting task was cancelled; nobody wants the result
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(value)
-
-    # A closed event loop means the process is shutting down: nobody is waiting any more.
-    with contextlib.suppress(RuntimeError):
-        future.get_loop().call_soon_threadsafe(settle)

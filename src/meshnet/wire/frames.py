@@ -369,3 +369,24 @@ class SessionEnd:
     def __post_init__(self) -> None:
         _check_text("session_id", self.session_id, MAX_ID_CHARS)
         _check_text("reason", self.reason, 1024, allow_empty=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedRow:
+    """A row of a ring batch that no session on the receiver took (``Shard.RingBatch``): dropped
+    alone; the batch stream and its other rows carry on."""
+
+    session_id: str
+    """As the row named it: possibly no valid session id at all."""
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RingEnded:
+    """A session's ring ended on the tail (``Shard.RingReturnBatch``): why, as its typed error's
+    code and message; no answer of the session follows."""
+
+    session_id: str
+    code: str
+    message: str

@@ -25,6 +25,7 @@ from meshnet.wire.generated.artifact_pb2 import (
     FindHoldersRequest,
 )
 from meshnet.wire.generated.shard_pb2 import (
+    BatchAck,
     CancelRequest,
     CancelResponse,
     Capability,
@@ -38,10 +39,13 @@ from meshnet.wire.generated.shard_pb2 import (
     ReleaseRequest,
     ReleaseResponse,
     RingOpen,
+    RingSubscribe,
     SnapshotKept,
     SnapshotPiece,
+    StepBatch,
     StepRequest,
     StepResponse,
+    StepResponseBatch,
 )
 from meshnet.wire.generated.swarm_pb2 import (
     SwarmCertificateReply,
@@ -128,6 +132,7 @@ __all__ = [
     "ArtifactFetchRequest",
     "ArtifactsServicer",
     "ArtifactsStub",
+    "BatchAck",
     "CancelRequest",
     "CancelResponse",
     "Capability",
@@ -160,6 +165,7 @@ __all__ = [
     "ReleaseResponse",
     "RevocationList",
     "RingOpen",
+    "RingSubscribe",
     "RouteReply",
     "RouteRequest",
     "RouteTiming",
@@ -170,8 +176,10 @@ __all__ = [
     "ShardStub",
     "SnapshotKept",
     "SnapshotPiece",
+    "StepBatch",
     "StepRequest",
     "StepResponse",
+    "StepResponseBatch",
     "SwarmCertificateReply",
     "SwarmJoinRequest",
     "SwarmRenewRequest",

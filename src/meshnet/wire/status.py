@@ -124,6 +124,16 @@ def error_from_rpc(err: grpc.RpcError, *, unreachable: type[Unavailable] = Unava
         return fallback(message)
 
 
+def error_for_code(code: str, message: str) -> MeshnetError:
+    """The typed error a peer reported in-band by its ``code`` (``RingEnd``): the generic one for
+    a code this version does not know."""
+    error_type = _type_for_code(code) or MeshnetError
+    try:
+        return error_type(message)
+    except TypeError:  # a subclass with a richer constructor: keep the message
+        return MeshnetError(message)
+
+
 def status_and_code(err: grpc.RpcError) -> tuple[grpc.StatusCode | None, str | None]:
     """How ``err`` ended: its status, and the peer's ``meshnet-error-code`` (None when the library
     ended the call itself: refused, reset, stopped, out of time)."""

@@ -98,9 +98,13 @@ def test_seam_messages_per_token_are_the_workers_count_at_every_concurrency(
 ) -> None:
     lanes = bench_run[0]["lanes"]
     # Two shards, a 64-token prompt in one 64-token chunk: the frame on and the token back, per
-    # token of each stream (test_bench_seam_messages.py shows the decode part of it alone).
+    # token of a single stream (test_bench_seam_messages.py shows the decode part of it alone).
+    # Concurrent streams share ring batches whenever an engine step ran several of them, so
+    # their count is at most that (how far below depends on timing; the worker route tests
+    # assert fewer messages than rows).
     route = lanes["meshnet-2"]["concurrency"]
-    assert route and all(run["seam_messages_per_token"] == 2.0 for run in route.values())
+    assert route["1"]["seam_messages_per_token"] == 2.0
+    assert all(0 < run["seam_messages_per_token"] <= 2.0 for run in route.values())
     assert all("seam_messages_per_token" not in run for run in lanes["split-2"]["concurrency"].values())
 
 

@@ -76,9 +76,10 @@ def test_the_exposed_figures_are_the_typed_ones_by_name() -> None:
     assert values["batch_occupancy"] == 3.0
     assert values["kv_used_fraction"] == 0.75 and values["kv_bytes_in_use"] == 300.0
     assert values["draining"] == 0.0 and values["rejected_admissions_total"] == 2.0
-    assert len(values) == 34
+    assert len(values) == 35
     assert values["snapshots_taken_total"] == 0.0 and values["snapshot_peer"] == 0.0
     assert values["seam_messages_total"] == 0.0 and values["capability_calls_total"] == 0.0
+    assert values["seam_rows_total"] == 0.0
 
 
 def test_prometheus_shows_counters_and_gauges_of_the_same_value() -> None:

@@ -224,6 +224,7 @@ class InProcessRing:
 
     def __init__(self, tail: AnyShard, session_id: SessionId, request_id: RequestId) -> None:
         self.address = tail.record.address
+        self._tail = tail
         self._answers = _Answers()
         self._serving = asyncio.ensure_future(self._serve(tail, session_id, request_id))
 
@@ -239,6 +240,7 @@ class InProcessRing:
         if self._serving.cancelled():
             raise RuntimeError("the RingReturn call is closed")
         self._answers.put(result)
+        self._tail.seams.add(1)  # counted where it is written, as the servicer's RingReturn does
 
     async def read(self) -> StepResult:
         return await self._answers.read()

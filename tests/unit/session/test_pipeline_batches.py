@@ -19,7 +19,15 @@ from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
 from meshnet.engine.fake_backend import FakeBackend
 from meshnet.session.engine_loop import EngineLoop
-from meshnet.session.scheduler import GatherPolicy, expected_sessions, gather_wait, gathers, window_length
+from meshnet.session.scheduler import (
+    GatherPolicy,
+    expected_sessions,
+    gather_wait,
+    gathers,
+    pipeline_waves,
+    wave_size,
+    window_length,
+)
 
 POLICY = GatherPolicy(window_s=0.002, max_window_s=0.010, horizon_s=0.5)
 PATIENT = GatherPolicy(window_s=30.0, max_window_s=30.0, horizon_s=60.0)
@@ -131,3 +139,18 @@ async def test_a_whole_route_still_waits_for_the_steps_its_batch_answered() -> N
         assert fake.calls == [2]
     finally:
         await asyncio.to_thread(engine.stop)
+
+
+def test_only_the_head_of_a_longer_route_splits_its_sessions_into_waves() -> None:
+    assert pipeline_waves(takes_tokens=True, emits_logits=False) == 2  # head of a longer route
+    assert pipeline_waves(takes_tokens=True, emits_logits=True) == 1  # a whole route by itself
+    assert pipeline_waves(takes_tokens=False, emits_logits=False) == 1  # middle: inherits the waves
+    assert pipeline_waves(takes_tokens=False, emits_logits=True) == 1  # tail
+
+
+def test_a_wave_is_half_the_decoding_sessions_and_stays_that_size() -> None:
+    assert wave_size(64, 8, 2) == 4
+    assert wave_size(64, 7, 2) == 4  # rounded up: two waves, never three
+    assert wave_size(3, 8, 2) == 3  # the engine's own bound still holds
+    assert wave_size(64, 1, 2) == 64  # a single stream is never held back
+    assert wave_size(64, 8, 1) == 64  # a shard without waves runs every ready step

@@ -127,12 +127,13 @@ async def test_decode_steps_of_several_sessions_share_one_call_with_one_prefill_
         )
         assert loop.queue_depth == 4
     outputs = await asyncio.gather(*tasks)
-    # Tick 1: three decode steps and the first prefill chunk; tick 2: the second chunk.
-    assert backend.calls == [4, 1]
+    # A head splits its three decoding sessions into two waves (``scheduler.wave_size``): tick 1
+    # runs two decode steps and the first prefill chunk, tick 2 the third step and the second chunk.
+    assert backend.calls == [3, 2]
     assert [o.slot for o in outputs] == [0, 1, 2, 3]  # type: ignore[attr-defined]
     # The three one-token opening steps ran alone (a one-token step is a decode step to the
-    # engine), then three steps shared one batch.
-    assert loop.stats.decode_batches == 3 + 1 and loop.stats.decode_steps == 3 + 3
+    # engine), then the three steps in two batches.
+    assert loop.stats.decode_batches == 3 + 2 and loop.stats.decode_steps == 3 + 3
     assert loop.stats.prefill_tokens == 8
     assert loop.queue_depth == 0
 

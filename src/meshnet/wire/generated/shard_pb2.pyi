@@ -300,6 +300,52 @@ class EmbeddingVector(_message.Message):
     values: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class StepBatch(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[StepRequest]
+    def __init__(self, rows: _Optional[_Iterable[_Union[StepRequest, _Mapping]]] = ...) -> None: ...
+
+class RefusedRow(_message.Message):
+    __slots__ = ("session_id", "step", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    step: int
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BatchAck(_message.Message):
+    __slots__ = ("refused",)
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    refused: _containers.RepeatedCompositeFieldContainer[RefusedRow]
+    def __init__(self, refused: _Optional[_Iterable[_Union[RefusedRow, _Mapping]]] = ...) -> None: ...
+
+class RingSubscribe(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[RingOpen]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[RingOpen, _Mapping]]] = ...) -> None: ...
+
+class RingEnd(_message.Message):
+    __slots__ = ("session_id", "code", "message")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    code: str
+    message: str
+    def __init__(self, session_id: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StepResponseBatch(_message.Message):
+    __slots__ = ("answers", "ended")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[StepResponse]
+    ended: _containers.RepeatedCompositeFieldContainer[RingEnd]
+    def __init__(self, answers: _Optional[_Iterable[_Union[StepResponse, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RingEnd, _Mapping]]] = ...) -> None: ...
+
 class RingOpen(_message.Message):
     __slots__ = ("session_id", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,16 @@ class ShardStub:
                 request_serializer=meshnet_dot_v1_dot_shard__pb2.RingOpen.SerializeToString,
                 response_deserializer=meshnet_dot_v1_dot_shard__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.RingBatch = channel.stream_stream(
+                '/meshnet.v1.Shard/RingBatch',
+                request_serializer=meshnet_dot_v1_dot_shard__pb2.StepBatch.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_shard__pb2.BatchAck.FromString,
+                _registered_method=True)
+        self.RingReturnBatch = channel.stream_stream(
+                '/meshnet.v1.Shard/RingReturnBatch',
+                request_serializer=meshnet_dot_v1_dot_shard__pb2.RingSubscribe.SerializeToString,
+                response_deserializer=meshnet_dot_v1_dot_shard__pb2.StepResponseBatch.FromString,
+                _registered_method=True)
         self.HeldKv = channel.unary_unary(
                 '/meshnet.v1.Shard/HeldKv',
                 request_serializer=meshnet_dot_v1_dot_shard__pb2.HeldKvRequest.SerializeToString,
@@ -132,6 +142,27 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RingBatch(self, request_iterator, context):
+        """The ring's data plane between two nodes: one stream per sender and next hop carries the ring
+        frames of every session the sender forwards there, the rows of one engine step in one
+        StepBatch. Each row is handled as if it had come on its session's own Session stream, which
+        stays the session's control and failure channel (its opening frame, its end, its errors).
+        The receiver answers only rows it could hand to no session (BatchAck.refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RingReturnBatch(self, request_iterator, context):
+        """The ring's return path between a tail and one head: the head subscribes each of its sessions
+        (the same RingOpen checks as RingReturn) on one stream per tail, and the tail writes the
+        answers of that head's sessions made in one engine step as one StepResponseBatch. A session's
+        ring that ends or fails here ends only that session's subscription (RingEnd).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def HeldKv(self, request, context):
         """How much of a prompt's prefix chain this shard holds KV for (and keeps it a while for the
         session about to open with it): the sender reuses what every hop of the route holds.
@@ -189,6 +220,16 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.RingReturn,
                     request_deserializer=meshnet_dot_v1_dot_shard__pb2.RingOpen.FromString,
                     response_serializer=meshnet_dot_v1_dot_shard__pb2.StepResponse.SerializeToString,
+            ),
+            'RingBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.RingBatch,
+                    request_deserializer=meshnet_dot_v1_dot_shard__pb2.StepBatch.FromString,
+                    response_serializer=meshnet_dot_v1_dot_shard__pb2.BatchAck.SerializeToString,
+            ),
+            'RingReturnBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.RingReturnBatch,
+                    request_deserializer=meshnet_dot_v1_dot_shard__pb2.RingSubscribe.FromString,
+                    response_serializer=meshnet_dot_v1_dot_shard__pb2.StepResponseBatch.SerializeToString,
             ),
             'HeldKv': grpc.unary_unary_rpc_method_handler(
                     servicer.HeldKv,
@@ -369,6 +410,60 @@ class Shard:
             '/meshnet.v1.Shard/RingReturn',
             meshnet_dot_v1_dot_shard__pb2.RingOpen.SerializeToString,
             meshnet_dot_v1_dot_shard__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RingBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/meshnet.v1.Shard/RingBatch',
+            meshnet_dot_v1_dot_shard__pb2.StepBatch.SerializeToString,
+            meshnet_dot_v1_dot_shard__pb2.BatchAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RingReturnBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/meshnet.v1.Shard/RingReturnBatch',
+            meshnet_dot_v1_dot_shard__pb2.RingSubscribe.SerializeToString,
+            meshnet_dot_v1_dot_shard__pb2.StepResponseBatch.FromString,
             options,
             channel_credentials,
             insecure,
