@@ -29,7 +29,8 @@ from meshnet.membership.tracker_client import TrackerClient
 from meshnet.node.artifact_server import SeedConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.security.signing import load_or_create_key
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import start_tracker
 
 
 def start_seeder(folder: Path, name: str, directory: Path, tracker: str) -> ChildProcess:

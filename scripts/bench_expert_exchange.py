@@ -27,7 +27,8 @@ from meshnet.deploy.expert_launch import free_loopback_port
 from meshnet.moe import wire as expert_wire
 from meshnet.moe.links import GrpcRowExchange, PeerLink, open_link
 from meshnet.moe.ownership import ExchangeGeometry, ExpertOwnership, local_rows
-from meshnet.wire.tls import ANY_WORKER_NAME, secure_or_plain_channel
+from meshnet.security.identity import ANY_WORKER_NAME
+from meshnet.wire.tls import secure_or_plain_channel
 
 GEOMETRY = ExchangeGeometry(n_embd=512, n_expert=64, n_expert_used=8, n_layers=4, group_size=2)
 WARMUP = 200

@@ -40,11 +40,12 @@ from meshnet.core.snapshot import SnapshotPlan
 from meshnet.deploy.launch.commands import INSECURE, worker_command
 from meshnet.deploy.launch.ready_lines import WorkerLine
 from meshnet.engine.backend import StepInput
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_llama_shard
 from meshnet.node.config import LayerChoice, WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, launch_all, stop_all
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.ticket_wire import issue_ticket

@@ -27,7 +27,8 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
-from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_llama_shard
 
 CASES = {

@@ -22,7 +22,7 @@ settings.register_profile("meshnet", derandomize=True, database=None)
 settings.load_profile("meshnet")
 
 if TYPE_CHECKING:
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
     from meshnet.route.shard_stream import ChannelPool
 
 SyntheticModelFactory = Callable[[SyntheticSpec], Path]
@@ -61,10 +61,14 @@ def small_llama_config() -> LlamaConfig:
     """A llama.cpp config sized for synthetic models: 4 slots of 256 positions, 1 thread.
 
     ``max_batch_tokens=32`` is deliberately small so a 100-token prompt exercises chunked prefill.
+    ``split_small_decode_batches=False``: its few sessions' steps run batched through the tied Q8_0
+    LM head, the kernels larger batches are served with, not one row per call.
     """
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
 
-    return LlamaConfig(n_threads=1, max_slots=4, n_ctx_per_slot=256, max_batch_tokens=32)
+    return LlamaConfig(
+        n_threads=1, max_slots=4, n_ctx_per_slot=256, max_batch_tokens=32, split_small_decode_batches=False
+    )
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from meshnet.node.artifact_server import SeedConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_identity, local_identity
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 from meshnet.wire.tls import LinkSecurity
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshnet.cli import main as cli
-from meshnet.node import assembly, peers, stages
+from meshnet.node import assembly, forward_stage, peers, stages
 
 
 def _options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -49,7 +49,7 @@ def _install(options: argparse.Namespace) -> None:
 
         peers.PeerProber.latest = boasted_latencies  # type: ignore[method-assign]
     if delay_s > 0:
-        for stage in (stages.ForwardStage, stages.SampleStage):
+        for stage in (forward_stage.ForwardStage, stages.SampleStage):
             _slow_down(stage, delay_s)
 
 

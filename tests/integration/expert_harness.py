@@ -25,7 +25,8 @@ from meshnet.engine.backend import Backend, StepInput
 from meshnet.engine.bitwise import bit_identical
 from meshnet.moe import wire as expert_wire
 from meshnet.process.launcher import ChildProcess, launch_all
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, secure_or_plain_channel
+from meshnet.security.identity import ANY_WORKER_NAME
+from meshnet.wire.tls import LinkSecurity, secure_or_plain_channel
 
 
 def launch_secure_group(

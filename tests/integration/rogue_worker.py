@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from meshnet.cli import main as cli
-from meshnet.node import assembly, peers, stages
+from meshnet.node import assembly, forward_stage, peers
 
 EPSILON = 1e-2
 """Relative shift of the forwarded residual: tiny, yet it changes some sampled tokens."""
@@ -49,7 +49,7 @@ AUDIT_MARKERS = "MESHNET_ROGUE_AUDIT_MARKERS"
 """Which signs of an audit it acts on: ``id``, ``frames``, ``repeat`` (comma-separated; none: it lies always)."""
 MARKERS = frozenset({"id", "frames", "repeat"})
 
-_emit = stages.ForwardStage.emit
+_emit = forward_stage.ForwardStage.emit
 _registration = assembly._registration
 
 
@@ -117,6 +117,6 @@ def _boasted_latencies(self: Any) -> tuple[tuple[str, float], ...]:
 
 if __name__ == "__main__":
     peers.PeerProber.latest = _boasted_latencies  # type: ignore[method-assign]
-    stages.ForwardStage.emit = _perturbed_emit  # type: ignore[method-assign]
+    forward_stage.ForwardStage.emit = _perturbed_emit  # type: ignore[method-assign]
     assembly._registration = _boasting_registration
     sys.exit(cli.main(sys.argv[1:]))

@@ -383,7 +383,7 @@ class Reference:
 
     def __init__(self, model: Path, cache_dir: Path, context: int = CONTEXT) -> None:
         from meshnet.artifact.cache import SliceCache
-        from meshnet.engine.llama_backend import LlamaConfig
+        from meshnet.engine.llama_config import LlamaConfig
         from meshnet.engine.shards import open_local_route
         from meshnet.engine.tokenizer import Tokenizer
 

@@ -33,10 +33,11 @@ from meshnet.membership.announce import announce_forever
 from meshnet.membership.reach import Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import create_authority, mint_node
+from meshnet.security.identity import ANY_WORKER_NAME
 from meshnet.security.signing import load_or_create_key
 from meshnet.security.swarm_dir import load_authority
 from meshnet.wire import artifact_wire, services
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, channel_options, hop_server_name
+from meshnet.wire.tls import LinkSecurity, channel_options, hop_server_name
 
 pytestmark = pytest.mark.timeout(120)
 MODEL_ID = "tiny-llama"

@@ -26,7 +26,8 @@ from meshnet.core.layers import LayerRange
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.invites import parse_token
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import start_tracker
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,7 +27,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.synthetic import FAMILIES, SyntheticSpec
 from meshnet.core.layers import LayerRange
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.route.shard_stream import ChannelPool

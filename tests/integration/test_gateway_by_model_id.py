@@ -96,7 +96,7 @@ def gateway(folder: Path, tracker: ArtifactSwarm, published: Published) -> Itera
 
 
 def _whole_model_answer(published: Published, folder: Path, max_tokens: int) -> tuple[list[int], str]:
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
     from meshnet.engine.shards import open_local_route
     from meshnet.engine.tokenizer import Tokenizer
 

@@ -37,10 +37,11 @@ from meshnet.relay.load import fetch_load
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.certificates import NodeCertificate, create_authority, mint_node
+from meshnet.security.identity import ANY_WORKER_NAME
 from meshnet.security.swarm_dir import load_identity, swarm_dir
 from meshnet.wire import relay_wire
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name
+from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 MARKER = b"PLAINTEXT-MARKER-relay-must-never-see-this"
 

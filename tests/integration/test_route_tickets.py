@@ -42,8 +42,9 @@ from meshnet.security.certificates import create_authority, mint_node, read_peer
 from meshnet.security.identity import Role
 from meshnet.security.swarm_dir import load_authority, load_identity, local_identity
 from meshnet.security.tickets import TicketSigner
+from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.dial_back import DIAL_BACK_TIMEOUT_S
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.server import start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
 from meshnet.wire.ticket_wire import issue_ticket

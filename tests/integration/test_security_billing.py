@@ -28,7 +28,8 @@ from meshnet.core.ids import NodeId, RequestId, SessionId, new_request_id, new_s
 from meshnet.core.layers import LayerRange
 from meshnet.core.tracking import NodeWork, WorkAck, WorkRecord, billing_units
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES
 

@@ -28,7 +28,8 @@ from meshnet.core.tracking import NodeLoad
 from meshnet.membership.join import join_swarm
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_admin import fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.certificates import create_authority, mint_node

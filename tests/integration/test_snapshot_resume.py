@@ -39,7 +39,7 @@ from meshnet.core.ids import SessionId, new_session_id
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.core.sampling_options import LogitAdjustments
 from meshnet.core.snapshot import tokens_link
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.route.driver import RouteDriver

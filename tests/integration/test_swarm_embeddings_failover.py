@@ -6,6 +6,7 @@ failed over (probe, replacement route, the input embedded again) to the same vec
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ import pytest
 from embedding_oracle import embedding_oracle
 from openai_swarm import openai_swarm
 from swarm_harness import (
+    HEARTBEAT_S,
     LONG_PROMPT,
     MODEL_NAME,
     PROMPT,
@@ -28,6 +30,14 @@ from swarm_harness import (
 pytestmark = pytest.mark.timeout(180)
 
 TEXTS = [PROMPT, LONG_PROMPT, "the dog", "a house by the tree and the cat"]
+DEAD_HOP_ROUTED_S = 120.0
+"""How long the tracker keeps routing through a silent worker here: longer than the module
+runs, so the SIGKILLed middle hop is still under the tracker's route when the embeddings ask
+for one, however slow a loaded machine makes the steps between. With the harness's lease (3
+missed heartbeats of 0.5 s: the hop leaves routes 1.0-1.5 s after the kill, less the time since
+its last beat) the check below (a fresh mTLS client, two calls) and then each embedding's route
+raced that lease; on a loaded machine the route could leave the dead hop out (the assertion
+failed, or the failover went untested)."""
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +51,8 @@ def expected(model: Path) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[tuple[Swarm, openai.OpenAI]]:
-    with openai_swarm(tmp_path_factory.mktemp("swarm"), model, "0:2", "2:4", "2:4", "4:6") as running:
+    lease = {"missed_heartbeats": math.ceil(DEAD_HOP_ROUTED_S / HEARTBEAT_S)}
+    with openai_swarm(tmp_path_factory.mktemp("swarm"), model, "0:2", "2:4", "2:4", "4:6", **lease) as running:
         yield running
 
 
@@ -75,8 +86,8 @@ def test_a_middle_hop_lost_under_the_route_is_failed_over(
 ) -> None:
     middle = asyncio.run(route_addresses(swarm.tracker_address, swarm.security))[1]
     swarm.worker_at(middle).component.kill(signal.SIGKILL)
-    # The tracker still routes through the dead hop (its lease has not run out): the embedding
-    # meets it and must fail over rather than fail.
+    # The tracker still routes through the dead hop (its lease outlasts the test,
+    # ``DEAD_HOP_ROUTED_S``): each embedding meets it and must fail over rather than fail.
     assert middle in asyncio.run(route_addresses(swarm.tracker_address, swarm.security))
     assert np.array_equal(_embed(client, PROMPT), expected[PROMPT])
     assert np.array_equal(_embed(client, LONG_PROMPT), expected[LONG_PROMPT])

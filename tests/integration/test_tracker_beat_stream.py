@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
 from owned_address import answering_node
 from test_tracker_service import ManualClock, _eventually, listening, registration
 
-from meshnet.core.errors import PermissionDenied
+from meshnet.core.errors import PermissionDenied, TrackerBusy
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import HeartbeatStatus, NodeLoad, Registered
 from meshnet.membership.heartbeats import heartbeat_loop
@@ -26,7 +28,8 @@ from meshnet.membership.simulated_nodes import tracker_channel
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.security.certificates import mint_node
 from meshnet.security.swarm_dir import load_authority
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 from meshnet.wire import services
 from meshnet.wire import tracker_wire as wire
@@ -35,10 +38,29 @@ from meshnet.wire.tls import LinkSecurity
 pytestmark = pytest.mark.timeout(60)
 
 INTERVAL_S = 0.2
+BUSY_TRIES = 20
+"""Sheds a call may meet before the test gives up on a tracker that never catches up."""
+
+T = TypeVar("T")
 
 
 def config(tmp_path: Path, name: str = "tracker") -> TrackerConfig:
     return TrackerConfig(port=0, db_path=tmp_path / f"{name}.sqlite3", heartbeat_interval_s=INTERVAL_S)
+
+
+async def served(call: Callable[[], Awaitable[T]]) -> T:
+    """``call``, asked again after each ``TrackerBusy`` hint, as a worker's heartbeat loop does.
+
+    These trackers run in the test's own process and event loop, and measure their lag there:
+    on a loaded machine (load 12 on 2 cores) that loop runs 0.5-0.9 s late, past where a real
+    tracker rightly sheds registrations (0.5 s) and route probes (0.2 s), so a call of those
+    classes may be shed. Heartbeats (what these tests are about) are never shed."""
+    for _ in range(BUSY_TRIES - 1):
+        try:
+            return await call()
+        except TrackerBusy as busy:
+            await asyncio.sleep(busy.retry_after_s)
+    return await call()
 
 
 async def test_beats_on_a_stream_keep_a_node_alive_well_past_its_expiry_window(tmp_path: Path) -> None:
@@ -69,7 +91,7 @@ async def test_a_stream_answers_each_beat_in_order_and_speaks_only_for_its_first
     worker = LinkSecurity(mint_node(load_authority(tmp_path), node_id="w-honest", role="worker", now_unix_s=now))
     try:
         async with answering_node(worker) as address, TrackerClient(tracker.address, security=worker) as client:
-            registered = await client.register(registration(0, 8, address), NodeId("w-honest"))
+            registered = await served(lambda: client.register(registration(0, 8, address), NodeId("w-honest")))
             with pytest.raises(PermissionDenied, match="w-honest may not heartbeat node w-other"):
                 await client.heartbeat(NodeId("w-other"), NodeLoad())
             assert (await client.heartbeat(registered.node_id, NodeLoad())).known
@@ -160,7 +182,7 @@ async def test_a_tracker_restart_breaks_the_stream_and_the_node_registers_again_
             # Told "unknown" on a new stream, it waited a jittered fraction of an interval first.
             assert INTERVAL_S * draw in waits
             assert client.heartbeat_transport == "stream"
-            assert (await client.choose_route("tiny")).node_ids == (joined[0].node_id,)
+            assert (await served(lambda: client.choose_route("tiny"))).node_ids == (joined[0].node_id,)
         finally:
             stop.set()
             await asyncio.wait_for(loop, 2.0)
@@ -172,14 +194,15 @@ async def test_a_beat_whose_stream_died_with_its_replica_is_asked_again_of_the_n
     second = await start_tracker(config(tmp_path, "b"))
     try:
         async with TrackerClient(f"{first.address},{second.address}", timeout_s=2.0, order="listed") as client:
-            node = (await client.register(registration(0, 8, "127.0.0.1:9001"), NodeId("w-9001"))).node_id
+            first_record = registration(0, 8, "127.0.0.1:9001")
+            node = (await served(lambda: client.register(first_record, NodeId("w-9001")))).node_id
             assert (await client.heartbeat(node, NodeLoad())).known  # its stream is open at A
             await first.stop(grace_s=0)
             # The stream breaks with A; the beat is asked again of B, which never knew the node.
             status = await client.heartbeat(node, NodeLoad())
             assert client.address == second.address
             assert not status.known
-            await client.register(registration(0, 8, "127.0.0.1:9001"), node)
+            await served(lambda: client.register(first_record, node))
             assert (await client.heartbeat(node, NodeLoad())).known
             assert client.heartbeat_transport == "stream"
     finally:

@@ -14,7 +14,8 @@ from pathlib import Path
 from worker_harness import WorkerCluster, WorkerSpec
 
 from meshnet.core.layers import LayerRange
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import start_tracker
 
 
 def _free_port() -> int:

@@ -18,7 +18,8 @@ from meshnet.bench.tracker_scale_config import TrackerScaleConfig
 from meshnet.core.tracking import HeartbeatTransport
 from meshnet.membership.load_generator import LoadSpec, run_load
 from meshnet.security.swarm_dir import init_swarm
-from meshnet.tracker.server import TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 
 pytestmark = pytest.mark.timeout(120)

@@ -29,13 +29,15 @@ from meshnet.core.tracking import (
     Registered,
     WorkRecord,
 )
-from meshnet.membership.heartbeats import RefusalBackoff, heartbeat_loop
+from meshnet.membership.backoff import RefusalBackoff
+from meshnet.membership.heartbeats import heartbeat_loop
 from meshnet.membership.reach import PrivateRetry, Reach
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import meshnet_command
 from meshnet.security.certificates import mint_node
 from meshnet.security.swarm_dir import load_authority
-from meshnet.tracker.server import RunningTracker, TrackerConfig, start_tracker
+from meshnet.tracker.config import TrackerConfig
+from meshnet.tracker.server import RunningTracker, start_tracker
 from meshnet.tracker.swarm_service import load_tracker_security
 from meshnet.wire.generated import tracker_pb2 as pb
 from meshnet.wire.generated import tracker_pb2_grpc as pb_grpc

@@ -44,7 +44,8 @@ from meshnet.engine.local_route import LocalRoute
 from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel, LayerChoice, WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.wire.frames import DEFAULT_MAX_FRAME_BYTES, FrameMeta, HopSpec, StepFrame
@@ -155,15 +156,21 @@ class WorkerCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, *specs: WorkerSpec, timeout_s: float = START_TIMEOUT_S) -> list[RunningWorker]:
-        """Start every spec at once and wait until all are serving (in spec order)."""
+    def start(
+        self, *specs: WorkerSpec, timeout_s: float = START_TIMEOUT_S, program: Sequence[str] | None = None
+    ) -> list[RunningWorker]:
+        """Start every spec at once and wait until all are serving (in spec order); ``program``
+        replaces ``python -m meshnet`` (a test's altered worker)."""
         started = []
         for spec in specs:
             self._count += 1
             name = f"worker-{self._count}-{spec.layers.start}-{spec.layers.stop}"
             data_dir = self.data_dir / name
             data_dir.mkdir(parents=True, exist_ok=True)
-            launch = LaunchSpec(name, spec.arguments(data_dir), self.data_dir / f"{name}.log", WorkerLine.PREFIX)
+            command = spec.arguments(data_dir)
+            if program is not None:
+                command = (*program, *command[3:])  # the launcher's command starts: python -m meshnet
+            launch = LaunchSpec(name, command, self.data_dir / f"{name}.log", WorkerLine.PREFIX)
             worker = RunningWorker(spec, launch)
             self.workers.append(worker)
             started.append(worker)

@@ -36,7 +36,7 @@ from meshnet.fetch.holders import artifact_channel, fetch_bytes
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.process.launcher import ChildProcess, LaunchSpec, stop_all
-from meshnet.route.driver import RouteSession
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.security.signing import load_or_create_key
 from meshnet.tracker.config import TrackerConfig
@@ -124,7 +124,7 @@ def workers(folder: Path, tracker: ArtifactSwarm, seeder: str) -> Iterator[list[
 async def test_workers_started_from_the_model_id_equal_the_whole_model(
     folder: Path, tracker: ArtifactSwarm, workers: list[RunningWorker], manifest: Manifest
 ) -> None:
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
     from meshnet.engine.shards import open_local_route
     from meshnet.engine.tokenizer import Tokenizer
 
@@ -200,7 +200,7 @@ def test_a_gateway_by_model_id_serves_the_whole_models_output_without_weights(
     import openai
 
     from meshnet.core.generation import GenerationRequest, SamplingParams
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
     from meshnet.engine.shards import open_local_route
     from meshnet.engine.tokenizer import Tokenizer
 

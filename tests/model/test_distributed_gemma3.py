@@ -43,7 +43,7 @@ tokenizer = pytest.fixture(scope="module")(open_tokenizer)
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
     from meshnet.engine.shards import open_local_route
 
     config = LlamaConfig(n_threads=1, max_slots=1, n_ctx_per_slot=CONTEXT, max_batch_tokens=PREFILL_CHUNK)

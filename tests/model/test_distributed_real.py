@@ -99,7 +99,7 @@ def encode_chat(tokenizer: object, text: str) -> list[int]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The whole model in process, with the engine settings every worker runs."""
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
     from meshnet.engine.shards import open_local_route
 
     config = LlamaConfig(

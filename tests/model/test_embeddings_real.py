@@ -27,7 +27,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import DEFAULT_MODEL
 from meshnet.core.embedding import EmbeddingSpec
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
 from meshnet.node.config import WorkerConfig

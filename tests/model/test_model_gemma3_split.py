@@ -22,7 +22,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.bitwise import bit_identical
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.engine.tokenizer import Tokenizer

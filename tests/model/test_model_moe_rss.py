@@ -44,7 +44,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_llama_shard
 
 source, start, stop, cache = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), SliceCache(Path(sys.argv[4]))

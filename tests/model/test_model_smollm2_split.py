@@ -20,7 +20,7 @@ from meshnet.artifact.gguf_file import parse_gguf
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.bitwise import bit_identical, describe_difference
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.engine.tokenizer import Tokenizer

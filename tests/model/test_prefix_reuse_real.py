@@ -26,7 +26,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.provision import model_path
 from meshnet.core.layers import split_evenly
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_local_route
 from meshnet.route.shard_stream import ChannelPool
 

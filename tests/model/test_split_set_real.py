@@ -24,7 +24,7 @@ from meshnet.artifact.gguf_split import model_sha256, open_model
 from meshnet.artifact.hashing import file_sha256
 from meshnet.artifact.slicing import write_slice
 from meshnet.core.layers import LayerRange
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 from meshnet.engine.tokenizer import Tokenizer

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshnet.artifact.architectures import ArchitectureAdapter
+from meshnet.artifact.architectures.base import ArchitectureAdapter
 from meshnet.artifact.describe import describe_model
 from meshnet.artifact.gguf_file import GGUFFile, TensorInfo
 from meshnet.artifact.gguf_split import merged_header, merged_size, model_sha256, open_model, tensor_views

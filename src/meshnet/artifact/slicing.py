@@ -27,7 +27,8 @@ from typing import Literal
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from meshnet.artifact.architectures import ArchitectureAdapter, adapter_for
+from meshnet.artifact.architectures import adapter_for
+from meshnet.artifact.architectures.base import ArchitectureAdapter
 from meshnet.artifact.gguf_file import GGUFFile, MetadataValue, TensorInfo, ValueType, copy_metadata, parse_gguf
 from meshnet.artifact.gguf_split import model_sha256, open_model, tensor_views
 from meshnet.artifact.hashing import partial_path, tensors_sha256

@@ -132,6 +132,9 @@ class BenchConfig:
     pin_workers: bool = True
     """Pin worker i of every meshnet lane to core i mod the usable cores (and the llama-rpc-3
     processes likewise), so a route's processes do not migrate and fight over one core."""
+    calibrate_split: bool = True
+    """Split the decode routes of several shards by the engine's measured CPU a row at the
+    workload's mean decode position (``bench.split_calibration``); off: by weight elements alone."""
     extra_lanes: tuple[str, ...] = ("synthetic-1b", "llama-rpc-3", "transformers")
     """Lanes outside the sweep (``bench.extra_lanes``): synthetic-1b, llama-rpc-3, transformers (the
     design documents' baseline: needs the ``baseline`` extra, else skipped with the reason); empty skips."""

@@ -26,9 +26,9 @@ from meshnet.bench.results import HopCompute, HopTiming, LinkBytes, WireBytes
 from meshnet.bench.stats import percentile
 from meshnet.core.errors import IntegrityError
 from meshnet.core.generation import SamplingParams
-from meshnet.route.driver import RouteSession, route_frame_meta
+from meshnet.route.route_run import RouteSession, route_frame_meta
 from meshnet.route.shard_stream import ChannelPool, ShardStream
-from meshnet.wire.frames import HopSpec, StepFrame, StepResult
+from meshnet.wire.frames import StepFrame, StepResult
 from meshnet.wire.prefill import split_prefill
 from meshnet.wire.shard_wire import frame_to_proto, result_to_proto
 
@@ -47,7 +47,7 @@ async def probe_hops(
 ) -> RouteProbe:
     """Prefill ``prompt``, decode ``n_tokens`` one by one, and report timings and wire bytes."""
     stream = ShardStream(pool, route.hops[0].address, PROBE_TIMEOUT_S, route.hops[0].node_id)
-    downstream = tuple(HopSpec(h.address, h.layers, route.fingerprint, h.node_id) for h in route.hops[1:])
+    downstream = route.downstream()
     rows = max(1, (max_frame_bytes - 65536) // (4 * n_embd))
     try:
         result: StepResult | None = None

@@ -135,10 +135,12 @@ def run_llama_bench(bench: Path, config: BenchConfig, extra: tuple[str, ...], *,
 
 
 def run_split(server: Path, bench: Path, config: BenchConfig, say: Progress) -> float:
-    """Host with the first range, two RPC servers with the other two (the meshnet-3 split).
+    """Host with the first range, two RPC servers with the other two (the weight-element split:
+    the bench's measured split, ``bench.split_calibration``, prices a tail that runs the LM head).
 
     llama.cpp keeps the LM head where the first layers are (the host) unless every layer is
-    offloaded, so here the host runs it; each token still passes every range once."""
+    offloaded, so here the host runs it; each token still passes every range once (one stream:
+    where the ranges cut does not change the sum)."""
     n_layers = describe_model(config.model).n_layers
     ranges = decode_split(decode_work(config.model), 3, pinned=config.pin_workers)
     ports = [_free_port(), _free_port()]

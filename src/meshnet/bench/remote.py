@@ -21,7 +21,8 @@ from meshnet.bench.workers import WorkerSet
 from meshnet.core.errors import MeshnetError
 from meshnet.core.events import RouteHop, TokenGenerated
 from meshnet.core.generation import GenerationRequest
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_admin import describe_hop, fetch_metrics
 from meshnet.route.shard_stream import ChannelPool
 

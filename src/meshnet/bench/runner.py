@@ -27,6 +27,7 @@ from meshnet.bench.inprocess import CachedLane, RecomputeLane
 from meshnet.bench.pinning import decode_split
 from meshnet.bench.remote import MeshnetLane
 from meshnet.bench.results import CpuSample, Drift, LaneResult, Measures
+from meshnet.bench.split_calibration import SplitCalibration, calibrate
 from meshnet.bench.stats import RunRecord, median, summarize, token_agreement
 from meshnet.bench.tickets import LaneTickets
 from meshnet.bench.workers import WorkerOptions, WorkerSet, client_security
@@ -97,12 +98,26 @@ class LaneSet:
         self.llama = config.llama_config()
         self.lanes = [LaneState(name) for name in config.lane_names()]
         self.notes: list[str] = []
-        """What the report must state about how the lanes ran (pinning)."""
+        """What the report must state about how the lanes ran (pinning, the measured split)."""
+        self._calibration: SplitCalibration | None = None
 
     def ranges(self, shards: int) -> list[LayerRange]:
         if self.prefill:
             return self.work.prefill_split(shards)
-        return decode_split(self.work, shards, pinned=self.config.pin_workers)
+        if shards < 2 or not self.config.calibrate_split:
+            return decode_split(self.work, shards, pinned=self.config.pin_workers)
+        if self._calibration is None:
+            position = self.config.prompt_tokens + self.config.output_tokens // 2  # the mean decode position
+            sessions = max(self.config.concurrency)
+            self._calibration = calibrate(
+                self.model, self.work, self.cache, self.llama, position=position, sessions=sessions
+            )
+        ranges = decode_split(self._calibration.work, shards, pinned=self.config.pin_workers)
+        counted = decode_split(self.work, shards, pinned=self.config.pin_workers)
+        note = self._calibration.describe(counted, ranges)
+        if note not in self.notes:
+            self.notes.append(note)
+        return ranges
 
     def artifact_bytes(self, shards: int) -> int:
         """Bytes of the files a route of ``shards`` loads: its slices and the head's token table."""

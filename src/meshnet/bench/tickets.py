@@ -17,7 +17,7 @@ from pathlib import Path
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, new_request_id, new_session_id
 from meshnet.core.tickets import DEFAULT_TICKET_S
-from meshnet.route.driver import RouteSession
+from meshnet.route.route_run import RouteSession
 from meshnet.security.certificates import read_peer
 from meshnet.security.swarm_dir import load_identity, local_identity
 from meshnet.security.tickets import TicketSigner

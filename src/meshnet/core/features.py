@@ -20,8 +20,15 @@ REPETITION_PENALTY = "repetition_penalty"
 EMBEDDING = "embedding"
 """``StepRequest.embedding``: the tail answers a final chunk with its pooled final-norm row."""
 
+RING_BATCH = "ring_batch"
+"""``Shard.RingBatch`` and ``Shard.RingReturnBatch``: the node takes the ring rows of many sessions
+in one message, and answers a head's sessions in one message. A sender opens such a stream only
+to a node that lists it: rows written to an older node are lost before its UNIMPLEMENTED comes."""
+
 TAIL_FEATURES = tuple(sorted((LAZY_GRAMMAR, MIN_P, REPETITION_PENALTY, EMBEDDING)))
-"""What this build's tails serve, sorted (a node advertises them all: each tail runs them)."""
+"""What this build's tails serve, sorted."""
+NODE_FEATURES = tuple(sorted((*TAIL_FEATURES, RING_BATCH)))
+"""What this build's nodes serve, sorted (a node advertises them all)."""
 
 MAX_FEATURES = 64
 MAX_FEATURE_CHARS = 64
@@ -35,6 +42,11 @@ def check_features(features: tuple[str, ...]) -> None:
         raise InvalidArgument(f"a node lists at most {MAX_FEATURES} features, got {len(features)}")
     if any(not 1 <= len(name) <= MAX_FEATURE_CHARS or not name.isascii() for name in features):
         raise InvalidArgument(f"feature names are 1 to {MAX_FEATURE_CHARS} ASCII characters")
+
+
+def takes_ring_batches(features: tuple[str, ...]) -> bool:
+    """Whether a node whose record lists ``features`` may be sent ring batches (``RING_BATCH``)."""
+    return RING_BATCH in features
 
 
 def needed_features(request: GenerationRequest, *, embedding: bool = False) -> frozenset[str]:

@@ -25,6 +25,16 @@ for the node, unknown to the node's own logs, ready line and pinned handshakes.
 
 Always one DNS label (``check_node_id``), so it can be a TLS server name."""
 
+LegIncarnation = NewType("LegIncarnation", int)
+"""One opening of a session's leg on a forwarding shard (``node.ring.RingLeg``): a nonzero 64-bit
+nonce drawn per opening, carried on each ring batch row the leg sends and echoed by a refusal of
+that row, so the refusal reaches that leg and never one opened later under the same session id
+(a failover, a retry). Not a counter: nothing has to be kept or agreed to draw it.
+
+``UNKNOWN_INCARNATION`` (0) is what an older peer sends and echoes: it names no opening."""
+
+UNKNOWN_INCARNATION = LegIncarnation(0)
+
 _NODE_ID = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -34,6 +44,10 @@ def new_session_id() -> SessionId:
 
 def new_request_id() -> RequestId:
     return RequestId("req-" + secrets.token_hex(8))
+
+
+def new_leg_incarnation() -> LegIncarnation:
+    return LegIncarnation(secrets.randbits(64) or 1)  # never 0: that names no opening
 
 
 def new_node_id(role: str) -> NodeId:

@@ -30,7 +30,7 @@ from meshnet.core.checks import (
 )
 from meshnet.core.devices import DEVICE_KINDS, MAX_DEVICE_BYTES, DeviceDrift, DeviceKind
 from meshnet.core.errors import InvalidArgument
-from meshnet.core.features import TAIL_FEATURES, check_features
+from meshnet.core.features import NODE_FEATURES, check_features
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 
@@ -90,9 +90,9 @@ class NodeCapability:
     prefix_cache_bytes: int = 0
     """Prompt KV the node keeps for reuse (``session.kv_store``); 0: none, so a route through it
     reuses no prompt and warming a turn's answer on it is wasted (``route.warmup``)."""
-    features: tuple[str, ...] = TAIL_FEATURES
-    """What the node serves as a tail beyond the base protocol (``core.features``), sorted: all
-    of this build's. A node built before a feature existed lists none of it (its record on the
+    features: tuple[str, ...] = NODE_FEATURES
+    """What the node serves beyond the base protocol (``core.features``: as a tail, and ring
+    batches), sorted: all of this build's. A node built before a feature existed lists none of it (its record on the
     wire has no such field), and is routed no request that needs it."""
 
     def __post_init__(self) -> None:

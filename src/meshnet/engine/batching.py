@@ -12,7 +12,7 @@ step runs in a call of its own. Prefill is unaffected: its chunks never mix sess
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 BATCH_EXACT_TYPES = frozenset({2, 3, 8})
@@ -40,3 +40,45 @@ def decode_rows_per_call(weights: Iterable[MatrixWeight], *, emits_logits: bool,
         if "_exps." in tensor.name or tensor.ggml_type not in BATCH_EXACT_TYPES:
             return 1
     return max_slots
+
+
+Q8_0 = 8
+"""ggml's type id of Q8_0."""
+BATCHED_LM_HEAD_FROM = 8
+"""Fewest one-token rows a ubatch carries through a Q8_0 LM head on one CPU thread; the rows of a
+smaller one run one per call (``decode_calls``). From two rows on, ggml hands a Q8_0 matrix
+product to llamafile's tinyBLAS, which on a 49152-row LM head costs far more than the one-row
+kernel: SmolLM2's head at 1, 2, 4 and 8 rows ~1.4, 3.3, 5.6 and 8.6 ms (engine-thread CPU, 1
+thread). Its 19:30 tail then decodes 2, 4, 6 and 8 rows in one call at 8.2, 13.1, 19.5 and 20.9
+ms against 2.8 ms a row one per call: cheaper one per call below 8 rows, batched from 8
+(``bench/results/v5/waves40-rows-sweep.json``)."""
+
+
+def fewest_batched_rows(weights: Iterable[MatrixWeight], *, emits_logits: bool, one_cpu_thread: bool) -> int:
+    """Fewest one-token rows worth one call (``decode_calls``): ``BATCHED_LM_HEAD_FROM`` for a shard
+    that multiplies a Q8_0 LM head (``output.weight``, or the token table where it is tied) on one
+    CPU thread, else 1. Only one thread: with more, a lone step past ``SPLIT_KV_FROM`` runs on one
+    (``LlamaBackend._threads_for``), so one row per call would give up the others."""
+    if not emits_logits or not one_cpu_thread:
+        return 1
+    tensors = {t.name: t for t in weights}
+    head = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    return BATCHED_LM_HEAD_FROM if head is not None and head.ggml_type == Q8_0 else 1
+
+
+def decode_calls(slots: Sequence[int], *, most: int, fewest: int) -> list[list[int]]:
+    """The llama_decode calls that carry one-token steps of ``slots`` (ascending): lists of indices
+    into ``slots``, of up to ``most`` rows each. llama.cpp cuts a call into one ubatch (one graph
+    run, one pass over the LM head) per run of consecutive slots (``split_equal`` on a per-session
+    KV takes only increasing, consecutive sequence ids), so a row in a run shorter than ``fewest``
+    runs in a call of its own. Each row's arithmetic is the same in any of them
+    (``decode_rows_per_call``); only the cost differs."""
+    runs: list[list[int]] = []
+    for index, slot in enumerate(slots):
+        if runs and slot == slots[runs[-1][-1]] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    batched = [index for run in runs if len(run) >= fewest for index in run]
+    alone = [[index] for run in runs if len(run) < fewest for index in run]
+    return [batched[start : start + most] for start in range(0, len(batched), most)] + alone

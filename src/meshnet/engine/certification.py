@@ -35,7 +35,7 @@ from meshnet.core.node_record import Certification
 from meshnet.engine.backend import StepInput
 from meshnet.engine.bitwise import bit_identical, describe_difference
 from meshnet.engine.fake_backend import FAKE_BACKEND_VERSION, FakeBackend
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import LLAMA_CPP_PYTHON_VERSION
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
@@ -94,6 +94,8 @@ def certify_llama_engine(
     config = config or LlamaConfig(
         max_slots=2, n_ctx_per_slot=256, max_batch_tokens=64, n_threads=1, repack=repack, device=device, kv_type=kv_type
     )
+    # Its two-session step must run the batched kernels served to larger batches (llama_config).
+    config = replace(config, split_small_decode_batches=False)
     specs = [DEFAULT_SPEC]
     if model is not None:
         try:

@@ -24,30 +24,14 @@ from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted, SnapshotRefused
 from meshnet.core.kv_type import KvType
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, join_pieces, prefill_pieces
-from meshnet.engine.batching import MatrixWeight, decode_rows_per_call
+from meshnet.engine.batching import MatrixWeight, decode_calls, decode_rows_per_call, fewest_batched_rows
 from meshnet.engine.devices import device_handle
 from meshnet.engine.kv_blob import KvOwner, restorable, seal, unseal
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml_get_name, ggml_nbytes
-from meshnet.engine.native_capture import CaptureState, load_native_capture
+from meshnet.engine.native_capture import CaptureState, native_capture
 from meshnet.engine.step_checks import check_batch
 
-
-class _NativeCapture:
-    """Builds/loads the C callback once per process, on first use."""
-
-    def __init__(self) -> None:
-        self._loaded = False
-        self._library: ctypes.CDLL | None = None
-
-    def get(self) -> ctypes.CDLL | None:
-        if not self._loaded:
-            self._library = load_native_capture()
-            self._loaded = True
-        return self._library
-
-
-_NATIVE = _NativeCapture()
 _ALL_LAYERS = 1 << 30
 """``n_gpu_layers`` past a model's layer count offloads every layer and the output."""
 _GGML_KV_TYPES = {
@@ -87,6 +71,7 @@ class LlamaBackend:
             else 0
         )
         self.provenance = provenance
+        weights = [MatrixWeight(t.name, t.ggml_type, len(t.shape)) for t in model_file.tensors.values()]
         self._shape = ShardShape(
             provenance.layers,
             provenance.source_n_layers,
@@ -96,11 +81,16 @@ class LlamaBackend:
             config.max_slots,
             config.n_ctx_per_slot,
             config.max_batch_tokens,
-            decode_rows_per_call(
-                (MatrixWeight(t.name, t.ggml_type, len(t.shape)) for t in model_file.tensors.values()),
+            decode_rows_per_call(weights, emits_logits=role in ("full", "tail"), max_slots=config.max_slots),
+        )
+        self._fewest_batched = (
+            fewest_batched_rows(
+                weights,
                 emits_logits=role in ("full", "tail"),
-                max_slots=config.max_slots,
-            ),
+                one_cpu_thread=config.n_threads == 1 and not config.device.is_gpu,
+            )
+            if config.split_small_decode_batches
+            else 1
         )
         self._owner = KvOwner(provenance.source_sha256, provenance.layers)
         self._window = int(llama_cpp.llama_model_n_swa(self._model))
@@ -165,7 +155,7 @@ class LlamaBackend:
 
     def _install_capture(self, params: llama_cpp.llama_context_params) -> None:
         """Point the eval callback at the boundary tensor: in C when possible (see native_capture)."""
-        native = _NATIVE.get()
+        native = native_capture()
         self._capture_state: CaptureState | None = None
         if native is not None:
             self._capture_state = CaptureState(target=self._target)
@@ -235,7 +225,9 @@ class LlamaBackend:
         """Run every input, appending to each slot's KV; outputs come back in input order.
 
         Single-token steps of all sessions share one llama_decode call where that is exact for
-        this shard's weight types (``engine/batching.py``), else each runs alone. Each
+        this shard's weight types (``engine/batching.py``), else each runs alone; a batch too
+        small to be worth one call through this shard's LM head runs one row per call
+        (``batching.decode_calls``), which computes the same. Each
         multi-token input (a prefill chunk) runs in calls of its own: the CPU matmul kernels
         pick their path by row count, so mixing sessions' prefill rows would change a session's
         arithmetic.
@@ -246,9 +238,9 @@ class LlamaBackend:
         order = sorted(range(len(batch)), key=lambda i: batch[i].slot)
         pieces: dict[int, list[StepOutput]] = {i: [] for i in order}
         singles = [(i, batch[i]) for i in order if batch[i].n_tokens == 1]
-        rows = min(self._shape.max_batch_tokens, self._shape.max_decode_rows)
-        for start in range(0, len(singles), rows):
-            self._decode(singles[start : start + rows], pieces)
+        most = min(self._shape.max_batch_tokens, self._shape.max_decode_rows)
+        for call in decode_calls([step.slot for _, step in singles], most=most, fewest=self._fewest_batched):
+            self._decode([singles[i] for i in call], pieces)
         for index in order:
             if batch[index].n_tokens > 1:
                 for piece in prefill_pieces(batch[index], self._shape.max_batch_tokens):
@@ -377,6 +369,12 @@ class LlamaBackend:
                 f"llama.cpp did not load the KV state ({read} of {len(state)} bytes read, {held} positions "
                 f"where {tokens} were expected): it is not a state of this shard's layers"
             )
+
+    def graphs_reused(self) -> int:
+        """How many llama_decode calls so far reused the previous call's compute graph instead of
+        building one (llama.cpp's own count; it reuses only for the same rows, sessions and KV
+        view size): a diagnostic of what a batching pattern costs (``scripts/decode_waves``)."""
+        return int(llama_cpp.llama_perf_context(self._ctx).n_reused)
 
     def slot_length(self, slot: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._memory, slot)) + 1

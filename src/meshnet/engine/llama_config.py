@@ -42,6 +42,11 @@ class LlamaConfig:
     kv_type: KvType = KvType.F16
     """What keys and values are stored as (llama.cpp's ``type_k`` and ``type_v``, both the same).
     A quantized V cache is read only by flash attention, so a quantized type needs it."""
+    split_small_decode_batches: bool = True
+    """Run a batch of one-token steps too small to be worth one call through a Q8_0 LM head one row
+    per call (``engine.batching.fewest_batched_rows``): the same arithmetic, less CPU. Start-up
+    certification turns it off, so that its two-row batch still runs (and certifies) the batched
+    kernels that larger batches are served with."""
 
     def __post_init__(self) -> None:
         if self.kv_type.quantized and not self.flash_attn:

@@ -11,6 +11,7 @@ libggml-base; where no compiler is available the Python callback is used instead
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -113,3 +114,10 @@ def load_native_capture() -> ctypes.CDLL | None:
     except OSError as error:
         log.warning("could not load the native boundary callback (%s); using Python", error)
         return None
+
+
+@functools.cache
+def native_capture() -> ctypes.CDLL | None:
+    """``load_native_capture`` once per process, on first use: every engine of the process shares
+    the one build (None: no compiler, the Python callback is used)."""
+    return load_native_capture()

@@ -6,7 +6,8 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.describe import ModelDescription
 from meshnet.artifact.embedding import EmbeddingTable
 from meshnet.core.layers import LayerRange, split_evenly
-from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
 

@@ -38,7 +38,8 @@ from meshnet.fetch.holders import artifact_channel, fetch_bytes, fetch_to_end
 from meshnet.fetch.schedule import PieceSchedule
 from meshnet.membership.channel import RenewingChannel
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name
+from meshnet.security.identity import ANY_WORKER_NAME
+from meshnet.wire.tls import LinkSecurity, hop_server_name
 
 logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]

@@ -16,10 +16,11 @@ import grpc
 
 from meshnet.core.errors import Unavailable
 from meshnet.membership.channel import RenewingChannel
+from meshnet.security.identity import ANY_WORKER_NAME
 from meshnet.wire import artifact_wire as wire
 from meshnet.wire import services
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, link_options
+from meshnet.wire.tls import LinkSecurity, link_options
 
 CALL_TIMEOUT_S = 10.0
 

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from meshnet.core.tracking import DEFAULT_HEARTBEAT_TRANSPORT, HeartbeatTransport
 from meshnet.wire import services
 
-__all__ = ["DEFAULT_HEARTBEAT_TRANSPORT", "BeatStreamEnded", "BeatStreams", "HeartbeatTransport"]
+__all__ = ["BeatStreamEnded", "BeatStreams"]
 
 
 class BeatStreamEnded(Exception):
@@ -65,14 +64,34 @@ class BeatStreams:
         ``BeatStreamEnded`` on a plain end."""
         key = (index, request.node_id)
         async with self._locks.setdefault(key, asyncio.Lock()):
-            stream = self._stream(channel, key, wait_for_ready)
             try:
-                reply = await asyncio.wait_for(_exchange(stream.call, request), timeout_s)
+                reply = await asyncio.wait_for(self._exchange(channel, key, request, wait_for_ready), timeout_s)
             except BaseException:
                 self._drop(key)
                 raise
             self.answered = True
             return reply
+
+    async def _exchange(
+        self, channel: grpc.aio.Channel, key: StreamKey, request: services.NodeHeartbeat, wait_for_ready: bool
+    ) -> services.HeartbeatReply:
+        before = self._open.get(key)
+        stream = self._stream(channel, key, wait_for_ready)
+        try:
+            await stream.call.write(request)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            if stream is not before:
+                raise  # a fresh stream's failure is the replica's answer
+            # The stream had ended before this beat left, and the loop had not yet seen its end
+            # (the tracker stopped or restarted between two beats; likelier the later a loaded
+            # loop reads completions). grpc reports such a write as INTERNAL, losing the
+            # tracker's status (grpc/grpc#36066), which would read as an answer: no failover.
+            # The beat never reached the tracker, so it goes once on a fresh stream, whose
+            # failure (refused: the replica is gone) says what the replica is.
+            self._drop(key)
+            stream = self._stream(channel, key, wait_for_ready)
+            await stream.call.write(request)
+        return await _reply(stream.call)
 
     def _stream(self, channel: grpc.aio.Channel, key: StreamKey, wait_for_ready: bool) -> _Stream:
         stream = self._open.get(key)
@@ -95,8 +114,7 @@ class BeatStreams:
             self._drop(key)
 
 
-async def _exchange(call: grpc.aio.StreamStreamCall, request: services.NodeHeartbeat) -> services.HeartbeatReply:
-    await call.write(request)
+async def _reply(call: grpc.aio.StreamStreamCall) -> services.HeartbeatReply:
     reply = await call.read()
     if reply is grpc.aio.EOF:
         raise BeatStreamEnded("the tracker ended the heartbeat stream")

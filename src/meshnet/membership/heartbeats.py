@@ -37,7 +37,7 @@ Pause = Callable[[asyncio.Event, "asyncio.Event | None", float], Awaitable[None]
 
 DEFAULT_REFUSAL, DEFAULT_BUSY, DEFAULT_REJOIN = RefusalBackoff(), BusyBackoff(), RejoinDelay()
 
-__all__ = ["TRACKER_GONE", "RefusalBackoff", "heartbeat_loop"]
+__all__ = ["TRACKER_GONE", "heartbeat_loop"]
 
 
 async def heartbeat_loop(

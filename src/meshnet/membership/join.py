@@ -33,13 +33,13 @@ from meshnet.security.certificates import (
     new_key_and_csr,
     read_peer,
 )
-from meshnet.security.identity import Role
+from meshnet.security.identity import TRACKER_NAME, Role
 from meshnet.security.invites import JoinToken, parse_token
 from meshnet.security.swarm_dir import joined_identity_dir, load_identity, save_identity
 from meshnet.wire import services
 from meshnet.wire import swarm_wire as wire
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import TRACKER_NAME, LinkSecurity, channel_options, fetch_pinned_ca
+from meshnet.wire.tls import LinkSecurity, channel_options, fetch_pinned_ca
 
 logger = logging.getLogger(__name__)
 

@@ -37,9 +37,10 @@ from meshnet.membership.beat_streams import BeatStreamEnded, BeatStreams
 from meshnet.membership.load_figures import Histogram, bucket
 from meshnet.membership.replicas import replica_order
 from meshnet.security.certificates import NodeCertificate
+from meshnet.security.identity import TRACKER_NAME
 from meshnet.wire import services
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import TRACKER_NAME, LinkSecurity, channel_options
+from meshnet.wire.tls import LinkSecurity, channel_options
 from meshnet.wire.tracker_wire import (
     heartbeat_status_from_proto,
     heartbeat_to_proto,

@@ -35,7 +35,9 @@ from meshnet.core.node_record import NodeRecord
 from meshnet.core.reachability import DeclaredReachability
 from meshnet.core.swarm_status import NodeTable
 from meshnet.core.tracking import (
+    DEFAULT_HEARTBEAT_TRANSPORT,
     HeartbeatStatus,
+    HeartbeatTransport,
     ModelSummary,
     NodeLoad,
     Quarantined,
@@ -48,12 +50,7 @@ from meshnet.core.tracking import (
     WorkAck,
     WorkRecord,
 )
-from meshnet.membership.beat_streams import (
-    DEFAULT_HEARTBEAT_TRANSPORT,
-    BeatStreamEnded,
-    BeatStreams,
-    HeartbeatTransport,
-)
+from meshnet.membership.beat_streams import BeatStreamEnded, BeatStreams
 from meshnet.membership.replicas import Failure, Position, RetryBudget
 from meshnet.membership.tracker_failover import DEFAULT_TIMEOUT_S, AttemptFailed, TrackerFailover, unreached
 from meshnet.wire import artifact_wire, placement_wire, services, speed_wire, swarm_wire, work_wire

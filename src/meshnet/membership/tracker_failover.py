@@ -31,9 +31,10 @@ from meshnet.membership.replicas import (
     RetryBudget,
     classify,
 )
+from meshnet.security.identity import TRACKER_NAME
 from meshnet.wire import services
 from meshnet.wire.status import error_from_rpc, status_and_code
-from meshnet.wire.tls import TRACKER_NAME, LinkSecurity
+from meshnet.wire.tls import LinkSecurity
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from meshnet.core.errors import EngineError, MeshnetError
 from meshnet.engine.backend import StepInput, StepOutput
-from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.llama_ffi import EvalCallback, ggml_get_name
 from meshnet.moe.cache_policy import CacheCounters
 from meshnet.moe.memory import ForeignExpertRelease

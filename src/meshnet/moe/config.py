@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.ids import check_node_id
 from meshnet.core.layers import LayerRange
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.moe.ownership import ExpertNumerics, ExpertOwnership
-from meshnet.security.identity import check_node_id
 
 
 @dataclass(frozen=True)

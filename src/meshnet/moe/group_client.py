@@ -25,8 +25,9 @@ from meshnet.engine.backend import KeepsNoKv, ShardShape, StepInput, StepOutput
 from meshnet.membership.channel import RenewingChannel
 from meshnet.moe import wire as expert_wire
 from meshnet.moe.loop_thread import LoopThread
+from meshnet.security.identity import ANY_WORKER_NAME
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity
+from meshnet.wire.tls import LinkSecurity
 
 PROBE_INTERVAL_S = 0.5
 """How long a step may run before the driver starts asking its pending nodes whether they live."""

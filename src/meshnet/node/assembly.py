@@ -28,7 +28,6 @@ from meshnet.artifact.model_id import served_model_id
 from meshnet.core.addresses import dialable_address, is_unspecified_host
 from meshnet.core.devices import CPU, DeviceDrift, DeviceInfo, placement_budget
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from meshnet.core.ids import NodeId
 from meshnet.core.layer_costs import kv_bytes_per_layer, sessions_within, worker_bytes
 from meshnet.core.limits import served_context
 from meshnet.core.node_record import HardwareSummary, NodeCapability, NodeRecord
@@ -48,19 +47,11 @@ from meshnet.moe.ownership import ExpertNumerics
 from meshnet.node.artifact_server import fetch_worker_range, serve_fetched_artifacts
 from meshnet.node.calibrate import ShardSpeed, measure_speed
 from meshnet.node.config import FakeModel, WorkerConfig
-from meshnet.node.kv_snapshots import SnapshotSettings
 from meshnet.node.servicer import ShardServicer
-from meshnet.node.shard import AnyShard, build_shard
-from meshnet.node.snapshot_peers import SnapshotPeers
-from meshnet.node.tickets import TicketGate
-from meshnet.route.coalescer import SeamCount
-from meshnet.route.ring_batch import RingLinks
-from meshnet.route.shard_stream import ChannelPool, ShardStream
-from meshnet.security.tickets import TicketVerifier
+from meshnet.node.shard import AnyShard
+from meshnet.node.shard_wiring import WorkerLinks, snapshot_settings, worker_shard
 from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
-from meshnet.session.kv_store import KvStore
-from meshnet.session.snapshot_disk import SnapshotDisk
 from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity, bind, link_options
 
@@ -74,10 +65,8 @@ class AssembledWorker:
     shard: AnyShard
     server: grpc.aio.Server
     health: HealthServicer
-    links: ChannelPool
-    """Channels of the sessions' downstream streams."""
-    batches: RingLinks
-    """The ring batch streams to the next hops and the tails (over ``links``' channels)."""
+    links: WorkerLinks
+    """What the worker sends to its peers over: session streams, ring batches, their count."""
     registration: NodeRecord
     """The node's record: what it registers with the tracker, and what its shard enforces."""
     held_artifacts: Advertisement | None = None
@@ -137,14 +126,10 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         device = await asyncio.to_thread(loaded_device, device)  # its memory with the engine in
         measured = (speed, capacity.prefix_cache_bytes)
         record = _registration(config, address, model, loop.backend.shape, measured, certification, (device, drift))
-        links = ChannelPool(config.max_frame_bytes, security)
-        seams = SeamCount()
-        batches = RingLinks(links, seams)
+        links = WorkerLinks.open(config.max_frame_bytes, security)
         grammars = await asyncio.to_thread(tail_grammars, config, description)
-        snapshots = await _snapshot_settings(config, node_id, links, record)
-        shard = _shard(
-            config, (node_id, record), loop, capacity, (links, batches, seams), security, grammars, snapshots
-        )
+        snapshots = await snapshot_settings(config, node_id, links, record)
+        shard = worker_shard(config, (node_id, record), loop, capacity, links, security, grammars, snapshots)
     except BaseException:
         await asyncio.to_thread(loop.stop)
         raise
@@ -156,56 +141,7 @@ async def assemble_worker(config: WorkerConfig, security: LinkSecurity | None = 
         held = serve_fetched_artifacts(fetched, config.layers, address, node_id, server, security)
     own = "127.0.0.1" if is_unspecified_host(config.host) else config.host.strip("[]")
     local = f"[{own}]:{port}" if ":" in own else f"{own}:{port}"
-    return AssembledWorker(config, loop, shard, server, health, links, batches, record, held, security, group, local)
-
-
-def _shard(
-    config: WorkerConfig,
-    node: tuple[NodeId, NodeRecord],
-    loop: EngineLoop,
-    capacity: CapacityPlan,
-    senders: tuple[ChannelPool, RingLinks, SeamCount],
-    security: LinkSecurity | None,
-    grammars: GrammarVocabulary | None,
-    snapshots: SnapshotSettings,
-) -> AnyShard:
-    """The shard over ``loop``'s engine: admission, links to the next hops (each session's own
-    streams, the ring batch streams, and the count of what they send), tickets, reuse store and
-    where its snapshots go."""
-    node_id, record = node
-    links, batches, seams = senders
-    return build_shard(
-        node_id,
-        record,
-        loop,
-        config.admission_policy(capacity.max_sessions),
-        capacity,
-        partial(ShardStream, links),
-        open_ring=batches.open_ring,
-        tickets=ticket_gate(security),
-        kv_store=KvStore(capacity.prefix_cache_bytes),
-        snapshots=snapshots,
-        grammars=grammars,
-        rows=batches,
-        seams=seams,
-    )
-
-
-async def _snapshot_settings(
-    config: WorkerConfig, node_id: NodeId, links: ChannelPool, record: NodeRecord
-) -> SnapshotSettings:
-    """Where the worker's KV snapshots go: its own folder of the data dir, and one peer."""
-    disk = await asyncio.to_thread(SnapshotDisk, config.snapshot_directory(node_id), config.snapshot_bytes)
-    peers = SnapshotPeers(links, node_id, record.fingerprint, record.layers)
-    return SnapshotSettings(disk, config.snapshot_every, peers)
-
-
-def ticket_gate(security: LinkSecurity | None) -> TicketGate:
-    """What checks the route tickets of this worker's sessions: signed by a tracker of the swarm's
-    CA when secured; unsigned tickets on an unsecured (loopback) worker."""
-    if security is None:
-        return TicketGate(None)
-    return TicketGate(TicketVerifier(security.node.ca_pem, security.clock), security.clock)
+    return AssembledWorker(config, loop, shard, server, health, links, record, held, security, group, local)
 
 
 def tail_grammars(config: WorkerConfig, description: ModelDescription | None) -> GrammarVocabulary | None:

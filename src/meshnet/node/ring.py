@@ -42,9 +42,10 @@ from meshnet.core.errors import (
     MeshnetError,
     Unavailable,
 )
-from meshnet.core.ids import RequestId, SessionId
+from meshnet.core.ids import UNKNOWN_INCARNATION, LegIncarnation, RequestId, SessionId, new_leg_incarnation
 from meshnet.engine.tail_sampler import TailSampler
-from meshnet.wire.frames import StepFrame, StepResult
+from meshnet.wire.batch_frames import LostRow
+from meshnet.wire.frames import HopSpec, StepFrame, StepResult
 
 
 class RingReader(Protocol):
@@ -55,9 +56,10 @@ class RingReader(Protocol):
     def cancel(self) -> None: ...
 
 
-OpenRing = Callable[[str, SessionId, RequestId, float | None, str | None], RingReader]
-"""Open the RingReturn stream of a session on the tail: (tail address, session, request, timeout in
-seconds, tail node id to pin in the handshake) -> its answers."""
+OpenRing = Callable[[HopSpec, SessionId, RequestId, float | None], RingReader]
+"""Open the RingReturn stream of a session on the tail: (the tail's hop: its address, node id to pin
+in the handshake and whether it takes ring batches; session, request, timeout in seconds) -> its
+answers."""
 
 
 class RingLink(Protocol):
@@ -157,25 +159,69 @@ class TailState:
     """An embedding session: its final chunk is pooled (``engine.pooling``), nothing sampled."""
 
 
-class RingLeg:
-    """On a forwarding shard: the ring side of one session's downstream link."""
+def loses_row(lost: LostRow, own: LegIncarnation, batched_step: int, answered_through: int) -> bool:
+    """Whether ``lost`` ends the leg of incarnation ``own``: the row must be this leg's (or say
+    nothing of whose it is: an older receiver), and not one the tail has answered already (a
+    head's ``answered_through``; -1 on a middle, which hears no answers).
 
-    def __init__(self) -> None:
+    A session id can be opened again on this shard (a failover's newer route, a retry) while a
+    refusal of the old leg's row is still on its way: matched on the step alone, it would fail
+    the new leg whenever the steps line up."""
+    if lost.incarnation not in (UNKNOWN_INCARNATION, own):
+        return False
+    step = batched_step if lost.step is None else lost.step
+    return answered_through < step
+
+
+class RingLeg:
+    """On a forwarding shard: the ring side of one session's downstream link, for one opening of
+    the session here (``incarnation``: a new draw per opening, unless a test names one)."""
+
+    def __init__(self, incarnation: LegIncarnation | None = None) -> None:
+        self.incarnation = new_leg_incarnation() if incarnation is None else incarnation
+        """Tags each ring row this leg sends in a batch; a refusal echoes it (``loses_row``)."""
         self.watch: asyncio.Task[StepResult] | None = None
         """Reads the downstream stream, which on a ring only ends with why the downstream stopped."""
         self.back: RingReader | None = None
         """Head only: the tail's RingReturn stream."""
         self.answered_through = -1
         """Head only: the highest step the tail has answered on the ring."""
+        self.batched_step = -1
+        """The step of the last ring row this shard sent on in a batch (``route.ring_batch``)."""
+        self._lost: MeshnetError | None = None
+        """Why a ring row of this session is lost on its way to the next hop (``row_lost``)."""
 
     def start(self, link: RingLink) -> None:
         if self.watch is None:
-            self.watch = asyncio.ensure_future(link.read())
+            self.watch = asyncio.ensure_future(self._watched(link))
             # The watch ends with an error whenever the downstream stream ends, a clean end
             # included. A session torn down without ``close`` (its stream ended from the other
             # side) would leave that error unread, and asyncio would log the session as "Task
             # exception was never retrieved"; ``failure`` still reads it.
             self.watch.add_done_callback(_observe)
+
+    async def _watched(self, link: RingLink) -> StepResult:
+        try:
+            return await link.read()
+        except asyncio.CancelledError:
+            if self._lost is None:
+                raise
+            raise self._lost from None
+
+    def row_lost(self, lost: LostRow, error: MeshnetError) -> None:
+        """A ring row (``lost.step``; None: the last one batched) did not reach the next hop, or
+        may not have (refused there, or its batch stream broke with it unanswered): end the
+        session's downstream with ``error`` now, as a lost hop ends it, rather than leave the
+        session waiting for its step deadline.
+
+        Nothing is lost for a row of another incarnation of the session, or for a head whose
+        tail has already answered that step (the row arrived): ``loses_row``."""
+        if self.watch is None or self.watch.done() or self._lost is not None:
+            return
+        if not loses_row(lost, self.incarnation, self.batched_step, self.answered_through):
+            return
+        self._lost = error
+        self.watch.cancel()  # the watch ends with ``error``; the downstream stream is cancelled with it
 
     def failure(self) -> MeshnetError | None:
         """Why the downstream ended, once it has (None while it runs)."""

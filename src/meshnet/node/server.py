@@ -27,8 +27,9 @@ from meshnet.node.assembly import AssembledWorker, assemble_worker
 from meshnet.node.auto_layers import resolve_layers
 from meshnet.node.config import WorkerConfig
 from meshnet.node.membership_tasks import keep_membership
-from meshnet.node.metrics_server import MetricsEndpoint, serve_worker_metrics
+from meshnet.node.metrics_server import serve_worker_metrics
 from meshnet.node.shard import AnyShard
+from meshnet.telemetry.prometheus import MetricsEndpoint
 from meshnet.wire import services
 from meshnet.wire.tls import LinkSecurity
 
@@ -146,7 +147,6 @@ async def _drain(worker: AssembledWorker, grace: float) -> None:
 async def _release(worker: AssembledWorker, metrics: MetricsEndpoint | None) -> None:
     """Free every session's KV, close every channel and listener, stop the engine."""
     await worker.shard.close()
-    await worker.batches.close()
     await worker.links.close()
     await worker.server.stop(grace=1.0)
     if metrics is not None:

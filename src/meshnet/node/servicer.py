@@ -24,16 +24,19 @@ from meshnet.route.coalescer import Coalescer
 from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_opening, authorize_shard
 from meshnet.wire import services as pb
+from meshnet.wire.batch_frames import RefusedRow, RingEnded
 from meshnet.wire.batch_wire import (
     MAX_BATCH_ROWS,
     answers_to_proto,
     batch_rows,
     refused_to_proto,
+    row_epoch,
+    row_incarnation,
     row_session,
     row_step,
     subscribed,
 )
-from meshnet.wire.frames import RefusedRow, RingEnded, StepResult
+from meshnet.wire.frames import StepResult
 from meshnet.wire.kv_wire import held_kv_from_proto, held_snapshots_from_proto
 from meshnet.wire.shard_wire import (
     cancel_reply_to_proto,
@@ -223,9 +226,11 @@ class ShardServicer(pb.ShardServicer):
     def _dispatch(self, row: pb.StepRequest, sender: str | None) -> RefusedRow | None:
         session_id = row_session(row)
         stream = self._streams.get(session_id)
-        reason = row_refusal(stream is not None, sender, None if stream is None else stream.opener)
+        opener, session_epoch = (None, None) if stream is None else (stream.opener, stream.epoch)
+        reason = row_refusal(stream is not None, sender, opener, epoch=row_epoch(row), session_epoch=session_epoch)
         if reason is not None or stream is None:
-            return RefusedRow(session_id, row_step(row), reason or "no such session")
+            # The sender's leg incarnation goes back as it came: only that leg may act on it.
+            return RefusedRow(session_id, row_step(row), reason or "no such session", row_incarnation(row))
         stream.offer(row)
         return None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
@@ -41,8 +42,14 @@ class SessionStream(Generic[M]):
         self._shard = shard
         self._deadline = stream_deadline
         self._opener = opener
-        self._rows: asyncio.Queue[M] = asyncio.Queue()
+        self._rows: deque[M] = deque()
         """Ring batch rows of this session, in the order its upstream sent them."""
+        self._woken: asyncio.Future[None] | None = None
+        """While ``next_frame`` waits: set by whichever comes first (a row, the upstream's next
+        frame, the downstream's end). A row wakes the stream's task directly, in the loop turn
+        its batch arrived in: no task per row (an ``asyncio.Queue`` getter task per step cost
+        three loop turns and a cancellation per row, and spread one batch's sessions over turns,
+        so their rows to the next hop left in several messages)."""
         self._following: asyncio.Future[M | None] | None = None
         """The upstream's next frame, asked for while rows are awaited too (kept across calls)."""
         self.session_id: SessionId | None = None
@@ -57,32 +64,46 @@ class SessionStream(Generic[M]):
 
     def offer(self, row: M) -> None:
         """A ring batch row of this stream's session, handled as its next frame."""
-        self._rows.put_nowait(row)
+        self._rows.append(row)
+        _wake(self._woken)
 
     async def next_frame(self, frames: AsyncIterator[M]) -> M | None:
         """The next upstream frame or batch row (None at the end of the stream); raises why the
         downstream ended as soon as it does, on a shard whose session runs a ring."""
-        if not self._rows.empty():
-            return self._rows.get_nowait()
+        if self._rows:
+            return self._rows.popleft()
         watch = None if self.session_id is None else self._shard.ring_watch(self.session_id)
         if self.session_id is None and self._following is None:
             return await anext(frames, None)  # the opening frame: no rows before it
         if self._following is None:
             self._following = asyncio.ensure_future(anext(frames, None))
-        row = asyncio.ensure_future(self._rows.get())
-        waits: set[asyncio.Future[Any]] = {self._following, row}
-        if watch is not None:
-            waits.add(watch)
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            row.cancel()  # a no-op once it took a row
-        if row.done() and not row.cancelled():
-            return row.result()
+        await self._first_of(self._following, watch)
+        if self._rows:
+            return self._rows.popleft()
         if self._following.done():
             following, self._following = self._following, None
             return following.result()
         raise watch_error(watch) if watch is not None else InvalidArgument("the session stream stopped")
+
+    async def _first_of(self, following: asyncio.Future[M | None], watch: asyncio.Future[Any] | None) -> None:
+        """Until a row is offered, ``following`` is done or ``watch`` is (whichever is first)."""
+        waits = [f for f in (following, watch) if f is not None]
+        if any(f.done() for f in waits):
+            return
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake(_: object) -> None:
+            _wake(woken)
+
+        for future in waits:
+            future.add_done_callback(wake)
+        self._woken = woken
+        try:
+            await woken
+        finally:
+            self._woken = None
+            for future in waits:
+                future.remove_done_callback(wake)
 
     async def run(self, frame: StepFrame) -> StepResult:
         """Run one frame of this stream's session on the shard."""
@@ -117,3 +138,8 @@ class SessionStream(Generic[M]):
             await self._shard.end(key, reason, epoch=self.epoch)
         except MeshnetError:
             log.exception("releasing session %s failed", key)
+
+
+def _wake(woken: asyncio.Future[None] | None) -> None:
+    if woken is not None and not woken.done():
+        woken.set_result(None)

@@ -1,6 +1,6 @@
 """A shard: checks every frame against itself and its session table, runs it on the engine loop
-and hands the output to its role's stages (``stages.py``), which are chosen once, in
-``build_shard``.
+and hands the output to its role's stages (``stages.py``, ``forward_stage.py``), which are
+chosen once, in ``shard_wiring.build_shard``.
 
 It knows nothing of gRPC; ``servicer.py`` adapts it to the wire.
 """
@@ -9,36 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Generic, TypeVar
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, MeshnetError, Unavailable
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.node_record import NodeRecord
 from meshnet.engine.backend import StepInput
-from meshnet.engine.constraints import GrammarVocabulary
+from meshnet.node.forward_stage import Downstream
 from meshnet.node.kv_reuse import KvReuse
-from meshnet.node.kv_snapshots import KvSnapshots, SnapshotSettings
 from meshnet.node.metrics import ShardMetrics
-from meshnet.node.ring import OpenRing, RingMailbox, TailState
+from meshnet.node.ring import RingMailbox, TailState
 from meshnet.node.session_counts import SessionCounts
-from meshnet.node.stages import (
-    Connect,
-    Continuation,
-    Downstream,
-    ForwardStage,
-    HeadDecodeLoop,
-    NoContinuation,
-    OutputStage,
-    Rows,
-    RowSender,
-    SampleStage,
-)
+from meshnet.node.stages import Continuation, OutputStage, Rows
 from meshnet.node.tickets import TicketGate
 from meshnet.route.coalescer import SeamCount
-from meshnet.session.admission import AdmissionPolicy, CapacityPlan
+from meshnet.session.admission import CapacityPlan
 from meshnet.session.engine_loop import EngineLoop
-from meshnet.session.kv_store import KvStore
 from meshnet.session.table import Session, SessionTable
 from meshnet.wire.frames import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -358,50 +345,6 @@ class Shard(Generic[S]):
 
 AnyShard = Shard[TailState] | Shard[Downstream]
 """A shard of either output stage: what the servicer and the server hold."""
-
-
-def build_shard(
-    node_id: NodeId,
-    record: NodeRecord,
-    loop: EngineLoop,
-    policy: AdmissionPolicy,
-    capacity: CapacityPlan,
-    connect: Connect,
-    *,
-    open_ring: OpenRing,
-    tickets: TicketGate,
-    kv_store: KvStore,
-    snapshots: SnapshotSettings | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    grammars: GrammarVocabulary | None = None,
-    rows: RowSender | None = None,
-    seams: SeamCount | None = None,
-) -> AnyShard:
-    """The shard for the backend ``loop`` runs, its stages chosen from the backend's role.
-
-    ``connect`` opens the stream to a session's next hop and ``open_ring`` the tail's RingReturn
-    stream of a session (used only if this shard forwards; ``open_ring`` only by a head, which
-    reads the tail's answers to every frame after the opening one there); ``clock`` times
-    sessions for eviction and expiry; ``grammars`` lets a tail constrain output to a grammar
-    (response_format), None refuses such sessions; ``tickets`` checks every opening frame's
-    route ticket (``node.tickets``); ``snapshots`` where and how often it snapshots sessions
-    (``node.kv_snapshots``; none: never); ``rows`` batches the decode frames a forwarding shard
-    sends per next hop (``route.ring_batch``; none: each on its session's own stream), and
-    ``seams`` counts what the worker sends across seams (shared with ``rows``).
-    """
-    seams = SeamCount() if seams is None else seams
-    shape = loop.backend.shape
-    continuation: Continuation = HeadDecodeLoop() if shape.takes_tokens else NoContinuation()
-    kept = KvSnapshots.of(snapshots, loop, record.fingerprint)
-    kv = KvReuse(kv_store, loop, kept, takes_tokens=shape.takes_tokens)
-    if shape.emits_logits:
-        sampling_table = SessionTable[TailState](policy, clock=clock)
-        stage = SampleStage(grammars, is_head=shape.takes_tokens)
-        return Shard(node_id, record, loop, sampling_table, capacity, stage, continuation, tickets, kv, seams)
-    head_ring = open_ring if shape.takes_tokens else None
-    forward = ForwardStage(shape.n_layers, connect, open_ring=head_ring, rows=rows, seams=seams)
-    table = SessionTable[Downstream](policy, clock=clock)
-    return Shard(node_id, record, loop, table, capacity, forward, continuation, tickets, kv, seams)
 
 
 def _engine_input(slot: int, frame: StepFrame, want: Rows) -> StepInput:

@@ -30,10 +30,10 @@ from meshnet.core.addresses import RelayedAddress, parse_relayed
 from meshnet.core.errors import MeshnetError, Unavailable
 from meshnet.core.limits import MAX_FRAME_BYTES
 from meshnet.relay.pump import splice_socket
-from meshnet.security.identity import RELAY_NAME
+from meshnet.security.identity import ANY_WORKER_NAME, RELAY_NAME
 from meshnet.wire import relay_wire
 from meshnet.wire.status import error_from_rpc
-from meshnet.wire.tls import ANY_WORKER_NAME, LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
+from meshnet.wire.tls import LinkSecurity, hop_server_name, link_options, secure_or_plain_channel
 
 logger = logging.getLogger(__name__)
 

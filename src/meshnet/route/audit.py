@@ -51,7 +51,8 @@ from meshnet.route.audit_verdicts import (
     should_audit,
     unexplained,
 )
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
+from meshnet.route.route_run import RouteSession
 
 log = logging.getLogger(__name__)
 

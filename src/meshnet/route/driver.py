@@ -18,81 +18,41 @@ before it starts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Literal
 
 import numpy as np
 
-from meshnet.core.embedding import EmbeddingSpec
-from meshnet.core.errors import (
-    DeadlineExceeded,
-    IntegrityError,
-    InvalidArgument,
-    PrefixEvicted,
-    SnapshotRefused,
-    StepTimedOut,
-)
+from meshnet.core.errors import InvalidArgument, PrefixEvicted, SnapshotRefused
 from meshnet.core.events import (
     DecodeStarted,
     GenerationEvent,
     PrefillCompleted,
-    PrefillProgress,
     PrefillStarted,
     RouteHealth,
     RouteHop,
     TokenGenerated,
 )
 from meshnet.core.generation import GenerationRequest
-from meshnet.core.ids import RequestId, SessionId
 from meshnet.core.prefix import KvPlan
 from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.step_budget import StepBudget
-from meshnet.core.tickets import SealedTicket
 from meshnet.route.hop_timing import hop_latencies, timing_due
 from meshnet.route.kv_plan import plan_for
 from meshnet.route.life import finish_for
+from meshnet.route.route_run import PrefillTally, RouteRun, RouteSession, replay_history, seconds_left, send_prefill
 from meshnet.route.shard_stream import ChannelPool, ShardStream
 from meshnet.route.snapshot_resume import plan_resume
-from meshnet.wire.frames import (
-    FRAME_OVERHEAD_BYTES,
-    Continuation,
-    FrameMeta,
-    HopSpec,
-    Phase,
-    StepFrame,
-    StepResult,
-)
+from meshnet.wire.frames import FRAME_OVERHEAD_BYTES, Continuation
 from meshnet.wire.prefill import PrefillChunk, split_prefill
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW = 16
 """Tokens over which the rolling tokens/s is measured."""
-REPLAY_PROGRESS_TOKENS = 16
-"""A failover replay reports progress every this many re-fed tokens (each is one step)."""
-CHUNKS_AHEAD = 2
-"""Prefill chunks that may still be on their way through the route ahead of the one just sent:
-the head forwards chunk c only once the tail answered chunk c - 2 (``node.ring``'s
-MAX_CHUNKS_IN_FLIGHT), so a chunk's answer may wait for those too."""
-
-
-@dataclass(frozen=True)
-class RouteSession:
-    """Where one generation runs: the hops and the identity every frame must carry."""
-
-    request_id: RequestId
-    session_id: SessionId
-    hops: tuple[RouteHop, ...]
-    fingerprint: str
-    epoch: int
-    ticket: SealedTicket | None = None
-    """The tracker's ticket for this session's route, carried in the opening frame: every shard
-    refuses to open the session without a valid one (``core.tickets``)."""
 
 
 class RouteDriver:
@@ -165,7 +125,7 @@ class RouteDriver:
     ) -> AsyncGenerator[GenerationEvent, None]:
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         head = route.hops[0]
-        stream = ShardStream(self.pool, head.address, _remaining(deadline), head.node_id)
+        stream = ShardStream(self.pool, head.address, seconds_left(deadline), head.node_id)
         try:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
@@ -206,7 +166,7 @@ class RouteDriver:
             if run.snapshot is not None and progress.step == 1:  # the opening frame restored it
                 yield RouteHealth("resumed", f"every hop restored the session's snapshot of {start} positions")
             yield chunk_done
-        async for replayed in _replay(run, history, progress, len(chunks)):
+        async for replayed in replay_history(run, history, progress, len(chunks)):
             yield replayed
         yield PrefillCompleted(progress.total, time.perf_counter() - progress.started)
         yield DecodeStarted()
@@ -229,128 +189,6 @@ class RouteDriver:
         return split_prefill(prompt, start, frame_bytes, max_tokens=rows)
 
 
-@dataclass(frozen=True)
-class RouteRun:
-    """One generation's fixed context: where its frames go and what each of them carries."""
-
-    route: RouteSession
-    request: GenerationRequest
-    deadline: float | None
-    stream: ShardStream
-    plan: Continuation | None
-    """Head-driven decode: set on the last frame we send; None when that frame's token is the last."""
-    budget: StepBudget = field(default_factory=StepBudget)
-    kv: KvPlan | None = None
-    """What the opening frame reuses and asks each shard to keep (``route.kv_plan``)."""
-    snapshot: SnapshotPlan | None = None
-    """The snapshot the opening frame restores on every shard (``route.snapshot_resume``)."""
-    embedding: EmbeddingSpec | None = None
-    """An embedding session (``route.embedding``): the tail pools the prompt, samples nothing."""
-
-    @property
-    def cached_tokens(self) -> int:
-        return 0 if self.kv is None else self.kv.reused_blocks * self.route.hops[0].capability.prefill_chunk_tokens
-
-    def meta(self, step: int, position: int, phase: Phase) -> FrameMeta:
-        return route_frame_meta(self.route, step, position, phase, self.deadline)
-
-    async def within(self, answer: Awaitable[StepResult], step: int, tokens: int, *, prefill: bool) -> StepResult:
-        """``answer``, unless the route takes longer for step ``step`` (``tokens`` tokens through
-        every hop) than its nodes' measured speeds allow: then the route failed (``StepTimedOut``)."""
-        capabilities = [hop.capability for hop in self.route.hops]
-        budget_s = self.budget.seconds(capabilities, tokens, prefill=prefill)
-        if budget_s is None:
-            return await answer  # unmeasured hops: only the request's deadline and keepalive bound it
-        timer = asyncio.timeout(budget_s)
-        try:
-            async with timer:
-                return await answer
-        except TimeoutError:
-            if not timer.expired():
-                raise
-        head = self.route.hops[0]
-        raise StepTimedOut(
-            f"the route through {', '.join(h.address for h in self.route.hops)} gave no answer to step {step} "
-            f"within {budget_s:.1f} s (the step budget its nodes' measured speeds allow): the head {head.address} "
-            "or a hop after it is hung"
-        )
-
-
-class PrefillTally:
-    """Where the prefill stands: tokens through the route, the last result, the next step."""
-
-    def __init__(self, total: int, started: float) -> None:
-        self.total = total
-        self.started = started
-        self.done = 0
-        self.result: StepResult | None = None
-        self.step = 0
-
-    def advance(self, tokens: int, result: StepResult | None, *, replay: bool) -> PrefillProgress:
-        self.done += tokens
-        self.result = result
-        self.step += 1
-        return PrefillProgress(self.done, self.total, time.perf_counter() - self.started, replay)
-
-
-async def send_prefill(
-    run: RouteRun, chunks: Sequence[PrefillChunk], tally: PrefillTally, *, last_continues: bool
-) -> AsyncIterator[PrefillProgress]:
-    """Send the prompt, one frame per chunk; the first frame opens the route, the last samples."""
-    downstream = tuple(HopSpec(h.address, h.layers, run.route.fingerprint, h.node_id) for h in run.route.hops[1:])
-    for step, chunk in enumerate(chunks):
-        frame = StepFrame(
-            meta=run.meta(step, chunk.position, "prefill"),
-            tokens=np.ascontiguousarray(chunk.payload),
-            downstream=downstream if step == 0 else (),
-            sampling=run.request.sampling if step == 0 else None,
-            ticket=run.route.ticket if step == 0 else None,
-            kv=run.kv if step == 0 else None,
-            snapshot=run.snapshot if step == 0 else None,
-            embedding=run.embedding if step == 0 else None,
-            final_chunk=chunk.final_chunk,
-            continuation=run.plan if chunk.final_chunk and last_continues else None,
-            # After the opening frame: on the ring, so prefill chunks pipeline along the route.
-            ring=step > 0,
-            want_timings=True,  # the head's decode loop asks for them too (``route.hop_timing``)
-        )
-        # The answer may wait for the chunks still ahead of this one on the route (pipelined).
-        tokens = sum(len(ahead.payload) for ahead in chunks[max(0, step - CHUNKS_AHEAD) : step + 1])
-        answer = await run.within(run.stream.exchange(frame), step, tokens, prefill=True)
-        yield tally.advance(len(chunk.payload), answer, replay=False)
-
-
-async def _replay(
-    run: RouteRun, history: Sequence[int], tally: PrefillTally, step: int
-) -> AsyncIterator[PrefillProgress]:
-    """Feed each token of a lost route as the one-token decode step it was.
-
-    Every shard then computes exactly what the lost route computed (a prefill of them would take
-    other kernel paths). The tail re-samples each; a mismatch means the routes differ. Progress
-    is reported every ``REPLAY_PROGRESS_TOKENS`` tokens, so a long replay is not silent.
-    """
-    tally.step = step
-    for index, token in enumerate(history):
-        result = tally.result
-        if result is None or result.token_id != token:
-            raise IntegrityError(
-                f"replay diverged at position {None if result is None else result.next_position}: the new route "
-                f"sampled {None if result is None else result.token_id}, the lost route had {token}"
-            )
-        last = index == len(history) - 1
-        frame = StepFrame(
-            meta=run.meta(tally.step, result.next_position, "decode"),
-            tokens=np.array([token], np.int32),
-            continuation=run.plan if last else None,
-            ring=True,
-            want_timings=True,
-        )
-        answer = await run.within(run.stream.exchange(frame), tally.step, 1, prefill=False)
-        event = tally.advance(1, answer, replay=True)
-        if last or (index + 1) % REPLAY_PROGRESS_TOKENS == 0:
-            yield event
-
-
 def _continuation(request: GenerationRequest, replayed: int) -> Continuation | None:
     """What the head decodes on its own after our last frame: the tokens left but the one that
     frame samples, ended early by a stop token; None when that one token is the last."""
@@ -369,28 +207,3 @@ class _Rate:
         if len(self._stamps) < 2:
             return 0.0
         return (len(self._stamps) - 1) / (self._stamps[-1] - self._stamps[0])
-
-
-def route_frame_meta(
-    route: RouteSession, step: int, position: int, phase: Phase, deadline: float | None = None
-) -> FrameMeta:
-    """The header of step ``step`` of ``route``'s session, as the head receives it."""
-    remaining = _remaining(deadline)
-    if remaining is not None and remaining <= 0:
-        raise DeadlineExceeded("the request's deadline passed")
-    return FrameMeta(
-        request_id=route.request_id,
-        session_id=route.session_id,
-        route_epoch=route.epoch,
-        fingerprint=route.fingerprint,
-        layers=route.hops[0].layers,
-        phase=phase,
-        position=position,
-        step=step,
-        cache="new" if step == 0 else "continue",
-        deadline_ms=None if remaining is None else max(int(remaining * 1000), 1),
-    )
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()

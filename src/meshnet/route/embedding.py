@@ -22,10 +22,11 @@ from meshnet.core.ids import NodeId, RequestId, SessionId, new_session_id
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, WorkRecord, billing_units
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.route.driver import PrefillTally, RouteDriver, RouteRun, RouteSession, send_prefill
+from meshnet.route.driver import RouteDriver
 from meshnet.route.features import capable_route
 from meshnet.route.kv_plan import route_accepted
 from meshnet.route.lost_hops import replacement_route
+from meshnet.route.route_run import PrefillTally, RouteRun, RouteSession, send_prefill
 from meshnet.route.shard_stream import ShardStream
 
 LostHops = Callable[[MeshnetError, Route], Awaitable[frozenset[NodeId] | None]]

@@ -40,13 +40,14 @@ from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import NodeWork, Route, RouteTiming, WorkRecord, WorkStatus
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.route.audit import AuditCase, Auditor
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
 from meshnet.route.embedding import EmbeddingRun
 from meshnet.route.features import capable_route
 from meshnet.route.kv_plan import RouteChains, route_accepted
 from meshnet.route.life import LifeSink, RequestLife, TextPlug, lifetime
 from meshnet.route.lost_hops import LostAt, replacement_route
 from meshnet.route.outbox import WorkOutbox
+from meshnet.route.route_run import RouteSession
 from meshnet.route.shard_admin import is_serving
 from meshnet.route.shard_stream import ChannelPool
 from meshnet.route.warmup import TurnWarmer

@@ -27,8 +27,9 @@ from meshnet.core.ids import new_request_id, new_session_id
 from meshnet.core.tickets import ticket_seconds
 from meshnet.core.tracking import Route
 from meshnet.membership.tracker_client import TrackerClient
-from meshnet.route.driver import RouteDriver, RouteSession
+from meshnet.route.driver import RouteDriver
 from meshnet.route.kv_plan import route_chain
+from meshnet.route.route_run import RouteSession
 
 log = logging.getLogger(__name__)
 WARMUP_TIMEOUT_S = 120.0

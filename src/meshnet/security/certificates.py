@@ -20,15 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.security.identity import (
-    NODE_URI_PREFIX,
-    ROLE_URI_PREFIX,
-    PeerIdentity,
-    Role,
-    check_node_id,
-    check_role,
-    dns_names,
-)
+from meshnet.core.ids import check_node_id
+from meshnet.security.identity import NODE_URI_PREFIX, ROLE_URI_PREFIX, PeerIdentity, Role, check_role, dns_names
 
 CA_LIFETIME_S = 10 * 365 * 86400.0
 DEFAULT_NODE_LIFETIME_S = 24 * 3600.0

@@ -157,9 +157,15 @@ def gathers(*, takes_tokens: bool, emits_logits: bool) -> bool:
     return takes_tokens and emits_logits
 
 
-PIPELINE_WAVES = 2
-"""Decode waves a route's head keeps in flight: two, so that while one wave computes on the head
-the other computes further down the route (a route of N shards keeps 2 of them busy)."""
+PIPELINE_WAVES = 3
+"""Decode waves a route's head keeps in flight: one more than the two shards a split route keeps
+busy at once, so that while a wave crosses a seam (gRPC, the event loops, the engine hand-off:
+~1-3 ms) each shard still has another wave queued. With two waves there is no slack: each shard
+waited out every crossing (measured 0.73-0.80 of a pinned core busy at concurrency 8 on SmolLM2
+meshnet-2, ``bench/results/v5/rows39-profile.md``). Smaller waves cost little here: SmolLM2's
+19-layer head decodes 1, 3, 4 and 8 rows a call at 3.0, 3.0, 3.0 and 2.6 ms of CPU a row (1 thread),
+and its tail runs a wave under 8 rows one row per call (``engine.batching.decode_calls``) at
+~2.6-2.9 ms a row (``bench/results/v5/waves40-decode-cost.md``)."""
 
 
 def pipeline_waves(*, takes_tokens: bool, emits_logits: bool) -> int:
@@ -169,13 +175,26 @@ def pipeline_waves(*, takes_tokens: bool, emits_logits: bool) -> int:
     Run as one llama_decode, the sessions of a route move as one wave: each shard idles while
     the others compute, so a route of N shards is no faster than one (measured: 0.98x whole at
     concurrency 8 on two pinned shards once the ring's batches stopped splitting the sessions
-    by accident). Two waves keep two shards busy at the price of smaller batches."""
+    by accident). Several waves keep several shards busy at the price of smaller batches."""
     return PIPELINE_WAVES if takes_tokens and not emits_logits else 1
+
+
+SMALLEST_BATCHED_WAVE = 3
+"""Fewest rows a wave of several sessions carries; a smaller one is split into one-row waves. A
+two-row call costs the head more per row than two one-row calls (SmolLM2's 19-layer head, 1
+thread: 3.3 vs 3.0 ms of CPU a row, ``bench/results/v5/waves40-decode-cost.md``; the far larger
+gap measured whole-model, 128 vs 148 tok/s, was its Q8_0 LM head, which a tail now runs one row
+per call), and one-row waves add slack to the pipeline: two-row waves were why concurrency 4 was
+slower than 2 (212 vs 238 tok/s)."""
 
 
 def wave_size(max_decode_batch: int, decoding_sessions: int, waves: int) -> int:
     """The most decode steps one tick runs: the decoding sessions split into ``waves`` equal
-    waves (rounded up), so that each wave stays a wave from one token to the next."""
-    if waves <= 1 or decoding_sessions < waves:
+    waves (rounded up), so that each wave stays a wave from one token to the next; a wave below
+    ``SMALLEST_BATCHED_WAVE`` rows becomes one wave per session (so do fewer sessions than waves:
+    never one wave of all, the lock-step the waves exist to avoid). A single stream is never
+    held back."""
+    if waves <= 1 or decoding_sessions <= 1:
         return max_decode_batch
-    return min(max_decode_batch, -(-decoding_sessions // waves))
+    size = min(max_decode_batch, -(-decoding_sessions // waves))
+    return size if size >= SMALLEST_BATCHED_WAVE else 1

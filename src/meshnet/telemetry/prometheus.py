@@ -69,7 +69,19 @@ def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[WSGIServer, int]:
-    """Serve ``/metrics`` over HTTP on a daemon thread; returns (server, bound port)."""
+class MetricsEndpoint:
+    """A ``/metrics`` HTTP server a component started (``serve_metrics``)."""
+
+    def __init__(self, server: WSGIServer, address: str) -> None:
+        self._server = server
+        self.address = address
+        """host:port the endpoint listens on (a ready line may name it)."""
+
+    def close(self) -> None:
+        self._server.shutdown()
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
+    """Serve ``/metrics`` over HTTP on a daemon thread, on ``host:port`` (0 picks a port)."""
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server, int(server.server_port)
+    return MetricsEndpoint(server, f"{host}:{int(server.server_port)}")

@@ -35,18 +35,17 @@ from dataclasses import dataclass
 
 from meshnet.core.errors import NoRoute
 from meshnet.core.ids import NodeId
-from meshnet.tracker.routing import (
+from meshnet.tracker.route_costs import (
     DEFAULT_COSTS,
     NO_LATENCIES,
     LatencyTable,
     NodeView,
-    RoutePlan,
     RoutingCosts,
-    choose_route,
     compute_ms,
     node_cost_ms,
     seam_cost_ms,
 )
+from meshnet.tracker.routing import RoutePlan, choose_route
 
 REPLY_TOKENS = 128
 """Decoded tokens a request is taken to produce, to weigh a route's cost per decoded token

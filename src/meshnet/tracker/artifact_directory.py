@@ -12,7 +12,7 @@ import grpc.aio
 
 from meshnet.artifact.directory import Clock, HolderDirectory
 from meshnet.core.errors import MeshnetError
-from meshnet.tracker.service import admit_call
+from meshnet.tracker.call_guards import admit_call
 from meshnet.wire import artifact_wire as wire
 from meshnet.wire import services
 from meshnet.wire.status import abort_with

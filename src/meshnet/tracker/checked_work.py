@@ -14,6 +14,7 @@ from typing import Any
 
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import Route, RouteQuery, SessionTokens, WorkAck, WorkRecord
+from meshnet.tracker.dispute_log import DisputeWindow, close_due, note_dispute
 from meshnet.tracker.store import TrackerStore
 from meshnet.tracker.work_checks import WorkLedger
 
@@ -41,6 +42,8 @@ class CheckedWork:
         self.share: Callable[[NodeId, tuple[SessionTokens, ...]], Awaitable[None]] | None = None
         """Hands the counts this tracker took to its other replicas (``tracker.etcd.membership``):
         a shard reports to its own replica, the route may have come from another."""
+        self._disputes = DisputeWindow()
+        """Disputes not yet summarized in the log (``dispute_log``)."""
 
     def routed(self, query: RouteQuery, route: Route, gateway: str | None) -> None:
         self.ledger.issue(query, route, gateway)
@@ -62,8 +65,25 @@ class CheckedWork:
             self._store.record_judged_work, record, verdict.judged, verdict.reason, self._wall_clock()
         )
         if stored and verdict.status == "disputed":
-            logger.warning("work record %s disputed: %s", record.request_id, verdict.reason)
+            self._log_dispute(record, gateway, verdict.reason)
         return WorkAck(record.request_id, duplicate=not stored)
+
+    def _log_dispute(self, record: WorkRecord, gateway: str | None, reason: str) -> None:
+        """A warning for a reporter's first dispute in a window, a summary line for the rest
+        (``dispute_log``): a gateway whose every record fails a check must not flood the log."""
+        self._disputes, first = note_dispute(self._disputes, gateway, reason, self._wall_clock())
+        if first:
+            logger.warning("work record %s from %s disputed: %s", record.request_id, gateway, reason)
+        else:
+            logger.debug("work record %s from %s disputed: %s", record.request_id, gateway, reason)
+        self.log_dispute_summaries()
+
+    def log_dispute_summaries(self) -> None:
+        """Log the disputes of the window, if it is due (``dispute_log``): after a dispute, and
+        on every pass of ``file_from_shards_forever``, so the last window is not left unsaid."""
+        self._disputes, summaries = close_due(self._disputes, self._wall_clock())
+        for summary in summaries:
+            logger.warning("%s", summary.line())
 
     async def counted(self, node_id: NodeId, sessions: tuple[SessionTokens, ...]) -> int:
         """Take a worker's counts (and share them with the other replicas, if any)."""
@@ -84,6 +104,7 @@ class CheckedWork:
         """File, from their shards' counts, the records of requests whose gateway never did."""
         while True:
             await asyncio.sleep(period_s)
+            self.log_dispute_summaries()
             for record in self.ledger.due():
                 try:
                     await self._call(self._store.record_work, record, self._wall_clock())

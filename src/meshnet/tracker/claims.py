@@ -39,14 +39,7 @@ from dataclasses import dataclass, replace
 
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
-from meshnet.tracker.routing import (
-    DEFAULT_COSTS,
-    NO_LATENCIES,
-    LatencyTable,
-    NodeView,
-    RoutingCosts,
-    seam_cost_ms,
-)
+from meshnet.tracker.route_costs import DEFAULT_COSTS, NO_LATENCIES, LatencyTable, NodeView, RoutingCosts, seam_cost_ms
 from meshnet.tracker.speeds import RouteMeasure, fit_hop_ms, measured_nodes
 
 NEWCOMER_EDGE = 0.9

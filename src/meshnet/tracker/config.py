@@ -53,6 +53,9 @@ class TrackerConfig:
     work_grace_s: float = field(default=30.0, metadata=cli("work-grace"))
     """Seconds a routed request's shards stay quiet, with no record from its gateway, before the
     tracker files the record from their counts (``completed_by_shards``; secured trackers)."""
+    metrics_port: int | None = None
+    """Serve Prometheus /metrics on this port (0 picks one), every figure labelled with this
+    replica's id (``tracker.metrics``); none serves none."""
     join_port: int = 7071
     """TCP port of the join service: TLS without a client certificate, serving only Join (0: any)."""
     insecure: bool = False
@@ -66,8 +69,8 @@ class TrackerConfig:
     def __post_init__(self) -> None:
         if self.store and not self.store.startswith("etcd://"):
             raise InvalidArgument(f"--store must be empty (SQLite) or etcd://HOST:PORT[,...], got {self.store!r}")
-        for name in ("port", "join_port"):
-            if not 0 <= getattr(self, name) <= 65535:
+        for name in ("port", "join_port", "metrics_port"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 65535:
                 raise InvalidArgument(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "session_ttl_s", "work_grace_s"):
             value = getattr(self, name)

@@ -20,7 +20,8 @@ from meshnet.core.layer_costs import LayerAdvice, LayerCosts
 from meshnet.core.layers import LayerRange
 from meshnet.core.swarm_plan import best_ranges
 from meshnet.core.tracking import ModelSummary
-from meshnet.tracker.routing import NodeView, RoutingCosts, choose_route
+from meshnet.tracker.route_costs import NodeView, RoutingCosts
+from meshnet.tracker.routing import choose_route
 
 
 def plan_ranges(costs: LayerCosts, budgets: Sequence[int]) -> list[LayerRange]:

@@ -1,8 +1,9 @@
 """The live node table: registrations, heartbeats, expiry, the route epoch, sticky session routes.
 
-This is the tracker's only mutable state, owned by one event loop (no locks). Route choice
-is delegated to the pure planner in ``routing``; time comes from an injected clock, so expiry
-is tested with a fake one.
+This is the tracker's only mutable state, owned by one event loop (no locks). Which route a
+query without a sticky one gets is ``tracker.route_planner``'s (over the pure planner in
+``routing``); a node's entry is ``tracker.node_entry``. Time comes from an injected clock, so
+expiry is tested with a fake one.
 
 The epoch is a counter that never goes down. It increments when a node leaves routes (missed
 heartbeats, deregistration, or being replaced by a new registration at the same address or id)
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument
 from meshnet.core.events import RouteHop
@@ -30,58 +31,20 @@ from meshnet.core.node_record import NodeRecord
 from meshnet.core.reachability import Reachability, is_routable
 from meshnet.core.tracking import ModelSummary, NodeLoad, Route, RouteQuery, RouteTiming
 from meshnet.tracker.admission import Admission
-from meshnet.tracker.affinity import ConversationRoutes, PrefixRouting, plan_of, prefer_held_prefix
+from meshnet.tracker.affinity import ConversationRoutes
 from meshnet.tracker.certification import check_certified
 from meshnet.tracker.liveness import Deadlines, Hearing
+from meshnet.tracker.node_entry import Clock, NodeEntry
 from meshnet.tracker.peer_index import PeerIndex
 from meshnet.tracker.placement import model_summaries
+from meshnet.tracker.route_costs import DEFAULT_COSTS, LatencyTable, NodeView, RoutingCosts
 from meshnet.tracker.route_index import RouteIndex
-from meshnet.tracker.routing import (
-    DEFAULT_COSTS,
-    LatencyTable,
-    NodeView,
-    RoutePlan,
-    RoutingCosts,
-    choose_model_route,
-)
+from meshnet.tracker.route_planner import RoutePlanner, route_of, serves
+from meshnet.tracker.routing import RoutePlan
 from meshnet.tracker.session_routes import SessionRoutes
 from meshnet.tracker.speeds import RouteMeasurements, forms_route, measured_nodes
 
 logger = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
-"""Seconds on a monotonic scale; ``time.monotonic`` in production, a fake in tests."""
-
-
-@dataclass(frozen=True)
-class NodeEntry:
-    node_id: NodeId
-    record: NodeRecord
-    registered_at: float
-    last_seen: float
-    load: NodeLoad | None = None
-    routed_since_heartbeat: int = 0
-    """Sessions routed here since its last heartbeat. They are subtracted from the node's last
-    reported free sessions, so a burst between two heartbeats does not all land on the fastest
-    node; the next heartbeat's report already counts them."""
-    reachability: Reachability = "public"
-    """How others dial it (``core.reachability``): a ``private`` node is in the table (status,
-    heartbeats) but never in a route, a probe list or the latency table."""
-
-    @property
-    def routable(self) -> bool:
-        return is_routable(self.reachability)
-
-    def view(self) -> NodeView:
-        capability = self.record.capability
-        reported_free = self.load.free_sessions if self.load else capability.max_sessions
-        return NodeView(
-            node_id=self.node_id,
-            record=self.record,
-            decode_tokens_per_s=capability.decode_tokens_per_s,
-            free_sessions=reported_free - self.routed_since_heartbeat,
-            queue_depth=self.load.queue_depth if self.load else 0,
-        )
 
 
 class NodeRegistry:
@@ -133,6 +96,16 @@ class NodeRegistry:
         """Routes' decode times as gateways measured them: what node speeds are believed from."""
         self._index = RouteIndex(costs, clock=clock, improvement_staleness_s=plan_staleness_s)
         """What routes are planned from, kept up to date by every change of ``_nodes``."""
+        self._planner = RoutePlanner(
+            index=self._index,
+            measured=self._measured,
+            conversations=self._conversations,
+            costs=costs,
+            mixed_devices=mixed_devices,
+            clock=clock,
+            load_of=self._load_of,
+        )
+        """Which route a query that keeps no sticky route gets (``tracker.route_planner``)."""
 
     @property
     def epoch(self) -> int:
@@ -140,6 +113,10 @@ class NodeRegistry:
 
     def get(self, node_id: NodeId) -> NodeEntry | None:
         return self._nodes.get(node_id)
+
+    def live_count(self) -> int:
+        """How many nodes are live now; safe to read from another thread (a metrics scrape)."""
+        return len(self._nodes)
 
     def entries(self) -> tuple[NodeEntry, ...]:
         """Every live node's entry, for the status service."""
@@ -326,15 +303,15 @@ class NodeRegistry:
         """
         self.sweep()
         sticky = self._sticky.get(query.session_id) if query.session_id else None
-        if sticky is not None and not _serves(sticky, query.model):
+        if sticky is not None and not serves(sticky, query.model):
             sticky = None  # the session asks for another model now: a fresh session in effect
         if sticky is not None and self._all_alive(sticky.hops, query.exclude):
             self._touch(query.session_id, sticky)
             return sticky
-        plan = self._plan(query, latency_ms)
+        plan = self._planner.plan(query, latency_ms)
         if sticky is not None or (self.next_epoch is not None and query.session_id):
             self._step_epoch()  # the session's route changed: frames of its old route are now stale
-        route = _route_of(plan, self._epoch)
+        route = route_of(plan, self._epoch)
         if query.session_id is None:
             return route  # a probe (what context does a route have?): it opens no session
         self._count_routed(plan)
@@ -342,48 +319,6 @@ class NodeRegistry:
         if not query.unbilled:
             self._conversations.remember(query.prefix_chain, route.node_ids, self._clock())
         return route
-
-    def _plan(self, query: RouteQuery, given_latency_ms: LatencyTable | None) -> RoutePlan:
-        """The route the request's conversation was given, while it holds and has room; else the
-        planner's (cached per model while nothing it prices moved: ``route_index.PlanCache``),
-        or one whose head holds a prefix of the prompt (``tracker.affinity``)."""
-        latency_ms = self._index.latency if given_latency_ms is None else given_latency_ms
-        routes, version = self._measured.recent(self._clock()), self._measured.version
-        self._index.refresh(routes, version)  # beliefs that moved forget the cached plans first
-        names, chain = self._index.model_names(query.model), query.prefix_chain
-        cacheable = not query.exclude and given_latency_ms is None and len(names) == 1
-
-        def plan(views: tuple[NodeView, ...]) -> RoutePlan:
-            return choose_model_route(
-                views,
-                query.model,
-                latency_ms=latency_ms,
-                exclude=query.exclude,
-                costs=self._costs,
-                mixed_devices=self._mixed_devices,
-            )
-
-        if cacheable and not chain:  # a cache hit reads no node at all
-            return self._index.plan(
-                names[0], query.model, self._mixed_devices, lambda: plan(self._index.views_of(query.model))
-            )
-        views = self._index.views_of(query.model)
-        known = self._conversations.recall(chain, self._clock()) if chain else None
-        if known is not None:
-            kept = plan_of(known, views, query.model, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
-            if kept is not None:
-                return kept
-        base = (
-            self._index.plan(names[0], query.model, self._mixed_devices, lambda: plan(views))
-            if cacheable
-            else plan(views)
-        )
-        if not chain:
-            return base
-        # Tips live in each node's last load report: memory only, gone with the node.
-        tips = {view.node_id: dict(load.prefix_tips) for view in views if (load := self._load_of(view.node_id))}
-        prefix = PrefixRouting(chain, tips)
-        return prefer_held_prefix(base, views, prefix, latency_ms=latency_ms, exclude=query.exclude, costs=self._costs)
 
     def _load_of(self, node_id: NodeId) -> NodeLoad | None:
         entry = self._nodes.get(node_id)
@@ -429,19 +364,3 @@ class NodeRegistry:
             entry = self._nodes[hop.node_id]
             self._nodes[hop.node_id] = replace(entry, routed_since_heartbeat=entry.routed_since_heartbeat + 1)
             self._index.put(self._nodes[hop.node_id])
-
-
-def _serves(route: Route, model: str) -> bool:
-    return model in (route.model, route.fingerprint)
-
-
-def _route_of(plan: RoutePlan, epoch: int) -> Route:
-    return Route(
-        hops=plan.hops,
-        epoch=epoch,
-        model=plan.model,
-        quantization=plan.quantization,
-        fingerprint=plan.fingerprint,
-        n_layers=plan.n_layers,
-        ms_per_token=plan.ms_per_token,
-    )

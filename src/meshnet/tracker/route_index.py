@@ -34,7 +34,9 @@ from meshnet.core.node_record import NodeRecord
 from meshnet.core.tracking import NodeLoad
 from meshnet.tracker.claims import Beliefs, Claims, believe
 from meshnet.tracker.plan_cache import PlanCache
-from meshnet.tracker.routing import NO_SEAMS, NodeView, RoutePlan, RoutingCosts, SeamLatencies
+from meshnet.tracker.route_costs import NO_SEAMS, NodeView, RoutingCosts, SeamLatencies
+from meshnet.tracker.routing import PlannedViews, RoutePlan
+from meshnet.tracker.span_index import SpanIndex
 from meshnet.tracker.speeds import RouteMeasure
 
 
@@ -172,6 +174,8 @@ class RouteIndex:
         """Recipe fingerprints by model name, with how many nodes serve each."""
         self._planned: dict[NodeId, NodeView] = {}
         """Views with believed rates, built on demand; emptied when the beliefs move."""
+        self._spans = SpanIndex(costs)
+        """The planned views by recipe and span, for the planner (``routing.PlannedViews``)."""
         self._priced: dict[NodeId, Mapping[str, float]] = {}
         """Each routable node's round trips as its model's last plan priced them: a report is
         compared with these, not with the last one, so small moves cannot add up unseen."""
@@ -202,6 +206,7 @@ class RouteIndex:
             self._reprice(before, view)
         self._base[view.node_id] = view
         self._planned.pop(view.node_id, None)
+        self._spans.stale(view.node_id)
 
     def _reprice(self, before: NodeView, view: NodeView) -> None:
         """Tell the plan cache what a known node's new report can do to its model's plans: a node
@@ -233,6 +238,7 @@ class RouteIndex:
         _count(self._names, view.fingerprint, view.model, -1)
         _count(self._recipes, view.model, view.fingerprint, -1)
         self._planned.pop(node_id, None)
+        self._spans.stale(node_id)
         self._priced.pop(node_id, None)
         self.membership += 1
         if self.cache.uses(view.model, node_id):
@@ -260,13 +266,18 @@ class RouteIndex:
         believed rates (as of ``refresh``); every node when none serves it, so that the
         planner's refusal can say what is served. Planning over this subset chooses what
         planning over every node would: the planner and the prefix routes only ever consider
-        nodes of the asked model's recipes, all of which are in it."""
+        nodes of the asked model's recipes, all of which are in it. Of one model name, they come
+        indexed for the planner (``routing.PlannedViews``): no other name serves their recipes."""
         names = self.model_names(model)
         if len(names) == 1:
             planned = self._planned  # one dict read per node: a replan reads thousands
-            return tuple(planned.get(node_id) or self._planned_view(node_id) for node_id in self._by_model[names[0]])
+            of_model = (planned.get(node_id) or self._planned_view(node_id) for node_id in self._by_model[names[0]])
+            return PlannedViews(of_model, self._spans.spans(self._planned_if_routable), self._costs)
         views = self.views()
         return tuple(view for view in views if view.model in names) if names else views
+
+    def _planned_if_routable(self, node_id: NodeId) -> NodeView | None:
+        return self._planned_view(node_id) if node_id in self._base else None
 
     def _planned_view(self, node_id: NodeId) -> NodeView:
         view = self._planned.get(node_id)
@@ -299,6 +310,7 @@ class RouteIndex:
         old_rates = before.rates if before else {}
         for node_id in beliefs.changed:
             self._planned.pop(node_id, None)
+            self._spans.stale(node_id)
             model = self._base[node_id].model
             if self.cache.uses(model, node_id):
                 self.cache.forget(model)

@@ -23,16 +23,20 @@ from meshnet.core.addresses import dialable_address, require_loopback
 from meshnet.core.errors import FailedPrecondition, MeshnetError
 from meshnet.process.collector import pace_collector
 from meshnet.process.ports import PortInUse
+from meshnet.telemetry.prometheus import MetricsEndpoint
 from meshnet.tracker.artifact_directory import add_artifact_directory
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.etcd.membership import SharedMembership
-from meshnet.tracker.registry import Clock, NodeRegistry
+from meshnet.tracker.metrics import serve_tracker_metrics
+from meshnet.tracker.node_entry import Clock
+from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
-from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.service import TrackerServicer
 from meshnet.tracker.status_service import SwarmStatusServicer
 from meshnet.tracker.store import TrackerStore
-from meshnet.tracker.stores import describe, open_store, shared_invites, shared_membership
+from meshnet.tracker.store_runner import StoreRunner
+from meshnet.tracker.stores import describe, open_store, replica_id, shared_invites, shared_membership
 from meshnet.tracker.swarm_service import (
     SwarmServicer,
     TrackerSecurity,
@@ -71,8 +75,11 @@ class RunningTracker:
         store: StoreRunner,
         sweeper: asyncio.Task[None],
         revocations: RevocationFeed,
+        metrics: MetricsEndpoint | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics
+        """The /metrics endpoint (``--metrics-port``), if served."""
         self.registry: NodeRegistry | None = None
         self.port = port
         self.join_port: int | None = None
@@ -108,6 +115,8 @@ class RunningTracker:
             await self.join_server.stop(0)
         await self._server.stop(self.config.shutdown_grace_s if grace_s is None else grace_s)
         await asyncio.to_thread(self._store.close)
+        if self.metrics is not None:
+            self.metrics.close()
         logger.info("tracker on %s stopped", self.address)
 
     async def wait_for_termination(self) -> None:
@@ -175,6 +184,7 @@ async def start_tracker(
     except MeshnetError:
         runner.close()
         raise
+    metrics = _metrics(config, servicer, registry, port)
     await server.start()
     if join is not None:
         await join[0].start()
@@ -182,7 +192,7 @@ async def start_tracker(
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     sweeper = asyncio.create_task(_background(servicer, config, security, membership))
     logger.info("tracker serving on %s:%d, epoch %d, %s", config.host, port, epoch, describe(config))
-    running = RunningTracker(config, server, port, health_servicer, runner, sweeper, feed)
+    running = RunningTracker(config, server, port, health_servicer, runner, sweeper, feed, metrics)
     running.registry = registry  # read-only use: inspection in tests and diagnostics
     if join is not None:
         running.join_server, running.join_port = join
@@ -205,6 +215,18 @@ async def _background(
     if security is not None:
         tasks.append(security.keep_own_certificate_fresh())
     await asyncio.gather(*tasks)
+
+
+def _metrics(
+    config: TrackerConfig, servicer: TrackerServicer, registry: NodeRegistry, port: int
+) -> MetricsEndpoint | None:
+    """The /metrics endpoint, labelled with this replica's id, if ``--metrics-port`` asks for one."""
+    if config.metrics_port is None:
+        return None
+    replica = replica_id(config, port)
+    metrics = serve_tracker_metrics(servicer.served, registry.live_count, replica, config.host, config.metrics_port)
+    logger.info("tracker replica %s serving metrics on %s", replica, metrics.address)
+    return metrics
 
 
 def _checked_work(config: TrackerConfig, registry: NodeRegistry, runner: StoreRunner, wall_clock: Clock) -> CheckedWork:

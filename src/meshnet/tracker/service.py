@@ -1,7 +1,8 @@
 """The gRPC servicer: decode, call the registry or the store, persist the epoch, encode.
 
 It holds no logic of its own (route choice is ``routing``, liveness is ``registry``,
-durability is ``store``). Typed errors leave through ``meshnet.wire.status``, which adds
+durability is ``store`` reached through ``store_runner``; admission, counting and error mapping
+are ``call_guards``). Typed errors leave through ``meshnet.wire.status``, which adds
 the error's ``code`` as trailing metadata: that is how a client tells "no route" (UNAVAILABLE
 from us, code ``no_route``) from "tracker unreachable" (UNAVAILABLE from the transport).
 """
@@ -9,11 +10,8 @@ from us, code ``no_route``) from "tracker unreachable" (UNAVAILABLE from the tra
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -40,14 +38,17 @@ from meshnet.security.identity import PeerIdentity
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.tickets import TicketSigner
 from meshnet.tracker.admission import Admission, CallClass
+from meshnet.tracker.call_guards import admit_call, admitted, counted, maps_errors
 from meshnet.tracker.checked_work import CheckedWork
 from meshnet.tracker.dial_back import AddressProof
-from meshnet.tracker.liveness import Hearing, Sleep, watch_loop
+from meshnet.tracker.liveness import Sleep, watch_loop
+from meshnet.tracker.metrics import ServedCalls
+from meshnet.tracker.node_entry import Clock
 from meshnet.tracker.placement import served_spans, suggest_layers
 from meshnet.tracker.quarantine import check_quarantine_order
-from meshnet.tracker.registry import Clock, NodeRegistry
+from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
-from meshnet.tracker.store import TrackerStore
+from meshnet.tracker.store_runner import DurableEpoch, StoreRunner
 from meshnet.tracker.tickets import TicketIssuer
 from meshnet.wire import placement_wire, services, speed_wire, work_wire
 from meshnet.wire import tracker_wire as wire
@@ -55,102 +56,6 @@ from meshnet.wire.status import abort_with
 from meshnet.wire.tls import LinkSecurity, enforce
 
 logger = logging.getLogger(__name__)
-
-Result = TypeVar("Result")
-Request = TypeVar("Request")
-Reply = TypeVar("Reply")
-Handler = Callable[[Any, Request, grpc.aio.ServicerContext], Awaitable[Reply]]
-
-
-def maps_errors(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
-    """Turn a typed error raised by ``handler`` into its one gRPC status (protocol.status)."""
-
-    @functools.wraps(handler)
-    async def guarded(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
-        try:
-            return await handler(self, request, context)
-        except MeshnetError as error:
-            await abort_with(context, error)
-
-    return guarded
-
-
-def counted(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
-    """Count ``handler`` in flight on the servicer's ``admission``; the handler sheds itself with
-    ``admission.check`` once its caller is authenticated (``tracker.admission``). Goes under
-    ``maps_errors``."""
-
-    @functools.wraps(handler)
-    async def counting(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
-        with self.admission.counting():
-            return await handler(self, request, context)
-
-    return counting
-
-
-def admitted(call: CallClass) -> Callable[[Handler[Request, Reply]], Handler[Request, Reply]]:
-    """Serve ``handler`` only if the servicer's ``admission`` does not shed a ``call`` now
-    (``tracker.admission``), counting it in flight while it runs: for ``live`` calls (never shed)
-    and calls with no caller to authenticate. Goes under ``maps_errors``."""
-
-    def wrap(handler: Handler[Request, Reply]) -> Handler[Request, Reply]:
-        @functools.wraps(handler)
-        async def counted(self: Any, request: Request, context: grpc.aio.ServicerContext) -> Reply:
-            with self.admission.handling(call):
-                return await handler(self, request, context)
-
-        return counted
-
-    return wrap
-
-
-def admit_call(
-    security: LinkSecurity | None, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None
-) -> PeerIdentity | None:
-    """The caller of a tracker-port ``rpc``, if it is allowed to it; None on a plaintext tracker.
-
-    Every service on the tracker's port (Tracker, SwarmStatus, ArtifactDirectory) asks this."""
-    if security is None:
-        return None
-    peer = security.peer(context)
-    enforce(authorize_tracker(peer, rpc, subject_node_id=subject, revoked=security.revocations.current()))
-    return peer
-
-
-STORE_BEHIND_CALLS = 16
-"""More store calls than this waiting on the one store thread: the store is behind (strain)."""
-
-
-class StoreRunner:
-    """Runs blocking store calls on one dedicated thread, in the order they were submitted.
-
-    One thread keeps the event loop free while SQLite fsyncs, and keeps the order of epoch
-    writes equal to the order the registry produced them.
-    """
-
-    def __init__(self, store: TrackerStore, hearing: Hearing | None = None) -> None:
-        self.store = store
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracker-store")
-        self._hearing = hearing
-        """Told while the queue is behind: handlers waiting on it are slow to answer heartbeats."""
-        self._queued = 0
-
-    async def call(self, function: Callable[..., Result], *args: Any) -> Result:
-        loop = asyncio.get_running_loop()
-        self._queue_changed(+1)
-        try:
-            return await loop.run_in_executor(self._executor, functools.partial(function, *args))
-        finally:
-            self._queue_changed(-1)
-
-    def _queue_changed(self, by: int) -> None:
-        self._queued += by
-        if self._hearing is not None:
-            self._hearing.strain("store", self._queued > STORE_BEHIND_CALLS)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
-        self.store.close()
 
 
 class TrackerServicer(services.TrackerServicer):
@@ -165,6 +70,8 @@ class TrackerServicer(services.TrackerServicer):
         admission: Admission | None = None,
     ) -> None:
         self._registry = registry
+        self.served = ServedCalls()
+        """Heartbeats and registrations this replica answered (``tracker.metrics``)."""
         self.admission = admission or registry.admission
         """Sheds the least important calls while the tracker is behind (``tracker.admission``)."""
         self.work = work
@@ -177,29 +84,11 @@ class TrackerServicer(services.TrackerServicer):
         self._wall_clock = wall_clock
         self._tickets = TicketIssuer(None if security is None else TicketSigner(lambda: security.node), wall_clock)
         self._addresses = AddressProof(security)
-        self._saved_epoch = registry.epoch
-        self._epoch_write: asyncio.Future[None] | None = None
+        self._epoch = DurableEpoch(store, lambda: registry.epoch, registry.epoch)
 
     async def persist_epoch(self) -> None:
         """Make the registry's epoch durable before any reply that carries it goes out."""
-        epoch = self._registry.epoch
-        if epoch > self._saved_epoch:
-            self._saved_epoch = epoch
-            self._epoch_write = asyncio.ensure_future(self._save_epoch(epoch))
-        if self._epoch_write is not None:
-            # The latest write covers every smaller epoch (writes run in order); shield it so a
-            # cancelled caller does not cancel a write another reply is waiting for.
-            await asyncio.shield(self._epoch_write)
-
-    async def _save_epoch(self, epoch: int) -> None:
-        try:
-            await self._store.call(self._store.store.save_epoch, epoch)
-        except StorageUnavailable:
-            # Not durable (a full disk): the next reply writes it again, rather than every reply
-            # failing on this one write for ever once the disk is back.
-            if self._saved_epoch == epoch:
-                self._saved_epoch = epoch - 1
-            raise
+        await self._epoch.persist()
 
     def admit(
         self, context: grpc.aio.ServicerContext, rpc: str, subject: str | None = None, *, shed: CallClass = "live"
@@ -239,6 +128,7 @@ class TrackerServicer(services.TrackerServicer):
             heard = self._registry.heard(node_id)
         if not heard:  # replaced (or deregistered) while its registration was being written
             raise TrackerBusy(f"node {node_id} was replaced while it registered; register again")
+        self.served.registrations += 1
         logger.info(
             "node %s registered %s: %s layers %s of %s (certification %s)",
             node_id,
@@ -316,6 +206,7 @@ class TrackerServicer(services.TrackerServicer):
             self._registry.heard(node_id)
         probing = known and not self.admission.sheds("probe")
         probe = self._registry.probe_targets(node_id) if probing else ()
+        self.served.heartbeats += 1
         return HeartbeatStatus(known, self._registry.epoch, probe)
 
     async def WatchRevocations(
@@ -473,6 +364,5 @@ class TrackerServicer(services.TrackerServicer):
         except Exception:
             # A failed write (disk full, I/O error) must not stop expiry; the next sweep or
             # reply retries it, and replies wait for it, so nothing unsaved is handed out.
-            self._saved_epoch = min(self._saved_epoch, self._registry.epoch - 1)
-            self._epoch_write = None
+            self._epoch.forget_failed_write()
             logger.exception("could not persist epoch %d", self._registry.epoch)

@@ -10,8 +10,9 @@ from meshnet.core.errors import MeshnetError
 from meshnet.core.swarm_status import NodeStatus, NodeTable
 from meshnet.core.tracking import NodeLoad
 from meshnet.tracker.admission import Admission
-from meshnet.tracker.registry import NodeEntry, NodeRegistry
-from meshnet.tracker.service import admit_call
+from meshnet.tracker.call_guards import admit_call
+from meshnet.tracker.node_entry import NodeEntry
+from meshnet.tracker.registry import NodeRegistry
 from meshnet.wire import services
 from meshnet.wire.status import abort_with
 from meshnet.wire.status_wire import node_table_to_proto

@@ -26,9 +26,9 @@ from meshnet.security.invites import InviteLedger, SwarmBook
 from meshnet.security.policy import authorize_tracker
 from meshnet.security.swarm_dir import TRACKER_IDENTITY, book_path, ensure_swarm, mint_identity, swarm_dir
 from meshnet.tracker.admission import Admission
+from meshnet.tracker.call_guards import admitted, counted, maps_errors
 from meshnet.tracker.registry import NodeRegistry
 from meshnet.tracker.revocation_feed import RevocationFeed
-from meshnet.tracker.service import admitted, counted, maps_errors
 from meshnet.wire import services
 from meshnet.wire import swarm_wire as wire
 from meshnet.wire.tls import LinkSecurity, enforce

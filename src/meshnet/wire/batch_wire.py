@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meshnet.core.errors import InvalidArgument
-from meshnet.core.ids import RequestId, SessionId
-from meshnet.wire.frames import MAX_ID_CHARS, RefusedRow, RingEnded, StepFrame, StepResult
+from meshnet.core.ids import LegIncarnation, RequestId, SessionId
+from meshnet.wire.batch_frames import RefusedRow, RingEnded
+from meshnet.wire.frames import MAX_ID_CHARS, StepFrame, StepResult
 from meshnet.wire.generated import shard_pb2 as pb
 from meshnet.wire.shard_wire import frame_to_proto, result_from_proto, result_to_proto, ring_open_to_proto
 
@@ -20,8 +21,14 @@ MAX_BATCH_ROWS = 256
 """Rows one batch may carry: above any shard's session slots, so a sender never needs more."""
 
 
-def batch_to_proto(frames: Sequence[StepFrame]) -> pb.StepBatch:
-    return pb.StepBatch(rows=[frame_to_proto(frame) for frame in frames])
+def batch_to_proto(rows: Sequence[tuple[StepFrame, LegIncarnation]]) -> pb.StepBatch:
+    """A batch of ring rows, each tagged with the incarnation of the leg that sends it."""
+    message = pb.StepBatch()
+    for frame, incarnation in rows:
+        row = frame_to_proto(frame)
+        row.leg_incarnation = incarnation
+        message.rows.append(row)
+    return message
 
 
 def batch_rows(message: pb.StepBatch) -> Sequence[pb.StepRequest]:
@@ -41,14 +48,30 @@ def row_step(row: pb.StepRequest) -> int:
     return int(row.header.step)
 
 
+def row_epoch(row: pb.StepRequest) -> int:
+    """The route epoch a row names, unchecked: only compared with its session's."""
+    return int(row.header.route_epoch)
+
+
+def row_incarnation(row: pb.StepRequest) -> LegIncarnation:
+    """The sending leg's incarnation, only ever echoed (0 from an older sender)."""
+    return LegIncarnation(row.leg_incarnation)
+
+
 def refused_to_proto(refused: Sequence[RefusedRow]) -> pb.BatchAck:
     return pb.BatchAck(
-        refused=[pb.RefusedRow(session_id=r.session_id, step=r.step, reason=r.reason[:1024]) for r in refused]
+        refused=[
+            pb.RefusedRow(session_id=r.session_id, step=r.step, reason=r.reason[:1024], leg_incarnation=r.incarnation)
+            for r in refused
+        ]
     )
 
 
 def refused_from_proto(message: pb.BatchAck) -> tuple[RefusedRow, ...]:
-    return tuple(RefusedRow(r.session_id[:MAX_ID_CHARS], r.step, r.reason[:1024]) for r in message.refused)
+    return tuple(
+        RefusedRow(r.session_id[:MAX_ID_CHARS], r.step, r.reason[:1024], LegIncarnation(r.leg_incarnation))
+        for r in message.refused
+    )
 
 
 def subscribe_to_proto(sessions: Sequence[tuple[SessionId, RequestId]]) -> pb.RingSubscribe:

@@ -155,6 +155,10 @@ class HopSpec:
     fingerprint: str
     node_id: str = ""
     """The node the route put here, pinned in the TLS handshake; empty on an unsecured swarm."""
+    ring_batch: bool = False
+    """The node advertised ``ring_batch`` (``core.features``): its upstream may send it ring
+    batches; False (an older node, or an older sender's frame) keeps every row on its session's
+    own stream."""
 
     def __post_init__(self) -> None:
         _check_text("hop address", self.address, MAX_ADDRESS_CHARS)
@@ -369,24 +373,3 @@ class SessionEnd:
     def __post_init__(self) -> None:
         _check_text("session_id", self.session_id, MAX_ID_CHARS)
         _check_text("reason", self.reason, 1024, allow_empty=True)
-
-
-@dataclass(frozen=True, slots=True)
-class RefusedRow:
-    """A row of a ring batch that no session on the receiver took (``Shard.RingBatch``): dropped
-    alone; the batch stream and its other rows carry on."""
-
-    session_id: str
-    """As the row named it: possibly no valid session id at all."""
-    step: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RingEnded:
-    """A session's ring ended on the tail (``Shard.RingReturnBatch``): why, as its typed error's
-    code and message; no answer of the session follows."""
-
-    session_id: str
-    code: str
-    message: str

@@ -100,7 +100,11 @@ def frame_to_proto(frame: StepFrame) -> pb.StepRequest:
     header.deadline_ms = meta.deadline_ms or 0
     for hop in frame.downstream:
         message.downstream.add(
-            address=hop.address, layers=_span(hop.layers), fingerprint=hop.fingerprint, node_id=hop.node_id
+            address=hop.address,
+            layers=_span(hop.layers),
+            fingerprint=hop.fingerprint,
+            node_id=hop.node_id,
+            ring_batch=hop.ring_batch,
         )
     if frame.sampling is not None:
         message.sampling.CopyFrom(_sampling_to_proto(frame.sampling))
@@ -142,7 +146,7 @@ def frame_from_proto(message: pb.StepRequest, limits: FrameLimits) -> StepFrame:
             f"the frame lists {len(message.downstream)} downstream hops; at most {limits.max_hops} are allowed"
         )
     downstream = tuple(
-        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint, hop.node_id)
+        HopSpec(hop.address, _range(hop.layers, "downstream hop"), hop.fingerprint, hop.node_id, hop.ring_batch)
         for hop in message.downstream
     )
     sampling = None

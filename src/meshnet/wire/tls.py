@@ -4,8 +4,8 @@ Every meshnet server and channel takes one ``LinkSecurity`` (or ``None``: the pl
 loopback-only development mode). Servers call ``server_credentials()`` and, per RPC,
 ``peer(context)``; clients call ``channel_credentials()`` with ``channel_options(name)``,
 where ``name`` is the TLS name to pin: ``hop_server_name(node_id)`` for a route hop,
-``TRACKER_NAME`` for the tracker. Peers are dialled by IP, so the pinned name, not the host,
-is what TLS checks; the CA is the only trust root, never the system store.
+``security.identity.TRACKER_NAME`` for the tracker. Peers are dialled by IP, so the pinned
+name, not the host, is what TLS checks; the CA is the only trust root, never the system store.
 """
 
 from __future__ import annotations
@@ -26,7 +26,16 @@ from meshnet.security.certificates import CertificateRefused, NodeCertificate, P
 from meshnet.security.identity import ANY_WORKER_NAME, TRACKER_NAME, PeerIdentity, node_server_name
 from meshnet.security.policy import Revocations, Verdict
 
-__all__ = ["ANY_WORKER_NAME", "TRACKER_NAME", "LinkSecurity", "fetch_pinned_ca", "hop_server_name"]
+__all__ = [
+    "LinkSecurity",
+    "bind",
+    "channel_options",
+    "enforce",
+    "fetch_pinned_ca",
+    "hop_server_name",
+    "link_options",
+    "secure_or_plain_channel",
+]
 
 
 KEEPALIVE_TIME_MS = 1_000

@@ -17,6 +17,7 @@ from meshnet.core.audit_evidence import (
     QuarantineEvidence,
     VerdictRule,
 )
+from meshnet.core.checks import check_text
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
@@ -29,7 +30,6 @@ from meshnet.core.tracking import (
     WorkAck,
     WorkRecord,
     WorkStatus,
-    check_text,
 )
 from meshnet.wire.generated import tracker_pb2 as pb
 from meshnet.wire.tracker_wire import node_id_from_proto

@@ -56,6 +56,8 @@ def test_results_validate_against_the_schema(bench_run: tuple[dict[str, Any], Pa
     assert schema_problems(results) == []
     assert results["run"]["quick"] and results["run"]["rounds_completed"] == 2
     assert results["run"]["notes"][-1] == "a smoke run, say the results"  # --note, recorded as given
+    splits = [note for note in results["run"]["notes"] if note.startswith("decode split ")]
+    assert splits and all("from measured cost a row at position 76 " in note for note in splits)  # 64 + 24 // 2
     assert results["model"]["n_embd"] == 64 and len(results["model"]["sha256"]) == 64
 
 

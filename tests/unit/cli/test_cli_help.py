@@ -76,12 +76,14 @@ def test_no_config_field_is_typed_twice_with_another_default() -> None:
     repack: llama.cpp's own default, part of the recipe like flash_attn, off only by --no-repack;
     device and gpu_layers: the CPU with nothing offloaded, what every CPU recipe computes on, set
     only from a --device the caller resolved; kv_type: f16, what every recipe stored before
-    --kv-type, set from a worker's or generate's --kv-type)."""
+    --kv-type, set from a worker's or generate's --kv-type; split_small_decode_batches: how a
+    small decode batch is cut into llama_decode calls, not its arithmetic, turned off only by
+    start-up certification)."""
     from meshnet.engine.llama_config import LlamaConfig
     from meshnet.session.admission import AdmissionPolicy
 
     for derived in (LlamaConfig, AdmissionPolicy):
         with_defaults = [f.name for f in dataclasses.fields(derived) if f.default is not dataclasses.MISSING]
-        expected = ["flash_attn", "use_mmap", "repack", "device", "gpu_layers", "kv_type"]
+        expected = ["flash_attn", "use_mmap", "repack", "device", "gpu_layers", "kv_type", "split_small_decode_batches"]
         assert with_defaults in ([], expected), derived
     assert typing.get_type_hints(LlamaConfig)["flash_attn"] is bool

@@ -1,6 +1,6 @@
 """A step's budget comes from what the route's nodes measured, with margins for a loaded machine.
 
-The budget is what ends a wait for a hung hop (``route.driver``), so it must be short for a
+The budget is what ends a wait for a hung hop (``route.route_run``), so it must be short for a
 short step and long for a long one: a prefill chunk's grows with its tokens, so an honest long
 chunk on a slow node is never cut, while a decode step on the same route is given up within
 seconds."""

@@ -15,7 +15,8 @@ from meshnet.artifact.describe import describe_model
 from meshnet.core.generation import GenerationRequest
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
-from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 

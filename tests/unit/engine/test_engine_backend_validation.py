@@ -18,7 +18,8 @@ from meshnet.core.errors import InvalidArgument, ProvenanceMismatch, ResourceExh
 from meshnet.core.layers import LayerRange
 from meshnet.engine.backend import StepInput
 from meshnet.engine.bitwise import bit_identical
-from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
 N_EMBD = 64

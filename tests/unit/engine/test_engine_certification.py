@@ -17,7 +17,8 @@ from meshnet.core.errors import CertificationFailed, MeshnetError, SnapshotRefus
 from meshnet.core.layers import LayerRange
 from meshnet.engine import certification
 from meshnet.engine.backend import StepInput, StepOutput
-from meshnet.engine.llama_backend import LlamaBackend, LlamaConfig
+from meshnet.engine.llama_backend import LlamaBackend
+from meshnet.engine.llama_config import LlamaConfig
 
 
 def test_certification_passes_on_the_pinned_build() -> None:

@@ -21,7 +21,7 @@ from meshnet.artifact.describe import describe_model
 from meshnet.core.embedding import EmbeddingSpec, pooling_kind
 from meshnet.core.errors import EngineError, InvalidArgument
 from meshnet.engine.backend import StepInput
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.pooling import pool
 from meshnet.engine.shards import open_local_route

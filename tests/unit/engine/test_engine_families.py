@@ -18,7 +18,7 @@ from family_models import FamilyRoutes, OpenModel, grid, n_vocab_of, prompt_for
 
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.engine.bitwise import bit_identical
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 
 SLOTS = 8
 CONFIG = LlamaConfig(n_threads=1, max_slots=SLOTS, n_ctx_per_slot=128, max_batch_tokens=32)

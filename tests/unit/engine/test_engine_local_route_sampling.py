@@ -16,7 +16,7 @@ from meshnet.core.errors import InvalidArgument
 from meshnet.core.generation import GenerationRequest, SamplingParams
 from meshnet.core.sampling_options import LogitAdjustments, LogprobRequest
 from meshnet.engine.constraints import GrammarVocabulary, json_object_constraint
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_local_route
 from meshnet.engine.tail_sampler import TailSampler

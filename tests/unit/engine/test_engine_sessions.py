@@ -4,6 +4,7 @@ compute exactly what each computes alone, and truncate-and-replay reproduces a s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from engine_routes import batched_step, greedy, open_routes, prompt, release_all
 from meshnet.artifact.cache import SliceCache
 from meshnet.core.layers import LayerRange
 from meshnet.engine.bitwise import bit_identical, describe_difference
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
 SESSION_PROMPTS = [prompt(9, 10), prompt(45, 11), prompt(3, 12)]
@@ -84,6 +85,33 @@ def test_batched_decode_of_three_sessions_equals_each_alone(routes: dict[str, Lo
         batched, alone = np.stack(rows[slot]), np.stack(solo[slot])
         assert bit_identical(batched, alone), f"session {slot}: batched {describe_difference(alone, batched)}"
     assert not np.array_equal(rows[0][-1], rows[1][-1])
+
+
+def test_a_small_batch_run_one_row_per_call_equals_it_run_as_one_call(
+    routes: dict[str, LocalRoute],
+    tiny_model: Path,
+    small_llama_config: LlamaConfig,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Served on one thread, a batch of under 8 steps through the tied Q8_0 LM head runs one row
+    # per call (engine.batching.decode_calls); the fixture's routes run it as one call.
+    rowwise = replace(small_llama_config, split_small_decode_batches=True)
+    cache = SliceCache(tmp_path_factory.mktemp("rowwise"))
+    layouts = {"whole": [LayerRange(0, 4)], "split": [LayerRange(0, 3), LayerRange(3, 4)]}
+    with open_routes(tiny_model, cache, rowwise, layouts) as opened:
+        for layout, route in opened.items():
+            oracle = routes["whole"]
+            first = [(slot, 0, SESSION_PROMPTS[slot]) for slot in range(3)]
+            expected, actual = batched_step(oracle, first), batched_step(route, first)
+            for step in range(DECODE_STEPS):
+                steps = [
+                    (slot, len(SESSION_PROMPTS[slot]) + step, np.array([int(np.argmax(expected[slot][-1]))], np.int32))
+                    for slot in (2, 0, 1)
+                ]
+                expected, actual = batched_step(oracle, steps), batched_step(route, steps)
+                for slot in range(3):
+                    assert bit_identical(expected[slot], actual[slot]), f"{layout} session {slot} step {step}"
+            release_all({"oracle": oracle}, 3)
 
 
 def test_a_batch_mixing_a_prefill_and_decode_steps_equals_solo(routes: dict[str, LocalRoute]) -> None:

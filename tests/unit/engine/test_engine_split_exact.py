@@ -15,7 +15,7 @@ from meshnet.artifact.cache import SliceCache
 from meshnet.artifact.synthetic import SyntheticSpec
 from meshnet.core.layers import LayerRange, split_evenly
 from meshnet.engine.bitwise import bit_identical, describe_difference
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 
 MODELS = {

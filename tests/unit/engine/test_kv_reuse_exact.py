@@ -27,7 +27,7 @@ from meshnet.core.errors import SnapshotRefused
 from meshnet.core.layers import LayerRange
 from meshnet.engine.bitwise import bit_identical
 from meshnet.engine.fake_backend import FakeBackend
-from meshnet.engine.llama_backend import LlamaConfig
+from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.local_route import LocalRoute
 from meshnet.engine.shards import open_llama_shard
 

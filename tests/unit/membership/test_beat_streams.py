@@ -14,6 +14,7 @@ import pytest
 from meshnet.core.errors import DeadlineExceeded
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import HeartbeatStatus, NodeLoad
+from meshnet.membership.beat_streams import BeatStreams
 from meshnet.membership.tracker_client import TrackerClient
 from meshnet.wire import services
 from meshnet.wire import tracker_wire as wire
@@ -60,3 +61,84 @@ async def test_a_late_reply_fails_its_beat_and_is_never_read_as_the_next(slow: t
         assert (await client.heartbeat(NODE, NodeLoad(), timeout_s=2.0)).epoch == 3
         assert client.heartbeat_transport == "stream"
     assert servicer.streams == 2  # one dropped with the late beat, one carrying the rest
+
+
+class FakeBeatCall:
+    """A ``Beat`` call that the asyncio side still takes for open (``done()`` False): its write
+    fails with ``write_error`` (grpc's INTERNAL for a stream the core had already ended), or is
+    answered with ``reply``."""
+
+    def __init__(self, reply: Any = None, write_error: grpc.RpcError | None = None) -> None:
+        self.reply, self.write_error = reply, write_error
+        self.written: list[Any] = []
+        self.cancelled = False
+
+    def done(self) -> bool:
+        return False
+
+    async def write(self, request: Any) -> None:
+        if self.write_error is not None:
+            raise self.write_error
+        self.written.append(request)
+
+    async def read(self) -> Any:
+        return self.reply
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+class FakeChannel:
+    """Hands out ``calls`` in order as ``Beat`` streams are opened; every other method is unused."""
+
+    def __init__(self, *calls: FakeBeatCall) -> None:
+        self.calls = list(calls)
+        self.opened: list[FakeBeatCall] = []
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        def open_beat(**options: Any) -> FakeBeatCall:
+            self.opened.append(self.calls.pop(0))
+            return self.opened[-1]
+
+        return open_beat
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def ended_in_core() -> grpc.aio.AioRpcError:
+    """What grpc's asyncio client raises for a write on a stream its core already finished."""
+    empty = grpc.aio.Metadata()
+    return grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, empty, empty, "Internal error from Core")
+
+
+def beat(load: int) -> services.NodeHeartbeat:
+    return wire.heartbeat_to_proto(NODE, NodeLoad(free_sessions=load))
+
+
+def answer(epoch: int) -> services.HeartbeatReply:
+    return wire.heartbeat_status_to_proto(HeartbeatStatus(True, epoch))
+
+
+async def test_a_beat_written_on_a_stream_that_already_ended_goes_on_a_fresh_one() -> None:
+    """The tracker stopped between two beats and the loop has not yet seen the stream end: the
+    beat never left, so it is sent on a new stream (where a dead replica's refusal is what the
+    client judges), never reported as the INTERNAL error grpc gives that write."""
+    stale = FakeBeatCall(answer(1))
+    fresh = FakeBeatCall(answer(2))
+    channel = FakeChannel(stale, fresh)
+    streams = BeatStreams()
+    assert await streams.beat(channel, 0, beat(1), 1.0) == answer(1)
+    stale.write_error = ended_in_core()
+    assert await streams.beat(channel, 0, beat(2), 1.0) == answer(2)
+    assert channel.opened == [stale, fresh] and stale.cancelled
+    assert stale.written == [beat(1)] and fresh.written == [beat(2)]
+
+
+async def test_a_fresh_stream_whose_write_fails_is_the_replicas_answer_and_not_tried_again() -> None:
+    channel = FakeChannel(FakeBeatCall(write_error=ended_in_core()), FakeBeatCall(answer(1)))
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await BeatStreams().beat(channel, 0, beat(1), 1.0)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert len(channel.opened) == 1

@@ -25,7 +25,8 @@ from meshnet.moe import wire as expert_wire
 from meshnet.moe.links import GrpcRowExchange, PeerLink, open_link
 from meshnet.moe.loop_thread import LoopThread
 from meshnet.moe.ownership import ExchangeGeometry, ExpertOwnership, ExpertRowsConflict, SlotRows, local_rows
-from meshnet.wire.tls import ANY_WORKER_NAME, secure_or_plain_channel
+from meshnet.security.identity import ANY_WORKER_NAME
+from meshnet.wire.tls import secure_or_plain_channel
 
 GEOMETRY = ExchangeGeometry(n_embd=64, n_expert=16, n_expert_used=4, n_layers=2, group_size=2)
 SHA = "ab" * 32

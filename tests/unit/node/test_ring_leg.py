@@ -46,7 +46,8 @@ def reported_errors() -> Iterator[list[dict[str, Any]]]:
         # Only this test's own tasks (a downstream read): garbage an earlier test left behind
         # can be collected here too, and is not this test's to judge.
         future = context.get("future")
-        if isinstance(future, asyncio.Task) and "ClosingLink.read" in repr(future.get_coro()):
+        coro = repr(future.get_coro()) if isinstance(future, asyncio.Task) else ""
+        if "ClosingLink.read" in coro or "RingLeg._watched" in coro:
             reported.append(context)
 
     loop.set_exception_handler(note)

@@ -43,7 +43,8 @@ from meshnet.engine.local_route import LocalRoute
 from meshnet.node.assembly import fake_recipe
 from meshnet.node.config import FakeModel
 from meshnet.node.session_stream import SessionStream
-from meshnet.node.shard import AnyShard, build_shard
+from meshnet.node.shard import AnyShard
+from meshnet.node.shard_wiring import build_shard
 from meshnet.node.tickets import TicketGate
 from meshnet.session.admission import AdmissionPolicy, CapacityPlan, PeerBounds
 from meshnet.session.engine_loop import EngineLoop
@@ -332,10 +333,8 @@ async def start_route(
         route.streams.append(stream)
         return stream
 
-    def open_ring(
-        address: str, session: SessionId, request: RequestId, timeout: float | None, node_id: str | None
-    ) -> InProcessRing:
-        ring = InProcessRing(by_address[address], session, request)
+    def open_ring(tail: HopSpec, session: SessionId, request: RequestId, timeout: float | None) -> InProcessRing:
+        ring = InProcessRing(by_address[tail.address], session, request)
         route.rings.append(ring)
         return ring
 

@@ -11,7 +11,7 @@ import pytest
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.relay.dial import RelayedChannel, dial
-from meshnet.wire.tls import ANY_WORKER_NAME
+from meshnet.security.identity import ANY_WORKER_NAME
 
 
 async def test_a_direct_address_gets_a_plain_channel() -> None:

@@ -18,7 +18,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeCapability
 from meshnet.core.tracking import Quarantined, QuarantineOrder, Route
 from meshnet.route.audit import AuditCase, AuditConfig, Auditor
-from meshnet.route.driver import RouteSession
+from meshnet.route.route_run import RouteSession
 
 HEADS = tuple(NodeId(name) for name in ("h1", "h2", "h3"))
 TAILS = tuple(NodeId(name) for name in ("t1", "t2"))

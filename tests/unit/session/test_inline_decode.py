@@ -26,7 +26,7 @@ from meshnet.engine.fake_backend import FakeBackend
 from meshnet.session.engine_loop import EngineLoop
 
 if TYPE_CHECKING:
-    from meshnet.engine.llama_backend import LlamaConfig
+    from meshnet.engine.llama_config import LlamaConfig
 from meshnet.session.scheduler import INLINE_MAX_CALL_S, runs_inline
 
 N_EMBD = 8

@@ -142,15 +142,34 @@ async def test_a_whole_route_still_waits_for_the_steps_its_batch_answered() -> N
 
 
 def test_only_the_head_of_a_longer_route_splits_its_sessions_into_waves() -> None:
-    assert pipeline_waves(takes_tokens=True, emits_logits=False) == 2  # head of a longer route
+    assert pipeline_waves(takes_tokens=True, emits_logits=False) == 3  # head of a longer route
     assert pipeline_waves(takes_tokens=True, emits_logits=True) == 1  # a whole route by itself
     assert pipeline_waves(takes_tokens=False, emits_logits=False) == 1  # middle: inherits the waves
     assert pipeline_waves(takes_tokens=False, emits_logits=True) == 1  # tail
 
 
-def test_a_wave_is_half_the_decoding_sessions_and_stays_that_size() -> None:
-    assert wave_size(64, 8, 2) == 4
-    assert wave_size(64, 7, 2) == 4  # rounded up: two waves, never three
-    assert wave_size(3, 8, 2) == 3  # the engine's own bound still holds
-    assert wave_size(64, 1, 2) == 64  # a single stream is never held back
+def test_a_wave_is_a_third_of_the_decoding_sessions_or_one_session() -> None:
+    # Oracle: the waves a head's sessions form, written out by hand for each concurrency: a third
+    # of them (rounded up), unless that is under three rows, then one session per wave.
+    expected = {2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 3, 8: 3, 9: 3, 10: 4, 16: 6}
+    assert {n: wave_size(64, n, 3) for n in expected} == expected
+    assert wave_size(3, 16, 3) == 3  # the engine's own bound still holds
+    assert wave_size(2, 16, 3) == 1  # ... and under three rows a wave is one session
+    assert wave_size(64, 1, 3) == 64  # a single stream is never held back
+    assert wave_size(64, 0, 3) == 64  # nothing known to decode yet: nothing to split
     assert wave_size(64, 8, 1) == 64  # a shard without waves runs every ready step
+
+
+def test_fewer_sessions_than_waves_make_one_wave_each_never_one_lockstep_wave() -> None:
+    # Two sessions on a three-wave head: before, ``decoding_sessions < waves`` ran both in one
+    # call, so the two shards took turns idling (the route moved in lock-step).
+    assert wave_size(64, 2, 3) == 1
+    assert wave_size(64, 2, 2) == 1
+
+
+def test_concurrency_four_is_never_cut_into_two_row_waves() -> None:
+    # The c=2 -> c=4 drop of the v5 run: four sessions made two waves of two rows, and a two-row
+    # llama_decode costs more per row than two one-row calls. Now they are four one-row waves,
+    # the same calls as concurrency 2 makes, with more slack.
+    assert wave_size(64, 4, 3) == wave_size(64, 2, 3) == 1
+    assert all(wave_size(64, n, 3) != 2 for n in range(1, 65))

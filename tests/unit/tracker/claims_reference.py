@@ -36,14 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from meshnet.core.ids import NodeId
-from meshnet.tracker.routing import (
-    DEFAULT_COSTS,
-    NO_LATENCIES,
-    LatencyTable,
-    NodeView,
-    RoutingCosts,
-    seam_cost_ms,
-)
+from meshnet.tracker.route_costs import DEFAULT_COSTS, NO_LATENCIES, LatencyTable, NodeView, RoutingCosts, seam_cost_ms
 from meshnet.tracker.speeds import RouteMeasure, fit_hop_ms, measured_nodes
 
 NEWCOMER_EDGE = 0.9

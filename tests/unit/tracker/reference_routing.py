@@ -1,10 +1,11 @@
 """Today's route search before issue 36, kept verbatim as the oracle of the property tests.
 
-The planner in ``meshnet.tracker.routing`` replaced this Dijkstra over "last node taken"
+The search in ``meshnet.tracker.chain_search`` replaced this Dijkstra over "last node taken"
 states (it pushed every pair of meeting nodes, N^2 / boundaries heap entries carrying whole
 chains) by one pass over the boundaries in order. Only the search changed: ``choose_route``
-and ``choose_model_route`` here run the module's own entry points with this search in place
-of the new one, so the property tests compare the searches on everything around them.
+and ``choose_model_route`` here run ``tracker.routing``'s own entry points with this search in place
+of the new one, so the property tests (``test_chain_search``) compare the searches on
+everything around them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from meshnet.core.ids import NodeId
 from meshnet.tracker import routing
-from meshnet.tracker.routing import LatencyTable, NodeView, RoutePlan, RoutingCosts, node_cost_ms, seam_cost_ms
+from meshnet.tracker.route_costs import LatencyTable, NodeView, RoutingCosts, node_cost_ms, seam_cost_ms
+from meshnet.tracker.routing import RoutePlan
 
 
 def choose_route(*args: Any, **kwargs: Any) -> RoutePlan:
@@ -31,7 +33,10 @@ def choose_model_route(*args: Any, **kwargs: Any) -> RoutePlan:
 
 @contextmanager
 def _first_search() -> Iterator[None]:
-    """The planner's module with its search swapped for the first one, while the block runs."""
+    """The planner's module with its search swapped for the first one, while the block runs.
+
+    Swapped where the planner looks it up (its module's own binding of
+    ``chain_search.shortest_chain``), which is what its entry points call."""
     current = routing.shortest_chain
     routing.shortest_chain = shortest_chain
     try:

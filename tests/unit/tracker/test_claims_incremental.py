@@ -17,7 +17,7 @@ from tracker_samples import OTHER_RECIPE, RECIPE, view
 
 from meshnet.core.ids import NodeId
 from meshnet.tracker.claims import Beliefs, Claims, believe, believed_views
-from meshnet.tracker.routing import NodeView
+from meshnet.tracker.route_costs import NodeView
 from meshnet.tracker.speeds import RouteMeasure
 
 RECIPES = (replace(RECIPE, n_layers=6), replace(OTHER_RECIPE, n_layers=6))

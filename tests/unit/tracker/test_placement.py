@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from meshnet.core.errors import InvalidArgument
+from meshnet.core.layer_costs import LayerCosts
 from meshnet.core.layers import LayerRange
-from meshnet.tracker.placement import LayerCosts, plan_ranges
+from meshnet.tracker.placement import plan_ranges
 
 MB = 2**20
 

@@ -16,8 +16,9 @@ from typing import Any
 from tracker_samples import view
 
 from meshnet.core.ids import NodeId
+from meshnet.tracker.route_costs import DEFAULT_COSTS, NodeView, node_cost_ms
 from meshnet.tracker.route_index import IndexedLatencies
-from meshnet.tracker.routing import DEFAULT_COSTS, NodeView, choose_model_route, node_cost_ms
+from meshnet.tracker.routing import choose_model_route
 
 FACTS = ("fingerprint", "model", "n_layers")
 

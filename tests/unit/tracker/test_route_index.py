@@ -24,8 +24,9 @@ from tracker_samples import MODEL, OTHER_RECIPE, RECIPE, registration
 from meshnet.core.errors import NoRoute
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import NodeLoad, RouteQuery, RouteTiming
-from meshnet.tracker.registry import NodeEntry, NodeRegistry
-from meshnet.tracker.routing import LatencyTable, NodeView
+from meshnet.tracker.node_entry import NodeEntry
+from meshnet.tracker.registry import NodeRegistry
+from meshnet.tracker.route_costs import LatencyTable, NodeView
 
 ADDRESSES = [f"10.0.0.{index}:9000" for index in range(24)]
 RECIPES = [RECIPE, OTHER_RECIPE, replace(RECIPE, model_sha256="11" * 32)]

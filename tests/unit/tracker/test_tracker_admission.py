@@ -22,8 +22,9 @@ from meshnet.tracker.admission import (
     decide,
 )
 from meshnet.tracker.registry import NodeRegistry
-from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.service import TrackerServicer
 from meshnet.tracker.status_service import SwarmStatusServicer
+from meshnet.tracker.store_runner import StoreRunner
 from meshnet.wire.tls import LinkSecurity
 
 ORDER: tuple[CallClass, ...] = ("probe", "registration", "new_session", "live")

@@ -28,7 +28,8 @@ from meshnet.tracker.affinity import (
     prefill_ms_per_token,
 )
 from meshnet.tracker.registry import NodeRegistry
-from meshnet.tracker.routing import NodeView, choose_model_route
+from meshnet.tracker.route_costs import NodeView
+from meshnet.tracker.routing import choose_model_route
 
 CHAIN = prefix_chain(PrefixKey("recipe", 4), list(range(40)))
 """Ten links: a prompt of ten whole chunks."""

@@ -14,7 +14,8 @@ from meshnet.core.tracking import NodeLoad, RouteQuery
 from meshnet.tracker.admission import Admission
 from meshnet.tracker.config import TrackerConfig
 from meshnet.tracker.registry import NodeRegistry
-from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.service import TrackerServicer
+from meshnet.tracker.store_runner import StoreRunner
 from meshnet.tracker.stores import open_store
 from meshnet.wire import tracker_wire as wire
 

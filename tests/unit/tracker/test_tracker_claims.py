@@ -8,7 +8,8 @@ from tracker_samples import MODEL, OTHER_RECIPE, RECIPE, view
 
 from meshnet.core.recipe import Recipe
 from meshnet.tracker.claims import credible_views
-from meshnet.tracker.routing import NodeView, choose_model_route
+from meshnet.tracker.route_costs import NodeView
+from meshnet.tracker.routing import choose_model_route
 
 SIX_LAYERS = replace(RECIPE, n_layers=6)
 

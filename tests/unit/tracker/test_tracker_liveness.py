@@ -21,8 +21,9 @@ from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.tracking import NodeLoad, RouteQuery
 from meshnet.tracker.liveness import Deadlines, Hearing
 from meshnet.tracker.registry import NodeRegistry
-from meshnet.tracker.service import StoreRunner, TrackerServicer
+from meshnet.tracker.service import TrackerServicer
 from meshnet.tracker.store import TrackerStore
+from meshnet.tracker.store_runner import StoreRunner
 from meshnet.wire import tracker_wire
 
 INTERVAL = 2.0

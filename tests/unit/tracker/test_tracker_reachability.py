@@ -18,7 +18,8 @@ from meshnet.core.errors import NoRoute
 from meshnet.core.ids import NodeId, SessionId
 from meshnet.core.swarm_status import coverage, judge_health
 from meshnet.core.tracking import NodeLoad, RouteQuery
-from meshnet.tracker.routing import DEFAULT_COSTS, NodeView, choose_model_route, seam_cost_ms
+from meshnet.tracker.route_costs import DEFAULT_COSTS, NodeView, seam_cost_ms
+from meshnet.tracker.routing import choose_model_route
 from meshnet.tracker.status_service import node_table
 
 

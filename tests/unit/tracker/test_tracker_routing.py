@@ -24,14 +24,8 @@ from meshnet.core.errors import NoRoute
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId
 from meshnet.core.layers import LayerRange
-from meshnet.tracker.routing import (
-    NodeView,
-    RoutingCosts,
-    choose_model_route,
-    choose_route,
-    node_cost_ms,
-    uncovered_layers,
-)
+from meshnet.tracker.route_costs import NodeView, RoutingCosts, node_cost_ms
+from meshnet.tracker.routing import choose_model_route, choose_route, uncovered_layers
 
 
 def ids(plan_hops: tuple[RouteHop, ...]) -> list[str]:

@@ -16,7 +16,8 @@ from meshnet.core.ids import NodeId
 from meshnet.core.tracking import RouteQuery, RouteTiming
 from meshnet.tracker.claims import NEWCOMER_EDGE, believed_views
 from meshnet.tracker.registry import NodeRegistry
-from meshnet.tracker.routing import NodeView, choose_model_route, seam_cost_ms
+from meshnet.tracker.route_costs import NodeView, seam_cost_ms
+from meshnet.tracker.routing import choose_model_route
 from meshnet.tracker.speeds import SAMPLES_PER_ROUTE, RouteMeasure, RouteMeasurements, fit_hop_ms
 from meshnet.tracker.status_service import node_table
 from meshnet.wire.status_wire import node_table_from_proto, node_table_to_proto

@@ -19,7 +19,7 @@ from meshnet.core.ids import NodeId, RequestId, SessionId
 from meshnet.core.layers import LayerRange
 from meshnet.core.recipe import Recipe
 from meshnet.core.tracking import NodeWork, WorkRecord
-from meshnet.tracker.routing import NodeView
+from meshnet.tracker.route_costs import NodeView
 
 N_LAYERS = SAMPLE_N_LAYERS
 MODEL = SAMPLE_MODEL

@@ -41,4 +41,4 @@ def known_architectures() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-__all__ = ["ArchitectureAdapter", "adapter_for", "known_architectures"]
+__all__ = ["adapter_for", "known_architectures"]

@@ -24,7 +24,8 @@ from meshnet.core.reachability import REACHABILITIES
 from meshnet.core.tracking import NodeLoad
 from meshnet.tracker.etcd.client import KeyValue
 from meshnet.tracker.etcd.membership_values import Announcement, Outbound, Snapshot, Written
-from meshnet.tracker.registry import NodeEntry, NodeRegistry
+from meshnet.tracker.node_entry import NodeEntry
+from meshnet.tracker.registry import NodeRegistry
 from meshnet.wire import services, tracker_wire
 
 logger = logging.getLogger(__name__)

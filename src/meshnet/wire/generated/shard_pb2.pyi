@@ -187,16 +187,18 @@ class FrameHeader(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., fingerprint: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., phase: _Optional[_Union[Phase, str]] = ..., position: _Optional[int] = ..., step: _Optional[int] = ..., cache: _Optional[_Union[CacheExpectation, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., checksum: _Optional[int] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
 class Hop(_message.Message):
-    __slots__ = ("address", "layers", "fingerprint", "node_id")
+    __slots__ = ("address", "layers", "fingerprint", "node_id", "ring_batch")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RING_BATCH_FIELD_NUMBER: _ClassVar[int]
     address: str
     layers: LayerSpan
     fingerprint: str
     node_id: str
-    def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+    ring_batch: bool
+    def __init__(self, address: _Optional[str] = ..., layers: _Optional[_Union[LayerSpan, _Mapping]] = ..., fingerprint: _Optional[str] = ..., node_id: _Optional[str] = ..., ring_batch: _Optional[bool] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed", "min_p", "adjustments", "logprobs", "constraint")
@@ -255,7 +257,7 @@ class GrammarConstraintSpec(_message.Message):
     def __init__(self, gbnf: _Optional[str] = ..., root: _Optional[str] = ..., triggers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv", "snapshot", "embedding")
+    __slots__ = ("header", "tokens", "hidden", "downstream", "sampling", "final_chunk", "continuation", "ticket", "ring", "want_timings", "timings", "kv", "snapshot", "embedding", "leg_incarnation")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +272,7 @@ class StepRequest(_message.Message):
     KV_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    LEG_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     header: FrameHeader
     tokens: TokenIds
     hidden: TensorBundle
@@ -284,7 +287,8 @@ class StepRequest(_message.Message):
     kv: KvPlan
     snapshot: SnapshotRestore
     embedding: EmbeddingSpec
-    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotRestore, _Mapping]] = ..., embedding: _Optional[_Union[EmbeddingSpec, _Mapping]] = ...) -> None: ...
+    leg_incarnation: int
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., hidden: _Optional[_Union[TensorBundle, _Mapping]] = ..., downstream: _Optional[_Iterable[_Union[Hop, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingSpec, _Mapping]] = ..., final_chunk: _Optional[bool] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., ticket: _Optional[_Union[_ticket_pb2.RouteTicket, _Mapping]] = ..., ring: _Optional[bool] = ..., want_timings: _Optional[bool] = ..., timings: _Optional[_Iterable[_Union[HopTiming, _Mapping]]] = ..., kv: _Optional[_Union[KvPlan, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotRestore, _Mapping]] = ..., embedding: _Optional[_Union[EmbeddingSpec, _Mapping]] = ..., leg_incarnation: _Optional[int] = ...) -> None: ...
 
 class EmbeddingSpec(_message.Message):
     __slots__ = ("pooling", "normalize")
@@ -307,14 +311,16 @@ class StepBatch(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[StepRequest, _Mapping]]] = ...) -> None: ...
 
 class RefusedRow(_message.Message):
-    __slots__ = ("session_id", "step", "reason")
+    __slots__ = ("session_id", "step", "reason", "leg_incarnation")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LEG_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     step: int
     reason: str
-    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    leg_incarnation: int
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ..., leg_incarnation: _Optional[int] = ...) -> None: ...
 
 class BatchAck(_message.Message):
     __slots__ = ("refused",)

@@ -1,4 +1,4 @@
-"""The boundary-ordered planner chooses exactly what the first planner (a Dijkstra) chose.
+"""The boundary-ordered search (``tracker.chain_search``) chooses exactly what the first planner (a Dijkstra) chose.
 
 The oracle is ``reference_routing``: today's search before issue 36, kept verbatim in the
 tests. On 1,000 seeded random swarms (several models and recipes, layer ranges with gaps and
@@ -22,7 +22,8 @@ from meshnet.core.errors import NoRoute
 from meshnet.core.ids import NodeId
 from meshnet.core.recipe import Recipe
 from meshnet.tracker import routing
-from meshnet.tracker.routing import LatencyTable, NodeView, RoutePlan
+from meshnet.tracker.route_costs import LatencyTable, NodeView
+from meshnet.tracker.routing import RoutePlan
 
 SWARMS = 1_000
 CUDA = "cuda:NVIDIA H200 gpu_layers=all"

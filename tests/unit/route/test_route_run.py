@@ -1,4 +1,5 @@
-"""The driver's wait for each answer is bounded by the step's measured budget (``core.step_budget``).
+"""A route run's wait for each answer is bounded by the step's measured budget (``RouteRun.within``,
+``core.step_budget``).
 
 A route whose hop stops answering fails with ``Unavailable`` naming the route and the step (the
 swarm client fails that over like a lost hop); an honest step slower than a decode step but
@@ -23,7 +24,7 @@ from meshnet.core.layers import LayerRange
 from meshnet.core.node_record import NodeCapability
 from meshnet.core.step_budget import StepBudget
 from meshnet.node.ring import MAX_CHUNKS_IN_FLIGHT
-from meshnet.route.driver import CHUNKS_AHEAD, RouteRun, RouteSession
+from meshnet.route.route_run import CHUNKS_AHEAD, RouteRun, RouteSession
 from meshnet.wire.frames import StepResult
 
 BUDGET = StepBudget(factor=2.0, floor_s=0.05, link_s=0.0)
