@@ -15,6 +15,9 @@ RUN_BIN := $(if $(MESHNET_BACKEND),.venv-$(MESHNET_BACKEND)/bin,$(BIN))
 VULKAN_VENV := .venv-vulkan
 BASELINE_VENV := .venv-baseline
 
+# What every llama.cpp build here gets besides its own flags (x86-64: no AMX kernels, see the script).
+LLAMA_CFLAGS := $(shell scripts/llama_cflags.sh)
+
 PREFIX ?= $(HOME)/.local
 LAUNCHER := $(PREFIX)/bin/meshnet
 
@@ -91,11 +94,12 @@ baseline: $(MODEL_STAMP)
 	$(BASELINE_VENV)/bin/pip install --quiet --upgrade pip
 	$(BASELINE_VENV)/bin/pip install --progress-bar on -e '.[dev,baseline]'
 
-# llama-cpp-python builds from source (about 5 minutes on 2 cores); pip's cache makes re-runs fast.
-$(INSTALLED): pyproject.toml
+# llama-cpp-python builds from source (about 5 minutes on 2 cores) with LLAMA_CFLAGS; pip's cache
+# makes re-runs fast.
+$(INSTALLED): pyproject.toml scripts/llama_cflags.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --progress-bar on -e '.[dev]'
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(BIN)/pip install --progress-bar on -e '.[dev]'
 	touch $@
 
 provision: $(MODEL_STAMP) $(GEMMA_STAMP)

@@ -30,7 +30,9 @@ PATCHES=()
 for patch in "$ROOT"/docs/upstream/build-patches/*-"$BACKEND"-*.patch; do
     [ -e "$patch" ] && PATCHES+=("$patch")
 done
-STAMP_TEXT="$BACKEND $PIN $SWITCH ${MESHNET_CMAKE_ARGS:-} $(cat "${PATCHES[@]}" /dev/null | sha256sum | cut -c1-16)"
+# The C/C++ flags every llama.cpp build here gets (x86-64: no AMX kernels; see the script).
+CPU_FLAGS="$("$ROOT/scripts/llama_cflags.sh")"
+STAMP_TEXT="$BACKEND $PIN $SWITCH ${MESHNET_CMAKE_ARGS:-} $CPU_FLAGS $(cat "${PATCHES[@]}" /dev/null | sha256sum | cut -c1-16)"
 if [ -f "$VENV/.meshnet-backend" ] && [ "$(cat "$VENV/.meshnet-backend")" = "$STAMP_TEXT" ]; then
     echo "llama-cpp-python with $BACKEND is already built in $VENV"
     exit 0
@@ -47,8 +49,8 @@ for patch in "${PATCHES[@]}"; do
     # The patch files start with a prose header; patch(1) skips it.
     patch --quiet --directory "$WORK/$SDIST/vendor/llama.cpp" -p1 < "$patch"
 done
-echo "building $PIN with $SWITCH ${MESHNET_CMAKE_ARGS:-} (minutes)"
-CMAKE_ARGS="$SWITCH ${MESHNET_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+echo "building $PIN with $SWITCH ${MESHNET_CMAKE_ARGS:-} $CPU_FLAGS (minutes)"
+CFLAGS="$CPU_FLAGS" CXXFLAGS="$CPU_FLAGS" CMAKE_ARGS="$SWITCH ${MESHNET_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "$VENV/bin/pip" install --no-cache-dir "$WORK/$SDIST"
 "$VENV/bin/pip" install --quiet -e "$ROOT"
 echo "$STAMP_TEXT" > "$VENV/.meshnet-backend"

@@ -20,6 +20,8 @@ export PYTHONPATH=/tmp/site
 if [ ! -f .gpu-build/done ]; then
   mkdir -p .gpu-build/src && tar -xzf .gpu/llama_cpp_python-0.3.36.tar.gz -C .gpu-build/src
   log build start
+  CPU_FLAGS="$(scripts/llama_cflags.sh)"  # no AMX kernels on x86-64 (see the script)
+  CFLAGS="$CPU_FLAGS" CXXFLAGS="$CPU_FLAGS" \
   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=16 \
     timeout ${BUILD_S:-470} python3 -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir \
     --config-settings=build-dir=$ROOT/.gpu-build/cmake --target $ROOT/.gpu-build/llama \

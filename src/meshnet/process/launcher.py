@@ -36,6 +36,27 @@ KILL_WAIT_S = 5.0
 LOG_TAIL_LINES = 30
 
 
+SIGNAL_HINTS = {
+    signal.SIGILL: "an instruction this CPU refused: a library built for features the machine does not allow",
+    signal.SIGKILL: "killed from outside: the kernel's out-of-memory killer, or a memory limit",
+    signal.SIGSEGV: "a crash in native code",
+}
+"""What a signal that ends a child at start-up usually means, for its error."""
+
+
+def exit_words(code: int | None) -> str:
+    """A child's exit for its error: its code, or the signal that ended it and what that means
+    (a crash in llama.cpp reads "killed by SIGILL (...)", not "code -4")."""
+    if code is None or code >= 0:
+        return f"code {code}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"killed by signal {-code}"
+    hint = SIGNAL_HINTS.get(sig)
+    return f"killed by {sig.name}" + (f": {hint}" if hint else "")
+
+
 class StartupFailed(MeshnetError):
     """A child exited, or never printed its ready line, before it served."""
 
@@ -151,7 +172,7 @@ class ChildProcess:
             except queue.Empty:
                 raise self._failure("did not print its ready line in time") from None
             if line is None:
-                raise self._failure(f"exited during start-up (code {self._exit_code()})")
+                raise self._failure(f"exited during start-up ({exit_words(self._exit_code())})")
             if line.startswith(prefix):
                 self.ready = ReadyLine(line, prefix)
         return self.ready
