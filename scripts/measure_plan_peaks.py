@@ -5,8 +5,8 @@ worker's peak resident size (VmHWM) beside the plan's figure.
     python scripts/measure_plan_peaks.py --model .data/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out bench/results/plan-peaks.json
 
-The workers run through the calibration harness (``measure_worker_memory.measure``) with the
-reuse store off (``--prefix-cache-mb 0``: what it keeps grows with the traffic, within whatever
+The workers run through the calibration harness (``measure_worker_memory.measure``: mutual TLS
+on every link, the reuse store off, since what it keeps grows with the traffic, within whatever
 the plan leaves of the budget). ``tests/model/test_plan_peaks_real.py`` runs the same points and
 holds each peak to within 10% of the plan.
 """
@@ -48,10 +48,7 @@ def measure_plan(point: PlanPoint, model: Path, root: Path) -> list[dict[str, ob
     if not plan.fits:
         raise ValueError(f"{point} does not fit: nothing to start")
     load = point.load
-    flags = tuple(
-        ("--memory-budget-mb", str(mb), "--prefix-cache-mb", "0", "--kv-type", str(load.kv_type))
-        for mb in point.nodes_mb
-    )
+    flags = tuple(("--memory-budget-mb", str(mb), "--kv-type", str(load.kv_type)) for mb in point.nodes_mb)
     ranges = tuple(str(node.layers) for node in plan.nodes)
     run = Point(model.name, ranges, load.sessions, load.context, prefill_chunk=load.prefill_chunk, worker_flags=flags)
     workers = measure(run, model, root / "run", root / "data")

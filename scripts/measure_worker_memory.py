@@ -3,12 +3,15 @@
     python scripts/measure_worker_memory.py --models .data/models --out bench/results/worker-memory.json
 
 For each configuration it starts a tracker, ``meshnet worker`` processes covering the model and
-a gateway (plaintext, loopback), runs one completion per session at once (each prompt
+a gateway (loopback), runs one completion per session at once (each prompt
 longer than a prefill chunk, so the chunk's compute buffers are used, then a few decode steps
 batched across the sessions), and reads every worker's /proc status after the load: VmRSS
 (what it holds now), VmHWM (its peak, start-up included), RssAnon and RssFile. The JSON records
 each worker's range, sessions, context and chunk with those figures; ``tests/unit/core/
-test_memory_costs.py`` checks the cost model against every one of them.
+test_layer_costs.py`` checks the cost model against every one of them.
+
+Every link runs mutual TLS, as users run it (identities minted from a swarm CA of the point's
+own); ``--plaintext`` measures without it, to see what TLS holds.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from gguf import GGMLQuantizationType
 
 from meshnet.artifact.footprint import memory_footprint
 from meshnet.artifact.synthetic import SyntheticSpec, write_synthetic_model
+from meshnet.core.config_flags import render_arguments
+from meshnet.deploy.launch.commands import minted_identity
 from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine, WorkerLine
 from meshnet.gateway.keys import CLIENT_KEY_FILE, ApiKeyStore, new_api_key, store_path
+from meshnet.node.config import WorkerConfig
 from meshnet.process.launcher import ChildProcess, LaunchSpec, meshnet_command, stop_all
+from meshnet.security.identity import Role
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
@@ -38,6 +45,7 @@ SYNTHETIC = SyntheticSpec(
     n_layers=8, n_embd=256, n_head=8, n_head_kv=2, n_ff=768, weight_type=GGMLQuantizationType.Q8_0, seed=3
 )
 START_S = 180.0
+STORE_DEFAULT_MB = WorkerConfig.prefix_cache_mb
 FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
 FILLER = (
     "Machines that share their work pass hidden states along a chain of workers; each holds a "
@@ -71,6 +79,11 @@ POINTS = (
     Point("synthetic", ("0:8",), 6, 1024, prompt_repeats=2),
     Point("synthetic", ("0:3", "3:6", "6:8"), 8, 768, prompt_repeats=2),
     Point(GEMMA3, ("0:9", "9:18"), 2, 2048),
+    # The README's three machines as ``--layers auto --memory-budget-mb 340`` places them, every
+    # other flag at its default (8 sessions of 2,048 positions, chunks of 64): the budget nearly
+    # filled. tests/integration/test_worker_auto_layers.py checks the budget itself, reuse store
+    # included (``--budget-mb 340 --points 11`` here measures that too).
+    Point(SMOLLM2, ("0:11", "11:23", "23:30"), 8, 2048, prefill_chunk=64),
 )
 
 
@@ -90,12 +103,21 @@ def start(name: str, command: tuple[str, ...], root: Path, ready: str) -> tuple[
     return child, child.await_ready(time.monotonic() + START_S).first
 
 
-def measure(point: Point, model: Path, root: Path, data_dir: Path) -> list[dict[str, object]]:
+def identity(root: Path, name: str, role: Role, plaintext: bool) -> tuple[str, ...]:
+    """``--identity`` flags of a certificate minted from ``root``'s swarm CA (or ``--insecure``)."""
+    return ("--insecure",) if plaintext else tuple(render_arguments(minted_identity(root, name, role)))
+
+
+def measure(
+    point: Point, model: Path, root: Path, data_dir: Path, *, plaintext: bool = False
+) -> list[dict[str, object]]:
     children: list[ChildProcess] = []
     try:
-        tracker, address = start(
-            "tracker", meshnet_command(root, "tracker", "--port", "0", "--insecure"), root, TrackerLine.PREFIX
+        # The tracker's data dir is ``root``: it holds the swarm CA the identities are minted from.
+        command = meshnet_command(
+            root, "tracker", "--port", "0", "--join-port", "0", *(("--insecure",) if plaintext else ())
         )
+        tracker, address = start("tracker", command, root, TrackerLine.PREFIX)
         children.append(tracker)
         workers = []
         for index, text in enumerate(point.ranges):
@@ -104,7 +126,11 @@ def measure(point: Point, model: Path, root: Path, data_dir: Path) -> list[dict[
             command = meshnet_command(
                 data_dir,
                 *("worker", "--model", str(model), "--model-name", "m", "--layers", text, "--tracker", address),
-                *("--port", "0", "--threads", "1", "--insecure", "--max-sessions", str(point.sessions)),
+                *("--port", "0", "--threads", "1", "--max-sessions", str(point.sessions)),
+                *identity(root, name, "worker", plaintext),
+                # No prefix reuse store: the cost model leaves it out, the capacity plan gives it
+                # what the budget has left after the modelled costs (``node.assembly``).
+                *("--prefix-cache-mb", "0"),
                 *("--context", str(point.context), "--prefill-chunk", str(point.prefill_chunk)),
                 *extra,
             )
@@ -119,7 +145,8 @@ def measure(point: Point, model: Path, root: Path, data_dir: Path) -> list[dict[
         command = meshnet_command(
             home, "gateway", "--tracker", address, "--model", str(model), "--model-name", "m", "--port", "0"
         )
-        gateway, base = start("gateway", (*command, "--insecure", "--audit-fraction", "0"), root, GatewayLine.PREFIX)
+        command = (*command, *identity(root, "gateway", "gateway", plaintext), "--audit-fraction", "0")
+        gateway, base = start("gateway", command, root, GatewayLine.PREFIX)
         children.append(gateway)
         _load(base, key, point.sessions, point.prompt_repeats)
         after = [status(w.pid) for w in workers]
@@ -165,6 +192,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", type=Path, default=Path(".data/models"), help="folder holding SmolLM2 and Gemma 3")
     parser.add_argument("--only", help="measure only the points of this model file (or 'synthetic')")
+    parser.add_argument("--plaintext", action="store_true", help="no TLS on the links (to see what TLS holds)")
+    parser.add_argument(
+        "--budget-mb",
+        type=float,
+        help="give every worker this --memory-budget-mb and its default prompt-reuse store, which the plan "
+        "sizes to what the budget leaves (to see the store within its share; not a calibration)",
+    )
+    parser.add_argument("--points", help="measure only these points (indices into POINTS, comma-separated)")
     args = parser.parse_args()
     results = []
     footprints: dict[str, object] = {}
@@ -174,16 +209,23 @@ def main() -> None:
         for index, point in enumerate(POINTS):
             if args.only and point.model != args.only:
                 continue
+            if args.points and str(index) not in args.points.split(","):
+                continue
             model = synthetic if point.model == "synthetic" else args.models / point.model
             # What the cost model reads from the header, so its test needs no model file.
             footprints[point.model] = dataclasses.asdict(memory_footprint(model))
             root = folder / f"point-{index}"
             # One data dir (slice cache) per model: a point's slices are cut once, not per start.
-            results += measure(point, model, root, folder / point.model.removesuffix(".gguf"))
+            if args.budget_mb is not None:
+                budgeted = ("--memory-budget-mb", str(args.budget_mb), "--prefix-cache-mb", str(STORE_DEFAULT_MB))
+                point = dataclasses.replace(point, worker_flags=(budgeted,) * len(point.ranges))
+            results += measure(point, model, root, folder / point.model.removesuffix(".gguf"), plaintext=args.plaintext)
             print(json.dumps(results[-len(point.ranges) :]), flush=True)
     document = {
         "what": "resident memory of real meshnet workers after one completion per session",
         "machine": {"python": platform.python_version(), "machine": platform.machine()},
+        "links": "plaintext" if args.plaintext else "mutual TLS",
+        "budget_mb": args.budget_mb,
         "synthetic_spec": {k: str(v) for k, v in vars(SYNTHETIC).items()},
         "footprints": footprints,
         "workers": results,

@@ -49,7 +49,7 @@ from meshnet.wire.tls import LinkSecurity
 
 CAP_MB = 220
 """The smallest round cap at which three nodes hold SmolLM2 (one 2,048-position session each) by
-the memory cost model (a one-layer tail counts 202 MiB); the whole model counts 307 MiB."""
+the memory cost model (a one-layer tail counts 220 MiB); the whole model counts 324 MiB."""
 FORCED_CHARGE_BYTES = 64 * 4096
 """How far a group's recorded peak may pass its cap: one memcg charge batch (64 pages). Two nodes
 sit at their cap, reclaiming page cache, and now and then the kernel forces a charge it may not

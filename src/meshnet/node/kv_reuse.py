@@ -17,6 +17,7 @@ from meshnet.core.prefix import ChainVerifier, KvPlan, PrefixKey
 from meshnet.core.snapshot import SnapshotPlan
 from meshnet.engine.backend import StepInput, StepOutput
 from meshnet.node.kv_snapshots import KvSnapshots
+from meshnet.process.heap import release_free_heap
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.kv_store import KvEntry, KvStore
 
@@ -105,6 +106,9 @@ class KvReuse:
         planned.saved = True
         if blob is not None:
             self.store.put(KvEntry(planned.plan.saved_chain, save_at, blob))
+        # The export's transient copies, and any entry the store just evicted or refused, were
+        # MiBs of heap: hand them back, or the store outgrows its share of the budget.
+        release_free_heap()
         return output
 
     def close(self, key: SessionId) -> None:

@@ -27,8 +27,9 @@ from meshnet.tracker.placement import ServedSpan, suggest_layers
 
 MEASURED = Path(__file__).resolve().parents[3] / "bench" / "results" / "worker-memory.json"
 """Real workers' resident sizes (``scripts/measure_worker_memory.py``), with each model's footprint."""
-OVER_AT_MOST = 0.15
-"""The model may count this much above a measured worker (never below it)."""
+OVER_AT_MOST = 0.16
+"""The model may count this much above a measured worker (never below it): the runtime's margin
+for the spread between runs is a few MiB, 2% of a 145 MiB worker of the tiny synthetic model."""
 
 
 def _recorded() -> dict[str, Any]:

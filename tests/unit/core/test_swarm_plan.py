@@ -11,7 +11,7 @@ import pytest
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.kv_type import KvType
-from meshnet.core.layer_costs import MIB, ModelFootprint, WorkerLoad, layer_costs
+from meshnet.core.layer_costs import MIB, RUNTIME_BYTES, ModelFootprint, WorkerLoad, layer_costs
 from meshnet.core.limits import MAX_CONTEXT
 from meshnet.core.swarm_plan import SESSIONS_LIMIT, parse_size, plan_swarm, remedies
 from meshnet.tracker.placement import plan_ranges
@@ -34,6 +34,12 @@ LOAD = WorkerLoad(sessions=8, context=2048, prefill_chunk=64)
 TRAINED = 8192
 
 
+def _budget(beyond_runtime_mib: int) -> int:
+    """A node's budget: the runtime every worker carries plus this much for its share of the
+    model, so a recalibrated runtime moves every budget here alike and each case stays a case."""
+    return RUNTIME_BYTES + beyond_runtime_mib * MIB
+
+
 def _fits(budgets: list[int], load: WorkerLoad) -> bool:
     return plan_swarm(SMOL, budgets, load, TRAINED).fits
 
@@ -53,7 +59,7 @@ def test_a_bad_size_is_refused(text: str) -> None:
 
 
 def test_the_split_is_the_placements_and_the_parts_add_up_to_the_cost_model() -> None:
-    budgets = [400 * MIB, 300 * MIB, 300 * MIB]
+    budgets = [_budget(293), _budget(193), _budget(193)]
     plan = plan_swarm(SMOL, budgets, LOAD, TRAINED)
     costs = layer_costs(SMOL, LOAD)
     assert [node.layers for node in plan.nodes] == plan_ranges(costs, budgets)
@@ -71,7 +77,7 @@ def test_the_whole_model_on_one_node_counts_a_tied_table_once() -> None:
 
 
 def test_largest_context_and_most_sessions_are_the_boundaries() -> None:
-    budgets = [340 * MIB] * 3
+    budgets = [_budget(233)] * 3
     plan = plan_swarm(SMOL, budgets, LOAD, TRAINED)
     assert plan.fits
     assert 2048 <= plan.largest_context < TRAINED
@@ -89,7 +95,7 @@ def test_the_context_stops_at_the_trained_length_and_sessions_at_the_search_boun
 
 
 def test_a_model_that_does_not_fit_says_what_would_and_each_remedy_fits() -> None:
-    budgets = [250 * MIB, 250 * MIB]
+    budgets = [_budget(143), _budget(143)]
     plan = plan_swarm(SMOL, budgets, LOAD, TRAINED)
     assert not plan.fits
     fixes = remedies(SMOL, budgets, plan)
@@ -100,17 +106,17 @@ def test_a_model_that_does_not_fit_says_what_would_and_each_remedy_fits() -> Non
     assert _fits(grown, LOAD)
     assert 0 < fixes.context < LOAD.context and _fits(budgets, replace(LOAD, context=fixes.context))
     assert 0 < fixes.sessions < LOAD.sessions and _fits(budgets, replace(LOAD, sessions=fixes.sessions))
-    assert fixes.extra_node is None and not _fits([*budgets, 250 * MIB], LOAD)
+    assert fixes.extra_node is None and not _fits([*budgets, _budget(143)], LOAD)
 
 
 def test_one_more_node_is_offered_when_it_fits() -> None:
-    budgets = [340 * MIB, 340 * MIB]
+    budgets = [_budget(233), _budget(233)]
     fixes = remedies(SMOL, budgets, plan_swarm(SMOL, budgets, LOAD, TRAINED))
-    assert fixes.extra_node == 340 * MIB and _fits([*budgets, 340 * MIB], LOAD)
+    assert fixes.extra_node == _budget(233) and _fits([*budgets, _budget(233)], LOAD)
 
 
 def test_too_little_for_even_one_position_says_so() -> None:
-    budgets = [150 * MIB, 150 * MIB]
+    budgets = [_budget(43), _budget(43)]
     plan = plan_swarm(SMOL, budgets, LOAD, TRAINED)
     fixes = remedies(SMOL, budgets, plan)
     assert plan.largest_context == plan.most_sessions == fixes.single_session_context == 0
@@ -125,22 +131,22 @@ def test_bad_loads_and_node_counts_are_refused() -> None:
 
 
 def test_the_reuse_store_gets_what_the_budget_leaves_up_to_its_size() -> None:
-    node = plan_swarm(SMOL, [340 * MIB] * 3, LOAD, TRAINED).nodes[1]
+    node = plan_swarm(SMOL, [_budget(233)] * 3, LOAD, TRAINED).nodes[1]
     assert node.reuse_store(2**40) == node.budget_bytes - node.total > 0
     assert node.reuse_store(MIB) == MIB
 
 
 def test_a_quantized_kv_type_is_counted_and_offered_when_it_fits() -> None:
-    budgets = [280 * MIB] * 3
+    budgets = [_budget(173)] * 3
     f16 = plan_swarm(SMOL, budgets, LOAD, TRAINED)
     q8 = plan_swarm(SMOL, budgets, replace(LOAD, kv_type=KvType.Q8_0), TRAINED)
     assert sum(n.kv for n in q8.nodes) * 2 * 32 == sum(n.kv for n in f16.nodes) * 34
     assert not f16.fits and q8.fits and q8.largest_context > f16.largest_context
     fixes = remedies(SMOL, budgets, f16)
     assert fixes.kv_type is KvType.Q8_0
-    q4 = remedies(SMOL, [250 * MIB] * 3, plan_swarm(SMOL, [250 * MIB] * 3, LOAD, TRAINED))
-    assert q4.kv_type is KvType.Q4_0 and _fits([250 * MIB] * 3, replace(LOAD, kv_type=KvType.Q4_0))
-    assert remedies(SMOL, [230 * MIB] * 3, plan_swarm(SMOL, [230 * MIB] * 3, LOAD, TRAINED)).kv_type is None
+    q4 = remedies(SMOL, [_budget(143)] * 3, plan_swarm(SMOL, [_budget(143)] * 3, LOAD, TRAINED))
+    assert q4.kv_type is KvType.Q4_0 and _fits([_budget(143)] * 3, replace(LOAD, kv_type=KvType.Q4_0))
+    assert remedies(SMOL, [_budget(123)] * 3, plan_swarm(SMOL, [_budget(123)] * 3, LOAD, TRAINED)).kv_type is None
 
 
 def test_the_readmes_auto_layers_example_covers_the_model_and_the_old_one_did_not() -> None:

@@ -64,7 +64,7 @@ def test_a_budget_below_one_session_stops_the_worker(model: Path) -> None:
         plan_worker_capacity(_config(model, LayerRange(0, 4), 60), describe_model(model))
 
 
-@pytest.mark.parametrize("budget_mib", [150, 200, 300])
+@pytest.mark.parametrize("budget_mib", [175, 200, 300])
 def test_auto_layers_get_a_range_whose_plan_keeps_every_session(model: Path, budget_mib: int) -> None:
     """What ``resolve_layers`` does, without the tracker's transport: the worker's costs go to
     ``suggest_layers``; the range that comes back is planned with the budget still set."""
