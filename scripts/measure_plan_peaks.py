@@ -8,7 +8,7 @@ worker's peak resident size (VmHWM) beside the plan's figure.
 The workers run through the calibration harness (``measure_worker_memory.measure``: mutual TLS
 on every link, the reuse store off, since what it keeps grows with the traffic, within whatever
 the plan leaves of the budget). ``tests/model/test_plan_peaks_real.py`` runs the same points and
-holds each peak to within 10% of the plan.
+holds each peak within its budget and within 16% of the plan.
 """
 
 from __future__ import annotations
