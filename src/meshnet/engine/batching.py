@@ -12,7 +12,7 @@ step runs in a call of its own. Prefill is unaffected: its chunks never mix sess
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 BATCH_EXACT_TYPES = frozenset({2, 3, 8})
@@ -45,19 +45,36 @@ def decode_rows_per_call(weights: Iterable[MatrixWeight], *, emits_logits: bool,
 Q8_0 = 8
 """ggml's type id of Q8_0."""
 BATCHED_LM_HEAD_FROM = 8
-"""Fewest one-token rows a ubatch carries through a Q8_0 LM head on one CPU thread; the rows of a
-smaller one run one per call (``decode_calls``). From two rows on, ggml hands a Q8_0 matrix
-product to llamafile's tinyBLAS, which on a 49152-row LM head costs far more than the one-row
-kernel: SmolLM2's head at 1, 2, 4 and 8 rows ~1.4, 3.3, 5.6 and 8.6 ms (engine-thread CPU, 1
-thread). Its 19:30 tail then decodes 2, 4, 6 and 8 rows in one call at 8.2, 13.1, 19.5 and 20.9
-ms against 2.8 ms a row one per call: cheaper one per call below 8 rows, batched from 8
-(``bench/results/v5/waves40-rows-sweep.json``)."""
+"""Fewest one-token rows a ubatch carries through a Q8_0 LM head on one CPU thread where start-up
+could not measure it (``call_costs``: too slow a shard for its budget); the rows of a smaller one
+run one per call (``decode_calls``). From two rows on, ggml hands a Q8_0 matrix product to
+llamafile's tinyBLAS, whose cost against the one-row kernel depends on the CPU. On an AMD EPYC
+(AVX2), SmolLM2's 49152-row LM head cost ~1.4, 3.3, 5.6 and 8.6 ms at 1, 2, 4 and 8 rows
+(engine-thread CPU, 1 thread), and its 19:30 tail decoded 2, 4, 6 and 8 rows in one call at 8.2,
+13.1, 19.5 and 20.9 ms against 2.8 ms a row one per call: cheaper one per call below 8 rows
+(``bench/results/v5/waves40-rows-sweep.json``). On an AVX-512 Xeon the same tail cost 4.2 ms a
+row in one call of 8 and 7.0 one per call: batched is cheaper from two rows there."""
+
+
+def fewest_from_costs(one_row_s: float, calls: Mapping[int, float]) -> int:
+    """Fewest rows worth one call, from measured costs: ``one_row_s`` the cost of a one-row call,
+    ``calls`` the cost of one call of each measured row count. The smallest measured count from
+    which every measured call is cheaper than as many one-row calls; one past the largest measured
+    when none is (larger calls amortize more); 1 with nothing measured (nothing to batch)."""
+    if not calls:
+        return 1
+    cheaper = {rows for rows, cost in calls.items() if cost < rows * one_row_s}
+    for rows in sorted(calls):
+        if all(other in cheaper for other in calls if other >= rows):
+            return rows
+    return max(calls) + 1
 
 
 def fewest_batched_rows(weights: Iterable[MatrixWeight], *, emits_logits: bool, one_cpu_thread: bool) -> int:
-    """Fewest one-token rows worth one call (``decode_calls``): ``BATCHED_LM_HEAD_FROM`` for a shard
-    that multiplies a Q8_0 LM head (``output.weight``, or the token table where it is tied) on one
-    CPU thread, else 1. Only one thread: with more, a lone step past ``SPLIT_KV_FROM`` runs on one
+    """Fewest one-token rows worth one call (``decode_calls``) before start-up measures it: for a
+    shard that multiplies a Q8_0 LM head (``output.weight``, or the token table where it is tied) on
+    one CPU thread ``BATCHED_LM_HEAD_FROM``, which ``call_costs`` replaces with what this CPU
+    costs; else 1, measured by nobody. Only one thread: with more, a lone step past ``SPLIT_KV_FROM`` runs on one
     (``LlamaBackend._threads_for``), so one row per call would give up the others."""
     if not emits_logits or not one_cpu_thread:
         return 1

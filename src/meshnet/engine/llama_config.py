@@ -44,11 +44,18 @@ class LlamaConfig:
     A quantized V cache is read only by flash attention, so a quantized type needs it."""
     split_small_decode_batches: bool = True
     """Run a batch of one-token steps too small to be worth one call through a Q8_0 LM head one row
-    per call (``engine.batching.fewest_batched_rows``): the same arithmetic, less CPU. Start-up
+    per call (``engine.batching.fewest_batched_rows``, measured at start-up: ``engine.call_costs``):
+    the same arithmetic, less CPU. Start-up
     certification turns it off, so that its two-row batch still runs (and certifies) the batched
     kernels that larger batches are served with."""
+    lm_head_batch_from: int | None = None
+    """Fewest one-token rows such a shard runs in one call (``split_small_decode_batches``); None
+    measures it at start-up on this CPU (``engine.call_costs``). Set only by tests and scripts that
+    need one path taken whatever the CPU."""
 
     def __post_init__(self) -> None:
+        if self.lm_head_batch_from is not None and self.lm_head_batch_from < 1:
+            raise InvalidArgument(f"lm_head_batch_from must be at least 1 row, not {self.lm_head_batch_from}")
         if self.kv_type.quantized and not self.flash_attn:
             raise InvalidArgument(
                 f"--kv-type {self.kv_type} needs flash attention (llama.cpp reads a quantized V cache "

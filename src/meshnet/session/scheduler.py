@@ -164,8 +164,9 @@ busy at once, so that while a wave crosses a seam (gRPC, the event loops, the en
 waited out every crossing (measured 0.73-0.80 of a pinned core busy at concurrency 8 on SmolLM2
 meshnet-2, ``bench/results/v5/rows39-profile.md``). Smaller waves cost little here: SmolLM2's
 19-layer head decodes 1, 3, 4 and 8 rows a call at 3.0, 3.0, 3.0 and 2.6 ms of CPU a row (1 thread),
-and its tail runs a wave under 8 rows one row per call (``engine.batching.decode_calls``) at
-~2.6-2.9 ms a row (``bench/results/v5/waves40-decode-cost.md``)."""
+and its tail runs a wave under 8 rows one row per call (``engine.batching.decode_calls``, on a
+CPU where that is cheaper: ``engine.call_costs``) at ~2.6-2.9 ms a row
+(``bench/results/v5/waves40-decode-cost.md``)."""
 
 
 def pipeline_waves(*, takes_tokens: bool, emits_logits: bool) -> int:

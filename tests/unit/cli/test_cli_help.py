@@ -78,12 +78,16 @@ def test_no_config_field_is_typed_twice_with_another_default() -> None:
     only from a --device the caller resolved; kv_type: f16, what every recipe stored before
     --kv-type, set from a worker's or generate's --kv-type; split_small_decode_batches: how a
     small decode batch is cut into llama_decode calls, not its arithmetic, turned off only by
-    start-up certification)."""
+    start-up certification; lm_head_batch_from: None, measured at start-up, set only by tests and
+    scripts)."""
     from meshnet.engine.llama_config import LlamaConfig
     from meshnet.session.admission import AdmissionPolicy
 
     for derived in (LlamaConfig, AdmissionPolicy):
         with_defaults = [f.name for f in dataclasses.fields(derived) if f.default is not dataclasses.MISSING]
-        expected = ["flash_attn", "use_mmap", "repack", "device", "gpu_layers", "kv_type", "split_small_decode_batches"]
+        expected = [
+            *("flash_attn", "use_mmap", "repack", "device", "gpu_layers", "kv_type"),
+            *("split_small_decode_batches", "lm_head_batch_from"),
+        ]
         assert with_defaults in ([], expected), derived
     assert typing.get_type_hints(LlamaConfig)["flash_attn"] is bool

@@ -9,6 +9,7 @@ from meshnet.engine.batching import (
     decode_calls,
     decode_rows_per_call,
     fewest_batched_rows,
+    fewest_from_costs,
 )
 
 Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F32 = 2, 3, 8, 12, 14, 0
@@ -82,3 +83,17 @@ def test_decode_calls_carry_every_row_once() -> None:
                 calls = decode_calls(slots, most=most, fewest=fewest)
                 assert sorted(i for call in calls for i in call) == list(range(len(slots)))
                 assert all(1 <= len(call) <= most for call in calls)
+
+
+def test_measured_costs_batch_from_the_fewest_rows_from_which_every_call_is_cheaper() -> None:
+    ms = 1e-3
+    # SmolLM2's 19:30 tail on an AVX2 EPYC: one call of 2 or 4 rows costs more than 2 or 4 calls.
+    assert fewest_from_costs(2.8 * ms, {2: 8.2 * ms, 4: 13.1 * ms, 8: 20.9 * ms}) == 8
+    # The 18:30 tail on an AVX-512 Xeon: every call of several rows is cheaper per row.
+    assert fewest_from_costs(8.5 * ms, {2: 12.7 * ms, 4: 19.0 * ms, 8: 32.9 * ms}) == 2
+    # A count that is cheaper but followed by a dearer one does not count.
+    assert fewest_from_costs(3 * ms, {2: 5 * ms, 4: 13 * ms, 8: 20 * ms}) == 8
+    # None cheaper: past the largest measured (a larger call amortizes more); equal is not cheaper.
+    assert fewest_from_costs(1 * ms, {2: 2 * ms, 4: 5 * ms}) == 5
+    # Nothing measured: nothing to batch, one call for any run.
+    assert fewest_from_costs(1 * ms, {}) == 1
