@@ -15,8 +15,9 @@ for its ubatches: one per run of consecutive slots).
 Every pattern runs on three sets of contexts, interleaved round by round so the machine's load
 drifts over all alike: ``one_call`` (each wave one llama_decode: the engine before issue 34's
 waves40 change), ``one_call_no_reuse`` (the same with llama.cpp's graph reuse off:
-``LLAMA_GRAPH_REUSE_DISABLE`` is read when a context is created) and ``rowwise`` (the engine as
-served now: ``LlamaConfig.split_small_decode_batches``, a tail's small waves one row per call).
+``LLAMA_GRAPH_REUSE_DISABLE`` is read when a context is created), ``rowwise`` (a tail's waves
+under 8 rows one row per call: ``LlamaConfig.split_small_decode_batches`` as the waves40 change
+served it) and ``measured`` (as served now: the threshold measured at start-up on this CPU).
 The cost measured is the CPU time of this thread around each ``run`` (``time.thread_time``; at
 one thread llama.cpp computes on the caller's thread), which other processes on a loaded machine
 distort far less than wall time. Each pattern's sessions restart from the prompt (KV truncated)
@@ -151,15 +152,22 @@ def graph_reuse(enabled: bool) -> Iterator[None]:
             os.environ[REUSE_SWITCH] = previous
 
 
-VARIANTS = {"one_call": (True, False), "one_call_no_reuse": (False, False), "rowwise": (True, True)}
-"""Name: (llama.cpp graph reuse, ``split_small_decode_batches``)."""
+VARIANTS = {
+    "one_call": (True, False, None),
+    "one_call_no_reuse": (False, False, None),
+    "rowwise": (True, True, 8),
+    "measured": (True, True, None),
+}
+"""Name: (llama.cpp graph reuse, ``split_small_decode_batches``, ``lm_head_batch_from``): ``rowwise``
+is a tail's small waves one row per call below 8 rows whatever the CPU (the waves40 engine),
+``measured`` the engine as served now (the threshold measured at start-up: ``engine.call_costs``)."""
 
 
 def open_layout(model: Path, cache: SliceCache, ranges: list[LayerRange], config: LlamaConfig) -> dict[str, Shards]:
     source = describe_model(model)
     opened = {}
-    for name, (reuse, rowwise) in VARIANTS.items():
-        variant = replace(config, split_small_decode_batches=rowwise)
+    for name, (reuse, rowwise, batch_from) in VARIANTS.items():
+        variant = replace(config, split_small_decode_batches=rowwise, lm_head_batch_from=batch_from)
         with graph_reuse(reuse):
             opened[name] = Shards([open_llama_shard(source, r, cache, variant) for r in ranges])
     return opened
@@ -257,7 +265,10 @@ def main() -> None:
         "model": args.model.name,
         "host": platform.node(),
         "load_before": [round(x, 2) for x in load_before],
-        "variants": {name: {"graph_reuse": r, "split_small_decode_batches": w} for name, (r, w) in VARIANTS.items()},
+        "variants": {
+            name: {"graph_reuse": r, "split_small_decode_batches": w, "lm_head_batch_from": b}
+            for name, (r, w, b) in VARIANTS.items()
+        },
         "rounds": args.rounds,
         "warmup": args.warmup,
         "layouts": [run_layout(name, args.model, cache, layouts[name], args) for name in args.layouts],
