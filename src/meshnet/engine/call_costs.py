@@ -12,14 +12,23 @@ cheaper (``batching.fewest_from_costs``). The rows compute the same either way
 
 from __future__ import annotations
 
+import logging
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from meshnet.engine.backend import ShardShape, StepInput
-from meshnet.engine.batching import fewest_from_costs
+from meshnet.engine.backend import ShardShape, StepInput, StepOutput
+from meshnet.engine.batching import MatrixWeight, fewest_batched_rows, fewest_from_costs
+from meshnet.engine.llama_config import LlamaConfig
+
+log = logging.getLogger(__name__)
+Decode = Callable[[list[tuple[int, StepInput]], dict[int, list[StepOutput]]], None]
+"""A backend's one llama_decode call over (index, step) rows, its outputs added to the pieces."""
+Clear = Callable[[int, int], None]
+"""A backend's truncate: drop a slot's KV from a position on."""
 
 MEASURED_ROWS = (1, 2, 4, 8)
 """Row counts timed: one call of each, in this order, per round (so no call reuses the last
@@ -76,3 +85,38 @@ def probe_step(slot: int, shape: ShardShape) -> StepInput:
     if shape.takes_tokens:
         return StepInput(slot, 0, tokens=np.zeros(1, np.int32), read_logits=False)
     return StepInput(slot, 0, hidden=np.zeros((1, shape.n_embd), np.float32), read_logits=False)
+
+
+def batched_from(
+    weights: Iterable[MatrixWeight], config: LlamaConfig, shape: ShardShape, decode: Decode, clear: Clear
+) -> tuple[int, CallCosts | None]:
+    """Fewest one-token rows a shard runs as one decode call (``batching.decode_calls``), and what
+    was measured to choose it: 1, nothing measured, where a call of any rows is the cheaper
+    (``batching.fewest_batched_rows``) or the config runs every batch as one call (certification);
+    the config's own number where it names one; else measured now, on the thread that serves."""
+    if not config.split_small_decode_batches:
+        return 1, None
+    cpu_one_thread = config.n_threads == 1 and not config.device.is_gpu
+    default = fewest_batched_rows(weights, emits_logits=shape.emits_logits, one_cpu_thread=cpu_one_thread)
+    if default == 1:
+        return 1, None
+    if config.lm_head_batch_from is not None:
+        return config.lm_head_batch_from, None
+    most = min(shape.max_batch_tokens, shape.max_decode_rows)
+    costs = measure_call_costs(lambda rows: _timed_rows(decode, clear, shape, rows), most)
+    if costs is None:
+        return default, None
+    log.info("%s shard %s: %s", shape.role, shape.layers, costs.describe())
+    return costs.fewest, costs
+
+
+def _timed_rows(decode: Decode, clear: Clear, shape: ShardShape, rows: int) -> float:
+    """CPU seconds of one call of ``rows`` one-token rows at position 0 of slots 0.., cleared after
+    it (at one llama.cpp thread the caller's thread computes)."""
+    call = [(slot, probe_step(slot, shape)) for slot in range(rows)]
+    started = time.thread_time()
+    decode(call, {slot: [] for slot in range(rows)})
+    spent = time.thread_time() - started
+    for slot in range(rows):
+        clear(slot, 0)
+    return spent

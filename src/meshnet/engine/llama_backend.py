@@ -14,8 +14,6 @@ beyond its outputs.
 from __future__ import annotations
 
 import ctypes
-import logging
-import time
 from pathlib import Path
 
 import llama_cpp
@@ -26,8 +24,8 @@ from meshnet.artifact.slicing import verify_slice
 from meshnet.core.errors import EngineError, InvalidArgument, ResourceExhausted, SnapshotRefused
 from meshnet.core.kv_type import KvType
 from meshnet.engine.backend import ShardRole, ShardShape, StepInput, StepOutput, join_pieces, prefill_pieces
-from meshnet.engine.batching import MatrixWeight, decode_calls, decode_rows_per_call, fewest_batched_rows
-from meshnet.engine.call_costs import CallCosts, measure_call_costs, probe_step
+from meshnet.engine.batching import MatrixWeight, decode_calls, decode_rows_per_call
+from meshnet.engine.call_costs import CallCosts, batched_from
 from meshnet.engine.devices import device_handle
 from meshnet.engine.kv_blob import KvOwner, restorable, seal, unseal
 from meshnet.engine.llama_config import LlamaConfig
@@ -35,7 +33,6 @@ from meshnet.engine.llama_ffi import EvalCallback, ggml_backend_tensor_get, ggml
 from meshnet.engine.native_capture import CaptureState, native_capture
 from meshnet.engine.step_checks import check_batch
 
-log = logging.getLogger(__name__)
 _ALL_LAYERS = 1 << 30
 """``n_gpu_layers`` past a model's layer count offloads every layer and the output."""
 _GGML_KV_TYPES = {
@@ -87,24 +84,13 @@ class LlamaBackend:
             config.max_batch_tokens,
             decode_rows_per_call(weights, emits_logits=role in ("full", "tail"), max_slots=config.max_slots),
         )
-        self._fewest_batched = (
-            fewest_batched_rows(
-                weights,
-                emits_logits=role in ("full", "tail"),
-                one_cpu_thread=config.n_threads == 1 and not config.device.is_gpu,
-            )
-            if config.split_small_decode_batches
-            else 1
-        )
         self._owner = KvOwner(provenance.source_sha256, provenance.layers)
         self._window = int(llama_cpp.llama_model_n_swa(self._model))
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._threads = config.n_threads
         self._allocate_batch(config.max_batch_tokens, n_embd)
-        self.call_costs: CallCosts | None = None
-        """What this CPU charged for decode calls of 1, 2, 4 and 8 rows at start-up, where measured."""
-        if self._fewest_batched > 1:
-            self._fewest_batched = self._measured_fewest(self._fewest_batched)
+        self.call_costs: CallCosts | None  # what this CPU charged for calls of 1-8 rows, where measured
+        self._fewest_batched, self.call_costs = batched_from(weights, config, self._shape, self._decode, self.truncate)
 
     @property
     def shape(self) -> ShardShape:
@@ -195,29 +181,6 @@ class LlamaBackend:
         if self._capture_state is not None:
             self._capture_state.buffer = self._captured.ctypes.data
             self._capture_state.capacity = self._captured.nbytes
-
-    def _measured_fewest(self, default: int) -> int:
-        """Fewest one-token rows a decode call carries through this shard's LM head, as this CPU
-        prices them (``engine.call_costs``); ``default`` where that cannot be measured."""
-        if self._config.lm_head_batch_from is not None:
-            return self._config.lm_head_batch_from
-        most = min(self._shape.max_batch_tokens, self._shape.max_decode_rows)
-        self.call_costs = measure_call_costs(self._timed_rows, most)
-        if self.call_costs is None:
-            return default
-        log.info("%s shard %s: %s", self._shape.role, self._shape.layers, self.call_costs.describe())
-        return self.call_costs.fewest
-
-    def _timed_rows(self, rows: int) -> float:
-        """CPU seconds of one call of ``rows`` one-token rows at position 0 of slots 0.., cleared
-        after it (at one llama.cpp thread the caller's thread computes)."""
-        call = [(slot, probe_step(slot, self._shape)) for slot in range(rows)]
-        started = time.thread_time()
-        self._decode(call, {slot: [] for slot in range(rows)})
-        spent = time.thread_time() - started
-        for slot in range(rows):
-            llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
-        return spent
 
     def _batch_over(self, uses_tokens: bool) -> llama_cpp.llama_batch:
         return llama_cpp.llama_batch(
