@@ -3,7 +3,7 @@
 A setup step builds ``ggml-rpc-server`` and ``llama-bench`` (CMake, ``-DGGML_RPC=ON``) from the
 llama.cpp source inside the pinned llama-cpp-python sdist (``pip download --no-deps --no-binary
 :all: llama-cpp-python==0.3.36``, or an unpacked source given as ``llama_source``) and caches the
-binaries under ``DATA_DIR/llama-rpc``. It runs only with ``build_llama_rpc`` (the build takes
+binaries under ``DATA_DIR/llama-rpc``, one build per CPU. It runs only with ``build_llama_rpc`` (the build takes
 ~20-40 minutes on 2 cores); an uncached lane is otherwise skipped and says so. The lane then
 runs ``llama-bench`` tg64 on the host with the first third of the layers and two RPC servers
 holding the other two thirds (``-ngl``, ``-ts``), 1 thread each, flash attention on, and
@@ -37,6 +37,8 @@ TARGETS = ("ggml-rpc-server", "llama-bench")
 DECODE_TOKENS = 64
 BENCH_REPETITIONS = 3
 RUN_TIMEOUT_S = 600.0
+# The checkout's scripts (src/meshnet/bench/ is three levels below it): the lane builds from a checkout.
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 class LaneSkipped(Exception):
@@ -65,32 +67,58 @@ def measure_llama_rpc(config: BenchConfig, say: Progress) -> ExtraLane:
 # -- the build ----------------------------------------------------------------------------------
 
 
-def ensure_binaries(config: BenchConfig, say: Progress) -> tuple[Path, Path]:
-    """The cached ``ggml-rpc-server`` and ``llama-bench``, built first if they are missing."""
+def ensure_binaries(config: BenchConfig, say: Progress, scripts: Path = SCRIPTS) -> tuple[Path, Path]:
+    """The cached ``ggml-rpc-server`` and ``llama-bench`` for this CPU, built first if missing.
+
+    The build is native (``-march=native``), so its cache is keyed by the CPU it is for
+    (``scripts/cpu_target.sh``): a ``DATA_DIR`` carried to another machine builds anew instead of
+    dying with SIGILL at the first kernel that CPU lacks. It gets the C/C++ flags of every other
+    llama.cpp build here (``scripts/llama_cflags.sh``: no AMX kernels on x86-64, which crash the
+    pinned llama.cpp on an AMX Xeon)."""
     root = config.data_dir / "llama-rpc"
-    binaries = tuple(root / "build" / "bin" / name for name in TARGETS)
+    cpu, flags = native_target(scripts)
+    build_dir = root / f"build-{cpu}"
+    binaries = tuple(build_dir / "bin" / name for name in TARGETS)
     if all(path.exists() for path in binaries):
         return binaries[0], binaries[1]
     if not config.build_llama_rpc:
         raise LaneSkipped(
-            f"llama.cpp's RPC binaries are not built in {root}/build/bin: run the bench once with --build-llama-rpc"
+            f"llama.cpp's RPC binaries are not built in {build_dir}/bin: run the bench once with --build-llama-rpc"
         )
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise LaneSkipped(f"building llama.cpp needs {tool}, which is not installed")
     source = config.llama_source or download_source(root)
-    say(f"llama-rpc-3: building {', '.join(TARGETS)} from {source} (cached in {root}/build)")
-    configure = ["cmake", "-S", str(source), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release"]
+    say(f"llama-rpc-3: building {', '.join(TARGETS)} from {source} (cached in {build_dir})")
+    configure = ["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"]
     configure += ["-DGGML_RPC=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF"]
     configure += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
-    build = ["cmake", "--build", str(root / "build"), "-j", str(len(usable_cores())), "--target", *TARGETS]
-    log = root / "build.log"
+    configure += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
+    build = ["cmake", "--build", str(build_dir), "-j", str(len(usable_cores())), "--target", *TARGETS]
+    log = root / f"build-{cpu}.log"
     root.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         for command in (configure, build):
             if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=False).returncode != 0:
                 raise LaneSkipped(f"the llama.cpp build failed (see {log})")
     return binaries[0], binaries[1]
+
+
+def native_target(scripts: Path) -> tuple[str, str]:
+    """This CPU's build fingerprint and the C/C++ flags of a llama.cpp build for it, from the
+    checkout's scripts (their one owner; the Makefile and ``build_backend.sh`` ask them too)."""
+    answers = []
+    for name in ("cpu_target.sh", "llama_cflags.sh"):
+        script = scripts / name
+        if not script.is_file():
+            raise LaneSkipped(f"building llama.cpp here needs {script} (a source checkout of meshnet)")
+        done = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise LaneSkipped(f"{script} failed: {done.stderr.strip().splitlines()[-1:]}")
+        answers.append(done.stdout.strip())
+    if not answers[0].isalnum():
+        raise LaneSkipped(f"{scripts / 'cpu_target.sh'} printed no CPU fingerprint: {answers[0]!r}")
+    return answers[0], answers[1]
 
 
 def download_source(root: Path) -> Path:
