@@ -42,6 +42,12 @@ class ShardShape:
     batched row differently."""
 
     @property
+    def rows_per_decode_call(self) -> int:
+        """One-token rows one llama_decode call may carry: the batch's token room and the rows
+        that stay bit-identical batched, whichever is fewer."""
+        return min(self.max_batch_tokens, self.max_decode_rows)
+
+    @property
     def takes_tokens(self) -> bool:
         return self.role in ("full", "head")
 

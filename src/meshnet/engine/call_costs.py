@@ -102,8 +102,7 @@ def batched_from(
         return 1, None
     if config.lm_head_batch_from is not None:
         return config.lm_head_batch_from, None
-    most = min(shape.max_batch_tokens, shape.max_decode_rows)
-    costs = measure_call_costs(lambda rows: _timed_rows(decode, clear, shape, rows), most)
+    costs = measure_call_costs(lambda rows: _timed_rows(decode, clear, shape, rows), shape.rows_per_decode_call)
     if costs is None:
         return default, None
     log.info("%s shard %s: %s", shape.role, shape.layers, costs.describe())

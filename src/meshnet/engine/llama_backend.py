@@ -232,7 +232,7 @@ class LlamaBackend:
         order = sorted(range(len(batch)), key=lambda i: batch[i].slot)
         pieces: dict[int, list[StepOutput]] = {i: [] for i in order}
         singles = [(i, batch[i]) for i in order if batch[i].n_tokens == 1]
-        most = min(self._shape.max_batch_tokens, self._shape.max_decode_rows)
+        most = self._shape.rows_per_decode_call
         for call in decode_calls([step.slot for _, step in singles], most=most, fewest=self._fewest_batched):
             self._decode([singles[i] for i in call], pieces)
         for index in order:

@@ -26,6 +26,7 @@ from meshnet.core.snapshot import TOKENS_SEED, UNBOUND, SnapshotPlan, token_chai
 from meshnet.engine.backend import StepInput, StepOutput
 from meshnet.node.metrics import SnapshotFigures
 from meshnet.node.snapshot_peers import SnapshotPeers
+from meshnet.process.heap import release_free_heap
 from meshnet.session.engine_loop import EngineLoop
 from meshnet.session.snapshot_disk import SnapshotDisk
 from meshnet.session.snapshots import Expected, pack, read_header, unpack
@@ -161,6 +162,16 @@ class KvSnapshots:
 
     async def _write(self, key: SessionId, at: int, link: bytes, blob: bytes) -> None:
         data = await asyncio.to_thread(pack, self._fingerprint, self._layers, key, at, link, blob)
+        del blob  # packed into data
+        try:
+            await self._keep(key, at, data)
+        finally:
+            # The export and its packed copy were MiBs of heap, which glibc keeps resident once
+            # freed (process/heap.py): hand them back, as after a prefix save (node/kv_reuse.py).
+            del data
+            release_free_heap()
+
+    async def _keep(self, key: SessionId, at: int, data: bytes) -> None:
         if not await asyncio.to_thread(self.disk.put, key, at, data):
             log.info("snapshot of %d positions (%d bytes) exceeds the snapshot disk budget", at, len(data))
             return
