@@ -172,6 +172,8 @@ def _concurrency_cell(run: Measures | None) -> str:
     if run is None:
         return NONE
     itl = f"{_fmt(run.token_latency_ms_p50, 1)}/{_fmt(run.token_latency_ms_p95, 1)}"
+    if run.steady_token_latency_ms_p95 is not None:
+        itl += f" (steady {_fmt(run.steady_token_latency_ms_p50, 1)}/{_fmt(run.steady_token_latency_ms_p95, 1)})"
     cell = f"{_fmt(run.aggregate_decode_tok_s)} tok/s, occ {_fmt(run.batch_occupancy, 2)}, itl {itl} ms"
     if run.seam_messages_per_token is not None:
         cell += f", {run.seam_messages_per_token:.2f} seam msg/token"
@@ -255,7 +257,8 @@ def _sections(results: BenchResults, contract: Path | None) -> list[str]:
         "## Aggregate decode throughput vs concurrency",
         "",
         "Aggregate decode tok/s in the steady state (all streams decoding); occ = engine batch occupancy "
-        "(sessions per batch); itl = per-stream inter-token latency p50/p95; seam msg/token = gRPC messages "
+        "(sessions per batch); itl = per-stream inter-token latency p50/p95 over the whole run (steady: only the "
+        "gaps while every stream decodes, without the prompts still prefilling); seam msg/token = gRPC messages "
         "the route's workers sent each other during the run (their own count) per token streamed, prefill "
         "frames included.",
         *("", *_concurrency_table(results), ""),

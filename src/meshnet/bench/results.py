@@ -112,6 +112,10 @@ class Measures:
     seam_messages_per_token: float | None = None
     """Median over rounds of gRPC messages between the route's shards per token streamed
     (``stats.seam_messages_per_token``); absent for lanes without worker seams."""
+    steady_token_latency_ms_p50: float | None = None
+    steady_token_latency_ms_p95: float | None = None
+    """Token gaps inside the steady state only (``stats.steady_token_gaps``): the decode itself,
+    without the prompts still prefilling when the streams start together; absent in runs before."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +337,9 @@ def to_json(results: BenchResults) -> dict[str, Any]:
         for measures in lane.get("concurrency", {}).values():
             if measures.get("seam_messages_per_token") is None:
                 measures.pop("seam_messages_per_token", None)  # no worker seams: absent, not null
+            for steady in ("steady_token_latency_ms_p50", "steady_token_latency_ms_p95"):
+                if measures.get(steady) is None:
+                    measures.pop(steady, None)  # no steady window, or a file older than the field
         hops = lane.get("hop_timing")
         if hops is not None and hops.get("seam_crossings_per_token") is None:
             del hops["seam_crossings_per_token"]  # a field newer than the file: absent, not null

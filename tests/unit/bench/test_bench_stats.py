@@ -6,7 +6,14 @@ import pytest
 
 from meshnet.bench.config import BenchConfig, parse_lane
 from meshnet.bench.context import clamp_contexts, estimate_seconds
-from meshnet.bench.stats import RequestTrace, RunRecord, steady_state_rate, summarize, token_agreement
+from meshnet.bench.stats import (
+    RequestTrace,
+    RunRecord,
+    steady_state_rate,
+    steady_token_gaps,
+    summarize,
+    token_agreement,
+)
 from meshnet.core.errors import InvalidArgument
 
 
@@ -81,3 +88,22 @@ def test_contexts_are_clamped_to_the_room_and_prefill_cost_is_extrapolated() -> 
     assert clamp_contexts([128, 2048, 8000, 9000, 9500], 8192, 8) == [128, 2048, 8000, 8182]
     assert estimate_seconds(None, 8000) == 0.0
     assert estimate_seconds((2048, 20.0), 8000) == pytest.approx(20.0 * (8000 / 2048) ** 1.75)
+
+
+def test_steady_token_latency_leaves_out_the_gaps_while_prompts_still_prefill() -> None:
+    # a decodes every 0.1 s from 0.1, but waits 1.0 s at 0.5 while b's prompt prefills (a route
+    # that runs prefill chunks between decode steps); b's first token comes at 1.6.
+    early = (0.1, 0.2, 0.3, 0.4, 0.5, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2)
+    a = RequestTrace(0, 100, 0.0, early, tuple(range(len(early))), early[-1])
+    b = trace(1, 0.0, 1.6, 0.1, 7)  # 1.6 .. 2.2
+    summary = summarize([run(a, b)])
+    assert summary.token_latency_ms_p95 is not None and summary.token_latency_ms_p95 > 150.0  # the one 1 s gap of 18
+    assert summary.steady_token_latency_ms_p50 == pytest.approx(100.0)
+    assert summary.steady_token_latency_ms_p95 == pytest.approx(100.0)
+    assert steady_token_gaps(run(a, b)) == pytest.approx([0.1] * 12)
+
+
+def test_without_an_overlap_there_are_no_steady_gaps() -> None:
+    a, b = trace(0, 0.0, 0.1, 0.1, 3), trace(1, 0.0, 1.0, 0.1, 3)  # a ends before b starts
+    assert steady_token_gaps(run(a, b)) == []
+    assert summarize([run(a, b)]).steady_token_latency_ms_p95 is None
