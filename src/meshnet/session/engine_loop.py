@@ -41,6 +41,7 @@ from meshnet.session.scheduler import (
     pipeline_waves,
     plan_tick,
     runs_inline,
+    slot_waves,
     wave_size,
     window_length,
 )
@@ -295,11 +296,12 @@ class EngineLoop:
     def _tick(self) -> None:
         now = self._clock()
         by_ticket = {w.ticket: w for w in self._pending}
-        plan = plan_tick(
-            [PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline) for w in self._pending],
-            now=now,
-            max_decode_batch=self._decode_batch(),
-        )
+        size, waves = self._decode_waves()
+        pending = [
+            PendingWork(w.ticket, w.next_piece.n_tokens, w.enqueued_at, w.deadline, w.step.slot) for w in self._pending
+        ]
+        # A partial wave's steps are passed over for two decode calls at most (``next_wave``).
+        plan = plan_tick(pending, now=now, max_decode_batch=size, waves=waves, hold_s=2.0 * self._decode_call_s)
         for ticket in plan.expired:
             work = by_ticket[ticket]
             self._pending.remove(work)
@@ -327,11 +329,13 @@ class EngineLoop:
                 self._pending.remove(work)
                 self._settle(work.future, value=join_pieces(work.outputs))
 
-    def _decode_batch(self) -> int:
-        """The most decode steps this tick runs: on a route's head, one wave (``wave_size``)."""
+    def _decode_waves(self) -> tuple[int, tuple[tuple[int, ...], ...]]:
+        """The most decode steps this tick runs and, on a route's head, the slots of each wave
+        (``wave_size``, ``slot_waves``); elsewhere no waves: every ready step runs."""
         shape = self.backend.shape
         waves = pipeline_waves(takes_tokens=shape.takes_tokens, emits_logits=shape.emits_logits)
-        return wave_size(self._max_decode_batch, len(self._arrivals.last), waves)
+        size = wave_size(self._max_decode_batch, len(self._arrivals.last), waves)
+        return size, (slot_waves(self._arrivals.last, size) if waves > 1 else ())
 
     def _run_backend(self, chunks: list[StepInput]) -> list[StepOutput]:
         """One backend call, counted; its failures are typed (whichever thread holds the lock)."""

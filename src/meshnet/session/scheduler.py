@@ -7,6 +7,8 @@ Policy, and why:
   decode steps of other sessions for more than one chunk, and decode never starves prefill
   (a waiting chunk runs in every tick);
 - work past its deadline is failed before it runs, so it never appends KV;
+- a route's head runs its decoding sessions as waves of neighbouring slots, a complete wave
+  before a partial one (``slot_waves``, ``next_wave``): one llama.cpp graph per wave;
 - a shard that is a whole route by itself (``gathers``) waits briefly (``gather_wait``) for the
   steps of its other decoding sessions, which its own last batch answered and which come back
   one by one, so batches stay full; a shard of a longer route never waits: a step that is ready
@@ -28,6 +30,8 @@ class PendingWork:
     """Tokens of the next chunk this work would run (1 for a decode step)."""
     enqueued_at: float
     deadline: float | None
+    slot: int = -1
+    """The session's KV slot (its llama.cpp sequence id); -1 where unknown."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,65 @@ class TickPlan:
     expired: tuple[int, ...]
 
 
-def plan_tick(pending: Sequence[PendingWork], *, now: float, max_decode_batch: int) -> TickPlan:
+def plan_tick(
+    pending: Sequence[PendingWork],
+    *,
+    now: float,
+    max_decode_batch: int,
+    waves: Sequence[Sequence[int]] = (),
+    hold_s: float = 0.0,
+) -> TickPlan:
+    """``waves``: the slots of each decode wave (``slot_waves``) on a route's head, with the
+    longest a partial wave's step is passed over (``next_wave``); no waves: a tick runs every
+    ready decode step, oldest first, up to ``max_decode_batch``."""
     expired = tuple(w.ticket for w in pending if w.deadline is not None and w.deadline <= now)
     live = [w for w in pending if w.ticket not in expired]
     live.sort(key=lambda w: (w.enqueued_at, w.ticket))
-    decode = [w.ticket for w in live if w.n_tokens == 1][:max_decode_batch]
+    ready = [w for w in live if w.n_tokens == 1]
+    decode = [w.ticket for w in next_wave(ready, waves, now=now, hold_s=hold_s)][:max_decode_batch]
     prefill = [w.ticket for w in live if w.n_tokens > 1][:1]
     return TickPlan(tuple(decode + prefill), expired)
+
+
+def slot_waves(decoding_slots: Collection[int], size: int) -> tuple[tuple[int, ...], ...]:
+    """The decoding sessions' slots, ascending, cut into waves of ``size``.
+
+    llama.cpp runs a call's rows as one graph (one pass over the weights) only where their
+    sequence ids are consecutive (``engine.batching.decode_calls``), and a session table hands
+    out the lowest free slot, so waves of neighbouring slots are the waves llama.cpp batches.
+    Waves made of whichever steps were ready (the head's rule before) mixed slots at random:
+    measured on SmolLM2 pinned meshnet-2 at 8 sessions, the head's 3-row calls ran as 2-3 graphs
+    and the tail ran 78% of its rows one per call (``bench/results/v5/waves43``)."""
+    ordered = sorted(decoding_slots)
+    return tuple(tuple(ordered[start : start + size]) for start in range(0, len(ordered), size))
+
+
+def next_wave(
+    decode: Sequence[PendingWork], waves: Sequence[Sequence[int]], *, now: float, hold_s: float
+) -> list[PendingWork]:
+    """The ready decode steps (oldest first) of the wave a head runs next: the oldest wave whose
+    members are all ready, else the ready members of the oldest step's wave; and that one at
+    once when its oldest step has waited ``hold_s``.
+
+    Running a complete wave first lets a wave split by a join or a leave come together again:
+    its early part waits while another wave runs, and its late part, a wave behind, catches up.
+    The hold bounds the wait where a member does not come (a session between two turns of a
+    conversation): the engine passes two of its decode calls. A slot outside every wave (a
+    session that just started decoding) is a wave of its own."""
+    if not waves or not decode:
+        return list(decode)
+    wave_of = {slot: index for index, members in enumerate(waves) for slot in members}
+    ready: dict[tuple[int, int], list[PendingWork]] = {}
+    for work in decode:
+        key = (wave_of[work.slot], -1) if work.slot in wave_of else (-1, work.ticket)
+        ready.setdefault(key, []).append(work)
+    oldest = next(iter(ready.values()))  # insertion order: the oldest step's wave first
+    if now - oldest[0].enqueued_at >= hold_s:
+        return oldest
+    for (index, _), works in ready.items():
+        if index < 0 or len(works) == len(waves[index]):
+            return works
+    return oldest
 
 
 @dataclass(frozen=True)
