@@ -178,6 +178,19 @@ class GrpcRowExchange:
         with self._lock:
             return sum(1 for link in self._links.values() if not link.lost)
 
+    def missing(self) -> str:
+        """Which peers this node lacks, named (``peer 1 is lost``, ``peer 2 has not connected``);
+        empty when every one is connected."""
+        with self._lock:
+            links = dict(self._links)
+        others = (peer for peer in range(self._ownership.count) if peer != self._ownership.index)
+        gaps = [
+            f"peer {peer} is lost" if peer in links else f"peer {peer} has not connected"
+            for peer in others
+            if peer not in links or links[peer].lost
+        ]
+        return ", ".join(gaps)
+
     def add(self, link: PeerLink) -> bool:
         """Register a peer's link; False if that peer is connected already (a duplicate stream)."""
         with self._lock:

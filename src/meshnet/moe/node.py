@@ -93,7 +93,12 @@ class ExpertNode:
         if self._left is not None:
             raise self._left
         if self.exchange.connected != self.ownership.count - 1:
-            raise Unavailable(f"expert node {self.ownership.label}: not every peer of the group is connected")
+            # Named, so the driver's error says which node of the group went (the peer may be
+            # found lost here, between two steps, before the driver's own call to it fails).
+            missing = self.exchange.missing() or "a peer was lost"
+            raise Unavailable(
+                f"expert node {self.ownership.label}: not every peer of the group is connected: {missing}"
+            )
         if request.step != self._next_step:
             raise FailedPrecondition(f"step {request.step} out of order: this node expects step {self._next_step}")
         shape = self.backend.shape

@@ -131,6 +131,19 @@ def test_a_closed_peer_fails_the_exchange_at_once_not_at_the_deadline(pair_facto
     with pytest.raises(Unavailable, match="peer 0 is lost"):
         _in_thread(lambda: pair.nodes[1].exchange(_rows(1, 0))).result(timeout=10)
     assert [pair.loop.call(_connected(node)) for node in pair.nodes] == [0, 0]
+    # A node asked for a step between two exchanges names the peer it lost (``ExpertNode.step``).
+    assert [node.missing() for node in pair.nodes] == ["peer 1 is lost", "peer 0 is lost"]
+
+
+def test_a_peer_that_never_connected_is_named_so(pair_factory: Callable[[float], _Pair]) -> None:
+    pair = pair_factory(10.0)
+    assert [node.missing() for node in pair.nodes] == ["", ""]
+    alone = pair.loop.call(_unconnected(ExpertOwnership(1, 3)))
+    assert alone.missing() == "peer 0 has not connected, peer 2 has not connected"
+
+
+async def _unconnected(ownership: ExpertOwnership) -> GrpcRowExchange:
+    return GrpcRowExchange(ownership, GEOMETRY, 10.0, asyncio.get_running_loop())
 
 
 async def _close(node: GrpcRowExchange) -> None:
