@@ -28,6 +28,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from swarm_harness import PROMPT, meshnet_command, query_db, stop_string_of, write_tiny_model
 from up_harness import chat, running_up
 
@@ -85,6 +86,12 @@ def _complete(port: int, data_dir: Path) -> int:
     return 0
 
 
+def _scrape(url: str) -> dict[str, float]:
+    """Every sample of a /metrics page, by sample name (labels dropped: one replica here)."""
+    text = httpx.get(url, timeout=10).text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -113,6 +120,9 @@ def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, i
     child, port = up
     before = _status(tmp_path)["tracker"]
     assert before["restarts"] == 0 and _complete(port, tmp_path) == 200
+    # `up` turns every component's /metrics on and lists where: the tracker counts the two workers.
+    assert _scrape(before["metrics"])["meshnet_tracker_live_nodes"] == 2
+    assert all(c["metrics"] for c in _status(tmp_path).values())
     # `up` made the client key (owner-only) and its gateway refuses requests without it.
     assert (tmp_path / "api-key").stat().st_mode & 0o777 == 0o600
     assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
@@ -138,6 +148,8 @@ def test_up_restarts_a_killed_tracker_and_serves_again(up: tuple[ChildProcess, i
     while _complete(port, tmp_path) != 200:
         assert time.monotonic() < deadline, "the swarm never served again after the tracker restart"
         time.sleep(0.2)
+    # The restarted tracker serves /metrics again, where its new ready line says.
+    assert _scrape(_status(tmp_path)["tracker"]["metrics"])["meshnet_tracker_live_nodes"] == 2
     assert child.alive
     others = {name: c for name, c in _status(tmp_path).items() if name != "tracker"}
     assert all(c["restarts"] == 0 for c in others.values()), others

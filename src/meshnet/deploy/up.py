@@ -79,7 +79,7 @@ def _bound_port(ready: ReadyLine) -> int:
 
 
 def _tracker(config: LocalSwarmConfig, logs: Path) -> Supervised:
-    tracker = TrackerConfig(port=0, join_port=0, heartbeat_interval_s=1.0, insecure=config.insecure)
+    tracker = TrackerConfig(port=0, join_port=0, heartbeat_interval_s=1.0, insecure=config.insecure, metrics_port=0)
 
     def spec(tracker: TrackerConfig) -> LaunchSpec:
         launch = tracker_launch(tracker, config.data_dir)
@@ -183,6 +183,7 @@ class _Reporter:
                     "name": c.name,
                     "pid": c.child.pid if c.child is not None else None,
                     "address": c.child.ready.first if c.child is not None and c.child.ready else None,
+                    "metrics": _metrics_url(c) if c.child is not None and c.child.ready else None,
                     "restarts": c.restarts,
                     "last_exit": c.last_exit,
                 }
@@ -197,7 +198,7 @@ class _Reporter:
 def _describe_start(component: Supervised) -> str:
     ready = component.ready
     if component.name == "tracker":
-        return f"tracker   {ready.first}"
+        return f"tracker   {ready.first}  {_metrics_url(component) or ''}"
     if component.name.startswith("expert-"):
         return describe_node(component, "started")
     if component.name == "gateway":
@@ -208,6 +209,18 @@ def _describe_start(component: Supervised) -> str:
         return f"front     {worker.address}  the whole model through the expert group  {worker.metrics or ''}"
     layers = component.name.removeprefix("worker ")
     return f"worker    {worker.address}  layers {layers}  {worker.metrics or ''}"
+
+
+def _metrics_url(component: Supervised) -> str | None:
+    """Where a started component serves Prometheus ``/metrics`` (its ready line says), if it does."""
+    ready = component.ready
+    if component.name == "tracker":
+        return TrackerLine.read(ready).metrics
+    if component.name == "gateway":
+        return f"{GatewayLine.read(ready).url}/metrics"
+    if component.name.startswith("expert-"):
+        return None  # an expert node serves no /metrics of its own; the group's front does
+    return WorkerLine.read(ready).metrics
 
 
 def _stop_on_sigterm() -> None:

@@ -28,6 +28,7 @@ from meshnet.process.launcher import ReadyLine
 ROOT = Path(__file__).resolve().parents[3]
 LINES: list[ReadyAnnouncement] = [
     TrackerLine("127.0.0.1:7070"),
+    TrackerLine("127.0.0.1:7070", "http://127.0.0.1:9/metrics"),
     TrackerJoinLine("127.0.0.1:7071"),
     RelayServerLine("203.0.113.7:7090", "r-1a2b3c4d5e6f"),
     RelayServerLine("127.0.0.1:7090"),

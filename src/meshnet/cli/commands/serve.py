@@ -104,7 +104,8 @@ def cmd_tracker(args: argparse.Namespace) -> int:
 
     def ready(running: RunningTracker) -> None:
         # Scripts and tests wait for this line to learn the bound port.
-        announce(TrackerLine(running.address))
+        metrics = f"http://{running.metrics.address}/metrics" if running.metrics is not None else None
+        announce(TrackerLine(running.address, metrics))
         if running.join_address is not None:
             announce(TrackerJoinLine(running.join_address))
 

@@ -97,6 +97,8 @@ class TrackerLine(ReadyAnnouncement):
 
     PREFIX: ClassVar[str] = "meshnet tracker listening on"
     address: str
+    metrics: str | None = field(default=None, metadata=key("metrics"))
+    """The Prometheus URL, when ``--metrics-port`` serves one."""
 
 
 @dataclass(frozen=True)
