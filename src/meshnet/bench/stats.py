@@ -18,7 +18,7 @@ Rates are medians over interleaved rounds; latency percentiles pool every round'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +75,12 @@ def stream_decode_rate(trace: RequestTrace) -> float | None:
 
 
 def token_gaps(trace: RequestTrace) -> list[float]:
-    return [b - a for a, b in zip(trace.token_times, trace.token_times[1:], strict=False)]
+    return [b - a for a, b in _consecutive_tokens(trace)]
+
+
+def _consecutive_tokens(trace: RequestTrace) -> Iterator[tuple[float, float]]:
+    """The arrival times of each token and the next, pairwise."""
+    return zip(trace.token_times, trace.token_times[1:], strict=False)
 
 
 def aggregate_rate(run: RunRecord) -> float | None:
@@ -95,7 +100,7 @@ def steady_token_gaps(run: RunRecord) -> list[float]:
     if not traces:
         return []
     start, stop = steady_window(traces)
-    pairs = (pair for t in traces for pair in zip(t.token_times, t.token_times[1:], strict=False))
+    pairs = (pair for t in traces for pair in _consecutive_tokens(t))
     return [b - a for a, b in pairs if start <= a and b <= stop]
 
 
