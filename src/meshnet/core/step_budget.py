@@ -13,7 +13,8 @@ what the route's own nodes measured (``NodeCapability.prefill_tokens_per_s`` and
   its tokens and is never cut for being long;
 - *one engine call ahead*: another session's prefill chunk (``prefill_chunk_tokens`` at the
   prefill speed) may run on the hop's engine before this step does, which an honest busy shard
-  does all the time;
+  does all the time; a step queued behind more than that (many sessions arriving at once) is
+  given further windows while its hops answer other sessions (``route.hop_progress``);
 - *factor* and *floor*: a node measured itself once, idle; a loaded machine (a 2-core CI runner
   with other work) runs the same step several times slower and stalls a process for a second or
   two now and then. An honest slow step must never look like a hung one, as a false failover

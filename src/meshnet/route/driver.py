@@ -40,6 +40,7 @@ from meshnet.core.generation import GenerationRequest
 from meshnet.core.prefix import KvPlan
 from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.step_budget import StepBudget
+from meshnet.route.hop_progress import HopProgress
 from meshnet.route.hop_timing import hop_latencies, timing_due
 from meshnet.route.kv_plan import plan_for
 from meshnet.route.life import finish_for
@@ -60,6 +61,8 @@ class RouteDriver:
         self.pool = pool
         self._max_frame_bytes = max_frame_bytes
         self.budget = budget or StepBudget()
+        self.progress = HopProgress()
+        """When each hop last answered any of this driver's sessions: a queued step waits on."""
 
     async def run(
         self,
@@ -130,7 +133,9 @@ class RouteDriver:
             # The last frame we send asks the head to decode on by itself (head-driven decode),
             # so from then on we only read: our round trip leaves the per-token critical path.
             continuation = _continuation(request, len(history))
-            run = RouteRun(route, request, deadline, stream, continuation, self.budget, plan, snapshot)
+            run = RouteRun(
+                route, request, deadline, stream, continuation, self.budget, plan, snapshot, progress=self.progress
+            )
             progress = PrefillTally(len(request.prompt_tokens) + len(history), time.perf_counter())
             async for event in self._prefill_and_replay(run, history, progress):
                 yield event

@@ -42,7 +42,7 @@ async def embed_on_route(
     left = None if deadline is None else deadline - time.monotonic()
     stream = ShardStream(driver.pool, head.address, left, head.node_id)
     try:
-        run = RouteRun(route, request, deadline, stream, None, driver.budget, embedding=spec)
+        run = RouteRun(route, request, deadline, stream, None, driver.budget, embedding=spec, progress=driver.progress)
         chunks = driver.prefill_chunks(request, route.hops, 0)
         tally = PrefillTally(len(request.prompt_tokens), time.perf_counter())
         async for _ in send_prefill(run, chunks, tally, last_continues=False):

@@ -28,6 +28,7 @@ from meshnet.core.prefix import KvPlan
 from meshnet.core.snapshot import SnapshotPlan
 from meshnet.core.step_budget import StepBudget
 from meshnet.core.tickets import SealedTicket
+from meshnet.route.hop_progress import HopProgress
 from meshnet.route.shard_stream import ShardStream
 from meshnet.wire.frames import Continuation, FrameMeta, HopSpec, Phase, StepFrame, StepResult
 from meshnet.wire.prefill import PrefillChunk
@@ -79,6 +80,9 @@ class RouteRun:
     """The snapshot the opening frame restores on every shard (``route.snapshot_resume``)."""
     embedding: EmbeddingSpec | None = None
     """An embedding session (``route.embedding``): the tail pools the prompt, samples nothing."""
+    progress: HopProgress | None = None
+    """When each hop last answered any session of the driver (``route.hop_progress``): a step past
+    its budget waits on while its hops answer others; None: the budget alone bounds it."""
 
     @property
     def cached_tokens(self) -> int:
@@ -89,23 +93,39 @@ class RouteRun:
 
     async def within(self, answer: Awaitable[StepResult], step: int, tokens: int, *, prefill: bool) -> StepResult:
         """``answer``, unless the route takes longer for step ``step`` (``tokens`` tokens through
-        every hop) than its nodes' measured speeds allow: then the route failed (``StepTimedOut``)."""
+        every hop) than its nodes' measured speeds allow while its hops answer nothing else (a
+        step queued behind other sessions waits on: ``route.hop_progress``): then the route
+        failed (``StepTimedOut``)."""
         capabilities = [hop.capability for hop in self.route.hops]
         budget_s = self.budget.seconds(capabilities, tokens, prefill=prefill)
         if budget_s is None:
-            return await answer  # unmeasured hops: only the request's deadline and keepalive bound it
-        timer = asyncio.timeout(budget_s)
+            result = await answer  # unmeasured hops: only the request's deadline and keepalive bound it
+        else:
+            windows = max(1, max(capability.max_sessions for capability in capabilities))
+            result = await self._bounded(answer, step, budget_s, windows)
+        if self.progress is not None:
+            self.progress.answered(hop.address for hop in self.route.hops)
+        return result
+
+    async def _bounded(self, answer: Awaitable[StepResult], step: int, budget_s: float, windows: int) -> StepResult:
+        addresses = [hop.address for hop in self.route.hops]
+        waiting = asyncio.ensure_future(answer)
+        sent = time.monotonic()
         try:
-            async with timer:
-                return await answer
-        except TimeoutError:
-            if not timer.expired():
-                raise
-        head = self.route.hops[0]
+            for window in range(1, windows + 1):
+                done, _ = await asyncio.wait((waiting,), timeout=budget_s)
+                if done:
+                    return waiting.result()
+                moving = self.progress is not None and self.progress.moving(addresses, since=sent, window_s=budget_s)
+                if not moving or window == windows:
+                    break
+        finally:
+            if not waiting.done():
+                waiting.cancel()
         raise StepTimedOut(
-            f"the route through {', '.join(h.address for h in self.route.hops)} gave no answer to step {step} "
-            f"within {budget_s:.1f} s (the step budget its nodes' measured speeds allow): the head {head.address} "
-            "or a hop after it is hung"
+            f"the route through {', '.join(addresses)} gave no answer to step {step} within "
+            f"{time.monotonic() - sent:.1f} s (the step budget its nodes' measured speeds allow is {budget_s:.1f} s, "
+            f"renewed while its hops answered other sessions): the head {addresses[0]} or a hop after it is hung"
         )
 
 
