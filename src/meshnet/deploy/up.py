@@ -38,6 +38,7 @@ from meshnet.deploy.launch.commands import (
     worker_command,
 )
 from meshnet.deploy.launch.ready_lines import GatewayLine, TrackerLine, UpLine, WorkerLine
+from meshnet.deploy.up_demo import stream_demo
 from meshnet.deploy.up_moe import describe_node, run_demo, start_expert_group
 from meshnet.gateway.config import GatewayConfig, GatewayProcessConfig
 from meshnet.gateway.keys import ensure_client_key, read_client_key
@@ -277,7 +278,7 @@ def run_local_swarm(config: LocalSwarmConfig) -> int:
             base_url, model = _start_swarm(config, supervisor, logs)
             print(f"logs in {logs}")
             _wait_routable(base_url, model, auth)
-            _demo(base_url, model, config, auth, chat=chat)
+            stream_demo(base_url, model, config, auth, chat=chat)
             if config.demo_only:
                 return 0
         print(f"status    {status_page_url(base_url)}  (the page asks for the API key)")
@@ -342,60 +343,3 @@ def _serves_chat(config: LocalSwarmConfig) -> bool:
         "answers 400 and /v1/completions serves; give one with --chat-template FILE"
     )
     return False
-
-
-def _demo(base_url: str, model: str, config: LocalSwarmConfig, auth: dict[str, str], *, chat: bool) -> None:
-    """Stream the demo answer: a chat turn, or a plain completion of the prompt for a base model."""
-    print(f"\n> {config.prompt}\n")
-    asked = {"messages": [{"role": "user", "content": config.prompt}]} if chat else {"prompt": config.prompt}
-    body = {"model": model, **asked, "max_tokens": config.max_tokens, "temperature": 0, "stream": True}
-    endpoint = f"{base_url}/v1/{'chat/completions' if chat else 'completions'}"
-    telemetry: list[str] = []
-    mid_line = False
-    with httpx.stream("POST", endpoint, json=body, headers=auth, timeout=120) as response:
-        if response.status_code != 200:  # said, never silent; the swarm still serves
-            print(f"demo refused ({response.status_code}): {response.read().decode(errors='replace')}", file=sys.stderr)
-            return
-        for line in response.iter_lines():
-            if line.startswith(": telemetry "):
-                event = json.loads(line[len(": telemetry ") :])
-                telemetry.append(_describe(event))
-                if event.get("kind") == "prefill_progress":
-                    # One line rewritten in place per chunk: a long prompt is visibly moving.
-                    print(f"\r  [{telemetry[-1]}]", end="", flush=True)
-                    mid_line = True
-                elif event.get("kind") != "progress":
-                    print(f"{chr(10) if mid_line else ''}  [{telemetry[-1]}]")
-                    mid_line = False
-            elif line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[6:])
-                for choice in chunk.get("choices", []):
-                    text = choice.get("delta", {}).get("content") or choice.get("text") or ""
-                    print(text, end="", flush=True)
-                    mid_line = mid_line or bool(text)
-    print()
-
-
-def _describe(event: dict[str, object]) -> str:
-    """One short line per telemetry event for the terminal; the full JSON is on the API."""
-    kind = str(event.get("kind"))
-    if kind == "accepted":
-        hops = event.get("hops")
-        route = " -> ".join(
-            f"{h.get('address')}[{h.get('layers')}]"
-            for h in (hops if isinstance(hops, list) else [])
-            if isinstance(h, dict)
-        )
-        return f"accepted: {event.get('model')} {event.get('quantization')}, route {route}"
-    if kind == "prefill_progress":
-        eta = event.get("eta_seconds")
-        what = "replay" if event.get("replay") else "prefill"
-        eta_text = f", ETA {float(eta):.1f} s" if isinstance(eta, int | float) else ""
-        return f"{what} {event.get('done_tokens')}/{event.get('total_tokens')} tokens{eta_text}"
-    if kind == "prefill_completed":
-        return f"prefill done: {event.get('prompt_tokens')} tokens in {float(event.get('seconds') or 0):.2f} s"  # type: ignore[arg-type]
-    if kind == "completed":
-        usage = event.get("usage") or {}
-        return f"completed: {json.dumps(usage, separators=(',', ':'))}"
-    details = {k: v for k, v in event.items() if k not in ("kind", "request_id", "seq", "at")}
-    return f"{kind} {json.dumps(details, separators=(',', ':'))[:120]}"

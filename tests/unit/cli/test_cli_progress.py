@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from meshnet.cli.commands.models import speed_line
-from meshnet.deploy.up import _describe
+from meshnet.deploy.up_demo import describe_event as _describe
 
 
 def test_generate_reports_prefill_and_decode_speed_apart() -> None:
