@@ -17,8 +17,9 @@ from typing import TypeVar
 
 import grpc
 import pytest
+from manual_clock import ManualClock
 from owned_address import answering_node
-from test_tracker_service import ManualClock, _eventually, listening, registration
+from test_tracker_service import _eventually, listening, registration
 
 from meshnet.core.errors import PermissionDenied, TrackerBusy
 from meshnet.core.ids import NodeId
@@ -64,7 +65,7 @@ async def served(call: Callable[[], Awaitable[T]]) -> T:
 
 
 async def test_beats_on_a_stream_keep_a_node_alive_well_past_its_expiry_window(tmp_path: Path) -> None:
-    clock = ManualClock()
+    clock = ManualClock(1000.0)
     tracker = await start_tracker(config(tmp_path), clock=clock)
     try:
         async with TrackerClient(tracker.address, timeout_s=2.0) as client:

@@ -13,8 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from manual_clock import ManualClock
 from prometheus_client.parser import text_string_to_metric_families
-from test_tracker_service import ManualClock, registration
+from test_tracker_service import registration
 
 from meshnet.core.ids import NodeId
 from meshnet.core.tracking import NodeLoad
@@ -50,7 +51,7 @@ async def test_each_replica_counts_the_heartbeats_and_registrations_it_served(tm
             TrackerConfig(
                 port=0, db_path=tmp_path / f"{name}.sqlite3", heartbeat_interval_s=0.2, replica_id=name, metrics_port=0
             ),
-            clock=ManualClock(),
+            clock=ManualClock(1000.0),
         )
         for name in ("east", "west")
     ]

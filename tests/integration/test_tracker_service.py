@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from manual_clock import ManualClock
 from owned_address import answering_node
 from worker_harness import fake_record
 
@@ -185,16 +186,6 @@ async def test_an_unreachable_tracker_is_unavailable_quickly() -> None:
     assert time.monotonic() - started < 2.0
 
 
-class ManualClock:
-    """The tracker's monotonic clock, moved only by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def stored_epoch(db_path: Path) -> int:
     """The epoch the tracker persisted, read from its file (every RPC would sweep by itself)."""
     with contextlib.closing(sqlite3.connect(db_path)) as db:
@@ -219,7 +210,7 @@ async def test_a_silent_node_leaves_routes_within_three_intervals(config: Tracke
     # K4 in-process, on the tracker's own clock: a node silent for just under three heartbeat
     # intervals is still routed; just past them the sweeper alone (no call arrives) expires it
     # and persists the next epoch.
-    clock = ManualClock()
+    clock = ManualClock(1000.0)
     tracker = await start_tracker(config, clock=clock)
     try:
         async with TrackerClient(tracker.address, timeout_s=2.0) as client:

@@ -4,6 +4,7 @@ which publisher keys are trusted."""
 from __future__ import annotations
 
 import pytest
+from manual_clock import ManualClock
 
 from meshnet.artifact.assemble import PieceRef
 from meshnet.artifact.directory import Advertisement, HeldManifest, HolderDirectory
@@ -14,16 +15,8 @@ from meshnet.fetch.schedule import PieceSchedule
 A, B, M = "a" * 64, "b" * 64, "c" * 64
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_directory_answers_who_holds_what_and_forgets_the_silent() -> None:
-    clock = Clock()
+    clock = ManualClock()
     directory = HolderDirectory(clock, ttl_s=3.0)
     directory.advertise(Advertisement("seed", "h1:1", frozenset({A, B}), (HeldManifest("m", M),)))
     clock.now = 2.0

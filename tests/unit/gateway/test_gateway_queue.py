@@ -15,6 +15,7 @@ import random
 import httpx
 import pytest
 from gateway_doubles import MODEL, Script, ScriptedGenerator, live_server, make_app, parse_raw_sse
+from manual_clock import ManualClock
 
 from meshnet.gateway.admission import Admission, Refused
 from meshnet.gateway.config import GatewayConfig, admission_limits
@@ -33,14 +34,6 @@ async def settle() -> None:
     """Let every task woken so far run up to its next await; no time passes."""
     for _ in range(10):
         await asyncio.sleep(0)
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_waiters_are_admitted_in_order_as_slots_free() -> None:

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from manual_clock import ManualClock
 from worker_shards import (
     FINGERPRINT,
-    Clock,
     Route,
     admission_policy,
     decode,
@@ -246,7 +246,7 @@ async def test_a_draining_shard_refuses_new_sessions_but_serves_open_ones(route:
 
 
 async def test_idle_sessions_expire_after_their_ttl() -> None:
-    clock = Clock()
+    clock = ManualClock()
     route = await start_route(((0, 6),), policy=admission_policy(2, ttl=60.0), clock=clock)
     try:
         await route.head.handle(opening(route, "old", PROMPT), None)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from worker_shards import Clock, decode, opening, start_route
+from manual_clock import ManualClock
+from worker_shards import decode, opening, start_route
 
 from meshnet.core.errors import CacheMiss
 from meshnet.core.tickets import CLOCK_SKEW_S
@@ -24,7 +25,7 @@ async def sweep(shards: Sequence[AnyShard]) -> int:
 
 
 async def test_a_routes_sessions_are_released_on_every_shard_when_its_ticket_expires() -> None:
-    wall = Clock()
+    wall = ManualClock()
     wall.now = 1_800_000_000.0
     route = await start_route(THREE, wall_clock=wall)
     try:

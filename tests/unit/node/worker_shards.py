@@ -81,14 +81,6 @@ STALL_LIMIT_S = 10.0
 """A stalled backend runs on after this long however the test ends, so no engine thread hangs."""
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Backend(FakeBackend):
     """The fake backend, which a test can make fail (an engine error) or stall (a slow hop)."""
 

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+from manual_clock import ManualClock
+
 from meshnet.route.hop_progress import HopProgress
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_every_hop_must_have_answered_after_the_step_was_sent_and_within_the_window() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     progress = HopProgress(clock)
     progress.answered(["head", "tail"])
     sent = clock.now
@@ -27,7 +21,7 @@ def test_every_hop_must_have_answered_after_the_step_was_sent_and_within_the_win
 
 
 def test_a_hop_that_answered_nothing_stops_the_route_moving() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     progress = HopProgress(clock)
     sent = clock.now
     clock.now += 1.0
@@ -37,7 +31,7 @@ def test_a_hop_that_answered_nothing_stops_the_route_moving() -> None:
 
 
 def test_the_least_recently_answering_hops_are_forgotten_past_capacity() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     progress = HopProgress(clock, capacity=2)
     for address in ("a", "b", "c"):
         clock.now += 1.0

@@ -7,9 +7,10 @@ within what its tokens take on the route's measured speeds (a long prefill chunk
 step queued behind other sessions waits on while every hop of its route answers them, a route
 with a hop that answers nothing fails within one budget, and the renewals stop at the sessions a
 hop admits.
-Here the answer is an awaitable standing in for the head's stream, with margins scaled down so
-the test takes well under a second; tests/integration/test_swarm_hung_worker.py wedges a real
-worker's engine behind the gateway.
+Here the answer is an awaitable standing in for the head's stream, with margins scaled down: the
+file takes a few seconds, most of it the renewal tests' windows of about half a second (wide
+enough that a loaded runner's stall changes no count). tests/integration/test_swarm_hung_worker.py
+wedges a real worker's engine behind the gateway.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from manual_clock import ManualClock
+
 from meshnet.session.kv_store import PIN_SECONDS, KvEntry, KvStore
 
 
@@ -11,14 +13,6 @@ def _link(n: int) -> bytes:
 
 def _entry(*links: int, size: int = 100) -> KvEntry:
     return KvEntry(tuple(_link(n) for n in links), 64 * len(links), b"x" * size)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_longest_held_prefix_of_a_chain_is_found() -> None:
@@ -47,7 +41,7 @@ def test_the_budget_is_never_exceeded_and_the_least_recently_used_goes_first() -
 
 
 def test_a_probed_entry_is_leased_until_its_session_opens_or_the_lease_ends() -> None:
-    clock = Clock()
+    clock = ManualClock()
     store = KvStore(200, clock=clock)
     store.put(_entry(1))
     store.put(_entry(2))

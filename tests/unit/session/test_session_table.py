@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from manual_clock import ManualClock
 
 from meshnet.core.errors import CacheMiss, FailedPrecondition, ResourceExhausted, RouteStale
 from meshnet.core.ids import SessionId
@@ -26,14 +27,6 @@ def admission_policy(
     return AdmissionPolicy(max_sessions, max_queue, evict_idle_after, ttl, peers)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def result(session: str, step: int, next_position: int, token: int | None = None) -> StepResult:
     return StepResult(SessionId(session), step, next_position, token)
 
@@ -45,7 +38,7 @@ def open_session(
 
 
 def test_table_checks_steps_positions_and_epochs() -> None:
-    table = SessionTable[str](admission_policy(2), clock=Clock())
+    table = SessionTable[str](admission_policy(2), clock=ManualClock())
     session, evicted = open_session(table, "s1", epoch=3)
     assert evicted is None
     assert table.check_step(session, step=0, position=0, epoch=3) is None
@@ -74,7 +67,7 @@ def test_the_first_step_must_be_zero_at_position_zero() -> None:
 
 
 def test_table_reuses_slots_and_answers_cache_miss_for_evicted_sessions() -> None:
-    clock = Clock()
+    clock = ManualClock()
     table = SessionTable[str](admission_policy(1, evict_idle_after=5.0), clock=clock)
     first, _ = open_session(table, "a", state="kept by a")
     with pytest.raises(ResourceExhausted):
@@ -89,7 +82,7 @@ def test_table_reuses_slots_and_answers_cache_miss_for_evicted_sessions() -> Non
 
 
 def test_a_busy_session_is_never_evicted() -> None:
-    clock = Clock()
+    clock = ManualClock()
     table = SessionTable[str](admission_policy(1, evict_idle_after=5.0), clock=clock)
     first, _ = open_session(table, "a")
     first.busy = True
@@ -100,7 +93,7 @@ def test_a_busy_session_is_never_evicted() -> None:
 
 
 def test_state_is_made_only_for_an_admitted_session_and_a_failure_changes_nothing() -> None:
-    clock = Clock()
+    clock = ManualClock()
     table = SessionTable[str](admission_policy(1, evict_idle_after=5.0), clock=clock)
     made: list[str] = []
 
@@ -145,7 +138,7 @@ def test_table_refuses_new_sessions_from_an_older_route_epoch() -> None:
 
 
 def test_expiry_names_idle_sessions_past_their_ttl_but_not_busy_ones() -> None:
-    clock = Clock()
+    clock = ManualClock()
     table = SessionTable[str](admission_policy(3, ttl=60.0), clock=clock)
     idle, _ = open_session(table, "idle")
     busy, _ = open_session(table, "busy")
@@ -162,7 +155,7 @@ def test_one_certificate_is_bounded_and_its_trickle_cannot_hold_a_slot_for_ever(
     """Finding 4 of issue 29: a worker certificate filled a shard and kept every slot with one
     step every 10 s. Here it may fill the free slots, gives one back to a newcomer under its
     share, is refused at its bound, and its trickled session is evicted once out of budget."""
-    clock = Clock()
+    clock = ManualClock()
     peers = PeerBounds(share=0.5, min_token_rate=1.0, grace=10.0)
     table = SessionTable[str](admission_policy(2, evict_idle_after=30.0, peers=peers), clock=clock)
     first, _ = table.open(SessionId("a1"), 0, 0, lambda: "a", opener="attacker")

@@ -19,6 +19,7 @@ from dataclasses import replace
 import claims_reference
 import pytest
 import reference_routing
+from manual_clock import ManualClock
 from tracker_samples import MODEL, OTHER_RECIPE, RECIPE, registration
 
 from meshnet.core.errors import NoRoute
@@ -31,14 +32,6 @@ from meshnet.tracker.route_costs import LatencyTable, NodeView
 ADDRESSES = [f"10.0.0.{index}:9000" for index in range(24)]
 RECIPES = [RECIPE, OTHER_RECIPE, replace(RECIPE, model_sha256="11" * 32)]
 STEPS = 400
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _latency_from_scratch(entries: tuple[NodeEntry, ...]) -> LatencyTable:
@@ -124,7 +117,7 @@ def _check_against_rebuild(registry: NodeRegistry) -> int:
 @pytest.mark.parametrize("seed", range(8))
 def test_the_index_equals_a_rebuild_and_routes_equal_the_first_planners(seed: int) -> None:
     rng = random.Random(seed)
-    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
     served: list[RouteTiming] = []
     planned = 0
     for _ in range(STEPS):
@@ -138,7 +131,7 @@ def test_routes_equal_the_first_planners_when_heartbeats_move_only_loads(seed: i
     """Plans kept across changes off them must still be the planner's: a node off the plans
     that fills up or queues more keeps them, one that gets room back or a shorter queue does not."""
     rng = random.Random(seed)
-    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
     served: list[RouteTiming] = []
     planned = 0
     for _ in range(STEPS):
@@ -154,7 +147,7 @@ def test_with_a_staleness_window_routes_are_the_first_planners_once_it_passed(se
     has passed since the last change is the first planner's: what waited was only ever an
     improvement, never a plan node that filled up, slowed or left."""
     rng = random.Random(seed)
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     # Intervals long enough that no node expires while the clock walks on (expiry is not tested here).
     registry = NodeRegistry(clock=clock, heartbeat_interval_s=1000.0, plan_staleness_s=0.5)
     served: list[RouteTiming] = []
@@ -168,7 +161,7 @@ def test_a_cached_plan_outlives_small_round_trip_moves_but_not_moves_that_add_up
     """The plan cache's documented staleness: a round trip within the tolerance (1 ms one way)
     of what the plan was made with keeps the plan even where a fresh plan would differ; small
     moves that add up past it, each within the tolerance of the report before, do not."""
-    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
     head = registry.register(registration(0, 10, address="h:1"), NodeId("head"))
     for name in ("a", "b"):
         registry.register(registration(10, 20, address=f"{name}:1"), NodeId(name))
@@ -190,7 +183,7 @@ def test_a_cached_plan_outlives_small_round_trip_moves_but_not_moves_that_add_up
 def test_an_improvement_waits_for_the_staleness_window_a_full_plan_node_does_not() -> None:
     """A plan node that fills up is replaced on the next route; the node getting room back off
     the plan is taken again only once ``plan_staleness_s`` has passed; so is a better newcomer."""
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     registry = NodeRegistry(clock=clock, heartbeat_interval_s=2.0, plan_staleness_s=0.5)
     head = registry.register(registration(0, 10, address="h:1"), NodeId("head"))
     fast = registry.register(registration(10, 20, address="a:1", decode_tokens_per_s=200.0), NodeId("a"))
@@ -217,7 +210,7 @@ def test_an_improvement_waits_for_the_staleness_window_a_full_plan_node_does_not
 def test_a_node_off_the_plan_believed_faster_is_planned_with() -> None:
     """A route timing that makes a node off the cached plan believed faster than the plan's
     must reach the next route (a change of belief is an improvement like room regained)."""
-    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
     fast = registry.register(registration(0, 20, address="a:1"), NodeId("a"))
     slow = registry.register(registration(0, 20, address="b:1"), NodeId("b"))
     registry.observe_route(RouteTiming((fast,), decode_ms_per_token=30.0, tokens=64))

@@ -9,7 +9,7 @@ from typing import cast
 
 import grpc
 import pytest
-from tracker_samples import FakeClock
+from manual_clock import ManualClock
 
 from meshnet.core.errors import TrackerBusy, Unauthenticated
 from meshnet.tracker.admission import (
@@ -108,8 +108,8 @@ class _Stranger:
 def test_a_caller_is_authenticated_before_it_is_shed_and_every_servicer_shares_one_admission() -> None:
     """Review items 11 and 6: a stranger gets its authentication error, never a retry hint; and
     the Tracker, SwarmStatus and Swarm servicers shed by the registry's one Admission."""
-    registry = NodeRegistry(clock=FakeClock(), heartbeat_interval_s=2.0)
-    servicer = TrackerServicer(registry, cast(StoreRunner, None), FakeClock(), cast(LinkSecurity, _Stranger()))
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
+    servicer = TrackerServicer(registry, cast(StoreRunner, None), ManualClock(1000.0), cast(LinkSecurity, _Stranger()))
     assert servicer.admission is registry.admission
     assert SwarmStatusServicer(registry).admission is registry.admission
     with contextlib.ExitStack() as pressed:  # enough handlers in flight that probes are shed
@@ -118,6 +118,6 @@ def test_a_caller_is_authenticated_before_it_is_shed_and_every_servicer_shares_o
         with pytest.raises(Unauthenticated):
             servicer.admit(cast(grpc.aio.ServicerContext, None), "ListModels", shed="probe")
         assert registry.admission.shed_count == 0
-        servicer_open = TrackerServicer(registry, cast(StoreRunner, None), FakeClock())
+        servicer_open = TrackerServicer(registry, cast(StoreRunner, None), ManualClock(1000.0))
         with pytest.raises(TrackerBusy):
             servicer_open.admit(cast(grpc.aio.ServicerContext, None), "ListModels", shed="probe")

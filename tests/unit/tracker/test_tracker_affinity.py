@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import replace
 
 import pytest
+from manual_clock import ManualClock
 from tracker_samples import MODEL, OTHER_RECIPE, registration, view
 
 from meshnet.core.errors import InvalidArgument
@@ -150,15 +151,7 @@ def test_tips_and_route_chains_are_bounded_values() -> None:
 # -- in the registry: tips from heartbeats, conversations kept on their route ---------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _registry(clock: Clock) -> tuple[NodeRegistry, NodeId, NodeId]:
+def _registry(clock: ManualClock) -> tuple[NodeRegistry, NodeId, NodeId]:
     registry = NodeRegistry(clock=clock, heartbeat_interval_s=2.0)
     a = registry.register(registration(0, 20, address="a:1"), NodeId("a"))
     b = registry.register(registration(0, 20, address="b:1"), NodeId("b"))
@@ -171,7 +164,7 @@ def _route(registry: NodeRegistry, chain: tuple[bytes, ...], session: str = "s",
 
 
 def test_a_head_announcing_a_prefix_in_its_heartbeat_draws_the_prompt_until_it_leaves() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     registry, a, b = _registry(clock)
     audit = {"unbilled": True}  # not remembered as a conversation: only the tips steer these
     assert _route(registry, CHAIN, "s1", **audit) == a
@@ -184,7 +177,7 @@ def test_a_head_announcing_a_prefix_in_its_heartbeat_draws_the_prompt_until_it_l
 
 
 def test_a_conversation_keeps_its_route_while_it_lives_and_has_room() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     registry, a, b = _registry(clock)
     assert _route(registry, CHAIN[:2], "turn-1") == a
     # a is now busier than b: the planner alone would move the next turn.
@@ -201,7 +194,7 @@ def test_a_conversation_keeps_its_route_while_it_lives_and_has_room() -> None:
 
 
 def test_a_conversation_is_forgotten_after_its_ttl_and_audits_are_not_remembered() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     registry, a, b = _registry(clock)
     assert _route(registry, CHAIN[:2], "turn-1") == a
     assert _route(registry, CHAIN[:3], "audit", unbilled=True) == a

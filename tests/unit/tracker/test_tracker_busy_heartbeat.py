@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracker_samples import FakeClock, registration
+from manual_clock import ManualClock
+from tracker_samples import registration
 
 from meshnet.core.ids import NodeId, new_session_id
 from meshnet.core.tracking import NodeLoad, RouteQuery
@@ -26,7 +27,7 @@ NO_CONTEXT: Any = None
 
 
 async def test_a_busy_tracker_records_the_load_of_each_heartbeat_and_sheds_only_probes(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     registry = NodeRegistry(clock=clock, heartbeat_interval_s=2.0)
     runner = StoreRunner(open_store(TrackerConfig(port=0, db_path=tmp_path / "tracker.sqlite3")))
     servicer = TrackerServicer(registry, runner, lambda: 0.0, admission=Admission(lambda: BEHIND_S))

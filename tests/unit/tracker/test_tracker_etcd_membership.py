@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from etcd_harness import needs_etcd
+from manual_clock import ManualClock
 from tracker_samples import MODEL, N_LAYERS, registration
 
 from meshnet.core.errors import FailedPrecondition, InvalidArgument, StorageUnavailable
@@ -39,26 +40,18 @@ INTERVAL_S = 2.0  # expiry after 3 intervals: 6 s of the test's clock
 NODE = NodeId("n-1")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
     with etcd_cluster(tmp_path, size=1) as started:
         yield started
 
 
-def replica(cluster: EtcdCluster, name: str, clock: Clock) -> SharedMembership:
+def replica(cluster: EtcdCluster, name: str, clock: ManualClock) -> SharedMembership:
     registry = NodeRegistry(clock=clock, heartbeat_interval_s=INTERVAL_S)
     return SharedMembership(EtcdClient(parse_endpoints(cluster.store)), registry, name, INTERVAL_S)
 
 
-async def advance(clock: Clock, seconds: float, *replicas: SharedMembership) -> None:
+async def advance(clock: ManualClock, seconds: float, *replicas: SharedMembership) -> None:
     """Let ``seconds`` pass in steps of one interval, every replica exchanging and sweeping (as
     the tracker's sweeper does) at each."""
     for _ in range(round(seconds / INTERVAL_S)):
@@ -68,7 +61,7 @@ async def advance(clock: Clock, seconds: float, *replicas: SharedMembership) -> 
             each.registry.sweep()
 
 
-async def heard_at_a(cluster: EtcdCluster, clock: Clock) -> tuple[SharedMembership, SharedMembership]:
+async def heard_at_a(cluster: EtcdCluster, clock: ManualClock) -> tuple[SharedMembership, SharedMembership]:
     """Replicas a and b after one exchange each, ``NODE`` registered and heard at a."""
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     a.registry.register(registration(0, 20), NODE)
@@ -78,7 +71,7 @@ async def heard_at_a(cluster: EtcdCluster, clock: Clock) -> tuple[SharedMembersh
 
 
 async def test_a_node_heard_at_one_replica_is_live_at_the_other_until_nobody_hears_it(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     a.registry.register(registration(0, 20), NODE)
     for _ in range(5):  # 10 s: past the 6 s expiry, heard at a every interval
@@ -92,7 +85,7 @@ async def test_a_node_heard_at_one_replica_is_live_at_the_other_until_nobody_hea
 
 
 async def test_a_dead_replicas_nodes_get_a_full_window_to_move(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     await advance(clock, INTERVAL_S, b)
     assert b.registry.get(NODE) is not None
@@ -108,7 +101,7 @@ async def test_a_dead_replicas_nodes_get_a_full_window_to_move(cluster: EtcdClus
 
 
 async def test_the_epoch_and_quarantines_follow_the_replica_that_changed_them(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     store_a = EtcdTrackerStore(a.client)
     b.registry.register(registration(0, 20), NODE)
@@ -124,7 +117,7 @@ async def test_the_epoch_and_quarantines_follow_the_replica_that_changed_them(cl
 
 
 async def test_a_node_registered_again_elsewhere_is_routed_with_its_new_record(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     first = b.registry.get(NODE)
     assert first is not None and first.record == registration(0, 20)
@@ -138,7 +131,7 @@ async def test_a_node_registered_again_elsewhere_is_routed_with_its_new_record(c
 async def test_a_replica_follows_an_epoch_raised_elsewhere_without_waiting_for_an_exchange(
     cluster: EtcdCluster,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     b = replica(cluster, "b", clock)
     b.interval_s = 3600.0  # one exchange at start, then none during the test: only the watch moves it
     running = asyncio.create_task(b.run_forever())
@@ -193,7 +186,7 @@ def test_a_revocation_at_one_replica_reaches_the_book_of_another(cluster: EtcdCl
 
 
 async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     for key, value in (
         (HEARD_PREFIX + "x", b"not json"),
@@ -210,7 +203,7 @@ async def test_malformed_keys_in_etcd_are_skipped_not_fatal(cluster: EtcdCluster
 
 
 async def test_a_node_that_moved_and_registered_again_is_taken_back_with_its_new_record(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     clock.now += 0.1  # (a heartbeat counted at the very instant of a local one would hide it)
     b.registry.register(registration(0, 10), NODE)  # it moved to b and registered there again
@@ -225,7 +218,7 @@ async def test_a_node_that_moved_and_registered_again_is_taken_back_with_its_new
 
 
 async def test_a_node_nobody_hears_is_withdrawn_from_etcd(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     assert a.client.get(NODES_PREFIX + NODE) is not None
     await advance(clock, 5 * INTERVAL_S, a, b)
@@ -234,7 +227,7 @@ async def test_a_node_nobody_hears_is_withdrawn_from_etcd(cluster: EtcdCluster) 
 
 
 async def test_a_bad_stored_epoch_does_not_stop_the_exchange(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     b.client.put(EPOCH_KEY, b"not-a-number")
     a.registry.register(registration(0, 20), NODE)
@@ -244,7 +237,7 @@ async def test_a_bad_stored_epoch_does_not_stop_the_exchange(cluster: EtcdCluste
 
 
 async def test_a_failed_exchange_announces_its_nodes_at_the_next(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a = replica(cluster, "a", clock)
     reachable = a.client
     a.client = EtcdClient((f"http://127.0.0.1:{free_port()}",), timeout_s=0.5)  # etcd out of reach
@@ -257,7 +250,7 @@ async def test_a_failed_exchange_announces_its_nodes_at_the_next(cluster: EtcdCl
 
 
 async def test_a_node_that_left_one_replica_keeps_its_key_while_another_hears_it(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     # The node heartbeats b now; a loses it (it expired it while cut off from etcd).
     clock.now += 0.1
@@ -273,7 +266,7 @@ async def test_a_node_that_left_one_replica_keeps_its_key_while_another_hears_it
 
 
 async def test_a_deregistration_reaches_the_replica_that_adopted_the_node(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     assert b.registry.get(NODE) is not None
     a.registry.deregister(NODE)  # the node said goodbye to a
@@ -283,7 +276,7 @@ async def test_a_deregistration_reaches_the_replica_that_adopted_the_node(cluste
 
 
 async def test_a_key_nobody_hears_is_withdrawn_by_any_replica_after_its_announcer_died(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     a.client.delete(HEARD_PREFIX + "a")  # a died: only b exchanges from now on
     await advance(clock, 8 * INTERVAL_S, b)
@@ -293,7 +286,7 @@ async def test_a_key_nobody_hears_is_withdrawn_by_any_replica_after_its_announce
 
 
 async def test_a_heard_node_whose_key_vanished_is_announced_again(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a = replica(cluster, "a", clock)
     a.registry.register(registration(0, 20), NODE)
     a.registry.heartbeat(NODE, NodeLoad())
@@ -306,7 +299,7 @@ async def test_a_heard_node_whose_key_vanished_is_announced_again(cluster: EtcdC
 
 
 def test_a_replica_id_held_by_a_live_replica_is_refused(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     replica(cluster, "a", clock).claim()
     with pytest.raises(FailedPrecondition, match="held by another live replica"):
         replica(cluster, "a", clock).claim()
@@ -321,7 +314,7 @@ def test_the_default_replica_id_names_the_machine_not_a_wildcard() -> None:
 
 
 async def test_etcd_history_stays_bounded_while_digests_are_rewritten(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a = replica(cluster, "a", clock)
     a.compact_every = 5
     for index in range(300):  # a digest of ~10 kB, rewritten at every exchange
@@ -338,7 +331,7 @@ async def test_etcd_history_stays_bounded_while_digests_are_rewritten(cluster: E
 
 
 async def test_replicas_moving_on_from_one_epoch_hand_out_different_ones(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     a.start()
     b.start()
@@ -350,7 +343,7 @@ async def test_replicas_moving_on_from_one_epoch_hand_out_different_ones(cluster
 
 
 async def test_a_session_new_at_a_replica_gets_an_epoch_of_its_own(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     b = replica(cluster, "b", clock)
     b.start()
     b.registry.register(registration(0, N_LAYERS), NODE)
@@ -363,7 +356,7 @@ async def test_a_session_new_at_a_replica_gets_an_epoch_of_its_own(cluster: Etcd
 
 
 async def test_a_digest_no_longer_rewritten_stops_keeping_its_nodes_alive(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = await heard_at_a(cluster, clock)
     assert b.registry.get(NODE) is not None
     # a's digest stays in etcd (its lease kept alive) but is never rewritten: b stops counting
@@ -374,7 +367,7 @@ async def test_a_digest_no_longer_rewritten_stops_keeping_its_nodes_alive(cluste
 
 
 async def test_a_digest_read_again_unchanged_does_not_reset_routes_burst_protection(cluster: EtcdCluster) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     a.registry.register(registration(0, N_LAYERS), NODE)
     a.registry.heartbeat(NODE, NodeLoad(free_sessions=3))
@@ -414,7 +407,7 @@ async def test_revocations_from_other_replicas_are_applied_on_the_event_loop(
 ) -> None:
     load_tracker_security(tmp_path / "a", time.time())
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    clock = Clock()
+    clock = ManualClock(1000.0)
     a, b = replica(cluster, "a", clock), replica(cluster, "b", clock)
     security_a, security_b = (load_tracker_security(tmp_path / name, time.time()) for name in ("a", "b"))
     feed = LoopCheckedFeed(security_b)

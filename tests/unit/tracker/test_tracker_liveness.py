@@ -14,7 +14,8 @@ from typing import cast
 
 import grpc
 import pytest
-from tracker_samples import MODEL, FakeClock, registration
+from manual_clock import ManualClock
+from tracker_samples import MODEL, registration
 
 from meshnet.core.errors import InvalidArgument
 from meshnet.core.ids import NodeId, SessionId
@@ -32,16 +33,16 @@ TICK = 0.5  # the sweep task's period: the loop's watcher
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(1000.0)
 
 
 @pytest.fixture
-def registry(clock: FakeClock) -> NodeRegistry:
+def registry(clock: ManualClock) -> NodeRegistry:
     return NodeRegistry(clock=clock, heartbeat_interval_s=INTERVAL)
 
 
-def watch(registry: NodeRegistry, clock: FakeClock, seconds: float) -> None:
+def watch(registry: NodeRegistry, clock: ManualClock, seconds: float) -> None:
     """Run the healthy sweep task for ``seconds``: it wakes on time every TICK and sweeps."""
     for _ in range(int(seconds / TICK)):
         registry.hearing.expect(clock.now + TICK)
@@ -55,7 +56,7 @@ def join(registry: NodeRegistry, name: str, port: int) -> NodeId:
 
 
 def test_a_stall_longer_than_the_window_expires_no_node_that_heartbeated_on_time(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     nodes = [join(registry, f"n{i}", i) for i in range(4)]
     watch(registry, clock, 1.0)
@@ -71,7 +72,7 @@ def test_a_stall_longer_than_the_window_expires_no_node_that_heartbeated_on_time
 
 
 def test_a_silent_node_expires_after_a_full_window_of_listening_even_across_a_stall(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     silent, steady = join(registry, "silent", 1), join(registry, "steady", 2)
     watch(registry, clock, 2.0)  # 2 s of the window heard in silence
@@ -88,7 +89,7 @@ def test_a_silent_node_expires_after_a_full_window_of_listening_even_across_a_st
     assert registry.get(steady) is not None
 
 
-def test_a_silent_node_expires_on_time_while_the_tracker_keeps_up(registry: NodeRegistry, clock: FakeClock) -> None:
+def test_a_silent_node_expires_on_time_while_the_tracker_keeps_up(registry: NodeRegistry, clock: ManualClock) -> None:
     node = join(registry, "n0", 1)
     watch(registry, clock, WINDOW - TICK)
     assert registry.get(node) is not None
@@ -96,7 +97,7 @@ def test_a_silent_node_expires_on_time_while_the_tracker_keeps_up(registry: Node
     assert registry.get(node) is None
 
 
-def test_a_heartbeat_too_busy_to_read_whole_still_counts_as_heard(registry: NodeRegistry, clock: FakeClock) -> None:
+def test_a_heartbeat_too_busy_to_read_whole_still_counts_as_heard(registry: NodeRegistry, clock: ManualClock) -> None:
     node = join(registry, "n0", 1)
     assert registry.heartbeat(node, NodeLoad(free_sessions=3))
     watch(registry, clock, WINDOW - TICK)
@@ -108,7 +109,7 @@ def test_a_heartbeat_too_busy_to_read_whole_still_counts_as_heard(registry: Node
 
 
 def test_a_mass_join_while_behind_gives_every_node_a_full_window_from_when_it_was_read(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     """After a restart every node registers at once; the tracker reads them late."""
     registry.hearing.expect(clock.now + TICK)
@@ -123,7 +124,7 @@ def test_a_mass_join_while_behind_gives_every_node_a_full_window_from_when_it_wa
     assert len(registry.entries()) == 50
 
 
-def test_a_stall_is_grace_for_one_window_after_it_and_is_counted_once(clock: FakeClock) -> None:
+def test_a_stall_is_grace_for_one_window_after_it_and_is_counted_once(clock: ManualClock) -> None:
     hearing = Hearing(clock, WINDOW)
     hearing.expect(clock.now + 1.0)
     clock.now += 0.5
@@ -141,7 +142,7 @@ def test_a_stall_is_grace_for_one_window_after_it_and_is_counted_once(clock: Fak
 
 
 def test_a_tracker_late_every_cycle_still_expires_a_dead_node_within_two_windows(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     """Review item 5: deafness counts for one window only, so sustained lateness is bounded."""
     dead = join(registry, "dead", 1)
@@ -155,7 +156,7 @@ def test_a_tracker_late_every_cycle_still_expires_a_dead_node_within_two_windows
     assert clock.now - 1000.0 >= WINDOW + late
 
 
-def test_time_while_strained_is_grace_at_most_one_window(registry: NodeRegistry, clock: FakeClock) -> None:
+def test_time_while_strained_is_grace_at_most_one_window(registry: NodeRegistry, clock: ManualClock) -> None:
     """Review item 3: calls queued in gRPC are invisible to the watcher, so time while admission
     sheds registrations (or the store is behind) counts as deaf, at most one window."""
     node = join(registry, "n0", 1)
@@ -174,7 +175,7 @@ def test_time_while_strained_is_grace_at_most_one_window(registry: NodeRegistry,
     assert registry.hearing.grace_s() == WINDOW  # never more than one window, however long
 
 
-def test_a_node_mid_registration_is_not_expired_until_it_is_told(registry: NodeRegistry, clock: FakeClock) -> None:
+def test_a_node_mid_registration_is_not_expired_until_it_is_told(registry: NodeRegistry, clock: ManualClock) -> None:
     """Review item 4: a slow store between register and the reply does not expire the node."""
     node = registry.register(registration(0, 20, address="h:1"), NodeId("slow"), pending=True)
     watch(registry, clock, 3 * WINDOW)
@@ -192,7 +193,7 @@ def test_deadlines_refuse_a_nonsense_window() -> None:
 
 
 async def test_a_stall_while_the_sweeper_awaits_persist_is_still_watched(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     """Review item 1: the watcher is its own task, so a stall while the sweep waits on the store
     is still the tracker's lateness, and the first heartbeat read after it expires nobody."""
@@ -253,7 +254,7 @@ class _SlowStore:
 
 
 async def test_a_registration_waiting_on_a_slow_store_starts_its_window_when_answered(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     """Review item 4, through the Register handler: the store write outlasts the window, the
     tracker keeps up meanwhile, and the node is neither expired nor told it is registered late."""
@@ -279,7 +280,7 @@ async def test_a_registration_waiting_on_a_slow_store_starts_its_window_when_ans
 
 
 def test_a_session_whose_node_expired_is_still_a_live_session_for_a_while(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     """Review item 10: its route is gone with the node, but the session comes back at once for a
     new one, and admission must not shed that as a new session."""
@@ -295,7 +296,7 @@ def test_a_session_whose_node_expired_is_still_a_live_session_for_a_while(
 
 
 def test_a_heartbeat_read_after_its_window_keeps_its_sender_rather_than_expiring_it(
-    registry: NodeRegistry, clock: FakeClock
+    registry: NodeRegistry, clock: ManualClock
 ) -> None:
     # The beat arrives a moment past the window, before the sweep task's next tick: it is the
     # proof of life the window waited for. Sweeping before recording it expired its own sender

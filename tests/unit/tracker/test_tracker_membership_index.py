@@ -14,7 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import pytest
-from tracker_samples import OTHER_RECIPE, RECIPE, FakeClock, capability, certification, registration
+from manual_clock import ManualClock
+from tracker_samples import OTHER_RECIPE, RECIPE, capability, certification, registration
 
 from meshnet.core.errors import FailedPrecondition, Uncertified
 from meshnet.core.events import RouteHop
@@ -111,7 +112,7 @@ def _register(
     model.register(node_id, record, reachability, now, refused=refused)
 
 
-def _step(rng: random.Random, registry: NodeRegistry, model: MembershipModel, clock: FakeClock) -> None:
+def _step(rng: random.Random, registry: NodeRegistry, model: MembershipModel, clock: ManualClock) -> None:
     node_id = NodeId(f"n{rng.randrange(12)}")
     action = rng.random()
     if action < 0.3:
@@ -140,7 +141,7 @@ def _step(rng: random.Random, registry: NodeRegistry, model: MembershipModel, cl
 
 @pytest.mark.parametrize("seed", range(SEQUENCES))
 def test_expiry_and_probe_lists_equal_a_full_scan_on_random_operations(seed: int) -> None:
-    rng, clock, model = random.Random(seed), FakeClock(), MembershipModel()
+    rng, clock, model = random.Random(seed), ManualClock(1000.0), MembershipModel()
     registry = NodeRegistry(clock=clock, heartbeat_interval_s=INTERVAL, session_ttl_s=60.0)
     for _ in range(STEPS):
         _step(rng, registry, model, clock)

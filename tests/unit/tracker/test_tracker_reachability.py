@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tracker_registry import FakeClock, Registry, route_for
+from manual_clock import ManualClock
+from test_tracker_registry import Registry, route_for
 from tracker_samples import MODEL, N_LAYERS, registration, view
 
 from meshnet.core.errors import NoRoute
@@ -24,12 +25,12 @@ from meshnet.tracker.status_service import node_table
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(1000.0)
 
 
 @pytest.fixture
-def registry(clock: FakeClock) -> Registry:
+def registry(clock: ManualClock) -> Registry:
     return Registry(clock)
 
 
@@ -39,7 +40,7 @@ def relayed_view(node_id: str, start: int, stop: int, relay: str = "relay.local:
 
 
 def test_a_private_node_is_listed_but_never_routed_probed_or_counted_as_cover(
-    registry: Registry, clock: FakeClock
+    registry: Registry, clock: ManualClock
 ) -> None:
     head = registry.join(registration(0, 10, address="h:1"))
     hidden = registry.register(registration(10, 20, address="10.9.9.9:7000"), NodeId("w-hidden"), "private")
@@ -67,7 +68,7 @@ def test_a_private_registration_evicts_nobody_at_its_address_and_a_proven_one_do
 
 
 def test_a_relayed_node_moving_to_another_relay_moves_its_sessions_and_expiry_drops_it(
-    registry: Registry, clock: FakeClock
+    registry: Registry, clock: ManualClock
 ) -> None:
     head = registry.join(registration(0, 10, address="h:1"))
     home = NodeId("w-home")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from manual_clock import ManualClock
 from tracker_samples import MODEL, N_LAYERS, OTHER_RECIPE, certification, registration
 
 from meshnet.core.errors import InvalidArgument, NoRoute, Uncertified
@@ -19,26 +20,15 @@ from meshnet.tracker.registry import NodeRegistry
 INTERVAL = 2.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(1000.0)
 
 
 class Registry(NodeRegistry):
     """The registry, with ``join`` for a node that brings a fresh id of its own (n0, n1, ...)."""
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock=clock, heartbeat_interval_s=INTERVAL, epoch=7, session_ttl_s=60.0)
         self._ids = itertools.count()
 
@@ -47,7 +37,7 @@ class Registry(NodeRegistry):
 
 
 @pytest.fixture
-def registry(clock: FakeClock) -> Registry:
+def registry(clock: ManualClock) -> Registry:
     return Registry(clock)
 
 
@@ -58,7 +48,7 @@ def route_for(registry: Registry, session: str | None = None, **query: object) -
 
 
 def test_a_node_missing_three_heartbeats_leaves_routes_and_the_epoch_increments(
-    registry: Registry, clock: FakeClock
+    registry: Registry, clock: ManualClock
 ) -> None:
     quiet = registry.join(registration(0, 20, address="q:1", decode_tokens_per_s=500))
     steady = registry.join(registration(0, 20, address="s:1", decode_tokens_per_s=50))
@@ -73,7 +63,7 @@ def test_a_node_missing_three_heartbeats_leaves_routes_and_the_epoch_increments(
     assert registry.heartbeat(quiet, NodeLoad()) is False
 
 
-def test_heartbeats_keep_a_node_alive_and_expiry_is_not_early(registry: Registry, clock: FakeClock) -> None:
+def test_heartbeats_keep_a_node_alive_and_expiry_is_not_early(registry: Registry, clock: ManualClock) -> None:
     node = registry.join(registration(0, 20))
     clock.advance(INTERVAL * 3 - 0.001)
     assert registry.sweep() == ()
@@ -107,7 +97,7 @@ def test_a_route_change_bumps_the_epoch(registry: Registry) -> None:
     assert registry.choose_route(RouteQuery(MODEL, SessionId("s1"))) == moved
 
 
-def test_a_dead_node_invalidates_sticky_routes_with_a_larger_epoch(registry: Registry, clock: FakeClock) -> None:
+def test_a_dead_node_invalidates_sticky_routes_with_a_larger_epoch(registry: Registry, clock: ManualClock) -> None:
     a = registry.join(registration(0, 20, address="a:1", decode_tokens_per_s=500))
     b = registry.join(registration(0, 20, address="b:1", decode_tokens_per_s=50))
     first = registry.choose_route(RouteQuery(MODEL, SessionId("s1")))
@@ -224,7 +214,7 @@ def test_session_slots_are_bounded_by_the_least_covered_layer(registry: Registry
     assert route_slots([(LayerRange(0, 10), 3)], 20) == 0  # a layer nobody holds: no session fits
 
 
-def test_idle_sessions_forget_their_route(registry: Registry, clock: FakeClock) -> None:
+def test_idle_sessions_forget_their_route(registry: Registry, clock: ManualClock) -> None:
     slow = registry.join(registration(0, 20, address="slow:1", decode_tokens_per_s=20))
     assert route_for(registry, "s1") == [slow]
     fast = registry.join(registration(0, 20, address="fast:1", decode_tokens_per_s=500))
@@ -235,7 +225,7 @@ def test_idle_sessions_forget_their_route(registry: Registry, clock: FakeClock) 
     assert route_for(registry, "s1") == [fast]
 
 
-def test_registry_rejects_nonsense_settings(clock: FakeClock) -> None:
+def test_registry_rejects_nonsense_settings(clock: ManualClock) -> None:
     with pytest.raises(InvalidArgument):
         NodeRegistry(clock=clock, heartbeat_interval_s=0)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from manual_clock import ManualClock
 from tracker_samples import MODEL, RECIPE, registration, view
 
 from meshnet.core.errors import InvalidArgument
@@ -150,15 +151,8 @@ def test_without_measurements_claims_are_believed_as_before() -> None:
 # --- the registry's record ----------------------------------------------------------------------
 
 
-class Clock:
-    now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_registry_routes_by_the_timings_it_was_given_and_ignores_impossible_ones() -> None:
-    registry = NodeRegistry(clock=Clock(), heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
     honest = registry.register(registration(0, 10, address="h:1", decode_tokens_per_s=100), NodeId("honest"))
     boaster = registry.register(registration(0, 10, address="b:1", decode_tokens_per_s=3000), NodeId("boaster"))
     tail = registry.register(registration(10, 20, address="t:1", decode_tokens_per_s=100), NodeId("tail"))
@@ -172,7 +166,7 @@ def test_the_registry_routes_by_the_timings_it_was_given_and_ignores_impossible_
 
 
 def test_the_node_table_shows_what_each_node_claims_and_what_it_is_routed_by() -> None:
-    registry = NodeRegistry(clock=Clock(), heartbeat_interval_s=2.0)
+    registry = NodeRegistry(clock=ManualClock(1000.0), heartbeat_interval_s=2.0)
     registry.register(registration(0, 10, address="h:1", decode_tokens_per_s=100), NodeId("honest"))
     registry.register(registration(0, 10, address="b:1", decode_tokens_per_s=3000), NodeId("boaster"))
     registry.register(registration(10, 20, address="t:1", decode_tokens_per_s=100), NodeId("tail"))

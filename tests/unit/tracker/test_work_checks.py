@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from manual_clock import ManualClock
 
 from meshnet.core.events import RouteHop
 from meshnet.core.ids import NodeId, RequestId, SessionId
@@ -46,25 +47,17 @@ def record(tokens_in: int = PROMPT, tokens_out: int = GENERATED, **changes: obje
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def shard_counts(positions: int = PROMPT + GENERATED - 1, prompt: int = PROMPT) -> SessionTokens:
     return SessionTokens(SESSION, 1, positions, prompt)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def ledger(clock: Clock) -> WorkLedger:
+def ledger(clock: ManualClock) -> WorkLedger:
     routed = WorkLedger(grace_s=5.0, clock=clock, wall_clock=lambda: STARTED + clock.now)
     routed.issue(RouteQuery("tiny", SESSION, request_id=REQUEST), route("head", "tail"), GATEWAY)
     return routed
@@ -160,7 +153,7 @@ def test_shard_tally() -> None:
 
 
 def test_a_request_whose_gateway_filed_nothing_is_filed_from_its_shards_after_the_grace(
-    ledger: WorkLedger, clock: Clock
+    ledger: WorkLedger, clock: ManualClock
 ) -> None:
     ledger.issue(RouteQuery("tiny", SessionId("s-audit")), route("head", "tail"), GATEWAY)  # no request: a replay
     ledger.count(TAIL, [shard_counts(), SessionTokens(SessionId("s-audit"), 1, 30, 7)])
@@ -190,7 +183,7 @@ def test_a_successors_unverified_record_is_completed_from_the_shards(ledger: Wor
     assert (verdict.judged.tokens_in, verdict.judged.tokens_out) == (PROMPT, GENERATED)
 
 
-def test_the_ledger_is_bounded(clock: Clock) -> None:
+def test_the_ledger_is_bounded(clock: ManualClock) -> None:
     ledger = WorkLedger(grace_s=5.0, clock=clock, limit=2)
     for index in range(3):
         ledger.issue(RouteQuery("tiny", SessionId(f"s-{index}"), request_id=REQUEST), route("head"), GATEWAY)
@@ -198,7 +191,7 @@ def test_the_ledger_is_bounded(clock: Clock) -> None:
     assert ledger.count(HEAD, [SessionTokens(SessionId("s-2"), 1, 3, 2)]) == (1, [])
 
 
-def test_a_forgotten_sessions_record_gets_the_static_checks_only(clock: Clock) -> None:
+def test_a_forgotten_sessions_record_gets_the_static_checks_only(clock: ManualClock) -> None:
     ledger = WorkLedger(grace_s=5.0, clock=clock, wall_clock=lambda: STARTED + clock.now, limit=1)
     ledger.issue(RouteQuery("tiny", SESSION, request_id=REQUEST), route("head", "tail"), GATEWAY)
     clock.now = 10.0

@@ -72,13 +72,3 @@ def work_record(request_id: str = "req-1", *, tokens_out: int = 32) -> WorkRecor
         started_at=1_700_000_000.0,
         finished_at=1_700_000_002.5,
     )
-
-
-class FakeClock:
-    """The tracker's monotonic clock, moved only by the test (``now``)."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
