@@ -51,7 +51,7 @@ from meshnet.engine.backend import StepInput
 from meshnet.engine.llama_backend import LlamaBackend
 from meshnet.engine.llama_config import LlamaConfig
 from meshnet.engine.shards import open_llama_shard
-from meshnet.session.scheduler import PIPELINE_WAVES, wave_size
+from meshnet.session.scheduler import pipeline_waves, wave_size
 
 REUSE_SWITCH = "LLAMA_GRAPH_REUSE_DISABLE"
 """llama.cpp's environment switch (src/llama-context.cpp), read once per context."""
@@ -80,7 +80,7 @@ class Pattern:
 
 def patterns(sessions: int) -> list[Pattern]:
     """The patterns measured for ``sessions`` decoding sessions."""
-    head = wave_size(sessions, sessions, PIPELINE_WAVES)
+    head = wave_size(sessions, sessions, pipeline_waves(takes_tokens=True, emits_logits=False, route_shards=2))
     current = _cut(sessions, head)
     chosen = [
         Pattern(f"1x{sessions} (one call)", (sessions,)),

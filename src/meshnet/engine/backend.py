@@ -72,6 +72,10 @@ class StepInput:
     read_logits: bool = True
     """Tail only: False when only the rows' final-norm values are read (an embedding): the rows
     still run to the end, but their ``rows x n_vocab`` logits are not copied out."""
+    route_shards: int = 1
+    """Shards of the session's route from this one to its end, this one counted. Not the
+    backend's business: a route's head cuts its decoding sessions into as many waves as the
+    longest of their routes has shards (``session.scheduler.pipeline_waves``)."""
 
     @property
     def n_tokens(self) -> int:
@@ -119,6 +123,7 @@ def prefill_pieces(step: StepInput, chunk: int) -> list[StepInput]:
             None if step.hidden is None else step.hidden[start:stop],
             step.want_logits if stop == step.n_tokens else keep_rows,
             step.read_logits,
+            step.route_shards,
         )
         for start, stop in bounds
     ]

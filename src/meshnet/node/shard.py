@@ -190,7 +190,7 @@ class Shard(Generic[S]):
         deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
         session.busy = True
         try:
-            step = _engine_input(session.slot, frame, self._output.rows(session.state, frame))
+            step = _engine_input(session.slot, frame, self._output.rows(session.state, frame), session.state)
             output = await self.kv.run(session.key, step, deadline, prefill=meta.phase == "prefill")
             if computed is not None:
                 # Whoever waits on this runs once the emit below has sent the frame on (its
@@ -347,8 +347,16 @@ AnyShard = Shard[TailState] | Shard[Downstream]
 """A shard of either output stage: what the servicer and the server hold."""
 
 
-def _engine_input(slot: int, frame: StepFrame, want: Rows) -> StepInput:
+def _engine_input(slot: int, frame: StepFrame, want: Rows, state: object) -> StepInput:
     rows = "all" if want == "normed" else want
+    # A forwarding shard's session keeps the hops after it; a tail's route ends here.
+    shards = 1 + len(state.hops) if isinstance(state, Downstream) else 1
     return StepInput(
-        slot, frame.meta.position, frame.tokens, frame.hidden, want_logits=rows, read_logits=want != "normed"
+        slot,
+        frame.meta.position,
+        frame.tokens,
+        frame.hidden,
+        want_logits=rows,
+        read_logits=want != "normed",
+        route_shards=shards,
     )

@@ -174,7 +174,7 @@ class EngineLoop:
             if deadline is not None and deadline <= self._clock():
                 self.stats.expired += 1
                 raise DeadlineExceeded("the step's deadline passed before it could run")
-            self._arrivals.note(step.slot, time.monotonic())
+            self._arrivals.note(step.slot, time.monotonic(), step.route_shards)
             return self._run_backend([step])[0]
         finally:
             self._using_backend.release()
@@ -243,7 +243,7 @@ class EngineLoop:
             else:
                 self._pending.append(item)
                 if item.step.n_tokens == 1:
-                    self._arrivals.note(item.step.slot, item.arrived)
+                    self._arrivals.note(item.step.slot, item.arrived, item.step.route_shards)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -333,7 +333,8 @@ class EngineLoop:
         """The most decode steps this tick runs and, on a route's head, the slots of each wave
         (``wave_size``, ``slot_waves``); elsewhere no waves: every ready step runs."""
         shape = self.backend.shape
-        waves = pipeline_waves(takes_tokens=shape.takes_tokens, emits_logits=shape.emits_logits)
+        longest = self._arrivals.longest_route()
+        waves = pipeline_waves(takes_tokens=shape.takes_tokens, emits_logits=shape.emits_logits, route_shards=longest)
         size = wave_size(self._max_decode_batch, len(self._arrivals.last), waves)
         return size, (slot_waves(self._arrivals.last, size) if waves > 1 else ())
 

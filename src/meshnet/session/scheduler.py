@@ -213,27 +213,28 @@ def gathers(*, takes_tokens: bool, emits_logits: bool) -> bool:
     return takes_tokens and emits_logits
 
 
-PIPELINE_WAVES = 3
-"""Decode waves a route's head keeps in flight: one more than the two shards a split route keeps
-busy at once, so that while a wave crosses a seam (gRPC, the event loops, the engine hand-off:
-~1-3 ms) each shard still has another wave queued. With two waves there is no slack: each shard
-waited out every crossing (measured 0.73-0.80 of a pinned core busy at concurrency 8 on SmolLM2
-meshnet-2, ``bench/results/v5/rows39-profile.md``). Smaller waves cost little here: SmolLM2's
-19-layer head decodes 1, 3, 4 and 8 rows a call at 3.0, 3.0, 3.0 and 2.6 ms of CPU a row (1 thread),
-and its tail runs a wave under 8 rows one row per call (``engine.batching.decode_calls``, on a
-CPU where that is cheaper: ``engine.call_costs``) at ~2.6-2.9 ms a row
-(``bench/results/v5/waves40-decode-cost.md``)."""
-
-
-def pipeline_waves(*, takes_tokens: bool, emits_logits: bool) -> int:
+def pipeline_waves(*, takes_tokens: bool, emits_logits: bool, route_shards: int) -> int:
     """How many waves a shard splits its decoding sessions into: only the head of a route of
-    several shards (it takes token ids and forwards), whose batches every later shard inherits.
+    several shards (it takes token ids and forwards), whose batches every later shard inherits;
+    as many waves as the longest of its sessions' routes has shards (``route_shards``, at least
+    two), so that each shard has a wave to run while the others run theirs.
 
     Run as one llama_decode, the sessions of a route move as one wave: each shard idles while
     the others compute, so a route of N shards is no faster than one (measured: 0.98x whole at
     concurrency 8 on two pinned shards once the ring's batches stopped splitting the sessions
-    by accident). Several waves keep several shards busy at the price of smaller batches."""
-    return PIPELINE_WAVES if takes_tokens and not emits_logits else 1
+    by accident). Several waves keep several shards busy at the price of smaller batches, and
+    each wave streams the shard's weights through the CPU's caches once more: a head of SmolLM2
+    decodes 8 rows as two waves of 4 at less CPU a row than as three waves of 3, 3 and 2.
+
+    No spare wave: a head used to keep one more wave than the route has shards in flight, so
+    that a wave crossing a seam (~1-3 ms) never left a shard without work. Since the ring's
+    batches, slot waves and the tail's measured batching, the spare wave costs more than the
+    crossings it hid: pinned SmolLM2 ``meshnet-2`` at 8 sessions decoded faster with two waves
+    than with three in all ten alternating pairs on the 2-core Xeon VM, 1.024-1.163x, median
+    1.046x (``bench/results/v5/waves44``)."""
+    if not takes_tokens or emits_logits:
+        return 1
+    return max(2, route_shards)
 
 
 SMALLEST_BATCHED_WAVE = 3

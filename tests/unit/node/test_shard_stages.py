@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import pytest
 from manual_clock import ManualClock
 from worker_shards import (
     FINGERPRINT,
+    Backend,
     Route,
     admission_policy,
     decode,
@@ -66,6 +68,9 @@ async def drive(route: Route, session: str, prompt: tuple[int, ...], max_tokens:
 
 
 async def test_a_three_shard_route_generates_what_the_chained_backends_do(route: Route) -> None:
+    backends = [cast(Backend, loop.backend) for loop in route.loops]
+    for backend in backends:
+        backend.route_shards.clear()  # the shards' start-up timing steps belong to no route
     results = await drive(route, "s", PROMPT, 6)
     assert [r.token_id for r in results] == reference_tokens(THREE, PROMPT, 6)
     assert [r.next_position for r in results] == [len(PROMPT) + i for i in range(6)]
@@ -81,6 +86,9 @@ async def test_a_three_shard_route_generates_what_the_chained_backends_do(route:
     assert [s.open_sessions for s in route.shards] == [1, 1, 1]
     assert len(route.streams) == 2  # head -> middle, middle -> tail: one stream per seam
     assert len(route.rings) == 1  # and the tail's answers straight back to the head
+    # Every step told its engine how many shards the route has from there on: the head cuts its
+    # decoding sessions into that many waves (``scheduler.pipeline_waves``).
+    assert [set(backend.route_shards) for backend in backends] == [{3}, {2}, {1}]
 
 
 async def test_a_whole_model_shard_samples_and_decodes_on_alone() -> None:

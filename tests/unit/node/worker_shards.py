@@ -93,6 +93,8 @@ class Backend(FakeBackend):
         self.running = threading.Event()
         """Cleared, every batch waits until it is set again (a stalled hop)."""
         self.running.set()
+        self.route_shards: list[int] = []
+        """``StepInput.route_shards`` of every step run, in order."""
 
     def stall(self) -> None:
         self.running.clear()
@@ -102,6 +104,7 @@ class Backend(FakeBackend):
         self.running.wait(STALL_LIMIT_S)
         if self.fail_with is not None:
             raise self.fail_with
+        self.route_shards.extend(step.route_shards for step in batch)
         return super().run(batch)
 
 

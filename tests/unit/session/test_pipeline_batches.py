@@ -142,10 +142,19 @@ async def test_a_whole_route_still_waits_for_the_steps_its_batch_answered() -> N
 
 
 def test_only_the_head_of_a_longer_route_splits_its_sessions_into_waves() -> None:
-    assert pipeline_waves(takes_tokens=True, emits_logits=False) == 3  # head of a longer route
-    assert pipeline_waves(takes_tokens=True, emits_logits=True) == 1  # a whole route by itself
-    assert pipeline_waves(takes_tokens=False, emits_logits=False) == 1  # middle: inherits the waves
-    assert pipeline_waves(takes_tokens=False, emits_logits=True) == 1  # tail
+    def waves(takes_tokens: bool, emits_logits: bool) -> int:
+        return pipeline_waves(takes_tokens=takes_tokens, emits_logits=emits_logits, route_shards=3)
+
+    assert waves(True, False) == 3  # head of a longer route
+    assert waves(True, True) == 1  # a whole route by itself
+    assert waves(False, False) == 1  # middle: inherits the waves
+    assert waves(False, True) == 1  # tail
+
+
+def test_a_head_runs_one_wave_per_shard_of_its_longest_route() -> None:
+    head = {n: pipeline_waves(takes_tokens=True, emits_logits=False, route_shards=n) for n in (1, 2, 3, 5)}
+    # One shard known (no route told yet) is still a head with a shard after it: two waves.
+    assert head == {1: 2, 2: 2, 3: 3, 5: 5}
 
 
 def test_a_wave_is_a_third_of_the_decoding_sessions_or_one_session() -> None:

@@ -208,3 +208,26 @@ async def test_a_backend_that_fails_to_open_fails_start() -> None:
         await asyncio.to_thread(engine.start)
     with pytest.raises(EngineError, match="not started"):
         _ = engine.backend
+
+
+@pytest.mark.parametrize(("route_shards", "calls"), [(2, [4, 4]), (3, [3, 3, 2])])
+async def test_a_head_cuts_its_decoding_sessions_into_one_wave_per_shard_of_their_route(
+    route_shards: int, calls: list[int]
+) -> None:
+    engine = EngineLoop(lambda: FakeBackend(LayerRange(0, 2), 6, n_embd=N_EMBD, max_slots=8, max_batch_tokens=CHUNK))
+    await asyncio.to_thread(engine.start)
+    try:
+        for slot in range(8):
+            await engine.run_step(StepInput(slot, 0, tokens=tokens(5), route_shards=route_shards))
+        backend = fake(engine)
+        backend.calls.clear()
+        async with Held(engine):
+            tasks = await queued(
+                *(engine.run_step(StepInput(slot, 1, tokens=tokens(9), route_shards=route_shards)) for slot in range(8))
+            )
+        await asyncio.gather(*tasks)
+        # Eight sessions of a two-shard route: two waves of four neighbouring slots, one a shard;
+        # of a three-shard route: three waves (a third each, rounded up).
+        assert backend.calls == calls
+    finally:
+        await asyncio.to_thread(engine.stop)
