@@ -238,22 +238,22 @@ def pipeline_waves(*, takes_tokens: bool, emits_logits: bool, route_shards: int)
     return max(2, route_shards)
 
 
-SMALLEST_BATCHED_WAVE = 3
-"""Fewest rows a wave of several sessions carries; a smaller one is split into one-row waves. A
-two-row call costs the head more per row than two one-row calls (SmolLM2's 19-layer head, 1
-thread: 3.3 vs 3.0 ms of CPU a row, ``bench/results/v5/waves40-decode-cost.md``; the far larger
-gap measured whole-model, 128 vs 148 tok/s, was its Q8_0 LM head, which a tail now runs one row
-per call), and one-row waves add slack to the pipeline: two-row waves were why concurrency 4 was
-slower than 2 (212 vs 238 tok/s)."""
-
-
 def wave_size(max_decode_batch: int, decoding_sessions: int, waves: int) -> int:
     """The most decode steps one tick runs: the decoding sessions split into ``waves`` equal
-    waves (rounded up), so that each wave stays a wave from one token to the next; a wave below
-    ``SMALLEST_BATCHED_WAVE`` rows becomes one wave per session (so do fewer sessions than waves:
-    never one wave of all, the lock-step the waves exist to avoid). A single stream is never
-    held back."""
+    waves (rounded up), so that each wave stays a wave from one token to the next; where rounding
+    up leaves fewer waves than ``waves`` (four sessions on a three-shard route: 2 + 2), or fewer
+    sessions than waves, one wave per session: never a shard without a wave, nor one wave of all
+    (the lock-step the waves exist to avoid). A single stream is never held back.
+
+    Two-row waves are waves like any other. They used to be cut into one-row waves, on two
+    measurements of the AVX2 EPYC: a tail's two-row call through its Q8_0 LM head cost far more
+    than two one-row calls, and a head's two-row call 9% more a row. A tail now measures that at
+    start-up and runs such rows one per call itself (``engine.call_costs``); a head's layers cost
+    the same a row at one and two rows on the AVX-512 Xeon (SmolLM2 0:19: 3.78 vs 3.74 ms), and a
+    two-row wave saves a seam message and a call's fixed cost a row. Pinned SmolLM2 ``meshnet-2``
+    at 4 sessions decoded 1.064-1.100x faster (median 1.083x) with two waves of two than with
+    four of one, in five alternating pairs on the Xeon (``bench/results/v5/waves45``)."""
     if waves <= 1 or decoding_sessions <= 1:
         return max_decode_batch
     size = min(max_decode_batch, -(-decoding_sessions // waves))
-    return size if size >= SMALLEST_BATCHED_WAVE else 1
+    return size if -(-decoding_sessions // size) >= waves else 1

@@ -158,12 +158,14 @@ def test_a_head_runs_one_wave_per_shard_of_its_longest_route() -> None:
 
 
 def test_a_wave_is_a_third_of_the_decoding_sessions_or_one_session() -> None:
-    # Oracle: the waves a head's sessions form, written out by hand for each concurrency: a third
-    # of them (rounded up), unless that is under three rows, then one session per wave.
-    expected = {2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 3, 8: 3, 9: 3, 10: 4, 16: 6}
+    # Oracle: the waves a three-shard route's head forms, written out by hand for each
+    # concurrency: a third of the sessions (rounded up), unless that leaves fewer than three waves
+    # (4 sessions: 2 + 2), then one session per wave.
+    expected = {2: 1, 3: 1, 4: 1, 5: 2, 6: 2, 7: 3, 8: 3, 9: 3, 10: 4, 16: 6}
     assert {n: wave_size(64, n, 3) for n in expected} == expected
     assert wave_size(3, 16, 3) == 3  # the engine's own bound still holds
-    assert wave_size(2, 16, 3) == 1  # ... and under three rows a wave is one session
+    assert wave_size(2, 16, 3) == 2  # ... eight waves of two
+    assert wave_size(1, 16, 3) == 1
     assert wave_size(64, 1, 3) == 64  # a single stream is never held back
     assert wave_size(64, 0, 3) == 64  # nothing known to decode yet: nothing to split
     assert wave_size(64, 8, 1) == 64  # a shard without waves runs every ready step
@@ -176,9 +178,15 @@ def test_fewer_sessions_than_waves_make_one_wave_each_never_one_lockstep_wave() 
     assert wave_size(64, 2, 2) == 1
 
 
-def test_concurrency_four_is_never_cut_into_two_row_waves() -> None:
-    # The c=2 -> c=4 drop of the v5 run: four sessions made two waves of two rows, and a two-row
-    # llama_decode costs more per row than two one-row calls. Now they are four one-row waves,
-    # the same calls as concurrency 2 makes, with more slack.
-    assert wave_size(64, 4, 3) == wave_size(64, 2, 3) == 1
-    assert all(wave_size(64, n, 3) != 2 for n in range(1, 65))
+def test_two_row_waves_run_as_waves_where_they_give_every_shard_one() -> None:
+    # Four sessions on a two-shard route: two waves of two (measured faster than four one-row
+    # waves, bench/results/v5/waves45); three sessions: a wave of two and one of one.
+    assert wave_size(64, 4, 2) == 2
+    assert wave_size(64, 3, 2) == 2
+    # On a three-shard route two waves of two would leave a shard idle: one-row waves instead.
+    assert wave_size(64, 4, 3) == 1
+    # Whatever the numbers, a head never makes fewer waves than it has shards to keep busy.
+    for waves in range(2, 6):
+        for sessions in range(2, 40):
+            size = wave_size(64, sessions, waves)
+            assert -(-sessions // size) >= min(waves, sessions)

@@ -127,14 +127,14 @@ async def test_decode_steps_of_several_sessions_share_one_call_with_one_prefill_
         )
         assert loop.queue_depth == 4
     outputs = await asyncio.gather(*tasks)
-    # A head splits its three decoding sessions into three waves (``scheduler.wave_size``): tick 1
-    # runs one decode step and the first prefill chunk, tick 2 the next step and the second chunk,
-    # tick 3 the last step.
-    assert backend.calls == [2, 2, 1]
+    # A head (no route told yet: two shards, two waves) splits its three decoding sessions into a
+    # wave of two and a wave of one (``scheduler.wave_size``): tick 1 runs the two steps and the
+    # first prefill chunk, tick 2 the last step and the second chunk.
+    assert backend.calls == [3, 2]
     assert [o.slot for o in outputs] == [0, 1, 2, 3]  # type: ignore[attr-defined]
     # The three one-token opening steps ran alone (a one-token step is a decode step to the
-    # engine), then the three steps in three batches.
-    assert loop.stats.decode_batches == 3 + 3 and loop.stats.decode_steps == 3 + 3
+    # engine), then the three steps in two batches.
+    assert loop.stats.decode_batches == 3 + 2 and loop.stats.decode_steps == 3 + 3
     assert loop.stats.prefill_tokens == 8
     assert loop.queue_depth == 0
 
