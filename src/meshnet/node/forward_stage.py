@@ -118,6 +118,9 @@ class ForwardStage:
     def rows(self, state: Downstream, frame: StepFrame) -> Rows:
         return "last" if frame.final_chunk else "none"  # a forwarding shard's output is its hidden rows
 
+    def route_shards(self, state: Downstream) -> int:
+        return 1 + len(state.hops)  # this shard and the hops its session keeps after it
+
     async def emit(
         self, state: Downstream, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:

@@ -190,7 +190,8 @@ class Shard(Generic[S]):
         deadline = None if meta.deadline_ms is None else time.monotonic() + meta.deadline_ms / 1000.0
         session.busy = True
         try:
-            step = _engine_input(session.slot, frame, self._output.rows(session.state, frame), session.state)
+            want = self._output.rows(session.state, frame)
+            step = _engine_input(session.slot, frame, want, self._output.route_shards(session.state))
             output = await self.kv.run(session.key, step, deadline, prefill=meta.phase == "prefill")
             if computed is not None:
                 # Whoever waits on this runs once the emit below has sent the frame on (its
@@ -347,10 +348,8 @@ AnyShard = Shard[TailState] | Shard[Downstream]
 """A shard of either output stage: what the servicer and the server hold."""
 
 
-def _engine_input(slot: int, frame: StepFrame, want: Rows, state: object) -> StepInput:
+def _engine_input(slot: int, frame: StepFrame, want: Rows, route_shards: int) -> StepInput:
     rows = "all" if want == "normed" else want
-    # A forwarding shard's session keeps the hops after it; a tail's route ends here.
-    shards = 1 + len(state.hops) if isinstance(state, Downstream) else 1
     return StepInput(
         slot,
         frame.meta.position,
@@ -358,5 +357,5 @@ def _engine_input(slot: int, frame: StepFrame, want: Rows, state: object) -> Ste
         frame.hidden,
         want_logits=rows,
         read_logits=want != "normed",
-        route_shards=shards,
+        route_shards=route_shards,
     )

@@ -77,6 +77,10 @@ class OutputStage(Protocol[S]):
         """The rows of ``frame`` the engine runs to the end (``StepInput.want_logits``)."""
         ...
 
+    def route_shards(self, state: S) -> int:
+        """Shards from here to the end of the session's route (``StepInput.route_shards``)."""
+        ...
+
     async def emit(
         self, state: S, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
     ) -> StepResult:
@@ -137,6 +141,9 @@ class SampleStage:
         if not frame.final_chunk:
             return "none"
         return "normed" if state.embedding is not None else "last"
+
+    def route_shards(self, state: TailState) -> int:
+        return 1  # the route ends here
 
     async def emit(
         self, state: TailState, frame: StepFrame, output: StepOutput, deadline: float | None, timing: HopTiming | None
